@@ -1,0 +1,7 @@
+#ifndef COUNTER_H
+#define COUNTER_H
+
+void counter_add(long n);
+long counter_total(void);
+
+#endif

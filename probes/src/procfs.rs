@@ -1,0 +1,170 @@
+//! What a live process has loaded, read from `/proc/PID`.
+
+use crate::addr::{FileOffset, LoadBias, RuntimeAddr, VirtAddr};
+use crate::error::{Error, Result};
+use crate::symbols::ElfImage;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    /// First address.
+    pub start: RuntimeAddr,
+    /// One past the last address.
+    pub end: RuntimeAddr,
+    /// `r`, `w`, `x` permissions.
+    pub readable: bool,
+    /// Writable.
+    pub writable: bool,
+    /// Executable.
+    pub executable: bool,
+    /// Offset in the mapped file.
+    pub offset: FileOffset,
+    /// Inode of the mapped file (0 for anonymous memory).
+    pub inode: u64,
+    /// The file as the process sees it, or a pseudo name (`[heap]`, `[vdso]`).
+    pub path: Option<String>,
+}
+
+/// Parses the text of `/proc/PID/maps`; lines it cannot read are skipped.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines().filter_map(parse_map_line).collect()
+}
+
+fn parse_map_line(line: &str) -> Option<Mapping> {
+    let mut fields = line.splitn(6, ' ');
+    let range = fields.next()?;
+    let perms = fields.next()?.as_bytes();
+    let offset = fields.next()?;
+    let _dev = fields.next()?;
+    let inode = fields.next()?;
+    let path = fields.next().map(str::trim_start).filter(|p| !p.is_empty()).map(String::from);
+    let (start, end) = range.split_once('-')?;
+    Some(Mapping {
+        start: RuntimeAddr(u64::from_str_radix(start, 16).ok()?),
+        end: RuntimeAddr(u64::from_str_radix(end, 16).ok()?),
+        readable: perms.first() == Some(&b'r'),
+        writable: perms.get(1) == Some(&b'w'),
+        executable: perms.get(2) == Some(&b'x'),
+        offset: FileOffset(u64::from_str_radix(offset, 16).ok()?),
+        inode: inode.parse().ok()?,
+        path,
+    })
+}
+
+/// A file-backed ELF module loaded in a process.
+#[derive(Clone, Debug)]
+pub struct LoadedModule {
+    /// The path as the process sees it.
+    pub path: PathBuf,
+    /// The path to open from here: through `/proc/PID/root`, so that a
+    /// process in another mount namespace (a container) is read correctly.
+    pub open_path: PathBuf,
+    /// `runtime address = ELF virtual address + bias`.
+    pub bias: LoadBias,
+    /// Executable address ranges.
+    pub text: Vec<(RuntimeAddr, RuntimeAddr)>,
+    /// Whether this is the process's executable.
+    pub is_main: bool,
+}
+
+impl LoadedModule {
+    /// Whether `addr` is in this module's executable code.
+    pub fn contains(&self, addr: RuntimeAddr) -> bool {
+        self.text.iter().any(|&(s, e)| addr >= s && addr < e)
+    }
+}
+
+/// Reads `/proc/PID/maps` of a process.
+pub fn read_maps(pid: i32) -> Result<Vec<Mapping>> {
+    let path = PathBuf::from(format!("/proc/{pid}/maps"));
+    let text = std::fs::read_to_string(&path).map_err(|e| process_error(pid, path, e))?;
+    Ok(parse_maps(&text))
+}
+
+/// The ELF modules a process has mapped executable, main executable first.
+pub fn loaded_modules(pid: i32) -> Result<Vec<LoadedModule>> {
+    let maps = read_maps(pid)?;
+    let exe_link = PathBuf::from(format!("/proc/{pid}/exe"));
+    let exe = std::fs::read_link(&exe_link).map_err(|e| process_error(pid, exe_link, e))?;
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+
+    let mut modules: Vec<LoadedModule> = Vec::new();
+    for map in maps.iter().filter(|m| m.executable) {
+        let Some(path) = map.path.as_deref().filter(|p| p.starts_with('/')) else { continue };
+        let path = PathBuf::from(path.strip_suffix(" (deleted)").unwrap_or(path));
+        if let Some(module) = modules.iter_mut().find(|m| m.path == path) {
+            module.text.push((map.start, map.end));
+            continue;
+        }
+        let open_path = root.join(path.strip_prefix("/").unwrap_or(&path));
+        let Some(bias) = load_bias(&open_path, map) else { continue };
+        modules.push(LoadedModule { is_main: path == exe, path, open_path, bias, text: vec![(map.start, map.end)] });
+    }
+    modules.sort_by_key(|m| !m.is_main);
+    Ok(modules)
+}
+
+/// The bias of a module from one of its mappings: the mapping's start holds
+/// file offset `map.offset`, which the segment containing it places at a
+/// known virtual address.
+fn load_bias(open_path: &Path, map: &Mapping) -> Option<LoadBias> {
+    let image = ElfImage::open(open_path).ok()?;
+    let segments = image.segments().ok()?;
+    let page = 4096;
+    let segment = segments.iter().find(|s| {
+        let first = s.offset.0 & !(page - 1);
+        map.offset.0 >= first && map.offset.0 < s.offset.0 + s.file_size.max(1)
+    })?;
+    let vaddr_at_start = VirtAddr(segment.vaddr.0.wrapping_add(map.offset.0).wrapping_sub(segment.offset.0));
+    Some(LoadBias(map.start.0.wrapping_sub(vaddr_at_start.0)))
+}
+
+fn process_error(pid: i32, path: PathBuf, source: std::io::Error) -> Error {
+    if source.kind() == ErrorKind::NotFound && !Path::new(&format!("/proc/{pid}")).exists() {
+        return Error::NoSuchProcess { pid };
+    }
+    let hint = if source.kind() == ErrorKind::PermissionDenied {
+        "; profiling another user's process needs root or CAP_SYS_PTRACE".to_string()
+    } else {
+        String::new()
+    };
+    Error::Process { pid, path, source, hint }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_parse() {
+        let text = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 fd:01 1234                       /usr/bin/prog
+55d0c0a01000-55d0c0a02000 r-xp 00001000 fd:01 1234                       /usr/bin/prog
+7ffd5e1f0000-7ffd5e211000 rw-p 00000000 00:00 0                          [stack]
+7f0000000000-7f0000001000 rw-p 00000000 00:00 0 
+garbage
+";
+        let maps = parse_maps(text);
+        assert_eq!(maps.len(), 4);
+        assert_eq!(maps[1].start, RuntimeAddr(0x55d0c0a01000));
+        assert!(maps[1].executable && !maps[1].writable);
+        assert_eq!(maps[1].offset, FileOffset(0x1000));
+        assert_eq!(maps[1].path.as_deref(), Some("/usr/bin/prog"));
+        assert_eq!(maps[2].path.as_deref(), Some("[stack]"));
+        assert_eq!(maps[3].path, None);
+    }
+
+    #[test]
+    fn paths_with_spaces_survive() {
+        let maps = parse_maps("1000-2000 r-xp 00000000 fd:01 7    /tmp/my prog (deleted)\n");
+        assert_eq!(maps[0].path.as_deref(), Some("/tmp/my prog (deleted)"));
+    }
+
+    #[test]
+    fn a_missing_process_is_named() {
+        let err = loaded_modules(i32::MAX).expect_err("no such pid");
+        assert_eq!(err.to_string(), format!("no process with PID {} exists", i32::MAX));
+    }
+}

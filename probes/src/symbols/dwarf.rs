@@ -1,0 +1,329 @@
+//! Reading DWARF with gimli: concrete functions (`DW_TAG_subprogram` with
+//! code) and the line table of every compilation unit, DWARF 2 to 5.
+
+use super::elf::ElfImage;
+use crate::addr::VirtAddr;
+use crate::error::{Error, Result};
+use gimli::{AttributeValue, EndianSlice, RunTimeEndian, UnitOffset};
+use object::{Object, ObjectSection};
+use serde::Serialize;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+type Reader<'a> = EndianSlice<'a, RunTimeEndian>;
+
+/// Interned source file paths; rows and functions refer to them by index.
+#[derive(Debug, Default)]
+pub struct FileTable {
+    paths: Vec<String>,
+    index: HashMap<String, u32>,
+}
+
+impl FileTable {
+    /// The id of `path`, adding it if new.
+    pub fn intern(&mut self, path: String) -> u32 {
+        if let Some(&id) = self.index.get(&path) {
+            return id;
+        }
+        let id = u32::try_from(self.paths.len()).unwrap_or(u32::MAX);
+        self.index.insert(path.clone(), id);
+        self.paths.push(path);
+        id
+    }
+
+    /// The path of file `id`.
+    pub fn path(&self, id: u32) -> &str {
+        self.paths.get(id as usize).map_or("??", String::as_str)
+    }
+
+    /// Every interned path, by id.
+    pub fn paths(&self) -> &[String] {
+        &self.paths
+    }
+}
+
+/// One row of a DWARF line table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LineRow {
+    /// Address of the first instruction of the row.
+    pub address: VirtAddr,
+    /// Source file id in the index's [`FileTable`].
+    pub file: u32,
+    /// Line number; 0 when the compiler attributes the code to no line.
+    pub line: u32,
+    /// Whether this row is a recommended breakpoint location.
+    pub is_stmt: bool,
+    /// Whether this row ends a sequence (its address is one past the code).
+    pub end_sequence: bool,
+}
+
+/// A compilation unit and the slice of line rows it contributes.
+#[derive(Clone, Debug, Serialize)]
+pub struct CompileUnit {
+    /// `DW_AT_name`, usually the primary source file.
+    pub name: String,
+    /// The DWARF version of the unit.
+    pub dwarf_version: u16,
+    /// Its rows in [`super::SymbolIndex::line_rows`].
+    #[serde(skip)]
+    pub rows: Range<usize>,
+}
+
+/// A function with code as DWARF describes it.
+#[derive(Debug)]
+pub(crate) struct Subprogram {
+    pub ranges: Vec<Range<u64>>,
+    pub name: Option<String>,
+    pub linkage_name: Option<String>,
+    pub decl_file: Option<u32>,
+    pub decl_line: u32,
+}
+
+/// Everything read from one file's DWARF.
+#[derive(Default)]
+pub(crate) struct DwarfInfo {
+    pub subprograms: Vec<Subprogram>,
+    pub units: Vec<CompileUnit>,
+    pub rows: Vec<LineRow>,
+}
+
+/// Reads the DWARF of `image` (the binary or its separate debug file).
+pub(crate) fn read(image: &ElfImage, files: &mut FileTable, want_lines: bool, warnings: &mut Vec<String>) -> Result<DwarfInfo> {
+    let bad = |e: &dyn std::fmt::Display| Error::BadDwarf { path: image.path().into(), reason: e.to_string() };
+    let elf = image.parse()?;
+    let sections = load_sections(&elf).map_err(|e| bad(&e))?;
+    let sup = supplementary_file(image, &elf, warnings);
+    let sup_sections = match &sup {
+        Some(sup_image) => match sup_image.parse().map(|e| load_sections(&e)) {
+            Ok(Ok(s)) => Some(s),
+            _ => None,
+        },
+        None => None,
+    };
+    let endian = RunTimeEndian::Little;
+    let dwarf = sections.borrow_with_sup(sup_sections.as_ref(), |s| EndianSlice::new(s, endian));
+
+    let mut info = DwarfInfo::default();
+    let mut headers = dwarf.units();
+    while let Some(header) = headers.next().map_err(|e| bad(&e))? {
+        let unit = match dwarf.unit(header) {
+            Ok(unit) => unit,
+            Err(e) => {
+                warnings.push(format!("skipped a damaged compilation unit in {}: {e}", image.path().display()));
+                continue;
+            }
+        };
+        if let Err(e) = read_unit(&dwarf, &unit, files, want_lines, &mut info) {
+            warnings.push(format!("skipped part of a compilation unit in {}: {e}", image.path().display()));
+        }
+    }
+    Ok(info)
+}
+
+fn load_sections<'d>(elf: &object::read::elf::ElfFile64<'d>) -> Result<gimli::DwarfSections<Cow<'d, [u8]>>, object::Error> {
+    gimli::DwarfSections::load(|id| -> Result<Cow<'d, [u8]>, object::Error> {
+        match elf.section_by_name(id.name()) {
+            Some(section) => section.uncompressed_data(),
+            None => Ok(Cow::Borrowed(&[])),
+        }
+    })
+}
+
+/// The dwz supplementary file named by `.gnu_debugaltlink`, as Debian's
+/// debug packages use: absolute, or relative to the debug file.
+fn supplementary_file(image: &ElfImage, elf: &object::read::elf::ElfFile64<'_>, warnings: &mut Vec<String>) -> Option<ElfImage> {
+    let (name, _build_id) = elf.gnu_debugaltlink().ok().flatten()?;
+    let name = Path::new(std::str::from_utf8(name).ok()?);
+    let path = match image.path().parent() {
+        Some(dir) if name.is_relative() => dir.join(name),
+        _ => name.to_path_buf(),
+    };
+    match ElfImage::open(&path) {
+        Ok(sup) => Some(sup),
+        Err(e) => {
+            warnings.push(format!("names shared through dwz are missing: {e}"));
+            None
+        }
+    }
+}
+
+fn read_unit(
+    dwarf: &gimli::Dwarf<Reader<'_>>,
+    unit: &gimli::Unit<Reader<'_>>,
+    files: &mut FileTable,
+    want_lines: bool,
+    info: &mut DwarfInfo,
+) -> gimli::Result<()> {
+    let comp_dir = unit.comp_dir.map(|d| d.to_string_lossy().into_owned());
+    let file_ids = unit_files(dwarf, unit, comp_dir.as_deref(), files);
+
+    let mut entries = unit.entries();
+    let mut unit_name = String::new();
+    while let Some(entry) = entries.next_dfs()? {
+        match entry.tag() {
+            gimli::DW_TAG_compile_unit | gimli::DW_TAG_partial_unit if entry.depth() == 0 => {
+                if let Some(name) = entry.attr_value(gimli::DW_AT_name) {
+                    unit_name = dwarf.attr_string(unit, name).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+                }
+            }
+            gimli::DW_TAG_subprogram => {
+                let mut ranges = Vec::new();
+                let mut iter = dwarf.die_ranges(unit, entry)?;
+                while let Some(range) = iter.next()? {
+                    // Address 0 is the linker's tombstone for discarded code.
+                    if range.begin != 0 && range.end > range.begin {
+                        ranges.push(range.begin..range.end);
+                    }
+                }
+                if ranges.is_empty() {
+                    continue;
+                }
+                let mut sub = Subprogram { ranges, name: None, linkage_name: None, decl_file: None, decl_line: 0 };
+                describe(dwarf, unit, entry.attrs(), &file_ids, &mut sub, 0);
+                info.subprograms.push(sub);
+            }
+            _ => {}
+        }
+    }
+
+    if want_lines && let Some(program) = unit.line_program.clone() {
+        let start = info.rows.len();
+        let mut sequence_start = start;
+        let mut rows = program.rows();
+        while let Some((_, row)) = rows.next_row()? {
+            let file = file_ids.get(row.file_index() as usize).copied().flatten().unwrap_or(u32::MAX);
+            info.rows.push(LineRow {
+                address: VirtAddr(row.address()),
+                file,
+                line: row.line().map_or(0, |l| u32::try_from(l.get()).unwrap_or(u32::MAX)),
+                is_stmt: row.is_stmt(),
+                end_sequence: row.end_sequence(),
+            });
+            if row.end_sequence() {
+                // A sequence at address 0 is code the linker discarded.
+                if info.rows[sequence_start].address.0 == 0 {
+                    info.rows.truncate(sequence_start);
+                }
+                sequence_start = info.rows.len();
+            }
+        }
+        info.units.push(CompileUnit { name: unit_name, dwarf_version: unit.header.version(), rows: start..info.rows.len() });
+    }
+    Ok(())
+}
+
+/// Fills the name and declaration of a subprogram from its attributes,
+/// following `DW_AT_specification` and `DW_AT_abstract_origin` (out-of-line
+/// member functions and concrete copies of inline functions keep them there).
+fn describe(
+    dwarf: &gimli::Dwarf<Reader<'_>>,
+    unit: &gimli::Unit<Reader<'_>>,
+    attrs: &[gimli::Attribute<Reader<'_>>],
+    file_ids: &[Option<u32>],
+    sub: &mut Subprogram,
+    depth: u8,
+) {
+    let mut origin: Option<UnitOffset> = None;
+    for attr in attrs {
+        match (attr.name(), attr.value()) {
+            (gimli::DW_AT_linkage_name | gimli::DW_AT_MIPS_linkage_name, value) if sub.linkage_name.is_none() => {
+                sub.linkage_name = dwarf.attr_string(unit, value).ok().map(|s| s.to_string_lossy().into_owned());
+            }
+            (gimli::DW_AT_name, value) if sub.name.is_none() => {
+                sub.name = dwarf.attr_string(unit, value).ok().map(|s| s.to_string_lossy().into_owned());
+            }
+            (gimli::DW_AT_decl_file, value) if sub.decl_file.is_none() => {
+                let index = match value {
+                    AttributeValue::FileIndex(i) | AttributeValue::Udata(i) => Some(i),
+                    AttributeValue::Data1(i) => Some(u64::from(i)),
+                    AttributeValue::Data2(i) => Some(u64::from(i)),
+                    AttributeValue::Data4(i) => Some(u64::from(i)),
+                    _ => None,
+                };
+                sub.decl_file = index.and_then(|i| file_ids.get(i as usize).copied().flatten());
+            }
+            (gimli::DW_AT_decl_line, value) if sub.decl_line == 0 => {
+                sub.decl_line = value.udata_value().and_then(|l| u32::try_from(l).ok()).unwrap_or(0);
+            }
+            (gimli::DW_AT_specification | gimli::DW_AT_abstract_origin, AttributeValue::UnitRef(offset)) => {
+                origin = Some(offset);
+            }
+            _ => {}
+        }
+    }
+    let complete = sub.linkage_name.is_some() && sub.decl_file.is_some() && sub.decl_line != 0;
+    if let (Some(offset), false, true) = (origin, complete, depth < 4) {
+        if let Ok(target) = unit.entry(offset) {
+            describe(dwarf, unit, target.attrs(), file_ids, sub, depth + 1);
+        }
+    }
+}
+
+/// Interned ids of the unit's line-table files, indexed by DWARF file index.
+fn unit_files(
+    dwarf: &gimli::Dwarf<Reader<'_>>,
+    unit: &gimli::Unit<Reader<'_>>,
+    comp_dir: Option<&str>,
+    files: &mut FileTable,
+) -> Vec<Option<u32>> {
+    let Some(program) = &unit.line_program else { return Vec::new() };
+    let header = program.header();
+    let count = header.file_names().len() as u64;
+    // DWARF 5 numbers files from 0, earlier versions from 1.
+    let (first, last) = if header.version() >= 5 { (0, count) } else { (1, count + 1) };
+    let mut ids = vec![None; last as usize];
+    for index in first..last {
+        let Some(file) = header.file(index) else { continue };
+        let Ok(name) = dwarf.attr_string(unit, file.path_name()) else { continue };
+        let name = name.to_string_lossy();
+        let mut path = PathBuf::new();
+        if let Some(comp_dir) = comp_dir {
+            path.push(comp_dir);
+        }
+        if let Some(dir) = file.directory(header).and_then(|d| dwarf.attr_string(unit, d).ok()) {
+            path.push(&*dir.to_string_lossy());
+        }
+        path.push(&*name);
+        ids[index as usize] = Some(files.intern(normalize(&path)));
+    }
+    ids
+}
+
+/// `a/b/../c` -> `a/c` and no `./`: compilers write both, users expect neither.
+fn normalize(path: &Path) -> String {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir if matches!(out.components().next_back(), Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_normalized() {
+        assert_eq!(normalize(Path::new("/src/a/./b/../c.c")), "/src/a/c.c");
+        assert_eq!(normalize(Path::new("../x.c")), "../x.c");
+    }
+
+    #[test]
+    fn files_are_interned_once() {
+        let mut t = FileTable::default();
+        let a = t.intern("/a.c".into());
+        let b = t.intern("/b.c".into());
+        assert_ne!(a, b);
+        assert_eq!(t.intern("/a.c".into()), a);
+        assert_eq!(t.path(b), "/b.c");
+    }
+}

@@ -1,0 +1,216 @@
+//! One ELF file mapped into memory, and the facts about it that need the
+//! program headers: loadable segments, file offsets, PIE, build-id.
+
+use crate::addr::{FileOffset, VirtAddr};
+use crate::error::{Error, Result};
+use memmap2::Mmap;
+use object::elf;
+use object::read::elf::{Dyn as _, ElfFile64, FileHeader as _, ProgramHeader as _};
+use object::{Endianness, Object, ObjectSegment};
+use serde::Serialize;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// What kind of ELF object a file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ElfKind {
+    /// A fixed-address executable (`ET_EXEC`).
+    Executable,
+    /// A position-independent executable (`ET_DYN` with `DF_1_PIE` or an interpreter).
+    PieExecutable,
+    /// A shared library (`ET_DYN`).
+    SharedLibrary,
+    /// A relocatable object or anything else that is not loaded as is.
+    Other,
+}
+
+impl std::fmt::Display for ElfKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ElfKind::Executable => "executable",
+            ElfKind::PieExecutable => "PIE executable",
+            ElfKind::SharedLibrary => "shared library",
+            ElfKind::Other => "ELF object",
+        })
+    }
+}
+
+/// A loadable segment (`PT_LOAD`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Where the segment starts in the ELF's virtual address space.
+    pub vaddr: VirtAddr,
+    /// Its size in memory.
+    pub mem_size: u64,
+    /// Where its bytes start in the file.
+    pub offset: FileOffset,
+    /// How many of its bytes are in the file.
+    pub file_size: u64,
+    /// Whether it is mapped executable.
+    pub executable: bool,
+}
+
+/// A mapped ELF file. Parsing is cheap, so views are made on demand.
+pub struct ElfImage {
+    path: PathBuf,
+    map: Mmap,
+}
+
+impl ElfImage {
+    /// Maps `path` and checks that it is a 64-bit ELF file proftap can read.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+        if meta.is_dir() {
+            return Err(Error::IsDirectory { path: path.into() });
+        }
+        let not_elf = |reason: &str| Error::NotElf { path: path.into(), reason: reason.into() };
+        if meta.len() == 0 {
+            return Err(not_elf("the file is empty"));
+        }
+        // SAFETY: the mapping is read-only; a file truncated underneath us is
+        // the same hazard every symbolizer (nm, gdb, perf) accepts.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        if !map.starts_with(b"\x7fELF") {
+            return Err(not_elf("it does not start with the ELF magic number"));
+        }
+        let image = ElfImage { path: path.into(), map };
+        let parsed = image.parse()?;
+        match parsed.architecture() {
+            object::Architecture::X86_64 | object::Architecture::Aarch64 => {}
+            other => {
+                return Err(Error::Unsupported { path: path.into(), what: format!("{other:?}") });
+            }
+        }
+        if !parsed.is_little_endian() {
+            return Err(Error::Unsupported { path: path.into(), what: "big-endian".into() });
+        }
+        Ok(image)
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The raw bytes of the file.
+    pub fn data(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// The parsed object.
+    pub fn parse(&self) -> Result<ElfFile64<'_, Endianness>> {
+        ElfFile64::parse(&*self.map).map_err(|e| {
+            let reason = if self.map.get(4) == Some(&1) {
+                "it is a 32-bit ELF file".to_string()
+            } else {
+                format!("{e}, the file may be truncated or damaged")
+            };
+            Error::NotElf { path: self.path.clone(), reason }
+        })
+    }
+
+    /// Loadable segments in file order.
+    pub fn segments(&self) -> Result<Vec<Segment>> {
+        let elf = self.parse()?;
+        Ok(elf
+            .segments()
+            .filter_map(|seg| {
+                let header = seg.elf_program_header();
+                let endian = elf.endian();
+                if header.p_type(endian) != elf::PT_LOAD {
+                    return None;
+                }
+                let (offset, file_size) = seg.file_range();
+                Some(Segment {
+                    vaddr: VirtAddr(seg.address()),
+                    mem_size: seg.size(),
+                    offset: FileOffset(offset),
+                    file_size,
+                    executable: header.p_flags(endian).contains(elf::PF_X),
+                })
+            })
+            .collect())
+    }
+
+    /// What kind of object this is.
+    pub fn kind(&self) -> Result<ElfKind> {
+        let elf = self.parse()?;
+        let endian = elf.endian();
+        let header = elf.elf_header();
+        Ok(match header.e_type(endian) {
+            elf::ET_EXEC => ElfKind::Executable,
+            elf::ET_DYN => {
+                let data = self.data();
+                let mut has_interp = false;
+                let mut pie_flag = false;
+                for ph in elf.elf_program_headers() {
+                    match ph.p_type(endian) {
+                        elf::PT_INTERP => has_interp = true,
+                        elf::PT_DYNAMIC => {
+                            if let Ok(Some(dyns)) = ph.dynamic(endian, data) {
+                                pie_flag |=
+                                    dyns.iter().any(|d| d.d_tag(endian) == elf::DT_FLAGS_1 && d.d_val(endian) & elf::DF_1_PIE.0 != 0);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                if pie_flag || has_interp { ElfKind::PieExecutable } else { ElfKind::SharedLibrary }
+            }
+            _ => ElfKind::Other,
+        })
+    }
+
+    /// The GNU build-id as lower-case hex.
+    pub fn build_id(&self) -> Result<Option<String>> {
+        let elf = self.parse()?;
+        Ok(elf.build_id().ok().flatten().map(hex))
+    }
+
+    /// The `.gnu_debuglink` file name and CRC.
+    pub fn debuglink(&self) -> Result<Option<(String, u32)>> {
+        let elf = self.parse()?;
+        Ok(elf.gnu_debuglink().ok().flatten().map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc)))
+    }
+}
+
+/// The file offset of `addr` through the segments that hold file bytes, or
+/// `None` when no segment maps it from the file (e.g. `.bss`).
+pub fn file_offset(segments: &[Segment], addr: VirtAddr) -> Option<FileOffset> {
+    segments.iter().find(|s| addr.0 >= s.vaddr.0 && addr.0 < s.vaddr.0 + s.file_size).map(|s| FileOffset(addr.0 - s.vaddr.0 + s.offset.0))
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_offset_goes_through_the_segment_that_holds_the_address() {
+        let segs = [
+            Segment { vaddr: VirtAddr(0), mem_size: 0x600, offset: FileOffset(0), file_size: 0x600, executable: false },
+            Segment { vaddr: VirtAddr(0x1000), mem_size: 0x200, offset: FileOffset(0x1000), file_size: 0x200, executable: true },
+            Segment { vaddr: VirtAddr(0x3df0), mem_size: 0x300, offset: FileOffset(0x2df0), file_size: 0x100, executable: false },
+        ];
+        assert_eq!(file_offset(&segs, VirtAddr(0x1139)), Some(FileOffset(0x1139)));
+        assert_eq!(file_offset(&segs, VirtAddr(0x3e00)), Some(FileOffset(0x2e00)));
+        // In memory but not in the file (.bss): no offset.
+        assert_eq!(file_offset(&segs, VirtAddr(0x3f00)), None);
+        assert_eq!(file_offset(&segs, VirtAddr(0x900)), None);
+    }
+
+    #[test]
+    fn hex_is_lower_case_and_zero_padded() {
+        assert_eq!(hex(&[0x0a, 0xff, 0x00]), "0aff00");
+    }
+}

@@ -1,0 +1,316 @@
+//! The symbolizer: functions, their file offsets and declarations, and line
+//! tables of one ELF file, with its debug info found wherever it is kept.
+
+mod debuginfo;
+mod demangle;
+mod dwarf;
+mod elf;
+
+pub use debuginfo::{DebugDirs, DebugSource};
+pub use dwarf::{CompileUnit, FileTable, LineRow};
+pub use elf::{ElfImage, ElfKind, Segment, file_offset, hex};
+
+use crate::addr::{FileOffset, VirtAddr};
+use crate::error::{Error, Result};
+use object::{Object, ObjectSymbol, SymbolKind};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What to load besides functions.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Also read every line-table row.
+    pub lines: bool,
+    /// Where separate debug files are looked for.
+    pub debug_dirs: DebugDirs,
+}
+
+/// Which table a function was found in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SymbolOrigin {
+    /// The full symbol table.
+    Symtab,
+    /// The dynamic symbol table only (a stripped file).
+    Dynsym,
+    /// DWARF only: no symbol names the address.
+    Dwarf,
+}
+
+/// A function of a binary.
+#[derive(Clone, Debug)]
+pub struct Function {
+    /// Demangled name (`ns::f(int)`, `crate::module::f`).
+    pub name: String,
+    /// The demangled name without its parameter list, where it has one (`ns::f`).
+    pub base_name: Option<String>,
+    /// The symbol as the binary spells it.
+    pub raw_name: String,
+    /// Demangled names of other symbols at the same address.
+    pub aliases: Vec<String>,
+    /// Entry address.
+    pub address: VirtAddr,
+    /// Size in bytes (0 when neither symbol nor DWARF says).
+    pub size: u64,
+    /// Where a uprobe on the entry goes; `None` if the address is not backed by the file.
+    pub file_offset: Option<FileOffset>,
+    /// Declaration file id in [`SymbolIndex::files`].
+    pub decl_file: Option<u32>,
+    /// Declaration line (0 when unknown).
+    pub decl_line: u32,
+    /// Whether DWARF describes this function.
+    pub has_dwarf: bool,
+    /// Where the function was found.
+    pub origin: SymbolOrigin,
+}
+
+/// Names of C runtime scaffolding that no user wants in a profile.
+const SCAFFOLDING: &[&str] = &[
+    "_start",
+    "_init",
+    "_fini",
+    "frame_dummy",
+    "register_tm_clones",
+    "deregister_tm_clones",
+    "__do_global_dtors_aux",
+    "__libc_csu_init",
+    "__libc_csu_fini",
+    "_dl_relocate_static_pie",
+];
+
+impl Function {
+    /// Whether this is C runtime start-up or tear-down code.
+    pub fn is_scaffolding(&self) -> bool {
+        SCAFFOLDING.contains(&self.raw_name.as_str()) || self.raw_name.starts_with("__x86.get_pc_thunk")
+    }
+
+    /// Whether this is the cold part of a function split by the compiler
+    /// (`f.cold`): it is jumped to, never called, so it has no calls to count.
+    pub fn is_cold_part(&self) -> bool {
+        self.raw_name.contains(".cold")
+    }
+
+    /// Every name a pattern may match: demangled, without parameters, raw, aliases.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.name.as_str())
+            .chain(self.base_name.as_deref())
+            .chain(std::iter::once(self.raw_name.as_str()))
+            .chain(self.aliases.iter().map(String::as_str))
+    }
+}
+
+/// Functions, and optionally line rows, of one ELF file.
+pub struct SymbolIndex {
+    /// The file as given.
+    pub path: PathBuf,
+    /// GNU build-id, lower-case hex.
+    pub build_id: Option<String>,
+    /// Executable, PIE or shared library.
+    pub kind: ElfKind,
+    /// Where the DWARF came from.
+    pub debug: DebugSource,
+    /// Functions sorted by address, one per address.
+    pub functions: Vec<Function>,
+    /// Source file paths referred to by functions and rows.
+    pub files: FileTable,
+    /// Compilation units with their slices of `line_rows` (only when lines were asked for).
+    pub units: Vec<CompileUnit>,
+    /// Every line-table row, by unit (only when lines were asked for).
+    pub line_rows: Vec<LineRow>,
+    /// Loadable segments of the binary.
+    pub segments: Vec<Segment>,
+    /// Things the user should know: stripped file, rejected debug files, damaged units.
+    pub warnings: Vec<String>,
+}
+
+impl SymbolIndex {
+    /// Reads the functions (and with `options.lines`, line rows) of `path`.
+    pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
+        let image = ElfImage::open(path)?;
+        let segments = image.segments()?;
+        let kind = image.kind()?;
+        let build_id = image.build_id()?;
+        let mut warnings = Vec::new();
+
+        let separate;
+        let (debug_image, debug) = match debuginfo::embedded_dwarf(&image) {
+            Some(compressed) => (Some(&image), DebugSource::Embedded { compressed }),
+            None => match debuginfo::find_separate(&image, &options.debug_dirs, &mut warnings) {
+                Some((found, source)) => {
+                    separate = found;
+                    (Some(&separate), source)
+                }
+                None => (None, DebugSource::Missing),
+            },
+        };
+
+        let mut symbols = BTreeMap::new();
+        let mut origin = SymbolOrigin::Symtab;
+        let elf = image.parse()?;
+        collect_symbols(elf.symbols(), &mut symbols);
+        if symbols.is_empty()
+            && let Some(debug_image) = debug_image.filter(|d| !std::ptr::eq(*d, &image))
+        {
+            // `objcopy --only-keep-debug` leaves the full symbol table in the debug file.
+            collect_symbols(debug_image.parse()?.symbols(), &mut symbols);
+        }
+        if symbols.is_empty() {
+            collect_symbols(elf.dynamic_symbols(), &mut symbols);
+            origin = SymbolOrigin::Dynsym;
+        }
+
+        let mut files = FileTable::default();
+        let info = match debug_image {
+            Some(d) => dwarf::read(d, &mut files, options.lines, &mut warnings)?,
+            None => dwarf::DwarfInfo::default(),
+        };
+
+        if symbols.is_empty() && info.subprograms.is_empty() {
+            let detail = warnings.iter().map(|w| format!("; {w}")).collect();
+            return Err(Error::NoSymbols { path: path.into(), detail });
+        }
+        if origin == SymbolOrigin::Dynsym {
+            warnings.push(format!(
+                "{} has no symbol table (stripped): only its {} exported functions are known; install its debug info to see the rest",
+                path.display(),
+                symbols.len()
+            ));
+        }
+        if matches!(debug, DebugSource::Missing) {
+            warnings.push(format!(
+                "{} has no debug info: no source files or lines; install its debug package or build with -g",
+                path.display()
+            ));
+        }
+
+        let mut functions: BTreeMap<u64, Function> =
+            symbols.into_iter().map(|(address, group)| (address, group.into_function(address, origin, &segments))).collect();
+        for sub in info.subprograms {
+            for (i, range) in sub.ranges.iter().enumerate() {
+                match functions.get_mut(&range.start) {
+                    Some(f) => {
+                        f.has_dwarf = true;
+                        f.decl_file = f.decl_file.or(sub.decl_file);
+                        if f.decl_line == 0 {
+                            f.decl_line = sub.decl_line;
+                        }
+                        if f.size == 0 {
+                            f.size = range.end - range.start;
+                        }
+                    }
+                    // A function DWARF knows and no symbol names: its entry is the first range.
+                    None if i == 0 => {
+                        let Some(raw) = sub.linkage_name.clone().or_else(|| sub.name.clone()) else { continue };
+                        let names = demangle::demangle(&raw);
+                        let address = VirtAddr(range.start);
+                        functions.insert(
+                            range.start,
+                            Function {
+                                name: names.full,
+                                base_name: names.base,
+                                raw_name: raw,
+                                aliases: Vec::new(),
+                                address,
+                                size: range.end - range.start,
+                                file_offset: file_offset(&segments, address),
+                                decl_file: sub.decl_file,
+                                decl_line: sub.decl_line,
+                                has_dwarf: true,
+                                origin: SymbolOrigin::Dwarf,
+                            },
+                        );
+                    }
+                    None => {}
+                }
+            }
+        }
+
+        Ok(SymbolIndex {
+            path: path.into(),
+            build_id,
+            kind,
+            debug,
+            functions: functions.into_values().collect(),
+            files,
+            units: info.units,
+            line_rows: info.rows,
+            segments,
+            warnings,
+        })
+    }
+
+    /// The declaration `file:line` of a function, if DWARF gave one.
+    pub fn decl_path(&self, function: &Function) -> Option<&str> {
+        function.decl_file.map(|id| self.files.path(id))
+    }
+
+    /// The function whose code contains `addr`.
+    pub fn function_at(&self, addr: VirtAddr) -> Option<&Function> {
+        let i = self.functions.partition_point(|f| f.address <= addr).checked_sub(1)?;
+        let f = &self.functions[i];
+        (addr.0 < f.address.0 + f.size.max(1)).then_some(f)
+    }
+
+    /// Whether this is a position-independent executable.
+    pub fn is_pie(&self) -> bool {
+        self.kind == ElfKind::PieExecutable
+    }
+}
+
+/// Symbols that share an address.
+#[derive(Default)]
+struct SymbolGroup {
+    /// (rank, raw name): lower rank is the better name to show.
+    names: Vec<((u8, bool, usize), String)>,
+    size: u64,
+}
+
+impl SymbolGroup {
+    fn into_function(mut self, address: u64, origin: SymbolOrigin, segments: &[Segment]) -> Function {
+        self.names.sort();
+        self.names.dedup_by(|a, b| a.1 == b.1);
+        let mut names = self.names.into_iter().map(|(_, n)| n);
+        let raw_name = names.next().unwrap_or_default();
+        let primary = demangle::demangle(&raw_name);
+        let mut aliases: Vec<String> = names.map(|n| demangle::demangle(&n).full).filter(|n| *n != primary.full).collect();
+        aliases.dedup();
+        let address = VirtAddr(address);
+        Function {
+            name: primary.full,
+            base_name: primary.base,
+            raw_name,
+            aliases,
+            address,
+            size: self.size,
+            file_offset: file_offset(segments, address),
+            decl_file: None,
+            decl_line: 0,
+            has_dwarf: false,
+            origin,
+        }
+    }
+}
+
+fn collect_symbols<'d: 'f, 'f>(table: impl Iterator<Item = object::read::elf::ElfSymbol64<'d, 'f>>, out: &mut BTreeMap<u64, SymbolGroup>) {
+    for symbol in table {
+        if symbol.kind() != SymbolKind::Text || !symbol.is_definition() || symbol.address() == 0 {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        if name.is_empty() {
+            continue;
+        }
+        // Prefer a global name to a weak one to a local one, then a name
+        // without a leading underscore (`malloc` over `__libc_malloc`), then the shorter.
+        let binding = if symbol.is_weak() {
+            1
+        } else if symbol.is_global() {
+            0
+        } else {
+            2
+        };
+        let group = out.entry(symbol.address()).or_default();
+        group.size = group.size.max(symbol.size());
+        group.names.push(((binding, name.starts_with('_'), name.len()), name.to_string()));
+    }
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what building and testing proftap needs and a bare Debian or
+# Ubuntu machine may lack: C and C++ compilers, binutils, and the peer tools
+# the tests compare against (valgrind). Safe to run again: it installs only
+# what is missing.
+set -euo pipefail
+
+# command -> Debian package
+declare -A needs=(
+  [gcc]=gcc
+  [g++]=g++
+  [make]=make
+  [nm]=binutils
+  [objdump]=binutils
+  [readelf]=binutils
+  [objcopy]=binutils
+  [strip]=binutils
+  [valgrind]=valgrind
+)
+
+missing=()
+for cmd in "${!needs[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${needs[$cmd]}")
+done
+
+if ((${#missing[@]})); then
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  echo "setup: installing ${missing[*]}"
+  sudo=()
+  if [[ $(id -u) != 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || { echo "setup: need root (or sudo) to install ${missing[*]}" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+command -v cargo >/dev/null 2>&1 || { echo "setup: cargo is missing; install Rust from https://rustup.rs" >&2; exit 1; }

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs every check and test of proftap, as CI does. Installs missing tools first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+# Strict: a test whose tool or kernel feature is missing fails instead of skipping.
+PROFTAP_TESTS_STRICT=1 cargo test --workspace

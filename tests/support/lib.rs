@@ -1,0 +1,182 @@
+//! Helpers for the end-to-end tests: the built binaries, example programs
+//! compiled in the variants that break tools, and the peer tools we compare with.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The examples folder.
+pub fn examples() -> PathBuf {
+    repo().join("examples")
+}
+
+/// Path of a workspace binary, built once per test process so that a plain
+/// `cargo test` never runs a stale one.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "--bins", "--workspace"])
+            .current_dir(repo())
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "cargo build of the proftap binaries failed");
+    });
+    // target/<profile>/deps/<test-binary> -> target/<profile>/<name>
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().join(name)
+}
+
+/// A `proftap` command.
+pub fn proftap() -> Command {
+    Command::new(binary("proftap"))
+}
+
+/// Runs a command, asserts it succeeded, returns stdout.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs a command and returns its output whatever the status.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// Whether a tool is on PATH. In strict mode (`PROFTAP_TESTS_STRICT=1`,
+/// set by the project's test script) a missing tool fails the test, so CI
+/// never passes by skipping.
+pub fn have(tool: &str, why: &str) -> bool {
+    let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "{tool} is missing (needed {why}); run scripts/setup.sh");
+        eprintln!("SKIPPED: {tool} is not installed (needed {why}); scripts/setup.sh installs it");
+    }
+    found
+}
+
+/// Source language of an example.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lang {
+    C,
+    Cxx,
+    Rust,
+}
+
+/// How to compile an example.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Build {
+    /// Sources relative to `examples/`.
+    pub sources: Vec<&'static str>,
+    pub lang: Lang,
+    /// `-O0`, `-O2`.
+    pub opt: &'static str,
+    pub pie: bool,
+    /// Extra compiler flags.
+    pub flags: Vec<String>,
+}
+
+impl Build {
+    pub fn c(source: &'static str, opt: &'static str) -> Self {
+        Build { sources: vec![source], lang: Lang::C, opt, pie: true, flags: Vec::new() }
+    }
+    pub fn cxx(source: &'static str, opt: &'static str) -> Self {
+        Build { lang: Lang::Cxx, ..Build::c(source, opt) }
+    }
+    pub fn rust(source: &'static str, opt: &'static str) -> Self {
+        Build { lang: Lang::Rust, ..Build::c(source, opt) }
+    }
+    pub fn no_pie(mut self) -> Self {
+        self.pie = false;
+        self
+    }
+    pub fn flag(mut self, flag: &str) -> Self {
+        self.flags.push(flag.to_string());
+        self
+    }
+    pub fn sources(mut self, more: &[&'static str]) -> Self {
+        self.sources.extend_from_slice(more);
+        self
+    }
+
+    /// A short name for the variant, for messages and file names.
+    pub fn label(&self) -> String {
+        let stem = Path::new(self.sources[0]).file_name().unwrap().to_string_lossy().replace('.', "_");
+        let mut label = format!("{stem}{}{}", self.opt, if self.pie { "" } else { "-nopie" });
+        for f in &self.flags {
+            label.push_str(&f.replace(['=', '/', ' '], "_"));
+        }
+        label
+    }
+
+    /// Compiles the program (once per test process) and returns its path.
+    pub fn build(&self) -> PathBuf {
+        static CACHE: OnceLock<Mutex<(tempfile::TempDir, HashMap<Build, PathBuf>)>> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new((tempfile::tempdir().unwrap(), HashMap::new())));
+        let mut guard = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(path) = guard.1.get(self) {
+            return path.clone();
+        }
+        let out = guard.0.path().join(self.label());
+        self.compile_to(&out);
+        guard.1.insert(self.clone(), out.clone());
+        out
+    }
+
+    /// Compiles the program to `out`.
+    pub fn compile_to(&self, out: &Path) {
+        let sources: Vec<PathBuf> = self.sources.iter().map(|s| examples().join(s)).collect();
+        let mut cmd = match self.lang {
+            Lang::C | Lang::Cxx => {
+                let mut cmd = Command::new(if self.lang == Lang::C { "gcc" } else { "g++" });
+                cmd.arg(self.opt).arg("-g").args(&self.flags);
+                cmd.arg(if self.pie { "-pie" } else { "-no-pie" });
+                if self.pie {
+                    cmd.arg("-fPIE");
+                } else {
+                    cmd.arg("-fno-pie");
+                }
+                for dir in sources.iter().filter_map(|s| s.parent()) {
+                    cmd.arg("-I").arg(dir);
+                }
+                cmd.args(&sources).arg("-o").arg(out).arg("-lpthread");
+                cmd
+            }
+            Lang::Rust => {
+                let mut cmd = Command::new("rustc");
+                cmd.args(["--edition", "2021", "-g"]).args(&self.flags);
+                cmd.arg(if self.opt == "-O0" { "-Copt-level=0" } else { "-Copt-level=2" });
+                if !self.pie {
+                    cmd.arg("-Crelocation-model=static");
+                }
+                cmd.arg(&sources[0]).arg("-o").arg(out);
+                cmd
+            }
+        };
+        run_ok(&mut cmd);
+    }
+}
+
+/// Runs `proftap symbols ARGS --format json` and parses the output.
+pub fn symbols_json(args: &[&str]) -> serde_json::Value {
+    let out = run_ok(proftap().arg("symbols").args(args).args(["--format", "json"]));
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Asserts that a failed run printed one clear sentence and exited non-zero.
+pub fn assert_clean_failure(out: &Output, expect: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic instead of an error: {stderr}");
+    assert!(stderr.starts_with("proftap: "), "error should start with 'proftap: ': {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "expected one line: {stderr}");
+    assert!(stderr.contains(expect), "expected '{expect}' in: {stderr}");
+}
