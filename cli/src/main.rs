@@ -3,6 +3,7 @@
 
 mod commands;
 mod output;
+mod report;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -17,6 +18,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Profile a command from its first instruction.
+    Run(commands::record::RunArgs),
+    /// Profile a running process until Ctrl-C, --duration or its exit.
+    Attach(commands::record::AttachArgs),
+    /// Show a profile as text or JSON.
+    Report(commands::report::Args),
     /// List the functions (and line rows) of a binary or a running process.
     Symbols(commands::symbols::Args),
 }
@@ -24,6 +31,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => commands::record::run(args),
+        Command::Attach(args) => commands::record::attach(args),
+        Command::Report(args) => commands::report::run(args),
         Command::Symbols(args) => commands::symbols::run(args),
     };
     match result {

@@ -1,5 +1,6 @@
 //! proftap's contact with binaries and live processes: the ELF/DWARF
-//! symbolizer, function selection and `/proc` readers.
+//! symbolizer, function selection, `/proc` readers, uprobes and the
+//! recorder that turns probe hits into a [`proftap_profile::Profile`].
 //!
 //! ```no_run
 //! use proftap_probes::symbols::{LoadOptions, SymbolIndex};
@@ -12,8 +13,15 @@
 
 pub mod addr;
 mod error;
+pub mod libs;
+pub mod metrics;
+pub mod perf;
+pub mod plan;
 pub mod procfs;
+pub mod record;
 pub mod select;
 pub mod symbols;
+pub mod target;
+pub mod tracefs;
 
 pub use error::{Error, Result};

@@ -180,3 +180,155 @@ pub fn assert_clean_failure(out: &Output, expect: &str) {
     assert_eq!(stderr.trim_end().lines().count(), 1, "expected one line: {stderr}");
     assert!(stderr.contains(expect), "expected '{expect}' in: {stderr}");
 }
+
+/// Calls per function, as callgrind counts them (the oracle for call counts).
+pub fn callgrind_calls(binary: &Path, args: &[&str]) -> HashMap<String, u64> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("callgrind.out");
+    run_ok(
+        Command::new("valgrind")
+            .arg("--tool=callgrind")
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg("-q")
+            .arg(binary)
+            .args(args),
+    );
+    parse_callgrind(&std::fs::read_to_string(&out).unwrap())
+}
+
+/// Sums `calls=` lines by callee (`cfn=`), resolving name compression.
+pub fn parse_callgrind(text: &str) -> HashMap<String, u64> {
+    let mut names: HashMap<String, String> = HashMap::new();
+    let mut resolve = |spec: &str| -> String {
+        // "(12) name" defines id 12; "(12)" refers to it; "name" is plain.
+        let spec = spec.trim();
+        if let Some(rest) = spec.strip_prefix('(') {
+            let (id, name) = rest.split_once(')').unwrap_or((rest, ""));
+            let name = name.trim();
+            if !name.is_empty() {
+                names.insert(id.to_string(), name.to_string());
+            }
+            names.get(id).cloned().unwrap_or_default()
+        } else {
+            spec.to_string()
+        }
+    };
+    let mut calls: HashMap<String, u64> = HashMap::new();
+    let mut callee = String::new();
+    for line in text.lines() {
+        if let Some(spec) = line.strip_prefix("cfn=") {
+            // Recursion levels are separate names (`fib'2`): one function.
+            let name = resolve(spec);
+            callee = match name.rsplit_once('\'') {
+                Some((base, level)) if level.bytes().all(|b| b.is_ascii_digit()) => base.to_string(),
+                _ => name,
+            };
+        } else if let Some(spec) = line.strip_prefix("fn=") {
+            resolve(spec);
+        } else if let Some(rest) = line.strip_prefix("calls=") {
+            let count: u64 = rest.split_whitespace().next().and_then(|c| c.parse().ok()).unwrap_or(0);
+            *calls.entry(callee.clone()).or_default() += count;
+        }
+    }
+    calls
+}
+
+/// A running example program that proftap attaches to: `wait.c`, which
+/// prints `ready PID ADDRESS` and then ticks once per number read from stdin.
+pub struct Waiter {
+    pub child: std::process::Child,
+    pub pid: i32,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Waiter {
+    pub fn start(binary: &Path) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(binary).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let pid = line.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("bad handshake: {line}"));
+        Waiter { child, pid, stdout }
+    }
+
+    /// Asks for `n` ticks and waits until they are done; returns the running total.
+    pub fn tick(&mut self, n: u64) -> u64 {
+        use std::io::{BufRead, Write};
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{n}").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.strip_prefix("ticked ").and_then(|t| t.trim().parse().ok()).unwrap_or_else(|| panic!("unexpected: {line:?}"))
+    }
+
+    /// Closes stdin and returns the rest of the output and the exit status.
+    pub fn finish(mut self) -> (String, std::process::ExitStatus) {
+        use std::io::Read;
+        drop(self.child.stdin.take());
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).unwrap();
+        (rest, self.child.wait().unwrap())
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether this machine can place uprobes (root, tracefs, perf events).
+/// In strict mode a machine that cannot fails the test.
+pub fn can_probe() -> bool {
+    let root = nix_is_root();
+    if !root {
+        assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "uprobe tests need root");
+        eprintln!("SKIPPED: placing uprobes needs root");
+    }
+    root
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
+        .unwrap_or(false)
+}
+
+/// Runs `proftap run -o FILE ARGS -- CMD...`, asserts success, returns the JSON report.
+pub fn profile_run(proftap_args: &[&str], command: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let out = run(proftap().arg("run").arg("-o").arg(&file).args(proftap_args).arg("--").args(command));
+    assert!(
+        out.status.success(),
+        "proftap run {proftap_args:?} -- {command:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    report_json(&file)
+}
+
+/// `proftap report FILE --format json`.
+pub fn report_json(file: &Path) -> serde_json::Value {
+    let out = run_ok(proftap().arg("report").arg(file).args(["--format", "json"]));
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Calls per function name in a JSON report.
+pub fn calls_by_name(report: &serde_json::Value) -> HashMap<String, u64> {
+    report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["name"].as_str().unwrap().to_string(), f["calls"].as_u64().unwrap()))
+        .collect()
+}
+
+/// The function named `name` in a JSON report (or in a thread's list).
+pub fn function<'a>(functions: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    functions.as_array().unwrap().iter().find(|f| f["name"] == name).unwrap_or_else(|| panic!("{name} not in {functions}"))
+}

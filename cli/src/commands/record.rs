@@ -1,0 +1,213 @@
+//! `proftap run` and `proftap attach`: choose functions, record, write the profile.
+
+use anyhow::{Context, Result, bail};
+use proftap_probes::metrics::{Metric, parse_metrics};
+use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
+use proftap_probes::procfs;
+use proftap_probes::record::{Control, RecordOptions, Recorded, TargetSpec, record};
+use proftap_probes::select::Selection;
+use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
+use proftap_probes::{libs, target};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+/// Options shared by `run` and `attach`.
+#[derive(clap::Args, Clone)]
+pub struct RecordArgs {
+    /// Functions to instrument: a glob on names (`parse_*`, `ns::Class::*`),
+    /// `FILE:*` for a source file, `MODULE:PAT` for a shared library, `!PAT`
+    /// to exclude. Default: every function of the executable with debug info.
+    #[arg(short = 'f', long = "functions", value_name = "PAT")]
+    functions: Vec<String>,
+    /// Metrics per call, comma-separated: wall, cpu, page-faults,
+    /// minor-faults, major-faults, context-switches, cpu-migrations, and
+    /// hardware counters (cycles, instructions, ...) where the machine has them.
+    #[arg(long = "metric", value_name = "LIST", default_value = "wall,cpu")]
+    metrics: Vec<String>,
+    /// Where to write the profile.
+    #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "proftap.profile")]
+    output: PathBuf,
+    /// Do not record forked child processes.
+    #[arg(long)]
+    no_follow_fork: bool,
+    /// Subtract the measured cost of the probes from the times.
+    #[arg(long)]
+    compensate: bool,
+    /// Ring buffer per CPU, in MiB (more if events are lost).
+    #[arg(long, value_name = "MIB", default_value_t = 8)]
+    buffer_size: usize,
+    /// Where separate debug files are looked for (default /usr/lib/debug).
+    #[arg(long, value_name = "DIR")]
+    debug_dir: Vec<PathBuf>,
+}
+
+/// Arguments of `proftap run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    record: RecordArgs,
+    /// The command to profile and its arguments.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+/// Arguments of `proftap attach`.
+#[derive(clap::Args)]
+pub struct AttachArgs {
+    #[command(flatten)]
+    record: RecordArgs,
+    /// Stop after this long (`30s`, `2m`, `500ms`); otherwise at Ctrl-C,
+    /// SIGTERM or the process's exit.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// The process to profile.
+    pid: i32,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    if let Ok(seconds) = text.parse::<f64>() {
+        if seconds.is_finite() && seconds >= 0.0 {
+            return Ok(Duration::from_secs_f64(seconds));
+        }
+    }
+    humantime::parse_duration(text).map_err(|e| format!("'{text}' is not a duration like 30s, 2m or 500ms ({e})"))
+}
+
+/// Catches Ctrl-C and SIGTERM so the recording ends cleanly: probes removed,
+/// profile written.
+fn control() -> Result<Control> {
+    let control = Control { interrupt: Arc::new(AtomicBool::new(false)), terminate: Arc::new(AtomicBool::new(false)) };
+    signal_hook::flag::register(signal_hook::consts::SIGINT, control.interrupt.clone()).context("cannot handle SIGINT")?;
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, control.terminate.clone()).context("cannot handle SIGTERM")?;
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, control.terminate.clone()).context("cannot handle SIGHUP")?;
+    Ok(control)
+}
+
+fn options(
+    args: &RecordArgs,
+    metrics: Vec<Metric>,
+    duration: Option<Duration>,
+    on_started: Option<fn(i32, usize)>,
+) -> Result<RecordOptions> {
+    Ok(RecordOptions {
+        metrics,
+        follow_forks: !args.no_follow_fork,
+        buffer_bytes: args.buffer_size.clamp(1, 4096) << 20,
+        duration,
+        cost: None,
+        compensate: args.compensate,
+        control: control()?,
+        on_started,
+    })
+}
+
+/// Tells the user (and scripts waiting for it) that the probes are live.
+fn announce(pid: i32, functions: usize) {
+    eprintln!("proftap: attached to process {pid}: {functions} functions probed; stop with Ctrl-C");
+}
+
+fn load_options(args: &RecordArgs) -> LoadOptions {
+    LoadOptions {
+        lines: false,
+        debug_dirs: if args.debug_dir.is_empty() { DebugDirs::default() } else { DebugDirs(args.debug_dir.clone()) },
+    }
+}
+
+/// Symbols of the main executable and of the libraries the patterns name;
+/// `display[i]` is how the profile names module i, `open[i]` where to probe it.
+fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordArgs) -> Result<(Vec<ProbedFunction>, Option<String>)> {
+    let load = load_options(args);
+    let mut indexes = Vec::new();
+    let mut open_paths = Vec::new();
+    for (i, (display, open)) in modules.iter().enumerate() {
+        if i > 0 && !selection.names_module(display) {
+            continue;
+        }
+        let mut index = SymbolIndex::load(open, &load).with_context(|| format!("cannot read the symbols of {}", display.display()))?;
+        index.path.clone_from(display);
+        indexes.push(index);
+        open_paths.push(open.clone());
+    }
+    for index in &indexes {
+        for warning in &index.warnings {
+            eprintln!("proftap: warning: {warning}");
+        }
+    }
+    let refs: Vec<&SymbolIndex> = indexes.iter().collect();
+    let selected = selection.select(&refs)?;
+    let mut warnings = Vec::new();
+    let mut planned = plan(&refs, &open_paths, &selected, &mut warnings);
+    if let Some((display, open)) = modules.iter().find(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libstdc++")))
+    {
+        // C++: a catch ends the frames an exception left, at the moment it starts.
+        let index = SymbolIndex::load(open, &load).ok();
+        if let Some(marker) = index.and_then(|mut i| {
+            i.path.clone_from(display);
+            catch_marker(&i, open)
+        }) {
+            planned.push(marker);
+        }
+    }
+    for warning in warnings {
+        eprintln!("proftap: warning: {warning}");
+    }
+    if planned.iter().all(|f| f.role != Role::Measured) {
+        bail!("no function of {} can be probed", modules[0].0.display());
+    }
+    Ok((planned, indexes[0].build_id.clone()))
+}
+
+/// Runs `proftap run`.
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let selection = Selection::parse(&args.record.functions)?;
+    let metrics = parse_metrics(&args.record.metrics)?;
+    let path = target::resolve_command(&args.command[0])?;
+    let path = std::fs::canonicalize(&path).unwrap_or(path);
+    let mut modules = vec![(path.clone(), path.clone())];
+    modules.extend(libs::needed_libraries(&path).into_iter().map(|l| (l.clone(), l)));
+    let (functions, build_id) = choose(&selection, &modules, &args.record)?;
+    let options = options(&args.record, metrics, None, None)?;
+    let spec = TargetSpec::Launch { path, argv: args.command.clone() };
+    let mut recorded = record(&functions, &spec, &options)?;
+    recorded.profile.target.build_id = build_id;
+    let status = recorded.ended.map_or(0, |e| e.shell_status());
+    finish(recorded, &args.record.output)?;
+    Ok(ExitCode::from(status.clamp(0, 255) as u8))
+}
+
+/// Runs `proftap attach`.
+pub fn attach(args: AttachArgs) -> Result<ExitCode> {
+    let selection = Selection::parse(&args.record.functions)?;
+    let metrics = parse_metrics(&args.record.metrics)?;
+    let loaded = procfs::loaded_modules(args.pid)?;
+    if loaded.first().is_none_or(|m| !m.is_main) {
+        bail!("process {} has no executable mapped (a kernel thread or a process that is exiting)", args.pid);
+    }
+    let modules: Vec<(PathBuf, PathBuf)> = loaded.iter().map(|m| (m.path.clone(), m.open_path.clone())).collect();
+    let (functions, build_id) = choose(&selection, &modules, &args.record)?;
+    let options = options(&args.record, metrics, args.duration, Some(announce))?;
+    let mut recorded = record(&functions, &TargetSpec::Attach { pid: args.pid }, &options)?;
+    recorded.profile.target.build_id = build_id;
+    finish(recorded, &args.record.output)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn finish(recorded: Recorded, output: &Path) -> Result<()> {
+    let profile = recorded.profile;
+    proftap_profile::write_profile(output, &profile)?;
+    let threads = profile.threads.len();
+    let calls = profile.total_calls();
+    let lost = profile.lost.events;
+    eprintln!(
+        "proftap: {} functions, {calls} calls in {threads} thread{}, {lost} events lost; profile written to {} (see: proftap report {})",
+        profile.functions.len(),
+        if threads == 1 { "" } else { "s" },
+        output.display(),
+        output.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! `proftap report`: a profile as text or JSON.
+
+use crate::report::text::{TextOptions, render};
+use crate::report::{SortKey, json};
+use anyhow::{Result, bail};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `proftap report`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// A profile written by `proftap run` or `proftap attach`.
+    file: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    format: Format,
+    /// Show the calling-context tree.
+    #[arg(long)]
+    tree: bool,
+    /// Show each thread.
+    #[arg(long)]
+    threads: bool,
+    /// Sort functions by.
+    #[arg(long, value_enum, default_value = "incl")]
+    sort: SortKey,
+    /// Show only the first N functions of each table.
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+    /// Metrics to show (comma-separated: wall, cpu, page-faults, ...); all by default.
+    #[arg(long = "metric", value_name = "LIST")]
+    metrics: Vec<String>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> Result<ExitCode> {
+    let profile = proftap_profile::read_profile(&args.file)?;
+    let mut metrics = Vec::new();
+    for name in args.metrics.iter().flat_map(|m| m.split(',')).filter(|n| !n.is_empty()) {
+        let key = proftap_probes::metrics::Metric::parse(name)?.key();
+        match profile.metric_index(key) {
+            Some(i) => metrics.push(i),
+            None => bail!("{} has no metric '{name}'; it has: {}", args.file.display(), profile.metrics.join(", ")),
+        }
+    }
+    let text = match args.format {
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(&json::report(&profile))?;
+            s.push('\n');
+            s
+        }
+        Format::Text => render(&profile, &TextOptions { sort: args.sort, top: args.top, tree: args.tree, threads: args.threads, metrics }),
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}

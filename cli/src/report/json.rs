@@ -1,0 +1,112 @@
+//! The JSON report (`proftap.report/1`) scripts rely on.
+
+use super::function_name;
+use proftap_profile::{CallTree, FunctionStats, Profile, Stat};
+use serde_json::{Map, Value, json};
+
+/// The whole report as a JSON value.
+pub fn report(profile: &Profile) -> Value {
+    let functions: Vec<Value> = profile.merged_functions().iter().map(|f| function(profile, f)).collect();
+    let threads: Vec<Value> = profile
+        .threads
+        .iter()
+        .map(|t| {
+            json!({
+                "tid": t.tid,
+                "pid": t.pid,
+                "name": t.name,
+                "functions": t.functions.iter().map(|f| function(profile, f)).collect::<Vec<_>>(),
+                "tree": tree(profile, &t.tree),
+            })
+        })
+        .collect();
+    json!({
+        "schema": "proftap.report/1",
+        "target": {
+            "command": profile.target.command,
+            "pid": profile.target.pid,
+            "exe": profile.target.exe,
+            "build_id": profile.target.build_id,
+            "exit_code": profile.target.exit_code,
+            "signal": profile.target.signal,
+            "attached": profile.target.attached,
+        },
+        "recording": {
+            "engine": profile.recording.engine,
+            "started_unix_ns": profile.recording.started_unix_ns,
+            "duration_ns": profile.recording.duration_ns,
+            "events": profile.recording.events,
+            "peak_events_per_second": profile.recording.peak_events_per_second,
+            "follow_forks": profile.recording.follow_forks,
+        },
+        "metrics": profile.metrics,
+        "functions": functions,
+        "threads": threads,
+        "tree": tree(profile, &profile.merged_tree()),
+        "lost_events": profile.lost.events,
+        "lost": {
+            "events": profile.lost.events,
+            "by_function": profile.lost.by_function.iter().map(|c| json!({"function": function_name(profile, c.id as u32), "count": c.count})).collect::<Vec<_>>(),
+            "by_thread": profile.lost.by_thread.iter().map(|c| json!({"tid": c.id, "count": c.count})).collect::<Vec<_>>(),
+            "unmatched_returns": profile.lost.unmatched_returns,
+        },
+        "overhead": {
+            "per_hit_ns": profile.overhead.per_hit_ns,
+            "estimated_ns": profile.overhead.estimated_ns,
+            "hits": profile.overhead.hits,
+            "compensated": profile.overhead.compensated,
+            "call_ns_emulated": profile.overhead.call_ns_emulated,
+            "call_ns_stepped": profile.overhead.call_ns_stepped,
+            "call_cpu_ns": profile.overhead.call_cpu_ns,
+            "self_ns": profile.overhead.self_ns,
+        },
+        "processes": profile.processes.iter().map(|p| json!({"pid": p.pid, "parent": p.parent, "execs": p.execs})).collect::<Vec<_>>(),
+        "notes": profile.notes,
+    })
+}
+
+fn stats(profile: &Profile, stats: &[Stat], calls: u64) -> Value {
+    let mut map = Map::new();
+    for (key, s) in profile.metrics.iter().zip(stats) {
+        map.insert(key.clone(), json!({ "total": s.total, "min": s.min_or_zero(), "max": s.max, "avg": s.avg(calls) }));
+    }
+    Value::Object(map)
+}
+
+fn function(profile: &Profile, f: &FunctionStats) -> Value {
+    let info = profile.functions.get(f.function as usize).cloned().unwrap_or_default();
+    json!({
+        "name": info.name,
+        "module": info.module,
+        "file": info.file,
+        "line": info.line,
+        "address": info.address,
+        "calls": f.calls,
+        "unwound": f.unwound,
+        "unfinished": f.unfinished,
+        "mode": info.mode,
+        "inclusive": stats(profile, &f.inclusive, f.calls),
+        "exclusive": stats(profile, &f.exclusive, f.calls),
+    })
+}
+
+fn totals(profile: &Profile, values: &[u64]) -> Value {
+    Value::Object(profile.metrics.iter().zip(values).map(|(k, v)| (k.clone(), json!(v))).collect())
+}
+
+/// The tree, nested.
+pub fn tree(profile: &Profile, tree: &CallTree) -> Value {
+    let children = tree.children();
+    fn node(profile: &Profile, tree: &CallTree, children: &[Vec<u32>], i: u32) -> Value {
+        let n = &tree.nodes[i as usize];
+        let name = if i == 0 { "<root>" } else { function_name(profile, n.function) };
+        json!({
+            "name": name,
+            "calls": n.calls,
+            "inclusive": totals(profile, &n.inclusive),
+            "exclusive": totals(profile, &n.exclusive),
+            "children": children[i as usize].iter().map(|&c| node(profile, tree, children, c)).collect::<Vec<_>>(),
+        })
+    }
+    node(profile, tree, &children, 0)
+}

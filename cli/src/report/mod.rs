@@ -1,0 +1,41 @@
+//! Renderers: every output is a function of a [`Profile`] alone.
+
+pub mod json;
+pub mod text;
+
+use proftap_profile::{FunctionStats, Profile};
+
+/// What to sort functions by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortKey {
+    /// Number of calls.
+    Calls,
+    /// Inclusive total.
+    Incl,
+    /// Exclusive total.
+    Excl,
+    /// Inclusive average per call.
+    Avg,
+    /// Largest inclusive value of one call.
+    Max,
+}
+
+/// Sorts function statistics by `key` of metric `metric`, largest first.
+pub fn sort_functions(functions: &mut [FunctionStats], key: SortKey, metric: usize) {
+    let value = |f: &FunctionStats| -> u64 {
+        let incl = f.inclusive.get(metric).copied().unwrap_or_default();
+        match key {
+            SortKey::Calls => f.calls,
+            SortKey::Incl => incl.total,
+            SortKey::Excl => f.exclusive.get(metric).map_or(0, |s| s.total),
+            SortKey::Avg => incl.avg(f.calls),
+            SortKey::Max => incl.max,
+        }
+    };
+    functions.sort_by(|a, b| value(b).cmp(&value(a)).then(a.function.cmp(&b.function)));
+}
+
+/// The display name of a function id.
+pub fn function_name(profile: &Profile, id: u32) -> &str {
+    profile.functions.get(id as usize).map_or("?", |f| f.name.as_str())
+}

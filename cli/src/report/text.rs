@@ -1,0 +1,231 @@
+//! The text report: a header, a flat profile per metric like gprof's, the
+//! call tree and per-thread profiles on request.
+
+use super::{SortKey, function_name, sort_functions};
+use proftap_profile::{CallTree, FunctionStats, Profile};
+use std::fmt::Write as _;
+
+/// What the text report shows.
+#[derive(Clone, Debug)]
+pub struct TextOptions {
+    /// Sort order of the flat profile.
+    pub sort: SortKey,
+    /// Show at most this many functions per table.
+    pub top: Option<usize>,
+    /// Show the call tree.
+    pub tree: bool,
+    /// Show each thread.
+    pub threads: bool,
+    /// Metrics to show (indexes into the profile's metrics); all when empty.
+    pub metrics: Vec<usize>,
+}
+
+/// Formats a metric value: times with a unit, counts with separators.
+pub fn format_value(key: &str, value: u64) -> String {
+    if key.ends_with("_ns") { format_ns(value) } else { group_digits(value) }
+}
+
+/// `1.23 ms`, `456 ns`, `2.000 s`.
+pub fn format_ns(ns: u64) -> String {
+    let ns_f = ns as f64;
+    if ns < 1_000 {
+        format!("{ns} ns")
+    } else if ns < 1_000_000 {
+        format!("{:.2} us", ns_f / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.2} ms", ns_f / 1e6)
+    } else {
+        format!("{:.3} s", ns_f / 1e9)
+    }
+}
+
+/// `1234567` -> `1,234,567`.
+pub fn group_digits(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn metric_label(key: &str) -> &str {
+    match key {
+        "wall_ns" => "wall time",
+        "cpu_ns" => "CPU time",
+        other => other,
+    }
+}
+
+/// Renders the report.
+pub fn render(profile: &Profile, options: &TextOptions) -> String {
+    let mut out = String::new();
+    header(profile, &mut out);
+    let metrics: Vec<usize> = if options.metrics.is_empty() { (0..profile.metrics.len()).collect() } else { options.metrics.clone() };
+    let mut merged = profile.merged_functions();
+    for &m in &metrics {
+        flat(profile, &mut merged, m, options, "", &mut out);
+    }
+    if options.tree {
+        let m = metrics.first().copied().unwrap_or(0);
+        let _ = writeln!(out, "\nCall tree ({}, inclusive / exclusive)", metric_label(&profile.metrics[m]));
+        tree(profile, &profile.merged_tree(), m, &mut out);
+    }
+    if options.threads {
+        for thread in &profile.threads {
+            let title =
+                format!(" of thread {} ({}, pid {})", thread.tid, if thread.name.is_empty() { "?" } else { &thread.name }, thread.pid);
+            let mut functions = thread.functions.clone();
+            for &m in &metrics {
+                flat(profile, &mut functions, m, options, &title, &mut out);
+            }
+            if options.tree {
+                let m = metrics.first().copied().unwrap_or(0);
+                let _ = writeln!(out, "\nCall tree{title}");
+                tree(profile, &thread.tree, m, &mut out);
+            }
+        }
+    }
+    out
+}
+
+fn header(profile: &Profile, out: &mut String) {
+    let t = &profile.target;
+    let how = if t.attached { "attached to" } else { "ran" };
+    let ended = match (t.exit_code, t.signal) {
+        (Some(code), _) => format!(", exited {code}"),
+        (_, Some(sig)) => format!(", killed by signal {sig}"),
+        _ => String::new(),
+    };
+    let _ = writeln!(out, "proftap profile: {how} {} (pid {}{ended})", t.command.join(" "), t.pid);
+    let _ = writeln!(out, "  executable  {}{}", t.exe, t.build_id.as_deref().map(|b| format!(" (build-id {b})")).unwrap_or_default());
+    let r = &profile.recording;
+    let _ = writeln!(
+        out,
+        "  recorded    {} with {} probes, {} thread{}, {} process{}",
+        format_ns(r.duration_ns),
+        r.engine,
+        profile.threads.len(),
+        if profile.threads.len() == 1 { "" } else { "s" },
+        profile.processes.len().max(1),
+        if profile.processes.len() > 1 { "es" } else { "" }
+    );
+    let _ = writeln!(out, "  metrics     {}", profile.metrics.iter().map(|m| metric_label(m)).collect::<Vec<_>>().join(", "));
+    let calls = profile.total_calls();
+    let _ = writeln!(
+        out,
+        "  calls       {} in {} functions, {} probe hits",
+        group_digits(calls),
+        profile.functions.len(),
+        group_digits(r.events)
+    );
+    let o = &profile.overhead;
+    if o.estimated_ns > 0 || o.call_ns_stepped > 0 {
+        let share = if r.duration_ns > 0 { 100.0 * o.estimated_ns as f64 / r.duration_ns as f64 } else { 0.0 };
+        let _ = writeln!(
+            out,
+            "  overhead    {} per probe hit, about {} of the run ({share:.1}%); times {}",
+            format_ns(o.per_hit_ns),
+            format_ns(o.estimated_ns),
+            if o.compensated { "compensated" } else { "not compensated (--compensate subtracts it)" }
+        );
+    } else {
+        let _ = writeln!(out, "  overhead    not measured");
+    }
+    let l = &profile.lost;
+    let _ = write!(out, "  lost        {} events", group_digits(l.events));
+    if l.unmatched_returns > 0 {
+        let _ = write!(out, ", {} returns of calls entered before recording", group_digits(l.unmatched_returns));
+    }
+    let _ = writeln!(out);
+    for note in &profile.notes {
+        let _ = writeln!(out, "  note        {note}");
+    }
+}
+
+fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &TextOptions, title: &str, out: &mut String) {
+    let Some(key) = profile.metrics.get(m) else { return };
+    sort_functions(functions, options.sort, m);
+    let duration = profile.recording.duration_ns.max(1);
+    let share =
+        |v: u64| -> String { if key.ends_with("_ns") { format!("{:5.1}", 100.0 * v as f64 / duration as f64) } else { "    -".into() } };
+    let _ = writeln!(
+        out,
+        "\nFlat profile{title}, {} (sorted by {:?}; %run: share of the recording's duration)",
+        metric_label(key),
+        options.sort
+    );
+    let _ = writeln!(
+        out,
+        "{:>12} {:>12} {:>5} {:>12} {:>5} {:>11} {:>11} {:>11}  function",
+        "calls", "inclusive", "%run", "exclusive", "%run", "avg", "min", "max"
+    );
+    let shown = options.top.unwrap_or(usize::MAX);
+    for f in functions.iter().take(shown) {
+        let incl = f.inclusive[m];
+        let excl = f.exclusive[m];
+        let mut name = function_name(profile, f.function).to_string();
+        if f.unwound > 0 {
+            name.push_str(&format!("  [{} unwound]", f.unwound));
+        }
+        if f.unfinished > 0 {
+            name.push_str(&format!("  [{} unfinished]", f.unfinished));
+        }
+        let _ = writeln!(
+            out,
+            "{:>12} {:>12} {} {:>12} {} {:>11} {:>11} {:>11}  {name}",
+            group_digits(f.calls),
+            format_value(key, incl.total),
+            share(incl.total),
+            format_value(key, excl.total),
+            share(excl.total),
+            format_value(key, incl.avg(f.calls)),
+            format_value(key, incl.min_or_zero()),
+            format_value(key, incl.max),
+        );
+    }
+    if functions.len() > shown {
+        let _ = writeln!(out, "{:>12} more functions (--top)", functions.len() - shown);
+    }
+}
+
+fn tree(profile: &Profile, tree: &CallTree, m: usize, out: &mut String) {
+    let key = &profile.metrics[m];
+    let children = tree.children();
+    // Depth-first without recursion: deep recursion in the target must not
+    // overflow proftap's stack.
+    let mut stack: Vec<(u32, usize)> = children[0].iter().rev().map(|&c| (c, 0)).collect();
+    while let Some((i, depth)) = stack.pop() {
+        let n = &tree.nodes[i as usize];
+        let _ = writeln!(
+            out,
+            "{:indent$}{} {}x  {} / {}",
+            "",
+            function_name(profile, n.function),
+            group_digits(n.calls),
+            format_value(key, n.inclusive[m]),
+            format_value(key, n.exclusive[m]),
+            indent = 2 * depth + 2
+        );
+        stack.extend(children[i as usize].iter().rev().map(|&c| (c, depth + 1)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_format_with_units() {
+        assert_eq!(format_ns(999), "999 ns");
+        assert_eq!(format_ns(1_500), "1.50 us");
+        assert_eq!(format_ns(2_345_678), "2.35 ms");
+        assert_eq!(format_ns(3_000_000_000), "3.000 s");
+        assert_eq!(group_digits(1_234_567), "1,234,567");
+        assert_eq!(group_digits(12), "12");
+        assert_eq!(format_value("page_faults", 1000), "1,000");
+    }
+}

@@ -1,0 +1,631 @@
+//! Per-thread shadow stacks: probe hits in, per-function statistics and
+//! calling-context trees out. This is the hot path of recording: dense
+//! arrays, no allocation per event once a thread and a call path are known.
+
+// Per-metric loops index several parallel arrays; an index reads best.
+#![allow(clippy::needless_range_loop)]
+
+use super::events::{Event, Hit, ProbeId, Values};
+use crate::metrics::MAX_METRICS;
+use proftap_profile::{CallTree, FunctionStats, Lost, LostCount, ProcessInfo, ROOT, Stat, ThreadProfile, TreeNode};
+use rustc_hash::FxHashMap;
+
+/// A stack pointer this far from a frame's is on another stack (a signal
+/// stack, a fiber): it says nothing about whether the frame is still live.
+const SAME_STACK_SPAN: u64 = 64 << 20;
+
+/// What the probes themselves add to each metric, subtracted from the
+/// times when compensation is on.
+#[derive(Clone, Debug, Default)]
+pub struct Compensation {
+    /// Per function: cost one instrumented call of it adds to its callers.
+    pub call: Vec<Values>,
+    /// Per function: cost its own probes add to its own inclusive value.
+    pub own: Vec<Values>,
+}
+
+/// How a frame ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Returned,
+    /// Left without a return (exception, longjmp, thread exit).
+    Unwound,
+    /// Still running when the recording ended.
+    Unfinished,
+}
+
+struct Frame {
+    function: u32,
+    node: u32,
+    sp: u64,
+    entry: Values,
+    /// Inclusive values of completed instrumented callees.
+    children: Values,
+    /// Probe cost of all instrumented calls below this frame.
+    below: Values,
+}
+
+#[derive(Clone)]
+struct FunctionAcc {
+    function: u32,
+    calls: u64,
+    unwound: u64,
+    unfinished: u64,
+    /// Frames of this function on the stack (recursion depth).
+    active: u32,
+    inclusive: [Stat; MAX_METRICS],
+    exclusive: [Stat; MAX_METRICS],
+}
+
+struct NodeAcc {
+    function: u32,
+    parent: u32,
+    calls: u64,
+    inclusive: Values,
+    exclusive: Values,
+}
+
+struct ThreadState {
+    pid: u32,
+    tid: u32,
+    name: String,
+    stack: Vec<Frame>,
+    /// Function id -> index in `accs` (u32::MAX: not seen yet).
+    slot: Vec<u32>,
+    accs: Vec<FunctionAcc>,
+    nodes: Vec<NodeAcc>,
+    children: FxHashMap<(u32, u32), u32>,
+    last: Values,
+}
+
+impl ThreadState {
+    fn new(pid: u32, tid: u32, name: String, functions: usize) -> Self {
+        ThreadState {
+            pid,
+            tid,
+            name,
+            stack: Vec::new(),
+            slot: vec![u32::MAX; functions],
+            accs: Vec::new(),
+            nodes: vec![NodeAcc { function: ROOT, parent: ROOT, calls: 0, inclusive: [0; MAX_METRICS], exclusive: [0; MAX_METRICS] }],
+            children: FxHashMap::default(),
+            last: [0; MAX_METRICS],
+        }
+    }
+
+    fn acc(&mut self, function: u32) -> &mut FunctionAcc {
+        let slot = &mut self.slot[function as usize];
+        if *slot == u32::MAX {
+            *slot = self.accs.len() as u32;
+            self.accs.push(FunctionAcc {
+                function,
+                calls: 0,
+                unwound: 0,
+                unfinished: 0,
+                active: 0,
+                inclusive: [Stat::default(); MAX_METRICS],
+                exclusive: [Stat::default(); MAX_METRICS],
+            });
+        }
+        &mut self.accs[*slot as usize]
+    }
+
+    fn child(&mut self, parent: u32, function: u32) -> u32 {
+        let next = self.nodes.len() as u32;
+        let node = *self.children.entry((parent, function)).or_insert(next);
+        if node == next {
+            self.nodes.push(NodeAcc { function, parent, calls: 0, inclusive: [0; MAX_METRICS], exclusive: [0; MAX_METRICS] });
+        }
+        node
+    }
+}
+
+/// Aggregates an event stream in time order into per-thread profiles.
+pub struct Aggregator {
+    functions: usize,
+    metrics: usize,
+    compensation: Option<Compensation>,
+    threads: FxHashMap<u32, ThreadState>,
+    /// Threads that have exited.
+    finished: Vec<ThreadState>,
+    /// Names of threads seen in sideband records before their first hit.
+    names: FxHashMap<u32, String>,
+    lost: Lost,
+    lost_by_function: FxHashMap<u32, u64>,
+    lost_by_thread: FxHashMap<u32, u64>,
+    processes: Vec<ProcessInfo>,
+    hits: u64,
+    calls_by_function: Vec<u64>,
+    unwound_frames: u64,
+}
+
+impl Aggregator {
+    /// An aggregator for `functions` probed functions and `metrics` metrics
+    /// (the first is wall time).
+    pub fn new(functions: usize, metrics: usize, compensation: Option<Compensation>) -> Self {
+        Aggregator {
+            functions,
+            metrics: metrics.min(MAX_METRICS),
+            compensation,
+            threads: FxHashMap::default(),
+            finished: Vec::new(),
+            names: FxHashMap::default(),
+            lost: Lost::default(),
+            lost_by_function: FxHashMap::default(),
+            lost_by_thread: FxHashMap::default(),
+            processes: Vec::new(),
+            hits: 0,
+            calls_by_function: vec![0; functions],
+            unwound_frames: 0,
+        }
+    }
+
+    /// Names a thread before it is seen (threads that exist at attach time).
+    pub fn name_thread(&mut self, tid: u32, name: String) {
+        self.names.insert(tid, name);
+    }
+
+    /// Notes a process (the target, at start).
+    pub fn add_process(&mut self, pid: i32) {
+        if !self.processes.iter().any(|p| p.pid == pid) {
+            self.processes.push(ProcessInfo { pid, parent: None, execs: Vec::new() });
+        }
+    }
+
+    /// Probe hits so far.
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    /// Calls per function so far.
+    pub fn calls_by_function(&self) -> &[u64] {
+        &self.calls_by_function
+    }
+
+    /// Consumes one event. Events must come in time order per thread.
+    pub fn push(&mut self, event: &Event) {
+        match event {
+            Event::Hit(hit) => self.hit(hit),
+            Event::Lost { tid, probe, count, .. } => {
+                self.lost.events += count;
+                if let Some(probe) = probe {
+                    *self.lost_by_function.entry(probe.function()).or_default() += count;
+                }
+                if *tid != 0 {
+                    *self.lost_by_thread.entry(*tid).or_default() += count;
+                }
+            }
+            Event::Comm { pid, tid, name, exec, .. } => {
+                if *exec && pid == tid {
+                    self.add_process(*pid as i32);
+                    if let Some(p) = self.processes.iter_mut().find(|p| p.pid == *pid as i32) {
+                        p.execs.push(name.clone());
+                    }
+                }
+                match self.threads.get_mut(tid) {
+                    Some(t) => t.name.clone_from(name),
+                    None => {
+                        self.names.insert(*tid, name.clone());
+                    }
+                }
+            }
+            Event::Fork { pid, ppid, tid, .. } => {
+                if pid != ppid && pid == tid && !self.processes.iter().any(|p| p.pid == *pid as i32) {
+                    self.processes.push(ProcessInfo { pid: *pid as i32, parent: Some(*ppid as i32), execs: Vec::new() });
+                }
+            }
+            Event::Exit { time, tid, .. } => {
+                if let Some(mut thread) = self.threads.remove(tid) {
+                    let mut at = thread.last;
+                    at[0] = at[0].max(*time);
+                    while !thread.stack.is_empty() {
+                        self.close_top(&mut thread, &at, Ending::Unwound);
+                    }
+                    // Its tid may be reused by a new thread: keep it apart.
+                    self.finished.push(thread);
+                }
+            }
+        }
+    }
+
+    fn hit(&mut self, hit: &Hit) {
+        self.hits += 1;
+        let function = hit.probe.function();
+        if function as usize >= self.functions {
+            // A catch marker: every frame at or below the catching frame's
+            // call depth is gone.
+            if let Some(mut thread) = self.threads.remove(&hit.tid) {
+                self.unwind_to(&mut thread, hit, true);
+                self.threads.insert(hit.tid, thread);
+            }
+            return;
+        }
+        let functions = self.functions;
+        let mut thread = match self.threads.remove(&hit.tid) {
+            Some(t) => t,
+            None => {
+                let name = self.names.remove(&hit.tid).unwrap_or_default();
+                ThreadState::new(hit.pid, hit.tid, name, functions)
+            }
+        };
+        thread.last = hit.values;
+        if hit.probe.is_return() {
+            self.leave(&mut thread, hit);
+        } else {
+            self.enter(&mut thread, hit);
+        }
+        self.threads.insert(hit.tid, thread);
+    }
+
+    fn enter(&mut self, thread: &mut ThreadState, hit: &Hit) {
+        self.unwind_to(thread, hit, false);
+        let function = hit.probe.function();
+        let parent = thread.stack.last().map_or(0, |f| f.node);
+        let node = thread.child(parent, function);
+        thread.nodes[node as usize].calls += 1;
+        let acc = thread.acc(function);
+        acc.calls += 1;
+        acc.active += 1;
+        self.calls_by_function[function as usize] += 1;
+        thread.stack.push(Frame { function, node, sp: hit.sp, entry: hit.values, children: [0; MAX_METRICS], below: [0; MAX_METRICS] });
+    }
+
+    /// Ends the frames a hit shows to be gone: frames deeper on the stack
+    /// than the hit (left by an exception or longjmp without a return). A
+    /// frame at exactly the hit's depth may be the caller of a tail call, so
+    /// only a catch marker ends it.
+    fn unwind_to(&mut self, thread: &mut ThreadState, hit: &Hit, inclusive: bool) {
+        if hit.sp == 0 {
+            return;
+        }
+        while let Some(top) = thread.stack.last() {
+            let gone = top.sp != 0 && (top.sp < hit.sp || (inclusive && top.sp == hit.sp)) && hit.sp - top.sp < SAME_STACK_SPAN;
+            if !gone {
+                break;
+            }
+            self.close_top(thread, &hit.values, Ending::Unwound);
+        }
+    }
+
+    fn leave(&mut self, thread: &mut ThreadState, hit: &Hit) {
+        let function = hit.probe.function();
+        // The returning frame: the innermost frame of the function whose
+        // return address slot is the one just popped (sp - 8), or, without a
+        // stack pointer, the innermost frame of the function.
+        let matches_sp = |f: &Frame| hit.sp == 0 || f.sp == 0 || f.sp.wrapping_add(8) == hit.sp;
+        let found = thread
+            .stack
+            .iter()
+            .rposition(|f| f.function == function && matches_sp(f))
+            .or_else(|| thread.stack.iter().rposition(|f| f.function == function));
+        let Some(position) = found else {
+            self.lost.unmatched_returns += 1;
+            return;
+        };
+        while thread.stack.len() > position + 1 {
+            self.close_top(thread, &hit.values, Ending::Unwound);
+        }
+        self.close_top(thread, &hit.values, Ending::Returned);
+    }
+
+    fn close_top(&mut self, thread: &mut ThreadState, at: &Values, ending: Ending) {
+        let Some(frame) = thread.stack.pop() else { return };
+        let metrics = self.metrics;
+        let mut inclusive = [0u64; MAX_METRICS];
+        let mut exclusive = [0u64; MAX_METRICS];
+        let own = self.compensation.as_ref().map(|c| c.own[frame.function as usize]);
+        for m in 0..metrics {
+            let raw = at[m].saturating_sub(frame.entry[m]);
+            let cost = own.map_or(0, |o| o[m]).saturating_add(frame.below[m]);
+            inclusive[m] = raw.saturating_sub(cost);
+            exclusive[m] = inclusive[m].saturating_sub(frame.children[m]);
+        }
+        let acc = thread.acc(frame.function);
+        acc.active = acc.active.saturating_sub(1);
+        let outermost = acc.active == 0;
+        for m in 0..metrics {
+            if outermost {
+                acc.inclusive[m].add(inclusive[m]);
+            } else {
+                acc.inclusive[m].observe(inclusive[m]);
+            }
+            acc.exclusive[m].add(exclusive[m]);
+        }
+        match ending {
+            Ending::Returned => {}
+            Ending::Unwound => {
+                acc.unwound += 1;
+                self.unwound_frames += 1;
+            }
+            Ending::Unfinished => acc.unfinished += 1,
+        }
+        let node = &mut thread.nodes[frame.node as usize];
+        for m in 0..metrics {
+            node.inclusive[m] = node.inclusive[m].saturating_add(inclusive[m]);
+            node.exclusive[m] = node.exclusive[m].saturating_add(exclusive[m]);
+        }
+        let call_cost = self.compensation.as_ref().map(|c| c.call[frame.function as usize]);
+        if let Some(parent) = thread.stack.last_mut() {
+            for m in 0..metrics {
+                parent.children[m] = parent.children[m].saturating_add(inclusive[m]);
+                parent.below[m] = parent.below[m].saturating_add(frame.below[m]).saturating_add(call_cost.map_or(0, |c| c[m]));
+            }
+        } else {
+            let root = &mut thread.nodes[0];
+            for m in 0..metrics {
+                root.inclusive[m] = root.inclusive[m].saturating_add(inclusive[m]);
+            }
+        }
+    }
+
+    /// Ends the aggregation: frames still open end at their thread's last
+    /// event, marked unfinished.
+    pub fn finish(mut self) -> Aggregate {
+        let mut threads: Vec<ThreadState> = std::mem::take(&mut self.threads).into_values().collect();
+        threads.append(&mut self.finished);
+        for thread in &mut threads {
+            let at = thread.last;
+            while !thread.stack.is_empty() {
+                self.close_top(thread, &at, Ending::Unfinished);
+            }
+        }
+        threads.sort_by_key(|t| (t.pid, t.tid));
+        let metrics = self.metrics;
+        let profiles = threads
+            .into_iter()
+            .map(|t| {
+                let mut functions: Vec<FunctionStats> = t
+                    .accs
+                    .iter()
+                    .map(|a| FunctionStats {
+                        function: a.function,
+                        calls: a.calls,
+                        unwound: a.unwound,
+                        unfinished: a.unfinished,
+                        inclusive: a.inclusive[..metrics].to_vec(),
+                        exclusive: a.exclusive[..metrics].to_vec(),
+                    })
+                    .collect();
+                functions.sort_by_key(|f| f.function);
+                let nodes = t
+                    .nodes
+                    .iter()
+                    .map(|n| TreeNode {
+                        function: n.function,
+                        parent: n.parent,
+                        calls: n.calls,
+                        inclusive: n.inclusive[..metrics].to_vec(),
+                        exclusive: n.exclusive[..metrics].to_vec(),
+                    })
+                    .collect();
+                ThreadProfile { pid: t.pid as i32, tid: t.tid as i32, name: t.name, functions, tree: CallTree { nodes } }
+            })
+            .collect();
+        let mut lost = self.lost;
+        lost.by_function = sorted_counts(self.lost_by_function);
+        lost.by_thread = sorted_counts(self.lost_by_thread);
+        Aggregate { threads: profiles, lost, processes: self.processes, hits: self.hits, unwound_frames: self.unwound_frames }
+    }
+}
+
+fn sorted_counts(map: FxHashMap<u32, u64>) -> Vec<LostCount> {
+    let mut v: Vec<LostCount> = map.into_iter().map(|(id, count)| LostCount { id: i64::from(id), count }).collect();
+    v.sort_by_key(|c| c.id);
+    v
+}
+
+/// The aggregator's result.
+pub struct Aggregate {
+    /// Per-thread profiles, by pid and tid.
+    pub threads: Vec<ThreadProfile>,
+    /// What was lost.
+    pub lost: Lost,
+    /// Processes seen.
+    pub processes: Vec<ProcessInfo>,
+    /// Probe hits.
+    pub hits: u64,
+    /// Frames that ended without their own return.
+    pub unwound_frames: u64,
+}
+
+/// A probe id for tests and benchmarks.
+pub fn probe(function: u32, is_return: bool) -> ProbeId {
+    if is_return { ProbeId::exit(function) } else { ProbeId::entry(function) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hit at `time` with cpu = time / 2, stack pointer `sp`.
+    fn hit(tid: u32, f: u32, ret: bool, time: u64, sp: u64) -> Event {
+        let mut values = [0; MAX_METRICS];
+        values[0] = time;
+        values[1] = time / 2;
+        Event::Hit(Hit { pid: 1, tid, probe: probe(f, ret), sp, values })
+    }
+
+    fn stats(agg: Aggregate, tid: i32, f: u32) -> FunctionStats {
+        let thread = agg.threads.iter().find(|t| t.tid == tid).expect("thread");
+        thread.functions.iter().find(|s| s.function == f).expect("function").clone()
+    }
+
+    #[test]
+    fn inclusive_and_exclusive_on_a_known_tree() {
+        // main(0) [0,100] calls a(1) [10,40] which calls b(2) [20,30]; then b [50,60].
+        let mut agg = Aggregator::new(3, 2, None);
+        let stream = [
+            hit(7, 0, false, 0, 1000),
+            hit(7, 1, false, 10, 992),
+            hit(7, 2, false, 20, 984),
+            hit(7, 2, true, 30, 992),
+            hit(7, 1, true, 40, 1000),
+            hit(7, 2, false, 50, 992),
+            hit(7, 2, true, 60, 1000),
+            hit(7, 0, true, 100, 1008),
+        ];
+        for e in &stream {
+            agg.push(e);
+        }
+        let result = agg.finish();
+        let tree = &result.threads[0].tree;
+        assert_eq!(tree.nodes.len(), 5); // root, main, main>a, main>a>b, main>b
+        let main = stats(result, 7, 0);
+        assert_eq!(main.calls, 1);
+        assert_eq!(main.inclusive[0].total, 100);
+        assert_eq!(main.exclusive[0].total, 100 - 30 - 10);
+        assert_eq!(main.inclusive[1].total, 50);
+    }
+
+    #[test]
+    fn per_call_extremes_and_recursion_counted_once() {
+        // f(0) recursive: outer [0,100], inner [10,20].
+        let mut agg = Aggregator::new(1, 1, None);
+        for e in [hit(1, 0, false, 0, 1000), hit(1, 0, false, 10, 900), hit(1, 0, true, 20, 908), hit(1, 0, true, 100, 1008)] {
+            agg.push(&e);
+        }
+        let f = stats(agg.finish(), 1, 0);
+        assert_eq!(f.calls, 2);
+        assert_eq!(f.inclusive[0], Stat { total: 100, min: 10, max: 100 });
+        // Exclusive: the outer call excludes the inner one.
+        assert_eq!(f.exclusive[0].total, 90 + 10);
+    }
+
+    #[test]
+    fn a_frame_left_by_an_exception_ends_at_the_catch_and_is_marked() {
+        // main(0) calls validate(1) which calls check(2) which throws; main
+        // catches (marker 4 at validate's depth) and calls area(3) at the
+        // same depth: area is main's callee, validate and check are gone.
+        let mut agg = Aggregator::new(4, 1, None);
+        for e in [
+            hit(1, 0, false, 0, 1000),
+            hit(1, 1, false, 10, 992),
+            hit(1, 2, false, 20, 984),
+            hit(1, 4, false, 40, 992),
+            hit(1, 3, false, 50, 992),
+            hit(1, 3, true, 60, 1000),
+            hit(1, 0, true, 100, 1008),
+        ] {
+            agg.push(&e);
+        }
+        let result = agg.finish();
+        let tree = result.threads[0].tree.clone();
+        let check = stats(result, 1, 2);
+        assert_eq!((check.calls, check.unwound), (1, 1));
+        assert_eq!(check.inclusive[0].total, 20);
+        // area hangs under main, not under the dead validate.
+        let area = tree.nodes.iter().find(|n| n.function == 3).expect("area");
+        assert_eq!(tree.nodes[area.parent as usize].function, 0);
+    }
+
+    #[test]
+    fn a_deeper_frame_is_gone_when_a_shallower_call_starts() {
+        // Without a marker (longjmp): main(0) -> a(1) -> b(2); longjmp back
+        // to main, which calls c(3) from a shallower depth than b.
+        let mut agg = Aggregator::new(4, 1, None);
+        for e in [hit(1, 0, false, 0, 1000), hit(1, 1, false, 10, 992), hit(1, 2, false, 20, 984), hit(1, 3, false, 50, 992)] {
+            agg.push(&e);
+        }
+        let result = agg.finish();
+        let b = stats(result, 1, 2);
+        assert_eq!((b.unwound, b.inclusive[0].total), (1, 30));
+    }
+
+    #[test]
+    fn a_tail_call_keeps_its_caller() {
+        // f(0) at sp 992 tail-calls g(1), entered at the same sp; both
+        // returns arrive together (the kernel chains them).
+        let mut agg = Aggregator::new(2, 1, None);
+        for e in [hit(1, 0, false, 0, 992), hit(1, 1, false, 10, 992), hit(1, 1, true, 30, 1000), hit(1, 0, true, 30, 1000)] {
+            agg.push(&e);
+        }
+        let result = agg.finish();
+        assert_eq!(result.unwound_frames, 0);
+        assert_eq!(stats(result, 1, 0).inclusive[0].total, 30);
+    }
+
+    #[test]
+    fn without_stack_pointers_an_outer_return_unwinds_inner_frames() {
+        let mut agg = Aggregator::new(3, 1, None);
+        for e in [hit(1, 0, false, 0, 0), hit(1, 1, false, 10, 0), hit(1, 2, false, 20, 0), hit(1, 0, true, 100, 0)] {
+            agg.push(&e);
+        }
+        let result = agg.finish();
+        assert_eq!(result.unwound_frames, 2);
+        let thread = &result.threads[0];
+        let main = thread.functions.iter().find(|s| s.function == 0).expect("main");
+        assert_eq!(main.inclusive[0].total, 100);
+        assert_eq!(main.unwound, 0);
+    }
+
+    #[test]
+    fn threads_are_separate_and_unmatched_returns_counted() {
+        let mut agg = Aggregator::new(1, 1, None);
+        for e in
+            [hit(1, 0, false, 0, 100), hit(2, 0, true, 5, 108), hit(2, 0, false, 6, 100), hit(1, 0, true, 10, 108), hit(2, 0, true, 9, 108)]
+        {
+            agg.push(&e);
+        }
+        let result = agg.finish();
+        assert_eq!(result.lost.unmatched_returns, 1);
+        assert_eq!(result.threads.len(), 2);
+        assert_eq!(stats(result, 2, 0).inclusive[0].total, 3);
+    }
+
+    #[test]
+    fn compensation_subtracts_probe_costs_of_callees() {
+        // a(0) calls b(1) twice; each call of b costs 5 to its caller and 1 to itself.
+        let comp = Compensation { call: vec![[5; MAX_METRICS]; 2], own: vec![[1; MAX_METRICS]; 2] };
+        let mut agg = Aggregator::new(2, 1, Some(comp));
+        for e in [
+            hit(1, 0, false, 0, 100),
+            hit(1, 1, false, 10, 92),
+            hit(1, 1, true, 20, 100),
+            hit(1, 1, false, 30, 92),
+            hit(1, 1, true, 40, 100),
+            hit(1, 0, true, 50, 108),
+        ] {
+            agg.push(&e);
+        }
+        let result = agg.finish();
+        let thread = &result.threads[0];
+        let a = thread.functions.iter().find(|s| s.function == 0).expect("a");
+        let b = thread.functions.iter().find(|s| s.function == 1).expect("b");
+        assert_eq!(b.inclusive[0].total, 2 * 9);
+        assert_eq!(a.inclusive[0].total, 50 - 1 - 2 * 5);
+        assert_eq!(a.exclusive[0].total, 39 - 18);
+    }
+
+    #[test]
+    fn exited_threads_are_all_kept() {
+        let mut agg = Aggregator::new(1, 1, None);
+        for tid in 2..6 {
+            agg.push(&hit(tid, 0, false, 1, 100));
+        }
+        for tid in 2..6 {
+            agg.push(&hit(tid, 0, true, 2, 108));
+            agg.push(&Event::Exit { time: 3, pid: 1, tid });
+        }
+        // A reused tid is a new thread.
+        agg.push(&hit(3, 0, false, 4, 100));
+        let result = agg.finish();
+        assert_eq!(result.threads.len(), 5);
+    }
+
+    #[test]
+    fn exit_closes_a_thread_and_lost_records_are_counted() {
+        let mut agg = Aggregator::new(1, 1, None);
+        agg.push(&Event::Comm { time: 0, pid: 1, tid: 3, name: "worker".into(), exec: false });
+        agg.push(&hit(3, 0, false, 10, 100));
+        agg.push(&Event::Lost { time: 11, tid: 3, probe: Some(probe(0, true)), count: 4 });
+        agg.push(&Event::Exit { time: 50, pid: 1, tid: 3 });
+        let result = agg.finish();
+        assert_eq!(result.lost.events, 4);
+        assert_eq!(result.lost.by_function, vec![LostCount { id: 0, count: 4 }]);
+        assert_eq!(result.lost.by_thread, vec![LostCount { id: 3, count: 4 }]);
+        let t = &result.threads[0];
+        assert_eq!(t.name, "worker");
+        assert_eq!(t.functions[0].unwound, 1);
+        assert_eq!(t.functions[0].inclusive[0].total, 40);
+    }
+}

@@ -1,0 +1,522 @@
+//! Recording with kernel uprobes: probes defined in tracefs, opened per task
+//! and CPU with `inherit` so every thread and forked child is followed, read
+//! from per-CPU ring buffers, merged in time order and aggregated on
+//! per-thread shadow stacks into a [`Profile`].
+
+pub mod aggregate;
+pub mod events;
+pub mod reader;
+
+use crate::metrics::{MAX_METRICS, Metric};
+use crate::perf::{self, EventTarget, ProbeEvent, RingBuffer};
+use crate::plan::{EntryKind, ProbedFunction, Role};
+use crate::target::{self, Ended, Frozen, TargetError};
+use crate::tracefs::{ProbeKind, Tracefs, TracefsError, UprobeGroup, UprobeSpec};
+use aggregate::{Aggregator, Compensation};
+use events::{Event, ProbeId, Values};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use perf_event::Counter;
+use proftap_profile::{Overhead, Profile, Recording, Target};
+use reader::{EventReader, ORDERING_MARGIN_NS};
+use rustc_hash::FxHashMap;
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Errors of a recording.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// tracefs trouble.
+    #[error(transparent)]
+    Tracefs(#[from] TracefsError),
+    /// Launching or attaching failed.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// perf_event_open or a ring buffer failed.
+    #[error("cannot open perf events on {what}: {source}{hint}")]
+    Perf {
+        /// Which task or probe.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+        /// What to do, starting with "; ".
+        hint: String,
+    },
+    /// Nothing to probe.
+    #[error("no function to probe")]
+    NothingToProbe,
+}
+
+/// The profiled program.
+#[derive(Clone, Debug)]
+pub enum TargetSpec {
+    /// Launch this program with these arguments (`argv[0]` included).
+    Launch {
+        /// The resolved executable.
+        path: PathBuf,
+        /// Its argument vector.
+        argv: Vec<OsString>,
+    },
+    /// Attach to this running process.
+    Attach {
+        /// Its pid.
+        pid: i32,
+    },
+}
+
+/// Calibrated cost of the probes on this machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProbeCost {
+    /// Wall time one instrumented call adds to the run, by entry kind.
+    pub call_ns_emulated: u64,
+    /// Same for single-stepped entries.
+    pub call_ns_stepped: u64,
+    /// CPU time one instrumented call adds to the thread.
+    pub call_cpu_ns: u64,
+    /// Wall time an empty instrumented function shows as its own inclusive time.
+    pub self_ns: u64,
+    /// CPU time the same.
+    pub self_cpu_ns: u64,
+}
+
+impl ProbeCost {
+    fn call_ns(&self, kind: EntryKind) -> u64 {
+        match kind {
+            EntryKind::Emulated => self.call_ns_emulated,
+            EntryKind::Stepped => self.call_ns_stepped,
+        }
+    }
+}
+
+/// Signals from the user, set by the command line's signal handlers.
+#[derive(Clone, Debug, Default)]
+pub struct Control {
+    /// Ctrl-C.
+    pub interrupt: Arc<AtomicBool>,
+    /// SIGTERM.
+    pub terminate: Arc<AtomicBool>,
+}
+
+/// How to record.
+#[derive(Clone, Debug)]
+pub struct RecordOptions {
+    /// Metrics; the first must be wall time.
+    pub metrics: Vec<Metric>,
+    /// Follow forked children.
+    pub follow_forks: bool,
+    /// Ring buffer size per CPU, bytes.
+    pub buffer_bytes: usize,
+    /// Stop after this long (attach).
+    pub duration: Option<Duration>,
+    /// Probe cost, for the overhead estimate.
+    pub cost: Option<ProbeCost>,
+    /// Subtract the probe cost from the times.
+    pub compensate: bool,
+    /// Signals.
+    pub control: Control,
+    /// Called once every probe is live (with the pid and the number of
+    /// functions), before the target runs on.
+    pub on_started: Option<fn(i32, usize)>,
+}
+
+impl Default for RecordOptions {
+    fn default() -> Self {
+        RecordOptions {
+            metrics: vec![Metric::Wall, Metric::Cpu],
+            follow_forks: true,
+            buffer_bytes: 8 << 20,
+            duration: None,
+            cost: None,
+            compensate: false,
+            control: Control::default(),
+            on_started: None,
+        }
+    }
+}
+
+/// A finished recording.
+pub struct Recorded {
+    /// The profile.
+    pub profile: Profile,
+    /// How a launched program ended (None for attach while it runs on).
+    pub ended: Option<Ended>,
+}
+
+/// CLOCK_MONOTONIC now, nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+fn online_cpus() -> Vec<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
+                    cpus.extend(a..=b);
+                }
+            }
+            None => cpus.extend(part.parse::<usize>().ok()),
+        }
+    }
+    if cpus.is_empty() {
+        cpus.extend(0..std::thread::available_parallelism().map_or(1, |n| n.get()));
+    }
+    cpus
+}
+
+/// Raises the open-file limit to its maximum: every probe is a descriptor
+/// per CPU and counter.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+fn perf_error(what: String, source: std::io::Error, descriptors: usize) -> RecordError {
+    let hint = match source.raw_os_error() {
+        Some(libc::EMFILE) | Some(libc::ENFILE) => {
+            format!("; this recording needs about {descriptors} file descriptors: raise `ulimit -n` or probe fewer functions")
+        }
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
+            format!("; uprobes need root or CAP_PERFMON (kernel.perf_event_paranoid is {}): run with sudo", paranoid.trim())
+        }
+        Some(libc::ESRCH) => "; the process is gone".into(),
+        _ => String::new(),
+    };
+    RecordError::Perf { what, source, hint }
+}
+
+/// Perf events and ring buffers of a recording. Field order is drop
+/// order: events close before the uprobes they use are removed.
+struct Session {
+    probes: Vec<ProbeEvent>,
+    sidebands: Vec<Counter>,
+    buffers: Vec<Option<RingBuffer>>,
+    ids: FxHashMap<u64, ProbeId>,
+    tracepoints: Vec<(u64, ProbeId)>,
+    cpus: Vec<usize>,
+    metrics: Vec<Metric>,
+    _group: UprobeGroup,
+}
+
+impl Session {
+    fn define(functions: &[ProbedFunction], metrics: &[Metric]) -> Result<Self, RecordError> {
+        if functions.is_empty() {
+            return Err(RecordError::NothingToProbe);
+        }
+        raise_fd_limit();
+        let tracefs = Tracefs::open()?;
+        let mut specs = Vec::with_capacity(functions.len() * 2);
+        let mut probe_ids = Vec::with_capacity(functions.len() * 2);
+        for (i, f) in functions.iter().enumerate() {
+            specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::Entry });
+            probe_ids.push(ProbeId::entry(i as u32));
+            if f.role == Role::Measured {
+                specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::Return });
+                probe_ids.push(ProbeId::exit(i as u32));
+            }
+        }
+        let (group, tracepoint_ids) = UprobeGroup::define(&tracefs, &specs)?;
+        let cpus = online_cpus();
+        Ok(Session {
+            probes: Vec::new(),
+            sidebands: Vec::new(),
+            buffers: (0..cpus.len()).map(|_| None).collect(),
+            ids: FxHashMap::default(),
+            tracepoints: tracepoint_ids.into_iter().zip(probe_ids).collect(),
+            cpus,
+            metrics: metrics.to_vec(),
+            _group: group,
+        })
+    }
+
+    fn descriptors_per_task(&self) -> usize {
+        self.cpus.len() * (1 + self.tracepoints.len() * self.metrics.len())
+    }
+
+    /// Opens every probe on task `pid` (and, through inherit, what it creates later).
+    fn open_task(&mut self, pid: i32, enable_on_exec: bool, buffer_bytes: usize) -> Result<(), RecordError> {
+        let need = self.descriptors_per_task();
+        for (slot, &cpu) in self.cpus.iter().enumerate() {
+            let target = EventTarget { pid, cpu, enable_on_exec };
+            let sideband = perf::open_sideband(target).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
+            match &self.buffers[slot] {
+                Some(buffer) => {
+                    perf::set_output(&sideband, buffer.owner()).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
+                    self.sidebands.push(sideband);
+                }
+                None => {
+                    let buffer = RingBuffer::new(sideband, buffer_bytes).map_err(|e| perf_error(format!("CPU {cpu}"), e, need))?;
+                    self.buffers[slot] = Some(buffer);
+                }
+            }
+            let owner = self.buffers[slot].as_ref().map(RingBuffer::owner).expect("buffer was just created");
+            for &(tracepoint, probe) in &self.tracepoints {
+                let event =
+                    perf::open_probe(tracepoint, target, &self.metrics).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
+                perf::set_output(&event.leader, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
+                self.ids.insert(event.leader.id(), probe);
+                self.probes.push(event);
+            }
+        }
+        Ok(())
+    }
+
+    fn disable(&self) {
+        for event in &self.probes {
+            let _ = perf::disable(&event.leader);
+        }
+    }
+
+    fn into_reader(mut self) -> (EventReader, SessionGuard) {
+        let buffers: Vec<RingBuffer> = self.buffers.drain(..).flatten().collect();
+        let reader = EventReader::new(buffers, std::mem::take(&mut self.ids), self.metrics.len() - 1);
+        (reader, SessionGuard { _session: self })
+    }
+}
+
+/// Keeps the events and uprobes alive while the reader runs.
+struct SessionGuard {
+    _session: Session,
+}
+
+/// Records `functions` in `target` until it ends (or, attached, until
+/// stopped), and builds the profile.
+pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOptions) -> Result<Recorded, RecordError> {
+    // Measured functions first: their index is their id in the profile; markers follow.
+    let mut ordered: Vec<ProbedFunction> = functions.iter().filter(|f| f.role == Role::Measured).cloned().collect();
+    let measured = ordered.len();
+    ordered.extend(functions.iter().filter(|f| f.role != Role::Measured).cloned());
+    let all = &ordered;
+    let functions = &ordered[..measured];
+    let metrics = options.metrics.clone();
+    debug_assert_eq!(metrics.first(), Some(&Metric::Wall));
+    if functions.is_empty() {
+        return Err(RecordError::NothingToProbe);
+    }
+    let mut session = Session::define(all, &metrics)?;
+    let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+
+    let compensation = options.compensate.then(|| compensation(functions, &metrics, options.cost.unwrap_or_default()));
+    let mut aggregator = Aggregator::new(functions.len(), metrics.len(), compensation);
+
+    // Launch held or freeze, open the events, then let the program go.
+    let (pid, mut child, command, attached) = match spec {
+        TargetSpec::Launch { path, argv } => {
+            let mut child = target::spawn_held(path, argv)?;
+            if let Err(e) = session.open_task(child.pid(), true, options.buffer_bytes) {
+                child.abandon();
+                return Err(e);
+            }
+            let pid = child.pid();
+            if let Some(announce) = options.on_started {
+                announce(pid, functions.len());
+            }
+            child.release()?;
+            (pid, Some(child), argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(), false)
+        }
+        TargetSpec::Attach { pid } => {
+            let frozen = Frozen::freeze(*pid)?;
+            for tid in frozen.threads() {
+                aggregator.name_thread(tid as u32, target::thread_name(*pid, tid));
+                session.open_task(tid, false, options.buffer_bytes)?;
+            }
+            drop(frozen);
+            if let Some(announce) = options.on_started {
+                announce(*pid, functions.len());
+            }
+            (*pid, None, target::command_line(*pid), true)
+        }
+    };
+    let started_monotonic_ns = monotonic_ns();
+    aggregator.add_process(pid);
+    let pidfd = target::pidfd(pid).ok();
+    let (mut reader, guard) = session.into_reader();
+
+    let follow = options.follow_forks;
+    let mut sink = |event: &Event| {
+        if !follow
+            && let Event::Hit(hit) = event
+            && hit.pid as i32 != pid
+        {
+            return;
+        }
+        if std::env::var_os("PROFTAP_DEBUG_EVENTS").is_some() {
+            eprintln!("{event:?}");
+        }
+        aggregator.push(event);
+    };
+
+    let deadline = options.duration.map(|d| Instant::now() + d);
+    let mut ended = None;
+    let mut terminated_sent = false;
+    let mut peak_rate = 0u64;
+    let mut window = (Instant::now(), 0u64);
+    loop {
+        // SAFETY: the buffers' fds stay open for the whole loop.
+        let owners: Vec<BorrowedFd<'_>> =
+            reader.buffers().iter().map(|b| unsafe { BorrowedFd::borrow_raw(b.owner().as_raw_fd()) }).collect();
+        let mut fds: Vec<PollFd> = owners.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)).collect();
+        if let Some(fd) = &pidfd {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+        }
+        let _ = poll(&mut fds, PollTimeout::from(50u16));
+        drop(fds);
+
+        let watermark = monotonic_ns().saturating_sub(ORDERING_MARGIN_NS);
+        reader.drain();
+        let released = reader.release(Some(watermark), &mut sink);
+        window.1 += released as u64;
+        let elapsed = window.0.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            peak_rate = peak_rate.max((window.1 as f64 / elapsed.as_secs_f64()) as u64);
+            window = (Instant::now(), 0);
+        }
+
+        let process_gone = pidfd.as_ref().is_some_and(|fd| readable(fd.as_fd()));
+        match &mut child {
+            Some(_) => {
+                if options.control.terminate.load(Ordering::Relaxed) && !terminated_sent {
+                    target::signal(pid, nix::sys::signal::Signal::SIGTERM);
+                    terminated_sent = true;
+                }
+                if process_gone || pidfd.is_none() {
+                    if let Some(status) = target::try_reap(pid)? {
+                        ended = Some(status);
+                        break;
+                    }
+                }
+            }
+            None => {
+                let asked = options.control.interrupt.load(Ordering::Relaxed) || options.control.terminate.load(Ordering::Relaxed);
+                if asked || process_gone || deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
+            }
+        }
+    }
+    guard._session.disable();
+    reader.drain();
+    reader.release(None, &mut sink);
+    let malformed = reader.malformed;
+    let ended_monotonic = monotonic_ns();
+    drop(reader);
+    drop(guard);
+    drop(child);
+
+    let aggregate = aggregator.finish();
+    let mut notes = Vec::new();
+    if aggregate.unwound_frames > 0 {
+        notes.push(format!(
+            "{} calls ended without their own return (C++ exception, longjmp, exit, or a call deeper than the kernel's 64 tracked returns per thread); they are marked unwound and timed until the moment proftap saw them gone",
+            aggregate.unwound_frames
+        ));
+    }
+    if malformed > 0 {
+        notes.push(format!("{malformed} kernel records could not be read and were skipped"));
+    }
+    for process in &aggregate.processes {
+        for exec in &process.execs {
+            if process.pid != pid || attached || exec != &functions_module_name(functions) {
+                notes.push(format!("process {} executed {exec}: probes on the previous program no longer apply to it", process.pid));
+            }
+        }
+    }
+    let mut calls_by_function = vec![0u64; functions.len()];
+    for thread in &aggregate.threads {
+        for stats in &thread.functions {
+            calls_by_function[stats.function as usize] += stats.calls;
+        }
+    }
+    let overhead = overhead(functions, &calls_by_function, aggregate.hits, options.cost, options.compensate);
+
+    let profile = Profile {
+        target: Target {
+            command,
+            pid,
+            exe: functions.first().map(|f| f.info.module.clone()).unwrap_or_default(),
+            build_id: None,
+            exit_code: match ended {
+                Some(Ended::Exited(code)) => Some(code),
+                _ => None,
+            },
+            signal: match ended {
+                Some(Ended::Signaled(sig)) => Some(sig),
+                _ => None,
+            },
+            attached,
+        },
+        recording: Recording {
+            engine: "uprobe".into(),
+            started_unix_ns,
+            started_monotonic_ns,
+            duration_ns: ended_monotonic.saturating_sub(started_monotonic_ns),
+            events: aggregate.hits,
+            peak_events_per_second: peak_rate,
+            follow_forks: options.follow_forks,
+            proftap_version: env!("CARGO_PKG_VERSION").into(),
+        },
+        metrics: metrics.iter().map(|m| m.key().to_string()).collect(),
+        functions: functions.iter().map(|f| f.info.clone()).collect(),
+        threads: aggregate.threads,
+        lost: aggregate.lost,
+        overhead,
+        processes: aggregate.processes,
+        notes,
+    };
+    Ok(Recorded { profile, ended })
+}
+
+fn functions_module_name(functions: &[ProbedFunction]) -> String {
+    let module = functions.first().map(|f| f.info.module.as_str()).unwrap_or_default();
+    let name = std::path::Path::new(module).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // The kernel's comm is at most 15 bytes.
+    name.chars().take(15).collect()
+}
+
+fn readable(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+fn compensation(functions: &[ProbedFunction], metrics: &[Metric], cost: ProbeCost) -> Compensation {
+    let per_function = |wall: u64, cpu: u64| -> Values {
+        let mut v: Values = [0; MAX_METRICS];
+        for (i, m) in metrics.iter().enumerate() {
+            v[i] = match m {
+                Metric::Wall => wall,
+                Metric::Cpu => cpu,
+                _ => 0,
+            };
+        }
+        v
+    };
+    Compensation {
+        call: functions.iter().map(|f| per_function(cost.call_ns(f.entry), cost.call_cpu_ns)).collect(),
+        own: functions.iter().map(|_| per_function(cost.self_ns, cost.self_cpu_ns)).collect(),
+    }
+}
+
+fn overhead(functions: &[ProbedFunction], calls: &[u64], hits: u64, cost: Option<ProbeCost>, compensated: bool) -> Overhead {
+    let Some(cost) = cost else { return Overhead { hits, ..Overhead::default() } };
+    let estimated: u64 = functions.iter().zip(calls).map(|(f, &n)| n.saturating_mul(cost.call_ns(f.entry))).sum();
+    Overhead {
+        per_hit_ns: estimated.checked_div(hits).unwrap_or(0),
+        hits,
+        estimated_ns: estimated,
+        compensated,
+        call_ns_emulated: cost.call_ns_emulated,
+        call_ns_stepped: cost.call_ns_stepped,
+        call_cpu_ns: cost.call_cpu_ns,
+        self_ns: cost.self_ns,
+    }
+}

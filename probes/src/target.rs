@@ -1,0 +1,286 @@
+//! The profiled process: launched held until its probes exist, or a running
+//! process whose threads are held still while its probes are opened.
+
+use nix::errno::Errno;
+use nix::sys::ptrace;
+use nix::sys::signal::{self, Signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid};
+use std::collections::BTreeSet;
+use std::ffi::{CString, OsString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Errors launching or attaching.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TargetError {
+    /// The command was not found.
+    #[error("command not found: {0}")]
+    NotFound(String),
+    /// The command could not be executed.
+    #[error("cannot execute {}: {source}", path.display())]
+    Exec {
+        /// The program.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    System {
+        /// What was being done.
+        what: String,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+fn system(what: impl Into<String>) -> impl FnOnce(Errno) -> TargetError {
+    let what = what.into();
+    move |e| TargetError::System { what, source: e.into() }
+}
+
+/// Finds a command the way the shell does: a path with a slash as is,
+/// otherwise the first executable of that name on `PATH`.
+pub fn resolve_command(command: &OsString) -> Result<PathBuf, TargetError> {
+    let name = command.to_string_lossy().into_owned();
+    if command.as_bytes().contains(&b'/') {
+        let path = PathBuf::from(command);
+        return if path.exists() { Ok(path) } else { Err(TargetError::NotFound(name)) };
+    }
+    which::which(command).map_err(|_| TargetError::NotFound(name))
+}
+
+/// A child process forked and waiting, before `exec`, for [`HeldChild::release`].
+pub struct HeldChild {
+    pid: Pid,
+    go: Option<OwnedFd>,
+    exec_error: OwnedFd,
+    path: PathBuf,
+}
+
+/// Forks a child that will execute `path` with `argv` once released. Nothing
+/// of the program runs before then, so probes opened on the child's pid
+/// with `enable_on_exec` see its first instruction.
+pub fn spawn_held(path: &Path, argv: &[OsString]) -> Result<HeldChild, TargetError> {
+    let program = CString::new(path.as_os_str().as_bytes()).map_err(|_| TargetError::NotFound(path.display().to_string()))?;
+    let args: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| TargetError::System { what: "an argument contains a NUL byte".into(), source: io::ErrorKind::InvalidInput.into() })?;
+    let (go_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(system("cannot create a pipe"))?;
+    let (err_read, err_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(system("cannot create a pipe"))?;
+
+    // SAFETY: the child only calls async-signal-safe functions (read, execv,
+    // write, _exit) on data prepared before the fork.
+    match unsafe { nix::unistd::fork() }.map_err(system("cannot fork"))? {
+        ForkResult::Child => {
+            drop(go_write);
+            drop(err_read);
+            let mut byte = [0u8; 1];
+            // SAFETY: reading into a local buffer from an open fd.
+            let n = unsafe { libc::read(go_read.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
+            if n != 1 {
+                // proftap went away before releasing us: do not run unprofiled.
+                // SAFETY: _exit is async-signal-safe.
+                unsafe { libc::_exit(126) };
+            }
+            let mut ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+            ptrs.push(std::ptr::null());
+            // SAFETY: NUL-terminated strings and a null-terminated array.
+            unsafe { libc::execv(program.as_ptr(), ptrs.as_ptr()) };
+            let errno = Errno::last_raw().to_ne_bytes();
+            // SAFETY: writing a local buffer to an open fd, then exiting.
+            unsafe {
+                libc::write(err_write.as_raw_fd(), errno.as_ptr().cast(), errno.len());
+                libc::_exit(127);
+            }
+        }
+        ForkResult::Parent { child } => {
+            drop(go_read);
+            drop(err_write);
+            Ok(HeldChild { pid: child, go: Some(go_write), exec_error: err_read, path: path.into() })
+        }
+    }
+}
+
+impl HeldChild {
+    /// The child's pid.
+    pub fn pid(&self) -> i32 {
+        self.pid.as_raw()
+    }
+
+    /// Lets the child execute the program; reports an exec failure.
+    pub fn release(&mut self) -> Result<(), TargetError> {
+        if let Some(go) = self.go.take() {
+            nix::unistd::write(&go, &[1]).map_err(system("cannot start the command"))?;
+        }
+        let mut errno = [0u8; 4];
+        // EOF: exec succeeded and closed the pipe.
+        let n = nix::unistd::read(&self.exec_error, &mut errno).unwrap_or(0);
+        if n == 4 {
+            let _ = waitpid(self.pid, None);
+            return Err(TargetError::Exec { path: self.path.clone(), source: io::Error::from_raw_os_error(i32::from_ne_bytes(errno)) });
+        }
+        Ok(())
+    }
+
+    /// Ends a child that was never released.
+    pub fn abandon(mut self) {
+        // Closing the pipe makes the child exit without running the program.
+        self.go = None;
+        let _ = waitpid(self.pid, None);
+    }
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Exited with a status.
+    Exited(i32),
+    /// Killed by a signal.
+    Signaled(i32),
+}
+
+impl Ended {
+    /// The exit status a shell would report.
+    pub fn shell_status(self) -> i32 {
+        match self {
+            Ended::Exited(code) => code,
+            Ended::Signaled(signal) => 128 + signal,
+        }
+    }
+}
+
+/// Reaps a child if it has ended.
+pub fn try_reap(pid: i32) -> Result<Option<Ended>, TargetError> {
+    match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).map_err(system("cannot wait for the command"))? {
+        WaitStatus::Exited(_, code) => Ok(Some(Ended::Exited(code))),
+        WaitStatus::Signaled(_, signal, _) => Ok(Some(Ended::Signaled(signal as i32))),
+        _ => Ok(None),
+    }
+}
+
+/// A file descriptor that becomes readable when a process ends (any
+/// process, not only children).
+pub fn pidfd(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just gave us this fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Sends a signal, ignoring a process that is already gone.
+pub fn signal(pid: i32, sig: Signal) {
+    let _ = signal::kill(Pid::from_raw(pid), sig);
+}
+
+/// The threads of a process.
+pub fn threads(pid: i32) -> io::Result<BTreeSet<i32>> {
+    let mut tids = BTreeSet::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        if let Some(tid) = entry?.file_name().to_str().and_then(|s| s.parse().ok()) {
+            tids.insert(tid);
+        }
+    }
+    Ok(tids)
+}
+
+/// The name (`comm`) of a thread.
+pub fn thread_name(pid: i32, tid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).map(|s| s.trim_end().to_string()).unwrap_or_default()
+}
+
+/// The command line of a process.
+pub fn command_line(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// Every thread of a process stopped by ptrace, released when dropped.
+/// While the threads are stopped their CPU clocks stand still, so counters
+/// opened one after another all start from the same point of each thread.
+pub struct Frozen {
+    stopped: Vec<Pid>,
+    /// Signals that arrived while stopping, delivered on release.
+    pending: Vec<(Pid, Signal)>,
+}
+
+impl Frozen {
+    /// Stops every thread of `pid`, including threads created while stopping.
+    pub fn freeze(pid: i32) -> Result<Frozen, TargetError> {
+        let mut frozen = Frozen { stopped: Vec::new(), pending: Vec::new() };
+        let options = ptrace::Options::PTRACE_O_TRACECLONE;
+        loop {
+            let tids =
+                threads(pid).map_err(|e| TargetError::System { what: format!("cannot list the threads of process {pid}"), source: e })?;
+            let new: Vec<i32> = tids.into_iter().filter(|t| !frozen.stopped.contains(&Pid::from_raw(*t))).collect();
+            if new.is_empty() {
+                break;
+            }
+            for tid in new {
+                let tid = Pid::from_raw(tid);
+                match ptrace::seize(tid, options) {
+                    Ok(()) => {}
+                    // The thread ended meanwhile.
+                    Err(Errno::ESRCH) => continue,
+                    Err(e) => return Err(system(format!("cannot stop thread {tid} of process {pid} with ptrace"))(e)),
+                }
+                frozen.stopped.push(tid);
+                if ptrace::interrupt(tid).is_err() {
+                    continue;
+                }
+                frozen.wait_stopped(tid);
+            }
+        }
+        Ok(frozen)
+    }
+
+    /// Waits for the interrupt stop of `tid`; threads it created meanwhile
+    /// arrive stopped (TRACECLONE) and are added.
+    fn wait_stopped(&mut self, tid: Pid) {
+        loop {
+            match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::PtraceEvent(_, _, event)) if event == libc::PTRACE_EVENT_CLONE => {
+                    if let Ok(new) = ptrace::getevent(tid) {
+                        let new = Pid::from_raw(new as i32);
+                        let _ = waitpid(new, Some(WaitPidFlag::__WALL));
+                        self.stopped.push(new);
+                    }
+                    // The cloning thread is in an event stop: it counts as stopped.
+                    return;
+                }
+                Ok(WaitStatus::PtraceEvent(..)) => return,
+                // A signal arrived first: the thread is stopped; pass the signal on at release.
+                Ok(WaitStatus::Stopped(_, sig)) => {
+                    self.pending.push((tid, sig));
+                    return;
+                }
+                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    /// The stopped threads.
+    pub fn threads(&self) -> Vec<i32> {
+        self.stopped.iter().map(|p| p.as_raw()).collect()
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for tid in &self.stopped {
+            let sig = self.pending.iter().find(|(t, _)| t == tid).map(|(_, s)| *s);
+            let _ = ptrace::detach(*tid, sig);
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The profile: what a recording produced, as plain data. No kernel, no
+//! command line: the recorder fills it, renderers read it, files carry it.
+//!
+//! ```
+//! use proftap_profile::{Profile, Stat};
+//! let mut s = Stat::default();
+//! s.add(40);
+//! s.add(2);
+//! assert_eq!((s.total, s.min, s.max), (42, 2, 40));
+//! ```
+
+mod file;
+mod model;
+mod stats;
+
+pub use file::{FORMAT_VERSION, FileError, read_profile, write_atomically, write_profile};
+pub use model::*;
+pub use stats::Stat;

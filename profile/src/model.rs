@@ -1,0 +1,378 @@
+//! The profile data model.
+
+use crate::stats::Stat;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// A function id: an index into [`Profile::functions`].
+pub type FunctionId = u32;
+
+/// The parent of the root of a call tree, and the function of the root.
+pub const ROOT: u32 = u32::MAX;
+
+/// Everything one recording produced.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Profile {
+    /// What was profiled.
+    pub target: Target,
+    /// How and when it was recorded.
+    pub recording: Recording,
+    /// Metric keys, in the order every per-metric vector uses (`wall_ns`, `cpu_ns`, `page_faults`, ...).
+    pub metrics: Vec<String>,
+    /// Functions that were instrumented, by [`FunctionId`].
+    pub functions: Vec<FunctionInfo>,
+    /// One entry per thread that ran instrumented code (or was seen at all).
+    pub threads: Vec<ThreadProfile>,
+    /// Data the kernel could not deliver.
+    pub lost: Lost,
+    /// What the instrumentation itself cost.
+    pub overhead: Overhead,
+    /// Processes seen: the target and the children it forked.
+    pub processes: Vec<ProcessInfo>,
+    /// Things the user should know about how far to trust the numbers.
+    pub notes: Vec<String>,
+}
+
+/// The profiled program.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Target {
+    /// The command line (for `run`), or the process's command line (for `attach`).
+    pub command: Vec<String>,
+    /// The process id.
+    pub pid: i32,
+    /// The executable.
+    pub exe: String,
+    /// The executable's GNU build-id.
+    pub build_id: Option<String>,
+    /// Exit status, if it exited while recorded.
+    pub exit_code: Option<i32>,
+    /// Signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// Whether proftap launched it (`run`) or attached to it.
+    pub attached: bool,
+}
+
+/// How the recording was made.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Recording {
+    /// `uprobe` (kernel uprobes) for now.
+    pub engine: String,
+    /// Start, nanoseconds since the Unix epoch.
+    pub started_unix_ns: u64,
+    /// CLOCK_MONOTONIC at the start, the time base of every timestamp.
+    pub started_monotonic_ns: u64,
+    /// Length of the recording.
+    pub duration_ns: u64,
+    /// Probe hits received.
+    pub events: u64,
+    /// Peak events per second the reader drained and aggregated.
+    pub peak_events_per_second: u64,
+    /// Whether forked children were followed.
+    pub follow_forks: bool,
+    /// proftap's version.
+    pub proftap_version: String,
+}
+
+/// How a function's numbers were obtained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Exact throughout: probes on entry and return for the whole recording.
+    #[default]
+    Instrumented,
+    /// Probes removed during the recording; counts are a lower bound.
+    Throttled,
+    /// Never instrumented; only sampled.
+    Sampled,
+}
+
+/// A function as the profile knows it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FunctionInfo {
+    /// Demangled name (`ns::f(int)`).
+    pub name: String,
+    /// The module (executable or shared library) path.
+    pub module: String,
+    /// Declaration file.
+    pub file: Option<String>,
+    /// Declaration line (0 when unknown).
+    pub line: u32,
+    /// ELF virtual address of the entry.
+    pub address: u64,
+    /// How its numbers were obtained.
+    pub mode: Mode,
+}
+
+/// Per-function numbers, in a thread or merged over threads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionStats {
+    /// Which function.
+    pub function: FunctionId,
+    /// Entries seen.
+    pub calls: u64,
+    /// Calls that ended by a non-local exit (exception, longjmp): their
+    /// frame ended when an outer frame was seen returning.
+    pub unwound: u64,
+    /// Calls still running when the recording ended (timed up to the end).
+    pub unfinished: u64,
+    /// Inclusive cost per metric.
+    pub inclusive: Vec<Stat>,
+    /// Exclusive cost per metric.
+    pub exclusive: Vec<Stat>,
+}
+
+impl FunctionStats {
+    /// Empty statistics for `metrics` metrics.
+    pub fn new(function: FunctionId, metrics: usize) -> Self {
+        FunctionStats {
+            function,
+            calls: 0,
+            unwound: 0,
+            unfinished: 0,
+            inclusive: vec![Stat::default(); metrics],
+            exclusive: vec![Stat::default(); metrics],
+        }
+    }
+
+    /// Adds another's numbers for the same function.
+    pub fn merge(&mut self, other: &FunctionStats) {
+        self.calls += other.calls;
+        self.unwound += other.unwound;
+        self.unfinished += other.unfinished;
+        for (a, b) in self.inclusive.iter_mut().zip(&other.inclusive) {
+            a.merge(b);
+        }
+        for (a, b) in self.exclusive.iter_mut().zip(&other.exclusive) {
+            a.merge(b);
+        }
+    }
+}
+
+/// A calling-context tree: a node per distinct call path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallTree {
+    /// Node 0 is the root; parents come before their children.
+    pub nodes: Vec<TreeNode>,
+}
+
+/// A call path: a function called from its parent's path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeNode {
+    /// The function ([`ROOT`] for the root).
+    pub function: FunctionId,
+    /// Index of the parent node ([`ROOT`] for the root).
+    pub parent: u32,
+    /// Calls along this path.
+    pub calls: u64,
+    /// Inclusive cost per metric, summed over those calls.
+    pub inclusive: Vec<u64>,
+    /// Exclusive cost per metric, summed over those calls.
+    pub exclusive: Vec<u64>,
+}
+
+impl CallTree {
+    /// A tree with only the root.
+    pub fn new(metrics: usize) -> Self {
+        CallTree {
+            nodes: vec![TreeNode { function: ROOT, parent: ROOT, calls: 0, inclusive: vec![0; metrics], exclusive: vec![0; metrics] }],
+        }
+    }
+
+    /// Children of each node, in creation order.
+    pub fn children(&self) -> Vec<Vec<u32>> {
+        let mut children = vec![Vec::new(); self.nodes.len()];
+        for (i, node) in self.nodes.iter().enumerate().skip(1) {
+            if let Some(list) = children.get_mut(node.parent as usize) {
+                list.push(i as u32);
+            }
+        }
+        children
+    }
+
+    /// Adds the paths of `other` into this tree, summing the nodes they share.
+    pub fn merge(&mut self, other: &CallTree) {
+        let mut index: HashMap<(u32, FunctionId), u32> =
+            self.nodes.iter().enumerate().skip(1).map(|(i, n)| ((n.parent, n.function), i as u32)).collect();
+        let mut mapped = vec![0u32; other.nodes.len()];
+        for (i, node) in other.nodes.iter().enumerate() {
+            let target = if i == 0 {
+                0
+            } else {
+                let parent = mapped[node.parent as usize];
+                *index.entry((parent, node.function)).or_insert_with(|| {
+                    let metrics = node.inclusive.len();
+                    self.nodes.push(TreeNode {
+                        function: node.function,
+                        parent,
+                        calls: 0,
+                        inclusive: vec![0; metrics],
+                        exclusive: vec![0; metrics],
+                    });
+                    (self.nodes.len() - 1) as u32
+                })
+            };
+            mapped[i] = target;
+            let mine = &mut self.nodes[target as usize];
+            mine.calls += node.calls;
+            for (a, b) in mine.inclusive.iter_mut().zip(&node.inclusive) {
+                *a = a.saturating_add(*b);
+            }
+            for (a, b) in mine.exclusive.iter_mut().zip(&node.exclusive) {
+                *a = a.saturating_add(*b);
+            }
+        }
+    }
+}
+
+/// One thread's profile.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ThreadProfile {
+    /// Process id.
+    pub pid: i32,
+    /// Thread id.
+    pub tid: i32,
+    /// Thread name (`comm`).
+    pub name: String,
+    /// Per-function numbers, one entry per function it ran.
+    pub functions: Vec<FunctionStats>,
+    /// Its calling-context tree.
+    pub tree: CallTree,
+}
+
+/// Lost data.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Lost {
+    /// Probe hits the kernel dropped (full ring buffer), in all.
+    pub events: u64,
+    /// Of those, per function (when the lost record says which probe).
+    pub by_function: Vec<LostCount>,
+    /// Per thread (when the lost record says which thread).
+    pub by_thread: Vec<LostCount>,
+    /// Returns seen for calls whose entry was not seen (entered before
+    /// recording started, or entry lost).
+    pub unmatched_returns: u64,
+}
+
+/// A count of lost events for one function or thread.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostCount {
+    /// Function id or thread id.
+    pub id: i64,
+    /// How many.
+    pub count: u64,
+}
+
+/// What the instrumentation cost, as measured by proftap on this machine.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Overhead {
+    /// Wall time one probe hit costs the target, on average over this run's hits.
+    pub per_hit_ns: u64,
+    /// Probe hits in the target.
+    pub hits: u64,
+    /// Estimated wall time the probes added to the run.
+    pub estimated_ns: u64,
+    /// Whether the times in this profile have the probes' cost subtracted.
+    pub compensated: bool,
+    /// Calibrated wall cost of one instrumented call (entry and return), by
+    /// the kind of first instruction: the kernel emulates some and
+    /// single-steps the rest.
+    pub call_ns_emulated: u64,
+    /// Same, for a first instruction the kernel single-steps.
+    pub call_ns_stepped: u64,
+    /// Calibrated CPU time one instrumented call adds to the thread's task-clock.
+    pub call_cpu_ns: u64,
+    /// Calibrated inclusive time an empty instrumented function shows.
+    pub self_ns: u64,
+}
+
+/// A process seen during the recording.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// Process id.
+    pub pid: i32,
+    /// Parent, when proftap saw the fork.
+    pub parent: Option<i32>,
+    /// Programs it executed while recorded (after `exec` its probes no longer apply).
+    pub execs: Vec<String>,
+}
+
+impl Profile {
+    /// Index of a metric key.
+    pub fn metric_index(&self, key: &str) -> Option<usize> {
+        self.metrics.iter().position(|m| m == key)
+    }
+
+    /// Per-function numbers summed over all threads, by function id order.
+    pub fn merged_functions(&self) -> Vec<FunctionStats> {
+        let mut merged: Vec<Option<FunctionStats>> = vec![None; self.functions.len()];
+        for thread in &self.threads {
+            for stats in &thread.functions {
+                match merged.get_mut(stats.function as usize) {
+                    Some(Some(existing)) => existing.merge(stats),
+                    Some(slot) => *slot = Some(stats.clone()),
+                    None => {}
+                }
+            }
+        }
+        merged.into_iter().flatten().collect()
+    }
+
+    /// The calling-context tree merged over all threads.
+    pub fn merged_tree(&self) -> CallTree {
+        let mut tree = CallTree::new(self.metrics.len());
+        for thread in &self.threads {
+            tree.merge(&thread.tree);
+        }
+        tree
+    }
+
+    /// Total calls over all functions and threads.
+    pub fn total_calls(&self) -> u64 {
+        self.threads.iter().flat_map(|t| &t.functions).map(|f| f.calls).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(function: u32, parent: u32, calls: u64, incl: u64) -> TreeNode {
+        TreeNode { function, parent, calls, inclusive: vec![incl], exclusive: vec![incl] }
+    }
+
+    #[test]
+    fn trees_merge_by_path() {
+        let mut a = CallTree::new(1);
+        a.nodes.push(node(1, 0, 2, 10)); // root -> f1
+        a.nodes.push(node(2, 1, 4, 6)); // root -> f1 -> f2
+        let mut b = CallTree::new(1);
+        b.nodes.push(node(2, 0, 1, 3)); // root -> f2
+        b.nodes.push(node(1, 0, 1, 5)); // root -> f1
+        b.nodes.push(node(2, 2, 2, 2)); // root -> f1 -> f2
+        a.merge(&b);
+        assert_eq!(a.nodes.len(), 4);
+        assert_eq!(a.nodes[1], node(1, 0, 3, 15));
+        assert_eq!(a.nodes[2], node(2, 1, 6, 8));
+        assert_eq!(a.nodes[3], node(2, 0, 1, 3));
+        assert_eq!(a.children()[0], vec![1, 3]);
+    }
+
+    #[test]
+    fn functions_merge_over_threads() {
+        let mut p = Profile { metrics: vec!["wall_ns".into()], ..Profile::default() };
+        p.functions = vec![FunctionInfo::default(), FunctionInfo::default()];
+        let mut s1 = FunctionStats::new(1, 1);
+        s1.calls = 3;
+        s1.inclusive[0] = Stat { total: 30, min: 5, max: 15 };
+        let mut s2 = s1.clone();
+        s2.calls = 1;
+        s2.inclusive[0] = Stat { total: 4, min: 4, max: 4 };
+        for (tid, stats) in [(1, s1), (2, s2)] {
+            p.threads.push(ThreadProfile { pid: 1, tid, name: String::new(), functions: vec![stats], tree: CallTree::new(1) });
+        }
+        let merged = p.merged_functions();
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0].calls, 4);
+        assert_eq!(merged[0].inclusive[0], Stat { total: 34, min: 4, max: 15 });
+    }
+}

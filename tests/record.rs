@@ -1,0 +1,295 @@
+//! `proftap run` and `proftap attach` on real programs: call counts against
+//! callgrind, CPU against wall time, inclusive against exclusive, threads,
+//! attach and detach, a killed profiler, and bad input.
+#![allow(clippy::unwrap_used)]
+
+use proftap_tests::*;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+fn stat(f: &Value, kind: &str, metric: &str, field: &str) -> u64 {
+    f[kind][metric][field].as_u64().unwrap_or_else(|| panic!("no {kind}.{metric}.{field} in {f}"))
+}
+
+/// Our call counts equal callgrind's for every function we instrument.
+fn check_calls_against_callgrind(build: &Build, args: &[&str]) {
+    let binary = build.build();
+    let report = profile_run(&[], &[binary.to_str().unwrap()].iter().chain(args).copied().collect::<Vec<_>>());
+    let ours = calls_by_name(&report);
+    let theirs = callgrind_calls(&binary, args);
+    assert!(!ours.is_empty(), "{}: nothing recorded", build.label());
+    for (name, calls) in &ours {
+        // callgrind names the program's `main` the same; functions it never saw called have 0.
+        let expected = theirs.get(name).copied().unwrap_or(0);
+        assert_eq!(*calls, expected, "{}: calls of {name}: proftap {calls}, callgrind {expected}", build.label());
+    }
+    assert_eq!(report["lost_events"], 0, "{}", build.label());
+}
+
+#[test]
+fn call_counts_equal_callgrind_for_c_at_o0_and_o2() {
+    if !can_probe() || !have("valgrind", "as the call-count oracle") {
+        return;
+    }
+    for opt in ["-O0", "-O2"] {
+        check_calls_against_callgrind(&Build::c("calls.c", opt), &["300", "12"]);
+        check_calls_against_callgrind(&Build::c("multifile/main.c", opt).sources(&["multifile/io.c", "multifile/compute.c"]), &["40", "5"]);
+    }
+}
+
+#[test]
+fn known_counts_recursion_and_several_callers() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("calls.c", "-O0").build();
+    let report = profile_run(&[], &[binary.to_str().unwrap(), "1000", "10"]);
+    let calls = calls_by_name(&report);
+    // leaf: once per left(i) for 1000 i, twice per right(i) for 500 i.
+    assert_eq!(calls["leaf"], 2000);
+    assert_eq!(calls["left"], 1000);
+    assert_eq!(calls["right"], 500);
+    // fib(10) makes 2 * fib(11) - 1 = 177 calls.
+    assert_eq!(calls["fib"], 177);
+    assert_eq!(calls["main"], 1);
+    assert!(!calls.contains_key("never_called") || calls["never_called"] == 0);
+
+    // The tree knows leaf's two callers apart.
+    let tree = &report["tree"];
+    let main = tree["children"].as_array().unwrap().iter().find(|c| c["name"] == "main").unwrap();
+    let run = main["children"].as_array().unwrap().iter().find(|c| c["name"] == "run").unwrap();
+    let under = |parent: &Value, name: &str| -> u64 {
+        let node = parent["children"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
+        node["children"].as_array().unwrap().iter().find(|c| c["name"] == "leaf").map_or(0, |l| l["calls"].as_u64().unwrap())
+    };
+    assert_eq!(under(run, "left"), 1000);
+    assert_eq!(under(run, "right"), 1000);
+}
+
+#[test]
+fn inclusive_and_exclusive_add_up_on_a_known_tree() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("calls.c", "-O0").build();
+    let report = profile_run(&[], &[binary.to_str().unwrap(), "2000", "12"]);
+    let functions = &report["functions"];
+    for metric in ["wall_ns", "cpu_ns"] {
+        let incl = |n: &str| stat(function(functions, n), "inclusive", metric, "total");
+        let excl = |n: &str| stat(function(functions, n), "exclusive", metric, "total");
+        // A leaf calls nothing instrumented: exclusive is inclusive.
+        assert_eq!(incl("leaf"), excl("leaf"), "{metric}");
+        // run = its own time + left + right.
+        assert_eq!(incl("run"), excl("run") + incl("left") + incl("right"), "{metric}");
+        // left = its own time + leaf called from left (from the tree).
+        let main = report["tree"]["children"].as_array().unwrap().iter().find(|c| c["name"] == "main").unwrap();
+        let run = main["children"].as_array().unwrap().iter().find(|c| c["name"] == "run").unwrap();
+        let left = run["children"].as_array().unwrap().iter().find(|c| c["name"] == "left").unwrap();
+        let leaf_under_left = left["children"][0]["inclusive"][metric].as_u64().unwrap();
+        assert_eq!(incl("left"), excl("left") + leaf_under_left, "{metric}");
+        assert!(incl("main") >= incl("run") + incl("fib"), "{metric}");
+        // Recursion: fib's inclusive total counts the outermost call only, so
+        // its exclusive total equals it.
+        assert_eq!(incl("fib"), excl("fib"), "{metric}");
+    }
+    for f in functions.as_array().unwrap() {
+        for metric in ["wall_ns", "cpu_ns"] {
+            let (min, avg, max) =
+                (stat(f, "inclusive", metric, "min"), stat(f, "inclusive", metric, "avg"), stat(f, "inclusive", metric, "max"));
+            if f["name"] != "fib" {
+                assert!(min <= avg && avg <= max, "{}: {metric} min {min} avg {avg} max {max}", f["name"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_time_and_wall_time_are_told_apart() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("cpuwall.c", "-O2").build();
+    let report = profile_run(&["-f", "burn", "-f", "nap"], &[binary.to_str().unwrap(), "30", "3"]);
+    let functions = &report["functions"];
+    let burn = function(functions, "burn");
+    let nap = function(functions, "nap");
+    let ms = 1_000_000;
+    // burn: 90 ms of CPU, and wall at least that.
+    let burn_cpu = stat(burn, "inclusive", "cpu_ns", "total");
+    let burn_wall = stat(burn, "inclusive", "wall_ns", "total");
+    assert!((88 * ms..130 * ms).contains(&burn_cpu), "burn cpu {burn_cpu}");
+    assert!(burn_wall >= burn_cpu, "burn wall {burn_wall} < cpu {burn_cpu}");
+    // nap: 90 ms asleep, almost no CPU.
+    let nap_cpu = stat(nap, "inclusive", "cpu_ns", "total");
+    let nap_wall = stat(nap, "inclusive", "wall_ns", "total");
+    assert!(nap_wall >= 90 * ms, "nap wall {nap_wall}");
+    assert!(nap_cpu < 5 * ms, "nap cpu {nap_cpu}");
+    assert_eq!(burn["calls"], 3);
+    assert!(stat(burn, "inclusive", "cpu_ns", "min") >= 29 * ms);
+}
+
+#[test]
+fn threads_have_their_own_counts() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("threads.c", "-O2").build();
+    let report = profile_run(&["-f", "work"], &[binary.to_str().unwrap(), "4", "500"]);
+    // Thread t calls work (t + 1) * 500 times, the main thread 500 times.
+    let mut counts: Vec<u64> =
+        report["threads"].as_array().unwrap().iter().map(|t| function(&t["functions"], "work")["calls"].as_u64().unwrap()).collect();
+    counts.sort();
+    assert_eq!(counts, vec![500, 500, 1000, 1500, 2000]);
+    assert_eq!(calls_by_name(&report)["work"], 5500);
+    let pid = report["target"]["pid"].as_i64().unwrap();
+    assert!(report["threads"].as_array().unwrap().iter().all(|t| t["pid"].as_i64() == Some(pid)));
+}
+
+#[test]
+fn the_program_keeps_its_exit_status_and_output() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("calls.c", "-O0").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    // calls exits with never_called(argc) = 3 * 4 = 12 when given a fourth argument.
+    let out = run(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(&binary).args(["10", "3", "x"]));
+    assert_eq!(out.status.code(), Some(12));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "total=150 fib(3)=2\n");
+    let report = report_json(&file);
+    assert_eq!(report["target"]["exit_code"], 12);
+    assert_eq!(calls_by_name(&report)["never_called"], 1);
+}
+
+/// Starts `proftap attach ARGS PID` and waits until it says the probes are live.
+fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
+    let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("attached to process"), "unexpected: {line}");
+    // Keep draining stderr so proftap never blocks on it.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    child
+}
+
+#[test]
+fn attach_then_detach_leaves_the_program_running_correctly() {
+    if !can_probe() {
+        return;
+    }
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    assert_eq!(waiter.tick(7), 7);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let profiler = attach(waiter.pid, &["-f", "tick"], &file);
+    assert_eq!(waiter.tick(250), 257);
+    nix_signal(profiler.id() as i32, "INT");
+    let status = profiler.wait_with_output().unwrap().status;
+    assert!(status.success(), "{status}");
+    // Detached: the program runs on, unprobed and correct.
+    assert_eq!(waiter.tick(3), 260);
+    let (rest, status) = waiter.finish();
+    assert_eq!(rest, "done 260\n");
+    assert!(status.success());
+    let report = report_json(&file);
+    assert_eq!(calls_by_name(&report)["tick"], 250);
+    assert_eq!(report["target"]["attached"], true);
+}
+
+#[test]
+fn a_killed_profiler_leaves_the_program_running() {
+    if !can_probe() {
+        return;
+    }
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O0").build());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let mut profiler = attach(waiter.pid, &[], &file);
+    assert_eq!(waiter.tick(100), 100);
+    profiler.kill().unwrap();
+    profiler.wait().unwrap();
+    assert_eq!(waiter.tick(1000), 1100);
+    let (rest, status) = waiter.finish();
+    assert_eq!(rest, "done 1100\n");
+    assert!(status.success());
+    assert!(!file.exists(), "a killed profiler must leave no file");
+}
+
+#[test]
+fn attach_with_a_duration_stops_by_itself() {
+    if !can_probe() {
+        return;
+    }
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let profiler = attach(waiter.pid, &["-f", "tick", "--duration", "300ms"], &file);
+    assert_eq!(waiter.tick(10), 10);
+    assert!(profiler.wait_with_output().unwrap().status.success());
+    assert_eq!(waiter.tick(10), 20);
+    assert_eq!(calls_by_name(&report_json(&file))["tick"], 10);
+}
+
+fn nix_signal(pid: i32, sig: &str) {
+    run_ok(Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()));
+}
+
+#[test]
+fn bad_input_is_one_sentence_and_writes_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let calls = Build::c("calls.c", "-O0").build();
+    let stripped = dir.path().join("stripped");
+    std::fs::copy(&calls, &stripped).unwrap();
+    run_ok(Command::new("strip").arg("--strip-all").arg(&stripped));
+    let stripped_lib = dir.path().join("libcounter.so");
+    run_ok(Command::new("gcc").args(["-O2", "-shared", "-fPIC", "-o"]).arg(&stripped_lib).arg(examples().join("libcounter/counter.c")));
+    run_ok(Command::new("strip").arg("--strip-all").arg(&stripped_lib));
+
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["attach".into(), "999999999".into()], "no process with PID 999999999 exists"),
+        (vec!["run".into(), "--".into(), "/no/such/program".into()], "command not found: /no/such/program"),
+        (vec!["run".into(), "--".into(), "no-such-program-xyz".into()], "command not found: no-such-program-xyz"),
+        (
+            vec!["run".into(), "-f".into(), "nothing_*".into(), "--".into(), calls.display().to_string()],
+            "pattern 'nothing_*' matches no function",
+        ),
+        (vec!["run".into(), "--".into(), stripped.display().to_string()], "has no symbols"),
+        (vec!["run".into(), "--metric".into(), "bogus".into(), "--".into(), calls.display().to_string()], "unknown metric 'bogus'"),
+        (vec!["run".into(), "--metric".into(), "cycles,cpu".into(), "--".into(), calls.display().to_string()], "cycles"),
+    ];
+    for (args, expect) in cases {
+        if expect == "cycles" && Command::new("perf").args(["stat", "-e", "cycles", "true"]).output().is_ok_and(|o| o.status.success()) {
+            continue; // this machine has hardware counters
+        }
+        let out = run(proftap().args(&args[..1]).arg("-o").arg(&file).args(&args[1..]));
+        assert_clean_failure(&out, expect);
+        assert!(!file.exists(), "{args:?} left a file");
+    }
+    // A stripped library: a pattern on a name it lacks.
+    let out = run(proftap().args(["symbols"]).arg(&stripped_lib).args(["-f", "clamp"]));
+    assert_clean_failure(&out, "matches no function");
+}
+
+#[test]
+fn report_renders_text_with_tree_and_threads() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("threads.c", "-O0").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(&binary).args(["2", "100"]));
+    let text = run_ok(proftap().arg("report").arg(&file).args(["--tree", "--threads", "--sort", "calls", "--top", "5"]));
+    for expected in ["Flat profile, wall time", "Flat profile, CPU time", "Call tree", "of thread", "work", "main", "lost        0 events"]
+    {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    let out = run(proftap().arg("report").arg(&file).args(["--metric", "page-faults"]));
+    assert_clean_failure(&out, "has no metric 'page-faults'");
+    let _: HashMap<String, u64> = calls_by_name(&report_json(&file));
+}
