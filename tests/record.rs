@@ -21,7 +21,7 @@ fn check_calls_against_callgrind(build: &Build, args: &[&str]) {
     let theirs = callgrind_calls(&binary, args);
     assert!(!ours.is_empty(), "{}: nothing recorded", build.label());
     for (name, calls) in &ours {
-        // callgrind names the program's `main` the same; functions it never saw called have 0.
+        // Functions callgrind never saw called have 0.
         let expected = theirs.get(name).copied().unwrap_or(0);
         assert_eq!(*calls, expected, "{}: calls of {name}: proftap {calls}, callgrind {expected}", build.label());
     }
@@ -36,6 +36,44 @@ fn call_counts_equal_callgrind_for_c_at_o0_and_o2() {
     for opt in ["-O0", "-O2"] {
         check_calls_against_callgrind(&Build::c("calls.c", opt), &["300", "12"]);
         check_calls_against_callgrind(&Build::c("multifile/main.c", opt).sources(&["multifile/io.c", "multifile/compute.c"]), &["40", "5"]);
+    }
+}
+
+#[test]
+fn call_counts_equal_callgrind_for_cpp_and_rust() {
+    if !can_probe() || !have("valgrind", "as the call-count oracle") {
+        return;
+    }
+    for opt in ["-O0", "-O2"] {
+        check_calls_against_callgrind(&Build::cxx("shapes.cpp", opt), &["30"]);
+        check_calls_against_callgrind(&Build::rust("calls.rs", opt), &["200"]);
+    }
+}
+
+#[test]
+fn a_cpp_function_left_by_a_throw_is_counted_and_stopped() {
+    if !can_probe() {
+        return;
+    }
+    for opt in ["-O0", "-O2"] {
+        let binary = Build::cxx("shapes.cpp", opt).build();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.profile");
+        let out = run(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(&binary).arg("50"));
+        // The program's own output and status: the throws were caught as usual.
+        assert!(out.status.success(), "{opt}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("rejected=5"), "{opt}: {}", String::from_utf8_lossy(&out.stdout));
+        let report = report_json(&file);
+        assert_eq!(report["recording"]["exits"], "return-sites", "{opt}");
+        let check = function(&report["functions"], "checks::check(int)");
+        assert_eq!(check["calls"], 50, "{opt}");
+        assert_eq!(check["unwound"], 5, "{opt}");
+        // Stopped: no call of check lasts anywhere near the whole run.
+        let main = function(&report["functions"], "main");
+        let run_ns = stat(main, "inclusive", "wall_ns", "total");
+        assert!(stat(check, "inclusive", "wall_ns", "max") < run_ns / 5, "{opt}: check max vs main {run_ns}");
+        assert_eq!(main["unwound"], 0, "{opt}");
+        assert_eq!(main["unfinished"], 0, "{opt}");
     }
 }
 

@@ -13,6 +13,7 @@
 
 pub mod addr;
 mod error;
+pub mod exits;
 pub mod libs;
 pub mod metrics;
 pub mod perf;

@@ -15,8 +15,12 @@ const REG_SP: u64 = 7;
 #[cfg(target_arch = "aarch64")]
 const REG_SP: u64 = 31;
 
-const SAMPLE_FLAGS: SampleFlag =
-    SampleFlag::IDENTIFIER.union(SampleFlag::TID).union(SampleFlag::TIME).union(SampleFlag::READ).union(SampleFlag::REGS_USER);
+const SAMPLE_FLAGS: SampleFlag = SampleFlag::IDENTIFIER
+    .union(SampleFlag::TID)
+    .union(SampleFlag::TIME)
+    .union(SampleFlag::READ)
+    .union(SampleFlag::RAW)
+    .union(SampleFlag::REGS_USER);
 
 /// Where events are opened: a task and a CPU.
 #[derive(Clone, Copy, Debug)]
@@ -161,6 +165,8 @@ pub struct RawSample<'a> {
     pub time: u64,
     /// Group values after the leader's own count, one per counter metric.
     pub counters: &'a [u8],
+    /// The tracepoint's record (which probe fired, among the event's probes).
+    pub raw: &'a [u8],
     /// The user stack pointer, when the kernel could read user registers.
     pub sp: Option<u64>,
 }
@@ -194,7 +200,7 @@ fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
 }
 
 /// Parses the body (after the 8-byte header) of a sample of the layout
-/// proftap requests: identifier, pid/tid, time, group read, user SP.
+/// proftap requests: identifier, pid/tid, time, group read, raw record, user SP.
 pub fn parse_sample(body: &[u8]) -> Option<RawSample<'_>> {
     let id = read_u64(body, 0)?;
     let pid = read_u32(body, 8)?;
@@ -204,9 +210,17 @@ pub fn parse_sample(body: &[u8]) -> Option<RawSample<'_>> {
     let values_end = 32usize.checked_add(nr.checked_mul(8)?)?;
     // values[0] is the tracepoint's own count; counters follow.
     let counters = body.get(40.min(values_end)..values_end)?;
-    let abi = read_u64(body, values_end)?;
-    let sp = if abi != 0 { read_u64(body, values_end + 8) } else { None };
-    Some(RawSample { id, pid, tid, time, counters, sp })
+    let raw_size = read_u32(body, values_end)? as usize;
+    let raw = body.get(values_end + 4..values_end + 4 + raw_size)?;
+    let regs = values_end + 4 + raw_size;
+    let abi = read_u64(body, regs)?;
+    let sp = if abi != 0 { read_u64(body, regs + 8) } else { None };
+    Some(RawSample { id, pid, tid, time, counters, raw, sp })
+}
+
+/// A `u32` field of a raw tracepoint record.
+pub fn raw_u32(raw: &[u8], offset: usize) -> Option<u32> {
+    read_u32(raw, offset)
 }
 
 /// Parses the `sample_id_all` trailer at the end of a non-sample record:
@@ -259,12 +273,16 @@ mod tests {
         push(&mut body, 1); // tracepoint count
         push(&mut body, 5000); // task-clock
         push(&mut body, 2); // page faults
+        body.extend_from_slice(&20u32.to_ne_bytes()); // raw size: 20 bytes, padded
+        body.extend_from_slice(&[0; 16]);
+        body.extend_from_slice(&42u32.to_ne_bytes()); // id at 16
         push(&mut body, 2); // abi
         push(&mut body, 0x7ffd_0000); // sp
         let s = parse_sample(&body).expect("parses");
         assert_eq!((s.id, s.pid, s.tid, s.time), (77, 10, 11, 123_456));
         assert_eq!((s.counter(0), s.counter(1)), (5000, 2));
         assert_eq!(s.sp, Some(0x7ffd_0000));
+        assert_eq!(raw_u32(s.raw, 16), Some(42));
         // Truncated: no panic, no sample.
         assert!(parse_sample(&body[..30]).is_none());
     }

@@ -1,6 +1,7 @@
 //! From selected functions to the probes a recording places.
 
 use crate::addr::FileOffset;
+use crate::exits::{ExitMode, exit_offsets};
 use crate::select::Selected;
 use crate::symbols::{ElfImage, SymbolIndex};
 use proftap_profile::FunctionInfo;
@@ -60,12 +61,21 @@ pub struct ProbedFunction {
     pub entry: EntryKind,
     /// Measured function or marker.
     pub role: Role,
+    /// Where its returns are seen: `None` for a return probe (uretprobe),
+    /// else the offsets of its `ret` and tail-jump instructions.
+    pub exit_sites: Option<Vec<FileOffset>>,
 }
 
 /// The probes for `selected` functions of `modules`; `open_paths[m]` is the
 /// path to open module `m` through. Functions without a file offset (not
 /// backed by the file) are skipped and named in the warnings.
-pub fn plan(modules: &[&SymbolIndex], open_paths: &[PathBuf], selected: &[Selected], warnings: &mut Vec<String>) -> Vec<ProbedFunction> {
+pub fn plan(
+    modules: &[&SymbolIndex],
+    open_paths: &[PathBuf],
+    selected: &[Selected],
+    exits: ExitMode,
+    warnings: &mut Vec<String>,
+) -> Vec<ProbedFunction> {
     let images: Vec<Option<ElfImage>> = open_paths.iter().map(|p| ElfImage::open(p).ok()).collect();
     let mut planned = Vec::with_capacity(selected.len());
     for s in selected {
@@ -75,7 +85,32 @@ pub fn plan(modules: &[&SymbolIndex], open_paths: &[PathBuf], selected: &[Select
             warnings.push(format!("{} in {} has no code in the file; not probed", f.name, index.path.display()));
             continue;
         };
-        let code = images[s.module].as_ref().and_then(|i| i.data().get(offset.0 as usize..)).unwrap_or(&[]);
+        let file = images[s.module].as_ref().map_or(&[][..], |i| i.data());
+        let code = file.get(offset.0 as usize..).unwrap_or(&[]);
+        let exit_sites = match exits {
+            ExitMode::Uretprobe => None,
+            ExitMode::ReturnSites => {
+                let cold = cold_parts(index, &f.raw_name);
+                let sites = exit_offsets(file, f.address, offset, f.size, &cold);
+                if f.size == 0 {
+                    warnings.push(format!("{}: its size is unknown, so its returns cannot be found; only its calls are counted", f.name));
+                }
+                // Returns in the cold part count too.
+                let mut all = sites;
+                for &(lo, hi) in &cold {
+                    if let Some(cold_offset) = crate::symbols::file_offset(&index.segments, crate::addr::VirtAddr(lo)) {
+                        all.extend(exit_offsets(
+                            file,
+                            crate::addr::VirtAddr(lo),
+                            cold_offset,
+                            hi - lo,
+                            &[(f.address.0, f.address.0 + f.size)],
+                        ));
+                    }
+                }
+                Some(all)
+            }
+        };
         planned.push(ProbedFunction {
             info: FunctionInfo {
                 name: f.name.clone(),
@@ -89,9 +124,20 @@ pub fn plan(modules: &[&SymbolIndex], open_paths: &[PathBuf], selected: &[Select
             offset,
             entry: classify_entry(code),
             role: Role::Measured,
+            exit_sites,
         });
     }
     planned
+}
+
+/// Address ranges of the cold parts the compiler split off a function (`f.cold`).
+fn cold_parts(index: &SymbolIndex, raw_name: &str) -> Vec<(u64, u64)> {
+    index
+        .functions
+        .iter()
+        .filter(|c| c.raw_name.strip_prefix(raw_name).is_some_and(|rest| rest.starts_with(".cold")))
+        .map(|c| (c.address.0, c.address.0 + c.size))
+        .collect()
 }
 
 /// The catch marker for a process that uses the C++ runtime `libstdcxx`
@@ -113,6 +159,7 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, open_path: &std::path::Path) -> Opt
         offset,
         entry: classify_entry(code.as_deref().unwrap_or(&[])),
         role: Role::CatchMarker,
+        exit_sites: None,
     })
 }
 

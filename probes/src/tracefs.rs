@@ -125,12 +125,12 @@ fn process_alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).map_or_else(|e| e == nix::errno::Errno::EPERM, |()| true)
 }
 
-/// Whether a probe fires on entry or on return.
+/// Whether a probe fires at its address or when the function entered there returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ProbeKind {
-    /// At the probed address.
-    Entry,
-    /// When the function entered at the probed address returns.
+    /// When the instruction at the probed address runs.
+    At,
+    /// When the function entered at the probed address returns (uretprobe).
     Return,
 }
 
@@ -141,64 +141,85 @@ pub struct UprobeSpec {
     pub path: PathBuf,
     /// Where in the file.
     pub offset: FileOffset,
-    /// Entry or return.
+    /// At the address or at return.
     pub kind: ProbeKind,
 }
 
-/// A group of uprobes defined in tracefs; removed when dropped. Drop every
-/// perf event opened on them first: the kernel refuses to remove a uprobe
-/// in use.
+/// A tracepoint event of a group, as perf opens it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeEvent {
+    /// Which probes it carries.
+    pub kind: ProbeKind,
+    /// The tracepoint id to open.
+    pub tracepoint: u64,
+    /// Where the probe's id (its index in the specs) sits in the raw record.
+    pub id_offset: usize,
+}
+
+/// The uprobes of one recording, defined in tracefs as (at most) two
+/// events: `at` for probes at addresses and `ret` for return probes. Each
+/// probe carries its index as an immediate argument `id`, so one event
+/// serves thousands of probes: few file descriptors, and one kernel grace
+/// period (tens of milliseconds) per event when they are removed, not one
+/// per probe. Removed when dropped; drop every perf event opened on the
+/// group first, as the kernel refuses to remove a uprobe in use.
 pub struct UprobeGroup {
     tracefs: Tracefs,
     group: String,
-    names: Vec<String>,
+    events: Vec<&'static str>,
 }
 
 impl UprobeGroup {
-    /// Defines `specs` in a fresh group; returns the group and the tracepoint
-    /// id of each spec, in order.
-    pub fn define(tracefs: &Tracefs, specs: &[UprobeSpec]) -> Result<(Self, Vec<u64>), TracefsError> {
+    /// Defines `specs` in a fresh group; the probe of `specs[i]` reports id `i`.
+    pub fn define(tracefs: &Tracefs, specs: &[UprobeSpec]) -> Result<(Self, Vec<ProbeEvent>), TracefsError> {
         static SEQUENCE: AtomicU32 = AtomicU32::new(0);
         let group = format!("proftap_{}_{}", std::process::id(), SEQUENCE.fetch_add(1, Ordering::Relaxed));
-        let mut this = UprobeGroup { tracefs: tracefs.clone(), group, names: Vec::with_capacity(specs.len()) };
-        // Definitions are written in batches: one write per definition is slow
-        // with thousands of probes.
+        let mut this = UprobeGroup { tracefs: tracefs.clone(), group, events: Vec::new() };
+        // Batched writes: one write per definition is slow with thousands of probes.
         let mut batch = String::new();
-        let mut pending = Vec::new();
         for (i, spec) in specs.iter().enumerate() {
             let path =
                 spec.path.to_str().filter(|p| !p.contains(char::is_whitespace)).ok_or_else(|| TracefsError::BadPath(spec.path.clone()))?;
-            let (letter, prefix) = match spec.kind {
-                ProbeKind::Entry => ('p', 'e'),
-                ProbeKind::Return => ('r', 'r'),
+            let (letter, event) = match spec.kind {
+                ProbeKind::At => ('p', "at"),
+                ProbeKind::Return => ('r', "ret"),
             };
-            let name = format!("{prefix}{i}");
-            batch.push_str(&format!("{letter}:{}/{name} {path}:{:#x}\n", this.group, spec.offset.0));
-            pending.push(name);
+            if !this.events.contains(&event) {
+                this.events.push(event);
+            }
+            batch.push_str(&format!("{letter}:{}/{event} {path}:{:#x} id=\\{i}:u32\n", this.group, spec.offset.0));
             if batch.len() > 3000 || i + 1 == specs.len() {
                 if let Err(source) = this.tracefs.write_events(&batch) {
-                    // The batch may be partly in: define them one by one to find the culprit.
-                    this.names.extend(pending.drain(..).filter(|n| this.tracefs.root.join("events").join(&this.group).join(n).exists()));
                     return Err(this.explain(&batch, source));
                 }
-                this.names.append(&mut pending);
                 batch.clear();
             }
         }
-        let ids = this
-            .names
+        let events = this
+            .events
             .iter()
-            .map(|name| {
-                let path = this.tracefs.root.join("events").join(&this.group).join(name).join("id");
-                std::fs::read_to_string(&path)
-                    .and_then(|s| s.trim().parse::<u64>().map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e)))
-                    .map_err(|source| TracefsError::Id { name: format!("{}/{name}", this.group), source })
+            .map(|&event| {
+                let dir = this.tracefs.root.join("events").join(&this.group).join(event);
+                let name = format!("{}/{event}", this.group);
+                let read =
+                    |file: &str| std::fs::read_to_string(dir.join(file)).map_err(|source| TracefsError::Id { name: name.clone(), source });
+                let tracepoint = read("id")?
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|e| TracefsError::Id { name: name.clone(), source: std::io::Error::new(ErrorKind::InvalidData, e) })?;
+                let id_offset = field_offset(&read("format")?, "id").ok_or_else(|| TracefsError::Id {
+                    name: name.clone(),
+                    source: std::io::Error::new(ErrorKind::InvalidData, "no id field in the event format"),
+                })?;
+                let kind = if event == "ret" { ProbeKind::Return } else { ProbeKind::At };
+                Ok(ProbeEvent { kind, tracepoint, id_offset })
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok((this, ids))
+            .collect::<Result<Vec<_>, TracefsError>>()?;
+        Ok((this, events))
     }
 
     fn explain(&self, batch: &str, source: std::io::Error) -> TracefsError {
+        // The kernel stops at the first bad line of a batch; name the batch's first.
         let first = batch.lines().next().unwrap_or_default().to_string();
         let hint = match source.kind() {
             ErrorKind::PermissionDenied => "; defining uprobes needs root (or CAP_SYS_ADMIN and write access to tracefs)".into(),
@@ -216,14 +237,36 @@ impl UprobeGroup {
     }
 }
 
+/// The offset of field `name` in a tracepoint's `format` description
+/// (`field:u32 id;\toffset:16;\tsize:4;...`).
+fn field_offset(format: &str, name: &str) -> Option<usize> {
+    format.lines().find_map(|line| {
+        let declaration = line.trim().strip_prefix("field:")?.split(';').next()?;
+        if declaration.split_whitespace().last()? != name {
+            return None;
+        }
+        line.split(';').find_map(|part| part.trim().strip_prefix("offset:")).and_then(|o| o.trim().parse().ok())
+    })
+}
+
 impl Drop for UprobeGroup {
     fn drop(&mut self) {
-        let removal: String = self.names.iter().map(|n| format!("-:{}/{n}\n", self.group)).collect();
-        if !removal.is_empty() && self.tracefs.write_events(&removal).is_err() {
-            // One failure (a probe still in use) must not keep the rest defined.
-            for name in &self.names {
-                let _ = self.tracefs.write_events(&format!("-:{}/{name}\n", self.group));
-            }
+        // Removing an event removes every probe defined under it.
+        for event in &self.events {
+            let _ = self.tracefs.write_events(&format!("-:{}/{event}\n", self.group));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_id_field_is_found_in_an_event_format() {
+        let format = "name: at\nID: 2326\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:u32 id;\toffset:16;\tsize:4;\tsigned:0;\n";
+        assert_eq!(field_offset(format, "id"), Some(16));
+        assert_eq!(field_offset(format, "common_pid"), Some(4));
+        assert_eq!(field_offset(format, "missing"), None);
     }
 }

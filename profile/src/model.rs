@@ -57,6 +57,10 @@ pub struct Target {
 pub struct Recording {
     /// `uprobe` (kernel uprobes) for now.
     pub engine: String,
+    /// How returns were seen: `uretprobe` (return probes) or `return-sites`
+    /// (probes on `ret` instructions, for programs that unwind their stack).
+    #[serde(default)]
+    pub exits: String,
     /// Start, nanoseconds since the Unix epoch.
     pub started_unix_ns: u64,
     /// CLOCK_MONOTONIC at the start, the time base of every timestamp.

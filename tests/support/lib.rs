@@ -223,6 +223,13 @@ pub fn parse_callgrind(text: &str) -> HashMap<String, u64> {
                 Some((base, level)) if level.bytes().all(|b| b.is_ascii_digit()) => base.to_string(),
                 _ => name,
             };
+            // Legacy Rust names keep their hash in valgrind's demangling.
+            if let Some((base, hash)) = callee.rsplit_once("::h")
+                && hash.len() == 16
+                && hash.bytes().all(|b| b.is_ascii_hexdigit())
+            {
+                callee = base.to_string();
+            }
         } else if let Some(spec) = line.strip_prefix("fn=") {
             resolve(spec);
         } else if let Some(rest) = line.strip_prefix("calls=") {

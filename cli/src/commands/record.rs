@@ -1,6 +1,7 @@
 //! `proftap run` and `proftap attach`: choose functions, record, write the profile.
 
 use anyhow::{Context, Result, bail};
+use proftap_probes::exits::{ExitMode, unwinds};
 use proftap_probes::metrics::{Metric, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
 use proftap_probes::procfs;
@@ -37,12 +38,28 @@ pub struct RecordArgs {
     /// Subtract the measured cost of the probes from the times.
     #[arg(long)]
     compensate: bool,
+    /// How returns are seen: `uretprobe` (return probes: cheapest, but a C++
+    /// exception, Rust panic, backtrace() or pthread_cancel that unwinds
+    /// through an instrumented function terminates the program), `ret`
+    /// (probes on each return instruction: safe for any unwinding, each
+    /// return costs a single-stepped probe), or `auto`: `ret` for programs
+    /// that may unwind (C++, Rust, backtrace, thread cancellation), else `uretprobe`.
+    #[arg(long, value_enum, default_value = "auto")]
+    exits: Exits,
     /// Ring buffer per CPU, in MiB (more if events are lost).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     buffer_size: usize,
     /// Where separate debug files are looked for (default /usr/lib/debug).
     #[arg(long, value_name = "DIR")]
     debug_dir: Vec<PathBuf>,
+}
+
+/// How returns are seen (see `--exits`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Exits {
+    Auto,
+    Uretprobe,
+    Ret,
 }
 
 /// Arguments of `proftap run`.
@@ -139,8 +156,21 @@ fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordAr
     }
     let refs: Vec<&SymbolIndex> = indexes.iter().collect();
     let selected = selection.select(&refs)?;
+    let exit_mode = match args.exits {
+        Exits::Uretprobe => ExitMode::Uretprobe,
+        Exits::Ret => ExitMode::ReturnSites,
+        Exits::Auto => {
+            let main = &indexes[0];
+            let main_unwinds = unwinds(&main.path, main.imports.iter().chain(main.functions.iter().map(|f| &f.raw_name)));
+            if main_unwinds || modules.iter().skip(1).any(|(d, _)| unwinds(d, [""; 0])) {
+                ExitMode::ReturnSites
+            } else {
+                ExitMode::Uretprobe
+            }
+        }
+    };
     let mut warnings = Vec::new();
-    let mut planned = plan(&refs, &open_paths, &selected, &mut warnings);
+    let mut planned = plan(&refs, &open_paths, &selected, exit_mode, &mut warnings);
     if let Some((display, open)) = modules.iter().find(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libstdc++")))
     {
         // C++: a catch ends the frames an exception left, at the moment it starts.

@@ -33,6 +33,7 @@ pub fn report(profile: &Profile) -> Value {
         },
         "recording": {
             "engine": profile.recording.engine,
+            "exits": profile.recording.exits,
             "started_unix_ns": profile.recording.started_unix_ns,
             "duration_ns": profile.recording.duration_ns,
             "events": profile.recording.events,

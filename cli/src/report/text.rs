@@ -105,9 +105,10 @@ fn header(profile: &Profile, out: &mut String) {
     let r = &profile.recording;
     let _ = writeln!(
         out,
-        "  recorded    {} with {} probes, {} thread{}, {} process{}",
+        "  recorded    {} with {} probes (returns seen by {}), {} thread{}, {} process{}",
         format_ns(r.duration_ns),
         r.engine,
+        if r.exits == "return-sites" { "probes on return instructions" } else { "return probes" },
         profile.threads.len(),
         if profile.threads.len() == 1 { "" } else { "s" },
         profile.processes.len().max(1),

@@ -137,6 +137,9 @@ pub struct Aggregator {
     hits: u64,
     calls_by_function: Vec<u64>,
     unwound_frames: u64,
+    /// Per function: returns are seen at its `ret` instructions (true) or by
+    /// a return probe (false).
+    exit_sites: Vec<bool>,
 }
 
 impl Aggregator {
@@ -157,6 +160,15 @@ impl Aggregator {
             hits: 0,
             calls_by_function: vec![0; functions],
             unwound_frames: 0,
+            exit_sites: vec![false; functions],
+        }
+    }
+
+    /// Says which functions have their returns seen at their `ret`
+    /// instructions rather than by return probes.
+    pub fn set_exit_sites(&mut self, exit_sites: Vec<bool>) {
+        if exit_sites.len() == self.functions {
+            self.exit_sites = exit_sites;
         }
     }
 
@@ -271,19 +283,28 @@ impl Aggregator {
     }
 
     /// Ends the frames a hit shows to be gone: frames deeper on the stack
-    /// than the hit (left by an exception or longjmp without a return). A
-    /// frame at exactly the hit's depth may be the caller of a tail call, so
-    /// only a catch marker ends it.
-    fn unwind_to(&mut self, thread: &mut ThreadState, hit: &Hit, inclusive: bool) {
+    /// than the hit (left by an exception or longjmp without a return).
+    ///
+    /// A frame at exactly the hit's depth is a tail call's caller: with a
+    /// return probe it lives on (the kernel reports both returns together
+    /// later); with returns seen at `ret` instructions it ended by jumping
+    /// to this function, now. A catch marker ends it either way.
+    fn unwind_to(&mut self, thread: &mut ThreadState, hit: &Hit, catch: bool) {
         if hit.sp == 0 {
             return;
         }
         while let Some(top) = thread.stack.last() {
-            let gone = top.sp != 0 && (top.sp < hit.sp || (inclusive && top.sp == hit.sp)) && hit.sp - top.sp < SAME_STACK_SPAN;
-            if !gone {
+            if top.sp == 0 || hit.sp - top.sp.min(hit.sp) >= SAME_STACK_SPAN {
                 break;
             }
-            self.close_top(thread, &hit.values, Ending::Unwound);
+            let ending = if top.sp < hit.sp || (catch && top.sp == hit.sp) {
+                Ending::Unwound
+            } else if top.sp == hit.sp && self.exit_sites[top.function as usize] {
+                Ending::Returned
+            } else {
+                break;
+            };
+            self.close_top(thread, &hit.values, ending);
         }
     }
 
@@ -529,6 +550,25 @@ mod tests {
         let result = agg.finish();
         let b = stats(result, 1, 2);
         assert_eq!((b.unwound, b.inclusive[0].total), (1, 30));
+    }
+
+    #[test]
+    fn with_exit_sites_a_tail_call_ends_its_caller() {
+        // f(0) at sp 992 jumps to g(1), which is entered at the same sp
+        // (an indirect tail call, no exit site seen for f).
+        let mut agg = Aggregator::new(2, 1, None);
+        agg.set_exit_sites(vec![true, true]);
+        for e in [hit(1, 0, false, 0, 992), hit(1, 1, false, 10, 992), hit(1, 1, true, 30, 1000)] {
+            agg.push(&e);
+        }
+        let result = agg.finish();
+        assert_eq!(result.unwound_frames, 0);
+        let thread = &result.threads[0];
+        let f = thread.functions.iter().find(|s| s.function == 0).expect("f");
+        assert_eq!((f.inclusive[0].total, f.unwound), (10, 0));
+        // g is f's caller's callee, not f's.
+        let g = thread.tree.nodes.iter().find(|n| n.function == 1).expect("g");
+        assert_eq!(g.parent, 0);
     }
 
     #[test]

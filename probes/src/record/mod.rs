@@ -17,6 +17,7 @@ use events::{Event, ProbeId, Values};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use perf_event::Counter;
 use proftap_profile::{Overhead, Profile, Recording, Target};
+pub use reader::Tap;
 use reader::{EventReader, ORDERING_MARGIN_NS};
 use rustc_hash::FxHashMap;
 use std::ffi::OsString;
@@ -201,8 +202,11 @@ struct Session {
     probes: Vec<ProbeEvent>,
     sidebands: Vec<Counter>,
     buffers: Vec<Option<RingBuffer>>,
-    ids: FxHashMap<u64, ProbeId>,
-    tracepoints: Vec<(u64, ProbeId)>,
+    /// Perf event id -> where the probe id is in its raw records.
+    events: FxHashMap<u64, usize>,
+    /// Probe id -> what it stands for.
+    taps: Vec<Tap>,
+    tracepoints: Vec<crate::tracefs::ProbeEvent>,
     cpus: Vec<usize>,
     metrics: Vec<Metric>,
     _group: UprobeGroup,
@@ -216,23 +220,35 @@ impl Session {
         raise_fd_limit();
         let tracefs = Tracefs::open()?;
         let mut specs = Vec::with_capacity(functions.len() * 2);
-        let mut probe_ids = Vec::with_capacity(functions.len() * 2);
+        let mut taps = Vec::with_capacity(functions.len() * 2);
         for (i, f) in functions.iter().enumerate() {
-            specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::Entry });
-            probe_ids.push(ProbeId::entry(i as u32));
-            if f.role == Role::Measured {
-                specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::Return });
-                probe_ids.push(ProbeId::exit(i as u32));
+            specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::At });
+            taps.push(Tap { probe: ProbeId::entry(i as u32), at_exit_site: false });
+            if f.role != Role::Measured {
+                continue;
+            }
+            match &f.exit_sites {
+                None => {
+                    specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::Return });
+                    taps.push(Tap { probe: ProbeId::exit(i as u32), at_exit_site: false });
+                }
+                Some(sites) => {
+                    for &site in sites {
+                        specs.push(UprobeSpec { path: f.open_path.clone(), offset: site, kind: ProbeKind::At });
+                        taps.push(Tap { probe: ProbeId::exit(i as u32), at_exit_site: true });
+                    }
+                }
             }
         }
-        let (group, tracepoint_ids) = UprobeGroup::define(&tracefs, &specs)?;
+        let (group, tracepoints) = UprobeGroup::define(&tracefs, &specs)?;
         let cpus = online_cpus();
         Ok(Session {
             probes: Vec::new(),
             sidebands: Vec::new(),
             buffers: (0..cpus.len()).map(|_| None).collect(),
-            ids: FxHashMap::default(),
-            tracepoints: tracepoint_ids.into_iter().zip(probe_ids).collect(),
+            events: FxHashMap::default(),
+            taps,
+            tracepoints,
             cpus,
             metrics: metrics.to_vec(),
             _group: group,
@@ -260,11 +276,11 @@ impl Session {
                 }
             }
             let owner = self.buffers[slot].as_ref().map(RingBuffer::owner).expect("buffer was just created");
-            for &(tracepoint, probe) in &self.tracepoints {
-                let event =
-                    perf::open_probe(tracepoint, target, &self.metrics).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
+            for tracepoint in &self.tracepoints {
+                let event = perf::open_probe(tracepoint.tracepoint, target, &self.metrics)
+                    .map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
                 perf::set_output(&event.leader, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
-                self.ids.insert(event.leader.id(), probe);
+                self.events.insert(event.leader.id(), tracepoint.id_offset);
                 self.probes.push(event);
             }
         }
@@ -279,7 +295,7 @@ impl Session {
 
     fn into_reader(mut self) -> (EventReader, SessionGuard) {
         let buffers: Vec<RingBuffer> = self.buffers.drain(..).flatten().collect();
-        let reader = EventReader::new(buffers, std::mem::take(&mut self.ids), self.metrics.len() - 1);
+        let reader = EventReader::new(buffers, std::mem::take(&mut self.events), std::mem::take(&mut self.taps), self.metrics.len() - 1);
         (reader, SessionGuard { _session: self })
     }
 }
@@ -308,6 +324,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
 
     let compensation = options.compensate.then(|| compensation(functions, &metrics, options.cost.unwrap_or_default()));
     let mut aggregator = Aggregator::new(functions.len(), metrics.len(), compensation);
+    aggregator.set_exit_sites(functions.iter().map(|f| f.exit_sites.is_some()).collect());
 
     // Launch held or freeze, open the events, then let the program go.
     let (pid, mut child, command, attached) = match spec {
@@ -457,6 +474,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         },
         recording: Recording {
             engine: "uprobe".into(),
+            exits: if functions.iter().any(|f| f.exit_sites.is_some()) { "return-sites".into() } else { "uretprobe".into() },
             started_unix_ns,
             started_monotonic_ns,
             duration_ns: ended_monotonic.saturating_sub(started_monotonic_ns),

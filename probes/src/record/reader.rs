@@ -14,10 +14,23 @@ use rustc_hash::FxHashMap;
 /// How far behind "now" events must be before they are ordered and released.
 pub const ORDERING_MARGIN_NS: u64 = 20_000_000;
 
+/// What an event id stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tap {
+    /// The probe.
+    pub probe: ProbeId,
+    /// A probe on a `ret` or tail jump: the stack pointer is reported as it
+    /// will be after the return, like a return probe's.
+    pub at_exit_site: bool,
+}
+
 /// Reads the ring buffers of a recording.
 pub struct EventReader {
     buffers: Vec<RingBuffer>,
-    probes: FxHashMap<u64, ProbeId>,
+    /// Perf event id -> offset of the probe id in its raw records.
+    events: FxHashMap<u64, usize>,
+    /// Probe id -> what it stands for.
+    taps: Vec<Tap>,
     counters: usize,
     pending: Vec<Event>,
     /// Records the reader could not parse (a kernel or proftap bug; counted, not hidden).
@@ -25,10 +38,11 @@ pub struct EventReader {
 }
 
 impl EventReader {
-    /// A reader over `buffers`; `probes` maps event ids to probes; each sample
-    /// carries `counters` counter values after wall time.
-    pub fn new(buffers: Vec<RingBuffer>, probes: FxHashMap<u64, ProbeId>, counters: usize) -> Self {
-        EventReader { buffers, probes, counters: counters.min(MAX_METRICS - 1), pending: Vec::new(), malformed: 0 }
+    /// A reader over `buffers`. `events` maps perf event ids to the offset of
+    /// the probe id in their raw records, `taps` probe ids to probes; each
+    /// sample carries `counters` counter values after wall time.
+    pub fn new(buffers: Vec<RingBuffer>, events: FxHashMap<u64, usize>, taps: Vec<Tap>, counters: usize) -> Self {
+        EventReader { buffers, events, taps, counters: counters.min(MAX_METRICS - 1), pending: Vec::new(), malformed: 0 }
     }
 
     /// The buffers (to poll their owners' file descriptors).
@@ -36,18 +50,13 @@ impl EventReader {
         &self.buffers
     }
 
-    /// Adds buffers and probe ids (events opened after the start).
-    pub fn extend(&mut self, buffers: Vec<RingBuffer>, probes: FxHashMap<u64, ProbeId>) {
-        self.buffers.extend(buffers);
-        self.probes.extend(probes);
-    }
-
     /// Moves every record out of the buffers into the pending queue.
     pub fn drain(&mut self) -> usize {
         let before = self.pending.len();
-        let (probes, counters, pending, malformed) = (&self.probes, self.counters, &mut self.pending, &mut self.malformed);
+        let (events, taps, counters, pending, malformed) =
+            (&self.events, &self.taps[..], self.counters, &mut self.pending, &mut self.malformed);
         for buffer in &mut self.buffers {
-            buffer.drain(|kind, misc, body| match decode(kind, misc, body, probes, counters) {
+            buffer.drain(|kind, misc, body| match decode(kind, misc, body, events, taps, counters) {
                 Decoded::Event(e) => pending.push(e),
                 Decoded::Ignored => {}
                 Decoded::Malformed => *malformed += 1,
@@ -78,27 +87,34 @@ enum Decoded {
     Malformed,
 }
 
-fn decode(kind: u32, misc: u16, body: &[u8], probes: &FxHashMap<u64, ProbeId>, counters: usize) -> Decoded {
+fn decode(kind: u32, misc: u16, body: &[u8], events: &FxHashMap<u64, usize>, taps: &[Tap], counters: usize) -> Decoded {
     match kind {
         record_type::SAMPLE => {
             let Some(sample) = perf::parse_sample(body) else { return Decoded::Malformed };
-            let Some(&probe) = probes.get(&sample.id) else { return Decoded::Ignored };
+            let Some(&id_offset) = events.get(&sample.id) else { return Decoded::Ignored };
+            let Some(&tap) = perf::raw_u32(sample.raw, id_offset).and_then(|id| taps.get(id as usize)) else { return Decoded::Malformed };
             let mut values: Values = [0; MAX_METRICS];
             values[0] = sample.time;
             for (i, v) in values.iter_mut().enumerate().skip(1).take(counters) {
                 *v = sample.counter(i - 1);
             }
-            Decoded::Event(Event::Hit(Hit { pid: sample.pid, tid: sample.tid, probe, sp: sample.sp.unwrap_or(0), values }))
+            let sp = match sample.sp {
+                Some(sp) if tap.at_exit_site => sp + 8,
+                Some(sp) => sp,
+                None => 0,
+            };
+            Decoded::Event(Event::Hit(Hit { pid: sample.pid, tid: sample.tid, probe: tap.probe, sp, values }))
         }
         record_type::LOST => {
-            let Some((id, count)) = perf::parse_lost(body) else { return Decoded::Malformed };
+            // The event that noticed serves many probes: the loss is known per thread, not per function.
+            let Some((_, count)) = perf::parse_lost(body) else { return Decoded::Malformed };
             let sid = perf::parse_sample_id(body);
-            Decoded::Event(Event::Lost { time: sid.time, tid: sid.tid, probe: probes.get(&id).copied(), count })
+            Decoded::Event(Event::Lost { time: sid.time, tid: sid.tid, probe: None, count })
         }
         record_type::LOST_SAMPLES => {
             let Some(count) = body.get(0..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes) else { return Decoded::Malformed };
             let sid = perf::parse_sample_id(body);
-            Decoded::Event(Event::Lost { time: sid.time, tid: sid.tid, probe: probes.get(&sid.id).copied(), count })
+            Decoded::Event(Event::Lost { time: sid.time, tid: sid.tid, probe: None, count })
         }
         record_type::COMM => {
             let Some((pid, tid, name)) = perf::parse_comm(body) else { return Decoded::Malformed };

@@ -119,6 +119,8 @@ pub struct SymbolIndex {
     pub line_rows: Vec<LineRow>,
     /// Loadable segments of the binary.
     pub segments: Vec<Segment>,
+    /// Functions the binary imports from shared libraries (undefined dynamic symbols).
+    pub imports: Vec<String>,
     /// Things the user should know: stripped file, rejected debug files, damaged units.
     pub warnings: Vec<String>,
 }
@@ -147,6 +149,11 @@ impl SymbolIndex {
         let mut symbols = BTreeMap::new();
         let mut origin = SymbolOrigin::Symtab;
         let elf = image.parse()?;
+        let imports = elf
+            .dynamic_symbols()
+            .filter(|s| s.is_undefined())
+            .filter_map(|s| s.name().ok().filter(|n| !n.is_empty()).map(str::to_string))
+            .collect();
         collect_symbols(elf.symbols(), &mut symbols);
         if symbols.is_empty()
             && let Some(debug_image) = debug_image.filter(|d| !std::ptr::eq(*d, &image))
@@ -235,6 +242,7 @@ impl SymbolIndex {
             units: info.units,
             line_rows: info.rows,
             segments,
+            imports,
             warnings,
         })
     }

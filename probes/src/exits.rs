@@ -1,0 +1,100 @@
+//! Where a function's calls end.
+//!
+//! A uretprobe is the cheapest way to see a return: the kernel replaces the
+//! return address on the stack with its trampoline. But an unwinder (a C++
+//! throw, a Rust panic, `backtrace()`, `pthread_cancel`) that meets the
+//! trampoline finds no unwind information there and the program terminates.
+//! So for programs that unwind, proftap probes the function's own exits
+//! instead: every `ret`, and every direct jump out of the function (a tail
+//! call). The stack is never touched; a probe on `ret` costs a single-step.
+
+use crate::addr::{FileOffset, VirtAddr};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic};
+
+/// How returns are observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitMode {
+    /// Return probes (uretprobes): cheap; unwinders cannot pass them.
+    Uretprobe,
+    /// Probes on each `ret` and tail jump: safe for any unwinder.
+    ReturnSites,
+}
+
+/// Names whose presence means the program may unwind its stack: the C++ and
+/// Rust runtimes, glibc's `backtrace()`, thread cancellation.
+const UNWINDING: &[&str] = &[
+    "_Unwind_RaiseException",
+    "_Unwind_Resume",
+    "_Unwind_Backtrace",
+    "_Unwind_ForcedUnwind",
+    "__cxa_throw",
+    "backtrace",
+    "pthread_cancel",
+    "pthread_exit",
+];
+
+/// Whether a module may unwind the stack: a runtime library that does, or
+/// a module that imports or defines an unwinding entry point.
+pub fn unwinds(path: &std::path::Path, symbols: impl IntoIterator<Item = impl AsRef<str>>) -> bool {
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    ["libstdc++", "libgcc_s", "libunwind", "libc++"].iter().any(|p| file_name.starts_with(p))
+        || symbols.into_iter().any(|s| UNWINDING.contains(&s.as_ref()))
+}
+
+/// The exit instructions of the code at `address` (`code` holds its bytes):
+/// returns and direct jumps whose target is outside `[address, address +
+/// code.len())` and outside `also_inside` (the function's cold part).
+/// Offsets are relative to the start of `code`.
+pub fn exit_sites(address: VirtAddr, code: &[u8], also_inside: &[(u64, u64)]) -> Vec<u64> {
+    let end = address.0 + code.len() as u64;
+    let inside = |target: u64| (address.0..end).contains(&target) || also_inside.iter().any(|&(lo, hi)| (lo..hi).contains(&target));
+    let mut decoder = Decoder::with_ip(64, code, address.0, DecoderOptions::NONE);
+    let mut sites = Vec::new();
+    for instruction in &mut decoder {
+        if instruction.is_invalid() {
+            continue;
+        }
+        let exit = match instruction.flow_control() {
+            FlowControl::Return => true,
+            FlowControl::UnconditionalBranch => {
+                instruction.mnemonic() == Mnemonic::Jmp && instruction.is_jmp_short_or_near() && !inside(instruction.near_branch_target())
+            }
+            _ => false,
+        };
+        if exit {
+            sites.push(instruction.ip() - address.0);
+        }
+    }
+    sites
+}
+
+/// File offsets of the exit sites of a function at `address` whose code
+/// starts at `offset` in `file`.
+pub fn exit_offsets(file: &[u8], address: VirtAddr, offset: FileOffset, size: u64, also_inside: &[(u64, u64)]) -> Vec<FileOffset> {
+    let start = offset.0 as usize;
+    let Some(code) = file.get(start..start.saturating_add(size as usize)) else { return Vec::new() };
+    exit_sites(address, code, also_inside).into_iter().map(|rel| FileOffset(offset.0 + rel)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn returns_and_tail_jumps_are_exits_internal_jumps_are_not() {
+        // 0: push rbp; 1: test edi,edi; 3: je +3 (to 8); 5: pop rbp; 6: jmp +0x20 (out);
+        // 8: pop rbp; 9: ret; a: jmp -7 (to 5, inside); c: rep ret
+        let code = [0x55, 0x85, 0xff, 0x74, 0x03, 0x5d, 0xeb, 0x20, 0x5d, 0xc3, 0xeb, 0xf9, 0xf3, 0xc3];
+        assert_eq!(exit_sites(VirtAddr(0x1000), &code, &[]), vec![6, 9, 0xc]);
+        // A jump into the cold part is not an exit.
+        assert_eq!(exit_sites(VirtAddr(0x1000), &code, &[(0x1028, 0x1030)]), vec![9, 0xc]);
+    }
+
+    #[test]
+    fn unwinding_programs_are_recognised() {
+        use std::path::Path;
+        assert!(unwinds(Path::new("/usr/lib/x86_64-linux-gnu/libstdc++.so.6"), [""; 0]));
+        assert!(unwinds(Path::new("/app/prog"), ["printf", "backtrace"]));
+        assert!(!unwinds(Path::new("/app/prog"), ["printf", "malloc"]));
+    }
+}
