@@ -331,3 +331,92 @@ fn report_renders_text_with_tree_and_threads() {
     assert_clean_failure(&out, "has no metric 'page-faults'");
     let _: HashMap<String, u64> = calls_by_name(&report_json(&file));
 }
+
+#[test]
+fn forked_children_are_followed_unless_asked_not_to() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("forks.c", "-O2").build();
+    let b = binary.to_str().unwrap();
+    let report = profile_run(&["-f", "work"], &[b, "300", "70", "/bin/true"]);
+    assert_eq!(calls_by_name(&report)["work"], 370);
+    let pids: Vec<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    let processes = report["processes"].as_array().unwrap();
+    assert!(processes.len() >= 3, "parent, worker child, exec child: {processes:?}");
+    assert!(processes.iter().any(|p| p["execs"].as_array().unwrap().iter().any(|e| e == "true")), "{processes:?}");
+    assert!(report["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("executed true")), "{}", report["notes"]);
+
+    let report = profile_run(&["-f", "work", "--no-follow-fork"], &[b, "300", "70"]);
+    assert_eq!(calls_by_name(&report)["work"], 300);
+}
+
+#[test]
+fn lost_events_are_counted_and_shown() {
+    if !can_probe() {
+        return;
+    }
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let profiler = attach(waiter.pid, &["-f", "tick", "--buffer-size", "1"], &file);
+    // A stopped reader cannot keep up: the 1 MiB buffers overflow.
+    nix_signal(profiler.id() as i32, "STOP");
+    assert_eq!(waiter.tick(100_000), 100_000);
+    nix_signal(profiler.id() as i32, "CONT");
+    // The kernel reports a loss when it next writes to the buffer.
+    assert_eq!(waiter.tick(10), 100_010);
+    nix_signal(profiler.id() as i32, "INT");
+    assert!(profiler.wait_with_output().unwrap().status.success());
+    let report = report_json(&file);
+    let lost = report["lost_events"].as_u64().unwrap();
+    let calls = calls_by_name(&report)["tick"];
+    assert!(lost > 0, "nothing lost");
+    // Every tick is either counted or among the lost records (entries and returns).
+    assert!(calls < 100_010 && calls + lost >= 100_010, "calls {calls}, lost {lost}");
+    // Which thread lost is known when the kernel wrote a loss record (it does
+    // at its next write to the full buffer); then it is the target's.
+    for entry in report["lost"]["by_thread"].as_array().unwrap() {
+        assert_eq!(entry["tid"].as_i64(), Some(waiter.pid as i64));
+    }
+    let text = run_ok(proftap().arg("report").arg(&file));
+    assert!(text.contains(&format!("lost        {}", lost_text(lost))), "{text}");
+}
+
+fn lost_text(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[test]
+fn the_probe_cost_is_measured_reported_and_compensated() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("calls.c", "-O2").build();
+    let b = binary.to_str().unwrap();
+    // run() makes 3 * 20000 instrumented calls below it.
+    let raw = profile_run(&["-f", "run", "-f", "left", "-f", "right", "-f", "leaf"], &[b, "20000", "1"]);
+    let overhead = &raw["overhead"];
+    assert!(overhead["per_hit_ns"].as_u64().unwrap() > 0, "{overhead}");
+    assert!(overhead["estimated_ns"].as_u64().unwrap() > 0, "{overhead}");
+    assert_eq!(overhead["compensated"], false);
+    let raw_run = stat(function(&raw["functions"], "run"), "inclusive", "wall_ns", "total");
+    // The estimate accounts for most of run's time: its own work is tiny.
+    assert!(overhead["estimated_ns"].as_u64().unwrap() > raw_run / 3, "estimate {overhead} vs run {raw_run}");
+
+    let compensated = profile_run(&["--compensate", "-f", "run", "-f", "left", "-f", "right", "-f", "leaf"], &[b, "20000", "1"]);
+    assert_eq!(compensated["overhead"]["compensated"], true);
+    let run_ns = stat(function(&compensated["functions"], "run"), "inclusive", "wall_ns", "total");
+    assert!(run_ns < raw_run / 3, "compensated run {run_ns} vs raw {raw_run}");
+    // Calls are never compensated away.
+    assert_eq!(calls_by_name(&compensated)["leaf"], 40_000);
+}

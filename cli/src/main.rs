@@ -1,6 +1,7 @@
 //! `proftap`: the command-line front end. Arguments become plain option
 //! structs here; the libraries never see clap.
 
+mod calibration;
 mod commands;
 mod output;
 mod report;
@@ -26,6 +27,12 @@ enum Command {
     Report(commands::report::Args),
     /// List the functions (and line rows) of a binary or a running process.
     Symbols(commands::symbols::Args),
+    /// proftap measuring its own probe cost runs itself with this.
+    #[command(name = "__calibrate-helper", hide = true)]
+    CalibrateHelper {
+        /// Where to write the timings.
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -35,6 +42,9 @@ fn main() -> ExitCode {
         Command::Attach(args) => commands::record::attach(args),
         Command::Report(args) => commands::report::run(args),
         Command::Symbols(args) => commands::symbols::run(args),
+        Command::CalibrateHelper { out } => {
+            std::fs::write(&out, proftap_probes::calibrate::helper_main()).map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(code) => code,

@@ -12,6 +12,7 @@
 //! ```
 
 pub mod addr;
+pub mod calibrate;
 mod error;
 pub mod exits;
 pub mod libs;

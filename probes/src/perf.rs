@@ -59,8 +59,10 @@ pub fn open_probe(id: u64, target: EventTarget, metrics: &[Metric]) -> io::Resul
     let mut builder = Builder::new(Tracepoint::with_id(id));
     base(&mut builder, target);
     builder.sample_period(1);
-    // Exactly GROUP: the builder's read_format() would add ID, doubling each value.
-    builder.attrs_mut().read_format = ReadFormat::GROUP.bits();
+    // Exactly GROUP and LOST (each value with the samples lost on its event,
+    // read at the end: a loss the kernel never got to report as a record).
+    // The builder's read_format() would add ID.
+    builder.attrs_mut().read_format = (ReadFormat::GROUP | ReadFormat::LOST).bits();
     let mut leader = builder.build()?;
     let mut members = Vec::new();
     for metric in metrics {
@@ -85,11 +87,13 @@ pub fn open_probe(id: u64, target: EventTarget, metrics: &[Metric]) -> io::Resul
 }
 
 /// Opens a sideband event: no samples, only the fork, exit and comm
-/// (thread name, exec) records of the task and its descendants.
-pub fn open_sideband(target: EventTarget) -> io::Result<Counter> {
+/// (thread name, exec) records of the task and its descendants. The first
+/// one on a CPU owns that CPU's ring buffer, of `buffer_bytes`: readers are
+/// woken when a quarter of it is full, not for every record.
+pub fn open_sideband(target: EventTarget, buffer_bytes: usize) -> io::Result<Counter> {
     let mut builder = Builder::new(Software::DUMMY);
     base(&mut builder, target);
-    builder.comm(true).comm_exec(true).task(true).sample_period(1);
+    builder.comm(true).comm_exec(true).task(true).sample_period(1).wakeup_watermark(buffer_bytes / 4);
     builder.build()
 }
 
@@ -174,8 +178,19 @@ pub struct RawSample<'a> {
 impl RawSample<'_> {
     /// Value of counter `i` of the group.
     pub fn counter(&self, i: usize) -> u64 {
-        read_u64(self.counters, i * 8).unwrap_or(0)
+        // Each entry is {value, lost}.
+        read_u64(self.counters, i * 16).unwrap_or(0)
     }
+}
+
+/// Samples the kernel dropped for a probe event (and its inherited copies)
+/// because the ring buffer was full, read from the event itself.
+pub fn lost_samples(event: &Counter) -> u64 {
+    let mut buf = [0u8; 8 + 16 * crate::metrics::MAX_METRICS];
+    // SAFETY: reading into a local buffer from an open perf event fd.
+    let n = unsafe { libc::read(event.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    // {nr, {value, lost}...}: the leader's lost count is the event's.
+    if n >= 24 { read_u64(&buf, 16).unwrap_or(0) } else { 0 }
 }
 
 /// Identity fields that `sample_id_all` appends to non-sample records.
@@ -207,9 +222,9 @@ pub fn parse_sample(body: &[u8]) -> Option<RawSample<'_>> {
     let tid = read_u32(body, 12)?;
     let time = read_u64(body, 16)?;
     let nr = usize::try_from(read_u64(body, 24)?).ok()?;
-    let values_end = 32usize.checked_add(nr.checked_mul(8)?)?;
-    // values[0] is the tracepoint's own count; counters follow.
-    let counters = body.get(40.min(values_end)..values_end)?;
+    let values_end = 32usize.checked_add(nr.checked_mul(16)?)?;
+    // Entry 0 is the tracepoint's own count; counters follow.
+    let counters = body.get(48.min(values_end)..values_end)?;
     let raw_size = read_u32(body, values_end)? as usize;
     let raw = body.get(values_end + 4..values_end + 4 + raw_size)?;
     let regs = values_end + 4 + raw_size;
@@ -270,9 +285,11 @@ mod tests {
         body.extend_from_slice(&11u32.to_ne_bytes());
         push(&mut body, 123_456); // time
         push(&mut body, 3); // nr
-        push(&mut body, 1); // tracepoint count
-        push(&mut body, 5000); // task-clock
-        push(&mut body, 2); // page faults
+        for (value, lost) in [(1, 0), (5000, 0), (2, 0)] {
+            // tracepoint count, task-clock, page faults
+            push(&mut body, value);
+            push(&mut body, lost);
+        }
         body.extend_from_slice(&20u32.to_ne_bytes()); // raw size: 20 bytes, padded
         body.extend_from_slice(&[0; 16]);
         body.extend_from_slice(&42u32.to_ne_bytes()); // id at 16

@@ -46,6 +46,9 @@ pub struct RecordArgs {
     /// that may unwind (C++, Rust, backtrace, thread cancellation), else `uretprobe`.
     #[arg(long, value_enum, default_value = "auto")]
     exits: Exits,
+    /// Measure the probe cost again instead of using this boot's measurement.
+    #[arg(long)]
+    recalibrate: bool,
     /// Ring buffer per CPU, in MiB (more if events are lost).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     buffer_size: usize,
@@ -108,6 +111,7 @@ fn options(
     args: &RecordArgs,
     metrics: Vec<Metric>,
     duration: Option<Duration>,
+    chosen: &Chosen,
     on_started: Option<fn(i32, usize)>,
 ) -> Result<RecordOptions> {
     Ok(RecordOptions {
@@ -115,7 +119,7 @@ fn options(
         follow_forks: !args.no_follow_fork,
         buffer_bytes: args.buffer_size.clamp(1, 4096) << 20,
         duration,
-        cost: None,
+        cost: crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
         compensate: args.compensate,
         control: control()?,
         on_started,
@@ -134,9 +138,16 @@ fn load_options(args: &RecordArgs) -> LoadOptions {
     }
 }
 
+/// What to probe in a target.
+struct Chosen {
+    functions: Vec<ProbedFunction>,
+    build_id: Option<String>,
+    exit_mode: ExitMode,
+}
+
 /// Symbols of the main executable and of the libraries the patterns name;
 /// `display[i]` is how the profile names module i, `open[i]` where to probe it.
-fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordArgs) -> Result<(Vec<ProbedFunction>, Option<String>)> {
+fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordArgs) -> Result<Chosen> {
     let load = load_options(args);
     let mut indexes = Vec::new();
     let mut open_paths = Vec::new();
@@ -170,7 +181,7 @@ fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordAr
         }
     };
     let mut warnings = Vec::new();
-    let mut planned = plan(&refs, &open_paths, &selected, exit_mode, &mut warnings);
+    let mut functions = plan(&refs, &open_paths, &selected, exit_mode, &mut warnings);
     if let Some((display, open)) = modules.iter().find(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libstdc++")))
     {
         // C++: a catch ends the frames an exception left, at the moment it starts.
@@ -179,16 +190,16 @@ fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordAr
             i.path.clone_from(display);
             catch_marker(&i, open)
         }) {
-            planned.push(marker);
+            functions.push(marker);
         }
     }
     for warning in warnings {
         eprintln!("proftap: warning: {warning}");
     }
-    if planned.iter().all(|f| f.role != Role::Measured) {
+    if functions.iter().all(|f| f.role != Role::Measured) {
         bail!("no function of {} can be probed", modules[0].0.display());
     }
-    Ok((planned, indexes[0].build_id.clone()))
+    Ok(Chosen { functions, build_id: indexes[0].build_id.clone(), exit_mode })
 }
 
 /// Runs `proftap run`.
@@ -199,11 +210,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let path = std::fs::canonicalize(&path).unwrap_or(path);
     let mut modules = vec![(path.clone(), path.clone())];
     modules.extend(libs::needed_libraries(&path).into_iter().map(|l| (l.clone(), l)));
-    let (functions, build_id) = choose(&selection, &modules, &args.record)?;
-    let options = options(&args.record, metrics, None, None)?;
+    let chosen = choose(&selection, &modules, &args.record)?;
+    let options = options(&args.record, metrics, None, &chosen, None)?;
     let spec = TargetSpec::Launch { path, argv: args.command.clone() };
-    let mut recorded = record(&functions, &spec, &options)?;
-    recorded.profile.target.build_id = build_id;
+    let mut recorded = record(&chosen.functions, &spec, &options)?;
+    recorded.profile.target.build_id = chosen.build_id;
     let status = recorded.ended.map_or(0, |e| e.shell_status());
     finish(recorded, &args.record.output)?;
     Ok(ExitCode::from(status.clamp(0, 255) as u8))
@@ -218,10 +229,10 @@ pub fn attach(args: AttachArgs) -> Result<ExitCode> {
         bail!("process {} has no executable mapped (a kernel thread or a process that is exiting)", args.pid);
     }
     let modules: Vec<(PathBuf, PathBuf)> = loaded.iter().map(|m| (m.path.clone(), m.open_path.clone())).collect();
-    let (functions, build_id) = choose(&selection, &modules, &args.record)?;
-    let options = options(&args.record, metrics, args.duration, Some(announce))?;
-    let mut recorded = record(&functions, &TargetSpec::Attach { pid: args.pid }, &options)?;
-    recorded.profile.target.build_id = build_id;
+    let chosen = choose(&selection, &modules, &args.record)?;
+    let options = options(&args.record, metrics, args.duration, &chosen, Some(announce))?;
+    let mut recorded = record(&chosen.functions, &TargetSpec::Attach { pid: args.pid }, &options)?;
+    recorded.profile.target.build_id = chosen.build_id;
     finish(recorded, &args.record.output)?;
     Ok(ExitCode::SUCCESS)
 }

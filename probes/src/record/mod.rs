@@ -69,14 +69,12 @@ pub enum TargetSpec {
     },
 }
 
-/// Calibrated cost of the probes on this machine.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ProbeCost {
-    /// Wall time one instrumented call adds to the run, by entry kind.
-    pub call_ns_emulated: u64,
-    /// Same for single-stepped entries.
-    pub call_ns_stepped: u64,
-    /// CPU time one instrumented call adds to the thread.
+/// What one instrumented call costs, measured on this machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CallCost {
+    /// Wall time one instrumented call adds to its caller.
+    pub call_ns: u64,
+    /// CPU time it adds to the thread.
     pub call_cpu_ns: u64,
     /// Wall time an empty instrumented function shows as its own inclusive time.
     pub self_ns: u64,
@@ -84,11 +82,21 @@ pub struct ProbeCost {
     pub self_cpu_ns: u64,
 }
 
+/// Calibrated cost of the probes, by how the kernel handles the probed
+/// first instruction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProbeCost {
+    /// Emulated first instruction (push, call, jmp, nop).
+    pub emulated: CallCost,
+    /// Single-stepped first instruction.
+    pub stepped: CallCost,
+}
+
 impl ProbeCost {
-    fn call_ns(&self, kind: EntryKind) -> u64 {
+    fn of(&self, kind: EntryKind) -> &CallCost {
         match kind {
-            EntryKind::Emulated => self.call_ns_emulated,
-            EntryKind::Stepped => self.call_ns_stepped,
+            EntryKind::Emulated => &self.emulated,
+            EntryKind::Stepped => &self.stepped,
         }
     }
 }
@@ -264,7 +272,7 @@ impl Session {
         let need = self.descriptors_per_task();
         for (slot, &cpu) in self.cpus.iter().enumerate() {
             let target = EventTarget { pid, cpu, enable_on_exec };
-            let sideband = perf::open_sideband(target).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
+            let sideband = perf::open_sideband(target, buffer_bytes).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
             match &self.buffers[slot] {
                 Some(buffer) => {
                     perf::set_output(&sideband, buffer.owner()).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
@@ -291,6 +299,11 @@ impl Session {
         for event in &self.probes {
             let _ = perf::disable(&event.leader);
         }
+    }
+
+    /// Samples lost on all probe events, as the events count them.
+    fn lost_samples(&self) -> u64 {
+        self.probes.iter().map(|e| perf::lost_samples(&e.leader)).sum()
     }
 
     fn into_reader(mut self) -> (EventReader, SessionGuard) {
@@ -424,14 +437,26 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     guard._session.disable();
     reader.drain();
     reader.release(None, &mut sink);
+    let lost_samples = guard._session.lost_samples();
     let malformed = reader.malformed;
     let ended_monotonic = monotonic_ns();
     drop(reader);
     drop(guard);
     drop(child);
 
-    let aggregate = aggregator.finish();
+    let mut aggregate = aggregator.finish();
     let mut notes = Vec::new();
+    // The kernel reports a loss as a record only when it next writes to the
+    // buffer; the events' own counts also include losses it never reported.
+    if lost_samples > aggregate.lost.events {
+        aggregate.lost.events = lost_samples;
+    }
+    if aggregate.lost.events > 0 {
+        notes.push(format!(
+            "{} probe hits were lost because a ring buffer was full; calls and times of the functions and threads involved are low (raise --buffer-size)",
+            aggregate.lost.events
+        ));
+    }
     if aggregate.unwound_frames > 0 {
         notes.push(format!(
             "{} calls ended without their own return (C++ exception, longjmp, exit, or a call deeper than the kernel's 64 tracked returns per thread); they are marked unwound and timed until the moment proftap saw them gone",
@@ -507,7 +532,7 @@ fn readable(fd: BorrowedFd<'_>) -> bool {
 }
 
 fn compensation(functions: &[ProbedFunction], metrics: &[Metric], cost: ProbeCost) -> Compensation {
-    let per_function = |wall: u64, cpu: u64| -> Values {
+    let values = |wall: u64, cpu: u64| -> Values {
         let mut v: Values = [0; MAX_METRICS];
         for (i, m) in metrics.iter().enumerate() {
             v[i] = match m {
@@ -519,22 +544,22 @@ fn compensation(functions: &[ProbedFunction], metrics: &[Metric], cost: ProbeCos
         v
     };
     Compensation {
-        call: functions.iter().map(|f| per_function(cost.call_ns(f.entry), cost.call_cpu_ns)).collect(),
-        own: functions.iter().map(|_| per_function(cost.self_ns, cost.self_cpu_ns)).collect(),
+        call: functions.iter().map(|f| cost.of(f.entry)).map(|c| values(c.call_ns, c.call_cpu_ns)).collect(),
+        own: functions.iter().map(|f| cost.of(f.entry)).map(|c| values(c.self_ns, c.self_cpu_ns)).collect(),
     }
 }
 
 fn overhead(functions: &[ProbedFunction], calls: &[u64], hits: u64, cost: Option<ProbeCost>, compensated: bool) -> Overhead {
     let Some(cost) = cost else { return Overhead { hits, ..Overhead::default() } };
-    let estimated: u64 = functions.iter().zip(calls).map(|(f, &n)| n.saturating_mul(cost.call_ns(f.entry))).sum();
+    let estimated: u64 = functions.iter().zip(calls).map(|(f, &n)| n.saturating_mul(cost.of(f.entry).call_ns)).sum();
     Overhead {
         per_hit_ns: estimated.checked_div(hits).unwrap_or(0),
         hits,
         estimated_ns: estimated,
         compensated,
-        call_ns_emulated: cost.call_ns_emulated,
-        call_ns_stepped: cost.call_ns_stepped,
-        call_cpu_ns: cost.call_cpu_ns,
-        self_ns: cost.self_ns,
+        call_ns_emulated: cost.emulated.call_ns,
+        call_ns_stepped: cost.stepped.call_ns,
+        call_cpu_ns: cost.stepped.call_cpu_ns,
+        self_ns: cost.stepped.self_ns,
     }
 }
