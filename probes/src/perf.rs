@@ -56,9 +56,21 @@ pub struct ProbeEvent {
 
 /// Opens the event of tracepoint `id` with the counters of `metrics`.
 pub fn open_probe(id: u64, target: EventTarget, metrics: &[Metric]) -> io::Result<ProbeEvent> {
-    let mut builder = Builder::new(Tracepoint::with_id(id));
+    open_group(Builder::new(Tracepoint::with_id(id)), target, metrics)
+}
+
+/// Opens a context-switch event with the counters of `metrics`: each time a
+/// thread leaves the CPU, a sample carries its counts on that CPU. Counters
+/// inherited per CPU only count while the thread runs there; these samples
+/// let the aggregator add up a thread's counts over all CPUs.
+pub fn open_switches(target: EventTarget, metrics: &[Metric]) -> io::Result<ProbeEvent> {
+    open_group(Builder::new(Software::CONTEXT_SWITCHES), target, metrics)
+}
+
+fn open_group(mut builder: Builder<'_>, target: EventTarget, metrics: &[Metric]) -> io::Result<ProbeEvent> {
     base(&mut builder, target);
-    builder.sample_period(1);
+    // A context switch happens in the kernel: excluding the kernel would drop it.
+    builder.sample_period(1).exclude_kernel(false);
     // Exactly GROUP and LOST (each value with the samples lost on its event,
     // read at the end: a loss the kernel never got to report as a record).
     // The builder's read_format() would add ID.

@@ -76,6 +76,10 @@ struct ThreadState {
     nodes: Vec<NodeAcc>,
     children: FxHashMap<(u32, u32), u32>,
     last: Values,
+    /// The thread's counters on each CPU, as last seen.
+    on_cpu: Vec<Values>,
+    /// Their sums: the thread's counters over all CPUs.
+    totals: Values,
 }
 
 impl ThreadState {
@@ -90,7 +94,27 @@ impl ThreadState {
             nodes: vec![NodeAcc { function: ROOT, parent: ROOT, calls: 0, inclusive: [0; MAX_METRICS], exclusive: [0; MAX_METRICS] }],
             children: FxHashMap::default(),
             last: [0; MAX_METRICS],
+            on_cpu: Vec::new(),
+            totals: [0; MAX_METRICS],
         }
+    }
+
+    /// Takes in the thread's counters on one CPU and returns the time and
+    /// its counters over all CPUs.
+    fn observe(&mut self, cpu: u16, values: &Values, metrics: usize) -> Values {
+        let cpu = cpu as usize;
+        if self.on_cpu.len() <= cpu {
+            self.on_cpu.resize(cpu + 1, [0; MAX_METRICS]);
+        }
+        let seen = &mut self.on_cpu[cpu];
+        let mut out = *values;
+        for m in 1..metrics {
+            // A CPU's count only grows while the thread runs there.
+            self.totals[m] = self.totals[m].wrapping_add(values[m].wrapping_sub(seen[m]));
+            seen[m] = values[m];
+            out[m] = self.totals[m];
+        }
+        out
     }
 
     fn acc(&mut self, function: u32) -> &mut FunctionAcc {
@@ -226,6 +250,15 @@ impl Aggregator {
                     self.processes.push(ProcessInfo { pid: *pid as i32, parent: Some(*ppid as i32), execs: Vec::new() });
                 }
             }
+            Event::Switch { pid, tid, cpu, values } => {
+                let (functions, metrics) = (self.functions, self.metrics);
+                let names = &mut self.names;
+                let thread = self
+                    .threads
+                    .entry(*tid)
+                    .or_insert_with(|| ThreadState::new(*pid, *tid, names.remove(tid).unwrap_or_default(), functions));
+                thread.observe(*cpu, values, metrics);
+            }
             Event::Exit { time, tid, .. } => {
                 if let Some(mut thread) = self.threads.remove(tid) {
                     let mut at = thread.last;
@@ -252,19 +285,17 @@ impl Aggregator {
             }
             return;
         }
-        let functions = self.functions;
         let mut thread = match self.threads.remove(&hit.tid) {
-            Some(t) => t,
-            None => {
-                let name = self.names.remove(&hit.tid).unwrap_or_default();
-                ThreadState::new(hit.pid, hit.tid, name, functions)
-            }
+            Some(thread) => thread,
+            None => ThreadState::new(hit.pid, hit.tid, self.names.remove(&hit.tid).unwrap_or_default(), self.functions),
         };
-        thread.last = hit.values;
+        let values = thread.observe(hit.cpu, &hit.values, self.metrics);
+        thread.last = values;
+        let hit = Hit { values, ..*hit };
         if hit.probe.is_return() {
-            self.leave(&mut thread, hit);
+            self.leave(&mut thread, &hit);
         } else {
-            self.enter(&mut thread, hit);
+            self.enter(&mut thread, &hit);
         }
         self.threads.insert(hit.tid, thread);
     }
@@ -390,6 +421,8 @@ impl Aggregator {
                 self.close_top(thread, &at, Ending::Unfinished);
             }
         }
+        // Threads seen only switching, never running instrumented code.
+        threads.retain(|t| !t.accs.is_empty());
         threads.sort_by_key(|t| (t.pid, t.tid));
         let metrics = self.metrics;
         let profiles = threads
@@ -463,7 +496,7 @@ mod tests {
         let mut values = [0; MAX_METRICS];
         values[0] = time;
         values[1] = time / 2;
-        Event::Hit(Hit { pid: 1, tid, probe: probe(f, ret), sp, values })
+        Event::Hit(Hit { pid: 1, tid, probe: probe(f, ret), sp, cpu: 0, values })
     }
 
     fn stats(agg: Aggregate, tid: i32, f: u32) -> FunctionStats {
@@ -634,6 +667,32 @@ mod tests {
         assert_eq!(b.inclusive[0].total, 2 * 9);
         assert_eq!(a.inclusive[0].total, 50 - 1 - 2 * 5);
         assert_eq!(a.exclusive[0].total, 39 - 18);
+    }
+
+    #[test]
+    fn counters_add_up_over_cpus() {
+        // The thread runs on CPU 0 (cpu counter 0 -> 10), leaves it, runs on
+        // CPU 1 (0 -> 5), and returns there: 15 in all, not 5 - 0.
+        let mut agg = Aggregator::new(1, 2, None);
+        let at = |cpu: u16, time: u64, count: u64, ret: bool| {
+            let mut values = [0; MAX_METRICS];
+            values[0] = time;
+            values[1] = count;
+            if ret {
+                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, true), sp: 108, cpu, values })
+            } else {
+                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, false), sp: 100, cpu, values })
+            }
+        };
+        let mut switch_values = [0; MAX_METRICS];
+        switch_values[0] = 50;
+        switch_values[1] = 10;
+        agg.push(&at(0, 0, 0, false));
+        agg.push(&Event::Switch { pid: 1, tid: 1, cpu: 0, values: switch_values });
+        agg.push(&at(1, 100, 5, true));
+        let f = stats(agg.finish(), 1, 0);
+        assert_eq!(f.inclusive[1].total, 15);
+        assert_eq!(f.inclusive[0].total, 100);
     }
 
     #[test]

@@ -4,6 +4,9 @@ use crate::metrics::MAX_METRICS;
 
 /// Metric values at one moment of one thread: index 0 is the time (wall
 /// nanoseconds), the others the counters of the recording's metrics in order.
+///
+/// In events, counters are the thread's counts *on one CPU* (the kernel
+/// keeps an inherited counter per CPU); the aggregator sums them.
 pub type Values = [u64; MAX_METRICS];
 
 /// Which probe fired: a function's entry or its return.
@@ -40,6 +43,8 @@ pub struct Hit {
     pub probe: ProbeId,
     /// User stack pointer at the hit, 0 if unknown.
     pub sp: u64,
+    /// Which CPU's counters `values` holds (an index among the recorded CPUs).
+    pub cpu: u16,
     /// Time and counters.
     pub values: Values,
 }
@@ -84,6 +89,17 @@ pub enum Event {
         /// New thread id.
         tid: u32,
     },
+    /// A thread left a CPU: its counters on that CPU at that moment.
+    Switch {
+        /// Process id.
+        pid: u32,
+        /// Thread id.
+        tid: u32,
+        /// Which CPU (index among the recorded CPUs).
+        cpu: u16,
+        /// Time and the thread's counters on that CPU.
+        values: Values,
+    },
     /// A thread ended.
     Exit {
         /// When.
@@ -100,6 +116,7 @@ impl Event {
     pub fn time(&self) -> u64 {
         match self {
             Event::Hit(hit) => hit.values[0],
+            Event::Switch { values, .. } => values[0],
             Event::Lost { time, .. } | Event::Comm { time, .. } | Event::Fork { time, .. } | Event::Exit { time, .. } => *time,
         }
     }

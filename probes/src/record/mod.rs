@@ -17,6 +17,7 @@ use events::{Event, ProbeId, Values};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use perf_event::Counter;
 use proftap_profile::{Overhead, Profile, Recording, Target};
+use reader::Source;
 pub use reader::Tap;
 use reader::{EventReader, ORDERING_MARGIN_NS};
 use rustc_hash::FxHashMap;
@@ -210,8 +211,8 @@ struct Session {
     probes: Vec<ProbeEvent>,
     sidebands: Vec<Counter>,
     buffers: Vec<Option<RingBuffer>>,
-    /// Perf event id -> where the probe id is in its raw records.
-    events: FxHashMap<u64, usize>,
+    /// Perf event id -> what its samples are.
+    events: FxHashMap<u64, Source>,
     /// Probe id -> what it stands for.
     taps: Vec<Tap>,
     tracepoints: Vec<crate::tracefs::ProbeEvent>,
@@ -264,7 +265,7 @@ impl Session {
     }
 
     fn descriptors_per_task(&self) -> usize {
-        self.cpus.len() * (1 + self.tracepoints.len() * self.metrics.len())
+        self.cpus.len() * (1 + (self.tracepoints.len() + 1) * self.metrics.len())
     }
 
     /// Opens every probe on task `pid` (and, through inherit, what it creates later).
@@ -288,8 +289,14 @@ impl Session {
                 let event = perf::open_probe(tracepoint.tracepoint, target, &self.metrics)
                     .map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
                 perf::set_output(&event.leader, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
-                self.events.insert(event.leader.id(), tracepoint.id_offset);
+                self.events.insert(event.leader.id(), Source::Probe { id_offset: tracepoint.id_offset });
                 self.probes.push(event);
+            }
+            if self.metrics.len() > 1 {
+                let switches = perf::open_switches(target, &self.metrics).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
+                perf::set_output(&switches.leader, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
+                self.events.insert(switches.leader.id(), Source::Switch);
+                self.probes.push(switches);
             }
         }
         Ok(())

@@ -24,11 +24,24 @@ pub struct Tap {
     pub at_exit_site: bool,
 }
 
+/// What a perf event's samples are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Probe hits; the probe's id is a `u32` at this offset of the raw record.
+    Probe {
+        /// Offset of the id.
+        id_offset: usize,
+    },
+    /// Context switches: a thread's counters on the CPU it leaves.
+    Switch,
+}
+
 /// Reads the ring buffers of a recording.
 pub struct EventReader {
+    /// One per CPU, in CPU order.
     buffers: Vec<RingBuffer>,
-    /// Perf event id -> offset of the probe id in its raw records.
-    events: FxHashMap<u64, usize>,
+    /// Perf event id -> what its samples are.
+    events: FxHashMap<u64, Source>,
     /// Probe id -> what it stands for.
     taps: Vec<Tap>,
     counters: usize,
@@ -38,10 +51,10 @@ pub struct EventReader {
 }
 
 impl EventReader {
-    /// A reader over `buffers`. `events` maps perf event ids to the offset of
-    /// the probe id in their raw records, `taps` probe ids to probes; each
+    /// A reader over `buffers` (one per CPU). `events` says what each perf
+    /// event's samples are, `taps` what each probe id stands for; each
     /// sample carries `counters` counter values after wall time.
-    pub fn new(buffers: Vec<RingBuffer>, events: FxHashMap<u64, usize>, taps: Vec<Tap>, counters: usize) -> Self {
+    pub fn new(buffers: Vec<RingBuffer>, events: FxHashMap<u64, Source>, taps: Vec<Tap>, counters: usize) -> Self {
         EventReader { buffers, events, taps, counters: counters.min(MAX_METRICS - 1), pending: Vec::new(), malformed: 0 }
     }
 
@@ -55,8 +68,9 @@ impl EventReader {
         let before = self.pending.len();
         let (events, taps, counters, pending, malformed) =
             (&self.events, &self.taps[..], self.counters, &mut self.pending, &mut self.malformed);
-        for buffer in &mut self.buffers {
-            buffer.drain(|kind, misc, body| match decode(kind, misc, body, events, taps, counters) {
+        for (cpu, buffer) in self.buffers.iter_mut().enumerate() {
+            let cpu = cpu as u16;
+            buffer.drain(|kind, misc, body| match decode(kind, misc, body, cpu, events, taps, counters) {
                 Decoded::Event(e) => pending.push(e),
                 Decoded::Ignored => {}
                 Decoded::Malformed => *malformed += 1,
@@ -87,23 +101,27 @@ enum Decoded {
     Malformed,
 }
 
-fn decode(kind: u32, misc: u16, body: &[u8], events: &FxHashMap<u64, usize>, taps: &[Tap], counters: usize) -> Decoded {
+fn decode(kind: u32, misc: u16, body: &[u8], cpu: u16, events: &FxHashMap<u64, Source>, taps: &[Tap], counters: usize) -> Decoded {
     match kind {
         record_type::SAMPLE => {
             let Some(sample) = perf::parse_sample(body) else { return Decoded::Malformed };
-            let Some(&id_offset) = events.get(&sample.id) else { return Decoded::Ignored };
-            let Some(&tap) = perf::raw_u32(sample.raw, id_offset).and_then(|id| taps.get(id as usize)) else { return Decoded::Malformed };
             let mut values: Values = [0; MAX_METRICS];
             values[0] = sample.time;
             for (i, v) in values.iter_mut().enumerate().skip(1).take(counters) {
                 *v = sample.counter(i - 1);
             }
+            let id_offset = match events.get(&sample.id) {
+                Some(Source::Probe { id_offset }) => *id_offset,
+                Some(Source::Switch) => return Decoded::Event(Event::Switch { pid: sample.pid, tid: sample.tid, cpu, values }),
+                None => return Decoded::Ignored,
+            };
+            let Some(&tap) = perf::raw_u32(sample.raw, id_offset).and_then(|id| taps.get(id as usize)) else { return Decoded::Malformed };
             let sp = match sample.sp {
                 Some(sp) if tap.at_exit_site => sp + 8,
                 Some(sp) => sp,
                 None => 0,
             };
-            Decoded::Event(Event::Hit(Hit { pid: sample.pid, tid: sample.tid, probe: tap.probe, sp, values }))
+            Decoded::Event(Event::Hit(Hit { pid: sample.pid, tid: sample.tid, probe: tap.probe, sp, cpu, values }))
         }
         record_type::LOST => {
             // The event that noticed serves many probes: the loss is known per thread, not per function.
