@@ -1,7 +1,7 @@
 //! From selected functions to the probes a recording places.
 
 use crate::addr::FileOffset;
-use crate::exits::{ExitMode, exit_offsets};
+use crate::exits::{ExitMode, emulated_entry, exit_offsets};
 use crate::select::Selected;
 use crate::symbols::{ElfImage, SymbolIndex};
 use proftap_profile::FunctionInfo;
@@ -64,6 +64,9 @@ pub struct ProbedFunction {
     /// Where its returns are seen: `None` for a return probe (uretprobe),
     /// else the offsets of its `ret` and tail-jump instructions.
     pub exit_sites: Option<Vec<FileOffset>>,
+    /// Where its entry is seen, when not at `offset`: a cheaper instruction
+    /// of the entry block, and how far the stack pointer has moved down there.
+    pub entry_probe: Option<(FileOffset, u64)>,
 }
 
 /// The probes for `selected` functions of `modules`; `open_paths[m]` is the
@@ -111,6 +114,15 @@ pub fn plan(
                 Some(all)
             }
         };
+        // With returns seen at return instructions, the entry probe may move
+        // to an instruction the kernel emulates.
+        let entry_probe = match exits {
+            ExitMode::ReturnSites => {
+                let body = code.get(..f.size as usize).unwrap_or(&[]);
+                emulated_entry(f.address, body).map(|(at, pushed)| (FileOffset(offset.0 + at), pushed))
+            }
+            ExitMode::Uretprobe => None,
+        };
         planned.push(ProbedFunction {
             info: FunctionInfo {
                 name: f.name.clone(),
@@ -122,9 +134,10 @@ pub fn plan(
             },
             open_path: open_paths[s.module].clone(),
             offset,
-            entry: classify_entry(code),
+            entry: if entry_probe.is_some() { EntryKind::Emulated } else { classify_entry(code) },
             role: Role::Measured,
             exit_sites,
+            entry_probe,
         });
     }
     planned
@@ -160,6 +173,7 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, open_path: &std::path::Path) -> Opt
         entry: classify_entry(code.as_deref().unwrap_or(&[])),
         role: Role::CatchMarker,
         exit_sites: None,
+        entry_probe: None,
     })
 }
 

@@ -121,3 +121,63 @@ impl Event {
         }
     }
 }
+
+/// Bytes of one hit in a saved event stream.
+pub const SAVED_HIT_BYTES: usize = 24 + 8 * MAX_METRICS;
+
+impl Hit {
+    /// Appends the hit to a saved event stream (little-endian, fixed size),
+    /// for replaying through the aggregator in benchmarks.
+    pub fn save(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.pid.to_le_bytes());
+        out.extend_from_slice(&self.tid.to_le_bytes());
+        out.extend_from_slice(&self.probe.0.to_le_bytes());
+        out.extend_from_slice(&u32::from(self.cpu).to_le_bytes());
+        out.extend_from_slice(&self.sp.to_le_bytes());
+        for v in &self.values {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    /// Reads the hits of a saved event stream; a trailing partial hit is ignored.
+    pub fn load_all(bytes: &[u8]) -> Vec<Hit> {
+        let u32_at = |c: &[u8], at: usize| u32::from_le_bytes([c[at], c[at + 1], c[at + 2], c[at + 3]]);
+        let u64_at = |c: &[u8], at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&c[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        bytes
+            .chunks_exact(SAVED_HIT_BYTES)
+            .map(|c| {
+                let mut values = [0; MAX_METRICS];
+                for (i, v) in values.iter_mut().enumerate() {
+                    *v = u64_at(c, 24 + 8 * i);
+                }
+                Hit {
+                    pid: u32_at(c, 0),
+                    tid: u32_at(c, 4),
+                    probe: ProbeId(u32_at(c, 8)),
+                    cpu: u32_at(c, 12) as u16,
+                    sp: u64_at(c, 16),
+                    values,
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saved_hits_read_back() {
+        let hit = Hit { pid: 1, tid: 2, probe: ProbeId::exit(7), sp: 0x7ffd_1234, cpu: 1, values: [9; MAX_METRICS] };
+        let mut bytes = Vec::new();
+        hit.save(&mut bytes);
+        hit.save(&mut bytes);
+        bytes.push(0);
+        assert_eq!(Hit::load_all(&bytes), vec![hit, hit]);
+    }
+}

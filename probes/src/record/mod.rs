@@ -231,20 +231,21 @@ impl Session {
         let mut specs = Vec::with_capacity(functions.len() * 2);
         let mut taps = Vec::with_capacity(functions.len() * 2);
         for (i, f) in functions.iter().enumerate() {
-            specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::At });
-            taps.push(Tap { probe: ProbeId::entry(i as u32), at_exit_site: false });
+            let (entry, sp_adjust) = f.entry_probe.unwrap_or((f.offset, 0));
+            specs.push(UprobeSpec { path: f.open_path.clone(), offset: entry, kind: ProbeKind::At });
+            taps.push(Tap { probe: ProbeId::entry(i as u32), sp_adjust });
             if f.role != Role::Measured {
                 continue;
             }
             match &f.exit_sites {
                 None => {
                     specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::Return });
-                    taps.push(Tap { probe: ProbeId::exit(i as u32), at_exit_site: false });
+                    taps.push(Tap { probe: ProbeId::exit(i as u32), sp_adjust: 0 });
                 }
                 Some(sites) => {
                     for &site in sites {
                         specs.push(UprobeSpec { path: f.open_path.clone(), offset: site, kind: ProbeKind::At });
-                        taps.push(Tap { probe: ProbeId::exit(i as u32), at_exit_site: true });
+                        taps.push(Tap { probe: ProbeId::exit(i as u32), sp_adjust: 8 });
                     }
                 }
             }
@@ -380,15 +381,20 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let (mut reader, guard) = session.into_reader();
 
     let follow = options.follow_forks;
+    // PROFTAP_SAVE_EVENTS=FILE keeps the ordered hits, for the aggregator benchmark.
+    let save_to = std::env::var_os("PROFTAP_SAVE_EVENTS");
+    let mut saved = Vec::new();
     let mut sink = |event: &Event| {
+        if save_to.is_some()
+            && let Event::Hit(hit) = event
+        {
+            hit.save(&mut saved);
+        }
         if !follow
             && let Event::Hit(hit) = event
             && hit.pid as i32 != pid
         {
             return;
-        }
-        if std::env::var_os("PROFTAP_DEBUG_EVENTS").is_some() {
-            eprintln!("{event:?}");
         }
         aggregator.push(event);
     };
@@ -446,6 +452,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     reader.release(None, &mut sink);
     let lost_samples = guard._session.lost_samples();
     let malformed = reader.malformed;
+    if let Some(path) = &save_to {
+        let _ = std::fs::write(path, &saved);
+    }
     let ended_monotonic = monotonic_ns();
     drop(reader);
     drop(guard);

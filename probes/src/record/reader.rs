@@ -19,9 +19,10 @@ pub const ORDERING_MARGIN_NS: u64 = 20_000_000;
 pub struct Tap {
     /// The probe.
     pub probe: ProbeId,
-    /// A probe on a `ret` or tail jump: the stack pointer is reported as it
-    /// will be after the return, like a return probe's.
-    pub at_exit_site: bool,
+    /// Added to the sampled stack pointer to report it as the aggregator
+    /// expects: at an entry, where the return address is; at a return, just
+    /// after it (8 for a probe on a `ret`: the address is still on the stack).
+    pub sp_adjust: u64,
 }
 
 /// What a perf event's samples are.
@@ -116,11 +117,7 @@ fn decode(kind: u32, misc: u16, body: &[u8], cpu: u16, events: &FxHashMap<u64, S
                 None => return Decoded::Ignored,
             };
             let Some(&tap) = perf::raw_u32(sample.raw, id_offset).and_then(|id| taps.get(id as usize)) else { return Decoded::Malformed };
-            let sp = match sample.sp {
-                Some(sp) if tap.at_exit_site => sp + 8,
-                Some(sp) => sp,
-                None => 0,
-            };
+            let sp = sample.sp.map_or(0, |sp| sp.wrapping_add(tap.sp_adjust));
             Decoded::Event(Event::Hit(Hit { pid: sample.pid, tid: sample.tid, probe: tap.probe, sp, cpu, values }))
         }
         record_type::LOST => {
