@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds proftap and a bundled example, then shows what proftap sees in it.
+# Builds proftap and profiles a bundled example program end to end: where its
+# functions are, how often each ran and what each cost, as a call tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -7,10 +8,16 @@ scripts/setup.sh
 cargo build --release --quiet --bins
 out=target/examples
 mkdir -p "$out"
-gcc -O2 -g -o "$out/calls" examples/calls.c
+gcc -O0 -g -o "$out/calls" examples/calls.c
+proftap=target/release/proftap
+sudo=()
+[[ $(id -u) == 0 ]] || sudo=(sudo)
 
 echo "== proftap symbols $out/calls"
-target/release/proftap symbols "$out/calls"
+"$proftap" symbols "$out/calls"
 echo
-echo "== proftap symbols $out/calls -f 'l*' --lines"
-target/release/proftap symbols "$out/calls" -f 'l*' --lines
+echo "== proftap run -o $out/calls.profile -- $out/calls 1000 15"
+"${sudo[@]}" "$proftap" run -o "$out/calls.profile" -- "$out/calls" 1000 15
+echo
+echo "== proftap report $out/calls.profile --tree"
+"$proftap" report "$out/calls.profile" --tree

@@ -36,6 +36,7 @@ fn call_counts_equal_callgrind_for_c_at_o0_and_o2() {
     for opt in ["-O0", "-O2"] {
         check_calls_against_callgrind(&Build::c("calls.c", opt), &["300", "12"]);
         check_calls_against_callgrind(&Build::c("multifile/main.c", opt).sources(&["multifile/io.c", "multifile/compute.c"]), &["40", "5"]);
+        check_calls_against_callgrind(&Build::c("threads.c", opt), &["3", "200"]);
     }
 }
 
@@ -291,8 +292,24 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
     run_ok(Command::new("gcc").args(["-O2", "-shared", "-fPIC", "-o"]).arg(&stripped_lib).arg(examples().join("libcounter/counter.c")));
     run_ok(Command::new("strip").arg("--strip-all").arg(&stripped_lib));
 
+    // A program using a stripped shared library, and a pattern on a name the library lacks.
+    let uselib = dir.path().join("uselib");
+    run_ok(
+        Command::new("gcc")
+            .args(["-O2", "-g", "-o"])
+            .arg(&uselib)
+            .arg(examples().join("libcounter/main.c"))
+            .arg("-I")
+            .arg(examples().join("libcounter"))
+            .arg(format!("-L{}", dir.path().display()))
+            .arg(format!("-Wl,-rpath,{}", dir.path().display()))
+            .arg("-lcounter"),
+    );
+
     let cases: Vec<(Vec<String>, &str)> = vec![
         (vec!["attach".into(), "999999999".into()], "no process with PID 999999999 exists"),
+        (vec!["attach".into(), "2".into()], "process 2 has no executable (a kernel thread"),
+        (vec!["run".into(), "-f".into(), "libcounter.so:clamp".into(), "--".into(), uselib.display().to_string()], "it is stripped"),
         (vec!["run".into(), "--".into(), "/no/such/program".into()], "command not found: /no/such/program"),
         (vec!["run".into(), "--".into(), "no-such-program-xyz".into()], "command not found: no-such-program-xyz"),
         (

@@ -76,6 +76,12 @@ pub enum Error {
         /// The PID.
         pid: i32,
     },
+    /// A process has no executable: a kernel thread, or a process exiting.
+    #[error("process {pid} has no executable (a kernel thread, or a process that is exiting): there is no code to probe")]
+    NoExecutable {
+        /// The PID.
+        pid: i32,
+    },
     /// A process's files could not be read.
     #[error("cannot read {} of process {pid}: {source}{hint}", path.display())]
     Process {

@@ -87,7 +87,13 @@ pub fn read_maps(pid: i32) -> Result<Vec<Mapping>> {
 pub fn loaded_modules(pid: i32) -> Result<Vec<LoadedModule>> {
     let maps = read_maps(pid)?;
     let exe_link = PathBuf::from(format!("/proc/{pid}/exe"));
-    let exe = std::fs::read_link(&exe_link).map_err(|e| process_error(pid, exe_link, e))?;
+    let exe = match std::fs::read_link(&exe_link) {
+        Ok(exe) => exe,
+        Err(e) if e.kind() == ErrorKind::NotFound && Path::new(&format!("/proc/{pid}")).exists() => {
+            return Err(Error::NoExecutable { pid });
+        }
+        Err(e) => return Err(process_error(pid, exe_link, e)),
+    };
     let root = PathBuf::from(format!("/proc/{pid}/root"));
 
     let mut modules: Vec<LoadedModule> = Vec::new();

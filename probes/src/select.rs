@@ -194,12 +194,14 @@ fn module_matches(prefix: &str, path: &Path) -> bool {
 }
 
 fn no_match(pattern: &Pattern, modules: &[&SymbolIndex]) -> Error {
-    let main = modules.first();
-    let binary = main.map(|m| m.path.clone()).unwrap_or_default();
-    let hint = match (&pattern.scope, main) {
-        (Scope::Module(name), _) if !modules.iter().any(|m| module_matches(name, &m.path)) => {
-            format!("; no module named '{name}' is part of the target")
-        }
+    // The module the pattern searched: the named library, or the executable.
+    let searched = match &pattern.scope {
+        Scope::Module(name) => modules.iter().find(|m| module_matches(name, &m.path)).copied(),
+        Scope::Main | Scope::File(_) => modules.first().copied(),
+    };
+    let binary = searched.or(modules.first().copied()).map(|m| m.path.clone()).unwrap_or_default();
+    let hint = match (&pattern.scope, searched) {
+        (Scope::Module(name), None) => format!("; no module named '{name}' is part of the target"),
         (Scope::File(_), Some(m)) if m.functions.iter().all(|f| f.decl_file.is_none()) => {
             "; source-file patterns need debug info, and it has none".into()
         }

@@ -160,13 +160,14 @@ fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordAr
         indexes.push(index);
         open_paths.push(open.clone());
     }
+    let refs: Vec<&SymbolIndex> = indexes.iter().collect();
+    // An error says what matters in one sentence; warnings only when it works.
+    let selected = selection.select(&refs)?;
     for index in &indexes {
         for warning in &index.warnings {
             eprintln!("proftap: warning: {warning}");
         }
     }
-    let refs: Vec<&SymbolIndex> = indexes.iter().collect();
-    let selected = selection.select(&refs)?;
     let exit_mode = match args.exits {
         Exits::Uretprobe => ExitMode::Uretprobe,
         Exits::Ret => ExitMode::ReturnSites,

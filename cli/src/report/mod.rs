@@ -20,6 +20,19 @@ pub enum SortKey {
     Max,
 }
 
+impl SortKey {
+    /// How the report names the order.
+    pub fn describe(self) -> &'static str {
+        match self {
+            SortKey::Calls => "calls",
+            SortKey::Incl => "inclusive total",
+            SortKey::Excl => "exclusive total",
+            SortKey::Avg => "inclusive average",
+            SortKey::Max => "largest call",
+        }
+    }
+}
+
 /// Sorts function statistics by `key` of metric `metric`, largest first.
 pub fn sort_functions(functions: &mut [FunctionStats], key: SortKey, metric: usize) {
     let value = |f: &FunctionStats| -> u64 {

@@ -155,9 +155,9 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
         |v: u64| -> String { if key.ends_with("_ns") { format!("{:5.1}", 100.0 * v as f64 / duration as f64) } else { "    -".into() } };
     let _ = writeln!(
         out,
-        "\nFlat profile{title}, {} (sorted by {:?}; %run: share of the recording's duration)",
+        "\nFlat profile{title}, {} (sorted by {}; %run: share of the recording's duration)",
         metric_label(key),
-        options.sort
+        options.sort.describe()
     );
     let _ = writeln!(
         out,
