@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing proftap needs and a bare Debian or
 # Ubuntu machine may lack: C and C++ compilers, binutils, and the peer tools
-# the tests compare against (valgrind). Safe to run again: it installs only
-# what is missing.
+# the tests compare against or feed (valgrind, gcov, genhtml, gcovr). Safe to
+# run again: it installs only what is missing.
 set -euo pipefail
 
 # command -> Debian package
@@ -16,6 +16,9 @@ declare -A needs=(
   [objcopy]=binutils
   [strip]=binutils
   [valgrind]=valgrind
+  [gcov]=gcc
+  [genhtml]=lcov
+  [python3]=python3
 )
 
 missing=()
@@ -34,6 +37,14 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   "${sudo[@]}" apt-get update -qq
   "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# gcovr (reads gcov's JSON format) comes from PyPI.
+if ! command -v gcovr >/dev/null 2>&1; then
+  echo "setup: installing gcovr"
+  python3 -m pip install --quiet --disable-pip-version-check gcovr 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages gcovr
+  hash -r
 fi
 
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo is missing; install Rust from https://rustup.rs" >&2; exit 1; }

@@ -25,6 +25,12 @@ enum Command {
     Attach(commands::record::AttachArgs),
     /// Show a profile as text or JSON.
     Report(commands::report::Args),
+    /// Write line counts as gcov's .gcov files.
+    Gcov(commands::gcov::Args),
+    /// Write a profile in another format (json, lcov, gcov-json).
+    Export(commands::export::Args),
+    /// Add profiles of several runs of the same build into one.
+    Merge(commands::merge::Args),
     /// List the functions (and line rows) of a binary or a running process.
     Symbols(commands::symbols::Args),
     /// proftap measuring its own probe cost runs itself with this.
@@ -41,6 +47,9 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::record::run(args),
         Command::Attach(args) => commands::record::attach(args),
         Command::Report(args) => commands::report::run(args),
+        Command::Gcov(args) => commands::gcov::run(args),
+        Command::Export(args) => commands::export::run(args),
+        Command::Merge(args) => commands::merge::run(args),
         Command::Symbols(args) => commands::symbols::run(args),
         Command::CalibrateHelper { out } => {
             std::fs::write(&out, proftap_probes::calibrate::helper_main()).map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)

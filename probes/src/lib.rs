@@ -16,6 +16,7 @@ pub mod calibrate;
 mod error;
 pub mod exits;
 pub mod libs;
+pub mod lines;
 pub mod metrics;
 pub mod perf;
 pub mod plan;

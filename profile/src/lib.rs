@@ -10,9 +10,11 @@
 //! ```
 
 mod file;
+mod merge;
 mod model;
 mod stats;
 
 pub use file::{FORMAT_VERSION, FileError, read_profile, write_atomically, write_profile};
+pub use merge::MergeError;
 pub use model::*;
 pub use stats::Stat;

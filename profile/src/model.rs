@@ -31,6 +31,52 @@ pub struct Profile {
     pub processes: Vec<ProcessInfo>,
     /// Things the user should know about how far to trust the numbers.
     pub notes: Vec<String>,
+    /// Line counts and times, for every line with code in the probed source
+    /// files (empty unless lines were recorded), by file then line.
+    #[serde(default)]
+    pub lines: Vec<LineRecord>,
+    /// Regions (line ranges) and their costs.
+    #[serde(default)]
+    pub regions: Vec<RegionRecord>,
+    /// How many runs these counts add up (1, more after merging), as gcov's `Runs`.
+    #[serde(default = "one")]
+    pub runs: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A source line with code.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineRecord {
+    /// Source file.
+    pub file: String,
+    /// Line number.
+    pub line: u32,
+    /// Times execution entered the line from a different line (gcov's count);
+    /// for a function's declaration line, its calls.
+    pub count: u64,
+    /// Time from entering the line until its frame entered another line or
+    /// returned, calls made from it included; per metric, as `Profile::metrics`.
+    pub cost: Vec<u64>,
+}
+
+/// A region: a range of lines of one file, timed like a function.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionRecord {
+    /// Its name.
+    pub name: String,
+    /// Source file.
+    pub file: String,
+    /// First line.
+    pub start: u32,
+    /// Last line.
+    pub end: u32,
+    /// Times a frame moved onto one of its lines from outside it.
+    pub entries: u64,
+    /// Cost per entry (until the frame left it or returned), per metric.
+    pub inclusive: Vec<Stat>,
 }
 
 /// The profiled program.

@@ -1,5 +1,8 @@
 //! One module per subcommand.
 
+pub mod export;
+pub mod gcov;
+pub mod merge;
 pub mod record;
 pub mod report;
 pub mod symbols;

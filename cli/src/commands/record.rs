@@ -2,11 +2,12 @@
 
 use anyhow::{Context, Result, bail};
 use proftap_probes::exits::{ExitMode, unwinds};
+use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_lines};
 use proftap_probes::metrics::{Metric, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
 use proftap_probes::procfs;
-use proftap_probes::record::{Control, RecordOptions, Recorded, TargetSpec, record};
-use proftap_probes::select::Selection;
+use proftap_probes::record::{Control, RecordOptions, Recorded, RegionSpec, TargetSpec, record};
+use proftap_probes::select::{Selected, Selection};
 use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
 use proftap_probes::{libs, target};
 use std::ffi::OsString;
@@ -46,6 +47,16 @@ pub struct RecordArgs {
     /// that may unwind (C++, Rust, backtrace, thread cancellation), else `uretprobe`.
     #[arg(long, value_enum, default_value = "auto")]
     exits: Exits,
+    /// Count how often each line runs (gcov's line counts) and time each
+    /// line, in these source files (path suffixes), or with no file named,
+    /// in every source file of the executable outside the system headers.
+    #[arg(long, num_args = 0.., value_name = "SRC")]
+    lines: Option<Vec<String>>,
+    /// Time a range of lines like a function: NAME=FILE:START-END
+    /// (repeatable). Entered when a frame moves onto one of its lines from
+    /// outside it, left when it moves off or returns; calls inside count.
+    #[arg(long = "region", value_name = "NAME=FILE:START-END", value_parser = parse_region)]
+    regions: Vec<RegionSpec>,
     /// Measure the probe cost again instead of using this boot's measurement.
     #[arg(long)]
     recalibrate: bool,
@@ -88,6 +99,10 @@ pub struct AttachArgs {
     pid: i32,
 }
 
+fn parse_region(text: &str) -> Result<RegionSpec, String> {
+    RegionSpec::parse(text)
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     if let Ok(seconds) = text.parse::<f64>() {
         if seconds.is_finite() && seconds >= 0.0 {
@@ -120,6 +135,8 @@ fn options(
         buffer_bytes: args.buffer_size.clamp(1, 4096) << 20,
         duration,
         cost: crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
+        lines: chosen.lines.clone(),
+        regions: args.regions.clone(),
         compensate: args.compensate,
         control: control()?,
         on_started,
@@ -143,18 +160,22 @@ struct Chosen {
     functions: Vec<ProbedFunction>,
     build_id: Option<String>,
     exit_mode: ExitMode,
+    lines: Option<LinePlan>,
 }
 
 /// Symbols of the main executable and of the libraries the patterns name;
 /// `display[i]` is how the profile names module i, `open[i]` where to probe it.
-fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordArgs) -> Result<Chosen> {
+fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordArgs, regions: &[RegionSpec]) -> Result<Chosen> {
     let load = load_options(args);
+    let line_files = line_files(args, regions);
     let mut indexes = Vec::new();
     let mut open_paths = Vec::new();
     for (i, (display, open)) in modules.iter().enumerate() {
         if i > 0 && !selection.names_module(display) {
             continue;
         }
+        // Line counts need the executable's line table.
+        let load = LoadOptions { lines: i == 0 && line_files.is_some(), ..load.clone() };
         let mut index = SymbolIndex::load(open, &load).with_context(|| format!("cannot read the symbols of {}", display.display()))?;
         index.path.clone_from(display);
         indexes.push(index);
@@ -162,7 +183,17 @@ fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordAr
     }
     let refs: Vec<&SymbolIndex> = indexes.iter().collect();
     // An error says what matters in one sentence; warnings only when it works.
-    let selected = selection.select(&refs)?;
+    let mut selected = selection.select(&refs)?;
+    if let Some(files) = &line_files {
+        // Following a frame's lines needs its function's entry and return.
+        let with_lines = functions_with_lines(&indexes[0], files);
+        if with_lines.is_empty() {
+            bail!("{} has no line-table rows for {}; build it with -g", modules[0].0.display(), describe_files(files));
+        }
+        selected.extend(with_lines.into_iter().map(|function| Selected { module: 0, function }));
+        selected.sort();
+        selected.dedup();
+    }
     for index in &indexes {
         for warning in &index.warnings {
             eprintln!("proftap: warning: {warning}");
@@ -200,7 +231,30 @@ fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordAr
     if functions.iter().all(|f| f.role != Role::Measured) {
         bail!("no function of {} can be probed", modules[0].0.display());
     }
-    Ok(Chosen { functions, build_id: indexes[0].build_id.clone(), exit_mode })
+    let lines = line_files.as_ref().map(|files| {
+        let measured: Vec<ProbedFunction> = functions.iter().filter(|f| f.role == Role::Measured).cloned().collect();
+        plan_lines(&indexes[0], &open_paths[0], &measured, files)
+    });
+    Ok(Chosen { functions, build_id: indexes[0].build_id.clone(), exit_mode, lines })
+}
+
+fn describe_files(files: &LineFiles) -> String {
+    if files.0.is_empty() { "its own source files".into() } else { files.0.join(", ") }
+}
+
+/// The source files to count lines of, if lines are asked for (by
+/// `--lines` or by a region).
+fn line_files(args: &RecordArgs, regions: &[RegionSpec]) -> Option<LineFiles> {
+    match (&args.lines, regions.is_empty()) {
+        (None, true) => None,
+        (Some(files), _) if files.is_empty() && regions.is_empty() => Some(LineFiles::default()),
+        (Some(files), _) if files.is_empty() => Some(LineFiles::default()),
+        (files, _) => {
+            let mut all: Vec<String> = files.clone().unwrap_or_default();
+            all.extend(regions.iter().map(|r| r.file.clone()));
+            Some(LineFiles(all))
+        }
+    }
 }
 
 /// Runs `proftap run`.
@@ -211,7 +265,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let path = std::fs::canonicalize(&path).unwrap_or(path);
     let mut modules = vec![(path.clone(), path.clone())];
     modules.extend(libs::needed_libraries(&path).into_iter().map(|l| (l.clone(), l)));
-    let chosen = choose(&selection, &modules, &args.record)?;
+    let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
     let options = options(&args.record, metrics, None, &chosen, None)?;
     let spec = TargetSpec::Launch { path, argv: args.command.clone() };
     let mut recorded = record(&chosen.functions, &spec, &options)?;
@@ -230,7 +284,7 @@ pub fn attach(args: AttachArgs) -> Result<ExitCode> {
         bail!("process {} has no executable mapped (a kernel thread or a process that is exiting)", args.pid);
     }
     let modules: Vec<(PathBuf, PathBuf)> = loaded.iter().map(|m| (m.path.clone(), m.open_path.clone())).collect();
-    let chosen = choose(&selection, &modules, &args.record)?;
+    let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
     let options = options(&args.record, metrics, args.duration, &chosen, Some(announce))?;
     let mut recorded = record(&chosen.functions, &TargetSpec::Attach { pid: args.pid }, &options)?;
     recorded.profile.target.build_id = chosen.build_id;

@@ -24,6 +24,9 @@ pub struct Args {
     /// Sort functions by.
     #[arg(long, value_enum, default_value = "incl")]
     sort: SortKey,
+    /// Show each source file with its line counts and times (profiles recorded with --lines).
+    #[arg(long)]
+    lines: bool,
     /// Show only the first N functions of each table.
     #[arg(long, value_name = "N")]
     top: Option<usize>,
@@ -55,7 +58,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             s.push('\n');
             s
         }
-        Format::Text => render(&profile, &TextOptions { sort: args.sort, top: args.top, tree: args.tree, threads: args.threads, metrics }),
+        Format::Text => render(
+            &profile,
+            &TextOptions { sort: args.sort, top: args.top, tree: args.tree, threads: args.threads, metrics, lines: args.lines },
+        ),
     };
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {

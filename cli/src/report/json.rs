@@ -61,6 +61,19 @@ pub fn report(profile: &Profile) -> Value {
             "call_cpu_ns": profile.overhead.call_cpu_ns,
             "self_ns": profile.overhead.self_ns,
         },
+        "lines": profile.lines.iter().map(|l| {
+            let metric = |key: &str| profile.metric_index(key).and_then(|i| l.cost.get(i).copied());
+            json!({ "file": l.file, "line": l.line, "count": l.count, "wall_ns": metric("wall_ns"), "cpu_ns": metric("cpu_ns") })
+        }).collect::<Vec<_>>(),
+        "regions": profile.regions.iter().map(|r| json!({
+            "name": r.name,
+            "file": r.file,
+            "start": r.start,
+            "end": r.end,
+            "entries": r.entries,
+            "inclusive": stats(profile, &r.inclusive, r.entries),
+        })).collect::<Vec<_>>(),
+        "runs": profile.runs,
         "processes": profile.processes.iter().map(|p| json!({"pid": p.pid, "parent": p.parent, "execs": p.execs})).collect::<Vec<_>>(),
         "notes": profile.notes,
     })

@@ -1,5 +1,6 @@
 //! Renderers: every output is a function of a [`Profile`] alone.
 
+pub mod coverage;
 pub mod json;
 pub mod text;
 

@@ -18,6 +18,8 @@ pub struct TextOptions {
     pub threads: bool,
     /// Metrics to show (indexes into the profile's metrics); all when empty.
     pub metrics: Vec<usize>,
+    /// Show each source file with its line counts and times.
+    pub lines: bool,
 }
 
 /// Formats a metric value: times with a unit, counts with separators.
@@ -73,6 +75,12 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
         let m = metrics.first().copied().unwrap_or(0);
         let _ = writeln!(out, "\nCall tree ({}, inclusive / exclusive)", metric_label(&profile.metrics[m]));
         tree(profile, &profile.merged_tree(), m, &mut out);
+    }
+    if !profile.regions.is_empty() {
+        regions(profile, &metrics, &mut out);
+    }
+    if options.lines {
+        listing(profile, &metrics, &mut out);
     }
     if options.threads {
         for thread in &profile.threads {
@@ -190,6 +198,62 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
     }
     if functions.len() > shown {
         let _ = writeln!(out, "{:>12} more functions (--top)", functions.len() - shown);
+    }
+}
+
+fn regions(profile: &Profile, metrics: &[usize], out: &mut String) {
+    for &m in metrics {
+        let key = &profile.metrics[m];
+        let _ = writeln!(out, "\nRegions, {}", metric_label(key));
+        let _ = writeln!(out, "{:>12} {:>12} {:>11} {:>11} {:>11}  region", "entries", "inclusive", "avg", "min", "max");
+        for r in &profile.regions {
+            let s = r.inclusive[m];
+            let _ = writeln!(
+                out,
+                "{:>12} {:>12} {:>11} {:>11} {:>11}  {} ({}:{}-{})",
+                group_digits(r.entries),
+                format_value(key, s.total),
+                format_value(key, s.avg(r.entries)),
+                format_value(key, s.min_or_zero()),
+                format_value(key, s.max),
+                r.name,
+                r.file,
+                r.start,
+                r.end
+            );
+        }
+    }
+}
+
+/// Each source file with, per line, its count (gcov's: `-` no code, `#####`
+/// never run) and the time spent on it.
+fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
+    for file in super::coverage::by_file(profile) {
+        let source = std::fs::read_to_string(file.path).ok();
+        let text: Vec<&str> = source.as_deref().map(|s| s.lines().collect()).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "\nSource {} (count, then {} per line)",
+            file.path,
+            metrics.iter().map(|&m| metric_label(&profile.metrics[m])).collect::<Vec<_>>().join(", ")
+        );
+        let last = file.lines.keys().next_back().copied().unwrap_or(0).max(text.len() as u32);
+        for number in 1..=last {
+            let source_line = text.get(number as usize - 1).copied().unwrap_or("");
+            match file.lines.get(&number) {
+                None => {
+                    let _ = writeln!(out, "{:>9} {:>width$} {number:>5}: {source_line}", "-", "", width = 12 * metrics.len());
+                }
+                Some(record) => {
+                    let count = if record.count == 0 { "#####".to_string() } else { group_digits(record.count) };
+                    let costs: String = metrics
+                        .iter()
+                        .map(|&m| format!("{:>12}", format_value(&profile.metrics[m], record.cost.get(m).copied().unwrap_or(0))))
+                        .collect();
+                    let _ = writeln!(out, "{count:>9} {costs} {number:>5}: {source_line}");
+                }
+            }
+        }
     }
 }
 

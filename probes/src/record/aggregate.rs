@@ -5,7 +5,7 @@
 // Per-metric loops index several parallel arrays; an index reads best.
 #![allow(clippy::needless_range_loop)]
 
-use super::events::{Event, Hit, ProbeId, Values};
+use super::events::{Event, Hit, ProbeId, ProbeKind, Values};
 use crate::metrics::MAX_METRICS;
 use proftap_profile::{CallTree, FunctionStats, Lost, LostCount, ProcessInfo, ROOT, Stat, ThreadProfile, TreeNode};
 use rustc_hash::FxHashMap;
@@ -22,6 +22,38 @@ pub struct Compensation {
     pub call: Vec<Values>,
     /// Per function: cost its own probes add to its own inclusive value.
     pub own: Vec<Values>,
+}
+
+/// What the aggregator needs to follow lines and regions.
+#[derive(Clone, Debug, Default)]
+pub struct LineSetup {
+    /// Per line probe: its function and the lines it enters, in order.
+    pub probes: Vec<(u32, Vec<u32>)>,
+    /// Per function: the line its frames start on (`NO_LINE`: none with code).
+    pub entry_lines: Vec<u32>,
+    /// Per function: lines its entry also enters, counted.
+    pub entry_also: Vec<Vec<u32>>,
+    /// Number of line ids.
+    pub lines: usize,
+    /// Per line id: the regions that contain it.
+    pub regions_of: Vec<Vec<u32>>,
+    /// Number of regions.
+    pub regions: usize,
+}
+
+/// A frame on no counted line yet.
+pub const NO_LINE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Default)]
+struct LineAcc {
+    count: u64,
+    cost: Values,
+}
+
+#[derive(Clone, Copy)]
+struct RegionAcc {
+    entries: u64,
+    inclusive: [Stat; MAX_METRICS],
 }
 
 /// How a frame ended.
@@ -43,6 +75,30 @@ struct Frame {
     children: Values,
     /// Probe cost of all instrumented calls below this frame.
     below: Values,
+    /// A frame entered before the recording began, known from its lines only.
+    pseudo: bool,
+    /// The line the frame is on, and since when.
+    line: u32,
+    line_since: Values,
+    /// Regions the frame is in, and since when.
+    regions: Vec<(u32, Values)>,
+}
+
+impl Frame {
+    fn new(function: u32, node: u32, sp: u64, values: Values, pseudo: bool) -> Self {
+        Frame {
+            function,
+            node,
+            sp,
+            entry: values,
+            children: [0; MAX_METRICS],
+            below: [0; MAX_METRICS],
+            pseudo,
+            line: NO_LINE,
+            line_since: values,
+            regions: Vec::new(),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -80,6 +136,10 @@ struct ThreadState {
     on_cpu: Vec<Values>,
     /// Their sums: the thread's counters over all CPUs.
     totals: Values,
+    /// Per line id (when lines are recorded).
+    lines: Vec<LineAcc>,
+    /// Per region.
+    regions: Vec<RegionAcc>,
 }
 
 impl ThreadState {
@@ -96,6 +156,8 @@ impl ThreadState {
             last: [0; MAX_METRICS],
             on_cpu: Vec::new(),
             totals: [0; MAX_METRICS],
+            lines: Vec::new(),
+            regions: Vec::new(),
         }
     }
 
@@ -164,6 +226,8 @@ pub struct Aggregator {
     /// Per function: returns are seen at its `ret` instructions (true) or by
     /// a return probe (false).
     exit_sites: Vec<bool>,
+    /// Line and region following, when lines are recorded.
+    lines: Option<LineSetup>,
 }
 
 impl Aggregator {
@@ -185,7 +249,13 @@ impl Aggregator {
             calls_by_function: vec![0; functions],
             unwound_frames: 0,
             exit_sites: vec![false; functions],
+            lines: None,
         }
+    }
+
+    /// Follows lines and regions as `setup` says.
+    pub fn set_lines(&mut self, setup: LineSetup) {
+        self.lines = Some(setup);
     }
 
     /// Says which functions have their returns seen at their `ret`
@@ -276,7 +346,7 @@ impl Aggregator {
     fn hit(&mut self, hit: &Hit) {
         self.hits += 1;
         let function = hit.probe.function();
-        if function as usize >= self.functions {
+        if hit.probe.kind() != ProbeKind::Line && function as usize >= self.functions {
             // A catch marker: every frame at or below the catching frame's
             // call depth is gone.
             if let Some(mut thread) = self.threads.remove(&hit.tid) {
@@ -292,10 +362,10 @@ impl Aggregator {
         let values = thread.observe(hit.cpu, &hit.values, self.metrics);
         thread.last = values;
         let hit = Hit { values, ..*hit };
-        if hit.probe.is_return() {
-            self.leave(&mut thread, &hit);
-        } else {
-            self.enter(&mut thread, &hit);
+        match hit.probe.kind() {
+            ProbeKind::Exit => self.leave(&mut thread, &hit),
+            ProbeKind::Entry => self.enter(&mut thread, &hit),
+            ProbeKind::Line => self.line(&mut thread, &hit),
         }
         self.threads.insert(hit.tid, thread);
     }
@@ -310,7 +380,45 @@ impl Aggregator {
         acc.calls += 1;
         acc.active += 1;
         self.calls_by_function[function as usize] += 1;
-        thread.stack.push(Frame { function, node, sp: hit.sp, entry: hit.values, children: [0; MAX_METRICS], below: [0; MAX_METRICS] });
+        let mut frame = Frame::new(function, node, hit.sp, hit.values, false);
+        if let Some(setup) = &self.lines {
+            let line = setup.entry_lines.get(function as usize).copied().unwrap_or(NO_LINE);
+            move_to_line(thread, &mut frame, line, &hit.values, false, setup, self.metrics);
+            for &also in setup.entry_also.get(function as usize).map_or(&[][..], Vec::as_slice) {
+                if frame.line != also {
+                    move_to_line(thread, &mut frame, also, &hit.values, true, setup, self.metrics);
+                }
+            }
+        }
+        thread.stack.push(frame);
+    }
+
+    /// A line row was reached: the frame of its function moves onto it.
+    fn line(&mut self, thread: &mut ThreadState, hit: &Hit) {
+        let Some(function) = self.lines.as_ref().and_then(|s| s.probes.get(hit.probe.index() as usize)).map(|p| p.0) else { return };
+        if thread.stack.last().is_none_or(|f| f.function != function) {
+            match thread.stack.iter().rposition(|f| f.function == function) {
+                // Frames above it were left without a return.
+                Some(position) => {
+                    while thread.stack.len() > position + 1 {
+                        self.close_top(thread, &hit.values, Ending::Unwound);
+                    }
+                }
+                // Entered before the recording began.
+                None => {
+                    let node = thread.stack.last().map_or(0, |f| f.node);
+                    thread.stack.push(Frame::new(function, node, 0, hit.values, true));
+                }
+            }
+        }
+        let Some(setup) = self.lines.as_ref() else { return };
+        let Some(mut frame) = thread.stack.pop() else { return };
+        for &line in &setup.probes[hit.probe.index() as usize].1 {
+            if frame.line != line {
+                move_to_line(thread, &mut frame, line, &hit.values, true, setup, self.metrics);
+            }
+        }
+        thread.stack.push(frame);
     }
 
     /// Ends the frames a hit shows to be gone: frames deeper on the stack
@@ -361,8 +469,14 @@ impl Aggregator {
     }
 
     fn close_top(&mut self, thread: &mut ThreadState, at: &Values, ending: Ending) {
-        let Some(frame) = thread.stack.pop() else { return };
+        let Some(mut frame) = thread.stack.pop() else { return };
         let metrics = self.metrics;
+        if let Some(setup) = &self.lines {
+            move_to_line(thread, &mut frame, NO_LINE, at, false, setup, metrics);
+        }
+        if frame.pseudo {
+            return;
+        }
         let mut inclusive = [0u64; MAX_METRICS];
         let mut exclusive = [0u64; MAX_METRICS];
         let own = self.compensation.as_ref().map(|c| c.own[frame.function as usize]);
@@ -422,9 +536,26 @@ impl Aggregator {
             }
         }
         // Threads seen only switching, never running instrumented code.
-        threads.retain(|t| !t.accs.is_empty());
+        threads.retain(|t| !t.accs.is_empty() || !t.lines.is_empty());
         threads.sort_by_key(|t| (t.pid, t.tid));
         let metrics = self.metrics;
+        let (nlines, nregions) = self.lines.as_ref().map_or((0, 0), |s| (s.lines, s.regions));
+        let mut lines = vec![(0u64, [0u64; MAX_METRICS]); nlines];
+        let mut regions = vec![(0u64, [Stat::default(); MAX_METRICS]); nregions];
+        for t in &threads {
+            for (total, acc) in lines.iter_mut().zip(&t.lines) {
+                total.0 += acc.count;
+                for m in 0..metrics {
+                    total.1[m] = total.1[m].saturating_add(acc.cost[m]);
+                }
+            }
+            for (total, acc) in regions.iter_mut().zip(&t.regions) {
+                total.0 += acc.entries;
+                for m in 0..metrics {
+                    total.1[m].merge(&acc.inclusive[m]);
+                }
+            }
+        }
         let profiles = threads
             .into_iter()
             .map(|t| {
@@ -458,7 +589,58 @@ impl Aggregator {
         let mut lost = self.lost;
         lost.by_function = sorted_counts(self.lost_by_function);
         lost.by_thread = sorted_counts(self.lost_by_thread);
-        Aggregate { threads: profiles, lost, processes: self.processes, hits: self.hits, unwound_frames: self.unwound_frames }
+        Aggregate {
+            threads: profiles,
+            lost,
+            processes: self.processes,
+            hits: self.hits,
+            unwound_frames: self.unwound_frames,
+            lines,
+            regions,
+        }
+    }
+}
+
+/// Moves `frame` onto `line` at `at` (NO_LINE: off every line, as it
+/// returns): the line it leaves gets the time spent on it, the regions it
+/// leaves their entry's cost, the regions it enters an entry; `count` says
+/// whether arriving counts as entering the line.
+fn move_to_line(thread: &mut ThreadState, frame: &mut Frame, line: u32, at: &Values, count: bool, setup: &LineSetup, metrics: usize) {
+    if thread.lines.len() < setup.lines {
+        thread.lines.resize(setup.lines, LineAcc::default());
+        thread.regions.resize(setup.regions, RegionAcc { entries: 0, inclusive: [Stat::default(); MAX_METRICS] });
+    }
+    if let Some(old) = thread.lines.get_mut(frame.line as usize) {
+        for m in 0..metrics {
+            old.cost[m] = old.cost[m].saturating_add(at[m].saturating_sub(frame.line_since[m]));
+        }
+    }
+    if let Some(new) = thread.lines.get_mut(line as usize)
+        && count
+    {
+        new.count += 1;
+    }
+    frame.line = line;
+    frame.line_since = *at;
+    if setup.regions == 0 {
+        return;
+    }
+    let inside = setup.regions_of.get(line as usize).map_or(&[][..], Vec::as_slice);
+    frame.regions.retain(|&(region, since)| {
+        if inside.contains(&region) {
+            return true;
+        }
+        let acc = &mut thread.regions[region as usize];
+        for m in 0..metrics {
+            acc.inclusive[m].add(at[m].saturating_sub(since[m]));
+        }
+        false
+    });
+    for &region in inside {
+        if !frame.regions.iter().any(|&(r, _)| r == region) {
+            thread.regions[region as usize].entries += 1;
+            frame.regions.push((region, *at));
+        }
     }
 }
 
@@ -480,6 +662,10 @@ pub struct Aggregate {
     pub hits: u64,
     /// Frames that ended without their own return.
     pub unwound_frames: u64,
+    /// Per line id: entries and cost per metric, over all threads.
+    pub lines: Vec<(u64, Values)>,
+    /// Per region: entries and cost per entry, over all threads.
+    pub regions: Vec<(u64, [Stat; MAX_METRICS])>,
 }
 
 /// A probe id for tests and benchmarks.

@@ -13,22 +13,49 @@ pub type Values = [u64; MAX_METRICS];
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ProbeId(u32);
 
+/// What a probe marks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// A function's entry.
+    Entry,
+    /// A function's return.
+    Exit,
+    /// A line-table row.
+    Line,
+}
+
 impl ProbeId {
     /// The entry probe of function `f`.
     pub fn entry(f: u32) -> Self {
-        ProbeId(f << 1)
+        ProbeId(f << 2)
     }
     /// The return probe of function `f`.
     pub fn exit(f: u32) -> Self {
-        ProbeId((f << 1) | 1)
+        ProbeId((f << 2) | 1)
     }
-    /// The function.
+    /// Line probe `l` (an index into the recording's line probes).
+    pub fn line(l: u32) -> Self {
+        ProbeId((l << 2) | 2)
+    }
+    /// The function (for entry and exit probes) or line probe index.
+    pub fn index(self) -> u32 {
+        self.0 >> 2
+    }
+    /// The function of an entry or exit probe.
     pub fn function(self) -> u32 {
-        self.0 >> 1
+        self.index()
+    }
+    /// What the probe marks.
+    pub fn kind(self) -> ProbeKind {
+        match self.0 & 3 {
+            0 => ProbeKind::Entry,
+            1 => ProbeKind::Exit,
+            _ => ProbeKind::Line,
+        }
     }
     /// Whether this is a return probe.
     pub fn is_return(self) -> bool {
-        self.0 & 1 == 1
+        self.kind() == ProbeKind::Exit
     }
 }
 

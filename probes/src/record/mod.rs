@@ -7,16 +7,17 @@ pub mod aggregate;
 pub mod events;
 pub mod reader;
 
+use crate::lines::LinePlan;
 use crate::metrics::{MAX_METRICS, Metric};
 use crate::perf::{self, EventTarget, ProbeEvent, RingBuffer};
 use crate::plan::{EntryKind, ProbedFunction, Role};
 use crate::target::{self, Ended, Frozen, TargetError};
 use crate::tracefs::{ProbeKind, Tracefs, TracefsError, UprobeGroup, UprobeSpec};
-use aggregate::{Aggregator, Compensation};
+use aggregate::{Aggregator, Compensation, LineSetup, NO_LINE};
 use events::{Event, ProbeId, Values};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use perf_event::Counter;
-use proftap_profile::{Overhead, Profile, Recording, Target};
+use proftap_profile::{LineRecord, Overhead, Profile, Recording, RegionRecord, Target};
 use reader::Source;
 pub use reader::Tap;
 use reader::{EventReader, ORDERING_MARGIN_NS};
@@ -128,6 +129,10 @@ pub struct RecordOptions {
     pub compensate: bool,
     /// Signals.
     pub control: Control,
+    /// Line probes, for line counts (and regions).
+    pub lines: Option<LinePlan>,
+    /// Regions to time.
+    pub regions: Vec<RegionSpec>,
     /// Called once every probe is live (with the pid and the number of
     /// functions), before the target runs on.
     pub on_started: Option<fn(i32, usize)>,
@@ -143,8 +148,42 @@ impl Default for RecordOptions {
             cost: None,
             compensate: false,
             control: Control::default(),
+            lines: None,
+            regions: Vec::new(),
             on_started: None,
         }
+    }
+}
+
+/// A region to time: lines `start..=end` of a source file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionSpec {
+    /// Its name.
+    pub name: String,
+    /// The source file (a path or a path suffix).
+    pub file: String,
+    /// First line.
+    pub start: u32,
+    /// Last line.
+    pub end: u32,
+}
+
+impl RegionSpec {
+    /// Parses `NAME=FILE:START-END`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("'{text}' is not a region; write NAME=FILE:START-END, for example parse=src/io.c:40-62");
+        let (name, rest) = text.split_once('=').ok_or_else(bad)?;
+        let (file, range) = rest.rsplit_once(':').ok_or_else(bad)?;
+        let (start, end) = range.split_once('-').ok_or_else(bad)?;
+        let (start, end): (u32, u32) = (start.trim().parse().map_err(|_| bad())?, end.trim().parse().map_err(|_| bad())?);
+        if name.is_empty() || file.is_empty() || start == 0 || end < start {
+            return Err(bad());
+        }
+        Ok(RegionSpec { name: name.into(), file: file.into(), start, end })
+    }
+
+    fn contains(&self, file: &str, line: u32) -> bool {
+        (self.start..=self.end).contains(&line) && crate::lines::LineFiles(vec![self.file.clone()]).contains(file)
     }
 }
 
@@ -222,7 +261,7 @@ struct Session {
 }
 
 impl Session {
-    fn define(functions: &[ProbedFunction], metrics: &[Metric]) -> Result<Self, RecordError> {
+    fn define(functions: &[ProbedFunction], lines: Option<&LinePlan>, metrics: &[Metric]) -> Result<Self, RecordError> {
         if functions.is_empty() {
             return Err(RecordError::NothingToProbe);
         }
@@ -249,6 +288,19 @@ impl Session {
                     }
                 }
             }
+        }
+        if let Some(plan) = lines {
+            // A row at an entry or a return already probed is left out: two
+            // probes on one instruction would race for the frame.
+            let taken: std::collections::HashSet<(&std::path::Path, u64)> = specs.iter().map(|s| (s.path.as_path(), s.offset.0)).collect();
+            let mut line_specs = Vec::new();
+            for (i, probe) in plan.probes.iter().enumerate() {
+                if !taken.contains(&(probe.open_path.as_path(), probe.offset.0)) {
+                    line_specs.push(UprobeSpec { path: probe.open_path.clone(), offset: probe.offset, kind: ProbeKind::At });
+                    taps.push(Tap { probe: ProbeId::line(i as u32), sp_adjust: 0 });
+                }
+            }
+            specs.extend(line_specs);
         }
         let (group, tracepoints) = UprobeGroup::define(&tracefs, &specs)?;
         let cpus = online_cpus();
@@ -340,12 +392,28 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     if functions.is_empty() {
         return Err(RecordError::NothingToProbe);
     }
-    let mut session = Session::define(all, &metrics)?;
+    let mut session = Session::define(all, options.lines.as_ref(), &metrics)?;
     let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
 
     let compensation = options.compensate.then(|| compensation(functions, &metrics, options.cost.unwrap_or_default()));
     let mut aggregator = Aggregator::new(functions.len(), metrics.len(), compensation);
     aggregator.set_exit_sites(functions.iter().map(|f| f.exit_sites.is_some()).collect());
+    if let Some(plan) = &options.lines {
+        aggregator.set_lines(LineSetup {
+            probes: plan.probes.iter().map(|p| (p.function, p.lines.clone())).collect(),
+            entry_lines: plan.entry_lines.iter().map(|l| l.unwrap_or(NO_LINE)).collect(),
+            entry_also: plan.entry_also.clone(),
+            lines: plan.lines.len(),
+            regions_of: plan
+                .lines
+                .iter()
+                .map(|(file, line)| {
+                    options.regions.iter().enumerate().filter(|(_, r)| r.contains(file, *line)).map(|(i, _)| i as u32).collect()
+                })
+                .collect(),
+            regions: options.regions.len(),
+        });
+    }
 
     // Launch held or freeze, open the events, then let the program go.
     let (pid, mut child, command, attached) = match spec {
@@ -531,8 +599,44 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         overhead,
         processes: aggregate.processes,
         notes,
+        lines: line_records(options.lines.as_ref(), &aggregate.lines, &calls_by_function, metrics.len()),
+        regions: options
+            .regions
+            .iter()
+            .zip(&aggregate.regions)
+            .map(|(spec, (entries, stats))| RegionRecord {
+                name: spec.name.clone(),
+                file: spec.file.clone(),
+                start: spec.start,
+                end: spec.end,
+                entries: *entries,
+                inclusive: stats[..metrics.len()].to_vec(),
+            })
+            .collect(),
+        runs: 1,
     };
     Ok(Recorded { profile, ended })
+}
+
+/// Line counts: entries of each line, plus a function's calls on its
+/// declaration line.
+fn line_records(plan: Option<&LinePlan>, counted: &[(u64, Values)], calls: &[u64], metrics: usize) -> Vec<LineRecord> {
+    let Some(plan) = plan else { return Vec::new() };
+    let mut records: Vec<LineRecord> = plan
+        .lines
+        .iter()
+        .enumerate()
+        .map(|(i, (file, line))| {
+            let (count, cost) = counted.get(i).copied().unwrap_or((0, [0; MAX_METRICS]));
+            LineRecord { file: file.clone(), line: *line, count, cost: cost[..metrics].to_vec() }
+        })
+        .collect();
+    for (function, decl) in plan.decl_lines.iter().enumerate() {
+        if let (Some(decl), Some(&n)) = (decl, calls.get(function)) {
+            records[*decl as usize].count += n;
+        }
+    }
+    records
 }
 
 fn functions_module_name(functions: &[ProbedFunction]) -> String {

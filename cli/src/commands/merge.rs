@@ -1,0 +1,31 @@
+//! `proftap merge`: profiles of several runs added into one.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `proftap merge`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Profiles of the same build of a program.
+    #[arg(required = true, num_args = 2..)]
+    files: Vec<PathBuf>,
+    /// Where to write the sum.
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    output: PathBuf,
+    /// Merge profiles of different builds too.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> Result<ExitCode> {
+    let mut merged = proftap_profile::read_profile(&args.files[0])?;
+    for file in &args.files[1..] {
+        let profile = proftap_profile::read_profile(file)?;
+        merged.merge(&profile, args.force).with_context(|| format!("cannot merge {} into {}", file.display(), args.files[0].display()))?;
+    }
+    proftap_profile::write_profile(&args.output, &merged)?;
+    eprintln!("proftap: {} profiles ({} runs) merged into {}", args.files.len(), merged.runs, args.output.display());
+    Ok(ExitCode::SUCCESS)
+}

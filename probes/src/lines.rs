@@ -1,0 +1,233 @@
+//! Line probes: which line-table rows to probe for gcov-style line counts,
+//! and which lines count as having code.
+//!
+//! A line's count is the number of times execution enters it from a
+//! different line of the same frame (gcov's meaning). proftap probes the
+//! statement rows of each function's line table, follows each frame's current
+//! line, and counts a function's entry on its declaration line. Two lines
+//! gcov leaves without a count are left out the same way: the opening brace
+//! (the prologue row at the function's entry), and the closing brace when
+//! the function has a `return` statement (GCC then gives the closing brace
+//! no block of its own; without one, the implicit return sits there).
+
+use crate::addr::FileOffset;
+use crate::plan::ProbedFunction;
+use crate::symbols::{Function, SymbolIndex, file_offset};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+/// Which source files to count lines of: path suffixes or globs, or (empty)
+/// every source file of the executable outside the system and the runtimes.
+#[derive(Clone, Debug, Default)]
+pub struct LineFiles(pub Vec<String>);
+
+impl LineFiles {
+    /// Whether `path` is chosen.
+    pub fn contains(&self, path: &str) -> bool {
+        if self.0.is_empty() {
+            return !is_system_source(path);
+        }
+        self.0.iter().any(|want| path == want || path.ends_with(&format!("/{}", want.trim_start_matches("./"))))
+    }
+}
+
+/// Headers and sources of the system, the compiler and the Rust runtime.
+pub fn is_system_source(path: &str) -> bool {
+    const SYSTEM: &[&str] = &["/usr/include/", "/usr/lib/", "/usr/local/include/", "/rustc/", "/rust/deps/", "/build/glibc", "<built-in>"];
+    SYSTEM.iter().any(|p| path.starts_with(p)) || path.contains("/.cargo/registry/")
+}
+
+/// A line probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineProbe {
+    /// The file to probe.
+    pub open_path: PathBuf,
+    /// Where.
+    pub offset: FileOffset,
+    /// The function it is in (index into the probed functions).
+    pub function: u32,
+    /// The lines it enters, in order (indexes into [`LinePlan::lines`]):
+    /// optimised code often starts several statements at one address.
+    pub lines: Vec<u32>,
+}
+
+/// What to probe for line counts.
+#[derive(Clone, Debug, Default)]
+pub struct LinePlan {
+    /// Every line with code in the chosen files: (file, line), by file then line.
+    pub lines: Vec<(String, u32)>,
+    /// Probes on the statement rows.
+    pub probes: Vec<LineProbe>,
+    /// Per probed function: the line its entry is on (the prologue, not
+    /// counted; a frame starts there), as an index into `lines` or none.
+    pub entry_lines: Vec<Option<u32>>,
+    /// Per probed function: lines its entry address also starts, entered
+    /// (and counted) on each call after the prologue line.
+    pub entry_also: Vec<Vec<u32>>,
+    /// Per probed function: its declaration line, counted once per call.
+    pub decl_lines: Vec<Option<u32>>,
+}
+
+impl LinePlan {
+    /// The id of a (file, line), if it has code.
+    pub fn line_id(&self, file: &str, line: u32) -> Option<u32> {
+        self.lines.binary_search_by(|(f, l)| (f.as_str(), *l).cmp(&(file, line))).ok().map(|i| i as u32)
+    }
+}
+
+/// The functions of `index` with rows in the chosen files (they need entry
+/// and return probes for their frames' lines to be followed).
+pub fn functions_with_lines(index: &SymbolIndex, files: &LineFiles) -> Vec<usize> {
+    let mut chosen = std::collections::BTreeSet::new();
+    for row in &index.line_rows {
+        if row.end_sequence || row.line == 0 || !files.contains(index.files.path(row.file)) {
+            continue;
+        }
+        let i = index.functions.partition_point(|f| f.address <= row.address);
+        if let Some(f) = i.checked_sub(1).map(|i| (i, &index.functions[i]))
+            && row.address.0 < f.1.address.0 + f.1.size.max(1)
+            && !f.1.is_cold_part()
+        {
+            chosen.insert(f.0);
+        }
+    }
+    chosen.into_iter().collect()
+}
+
+/// Plans the line probes of `functions` (already planned for entry and
+/// return) in `index` (loaded with lines), for the chosen files.
+pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &[ProbedFunction], files: &LineFiles) -> LinePlan {
+    // The statements each address starts, in order: optimised code often
+    // starts several at one address (views); -O0 code one.
+    let mut by_address: BTreeMap<u64, Vec<(u32, u32)>> = BTreeMap::new();
+    for row in index.line_rows.iter().filter(|r| !r.end_sequence && r.is_stmt && r.line != 0) {
+        let starts = by_address.entry(row.address.0).or_default();
+        if starts.last() != Some(&(row.file, row.line)) {
+            starts.push((row.file, row.line));
+        }
+    }
+    let mut sources: HashMap<u32, Option<Vec<String>>> = HashMap::new();
+    let mut source = |file: u32| -> Option<Vec<String>> {
+        sources
+            .entry(file)
+            .or_insert_with(|| std::fs::read_to_string(index.files.path(file)).ok().map(|t| t.lines().map(str::to_string).collect()))
+            .clone()
+    };
+
+    // (function, address, the (file, line) statements it starts)
+    type Planned = (u32, u64, Vec<(u32, u32)>);
+    let mut probes: Vec<Planned> = Vec::new();
+    let mut entry_rows: Vec<Vec<(u32, u32)>> = vec![Vec::new(); functions.len()];
+    let mut decls: Vec<Option<(u32, u32)>> = vec![None; functions.len()];
+    for (fi, probed) in functions.iter().enumerate() {
+        let Some(f) = index.functions.iter().find(|f| f.address.0 == probed.info.address) else { continue };
+        let (Some(decl_file), true) = (f.decl_file, f.decl_line != 0) else { continue };
+        if !files.contains(index.files.path(decl_file)) {
+            continue;
+        }
+        decls[fi] = Some((decl_file, f.decl_line));
+        let range = f.address.0..f.address.0 + f.size.max(1);
+        let body: Vec<(u64, &Vec<(u32, u32)>)> = by_address.range(range).map(|(&a, starts)| (a, starts)).collect();
+        let closing = closing_line(f, &body, decl_file, &mut source);
+        let keep = |&(file, line): &(u32, u32)| files.contains(index.files.path(file)) && (file, line) != (decl_file, closing.unwrap_or(0));
+        for &(address, starts) in &body {
+            if address == f.address.0 {
+                // The first statement at the entry is the prologue's line (the
+                // opening brace, or the declaration of a one-line function).
+                entry_rows[fi] = starts.clone();
+                continue;
+            }
+            let lines: Vec<(u32, u32)> = starts.iter().filter(|s| keep(s)).copied().collect();
+            if !lines.is_empty() {
+                probes.push((fi as u32, address, lines));
+            }
+        }
+        if let Some((first, rest)) = entry_rows[fi].split_first() {
+            let rest: Vec<(u32, u32)> = rest.iter().filter(|s| keep(s)).copied().collect();
+            entry_rows[fi] = std::iter::once(*first).chain(rest).collect();
+        }
+    }
+
+    let mut lines: Vec<(String, u32)> = probes
+        .iter()
+        .flat_map(|p| p.2.iter())
+        .chain(entry_rows.iter().flat_map(|e| e.iter().skip(1)))
+        .chain(decls.iter().flatten())
+        .map(|&(file, line)| (index.files.path(file).to_string(), line))
+        .collect();
+    lines.sort();
+    lines.dedup();
+    let mut plan = LinePlan { lines, ..LinePlan::default() };
+    let ids = |plan: &LinePlan, starts: &[(u32, u32)]| -> Vec<u32> {
+        starts.iter().filter_map(|&(file, line)| plan.line_id(index.files.path(file), line)).collect()
+    };
+    plan.probes = probes
+        .iter()
+        .filter_map(|(function, address, starts)| {
+            let offset = file_offset(&index.segments, crate::addr::VirtAddr(*address))?;
+            Some(LineProbe { open_path: open_path.to_path_buf(), offset, function: *function, lines: ids(&plan, starts) })
+        })
+        .collect();
+    plan.decl_lines = decls.iter().map(|d| d.and_then(|(file, line)| plan.line_id(index.files.path(file), line))).collect();
+    // The prologue line is where a frame starts; it has an id only if it also has code.
+    plan.entry_lines = entry_rows.iter().map(|e| e.first().and_then(|&(file, line)| plan.line_id(index.files.path(file), line))).collect();
+    plan.entry_also = entry_rows.iter().map(|e| ids(&plan, e.get(1..).unwrap_or(&[]))).collect();
+    plan
+}
+
+/// The line of a function's closing brace when gcov gives it no count: the
+/// line of its last row, if the function has a `return` statement.
+fn closing_line(
+    f: &Function,
+    body: &[(u64, &Vec<(u32, u32)>)],
+    decl_file: u32,
+    source: &mut impl FnMut(u32) -> Option<Vec<String>>,
+) -> Option<u32> {
+    let &(file, last) = body.last()?.1.last()?;
+    if file != decl_file || last <= f.decl_line {
+        return None;
+    }
+    let text = source(file);
+    let has_return = match &text {
+        Some(lines) => {
+            lines.get(f.decl_line as usize - 1..last as usize).is_some_and(|body| body.iter().any(|l| contains_word(l, "return")))
+        }
+        // Without the source, assume the usual: a function that returns a value.
+        None => true,
+    };
+    has_return.then_some(last)
+}
+
+fn contains_word(text: &str, word: &str) -> bool {
+    let code = text.split("//").next().unwrap_or("");
+    code.match_indices(word).any(|(i, _)| {
+        let before = code[..i].chars().next_back();
+        let after = code[i + word.len()..].chars().next();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_') && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_chosen_by_suffix_or_by_default_outside_the_system() {
+        let all = LineFiles::default();
+        assert!(all.contains("/src/app/main.c"));
+        assert!(!all.contains("/usr/include/stdio.h"));
+        assert!(!all.contains("/rustc/abc/library/core/src/fmt/mod.rs"));
+        let some = LineFiles(vec!["io.c".into(), "src/main.c".into()]);
+        assert!(some.contains("/x/io.c"));
+        assert!(some.contains("/x/src/main.c"));
+        assert!(!some.contains("/x/radio.c"));
+    }
+
+    #[test]
+    fn return_is_found_as_a_word() {
+        assert!(contains_word("    return x;", "return"));
+        assert!(contains_word("if (x) return;", "return"));
+        assert!(!contains_word("int returned = 0;", "return"));
+        assert!(!contains_word("x++; // return later", "return"));
+    }
+}

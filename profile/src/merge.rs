@@ -1,0 +1,181 @@
+//! Adding profiles together: runs of the same build of a program.
+
+use crate::model::{FunctionId, LostCount, Profile, ROOT};
+use std::collections::HashMap;
+
+/// Why two profiles cannot be merged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MergeError {
+    /// Different builds of the program.
+    #[error(
+        "the profiles are of different builds of {exe} (build-id {ours} and {theirs}); counts of different builds do not add up (--force merges them anyway)"
+    )]
+    DifferentBuild {
+        /// The executable.
+        exe: String,
+        /// One build-id.
+        ours: String,
+        /// The other.
+        theirs: String,
+    },
+    /// Different metrics.
+    #[error("the profiles measure different metrics ({ours} and {theirs}); record them with the same --metric")]
+    DifferentMetrics {
+        /// One list.
+        ours: String,
+        /// The other.
+        theirs: String,
+    },
+}
+
+impl Profile {
+    /// Adds `other` to this profile: calls, costs, line counts and runs add
+    /// up, minimums and maximums combine, threads and trees are kept.
+    pub fn merge(&mut self, other: &Profile, force: bool) -> Result<(), MergeError> {
+        if let (Some(ours), Some(theirs)) = (&self.target.build_id, &other.target.build_id)
+            && ours != theirs
+            && !force
+        {
+            return Err(MergeError::DifferentBuild { exe: self.target.exe.clone(), ours: ours.clone(), theirs: theirs.clone() });
+        }
+        if self.metrics != other.metrics {
+            return Err(MergeError::DifferentMetrics { ours: self.metrics.join(","), theirs: other.metrics.join(",") });
+        }
+
+        // Functions: the same function (module, name, address) keeps one id.
+        let mut ids: HashMap<(String, String, u64), FunctionId> =
+            self.functions.iter().enumerate().map(|(i, f)| ((f.module.clone(), f.name.clone(), f.address), i as FunctionId)).collect();
+        let remap: Vec<FunctionId> = other
+            .functions
+            .iter()
+            .map(|f| {
+                *ids.entry((f.module.clone(), f.name.clone(), f.address)).or_insert_with(|| {
+                    self.functions.push(f.clone());
+                    (self.functions.len() - 1) as FunctionId
+                })
+            })
+            .collect();
+        let map = |id: FunctionId| if id == ROOT { ROOT } else { remap.get(id as usize).copied().unwrap_or(id) };
+        for thread in &other.threads {
+            let mut thread = thread.clone();
+            for f in &mut thread.functions {
+                f.function = map(f.function);
+            }
+            for node in &mut thread.tree.nodes {
+                node.function = map(node.function);
+            }
+            self.threads.push(thread);
+        }
+
+        // Lines and regions add up by position.
+        let mut lines: HashMap<(String, u32), usize> = self.lines.iter().enumerate().map(|(i, l)| ((l.file.clone(), l.line), i)).collect();
+        for line in &other.lines {
+            match lines.get(&(line.file.clone(), line.line)) {
+                Some(&i) => {
+                    let mine = &mut self.lines[i];
+                    mine.count += line.count;
+                    for (a, b) in mine.cost.iter_mut().zip(&line.cost) {
+                        *a = a.saturating_add(*b);
+                    }
+                }
+                None => {
+                    lines.insert((line.file.clone(), line.line), self.lines.len());
+                    self.lines.push(line.clone());
+                }
+            }
+        }
+        self.lines.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        for region in &other.regions {
+            match self
+                .regions
+                .iter_mut()
+                .find(|r| (&r.name, &r.file, r.start, r.end) == (&region.name, &region.file, region.start, region.end))
+            {
+                Some(mine) => {
+                    mine.entries += region.entries;
+                    for (a, b) in mine.inclusive.iter_mut().zip(&region.inclusive) {
+                        a.merge(b);
+                    }
+                }
+                None => self.regions.push(region.clone()),
+            }
+        }
+
+        self.lost.events += other.lost.events;
+        self.lost.unmatched_returns += other.lost.unmatched_returns;
+        add_counts(&mut self.lost.by_thread, &other.lost.by_thread, |id| id);
+        add_counts(&mut self.lost.by_function, &other.lost.by_function, |id| i64::from(map(id as FunctionId)));
+        self.overhead.hits += other.overhead.hits;
+        self.overhead.estimated_ns += other.overhead.estimated_ns;
+        self.overhead.per_hit_ns = self.overhead.estimated_ns.checked_div(self.overhead.hits).unwrap_or(0);
+        self.recording.events += other.recording.events;
+        self.recording.duration_ns += other.recording.duration_ns;
+        self.recording.peak_events_per_second = self.recording.peak_events_per_second.max(other.recording.peak_events_per_second);
+        self.processes.extend(other.processes.iter().cloned());
+        for note in &other.notes {
+            if !self.notes.contains(note) {
+                self.notes.push(note.clone());
+            }
+        }
+        self.runs += other.runs.max(1);
+        Ok(())
+    }
+}
+
+fn add_counts(ours: &mut Vec<LostCount>, theirs: &[LostCount], map: impl Fn(i64) -> i64) {
+    for count in theirs {
+        let id = map(count.id);
+        match ours.iter_mut().find(|c| c.id == id) {
+            Some(c) => c.count += count.count,
+            None => ours.push(LostCount { id, count: count.count }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CallTree, FunctionInfo, FunctionStats, LineRecord, Target, ThreadProfile};
+    use crate::stats::Stat;
+
+    fn profile(build: &str, function: &str, calls: u64, line_count: u64) -> Profile {
+        let mut stats = FunctionStats::new(0, 1);
+        stats.calls = calls;
+        stats.inclusive[0] = Stat { total: 10 * calls, min: 10, max: 10 };
+        Profile {
+            target: Target { exe: "/bin/prog".into(), build_id: Some(build.into()), ..Target::default() },
+            metrics: vec!["wall_ns".into()],
+            functions: vec![FunctionInfo { name: function.into(), module: "/bin/prog".into(), ..FunctionInfo::default() }],
+            threads: vec![ThreadProfile { pid: 1, tid: 1, name: "prog".into(), functions: vec![stats], tree: CallTree::new(1) }],
+            lines: vec![LineRecord { file: "a.c".into(), line: 3, count: line_count, cost: vec![5] }],
+            runs: 1,
+            ..Profile::default()
+        }
+    }
+
+    #[test]
+    fn runs_of_one_build_add_up() {
+        let mut a = profile("abc", "f", 2, 7);
+        a.merge(&profile("abc", "f", 3, 1), false).expect("same build");
+        a.merge(&profile("abc", "g", 1, 0), false).expect("same build");
+        assert_eq!(a.runs, 3);
+        assert_eq!(a.functions.len(), 2);
+        let merged = a.merged_functions();
+        assert_eq!(merged[0].calls, 5);
+        assert_eq!(merged[0].inclusive[0], Stat { total: 50, min: 10, max: 10 });
+        assert_eq!(merged[1].calls, 1);
+        assert_eq!(a.lines, vec![LineRecord { file: "a.c".into(), line: 3, count: 8, cost: vec![15] }]);
+    }
+
+    #[test]
+    fn different_builds_and_metrics_are_refused() {
+        let mut a = profile("abc", "f", 1, 1);
+        let err = a.merge(&profile("def", "f", 1, 1), false).expect_err("different builds");
+        assert!(err.to_string().contains("different builds of /bin/prog"), "{err}");
+        a.merge(&profile("def", "f", 1, 1), true).expect("forced");
+        let mut other = profile("abc", "f", 1, 1);
+        other.metrics = vec!["cpu_ns".into()];
+        assert!(matches!(a.merge(&other, false), Err(MergeError::DifferentMetrics { .. })));
+    }
+}
