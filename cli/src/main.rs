@@ -25,6 +25,8 @@ enum Command {
     Attach(commands::record::AttachArgs),
     /// Show a profile as text or JSON.
     Report(commands::report::Args),
+    /// Draw a flame graph (SVG) of sampled stacks or of the call tree.
+    Flamegraph(commands::flamegraph::Args),
     /// Write line counts as gcov's .gcov files.
     Gcov(commands::gcov::Args),
     /// Write a profile in another format (json, lcov, gcov-json).
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Attach(args) => commands::record::attach(args),
         Command::Report(args) => commands::report::run(args),
         Command::Gcov(args) => commands::gcov::run(args),
+        Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Merge(args) => commands::merge::run(args),
         Command::Symbols(args) => commands::symbols::run(args),

@@ -22,6 +22,7 @@ pub mod perf;
 pub mod plan;
 pub mod procfs;
 pub mod record;
+pub mod sampling;
 pub mod select;
 pub mod symbols;
 pub mod target;

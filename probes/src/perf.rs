@@ -98,15 +98,103 @@ fn open_group(mut builder: Builder<'_>, target: EventTarget, metrics: &[Metric])
     Ok(ProbeEvent { leader, _members: members })
 }
 
-/// Opens a sideband event: no samples, only the fork, exit and comm
-/// (thread name, exec) records of the task and its descendants. The first
-/// one on a CPU owns that CPU's ring buffer, of `buffer_bytes`: readers are
-/// woken when a quarter of it is full, not for every record.
+/// Opens a sideband event: no samples, only the fork, exit, comm (thread
+/// name, exec) and executable mmap records of the task and its descendants.
+/// The first one on a CPU owns that CPU's ring buffer, of `buffer_bytes`:
+/// readers are woken when a quarter of it is full, not for every record.
 pub fn open_sideband(target: EventTarget, buffer_bytes: usize) -> io::Result<Counter> {
     let mut builder = Builder::new(Software::DUMMY);
     base(&mut builder, target);
-    builder.comm(true).comm_exec(true).task(true).sample_period(1).wakeup_watermark(buffer_bytes / 4);
+    builder.comm(true).comm_exec(true).task(true).mmap(true).mmap2(true).sample_period(1).wakeup_watermark(buffer_bytes / 4);
     builder.build()
+}
+
+/// x86-64 `PERF_REG_X86_BP`, `_SP`, `_IP`: what a stack unwinder starts from.
+#[cfg(target_arch = "x86_64")]
+const UNWIND_REGS: u64 = (1 << 6) | (1 << 7) | (1 << 8);
+#[cfg(not(target_arch = "x86_64"))]
+const UNWIND_REGS: u64 = 1 << REG_SP;
+
+/// The sample layout of [`open_stack_sampler`].
+const STACK_SAMPLE_FLAGS: SampleFlag =
+    SampleFlag::IDENTIFIER.union(SampleFlag::TID).union(SampleFlag::TIME).union(SampleFlag::REGS_USER).union(SampleFlag::STACK_USER);
+
+/// Opens a sampling event: `frequency` samples per second of the task's
+/// CPU time (hardware cycles where the machine counts them, else the
+/// cpu-clock), each with the user registers and a copy of the top
+/// `stack_bytes` of the user stack, for unwinding with DWARF CFI.
+pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32) -> io::Result<Counter> {
+    let hardware = crate::metrics::Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES).check_available().is_ok();
+    let mut builder = if hardware { Builder::new(perf_event::events::Hardware::CPU_CYCLES) } else { Builder::new(Software::CPU_CLOCK) };
+    base(&mut builder, target);
+    // Exactly this layout (the builder's sample() adds to what base() set).
+    builder.attrs_mut().sample_type = STACK_SAMPLE_FLAGS.bits();
+    builder
+        .sample_regs_user(UNWIND_REGS)
+        .sample_stack_user(stack_bytes)
+        .sample_frequency(frequency)
+        // Time in the kernel counts too; the user stack says for whom.
+        .exclude_kernel(false);
+    builder.build()
+}
+
+/// A stack sample as the kernel wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawStackSample<'a> {
+    /// Event id.
+    pub id: u64,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// CLOCK_MONOTONIC nanoseconds.
+    pub time: u64,
+    /// Instruction pointer, stack pointer, frame pointer (0 when the kernel had no user registers).
+    pub regs: [u64; 3],
+    /// The copied top of the user stack, starting at the stack pointer.
+    pub stack: &'a [u8],
+}
+
+/// Parses a sample of [`open_stack_sampler`]'s layout.
+pub fn parse_stack_sample(body: &[u8]) -> Option<RawStackSample<'_>> {
+    let id = read_u64(body, 0)?;
+    let pid = read_u32(body, 8)?;
+    let tid = read_u32(body, 12)?;
+    let time = read_u64(body, 16)?;
+    let abi = read_u64(body, 24)?;
+    let mut at = 32;
+    let mut regs = [0u64; 3];
+    if abi != 0 {
+        let count = UNWIND_REGS.count_ones() as usize;
+        // Registers come in bit order: bp, sp, ip.
+        let values: Vec<u64> = (0..count).map(|i| read_u64(body, at + 8 * i)).collect::<Option<_>>()?;
+        at += 8 * count;
+        if let [bp, sp, ip] = values[..] {
+            regs = [ip, sp, bp];
+        } else if let [sp] = values[..] {
+            regs = [0, sp, 0];
+        }
+    }
+    let size = usize::try_from(read_u64(body, at)?).ok()?;
+    let stack = if size > 0 {
+        let data = body.get(at + 8..at + 8 + size)?;
+        let dynamic = usize::try_from(read_u64(body, at + 8 + size)?).ok()?;
+        &data[..dynamic.min(size)]
+    } else {
+        &[]
+    };
+    Some(RawStackSample { id, pid, tid, time, regs, stack })
+}
+
+/// `PERF_RECORD_MMAP2`: pid, start, length, file offset, path.
+pub fn parse_mmap2(body: &[u8]) -> Option<(u32, u64, u64, u64, String)> {
+    let pid = read_u32(body, 0)?;
+    let start = read_u64(body, 8)?;
+    let len = read_u64(body, 16)?;
+    let pgoff = read_u64(body, 24)?;
+    let rest = body.get(64..)?;
+    let end = rest.iter().position(|&b| b == 0)?;
+    Some((pid, start, len, pgoff, String::from_utf8_lossy(&rest[..end]).into_owned()))
 }
 
 /// Sends the records of `event` to the ring buffer of `buffer` (same CPU).
@@ -163,6 +251,8 @@ pub mod record_type {
     pub const SAMPLE: u32 = 9;
     /// Samples dropped for reasons other than a full buffer.
     pub const LOST_SAMPLES: u32 = 13;
+    /// An executable mapping, with its file.
+    pub const MMAP2: u32 = 10;
 }
 
 /// `misc` flag of a COMM record caused by exec.

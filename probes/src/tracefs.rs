@@ -154,6 +154,10 @@ pub struct ProbeEvent {
     pub tracepoint: u64,
     /// Where the probe's id (its index in the specs) sits in the raw record.
     pub id_offset: usize,
+    /// Where the word on top of the stack at the probe sits (`at` probes):
+    /// at a function's entry, its return address, read before a return
+    /// probe replaces it with the kernel's trampoline.
+    pub top_offset: Option<usize>,
 }
 
 /// The uprobes of one recording, defined in tracefs as (at most) two
@@ -187,7 +191,8 @@ impl UprobeGroup {
             if !this.events.contains(&event) {
                 this.events.push(event);
             }
-            batch.push_str(&format!("{letter}:{}/{event} {path}:{:#x} id=\\{i}:u32\n", this.group, spec.offset.0));
+            let top = if spec.kind == ProbeKind::At { " top=+0(%sp):x64" } else { "" };
+            batch.push_str(&format!("{letter}:{}/{event} {path}:{:#x} id=\\{i}:u32{top}\n", this.group, spec.offset.0));
             if batch.len() > 3000 || i + 1 == specs.len() {
                 if let Err(source) = this.tracefs.write_events(&batch) {
                     return Err(this.explain(&batch, source));
@@ -207,12 +212,13 @@ impl UprobeGroup {
                     .trim()
                     .parse::<u64>()
                     .map_err(|e| TracefsError::Id { name: name.clone(), source: std::io::Error::new(ErrorKind::InvalidData, e) })?;
-                let id_offset = field_offset(&read("format")?, "id").ok_or_else(|| TracefsError::Id {
+                let format = read("format")?;
+                let id_offset = field_offset(&format, "id").ok_or_else(|| TracefsError::Id {
                     name: name.clone(),
                     source: std::io::Error::new(ErrorKind::InvalidData, "no id field in the event format"),
                 })?;
                 let kind = if event == "ret" { ProbeKind::Return } else { ProbeKind::At };
-                Ok(ProbeEvent { kind, tracepoint, id_offset })
+                Ok(ProbeEvent { kind, tracepoint, id_offset, top_offset: field_offset(&format, "top") })
             })
             .collect::<Result<Vec<_>, TracefsError>>()?;
         Ok((this, events))

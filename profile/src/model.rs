@@ -41,6 +41,105 @@ pub struct Profile {
     /// How many runs these counts add up (1, more after merging), as gcov's `Runs`.
     #[serde(default = "one")]
     pub runs: u32,
+    /// Stack samples, when sampling was on.
+    #[serde(default)]
+    pub samples: Option<SampleProfile>,
+}
+
+/// Stacks sampled at a fixed frequency of CPU time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleProfile {
+    /// The sampling event (`cycles` or `cpu-clock`).
+    pub event: String,
+    /// Samples per second of CPU time asked for.
+    pub frequency_hz: u64,
+    /// Samples taken.
+    pub total: u64,
+    /// Distinct frames, referred to by index.
+    pub frames: Vec<SampledFrame>,
+    /// Distinct stacks (root first) and how often each was sampled.
+    pub stacks: Vec<SampledStack>,
+    /// Samples by the source line they were taken on.
+    pub lines: Vec<SampledLine>,
+}
+
+/// A frame of a sampled stack.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SampledFrame {
+    /// Function name (demangled), or why it is unknown (`[unknown: unmapped]`).
+    pub name: String,
+    /// The module it is in.
+    pub module: String,
+    /// Whether the compiler inlined it into its caller.
+    pub inlined: bool,
+}
+
+/// A sampled stack.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampledStack {
+    /// Frame indexes, outermost first.
+    pub frames: Vec<u32>,
+    /// Samples of exactly this stack.
+    pub count: u64,
+}
+
+/// Samples taken on a source line.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampledLine {
+    /// Source file.
+    pub file: String,
+    /// Line.
+    pub line: u32,
+    /// Samples whose innermost frame was on it.
+    pub count: u64,
+}
+
+/// Sampled numbers of one function.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SampledFunction {
+    /// Its frame.
+    pub frame: SampledFrame,
+    /// Samples with it innermost.
+    pub self_samples: u64,
+    /// Samples with it anywhere on the stack.
+    pub total_samples: u64,
+}
+
+impl SampleProfile {
+    /// Self and total samples per frame, most total first.
+    pub fn functions(&self) -> Vec<SampledFunction> {
+        let mut own = vec![0u64; self.frames.len()];
+        let mut total = vec![0u64; self.frames.len()];
+        let mut seen = vec![u64::MAX; self.frames.len()];
+        for (i, stack) in self.stacks.iter().enumerate() {
+            if let Some(&last) = stack.frames.last() {
+                own[last as usize] += stack.count;
+            }
+            for &f in &stack.frames {
+                // Recursion counts a stack once.
+                if seen[f as usize] != i as u64 {
+                    seen[f as usize] = i as u64;
+                    total[f as usize] += stack.count;
+                }
+            }
+        }
+        let mut functions: Vec<SampledFunction> = self
+            .frames
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| total[*i] > 0)
+            .map(|(i, frame)| SampledFunction { frame: frame.clone(), self_samples: own[i], total_samples: total[i] })
+            .collect();
+        functions.sort_by(|a, b| {
+            b.total_samples.cmp(&a.total_samples).then(b.self_samples.cmp(&a.self_samples)).then(a.frame.name.cmp(&b.frame.name))
+        });
+        functions
+    }
+
+    /// Estimated CPU time of `samples` samples.
+    pub fn estimated_ns(&self, samples: u64) -> u64 {
+        samples.saturating_mul(1_000_000_000).checked_div(self.frequency_hz).unwrap_or(0)
+    }
 }
 
 fn one() -> u32 {

@@ -29,6 +29,9 @@ enum Format {
     Lcov,
     /// gcov's JSON format (`gcov --json-format`, gzip-compressed), as gcovr reads it.
     GcovJson,
+    /// Folded stacks (`outer;inner count`) for any flame graph tool: sampled
+    /// stacks if the profile has them, else call paths weighted by exclusive wall time.
+    Folded,
 }
 
 /// Runs the command.
@@ -44,6 +47,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             std::io::Write::write_all(out, b"\n")
         }
         Format::Lcov => std::io::Write::write_all(out, lcov(&profile).as_bytes()),
+        Format::Folded => {
+            let lines = crate::report::flame::folded(&profile, None, 0);
+            std::io::Write::write_all(out, (lines.join("\n") + "\n").as_bytes())
+        }
         Format::GcovJson => {
             let mut gz = GzEncoder::new(out, Compression::default());
             serde_json::to_writer(&mut gz, &gcov_json(&profile, &data_name))?;

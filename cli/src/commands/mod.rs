@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod export;
+pub mod flamegraph;
 pub mod gcov;
 pub mod merge;
 pub mod record;

@@ -6,7 +6,7 @@ use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_line
 use proftap_probes::metrics::{Metric, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
 use proftap_probes::procfs;
-use proftap_probes::record::{Control, RecordOptions, Recorded, RegionSpec, TargetSpec, record};
+use proftap_probes::record::{Control, RecordOptions, Recorded, RegionSpec, SampleSettings, TargetSpec, record};
 use proftap_probes::select::{Selected, Selection};
 use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
 use proftap_probes::{libs, target};
@@ -47,6 +47,12 @@ pub struct RecordArgs {
     /// that may unwind (C++, Rust, backtrace, thread cancellation), else `uretprobe`.
     #[arg(long, value_enum, default_value = "auto")]
     exits: Exits,
+    /// Sample every thread's stack HZ times per second of CPU time as well
+    /// (default 1000): where time goes in code that is not instrumented, and
+    /// flame graphs. Stacks are unwound with DWARF CFI, so code built without
+    /// frame pointers unwinds too.
+    #[arg(long, num_args = 0..=1, default_missing_value = "1000", value_name = "HZ")]
+    sample: Option<u64>,
     /// Count how often each line runs (gcov's line counts) and time each
     /// line, in these source files (path suffixes), or with no file named,
     /// in every source file of the executable outside the system headers.
@@ -136,6 +142,11 @@ fn options(
         duration,
         cost: crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
         lines: chosen.lines.clone(),
+        sample: match args.sample {
+            Some(0) => bail!("--sample needs a frequency above 0"),
+            Some(hz) => Some(SampleSettings { frequency_hz: hz.min(100_000), ..SampleSettings::default() }),
+            None => None,
+        },
         regions: args.regions.clone(),
         compensate: args.compensate,
         control: control()?,

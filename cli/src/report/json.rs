@@ -74,6 +74,21 @@ pub fn report(profile: &Profile) -> Value {
             "inclusive": stats(profile, &r.inclusive, r.entries),
         })).collect::<Vec<_>>(),
         "runs": profile.runs,
+        "samples": profile.samples.as_ref().map(|samples| json!({
+            "event": samples.event,
+            "frequency_hz": samples.frequency_hz,
+            "total": samples.total,
+            "functions": samples.functions().iter().map(|f| json!({
+                "name": f.frame.name,
+                "module": f.frame.module,
+                "inlined": f.frame.inlined,
+                "self": f.self_samples,
+                "total": f.total_samples,
+                "self_ns": samples.estimated_ns(f.self_samples),
+                "total_ns": samples.estimated_ns(f.total_samples),
+            })).collect::<Vec<_>>(),
+            "lines": samples.lines.iter().map(|l| json!({ "file": l.file, "line": l.line, "self": l.count })).collect::<Vec<_>>(),
+        })),
         "processes": profile.processes.iter().map(|p| json!({"pid": p.pid, "parent": p.parent, "execs": p.execs})).collect::<Vec<_>>(),
         "notes": profile.notes,
     })

@@ -1,6 +1,7 @@
 //! Renderers: every output is a function of a [`Profile`] alone.
 
 pub mod coverage;
+pub mod flame;
 pub mod json;
 pub mod text;
 

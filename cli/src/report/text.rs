@@ -2,7 +2,8 @@
 //! call tree and per-thread profiles on request.
 
 use super::{SortKey, function_name, sort_functions};
-use proftap_profile::{CallTree, FunctionStats, Profile};
+use proftap_profile::{CallTree, FunctionStats, Mode, Profile};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 /// What the text report shows.
@@ -76,6 +77,7 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
         let _ = writeln!(out, "\nCall tree ({}, inclusive / exclusive)", metric_label(&profile.metrics[m]));
         tree(profile, &profile.merged_tree(), m, &mut out);
     }
+    sampled_only(profile, options, &mut out);
     if !profile.regions.is_empty() {
         regions(profile, &metrics, &mut out);
     }
@@ -161,31 +163,55 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
     let duration = profile.recording.duration_ns.max(1);
     let share =
         |v: u64| -> String { if key.ends_with("_ns") { format!("{:5.1}", 100.0 * v as f64 / duration as f64) } else { "    -".into() } };
+    // With samples, each function also shows the share of samples with it on the stack.
+    let sampled: HashMap<String, u64> =
+        profile.samples.iter().flat_map(|s| s.functions().into_iter().map(|f| (f.frame.name, f.total_samples))).collect();
+    let sample_total = profile.samples.as_ref().map_or(0, |s| s.total.max(1));
+    let sampled_share = |name: &str| -> String {
+        match (sample_total, sampled.get(name)) {
+            (0, _) => String::new(),
+            (_, Some(&n)) => format!(" {:5.1}", 100.0 * n as f64 / sample_total as f64),
+            (_, None) => format!(" {:>5}", "0.0"),
+        }
+    };
     let _ = writeln!(
         out,
-        "\nFlat profile{title}, {} (sorted by {}; %run: share of the recording's duration)",
+        "\nFlat profile{title}, {} (sorted by {}; %run: share of the recording's duration{})",
         metric_label(key),
-        options.sort.describe()
+        options.sort.describe(),
+        if sample_total > 0 { "; %smp: share of samples with the function on the stack" } else { "" }
     );
     let _ = writeln!(
         out,
-        "{:>12} {:>12} {:>5} {:>12} {:>5} {:>11} {:>11} {:>11}  function",
-        "calls", "inclusive", "%run", "exclusive", "%run", "avg", "min", "max"
+        "{:>12} {:>12} {:>5} {:>12} {:>5} {:>11} {:>11} {:>11}{}  function",
+        "calls",
+        "inclusive",
+        "%run",
+        "exclusive",
+        "%run",
+        "avg",
+        "min",
+        "max",
+        if sample_total > 0 { "  %smp" } else { "" }
     );
     let shown = options.top.unwrap_or(usize::MAX);
     for f in functions.iter().take(shown) {
         let incl = f.inclusive[m];
         let excl = f.exclusive[m];
-        let mut name = function_name(profile, f.function).to_string();
+        let name = function_name(profile, f.function);
+        let mut label = name.to_string();
+        if profile.functions.get(f.function as usize).is_some_and(|i| i.mode == Mode::Throttled) {
+            label.push_str("  [throttled: exact until its probes were removed, calls are a lower bound]");
+        }
         if f.unwound > 0 {
-            name.push_str(&format!("  [{} unwound]", f.unwound));
+            label.push_str(&format!("  [{} unwound]", f.unwound));
         }
         if f.unfinished > 0 {
-            name.push_str(&format!("  [{} unfinished]", f.unfinished));
+            label.push_str(&format!("  [{} unfinished]", f.unfinished));
         }
         let _ = writeln!(
             out,
-            "{:>12} {:>12} {} {:>12} {} {:>11} {:>11} {:>11}  {name}",
+            "{:>12} {:>12} {} {:>12} {} {:>11} {:>11} {:>11}{}  {label}",
             group_digits(f.calls),
             format_value(key, incl.total),
             share(incl.total),
@@ -194,10 +220,47 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
             format_value(key, incl.avg(f.calls)),
             format_value(key, incl.min_or_zero()),
             format_value(key, incl.max),
+            sampled_share(name),
         );
     }
     if functions.len() > shown {
         let _ = writeln!(out, "{:>12} more functions (--top)", functions.len() - shown);
+    }
+}
+
+/// Sampled functions that were not instrumented: their share of samples
+/// and estimated CPU time, the only numbers proftap has for them.
+fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
+    let Some(samples) = &profile.samples else { return };
+    let instrumented: std::collections::HashSet<&str> = profile.functions.iter().map(|f| f.name.as_str()).collect();
+    let functions: Vec<_> = samples.functions().into_iter().filter(|f| !instrumented.contains(f.frame.name.as_str())).collect();
+    let total = samples.total.max(1);
+    let _ = writeln!(
+        out,
+        "\nSampled {} ({} samples at {} Hz of {}; not instrumented: estimated time, no call counts)",
+        if profile.functions.is_empty() { "profile" } else { "only" },
+        group_digits(samples.total),
+        samples.frequency_hz,
+        samples.event
+    );
+    let _ = writeln!(out, "{:>7} {:>7} {:>12} {:>12}  function", "%self", "%total", "self", "total");
+    let shown = options.top.unwrap_or(usize::MAX);
+    for f in functions.iter().take(shown) {
+        let module = std::path::Path::new(&f.frame.module).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:>7.1} {:>7.1} {:>12} {:>12}  {}{}{}",
+            100.0 * f.self_samples as f64 / total as f64,
+            100.0 * f.total_samples as f64 / total as f64,
+            format_ns(samples.estimated_ns(f.self_samples)),
+            format_ns(samples.estimated_ns(f.total_samples)),
+            f.frame.name,
+            if module.is_empty() { String::new() } else { format!("  ({module})") },
+            if f.frame.inlined { "  [inlined]" } else { "" },
+        );
+    }
+    if functions.len() > shown {
+        let _ = writeln!(out, "{:>7} more functions (--top)", functions.len() - shown);
     }
 }
 

@@ -77,6 +77,8 @@ struct Frame {
     below: Values,
     /// A frame entered before the recording began, known from its lines only.
     pseudo: bool,
+    /// Its return address (0 if unknown).
+    ret: u64,
     /// The line the frame is on, and since when.
     line: u32,
     line_since: Values,
@@ -94,6 +96,7 @@ impl Frame {
             children: [0; MAX_METRICS],
             below: [0; MAX_METRICS],
             pseudo,
+            ret: 0,
             line: NO_LINE,
             line_since: values,
             regions: Vec::new(),
@@ -253,6 +256,15 @@ impl Aggregator {
         }
     }
 
+    /// The return addresses of a thread's instrumented frames, by the stack
+    /// slot they sit in: what an unwinder should read where a return probe
+    /// left the kernel's trampoline.
+    pub fn return_addresses(&self, tid: u32) -> Vec<(u64, u64)> {
+        self.threads
+            .get(&tid)
+            .map_or_else(Vec::new, |t| t.stack.iter().filter(|f| f.ret != 0 && f.sp != 0).map(|f| (f.sp, f.ret)).collect())
+    }
+
     /// Follows lines and regions as `setup` says.
     pub fn set_lines(&mut self, setup: LineSetup) {
         self.lines = Some(setup);
@@ -329,6 +341,8 @@ impl Aggregator {
                     .or_insert_with(|| ThreadState::new(*pid, *tid, names.remove(tid).unwrap_or_default(), functions));
                 thread.observe(*cpu, values, metrics);
             }
+            // Samples and mappings are the sampler's.
+            Event::Sample(_) | Event::Mmap { .. } => {}
             Event::Exit { time, tid, .. } => {
                 if let Some(mut thread) = self.threads.remove(tid) {
                     let mut at = thread.last;
@@ -381,6 +395,7 @@ impl Aggregator {
         acc.active += 1;
         self.calls_by_function[function as usize] += 1;
         let mut frame = Frame::new(function, node, hit.sp, hit.values, false);
+        frame.ret = hit.ret;
         if let Some(setup) = &self.lines {
             let line = setup.entry_lines.get(function as usize).copied().unwrap_or(NO_LINE);
             move_to_line(thread, &mut frame, line, &hit.values, false, setup, self.metrics);
@@ -682,7 +697,7 @@ mod tests {
         let mut values = [0; MAX_METRICS];
         values[0] = time;
         values[1] = time / 2;
-        Event::Hit(Hit { pid: 1, tid, probe: probe(f, ret), sp, cpu: 0, values })
+        Event::Hit(Hit { pid: 1, tid, probe: probe(f, ret), sp, ret: 0, cpu: 0, values })
     }
 
     fn stats(agg: Aggregate, tid: i32, f: u32) -> FunctionStats {
@@ -865,9 +880,9 @@ mod tests {
             values[0] = time;
             values[1] = count;
             if ret {
-                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, true), sp: 108, cpu, values })
+                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, true), sp: 108, ret: 0, cpu, values })
             } else {
-                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, false), sp: 100, cpu, values })
+                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, false), sp: 100, ret: 0, cpu, values })
             }
         };
         let mut switch_values = [0; MAX_METRICS];

@@ -70,6 +70,8 @@ pub struct Hit {
     pub probe: ProbeId,
     /// User stack pointer at the hit, 0 if unknown.
     pub sp: u64,
+    /// At an entry: the return address (0 if unknown).
+    pub ret: u64,
     /// Which CPU's counters `values` holds (an index among the recorded CPUs).
     pub cpu: u16,
     /// Time and counters.
@@ -127,6 +129,23 @@ pub enum Event {
         /// Time and the thread's counters on that CPU.
         values: Values,
     },
+    /// A process mapped executable code from a file.
+    Mmap {
+        /// When.
+        time: u64,
+        /// Process id.
+        pid: u32,
+        /// First address.
+        start: u64,
+        /// Length.
+        len: u64,
+        /// Offset in the file.
+        pgoff: u64,
+        /// The file.
+        path: String,
+    },
+    /// A stack sample: a thread's registers and the top of its stack.
+    Sample(Box<StackSample>),
     /// A thread ended.
     Exit {
         /// When.
@@ -144,13 +163,33 @@ impl Event {
         match self {
             Event::Hit(hit) => hit.values[0],
             Event::Switch { values, .. } => values[0],
-            Event::Lost { time, .. } | Event::Comm { time, .. } | Event::Fork { time, .. } | Event::Exit { time, .. } => *time,
+            Event::Sample(sample) => sample.time,
+            Event::Lost { time, .. }
+            | Event::Comm { time, .. }
+            | Event::Fork { time, .. }
+            | Event::Exit { time, .. }
+            | Event::Mmap { time, .. } => *time,
         }
     }
 }
 
+/// A stack sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackSample {
+    /// When.
+    pub time: u64,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Instruction pointer, stack pointer, frame pointer.
+    pub regs: [u64; 3],
+    /// The top of the user stack, from the stack pointer up.
+    pub stack: Vec<u8>,
+}
+
 /// Bytes of one hit in a saved event stream.
-pub const SAVED_HIT_BYTES: usize = 24 + 8 * MAX_METRICS;
+pub const SAVED_HIT_BYTES: usize = 32 + 8 * MAX_METRICS;
 
 impl Hit {
     /// Appends the hit to a saved event stream (little-endian, fixed size),
@@ -161,6 +200,7 @@ impl Hit {
         out.extend_from_slice(&self.probe.0.to_le_bytes());
         out.extend_from_slice(&u32::from(self.cpu).to_le_bytes());
         out.extend_from_slice(&self.sp.to_le_bytes());
+        out.extend_from_slice(&self.ret.to_le_bytes());
         for v in &self.values {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -179,7 +219,7 @@ impl Hit {
             .map(|c| {
                 let mut values = [0; MAX_METRICS];
                 for (i, v) in values.iter_mut().enumerate() {
-                    *v = u64_at(c, 24 + 8 * i);
+                    *v = u64_at(c, 32 + 8 * i);
                 }
                 Hit {
                     pid: u32_at(c, 0),
@@ -187,6 +227,7 @@ impl Hit {
                     probe: ProbeId(u32_at(c, 8)),
                     cpu: u32_at(c, 12) as u16,
                     sp: u64_at(c, 16),
+                    ret: u64_at(c, 24),
                     values,
                 }
             })
@@ -200,7 +241,7 @@ mod tests {
 
     #[test]
     fn saved_hits_read_back() {
-        let hit = Hit { pid: 1, tid: 2, probe: ProbeId::exit(7), sp: 0x7ffd_1234, cpu: 1, values: [9; MAX_METRICS] };
+        let hit = Hit { pid: 1, tid: 2, probe: ProbeId::exit(7), sp: 0x7ffd_1234, ret: 0x5555_0000, cpu: 1, values: [9; MAX_METRICS] };
         let mut bytes = Vec::new();
         hit.save(&mut bytes);
         hit.save(&mut bytes);

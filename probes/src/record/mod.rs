@@ -11,6 +11,7 @@ use crate::lines::LinePlan;
 use crate::metrics::{MAX_METRICS, Metric};
 use crate::perf::{self, EventTarget, ProbeEvent, RingBuffer};
 use crate::plan::{EntryKind, ProbedFunction, Role};
+use crate::sampling::Sampler;
 use crate::target::{self, Ended, Frozen, TargetError};
 use crate::tracefs::{ProbeKind, Tracefs, TracefsError, UprobeGroup, UprobeSpec};
 use aggregate::{Aggregator, Compensation, LineSetup, NO_LINE};
@@ -131,6 +132,8 @@ pub struct RecordOptions {
     pub control: Control,
     /// Line probes, for line counts (and regions).
     pub lines: Option<LinePlan>,
+    /// Stack sampling.
+    pub sample: Option<SampleSettings>,
     /// Regions to time.
     pub regions: Vec<RegionSpec>,
     /// Called once every probe is live (with the pid and the number of
@@ -149,10 +152,32 @@ impl Default for RecordOptions {
             compensate: false,
             control: Control::default(),
             lines: None,
+            sample: None,
             regions: Vec::new(),
             on_started: None,
         }
     }
+}
+
+/// How to sample stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleSettings {
+    /// Samples per second of CPU time.
+    pub frequency_hz: u64,
+    /// Bytes of user stack copied per sample, for unwinding.
+    pub stack_bytes: u32,
+}
+
+impl Default for SampleSettings {
+    fn default() -> Self {
+        SampleSettings { frequency_hz: 1000, stack_bytes: 16 * 1024 }
+    }
+}
+
+/// The event stack samples count: hardware cycles where the machine has them.
+fn sampling_event() -> String {
+    let cycles = Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES);
+    if cycles.check_available().is_ok() { "cycles".into() } else { "cpu-clock".into() }
 }
 
 /// A region to time: lines `start..=end` of a source file.
@@ -257,16 +282,22 @@ struct Session {
     tracepoints: Vec<crate::tracefs::ProbeEvent>,
     cpus: Vec<usize>,
     metrics: Vec<Metric>,
-    _group: UprobeGroup,
+    /// Stack sampling: (frequency, bytes of stack copied per sample).
+    sampling: Option<(u64, u32)>,
+    _group: Option<UprobeGroup>,
 }
 
 impl Session {
-    fn define(functions: &[ProbedFunction], lines: Option<&LinePlan>, metrics: &[Metric]) -> Result<Self, RecordError> {
-        if functions.is_empty() {
+    fn define(
+        functions: &[ProbedFunction],
+        lines: Option<&LinePlan>,
+        metrics: &[Metric],
+        sampling: Option<(u64, u32)>,
+    ) -> Result<Self, RecordError> {
+        if functions.is_empty() && sampling.is_none() {
             return Err(RecordError::NothingToProbe);
         }
         raise_fd_limit();
-        let tracefs = Tracefs::open()?;
         let mut specs = Vec::with_capacity(functions.len() * 2);
         let mut taps = Vec::with_capacity(functions.len() * 2);
         for (i, f) in functions.iter().enumerate() {
@@ -302,7 +333,12 @@ impl Session {
             }
             specs.extend(line_specs);
         }
-        let (group, tracepoints) = UprobeGroup::define(&tracefs, &specs)?;
+        let (group, tracepoints) = if specs.is_empty() {
+            (None, Vec::new())
+        } else {
+            let (group, tracepoints) = UprobeGroup::define(&Tracefs::open()?, &specs)?;
+            (Some(group), tracepoints)
+        };
         let cpus = online_cpus();
         Ok(Session {
             probes: Vec::new(),
@@ -313,6 +349,7 @@ impl Session {
             tracepoints,
             cpus,
             metrics: metrics.to_vec(),
+            sampling,
             _group: group,
         })
     }
@@ -342,10 +379,17 @@ impl Session {
                 let event = perf::open_probe(tracepoint.tracepoint, target, &self.metrics)
                     .map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
                 perf::set_output(&event.leader, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
-                self.events.insert(event.leader.id(), Source::Probe { id_offset: tracepoint.id_offset });
+                self.events.insert(event.leader.id(), Source::Probe { id_offset: tracepoint.id_offset, top_offset: tracepoint.top_offset });
                 self.probes.push(event);
             }
-            if self.metrics.len() > 1 {
+            if let Some((frequency, stack_bytes)) = self.sampling {
+                let sampler =
+                    perf::open_stack_sampler(target, frequency, stack_bytes).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
+                perf::set_output(&sampler, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
+                self.events.insert(sampler.id(), Source::Stacks);
+                self.sidebands.push(sampler);
+            }
+            if self.metrics.len() > 1 && !self.tracepoints.is_empty() {
                 let switches = perf::open_switches(target, &self.metrics).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
                 perf::set_output(&switches.leader, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
                 self.events.insert(switches.leader.id(), Source::Switch);
@@ -389,10 +433,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let functions = &ordered[..measured];
     let metrics = options.metrics.clone();
     debug_assert_eq!(metrics.first(), Some(&Metric::Wall));
-    if functions.is_empty() {
-        return Err(RecordError::NothingToProbe);
-    }
-    let mut session = Session::define(all, options.lines.as_ref(), &metrics)?;
+    let sampling = options.sample.map(|s| (s.frequency_hz, s.stack_bytes));
+    let mut session = Session::define(all, options.lines.as_ref(), &metrics, sampling)?;
+    let mut sampler = options.sample.map(|s| Sampler::new(&sampling_event(), s.frequency_hz));
     let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
 
     let compensation = options.compensate.then(|| compensation(functions, &metrics, options.cost.unwrap_or_default()));
@@ -431,6 +474,13 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             (pid, Some(child), argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(), false)
         }
         TargetSpec::Attach { pid } => {
+            if let Some(sampler) = sampler.as_mut() {
+                for m in crate::procfs::read_maps(*pid).unwrap_or_default().iter().filter(|m| m.executable) {
+                    if let Some(path) = &m.path {
+                        sampler.mapped(*pid as u32, m.start.0, m.end.0 - m.start.0, m.offset.0, path);
+                    }
+                }
+            }
             let frozen = Frozen::freeze(*pid)?;
             for tid in frozen.threads() {
                 aggregator.name_thread(tid as u32, target::thread_name(*pid, tid));
@@ -452,7 +502,19 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     // PROFTAP_SAVE_EVENTS=FILE keeps the ordered hits, for the aggregator benchmark.
     let save_to = std::env::var_os("PROFTAP_SAVE_EVENTS");
     let mut saved = Vec::new();
+    let mut last_event = 0u64;
     let mut sink = |event: &Event| {
+        last_event = last_event.max(event.time());
+        if let Some(sampler) = sampler.as_mut() {
+            match event {
+                Event::Mmap { pid, start, len, pgoff, path, .. } => sampler.mapped(*pid, *start, *len, *pgoff, path),
+                Event::Comm { pid, tid, exec: true, .. } if pid == tid => sampler.exec(*pid),
+                Event::Sample(sample) if follow || sample.pid as i32 == pid => {
+                    sampler.sample(sample, &aggregator.return_addresses(sample.tid))
+                }
+                _ => {}
+            }
+        }
         if save_to.is_some()
             && let Event::Hit(hit) = event
         {
@@ -523,7 +585,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     if let Some(path) = &save_to {
         let _ = std::fs::write(path, &saved);
     }
-    let ended_monotonic = monotonic_ns();
+    // A launched program's recording ends with its last event, not when
+    // proftap noticed it had exited.
+    let ended_monotonic = if attached { monotonic_ns() } else { last_event.clamp(started_monotonic_ns, monotonic_ns()) };
     drop(reader);
     drop(guard);
     drop(child);
@@ -614,6 +678,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             })
             .collect(),
         runs: 1,
+        samples: sampler.map(Sampler::finish),
     };
     Ok(Recorded { profile, ended })
 }

@@ -6,7 +6,7 @@
 //! began: anything older is already in some buffer, since the kernel writes
 //! a record right after stamping it.
 
-use super::events::{Event, Hit, ProbeId, Values};
+use super::events::{Event, Hit, ProbeId, ProbeKind, StackSample, Values};
 use crate::metrics::MAX_METRICS;
 use crate::perf::{self, RingBuffer, record_type};
 use rustc_hash::FxHashMap;
@@ -32,9 +32,13 @@ pub enum Source {
     Probe {
         /// Offset of the id.
         id_offset: usize,
+        /// Offset of the word on top of the stack, if recorded.
+        top_offset: Option<usize>,
     },
     /// Context switches: a thread's counters on the CPU it leaves.
     Switch,
+    /// Stack samples.
+    Stacks,
 }
 
 /// Reads the ring buffers of a recording.
@@ -104,6 +108,24 @@ enum Decoded {
 
 fn decode(kind: u32, misc: u16, body: &[u8], cpu: u16, events: &FxHashMap<u64, Source>, taps: &[Tap], counters: usize) -> Decoded {
     match kind {
+        record_type::SAMPLE
+            if body.get(0..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes).and_then(|id| events.get(&id))
+                == Some(&Source::Stacks) =>
+        {
+            let Some(s) = perf::parse_stack_sample(body) else { return Decoded::Malformed };
+            Decoded::Event(Event::Sample(Box::new(StackSample {
+                time: s.time,
+                pid: s.pid,
+                tid: s.tid,
+                regs: s.regs,
+                stack: s.stack.to_vec(),
+            })))
+        }
+        record_type::MMAP2 => {
+            let Some((pid, start, len, pgoff, path)) = perf::parse_mmap2(body) else { return Decoded::Malformed };
+            let time = perf::parse_sample_id(body).time;
+            Decoded::Event(Event::Mmap { time, pid, start, len, pgoff, path })
+        }
         record_type::SAMPLE => {
             let Some(sample) = perf::parse_sample(body) else { return Decoded::Malformed };
             let mut values: Values = [0; MAX_METRICS];
@@ -111,14 +133,21 @@ fn decode(kind: u32, misc: u16, body: &[u8], cpu: u16, events: &FxHashMap<u64, S
             for (i, v) in values.iter_mut().enumerate().skip(1).take(counters) {
                 *v = sample.counter(i - 1);
             }
-            let id_offset = match events.get(&sample.id) {
-                Some(Source::Probe { id_offset }) => *id_offset,
+            let (id_offset, top_offset) = match events.get(&sample.id) {
+                Some(Source::Probe { id_offset, top_offset }) => (*id_offset, *top_offset),
                 Some(Source::Switch) => return Decoded::Event(Event::Switch { pid: sample.pid, tid: sample.tid, cpu, values }),
+                Some(Source::Stacks) => return Decoded::Malformed,
                 None => return Decoded::Ignored,
             };
             let Some(&tap) = perf::raw_u32(sample.raw, id_offset).and_then(|id| taps.get(id as usize)) else { return Decoded::Malformed };
             let sp = sample.sp.map_or(0, |sp| sp.wrapping_add(tap.sp_adjust));
-            Decoded::Event(Event::Hit(Hit { pid: sample.pid, tid: sample.tid, probe: tap.probe, sp, cpu, values }))
+            let ret = match (tap.probe.kind(), top_offset) {
+                (ProbeKind::Entry, Some(at)) => {
+                    sample.raw.get(at..at + 8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap_or_default()))
+                }
+                _ => 0,
+            };
+            Decoded::Event(Event::Hit(Hit { pid: sample.pid, tid: sample.tid, probe: tap.probe, sp, ret, cpu, values }))
         }
         record_type::LOST => {
             // The event that noticed serves many probes: the loss is known per thread, not per function.

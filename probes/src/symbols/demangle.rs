@@ -7,8 +7,13 @@ pub(crate) struct Demangled {
     pub base: Option<String>,
 }
 
-/// Demangles `raw`; names that are not mangled come back as they are.
+/// Demangles `raw`; names that are not mangled come back as they are. A
+/// symbol version (`memcpy@@GLIBC_2.14`) is not part of the name.
 pub(crate) fn demangle(raw: &str) -> Demangled {
+    let raw = match raw.find('@') {
+        Some(at) if at > 0 => &raw[..at],
+        _ => raw,
+    };
     // Rust first: legacy Rust symbols are also valid Itanium C++ names, and
     // only rustc-demangle knows to drop their hash.
     if let Ok(rust) = rustc_demangle::try_demangle(raw) {
@@ -41,6 +46,12 @@ mod tests {
     fn rust_legacy_names_lose_their_hash() {
         let d = demangle("_ZN4core3fmt5write17h0123456789abcdefE");
         assert_eq!(d.full, "core::fmt::write");
+    }
+
+    #[test]
+    fn symbol_versions_are_dropped() {
+        assert_eq!(demangle("__libc_start_main@@GLIBC_2.34").full, "__libc_start_main");
+        assert_eq!(demangle("memcpy@GLIBC_2.2.5").full, "memcpy");
     }
 
     #[test]

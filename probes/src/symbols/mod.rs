@@ -10,6 +10,11 @@ pub use debuginfo::{DebugDirs, DebugSource};
 pub use dwarf::{CompileUnit, FileTable, LineRow};
 pub use elf::{ElfImage, ElfKind, Segment, file_offset, hex};
 
+/// The demangled form of a symbol name (C++, Rust), or the name itself.
+pub fn demangle_name(raw: &str) -> String {
+    demangle::demangle(raw).full
+}
+
 use crate::addr::{FileOffset, VirtAddr};
 use crate::error::{Error, Result};
 use object::{Object, ObjectSymbol, SymbolKind};

@@ -1,0 +1,143 @@
+//! Stack sampling: shares against a workload whose split is known and
+//! against perf, DWARF unwinding without frame pointers, library and inlined
+//! frames, flame graphs and folded stacks.
+#![allow(clippy::unwrap_used)]
+
+use proftap_tests::*;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::process::Command;
+
+/// The split example: -O2, no frame pointers.
+fn split() -> Build {
+    Build::c("split.c", "-O2").flag("-fomit-frame-pointer")
+}
+
+/// (self, total) shares in percent of the sampled functions of a report.
+fn shares(report: &Value) -> HashMap<String, (f64, f64)> {
+    let samples = &report["samples"];
+    let total = samples["total"].as_f64().unwrap();
+    samples["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                (100.0 * f["self"].as_f64().unwrap() / total, 100.0 * f["total"].as_f64().unwrap() / total),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_known_split_is_sampled_as_it_is_and_as_perf_sees_it() {
+    if !can_probe() {
+        return;
+    }
+    let binary = split().build();
+    let report = profile_run(&["--sample", "1000", "-f", "run"], &[binary.to_str().unwrap(), "300"]);
+    let samples = &report["samples"];
+    assert_eq!(samples["frequency_hz"], 1000);
+    assert!(samples["total"].as_u64().unwrap() > 300, "{}", samples["total"]);
+    let ours = shares(&report);
+    let (a, b) = (ours["work_a"].1, ours["work_b"].1);
+    // By construction: 70% and 30% of the work.
+    assert!((65.0..=75.0).contains(&a), "work_a {a:.1}%");
+    assert!((25.0..=35.0).contains(&b), "work_b {b:.1}%");
+
+    if !have("perf", "to compare sampled shares") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("perf.data");
+    let out = run(Command::new("perf").args(["record", "-q", "-F", "1000", "-g", "-o"]).arg(&data).arg("--").arg(&binary).arg("300"));
+    assert!(out.status.success(), "perf record: {}", String::from_utf8_lossy(&out.stderr));
+    let text = run_ok(Command::new("perf").args(["report", "--no-children", "--sort", "sym", "--stdio", "-i"]).arg(&data));
+    let perf_share = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.trim_end().ends_with(&format!("] {name}")))
+            .and_then(|l| l.trim_start().split('%').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in perf report:\n{text}"))
+    };
+    // perf's self share of a function includes what the compiler inlined into it.
+    for (name, share) in [("work_a", a), ("work_b", b)] {
+        let theirs = perf_share(name);
+        assert!((share - theirs).abs() <= 5.0, "{name}: proftap {share:.1}%, perf {theirs:.1}%");
+    }
+}
+
+#[test]
+fn stacks_unwind_without_frame_pointers_through_libraries_and_inlined_code() {
+    if !can_probe() {
+        return;
+    }
+    let binary = split().build();
+    // -fomit-frame-pointer: work_a saves no frame pointer, so only CFI unwinds it.
+    let disassembly = run_ok(Command::new("objdump").args(["-d", "--no-show-raw-insn"]).arg(&binary));
+    let work_a: String = disassembly.split("<work_a>:").nth(1).unwrap().split("\n\n").next().unwrap().to_string();
+    assert!(!work_a.contains("push   %rbp"), "work_a keeps a frame pointer:\n{work_a}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().arg("run").args(["--sample", "2000", "-f", "run", "-o"]).arg(&file).arg("--").arg(&binary).arg("150"));
+    let folded_path = dir.path().join("folded");
+    run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded_path));
+    let folded = std::fs::read_to_string(&folded_path).unwrap();
+    let count = |needle: &str| -> u64 {
+        folded.lines().filter(|l| l.contains(needle)).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum()
+    };
+    let in_work_a = count(";work_a");
+    assert!(in_work_a > 50, "{folded}");
+    // Every sample in work_a has its callers all the way down to _start.
+    assert_eq!(count("_start;__libc_start_main;__libc_start_call_main;main;run;middle;work_a"), in_work_a, "{folded}");
+    // The inlined helper shows as its own frame, marked inlined.
+    let report = report_json(&file);
+    let mix = report["samples"]["functions"].as_array().unwrap().iter().find(|f| f["name"] == "mix").expect("mix sampled");
+    assert_eq!(mix["inlined"], true);
+    // Library code is named with its module.
+    let memset = report["samples"]["functions"].as_array().unwrap().iter().find(|f| f["name"].as_str().unwrap().contains("memset"));
+    let memset = memset.unwrap_or_else(|| panic!("no memset in {}", report["samples"]["functions"]));
+    assert!(memset["module"].as_str().unwrap().ends_with("libc.so.6"), "{memset}");
+    // Lines get self samples.
+    let lines = report["samples"]["lines"].as_array().unwrap();
+    assert!(lines.iter().any(|l| l["file"].as_str().unwrap().ends_with("split.c") && l["self"].as_u64().unwrap() > 10), "{lines:?}");
+}
+
+/// Parses an SVG as XML (Python's parser: a checker we did not write).
+fn assert_valid_xml(path: &std::path::Path) {
+    run_ok(Command::new("python3").arg("-c").arg("import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])").arg(path));
+}
+
+#[test]
+fn flame_graphs_from_samples_calls_and_differences() {
+    if !can_probe() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = split().build();
+    let base = dir.path().join("base.profile");
+    let new = dir.path().join("new.profile");
+    run_ok(proftap().arg("run").args(["--sample", "1000", "-o"]).arg(&base).arg("--").arg(&binary).arg("60"));
+    run_ok(proftap().arg("run").args(["--sample", "1000", "-o"]).arg(&new).arg("--").arg(&binary).arg("120"));
+
+    for (args, expect) in [(vec!["--from", "samples"], "work_a"), (vec!["--from", "calls", "--metric", "cpu"], "middle")] {
+        let svg = dir.path().join("out.svg");
+        run_ok(proftap().arg("flamegraph").arg(&new).args(&args).arg("-o").arg(&svg));
+        assert_valid_xml(&svg);
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.contains(expect), "{args:?}: {expect} missing");
+    }
+    let diff = dir.path().join("diff.svg");
+    run_ok(proftap().arg("flamegraph").arg("--diff").arg(&base).arg(&new).arg("-o").arg(&diff));
+    assert_valid_xml(&diff);
+    assert!(std::fs::read_to_string(&diff).unwrap().contains("work_b"));
+
+    // A profile without samples cannot give sampled stacks.
+    let plain = dir.path().join("plain.profile");
+    run_ok(proftap().arg("run").args(["-f", "run", "-o"]).arg(&plain).arg("--").arg(&binary).arg("10"));
+    let out = run(proftap().arg("flamegraph").arg(&plain).args(["--from", "samples", "-o"]).arg(dir.path().join("x.svg")));
+    assert_clean_failure(&out, "has no samples");
+    assert!(!dir.path().join("x.svg").exists());
+}
