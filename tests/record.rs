@@ -9,6 +9,9 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
+/// Every function instrumented for the whole run: no overhead governor.
+const EXACT: &[&str] = &["--overhead-budget", "0"];
+
 fn stat(f: &Value, kind: &str, metric: &str, field: &str) -> u64 {
     f[kind][metric][field].as_u64().unwrap_or_else(|| panic!("no {kind}.{metric}.{field} in {f}"))
 }
@@ -16,7 +19,7 @@ fn stat(f: &Value, kind: &str, metric: &str, field: &str) -> u64 {
 /// Our call counts equal callgrind's for every function we instrument.
 fn check_calls_against_callgrind(build: &Build, args: &[&str]) {
     let binary = build.build();
-    let report = profile_run(&[], &[binary.to_str().unwrap()].iter().chain(args).copied().collect::<Vec<_>>());
+    let report = profile_run(EXACT, &[binary.to_str().unwrap()].iter().chain(args).copied().collect::<Vec<_>>());
     let ours = calls_by_name(&report);
     let theirs = callgrind_calls(&binary, args);
     assert!(!ours.is_empty(), "{}: nothing recorded", build.label());
@@ -60,7 +63,7 @@ fn a_cpp_function_left_by_a_throw_is_counted_and_stopped() {
         let binary = Build::cxx("shapes.cpp", opt).build();
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("p.profile");
-        let out = run(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(&binary).arg("50"));
+        let out = run(proftap().arg("run").args(EXACT).arg("-o").arg(&file).arg("--").arg(&binary).arg("50"));
         // The program's own output and status: the throws were caught as usual.
         assert!(out.status.success(), "{opt}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(String::from_utf8_lossy(&out.stdout).contains("rejected=5"), "{opt}: {}", String::from_utf8_lossy(&out.stdout));
@@ -86,7 +89,7 @@ fn known_counts_recursion_and_several_callers() {
         return;
     }
     let binary = Build::c("calls.c", "-O0").build();
-    let report = profile_run(&[], &[binary.to_str().unwrap(), "1000", "10"]);
+    let report = profile_run(EXACT, &[binary.to_str().unwrap(), "1000", "10"]);
     let calls = calls_by_name(&report);
     // leaf: once per left(i) for 1000 i, twice per right(i) for 500 i.
     assert_eq!(calls["leaf"], 2000);
@@ -94,6 +97,10 @@ fn known_counts_recursion_and_several_callers() {
     assert_eq!(calls["right"], 500);
     // fib(10) makes 2 * fib(11) - 1 = 177 calls.
     assert_eq!(calls["fib"], 177);
+    // No governor: exact throughout.
+    for f in report["functions"].as_array().unwrap() {
+        assert_eq!(f["mode"], "instrumented", "{f}");
+    }
     assert_eq!(calls["main"], 1);
     assert!(!calls.contains_key("never_called") || calls["never_called"] == 0);
 
@@ -115,7 +122,7 @@ fn inclusive_and_exclusive_add_up_on_a_known_tree() {
         return;
     }
     let binary = Build::c("calls.c", "-O0").build();
-    let report = profile_run(&[], &[binary.to_str().unwrap(), "2000", "12"]);
+    let report = profile_run(EXACT, &[binary.to_str().unwrap(), "2000", "12"]);
     let functions = &report["functions"];
     for metric in ["wall_ns", "cpu_ns"] {
         let incl = |n: &str| stat(function(functions, n), "inclusive", metric, "total");

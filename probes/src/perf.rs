@@ -59,6 +59,25 @@ pub fn open_probe(id: u64, target: EventTarget, metrics: &[Metric]) -> io::Resul
     open_group(Builder::new(Tracepoint::with_id(id)), target, metrics)
 }
 
+/// Opens the event of tracepoint `id` on a kernel thread, where its uprobes
+/// never fire, to keep them registered. The kernel removes a uprobe's
+/// breakpoints from a process as soon as the last event on that process
+/// closes, but unregisters the uprobe, which waits for grace periods that a
+/// thread hitting it can hold up for long and that stall the exit of a
+/// process, only when the last event anywhere closes. With a keeper open, a
+/// target's events close at once; the keeper closes when the targets are gone.
+pub fn open_keeper(id: u64) -> io::Result<Counter> {
+    // kthreadd, pid 2, unless this is a pid namespace where pid 2 is a process.
+    const KTHREADD: i32 = 2;
+    let comm = std::fs::read_to_string(format!("/proc/{KTHREADD}/comm")).unwrap_or_default();
+    if comm.trim() != "kthreadd" || std::fs::read_link(format!("/proc/{KTHREADD}/exe")).is_ok() {
+        return Err(io::Error::new(io::ErrorKind::NotFound, "no kernel thread to hold uprobes on"));
+    }
+    let mut builder = Builder::new(Tracepoint::with_id(id));
+    builder.observe_pid(KTHREADD).any_cpu().enabled(false);
+    builder.build()
+}
+
 /// Opens a context-switch event with the counters of `metrics`: each time a
 /// thread leaves the CPU, a sample carries its counts on that CPU. Counters
 /// inherited per CPU only count while the thread runs there; these samples

@@ -101,6 +101,73 @@ struct Process {
     added: usize,
 }
 
+enum Input {
+    Mapped { pid: u32, start: u64, len: u64, pgoff: u64, path: String },
+    Exec(u32),
+    Sample(Box<StackSample>, Vec<(u64, u64)>),
+    Hottest(std::sync::mpsc::Sender<Vec<(String, String, u64)>>),
+}
+
+/// A [`Sampler`] on its own thread: loading a module's symbols and
+/// unwinding stacks take time the recording loop, which decides when probes
+/// change, cannot wait for. Inputs are taken in the order given.
+pub struct BackgroundSampler {
+    input: std::sync::mpsc::Sender<Input>,
+    worker: std::thread::JoinHandle<Sampler>,
+}
+
+impl BackgroundSampler {
+    /// Runs `sampler` on a thread of its own.
+    pub fn spawn(mut sampler: Sampler) -> Self {
+        let (input, inputs) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            for input in inputs {
+                match input {
+                    Input::Mapped { pid, start, len, pgoff, path } => sampler.mapped(pid, start, len, pgoff, &path),
+                    Input::Exec(pid) => sampler.exec(pid),
+                    Input::Sample(sample, returns) => sampler.sample(&sample, &returns),
+                    Input::Hottest(reply) => {
+                        let _ = reply.send(sampler.hottest());
+                    }
+                }
+            }
+            sampler
+        });
+        BackgroundSampler { input, worker }
+    }
+
+    /// See [`Sampler::mapped`].
+    pub fn mapped(&self, pid: u32, start: u64, len: u64, pgoff: u64, path: &str) {
+        let _ = self.input.send(Input::Mapped { pid, start, len, pgoff, path: path.to_string() });
+    }
+
+    /// See [`Sampler::exec`].
+    pub fn exec(&self, pid: u32) {
+        let _ = self.input.send(Input::Exec(pid));
+    }
+
+    /// See [`Sampler::sample`].
+    pub fn sample(&self, sample: Box<StackSample>, returns: Vec<(u64, u64)>) {
+        let _ = self.input.send(Input::Sample(sample, returns));
+    }
+
+    /// See [`Sampler::hottest`]: waits for the samples given so far.
+    pub fn hottest(&self) -> Vec<(String, String, u64)> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        let _ = self.input.send(Input::Hottest(reply));
+        answer.recv().unwrap_or_default()
+    }
+
+    /// Every sample given, as a profile.
+    pub fn finish(self) -> SampleProfile {
+        drop(self.input);
+        match self.worker.join() {
+            Ok(sampler) => sampler.finish(),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
 /// Collects stack samples into a [`SampleProfile`].
 pub struct Sampler {
     event: String,

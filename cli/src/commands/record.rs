@@ -50,9 +50,18 @@ pub struct RecordArgs {
     /// Sample every thread's stack HZ times per second of CPU time as well
     /// (default 1000): where time goes in code that is not instrumented, and
     /// flame graphs. Stacks are unwound with DWARF CFI, so code built without
-    /// frame pointers unwinds too.
+    /// frame pointers unwinds too. On by default when no -f is given.
     #[arg(long, num_args = 0..=1, default_missing_value = "1000", value_name = "HZ")]
     sample: Option<u64>,
+    /// Do not sample (when no -f is given, proftap samples by default).
+    #[arg(long, conflicts_with = "sample")]
+    no_sample: bool,
+    /// The most a function's probes may cost, in percent of the elapsed time,
+    /// before they are removed while the program runs (its counts stay exact
+    /// up to then; sampling covers it after). Default 5 when no -f is given
+    /// (and no --lines), off otherwise; 0 turns it off.
+    #[arg(long, value_name = "PCT")]
+    overhead_budget: Option<f64>,
     /// Count how often each line runs (gcov's line counts) and time each
     /// line, in these source files (path suffixes), or with no file named,
     /// in every source file of the executable outside the system headers.
@@ -101,6 +110,13 @@ pub struct AttachArgs {
     /// SIGTERM or the process's exit.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     duration: Option<Duration>,
+    /// Sample first (see --warmup), then instrument the K hottest functions
+    /// by sampled time, instead of instrumenting every function from the start.
+    #[arg(long, value_name = "K")]
+    auto_instrument: Option<usize>,
+    /// How long to sample before --auto-instrument chooses.
+    #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "2s")]
+    warmup: Duration,
     /// The process to profile.
     pid: i32,
 }
@@ -128,12 +144,19 @@ fn control() -> Result<Control> {
     Ok(control)
 }
 
+/// Hybrid mode, the default when no function is named: sample everything,
+/// instrument every function, and let the governor remove costly probes.
+fn hybrid(args: &RecordArgs) -> bool {
+    args.functions.iter().all(|f| f.starts_with('!'))
+}
+
 fn options(
     args: &RecordArgs,
     metrics: Vec<Metric>,
     duration: Option<Duration>,
     chosen: &Chosen,
     on_started: Option<fn(i32, usize)>,
+    auto: Option<(usize, Duration)>,
 ) -> Result<RecordOptions> {
     Ok(RecordOptions {
         metrics,
@@ -142,15 +165,24 @@ fn options(
         duration,
         cost: crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
         lines: chosen.lines.clone(),
-        sample: match args.sample {
-            Some(0) => bail!("--sample needs a frequency above 0"),
-            Some(hz) => Some(SampleSettings { frequency_hz: hz.min(100_000), ..SampleSettings::default() }),
+        sample: match (args.sample, hybrid(args) && !args.no_sample || auto.is_some()) {
+            (Some(0), _) => bail!("--sample needs a frequency above 0"),
+            (Some(hz), _) => Some(SampleSettings { frequency_hz: hz.min(100_000), ..SampleSettings::default() }),
+            (None, true) => Some(SampleSettings::default()),
+            (None, false) => None,
+        },
+        overhead_budget: match args.overhead_budget {
+            Some(pct) if !(0.0..=100.0).contains(&pct) => bail!("--overhead-budget is a percentage between 0 and 100"),
+            Some(pct) => (pct > 0.0).then_some(pct / 100.0),
+            None if hybrid(args) && args.lines.is_none() && args.regions.is_empty() => Some(0.05),
             None => None,
         },
+        auto_instrument: auto,
         regions: args.regions.clone(),
         compensate: args.compensate,
         control: control()?,
         on_started,
+        on_probes_changed: Some(|change| eprintln!("proftap: {change}")),
     })
 }
 
@@ -277,7 +309,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let mut modules = vec![(path.clone(), path.clone())];
     modules.extend(libs::needed_libraries(&path).into_iter().map(|l| (l.clone(), l)));
     let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
-    let options = options(&args.record, metrics, None, &chosen, None)?;
+    let options = options(&args.record, metrics, None, &chosen, None, None)?;
     let spec = TargetSpec::Launch { path, argv: args.command.clone() };
     let mut recorded = record(&chosen.functions, &spec, &options)?;
     recorded.profile.target.build_id = chosen.build_id;
@@ -296,7 +328,8 @@ pub fn attach(args: AttachArgs) -> Result<ExitCode> {
     }
     let modules: Vec<(PathBuf, PathBuf)> = loaded.iter().map(|m| (m.path.clone(), m.open_path.clone())).collect();
     let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
-    let options = options(&args.record, metrics, args.duration, &chosen, Some(announce))?;
+    let auto = args.auto_instrument.map(|k| (k, args.warmup));
+    let options = options(&args.record, metrics, args.duration, &chosen, Some(announce), auto)?;
     let mut recorded = record(&chosen.functions, &TargetSpec::Attach { pid: args.pid }, &options)?;
     recorded.profile.target.build_id = chosen.build_id;
     finish(recorded, &args.record.output)?;

@@ -79,6 +79,9 @@ struct Frame {
     pseudo: bool,
     /// Its return address (0 if unknown).
     ret: u64,
+    /// Its return probe went with a replaced probe set: its return will not
+    /// be seen, only its frame gone.
+    orphaned: bool,
     /// The line the frame is on, and since when.
     line: u32,
     line_since: Values,
@@ -97,6 +100,7 @@ impl Frame {
             below: [0; MAX_METRICS],
             pseudo,
             ret: 0,
+            orphaned: false,
             line: NO_LINE,
             line_since: values,
             regions: Vec::new(),
@@ -139,6 +143,9 @@ struct ThreadState {
     on_cpu: Vec<Values>,
     /// Their sums: the thread's counters over all CPUs.
     totals: Values,
+    /// Per probe set replaced while this thread lived: its counters per CPU
+    /// then, which the new set's counters (starting from zero) add to.
+    bases: Vec<(u32, Vec<Values>)>,
     /// Per line id (when lines are recorded).
     lines: Vec<LineAcc>,
     /// Per region.
@@ -159,18 +166,27 @@ impl ThreadState {
             last: [0; MAX_METRICS],
             on_cpu: Vec::new(),
             totals: [0; MAX_METRICS],
+            bases: Vec::new(),
             lines: Vec::new(),
             regions: Vec::new(),
         }
     }
 
-    /// Takes in the thread's counters on one CPU and returns the time and
-    /// its counters over all CPUs.
-    fn observe(&mut self, cpu: u16, values: &Values, metrics: usize) -> Values {
+    /// Takes in the thread's counters on one CPU (of probe set `generation`,
+    /// or of the counter group when `None`) and returns the time and its
+    /// counters over all CPUs.
+    fn observe(&mut self, cpu: u16, values: &Values, metrics: usize, generation: Option<u32>) -> Values {
         let cpu = cpu as usize;
         if self.on_cpu.len() <= cpu {
             self.on_cpu.resize(cpu + 1, [0; MAX_METRICS]);
         }
+        let mut values = *values;
+        if let Some(base) = generation.and_then(|g| self.bases.iter().find(|b| b.0 == g)).and_then(|b| b.1.get(cpu)) {
+            for m in 1..metrics {
+                values[m] = values[m].wrapping_add(base[m]);
+            }
+        }
+        let values = &values;
         let seen = &mut self.on_cpu[cpu];
         let mut out = *values;
         for m in 1..metrics {
@@ -226,11 +242,14 @@ pub struct Aggregator {
     hits: u64,
     calls_by_function: Vec<u64>,
     unwound_frames: u64,
+    orphaned_frames: u64,
     /// Per function: returns are seen at its `ret` instructions (true) or by
     /// a return probe (false).
     exit_sites: Vec<bool>,
     /// Line and region following, when lines are recorded.
     lines: Option<LineSetup>,
+    /// Functions whose probes were removed during the recording.
+    throttled: Vec<bool>,
 }
 
 impl Aggregator {
@@ -251,9 +270,51 @@ impl Aggregator {
             hits: 0,
             calls_by_function: vec![0; functions],
             unwound_frames: 0,
+            orphaned_frames: 0,
             exit_sites: vec![false; functions],
             lines: None,
+            throttled: vec![false; functions],
         }
+    }
+
+    /// The probe set changed at `time`: threads existing then get the base
+    /// of the new set's counters, and the removed functions' open frames end
+    /// there, unfinished. Frames whose returns a return probe was to see
+    /// lose it with the old set: they end when seen gone, as unfinished.
+    fn probes_replaced(&mut self, time: u64, generation: u32, removed: &[u32]) {
+        for &f in removed {
+            if let Some(t) = self.throttled.get_mut(f as usize) {
+                *t = true;
+            }
+        }
+        let mut threads: Vec<u32> = self.threads.keys().copied().collect();
+        threads.sort_unstable();
+        for tid in threads {
+            let Some(mut thread) = self.threads.remove(&tid) else { continue };
+            thread.bases.push((generation, thread.on_cpu.clone()));
+            let mut at = thread.last;
+            at[0] = at[0].max(time);
+            while let Some(index) = thread.stack.iter().rposition(|f| removed.contains(&f.function)) {
+                self.close_at(&mut thread, index, &at, Ending::Unfinished);
+            }
+            for frame in thread.stack.iter_mut().filter(|f| !f.pseudo && !f.orphaned) {
+                if !self.exit_sites.get(frame.function as usize).copied().unwrap_or(false) {
+                    frame.orphaned = true;
+                    self.orphaned_frames += 1;
+                }
+            }
+            self.threads.insert(tid, thread);
+        }
+    }
+
+    /// Processes seen so far.
+    pub fn processes(&self) -> &[ProcessInfo] {
+        &self.processes
+    }
+
+    /// Functions whose probes were removed during the recording.
+    pub fn throttled(&self) -> &[bool] {
+        &self.throttled
     }
 
     /// The return addresses of a thread's instrumented frames, by the stack
@@ -339,8 +400,9 @@ impl Aggregator {
                     .threads
                     .entry(*tid)
                     .or_insert_with(|| ThreadState::new(*pid, *tid, names.remove(tid).unwrap_or_default(), functions));
-                thread.observe(*cpu, values, metrics);
+                thread.observe(*cpu, values, metrics, None);
             }
+            Event::ProbesReplaced { time, generation, removed } => self.probes_replaced(*time, *generation, removed),
             // Samples and mappings are the sampler's.
             Event::Sample(_) | Event::Mmap { .. } => {}
             Event::Exit { time, tid, .. } => {
@@ -373,7 +435,7 @@ impl Aggregator {
             Some(thread) => thread,
             None => ThreadState::new(hit.pid, hit.tid, self.names.remove(&hit.tid).unwrap_or_default(), self.functions),
         };
-        let values = thread.observe(hit.cpu, &hit.values, self.metrics);
+        let values = thread.observe(hit.cpu, &hit.values, self.metrics, Some(hit.generation));
         thread.last = values;
         let hit = Hit { values, ..*hit };
         match hit.probe.kind() {
@@ -442,7 +504,8 @@ impl Aggregator {
     /// A frame at exactly the hit's depth is a tail call's caller: with a
     /// return probe it lives on (the kernel reports both returns together
     /// later); with returns seen at `ret` instructions it ended by jumping
-    /// to this function, now. A catch marker ends it either way.
+    /// to this function, now. A catch marker ends it either way, and so does
+    /// a frame whose return probe went with a replaced probe set.
     fn unwind_to(&mut self, thread: &mut ThreadState, hit: &Hit, catch: bool) {
         if hit.sp == 0 {
             return;
@@ -455,6 +518,9 @@ impl Aggregator {
                 Ending::Unwound
             } else if top.sp == hit.sp && self.exit_sites[top.function as usize] {
                 Ending::Returned
+            } else if top.sp == hit.sp && top.orphaned {
+                // No return probe will report it: it returned or tail-called.
+                Ending::Unwound
             } else {
                 break;
             };
@@ -484,7 +550,15 @@ impl Aggregator {
     }
 
     fn close_top(&mut self, thread: &mut ThreadState, at: &Values, ending: Ending) {
-        let Some(mut frame) = thread.stack.pop() else { return };
+        if let Some(top) = thread.stack.len().checked_sub(1) {
+            self.close_at(thread, top, at, ending);
+        }
+    }
+
+    /// Ends the frame at `index` of the thread's stack (usually the top; a
+    /// frame below the top only when its function lost its probes).
+    fn close_at(&mut self, thread: &mut ThreadState, index: usize, at: &Values, ending: Ending) {
+        let mut frame = thread.stack.remove(index);
         let metrics = self.metrics;
         if let Some(setup) = &self.lines {
             move_to_line(thread, &mut frame, NO_LINE, at, false, setup, metrics);
@@ -514,6 +588,7 @@ impl Aggregator {
         }
         match ending {
             Ending::Returned => {}
+            Ending::Unwound if frame.orphaned => acc.unfinished += 1,
             Ending::Unwound => {
                 acc.unwound += 1;
                 self.unwound_frames += 1;
@@ -526,7 +601,7 @@ impl Aggregator {
             node.exclusive[m] = node.exclusive[m].saturating_add(exclusive[m]);
         }
         let call_cost = self.compensation.as_ref().map(|c| c.call[frame.function as usize]);
-        if let Some(parent) = thread.stack.last_mut() {
+        if let Some(parent) = index.checked_sub(1).and_then(|p| thread.stack.get_mut(p)) {
             for m in 0..metrics {
                 parent.children[m] = parent.children[m].saturating_add(inclusive[m]);
                 parent.below[m] = parent.below[m].saturating_add(frame.below[m]).saturating_add(call_cost.map_or(0, |c| c[m]));
@@ -610,6 +685,7 @@ impl Aggregator {
             processes: self.processes,
             hits: self.hits,
             unwound_frames: self.unwound_frames,
+            orphaned_frames: self.orphaned_frames,
             lines,
             regions,
         }
@@ -677,6 +753,9 @@ pub struct Aggregate {
     pub hits: u64,
     /// Frames that ended without their own return.
     pub unwound_frames: u64,
+    /// Frames in progress when the probe set changed, whose return probes
+    /// went with the old set.
+    pub orphaned_frames: u64,
     /// Per line id: entries and cost per metric, over all threads.
     pub lines: Vec<(u64, Values)>,
     /// Per region: entries and cost per entry, over all threads.
@@ -697,7 +776,7 @@ mod tests {
         let mut values = [0; MAX_METRICS];
         values[0] = time;
         values[1] = time / 2;
-        Event::Hit(Hit { pid: 1, tid, probe: probe(f, ret), sp, ret: 0, cpu: 0, values })
+        Event::Hit(Hit { pid: 1, tid, probe: probe(f, ret), sp, ret: 0, cpu: 0, generation: 0, values })
     }
 
     fn stats(agg: Aggregate, tid: i32, f: u32) -> FunctionStats {
@@ -880,9 +959,9 @@ mod tests {
             values[0] = time;
             values[1] = count;
             if ret {
-                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, true), sp: 108, ret: 0, cpu, values })
+                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, true), sp: 108, ret: 0, cpu, generation: 0, values })
             } else {
-                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, false), sp: 100, ret: 0, cpu, values })
+                Event::Hit(Hit { pid: 1, tid: 1, probe: probe(0, false), sp: 100, ret: 0, cpu, generation: 0, values })
             }
         };
         let mut switch_values = [0; MAX_METRICS];
@@ -894,6 +973,35 @@ mod tests {
         let f = stats(agg.finish(), 1, 0);
         assert_eq!(f.inclusive[1].total, 15);
         assert_eq!(f.inclusive[0].total, 100);
+    }
+
+    #[test]
+    fn replacing_probes_ends_removed_frames_and_rebases_counters() {
+        // main(0) calls hot(1); hot loses its probes while running. The new
+        // probe set's counters start from zero: main's return (cpu 5 in the
+        // new set) is 30 + 5 in the thread's total.
+        let mut agg = Aggregator::new(2, 2, None);
+        let at = |f: u32, ret: bool, time: u64, cpu_count: u64, generation: u32, sp: u64| {
+            let mut values = [0; MAX_METRICS];
+            values[0] = time;
+            values[1] = cpu_count;
+            Event::Hit(Hit { pid: 1, tid: 1, probe: probe(f, ret), sp, ret: 0, cpu: 0, generation, values })
+        };
+        agg.push(&at(0, false, 0, 0, 1, 1000));
+        agg.push(&at(1, false, 10, 10, 1, 992));
+        let mut switched = [0; MAX_METRICS];
+        switched[0] = 40;
+        switched[1] = 30;
+        agg.push(&Event::Switch { pid: 1, tid: 1, cpu: 0, values: switched });
+        agg.push(&Event::ProbesReplaced { time: 40, generation: 2, removed: vec![1] });
+        agg.push(&at(0, true, 100, 5, 2, 1008));
+        let result = agg.finish();
+        let thread = &result.threads[0];
+        let main = thread.functions.iter().find(|s| s.function == 0).expect("main");
+        let hot = thread.functions.iter().find(|s| s.function == 1).expect("hot");
+        assert_eq!(main.inclusive[1].total, 35);
+        assert_eq!((hot.calls, hot.unfinished), (1, 1));
+        assert_eq!(hot.inclusive[0].total, 30);
     }
 
     #[test]

@@ -74,6 +74,8 @@ pub struct Hit {
     pub ret: u64,
     /// Which CPU's counters `values` holds (an index among the recorded CPUs).
     pub cpu: u16,
+    /// The probe set whose counters `values` holds.
+    pub generation: u32,
     /// Time and counters.
     pub values: Values,
 }
@@ -146,6 +148,17 @@ pub enum Event {
     },
     /// A stack sample: a thread's registers and the top of its stack.
     Sample(Box<StackSample>),
+    /// proftap replaced the probe set at `time`, the target held still: the
+    /// functions in `removed` are no longer instrumented; the new set's
+    /// counters start from zero for the threads that exist.
+    ProbesReplaced {
+        /// When.
+        time: u64,
+        /// The new set.
+        generation: u32,
+        /// Functions whose probes were removed.
+        removed: Vec<u32>,
+    },
     /// A thread ended.
     Exit {
         /// When.
@@ -168,7 +181,8 @@ impl Event {
             | Event::Comm { time, .. }
             | Event::Fork { time, .. }
             | Event::Exit { time, .. }
-            | Event::Mmap { time, .. } => *time,
+            | Event::Mmap { time, .. }
+            | Event::ProbesReplaced { time, .. } => *time,
         }
     }
 }
@@ -228,6 +242,7 @@ impl Hit {
                     cpu: u32_at(c, 12) as u16,
                     sp: u64_at(c, 16),
                     ret: u64_at(c, 24),
+                    generation: 0,
                     values,
                 }
             })
@@ -241,7 +256,16 @@ mod tests {
 
     #[test]
     fn saved_hits_read_back() {
-        let hit = Hit { pid: 1, tid: 2, probe: ProbeId::exit(7), sp: 0x7ffd_1234, ret: 0x5555_0000, cpu: 1, values: [9; MAX_METRICS] };
+        let hit = Hit {
+            pid: 1,
+            tid: 2,
+            probe: ProbeId::exit(7),
+            sp: 0x7ffd_1234,
+            ret: 0x5555_0000,
+            cpu: 1,
+            generation: 0,
+            values: [9; MAX_METRICS],
+        };
         let mut bytes = Vec::new();
         hit.save(&mut bytes);
         hit.save(&mut bytes);

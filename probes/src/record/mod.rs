@@ -5,27 +5,28 @@
 
 pub mod aggregate;
 pub mod events;
+pub mod governor;
 pub mod reader;
+mod session;
 
 use crate::lines::LinePlan;
 use crate::metrics::{MAX_METRICS, Metric};
-use crate::perf::{self, EventTarget, ProbeEvent, RingBuffer};
+
 use crate::plan::{EntryKind, ProbedFunction, Role};
-use crate::sampling::Sampler;
+use crate::sampling::{BackgroundSampler, Sampler};
 use crate::target::{self, Ended, Frozen, TargetError};
-use crate::tracefs::{ProbeKind, Tracefs, TracefsError, UprobeGroup, UprobeSpec};
+use crate::tracefs::TracefsError;
 use aggregate::{Aggregator, Compensation, LineSetup, NO_LINE};
-use events::{Event, ProbeId, Values};
+use events::{Event, Values};
+use governor::Governor;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use perf_event::Counter;
-use proftap_profile::{LineRecord, Overhead, Profile, Recording, RegionRecord, Target};
-use reader::Source;
+use proftap_profile::{FunctionInfo, LineRecord, Mode, Overhead, Profile, Recording, RegionRecord, Target};
 pub use reader::Tap;
 use reader::{EventReader, ORDERING_MARGIN_NS};
-use rustc_hash::FxHashMap;
+use session::{ProbeSet, Session, Unregistering};
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -96,6 +97,12 @@ pub struct ProbeCost {
 }
 
 impl ProbeCost {
+    /// A rough cost when none was measured (this machine's order of magnitude).
+    pub const ESTIMATE: ProbeCost = ProbeCost {
+        emulated: CallCost { call_ns: 2_000, call_cpu_ns: 2_000, self_ns: 1_000, self_cpu_ns: 1_000 },
+        stepped: CallCost { call_ns: 12_000, call_cpu_ns: 12_000, self_ns: 10_000, self_cpu_ns: 10_000 },
+    };
+
     fn of(&self, kind: EntryKind) -> &CallCost {
         match kind {
             EntryKind::Emulated => &self.emulated,
@@ -134,11 +141,20 @@ pub struct RecordOptions {
     pub lines: Option<LinePlan>,
     /// Stack sampling.
     pub sample: Option<SampleSettings>,
+    /// The overhead governor's budget per function, as a share of the
+    /// elapsed time (0.05: 5%); `None` keeps every probe to the end.
+    pub overhead_budget: Option<f64>,
+    /// Sample only for a warm-up, then instrument the hottest functions:
+    /// (how many, how long to sample first).
+    pub auto_instrument: Option<(usize, Duration)>,
     /// Regions to time.
     pub regions: Vec<RegionSpec>,
     /// Called once every probe is live (with the pid and the number of
     /// functions), before the target runs on.
     pub on_started: Option<fn(i32, usize)>,
+    /// Called when the probe set changes while the target runs, with what
+    /// changed (the same sentence ends up among the profile's notes).
+    pub on_probes_changed: Option<fn(&str)>,
 }
 
 impl Default for RecordOptions {
@@ -153,8 +169,11 @@ impl Default for RecordOptions {
             control: Control::default(),
             lines: None,
             sample: None,
+            overhead_budget: None,
+            auto_instrument: None,
             regions: Vec::new(),
             on_started: None,
+            on_probes_changed: None,
         }
     }
 }
@@ -226,34 +245,6 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
-fn online_cpus() -> Vec<usize> {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
-                    cpus.extend(a..=b);
-                }
-            }
-            None => cpus.extend(part.parse::<usize>().ok()),
-        }
-    }
-    if cpus.is_empty() {
-        cpus.extend(0..std::thread::available_parallelism().map_or(1, |n| n.get()));
-    }
-    cpus
-}
-
-/// Raises the open-file limit to its maximum: every probe is a descriptor
-/// per CPU and counter.
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
-}
-
 fn perf_error(what: String, source: std::io::Error, descriptors: usize) -> RecordError {
     let hint = match source.raw_os_error() {
         Some(libc::EMFILE) | Some(libc::ENFILE) => {
@@ -269,157 +260,88 @@ fn perf_error(what: String, source: std::io::Error, descriptors: usize) -> Recor
     RecordError::Perf { what, source, hint }
 }
 
-/// Perf events and ring buffers of a recording. Field order is drop
-/// order: events close before the uprobes they use are removed.
-struct Session {
-    probes: Vec<ProbeEvent>,
-    sidebands: Vec<Counter>,
-    buffers: Vec<Option<RingBuffer>>,
-    /// Perf event id -> what its samples are.
-    events: FxHashMap<u64, Source>,
-    /// Probe id -> what it stands for.
-    taps: Vec<Tap>,
-    tracepoints: Vec<crate::tracefs::ProbeEvent>,
-    cpus: Vec<usize>,
-    metrics: Vec<Metric>,
-    /// Stack sampling: (frequency, bytes of stack copied per sample).
-    sampling: Option<(u64, u32)>,
-    _group: Option<UprobeGroup>,
+/// Where the recording's events go: the aggregator and the sampler, in time order.
+struct Consumer {
+    aggregator: Aggregator,
+    sampler: Option<BackgroundSampler>,
+    /// The target's pid and whether its forked children count.
+    pid: i32,
+    follow: bool,
+    /// Ordered hits kept for the aggregator benchmark (`PROFTAP_SAVE_EVENTS`).
+    saved: Option<Vec<u8>>,
+    last_event: u64,
 }
 
-impl Session {
-    fn define(
-        functions: &[ProbedFunction],
-        lines: Option<&LinePlan>,
-        metrics: &[Metric],
-        sampling: Option<(u64, u32)>,
-    ) -> Result<Self, RecordError> {
-        if functions.is_empty() && sampling.is_none() {
-            return Err(RecordError::NothingToProbe);
-        }
-        raise_fd_limit();
-        let mut specs = Vec::with_capacity(functions.len() * 2);
-        let mut taps = Vec::with_capacity(functions.len() * 2);
-        for (i, f) in functions.iter().enumerate() {
-            let (entry, sp_adjust) = f.entry_probe.unwrap_or((f.offset, 0));
-            specs.push(UprobeSpec { path: f.open_path.clone(), offset: entry, kind: ProbeKind::At });
-            taps.push(Tap { probe: ProbeId::entry(i as u32), sp_adjust });
-            if f.role != Role::Measured {
-                continue;
-            }
-            match &f.exit_sites {
-                None => {
-                    specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::Return });
-                    taps.push(Tap { probe: ProbeId::exit(i as u32), sp_adjust: 0 });
-                }
-                Some(sites) => {
-                    for &site in sites {
-                        specs.push(UprobeSpec { path: f.open_path.clone(), offset: site, kind: ProbeKind::At });
-                        taps.push(Tap { probe: ProbeId::exit(i as u32), sp_adjust: 8 });
+impl Consumer {
+    fn consume(&mut self, event: Event) {
+        self.last_event = self.last_event.max(event.time());
+        if let Some(sampler) = self.sampler.as_ref() {
+            match event {
+                Event::Mmap { pid, start, len, pgoff, ref path, .. } => sampler.mapped(pid, start, len, pgoff, path),
+                Event::Comm { pid, tid, exec: true, .. } if pid == tid => sampler.exec(pid),
+                Event::Sample(sample) => {
+                    if self.follow || sample.pid as i32 == self.pid {
+                        let returns = self.aggregator.return_addresses(sample.tid);
+                        sampler.sample(sample, returns);
                     }
+                    return;
                 }
+                _ => {}
             }
         }
-        if let Some(plan) = lines {
-            // A row at an entry or a return already probed is left out: two
-            // probes on one instruction would race for the frame.
-            let taken: std::collections::HashSet<(&std::path::Path, u64)> = specs.iter().map(|s| (s.path.as_path(), s.offset.0)).collect();
-            let mut line_specs = Vec::new();
-            for (i, probe) in plan.probes.iter().enumerate() {
-                if !taken.contains(&(probe.open_path.as_path(), probe.offset.0)) {
-                    line_specs.push(UprobeSpec { path: probe.open_path.clone(), offset: probe.offset, kind: ProbeKind::At });
-                    taps.push(Tap { probe: ProbeId::line(i as u32), sp_adjust: 0 });
-                }
+        if let Event::Hit(hit) = event {
+            if let Some(saved) = self.saved.as_mut() {
+                hit.save(saved);
             }
-            specs.extend(line_specs);
-        }
-        let (group, tracepoints) = if specs.is_empty() {
-            (None, Vec::new())
-        } else {
-            let (group, tracepoints) = UprobeGroup::define(&Tracefs::open()?, &specs)?;
-            (Some(group), tracepoints)
-        };
-        let cpus = online_cpus();
-        Ok(Session {
-            probes: Vec::new(),
-            sidebands: Vec::new(),
-            buffers: (0..cpus.len()).map(|_| None).collect(),
-            events: FxHashMap::default(),
-            taps,
-            tracepoints,
-            cpus,
-            metrics: metrics.to_vec(),
-            sampling,
-            _group: group,
-        })
-    }
-
-    fn descriptors_per_task(&self) -> usize {
-        self.cpus.len() * (1 + (self.tracepoints.len() + 1) * self.metrics.len())
-    }
-
-    /// Opens every probe on task `pid` (and, through inherit, what it creates later).
-    fn open_task(&mut self, pid: i32, enable_on_exec: bool, buffer_bytes: usize) -> Result<(), RecordError> {
-        let need = self.descriptors_per_task();
-        for (slot, &cpu) in self.cpus.iter().enumerate() {
-            let target = EventTarget { pid, cpu, enable_on_exec };
-            let sideband = perf::open_sideband(target, buffer_bytes).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
-            match &self.buffers[slot] {
-                Some(buffer) => {
-                    perf::set_output(&sideband, buffer.owner()).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
-                    self.sidebands.push(sideband);
-                }
-                None => {
-                    let buffer = RingBuffer::new(sideband, buffer_bytes).map_err(|e| perf_error(format!("CPU {cpu}"), e, need))?;
-                    self.buffers[slot] = Some(buffer);
-                }
-            }
-            let owner = self.buffers[slot].as_ref().map(RingBuffer::owner).expect("buffer was just created");
-            for tracepoint in &self.tracepoints {
-                let event = perf::open_probe(tracepoint.tracepoint, target, &self.metrics)
-                    .map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
-                perf::set_output(&event.leader, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
-                self.events.insert(event.leader.id(), Source::Probe { id_offset: tracepoint.id_offset, top_offset: tracepoint.top_offset });
-                self.probes.push(event);
-            }
-            if let Some((frequency, stack_bytes)) = self.sampling {
-                let sampler =
-                    perf::open_stack_sampler(target, frequency, stack_bytes).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
-                perf::set_output(&sampler, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
-                self.events.insert(sampler.id(), Source::Stacks);
-                self.sidebands.push(sampler);
-            }
-            if self.metrics.len() > 1 && !self.tracepoints.is_empty() {
-                let switches = perf::open_switches(target, &self.metrics).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
-                perf::set_output(&switches.leader, owner).map_err(|e| perf_error(format!("thread {pid}"), e, need))?;
-                self.events.insert(switches.leader.id(), Source::Switch);
-                self.probes.push(switches);
+            if !self.follow && hit.pid as i32 != self.pid {
+                return;
             }
         }
-        Ok(())
-    }
-
-    fn disable(&self) {
-        for event in &self.probes {
-            let _ = perf::disable(&event.leader);
-        }
-    }
-
-    /// Samples lost on all probe events, as the events count them.
-    fn lost_samples(&self) -> u64 {
-        self.probes.iter().map(|e| perf::lost_samples(&e.leader)).sum()
-    }
-
-    fn into_reader(mut self) -> (EventReader, SessionGuard) {
-        let buffers: Vec<RingBuffer> = self.buffers.drain(..).flatten().collect();
-        let reader = EventReader::new(buffers, std::mem::take(&mut self.events), std::mem::take(&mut self.taps), self.metrics.len() - 1);
-        (reader, SessionGuard { _session: self })
+        self.aggregator.push(&event);
     }
 }
 
-/// Keeps the events and uprobes alive while the reader runs.
-struct SessionGuard {
-    _session: Session,
+/// Everything a probe-set replacement needs.
+struct Replacer<'a> {
+    functions: &'a [ProbedFunction],
+    lines: Option<&'a LinePlan>,
+}
+
+impl Replacer<'_> {
+    /// Replaces the probe set by the probes of the `enabled` functions while
+    /// the target's threads are held still, so no call is missed or seen
+    /// twice; the functions in `removed` are no longer instrumented. The old
+    /// set goes while the threads are still held: removing a uprobe waits for
+    /// a grace period that a thread hitting probes all the time delays.
+    fn replace(
+        &self,
+        session: &mut Session,
+        reader: &mut EventReader,
+        processes: &[i32],
+        enabled: &[bool],
+        removed: Vec<u32>,
+    ) -> Result<Unregistering, RecordError> {
+        let set = ProbeSet::new(self.functions, enabled, self.lines);
+        let old = session.generation();
+        let retired = session.define(&set)?;
+        let frozen: Vec<Frozen> = processes.iter().filter_map(|&pid| Frozen::freeze(pid).ok()).collect();
+        let owners = reader.owners();
+        for tid in frozen.iter().flat_map(Frozen::threads) {
+            // A thread that ended meanwhile has nothing to probe.
+            match session.open_probes(tid, &owners) {
+                Ok(()) => {}
+                Err(RecordError::Perf { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        drop(owners);
+        let at = monotonic_ns();
+        reader.retire(old, at);
+        reader.add_generation(session.generation(), set.taps);
+        reader.add_sources(session.take_sources());
+        reader.inject(Event::ProbesReplaced { time: at, generation: session.generation(), removed });
+        Ok(retired.withdraw())
+    }
 }
 
 /// Records `functions` in `target` until it ends (or, attached, until
@@ -433,9 +355,15 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let functions = &ordered[..measured];
     let metrics = options.metrics.clone();
     debug_assert_eq!(metrics.first(), Some(&Metric::Wall));
+    if functions.is_empty() && options.sample.is_none() {
+        return Err(RecordError::NothingToProbe);
+    }
     let sampling = options.sample.map(|s| (s.frequency_hz, s.stack_bytes));
-    let mut session = Session::define(all, options.lines.as_ref(), &metrics, sampling)?;
-    let mut sampler = options.sample.map(|s| Sampler::new(&sampling_event(), s.frequency_hz));
+    let mut session = Session::new(&metrics, sampling, options.buffer_bytes);
+    // With automatic instrumentation, nothing is probed until the warm-up ends.
+    let mut enabled: Vec<bool> = all.iter().map(|f| options.auto_instrument.is_none() || f.role != Role::Measured).collect();
+    let first_set = ProbeSet::new(all, &enabled, options.lines.as_ref());
+    drop(session.define(&first_set)?);
     let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
 
     let compensation = options.compensate.then(|| compensation(functions, &metrics, options.cost.unwrap_or_default()));
@@ -457,12 +385,13 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             regions: options.regions.len(),
         });
     }
+    let sampler = options.sample.map(|s| BackgroundSampler::spawn(Sampler::new(&sampling_event(), s.frequency_hz)));
 
     // Launch held or freeze, open the events, then let the program go.
     let (pid, mut child, command, attached) = match spec {
         TargetSpec::Launch { path, argv } => {
             let mut child = target::spawn_held(path, argv)?;
-            if let Err(e) = session.open_task(child.pid(), true, options.buffer_bytes) {
+            if let Err(e) = session.open_task(child.pid(), true) {
                 child.abandon();
                 return Err(e);
             }
@@ -474,7 +403,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             (pid, Some(child), argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(), false)
         }
         TargetSpec::Attach { pid } => {
-            if let Some(sampler) = sampler.as_mut() {
+            if let Some(sampler) = sampler.as_ref() {
                 for m in crate::procfs::read_maps(*pid).unwrap_or_default().iter().filter(|m| m.executable) {
                     if let Some(path) = &m.path {
                         sampler.mapped(*pid as u32, m.start.0, m.end.0 - m.start.0, m.offset.0, path);
@@ -484,7 +413,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             let frozen = Frozen::freeze(*pid)?;
             for tid in frozen.threads() {
                 aggregator.name_thread(tid as u32, target::thread_name(*pid, tid));
-                session.open_task(tid, false, options.buffer_bytes)?;
+                session.open_task(tid, false)?;
             }
             drop(frozen);
             if let Some(announce) = options.on_started {
@@ -496,44 +425,30 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let started_monotonic_ns = monotonic_ns();
     aggregator.add_process(pid);
     let pidfd = target::pidfd(pid).ok();
-    let (mut reader, guard) = session.into_reader();
+    let mut reader = EventReader::new(session.take_buffers(), metrics.len() - 1);
+    reader.add_sources(session.take_sources());
+    reader.add_generation(session.generation(), first_set.taps);
 
-    let follow = options.follow_forks;
-    // PROFTAP_SAVE_EVENTS=FILE keeps the ordered hits, for the aggregator benchmark.
     let save_to = std::env::var_os("PROFTAP_SAVE_EVENTS");
-    let mut saved = Vec::new();
-    let mut last_event = 0u64;
-    let mut sink = |event: &Event| {
-        last_event = last_event.max(event.time());
-        if let Some(sampler) = sampler.as_mut() {
-            match event {
-                Event::Mmap { pid, start, len, pgoff, path, .. } => sampler.mapped(*pid, *start, *len, *pgoff, path),
-                Event::Comm { pid, tid, exec: true, .. } if pid == tid => sampler.exec(*pid),
-                Event::Sample(sample) if follow || sample.pid as i32 == pid => {
-                    sampler.sample(sample, &aggregator.return_addresses(sample.tid))
-                }
-                _ => {}
-            }
-        }
-        if save_to.is_some()
-            && let Event::Hit(hit) = event
-        {
-            hit.save(&mut saved);
-        }
-        if !follow
-            && let Event::Hit(hit) = event
-            && hit.pid as i32 != pid
-        {
-            return;
-        }
-        aggregator.push(event);
-    };
+    let mut consumer =
+        Consumer { aggregator, sampler, pid, follow: options.follow_forks, saved: save_to.as_ref().map(|_| Vec::new()), last_event: 0 };
+    let replacer = Replacer { functions: all, lines: options.lines.as_ref() };
+    let mut governor = options.overhead_budget.map(|budget| {
+        let cost = options.cost.unwrap_or(ProbeCost::ESTIMATE);
+        Governor::new(budget, functions.iter().map(|f| cost.of(f.entry).call_ns.max(1)).collect())
+    });
+    let mut notes = Vec::new();
+    let mut auto_pending = options.auto_instrument;
 
     let deadline = options.duration.map(|d| Instant::now() + d);
     let mut ended = None;
     let mut terminated_sent = false;
     let mut peak_rate = 0u64;
     let mut window = (Instant::now(), 0u64);
+    // Replaced probe sets, out of the targets, unregistered at the end.
+    let mut unregistering = Vec::new();
+    // Probe-set changes are decided as hits are read, so the poll wakes often.
+    let poll_ms: u16 = if governor.is_some() || auto_pending.is_some() { 10 } else { 50 };
     loop {
         // SAFETY: the buffers' fds stay open for the whole loop.
         let owners: Vec<BorrowedFd<'_>> =
@@ -542,12 +457,81 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         if let Some(fd) = &pidfd {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
         }
-        let _ = poll(&mut fds, PollTimeout::from(50u16));
+        let _ = poll(&mut fds, PollTimeout::from(poll_ms));
         drop(fds);
 
         let watermark = monotonic_ns().saturating_sub(ORDERING_MARGIN_NS);
         reader.drain();
-        let released = reader.release(Some(watermark), &mut sink);
+        // Probe-set changes (the governor's, the end of a warm-up) are decided
+        // on the hits just read, before the slower ordering and aggregation.
+        let elapsed_ns = monotonic_ns().saturating_sub(started_monotonic_ns);
+        let over = governor.as_mut().map(|g| g.over_budget(reader.entries(), elapsed_ns)).unwrap_or_default();
+        let warmed_up = auto_pending.filter(|(_, warmup)| elapsed_ns >= warmup.as_nanos() as u64);
+        if !over.is_empty() || warmed_up.is_some() {
+            // Processes forked in the last ordering margin are not known yet: they
+            // keep the probes they inherited.
+            let processes: Vec<i32> =
+                consumer.aggregator.processes().iter().map(|p| p.pid).filter(|p| Path::new(&format!("/proc/{p}")).exists()).collect();
+            if !over.is_empty() {
+                for &f in &over {
+                    enabled[f as usize] = false;
+                }
+                let names: Vec<String> =
+                    over.iter().map(|&f| format!("{} ({} calls)", functions[f as usize].info.name, reader.entries()[f as usize])).collect();
+                match replacer.replace(&mut session, &mut reader, &processes, &enabled, over) {
+                    Ok(old) => {
+                        unregistering.push(old);
+                        let note = format!(
+                            "after {} ms, removed the probes of {}: over the {}% overhead budget; sampled from then on",
+                            elapsed_ns / 1_000_000,
+                            names.join(", "),
+                            options.overhead_budget.unwrap_or_default() * 100.0
+                        );
+                        if let Some(tell) = options.on_probes_changed {
+                            tell(&note);
+                        }
+                        notes.push(note);
+                    }
+                    Err(e) => {
+                        notes.push(format!("could not remove the probes of functions over the overhead budget: {e}"));
+                        governor = None;
+                    }
+                }
+            }
+            if let Some((count, warmup)) = warmed_up {
+                auto_pending = None;
+                let hot = consumer.sampler.as_ref().map(BackgroundSampler::hottest).unwrap_or_default();
+                let chosen: Vec<usize> =
+                    hot.iter().filter_map(|(name, _, _)| functions.iter().position(|f| &f.info.name == name)).take(count).collect();
+                for &f in &chosen {
+                    enabled[f] = true;
+                }
+                let replaced = if chosen.is_empty() {
+                    None
+                } else {
+                    Some(replacer.replace(&mut session, &mut reader, &processes, &enabled, Vec::new()))
+                };
+                let note = match replaced {
+                    None => format!("sampled for {} ms and saw no function to instrument", warmup.as_millis()),
+                    Some(Ok(old)) => {
+                        unregistering.push(old);
+                        format!(
+                            "sampled for {} ms, then instrumented the {} hottest functions by sampled inclusive time: {}",
+                            warmup.as_millis(),
+                            chosen.len(),
+                            chosen.iter().map(|&f| functions[f].info.name.as_str()).collect::<Vec<_>>().join(", ")
+                        )
+                    }
+                    Some(Err(e)) => format!("could not instrument the hottest functions: {e}"),
+                };
+                if let Some(tell) = options.on_probes_changed {
+                    tell(&note);
+                }
+                notes.push(note);
+            }
+        }
+
+        let released = reader.release(Some(watermark), |e| consumer.consume(e));
         window.1 += released as u64;
         let elapsed = window.0.elapsed();
         if elapsed >= Duration::from_secs(1) {
@@ -577,23 +561,27 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             }
         }
     }
-    guard._session.disable();
+    session.disable();
     reader.drain();
-    reader.release(None, &mut sink);
-    let lost_samples = guard._session.lost_samples();
+    reader.release(None, |e| consumer.consume(e));
+    let lost_samples = session.lost_samples();
     let malformed = reader.malformed;
-    if let Some(path) = &save_to {
-        let _ = std::fs::write(path, &saved);
+    if let (Some(path), Some(saved)) = (&save_to, &consumer.saved) {
+        let _ = std::fs::write(path, saved);
     }
     // A launched program's recording ends with its last event, not when
     // proftap noticed it had exited.
-    let ended_monotonic = if attached { monotonic_ns() } else { last_event.clamp(started_monotonic_ns, monotonic_ns()) };
+    let ended_monotonic = if attached { monotonic_ns() } else { consumer.last_event.clamp(started_monotonic_ns, monotonic_ns()) };
     drop(reader);
-    drop(guard);
+    unregistering.push(session.withdraw());
+    drop(session);
+    // Each set waits for its own grace periods: in parallel.
+    drop(unregistering);
     drop(child);
+    let Consumer { aggregator, sampler, .. } = consumer;
+    let throttled: Vec<bool> = aggregator.throttled().to_vec();
 
     let mut aggregate = aggregator.finish();
-    let mut notes = Vec::new();
     // The kernel reports a loss as a record only when it next writes to the
     // buffer; the events' own counts also include losses it never reported.
     if lost_samples > aggregate.lost.events {
@@ -601,18 +589,24 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     }
     if aggregate.lost.events > 0 {
         notes.push(format!(
-            "{} probe hits were lost because a ring buffer was full; calls and times of the functions and threads involved are low (raise --buffer-size)",
-            aggregate.lost.events
+            "{} lost because a ring buffer was full; calls and times of the functions and threads involved are low (raise --buffer-size)",
+            counted(aggregate.lost.events, "probe hit was", "probe hits were")
         ));
     }
     if aggregate.unwound_frames > 0 {
         notes.push(format!(
-            "{} calls ended without their own return (C++ exception, longjmp, exit, or a call deeper than the kernel's 64 tracked returns per thread); they are marked unwound and timed until the moment proftap saw them gone",
-            aggregate.unwound_frames
+            "{} without its own return (C++ exception, longjmp, exit, or a call deeper than the kernel's 64 tracked returns per thread); marked unwound and timed until the moment proftap saw it gone",
+            counted(aggregate.unwound_frames, "call ended", "calls ended")
+        ));
+    }
+    if aggregate.orphaned_frames > 0 {
+        notes.push(format!(
+            "{} in progress when the probe set changed, and return probes went with the old set; marked unfinished and timed until proftap saw it gone",
+            counted(aggregate.orphaned_frames, "call was", "calls were")
         ));
     }
     if malformed > 0 {
-        notes.push(format!("{malformed} kernel records could not be read and were skipped"));
+        notes.push(format!("{} could not be read and skipped", counted(malformed, "kernel record", "kernel records")));
     }
     for process in &aggregate.processes {
         for exec in &process.execs {
@@ -657,7 +651,20 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             proftap_version: env!("CARGO_PKG_VERSION").into(),
         },
         metrics: metrics.iter().map(|m| m.key().to_string()).collect(),
-        functions: functions.iter().map(|f| f.info.clone()).collect(),
+        functions: functions
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let mode = if throttled[i] {
+                    Mode::Throttled
+                } else if enabled[i] {
+                    Mode::Instrumented
+                } else {
+                    Mode::Sampled
+                };
+                FunctionInfo { mode, ..f.info.clone() }
+            })
+            .collect(),
         threads: aggregate.threads,
         lost: aggregate.lost,
         overhead,
@@ -678,7 +685,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             })
             .collect(),
         runs: 1,
-        samples: sampler.map(Sampler::finish),
+        samples: sampler.map(BackgroundSampler::finish),
     };
     Ok(Recorded { profile, ended })
 }
@@ -747,4 +754,9 @@ fn overhead(functions: &[ProbedFunction], calls: &[u64], hits: u64, cost: Option
         call_cpu_ns: cost.stepped.call_cpu_ns,
         self_ns: cost.stepped.self_ns,
     }
+}
+
+/// "1 call was", "2 calls were".
+fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }

@@ -34,11 +34,20 @@ pub enum Source {
         id_offset: usize,
         /// Offset of the word on top of the stack, if recorded.
         top_offset: Option<usize>,
+        /// The probe set the event belongs to.
+        generation: u32,
     },
     /// Context switches: a thread's counters on the CPU it leaves.
     Switch,
     /// Stack samples.
     Stacks,
+}
+
+/// A probe set: what its probe ids stand for, and until when its events count.
+struct Generation {
+    taps: Vec<Tap>,
+    /// Samples from this time on belong to the set that replaced it.
+    until: u64,
 }
 
 /// Reads the ring buffers of a recording.
@@ -47,20 +56,53 @@ pub struct EventReader {
     buffers: Vec<RingBuffer>,
     /// Perf event id -> what its samples are.
     events: FxHashMap<u64, Source>,
-    /// Probe id -> what it stands for.
-    taps: Vec<Tap>,
+    /// Probe sets by generation.
+    generations: FxHashMap<u32, Generation>,
     counters: usize,
     pending: Vec<Event>,
+    /// Entry hits read so far, by function: what the overhead governor
+    /// judges, as soon as they are read rather than once ordered.
+    entries: Vec<u64>,
     /// Records the reader could not parse (a kernel or proftap bug; counted, not hidden).
     pub malformed: u64,
 }
 
 impl EventReader {
-    /// A reader over `buffers` (one per CPU). `events` says what each perf
-    /// event's samples are, `taps` what each probe id stands for; each
-    /// sample carries `counters` counter values after wall time.
-    pub fn new(buffers: Vec<RingBuffer>, events: FxHashMap<u64, Source>, taps: Vec<Tap>, counters: usize) -> Self {
-        EventReader { buffers, events, taps, counters: counters.min(MAX_METRICS - 1), pending: Vec::new(), malformed: 0 }
+    /// A reader over `buffers` (one per CPU); each sample carries `counters`
+    /// counter values after wall time.
+    pub fn new(buffers: Vec<RingBuffer>, counters: usize) -> Self {
+        EventReader {
+            buffers,
+            events: FxHashMap::default(),
+            generations: FxHashMap::default(),
+            counters: counters.min(MAX_METRICS - 1),
+            pending: Vec::new(),
+            entries: Vec::new(),
+            malformed: 0,
+        }
+    }
+
+    /// Says what newly opened events' samples are.
+    pub fn add_sources(&mut self, sources: FxHashMap<u64, Source>) {
+        self.events.extend(sources);
+    }
+
+    /// A probe set's probe ids.
+    pub fn add_generation(&mut self, generation: u32, taps: Vec<Tap>) {
+        self.generations.insert(generation, Generation { taps, until: u64::MAX });
+    }
+
+    /// A probe set replaced at `at`: its later samples are dropped (the
+    /// target was held still then, so there are none but stragglers).
+    pub fn retire(&mut self, generation: u32, at: u64) {
+        if let Some(g) = self.generations.get_mut(&generation) {
+            g.until = at;
+        }
+    }
+
+    /// Puts an event of proftap's own into the stream, in time order.
+    pub fn inject(&mut self, event: Event) {
+        self.pending.push(event);
     }
 
     /// The buffers (to poll their owners' file descriptors).
@@ -68,15 +110,31 @@ impl EventReader {
         &self.buffers
     }
 
+    /// The events owning the buffers, one per CPU (new events write into them).
+    pub fn owners(&self) -> Vec<&perf_event::Counter> {
+        self.buffers.iter().map(RingBuffer::owner).collect()
+    }
+
     /// Moves every record out of the buffers into the pending queue.
     pub fn drain(&mut self) -> usize {
         let before = self.pending.len();
-        let (events, taps, counters, pending, malformed) =
-            (&self.events, &self.taps[..], self.counters, &mut self.pending, &mut self.malformed);
+        let (events, generations, counters, pending, entries, malformed) =
+            (&self.events, &self.generations, self.counters, &mut self.pending, &mut self.entries, &mut self.malformed);
         for (cpu, buffer) in self.buffers.iter_mut().enumerate() {
             let cpu = cpu as u16;
-            buffer.drain(|kind, misc, body| match decode(kind, misc, body, cpu, events, taps, counters) {
-                Decoded::Event(e) => pending.push(e),
+            buffer.drain(|kind, misc, body| match decode(kind, misc, body, cpu, events, generations, counters) {
+                Decoded::Event(e) => {
+                    if let Event::Hit(hit) = &e
+                        && hit.probe.kind() == ProbeKind::Entry
+                    {
+                        let f = hit.probe.function() as usize;
+                        if entries.len() <= f {
+                            entries.resize(f + 1, 0);
+                        }
+                        entries[f] += 1;
+                    }
+                    pending.push(e)
+                }
                 Decoded::Ignored => {}
                 Decoded::Malformed => *malformed += 1,
             });
@@ -84,9 +142,15 @@ impl EventReader {
         self.pending.len() - before
     }
 
+    /// Entry hits read so far, by function (shorter when the last functions
+    /// had none).
+    pub fn entries(&self) -> &[u64] {
+        &self.entries
+    }
+
     /// Hands every pending event older than `watermark` to `sink`, in time
     /// order; `None` hands on everything (the recording is over).
-    pub fn release(&mut self, watermark: Option<u64>, mut sink: impl FnMut(&Event)) -> usize {
+    pub fn release(&mut self, watermark: Option<u64>, mut sink: impl FnMut(Event)) -> usize {
         // Stable: events of one buffer with equal stamps keep their order.
         self.pending.sort_by_key(Event::time);
         let ready = match watermark {
@@ -94,7 +158,7 @@ impl EventReader {
             None => self.pending.len(),
         };
         for event in self.pending.drain(..ready) {
-            sink(&event);
+            sink(event);
         }
         ready
     }
@@ -106,7 +170,15 @@ enum Decoded {
     Malformed,
 }
 
-fn decode(kind: u32, misc: u16, body: &[u8], cpu: u16, events: &FxHashMap<u64, Source>, taps: &[Tap], counters: usize) -> Decoded {
+fn decode(
+    kind: u32,
+    misc: u16,
+    body: &[u8],
+    cpu: u16,
+    events: &FxHashMap<u64, Source>,
+    generations: &FxHashMap<u32, Generation>,
+    counters: usize,
+) -> Decoded {
     match kind {
         record_type::SAMPLE
             if body.get(0..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes).and_then(|id| events.get(&id))
@@ -133,13 +205,19 @@ fn decode(kind: u32, misc: u16, body: &[u8], cpu: u16, events: &FxHashMap<u64, S
             for (i, v) in values.iter_mut().enumerate().skip(1).take(counters) {
                 *v = sample.counter(i - 1);
             }
-            let (id_offset, top_offset) = match events.get(&sample.id) {
-                Some(Source::Probe { id_offset, top_offset }) => (*id_offset, *top_offset),
+            let (id_offset, top_offset, generation) = match events.get(&sample.id) {
+                Some(Source::Probe { id_offset, top_offset, generation }) => (*id_offset, *top_offset, *generation),
                 Some(Source::Switch) => return Decoded::Event(Event::Switch { pid: sample.pid, tid: sample.tid, cpu, values }),
                 Some(Source::Stacks) => return Decoded::Malformed,
                 None => return Decoded::Ignored,
             };
-            let Some(&tap) = perf::raw_u32(sample.raw, id_offset).and_then(|id| taps.get(id as usize)) else { return Decoded::Malformed };
+            let Some(set) = generations.get(&generation) else { return Decoded::Ignored };
+            if sample.time >= set.until {
+                return Decoded::Ignored;
+            }
+            let Some(&tap) = perf::raw_u32(sample.raw, id_offset).and_then(|id| set.taps.get(id as usize)) else {
+                return Decoded::Malformed;
+            };
             let sp = sample.sp.map_or(0, |sp| sp.wrapping_add(tap.sp_adjust));
             let ret = match (tap.probe.kind(), top_offset) {
                 (ProbeKind::Entry, Some(at)) => {
@@ -147,7 +225,7 @@ fn decode(kind: u32, misc: u16, body: &[u8], cpu: u16, events: &FxHashMap<u64, S
                 }
                 _ => 0,
             };
-            Decoded::Event(Event::Hit(Hit { pid: sample.pid, tid: sample.tid, probe: tap.probe, sp, ret, cpu, values }))
+            Decoded::Event(Event::Hit(Hit { pid: sample.pid, tid: sample.tid, probe: tap.probe, sp, ret, cpu, generation, values }))
         }
         record_type::LOST => {
             // The event that noticed serves many probes: the loss is known per thread, not per function.

@@ -1,0 +1,108 @@
+//! The default mode without `-f`: every function instrumented and the whole
+//! program sampled, with an overhead governor removing the probes of
+//! functions that cost too much; and `attach --auto-instrument`.
+#![allow(clippy::unwrap_used)]
+
+use proftap_tests::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_hot_tiny_function_is_throttled_and_the_program_runs_near_full_speed() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("hot.c", "-O2").build();
+    // tiny is called 200 million times: instrumented throughout, the
+    // program would run for minutes instead of a fraction of a second.
+    let args = [binary.to_str().unwrap(), "200"];
+    let bare = (0..2)
+        .map(|_| {
+            let start = Instant::now();
+            run_ok(Command::new(&binary).arg("200"));
+            start.elapsed()
+        })
+        .min()
+        .unwrap();
+    let report = profile_run(&[], &args);
+    let functions = &report["functions"];
+
+    let tiny = function(functions, "tiny");
+    assert_eq!(tiny["mode"], "throttled", "{tiny}");
+    let tiny_calls = tiny["calls"].as_u64().unwrap();
+    assert!((1000..2_000_000).contains(&tiny_calls), "tiny counted {tiny_calls} calls before its probes went");
+    // Sampling covers it after: it is on the stack in a good share of the samples.
+    let sampled = report["samples"]["functions"].as_array().unwrap().iter().find(|f| f["name"] == "tiny").unwrap();
+    assert!(sampled["total"].as_u64().unwrap() > 0, "{sampled}");
+
+    // The cheap function keeps exact counts, and so does main.
+    let rare = function(functions, "rare");
+    assert_eq!((rare["mode"].as_str(), rare["calls"].as_u64()), (Some("instrumented"), Some(10)));
+    let main = function(functions, "main");
+    assert_eq!((main["mode"].as_str(), main["calls"].as_u64()), (Some("instrumented"), Some(1)));
+    // main was running when the probes changed: its return probe went with
+    // the old set, and it says so instead of passing for an exception.
+    assert_eq!((main["unwound"].as_u64(), main["unfinished"].as_u64()), (Some(0), Some(1)));
+
+    let notes: Vec<&str> = report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    assert!(notes.iter().any(|n| n.contains("removed the probes of tiny")), "{notes:?}");
+    // A small factor of the bare run (plus the probes of the first calls
+    // and proftap's own start), where full instrumentation is hundreds.
+    let recorded = Duration::from_nanos(report["recording"]["duration_ns"].as_u64().unwrap());
+    assert!(recorded < bare * 3 + Duration::from_millis(300), "recorded {recorded:?}, bare run {bare:?}");
+}
+
+#[test]
+fn a_zero_budget_keeps_every_probe() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("hot.c", "-O2").build();
+    // 100 000 calls: a second of probes, far over any budget.
+    let report = profile_run(&["--overhead-budget", "0", "--no-sample"], &[binary.to_str().unwrap(), "0.1"]);
+    let tiny = function(&report["functions"], "tiny");
+    assert_eq!((tiny["mode"].as_str(), tiny["calls"].as_u64()), (Some("instrumented"), Some(100_000)));
+    assert!(report["samples"].is_null(), "{}", report["samples"]);
+}
+
+#[test]
+fn attach_auto_instrument_samples_then_counts_the_hottest_functions_exactly() {
+    if !can_probe() {
+        return;
+    }
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let mut profiler = proftap()
+        .args(["attach", "--auto-instrument", "2", "--warmup", "300ms", "--overhead-budget", "0", "-o"])
+        .arg(&file)
+        .arg(waiter.pid.to_string())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(profiler.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("attached to process"), "unexpected: {line}");
+
+    // Work to sample during the warm-up: nothing is counted yet.
+    let mut total = waiter.tick(50_000_000);
+    line.clear();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("instrumented the 2 hottest functions") && line.contains("tick"), "unexpected: {line}");
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+
+    // From now on every call is counted.
+    total = waiter.tick(1000).max(total);
+    total = waiter.tick(234).max(total);
+    run_ok(Command::new("kill").args(["-INT", &profiler.id().to_string()]));
+    assert!(profiler.wait().unwrap().success());
+    assert_eq!(waiter.tick(1), total + 1);
+
+    let report = report_json(&file);
+    let tick = function(&report["functions"], "tick");
+    assert_eq!((tick["mode"].as_str(), tick["calls"].as_u64()), (Some("instrumented"), Some(1234)));
+    let sampled = report["samples"]["functions"].as_array().unwrap().iter().find(|f| f["name"] == "tick").unwrap();
+    assert!(sampled["self"].as_u64().unwrap() > 0, "{sampled}");
+}
