@@ -141,3 +141,24 @@ fn flame_graphs_from_samples_calls_and_differences() {
     assert_clean_failure(&out, "has no samples");
     assert!(!dir.path().join("x.svg").exists());
 }
+
+#[test]
+fn no_instrument_samples_without_placing_a_probe() {
+    if !can_probe() {
+        return;
+    }
+    let binary = split().build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().args(["run", "--no-instrument", "-o"]).arg(&file).arg("--").arg(&binary).arg("100"));
+    let report = report_json(&file);
+    assert_eq!(report["recording"]["events"], 0, "no probe hit");
+    for f in report["functions"].as_array().unwrap() {
+        assert_eq!((f["mode"].as_str(), f["calls"].as_u64()), (Some("sampled"), Some(0)), "{f}");
+    }
+    let (a, b) = (shares(&report)["work_a"].1, shares(&report)["work_b"].1);
+    assert!(a > b && b > 0.0, "work_a {a:.1}%, work_b {b:.1}%");
+    let text = run_ok(proftap().arg("report").arg(&file));
+    assert!(text.contains("by sampling only (no probes)") && !text.contains("Flat profile"), "{text}");
+    assert!(text.lines().any(|l| l.contains(" work_a  (split")), "{text}");
+}

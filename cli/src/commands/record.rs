@@ -56,6 +56,9 @@ pub struct RecordArgs {
     /// Do not sample (when no -f is given, proftap samples by default).
     #[arg(long, conflicts_with = "sample")]
     no_sample: bool,
+    /// Sample only, as `perf record` does: place no probes (no call counts).
+    #[arg(long, conflicts_with_all = ["no_sample", "lines", "regions", "overhead_budget"])]
+    no_instrument: bool,
     /// The most a function's probes may cost, in percent of the elapsed time,
     /// before they are removed while the program runs (its counts stay exact
     /// up to then; sampling covers it after). Default 5 when no -f is given
@@ -165,7 +168,7 @@ fn options(
         duration,
         cost: crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
         lines: chosen.lines.clone(),
-        sample: match (args.sample, hybrid(args) && !args.no_sample || auto.is_some()) {
+        sample: match (args.sample, hybrid(args) && !args.no_sample || auto.is_some() || args.no_instrument) {
             (Some(0), _) => bail!("--sample needs a frequency above 0"),
             (Some(hz), _) => Some(SampleSettings { frequency_hz: hz.min(100_000), ..SampleSettings::default() }),
             (None, true) => Some(SampleSettings::default()),
@@ -174,10 +177,11 @@ fn options(
         overhead_budget: match args.overhead_budget {
             Some(pct) if !(0.0..=100.0).contains(&pct) => bail!("--overhead-budget is a percentage between 0 and 100"),
             Some(pct) => (pct > 0.0).then_some(pct / 100.0),
-            None if hybrid(args) && args.lines.is_none() && args.regions.is_empty() => Some(0.05),
+            None if hybrid(args) && args.lines.is_none() && args.regions.is_empty() && !args.no_instrument => Some(0.05),
             None => None,
         },
         auto_instrument: auto,
+        sample_only: args.no_instrument,
         regions: args.regions.clone(),
         compensate: args.compensate,
         control: control()?,
@@ -320,6 +324,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 
 /// Runs `proftap attach`.
 pub fn attach(args: AttachArgs) -> Result<ExitCode> {
+    if args.auto_instrument.is_some() && args.record.no_instrument {
+        bail!("--auto-instrument instruments functions after the warm-up; --no-instrument never does: choose one");
+    }
     let selection = Selection::parse(&args.record.functions)?;
     let metrics = parse_metrics(&args.record.metrics)?;
     let loaded = procfs::loaded_modules(args.pid)?;
@@ -342,12 +349,17 @@ fn finish(recorded: Recorded, output: &Path) -> Result<()> {
     let threads = profile.threads.len();
     let calls = profile.total_calls();
     let lost = profile.lost.events;
-    eprintln!(
-        "proftap: {} functions, {calls} calls in {threads} thread{}, {lost} events lost; profile written to {} (see: proftap report {})",
-        profile.functions.len(),
-        if threads == 1 { "" } else { "s" },
-        output.display(),
-        output.display()
-    );
+    let instrumented = profile.functions.iter().filter(|f| f.mode != proftap_profile::Mode::Sampled).count();
+    let mut parts = Vec::new();
+    if instrumented > 0 {
+        parts.push(format!(
+            "{instrumented} functions, {calls} calls in {threads} thread{}, {lost} events lost",
+            if threads == 1 { "" } else { "s" }
+        ));
+    }
+    if let Some(samples) = &profile.samples {
+        parts.push(format!("{} stack samples", samples.total));
+    }
+    eprintln!("proftap: {}; profile written to {} (see: proftap report {})", parts.join(", "), output.display(), output.display());
     Ok(())
 }

@@ -69,10 +69,11 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
     header(profile, &mut out);
     let metrics: Vec<usize> = if options.metrics.is_empty() { (0..profile.metrics.len()).collect() } else { options.metrics.clone() };
     let mut merged = profile.merged_functions();
-    for &m in &metrics {
+    let probed = probed(profile);
+    for &m in metrics.iter().filter(|_| probed) {
         flat(profile, &mut merged, m, options, "", &mut out);
     }
-    if options.tree {
+    if options.tree && probed {
         let m = metrics.first().copied().unwrap_or(0);
         let _ = writeln!(out, "\nCall tree ({}, inclusive / exclusive)", metric_label(&profile.metrics[m]));
         tree(profile, &profile.merged_tree(), m, &mut out);
@@ -102,6 +103,11 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
     out
 }
 
+/// Whether any function was instrumented (not a sampling-only recording).
+fn probed(profile: &Profile) -> bool {
+    profile.functions.iter().any(|f| f.mode != Mode::Sampled)
+}
+
 fn header(profile: &Profile, out: &mut String) {
     let t = &profile.target;
     let how = if t.attached { "attached to" } else { "ran" };
@@ -113,6 +119,19 @@ fn header(profile: &Profile, out: &mut String) {
     let _ = writeln!(out, "proftap profile: {how} {} (pid {}{ended})", t.command.join(" "), t.pid);
     let _ = writeln!(out, "  executable  {}{}", t.exe, t.build_id.as_deref().map(|b| format!(" (build-id {b})")).unwrap_or_default());
     let r = &profile.recording;
+    if !probed(profile) {
+        let _ = writeln!(
+            out,
+            "  recorded    {} by sampling only (no probes), {} process{}",
+            format_ns(r.duration_ns),
+            profile.processes.len().max(1),
+            if profile.processes.len() > 1 { "es" } else { "" }
+        );
+        for note in &profile.notes {
+            let _ = writeln!(out, "  note        {note}");
+        }
+        return;
+    }
     let _ = writeln!(
         out,
         "  recorded    {} with {} probes (returns seen by {}), {} thread{}, {} process{}",
@@ -232,13 +251,14 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
 /// and estimated CPU time, the only numbers proftap has for them.
 fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
     let Some(samples) = &profile.samples else { return };
-    let instrumented: std::collections::HashSet<&str> = profile.functions.iter().map(|f| f.name.as_str()).collect();
+    let instrumented: std::collections::HashSet<&str> =
+        profile.functions.iter().filter(|f| f.mode != Mode::Sampled).map(|f| f.name.as_str()).collect();
     let functions: Vec<_> = samples.functions().into_iter().filter(|f| !instrumented.contains(f.frame.name.as_str())).collect();
     let total = samples.total.max(1);
     let _ = writeln!(
         out,
         "\nSampled {} ({} samples at {} Hz of {}; not instrumented: estimated time, no call counts)",
-        if profile.functions.is_empty() { "profile" } else { "only" },
+        if instrumented.is_empty() { "profile" } else { "only" },
         group_digits(samples.total),
         samples.frequency_hz,
         samples.event

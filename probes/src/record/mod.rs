@@ -147,6 +147,8 @@ pub struct RecordOptions {
     /// Sample only for a warm-up, then instrument the hottest functions:
     /// (how many, how long to sample first).
     pub auto_instrument: Option<(usize, Duration)>,
+    /// Place no probes: sample only (the functions are listed, as sampled).
+    pub sample_only: bool,
     /// Regions to time.
     pub regions: Vec<RegionSpec>,
     /// Called once every probe is live (with the pid and the number of
@@ -171,6 +173,7 @@ impl Default for RecordOptions {
             sample: None,
             overhead_budget: None,
             auto_instrument: None,
+            sample_only: false,
             regions: Vec::new(),
             on_started: None,
             on_probes_changed: None,
@@ -361,7 +364,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let sampling = options.sample.map(|s| (s.frequency_hz, s.stack_bytes));
     let mut session = Session::new(&metrics, sampling, options.buffer_bytes);
     // With automatic instrumentation, nothing is probed until the warm-up ends.
-    let mut enabled: Vec<bool> = all.iter().map(|f| options.auto_instrument.is_none() || f.role != Role::Measured).collect();
+    let mut enabled: Vec<bool> =
+        all.iter().map(|f| !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)).collect();
     let first_set = ProbeSet::new(all, &enabled, options.lines.as_ref());
     drop(session.define(&first_set)?);
     let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);

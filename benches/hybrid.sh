@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The hybrid default on a call-heavy program: examples/hot.c (-O2) calls a
+# tiny function MILLIONS times and a cheap one 10 times, and prints how long
+# its main took. Shown: that time bare, under the default mode (every
+# function instrumented, the governor removes tiny's probes, 1 kHz
+# sampling), and fully instrumented (--overhead-budget 0 --no-sample);
+# median of RUNS runs each, same run.
+# Usage: benches/hybrid.sh [MILLIONS [FULL_MILLIONS [RUNS]]]
+#   defaults: 100 (bare and hybrid), 0.5 (full instrumentation, which is
+#   far slower), 3. Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+millions=${1:-100}
+full_millions=${2:-0.5}
+runs=${3:-3}
+cargo build --release --quiet --bins
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+proftap=$PWD/target/release/proftap
+gcc -O2 -g -o "$dir/hot" examples/hot.c
+
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# The program's own elapsed time, in ms.
+elapsed() { for _ in $(seq "$runs"); do "$@" 2>&1 >/dev/null | awk '/^elapsed_ms/ {print $2}'; done | median; }
+
+printf '%-40s %12s %12s %8s\n' mode millions main_ms ratio
+for m in "$millions" "$full_millions"; do
+  bare=$(elapsed "$dir/hot" "$m")
+  printf '%-40s %12s %12s %8s\n' "bare" "$m" "$bare" 1.00
+  hybrid=$(elapsed "$proftap" run -o "$dir/p.profile" -- "$dir/hot" "$m")
+  printf '%-40s %12s %12s %8.2f\n' "proftap run (hybrid default)" "$m" "$hybrid" "$(awk -v a="$hybrid" -v b="$bare" 'BEGIN {print a / b}')"
+  if [[ $m == "$full_millions" ]]; then
+    full=$(elapsed "$proftap" run --overhead-budget 0 --no-sample -o "$dir/p.profile" -- "$dir/hot" "$m")
+    printf '%-40s %12s %12s %8.2f\n' "proftap run --overhead-budget 0" "$m" "$full" "$(awk -v a="$full" -v b="$bare" 'BEGIN {print a / b}')"
+  fi
+done
