@@ -174,6 +174,11 @@ pub struct RawStackSample<'a> {
     pub stack: &'a [u8],
 }
 
+/// A record header's `misc` bits saying where the CPU was (`PERF_RECORD_MISC_CPUMODE_MASK`).
+pub const MISC_CPUMODE_MASK: u16 = 7;
+/// ... in the kernel (`PERF_RECORD_MISC_KERNEL`).
+pub const MISC_KERNEL: u16 = 1;
+
 /// Parses a sample of [`open_stack_sampler`]'s layout.
 pub fn parse_stack_sample(body: &[u8]) -> Option<RawStackSample<'_>> {
     let id = read_u64(body, 0)?;

@@ -168,6 +168,23 @@ impl BackgroundSampler {
     }
 }
 
+/// Where the kernel puts a process's `[uprobes]` page unless taken: the top
+/// page of the 47-bit user address space. Its mmap record may never come
+/// (the page appears at the first probe hit).
+const DEFAULT_PROBE_AREA: std::ops::Range<u64> = 0x7fff_ffff_e000..0x7fff_ffff_f000;
+
+impl Process {
+    /// The `[uprobes]` page: return-probe trampolines and the slots where
+    /// probed instructions are single-stepped.
+    fn probe_area(&self) -> std::ops::Range<u64> {
+        self.trampoline.map_or(DEFAULT_PROBE_AREA, |(lo, hi)| lo..hi)
+    }
+
+    fn in_probe_area(&self, ip: u64) -> bool {
+        self.probe_area().contains(&ip) && !self.mappings.iter().any(|m| (m.start..m.end).contains(&ip))
+    }
+}
+
 /// Collects stack samples into a [`SampleProfile`].
 pub struct Sampler {
     event: String,
@@ -254,7 +271,13 @@ impl Sampler {
     pub fn sample(&mut self, sample: &StackSample, returns: &[(u64, u64)]) {
         self.total += 1;
         let [ip, sp, bp] = sample.regs;
-        let addresses = self.unwind(sample.pid, ip, sp, bp, &sample.stack, returns);
+        let mut addresses = self.unwind(sample.pid, ip, sp, bp, &sample.stack, returns);
+        // In the kernel with a stack that does not unwind: the thread was
+        // taken while a probe was handled, its registers half updated.
+        let mid_probe = sample.in_kernel && addresses.iter().skip(1).any(|&a| !self.is_mapped(sample.pid, a));
+        if mid_probe {
+            addresses.clear();
+        }
         let mut stack: Vec<u32> = Vec::with_capacity(addresses.len() * 2);
         let mut innermost_line = None;
         for (depth, address) in addresses.iter().enumerate() {
@@ -267,7 +290,7 @@ impl Sampler {
             stack.extend(frames);
         }
         if stack.is_empty() {
-            let in_probe = self.processes.get(&sample.pid).and_then(|p| p.trampoline).is_some_and(|(lo, hi)| (lo..hi).contains(&ip));
+            let in_probe = mid_probe || self.processes.get(&sample.pid).is_some_and(|p| p.in_probe_area(ip));
             let reason = match (ip, in_probe) {
                 (0, _) => "[unknown: no user stack]",
                 // The kernel's probe area: time the probes themselves took.
@@ -288,7 +311,7 @@ impl Sampler {
             return Vec::new();
         }
         let Some(process) = self.processes.get_mut(&pid) else { return vec![ip] };
-        if process.trampoline.is_some_and(|(lo, hi)| (lo..hi).contains(&ip)) {
+        if process.in_probe_area(ip) {
             return Vec::new();
         }
         if process.added == usize::MAX {
@@ -314,17 +337,14 @@ impl Sampler {
             process.added = process.mappings.len();
             process.cache = Some(Box::new(CacheX86_64::new()));
         }
+        let trampoline = process.probe_area();
         let cache = process.cache.get_or_insert_with(|| Box::new(CacheX86_64::new()));
-        let trampoline = process.trampoline;
         let mut read_stack = |address: u64| -> Result<u64, ()> {
             let offset = address.checked_sub(sp).ok_or(())? as usize;
             let bytes = stack.get(offset..offset + 8).ok_or(())?;
             let value = u64::from_ne_bytes(bytes.try_into().map_err(|_| ())?);
             // A return probe's trampoline stands for the return address proftap saw at the entry.
-            match trampoline {
-                Some((lo, hi)) if (lo..hi).contains(&value) => returns.iter().find(|r| r.0 == address).map(|r| r.1).ok_or(()),
-                _ => Ok(value),
-            }
+            if trampoline.contains(&value) { returns.iter().find(|r| r.0 == address).map(|r| r.1).ok_or(()) } else { Ok(value) }
         };
         let mut frames = process.unwinder.iter_frames(ip, UnwindRegsX86_64::new(ip, sp, bp), cache, &mut read_stack);
         let mut addresses = Vec::new();
@@ -339,6 +359,10 @@ impl Sampler {
             }
         }
         addresses
+    }
+
+    fn is_mapped(&self, pid: u32, address: u64) -> bool {
+        self.processes.get(&pid).is_some_and(|p| p.mappings.iter().any(|m| (m.start..m.end).contains(&address)))
     }
 
     /// Frames (innermost first, inlined frames included) and the line of an address.

@@ -150,6 +150,10 @@ struct ThreadState {
     lines: Vec<LineAcc>,
     /// Per region.
     regions: Vec<RegionAcc>,
+    /// (stack slot, return address) of calls in progress when their
+    /// function lost its probes: the kernel's trampoline still stands in
+    /// their return address slots until they return.
+    orphan_returns: Vec<(u64, u64)>,
 }
 
 impl ThreadState {
@@ -169,6 +173,7 @@ impl ThreadState {
             bases: Vec::new(),
             lines: Vec::new(),
             regions: Vec::new(),
+            orphan_returns: Vec::new(),
         }
     }
 
@@ -295,6 +300,10 @@ impl Aggregator {
             let mut at = thread.last;
             at[0] = at[0].max(time);
             while let Some(index) = thread.stack.iter().rposition(|f| removed.contains(&f.function)) {
+                let frame = &thread.stack[index];
+                if frame.ret != 0 && frame.sp != 0 && !self.exit_sites.get(frame.function as usize).copied().unwrap_or(false) {
+                    thread.orphan_returns.push((frame.sp, frame.ret));
+                }
                 self.close_at(&mut thread, index, &at, Ending::Unfinished);
             }
             for frame in thread.stack.iter_mut().filter(|f| !f.pseudo && !f.orphaned) {
@@ -321,9 +330,9 @@ impl Aggregator {
     /// slot they sit in: what an unwinder should read where a return probe
     /// left the kernel's trampoline.
     pub fn return_addresses(&self, tid: u32) -> Vec<(u64, u64)> {
-        self.threads
-            .get(&tid)
-            .map_or_else(Vec::new, |t| t.stack.iter().filter(|f| f.ret != 0 && f.sp != 0).map(|f| (f.sp, f.ret)).collect())
+        self.threads.get(&tid).map_or_else(Vec::new, |t| {
+            t.stack.iter().filter(|f| f.ret != 0 && f.sp != 0).map(|f| (f.sp, f.ret)).chain(t.orphan_returns.iter().copied()).collect()
+        })
     }
 
     /// Follows lines and regions as `setup` says.
@@ -448,6 +457,11 @@ impl Aggregator {
 
     fn enter(&mut self, thread: &mut ThreadState, hit: &Hit) {
         self.unwind_to(thread, hit, false);
+        // A call whose return address sits at or above an orphan's slot (the
+        // stack grows down): the orphan has returned.
+        if hit.sp != 0 {
+            thread.orphan_returns.retain(|&(slot, _)| slot > hit.sp);
+        }
         let function = hit.probe.function();
         let parent = thread.stack.last().map_or(0, |f| f.node);
         let node = thread.child(parent, function);
@@ -1002,6 +1016,36 @@ mod tests {
         assert_eq!(main.inclusive[1].total, 35);
         assert_eq!((hot.calls, hot.unfinished), (1, 1));
         assert_eq!(hot.inclusive[0].total, 30);
+    }
+
+    #[test]
+    fn frames_across_a_replacement_keep_their_return_addresses_until_gone() {
+        // main(0) calls run(1) calls hot(2), all seen by return probes; hot
+        // loses its probes while running, main and run keep theirs.
+        let mut agg = Aggregator::new(3, 1, None);
+        let enter = |f: u32, time: u64, sp: u64, ret: u64| {
+            let mut values = [0; MAX_METRICS];
+            values[0] = time;
+            Event::Hit(Hit { pid: 1, tid: 1, probe: probe(f, false), sp, ret, cpu: 0, generation: 1, values })
+        };
+        agg.push(&enter(0, 0, 1000, 0xa0));
+        agg.push(&enter(1, 10, 992, 0xb0));
+        agg.push(&enter(2, 20, 984, 0xc0));
+        agg.push(&Event::ProbesReplaced { time: 30, generation: 2, removed: vec![2] });
+        // The kernel's trampoline still stands in hot's slot: the unwinder needs its address.
+        let mut returns = agg.return_addresses(1);
+        returns.sort_unstable();
+        assert_eq!(returns, vec![(984, 0xc0), (992, 0xb0), (1000, 0xa0)]);
+        // A call at run's depth: run and hot are gone; run's return probe
+        // went with the old set, so it ends here, unfinished, not unwound.
+        agg.push(&enter(1, 40, 992, 0xb8));
+        assert_eq!(agg.return_addresses(1).len(), 2);
+        let result = agg.finish();
+        assert_eq!(result.orphaned_frames, 2);
+        assert_eq!(result.unwound_frames, 0);
+        let run = result.threads[0].functions.iter().find(|s| s.function == 1).expect("run");
+        assert_eq!((run.calls, run.unfinished, run.unwound), (2, 2, 0));
+        assert_eq!(run.inclusive[0].total, 30);
     }
 
     #[test]

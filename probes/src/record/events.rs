@@ -200,6 +200,9 @@ pub struct StackSample {
     pub regs: [u64; 3],
     /// The top of the user stack, from the stack pointer up.
     pub stack: Vec<u8>,
+    /// Taken while the thread was in the kernel (a system call, a fault, or
+    /// a probe being handled); the registers are the user's at that moment.
+    pub in_kernel: bool,
 }
 
 /// Bytes of one hit in a saved event stream.

@@ -392,6 +392,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let sampler = options.sample.map(|s| BackgroundSampler::spawn(Sampler::new(&sampling_event(), s.frequency_hz)));
 
     // Launch held or freeze, open the events, then let the program go.
+    let started;
     let (pid, mut child, command, attached) = match spec {
         TargetSpec::Launch { path, argv } => {
             let mut child = target::spawn_held(path, argv)?;
@@ -403,6 +404,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             if let Some(announce) = options.on_started {
                 announce(pid, functions.len());
             }
+            // Before the program goes: it may run a while before proftap does.
+            started = monotonic_ns();
             child.release()?;
             (pid, Some(child), argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(), false)
         }
@@ -419,6 +422,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 aggregator.name_thread(tid as u32, target::thread_name(*pid, tid));
                 session.open_task(tid, false)?;
             }
+            started = monotonic_ns();
             drop(frozen);
             if let Some(announce) = options.on_started {
                 announce(*pid, functions.len());
@@ -426,7 +430,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             (*pid, None, target::command_line(*pid), true)
         }
     };
-    let started_monotonic_ns = monotonic_ns();
+    let started_monotonic_ns = started;
     aggregator.add_process(pid);
     let pidfd = target::pidfd(pid).ok();
     let mut reader = EventReader::new(session.take_buffers(), metrics.len() - 1);

@@ -191,6 +191,7 @@ fn decode(
                 tid: s.tid,
                 regs: s.regs,
                 stack: s.stack.to_vec(),
+                in_kernel: misc & perf::MISC_CPUMODE_MASK == perf::MISC_KERNEL,
             })))
         }
         record_type::MMAP2 => {
