@@ -1,6 +1,6 @@
 //! Adding profiles together: runs of the same build of a program.
 
-use crate::model::{FunctionId, LostCount, Profile, ROOT};
+use crate::model::{FunctionId, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack};
 use std::collections::HashMap;
 
 /// Why two profiles cannot be merged.
@@ -102,6 +102,22 @@ impl Profile {
             }
         }
 
+        // A function instrumented in any run keeps its calls; exact only if
+        // exact in every run that instrumented it.
+        for (theirs, &id) in other.functions.iter().zip(&remap) {
+            let mine = &mut self.functions[id as usize];
+            mine.mode = match (mine.mode, theirs.mode) {
+                (Mode::Sampled, m) | (m, Mode::Sampled) => m,
+                (Mode::Throttled, _) | (_, Mode::Throttled) => Mode::Throttled,
+                _ => Mode::Instrumented,
+            };
+        }
+        match (&mut self.samples, &other.samples) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (None, Some(theirs)) => self.samples = Some(theirs.clone()),
+            _ => {}
+        }
+
         self.lost.events += other.lost.events;
         self.lost.unmatched_returns += other.lost.unmatched_returns;
         add_counts(&mut self.lost.by_thread, &other.lost.by_thread, |id| id);
@@ -120,6 +136,45 @@ impl Profile {
         }
         self.runs += other.runs.max(1);
         Ok(())
+    }
+}
+
+impl SampleProfile {
+    /// Adds `other`'s samples: stacks of the same frames add up.
+    pub fn merge(&mut self, other: &SampleProfile) {
+        let mut frames: HashMap<SampledFrame, u32> = self.frames.iter().cloned().enumerate().map(|(i, f)| (f, i as u32)).collect();
+        let remap: Vec<u32> = other
+            .frames
+            .iter()
+            .map(|f| {
+                *frames.entry(f.clone()).or_insert_with(|| {
+                    self.frames.push(f.clone());
+                    (self.frames.len() - 1) as u32
+                })
+            })
+            .collect();
+        let mut stacks: HashMap<Vec<u32>, usize> = self.stacks.iter().enumerate().map(|(i, s)| (s.frames.clone(), i)).collect();
+        for stack in &other.stacks {
+            let key: Vec<u32> = stack.frames.iter().map(|&f| remap.get(f as usize).copied().unwrap_or(f)).collect();
+            match stacks.get(&key) {
+                Some(&i) => self.stacks[i].count += stack.count,
+                None => {
+                    stacks.insert(key.clone(), self.stacks.len());
+                    self.stacks.push(SampledStack { frames: key, count: stack.count });
+                }
+            }
+        }
+        for line in &other.lines {
+            match self.lines.iter_mut().find(|l| l.file == line.file && l.line == line.line) {
+                Some(mine) => mine.count += line.count,
+                None => self.lines.push(line.clone()),
+            }
+        }
+        self.total += other.total;
+        if self.event.is_empty() {
+            self.event.clone_from(&other.event);
+        }
+        self.frequency_hz = self.frequency_hz.max(other.frequency_hz);
     }
 }
 
@@ -177,5 +232,40 @@ mod tests {
         let mut other = profile("abc", "f", 1, 1);
         other.metrics = vec!["cpu_ns".into()];
         assert!(matches!(a.merge(&other, false), Err(MergeError::DifferentMetrics { .. })));
+    }
+
+    #[test]
+    fn samples_and_modes_combine() {
+        let frame = |name: &str| SampledFrame { name: name.into(), module: "/bin/prog".into(), inlined: false };
+        let samples = |frames: Vec<SampledFrame>, stacks: Vec<(Vec<u32>, u64)>| SampleProfile {
+            event: "cpu-clock".into(),
+            frequency_hz: 1000,
+            total: stacks.iter().map(|s| s.1).sum(),
+            frames,
+            stacks: stacks.into_iter().map(|(frames, count)| SampledStack { frames, count }).collect(),
+            lines: Vec::new(),
+        };
+        let mut a = profile("abc", "f", 1, 1);
+        a.samples = Some(samples(vec![frame("main"), frame("f")], vec![(vec![0, 1], 3), (vec![0], 1)]));
+        let mut b = profile("abc", "f", 1, 1);
+        b.functions[0].mode = Mode::Throttled;
+        // The same frames in another order, and a new one.
+        b.samples = Some(samples(vec![frame("f"), frame("main"), frame("g")], vec![(vec![1, 0], 2), (vec![1, 2], 5)]));
+        a.merge(&b, false).expect("same build");
+        let merged = a.samples.as_ref().expect("samples");
+        assert_eq!(merged.total, 11);
+        assert_eq!(merged.frames.len(), 3);
+        let count = |names: &[&str]| {
+            merged
+                .stacks
+                .iter()
+                .find(|s| s.frames.iter().map(|&f| merged.frames[f as usize].name.as_str()).eq(names.iter().copied()))
+                .map(|s| s.count)
+        };
+        assert_eq!(count(&["main", "f"]), Some(5));
+        assert_eq!(count(&["main"]), Some(1));
+        assert_eq!(count(&["main", "g"]), Some(5));
+        // Throttled in one run: its calls are a lower bound in the sum too.
+        assert_eq!(a.functions[0].mode, Mode::Throttled);
     }
 }

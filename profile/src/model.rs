@@ -249,6 +249,7 @@ pub struct FunctionInfo {
     /// ELF virtual address of the entry.
     pub address: u64,
     /// How its numbers were obtained.
+    #[serde(default)]
     pub mode: Mode,
 }
 
