@@ -33,6 +33,8 @@ enum Command {
     Export(commands::export::Args),
     /// Add profiles of several runs of the same build into one.
     Merge(commands::merge::Args),
+    /// Compare two profiles: exit status 1 when a function got slower.
+    Diff(commands::diff::Args),
     /// List the functions (and line rows) of a binary or a running process.
     Symbols(commands::symbols::Args),
     /// proftap measuring its own probe cost runs itself with this.
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Merge(args) => commands::merge::run(args),
+        Command::Diff(args) => commands::diff::run(args),
         Command::Symbols(args) => commands::symbols::run(args),
         Command::CalibrateHelper { out } => {
             std::fs::write(&out, proftap_probes::calibrate::helper_main()).map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)

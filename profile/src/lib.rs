@@ -9,11 +9,13 @@
 //! assert_eq!((s.total, s.min, s.max), (42, 2, 40));
 //! ```
 
+mod diff;
 mod file;
 mod merge;
 mod model;
 mod stats;
 
+pub use diff::{Change, Diff, DiffError, DiffOptions, LineChange, Verdict, diff};
 pub use file::{FORMAT_VERSION, FileError, read_profile, write_atomically, write_profile};
 pub use merge::MergeError;
 pub use model::*;

@@ -55,7 +55,7 @@ pub fn group_digits(n: u64) -> String {
     out
 }
 
-fn metric_label(key: &str) -> &str {
+pub fn metric_label(key: &str) -> &str {
     match key {
         "wall_ns" => "wall time",
         "cpu_ns" => "CPU time",

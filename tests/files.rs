@@ -1,0 +1,95 @@
+//! Profile files across commands: merging runs, comparing them with
+//! `proftap diff`, and what a damaged file says.
+#![allow(clippy::unwrap_used)]
+
+use proftap_tests::*;
+use std::path::{Path, PathBuf};
+
+/// Records `workload UNITS 100` into DIR/NAME, scaled() and steady() only.
+fn record(binary: &Path, units: &str, dir: &Path, name: &str) -> PathBuf {
+    let file = dir.join(name);
+    run_ok(proftap().args(["run", "-f", "steady", "-f", "scaled", "-o"]).arg(&file).arg("--").arg(binary).args([units, "100"]));
+    file
+}
+
+#[test]
+fn diff_names_a_function_that_doubled_and_passes_identical_runs() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("workload.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let base = record(&binary, "1", dir.path(), "base.profile");
+    let again = record(&binary, "1", dir.path(), "again.profile");
+    let slower = record(&binary, "2", dir.path(), "slower.profile");
+
+    // The same workload twice: no alarm.
+    let out = run(proftap().arg("diff").arg(&base).arg(&again));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no regression"));
+
+    // scaled() does twice the work per call: named, exit status 1; steady() is not.
+    let out = run(proftap().arg("diff").arg(&base).arg(&slower));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("REGRESSED: scaled\n"), "{text}");
+
+    // The other way round it improved, which is no failure.
+    let out = run(proftap().arg("diff").arg(&slower).arg(&base).args(["--format", "json"]));
+    assert_eq!(out.status.code(), Some(0));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let scaled = json["functions"].as_array().unwrap().iter().find(|f| f["name"] == "scaled").unwrap();
+    assert_eq!(scaled["verdict"], "improved", "{scaled}");
+    assert_eq!(scaled["calls"], serde_json::json!([100, 100]));
+
+    // A metric the profiles lack is an error (2), not a verdict.
+    let out = run(proftap().arg("diff").arg(&base).arg(&slower).args(["--metric", "page-faults"]));
+    assert_clean_failure(&out, "has no metric 'page_faults'");
+}
+
+#[test]
+fn merged_runs_add_up() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("workload.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let one = record(&binary, "1", dir.path(), "one.profile");
+    let two = record(&binary, "2", dir.path(), "two.profile");
+    let sum = dir.path().join("sum.profile");
+    run_ok(proftap().arg("merge").arg(&one).arg(&two).arg("-o").arg(&sum));
+    let report = report_json(&sum);
+    assert_eq!(calls_by_name(&report)["scaled"], 200);
+    assert_eq!(report["runs"], 2);
+}
+
+#[test]
+fn damaged_truncated_and_foreign_files_are_named_in_one_sentence() {
+    if !can_probe() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let good = record(&Build::c("workload.c", "-O2").build(), "1", dir.path(), "good.profile");
+    let bytes = std::fs::read(&good).unwrap();
+
+    let truncated = dir.path().join("truncated.profile");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let out = run(proftap().arg("report").arg(&truncated));
+    assert_clean_failure(&out, "truncated.profile is damaged or truncated");
+
+    let corrupted = dir.path().join("corrupted.profile");
+    let mut flipped = bytes.clone();
+    let middle = flipped.len() / 2;
+    for b in &mut flipped[middle..middle + 16] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&corrupted, &flipped).unwrap();
+    let out = run(proftap().arg("diff").arg(&good).arg(&corrupted));
+    assert_clean_failure(&out, "corrupted.profile is damaged or truncated");
+
+    let foreign = dir.path().join("notes.txt");
+    std::fs::write(&foreign, "hello\n").unwrap();
+    let out = run(proftap().arg("merge").arg(&good).arg(&foreign).arg("-o").arg(dir.path().join("out.profile")));
+    assert_clean_failure(&out, "notes.txt is not a proftap profile");
+    assert!(!dir.path().join("out.profile").exists());
+}
