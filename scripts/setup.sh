@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing proftap needs and a bare Debian or
 # Ubuntu machine may lack: C and C++ compilers, binutils, and the peer tools
-# the tests compare against or feed (valgrind, gcov, genhtml, gcovr). Safe to
+# the tests compare against or feed (valgrind, gcov, genhtml, gcovr, perf,
+# go tool pprof). Safe to
 # run again: it installs only what is missing.
 set -euo pipefail
 
@@ -19,6 +20,8 @@ declare -A needs=(
   [gcov]=gcc
   [genhtml]=lcov
   [python3]=python3
+  [perf]=linux-perf
+  [go]=golang-go
 )
 
 missing=()

@@ -93,3 +93,51 @@ fn damaged_truncated_and_foreign_files_are_named_in_one_sentence() {
     assert_clean_failure(&out, "notes.txt is not a proftap profile");
     assert!(!dir.path().join("out.profile").exists());
 }
+
+#[test]
+fn pprof_export_is_read_by_go_tool_pprof() {
+    if !can_probe() || !have("go", "to read the pprof export") {
+        return;
+    }
+    let binary = Build::c("workload.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    // Every function instrumented and the whole program sampled.
+    run_ok(
+        proftap().args(["run", "--overhead-budget", "0", "--sample", "2000", "-o"]).arg(&file).arg("--").arg(&binary).args(["3", "100"]),
+    );
+    let pprof = dir.path().join("p.pb.gz");
+    run_ok(proftap().arg("export").arg(&file).args(["--format", "pprof", "-o"]).arg(&pprof));
+    let go_pprof = |index: &str| -> String {
+        let out = run(std::process::Command::new("go")
+            .args(["tool", "pprof", "-top", "-nodecount=50", &format!("-sample_index={index}")])
+            .arg(&pprof));
+        assert!(out.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Exact calls: flat column of the function's row.
+    let calls = go_pprof("calls");
+    let flat = |text: &str, name: &str| -> Option<String> {
+        text.lines().find(|l| l.split_whitespace().last() == Some(name)).and_then(|l| l.split_whitespace().next()).map(str::to_string)
+    };
+    assert_eq!(flat(&calls, "scaled").as_deref(), Some("100"), "{calls}");
+    assert_eq!(flat(&calls, "steady").as_deref(), Some("100"), "{calls}");
+    assert_eq!(flat(&calls, "main").as_deref(), Some("1"), "{calls}");
+    // Wall time by call path, and the build-id.
+    let wall = go_pprof("wall");
+    assert!(wall.contains("Type: wall") && wall.contains("Build ID:"), "{wall}");
+    assert!(flat(&wall, "scaled").is_some(), "{wall}");
+    // Samples: the sampled stacks, with the inlined loop as its own frame,
+    // and scaled (three units of work per call) on more than steady (one).
+    let samples = go_pprof("samples");
+    assert!(samples.contains("unit (inline)"), "{samples}");
+    let cum = |name: &str| -> u64 {
+        samples
+            .lines()
+            .find(|l| l.split_whitespace().last() == Some(name))
+            .and_then(|l| l.split_whitespace().nth(3))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(cum("scaled") > cum("steady") && cum("steady") > 0, "{samples}");
+}

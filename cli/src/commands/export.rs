@@ -32,6 +32,9 @@ enum Format {
     /// Folded stacks (`outer;inner count`) for any flame graph tool: sampled
     /// stacks if the profile has them, else call paths weighted by exclusive wall time.
     Folded,
+    /// pprof (gzip-compressed profile.proto) for `go tool pprof`: exact
+    /// call paths with calls and costs, and sampled stacks.
+    Pprof,
 }
 
 /// Runs the command.
@@ -50,6 +53,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Format::Folded => {
             let lines = crate::report::flame::folded(&profile, None, 0);
             std::io::Write::write_all(out, (lines.join("\n") + "\n").as_bytes())
+        }
+        Format::Pprof => {
+            let mut gz = GzEncoder::new(out, Compression::default());
+            std::io::Write::write_all(&mut gz, &crate::report::pprof::encode(&profile))?;
+            gz.finish().map(drop)
         }
         Format::GcovJson => {
             let mut gz = GzEncoder::new(out, Compression::default());

@@ -3,6 +3,7 @@
 pub mod coverage;
 pub mod flame;
 pub mod json;
+pub mod pprof;
 pub mod text;
 
 use proftap_profile::{FunctionStats, Profile};
