@@ -5,8 +5,13 @@
 use proftap_tests::*;
 use std::path::{Path, PathBuf};
 
+/// Recordings of this file, one at a time: `diff` compares timings, which
+/// another recording on the same two cores would disturb.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Records `workload UNITS 100` into DIR/NAME, scaled() and steady() only.
 fn record(binary: &Path, units: &str, dir: &Path, name: &str) -> PathBuf {
+    let _quiet = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let file = dir.join(name);
     run_ok(proftap().args(["run", "-f", "steady", "-f", "scaled", "-o"]).arg(&file).arg("--").arg(binary).args([units, "100"]));
     file
@@ -103,9 +108,11 @@ fn pprof_export_is_read_by_go_tool_pprof() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
     // Every function instrumented and the whole program sampled.
+    let quiet = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     run_ok(
         proftap().args(["run", "--overhead-budget", "0", "--sample", "2000", "-o"]).arg(&file).arg("--").arg(&binary).args(["3", "100"]),
     );
+    drop(quiet);
     let pprof = dir.path().join("p.pb.gz");
     run_ok(proftap().arg("export").arg(&file).args(["--format", "pprof", "-o"]).arg(&pprof));
     let go_pprof = |index: &str| -> String {

@@ -1,18 +1,18 @@
 //! `proftap`: the command-line front end. Arguments become plain option
 //! structs here; the libraries never see clap.
 
-mod calibration;
-mod commands;
-mod output;
-mod report;
-
 use clap::{Parser, Subcommand};
+use proftap_cli::{commands, output};
 use std::process::ExitCode;
 
 /// Exact call counts, per-call costs and line counts of unmodified Linux programs.
 #[derive(Parser)]
 #[command(name = "proftap", version, about, propagate_version = true)]
 struct Cli {
+    /// The proftapd socket (`session` commands; default
+    /// /run/proftap/proftapd.sock as root, else $XDG_RUNTIME_DIR/proftap.sock).
+    #[arg(long, global = true, value_name = "PATH")]
+    socket: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -35,6 +35,8 @@ enum Command {
     Merge(commands::merge::Args),
     /// Compare two profiles: exit status 1 when a function got slower.
     Diff(commands::diff::Args),
+    /// Sessions run by proftapd: start, list, status, stop, fetch, delete.
+    Session(commands::session::Args),
     /// List the functions (and line rows) of a binary or a running process.
     Symbols(commands::symbols::Args),
     /// proftap measuring its own probe cost runs itself with this.
@@ -56,6 +58,9 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::run(args),
         Command::Merge(args) => commands::merge::run(args),
         Command::Diff(args) => commands::diff::run(args),
+        Command::Session(args) => {
+            commands::session::run(args, cli.socket.unwrap_or_else(proftap_cli::session::default_socket), std::env::args_os().collect())
+        }
         Command::Symbols(args) => commands::symbols::run(args),
         Command::CalibrateHelper { out } => {
             std::fs::write(&out, proftap_probes::calibrate::helper_main()).map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)

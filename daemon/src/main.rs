@@ -1,12 +1,238 @@
-//! `proftapd`: the session daemon. Not implemented yet; it says so.
+//! `proftapd`: runs proftap profiling sessions for local users over a Unix
+//! socket. Sessions outlive the clients that start them; a user profiles
+//! only what that user could ptrace, and profiles come back over the socket.
+//! The protocol is in `docs/PROTOCOL.md`.
 
+mod access;
+mod sessions;
+
+use access::Peer;
+use clap::Parser;
+use proftap_cli::session::{Hello, PROTOCOL_VERSION, Request, Response, State, default_socket};
+use sessions::{Limits, Registry, Shared};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+/// Runs proftap profiling sessions for local users over a Unix socket.
+#[derive(Parser)]
+#[command(name = "proftapd", version, about)]
+struct Args {
+    /// The socket to listen on (default /run/proftap/proftapd.sock as root,
+    /// else $XDG_RUNTIME_DIR/proftap.sock).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Where ended sessions' profiles are kept (default /var/lib/proftap as
+    /// root, else ~/.local/state/proftap).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Ended sessions kept; the oldest go first.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    keep: usize,
+    /// Sessions recording at once per user (root: no limit).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    max_sessions: usize,
+    /// Functions probed per session (root: no limit).
+    #[arg(long, value_name = "N", default_value_t = 20_000)]
+    max_functions: usize,
+    /// Ring buffer per CPU, MiB, a session may ask for (root: no limit).
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    max_buffer: usize,
+}
+
+fn default_state_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/var/lib/proftap")
+    } else {
+        std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(std::env::temp_dir)
+            .join("proftap")
+    }
+}
 
 fn main() -> ExitCode {
-    if std::env::args().any(|a| a == "--version" || a == "-V") {
-        println!("proftapd {}", env!("CARGO_PKG_VERSION"));
-        return ExitCode::SUCCESS;
+    // proftap measuring its own probe cost runs itself this way.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(proftap_cli::calibration::HELPER) {
+        let Some(out) = argv.get(2) else { return ExitCode::from(2) };
+        return match std::fs::write(out, proftap_probes::calibrate::helper_main()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(2),
+        };
     }
-    eprintln!("proftapd: the session daemon is not available in this version; profile directly with `proftap run` or `proftap attach`");
-    ExitCode::from(2)
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("proftapd: cannot start: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("proftapd: {}", proftap_cli::output::error_sentence(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let socket = args.socket.clone().unwrap_or_else(default_socket);
+    let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
+    let limits = Limits { sessions_per_user: args.max_sessions, functions: args.max_functions, buffer_mib: args.max_buffer };
+    let registry =
+        Registry::open(state_dir.clone(), args.keep, limits).with_context(|| format!("cannot use {} for profiles", state_dir.display()))?;
+    let listener = listen(&socket)?;
+    eprintln!("proftapd: listening on {}, profiles kept in {}", socket.display(), state_dir.display());
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let registry = registry.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = connection(stream, registry).await {
+                            eprintln!("proftapd: a connection ended: {e}");
+                        }
+                    });
+                }
+                Err(e) => eprintln!("proftapd: cannot accept a connection: {e}"),
+            },
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    // Stop: every session ends, its program runs on and its profile is kept.
+    drop(listener);
+    let _ = std::fs::remove_file(&socket);
+    if let Ok(r) = registry.lock() {
+        r.stop_all();
+    }
+    while registry.lock().is_ok_and(|r| r.any_live()) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("proftapd: stopped; every session's profile is kept in {}", state_dir.display());
+    Ok(())
+}
+
+/// Listens on `socket`, which any local user may connect to; replaces a
+/// socket file no daemon answers on.
+fn listen(socket: &std::path::Path) -> anyhow::Result<UnixListener> {
+    use anyhow::Context;
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if socket.exists() {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            anyhow::bail!("another proftapd is listening on {}", socket.display());
+        }
+        std::fs::remove_file(socket).with_context(|| format!("cannot replace {}", socket.display()))?;
+    }
+    let listener = UnixListener::bind(socket).with_context(|| format!("cannot listen on {}", socket.display()))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))
+        .with_context(|| format!("cannot open {} to every user", socket.display()))?;
+    Ok(listener)
+}
+
+async fn send<T: serde::Serialize>(out: &mut tokio::net::unix::OwnedWriteHalf, message: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    out.write_all(&line).await
+}
+
+async fn connection(stream: UnixStream, registry: Shared) -> std::io::Result<()> {
+    let credentials = stream.peer_cred()?;
+    let peer = Peer { uid: credentials.uid(), gid: credentials.gid(), pid: credentials.pid() };
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let ours = Hello { protocol: PROTOCOL_VERSION, program: format!("proftapd {}", env!("CARGO_PKG_VERSION")) };
+    let Some(line) = lines.next_line().await? else { return Ok(()) };
+    send(&mut write, &ours).await?;
+    match serde_json::from_str::<Hello>(&line) {
+        Ok(hello) if hello.protocol == PROTOCOL_VERSION => {}
+        // The client sees our version in our hello and says so.
+        _ => return Ok(()),
+    }
+    while let Some(line) = lines.next_line().await? {
+        let (response, data) = match serde_json::from_str::<Request>(&line) {
+            Ok(Request::Fetch { id }) => fetch(id, &peer, &registry),
+            Ok(request) => (handle(request, &peer, &registry).await, None),
+            Err(e) => (Response::Error { message: format!("proftapd cannot read this request: {e}") }, None),
+        };
+        send(&mut write, &response).await?;
+        if let Some(data) = data {
+            // A profile's bytes follow its reply.
+            write.write_all(&data).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn handle(request: Request, peer: &Peer, registry: &Shared) -> Response {
+    let error = |message: String| Response::Error { message };
+    let locked = || registry.lock().map_err(|_| "proftapd is shutting down".to_string());
+    match request {
+        Request::Start { args, cwd, env } => {
+            let id = match sessions::start(registry, *peer, args, cwd, env) {
+                Ok(id) => id,
+                Err(message) => return error(message),
+            };
+            // Wait until the probes are live, or the session failed.
+            loop {
+                let info = match locked().and_then(|r| r.status(peer, id)) {
+                    Ok(info) => info,
+                    Err(message) => return error(message),
+                };
+                match info.state {
+                    State::Running => return Response::Session(info),
+                    State::Failed => {
+                        if let Ok(mut r) = locked() {
+                            r.forget(id);
+                        }
+                        return error(info.error.unwrap_or_else(|| "the session failed".into()));
+                    }
+                    // A session can end before it is seen running: it did run.
+                    State::Finished => return Response::Session(info),
+                    State::Starting => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        }
+        Request::List => locked().map_or_else(error, |r| Response::Sessions(r.list(peer))),
+        Request::Status { id } => locked().and_then(|r| r.status(peer, id)).map_or_else(error, Response::Session),
+        Request::Stop { id } => {
+            if let Err(message) = locked().and_then(|r| r.stop(peer, id)) {
+                return error(message);
+            }
+            loop {
+                match locked().and_then(|r| r.status(peer, id)) {
+                    Ok(info) if matches!(info.state, State::Finished | State::Failed) => return Response::Session(info),
+                    Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Err(message) => return error(message),
+                }
+            }
+        }
+        Request::Fetch { id } => fetch(id, peer, registry).0,
+        Request::Delete { id } => locked().and_then(|mut r| r.delete(peer, id)).map_or_else(error, |()| Response::Deleted { id }),
+    }
+}
+
+/// A finished session's profile: the reply, and the bytes to follow it.
+fn fetch(id: u64, peer: &Peer, registry: &Shared) -> (Response, Option<Vec<u8>>) {
+    let path = match registry.lock().map_err(|_| "proftapd is shutting down".to_string()).and_then(|r| r.profile(peer, id)) {
+        Ok(path) => path,
+        Err(message) => return (Response::Error { message }, None),
+    };
+    match std::fs::read(&path) {
+        Ok(data) => (Response::Profile { bytes: data.len() as u64 }, Some(data)),
+        Err(e) => (Response::Error { message: format!("session {id}'s profile is gone from {}: {e}", path.display()) }, None),
+    }
 }

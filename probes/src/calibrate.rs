@@ -106,7 +106,8 @@ pub fn calibrate(exe: &Path, helper_arg: &str, exits: ExitMode) -> Result<ProbeC
     let out = dir.join("timings");
     let argv = vec![exe.as_os_str().to_owned(), helper_arg.into(), out.as_os_str().to_owned()];
     let options = RecordOptions { metrics: vec![Metric::Wall, Metric::Cpu], ..RecordOptions::default() };
-    let recorded = record(&functions, &TargetSpec::Launch { path: exe.to_path_buf(), argv }, &options).map_err(|e| err(&e));
+    let recorded = record(&functions, &TargetSpec::Launch { path: exe.to_path_buf(), argv, launch: Default::default() }, &options)
+        .map_err(|e| err(&e));
     let timings = std::fs::read_to_string(&out);
     let _ = std::fs::remove_dir_all(&dir);
     let recorded = recorded?;

@@ -54,6 +54,17 @@ pub fn resolve_command(command: &OsString) -> Result<PathBuf, TargetError> {
     which::which(command).map_err(|_| TargetError::NotFound(name))
 }
 
+/// Who a launched program runs as, and where.
+#[derive(Clone, Debug, Default)]
+pub struct Launch {
+    /// User and group ids, and supplementary groups, to run as (`None`: as proftap).
+    pub user: Option<(u32, u32, Vec<u32>)>,
+    /// Working directory (`None`: proftap's).
+    pub cwd: Option<PathBuf>,
+    /// The whole environment, as `KEY=VALUE` (`None`: proftap's).
+    pub env: Option<Vec<OsString>>,
+}
+
 /// A child process forked and waiting, before `exec`, for [`HeldChild::release`].
 pub struct HeldChild {
     pid: Pid,
@@ -65,22 +76,52 @@ pub struct HeldChild {
 /// Forks a child that will execute `path` with `argv` once released. Nothing
 /// of the program runs before then, so probes opened on the child's pid
 /// with `enable_on_exec` see its first instruction.
-pub fn spawn_held(path: &Path, argv: &[OsString]) -> Result<HeldChild, TargetError> {
+pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<HeldChild, TargetError> {
     let program = CString::new(path.as_os_str().as_bytes()).map_err(|_| TargetError::NotFound(path.display().to_string()))?;
-    let args: Vec<CString> = argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<_, _>>()
-        .map_err(|_| TargetError::System { what: "an argument contains a NUL byte".into(), source: io::ErrorKind::InvalidInput.into() })?;
+    let nul = |what: &str| TargetError::System { what: format!("{what} contains a NUL byte"), source: io::ErrorKind::InvalidInput.into() };
+    let args: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| nul("an argument"))?;
+    let env: Option<Vec<CString>> = match &launch.env {
+        Some(env) => Some(env.iter().map(|e| CString::new(e.as_bytes())).collect::<Result<_, _>>().map_err(|_| nul("the environment"))?),
+        None => None,
+    };
+    let cwd = match &launch.cwd {
+        Some(dir) => Some(CString::new(dir.as_os_str().as_bytes()).map_err(|_| nul("the working directory"))?),
+        None => None,
+    };
+    let groups: Vec<libc::gid_t> = launch.user.as_ref().map(|u| u.2.clone()).unwrap_or_default();
     let (go_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(system("cannot create a pipe"))?;
     let (err_read, err_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(system("cannot create a pipe"))?;
 
-    // SAFETY: the child only calls async-signal-safe functions (read, execv,
-    // write, _exit) on data prepared before the fork.
+    // SAFETY: the child only calls async-signal-safe functions (setgroups,
+    // setgid, setuid, chdir, read, execv(e), write, _exit) on data prepared
+    // before the fork.
     match unsafe { nix::unistd::fork() }.map_err(system("cannot fork"))? {
         ForkResult::Child => {
             drop(go_write);
             drop(err_read);
+            let fail = |errno: i32| -> ! {
+                let bytes = errno.to_ne_bytes();
+                // SAFETY: writing a local buffer to an open fd, then exiting.
+                unsafe {
+                    libc::write(err_write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+                    libc::_exit(127)
+                }
+            };
+            if let Some((uid, gid, _)) = &launch.user {
+                // SAFETY: plain system calls on prepared data; the group
+                // list and group go before the user, which drops the right to change them.
+                let dropped =
+                    unsafe { libc::setgroups(groups.len(), groups.as_ptr()) == 0 && libc::setgid(*gid) == 0 && libc::setuid(*uid) == 0 };
+                if !dropped {
+                    fail(Errno::last_raw());
+                }
+            }
+            if let Some(dir) = &cwd {
+                // SAFETY: a NUL-terminated path.
+                if unsafe { libc::chdir(dir.as_ptr()) } != 0 {
+                    fail(Errno::last_raw());
+                }
+            }
             let mut byte = [0u8; 1];
             // SAFETY: reading into a local buffer from an open fd.
             let n = unsafe { libc::read(go_read.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
@@ -91,14 +132,19 @@ pub fn spawn_held(path: &Path, argv: &[OsString]) -> Result<HeldChild, TargetErr
             }
             let mut ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
             ptrs.push(std::ptr::null());
-            // SAFETY: NUL-terminated strings and a null-terminated array.
-            unsafe { libc::execv(program.as_ptr(), ptrs.as_ptr()) };
-            let errno = Errno::last_raw().to_ne_bytes();
-            // SAFETY: writing a local buffer to an open fd, then exiting.
-            unsafe {
-                libc::write(err_write.as_raw_fd(), errno.as_ptr().cast(), errno.len());
-                libc::_exit(127);
+            match &env {
+                Some(env) => {
+                    let mut vars: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+                    vars.push(std::ptr::null());
+                    // SAFETY: NUL-terminated strings and null-terminated arrays.
+                    unsafe { libc::execve(program.as_ptr(), ptrs.as_ptr(), vars.as_ptr()) };
+                }
+                // SAFETY: NUL-terminated strings and a null-terminated array.
+                None => unsafe {
+                    libc::execv(program.as_ptr(), ptrs.as_ptr());
+                },
             }
+            fail(Errno::last_raw())
         }
         ForkResult::Parent { child } => {
             drop(go_read);

@@ -250,8 +250,20 @@ pub struct Waiter {
 
 impl Waiter {
     pub fn start(binary: &Path) -> Self {
+        Waiter::start_command(Command::new(binary))
+    }
+
+    /// Started as another user.
+    pub fn start_as(binary: &Path, uid: u32, gid: u32) -> Self {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(binary);
+        command.uid(uid).gid(gid);
+        Waiter::start_command(command)
+    }
+
+    fn start_command(mut command: Command) -> Self {
         use std::io::BufRead;
-        let mut child = Command::new(binary).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+        let mut child = command.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
         let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();

@@ -7,4 +7,5 @@ pub mod gcov;
 pub mod merge;
 pub mod record;
 pub mod report;
+pub mod session;
 pub mod symbols;

@@ -11,10 +11,9 @@ use proftap_probes::select::{Selected, Selection};
 use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
 use proftap_probes::{libs, target};
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// Options shared by `run` and `attach`.
@@ -30,9 +29,9 @@ pub struct RecordArgs {
     /// hardware counters (cycles, instructions, ...) where the machine has them.
     #[arg(long = "metric", value_name = "LIST", default_value = "wall,cpu")]
     metrics: Vec<String>,
-    /// Where to write the profile.
-    #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "proftap.profile")]
-    output: PathBuf,
+    /// Where to write the profile (default proftap.profile).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
     /// Do not record forked child processes.
     #[arg(long)]
     no_follow_fork: bool,
@@ -80,10 +79,10 @@ pub struct RecordArgs {
     recalibrate: bool,
     /// Ring buffer per CPU, in MiB (more if events are lost).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
-    buffer_size: usize,
+    pub buffer_size: usize,
     /// Where separate debug files are looked for (default /usr/lib/debug).
     #[arg(long, value_name = "DIR")]
-    debug_dir: Vec<PathBuf>,
+    pub debug_dir: Vec<PathBuf>,
 }
 
 /// How returns are seen (see `--exits`).
@@ -97,38 +96,41 @@ enum Exits {
 /// Arguments of `proftap run`.
 #[derive(clap::Args)]
 pub struct RunArgs {
+    /// How to record.
     #[command(flatten)]
-    record: RecordArgs,
+    pub record: RecordArgs,
     /// The command to profile and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
-    command: Vec<OsString>,
+    pub command: Vec<OsString>,
 }
 
 /// Arguments of `proftap attach`.
 #[derive(clap::Args)]
 pub struct AttachArgs {
+    /// How to record.
     #[command(flatten)]
-    record: RecordArgs,
+    pub record: RecordArgs,
     /// Stop after this long (`30s`, `2m`, `500ms`); otherwise at Ctrl-C,
     /// SIGTERM or the process's exit.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
-    duration: Option<Duration>,
+    pub duration: Option<Duration>,
     /// Sample first (see --warmup), then instrument the K hottest functions
     /// by sampled time, instead of instrumenting every function from the start.
     #[arg(long, value_name = "K")]
-    auto_instrument: Option<usize>,
+    pub auto_instrument: Option<usize>,
     /// How long to sample before --auto-instrument chooses.
     #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "2s")]
-    warmup: Duration,
+    pub warmup: Duration,
     /// The process to profile.
-    pid: i32,
+    pub pid: i32,
 }
 
 fn parse_region(text: &str) -> Result<RegionSpec, String> {
     RegionSpec::parse(text)
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
+/// A duration as `30s`, `2m`, `500ms` or plain seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if let Ok(seconds) = text.parse::<f64>() {
         if seconds.is_finite() && seconds >= 0.0 {
             return Ok(Duration::from_secs_f64(seconds));
@@ -140,7 +142,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Catches Ctrl-C and SIGTERM so the recording ends cleanly: probes removed,
 /// profile written.
 fn control() -> Result<Control> {
-    let control = Control { interrupt: Arc::new(AtomicBool::new(false)), terminate: Arc::new(AtomicBool::new(false)) };
+    let control = Control::default();
     signal_hook::flag::register(signal_hook::consts::SIGINT, control.interrupt.clone()).context("cannot handle SIGINT")?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, control.terminate.clone()).context("cannot handle SIGTERM")?;
     signal_hook::flag::register(signal_hook::consts::SIGHUP, control.terminate.clone()).context("cannot handle SIGHUP")?;
@@ -158,7 +160,6 @@ fn options(
     metrics: Vec<Metric>,
     duration: Option<Duration>,
     chosen: &Chosen,
-    on_started: Option<fn(i32, usize)>,
     auto: Option<(usize, Duration)>,
 ) -> Result<RecordOptions> {
     Ok(RecordOptions {
@@ -184,9 +185,10 @@ fn options(
         sample_only: args.no_instrument,
         regions: args.regions.clone(),
         compensate: args.compensate,
-        control: control()?,
-        on_started,
-        on_probes_changed: Some(|change| eprintln!("proftap: {change}")),
+        control: Control::default(),
+        on_started: None,
+        on_probes_changed: None,
+        progress: None,
     })
 }
 
@@ -304,26 +306,50 @@ fn line_files(args: &RecordArgs, regions: &[RegionSpec]) -> Option<LineFiles> {
     }
 }
 
-/// Runs `proftap run`.
-pub fn run(args: RunArgs) -> Result<ExitCode> {
+/// A recording ready to start: what to probe, in what, and how.
+pub struct Prepared {
+    /// The functions to probe.
+    pub functions: Vec<ProbedFunction>,
+    /// The program.
+    pub spec: TargetSpec,
+    /// How to record (its `control` and callbacks are the caller's to set).
+    pub options: RecordOptions,
+    /// The executable's build-id.
+    pub build_id: Option<String>,
+}
+
+impl Prepared {
+    /// Records, and puts the build-id in the profile.
+    pub fn record(&self) -> Result<Recorded> {
+        let mut recorded = record(&self.functions, &self.spec, &self.options)?;
+        recorded.profile.target.build_id.clone_from(&self.build_id);
+        Ok(recorded)
+    }
+}
+
+/// Prepares `proftap run`: the command is resolved (against `PATH` and the
+/// launch's working directory) and launched as `launch` says.
+pub fn prepare_run(args: &RunArgs, launch: target::Launch) -> Result<Prepared> {
     let selection = Selection::parse(&args.record.functions)?;
     let metrics = parse_metrics(&args.record.metrics)?;
-    let path = target::resolve_command(&args.command[0])?;
+    let command = match &launch.cwd {
+        Some(dir) if args.command[0].as_bytes().contains(&b'/') && !Path::new(&args.command[0]).is_absolute() => {
+            dir.join(&args.command[0]).into_os_string()
+        }
+        _ => args.command[0].clone(),
+    };
+    let path = target::resolve_command(&command)?;
     let path = std::fs::canonicalize(&path).unwrap_or(path);
     let mut modules = vec![(path.clone(), path.clone())];
     modules.extend(libs::needed_libraries(&path).into_iter().map(|l| (l.clone(), l)));
     let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
-    let options = options(&args.record, metrics, None, &chosen, None, None)?;
-    let spec = TargetSpec::Launch { path, argv: args.command.clone() };
-    let mut recorded = record(&chosen.functions, &spec, &options)?;
-    recorded.profile.target.build_id = chosen.build_id;
-    let status = recorded.ended.map_or(0, |e| e.shell_status());
-    finish(recorded, &args.record.output)?;
-    Ok(ExitCode::from(status.clamp(0, 255) as u8))
+    let options = options(&args.record, metrics, None, &chosen, None)?;
+    let spec = TargetSpec::Launch { path, argv: args.command.clone(), launch };
+    Ok(Prepared { functions: chosen.functions, spec, options, build_id: chosen.build_id })
 }
 
-/// Runs `proftap attach`.
-pub fn attach(args: AttachArgs) -> Result<ExitCode> {
+/// Prepares `proftap attach`.
+pub fn prepare_attach(args: &AttachArgs) -> Result<Prepared> {
     if args.auto_instrument.is_some() && args.record.no_instrument {
         bail!("--auto-instrument instruments functions after the warm-up; --no-instrument never does: choose one");
     }
@@ -336,15 +362,43 @@ pub fn attach(args: AttachArgs) -> Result<ExitCode> {
     let modules: Vec<(PathBuf, PathBuf)> = loaded.iter().map(|m| (m.path.clone(), m.open_path.clone())).collect();
     let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
     let auto = args.auto_instrument.map(|k| (k, args.warmup));
-    let options = options(&args.record, metrics, args.duration, &chosen, Some(announce), auto)?;
-    let mut recorded = record(&chosen.functions, &TargetSpec::Attach { pid: args.pid }, &options)?;
-    recorded.profile.target.build_id = chosen.build_id;
-    finish(recorded, &args.record.output)?;
+    let options = options(&args.record, metrics, args.duration, &chosen, auto)?;
+    Ok(Prepared { functions: chosen.functions, spec: TargetSpec::Attach { pid: args.pid }, options, build_id: chosen.build_id })
+}
+
+/// Tells the user about probe-set changes as they happen.
+fn tell_probes_changed(change: &str) {
+    eprintln!("proftap: {change}");
+}
+
+/// Runs `proftap run`.
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let mut prepared = prepare_run(&args, target::Launch::default())?;
+    prepared.options.control = control()?;
+    prepared.options.on_probes_changed = Some(tell_probes_changed);
+    let recorded = prepared.record()?;
+    let status = recorded.ended.map_or(0, |e| e.shell_status());
+    finish(recorded.profile, &output(&args.record))?;
+    Ok(ExitCode::from(status.clamp(0, 255) as u8))
+}
+
+/// Runs `proftap attach`.
+pub fn attach(args: AttachArgs) -> Result<ExitCode> {
+    let mut prepared = prepare_attach(&args)?;
+    prepared.options.control = control()?;
+    prepared.options.on_started = Some(announce);
+    prepared.options.on_probes_changed = Some(tell_probes_changed);
+    let recorded = prepared.record()?;
+    finish(recorded.profile, &output(&args.record))?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn finish(recorded: Recorded, output: &Path) -> Result<()> {
-    let profile = recorded.profile;
+fn output(args: &RecordArgs) -> PathBuf {
+    args.output.clone().unwrap_or_else(|| PathBuf::from("proftap.profile"))
+}
+
+/// Writes the profile and says what is in it.
+pub fn finish(profile: proftap_profile::Profile, output: &Path) -> Result<()> {
     proftap_profile::write_profile(output, &profile)?;
     let threads = profile.threads.len();
     let calls = profile.total_calls();

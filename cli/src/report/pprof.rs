@@ -9,6 +9,9 @@
 //! sample carrying its count in `samples`. Samples are labelled with their
 //! thread.
 
+// The message fields mirror profile.proto, where each is documented.
+#![allow(missing_docs)]
+
 use proftap_profile::{Profile, ROOT};
 use prost::Message;
 use std::collections::HashMap;

@@ -55,6 +55,7 @@ pub fn group_digits(n: u64) -> String {
     out
 }
 
+/// How a metric key reads in a sentence (`wall_ns`: "wall time").
 pub fn metric_label(key: &str) -> &str {
     match key {
         "wall_ns" => "wall time",

@@ -316,6 +316,11 @@ impl Aggregator {
         }
     }
 
+    /// Probe hits lost so far, as the kernel reported them.
+    pub fn lost_events(&self) -> u64 {
+        self.lost.events
+    }
+
     /// Processes seen so far.
     pub fn processes(&self) -> &[ProcessInfo] {
         &self.processes

@@ -28,7 +28,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Errors of a recording.
@@ -65,6 +65,8 @@ pub enum TargetSpec {
         path: PathBuf,
         /// Its argument vector.
         argv: Vec<OsString>,
+        /// As whom, where and with what environment.
+        launch: target::Launch,
     },
     /// Attach to this running process.
     Attach {
@@ -111,6 +113,21 @@ impl ProbeCost {
     }
 }
 
+/// Live counters of a recording, for a status display.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Every probe is live (and a launched program runs).
+    pub started: AtomicBool,
+    /// The process recorded.
+    pub pid: std::sync::atomic::AtomicI32,
+    /// Functions probed.
+    pub functions: AtomicU64,
+    /// Probe hits aggregated.
+    pub hits: AtomicU64,
+    /// Probe hits lost.
+    pub lost: AtomicU64,
+}
+
 /// Signals from the user, set by the command line's signal handlers.
 #[derive(Clone, Debug, Default)]
 pub struct Control {
@@ -118,6 +135,8 @@ pub struct Control {
     pub interrupt: Arc<AtomicBool>,
     /// SIGTERM.
     pub terminate: Arc<AtomicBool>,
+    /// End the recording and leave the program running, launched or not.
+    pub detach: Arc<AtomicBool>,
 }
 
 /// How to record.
@@ -157,6 +176,8 @@ pub struct RecordOptions {
     /// Called when the probe set changes while the target runs, with what
     /// changed (the same sentence ends up among the profile's notes).
     pub on_probes_changed: Option<fn(&str)>,
+    /// Counters to keep up to date while recording.
+    pub progress: Option<Arc<Progress>>,
 }
 
 impl Default for RecordOptions {
@@ -177,6 +198,7 @@ impl Default for RecordOptions {
             regions: Vec::new(),
             on_started: None,
             on_probes_changed: None,
+            progress: None,
         }
     }
 }
@@ -394,8 +416,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     // Launch held or freeze, open the events, then let the program go.
     let started;
     let (pid, mut child, command, attached) = match spec {
-        TargetSpec::Launch { path, argv } => {
-            let mut child = target::spawn_held(path, argv)?;
+        TargetSpec::Launch { path, argv, launch } => {
+            let mut child = target::spawn_held(path, argv, launch)?;
             if let Err(e) = session.open_task(child.pid(), true) {
                 child.abandon();
                 return Err(e);
@@ -431,6 +453,11 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         }
     };
     let started_monotonic_ns = started;
+    if let Some(progress) = &options.progress {
+        progress.pid.store(pid, Ordering::Relaxed);
+        progress.functions.store(functions.len() as u64, Ordering::Relaxed);
+        progress.started.store(true, Ordering::Release);
+    }
     aggregator.add_process(pid);
     let pidfd = target::pidfd(pid).ok();
     let mut reader = EventReader::new(session.take_buffers(), metrics.len() - 1);
@@ -541,6 +568,10 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
 
         let released = reader.release(Some(watermark), |e| consumer.consume(e));
         window.1 += released as u64;
+        if let Some(progress) = &options.progress {
+            progress.hits.store(consumer.aggregator.hits(), Ordering::Relaxed);
+            progress.lost.store(consumer.aggregator.lost_events(), Ordering::Relaxed);
+        }
         let elapsed = window.0.elapsed();
         if elapsed >= Duration::from_secs(1) {
             peak_rate = peak_rate.max((window.1 as f64 / elapsed.as_secs_f64()) as u64);
@@ -549,6 +580,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
 
         let process_gone = pidfd.as_ref().is_some_and(|fd| readable(fd.as_fd()));
         match &mut child {
+            Some(_) if options.control.detach.load(Ordering::Relaxed) => break,
             Some(_) => {
                 if options.control.terminate.load(Ordering::Relaxed) && !terminated_sent {
                     target::signal(pid, nix::sys::signal::Signal::SIGTERM);
@@ -562,7 +594,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 }
             }
             None => {
-                let asked = options.control.interrupt.load(Ordering::Relaxed) || options.control.terminate.load(Ordering::Relaxed);
+                let asked = [&options.control.interrupt, &options.control.terminate, &options.control.detach]
+                    .iter()
+                    .any(|f| f.load(Ordering::Relaxed));
                 if asked || process_gone || deadline.is_some_and(|d| Instant::now() >= d) {
                     break;
                 }

@@ -1,0 +1,251 @@
+//! The session protocol between `proftap session` and `proftapd`: newline
+//! separated JSON messages over a Unix socket (see `docs/PROTOCOL.md`).
+
+use crate::commands::record::{RecordArgs, parse_duration};
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The protocol version; a client and a daemon must speak the same.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Where the daemon listens unless told otherwise: `/run/proftap/proftapd.sock`
+/// for root, `$XDG_RUNTIME_DIR/proftap.sock` for other users.
+pub fn default_socket() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/run/proftap/proftapd.sock")
+    } else {
+        std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from).join("proftap.sock")
+    }
+}
+
+/// What `session start` takes: the options of `run` and `attach`, and a
+/// process (`--pid`) or a command.
+#[derive(clap::Args, Clone)]
+pub struct StartArgs {
+    /// Attach to this running process.
+    #[arg(long, conflicts_with = "command")]
+    pub pid: Option<i32>,
+    /// How to record.
+    #[command(flatten)]
+    pub record: RecordArgs,
+    /// With --pid: stop after this long (`30s`, `2m`); otherwise at `session stop`.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// With --pid: sample first, then instrument the K hottest functions.
+    #[arg(long, value_name = "K")]
+    pub auto_instrument: Option<usize>,
+    /// How long to sample before --auto-instrument chooses.
+    #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "2s")]
+    pub warmup: Duration,
+    /// The command to launch and profile, with its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// The first message each way.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Hello {
+    /// [`PROTOCOL_VERSION`] of the sender.
+    pub protocol: u32,
+    /// The sender's program and version (`proftap 0.1.0`).
+    pub program: String,
+}
+
+/// A client's request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    /// Start a session: `args` as `session start` takes them (the command,
+    /// if any, with an absolute path), run from `cwd` with `env`.
+    Start {
+        /// The arguments.
+        args: Vec<String>,
+        /// The client's working directory.
+        cwd: PathBuf,
+        /// The client's environment, `KEY=VALUE`.
+        env: Vec<String>,
+    },
+    /// The caller's sessions (every session, for root).
+    List,
+    /// One session.
+    Status {
+        /// Its id.
+        id: u64,
+    },
+    /// End a session (the program runs on) and wait for its profile.
+    Stop {
+        /// Its id.
+        id: u64,
+    },
+    /// A finished session's profile: the reply is followed by its bytes.
+    Fetch {
+        /// Its id.
+        id: u64,
+    },
+    /// Forget a finished session and its profile.
+    Delete {
+        /// Its id.
+        id: u64,
+    },
+}
+
+/// Where a session is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Probes being placed.
+    Starting,
+    /// Recording.
+    Running,
+    /// Ended; its profile is kept.
+    Finished,
+    /// Ended without a profile.
+    Failed,
+}
+
+/// A session as `list` and `status` show it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Its id.
+    pub id: u64,
+    /// The user who started it.
+    pub uid: u32,
+    /// What it records: the command line, or `pid N (command)`.
+    pub target: String,
+    /// The process recorded (0 until known).
+    pub pid: i32,
+    /// Where it is.
+    pub state: State,
+    /// When it started (Unix time, ns).
+    pub started_unix_ns: u64,
+    /// How long it has been (or was) recording, ms.
+    pub uptime_ms: u64,
+    /// Functions probed.
+    pub functions: u64,
+    /// Probe hits so far.
+    pub events: u64,
+    /// Probe hits lost so far.
+    pub lost: u64,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The daemon's reply.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    /// A session.
+    Session(SessionInfo),
+    /// Sessions.
+    Sessions(Vec<SessionInfo>),
+    /// A profile of this many bytes follows.
+    Profile {
+        /// Its size.
+        bytes: u64,
+    },
+    /// Deleted.
+    Deleted {
+        /// The session.
+        id: u64,
+    },
+    /// Refused or failed: one sentence.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// Why talking to the daemon failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No daemon there.
+    #[error("cannot connect to proftapd at {}: {source} (is proftapd running? --socket names another socket)", socket.display())]
+    Connect {
+        /// The socket.
+        socket: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The connection broke or the daemon said something unreadable.
+    #[error("the connection to proftapd broke: {0}")]
+    Broken(String),
+    /// Different protocol versions.
+    #[error(
+        "proftapd speaks session protocol {theirs} ({program}) and this proftap speaks {PROTOCOL_VERSION}; use the proftap that came with the daemon"
+    )]
+    Version {
+        /// The daemon's version.
+        theirs: u32,
+        /// The daemon.
+        program: String,
+    },
+    /// The daemon refused.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Writes one message as a line.
+pub fn send<T: Serialize>(out: &mut impl Write, message: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    out.write_all(&line)?;
+    out.flush()
+}
+
+/// Reads one message line (`None` at end of input).
+pub fn receive<T: for<'de> Deserialize<'de>>(input: &mut impl BufRead) -> std::io::Result<Option<T>> {
+    let mut line = String::new();
+    if input.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    serde_json::from_str(&line).map(Some).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// A connection to the daemon.
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Client {
+    /// Connects and greets.
+    pub fn connect(socket: &Path) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(socket).map_err(|source| ClientError::Connect { socket: socket.into(), source })?;
+        let writer = stream.try_clone().map_err(|e| ClientError::Broken(e.to_string()))?;
+        let mut client = Client { reader: BufReader::new(stream), writer };
+        let hello = Hello { protocol: PROTOCOL_VERSION, program: format!("proftap {}", env!("CARGO_PKG_VERSION")) };
+        send(&mut client.writer, &hello).map_err(|e| ClientError::Broken(e.to_string()))?;
+        let theirs: Hello = receive(&mut client.reader)
+            .map_err(|e| ClientError::Broken(e.to_string()))?
+            .ok_or_else(|| ClientError::Broken("proftapd closed the connection".into()))?;
+        if theirs.protocol != PROTOCOL_VERSION {
+            return Err(ClientError::Version { theirs: theirs.protocol, program: theirs.program });
+        }
+        Ok(client)
+    }
+
+    /// Sends a request and reads the reply; an `Error` reply is an error.
+    pub fn request(&mut self, request: &Request) -> Result<Response, ClientError> {
+        send(&mut self.writer, request).map_err(|e| ClientError::Broken(e.to_string()))?;
+        match receive(&mut self.reader).map_err(|e| ClientError::Broken(e.to_string()))? {
+            Some(Response::Error { message }) => Err(ClientError::Refused(message)),
+            Some(response) => Ok(response),
+            None => Err(ClientError::Broken("proftapd closed the connection".into())),
+        }
+    }
+
+    /// After a `Profile` reply: its bytes.
+    pub fn read_bytes(&mut self, n: u64) -> Result<Vec<u8>, ClientError> {
+        let mut bytes = Vec::with_capacity(n.min(1 << 30) as usize);
+        (&mut self.reader).take(n).read_to_end(&mut bytes).map_err(|e| ClientError::Broken(e.to_string()))?;
+        if bytes.len() as u64 != n {
+            return Err(ClientError::Broken(format!("the profile was cut short ({} of {n} bytes)", bytes.len())));
+        }
+        Ok(bytes)
+    }
+}

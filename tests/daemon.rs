@@ -1,0 +1,222 @@
+//! `proftapd` and `proftap session`: sessions on running programs and
+//! launched commands, access control between users, and a daemon stopped
+//! with SIGTERM.
+#![allow(clippy::unwrap_used)]
+
+use proftap_tests::*;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+/// A daemon on a socket and state directory of its own.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    state: PathBuf,
+}
+
+impl Daemon {
+    /// Starts proftapd and waits until it says it listens.
+    fn start(dir: &Path) -> Daemon {
+        let socket = dir.join("proftapd.sock");
+        let state = dir.join("state");
+        let mut child = Command::new(binary("proftapd"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(&state)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        assert!(line.contains("listening on"), "proftapd: {line}");
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::stderr()));
+        Daemon { child, socket, state }
+    }
+
+    /// `proftap --socket S session ARGS`, as the current user.
+    fn session(&self, args: &[&str]) -> Output {
+        run(proftap().arg("--socket").arg(&self.socket).arg("session").args(args))
+    }
+
+    /// The same, as user `uid`/`gid`, with `proftap` at `exe`.
+    fn session_as(&self, exe: &Path, uid: u32, gid: u32, args: &[&str]) -> Output {
+        use std::os::unix::process::CommandExt;
+        run(Command::new(exe).uid(uid).gid(gid).env_remove("XDG_RUNTIME_DIR").arg("--socket").arg(&self.socket).arg("session").args(args))
+    }
+
+    /// Ends the daemon with SIGTERM and waits for it.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        run_ok(Command::new("kill").args(["-TERM", &self.child.id().to_string()]));
+        let status = self.child.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The session id `session start` prints last.
+fn started(out: &Output) -> String {
+    ok(out).lines().last().unwrap_or_default().trim().to_string()
+}
+
+#[test]
+fn a_session_on_a_running_program_is_listed_stopped_and_fetched() {
+    if !can_probe() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path());
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    let id = started(&daemon.session(&["start", "--pid", &waiter.pid.to_string(), "-f", "tick"]));
+    assert_eq!(waiter.tick(120), 120);
+
+    let list = ok(&daemon.session(&["list"]));
+    let row = list.lines().find(|l| l.split_whitespace().next() == Some(id.as_str())).unwrap_or_else(|| panic!("{list}"));
+    assert!(row.contains("running") && row.contains(&format!("pid {} (wait_c", waiter.pid)), "{row}");
+    let status = ok(&daemon.session(&["status", &id]));
+    assert!(status.contains("state       running") && status.contains("functions   1"), "{status}");
+
+    let stopped = ok(&daemon.session(&["stop", &id]));
+    assert!(stopped.contains("state       finished"), "{stopped}");
+    // Detached: the program runs on.
+    assert_eq!(waiter.tick(5), 125);
+    let file = dir.path().join("fetched.profile");
+    ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
+    let report = report_json(&file);
+    assert_eq!(calls_by_name(&report)["tick"], 120);
+    assert_eq!(report["target"]["attached"], true);
+
+    ok(&daemon.session(&["delete", &id]));
+    let out = daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]);
+    assert_clean_failure(&out, &format!("there is no session {id} of yours"));
+}
+
+#[test]
+fn a_session_launches_a_command_and_keeps_its_profile() {
+    if !can_probe() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path());
+    let calls = Build::c("calls.c", "-O0").build();
+    let id = started(&daemon.session(&["start", "-f", "fib", "--", calls.to_str().unwrap(), "10", "6"]));
+    // The command ends by itself; stop waits for its profile either way.
+    ok(&daemon.session(&["stop", &id]));
+    let file = dir.path().join("calls.profile");
+    ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
+    // fib(6) makes 2 * fib(7) - 1 = 25 calls.
+    assert_eq!(calls_by_name(&report_json(&file))["fib"], 25);
+    // Bad options are one sentence from the daemon or the client.
+    assert_clean_failure(&daemon.session(&["start", "--pid", "999999999"]), "there is no process 999999999");
+    assert_clean_failure(&daemon.session(&["start", "-o", "x", "--pid", "1"]), "use `proftap session fetch ID -o FILE`");
+}
+
+/// A user for the access tests: `proftap-test`, created if missing.
+fn test_user() -> Option<(u32, u32)> {
+    let id = |flag: &str| -> Option<u32> {
+        let out = Command::new("id").arg(flag).arg("proftap-test").output().ok()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok().filter(|_| out.status.success())
+    };
+    if id("-u").is_none() {
+        let made = Command::new("useradd").args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "proftap-test"]).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: cannot create the user proftap-test (useradd) to test access between users");
+            return None;
+        }
+    }
+    Some((id("-u")?, id("-g")?))
+}
+
+/// A directory every user may read, holding copies of `files`.
+fn shared_copies(files: &[&Path]) -> (tempfile::TempDir, Vec<PathBuf>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copies = files
+        .iter()
+        .map(|f| {
+            let to = dir.path().join(f.file_name().unwrap());
+            std::fs::copy(f, &to).unwrap();
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            to
+        })
+        .collect();
+    (dir, copies)
+}
+
+#[test]
+fn a_user_profiles_their_own_process_and_not_roots() {
+    if !can_probe() || !nix_is_root() {
+        return;
+    }
+    let Some((uid, gid)) = test_user() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let daemon = Daemon::start(dir.path());
+    let (_shared, copies) = shared_copies(&[&binary("proftap"), &Build::c("wait.c", "-O2").build()]);
+    let (proftap_copy, wait_copy) = (&copies[0], &copies[1]);
+
+    // Root's process: refused, with the reason.
+    let mut roots = Waiter::start(wait_copy);
+    let out = daemon.session_as(proftap_copy, uid, gid, &["start", "--pid", &roots.pid.to_string(), "-f", "tick"]);
+    assert_clean_failure(&out, "you may profile only your own processes");
+    assert_eq!(roots.tick(3), 3);
+
+    // Their own: recorded, and only they (and root) see it.
+    let mut theirs = Waiter::start_as(wait_copy, uid, gid);
+    let id = started(&daemon.session_as(proftap_copy, uid, gid, &["start", "--pid", &theirs.pid.to_string(), "-f", "tick"]));
+    assert_eq!(theirs.tick(40), 40);
+    ok(&daemon.session_as(proftap_copy, uid, gid, &["stop", &id]));
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    run_ok(Command::new("chown").arg(format!("{uid}:{gid}")).arg(&home));
+    let file = home.join("theirs.profile");
+    ok(&daemon.session_as(proftap_copy, uid, gid, &["fetch", &id, "-o", file.to_str().unwrap()]));
+    assert_eq!(calls_by_name(&report_json(&file))["tick"], 40);
+    // Root sees every session; another user does not see theirs.
+    assert!(ok(&daemon.session(&["list"])).lines().any(|l| l.split_whitespace().next() == Some(id.as_str())));
+    let out = daemon.session_as(proftap_copy, 65_534, 65_534, &["status", &id]);
+    assert_clean_failure(&out, &format!("there is no session {id} of yours"));
+}
+
+fn nix_is_root() -> bool {
+    run_ok(Command::new("id").arg("-u")).trim() == "0"
+}
+
+#[test]
+fn sigterm_leaves_the_program_running_and_the_profile_kept() {
+    if !can_probe() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path());
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    let id = started(&daemon.session(&["start", "--pid", &waiter.pid.to_string(), "-f", "tick"]));
+    assert_eq!(waiter.tick(77), 77);
+    let state = daemon.state.clone();
+    assert!(daemon.terminate().success());
+    // The program runs on, unprobed.
+    assert_eq!(waiter.tick(3), 80);
+    // A new daemon on the same state directory has the profile.
+    let daemon = Daemon::start(dir.path());
+    assert_eq!(daemon.state, state);
+    let list = ok(&daemon.session(&["list"]));
+    assert!(list.lines().any(|l| l.split_whitespace().next() == Some(id.as_str()) && l.contains("finished")), "{list}");
+    let file = dir.path().join("kept.profile");
+    ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
+    assert_eq!(calls_by_name(&report_json(&file))["tick"], 77);
+}
