@@ -39,6 +39,12 @@ enum Command {
     Session(commands::session::Args),
     /// List the functions (and line rows) of a binary or a running process.
     Symbols(commands::symbols::Args),
+    /// Writes the man pages and shell completions into DIR (packaging).
+    #[command(name = "__generate-docs", hide = true)]
+    GenerateDocs {
+        /// Where.
+        dir: std::path::PathBuf,
+    },
     /// proftap measuring its own probe cost runs itself with this.
     #[command(name = "__calibrate-helper", hide = true)]
     CalibrateHelper {
@@ -62,6 +68,7 @@ fn main() -> ExitCode {
             commands::session::run(args, cli.socket.unwrap_or_else(proftap_cli::session::default_socket), std::env::args_os().collect())
         }
         Command::Symbols(args) => commands::symbols::run(args),
+        Command::GenerateDocs { dir } => generate_docs(&dir).map(|()| ExitCode::SUCCESS),
         Command::CalibrateHelper { out } => {
             std::fs::write(&out, proftap_probes::calibrate::helper_main()).map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)
         }
@@ -73,4 +80,20 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// proftap.1 and a page per subcommand (proftap-run.1, ...), and
+/// completions for bash, zsh and fish.
+fn generate_docs(dir: &std::path::Path) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    let man = dir.join("man");
+    let completions = dir.join("completions");
+    std::fs::create_dir_all(&man)?;
+    std::fs::create_dir_all(&completions)?;
+    let command = Cli::command();
+    clap_mangen::generate_to(command.clone(), &man)?;
+    for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+        clap_complete::generate_to(shell, &mut command.clone(), "proftap", &completions)?;
+    }
+    Ok(())
 }

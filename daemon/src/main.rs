@@ -64,6 +64,16 @@ fn main() -> ExitCode {
             Err(_) => ExitCode::from(2),
         };
     }
+    // Packaging writes the man page this way.
+    if argv.get(1).map(String::as_str) == Some("__generate-man") {
+        use clap::CommandFactory;
+        let Some(dir) = argv.get(2) else { return ExitCode::from(2) };
+        let page = Args::command().name("proftapd");
+        let mut out = Vec::new();
+        let written = clap_mangen::Man::new(page).section("8").render(&mut out).is_ok()
+            && std::fs::write(std::path::Path::new(dir).join("proftapd.8"), out).is_ok();
+        return if written { ExitCode::SUCCESS } else { ExitCode::from(2) };
+    }
     let args = Args::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,

@@ -1,0 +1,59 @@
+//! The Debian package: it builds, installs, and what it installs works.
+#![allow(clippy::unwrap_used)]
+
+use proftap_tests::*;
+use std::process::Command;
+
+/// Removes the package however the test ends.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg").args(["--purge", "proftap"]).output();
+    }
+}
+
+#[test]
+fn the_deb_builds_installs_and_runs() {
+    if !have("dpkg-deb", "to build the .deb") || !have("dpkg", "to install the .deb") {
+        return;
+    }
+    if !run_ok(Command::new("id").arg("-u")).trim().eq("0") {
+        eprintln!("skipped: installing a package needs root");
+        return;
+    }
+    if Command::new("dpkg").args(["-s", "proftap"]).output().is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: a proftap package is installed on this machine already; the test would replace it");
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let bin_dir = binary("proftap").parent().unwrap().to_path_buf();
+    let built =
+        run_ok(Command::new(repo().join("scripts/package.sh")).arg("--bin-dir").arg(&bin_dir).arg("--out").arg(out.path()).arg("--fast"));
+    let deb = built.lines().last().unwrap().trim().to_string();
+    assert!(deb.ends_with(".deb"), "{built}");
+    let contents = run_ok(Command::new("dpkg-deb").args(["--contents", &deb]));
+    for path in [
+        "./usr/bin/proftap",
+        "./usr/bin/proftapd",
+        "./usr/share/man/man1/proftap.1.gz",
+        "./usr/share/man/man1/proftap-run.1.gz",
+        "./usr/share/man/man8/proftapd.8.gz",
+        "./usr/share/bash-completion/completions/proftap",
+        "./usr/share/zsh/vendor-completions/_proftap",
+        "./usr/share/fish/vendor_completions.d/proftap.fish",
+        "./lib/systemd/system/proftapd.service",
+    ] {
+        assert!(contents.lines().any(|l| l.ends_with(path)), "{path} missing from the package:\n{contents}");
+    }
+
+    let _installed = Installed;
+    run_ok(Command::new("dpkg").args(["-i", &deb]));
+    let help = run_ok(Command::new("/usr/bin/proftap").arg("--help"));
+    assert!(help.contains("Usage: proftap") && help.contains("session"), "{help}");
+    let version = run_ok(Command::new("/usr/bin/proftapd").arg("--version"));
+    assert!(version.starts_with("proftapd "), "{version}");
+    // The man page is a man page.
+    let page = run_ok(Command::new("sh").args(["-c", "gzip -dc /usr/share/man/man1/proftap-run.1.gz"]));
+    assert!(page.contains(".TH proftap-run 1"), "{page}");
+}
