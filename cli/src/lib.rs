@@ -6,3 +6,4 @@ pub mod commands;
 pub mod output;
 pub mod report;
 pub mod session;
+pub mod status;

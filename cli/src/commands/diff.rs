@@ -2,6 +2,7 @@
 //! for CI.
 
 use crate::report::text::{format_value, group_digits};
+use crate::status::paint;
 use anyhow::{Result, bail};
 use proftap_profile::{Change, Diff, DiffOptions, Verdict};
 use std::fmt::Write as _;
@@ -94,10 +95,11 @@ fn render(diff: &Diff, args: &Args) -> String {
         format_value(key, diff.floor_per_call),
         format_value(key, diff.floor_total)
     );
+    let colour = crate::status::colour(&std::io::stdout());
     if regressed.is_empty() {
-        let _ = writeln!(out, "  verdict    no regression");
+        let _ = writeln!(out, "  verdict    {}", paint("no regression", 32, colour));
     } else {
-        let _ = writeln!(out, "  verdict    REGRESSED: {}", regressed.join(", "));
+        let _ = writeln!(out, "  verdict    {}: {}", paint("REGRESSED", 31, colour), regressed.join(", "));
     }
     table(&mut out, "Functions", "calls", key, &diff.functions, args.all);
     if !diff.regions.is_empty() {
@@ -137,17 +139,18 @@ fn table(out: &mut String, title: &str, calls: &str, key: &str, changes: &[Chang
         } else {
             "-".to_string()
         };
+        let colour = crate::status::colour(&std::io::stdout());
         let verdict = match c.verdict {
-            Verdict::Regressed => "REGRESSED",
-            Verdict::Improved => "improved",
-            Verdict::Unchanged => "unchanged",
-            Verdict::TooFewCalls => "few calls",
-            Verdict::New => "new",
-            Verdict::Gone => "gone",
+            Verdict::Regressed => &paint("REGRESSED  ", 31, colour),
+            Verdict::Improved => &paint("improved   ", 32, colour),
+            Verdict::Unchanged => "unchanged  ",
+            Verdict::TooFewCalls => "few calls  ",
+            Verdict::New => "new        ",
+            Verdict::Gone => "gone       ",
         };
         let _ = writeln!(
             out,
-            "{:>12} {:>12} {:>12} {:>12} {:>8} {:>8}  {:<11} {}",
+            "{:>12} {:>12} {:>12} {:>12} {:>8} {:>8}  {} {}",
             group_digits(c.calls.0),
             group_digits(c.calls.1),
             format_value(key, c.avg.0),

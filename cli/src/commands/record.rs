@@ -1,12 +1,13 @@
 //! `proftap run` and `proftap attach`: choose functions, record, write the profile.
 
+use crate::status::{Activity, RecordingStatus};
 use anyhow::{Context, Result, bail};
 use proftap_probes::exits::{ExitMode, unwinds};
 use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_lines};
 use proftap_probes::metrics::{Metric, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
 use proftap_probes::procfs;
-use proftap_probes::record::{Control, RecordOptions, Recorded, RegionSpec, SampleSettings, TargetSpec, record};
+use proftap_probes::record::{Control, Progress, RecordOptions, Recorded, RegionSpec, SampleSettings, TargetSpec, record};
 use proftap_probes::select::{Selected, Selection};
 use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
 use proftap_probes::{libs, target};
@@ -14,6 +15,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Options shared by `run` and `attach`.
@@ -225,7 +227,9 @@ fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordAr
         }
         // Line counts need the executable's line table.
         let load = LoadOptions { lines: i == 0 && line_files.is_some(), ..load.clone() };
+        let reading = Activity::start(format!("reading the symbols of {}", display.display()));
         let mut index = SymbolIndex::load(open, &load).with_context(|| format!("cannot read the symbols of {}", display.display()))?;
+        drop(reading);
         index.path.clone_from(display);
         indexes.push(index);
         open_paths.push(open.clone());
@@ -376,7 +380,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let mut prepared = prepare_run(&args, target::Launch::default())?;
     prepared.options.control = control()?;
     prepared.options.on_probes_changed = Some(tell_probes_changed);
-    let recorded = prepared.record()?;
+    // The program's output shares the terminal: no live line, only a
+    // spinner while probes are placed.
+    let recorded = with_status(&mut prepared, false)?;
     let status = recorded.ended.map_or(0, |e| e.shell_status());
     finish(recorded.profile, &output(&args.record))?;
     Ok(ExitCode::from(status.clamp(0, 255) as u8))
@@ -388,9 +394,19 @@ pub fn attach(args: AttachArgs) -> Result<ExitCode> {
     prepared.options.control = control()?;
     prepared.options.on_started = Some(announce);
     prepared.options.on_probes_changed = Some(tell_probes_changed);
-    let recorded = prepared.record()?;
+    let recorded = with_status(&mut prepared, true)?;
     finish(recorded.profile, &output(&args.record))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Records with a status on the terminal (see [`RecordingStatus`]).
+fn with_status(prepared: &mut Prepared, live: bool) -> Result<Recorded> {
+    let progress = Arc::new(Progress::default());
+    prepared.options.progress = Some(progress.clone());
+    let status = RecordingStatus::start(progress, prepared.functions.len(), live);
+    let recorded = prepared.record();
+    drop(status);
+    recorded
 }
 
 fn output(args: &RecordArgs) -> PathBuf {
