@@ -193,6 +193,42 @@ fn a_user_profiles_their_own_process_and_not_roots() {
     assert_clean_failure(&out, &format!("there is no session {id} of yours"));
 }
 
+#[test]
+fn a_users_command_runs_as_that_user_in_their_directory() {
+    if !can_probe() || !nix_is_root() {
+        return;
+    }
+    let Some((uid, gid)) = test_user() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let daemon = Daemon::start(dir.path());
+    // A program that writes who runs it into its working directory.
+    let source = dir.path().join("whoami.c");
+    std::fs::write(&source, "#include <stdio.h>\n#include <unistd.h>\n__attribute__((noinline)) int who(void) { return (int)getuid(); }\nint main(void) { FILE *f = fopen(\"who\", \"w\"); if (!f) return 1; fprintf(f, \"%d\\n\", who()); return fclose(f); }\n").unwrap();
+    let program = dir.path().join("whoami");
+    run_ok(Command::new("gcc").args(["-O0", "-g", "-o"]).arg(&program).arg(&source));
+    let (_shared, copies) = shared_copies(&[&binary("proftap"), &program]);
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    run_ok(Command::new("chown").arg(format!("{uid}:{gid}")).arg(&work));
+
+    use std::os::unix::process::CommandExt;
+    let out = run(Command::new(&copies[0])
+        .uid(uid)
+        .gid(gid)
+        .current_dir(&work)
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["session", "start", "-f", "who", "--"])
+        .arg(&copies[1]));
+    let id = started(&out);
+    ok(&daemon.session(&["stop", &id]));
+    assert_eq!(std::fs::read_to_string(work.join("who")).unwrap().trim(), uid.to_string());
+    let file = dir.path().join("who.profile");
+    ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
+    assert_eq!(calls_by_name(&report_json(&file))["who"], 1);
+}
+
 fn nix_is_root() -> bool {
     run_ok(Command::new("id").arg("-u")).trim() == "0"
 }

@@ -249,3 +249,31 @@ impl Client {
         Ok(bytes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_daemon_of_another_protocol_version_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("s.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        let daemon = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().expect("accept");
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let hello: Option<Hello> = receive(&mut reader).expect("hello");
+            assert_eq!(hello.map(|h| h.protocol), Some(PROTOCOL_VERSION));
+            send(&mut &stream, &Hello { protocol: PROTOCOL_VERSION + 1, program: "proftapd 9.0.0".into() }).expect("send");
+        });
+        let err = Client::connect(&socket).err().expect("refused");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "proftapd speaks session protocol {} (proftapd 9.0.0) and this proftap speaks {PROTOCOL_VERSION}; use the proftap that came with the daemon",
+                PROTOCOL_VERSION + 1
+            )
+        );
+        daemon.join().expect("daemon");
+    }
+}
