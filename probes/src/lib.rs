@@ -15,6 +15,7 @@ pub mod addr;
 pub mod calibrate;
 mod error;
 pub mod exits;
+pub mod inject;
 pub mod libs;
 pub mod lines;
 pub mod metrics;

@@ -1,0 +1,361 @@
+//! Doing things inside a stopped process: system calls made by one of its
+//! threads, memory read and written through `/proc/PID/mem`, memory mapped
+//! near its code, and memory shared with proftap.
+
+use crate::procfs::{self, Mapping};
+use crate::target::{Frozen, TargetError};
+use nix::sys::ptrace;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+
+/// Why something could not be done in the target.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteError {
+    /// Stopping or listing the process failed.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// A system call of proftap's failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// A system call made in the target failed.
+    #[error("{call} in process {pid} failed: {source}")]
+    Call {
+        /// The call.
+        call: &'static str,
+        /// The process.
+        pid: i32,
+        /// Its errno.
+        source: io::Error,
+    },
+    /// Something the target does not offer.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+fn io_error(what: impl Into<String>) -> impl FnOnce(io::Error) -> RemoteError {
+    let what = what.into();
+    move |source| RemoteError::Io { what, source }
+}
+
+fn errno(what: impl Into<String>) -> impl FnOnce(nix::errno::Errno) -> RemoteError {
+    let what = what.into();
+    move |e| RemoteError::Io { what, source: e.into() }
+}
+
+/// A process with every thread stopped, in which proftap makes system calls
+/// and reads and writes memory. The threads run on when it is dropped.
+pub struct Remote {
+    pid: i32,
+    frozen: Frozen,
+    /// The thread that makes the system calls.
+    caller: Pid,
+    /// A `syscall` instruction in the vDSO: system calls are made there, so
+    /// no code of the target is touched.
+    syscall_site: u64,
+    mem: File,
+}
+
+/// Arguments of `mmap`.
+const PROT_READ: u64 = libc::PROT_READ as u64;
+const PROT_WRITE: u64 = libc::PROT_WRITE as u64;
+const PROT_EXEC: u64 = libc::PROT_EXEC as u64;
+
+impl Remote {
+    /// Stops every thread of `pid` (refusing a process another tracer holds).
+    pub fn attach(pid: i32) -> Result<Remote, RemoteError> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(io_error(format!("cannot read /proc/{pid}/status")))?;
+        let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:")).map_or(0, |v| v.trim().parse::<i32>().unwrap_or(0));
+        if tracer != 0 {
+            return Err(RemoteError::Unsupported(format!("process {pid} is traced by process {tracer} (a debugger?); detach it first")));
+        }
+        let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+        let frozen = Frozen::freeze(pid)?;
+        let caller = frozen
+            .threads()
+            .first()
+            .copied()
+            .map(Pid::from_raw)
+            .ok_or_else(|| RemoteError::Unsupported(format!("process {pid} has no thread left")))?;
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .map_err(io_error(format!("cannot open the memory of process {pid}")))?;
+        let mut remote = Remote { pid, frozen, caller, syscall_site: 0, mem };
+        remote.syscall_site = remote.find_syscall_site(&maps)?;
+        Ok(remote)
+    }
+
+    /// The process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Its stopped threads.
+    pub fn threads(&self) -> Vec<i32> {
+        self.frozen.threads()
+    }
+
+    fn find_syscall_site(&self, maps: &[Mapping]) -> Result<u64, RemoteError> {
+        let vdso = maps
+            .iter()
+            .find(|m| m.path.as_deref() == Some("[vdso]"))
+            .ok_or_else(|| RemoteError::Unsupported(format!("process {} has no vDSO", self.pid)))?;
+        let bytes = self.read(vdso.start.0, (vdso.end.0 - vdso.start.0) as usize)?;
+        // Jumped to directly, the bytes 0f 05 are a syscall wherever they sit.
+        let offset = bytes
+            .windows(2)
+            .position(|w| w == [0x0f, 0x05])
+            .ok_or_else(|| RemoteError::Unsupported(format!("the vDSO of process {} has no syscall instruction", self.pid)))?;
+        Ok(vdso.start.0 + offset as u64)
+    }
+
+    /// Reads `len` bytes at `address`.
+    pub fn read(&self, address: u64, len: usize) -> Result<Vec<u8>, RemoteError> {
+        let mut bytes = vec![0u8; len];
+        self.mem
+            .read_exact_at(&mut bytes, address)
+            .map_err(io_error(format!("cannot read {len} bytes at {address:#x} in process {}", self.pid)))?;
+        Ok(bytes)
+    }
+
+    /// Writes `bytes` at `address`, code included (the kernel writes through
+    /// read-only pages for a tracer).
+    pub fn write(&self, address: u64, bytes: &[u8]) -> Result<(), RemoteError> {
+        self.mem.write_all_at(bytes, address).map_err(io_error(format!(
+            "cannot write {} bytes at {address:#x} in process {}",
+            bytes.len(),
+            self.pid
+        )))
+    }
+
+    /// Makes system call `nr` with `args` in the target; returns its result
+    /// or the error it gave. The calling thread's registers are restored
+    /// after, so a system call it was blocked in restarts as it would have.
+    pub fn syscall(&self, call: &'static str, nr: i64, args: [u64; 6]) -> Result<u64, RemoteError> {
+        let saved = ptrace::getregs(self.caller).map_err(errno("cannot read the registers of the target"))?;
+        let mut regs = saved;
+        regs.rip = self.syscall_site;
+        regs.rax = nr as u64;
+        // Not a restart of whatever system call the thread was in.
+        regs.orig_rax = u64::MAX;
+        regs.rdi = args[0];
+        regs.rsi = args[1];
+        regs.rdx = args[2];
+        regs.r10 = args[3];
+        regs.r8 = args[4];
+        regs.r9 = args[5];
+        ptrace::setregs(self.caller, regs).map_err(errno("cannot set the registers of the target"))?;
+        let result = self.step_over_syscall();
+        let after = ptrace::getregs(self.caller);
+        ptrace::setregs(self.caller, saved).map_err(errno("cannot restore the registers of the target"))?;
+        result?;
+        let value = after.map_err(errno("cannot read the result of a system call in the target"))?.rax;
+        if (value as i64) < 0 && (value as i64) > -4096 {
+            return Err(RemoteError::Call { call, pid: self.pid, source: io::Error::from_raw_os_error(-(value as i64) as i32) });
+        }
+        Ok(value)
+    }
+
+    fn step_over_syscall(&self) -> Result<(), RemoteError> {
+        ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
+        loop {
+            match waitpid(self.caller, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => return Ok(()),
+                // Another signal arrived first; it stays pending and the step goes on.
+                Ok(WaitStatus::Stopped(_, _)) | Ok(WaitStatus::PtraceEvent(..)) => {
+                    ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
+                }
+                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+                    return Err(RemoteError::Unsupported(format!("process {} ended during a system call", self.pid)));
+                }
+                Ok(_) => continue,
+                Err(e) => return Err(errno("cannot wait for the target")(e)),
+            }
+        }
+    }
+
+    /// Maps `len` bytes of fresh memory, readable and writable, within
+    /// ±2 GiB of all of `near` (so a 5-byte jump reaches it from there).
+    pub fn map_near(&self, near: std::ops::Range<u64>, len: usize) -> Result<u64, RemoteError> {
+        let maps = procfs::read_maps(self.pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+        let len = len.next_multiple_of(4096) as u64;
+        let min_addr =
+            std::fs::read_to_string("/proc/sys/vm/mmap_min_addr").ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(65536);
+        let reach = 0x7fff_0000u64;
+        let lowest = near.end.saturating_sub(reach).max(min_addr).next_multiple_of(4096);
+        let highest = near.start.saturating_add(reach).min(0x7fff_ffff_f000);
+        for hint in gaps(&maps, lowest, highest, len) {
+            let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+            match self.syscall("mmap", libc::SYS_mmap, [hint, len, PROT_READ | PROT_WRITE, flags, u64::MAX, 0]) {
+                Ok(address) if address == hint => return Ok(address),
+                Ok(address) => {
+                    let _ = self.syscall("munmap", libc::SYS_munmap, [address, len, 0, 0, 0, 0]);
+                }
+                Err(_) => continue,
+            }
+        }
+        Err(RemoteError::Unsupported(format!("process {} has no free {len} bytes within 2 GiB of {:#x}", self.pid, near.start)))
+    }
+
+    /// Makes `len` bytes at `address` readable and executable, no longer writable.
+    pub fn seal_code(&self, address: u64, len: usize) -> Result<(), RemoteError> {
+        self.syscall("mprotect", libc::SYS_mprotect, [address, len as u64, PROT_READ | PROT_EXEC, 0, 0, 0]).map(drop)
+    }
+
+    /// Memory shared by the target and proftap: `len` bytes of a memfd the
+    /// target creates and maps, which proftap maps too.
+    pub fn share(&self, len: usize) -> Result<Shared, RemoteError> {
+        let len = len.next_multiple_of(4096);
+        let name = b"proftap\0";
+        // The name goes on the caller's stack, below the red zone.
+        let regs = ptrace::getregs(self.caller).map_err(errno("cannot read the registers of the target"))?;
+        let scratch = (regs.rsp - 256 - 64) & !15;
+        let saved = self.read(scratch, name.len())?;
+        self.write(scratch, name)?;
+        let fd = self.syscall("memfd_create", libc::SYS_memfd_create, [scratch, libc::MFD_CLOEXEC as u64, 0, 0, 0, 0]);
+        self.write(scratch, &saved)?;
+        let fd = fd?;
+        let close = || {
+            let _ = self.syscall("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
+        };
+        let mapped = self.syscall("ftruncate", libc::SYS_ftruncate, [fd, len as u64, 0, 0, 0, 0]).and_then(|_| {
+            let flags = libc::MAP_SHARED as u64;
+            self.syscall("mmap", libc::SYS_mmap, [0, len as u64, PROT_READ | PROT_WRITE, flags, fd, 0])
+        });
+        let remote_address = match mapped {
+            Ok(address) => address,
+            Err(e) => {
+                close();
+                return Err(e);
+            }
+        };
+        // proftap's own descriptor of the same memfd.
+        let local = crate::target::pidfd(self.pid).and_then(|pidfd| {
+            // SAFETY: pidfd_getfd takes a pidfd, a descriptor number in that process and flags.
+            let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd as i32, 0) };
+            if got < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: the kernel just gave us this descriptor.
+            Ok(unsafe { OwnedFd::from_raw_fd(got as i32) })
+        });
+        close();
+        let local = local.map_err(io_error(format!("cannot share memory with process {}", self.pid)))?;
+        // SAFETY: a shared mapping of a memfd proftap holds open; the target
+        // writes to it concurrently, which readers of `Shared` account for.
+        let pointer =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, local.as_raw_fd(), 0) };
+        if pointer == libc::MAP_FAILED {
+            return Err(io_error("cannot map the memory shared with the target")(io::Error::last_os_error()));
+        }
+        Ok(Shared { local: pointer.cast(), len, remote: remote_address, _fd: local })
+    }
+}
+
+/// Free ranges of `len` bytes between `lowest` and `highest`, nearest the
+/// middle first, as start addresses.
+fn gaps(maps: &[Mapping], lowest: u64, highest: u64, len: u64) -> Vec<u64> {
+    let mut starts = Vec::new();
+    let mut previous_end = lowest;
+    let mut ranges: Vec<(u64, u64)> = maps.iter().map(|m| (m.start.0, m.end.0)).collect();
+    ranges.sort_unstable();
+    ranges.push((highest, highest));
+    for (start, end) in ranges {
+        let from = previous_end.max(lowest);
+        let to = start.min(highest);
+        if to > from && to - from >= len {
+            // The end of the gap: close to the code above it, away from the heap's growth.
+            starts.push(to - len);
+        }
+        previous_end = previous_end.max(end);
+    }
+    let middle = lowest / 2 + highest / 2;
+    starts.sort_by_key(|s| s.abs_diff(middle));
+    starts
+}
+
+/// Memory mapped in the target and in proftap.
+pub struct Shared {
+    local: *mut u8,
+    len: usize,
+    /// Its address in the target.
+    pub remote: u64,
+    _fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain memory owned by this value.
+unsafe impl Send for Shared {}
+
+impl Shared {
+    /// Its size.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `u64` at byte `offset`, read atomically: the target writes it.
+    pub fn load(&self, offset: usize) -> u64 {
+        assert!(offset % 8 == 0 && offset + 8 <= self.len, "offset {offset} outside the shared memory");
+        // SAFETY: in bounds and aligned, checked above; an atomic view of shared memory.
+        unsafe { (*self.local.add(offset).cast::<std::sync::atomic::AtomicU64>()).load(std::sync::atomic::Ordering::Acquire) }
+    }
+
+    /// Stores `value` at byte `offset`, atomically.
+    pub fn store(&self, offset: usize, value: u64) {
+        assert!(offset % 8 == 0 && offset + 8 <= self.len, "offset {offset} outside the shared memory");
+        // SAFETY: in bounds and aligned, checked above; an atomic view of shared memory.
+        unsafe { (*self.local.add(offset).cast::<std::sync::atomic::AtomicU64>()).store(value, std::sync::atomic::Ordering::Release) }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `share` mapped; no reference outlives self.
+        unsafe { libc::munmap(self.local.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::{FileOffset, RuntimeAddr};
+
+    fn map(start: u64, end: u64) -> Mapping {
+        Mapping {
+            start: RuntimeAddr(start),
+            end: RuntimeAddr(end),
+            readable: true,
+            writable: false,
+            executable: false,
+            offset: FileOffset(0),
+            inode: 0,
+            path: None,
+        }
+    }
+
+    #[test]
+    fn gaps_are_free_and_in_reach() {
+        let maps = [map(0x10000, 0x20000), map(0x30000, 0x40000), map(0x41000, 0x50000)];
+        let found = gaps(&maps, 0x10000, 0x60000, 0x2000);
+        // Gaps: 0x20000..0x30000 and 0x50000..0x60000; 0x40000..0x41000 is too small.
+        assert_eq!(found.len(), 2);
+        for start in found {
+            assert!(maps.iter().all(|m| start + 0x2000 <= m.start.0 || start >= m.end.0), "{start:#x} overlaps");
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! Doing things inside a stopped process: `cat` waiting for input is held,
+//! made to call the kernel, given memory near its code and memory shared
+//! with us, then let go; it must read its input as if nothing happened.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use proftap_probes::inject::remote::Remote;
+use proftap_probes::procfs::read_maps;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+#[test]
+fn a_held_process_calls_the_kernel_maps_memory_and_runs_on() {
+    let mut cat = Command::new("cat").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let pid = cat.id() as i32;
+    let mut out = BufReader::new(cat.stdout.take().unwrap());
+    let mut input = cat.stdin.take().unwrap();
+    // cat is running (blocked in read) once it echoed a line.
+    writeln!(input, "first").unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "first\n");
+
+    let remote = match Remote::attach(pid) {
+        Ok(remote) => remote,
+        Err(e) => {
+            assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "cannot hold a process here: {e}");
+            eprintln!("skipped: cannot hold a process here: {e}");
+            let _ = cat.kill();
+            let _ = cat.wait();
+            return;
+        }
+    };
+    // A system call made by the process itself.
+    assert_eq!(remote.syscall("getpid", libc::SYS_getpid, [0; 6]).unwrap(), pid as u64);
+
+    // Memory within 2 GiB of its code.
+    let text =
+        read_maps(pid).unwrap().into_iter().find(|m| m.executable && m.path.as_deref().is_some_and(|p| p.ends_with("/cat"))).unwrap();
+    let near = remote.map_near(text.start.0..text.end.0, 8192).unwrap();
+    assert!(near.abs_diff(text.start.0) < 0x8000_0000, "{near:#x} is out of reach of {:#x}", text.start.0);
+    remote.write(near, b"\x90\xc3").unwrap();
+    remote.seal_code(near, 8192).unwrap();
+    let maps = read_maps(pid).unwrap();
+    let mapped = maps.iter().find(|m| m.start.0 == near).unwrap();
+    assert!(mapped.executable && !mapped.writable, "{mapped:?}");
+    assert_eq!(remote.read(near, 2).unwrap(), b"\x90\xc3");
+
+    // Memory both sides see.
+    let shared = remote.share(4096).unwrap();
+    shared.store(0, 0x1122_3344_5566_7788);
+    assert_eq!(remote.read(shared.remote, 8).unwrap(), 0x1122_3344_5566_7788u64.to_ne_bytes());
+    remote.write(shared.remote + 8, &42u64.to_ne_bytes()).unwrap();
+    assert_eq!(shared.load(8), 42);
+
+    // Let go: the read it was blocked in goes on.
+    drop(remote);
+    writeln!(input, "second").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "second\n");
+    drop(input);
+    assert!(cat.wait().unwrap().success());
+    // Our side of the shared memory outlives the process.
+    assert_eq!(shared.load(0), 0x1122_3344_5566_7788);
+}
