@@ -57,6 +57,8 @@ pub struct ProbedFunction {
     pub open_path: PathBuf,
     /// Entry offset in that file.
     pub offset: FileOffset,
+    /// Size of its code in bytes (0 when unknown).
+    pub size: u64,
     /// Cost class of the probed instruction.
     pub entry: EntryKind,
     /// Measured function or marker.
@@ -134,6 +136,7 @@ pub fn plan(
             },
             open_path: open_paths[s.module].clone(),
             offset,
+            size: f.size,
             entry: if entry_probe.is_some() { EntryKind::Emulated } else { classify_entry(code) },
             role: Role::Measured,
             exit_sites,
@@ -170,6 +173,7 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, open_path: &std::path::Path) -> Opt
         },
         open_path: open_path.to_path_buf(),
         offset,
+        size: f.size,
         entry: classify_entry(code.as_deref().unwrap_or(&[])),
         role: Role::CatchMarker,
         exit_sites: None,

@@ -46,7 +46,8 @@ fn a_held_process_calls_the_kernel_maps_memory_and_runs_on() {
     assert_eq!(remote.read(near, 2).unwrap(), b"\x90\xc3");
 
     // Memory both sides see.
-    let shared = remote.share(4096).unwrap();
+    let shared = remote.share(4096, Some(text.start.0..text.end.0)).unwrap();
+    assert!(shared.remote.abs_diff(text.start.0) < 0x8000_0000, "{:#x}", shared.remote);
     shared.store(0, 0x1122_3344_5566_7788);
     assert_eq!(remote.read(shared.remote, 8).unwrap(), 0x1122_3344_5566_7788u64.to_ne_bytes());
     remote.write(shared.remote + 8, &42u64.to_ne_bytes()).unwrap();

@@ -3,7 +3,10 @@
 //! proftap. Cheaper per call than any kernel probe, and it attaches to a
 //! running process.
 //!
-//! This module holds the means: [`remote`] stops a process and makes system
-//! calls in it, maps memory near its code and memory shared with proftap.
+//! [`remote`] stops a process and makes system calls in it, maps memory near
+//! its code and memory shared with proftap; [`patch`] decides which entries
+//! take a jump and builds the trampolines; [`counting`] counts calls through them.
 
+pub mod counting;
+pub mod patch;
 pub mod remote;

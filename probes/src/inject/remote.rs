@@ -106,6 +106,16 @@ impl Remote {
         self.frozen.threads()
     }
 
+    /// The registers of stopped thread `tid`.
+    pub fn regs(&self, tid: i32) -> Result<libc::user_regs_struct, RemoteError> {
+        ptrace::getregs(Pid::from_raw(tid)).map_err(errno(format!("cannot read the registers of thread {tid}")))
+    }
+
+    /// Sets the registers of stopped thread `tid`.
+    pub fn set_regs(&self, tid: i32, regs: libc::user_regs_struct) -> Result<(), RemoteError> {
+        ptrace::setregs(Pid::from_raw(tid), regs).map_err(errno(format!("cannot set the registers of thread {tid}")))
+    }
+
     fn find_syscall_site(&self, maps: &[Mapping]) -> Result<u64, RemoteError> {
         let vdso = maps
             .iter()
@@ -208,14 +218,26 @@ impl Remote {
         Err(RemoteError::Unsupported(format!("process {} has no free {len} bytes within 2 GiB of {:#x}", self.pid, near.start)))
     }
 
+    /// Free places for `len` bytes within ±2 GiB of all of `near`.
+    fn candidates(&self, near: std::ops::Range<u64>, len: u64) -> Result<Vec<u64>, RemoteError> {
+        let maps = procfs::read_maps(self.pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+        let min_addr =
+            std::fs::read_to_string("/proc/sys/vm/mmap_min_addr").ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(65536);
+        let reach = 0x7fff_0000u64;
+        let lowest = near.end.saturating_sub(reach).max(min_addr).next_multiple_of(4096);
+        let highest = near.start.saturating_add(reach).min(0x7fff_ffff_f000);
+        Ok(gaps(&maps, lowest, highest, len))
+    }
+
     /// Makes `len` bytes at `address` readable and executable, no longer writable.
     pub fn seal_code(&self, address: u64, len: usize) -> Result<(), RemoteError> {
         self.syscall("mprotect", libc::SYS_mprotect, [address, len as u64, PROT_READ | PROT_EXEC, 0, 0, 0]).map(drop)
     }
 
     /// Memory shared by the target and proftap: `len` bytes of a memfd the
-    /// target creates and maps, which proftap maps too.
-    pub fn share(&self, len: usize) -> Result<Shared, RemoteError> {
+    /// target creates and maps, which proftap maps too; in the target within
+    /// ±2 GiB of `near` when given.
+    pub fn share(&self, len: usize, near: Option<std::ops::Range<u64>>) -> Result<Shared, RemoteError> {
         let len = len.next_multiple_of(4096);
         let name = b"proftap\0";
         // The name goes on the caller's stack, below the red zone.
@@ -229,9 +251,21 @@ impl Remote {
         let close = || {
             let _ = self.syscall("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
         };
-        let mapped = self.syscall("ftruncate", libc::SYS_ftruncate, [fd, len as u64, 0, 0, 0, 0]).and_then(|_| {
-            let flags = libc::MAP_SHARED as u64;
-            self.syscall("mmap", libc::SYS_mmap, [0, len as u64, PROT_READ | PROT_WRITE, flags, fd, 0])
+        let mapped = self.syscall("ftruncate", libc::SYS_ftruncate, [fd, len as u64, 0, 0, 0, 0]).and_then(|_| match &near {
+            None => self.syscall("mmap", libc::SYS_mmap, [0, len as u64, PROT_READ | PROT_WRITE, libc::MAP_SHARED as u64, fd, 0]),
+            Some(near) => {
+                let flags = (libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE) as u64;
+                self.candidates(near.clone(), len as u64)?
+                    .into_iter()
+                    .find_map(|hint| {
+                        self.syscall("mmap", libc::SYS_mmap, [hint, len as u64, PROT_READ | PROT_WRITE, flags, fd, 0])
+                            .ok()
+                            .filter(|&a| a == hint)
+                    })
+                    .ok_or_else(|| {
+                        RemoteError::Unsupported(format!("process {} has no free {len} bytes within 2 GiB of {:#x}", self.pid, near.start))
+                    })
+            }
         });
         let remote_address = match mapped {
             Ok(address) => address,

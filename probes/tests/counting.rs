@@ -1,0 +1,111 @@
+//! Counting calls through patched entries in a running program: the
+//! counts are exact, the program runs on correctly, and detaching restores
+//! its code.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use proftap_probes::exits::ExitMode;
+use proftap_probes::inject::counting::Counting;
+use proftap_probes::plan::{ProbedFunction, plan};
+use proftap_probes::select::Selection;
+use proftap_probes::symbols::{LoadOptions, SymbolIndex};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+/// examples/wait.c: prints "ready PID ADDRESS", then calls tick() N times for each line N.
+struct Waiter {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl Waiter {
+    fn start(binary: &Path) -> Waiter {
+        let mut child = Command::new(binary).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let input = child.stdin.take().unwrap();
+        let mut output = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        output.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready "), "{line}");
+        Waiter { child, input, output }
+    }
+
+    fn tick(&mut self, n: u64) -> u64 {
+        writeln!(self.input, "{n}").unwrap();
+        let mut line = String::new();
+        self.output.read_line(&mut line).unwrap();
+        line.trim().strip_prefix("ticked ").unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn build(opt: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("wait{opt}"));
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/wait.c");
+    let status = Command::new("gcc").arg(opt).arg("-g").arg("-o").arg(&out).arg(source).status().unwrap();
+    assert!(status.success());
+    out
+}
+
+fn functions(binary: &Path) -> Vec<ProbedFunction> {
+    let index = SymbolIndex::load(binary, &LoadOptions::default()).unwrap();
+    let selected = Selection::parse::<&str>(&[]).unwrap().select(&[&index]).unwrap();
+    let mut warnings = Vec::new();
+    plan(&[&index], &[binary.to_path_buf()], &selected, ExitMode::Uretprobe, &mut warnings)
+}
+
+#[test]
+fn patched_entries_count_calls_exactly_and_detach_restores_the_code() {
+    if Command::new("gcc").arg("--version").output().is_err() {
+        assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "gcc is missing");
+        eprintln!("skipped: gcc is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for opt in ["-O0", "-O2"] {
+        let binary = build(opt, dir.path());
+        let functions = functions(&binary);
+        let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
+        let mut waiter = Waiter::start(&binary);
+        assert_eq!(waiter.tick(7), 7);
+
+        let mut counting = match Counting::attach(waiter.child.id() as i32, &functions) {
+            Ok(c) => c,
+            Err(e) => {
+                assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "{opt}: cannot patch a process here: {e}");
+                eprintln!("skipped: cannot patch a process here: {e}");
+                return;
+            }
+        };
+        assert!(counting.refused().iter().all(|(i, _)| *i != tick), "{opt}: tick refused: {:?}", counting.refused());
+        assert_eq!(waiter.tick(1000), 1007, "{opt}");
+        assert_eq!(counting.counts()[tick], 1000, "{opt}");
+        // A million calls, each counted.
+        assert_eq!(waiter.tick(1_000_000), 1_001_007, "{opt}");
+        assert_eq!(counting.counts()[tick], 1_001_000, "{opt}");
+
+        // Detached: the original bytes are back and the program runs on.
+        let pid = waiter.child.id() as i32;
+        let entry_bytes = || {
+            use std::os::unix::fs::FileExt;
+            let main = proftap_probes::procfs::loaded_modules(pid).unwrap().into_iter().find(|m| m.is_main).unwrap();
+            let at = main.bias.to_runtime(proftap_probes::addr::VirtAddr(functions[tick].info.address)).0;
+            let mut bytes = [0u8; 8];
+            std::fs::File::open(format!("/proc/{pid}/mem")).unwrap().read_exact_at(&mut bytes, at).unwrap();
+            bytes
+        };
+        let file = std::fs::read(&binary).unwrap();
+        let original = &file[functions[tick].offset.0 as usize..][..8];
+        assert_ne!(&entry_bytes(), original, "{opt}: tick is patched");
+        counting.detach().unwrap();
+        assert_eq!(&entry_bytes(), original, "{opt}: tick's code is restored");
+        assert_eq!(waiter.tick(5), 1_001_012, "{opt}");
+        assert_eq!(counting.counts()[tick], 1_001_000, "{opt}: no call counted after detach");
+    }
+}
