@@ -3,25 +3,11 @@
 //! runs the instructions the jump replaced and jumps back. A few
 //! nanoseconds a call, and proftap reads the counts whenever it likes.
 
-use super::patch::{self, PatchPlan, Trampoline};
+use super::patch;
+use super::patcher::{self, Applied};
 use super::remote::{Remote, RemoteError, Shared};
 use crate::plan::ProbedFunction;
 use crate::procfs;
-use crate::symbols::ElfImage;
-use std::collections::HashMap;
-use std::path::Path;
-
-/// Room for one trampoline: the counter increment, the relocated
-/// instructions (at most 15 bytes each, a few more once re-encoded) and the
-/// jump back.
-const TRAMPOLINE_ROOM: usize = 96;
-
-/// A patched entry, to undo at detach.
-struct Applied {
-    at: u64,
-    original: Vec<u8>,
-    jump: Vec<u8>,
-}
 
 /// Counting calls in a running process.
 pub struct Counting {
@@ -38,93 +24,29 @@ impl Counting {
     /// `pid`; those that cannot be patched are listed by [`Counting::refused`].
     pub fn attach(pid: i32, functions: &[ProbedFunction]) -> Result<Counting, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-        let mut counting = Counting { pid, counters: None, slots: vec![None; functions.len()], applied: Vec::new(), refused: Vec::new() };
         let Some(main) = modules.iter().find(|m| m.is_main) else {
             return Err(RemoteError::Unsupported(format!("process {pid} has no executable mapped")));
         };
-        let image = ElfImage::open(&main.open_path).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-
-        // Plans from the file: the code as built, whatever is in memory.
-        let mut plans: Vec<(usize, PatchPlan)> = Vec::new();
-        for (i, f) in functions.iter().enumerate() {
-            let in_main = Path::new(&f.info.module) == main.path;
-            let code = image.data().get(f.offset.0 as usize..(f.offset.0 + f.size) as usize);
-            let planned = match (in_main, code) {
-                (false, _) => Err("it is in a shared library (not patched yet)".to_string()),
-                (true, _) if f.size == 0 => Err("its size is unknown".to_string()),
-                (true, None) => Err("its code is not in the file".to_string()),
-                (true, Some(code)) => patch::plan(main.bias.to_runtime(crate::addr::VirtAddr(f.info.address)).0, code),
-            };
-            match planned {
-                Ok(p) => plans.push((i, p)),
-                Err(why) => counting.refused.push((i, why)),
+        let (plans, mut refused) = patcher::plans(main, functions)?;
+        let mut counting = Counting { pid, counters: None, slots: vec![None; functions.len()], applied: Vec::new(), refused: Vec::new() };
+        if !plans.is_empty() {
+            let remote = Remote::attach(pid)?;
+            let counters = remote.share((functions.len() * 8).max(8), Some(patcher::span(&plans)))?;
+            let base = counters.remote;
+            counting.applied = patcher::apply(
+                &remote,
+                plans,
+                0,
+                |_| Ok(Vec::new()),
+                |i, address| Ok(patch::count_call(address, base + 8 * i as u64)),
+                &mut refused,
+            )?;
+            for a in &counting.applied {
+                counting.slots[a.function] = Some(a.function);
             }
+            counting.counters = Some(counters);
         }
-        if plans.is_empty() {
-            return Ok(counting);
-        }
-        let lowest = plans.iter().map(|(_, p)| p.at).min().unwrap_or(0);
-        let highest = plans.iter().map(|(_, p)| p.at + p.len() as u64).max().unwrap_or(0);
-
-        let remote = Remote::attach(pid)?;
-        // Code in memory must be the file's: no breakpoint or other patch there.
-        plans.retain(|(i, p)| match remote.read(p.at, p.len()) {
-            Ok(bytes) if bytes == p.original => true,
-            Ok(_) => {
-                counting.refused.push((*i, "its code in memory differs from the file (a breakpoint or another tool's patch)".into()));
-                false
-            }
-            Err(e) => {
-                counting.refused.push((*i, e.to_string()));
-                false
-            }
-        });
-        let counters = remote.share((plans.len() * 8).max(8), Some(lowest..highest))?;
-        let room = plans.len() * TRAMPOLINE_ROOM;
-        let region = remote.map_near(lowest..highest, room)?;
-
-        let mut code = Vec::with_capacity(room);
-        let mut built: Vec<(usize, PatchPlan, Trampoline, u64)> = Vec::new();
-        for (slot, (i, p)) in plans.into_iter().enumerate() {
-            let address = region + code.len() as u64;
-            let counter = counters.remote + 8 * slot as u64;
-            match patch::trampoline(&p, address, |a| patch::count_call(a, counter)) {
-                Ok(t) if t.code.len() <= TRAMPOLINE_ROOM => {
-                    code.extend_from_slice(&t.code);
-                    code.resize(code.len().next_multiple_of(16), 0xcc);
-                    counting.slots[i] = Some(slot);
-                    built.push((i, p, t, address));
-                }
-                Ok(_) => counting.refused.push((i, "its first instructions grow too much when moved".into())),
-                Err(why) => counting.refused.push((i, why)),
-            }
-        }
-        remote.write(region, &code)?;
-        remote.seal_code(region, room)?;
-
-        // Threads stopped inside bytes about to be replaced go on from their
-        // copies in the trampoline.
-        let mut moves: HashMap<u64, u64> = HashMap::new();
-        for (_, p, t, _) in &built {
-            for &(from, to) in &t.moved {
-                if from != p.at {
-                    moves.insert(from, to);
-                }
-            }
-        }
-        for tid in remote.threads() {
-            let mut regs = remote.regs(tid)?;
-            if let Some(&to) = moves.get(&regs.rip) {
-                regs.rip = to;
-                remote.set_regs(tid, regs)?;
-            }
-        }
-        for (_, p, _, address) in &built {
-            let jump = p.jump_to(*address);
-            remote.write(p.at, &jump)?;
-            counting.applied.push(Applied { at: p.at, original: p.original.clone(), jump });
-        }
-        counting.counters = Some(counters);
+        counting.refused = refused;
         Ok(counting)
     }
 
@@ -150,13 +72,7 @@ impl Counting {
             return Ok(());
         }
         let remote = Remote::attach(self.pid)?;
-        for applied in self.applied.drain(..) {
-            // Only our own jump is undone.
-            if remote.read(applied.at, applied.jump.len())? == applied.jump {
-                remote.write(applied.at, &applied.original)?;
-            }
-        }
-        Ok(())
+        patcher::restore(&remote, &mut self.applied)
     }
 }
 

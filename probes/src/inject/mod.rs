@@ -7,6 +7,9 @@
 //! its code and memory shared with proftap; [`patch`] decides which entries
 //! take a jump and builds the trampolines; [`counting`] counts calls through them.
 
+pub mod clock;
 pub mod counting;
 pub mod patch;
+pub mod patcher;
 pub mod remote;
+pub mod runtime;

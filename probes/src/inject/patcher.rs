@@ -1,0 +1,148 @@
+//! Putting trampolines in a held process and jumps to them over function
+//! entries, and taking the jumps out again.
+
+use super::patch::{self, PatchPlan};
+use super::remote::{Remote, RemoteError};
+use crate::plan::ProbedFunction;
+use crate::procfs::LoadedModule;
+use crate::symbols::ElfImage;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Room for one trampoline: the prologue, the relocated instructions (at
+/// most 15 bytes each, a few more once re-encoded) and the jump back.
+pub const TRAMPOLINE_ROOM: usize = 160;
+
+/// A patched entry, to undo at detach.
+pub struct Applied {
+    /// The function's index.
+    pub function: usize,
+    at: u64,
+    original: Vec<u8>,
+    jump: Vec<u8>,
+}
+
+/// Functions by index, with their patch plans.
+pub type Plans = Vec<(usize, PatchPlan)>;
+/// Functions by index, with why they are not patched.
+pub type Refused = Vec<(usize, String)>;
+
+/// The patch plans of `functions` in the main executable `main`, and the
+/// functions that cannot be patched with the reason.
+pub fn plans(main: &LoadedModule, functions: &[ProbedFunction]) -> Result<(Plans, Refused), RemoteError> {
+    let image = ElfImage::open(&main.open_path).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+    let mut plans = Vec::new();
+    let mut refused = Vec::new();
+    for (i, f) in functions.iter().enumerate() {
+        let in_main = Path::new(&f.info.module) == main.path;
+        let code = image.data().get(f.offset.0 as usize..(f.offset.0 + f.size) as usize);
+        let planned = match (in_main, code) {
+            (false, _) => Err("it is in a shared library (not patched yet)".to_string()),
+            (true, _) if f.size == 0 => Err("its size is unknown".to_string()),
+            (true, None) => Err("its code is not in the file".to_string()),
+            (true, Some(code)) => patch::plan(main.bias.to_runtime(crate::addr::VirtAddr(f.info.address)).0, code),
+        };
+        match planned {
+            Ok(p) => plans.push((i, p)),
+            Err(why) => refused.push((i, why)),
+        }
+    }
+    Ok((plans, refused))
+}
+
+/// The code range the plans cover.
+pub fn span(plans: &Plans) -> std::ops::Range<u64> {
+    let lowest = plans.iter().map(|(_, p)| p.at).min().unwrap_or(0);
+    let highest = plans.iter().map(|(_, p)| p.at + p.len() as u64).max().unwrap_or(0);
+    lowest..highest
+}
+
+/// Patches the planned entries in the held process: code near them holds
+/// `runtime` (given its address; `runtime_room` bytes at most) and a
+/// trampoline per function starting with `prologue(function, address)`;
+/// then threads inside bytes about to be replaced move to their copies and
+/// the jumps are written. Functions that fail join `refused`.
+pub fn apply(
+    remote: &Remote,
+    mut plans: Plans,
+    runtime_room: usize,
+    runtime: impl FnOnce(u64) -> Result<Vec<u8>, String>,
+    prologue: impl Fn(usize, u64) -> Result<Vec<u8>, String>,
+    refused: &mut Refused,
+) -> Result<Vec<Applied>, RemoteError> {
+    // Code in memory must be the file's: no breakpoint or other patch there.
+    plans.retain(|(i, p)| match remote.read(p.at, p.len()) {
+        Ok(bytes) if bytes == p.original => true,
+        Ok(_) => {
+            refused.push((*i, "its code in memory differs from the file (a breakpoint or another tool's patch)".into()));
+            false
+        }
+        Err(e) => {
+            refused.push((*i, e.to_string()));
+            false
+        }
+    });
+    if plans.is_empty() {
+        return Ok(Vec::new());
+    }
+    let runtime_room = runtime_room.next_multiple_of(64);
+    let room = runtime_room + plans.len() * TRAMPOLINE_ROOM;
+    let region = remote.map_near(span(&plans), room)?;
+    let mut code = runtime(region).map_err(RemoteError::Unsupported)?;
+    if code.len() > runtime_room {
+        return Err(RemoteError::Unsupported(format!("the runtime takes {} bytes, more than the {runtime_room} set aside", code.len())));
+    }
+    code.resize(runtime_room, 0xcc);
+
+    let mut built = Vec::new();
+    for (i, p) in plans {
+        let address = region + code.len() as u64;
+        let start = prologue(i, address);
+        match start.and_then(|start| patch::trampoline(&p, address, |_| start)) {
+            Ok(t) if t.code.len() <= TRAMPOLINE_ROOM => {
+                code.extend_from_slice(&t.code);
+                code.resize(code.len().next_multiple_of(16), 0xcc);
+                built.push((i, p, t, address));
+            }
+            Ok(_) => refused.push((i, "its first instructions grow too much when moved".into())),
+            Err(why) => refused.push((i, why)),
+        }
+    }
+    remote.write(region, &code)?;
+    remote.seal_code(region, room)?;
+
+    // Threads stopped inside bytes about to be replaced go on from their
+    // copies in the trampoline.
+    let mut moves: HashMap<u64, u64> = HashMap::new();
+    for (_, p, t, _) in &built {
+        for &(from, to) in &t.moved {
+            if from != p.at {
+                moves.insert(from, to);
+            }
+        }
+    }
+    for tid in remote.threads() {
+        let mut regs = remote.regs(tid)?;
+        if let Some(&to) = moves.get(&regs.rip) {
+            regs.rip = to;
+            remote.set_regs(tid, regs)?;
+        }
+    }
+    let mut applied = Vec::new();
+    for (function, p, _, address) in built {
+        let jump = p.jump_to(address);
+        remote.write(p.at, &jump)?;
+        applied.push(Applied { function, at: p.at, original: p.original, jump });
+    }
+    Ok(applied)
+}
+
+/// Puts the original bytes back where our jumps still are.
+pub fn restore(remote: &Remote, applied: &mut Vec<Applied>) -> Result<(), RemoteError> {
+    for a in applied.drain(..) {
+        if remote.read(a.at, a.jump.len())? == a.jump {
+            remote.write(a.at, &a.original)?;
+        }
+    }
+    Ok(())
+}
