@@ -109,3 +109,40 @@ fn patched_entries_count_calls_exactly_and_detach_restores_the_code() {
         assert_eq!(counting.counts()[tick], 1_001_000, "{opt}: no call counted after detach");
     }
 }
+
+#[test]
+fn patched_entries_and_returns_are_timed() {
+    use proftap_probes::inject::tracing::Tracing;
+    if Command::new("gcc").arg("--version").output().is_err() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for opt in ["-O0", "-O2"] {
+        let binary = build(opt, dir.path());
+        let functions = functions(&binary);
+        let tick = functions.iter().position(|f| f.info.name == "tick").unwrap() as u32;
+        let mut waiter = Waiter::start(&binary);
+        assert_eq!(waiter.tick(3), 3);
+        let mut tracing = Tracing::attach(waiter.child.id() as i32, &functions).unwrap();
+        assert!(tracing.refused().iter().all(|(i, _)| *i != tick as usize), "{opt}: {:?}", tracing.refused());
+        assert_eq!(waiter.tick(1000), 1003, "{opt}");
+        let mut calls = Vec::new();
+        tracing.drain(&mut calls);
+        let ticks: Vec<_> = calls.iter().filter(|c| c.function == tick).collect();
+        assert_eq!(ticks.len(), 2000, "{opt}: entries and returns");
+        // Entry, return, entry, return...; each return after its entry, at the same slot.
+        for pair in ticks.chunks(2) {
+            assert!(!pair[0].exit && pair[1].exit, "{opt}: {pair:?}");
+            assert_eq!(pair[0].slot, pair[1].slot, "{opt}");
+            assert_eq!(pair[0].ret, pair[1].ret, "{opt}");
+            assert!(pair[1].tsc >= pair[0].tsc, "{opt}");
+            assert_eq!(pair[0].tid, waiter.child.id(), "{opt}");
+        }
+        assert_eq!(tracing.lost(), 0);
+        tracing.detach().unwrap();
+        assert_eq!(waiter.tick(2), 1005, "{opt}");
+        calls.clear();
+        tracing.drain(&mut calls);
+        assert!(calls.iter().all(|c| c.function != tick), "{opt}: nothing recorded after detach");
+    }
+}

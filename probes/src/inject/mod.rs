@@ -13,3 +13,4 @@ pub mod patch;
 pub mod patcher;
 pub mod remote;
 pub mod runtime;
+pub mod tracing;

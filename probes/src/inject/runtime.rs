@@ -105,12 +105,12 @@ fn asm_error(e: IcedError) -> String {
 }
 
 /// Finds the calling thread's slot: r9 = its entry in the table, r10 = its
-/// index. Claims a free one when `claim` (and records the tid), else jumps
-/// to `missing`. Clobbers rax, rcx, rdx, r8, r11; keeps rdi and rsi.
-fn find_slot(a: &mut CodeAssembler, layout: &Layout, claim: bool, missing: CodeLabel) -> Result<(), IcedError> {
+/// index, and goes on at `found` (set here: the next instruction). Claims a
+/// free one when `claim` (and records the tid), else jumps to `missing`.
+/// Clobbers rax, rcx, rdx, r8, r11; keeps rdi and rsi.
+fn find_slot(a: &mut CodeAssembler, layout: &Layout, claim: bool, missing: CodeLabel, found: &mut CodeLabel) -> Result<(), IcedError> {
     let mut lookup = a.create_label();
     let mut next = a.create_label();
-    let mut found = a.create_label();
     let mut take = a.create_label();
     a.mov(r8, qword_ptr(0).fs())?;
     a.mov(r10, r8)?;
@@ -124,7 +124,7 @@ fn find_slot(a: &mut CodeAssembler, layout: &Layout, claim: bool, missing: CodeL
     a.add(r9, rax)?;
     a.mov(rax, qword_ptr(r9))?;
     a.cmp(rax, r8)?;
-    a.je(found)?;
+    a.je(*found)?;
     a.test(rax, rax)?;
     a.jz(take)?;
     a.set_label(&mut next)?;
@@ -151,11 +151,11 @@ fn find_slot(a: &mut CodeAssembler, layout: &Layout, claim: bool, missing: CodeL
         a.mov(rdx, layout.controls())?;
         a.add(rcx, rdx)?;
         a.mov(qword_ptr(rcx + control::TID as i32), rax)?;
-        a.jmp(found)?;
+        a.jmp(*found)?;
     } else {
         a.jmp(missing)?;
     }
-    a.set_label(&mut found)?;
+    a.set_label(found)?;
     Ok(())
 }
 
@@ -178,7 +178,8 @@ fn build(address: u64, layout: &Layout) -> Result<Runtime, IcedError> {
 
     // entry(rdi = return-address slot, esi = function).
     a.set_label(&mut entry)?;
-    find_slot(&mut a, layout, true, done)?;
+    let mut found = a.create_label();
+    find_slot(&mut a, layout, true, done, &mut found)?;
     a.mov(rax, qword_ptr(r9 + 16))?;
     a.cmp(rax, STACK_DEPTH as i32)?;
     a.jae(done)?;
@@ -204,8 +205,7 @@ fn build(address: u64, layout: &Layout) -> Result<Runtime, IcedError> {
 
     // exit(rdi = the room for the return address, which is the slot it was in).
     a.set_label(&mut exit)?;
-    find_slot(&mut a, layout, false, broken)?;
-    a.set_label(&mut pop)?;
+    find_slot(&mut a, layout, false, broken, &mut pop)?;
     a.mov(rax, qword_ptr(r9 + 16))?;
     a.test(rax, rax)?;
     a.jz(broken)?;
