@@ -95,6 +95,8 @@ struct Process {
     mappings: Vec<Mapping>,
     /// Where the kernel's return-probe trampoline is (`[uprobes]`).
     trampoline: Option<(u64, u64)>,
+    /// Where the in-process engine's code is.
+    engine_code: Vec<std::ops::Range<u64>>,
     unwinder: UnwinderX86_64<Vec<u8>>,
     cache: Option<Box<CacheX86_64>>,
     /// Mappings already given to the unwinder.
@@ -104,6 +106,7 @@ struct Process {
 enum Input {
     Mapped { pid: u32, start: u64, len: u64, pgoff: u64, path: String },
     Exec(u32),
+    EngineCode(u32, std::ops::Range<u64>),
     Sample(Box<StackSample>, Vec<(u64, u64)>),
     Hottest(std::sync::mpsc::Sender<Vec<(String, String, u64)>>),
 }
@@ -125,6 +128,7 @@ impl BackgroundSampler {
                 match input {
                     Input::Mapped { pid, start, len, pgoff, path } => sampler.mapped(pid, start, len, pgoff, &path),
                     Input::Exec(pid) => sampler.exec(pid),
+                    Input::EngineCode(pid, range) => sampler.engine_code(pid, range),
                     Input::Sample(sample, returns) => sampler.sample(&sample, &returns),
                     Input::Hottest(reply) => {
                         let _ = reply.send(sampler.hottest());
@@ -144,6 +148,11 @@ impl BackgroundSampler {
     /// See [`Sampler::exec`].
     pub fn exec(&self, pid: u32) {
         let _ = self.input.send(Input::Exec(pid));
+    }
+
+    /// See [`Sampler::engine_code`].
+    pub fn engine_code(&self, pid: u32, range: std::ops::Range<u64>) {
+        let _ = self.input.send(Input::EngineCode(pid, range));
     }
 
     /// See [`Sampler::sample`].
@@ -171,7 +180,7 @@ impl BackgroundSampler {
 /// Where the kernel puts a process's `[uprobes]` page unless taken: the top
 /// page of the 47-bit user address space. Its mmap record may never come
 /// (the page appears at the first probe hit).
-const DEFAULT_PROBE_AREA: std::ops::Range<u64> = 0x7fff_ffff_e000..0x7fff_ffff_f000;
+pub const DEFAULT_PROBE_AREA: std::ops::Range<u64> = 0x7fff_ffff_e000..0x7fff_ffff_f000;
 
 impl Process {
     /// The `[uprobes]` page: return-probe trampolines and the slots where
@@ -181,7 +190,8 @@ impl Process {
     }
 
     fn in_probe_area(&self, ip: u64) -> bool {
-        self.probe_area().contains(&ip) && !self.mappings.iter().any(|m| (m.start..m.end).contains(&ip))
+        self.engine_code.iter().any(|c| c.contains(&ip))
+            || (self.probe_area().contains(&ip) && !self.mappings.iter().any(|m| (m.start..m.end).contains(&ip)))
     }
 }
 
@@ -259,6 +269,12 @@ impl Sampler {
         process.mappings.sort_by_key(|m| m.start);
         // The unwinder is rebuilt with every mapping at the next sample.
         process.added = usize::MAX;
+    }
+
+    /// The in-process engine's code is at `range` in process `pid`: time
+    /// spent there is the engine's.
+    pub fn engine_code(&mut self, pid: u32, range: std::ops::Range<u64>) {
+        self.processes.entry(pid).or_default().engine_code.push(range);
     }
 
     /// A process executed a new program: its old mappings are gone.
@@ -343,8 +359,13 @@ impl Sampler {
             let offset = address.checked_sub(sp).ok_or(())? as usize;
             let bytes = stack.get(offset..offset + 8).ok_or(())?;
             let value = u64::from_ne_bytes(bytes.try_into().map_err(|_| ())?);
-            // A return probe's trampoline stands for the return address proftap saw at the entry.
-            if trampoline.contains(&value) { returns.iter().find(|r| r.0 == address).map(|r| r.1).ok_or(()) } else { Ok(value) }
+            // A return probe's trampoline (or the in-process engine's) stands
+            // for the return address proftap saw at the entry.
+            match returns.iter().find(|r| r.0 == address) {
+                Some(r) if r.1 != value => Ok(r.1),
+                _ if trampoline.contains(&value) => Err(()),
+                _ => Ok(value),
+            }
         };
         let mut frames = process.unwinder.iter_frames(ip, UnwindRegsX86_64::new(ip, sp, bp), cache, &mut read_stack);
         let mut addresses = Vec::new();

@@ -290,6 +290,11 @@ impl Frozen {
         Ok(frozen)
     }
 
+    /// Threads proftap traces already, stopped: released like the others.
+    pub fn adopt(tids: Vec<i32>) -> Frozen {
+        Frozen { stopped: tids.into_iter().map(Pid::from_raw).collect(), pending: Vec::new() }
+    }
+
     /// Waits for the interrupt stop of `tid`; threads it created meanwhile
     /// arrive stopped (TRACECLONE) and are added.
     fn wait_stopped(&mut self, tid: Pid) {

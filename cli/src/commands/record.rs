@@ -7,7 +7,7 @@ use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_line
 use proftap_probes::metrics::{Metric, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
 use proftap_probes::procfs;
-use proftap_probes::record::{Control, Progress, RecordOptions, Recorded, RegionSpec, SampleSettings, TargetSpec, record};
+use proftap_probes::record::{Control, Engine, Progress, RecordOptions, Recorded, RegionSpec, SampleSettings, TargetSpec, record};
 use proftap_probes::select::{Selected, Selection};
 use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
 use proftap_probes::{libs, target};
@@ -28,9 +28,17 @@ pub struct RecordArgs {
     functions: Vec<String>,
     /// Metrics per call, comma-separated: wall, cpu, page-faults,
     /// minor-faults, major-faults, context-switches, cpu-migrations, and
-    /// hardware counters (cycles, instructions, ...) where the machine has them.
-    #[arg(long = "metric", value_name = "LIST", default_value = "wall,cpu")]
+    /// hardware counters (cycles, instructions, ...) where the machine has
+    /// them. Default wall,cpu (wall with --engine inject).
+    #[arg(long = "metric", value_name = "LIST")]
     metrics: Vec<String>,
+    /// How calls are seen: `uprobe` (kernel probes on entries and returns)
+    /// or `inject` (jumps patched over function entries to code proftap
+    /// puts in the process: about 25 ns a call instead of microseconds;
+    /// attach only so far, wall time only; functions it cannot patch get
+    /// uprobes).
+    #[arg(long, value_enum, default_value = "uprobe")]
+    engine: EngineArg,
     /// Where to write the profile (default proftap.profile).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -85,6 +93,21 @@ pub struct RecordArgs {
     /// Where separate debug files are looked for (default /usr/lib/debug).
     #[arg(long, value_name = "DIR")]
     pub debug_dir: Vec<PathBuf>,
+}
+
+/// How calls are seen (see `--engine`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum EngineArg {
+    Uprobe,
+    Inject,
+}
+
+impl RecordArgs {
+    fn metrics(&self) -> Result<Vec<Metric>> {
+        let default = if self.engine == EngineArg::Inject { "wall" } else { "wall,cpu" };
+        let list = if self.metrics.is_empty() { vec![default.to_string()] } else { self.metrics.clone() };
+        Ok(parse_metrics(&list)?)
+    }
 }
 
 /// How returns are seen (see `--exits`).
@@ -169,7 +192,11 @@ fn options(
         follow_forks: !args.no_follow_fork,
         buffer_bytes: args.buffer_size.clamp(1, 4096) << 20,
         duration,
-        cost: crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
+        // The measured cost is a uprobe's; the in-process engine's is not measured per machine.
+        cost: match args.engine {
+            EngineArg::Uprobe => crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
+            EngineArg::Inject => None,
+        },
         lines: chosen.lines.clone(),
         sample: match (args.sample, hybrid(args) && !args.no_sample || auto.is_some() || args.no_instrument) {
             (Some(0), _) => bail!("--sample needs a frequency above 0"),
@@ -191,6 +218,10 @@ fn options(
         on_started: None,
         on_probes_changed: None,
         progress: None,
+        engine: match args.engine {
+            EngineArg::Uprobe => Engine::Uprobe,
+            EngineArg::Inject => Engine::Inject,
+        },
     })
 }
 
@@ -335,7 +366,7 @@ impl Prepared {
 /// launch's working directory) and launched as `launch` says.
 pub fn prepare_run(args: &RunArgs, launch: target::Launch) -> Result<Prepared> {
     let selection = Selection::parse(&args.record.functions)?;
-    let metrics = parse_metrics(&args.record.metrics)?;
+    let metrics = args.record.metrics()?;
     let command = match &launch.cwd {
         Some(dir) if args.command[0].as_bytes().contains(&b'/') && !Path::new(&args.command[0]).is_absolute() => {
             dir.join(&args.command[0]).into_os_string()
@@ -358,7 +389,7 @@ pub fn prepare_attach(args: &AttachArgs) -> Result<Prepared> {
         bail!("--auto-instrument instruments functions after the warm-up; --no-instrument never does: choose one");
     }
     let selection = Selection::parse(&args.record.functions)?;
-    let metrics = parse_metrics(&args.record.metrics)?;
+    let metrics = args.record.metrics()?;
     let loaded = procfs::loaded_modules(args.pid)?;
     if loaded.first().is_none_or(|m| !m.is_main) {
         bail!("process {} has no executable mapped (a kernel thread or a process that is exiting)", args.pid);

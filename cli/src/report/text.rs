@@ -135,10 +135,13 @@ fn header(profile: &Profile, out: &mut String) {
     }
     let _ = writeln!(
         out,
-        "  recorded    {} with {} probes (returns seen by {}), {} thread{}, {} process{}",
+        "  recorded    {} with {}, {} thread{}, {} process{}",
         format_ns(r.duration_ns),
-        r.engine,
-        if r.exits == "return-sites" { "probes on return instructions" } else { "return probes" },
+        match (r.engine.as_str(), r.exits.as_str()) {
+            ("inject", _) => "entries patched in the process (returns through proftap's return trampoline)",
+            (_, "return-sites") => "uprobes (returns seen by probes on return instructions)",
+            _ => "uprobes (returns seen by return probes)",
+        },
         profile.threads.len(),
         if profile.threads.len() == 1 { "" } else { "s" },
         profile.processes.len().max(1),

@@ -1,7 +1,12 @@
 //! Converting the TSC, which the runtime reads in the target, to
-//! CLOCK_MONOTONIC nanoseconds, the clock of every other proftap event, with
-//! the kernel's own parameters (the perf mmap page's `time_mult`,
-//! `time_shift` and `time_zero`).
+//! CLOCK_MONOTONIC nanoseconds, the clock of every other proftap event.
+//!
+//! With the kernel's own parameters when it offers them (the perf mmap
+//! page's `time_mult`, `time_shift` and `time_zero`, with the perf clock
+//! tied to CLOCK_MONOTONIC by a measurement); otherwise (a VM whose
+//! scheduler clock is not the TSC) by measuring the TSC against the kernel's
+//! CLOCK_MONOTONIC, which the vDSO reads from the TSC itself: two readings
+//! a while apart give the rate, refreshed as the recording goes on.
 
 use std::io;
 
@@ -16,80 +21,124 @@ mod page {
     pub const CAP_USER_TIME_ZERO: u64 = 1 << 4;
 }
 
-/// TSC to CLOCK_MONOTONIC.
+/// The kernel's TSC to perf clock parameters.
 #[derive(Clone, Copy, Debug)]
-pub struct TscClock {
+struct PerfTime {
     shift: u32,
     mult: u64,
     zero: u64,
-    /// CLOCK_MONOTONIC minus the perf clock, in ns.
-    offset: i64,
 }
 
-impl TscClock {
-    /// Reads the conversion from the kernel (through a perf event on this
-    /// process) and measures the perf clock against CLOCK_MONOTONIC.
-    pub fn new() -> io::Result<TscClock> {
-        let mut builder = perf_event::Builder::new(perf_event::events::Software::DUMMY);
-        builder.observe_self().any_cpu();
-        let event = builder.build()?;
-        let len = 4096;
-        // SAFETY: mapping one page of a perf event's fd read-only, as perf_event_open(2) describes.
-        let mapped =
-            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&event), 0) };
-        if mapped == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base = mapped.cast::<u8>();
-        // SAFETY: reads of the mapped page at the struct's offsets; the
-        // kernel updates it under the seqlock at LOCK, read as it documents.
-        let read = |offset: usize| unsafe { std::ptr::read_volatile(base.add(offset).cast::<u64>()) };
-        let read32 = |offset: usize| unsafe { std::ptr::read_volatile(base.add(offset).cast::<u32>()) };
-        let read16 = |offset: usize| unsafe { std::ptr::read_volatile(base.add(offset).cast::<u16>()) };
-        let clock = loop {
-            let seq = read32(page::LOCK);
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-            let capabilities = read(page::CAPABILITIES);
-            let clock = TscClock {
-                shift: u32::from(read16(page::TIME_SHIFT)),
-                mult: u64::from(read32(page::TIME_MULT)),
-                zero: read(page::TIME_ZERO),
-                offset: 0,
-            };
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-            if read32(page::LOCK) == seq {
-                break (capabilities & page::CAP_USER_TIME_ZERO != 0).then_some(clock);
-            }
-        };
-        // SAFETY: unmapping what was mapped above.
-        unsafe { libc::munmap(mapped, len) };
-        let mut clock =
-            clock.ok_or_else(|| io::Error::other("the kernel does not let the TSC be converted to time here (no cap_user_time_zero)"))?;
-        // The perf clock against CLOCK_MONOTONIC: the closest of a few tries.
-        let mut best = (u64::MAX, 0i64);
-        for _ in 0..16 {
-            let before = monotonic_ns();
-            let tsc = rdtsc();
-            let after = monotonic_ns();
-            let middle = before / 2 + after / 2;
-            if after - before < best.0 {
-                best = (after - before, middle as i64 - clock.perf_ns(tsc) as i64);
-            }
-        }
-        clock.offset = best.1;
-        Ok(clock)
-    }
-
-    fn perf_ns(&self, tsc: u64) -> u64 {
+impl PerfTime {
+    fn ns(&self, tsc: u64) -> u64 {
         let quot = tsc >> self.shift;
         let rem = tsc & ((1u64 << self.shift) - 1);
         self.zero.wrapping_add(quot.wrapping_mul(self.mult)).wrapping_add((rem * self.mult) >> self.shift)
     }
+}
+
+/// TSC to CLOCK_MONOTONIC.
+#[derive(Clone, Copy, Debug)]
+pub struct TscClock {
+    kernel: Option<PerfTime>,
+    /// A (TSC, CLOCK_MONOTONIC) pair.
+    first: (u64, u64),
+    /// A later pair: with `first`, the rate when the kernel gives none; with
+    /// the kernel's parameters, the offset to CLOCK_MONOTONIC.
+    latest: (u64, u64),
+}
+
+impl TscClock {
+    /// A clock for this machine's TSC, which must tick at a constant rate.
+    pub fn new() -> io::Result<TscClock> {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or_default();
+        if !flags.split_whitespace().any(|f| f == "constant_tsc") || !flags.split_whitespace().any(|f| f == "nonstop_tsc") {
+            return Err(io::Error::other("this CPU's TSC does not tick at a constant rate (no constant_tsc and nonstop_tsc)"));
+        }
+        let first = pair();
+        let kernel = perf_time();
+        if kernel.is_none() {
+            // A rate from a millisecond to begin with; refreshed as time goes on.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut clock = TscClock { kernel, first, latest: first };
+        clock.refresh();
+        Ok(clock)
+    }
+
+    /// Measures the TSC against CLOCK_MONOTONIC again: the longer since the
+    /// first measurement, the better the rate.
+    pub fn refresh(&mut self) {
+        self.latest = pair();
+    }
 
     /// CLOCK_MONOTONIC nanoseconds of a TSC reading.
     pub fn ns(&self, tsc: u64) -> u64 {
-        (self.perf_ns(tsc) as i64 + self.offset) as u64
+        match &self.kernel {
+            Some(kernel) => {
+                let offset = self.latest.1 as i64 - kernel.ns(self.latest.0) as i64;
+                (kernel.ns(tsc) as i64 + offset) as u64
+            }
+            None => {
+                let (t0, n0) = self.first;
+                let (t1, n1) = self.latest;
+                let rate = (n1 - n0) as f64 / (t1.saturating_sub(t0)).max(1) as f64;
+                (n0 as f64 + (tsc as f64 - t0 as f64) * rate) as u64
+            }
+        }
     }
+}
+
+/// The kernel's TSC parameters, when it offers them to user space.
+fn perf_time() -> Option<PerfTime> {
+    let mut builder = perf_event::Builder::new(perf_event::events::Software::DUMMY);
+    builder.observe_self().any_cpu().enabled(true);
+    let event = builder.build().ok()?;
+    let len = 4096;
+    // SAFETY: mapping one page of a perf event's fd read-only, as perf_event_open(2) describes.
+    let mapped =
+        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&event), 0) };
+    if mapped == libc::MAP_FAILED {
+        return None;
+    }
+    let base = mapped.cast::<u8>();
+    // SAFETY: reads of the mapped page at the struct's offsets, under the
+    // seqlock at LOCK as perf_event_open(2) describes.
+    let read64 = |offset: usize| unsafe { std::ptr::read_volatile(base.add(offset).cast::<u64>()) };
+    let read32 = |offset: usize| unsafe { std::ptr::read_volatile(base.add(offset).cast::<u32>()) };
+    let read16 = |offset: usize| unsafe { std::ptr::read_volatile(base.add(offset).cast::<u16>()) };
+    let time = loop {
+        let seq = read32(page::LOCK);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let capabilities = read64(page::CAPABILITIES);
+        let time = PerfTime {
+            shift: u32::from(read16(page::TIME_SHIFT)),
+            mult: u64::from(read32(page::TIME_MULT)),
+            zero: read64(page::TIME_ZERO),
+        };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        if read32(page::LOCK) == seq {
+            break (capabilities & page::CAP_USER_TIME_ZERO != 0 && time.mult != 0).then_some(time);
+        }
+    };
+    // SAFETY: unmapping what was mapped above.
+    unsafe { libc::munmap(mapped, len) };
+    time
+}
+
+/// A TSC reading and CLOCK_MONOTONIC at the same moment: the tightest of a few tries.
+fn pair() -> (u64, u64) {
+    let mut best = (u64::MAX, (0, 0));
+    for _ in 0..16 {
+        let before = monotonic_ns();
+        let tsc = rdtsc();
+        let after = monotonic_ns();
+        if after - before < best.0 {
+            best = (after - before, (tsc, before / 2 + after / 2));
+        }
+    }
+    best.1
 }
 
 fn rdtsc() -> u64 {
@@ -107,7 +156,7 @@ mod tests {
 
     #[test]
     fn the_tsc_converts_to_monotonic_time() {
-        let clock = match TscClock::new() {
+        let mut clock = match TscClock::new() {
             Ok(clock) => clock,
             Err(e) => {
                 assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "{e}");
@@ -115,14 +164,16 @@ mod tests {
                 return;
             }
         };
-        let before = monotonic_ns();
-        let converted = clock.ns(rdtsc());
-        let after = monotonic_ns();
-        assert!(converted + 2_000 >= before && converted <= after + 2_000, "{before} <= {converted} <= {after}");
-        // A known interval.
         let t0 = rdtsc();
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let elapsed = clock.ns(rdtsc()) - clock.ns(t0);
-        assert!((20_000_000..40_000_000).contains(&elapsed), "{elapsed} ns");
+        let m0 = monotonic_ns();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        clock.refresh();
+        let m1 = monotonic_ns();
+        let t1 = rdtsc();
+        // Within a couple of microseconds of the kernel's clock, at both ends.
+        assert!(clock.ns(t0).abs_diff(m0) < 5_000, "{} vs {m0}", clock.ns(t0));
+        assert!(clock.ns(t1).abs_diff(m1) < 5_000, "{} vs {m1}", clock.ns(t1));
+        let elapsed = clock.ns(t1) - clock.ns(t0);
+        assert!((30_000_000..45_000_000).contains(&elapsed), "{elapsed} ns");
     }
 }

@@ -33,7 +33,7 @@ impl Counting {
             let remote = Remote::attach(pid)?;
             let counters = remote.share((functions.len() * 8).max(8), Some(patcher::span(&plans)))?;
             let base = counters.remote;
-            counting.applied = patcher::apply(
+            (counting.applied, _) = patcher::apply(
                 &remote,
                 plans,
                 0,

@@ -69,7 +69,7 @@ pub fn apply(
     runtime: impl FnOnce(u64) -> Result<Vec<u8>, String>,
     prologue: impl Fn(usize, u64) -> Result<Vec<u8>, String>,
     refused: &mut Refused,
-) -> Result<Vec<Applied>, RemoteError> {
+) -> Result<(Vec<Applied>, std::ops::Range<u64>), RemoteError> {
     // Code in memory must be the file's: no breakpoint or other patch there.
     plans.retain(|(i, p)| match remote.read(p.at, p.len()) {
         Ok(bytes) if bytes == p.original => true,
@@ -83,7 +83,7 @@ pub fn apply(
         }
     });
     if plans.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0..0));
     }
     let runtime_room = runtime_room.next_multiple_of(64);
     let room = runtime_room + plans.len() * TRAMPOLINE_ROOM;
@@ -134,7 +134,7 @@ pub fn apply(
         remote.write(p.at, &jump)?;
         applied.push(Applied { function, at: p.at, original: p.original, jump });
     }
-    Ok(applied)
+    Ok((applied, region..region + room as u64))
 }
 
 /// Puts the original bytes back where our jumps still are.

@@ -96,6 +96,41 @@ impl Remote {
         Ok(remote)
     }
 
+    /// A process proftap launched and traces (`PTRACE_O_TRACEEXEC`), caught
+    /// where it executes its program: waits for that stop. The process runs
+    /// on, untraced, when the value is dropped.
+    pub fn at_exec(pid: i32) -> Result<Remote, RemoteError> {
+        let tid = Pid::from_raw(pid);
+        loop {
+            match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::PtraceEvent(_, _, event)) if event == libc::PTRACE_EVENT_EXEC => break,
+                // A signal before the exec: delivered, and wait on.
+                Ok(WaitStatus::Stopped(_, signal)) => ptrace::cont(tid, signal).map_err(errno("cannot let the program go on"))?,
+                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+                    return Err(RemoteError::Unsupported(format!("process {pid} ended before it executed its program")));
+                }
+                Ok(_) => continue,
+                Err(e) => return Err(errno("cannot wait for the program to start")(e)),
+            }
+        }
+        let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .map_err(io_error(format!("cannot open the memory of process {pid}")))?;
+        let mut remote = Remote { pid, frozen: Frozen::adopt(vec![pid]), caller: tid, syscall_site: 0, mem };
+        remote.syscall_site = remote.find_syscall_site(&maps)?;
+        // The thread is still leaving execve: the first step completes that
+        // (its result, 0, lands in rax) instead of running our call.
+        for _ in 0..3 {
+            if remote.syscall("getpid", libc::SYS_getpid, [0; 6])? == pid as u64 {
+                return Ok(remote);
+            }
+        }
+        Err(RemoteError::Unsupported(format!("process {pid} does not make system calls for proftap after its exec")))
+    }
+
     /// The process.
     pub fn pid(&self) -> i32 {
         self.pid
@@ -347,6 +382,15 @@ impl Shared {
         assert!(offset % 8 == 0 && offset + 8 <= self.len, "offset {offset} outside the shared memory");
         // SAFETY: in bounds and aligned, checked above; an atomic view of shared memory.
         unsafe { (*self.local.add(offset).cast::<std::sync::atomic::AtomicU64>()).load(std::sync::atomic::Ordering::Acquire) }
+    }
+
+    /// Appends `len` bytes from `offset` to `into`: records the target has
+    /// published (after an acquiring [`Shared::load`] of their counter), so
+    /// it no longer writes them.
+    pub fn copy_to(&self, offset: usize, len: usize, into: &mut Vec<u8>) {
+        assert!(offset + len <= self.len, "{len} bytes at {offset} outside the shared memory");
+        // SAFETY: in bounds, checked above; the bytes are not written while published.
+        into.extend_from_slice(unsafe { std::slice::from_raw_parts(self.local.add(offset), len) });
     }
 
     /// Stores `value` at byte `offset`, atomically.

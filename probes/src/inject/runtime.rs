@@ -27,7 +27,7 @@ pub const STACK_ENTRY: u64 = 32;
 /// Bytes of a thread's entry in the slot table: key, tid, depth.
 pub const SLOT_BYTES: u64 = 32;
 /// Records per thread ring (a power of two).
-pub const RING: u64 = 1 << 14;
+pub const RING: u64 = 1 << 20;
 /// Bytes of a record: TSC, function and kind, return-address slot, return address.
 pub const RECORD: u64 = 32;
 /// Bytes of a thread's ring control in shared memory: tid, head, tail, lost.
@@ -180,6 +180,34 @@ fn build(address: u64, layout: &Layout) -> Result<Runtime, IcedError> {
     a.set_label(&mut entry)?;
     let mut found = a.create_label();
     find_slot(&mut a, layout, true, done, &mut found)?;
+    // Frames a longjmp or an exception left are dropped first: those deeper
+    // than this call, and one in this very slot unless the slot still holds
+    // the return trampoline (then this is its tail call, and it lives on).
+    let mut push = a.create_label();
+    let mut drop_top = a.create_label();
+    a.mov(rax, qword_ptr(r9 + 16))?;
+    a.test(rax, rax)?;
+    a.jz(push)?;
+    a.mov(rcx, r10)?;
+    a.imul_3(rcx, rcx, STACK_DEPTH as i32)?;
+    a.add(rcx, rax)?;
+    a.dec(rcx)?;
+    a.shl(rcx, STACK_ENTRY.trailing_zeros() as i32)?;
+    a.mov(rdx, layout.stacks())?;
+    a.add(rcx, rdx)?;
+    a.mov(rdx, qword_ptr(rcx + 8))?;
+    a.cmp(rdx, rdi)?;
+    a.jb(drop_top)?;
+    a.jne(push)?;
+    a.mov(r8, qword_ptr(rdi))?;
+    a.mov(rdx, return_trampoline_placeholder())?;
+    a.cmp(r8, rdx)?;
+    a.je(push)?;
+    a.set_label(&mut drop_top)?;
+    a.dec(rax)?;
+    a.mov(qword_ptr(r9 + 16), rax)?;
+    a.jmp(found)?;
+    a.set_label(&mut push)?;
     a.mov(rax, qword_ptr(r9 + 16))?;
     a.cmp(rax, STACK_DEPTH as i32)?;
     a.jae(done)?;
@@ -306,7 +334,7 @@ fn return_trampoline_placeholder() -> u64 {
 
 fn patch_placeholder(code: &mut [u8], value: u64) {
     let needle = PLACEHOLDER.to_le_bytes();
-    if let Some(at) = code.windows(8).position(|w| w == needle) {
+    while let Some(at) = code.windows(8).position(|w| w == needle) {
         code[at..at + 8].copy_from_slice(&value.to_le_bytes());
     }
 }
@@ -328,4 +356,21 @@ pub fn call_entry(address: u64, entry: u64, function: u32) -> Result<Vec<u8>, St
         a.assemble(address)
     };
     build().map_err(asm_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_runtime_assembles_and_knows_its_return_trampoline() {
+        let layout = Layout { private: 0x10_0000, live: 0x20_0000, shared: 0x30_0000 };
+        let rt = assemble(0x40_0000, &layout).expect("assembles");
+        assert!(rt.code.len() < 1024, "{} bytes", rt.code.len());
+        assert_eq!(rt.entry, 0x40_0000);
+        assert!((0x40_0000..0x40_0000 + rt.code.len() as u64).contains(&rt.return_trampoline));
+        // Every use of the return trampoline's address was filled in.
+        assert!(!rt.code.windows(8).any(|w| w == PLACEHOLDER.to_le_bytes()));
+        assert_eq!(rt.code.windows(8).filter(|w| *w == rt.return_trampoline.to_le_bytes()).count(), 2);
+    }
 }

@@ -25,6 +25,30 @@ pub struct Call {
     pub ret: u64,
 }
 
+/// Records of one thread, as the runtime wrote them.
+pub struct Batch {
+    /// The thread.
+    pub tid: u32,
+    /// Its records.
+    pub bytes: Vec<u8>,
+}
+
+/// The calls of a batch.
+pub fn parse(batch: &Batch, into: &mut Vec<Call>) {
+    let word = |r: &[u8], i: usize| u64::from_ne_bytes(r[8 * i..8 * i + 8].try_into().unwrap_or_default());
+    for record in batch.bytes.chunks_exact(runtime::RECORD as usize) {
+        let payload = word(record, 1);
+        into.push(Call {
+            tid: batch.tid,
+            tsc: word(record, 0),
+            function: payload as u32,
+            exit: (payload >> 32) as u32 == runtime::EXIT,
+            slot: word(record, 2),
+            ret: word(record, 3),
+        });
+    }
+}
+
 /// Timing calls in a running process.
 pub struct Tracing {
     pid: i32,
@@ -34,15 +58,46 @@ pub struct Tracing {
     refused: Refused,
     /// Records read so far, per slot.
     tails: Vec<u64>,
+    /// proftap's code in the process: the runtime and the trampolines.
+    code: std::ops::Range<u64>,
 }
 
 /// `madvise` advice: zero the page in a forked child.
 const MADV_WIPEONFORK: u64 = 18;
 
 impl Tracing {
+    /// The functions of the executable at `path` that cannot be patched, and
+    /// why, judged from the file alone (before it runs).
+    pub fn refusals(path: &std::path::Path, functions: &[ProbedFunction]) -> Refused {
+        let module = procfs::LoadedModule {
+            path: path.to_path_buf(),
+            open_path: path.to_path_buf(),
+            bias: crate::addr::LoadBias(0),
+            text: Vec::new(),
+            is_main: true,
+        };
+        match patcher::plans(&module, functions) {
+            Ok((_, refused)) => refused,
+            Err(e) => (0..functions.len()).map(|i| (i, e.to_string())).collect(),
+        }
+    }
+
     /// Patches the entries of `functions` (of the main executable) in process
     /// `pid`; those that cannot be patched are listed by [`Tracing::refused`].
     pub fn attach(pid: i32, functions: &[ProbedFunction]) -> Result<Tracing, RemoteError> {
+        Tracing::patch(pid, functions, None)
+    }
+
+    /// The same for a process proftap traces, stopped where it executed its
+    /// program (no thread-local storage yet: none of its code has run).
+    pub fn attach_at_exec(pid: i32, functions: &[ProbedFunction]) -> Result<Tracing, RemoteError> {
+        let remote = Remote::at_exec(pid)?;
+        Tracing::patch(pid, functions, Some(remote))
+    }
+
+    /// Patches with `remote` holding the process at its exec, or (`None`)
+    /// holding the running process once there is something to patch.
+    fn patch(pid: i32, functions: &[ProbedFunction], at_exec: Option<Remote>) -> Result<Tracing, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let Some(main) = modules.iter().find(|m| m.is_main) else {
             return Err(RemoteError::Unsupported(format!("process {pid} has no executable mapped")));
@@ -54,14 +109,25 @@ impl Tracing {
             )));
         }
         let (plans, mut refused) = patcher::plans(main, functions)?;
-        let mut tracing =
-            Tracing { pid, shared: None, layout: None, applied: Vec::new(), refused: Vec::new(), tails: vec![0; runtime::SLOTS as usize] };
+        let mut tracing = Tracing {
+            pid,
+            shared: None,
+            layout: None,
+            applied: Vec::new(),
+            refused: Vec::new(),
+            tails: vec![0; runtime::SLOTS as usize],
+            code: 0..0,
+        };
         if plans.is_empty() {
             tracing.refused = refused;
             return Ok(tracing);
         }
-        let remote = Remote::attach(pid)?;
-        for tid in remote.threads() {
+        let running = at_exec.is_none();
+        let remote = match at_exec {
+            Some(remote) => remote,
+            None => Remote::attach(pid)?,
+        };
+        for tid in remote.threads().into_iter().filter(|_| running) {
             if remote.regs(tid)?.fs_base == 0 {
                 return Err(RemoteError::Unsupported(format!(
                     "thread {tid} of process {pid} has no thread-local storage to tell threads apart"
@@ -76,7 +142,7 @@ impl Tracing {
         let shared = remote.share(runtime::SHARED_BYTES as usize, None)?;
         let layout = Layout { private, live, shared: shared.remote };
         let assembled = std::cell::Cell::new(0u64);
-        tracing.applied = patcher::apply(
+        (tracing.applied, tracing.code) = patcher::apply(
             &remote,
             plans,
             1024,
@@ -106,14 +172,20 @@ impl Tracing {
         &self.refused
     }
 
+    /// Where proftap's code is in the process (time spent there is the
+    /// engine's own).
+    pub fn code(&self) -> std::ops::Range<u64> {
+        self.code.clone()
+    }
+
     /// Whether any function is patched.
     pub fn is_active(&self) -> bool {
         !self.applied.is_empty()
     }
 
-    /// Every record written since the last drain, thread by thread in the
-    /// order each thread wrote them.
-    pub fn drain(&mut self, into: &mut Vec<Call>) {
+    /// Every record written since the last drain, as raw bytes (see
+    /// [`parse`]), thread by thread in the order each thread wrote them.
+    pub fn drain_raw(&mut self, into: &mut Vec<Batch>) {
         let Some(shared) = &self.shared else { return };
         for slot in 0..runtime::SLOTS {
             let at = Layout::control_offset(slot);
@@ -123,20 +195,26 @@ impl Tracing {
                 continue;
             }
             let tid = shared.load(at + control::TID) as u32;
-            for n in tail..head {
-                let record = Layout::record_offset(slot, n);
-                let payload = shared.load(record + 8);
-                into.push(Call {
-                    tid,
-                    tsc: shared.load(record),
-                    function: payload as u32,
-                    exit: (payload >> 32) as u32 == runtime::EXIT,
-                    slot: shared.load(record + 16),
-                    ret: shared.load(record + 24),
-                });
+            let mut bytes = Vec::with_capacity(((head - tail) * runtime::RECORD) as usize);
+            // The ring wraps at most once between tail and head.
+            let mut n = tail;
+            while n < head {
+                let run = (head - n).min(runtime::RING - (n & (runtime::RING - 1)));
+                shared.copy_to(Layout::record_offset(slot, n), (run * runtime::RECORD) as usize, &mut bytes);
+                n += run;
             }
             self.tails[slot as usize] = head;
             shared.store(at + control::TAIL, head);
+            into.push(Batch { tid, bytes });
+        }
+    }
+
+    /// Every record written since the last drain, parsed.
+    pub fn drain(&mut self, into: &mut Vec<Call>) {
+        let mut batches = Vec::new();
+        self.drain_raw(&mut batches);
+        for batch in &batches {
+            parse(batch, into);
         }
     }
 
@@ -148,7 +226,9 @@ impl Tracing {
     /// Stops recording and puts the original bytes back. The runtime and
     /// trampolines stay mapped: calls in progress still return through them.
     pub fn detach(&mut self) -> Result<(), RemoteError> {
-        if self.applied.is_empty() {
+        // A process that is gone has nothing to restore.
+        if self.applied.is_empty() || !std::path::Path::new(&format!("/proc/{}", self.pid)).exists() {
+            self.applied.clear();
             return Ok(());
         }
         let remote = Remote::attach(self.pid)?;
@@ -163,5 +243,59 @@ impl Tracing {
 impl Drop for Tracing {
     fn drop(&mut self) {
         let _ = self.detach();
+    }
+}
+
+/// Drains a [`Tracing`] on a thread of its own, often enough that the rings
+/// do not fill (a thread calling a tiny function writes tens of millions of
+/// records a second), whatever the recording loop is busy with.
+pub struct Drainer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Tracing>,
+    batches: std::sync::mpsc::Receiver<Vec<Batch>>,
+}
+
+impl Drainer {
+    /// Starts draining `tracing`.
+    pub fn spawn(mut tracing: Tracing) -> Drainer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (send, batches) = std::sync::mpsc::channel();
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut batch = Vec::new();
+                tracing.drain_raw(&mut batch);
+                if !batch.is_empty() && send.send(batch).is_err() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            tracing
+        });
+        Drainer { stop, thread, batches }
+    }
+
+    /// The records drained so far.
+    pub fn take(&self, into: &mut Vec<Call>) {
+        for batches in self.batches.try_iter() {
+            for batch in &batches {
+                parse(batch, into);
+            }
+        }
+    }
+
+    /// Stops draining; gives the engine back with what it had not handed on.
+    pub fn finish(self, into: &mut Vec<Call>) -> Tracing {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let tracing = match self.thread.join() {
+            Ok(tracing) => tracing,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        for batches in self.batches.try_iter() {
+            for batch in &batches {
+                parse(batch, into);
+            }
+        }
+        tracing
     }
 }

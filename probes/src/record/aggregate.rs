@@ -255,6 +255,9 @@ pub struct Aggregator {
     lines: Option<LineSetup>,
     /// Functions whose probes were removed during the recording.
     throttled: Vec<bool>,
+    /// Where return trampolines are: a return address slot holding one at
+    /// a call is a tail call's.
+    trampolines: Vec<std::ops::Range<u64>>,
 }
 
 impl Aggregator {
@@ -279,6 +282,7 @@ impl Aggregator {
             exit_sites: vec![false; functions],
             lines: None,
             throttled: vec![false; functions],
+            trampolines: Vec::new(),
         }
     }
 
@@ -338,6 +342,11 @@ impl Aggregator {
         self.threads.get(&tid).map_or_else(Vec::new, |t| {
             t.stack.iter().filter(|f| f.ret != 0 && f.sp != 0).map(|f| (f.sp, f.ret)).chain(t.orphan_returns.iter().copied()).collect()
         })
+    }
+
+    /// Says where return trampolines are (see [`Aggregator::trampolines`]).
+    pub fn set_trampolines(&mut self, trampolines: Vec<std::ops::Range<u64>>) {
+        self.trampolines = trampolines;
     }
 
     /// Follows lines and regions as `setup` says.
@@ -539,6 +548,11 @@ impl Aggregator {
                 Ending::Returned
             } else if top.sp == hit.sp && top.orphaned {
                 // No return probe will report it: it returned or tail-called.
+                Ending::Unwound
+            } else if top.sp == hit.sp && !catch && hit.ret != 0 && !self.trampolines.iter().any(|t| t.contains(&hit.ret)) {
+                // A call in the same slot that does not find the return
+                // trampoline there: not a tail call; the frame is gone
+                // (a longjmp or an exception left it).
                 Ending::Unwound
             } else {
                 break;

@@ -12,6 +12,8 @@ mod session;
 use crate::lines::LinePlan;
 use crate::metrics::{MAX_METRICS, Metric};
 
+use crate::inject::clock::TscClock;
+use crate::inject::tracing::Tracing;
 use crate::plan::{EntryKind, ProbedFunction, Role};
 use crate::sampling::{BackgroundSampler, Sampler};
 use crate::target::{self, Ended, Frozen, TargetError};
@@ -54,6 +56,28 @@ pub enum RecordError {
     /// Nothing to probe.
     #[error("no function to probe")]
     NothingToProbe,
+    /// The in-process engine could not be set up.
+    #[error("the in-process engine cannot patch process {pid}: {source}")]
+    Inject {
+        /// The process.
+        pid: i32,
+        /// Why.
+        source: crate::inject::remote::RemoteError,
+    },
+    /// An option the chosen engine does not offer.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// How calls are seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Engine {
+    /// Kernel uprobes on entries and returns.
+    #[default]
+    Uprobe,
+    /// Jumps patched over function entries to code injected in the target;
+    /// functions that cannot be patched get uprobes.
+    Inject,
 }
 
 /// The profiled program.
@@ -178,6 +202,8 @@ pub struct RecordOptions {
     pub on_probes_changed: Option<fn(&str)>,
     /// Counters to keep up to date while recording.
     pub progress: Option<Arc<Progress>>,
+    /// How calls are seen.
+    pub engine: Engine,
 }
 
 impl Default for RecordOptions {
@@ -199,6 +225,7 @@ impl Default for RecordOptions {
             on_started: None,
             on_probes_changed: None,
             progress: None,
+            engine: Engine::Uprobe,
         }
     }
 }
@@ -384,10 +411,55 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         return Err(RecordError::NothingToProbe);
     }
     let sampling = options.sample.map(|s| (s.frequency_hz, s.stack_bytes));
+    // The in-process engine patches what it can (a running process now, a
+    // launched one when it executes the program); uprobes take the rest.
+    let mut tracing = None;
+    let mut notes = Vec::new();
+    let mut refused_by_engine = Vec::new();
+    if options.engine == Engine::Inject {
+        if metrics.len() > 1 {
+            return Err(RecordError::Unsupported("the in-process engine measures wall time only, so far: use --metric wall".into()));
+        }
+        if functions.iter().any(|f| f.exit_sites.is_some()) {
+            return Err(RecordError::Unsupported(
+                "the in-process engine cannot follow C++ exceptions, Rust panics or backtrace() through its return trampoline yet, and this program may use them: use --engine uprobe (or --exits uretprobe if it never unwinds)".into(),
+            ));
+        }
+        match spec {
+            TargetSpec::Attach { pid } => {
+                let engine = Tracing::attach(*pid, functions).map_err(|source| RecordError::Inject { pid: *pid, source })?;
+                refused_by_engine = engine.refused().to_vec();
+                tracing = Some(engine);
+            }
+            TargetSpec::Launch { path, .. } => refused_by_engine = Tracing::refusals(path, functions),
+        }
+        if !refused_by_engine.is_empty() {
+            let mut refused: Vec<String> =
+                refused_by_engine.iter().map(|(i, why)| format!("{} ({why})", functions[*i].info.name)).collect();
+            refused.sort();
+            notes.push(format!("{} functions could not be patched and are probed by uprobes: {}", refused.len(), refused.join(", ")));
+        }
+    }
+    let injected: Vec<bool> = {
+        let mut patched = vec![true; all.len()];
+        for (i, _) in &refused_by_engine {
+            patched[*i] = false;
+        }
+        all.iter().enumerate().map(|(i, f)| options.engine == Engine::Inject && f.role == Role::Measured && patched[i]).collect()
+    };
+    let mut tsc = match options.engine {
+        Engine::Inject => {
+            Some(TscClock::new().map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?)
+        }
+        Engine::Uprobe => None,
+    };
     let mut session = Session::new(&metrics, sampling, options.buffer_bytes);
     // With automatic instrumentation, nothing is probed until the warm-up ends.
-    let mut enabled: Vec<bool> =
-        all.iter().map(|f| !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)).collect();
+    let mut enabled: Vec<bool> = all
+        .iter()
+        .zip(&injected)
+        .map(|(f, &injected)| !injected && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured))
+        .collect();
     let first_set = ProbeSet::new(all, &enabled, options.lines.as_ref());
     drop(session.define(&first_set)?);
     let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
@@ -426,9 +498,25 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             if let Some(announce) = options.on_started {
                 announce(pid, functions.len());
             }
+            if options.engine == Engine::Inject
+                && let Err(e) = nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC)
+            {
+                child.abandon();
+                return Err(RecordError::Unsupported(format!("cannot trace the launched program to patch it: {e}")));
+            }
             // Before the program goes: it may run a while before proftap does.
             started = monotonic_ns();
             child.release()?;
+            if options.engine == Engine::Inject {
+                // Patched when the program is in place and has not run yet.
+                let engine = Tracing::attach_at_exec(pid, functions).map_err(|source| RecordError::Inject { pid, source })?;
+                let missed: Vec<&str> =
+                    engine.refused().iter().filter(|(i, _)| injected[*i]).map(|(i, _)| functions[*i].info.name.as_str()).collect();
+                if !missed.is_empty() {
+                    notes.push(format!("not recorded: {} (their code in memory was not what the file holds)", missed.join(", ")));
+                }
+                tracing = Some(engine);
+            }
             (pid, Some(child), argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(), false)
         }
         TargetSpec::Attach { pid } => {
@@ -453,6 +541,13 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         }
     };
     let started_monotonic_ns = started;
+    let injected_code = tracing.as_ref().map(Tracing::code);
+    // The kernel's uretprobe trampoline page, and the engine's code.
+    aggregator.set_trampolines([Some(crate::sampling::DEFAULT_PROBE_AREA), injected_code.clone()].into_iter().flatten().collect());
+    let tracing = tracing.map(crate::inject::tracing::Drainer::spawn);
+    if let (Some(sampler), Some(code)) = (sampler.as_ref(), &injected_code) {
+        sampler.engine_code(pid as u32, code.clone());
+    }
     if let Some(progress) = &options.progress {
         progress.pid.store(pid, Ordering::Relaxed);
         progress.functions.store(functions.len() as u64, Ordering::Relaxed);
@@ -472,8 +567,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         let cost = options.cost.unwrap_or(ProbeCost::ESTIMATE);
         Governor::new(budget, functions.iter().map(|f| cost.of(f.entry).call_ns.max(1)).collect())
     });
-    let mut notes = Vec::new();
     let mut auto_pending = options.auto_instrument;
+    let mut calls = Vec::new();
 
     let deadline = options.duration.map(|d| Instant::now() + d);
     let mut ended = None;
@@ -497,6 +592,11 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
 
         let watermark = monotonic_ns().saturating_sub(ORDERING_MARGIN_NS);
         reader.drain();
+        if let (Some(drainer), Some(clock)) = (tracing.as_ref(), tsc.as_mut()) {
+            calls.clear();
+            drainer.take(&mut calls);
+            inject_calls(&calls, clock, pid, session.generation(), &mut reader);
+        }
         // Probe-set changes (the governor's, the end of a warm-up) are decided
         // on the hits just read, before the slower ordering and aggregation.
         let elapsed_ns = monotonic_ns().saturating_sub(started_monotonic_ns);
@@ -605,6 +705,21 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     }
     session.disable();
     reader.drain();
+    if let (Some(drainer), Some(clock)) = (tracing, tsc.as_mut()) {
+        calls.clear();
+        let mut engine = drainer.finish(&mut calls);
+        if let Err(e) = engine.detach() {
+            notes.push(format!("could not restore the code of process {pid}: {e}; it runs on with proftap's jumps, which record nothing"));
+        }
+        engine.drain(&mut calls);
+        inject_calls(&calls, clock, pid, session.generation(), &mut reader);
+        if engine.lost() > 0 {
+            notes.push(format!(
+                "{} entries and returns were lost because the in-process engine's ring of a thread was full (proftap did not read them fast enough); calls and times of the functions involved are low",
+                engine.lost()
+            ));
+        }
+    }
     reader.release(None, |e| consumer.consume(e));
     let lost_samples = session.lost_samples();
     let malformed = reader.malformed;
@@ -682,7 +797,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             attached,
         },
         recording: Recording {
-            engine: "uprobe".into(),
+            engine: if injected_code.is_some() { "inject".into() } else { "uprobe".into() },
             exits: if functions.iter().any(|f| f.exit_sites.is_some()) { "return-sites".into() } else { "uretprobe".into() },
             started_unix_ns,
             started_monotonic_ns,
@@ -699,7 +814,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             .map(|(i, f)| {
                 let mode = if throttled[i] {
                     Mode::Throttled
-                } else if enabled[i] {
+                } else if enabled[i] || injected[i] {
                     Mode::Instrumented
                 } else {
                     Mode::Sampled
@@ -801,4 +916,25 @@ fn overhead(functions: &[ProbedFunction], calls: &[u64], hits: u64, cost: Option
 /// "1 call was", "2 calls were".
 fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Moves the in-process engine's records into the event stream, as probe hits.
+fn inject_calls(calls: &[crate::inject::tracing::Call], clock: &mut TscClock, pid: i32, generation: u32, reader: &mut EventReader) {
+    clock.refresh();
+    for call in calls.iter() {
+        let mut values = [0; crate::metrics::MAX_METRICS];
+        values[0] = clock.ns(call.tsc);
+        reader.inject(Event::Hit(events::Hit {
+            pid: pid as u32,
+            tid: call.tid,
+            probe: if call.exit { events::ProbeId::exit(call.function) } else { events::ProbeId::entry(call.function) },
+            // As a uprobe reports it: at an entry where the return address
+            // is, after a return just above it.
+            sp: if call.exit { call.slot + 8 } else { call.slot },
+            ret: call.ret,
+            cpu: 0,
+            generation,
+            values,
+        }));
+    }
 }

@@ -1,0 +1,158 @@
+//! The in-process engine (`--engine inject`): the engine tests again, with
+//! calls seen through jumps patched over function entries.
+#![allow(clippy::unwrap_used)]
+
+use proftap_tests::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+const INJECT: &[&str] = &["--engine", "inject", "--overhead-budget", "0"];
+
+fn check_calls_against_callgrind(build: &Build, args: &[&str]) {
+    let binary = build.build();
+    let report = profile_run(INJECT, &[binary.to_str().unwrap()].iter().chain(args).copied().collect::<Vec<_>>());
+    assert_eq!(report["recording"]["engine"], "inject", "{}", build.label());
+    let ours = calls_by_name(&report);
+    let theirs = callgrind_calls(&binary, args);
+    assert!(!ours.is_empty(), "{}: nothing recorded", build.label());
+    for (name, calls) in &ours {
+        let expected = theirs.get(name).copied().unwrap_or(0);
+        assert_eq!(*calls, expected, "{}: calls of {name}: proftap {calls}, callgrind {expected}", build.label());
+    }
+    assert_eq!(report["lost_events"], 0, "{}", build.label());
+}
+
+#[test]
+fn call_counts_equal_callgrind() {
+    if !can_probe() || !have("valgrind", "as the call-count oracle") {
+        return;
+    }
+    for opt in ["-O0", "-O2"] {
+        check_calls_against_callgrind(&Build::c("calls.c", opt), &["300", "12"]);
+        check_calls_against_callgrind(&Build::c("multifile/main.c", opt).sources(&["multifile/io.c", "multifile/compute.c"]), &["40", "5"]);
+        check_calls_against_callgrind(&Build::c("threads.c", opt), &["3", "200"]);
+        // Calls a longjmp leaves, and calls made from the slot they used.
+        check_calls_against_callgrind(&Build::c("jumps.c", opt), &["300", "3"]);
+    }
+}
+
+#[test]
+fn inclusive_and_exclusive_add_up_on_a_known_tree() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("calls.c", "-O0").build();
+    let report = profile_run(INJECT, &[binary.to_str().unwrap(), "2000", "12"]);
+    let functions = &report["functions"];
+    let stat = |n: &str, kind: &str, field: &str| function(functions, n)[kind]["wall_ns"][field].as_u64().unwrap();
+    assert_eq!(stat("leaf", "inclusive", "total"), stat("leaf", "exclusive", "total"));
+    assert_eq!(
+        stat("run", "inclusive", "total"),
+        stat("run", "exclusive", "total") + stat("left", "inclusive", "total") + stat("right", "inclusive", "total")
+    );
+    assert!(stat("main", "inclusive", "total") >= stat("run", "inclusive", "total") + stat("fib", "inclusive", "total"));
+    for name in ["leaf", "left", "right", "fib", "run"] {
+        let (min, max) = (stat(name, "inclusive", "min"), stat(name, "inclusive", "max"));
+        let avg = function(functions, name)["inclusive"]["wall_ns"]["avg"].as_u64().unwrap();
+        assert!(min <= avg && avg <= max, "{name}: {min} <= {avg} <= {max}");
+    }
+}
+
+#[test]
+fn per_thread_counts() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("threads.c", "-O2").build();
+    let report = profile_run(&["--engine", "inject", "-f", "work"], &[binary.to_str().unwrap(), "4", "500"]);
+    let mut counts: Vec<u64> =
+        report["threads"].as_array().unwrap().iter().map(|t| function(&t["functions"], "work")["calls"].as_u64().unwrap()).collect();
+    counts.sort();
+    assert_eq!(counts, vec![500, 500, 1000, 1500, 2000]);
+}
+
+#[test]
+fn the_program_keeps_its_output_and_status() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("jumps.c", "-O2").build();
+    let bare = run_ok(Command::new(&binary).args(["50", "4"]));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let out = run(proftap().args(["run", "--engine", "inject", "-o"]).arg(&file).arg("--").arg(&binary).args(["50", "4"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), bare);
+    let report = report_json(&file);
+    // dive(4) down to dive(0), 50 times, all left by the longjmp.
+    let dive = function(&report["functions"], "dive");
+    assert_eq!((dive["calls"].as_u64(), dive["unwound"].as_u64()), (Some(250), Some(250)));
+}
+
+/// Starts `proftap attach ARGS PID` and waits until its probes are live.
+fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
+    let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("attached to process"), "unexpected: {line}");
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    child
+}
+
+#[test]
+fn attach_then_detach_restores_the_program() {
+    if !can_probe() {
+        return;
+    }
+    for opt in ["-O0", "-O2"] {
+        let mut waiter = Waiter::start(&Build::c("wait.c", opt).build());
+        assert_eq!(waiter.tick(7), 7);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.profile");
+        let profiler = attach(waiter.pid, &["--engine", "inject", "-f", "tick"], &file);
+        assert_eq!(waiter.tick(100_000), 100_007);
+        run_ok(Command::new("kill").args(["-INT", &profiler.id().to_string()]));
+        assert!(profiler.wait_with_output().unwrap().status.success());
+        assert_eq!(waiter.tick(3), 100_010);
+        let (rest, status) = waiter.finish();
+        assert_eq!(rest, "done 100010\n");
+        assert!(status.success());
+        let report = report_json(&file);
+        assert_eq!(calls_by_name(&report)["tick"], 100_000, "{opt}");
+        assert_eq!(report["recording"]["engine"], "inject");
+    }
+}
+
+#[test]
+fn a_killed_profiler_leaves_the_program_running() {
+    if !can_probe() {
+        return;
+    }
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let mut profiler = attach(waiter.pid, &["--engine", "inject", "-f", "tick"], &file);
+    assert_eq!(waiter.tick(1000), 1000);
+    profiler.kill().unwrap();
+    profiler.wait().unwrap();
+    // Its jumps stay, and record into rings no one reads: they fill and drop.
+    assert_eq!(waiter.tick(3_000_000), 3_001_000);
+    let (rest, status) = waiter.finish();
+    assert_eq!(rest, "done 3001000\n");
+    assert!(status.success());
+    assert!(!file.exists());
+}
+
+#[test]
+fn programs_that_unwind_are_refused_with_a_reason() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::cxx("shapes.cpp", "-O2").build();
+    let out = run(proftap().args(["run", "--engine", "inject", "--"]).arg(&binary).arg("5"));
+    assert_clean_failure(&out, "cannot follow C++ exceptions");
+    let out =
+        run(proftap().args(["run", "--engine", "inject", "--metric", "wall,cpu", "--"]).arg(Build::c("calls.c", "-O0").build()).arg("5"));
+    assert_clean_failure(&out, "wall time only");
+}
