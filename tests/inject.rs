@@ -59,6 +59,14 @@ fn inclusive_and_exclusive_add_up_on_a_known_tree() {
 }
 
 #[test]
+fn cpu_time_and_wall_time_are_told_apart() {
+    if !can_probe() {
+        return;
+    }
+    check_cpu_and_wall(&["--engine", "inject"]);
+}
+
+#[test]
 fn per_thread_counts() {
     if !can_probe() {
         return;
@@ -152,7 +160,9 @@ fn programs_that_unwind_are_refused_with_a_reason() {
     let binary = Build::cxx("shapes.cpp", "-O2").build();
     let out = run(proftap().args(["run", "--engine", "inject", "--"]).arg(&binary).arg("5"));
     assert_clean_failure(&out, "cannot follow C++ exceptions");
-    let out =
-        run(proftap().args(["run", "--engine", "inject", "--metric", "wall,cpu", "--"]).arg(Build::c("calls.c", "-O0").build()).arg("5"));
-    assert_clean_failure(&out, "wall time only");
+    let out = run(proftap()
+        .args(["run", "--engine", "inject", "--metric", "wall,page-faults", "--"])
+        .arg(Build::c("calls.c", "-O0").build())
+        .arg("5"));
+    assert_clean_failure(&out, "wall and CPU time only");
 }

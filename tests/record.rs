@@ -158,25 +158,7 @@ fn cpu_time_and_wall_time_are_told_apart() {
     if !can_probe() {
         return;
     }
-    let binary = Build::c("cpuwall.c", "-O2").build();
-    let report = profile_run(&["-f", "burn", "-f", "nap"], &[binary.to_str().unwrap(), "30", "3"]);
-    let functions = &report["functions"];
-    let burn = function(functions, "burn");
-    let nap = function(functions, "nap");
-    let ms = 1_000_000;
-    // burn: 90 ms of CPU, and wall at least that.
-    let burn_cpu = stat(burn, "inclusive", "cpu_ns", "total");
-    let burn_wall = stat(burn, "inclusive", "wall_ns", "total");
-    assert!((88 * ms..130 * ms).contains(&burn_cpu), "burn cpu {burn_cpu}");
-    assert!(burn_wall >= burn_cpu, "burn wall {burn_wall} < cpu {burn_cpu}");
-    // nap: 90 ms asleep, almost no CPU.
-    let nap_cpu = stat(nap, "inclusive", "cpu_ns", "total");
-    let nap_wall = stat(nap, "inclusive", "wall_ns", "total");
-    assert!(nap_wall >= 90 * ms, "nap wall {nap_wall}");
-    assert!(nap_cpu < 5 * ms, "nap cpu {nap_cpu}");
-    assert_eq!(burn["calls"], 3);
-    let min = stat(burn, "inclusive", "cpu_ns", "min");
-    assert!(min >= 29 * ms, "burn cpu min {min}, wall {burn_wall}, cpu {burn_cpu}");
+    check_cpu_and_wall(&[]);
 }
 
 #[test]

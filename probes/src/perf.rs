@@ -121,10 +121,19 @@ fn open_group(mut builder: Builder<'_>, target: EventTarget, metrics: &[Metric])
 /// name, exec) and executable mmap records of the task and its descendants.
 /// The first one on a CPU owns that CPU's ring buffer, of `buffer_bytes`:
 /// readers are woken when a quarter of it is full, not for every record.
-pub fn open_sideband(target: EventTarget, buffer_bytes: usize) -> io::Result<Counter> {
+/// With `switches`, also a record each time a thread comes onto a CPU or leaves it.
+pub fn open_sideband(target: EventTarget, buffer_bytes: usize, switches: bool) -> io::Result<Counter> {
     let mut builder = Builder::new(Software::DUMMY);
     base(&mut builder, target);
-    builder.comm(true).comm_exec(true).task(true).mmap(true).mmap2(true).sample_period(1).wakeup_watermark(buffer_bytes / 4);
+    builder
+        .comm(true)
+        .comm_exec(true)
+        .task(true)
+        .mmap(true)
+        .mmap2(true)
+        .context_switch(switches)
+        .sample_period(1)
+        .wakeup_watermark(buffer_bytes / 4);
     builder.build()
 }
 
@@ -277,7 +286,12 @@ pub mod record_type {
     pub const LOST_SAMPLES: u32 = 13;
     /// An executable mapping, with its file.
     pub const MMAP2: u32 = 10;
+    /// A thread came onto a CPU or left it.
+    pub const SWITCH: u32 = 14;
 }
+
+/// `misc` flag of a SWITCH record for a thread leaving its CPU.
+pub const MISC_SWITCH_OUT: u16 = 1 << 13;
 
 /// `misc` flag of a COMM record caused by exec.
 pub const MISC_COMM_EXEC: u16 = 1 << 13;

@@ -351,3 +351,30 @@ pub fn calls_by_name(report: &serde_json::Value) -> HashMap<String, u64> {
 pub fn function<'a>(functions: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     functions.as_array().unwrap().iter().find(|f| f["name"] == name).unwrap_or_else(|| panic!("{name} not in {functions}"))
 }
+
+/// A function burning CPU and one sleeping, recorded with `engine`'s options.
+pub fn check_cpu_and_wall(engine: &[&str]) {
+    let stat = |f: &serde_json::Value, kind: &str, metric: &str, field: &str| -> u64 {
+        f[kind][metric][field].as_u64().unwrap_or_else(|| panic!("no {kind}.{metric}.{field} in {f}"))
+    };
+    let binary = Build::c("cpuwall.c", "-O2").build();
+    let args: Vec<&str> = engine.iter().copied().chain(["-f", "burn", "-f", "nap"]).collect();
+    let report = profile_run(&args, &[binary.to_str().unwrap(), "30", "3"]);
+    let functions = &report["functions"];
+    let burn = function(functions, "burn");
+    let nap = function(functions, "nap");
+    let ms = 1_000_000;
+    // burn: 90 ms of CPU, and wall at least that.
+    let burn_cpu = stat(burn, "inclusive", "cpu_ns", "total");
+    let burn_wall = stat(burn, "inclusive", "wall_ns", "total");
+    assert!((88 * ms..130 * ms).contains(&burn_cpu), "burn cpu {burn_cpu}");
+    assert!(burn_wall >= burn_cpu, "burn wall {burn_wall} < cpu {burn_cpu}");
+    // nap: 90 ms asleep, almost no CPU.
+    let nap_cpu = stat(nap, "inclusive", "cpu_ns", "total");
+    let nap_wall = stat(nap, "inclusive", "wall_ns", "total");
+    assert!(nap_wall >= 90 * ms, "nap wall {nap_wall}");
+    assert!(nap_cpu < 5 * ms, "nap cpu {nap_cpu}");
+    assert_eq!(burn["calls"], 3);
+    let min = stat(burn, "inclusive", "cpu_ns", "min");
+    assert!(min >= 29 * ms, "burn cpu min {min}, wall {burn_wall}, cpu {burn_cpu}");
+}

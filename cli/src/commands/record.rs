@@ -29,14 +29,13 @@ pub struct RecordArgs {
     /// Metrics per call, comma-separated: wall, cpu, page-faults,
     /// minor-faults, major-faults, context-switches, cpu-migrations, and
     /// hardware counters (cycles, instructions, ...) where the machine has
-    /// them. Default wall,cpu (wall with --engine inject).
+    /// them. Default wall,cpu (--engine inject: wall and cpu only).
     #[arg(long = "metric", value_name = "LIST")]
     metrics: Vec<String>,
     /// How calls are seen: `uprobe` (kernel probes on entries and returns)
     /// or `inject` (jumps patched over function entries to code proftap
     /// puts in the process: about 25 ns a call instead of microseconds;
-    /// attach only so far, wall time only; functions it cannot patch get
-    /// uprobes).
+    /// wall and CPU time; functions it cannot patch get uprobes).
     #[arg(long, value_enum, default_value = "uprobe")]
     engine: EngineArg,
     /// Where to write the profile (default proftap.profile).
@@ -104,8 +103,7 @@ enum EngineArg {
 
 impl RecordArgs {
     fn metrics(&self) -> Result<Vec<Metric>> {
-        let default = if self.engine == EngineArg::Inject { "wall" } else { "wall,cpu" };
-        let list = if self.metrics.is_empty() { vec![default.to_string()] } else { self.metrics.clone() };
+        let list = if self.metrics.is_empty() { vec!["wall,cpu".to_string()] } else { self.metrics.clone() };
         Ok(parse_metrics(&list)?)
     }
 }

@@ -154,6 +154,10 @@ struct ThreadState {
     /// function lost its probes: the kernel's trampoline still stands in
     /// their return address slots until they return.
     orphan_returns: Vec<(u64, u64)>,
+    /// Time spent off every CPU, and since when it is off now (with CPU
+    /// time counted from context switches).
+    off_cpu: u64,
+    off_since: Option<u64>,
 }
 
 impl ThreadState {
@@ -174,6 +178,8 @@ impl ThreadState {
             lines: Vec::new(),
             regions: Vec::new(),
             orphan_returns: Vec::new(),
+            off_cpu: 0,
+            off_since: None,
         }
     }
 
@@ -258,6 +264,9 @@ pub struct Aggregator {
     /// Where return trampolines are: a return address slot holding one at
     /// a call is a tail call's.
     trampolines: Vec<std::ops::Range<u64>>,
+    /// The metric that is CPU time counted as wall time minus the time off
+    /// every CPU, from context switches (the in-process engine reads no counter).
+    cpu_from_switches: Option<usize>,
 }
 
 impl Aggregator {
@@ -283,6 +292,7 @@ impl Aggregator {
             lines: None,
             throttled: vec![false; functions],
             trampolines: Vec::new(),
+            cpu_from_switches: None,
         }
     }
 
@@ -342,6 +352,12 @@ impl Aggregator {
         self.threads.get(&tid).map_or_else(Vec::new, |t| {
             t.stack.iter().filter(|f| f.ret != 0 && f.sp != 0).map(|f| (f.sp, f.ret)).chain(t.orphan_returns.iter().copied()).collect()
         })
+    }
+
+    /// Counts metric `metric` (CPU time) as wall time minus the time each
+    /// thread spends off every CPU, from [`Event::Switched`].
+    pub fn set_cpu_from_switches(&mut self, metric: usize) {
+        self.cpu_from_switches = Some(metric);
     }
 
     /// Says where return trampolines are (see [`Aggregator::trampolines`]).
@@ -428,6 +444,20 @@ impl Aggregator {
             Event::ProbesReplaced { time, generation, removed } => self.probes_replaced(*time, *generation, removed),
             // Samples and mappings are the sampler's.
             Event::Sample(_) | Event::Mmap { .. } => {}
+            Event::Switched { time, tid, out } => {
+                if self.cpu_from_switches.is_some()
+                    && let Some(thread) = self.threads.get_mut(tid)
+                {
+                    match (*out, thread.off_since) {
+                        (true, _) => thread.off_since = Some(*time),
+                        (false, Some(since)) => {
+                            thread.off_cpu += time.saturating_sub(since);
+                            thread.off_since = None;
+                        }
+                        (false, None) => {}
+                    }
+                }
+            }
             Event::Exit { time, tid, .. } => {
                 if let Some(mut thread) = self.threads.remove(tid) {
                     let mut at = thread.last;
@@ -458,7 +488,12 @@ impl Aggregator {
             Some(thread) => thread,
             None => ThreadState::new(hit.pid, hit.tid, self.names.remove(&hit.tid).unwrap_or_default(), self.functions),
         };
-        let values = thread.observe(hit.cpu, &hit.values, self.metrics, Some(hit.generation));
+        let mut values = thread.observe(hit.cpu, &hit.values, self.metrics, Some(hit.generation));
+        if let Some(m) = self.cpu_from_switches {
+            // A hit stamped just before the switch back in (two clocks) counts from the switch out.
+            let now = thread.off_since.map_or(values[0], |since| since.min(values[0]));
+            values[m] = now.saturating_sub(thread.off_cpu);
+        }
         thread.last = values;
         let hit = Hit { values, ..*hit };
         match hit.probe.kind() {

@@ -168,6 +168,15 @@ pub enum Event {
         /// Thread id.
         tid: u32,
     },
+    /// A thread came onto a CPU or left it.
+    Switched {
+        /// When.
+        time: u64,
+        /// Thread id.
+        tid: u32,
+        /// It left (else it came).
+        out: bool,
+    },
 }
 
 impl Event {
@@ -181,6 +190,7 @@ impl Event {
             | Event::Comm { time, .. }
             | Event::Fork { time, .. }
             | Event::Exit { time, .. }
+            | Event::Switched { time, .. }
             | Event::Mmap { time, .. }
             | Event::ProbesReplaced { time, .. } => *time,
         }

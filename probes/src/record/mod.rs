@@ -417,8 +417,10 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let mut notes = Vec::new();
     let mut refused_by_engine = Vec::new();
     if options.engine == Engine::Inject {
-        if metrics.len() > 1 {
-            return Err(RecordError::Unsupported("the in-process engine measures wall time only, so far: use --metric wall".into()));
+        if metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
+            return Err(RecordError::Unsupported(
+                "the in-process engine measures wall and CPU time only, so far: use --metric wall,cpu".into(),
+            ));
         }
         if functions.iter().any(|f| f.exit_sites.is_some()) {
             return Err(RecordError::Unsupported(
@@ -453,7 +455,12 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         }
         Engine::Uprobe => None,
     };
-    let mut session = Session::new(&metrics, sampling, options.buffer_bytes);
+    // With the in-process engine CPU time is wall time minus the time off
+    // every CPU, from context switches: perf events count wall time only.
+    let cpu_from_switches = (options.engine == Engine::Inject).then(|| metrics.iter().position(|m| *m == Metric::Cpu)).flatten();
+    let perf_metrics: Vec<Metric> = if options.engine == Engine::Inject { vec![Metric::Wall] } else { metrics.clone() };
+    let mut session = Session::new(&perf_metrics, sampling, options.buffer_bytes);
+    session.switches = cpu_from_switches.is_some();
     // With automatic instrumentation, nothing is probed until the warm-up ends.
     let mut enabled: Vec<bool> = all
         .iter()
@@ -466,6 +473,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
 
     let compensation = options.compensate.then(|| compensation(functions, &metrics, options.cost.unwrap_or_default()));
     let mut aggregator = Aggregator::new(functions.len(), metrics.len(), compensation);
+    if let Some(m) = cpu_from_switches {
+        aggregator.set_cpu_from_switches(m);
+    }
     aggregator.set_exit_sites(functions.iter().map(|f| f.exit_sites.is_some()).collect());
     if let Some(plan) = &options.lines {
         aggregator.set_lines(LineSetup {
@@ -555,7 +565,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     }
     aggregator.add_process(pid);
     let pidfd = target::pidfd(pid).ok();
-    let mut reader = EventReader::new(session.take_buffers(), metrics.len() - 1);
+    let mut reader = EventReader::new(session.take_buffers(), perf_metrics.len() - 1);
     reader.add_sources(session.take_sources());
     reader.add_generation(session.generation(), first_set.taps);
 

@@ -252,6 +252,10 @@ fn decode(
             let Some((pid, _, tid, _, time)) = perf::parse_task(body) else { return Decoded::Malformed };
             Decoded::Event(Event::Exit { time, pid, tid })
         }
+        record_type::SWITCH => {
+            let id = perf::parse_sample_id(body);
+            Decoded::Event(Event::Switched { time: id.time, tid: id.tid, out: misc & perf::MISC_SWITCH_OUT != 0 })
+        }
         _ => Decoded::Ignored,
     }
 }

@@ -112,6 +112,8 @@ pub(super) struct Session {
     sampling: Option<(u64, u32)>,
     buffer_bytes: usize,
     group: Option<UprobeGroup>,
+    /// Sideband events also report every context switch.
+    pub switches: bool,
 }
 
 impl Session {
@@ -132,6 +134,7 @@ impl Session {
             sampling,
             buffer_bytes,
             group: None,
+            switches: false,
         }
     }
 
@@ -168,7 +171,8 @@ impl Session {
         let need = self.descriptors_per_task();
         for (slot, &cpu) in self.cpus.iter().enumerate() {
             let target = EventTarget { pid, cpu, enable_on_exec };
-            let sideband = perf::open_sideband(target, self.buffer_bytes).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
+            let sideband =
+                perf::open_sideband(target, self.buffer_bytes, self.switches).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
             match &self.buffers[slot] {
                 Some(buffer) => {
                     perf::set_output(&sideband, buffer.owner()).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
