@@ -246,12 +246,16 @@ impl Drop for Tracing {
     }
 }
 
+/// Drains waiting for the recording loop, at most: each holds what the
+/// rings held (up to a ring per thread).
+const BACKLOG: usize = 8;
+
 /// Drains a [`Tracing`] on a thread of its own, often enough that the rings
 /// do not fill (a thread calling a tiny function writes tens of millions of
 /// records a second), whatever the recording loop is busy with.
 pub struct Drainer {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Tracing>,
+    thread: std::thread::JoinHandle<(Tracing, Option<Vec<Batch>>)>,
     batches: std::sync::mpsc::Receiver<Vec<Batch>>,
 }
 
@@ -259,25 +263,41 @@ impl Drainer {
     /// Starts draining `tracing`.
     pub fn spawn(mut tracing: Tracing) -> Drainer {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (send, batches) = std::sync::mpsc::channel();
+        // Bounded: when the recording cannot keep up, records wait in the
+        // rings, which drop and count what does not fit, rather than in
+        // proftap's memory without end.
+        let (send, batches) = std::sync::mpsc::sync_channel(BACKLOG);
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
+            let mut pending: Option<Vec<Batch>> = None;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                let mut batch = Vec::new();
-                tracing.drain_raw(&mut batch);
-                if !batch.is_empty() && send.send(batch).is_err() {
-                    break;
+                let batch = match pending.take() {
+                    Some(batch) => batch,
+                    None => {
+                        let mut batch = Vec::new();
+                        tracing.drain_raw(&mut batch);
+                        batch
+                    }
+                };
+                if !batch.is_empty() {
+                    match send.try_send(batch) {
+                        Ok(()) => {}
+                        Err(std::sync::mpsc::TrySendError::Full(batch)) => pending = Some(batch),
+                        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => break,
+                    }
                 }
                 std::thread::sleep(std::time::Duration::from_micros(500));
             }
-            tracing
+            (tracing, pending)
         });
         Drainer { stop, thread, batches }
     }
 
-    /// The records drained so far.
-    pub fn take(&self, into: &mut Vec<Call>) {
-        for batches in self.batches.try_iter() {
+    /// Records drained so far, until `into` holds `max_records` or more: the
+    /// rest wait (and, when they fill the backlog, in the rings).
+    pub fn take(&self, into: &mut Vec<Call>, max_records: usize) {
+        while into.len() < max_records {
+            let Ok(batches) = self.batches.try_recv() else { break };
             for batch in &batches {
                 parse(batch, into);
             }
@@ -287,11 +307,12 @@ impl Drainer {
     /// Stops draining; gives the engine back with what it had not handed on.
     pub fn finish(self, into: &mut Vec<Call>) -> Tracing {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let tracing = match self.thread.join() {
-            Ok(tracing) => tracing,
+        let (tracing, pending) = match self.thread.join() {
+            Ok(done) => done,
             Err(panic) => std::panic::resume_unwind(panic),
         };
-        for batches in self.batches.try_iter() {
+        // In the order they were drained: the channel's first.
+        for batches in self.batches.try_iter().chain(pending) {
             for batch in &batches {
                 parse(batch, into);
             }

@@ -604,7 +604,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         reader.drain();
         if let (Some(drainer), Some(clock)) = (tracing.as_ref(), tsc.as_mut()) {
             calls.clear();
-            drainer.take(&mut calls);
+            // A bounded helping per turn keeps proftap's memory bounded when the
+            // program makes calls faster than they can be aggregated.
+            drainer.take(&mut calls, 1 << 20);
             inject_calls(&calls, clock, pid, session.generation(), &mut reader);
         }
         // Probe-set changes (the governor's, the end of a warm-up) are decided
