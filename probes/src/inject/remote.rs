@@ -96,10 +96,11 @@ impl Remote {
         Ok(remote)
     }
 
-    /// A process proftap launched and traces (`PTRACE_O_TRACEEXEC`), caught
-    /// where it executes its program: waits for that stop. The process runs
-    /// on, untraced, when the value is dropped.
-    pub fn at_exec(pid: i32) -> Result<Remote, RemoteError> {
+    /// A process proftap launched and traces (`PTRACE_O_TRACEEXEC`), held at
+    /// its program's entry point: the dynamic loader has loaded the shared
+    /// libraries and set up thread-local storage, none of the program's own
+    /// code has run. The process runs on, untraced, when the value is dropped.
+    pub fn at_entry(pid: i32) -> Result<Remote, RemoteError> {
         let tid = Pid::from_raw(pid);
         loop {
             match waitpid(tid, Some(WaitPidFlag::__WALL)) {
@@ -113,22 +114,46 @@ impl Remote {
                 Err(e) => return Err(errno("cannot wait for the program to start")(e)),
             }
         }
-        let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let mem = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(format!("/proc/{pid}/mem"))
             .map_err(io_error(format!("cannot open the memory of process {pid}")))?;
-        let mut remote = Remote { pid, frozen: Frozen::adopt(vec![pid]), caller: tid, syscall_site: 0, mem };
-        remote.syscall_site = remote.find_syscall_site(&maps)?;
-        // The thread is still leaving execve: the first step completes that
-        // (its result, 0, lands in rax) instead of running our call.
-        for _ in 0..3 {
-            if remote.syscall("getpid", libc::SYS_getpid, [0; 6])? == pid as u64 {
-                return Ok(remote);
+        // A breakpoint at the entry point, where the loader hands over.
+        let entry = entry_point(pid)?;
+        let mut original = [0u8; 1];
+        mem.read_exact_at(&mut original, entry).map_err(io_error(format!("cannot read the entry point of process {pid}")))?;
+        mem.write_all_at(&[0xcc], entry).map_err(io_error(format!("cannot write the entry point of process {pid}")))?;
+        let mut signal = None;
+        loop {
+            ptrace::cont(tid, signal).map_err(errno("cannot let the program start"))?;
+            match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => break,
+                // Its own signals on the way: delivered.
+                Ok(WaitStatus::Stopped(_, other)) => signal = Some(other),
+                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+                    return Err(RemoteError::Unsupported(format!("process {pid} ended before its program started")));
+                }
+                Ok(_) => signal = None,
+                Err(e) => return Err(errno("cannot wait for the program to start")(e)),
             }
         }
-        Err(RemoteError::Unsupported(format!("process {pid} does not make system calls for proftap after its exec")))
+        mem.write_all_at(&original, entry).map_err(io_error(format!("cannot restore the entry point of process {pid}")))?;
+        let mut regs = ptrace::getregs(tid).map_err(errno("cannot read the registers of the program"))?;
+        if regs.rip != entry + 1 {
+            return Err(RemoteError::Unsupported(format!("process {pid} stopped at {:#x}, not at its entry point {entry:#x}", regs.rip)));
+        }
+        regs.rip = entry;
+        ptrace::setregs(tid, regs).map_err(errno("cannot set the registers of the program"))?;
+        let threads = crate::target::threads(pid).map_err(io_error(format!("cannot list the threads of process {pid}")))?;
+        let remote_threads = threads.len();
+        let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+        let mut remote = Remote { pid, frozen: Frozen::adopt(vec![pid]), caller: tid, syscall_site: 0, mem };
+        if remote_threads > 1 {
+            return Err(RemoteError::Unsupported(format!("process {pid} started threads before its program's entry point")));
+        }
+        remote.syscall_site = remote.find_syscall_site(&maps)?;
+        Ok(remote)
     }
 
     /// The process.
@@ -330,6 +355,18 @@ impl Remote {
         }
         Ok(Shared { local: pointer.cast(), len, remote: remote_address, _fd: local })
     }
+}
+
+/// The program's entry point, from its auxiliary vector (`AT_ENTRY`).
+fn entry_point(pid: i32) -> Result<u64, RemoteError> {
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).map_err(io_error(format!("cannot read /proc/{pid}/auxv")))?;
+    auxv.chunks_exact(16)
+        .map(|pair| {
+            (u64::from_ne_bytes(pair[..8].try_into().unwrap_or_default()), u64::from_ne_bytes(pair[8..].try_into().unwrap_or_default()))
+        })
+        .find(|&(key, _)| key == libc::AT_ENTRY)
+        .map(|(_, value)| value)
+        .ok_or_else(|| RemoteError::Unsupported(format!("process {pid} has no entry point in its auxiliary vector")))
 }
 
 /// Free ranges of `len` bytes between `lowest` and `highest`, nearest the

@@ -88,16 +88,16 @@ impl Tracing {
         Tracing::patch(pid, functions, None)
     }
 
-    /// The same for a process proftap traces, stopped where it executed its
-    /// program (no thread-local storage yet: none of its code has run).
-    pub fn attach_at_exec(pid: i32, functions: &[ProbedFunction]) -> Result<Tracing, RemoteError> {
-        let remote = Remote::at_exec(pid)?;
+    /// The same for a process proftap launched and traces, from its exec
+    /// to its program's entry point (see [`Remote::at_entry`]).
+    pub fn attach_at_entry(pid: i32, functions: &[ProbedFunction]) -> Result<Tracing, RemoteError> {
+        let remote = Remote::at_entry(pid)?;
         Tracing::patch(pid, functions, Some(remote))
     }
 
-    /// Patches with `remote` holding the process at its exec, or (`None`)
-    /// holding the running process once there is something to patch.
-    fn patch(pid: i32, functions: &[ProbedFunction], at_exec: Option<Remote>) -> Result<Tracing, RemoteError> {
+    /// Patches with `remote` holding the process at its entry point, or
+    /// (`None`) holding the running process once there is something to patch.
+    fn patch(pid: i32, functions: &[ProbedFunction], at_entry: Option<Remote>) -> Result<Tracing, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let Some(main) = modules.iter().find(|m| m.is_main) else {
             return Err(RemoteError::Unsupported(format!("process {pid} has no executable mapped")));
@@ -122,12 +122,11 @@ impl Tracing {
             tracing.refused = refused;
             return Ok(tracing);
         }
-        let running = at_exec.is_none();
-        let remote = match at_exec {
+        let remote = match at_entry {
             Some(remote) => remote,
             None => Remote::attach(pid)?,
         };
-        for tid in remote.threads().into_iter().filter(|_| running) {
+        for tid in remote.threads() {
             if remote.regs(tid)?.fs_base == 0 {
                 return Err(RemoteError::Unsupported(format!(
                     "thread {tid} of process {pid} has no thread-local storage to tell threads apart"

@@ -518,8 +518,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             started = monotonic_ns();
             child.release()?;
             if options.engine == Engine::Inject {
-                // Patched when the program is in place and has not run yet.
-                let engine = Tracing::attach_at_exec(pid, functions).map_err(|source| RecordError::Inject { pid, source })?;
+                // Patched when the program and its libraries are in place and none of its code has run.
+                let engine = Tracing::attach_at_entry(pid, functions).map_err(|source| RecordError::Inject { pid, source })?;
                 let missed: Vec<&str> =
                     engine.refused().iter().filter(|(i, _)| injected[*i]).map(|(i, _)| functions[*i].info.name.as_str()).collect();
                 if !missed.is_empty() {
