@@ -119,10 +119,13 @@ fn load_bias(open_path: &Path, map: &Mapping) -> Option<LoadBias> {
     let image = ElfImage::open(open_path).ok()?;
     let segments = image.segments().ok()?;
     let page = 4096;
-    let segment = segments.iter().find(|s| {
+    let holds = |s: &&crate::symbols::Segment| {
         let first = s.offset.0 & !(page - 1);
         map.offset.0 >= first && map.offset.0 < s.offset.0 + s.file_size.max(1)
-    })?;
+    };
+    // A page can hold the end of one segment and the start of the next:
+    // the mapping is the one with its permissions.
+    let segment = segments.iter().filter(holds).find(|s| s.executable == map.executable).or_else(|| segments.iter().find(holds))?;
     let vaddr_at_start = VirtAddr(segment.vaddr.0.wrapping_add(map.offset.0).wrapping_sub(segment.offset.0));
     Some(LoadBias(map.start.0.wrapping_sub(vaddr_at_start.0)))
 }
