@@ -152,14 +152,81 @@ fn a_killed_profiler_leaves_the_program_running() {
     assert!(!file.exists());
 }
 
+/// Runs `binary ARGS` bare and under `proftap run --engine inject EXTRA`:
+/// the same output and status; the profile's report.
+fn profile_like_bare(binary: &std::path::Path, extra: &[&str], args: &[&str]) -> serde_json::Value {
+    let bare = run_ok(Command::new(binary).args(args));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let out = run(proftap().args(["run", "-o"]).arg(&file).args(INJECT).args(extra).arg("--").arg(binary).args(args));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), bare);
+    let report = report_json(&file);
+    assert_eq!(report["recording"]["engine"], "inject");
+    report
+}
+
 #[test]
-fn programs_that_unwind_are_refused_with_a_reason() {
+fn a_cpp_function_left_by_a_throw_is_counted_and_stopped() {
     if !can_probe() {
         return;
     }
-    let binary = Build::cxx("shapes.cpp", "-O2").build();
-    let out = run(proftap().args(["run", "--engine", "inject", "--"]).arg(&binary).arg("5"));
-    assert_clean_failure(&out, "cannot follow C++ exceptions");
+    for opt in ["-O0", "-O2"] {
+        let binary = Build::cxx("shapes.cpp", opt).build();
+        // Enough rounds that the first throw (which loads the unwind tables) is a small part.
+        let report = profile_like_bare(&binary, &["--metric", "wall,cpu"], &["2000"]);
+        let check = function(&report["functions"], "checks::check(int)");
+        assert_eq!((check["calls"].as_u64(), check["unwound"].as_u64()), (Some(2000), Some(200)), "{opt}");
+        assert_eq!(function(&report["functions"], "checks::validate(int)")["unwound"], 200, "{opt}");
+        // Stopped at the catch: no call of check lasts anywhere near the whole run.
+        let main = function(&report["functions"], "main");
+        let stat = |f: &serde_json::Value, field: &str| f["inclusive"]["cpu_ns"][field].as_u64().unwrap();
+        assert!(stat(check, "max") < stat(main, "total") / 5, "{opt}: check max {} vs main {}", stat(check, "max"), stat(main, "total"));
+        // The catching frame returns through the trampoline again.
+        assert_eq!((main["unwound"].as_u64(), main["unfinished"].as_u64()), (Some(0), Some(0)), "{opt}");
+    }
+}
+
+#[test]
+fn a_rust_panic_caught_by_catch_unwind() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::rust("panics.rs", "-O").build();
+    let report = profile_like_bare(&binary, &["-f", "panics::check", "-f", "panics::validate", "-f", "panics::run"], &["50"]);
+    let unwound = |name: &str| {
+        let f = function(&report["functions"], name);
+        (f["calls"].as_u64().unwrap(), f["unwound"].as_u64().unwrap())
+    };
+    assert_eq!(unwound("panics::check"), (50, 5));
+    assert_eq!(unwound("panics::validate"), (50, 5));
+    // run catches: every call of it returns.
+    assert_eq!(unwound("panics::run"), (50, 0));
+}
+
+#[test]
+fn backtrace_sees_the_programs_own_stack() {
+    if !can_probe() {
+        return;
+    }
+    for opt in ["-O0", "-O2"] {
+        let binary = Build::c("backtrace.c", opt).flag("-rdynamic").build();
+        // The output names every frame: backtrace() met no trampoline.
+        let report = profile_like_bare(&binary, &[], &["10"]);
+        let calls = calls_by_name(&report);
+        assert_eq!((calls["outer"], calls["middle"], calls["inner"]), (10, 30, 30), "{opt}");
+        // And every call returned through the trampoline, timed to its end.
+        for f in report["functions"].as_array().unwrap() {
+            assert_eq!(f["unwound"], 0, "{opt}: {f}");
+        }
+    }
+}
+
+#[test]
+fn other_metrics_are_refused_with_a_reason() {
+    if !can_probe() {
+        return;
+    }
     let out = run(proftap()
         .args(["run", "--engine", "inject", "--metric", "wall,page-faults", "--"])
         .arg(Build::c("calls.c", "-O0").build())

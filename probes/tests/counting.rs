@@ -5,6 +5,7 @@
 
 use proftap_probes::exits::ExitMode;
 use proftap_probes::inject::counting::Counting;
+use proftap_probes::inject::tracing::CallKind;
 use proftap_probes::plan::{ProbedFunction, plan};
 use proftap_probes::select::Selection;
 use proftap_probes::symbols::{LoadOptions, SymbolIndex};
@@ -123,7 +124,7 @@ fn patched_entries_and_returns_are_timed() {
         let tick = functions.iter().position(|f| f.info.name == "tick").unwrap() as u32;
         let mut waiter = Waiter::start(&binary);
         assert_eq!(waiter.tick(3), 3);
-        let mut tracing = Tracing::attach(waiter.child.id() as i32, &functions).unwrap();
+        let mut tracing = Tracing::attach(waiter.child.id() as i32, &functions, functions.len() as u32).unwrap();
         assert!(tracing.refused().iter().all(|(i, _)| *i != tick as usize), "{opt}: {:?}", tracing.refused());
         assert_eq!(waiter.tick(1000), 1003, "{opt}");
         let mut calls = Vec::new();
@@ -132,7 +133,7 @@ fn patched_entries_and_returns_are_timed() {
         assert_eq!(ticks.len(), 2000, "{opt}: entries and returns");
         // Entry, return, entry, return...; each return after its entry, at the same slot.
         for pair in ticks.chunks(2) {
-            assert!(!pair[0].exit && pair[1].exit, "{opt}: {pair:?}");
+            assert!(pair[0].kind == CallKind::Entry && pair[1].kind == CallKind::Exit, "{opt}: {pair:?}");
             assert_eq!(pair[0].slot, pair[1].slot, "{opt}");
             assert_eq!(pair[0].ret, pair[1].ret, "{opt}");
             assert!(pair[1].tsc >= pair[0].tsc, "{opt}");
@@ -166,7 +167,7 @@ fn cost_per_call() {
         let counting = Counting::attach(waiter.child.id() as i32, &functions).unwrap();
         let counted = (0..3).map(|_| time(&mut waiter)).fold(f64::MAX, f64::min);
         drop(counting);
-        let mut tracing = Tracing::attach(waiter.child.id() as i32, &functions).unwrap();
+        let mut tracing = Tracing::attach(waiter.child.id() as i32, &functions, functions.len() as u32).unwrap();
         let mut calls = Vec::new();
         let mut timed = f64::MAX;
         for _ in 0..3 {

@@ -4,7 +4,7 @@
 //! nanoseconds a call, and proftap reads the counts whenever it likes.
 
 use super::patch;
-use super::patcher::{self, Applied};
+use super::patcher::{self, Applied, Target};
 use super::remote::{Remote, RemoteError, Shared};
 use crate::plan::ProbedFunction;
 use crate::procfs;
@@ -24,10 +24,18 @@ impl Counting {
     /// `pid`; those that cannot be patched are listed by [`Counting::refused`].
     pub fn attach(pid: i32, functions: &[ProbedFunction]) -> Result<Counting, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-        let Some(main) = modules.iter().find(|m| m.is_main) else {
-            return Err(RemoteError::Unsupported(format!("process {pid} has no executable mapped")));
-        };
-        let (plans, mut refused) = patcher::plans(main, functions)?;
+        let targets: Vec<Target> = functions.iter().map(Target::of).collect();
+        let (groups, mut refused) = patcher::plans(&modules, &targets);
+        // The counters are reached from the trampolines by rip-relative
+        // addressing: one module's functions only, the executable's.
+        let mut plans = Vec::new();
+        for group in groups {
+            if modules.iter().any(|m| m.is_main && m.path == group.module) {
+                plans = group.plans;
+            } else {
+                refused.extend(group.plans.into_iter().map(|(i, _)| (i, "counting covers the executable only".to_string())));
+            }
+        }
         let mut counting = Counting { pid, counters: None, slots: vec![None; functions.len()], applied: Vec::new(), refused: Vec::new() };
         if !plans.is_empty() {
             let remote = Remote::attach(pid)?;
@@ -38,7 +46,7 @@ impl Counting {
                 plans,
                 0,
                 |_| Ok(Vec::new()),
-                |i, address| Ok(patch::count_call(address, base + 8 * i as u64)),
+                |i, _, address| Ok(patch::count_call(address, base + 8 * i as u64)),
                 &mut refused,
             )?;
             for a in &counting.applied {

@@ -5,10 +5,14 @@
 //!
 //! [`remote`] stops a process and makes system calls in it, maps memory near
 //! its code and memory shared with proftap; [`patch`] decides which entries
-//! take a jump and builds the trampolines; [`counting`] counts calls through them.
+//! take a jump and builds the trampolines, [`patcher`] puts them in place;
+//! [`runtime`] is the code that times calls, [`tracing`] drives it and
+//! reads what it records, [`hooks`] keeps unwinders working; [`counting`]
+//! counts calls through trampolines.
 
 pub mod clock;
 pub mod counting;
+pub mod hooks;
 pub mod patch;
 pub mod patcher;
 pub mod remote;

@@ -2,14 +2,29 @@
 //! jumps lead to: proftap's code, then the instructions the jump replaced
 //! (relocated by iced-x86's block encoder), then a jump back.
 
-use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionBlock};
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionBlock, MemoryOperand, Register,
+};
 
 /// Bytes of a `jmp rel32`.
 pub const JUMP_LEN: usize = 5;
 
-/// How a function's entry is patched.
+/// Where a patch goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Site {
+    /// Over a function's first instructions: the trampoline runs proftap's
+    /// code, then those instructions, then jumps back.
+    Entry,
+    /// Over the last instructions before a `ret`: the trampoline runs them,
+    /// then proftap's code, which returns.
+    Return,
+}
+
+/// How a function's entry (or one of its returns) is patched.
 #[derive(Clone, Debug)]
 pub struct PatchPlan {
+    /// Where it goes.
+    pub site: Site,
     /// Where the jump goes: the entry, or just after a leading `endbr64`
     /// (which indirect calls must still find there).
     pub at: u64,
@@ -49,19 +64,73 @@ pub fn in_reach(from_next: u64, to: u64) -> bool {
     i64::from(i32::MIN) <= distance && distance <= i64::from(i32::MAX)
 }
 
-/// Plans the patch of the function at `entry` whose code is `code` (its
-/// whole body, `code.len()` its size), or says why it cannot be patched.
-pub fn plan(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
+/// The instructions of a function's body, up to the first that does not
+/// decode (data or padding ends what can be checked).
+fn decode(entry: u64, code: &[u8]) -> Vec<Instruction> {
     let mut decoder = Decoder::with_ip(64, code, entry, DecoderOptions::NONE);
     let mut body = Vec::new();
     while decoder.can_decode() {
         let instruction = decoder.decode();
         if instruction.is_invalid() {
-            // Data or padding in the body ends what can be checked.
             break;
         }
         body.push(instruction);
     }
+    body
+}
+
+/// Whether a branch of `body` lands strictly inside `(start, end)`: in the
+/// middle of a jump written over `[start, end)`.
+fn branches_into(body: &[Instruction], start: u64, end: u64) -> bool {
+    body.iter().any(|i| {
+        matches!(i.flow_control(), FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch)
+            && i.near_branch_target() > start
+            && i.near_branch_target() < end
+    })
+}
+
+/// Plans patches over every `ret` of the function at `entry` (code as for
+/// [`plan`]): each covers the instructions leading to it, which no branch
+/// may enter but at the first. All of them, or why not.
+pub fn plan_returns(entry: u64, code: &[u8]) -> Result<Vec<PatchPlan>, String> {
+    let body = decode(entry, code);
+    let mut plans = Vec::new();
+    for (r, ret) in body.iter().enumerate().filter(|(_, i)| i.flow_control() == FlowControl::Return) {
+        if ret.code() != Code::Retnq {
+            return Err(format!("it returns with {:?}", ret.code()));
+        }
+        let mut first = r;
+        while ret.next_ip() - body[first].ip() < JUMP_LEN as u64 {
+            let Some(previous) = first.checked_sub(1) else {
+                return Err("a return too close to its entry".into());
+            };
+            if body[previous].flow_control() != FlowControl::Next || body[previous].is_ip_rel_memory_operand() {
+                return Err(format!("a branch, call or rip-relative access within {JUMP_LEN} bytes before a return"));
+            }
+            first = previous;
+        }
+        let (start, end) = (body[first].ip(), ret.next_ip());
+        if branches_into(&body, start, end) {
+            return Err("it branches into the instructions before a return".into());
+        }
+        let offset = (start - entry) as usize;
+        plans.push(PatchPlan {
+            site: Site::Return,
+            at: start,
+            replaced: body[first..r].to_vec(),
+            original: code[offset..offset + (end - start) as usize].to_vec(),
+        });
+    }
+    if plans.is_empty() {
+        return Err("it has no return".into());
+    }
+    Ok(plans)
+}
+
+/// Plans the patch of the function at `entry` whose code is `code` (its
+/// whole body, `code.len()` its size), or says why it cannot be patched.
+pub fn plan(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
+    let body = decode(entry, code);
     let mut at = entry;
     let mut first = 0;
     if body.first().is_some_and(|i| i.code() == Code::Endbr64) {
@@ -75,6 +144,11 @@ pub fn plan(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
             break;
         }
         match instruction.flow_control() {
+            // A direct call that the jump needs whole is emulated in the
+            // trampoline with the original return address (see
+            // [`trampoline`]), so the callee returns into the original code
+            // and unwinders see the stack they expect.
+            FlowControl::Call if instruction.is_call_near() && covered + instruction.len() >= JUMP_LEN => {}
             FlowControl::Call | FlowControl::IndirectCall => {
                 return Err("a call among its first instructions (moved, it would confuse unwinders)".into());
             }
@@ -92,20 +166,14 @@ pub fn plan(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
     if covered < JUMP_LEN {
         return Err(format!("its code is shorter than the {JUMP_LEN}-byte jump"));
     }
-    let end = at + covered as u64;
     // A branch of its own into the replaced bytes (other than to their
     // start) would land in the middle of the jump.
-    for instruction in &body {
-        if matches!(instruction.flow_control(), FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch)
-            && instruction.near_branch_target() > at
-            && instruction.near_branch_target() < end
-        {
-            return Err(format!("it jumps back into its first {covered} bytes"));
-        }
+    if branches_into(&body, at, at + covered as u64) {
+        return Err(format!("it jumps back into its first {covered} bytes"));
     }
     let offset = (at - entry) as usize;
     let original = code[offset..offset + covered].to_vec();
-    Ok(PatchPlan { at, replaced, original })
+    Ok(PatchPlan { site: Site::Entry, at, replaced, original })
 }
 
 /// A trampoline: `prologue` (position-independent code of proftap's, given
@@ -120,15 +188,53 @@ pub struct Trampoline {
     pub moved: Vec<(u64, u64)>,
 }
 
-/// Builds the trampoline of `patch` at address `address`.
-pub fn trampoline(patch: &PatchPlan, address: u64, prologue: impl FnOnce(u64) -> Vec<u8>) -> Result<Trampoline, String> {
-    let mut code = prologue(address);
+/// Builds the trampoline of `patch` at address `address`, with proftap's
+/// code `own` (given its address): before the replaced instructions at an
+/// entry, after them at a return (then `own` returns).
+///
+/// A call ending the replaced instructions becomes a push of its original
+/// return address and a jump to its target: the callee returns straight
+/// into the function, after the patch.
+pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Result<Vec<u8>, String>) -> Result<Trampoline, String> {
+    if patch.site == Site::Return {
+        let block = InstructionBlock::new(&patch.replaced, address);
+        let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+            .map_err(|e| format!("its last instructions cannot be moved: {e}"))?;
+        let mut code = encoded.code_buffer;
+        let mut moved: Vec<(u64, u64)> =
+            patch.replaced.iter().zip(&encoded.new_instruction_offsets).map(|(i, &o)| (i.ip(), address + u64::from(o))).collect();
+        // A thread stopped at the `ret` goes on from proftap's code.
+        let ret = patch.at + patch.len() as u64 - 1;
+        moved.push((ret, address + code.len() as u64));
+        code.extend(own(address + code.len() as u64)?);
+        return Ok(Trampoline { code, moved });
+    }
+    let mut code = own(address)?;
     let relocated_at = address + code.len() as u64;
-    let block = InstructionBlock::new(&patch.replaced, relocated_at);
+    let mut instructions = patch.replaced.clone();
+    let call = instructions.last().filter(|i| i.is_call_near()).copied();
+    if let Some(call) = call {
+        let high = (call.next_ip() >> 32) as u32;
+        let last = instructions.len() - 1;
+        instructions[last] = Instruction::with1(Code::Pushq_imm32, call.next_ip() as u32 as i32).map_err(|e| e.to_string())?;
+        instructions[last].set_ip(call.ip());
+        let mut fix_high =
+            Instruction::with2(Code::Mov_rm32_imm32, MemoryOperand::with_base_displ(Register::RSP, 4), high).map_err(|e| e.to_string())?;
+        // Distinct addresses for the block encoder, inside the call's bytes.
+        fix_high.set_ip(call.ip() + 1);
+        instructions.push(fix_high);
+        let mut jump = Instruction::with_branch(Code::Jmp_rel32_64, call.near_branch_target()).map_err(|e| e.to_string())?;
+        jump.set_ip(call.ip() + 2);
+        instructions.push(jump);
+    }
+    let block = InstructionBlock::new(&instructions, relocated_at);
     let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
         .map_err(|e| format!("its first instructions cannot be moved: {e}"))?;
     let moved = patch.replaced.iter().zip(&encoded.new_instruction_offsets).map(|(i, &o)| (i.ip(), relocated_at + u64::from(o))).collect();
     code.extend_from_slice(&encoded.code_buffer);
+    if call.is_some() {
+        return Ok(Trampoline { code, moved });
+    }
     let back = patch.at + patch.len() as u64;
     let jump_at = address + code.len() as u64;
     if !in_reach(jump_at + JUMP_LEN as u64, back) {
@@ -171,7 +277,7 @@ mod tests {
         // mov rax,[rip+0x100]; nop; ret  (the load reads 0x1107)
         let code = [0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x90, 0xc3];
         let patch = plan(0x1000, &code).expect("patchable");
-        let t = trampoline(&patch, 0x5000, |a| count_call(a, 0x6000)).expect("relocatable");
+        let t = trampoline(&patch, 0x5000, |a| Ok(count_call(a, 0x6000))).expect("relocatable");
         // The moved load still reads 0x1107.
         let mut decoder = Decoder::with_ip(64, &t.code[8..], 0x5008, DecoderOptions::NONE);
         let load = decoder.decode();
@@ -183,9 +289,51 @@ mod tests {
     }
 
     #[test]
+    fn a_call_that_ends_the_patch_returns_into_the_original_code() {
+        // push rbx; mov rbx,rdi; call 0x90000000 (far from the trampoline); pop rbx; ret
+        let target: u64 = 0x9000_0000;
+        let mut code = vec![0x53, 0x48, 0x89, 0xfb, 0xe8];
+        code.extend_from_slice(&((target as i64 - 0x1009) as i32).to_le_bytes());
+        code.extend_from_slice(&[0x5b, 0xc3]);
+        let patch = plan(0x1000, &code).expect("patchable");
+        assert_eq!(patch.len(), 9);
+        let t = trampoline(&patch, 0x7fff_0000_0000, |_| Ok(Vec::new())).expect("relocatable");
+        let decoded: Vec<Instruction> = Decoder::with_ip(64, &t.code, 0x7fff_0000_0000, DecoderOptions::NONE).into_iter().collect();
+        let mnemonics: Vec<String> = decoded.iter().map(|i| format!("{:?}", i.mnemonic())).collect();
+        assert_eq!(&mnemonics[..5], ["Push", "Mov", "Push", "Mov", "Jmp"], "{decoded:?}");
+        // The pushed address, once its high half is written, is the instruction after the call.
+        assert_eq!(decoded[2].immediate32() as u64 | (decoded[3].immediate32() as u64) << 32, 0x1009);
+        // The jump reaches the callee (through memory: it is out of rel32 reach).
+        assert!(decoded[4].is_jmp_near_indirect() || decoded[4].near_branch_target() == target);
+    }
+
+    #[test]
+    fn returns_are_patched_over_the_instructions_before_them() {
+        // push rbp; mov rbp,rsp; test edi,edi; jle L; mov eax,1; mov rbx,[rbp-8]; leave; ret;
+        // L: xor eax,eax; mov rbx,[rbp-8]; pop rbp; ret
+        let code = [
+            0x55, 0x48, 0x89, 0xe5, 0x85, 0xff, 0x7e, 0x0b, 0xb8, 1, 0, 0, 0, 0x48, 0x8b, 0x5d, 0xf8, 0xc9, 0xc3, 0x31, 0xc0, 0x48, 0x8b,
+            0x5d, 0xf8, 0x5d, 0xc3,
+        ];
+        let plans = plan_returns(0x1000, &code).expect("patchable");
+        assert_eq!(plans.len(), 2);
+        // mov rbx,[rbp-8]; leave; ret: 6 bytes from 0x100d.
+        assert_eq!((plans[0].at, plans[0].len(), plans[0].replaced.len()), (0x100d, 6, 2));
+        let t = trampoline(&plans[0], 0x5000, |a| Ok(vec![0xc3; usize::from(a == 0x5005)])).expect("relocatable");
+        assert_eq!(t.code.len(), 5 + 1);
+        assert_eq!(t.moved.last(), Some(&(0x1012, 0x5005)));
+        // The branch to L (0x1013) lands before the second plan.
+        assert_eq!((plans[1].at, plans[1].len()), (0x1015, 6));
+        // A branch into the middle of the bytes before a return is not allowed.
+        let mut bad = code;
+        bad[7] = 0x11; // jle -> 0x1019 (pop rbp), inside the second plan
+        assert!(plan_returns(0x1000, &bad).expect_err("entered").contains("branches into"));
+    }
+
+    #[test]
     fn unsafe_entries_say_why() {
-        // call rel32 first.
-        assert!(plan(0x1000, &[0xe8, 0, 0, 0, 0, 0xc3]).expect_err("call").contains("call"));
+        // A call that does not end the patch: call rax (2 bytes) first.
+        assert!(plan(0x1000, &[0xff, 0xd0, 0x31, 0xc0, 0x90, 0x90, 0xc3]).expect_err("call").contains("call"));
         // ret within the first bytes.
         assert!(plan(0x1000, &[0x31, 0xc0, 0xc3]).expect_err("short").contains("ends within"));
         // A loop jumping back to the second instruction: xor eax,eax; inc eax; cmp eax,10; jne -> inc.

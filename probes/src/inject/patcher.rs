@@ -1,13 +1,13 @@
 //! Putting trampolines in a held process and jumps to them over function
 //! entries, and taking the jumps out again.
 
-use super::patch::{self, PatchPlan};
+use super::patch::{self, PatchPlan, Site};
 use super::remote::{Remote, RemoteError};
 use crate::plan::ProbedFunction;
 use crate::procfs::LoadedModule;
 use crate::symbols::ElfImage;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Room for one trampoline: the prologue, the relocated instructions (at
 /// most 15 bytes each, a few more once re-encoded) and the jump back.
@@ -27,27 +27,96 @@ pub type Plans = Vec<(usize, PatchPlan)>;
 /// Functions by index, with why they are not patched.
 pub type Refused = Vec<(usize, String)>;
 
-/// The patch plans of `functions` in the main executable `main`, and the
-/// functions that cannot be patched with the reason.
-pub fn plans(main: &LoadedModule, functions: &[ProbedFunction]) -> Result<(Plans, Refused), RemoteError> {
-    let image = ElfImage::open(&main.open_path).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-    let mut plans = Vec::new();
+/// Code to patch: a function's entry in a module's file.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The module, as the process names it.
+    pub module: PathBuf,
+    /// The file to read its code from.
+    pub open_path: PathBuf,
+    /// Its link-time address.
+    pub address: u64,
+    /// Where its code is in the file.
+    pub offset: u64,
+    /// Bytes of code (0 when unknown).
+    pub size: u64,
+    /// Its entry, or all its returns.
+    pub site: Site,
+}
+
+impl Target {
+    /// The entry of a probed function.
+    pub fn of(f: &ProbedFunction) -> Target {
+        Target {
+            module: PathBuf::from(&f.info.module),
+            open_path: f.open_path.clone(),
+            address: f.info.address,
+            offset: f.offset.0,
+            size: f.size,
+            site: Site::Entry,
+        }
+    }
+}
+
+/// The plans for the functions of one module: their trampolines go near it.
+pub struct ModulePlans {
+    /// The module, as the process names it.
+    pub module: PathBuf,
+    /// Its functions' plans.
+    pub plans: Plans,
+}
+
+/// Whether `module` is the loaded module `loaded` (also through symbolic
+/// links: `/lib` may be `/usr/lib`).
+fn same_module(module: &Path, open_path: &Path, loaded: &LoadedModule) -> bool {
+    module == loaded.path || {
+        let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+        canonical(open_path).is_some_and(|c| Some(c) == canonical(&loaded.open_path))
+    }
+}
+
+/// The patch plans of `targets` (by index) in the process whose modules are
+/// `modules`, grouped by module, and the targets that cannot be patched
+/// with the reason.
+pub fn plans(modules: &[LoadedModule], targets: &[Target]) -> (Vec<ModulePlans>, Refused) {
+    let mut groups: Vec<ModulePlans> = Vec::new();
+    let mut images: HashMap<PathBuf, Result<ElfImage, String>> = HashMap::new();
     let mut refused = Vec::new();
-    for (i, f) in functions.iter().enumerate() {
-        let in_main = Path::new(&f.info.module) == main.path;
-        let code = image.data().get(f.offset.0 as usize..(f.offset.0 + f.size) as usize);
-        let planned = match (in_main, code) {
-            (false, _) => Err("it is in a shared library (not patched yet)".to_string()),
-            (true, _) if f.size == 0 => Err("its size is unknown".to_string()),
-            (true, None) => Err("its code is not in the file".to_string()),
-            (true, Some(code)) => patch::plan(main.bias.to_runtime(crate::addr::VirtAddr(f.info.address)).0, code),
+    for (i, target) in targets.iter().enumerate() {
+        let Some(loaded) = modules.iter().find(|m| same_module(&target.module, &target.open_path, m)) else {
+            refused.push((i, format!("{} is not loaded", target.module.display())));
+            continue;
+        };
+        let image = images.entry(loaded.path.clone()).or_insert_with(|| ElfImage::open(&loaded.open_path).map_err(|e| e.to_string()));
+        let planned = match image {
+            Err(e) => Err(e.clone()),
+            Ok(_) if target.size == 0 => Err("its size is unknown".to_string()),
+            Ok(image) => match image.data().get(target.offset as usize..(target.offset + target.size) as usize) {
+                None => Err("its code is not in the file".to_string()),
+                Some(code) => {
+                    let at = loaded.bias.to_runtime(crate::addr::VirtAddr(target.address)).0;
+                    match target.site {
+                        Site::Entry => patch::plan(at, code).map(|p| vec![p]),
+                        Site::Return => patch::plan_returns(at, code),
+                    }
+                }
+            },
         };
         match planned {
-            Ok(p) => plans.push((i, p)),
+            Ok(planned) => {
+                let group = match groups.iter().position(|g| g.module == loaded.path) {
+                    Some(g) => g,
+                    None => {
+                        groups.push(ModulePlans { module: loaded.path.clone(), plans: Vec::new() });
+                        groups.len() - 1
+                    }
+                };
+                groups[group].plans.extend(planned.into_iter().map(|p| (i, p)));
+            }
             Err(why) => refused.push((i, why)),
         }
     }
-    Ok((plans, refused))
+    (groups, refused)
 }
 
 /// The code range the plans cover.
@@ -59,7 +128,7 @@ pub fn span(plans: &Plans) -> std::ops::Range<u64> {
 
 /// Patches the planned entries in the held process: code near them holds
 /// `runtime` (given its address; `runtime_room` bytes at most) and a
-/// trampoline per function starting with `prologue(function, address)`;
+/// trampoline per plan with proftap's code `prologue(target, site, address)`;
 /// then threads inside bytes about to be replaced move to their copies and
 /// the jumps are written. Functions that fail join `refused`.
 pub fn apply(
@@ -67,7 +136,7 @@ pub fn apply(
     mut plans: Plans,
     runtime_room: usize,
     runtime: impl FnOnce(u64) -> Result<Vec<u8>, String>,
-    prologue: impl Fn(usize, u64) -> Result<Vec<u8>, String>,
+    prologue: impl Fn(usize, Site, u64) -> Result<Vec<u8>, String>,
     refused: &mut Refused,
 ) -> Result<(Vec<Applied>, std::ops::Range<u64>), RemoteError> {
     // Code in memory must be the file's: no breakpoint or other patch there.
@@ -97,8 +166,7 @@ pub fn apply(
     let mut built = Vec::new();
     for (i, p) in plans {
         let address = region + code.len() as u64;
-        let start = prologue(i, address);
-        match start.and_then(|start| patch::trampoline(&p, address, |_| start)) {
+        match patch::trampoline(&p, address, |own_address| prologue(i, p.site, own_address)) {
             Ok(t) if t.code.len() <= TRAMPOLINE_ROOM => {
                 code.extend_from_slice(&t.code);
                 code.resize(code.len().next_multiple_of(16), 0xcc);

@@ -18,13 +18,16 @@
 use iced_x86::BlockEncoderOptions;
 use iced_x86::code_asm::*;
 
+/// Bytes set aside for the runtime's code.
+pub const CODE_ROOM: usize = 2048;
 /// Threads with a slot; more threads run their calls untimed.
 pub const SLOTS: u64 = 64;
 /// Calls deep a thread's shadow stack goes; deeper calls go untimed.
 pub const STACK_DEPTH: u64 = 512;
 /// Bytes of a shadow stack entry: return address, its slot, function.
 pub const STACK_ENTRY: u64 = 32;
-/// Bytes of a thread's entry in the slot table: key, tid, depth.
+/// Bytes of a thread's entry in the slot table: key, tid, depth, and
+/// whether an unwinder had its return addresses put back.
 pub const SLOT_BYTES: u64 = 32;
 /// Records per thread ring (a power of two).
 pub const RING: u64 = 1 << 18;
@@ -37,6 +40,11 @@ pub const CONTROL: u64 = 64;
 pub const ENTRY: u32 = 0;
 /// A return.
 pub const EXIT: u32 = 1;
+/// A handler caught an exception (the slot is the catching frame's call).
+pub const CATCH: u32 = 2;
+
+/// Offset in a slot table entry of the flag "return addresses put back".
+const UNHOOKED: i32 = 24;
 
 /// Offsets of a ring control's fields.
 pub mod control {
@@ -98,6 +106,15 @@ pub struct Runtime {
     pub entry: u64,
     /// Where the return trampoline is.
     pub return_trampoline: u64,
+    /// Where `unhook` is: called where an unwinder starts, it puts the
+    /// thread's original return addresses back.
+    pub unhook: u64,
+    /// Where `rehook` is: called where a handler catches, it hijacks the
+    /// live frames' return addresses again.
+    pub rehook: u64,
+    /// Where `resume` is: called where a stack walker returns, it hijacks
+    /// the return addresses it had put back.
+    pub resume: u64,
 }
 
 fn asm_error(e: IcedError) -> String {
@@ -159,12 +176,85 @@ fn find_slot(a: &mut CodeAssembler, layout: &Layout, claim: bool, missing: CodeL
     Ok(())
 }
 
-/// Assembles the runtime at `address` for memory at `layout`.
-pub fn assemble(address: u64, layout: &Layout) -> Result<Runtime, String> {
-    build(address, layout).map_err(asm_error)
+/// rcx = the address of shadow stack entry `rax` of slot index r10.
+fn stack_entry(a: &mut CodeAssembler, layout: &Layout) -> Result<(), IcedError> {
+    a.mov(rcx, r10)?;
+    a.imul_3(rcx, rcx, STACK_DEPTH as i32)?;
+    a.add(rcx, rax)?;
+    a.shl(rcx, STACK_ENTRY.trailing_zeros() as i32)?;
+    a.mov(rdx, layout.stacks())?;
+    a.add(rcx, rdx)
 }
 
-fn build(address: u64, layout: &Layout) -> Result<Runtime, IcedError> {
+/// Pops the frames of the shadow stack (r9 = the thread's table entry,
+/// r10 = its index) whose return-address slot is below rdi, or at it with
+/// `at_too`: they are gone. Leaves the depth in rax. Clobbers rcx, rdx.
+fn drop_below(a: &mut CodeAssembler, layout: &Layout, at_too: bool) -> Result<(), IcedError> {
+    let mut test = a.create_label();
+    let mut done = a.create_label();
+    a.mov(rax, qword_ptr(r9 + 16))?;
+    a.set_label(&mut test)?;
+    a.test(rax, rax)?;
+    a.jz(done)?;
+    a.dec(rax)?;
+    stack_entry(a, layout)?;
+    a.inc(rax)?;
+    a.cmp(qword_ptr(rcx + 8), rdi)?;
+    if at_too {
+        a.ja(done)?;
+    } else {
+        a.jae(done)?;
+    }
+    a.dec(rax)?;
+    a.jmp(test)?;
+    a.set_label(&mut done)?;
+    a.mov(qword_ptr(r9 + 16), rax)
+}
+
+/// For each shadow stack entry (rax of them, of slot index r10) whose
+/// return-address slot is above rdi and holds `from` (the entry's original
+/// return address when `from` is None), writes `to` (the original when
+/// None). Clobbers rax, rcx, rdx, r8, r11.
+fn rewrite_slots(a: &mut CodeAssembler, layout: &Layout, from: Option<u64>, to: Option<u64>) -> Result<(), IcedError> {
+    let mut next = a.create_label();
+    let mut skip = a.create_label();
+    let mut done = a.create_label();
+    a.mov(r11, rax)?;
+    a.xor(eax, eax)?;
+    stack_entry(a, layout)?;
+    a.set_label(&mut next)?;
+    a.test(r11, r11)?;
+    a.jz(done)?;
+    a.mov(r8, qword_ptr(rcx + 8))?;
+    a.cmp(r8, rdi)?;
+    a.jbe(skip)?;
+    match from {
+        Some(value) => a.mov(rax, value)?,
+        None => a.mov(rax, qword_ptr(rcx))?,
+    }
+    a.cmp(qword_ptr(r8), rax)?;
+    a.jne(skip)?;
+    match to {
+        Some(value) => a.mov(rax, value)?,
+        None => a.mov(rax, qword_ptr(rcx))?,
+    }
+    a.mov(qword_ptr(r8), rax)?;
+    a.set_label(&mut skip)?;
+    a.add(rcx, STACK_ENTRY as i32)?;
+    a.dec(r11)?;
+    a.jmp(next)?;
+    a.set_label(&mut done)?;
+    Ok(())
+}
+
+/// Assembles the runtime at `address` for memory at `layout`. Hijacked
+/// returns go to `return_trampoline` (one shared by every copy of the
+/// runtime in the process), or to this copy's own when `None`.
+pub fn assemble(address: u64, layout: &Layout, return_trampoline: Option<u64>) -> Result<Runtime, String> {
+    build(address, layout, return_trampoline).map_err(asm_error)
+}
+
+fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Runtime, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut entry = a.create_label();
     let mut exit = a.create_label();
@@ -176,10 +266,22 @@ fn build(address: u64, layout: &Layout) -> Result<Runtime, IcedError> {
     let mut pop = a.create_label();
     let mut matched = a.create_label();
 
+    let mut unhook = a.create_label();
+    let mut rehook = a.create_label();
+    let mut rehook_found = a.create_label();
+    let mut resume = a.create_label();
+
     // entry(rdi = return-address slot, esi = function).
     a.set_label(&mut entry)?;
     let mut found = a.create_label();
     find_slot(&mut a, layout, true, done, &mut found)?;
+    // After an unwinder walked the stack (backtrace()), the frames still
+    // live are hijacked again at the thread's next call.
+    let mut hooked = a.create_label();
+    a.cmp(qword_ptr(r9 + UNHOOKED), 0i32)?;
+    a.je(hooked)?;
+    a.call(rehook_found)?;
+    a.set_label(&mut hooked)?;
     // Frames a longjmp or an exception left are dropped first: those deeper
     // than this call, and one in this very slot unless the slot still holds
     // the return trampoline (then this is its tail call, and it lives on).
@@ -300,6 +402,43 @@ fn build(address: u64, layout: &Layout) -> Result<Runtime, IcedError> {
     a.set_label(&mut broken)?;
     a.ud2()?;
 
+    // unhook(rdi = the return-address slot of a call into the unwinder):
+    // frames below it are gone; the others get their return addresses
+    // back, for the unwinder to read.
+    a.set_label(&mut unhook)?;
+    let mut unhook_found = a.create_label();
+    find_slot(&mut a, layout, false, done, &mut unhook_found)?;
+    drop_below(&mut a, layout, true)?;
+    rewrite_slots(&mut a, layout, Some(PLACEHOLDER), None)?;
+    a.mov(qword_ptr(r9 + UNHOOKED), 1i32)?;
+    a.ret()?;
+
+    // rehook(rdi = the return-address slot of a call a handler makes, esi =
+    // the id catches are recorded with): frames below it are gone (an
+    // exception left them); those above return through the trampoline again.
+    a.set_label(&mut rehook)?;
+    let mut rehook_slot = a.create_label();
+    find_slot(&mut a, layout, false, done, &mut rehook_slot)?;
+    a.call(rehook_found)?;
+    a.mov(r8, qword_ptr(rdi))?;
+    a.mov(ecx, CATCH)?;
+    a.jmp(record)?;
+    // resume(rdi = where a stack walker's return address is, as it
+    // returns): the frames it had put back are hijacked again.
+    a.set_label(&mut resume)?;
+    let mut resume_found = a.create_label();
+    find_slot(&mut a, layout, false, done, &mut resume_found)?;
+    a.cmp(qword_ptr(r9 + UNHOOKED), 0i32)?;
+    a.je(done)?;
+    a.call(rehook_found)?;
+    a.ret()?;
+    // With r9 and r10 found: keeps rdi, rsi, r9, r10.
+    a.set_label(&mut rehook_found)?;
+    a.mov(qword_ptr(r9 + UNHOOKED), 0i32)?;
+    drop_below(&mut a, layout, false)?;
+    rewrite_slots(&mut a, layout, None, Some(PLACEHOLDER))?;
+    a.ret()?;
+
     // The return trampoline: a hijacked return lands here.
     a.set_label(&mut return_trampoline)?;
     a.sub(rsp, 8)?;
@@ -315,11 +454,12 @@ fn build(address: u64, layout: &Layout) -> Result<Runtime, IcedError> {
 
     let result = a.assemble_options(address, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
     let entry_ip = result.label_ip(&entry)?;
-    let return_ip = result.label_ip(&return_trampoline)?;
+    let return_ip = shared_return.unwrap_or(result.label_ip(&return_trampoline)?);
+    let (unhook, rehook, resume) = (result.label_ip(&unhook)?, result.label_ip(&rehook)?, result.label_ip(&resume)?);
     let mut code = result.inner.code_buffer;
     // The hijack stores the return trampoline's address, known only now.
     patch_placeholder(&mut code, return_ip);
-    Ok(Runtime { code, entry: entry_ip, return_trampoline: return_ip })
+    Ok(Runtime { code, entry: entry_ip, return_trampoline: return_ip, unhook, rehook, resume })
 }
 
 /// The registers a trampoline saves: those a call may pass arguments or
@@ -339,9 +479,10 @@ fn patch_placeholder(code: &mut [u8], value: u64) {
     }
 }
 
-/// The start of a function's trampoline: save registers, call `entry` with
-/// the return-address slot and `function`, restore.
-pub fn call_entry(address: u64, entry: u64, function: u32) -> Result<Vec<u8>, String> {
+/// The start of a function's trampoline: save registers, call `routine`
+/// (`entry`, `unhook` or `rehook`) with the return-address slot and
+/// `function`, restore.
+pub fn call_routine(address: u64, routine: u64, function: u32) -> Result<Vec<u8>, String> {
     let build = || -> Result<Vec<u8>, IcedError> {
         let mut a = CodeAssembler::new(64)?;
         for r in SAVED {
@@ -349,13 +490,22 @@ pub fn call_entry(address: u64, entry: u64, function: u32) -> Result<Vec<u8>, St
         }
         a.lea(rdi, qword_ptr(rsp + 8 * SAVED.len() as i32))?;
         a.mov(esi, function)?;
-        a.call(entry)?;
+        a.call(routine)?;
         for r in SAVED.iter().rev() {
             a.pop(*r)?;
         }
         a.assemble(address)
     };
     build().map_err(asm_error)
+}
+
+/// The code that ends a trampoline over a return: save registers (the
+/// return value among them), call `routine` with the return-address slot,
+/// restore, return.
+pub fn call_routine_and_return(address: u64, routine: u64) -> Result<Vec<u8>, String> {
+    let mut code = call_routine(address, routine, 0)?;
+    code.push(0xc3);
+    Ok(code)
 }
 
 #[cfg(test)]
@@ -365,12 +515,15 @@ mod tests {
     #[test]
     fn the_runtime_assembles_and_knows_its_return_trampoline() {
         let layout = Layout { private: 0x10_0000, live: 0x20_0000, shared: 0x30_0000 };
-        let rt = assemble(0x40_0000, &layout).expect("assembles");
-        assert!(rt.code.len() < 1024, "{} bytes", rt.code.len());
+        let rt = assemble(0x40_0000, &layout, None).expect("assembles");
+        assert!(rt.code.len() <= CODE_ROOM, "{} bytes", rt.code.len());
         assert_eq!(rt.entry, 0x40_0000);
         assert!((0x40_0000..0x40_0000 + rt.code.len() as u64).contains(&rt.return_trampoline));
         // Every use of the return trampoline's address was filled in.
         assert!(!rt.code.windows(8).any(|w| w == PLACEHOLDER.to_le_bytes()));
-        assert_eq!(rt.code.windows(8).filter(|w| *w == rt.return_trampoline.to_le_bytes()).count(), 2);
+        assert_eq!(rt.code.windows(8).filter(|w| *w == rt.return_trampoline.to_le_bytes()).count(), 4);
+        // A second copy hijacks returns to the first one's trampoline.
+        let copy = assemble(0x80_0000, &layout, Some(rt.return_trampoline)).expect("assembles");
+        assert_eq!(copy.code.windows(8).filter(|w| *w == rt.return_trampoline.to_le_bytes()).count(), 4);
     }
 }

@@ -2,9 +2,11 @@
 //! records each entry and return of the patched functions into per-thread
 //! rings shared with proftap, which drains them.
 
-use super::patcher::{self, Applied, Refused};
+use super::hooks::{self, Hook, HookSite};
+use super::patch::Site;
+use super::patcher::{self, Applied, Refused, Target};
 use super::remote::{Remote, RemoteError, Shared};
-use super::runtime::{self, Layout, control};
+use super::runtime::{self, Layout, Runtime, control};
 use crate::plan::ProbedFunction;
 use crate::procfs;
 
@@ -17,12 +19,24 @@ pub struct Call {
     pub tsc: u64,
     /// The function's index.
     pub function: u32,
-    /// A return (else an entry).
-    pub exit: bool,
+    /// What happened.
+    pub kind: CallKind,
     /// Where the return address is (at an entry) or was (at a return).
     pub slot: u64,
     /// The return address.
     pub ret: u64,
+}
+
+/// What a record tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    /// A patched function was entered.
+    Entry,
+    /// It returned.
+    Exit,
+    /// A handler caught an exception (`function` is the catch id; `slot`
+    /// where the handler's call keeps its return address).
+    Catch,
 }
 
 /// Records of one thread, as the runtime wrote them.
@@ -42,7 +56,11 @@ pub fn parse(batch: &Batch, into: &mut Vec<Call>) {
             tid: batch.tid,
             tsc: word(record, 0),
             function: payload as u32,
-            exit: (payload >> 32) as u32 == runtime::EXIT,
+            kind: match (payload >> 32) as u32 {
+                runtime::ENTRY => CallKind::Entry,
+                runtime::EXIT => CallKind::Exit,
+                _ => CallKind::Catch,
+            },
             slot: word(record, 2),
             ret: word(record, 3),
         });
@@ -56,70 +74,86 @@ pub struct Tracing {
     layout: Option<Layout>,
     applied: Vec<Applied>,
     refused: Refused,
+    /// Unwinder entries that could not be hooked, and why.
+    unhooked: Vec<String>,
     /// Records read so far, per slot.
     tails: Vec<u64>,
-    /// proftap's code in the process: the runtime and the trampolines.
-    code: std::ops::Range<u64>,
+    /// proftap's code in the process: the runtime and the trampolines, per module.
+    code: Vec<std::ops::Range<u64>>,
 }
 
 /// `madvise` advice: zero the page in a forked child.
 const MADV_WIPEONFORK: u64 = 18;
 
 impl Tracing {
-    /// The functions of the executable at `path` that cannot be patched, and
-    /// why, judged from the file alone (before it runs).
-    pub fn refusals(path: &std::path::Path, functions: &[ProbedFunction]) -> Refused {
-        let module = procfs::LoadedModule {
-            path: path.to_path_buf(),
-            open_path: path.to_path_buf(),
-            bias: crate::addr::LoadBias(0),
-            text: Vec::new(),
-            is_main: true,
-        };
-        match patcher::plans(&module, functions) {
-            Ok((_, refused)) => refused,
-            Err(e) => (0..functions.len()).map(|i| (i, e.to_string())).collect(),
+    /// The functions that cannot be patched, and why, judged from their
+    /// files alone (before the program runs).
+    pub fn refusals(functions: &[ProbedFunction]) -> Refused {
+        let mut modules: Vec<procfs::LoadedModule> = Vec::new();
+        for f in functions {
+            if !modules.iter().any(|m| m.path.as_os_str() == f.info.module.as_str()) {
+                modules.push(procfs::LoadedModule {
+                    path: f.info.module.clone().into(),
+                    open_path: f.open_path.clone(),
+                    bias: crate::addr::LoadBias(0),
+                    text: Vec::new(),
+                    is_main: modules.is_empty(),
+                });
+            }
         }
+        let targets: Vec<Target> = functions.iter().map(Target::of).collect();
+        patcher::plans(&modules, &targets).1
     }
 
-    /// Patches the entries of `functions` (of the main executable) in process
-    /// `pid`; those that cannot be patched are listed by [`Tracing::refused`].
-    pub fn attach(pid: i32, functions: &[ProbedFunction]) -> Result<Tracing, RemoteError> {
-        Tracing::patch(pid, functions, None)
+    /// Patches the entries of `functions` in process `pid`, and the entries
+    /// of its unwinders (see [`super::hooks`]); those that cannot be patched
+    /// are listed by [`Tracing::refused`] and [`Tracing::unhooked`]. A
+    /// handler's catch is recorded with function id `catch_id`.
+    pub fn attach(pid: i32, functions: &[ProbedFunction], catch_id: u32) -> Result<Tracing, RemoteError> {
+        Tracing::patch(pid, functions, catch_id, None)
     }
 
     /// The same for a process proftap launched and traces, from its exec
     /// to its program's entry point (see [`Remote::at_entry`]).
-    pub fn attach_at_entry(pid: i32, functions: &[ProbedFunction]) -> Result<Tracing, RemoteError> {
+    pub fn attach_at_entry(pid: i32, functions: &[ProbedFunction], catch_id: u32) -> Result<Tracing, RemoteError> {
         let remote = Remote::at_entry(pid)?;
-        Tracing::patch(pid, functions, Some(remote))
+        Tracing::patch(pid, functions, catch_id, Some(remote))
     }
 
     /// Patches with `remote` holding the process at its entry point, or
     /// (`None`) holding the running process once there is something to patch.
-    fn patch(pid: i32, functions: &[ProbedFunction], at_entry: Option<Remote>) -> Result<Tracing, RemoteError> {
+    fn patch(pid: i32, functions: &[ProbedFunction], catch_id: u32, at_entry: Option<Remote>) -> Result<Tracing, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-        let Some(main) = modules.iter().find(|m| m.is_main) else {
-            return Err(RemoteError::Unsupported(format!("process {pid} has no executable mapped")));
-        };
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         if status.lines().any(|l| l.starts_with("x86_Thread_features:") && l.contains("shstk")) {
             return Err(RemoteError::Unsupported(format!(
                 "process {pid} runs with CET shadow stacks, which forbid returning anywhere but to the caller"
             )));
         }
-        let (plans, mut refused) = patcher::plans(main, functions)?;
+        // Walkers' returns come after the hooks' entries; they are optional:
+        // without them the thread's next call hijacks the frames again.
+        let mut hook_sites = hooks::find(&modules);
+        let walkers: Vec<HookSite> = hook_sites
+            .iter()
+            .filter(|h| h.hook == Hook::Walk)
+            .map(|h| HookSite { target: Target { site: Site::Return, ..h.target.clone() }, ..h.clone() })
+            .collect();
+        hook_sites.extend(walkers);
+        let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
+        targets.extend(hook_sites.iter().map(|h| h.target.clone()));
+        let (groups, mut refused) = patcher::plans(&modules, &targets);
         let mut tracing = Tracing {
             pid,
             shared: None,
             layout: None,
             applied: Vec::new(),
             refused: Vec::new(),
+            unhooked: Vec::new(),
             tails: vec![0; runtime::SLOTS as usize],
-            code: 0..0,
+            code: Vec::new(),
         };
-        if plans.is_empty() {
-            tracing.refused = refused;
+        if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) {
+            tracing.split_refusals(refused, functions.len(), &hook_sites);
             return Ok(tracing);
         }
         let remote = match at_entry {
@@ -140,25 +174,60 @@ impl Tracing {
         remote.syscall("madvise", libc::SYS_madvise, [live, 4096, MADV_WIPEONFORK, 0, 0, 0])?;
         let shared = remote.share(runtime::SHARED_BYTES as usize, None)?;
         let layout = Layout { private, live, shared: shared.remote };
-        let assembled = std::cell::Cell::new(0u64);
-        (tracing.applied, tracing.code) = patcher::apply(
-            &remote,
-            plans,
-            1024,
-            |address| {
-                let rt = runtime::assemble(address, &layout)?;
-                assembled.set(rt.entry);
-                Ok(rt.code)
-            },
-            |i, address| runtime::call_entry(address, assembled.get(), i as u32),
-            &mut refused,
-        )?;
+        // A copy of the runtime near each module's code (trampolines reach
+        // it with rel32 calls); every copy hijacks returns to the first
+        // copy's return trampoline, the one address unwinders are kept from.
+        let mut return_trampoline = None;
+        for group in groups {
+            let assembled = std::cell::Cell::new(None::<Runtime>);
+            let (applied, code) = patcher::apply(
+                &remote,
+                group.plans,
+                runtime::CODE_ROOM,
+                |address| {
+                    let rt = runtime::assemble(address, &layout, return_trampoline)?;
+                    let code = rt.code.clone();
+                    assembled.set(Some(rt));
+                    Ok(code)
+                },
+                |i, site, address| {
+                    let rt = assembled.take().ok_or("the runtime is not in place")?;
+                    let own = match (hook_sites.get(i.wrapping_sub(functions.len())).map(|h| h.hook), site) {
+                        (None, _) => runtime::call_routine(address, rt.entry, i as u32),
+                        (Some(Hook::Unhook | Hook::Walk), Site::Entry) => runtime::call_routine(address, rt.unhook, 0),
+                        (Some(Hook::Walk), Site::Return) => runtime::call_routine_and_return(address, rt.resume),
+                        (Some(Hook::Rehook), _) => runtime::call_routine(address, rt.rehook, catch_id),
+                        (Some(Hook::Unhook), Site::Return) => Err("no code for this site".to_string()),
+                    };
+                    assembled.set(Some(rt));
+                    own
+                },
+                &mut refused,
+            )?;
+            if let Some(rt) = assembled.take() {
+                return_trampoline.get_or_insert(rt.return_trampoline);
+            }
+            tracing.applied.extend(applied);
+            tracing.code.push(code);
+        }
         // Recording starts with the threads still held.
         remote.write(live, &1u64.to_ne_bytes())?;
         tracing.shared = Some(shared);
         tracing.layout = Some(layout);
-        tracing.refused = refused;
+        tracing.split_refusals(refused, functions.len(), &hook_sites);
         Ok(tracing)
+    }
+
+    /// Refusals of functions stay refusals; those of hook sites say which
+    /// unwinder entry could not be hooked.
+    fn split_refusals(&mut self, refused: Refused, functions: usize, hook_sites: &[HookSite]) {
+        for (i, why) in refused {
+            match i.checked_sub(functions).and_then(|h| hook_sites.get(h)) {
+                Some(site) if site.target.site == Site::Return => {}
+                Some(site) => self.unhooked.push(format!("{} in {} ({why})", site.name, site.target.module.display())),
+                None => self.refused.push((i, why)),
+            }
+        }
     }
 
     /// The process.
@@ -171,9 +240,15 @@ impl Tracing {
         &self.refused
     }
 
+    /// Unwinder entries that could not be hooked, and why: an exception or
+    /// `backtrace()` through a patched function's frame is not safe then.
+    pub fn unhooked(&self) -> &[String] {
+        &self.unhooked
+    }
+
     /// Where proftap's code is in the process (time spent there is the
     /// engine's own).
-    pub fn code(&self) -> std::ops::Range<u64> {
+    pub fn code(&self) -> Vec<std::ops::Range<u64>> {
         self.code.clone()
     }
 

@@ -474,18 +474,12 @@ impl Aggregator {
 
     fn hit(&mut self, hit: &Hit) {
         self.hits += 1;
-        let function = hit.probe.function();
-        if hit.probe.kind() != ProbeKind::Line && function as usize >= self.functions {
-            // A catch marker: every frame at or below the catching frame's
-            // call depth is gone.
-            if let Some(mut thread) = self.threads.remove(&hit.tid) {
-                self.unwind_to(&mut thread, hit, true);
-                self.threads.insert(hit.tid, thread);
-            }
-            return;
-        }
+        // A catch marker: every frame at or below the catching frame's
+        // call depth is gone.
+        let catch = hit.probe.kind() != ProbeKind::Line && hit.probe.function() as usize >= self.functions;
         let mut thread = match self.threads.remove(&hit.tid) {
             Some(thread) => thread,
+            None if catch => return,
             None => ThreadState::new(hit.pid, hit.tid, self.names.remove(&hit.tid).unwrap_or_default(), self.functions),
         };
         let mut values = thread.observe(hit.cpu, &hit.values, self.metrics, Some(hit.generation));
@@ -497,6 +491,7 @@ impl Aggregator {
         thread.last = values;
         let hit = Hit { values, ..*hit };
         match hit.probe.kind() {
+            _ if catch => self.unwind_to(&mut thread, &hit, true),
             ProbeKind::Exit => self.leave(&mut thread, &hit),
             ProbeKind::Entry => self.enter(&mut thread, &hit),
             ProbeKind::Line => self.line(&mut thread, &hit),

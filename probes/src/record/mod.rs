@@ -13,7 +13,7 @@ use crate::lines::LinePlan;
 use crate::metrics::{MAX_METRICS, Metric};
 
 use crate::inject::clock::TscClock;
-use crate::inject::tracing::Tracing;
+use crate::inject::tracing::{CallKind, Tracing};
 use crate::plan::{EntryKind, ProbedFunction, Role};
 use crate::sampling::{BackgroundSampler, Sampler};
 use crate::target::{self, Ended, Frozen, TargetError};
@@ -415,6 +415,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     // launched one when it executes the program); uprobes take the rest.
     let mut tracing = None;
     let mut notes = Vec::new();
+    // The in-process engine records catches with an id past the measured
+    // functions: the aggregator takes any such id for a catch marker.
+    let catch_id = functions.len() as u32;
     let mut refused_by_engine = Vec::new();
     if options.engine == Engine::Inject {
         if metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
@@ -422,18 +425,14 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 "the in-process engine measures wall and CPU time only, so far: use --metric wall,cpu".into(),
             ));
         }
-        if functions.iter().any(|f| f.exit_sites.is_some()) {
-            return Err(RecordError::Unsupported(
-                "the in-process engine cannot follow C++ exceptions, Rust panics or backtrace() through its return trampoline yet, and this program may use them: use --engine uprobe (or --exits uretprobe if it never unwinds)".into(),
-            ));
-        }
         match spec {
             TargetSpec::Attach { pid } => {
-                let engine = Tracing::attach(*pid, functions).map_err(|source| RecordError::Inject { pid: *pid, source })?;
+                let engine = Tracing::attach(*pid, functions, catch_id).map_err(|source| RecordError::Inject { pid: *pid, source })?;
+                check_unwinders(&engine, functions)?;
                 refused_by_engine = engine.refused().to_vec();
                 tracing = Some(engine);
             }
-            TargetSpec::Launch { path, .. } => refused_by_engine = Tracing::refusals(path, functions),
+            TargetSpec::Launch { .. } => refused_by_engine = Tracing::refusals(functions),
         }
         if !refused_by_engine.is_empty() {
             let mut refused: Vec<String> =
@@ -465,7 +464,11 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let mut enabled: Vec<bool> = all
         .iter()
         .zip(&injected)
-        .map(|(f, &injected)| !injected && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured))
+        .map(|(f, &injected)| {
+            // The in-process engine records catches itself.
+            let recorded = injected || (options.engine == Engine::Inject && f.role == Role::CatchMarker);
+            !recorded && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)
+        })
         .collect();
     let first_set = ProbeSet::new(all, &enabled, options.lines.as_ref());
     drop(session.define(&first_set)?);
@@ -476,7 +479,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     if let Some(m) = cpu_from_switches {
         aggregator.set_cpu_from_switches(m);
     }
-    aggregator.set_exit_sites(functions.iter().map(|f| f.exit_sites.is_some()).collect());
+    // Patched functions return through the return trampoline, exceptions or not.
+    aggregator.set_exit_sites(functions.iter().zip(&injected).map(|(f, &injected)| f.exit_sites.is_some() && !injected).collect());
     if let Some(plan) = &options.lines {
         aggregator.set_lines(LineSetup {
             probes: plan.probes.iter().map(|p| (p.function, p.lines.clone())).collect(),
@@ -519,7 +523,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             child.release()?;
             if options.engine == Engine::Inject {
                 // Patched when the program and its libraries are in place and none of its code has run.
-                let engine = Tracing::attach_at_entry(pid, functions).map_err(|source| RecordError::Inject { pid, source })?;
+                let engine = Tracing::attach_at_entry(pid, functions, catch_id).map_err(|source| RecordError::Inject { pid, source })?;
+                check_unwinders(&engine, functions)?;
                 let missed: Vec<&str> =
                     engine.refused().iter().filter(|(i, _)| injected[*i]).map(|(i, _)| functions[*i].info.name.as_str()).collect();
                 if !missed.is_empty() {
@@ -553,10 +558,13 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let started_monotonic_ns = started;
     let injected_code = tracing.as_ref().map(Tracing::code);
     // The kernel's uretprobe trampoline page, and the engine's code.
-    aggregator.set_trampolines([Some(crate::sampling::DEFAULT_PROBE_AREA), injected_code.clone()].into_iter().flatten().collect());
+    aggregator
+        .set_trampolines(std::iter::once(crate::sampling::DEFAULT_PROBE_AREA).chain(injected_code.iter().flatten().cloned()).collect());
     let tracing = tracing.map(crate::inject::tracing::Drainer::spawn);
-    if let (Some(sampler), Some(code)) = (sampler.as_ref(), &injected_code) {
-        sampler.engine_code(pid as u32, code.clone());
+    if let Some(sampler) = sampler.as_ref() {
+        for code in injected_code.iter().flatten() {
+            sampler.engine_code(pid as u32, code.clone());
+        }
     }
     if let Some(progress) = &options.progress {
         progress.pid.store(pid, Ordering::Relaxed);
@@ -930,6 +938,19 @@ fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// Refuses a program that may unwind (an exception, a panic, `backtrace()`)
+/// when an unwinder entry could not be hooked: an unwinder would meet a
+/// hijacked return address.
+fn check_unwinders(engine: &Tracing, functions: &[ProbedFunction]) -> Result<(), RecordError> {
+    if engine.unhooked().is_empty() || functions.iter().all(|f| f.exit_sites.is_none()) {
+        return Ok(());
+    }
+    Err(RecordError::Unsupported(format!(
+        "the in-process engine could not hook {}, and this program may unwind its stack (exceptions, panics, backtrace()): use --engine uprobe",
+        engine.unhooked().join(", ")
+    )))
+}
+
 /// Moves the in-process engine's records into the event stream, as probe hits.
 fn inject_calls(calls: &[crate::inject::tracing::Call], clock: &mut TscClock, pid: i32, generation: u32, reader: &mut EventReader) {
     clock.refresh();
@@ -939,10 +960,13 @@ fn inject_calls(calls: &[crate::inject::tracing::Call], clock: &mut TscClock, pi
         reader.inject(Event::Hit(events::Hit {
             pid: pid as u32,
             tid: call.tid,
-            probe: if call.exit { events::ProbeId::exit(call.function) } else { events::ProbeId::entry(call.function) },
+            probe: match call.kind {
+                CallKind::Exit => events::ProbeId::exit(call.function),
+                CallKind::Entry | CallKind::Catch => events::ProbeId::entry(call.function),
+            },
             // As a uprobe reports it: at an entry where the return address
             // is, after a return just above it.
-            sp: if call.exit { call.slot + 8 } else { call.slot },
+            sp: if call.kind == CallKind::Exit { call.slot + 8 } else { call.slot },
             ret: call.ret,
             cpu: 0,
             generation,

@@ -1,0 +1,97 @@
+//! Where unwinders start reading a thread's stack and where handlers catch.
+//!
+//! A hijacked return address points into the runtime, where no unwind
+//! information is: an unwinder meeting it stops (a C++ exception would
+//! terminate the program, `backtrace()` would come back short). So the
+//! entries of the unwinders are patched too, to put the thread's original
+//! return addresses back first ("unhook"), and the places a handler catches
+//! an exception hijack the live frames' returns again ("rehook"), as
+//! uftrace does through `LD_PRELOAD`; a running process needs its own
+//! patching for it. After a `backtrace()`, the thread's next call rehooks.
+
+use super::patch::Site;
+use super::patcher::Target;
+use crate::procfs::LoadedModule;
+use crate::symbols::ElfImage;
+use object::{Object, ObjectSymbol, SymbolKind};
+
+/// What a hooked entry does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// An unwinder starts: the original return addresses go back.
+    Unhook,
+    /// A handler catches: frames below are gone, the rest are hijacked again.
+    Rehook,
+    /// An unwinder that only reads the stack (`backtrace()`): unhooked at
+    /// its entry, the live frames are hijacked again at its returns.
+    Walk,
+}
+
+/// The entry points, by symbol name.
+const HOOKS: [(&str, Hook); 9] = [
+    ("_Unwind_RaiseException", Hook::Unhook),
+    ("_Unwind_Resume", Hook::Unhook),
+    ("_Unwind_Resume_or_Rethrow", Hook::Unhook),
+    ("_Unwind_ForcedUnwind", Hook::Unhook),
+    ("_Unwind_Backtrace", Hook::Walk),
+    // glibc loads libgcc_s only when these first need it.
+    ("backtrace", Hook::Walk),
+    ("pthread_exit", Hook::Unhook),
+    ("__cxa_begin_catch", Hook::Rehook),
+    // Where a foreign exception caught by Rust's catch_unwind is freed.
+    ("_Unwind_DeleteException", Hook::Rehook),
+];
+
+/// Where a Rust panic caught by `catch_unwind` is freed (a mangled name).
+const RUST_PANIC_CLEANUP: &str = "__rust_panic_cleanup";
+
+/// The hook of the function named `name`, if it is one.
+fn hook_of(name: &str) -> Option<(&'static str, Hook)> {
+    if name.ends_with(RUST_PANIC_CLEANUP) {
+        return Some((RUST_PANIC_CLEANUP, Hook::Rehook));
+    }
+    HOOKS.iter().find(|(n, _)| *n == name).copied()
+}
+
+/// An entry to hook.
+#[derive(Clone, Debug)]
+pub struct HookSite {
+    /// Its symbol.
+    pub name: &'static str,
+    /// What it does.
+    pub hook: Hook,
+    /// Where its code is.
+    pub target: Target,
+}
+
+/// The hook sites defined in `modules`.
+pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
+    let mut sites: Vec<HookSite> = Vec::new();
+    for module in modules {
+        let Ok(image) = ElfImage::open(&module.open_path) else { continue };
+        let (Ok(elf), Ok(segments)) = (image.parse(), image.segments()) else { continue };
+        for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
+            if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.size() == 0 {
+                continue;
+            }
+            let Ok(name) = symbol.name() else { continue };
+            let Some((name, hook)) = hook_of(name) else { continue };
+            let Some(offset) = crate::symbols::file_offset(&segments, crate::addr::VirtAddr(symbol.address())) else {
+                continue;
+            };
+            let duplicate = sites.iter().any(|s| s.target.module == module.path && s.target.address == symbol.address());
+            if !duplicate {
+                let target = Target {
+                    module: module.path.clone(),
+                    open_path: module.open_path.clone(),
+                    address: symbol.address(),
+                    offset: offset.0,
+                    size: symbol.size(),
+                    site: Site::Entry,
+                };
+                sites.push(HookSite { name, hook, target });
+            }
+        }
+    }
+    sites
+}
