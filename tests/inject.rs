@@ -233,3 +233,34 @@ fn other_metrics_are_refused_with_a_reason() {
         .arg("5"));
     assert_clean_failure(&out, "wall and CPU time only");
 }
+
+#[test]
+fn shared_library_functions_are_patched_too() {
+    if !can_probe() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libcounter.so");
+    run_ok(Command::new("gcc").args(["-O2", "-g", "-shared", "-fPIC", "-o"]).arg(&lib).arg(examples().join("libcounter/counter.c")));
+    let uselib = dir.path().join("uselib");
+    run_ok(
+        Command::new("gcc")
+            .args(["-O2", "-g", "-o"])
+            .arg(&uselib)
+            .arg(examples().join("libcounter/main.c"))
+            .arg("-I")
+            .arg(examples().join("libcounter"))
+            .arg(format!("-L{}", dir.path().display()))
+            .arg(format!("-Wl,-rpath,{}", dir.path().display()))
+            .arg("-lcounter"),
+    );
+    let report = profile_like_bare(&uselib, &["-f", "libcounter.so:counter_*", "-f", "main"], &["1000"]);
+    let add = function(&report["functions"], "counter_add");
+    assert_eq!(add["calls"], 1000);
+    assert!(add["module"].as_str().unwrap().ends_with("libcounter.so"), "{add}");
+    // Patched, not probed: no note sends it to uprobes.
+    let notes = report["notes"].as_array().map(|n| n.iter().filter_map(|n| n.as_str()).collect::<Vec<_>>().join("\n")).unwrap_or_default();
+    assert!(!notes.contains("counter_add"), "{notes}");
+    // Its calls nest under main, which the executable's copy of the runtime times.
+    assert_eq!(function(&report["functions"], "main")["unwound"], 0);
+}
