@@ -264,3 +264,30 @@ fn shared_library_functions_are_patched_too() {
     // Its calls nest under main, which the executable's copy of the runtime times.
     assert_eq!(function(&report["functions"], "main")["unwound"], 0);
 }
+
+#[test]
+fn attach_to_a_program_whose_exceptions_cross_patched_frames() {
+    if !can_probe() {
+        return;
+    }
+    for opt in ["-O0", "-O2"] {
+        let mut waiter = Waiter::start(&Build::cxx("waitthrow.cpp", opt).build());
+        assert_eq!(waiter.tick(7), 7);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.profile");
+        let profiler = attach(waiter.pid, &["--engine", "inject", "-f", "tick", "-f", "round_of"], &file);
+        assert_eq!(waiter.tick(1000), 1007);
+        run_ok(Command::new("kill").args(["-INT", &profiler.id().to_string()]));
+        assert!(profiler.wait_with_output().unwrap().status.success());
+        // After detaching, exceptions still find their handlers.
+        assert_eq!(waiter.tick(30), 1037);
+        let (rest, status) = waiter.finish();
+        assert_eq!(rest, "done 1037 caught 103\n", "{opt}");
+        assert!(status.success());
+        let report = report_json(&file);
+        let tick = function(&report["functions"], "tick(long)");
+        assert_eq!((tick["calls"].as_u64(), tick["unwound"].as_u64()), (Some(1000), Some(100)), "{opt}");
+        let round = function(&report["functions"], "round_of(long)");
+        assert_eq!((round["calls"].as_u64(), round["unwound"].as_u64()), (Some(1), Some(0)), "{opt}");
+    }
+}
