@@ -171,19 +171,8 @@ fn a_cpp_function_left_by_a_throw_is_counted_and_stopped() {
     if !can_probe() {
         return;
     }
-    for opt in ["-O0", "-O2"] {
-        let binary = Build::cxx("shapes.cpp", opt).build();
-        // Enough rounds that the first throw (which loads the unwind tables) is a small part.
-        let report = profile_like_bare(&binary, &["--metric", "wall,cpu"], &["2000"]);
-        let check = function(&report["functions"], "checks::check(int)");
-        assert_eq!((check["calls"].as_u64(), check["unwound"].as_u64()), (Some(2000), Some(200)), "{opt}");
-        assert_eq!(function(&report["functions"], "checks::validate(int)")["unwound"], 200, "{opt}");
-        // Stopped at the catch: no call of check lasts anywhere near the whole run.
-        let main = function(&report["functions"], "main");
-        let stat = |f: &serde_json::Value, field: &str| f["inclusive"]["cpu_ns"][field].as_u64().unwrap();
-        assert!(stat(check, "max") < stat(main, "total") / 5, "{opt}: check max {} vs main {}", stat(check, "max"), stat(main, "total"));
-        // The catching frame returns through the trampoline again.
-        assert_eq!((main["unwound"].as_u64(), main["unfinished"].as_u64()), (Some(0), Some(0)), "{opt}");
+    for report in check_throws_are_counted_and_stopped(INJECT) {
+        assert_eq!(report["recording"]["engine"], "inject");
     }
 }
 
@@ -242,18 +231,7 @@ fn shared_library_functions_are_patched_too() {
     let dir = tempfile::tempdir().unwrap();
     let lib = dir.path().join("libcounter.so");
     run_ok(Command::new("gcc").args(["-O2", "-g", "-shared", "-fPIC", "-o"]).arg(&lib).arg(examples().join("libcounter/counter.c")));
-    let uselib = dir.path().join("uselib");
-    run_ok(
-        Command::new("gcc")
-            .args(["-O2", "-g", "-o"])
-            .arg(&uselib)
-            .arg(examples().join("libcounter/main.c"))
-            .arg("-I")
-            .arg(examples().join("libcounter"))
-            .arg(format!("-L{}", dir.path().display()))
-            .arg(format!("-Wl,-rpath,{}", dir.path().display()))
-            .arg("-lcounter"),
-    );
+    let uselib = build_uselib(dir.path());
     let report = profile_like_bare(&uselib, &["-f", "libcounter.so:counter_*", "-f", "main"], &["1000"]);
     let add = function(&report["functions"], "counter_add");
     assert_eq!(add["calls"], 1000);

@@ -240,6 +240,63 @@ pub fn parse_callgrind(text: &str) -> HashMap<String, u64> {
     calls
 }
 
+/// Profiles `shapes.cpp` (every tenth round throws through check() and
+/// validate(), main catches) at -O0 and -O2 with `proftap run ARGS`:
+/// the program's output is its own, check's calls are all counted, those
+/// a throw left are marked unwound and stopped at the catch (no call of
+/// check lasts anywhere near the whole run, in CPU time, which a preemption
+/// on a loaded machine does not inflate), and main returns normally.
+/// Returns the reports.
+pub fn check_throws_are_counted_and_stopped(args: &[&str]) -> Vec<serde_json::Value> {
+    // Enough rounds that the first throw (which loads the unwind tables) is a small part.
+    let rounds = 2000;
+    let mut reports = Vec::new();
+    for opt in ["-O0", "-O2"] {
+        let binary = Build::cxx("shapes.cpp", opt).build();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.profile");
+        let out = run(proftap()
+            .arg("run")
+            .args(args)
+            .args(["--metric", "wall,cpu", "-o"])
+            .arg(&file)
+            .arg("--")
+            .arg(&binary)
+            .arg(rounds.to_string()));
+        assert!(out.status.success(), "{opt}: {}", String::from_utf8_lossy(&out.stderr));
+        let expected = format!("rejected={}", rounds / 10);
+        assert!(String::from_utf8_lossy(&out.stdout).contains(&expected), "{opt}: {}", String::from_utf8_lossy(&out.stdout));
+        let report = report_json(&file);
+        let check = function(&report["functions"], "checks::check(int)");
+        assert_eq!((check["calls"].as_u64(), check["unwound"].as_u64()), (Some(rounds), Some(rounds / 10)), "{opt}");
+        assert_eq!(function(&report["functions"], "checks::validate(int)")["unwound"], rounds / 10, "{opt}");
+        let main = function(&report["functions"], "main");
+        let cpu = |f: &serde_json::Value, field: &str| f["inclusive"]["cpu_ns"][field].as_u64().unwrap();
+        assert!(cpu(check, "max") < cpu(main, "total") / 5, "{opt}: check max {} vs main {}", cpu(check, "max"), cpu(main, "total"));
+        assert_eq!((main["unwound"].as_u64(), main["unfinished"].as_u64()), (Some(0), Some(0)), "{opt}");
+        reports.push(report);
+    }
+    reports
+}
+
+/// Builds `uselib` (`examples/libcounter/main.c`) in `dir`, linked against
+/// the `libcounter.so` already there; returns its path.
+pub fn build_uselib(dir: &Path) -> PathBuf {
+    let uselib = dir.join("uselib");
+    run_ok(
+        Command::new("gcc")
+            .args(["-O2", "-g", "-o"])
+            .arg(&uselib)
+            .arg(examples().join("libcounter/main.c"))
+            .arg("-I")
+            .arg(examples().join("libcounter"))
+            .arg(format!("-L{}", dir.display()))
+            .arg(format!("-Wl,-rpath,{}", dir.display()))
+            .arg("-lcounter"),
+    );
+    uselib
+}
+
 /// A running example program that proftap attaches to: `wait.c`, which
 /// prints `ready PID ADDRESS` and then ticks once per number read from stdin.
 pub struct Waiter {
