@@ -33,6 +33,9 @@ fn call_counts_equal_callgrind() {
         check_calls_against_callgrind(&Build::c("threads.c", opt), &["3", "200"]);
         // Calls a longjmp leaves, and calls made from the slot they used.
         check_calls_against_callgrind(&Build::c("jumps.c", opt), &["300", "3"]);
+        // C++ (templates, virtual calls, a throw through two frames) and Rust.
+        check_calls_against_callgrind(&Build::cxx("shapes.cpp", opt), &["30"]);
+        check_calls_against_callgrind(&Build::rust("calls.rs", opt), &["200"]);
     }
 }
 
