@@ -176,11 +176,15 @@ fn find_slot(a: &mut CodeAssembler, layout: &Layout, claim: bool, missing: CodeL
     Ok(())
 }
 
-/// rcx = the address of shadow stack entry `rax` of slot index r10.
-fn stack_entry(a: &mut CodeAssembler, layout: &Layout) -> Result<(), IcedError> {
+/// rcx = the address of shadow stack entry `rax` of slot index r10 (of
+/// entry `rax - 1`, the top, with `top`). Clobbers rdx.
+fn stack_entry(a: &mut CodeAssembler, layout: &Layout, top: bool) -> Result<(), IcedError> {
     a.mov(rcx, r10)?;
     a.imul_3(rcx, rcx, STACK_DEPTH as i32)?;
     a.add(rcx, rax)?;
+    if top {
+        a.dec(rcx)?;
+    }
     a.shl(rcx, STACK_ENTRY.trailing_zeros() as i32)?;
     a.mov(rdx, layout.stacks())?;
     a.add(rcx, rdx)
@@ -196,9 +200,7 @@ fn drop_below(a: &mut CodeAssembler, layout: &Layout, at_too: bool) -> Result<()
     a.set_label(&mut test)?;
     a.test(rax, rax)?;
     a.jz(done)?;
-    a.dec(rax)?;
-    stack_entry(a, layout)?;
-    a.inc(rax)?;
+    stack_entry(a, layout, true)?;
     a.cmp(qword_ptr(rcx + 8), rdi)?;
     if at_too {
         a.ja(done)?;
@@ -221,7 +223,7 @@ fn rewrite_slots(a: &mut CodeAssembler, layout: &Layout, from: Option<u64>, to: 
     let mut done = a.create_label();
     a.mov(r11, rax)?;
     a.xor(eax, eax)?;
-    stack_entry(a, layout)?;
+    stack_entry(a, layout, false)?;
     a.set_label(&mut next)?;
     a.test(r11, r11)?;
     a.jz(done)?;
@@ -290,13 +292,7 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
     a.mov(rax, qword_ptr(r9 + 16))?;
     a.test(rax, rax)?;
     a.jz(push)?;
-    a.mov(rcx, r10)?;
-    a.imul_3(rcx, rcx, STACK_DEPTH as i32)?;
-    a.add(rcx, rax)?;
-    a.dec(rcx)?;
-    a.shl(rcx, STACK_ENTRY.trailing_zeros() as i32)?;
-    a.mov(rdx, layout.stacks())?;
-    a.add(rcx, rdx)?;
+    stack_entry(&mut a, layout, true)?;
     a.mov(rdx, qword_ptr(rcx + 8))?;
     a.cmp(rdx, rdi)?;
     a.jb(drop_top)?;
@@ -314,12 +310,7 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
     a.cmp(rax, STACK_DEPTH as i32)?;
     a.jae(done)?;
     // Shadow stack entry: stacks + (index * depth + depth) * 32.
-    a.mov(rcx, r10)?;
-    a.imul_3(rcx, rcx, STACK_DEPTH as i32)?;
-    a.add(rcx, rax)?;
-    a.shl(rcx, STACK_ENTRY.trailing_zeros() as i32)?;
-    a.mov(rdx, layout.stacks())?;
-    a.add(rcx, rdx)?;
+    stack_entry(&mut a, layout, false)?;
     a.mov(rdx, qword_ptr(rdi))?;
     a.mov(qword_ptr(rcx), rdx)?;
     a.mov(qword_ptr(rcx + 8), rdi)?;
@@ -341,12 +332,7 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
     a.jz(broken)?;
     a.dec(rax)?;
     a.mov(qword_ptr(r9 + 16), rax)?;
-    a.mov(rcx, r10)?;
-    a.imul_3(rcx, rcx, STACK_DEPTH as i32)?;
-    a.add(rcx, rax)?;
-    a.shl(rcx, STACK_ENTRY.trailing_zeros() as i32)?;
-    a.mov(rdx, layout.stacks())?;
-    a.add(rcx, rdx)?;
+    stack_entry(&mut a, layout, false)?;
     a.cmp(qword_ptr(rcx + 8), rdi)?;
     a.je(matched)?;
     // A deeper frame that never returned (longjmp, exception): dropped.
