@@ -18,17 +18,7 @@ fn stat(f: &Value, kind: &str, metric: &str, field: &str) -> u64 {
 
 /// Our call counts equal callgrind's for every function we instrument.
 fn check_calls_against_callgrind(build: &Build, args: &[&str]) {
-    let binary = build.build();
-    let report = profile_run(EXACT, &[binary.to_str().unwrap()].iter().chain(args).copied().collect::<Vec<_>>());
-    let ours = calls_by_name(&report);
-    let theirs = callgrind_calls(&binary, args);
-    assert!(!ours.is_empty(), "{}: nothing recorded", build.label());
-    for (name, calls) in &ours {
-        // Functions callgrind never saw called have 0.
-        let expected = theirs.get(name).copied().unwrap_or(0);
-        assert_eq!(*calls, expected, "{}: calls of {name}: proftap {calls}, callgrind {expected}", build.label());
-    }
-    assert_eq!(report["lost_events"], 0, "{}", build.label());
+    proftap_tests::check_calls_against_callgrind(EXACT, build, args);
 }
 
 #[test]

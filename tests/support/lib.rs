@@ -240,6 +240,24 @@ pub fn parse_callgrind(text: &str) -> HashMap<String, u64> {
     calls
 }
 
+/// Profiles `build`'s program with `proftap run ARGS -- PROGRAM RUN_ARGS`
+/// and checks that the call count of every function recorded equals
+/// callgrind's (0 for functions callgrind never saw called), with no event
+/// lost. Returns the report.
+pub fn check_calls_against_callgrind(args: &[&str], build: &Build, run_args: &[&str]) -> serde_json::Value {
+    let binary = build.build();
+    let report = profile_run(args, &[binary.to_str().unwrap()].iter().chain(run_args).copied().collect::<Vec<_>>());
+    let ours = calls_by_name(&report);
+    let theirs = callgrind_calls(&binary, run_args);
+    assert!(!ours.is_empty(), "{}: nothing recorded", build.label());
+    for (name, calls) in &ours {
+        let expected = theirs.get(name).copied().unwrap_or(0);
+        assert_eq!(*calls, expected, "{}: calls of {name}: proftap {calls}, callgrind {expected}", build.label());
+    }
+    assert_eq!(report["lost_events"], 0, "{}", build.label());
+    report
+}
+
 /// Profiles `shapes.cpp` (every tenth round throws through check() and
 /// validate(), main catches) at -O0 and -O2 with `proftap run ARGS`:
 /// the program's output is its own, check's calls are all counted, those
