@@ -1,13 +1,12 @@
 //! The session protocol between `proftap session` and `proftapd`: newline
 //! separated JSON messages over a Unix socket (see `docs/PROTOCOL.md`).
 
-use crate::commands::record::{RecordArgs, parse_duration};
+use crate::commands::record::{AttachOptions, RecordArgs};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// The protocol version; a client and a daemon must speak the same.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -32,15 +31,9 @@ pub struct StartArgs {
     /// How to record.
     #[command(flatten)]
     pub record: RecordArgs,
-    /// With --pid: stop after this long (`30s`, `2m`); otherwise at `session stop`.
-    #[arg(long, value_name = "D", value_parser = parse_duration)]
-    pub duration: Option<Duration>,
-    /// With --pid: sample first, then instrument the K hottest functions.
-    #[arg(long, value_name = "K")]
-    pub auto_instrument: Option<usize>,
-    /// How long to sample before --auto-instrument chooses.
-    #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "2s")]
-    pub warmup: Duration,
+    /// With --pid: how long, and what when.
+    #[command(flatten)]
+    pub attach: AttachOptions,
     /// The command to launch and profile, with its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,

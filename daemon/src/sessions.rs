@@ -290,14 +290,7 @@ pub fn start(registry: &Shared, peer: Peer, args: Vec<String>, cwd: PathBuf, env
 fn prepare(start: &StartArgs, peer: &Peer, cwd: PathBuf, env: Vec<String>, limits: Limits) -> Result<Prepared, String> {
     let sentence = |e: anyhow::Error| proftap_cli::output::error_sentence(&e);
     let prepared = match start.pid {
-        Some(pid) => prepare_attach(&AttachArgs {
-            record: start.record.clone(),
-            duration: start.duration,
-            auto_instrument: start.auto_instrument,
-            warmup: start.warmup,
-            pid,
-        })
-        .map_err(sentence)?,
+        Some(pid) => prepare_attach(&AttachArgs { record: start.record.clone(), attach: start.attach.clone(), pid }).map_err(sentence)?,
         None => {
             let launch = Launch {
                 user: (!peer.is_root()).then(|| (peer.uid, peer.gid, access::groups(peer.uid, peer.gid))),

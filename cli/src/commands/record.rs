@@ -127,14 +127,11 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// Arguments of `proftap attach`.
-#[derive(clap::Args)]
-pub struct AttachArgs {
-    /// How to record.
-    #[command(flatten)]
-    pub record: RecordArgs,
-    /// Stop after this long (`30s`, `2m`, `500ms`); otherwise at Ctrl-C,
-    /// SIGTERM or the process's exit.
+/// How long to record a running process, and what to instrument when.
+#[derive(clap::Args, Clone)]
+pub struct AttachOptions {
+    /// Stop after this long (`30s`, `2m`, `500ms`); otherwise when asked to
+    /// (Ctrl-C, SIGTERM, `session stop`) or at the process's exit.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Sample first (see --warmup), then instrument the K hottest functions
@@ -144,6 +141,17 @@ pub struct AttachArgs {
     /// How long to sample before --auto-instrument chooses.
     #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "2s")]
     pub warmup: Duration,
+}
+
+/// Arguments of `proftap attach`.
+#[derive(clap::Args)]
+pub struct AttachArgs {
+    /// How to record.
+    #[command(flatten)]
+    pub record: RecordArgs,
+    /// How long, and what when.
+    #[command(flatten)]
+    pub attach: AttachOptions,
     /// The process to profile.
     pub pid: i32,
 }
@@ -383,7 +391,8 @@ pub fn prepare_run(args: &RunArgs, launch: target::Launch) -> Result<Prepared> {
 
 /// Prepares `proftap attach`.
 pub fn prepare_attach(args: &AttachArgs) -> Result<Prepared> {
-    if args.auto_instrument.is_some() && args.record.no_instrument {
+    let AttachOptions { duration, auto_instrument, warmup } = args.attach;
+    if auto_instrument.is_some() && args.record.no_instrument {
         bail!("--auto-instrument instruments functions after the warm-up; --no-instrument never does: choose one");
     }
     let selection = Selection::parse(&args.record.functions)?;
@@ -394,8 +403,8 @@ pub fn prepare_attach(args: &AttachArgs) -> Result<Prepared> {
     }
     let modules: Vec<(PathBuf, PathBuf)> = loaded.iter().map(|m| (m.path.clone(), m.open_path.clone())).collect();
     let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
-    let auto = args.auto_instrument.map(|k| (k, args.warmup));
-    let options = options(&args.record, metrics, args.duration, &chosen, auto)?;
+    let auto = auto_instrument.map(|k| (k, warmup));
+    let options = options(&args.record, metrics, duration, &chosen, auto)?;
     Ok(Prepared { functions: chosen.functions, spec: TargetSpec::Attach { pid: args.pid }, options, build_id: chosen.build_id })
 }
 
