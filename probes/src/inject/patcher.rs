@@ -82,8 +82,12 @@ pub fn plans(modules: &[LoadedModule], targets: &[Target]) -> (Vec<ModulePlans>,
     let mut groups: Vec<ModulePlans> = Vec::new();
     let mut images: HashMap<PathBuf, Result<ElfImage, String>> = HashMap::new();
     let mut refused = Vec::new();
+    // Targets come many to a module: each module is looked up once.
+    let mut module_of: HashMap<&Path, Option<&LoadedModule>> = HashMap::new();
     for (i, target) in targets.iter().enumerate() {
-        let Some(loaded) = modules.iter().find(|m| same_module(&target.module, &target.open_path, m)) else {
+        let found =
+            *module_of.entry(&target.module).or_insert_with(|| modules.iter().find(|m| same_module(&target.module, &target.open_path, m)));
+        let Some(loaded) = found else {
             refused.push((i, format!("{} is not loaded", target.module.display())));
             continue;
         };

@@ -292,9 +292,15 @@ impl Tracing {
         }
     }
 
-    /// Records dropped because a ring was full.
-    pub fn lost(&self) -> u64 {
-        self.shared.as_ref().map_or(0, |s| (0..runtime::SLOTS).map(|slot| s.load(Layout::control_offset(slot) + control::LOST)).sum())
+    /// Records dropped because a ring was full, by thread (the threads that
+    /// dropped some).
+    pub fn lost(&self) -> Vec<(u32, u64)> {
+        let Some(shared) = &self.shared else { return Vec::new() };
+        (0..runtime::SLOTS)
+            .map(Layout::control_offset)
+            .map(|at| (shared.load(at + control::TID) as u32, shared.load(at + control::LOST)))
+            .filter(|&(_, lost)| lost > 0)
+            .collect()
     }
 
     /// Stops recording and puts the original bytes back. The runtime and

@@ -725,6 +725,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     }
     session.disable();
     reader.drain();
+    let mut engine_lost = 0;
     if let (Some(drainer), Some(clock)) = (tracing, tsc.as_mut()) {
         calls.clear();
         let mut engine = drainer.finish(&mut calls);
@@ -733,10 +734,15 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         }
         engine.drain(&mut calls);
         inject_calls(&calls, clock, pid, session.generation(), &mut reader);
-        if engine.lost() > 0 {
+        // Counted with the kernel's losses, by thread.
+        let now = monotonic_ns();
+        for (tid, count) in engine.lost() {
+            engine_lost += count;
+            reader.inject(Event::Lost { time: now, tid, probe: None, count });
+        }
+        if engine_lost > 0 {
             notes.push(format!(
-                "{} entries and returns were lost because the in-process engine's ring of a thread was full (proftap did not read them fast enough); calls and times of the functions involved are low",
-                engine.lost()
+                "{engine_lost} entries and returns were lost because the in-process engine's ring of a thread was full (proftap did not read them fast enough); calls and times of the functions involved are low",
             ));
         }
     }
@@ -761,13 +767,14 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let mut aggregate = aggregator.finish();
     // The kernel reports a loss as a record only when it next writes to the
     // buffer; the events' own counts also include losses it never reported.
-    if lost_samples > aggregate.lost.events {
-        aggregate.lost.events = lost_samples;
+    if lost_samples + engine_lost > aggregate.lost.events {
+        aggregate.lost.events = lost_samples + engine_lost;
     }
-    if aggregate.lost.events > 0 {
+    let kernel_lost = aggregate.lost.events - engine_lost;
+    if kernel_lost > 0 {
         notes.push(format!(
             "{} lost because a ring buffer was full; calls and times of the functions and threads involved are low (raise --buffer-size)",
-            counted(aggregate.lost.events, "probe hit was", "probe hits were")
+            counted(kernel_lost, "probe hit was", "probe hits were")
         ));
     }
     if aggregate.unwound_frames > 0 {
