@@ -209,12 +209,19 @@ pub fn apply(
     Ok((applied, region..region + room as u64))
 }
 
-/// Puts the original bytes back where our jumps still are.
-pub fn restore(remote: &Remote, applied: &mut Vec<Applied>) -> Result<(), RemoteError> {
+/// Puts the original bytes back where our jumps to the trampolines of the
+/// functions `which` picks still are; those patches leave `applied`. A
+/// thread in a trampoline goes on into the original code after the bytes
+/// the jump replaced, which is an instruction boundary either way.
+pub fn restore(remote: &Remote, applied: &mut Vec<Applied>, which: impl Fn(usize) -> bool) -> Result<(), RemoteError> {
+    let mut kept = Vec::with_capacity(applied.len());
     for a in applied.drain(..) {
-        if remote.read(a.at, a.jump.len())? == a.jump {
+        if !which(a.function) {
+            kept.push(a);
+        } else if remote.read(a.at, a.jump.len())? == a.jump {
             remote.write(a.at, &a.original)?;
         }
     }
+    *applied = kept;
     Ok(())
 }

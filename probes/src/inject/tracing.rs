@@ -9,6 +9,8 @@ use super::remote::{Remote, RemoteError, Shared};
 use super::runtime::{self, Layout, Runtime, control};
 use crate::plan::ProbedFunction;
 use crate::procfs;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One entry or return, as the runtime recorded it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,6 +305,17 @@ impl Tracing {
             .collect()
     }
 
+    /// Puts the original bytes of `functions` back while the process runs
+    /// on: their calls in progress still return through the trampoline and
+    /// are recorded; new calls are not.
+    pub fn unpatch(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
+        if !self.applied.iter().any(|a| functions.contains(&a.function)) {
+            return Ok(());
+        }
+        let remote = Remote::attach(self.pid)?;
+        patcher::restore(&remote, &mut self.applied, |f| functions.contains(&f))
+    }
+
     /// Stops recording and puts the original bytes back. The runtime and
     /// trampolines stay mapped: calls in progress still return through them.
     pub fn detach(&mut self) -> Result<(), RemoteError> {
@@ -312,7 +325,7 @@ impl Tracing {
             return Ok(());
         }
         let remote = Remote::attach(self.pid)?;
-        patcher::restore(&remote, &mut self.applied)?;
+        patcher::restore(&remote, &mut self.applied, |_| true)?;
         if let Some(layout) = &self.layout {
             remote.write(layout.live, &0u64.to_ne_bytes())?;
         }
@@ -330,35 +343,79 @@ impl Drop for Tracing {
 /// rings held (up to a ring per thread).
 const BACKLOG: usize = 8;
 
+/// Decides, from the entries counted so far by function, which functions
+/// to unpatch now (the overhead governor).
+pub type Judge = Box<dyn FnMut(&[u64]) -> Vec<usize> + Send>;
+
+/// Functions unpatched by the judge while the process ran.
+#[derive(Debug)]
+pub struct Unpatched {
+    /// When (CLOCK_MONOTONIC).
+    pub time: u64,
+    /// The functions, with the calls counted until then.
+    pub functions: Vec<(usize, u64)>,
+    /// Why their code could not be restored, if it could not.
+    pub error: Option<String>,
+}
+
 /// Drains a [`Tracing`] on a thread of its own, often enough that the rings
 /// do not fill (a thread calling a tiny function writes tens of millions of
-/// records a second), whatever the recording loop is busy with.
+/// records a second), whatever the recording loop is busy with. Judging
+/// there, as records arrive, takes a hot function's patch out within about
+/// a millisecond: before its records fill the rings.
 pub struct Drainer {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<(Tracing, Option<Vec<Batch>>)>,
     batches: std::sync::mpsc::Receiver<Vec<Batch>>,
+    unpatched: std::sync::mpsc::Receiver<Unpatched>,
+}
+
+/// Adds the entries among `bytes`' records to `entries`, by function.
+fn count_entries(bytes: &[u8], entries: &mut Vec<u64>) {
+    for record in bytes.chunks_exact(runtime::RECORD as usize) {
+        let payload = u64::from_ne_bytes(record[8..16].try_into().unwrap_or_default());
+        if (payload >> 32) as u32 == runtime::ENTRY {
+            let f = payload as u32 as usize;
+            if entries.len() <= f {
+                entries.resize(f + 1, 0);
+            }
+            entries[f] += 1;
+        }
+    }
 }
 
 impl Drainer {
-    /// Starts draining `tracing`.
-    pub fn spawn(mut tracing: Tracing) -> Drainer {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    /// Starts draining `tracing`; `judge`, if any, sees the entries counted
+    /// after each drain and names the functions to unpatch.
+    pub fn spawn(mut tracing: Tracing, mut judge: Option<Judge>) -> Drainer {
+        let stop = Arc::new(AtomicBool::new(false));
         // Bounded: when the recording cannot keep up, records wait in the
         // rings, which drop and count what does not fit, rather than in
         // proftap's memory without end.
         let (send, batches) = std::sync::mpsc::sync_channel(BACKLOG);
+        let (tell, unpatched) = std::sync::mpsc::channel();
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut pending: Option<Vec<Batch>> = None;
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut entries = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
                 let batch = match pending.take() {
                     Some(batch) => batch,
                     None => {
                         let mut batch = Vec::new();
                         tracing.drain_raw(&mut batch);
+                        batch.iter().for_each(|b| count_entries(&b.bytes, &mut entries));
                         batch
                     }
                 };
+                if let Some(judge) = judge.as_mut() {
+                    let over = judge(&entries);
+                    if !over.is_empty() {
+                        let error = tracing.unpatch(&over).err().map(|e| e.to_string());
+                        let functions = over.iter().map(|&f| (f, entries.get(f).copied().unwrap_or(0))).collect();
+                        let _ = tell.send(Unpatched { time: crate::record::monotonic_ns(), functions, error });
+                    }
+                }
                 if !batch.is_empty() {
                     match send.try_send(batch) {
                         Ok(()) => {}
@@ -370,7 +427,7 @@ impl Drainer {
             }
             (tracing, pending)
         });
-        Drainer { stop, thread, batches }
+        Drainer { stop, thread, batches, unpatched }
     }
 
     /// Records drained so far, until `into` holds `max_records` or more: the
@@ -384,9 +441,14 @@ impl Drainer {
         }
     }
 
+    /// Functions the judge had unpatched since the last call.
+    pub fn unpatched(&self) -> Vec<Unpatched> {
+        self.unpatched.try_iter().collect()
+    }
+
     /// Stops draining; gives the engine back with what it had not handed on.
     pub fn finish(self, into: &mut Vec<Call>) -> Tracing {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
         let (tracing, pending) = match self.thread.join() {
             Ok(done) => done,
             Err(panic) => std::panic::resume_unwind(panic),

@@ -257,6 +257,9 @@ pub struct Aggregator {
     /// Per function: returns are seen at its `ret` instructions (true) or by
     /// a return probe (false).
     exit_sites: Vec<bool>,
+    /// Per function: its calls in progress still report their returns after
+    /// its probes go (the in-process engine's trampolines stay).
+    returns_outlive_probes: Vec<bool>,
     /// Line and region following, when lines are recorded.
     lines: Option<LineSetup>,
     /// Functions whose probes were removed during the recording.
@@ -289,6 +292,7 @@ impl Aggregator {
             unwound_frames: 0,
             orphaned_frames: 0,
             exit_sites: vec![false; functions],
+            returns_outlive_probes: vec![false; functions],
             lines: None,
             throttled: vec![false; functions],
             trampolines: Vec::new(),
@@ -310,22 +314,27 @@ impl Aggregator {
         threads.sort_unstable();
         for tid in threads {
             let Some(mut thread) = self.threads.remove(&tid) else { continue };
-            thread.bases.push((generation, thread.on_cpu.clone()));
+            if !thread.bases.iter().any(|b| b.0 == generation) {
+                thread.bases.push((generation, thread.on_cpu.clone()));
+            }
             let mut at = thread.last;
             at[0] = at[0].max(time);
-            while let Some(index) = thread.stack.iter().rposition(|f| removed.contains(&f.function)) {
+            let outlive = std::mem::take(&mut self.returns_outlive_probes);
+            let outlives = |function: u32| outlive.get(function as usize).copied().unwrap_or(false);
+            while let Some(index) = thread.stack.iter().rposition(|f| removed.contains(&f.function) && !outlives(f.function)) {
                 let frame = &thread.stack[index];
                 if frame.ret != 0 && frame.sp != 0 && !self.exit_sites.get(frame.function as usize).copied().unwrap_or(false) {
                     thread.orphan_returns.push((frame.sp, frame.ret));
                 }
                 self.close_at(&mut thread, index, &at, Ending::Unfinished);
             }
-            for frame in thread.stack.iter_mut().filter(|f| !f.pseudo && !f.orphaned) {
+            for frame in thread.stack.iter_mut().filter(|f| !f.pseudo && !f.orphaned && !outlives(f.function)) {
                 if !self.exit_sites.get(frame.function as usize).copied().unwrap_or(false) {
                     frame.orphaned = true;
                     self.orphaned_frames += 1;
                 }
             }
+            self.returns_outlive_probes = outlive;
             self.threads.insert(tid, thread);
         }
     }
@@ -375,6 +384,14 @@ impl Aggregator {
     pub fn set_exit_sites(&mut self, exit_sites: Vec<bool>) {
         if exit_sites.len() == self.functions {
             self.exit_sites = exit_sites;
+        }
+    }
+
+    /// Says which functions keep reporting the returns of calls in progress
+    /// once their probes are gone.
+    pub fn set_returns_outlive_probes(&mut self, outlive: Vec<bool>) {
+        if outlive.len() == self.functions {
+            self.returns_outlive_probes = outlive;
         }
     }
 
@@ -1065,6 +1082,32 @@ mod tests {
         assert_eq!(main.inclusive[1].total, 35);
         assert_eq!((hot.calls, hot.unfinished), (1, 1));
         assert_eq!(hot.inclusive[0].total, 30);
+    }
+
+    #[test]
+    fn unpatched_functions_keep_their_calls_in_progress_until_they_return() {
+        // main(0) calls hot(1), both patched in the process; hot is unpatched
+        // while running, and its return still comes through the trampoline.
+        let mut agg = Aggregator::new(2, 1, None);
+        agg.set_returns_outlive_probes(vec![true, true]);
+        let at = |f: u32, ret: bool, time: u64, sp: u64| {
+            let mut values = [0; MAX_METRICS];
+            values[0] = time;
+            Event::Hit(Hit { pid: 1, tid: 1, probe: probe(f, ret), sp, ret: 0, cpu: 0, generation: 1, values })
+        };
+        agg.push(&at(0, false, 0, 1000));
+        agg.push(&at(1, false, 10, 992));
+        agg.push(&Event::ProbesReplaced { time: 40, generation: 1, removed: vec![1] });
+        agg.push(&at(1, true, 50, 1000));
+        agg.push(&at(0, true, 100, 1008));
+        assert_eq!(agg.throttled(), &[false, true]);
+        let result = agg.finish();
+        assert_eq!(result.orphaned_frames, 0);
+        let thread = &result.threads[0];
+        let stats = |f: u32| thread.functions.iter().find(|s| s.function == f).expect("function");
+        assert_eq!((stats(1).calls, stats(1).unfinished, stats(1).unwound), (1, 0, 0));
+        assert_eq!(stats(1).inclusive[0].total, 40);
+        assert_eq!((stats(0).unfinished, stats(0).inclusive[0].total, stats(0).exclusive[0].total), (0, 100, 60));
     }
 
     #[test]

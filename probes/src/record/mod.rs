@@ -13,7 +13,7 @@ use crate::lines::LinePlan;
 use crate::metrics::{MAX_METRICS, Metric};
 
 use crate::inject::clock::TscClock;
-use crate::inject::tracing::{CallKind, Tracing};
+use crate::inject::tracing::{CallKind, Drainer, Tracing};
 use crate::plan::{EntryKind, ProbedFunction, Role};
 use crate::sampling::{BackgroundSampler, Sampler};
 use crate::target::{self, Ended, Frozen, TargetError};
@@ -128,6 +128,10 @@ impl ProbeCost {
         emulated: CallCost { call_ns: 2_000, call_cpu_ns: 2_000, self_ns: 1_000, self_cpu_ns: 1_000 },
         stepped: CallCost { call_ns: 12_000, call_cpu_ns: 12_000, self_ns: 10_000, self_cpu_ns: 10_000 },
     };
+
+    /// What a call of a function patched by the in-process engine costs
+    /// its caller, about (BENCHMARKS.md: 24 to 27 ns here, entry and return).
+    pub const INJECTED_CALL_NS: u64 = 30;
 
     fn of(&self, kind: EntryKind) -> &CallCost {
         match kind {
@@ -479,8 +483,10 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     if let Some(m) = cpu_from_switches {
         aggregator.set_cpu_from_switches(m);
     }
-    // Patched functions return through the return trampoline, exceptions or not.
+    // Patched functions return through the return trampoline, exceptions or
+    // not, and calls in progress still do once their function is unpatched.
     aggregator.set_exit_sites(functions.iter().zip(&injected).map(|(f, &injected)| f.exit_sites.is_some() && !injected).collect());
+    aggregator.set_returns_outlive_probes(injected[..functions.len()].to_vec());
     if let Some(plan) = &options.lines {
         aggregator.set_lines(LineSetup {
             probes: plan.probes.iter().map(|p| (p.function, p.lines.clone())).collect(),
@@ -560,7 +566,15 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     // The kernel's uretprobe trampoline page, and the engine's code.
     aggregator
         .set_trampolines(std::iter::once(crate::sampling::DEFAULT_PROBE_AREA).chain(injected_code.iter().flatten().cloned()).collect());
-    let tracing = tracing.map(crate::inject::tracing::Drainer::spawn);
+    let judge = options.overhead_budget.map(|budget| {
+        let call_ns = injected[..functions.len()].iter().map(|&injected| if injected { ProbeCost::INJECTED_CALL_NS } else { 0 }).collect();
+        let mut governor = Governor::new(budget, call_ns);
+        Box::new(move |entries: &[u64]| {
+            let elapsed_ns = monotonic_ns().saturating_sub(started_monotonic_ns);
+            governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()
+        }) as crate::inject::tracing::Judge
+    });
+    let tracing = tracing.map(|tracing| Drainer::spawn(tracing, judge));
     if let Some(sampler) = sampler.as_ref() {
         for code in injected_code.iter().flatten() {
             sampler.engine_code(pid as u32, code.clone());
@@ -583,7 +597,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let replacer = Replacer { functions: all, lines: options.lines.as_ref() };
     let mut governor = options.overhead_budget.map(|budget| {
         let cost = options.cost.unwrap_or(ProbeCost::ESTIMATE);
-        Governor::new(budget, functions.iter().map(|f| cost.of(f.entry).call_ns.max(1)).collect())
+        // Patched functions are judged by the drainer, as their records arrive.
+        let call_ns = |(f, &injected): (&ProbedFunction, &bool)| if injected { 0 } else { cost.of(f.entry).call_ns.max(1) };
+        Governor::new(budget, functions.iter().zip(&injected).map(call_ns).collect())
     });
     let mut auto_pending = options.auto_instrument;
     let mut calls = Vec::new();
@@ -617,6 +633,23 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             drainer.take(&mut calls, 1 << 20);
             inject_calls(&calls, clock, pid, session.generation(), &mut reader);
         }
+        // Patched functions the drainer found over budget and unpatched.
+        for unpatched in tracing.as_ref().map(Drainer::unpatched).unwrap_or_default() {
+            let names: Vec<String> =
+                unpatched.functions.iter().map(|&(f, calls)| format!("{} ({calls} calls)", functions[f].info.name)).collect();
+            let note = match unpatched.error {
+                None => {
+                    let removed = unpatched.functions.iter().map(|&(f, _)| f as u32).collect();
+                    reader.inject(Event::ProbesReplaced { time: unpatched.time, generation: session.generation(), removed });
+                    over_budget_note(unpatched.time.saturating_sub(started_monotonic_ns), &names, options)
+                }
+                Some(e) => format!("could not unpatch {}, over the overhead budget: {e}", names.join(", ")),
+            };
+            if let Some(tell) = options.on_probes_changed {
+                tell(&note);
+            }
+            notes.push(note);
+        }
         // Probe-set changes (the governor's, the end of a warm-up) are decided
         // on the hits just read, before the slower ordering and aggregation.
         let elapsed_ns = monotonic_ns().saturating_sub(started_monotonic_ns);
@@ -636,12 +669,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 match replacer.replace(&mut session, &mut reader, &processes, &enabled, over) {
                     Ok(old) => {
                         unregistering.push(old);
-                        let note = format!(
-                            "after {} ms, removed the probes of {}: over the {}% overhead budget; sampled from then on",
-                            elapsed_ns / 1_000_000,
-                            names.join(", "),
-                            options.overhead_budget.unwrap_or_default() * 100.0
-                        );
+                        let note = over_budget_note(elapsed_ns, &names, options);
                         if let Some(tell) = options.on_probes_changed {
                             tell(&note);
                         }
@@ -938,6 +966,16 @@ fn overhead(functions: &[ProbedFunction], calls: &[u64], hits: u64, cost: Option
         call_cpu_ns: cost.stepped.call_cpu_ns,
         self_ns: cost.stepped.self_ns,
     }
+}
+
+/// What the governor did to functions over budget (`names` with their calls).
+fn over_budget_note(elapsed_ns: u64, names: &[String], options: &RecordOptions) -> String {
+    format!(
+        "after {} ms, removed the probes of {}: over the {}% overhead budget; sampled from then on",
+        elapsed_ns / 1_000_000,
+        names.join(", "),
+        options.overhead_budget.unwrap_or_default() * 100.0
+    )
 }
 
 /// "1 call was", "2 calls were".

@@ -102,6 +102,11 @@ impl EventReader {
 
     /// Puts an event of proftap's own into the stream, in time order.
     pub fn inject(&mut self, event: Event) {
+        if let Event::Hit(hit) = &event
+            && hit.probe.kind() == ProbeKind::Entry
+        {
+            count_entry(&mut self.entries, hit.probe.function());
+        }
         self.pending.push(event);
     }
 
@@ -127,11 +132,7 @@ impl EventReader {
                     if let Event::Hit(hit) = &e
                         && hit.probe.kind() == ProbeKind::Entry
                     {
-                        let f = hit.probe.function() as usize;
-                        if entries.len() <= f {
-                            entries.resize(f + 1, 0);
-                        }
-                        entries[f] += 1;
+                        count_entry(entries, hit.probe.function());
                     }
                     pending.push(e)
                 }
@@ -258,4 +259,12 @@ fn decode(
         }
         _ => Decoded::Ignored,
     }
+}
+
+fn count_entry(entries: &mut Vec<u64>, function: u32) {
+    let f = function as usize;
+    if entries.len() <= f {
+        entries.resize(f + 1, 0);
+    }
+    entries[f] += 1;
 }
