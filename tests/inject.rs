@@ -230,6 +230,9 @@ fn shared_library_functions_are_patched_too() {
     let add = function(&report["functions"], "counter_add");
     assert_eq!(add["calls"], 1000);
     assert!(add["module"].as_str().unwrap().ends_with("libcounter.so"), "{add}");
+    // The library's constructor calls counter_reset before the program's
+    // entry point: patched before any constructor runs, it is counted.
+    assert_eq!(function(&report["functions"], "counter_reset")["calls"], 1);
     // Patched, not probed: no note sends it to uprobes.
     let notes = report["notes"].as_array().map(|n| n.iter().filter_map(|n| n.as_str()).collect::<Vec<_>>().join("\n")).unwrap_or_default();
     assert!(!notes.contains("counter_add"), "{notes}");

@@ -18,3 +18,15 @@ long counter_total(void)
 {
     return total;
 }
+
+__attribute__((noinline)) void counter_reset(void)
+{
+    total = 0;
+}
+
+/* Runs when the library is loaded, before the program's entry point: a
+ * call a profiler that starts there would miss. */
+__attribute__((constructor)) static void library_loaded(void)
+{
+    counter_reset();
+}

@@ -3,5 +3,6 @@
 
 void counter_add(long n);
 long counter_total(void);
+void counter_reset(void);
 
 #endif

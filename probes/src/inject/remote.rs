@@ -96,11 +96,13 @@ impl Remote {
         Ok(remote)
     }
 
-    /// A process proftap launched and traces (`PTRACE_O_TRACEEXEC`), held at
-    /// its program's entry point: the dynamic loader has loaded the shared
-    /// libraries and set up thread-local storage, none of the program's own
-    /// code has run. The process runs on, untraced, when the value is dropped.
-    pub fn at_entry(pid: i32) -> Result<Remote, RemoteError> {
+    /// A process proftap launched and traces (`PTRACE_O_TRACEEXEC`), held
+    /// before any constructor runs: where the dynamic loader tells debuggers
+    /// that the libraries are loaded and relocated (`_dl_debug_state` with
+    /// `r_debug.r_state == RT_CONSISTENT`; thread-local storage is set up by
+    /// then), or for a program without a loader, at its entry point. The
+    /// process runs on, untraced, when the value is dropped.
+    pub fn at_start(pid: i32) -> Result<Remote, RemoteError> {
         let tid = Pid::from_raw(pid);
         loop {
             match waitpid(tid, Some(WaitPidFlag::__WALL)) {
@@ -119,38 +121,34 @@ impl Remote {
             .write(true)
             .open(format!("/proc/{pid}/mem"))
             .map_err(io_error(format!("cannot open the memory of process {pid}")))?;
-        // A breakpoint at the entry point, where the loader hands over.
-        let entry = entry_point(pid)?;
-        let mut original = [0u8; 1];
-        mem.read_exact_at(&mut original, entry).map_err(io_error(format!("cannot read the entry point of process {pid}")))?;
-        mem.write_all_at(&[0xcc], entry).map_err(io_error(format!("cannot write the entry point of process {pid}")))?;
-        let mut signal = None;
-        loop {
-            ptrace::cont(tid, signal).map_err(errno("cannot let the program start"))?;
-            match waitpid(tid, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => break,
-                // Its own signals on the way: delivered.
-                Ok(WaitStatus::Stopped(_, other)) => signal = Some(other),
-                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
-                    return Err(RemoteError::Unsupported(format!("process {pid} ended before its program started")));
+        match loader_notice(pid)? {
+            Some(notice) => loop {
+                let regs = run_to(pid, &mem, notice.function)?;
+                let mut state = [0u8; 4];
+                mem.read_exact_at(&mut state, notice.r_debug + R_STATE)
+                    .map_err(io_error(format!("cannot read the loader's state in process {pid}")))?;
+                if u32::from_ne_bytes(state) == RT_CONSISTENT && regs.fs_base != 0 {
+                    break;
                 }
-                Ok(_) => signal = None,
-                Err(e) => return Err(errno("cannot wait for the program to start")(e)),
+                // Not yet (libraries being added): past this call, and on.
+                ptrace::step(tid, None).map_err(errno("cannot step the loader"))?;
+                match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+                    Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => {}
+                    other => return Err(RemoteError::Unsupported(format!("process {pid} did not step in its loader: {other:?}"))),
+                }
+            },
+            None => {
+                let entry = auxv_entry(pid, libc::AT_ENTRY)?
+                    .ok_or_else(|| RemoteError::Unsupported(format!("process {pid} has no entry point in its auxiliary vector")))?;
+                run_to(pid, &mem, entry)?;
             }
         }
-        mem.write_all_at(&original, entry).map_err(io_error(format!("cannot restore the entry point of process {pid}")))?;
-        let mut regs = ptrace::getregs(tid).map_err(errno("cannot read the registers of the program"))?;
-        if regs.rip != entry + 1 {
-            return Err(RemoteError::Unsupported(format!("process {pid} stopped at {:#x}, not at its entry point {entry:#x}", regs.rip)));
-        }
-        regs.rip = entry;
-        ptrace::setregs(tid, regs).map_err(errno("cannot set the registers of the program"))?;
         let threads = crate::target::threads(pid).map_err(io_error(format!("cannot list the threads of process {pid}")))?;
         let remote_threads = threads.len();
         let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let mut remote = Remote { pid, frozen: Frozen::adopt(vec![pid]), caller: tid, syscall_site: 0, mem };
         if remote_threads > 1 {
-            return Err(RemoteError::Unsupported(format!("process {pid} started threads before its program's entry point")));
+            return Err(RemoteError::Unsupported(format!("process {pid} started threads before its libraries were initialized")));
         }
         remote.syscall_site = remote.find_syscall_site(&maps)?;
         Ok(remote)
@@ -357,16 +355,77 @@ impl Remote {
     }
 }
 
-/// The program's entry point, from its auxiliary vector (`AT_ENTRY`).
-fn entry_point(pid: i32) -> Result<u64, RemoteError> {
+/// The value of `key` in the auxiliary vector of process `pid`.
+fn auxv_entry(pid: i32, key: u64) -> Result<Option<u64>, RemoteError> {
     let auxv = std::fs::read(format!("/proc/{pid}/auxv")).map_err(io_error(format!("cannot read /proc/{pid}/auxv")))?;
-    auxv.chunks_exact(16)
+    Ok(auxv
+        .chunks_exact(16)
         .map(|pair| {
             (u64::from_ne_bytes(pair[..8].try_into().unwrap_or_default()), u64::from_ne_bytes(pair[8..].try_into().unwrap_or_default()))
         })
-        .find(|&(key, _)| key == libc::AT_ENTRY)
-        .map(|(_, value)| value)
-        .ok_or_else(|| RemoteError::Unsupported(format!("process {pid} has no entry point in its auxiliary vector")))
+        .find(|&(k, _)| k == key)
+        .map(|(_, value)| value))
+}
+
+/// Offset of `r_state` in glibc's `struct r_debug` (after `r_version`, `r_map`, `r_brk`).
+const R_STATE: u64 = 24;
+/// `r_state` once the loaded objects are consistent (`RT_CONSISTENT`).
+const RT_CONSISTENT: u32 = 0;
+
+/// Where the dynamic loader tells debuggers about loaded objects.
+struct LoaderNotice {
+    /// `_dl_debug_state`, called at each change.
+    function: u64,
+    /// `_r_debug`, which says the state.
+    r_debug: u64,
+}
+
+/// The loader's notice function and state in process `pid`, which has just
+/// executed its program; `None` for a program without a loader (static).
+fn loader_notice(pid: i32) -> Result<Option<LoaderNotice>, RemoteError> {
+    let Some(base) = auxv_entry(pid, libc::AT_BASE)?.filter(|&b| b != 0) else { return Ok(None) };
+    let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+    let Some(path) = maps.iter().find(|m| m.start.0 == base).and_then(|m| m.path.clone()) else { return Ok(None) };
+    let Ok(image) = crate::symbols::ElfImage::open(std::path::Path::new(&path)) else { return Ok(None) };
+    let Ok(elf) = image.parse() else { return Ok(None) };
+    use object::{Object, ObjectSymbol};
+    let lowest = elf.segments().map(|s| object::ObjectSegment::address(&s)).min().unwrap_or(0) & !0xfff;
+    let find = |name: &str| elf.dynamic_symbols().find(|s| s.name() == Ok(name)).map(|s| base + s.address() - lowest);
+    Ok(match (find("_dl_debug_state"), find("_r_debug")) {
+        (Some(function), Some(r_debug)) => Some(LoaderNotice { function, r_debug }),
+        _ => None,
+    })
+}
+
+/// Lets traced process `pid` run to `address` (a breakpoint there, taken
+/// out again) and returns its registers there, its instruction pointer
+/// back on `address`. Its own signals on the way are delivered.
+fn run_to(pid: i32, mem: &File, address: u64) -> Result<libc::user_regs_struct, RemoteError> {
+    let tid = Pid::from_raw(pid);
+    let mut original = [0u8; 1];
+    mem.read_exact_at(&mut original, address).map_err(io_error(format!("cannot read the code of process {pid} at {address:#x}")))?;
+    mem.write_all_at(&[0xcc], address).map_err(io_error(format!("cannot write the code of process {pid} at {address:#x}")))?;
+    let mut signal = None;
+    loop {
+        ptrace::cont(tid, signal).map_err(errno("cannot let the program start"))?;
+        match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => break,
+            Ok(WaitStatus::Stopped(_, other)) => signal = Some(other),
+            Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+                return Err(RemoteError::Unsupported(format!("process {pid} ended before its program started")));
+            }
+            Ok(_) => signal = None,
+            Err(e) => return Err(errno("cannot wait for the program to start")(e)),
+        }
+    }
+    mem.write_all_at(&original, address).map_err(io_error(format!("cannot restore the code of process {pid} at {address:#x}")))?;
+    let mut regs = ptrace::getregs(tid).map_err(errno("cannot read the registers of the program"))?;
+    if regs.rip != address + 1 {
+        return Err(RemoteError::Unsupported(format!("process {pid} stopped at {:#x}, not at {address:#x}", regs.rip)));
+    }
+    regs.rip = address;
+    ptrace::setregs(tid, regs).map_err(errno("cannot set the registers of the program"))?;
+    Ok(regs)
 }
 
 /// Free ranges of `len` bytes between `lowest` and `highest`, nearest the

@@ -116,15 +116,16 @@ impl Tracing {
     }
 
     /// The same for a process proftap launched and traces, from its exec
-    /// to its program's entry point (see [`Remote::at_entry`]).
-    pub fn attach_at_entry(pid: i32, functions: &[ProbedFunction], catch_id: u32) -> Result<Tracing, RemoteError> {
-        let remote = Remote::at_entry(pid)?;
+    /// to the moment its libraries are loaded and none of their
+    /// constructors has run (see [`Remote::at_start`]).
+    pub fn attach_at_start(pid: i32, functions: &[ProbedFunction], catch_id: u32) -> Result<Tracing, RemoteError> {
+        let remote = Remote::at_start(pid)?;
         Tracing::patch(pid, functions, catch_id, Some(remote))
     }
 
-    /// Patches with `remote` holding the process at its entry point, or
+    /// Patches with `remote` holding a launched process at its start, or
     /// (`None`) holding the running process once there is something to patch.
-    fn patch(pid: i32, functions: &[ProbedFunction], catch_id: u32, at_entry: Option<Remote>) -> Result<Tracing, RemoteError> {
+    fn patch(pid: i32, functions: &[ProbedFunction], catch_id: u32, at_start: Option<Remote>) -> Result<Tracing, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         if status.lines().any(|l| l.starts_with("x86_Thread_features:") && l.contains("shstk")) {
@@ -158,7 +159,7 @@ impl Tracing {
             tracing.split_refusals(refused, functions.len(), &hook_sites);
             return Ok(tracing);
         }
-        let remote = match at_entry {
+        let remote = match at_start {
             Some(remote) => remote,
             None => Remote::attach(pid)?,
         };

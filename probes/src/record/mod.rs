@@ -208,6 +208,8 @@ pub struct RecordOptions {
     pub progress: Option<Arc<Progress>>,
     /// How calls are seen.
     pub engine: Engine,
+    /// Notes known before the recording starts (how the engine was chosen).
+    pub notes: Vec<String>,
 }
 
 impl Default for RecordOptions {
@@ -230,6 +232,7 @@ impl Default for RecordOptions {
             on_probes_changed: None,
             progress: None,
             engine: Engine::Uprobe,
+            notes: Vec::new(),
         }
     }
 }
@@ -418,12 +421,14 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     // The in-process engine patches what it can (a running process now, a
     // launched one when it executes the program); uprobes take the rest.
     let mut tracing = None;
-    let mut notes = Vec::new();
+    let mut notes = options.notes.clone();
     // The in-process engine records catches with an id past the measured
     // functions: the aggregator takes any such id for a catch marker.
     let catch_id = functions.len() as u32;
+    // Sampling only, nothing is patched.
+    let engine = if options.sample_only { Engine::Uprobe } else { options.engine };
     let mut refused_by_engine = Vec::new();
-    if options.engine == Engine::Inject {
+    if engine == Engine::Inject {
         if metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
             return Err(RecordError::Unsupported(
                 "the in-process engine measures wall and CPU time only, so far: use --metric wall,cpu".into(),
@@ -450,9 +455,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         for (i, _) in &refused_by_engine {
             patched[*i] = false;
         }
-        all.iter().enumerate().map(|(i, f)| options.engine == Engine::Inject && f.role == Role::Measured && patched[i]).collect()
+        all.iter().enumerate().map(|(i, f)| engine == Engine::Inject && f.role == Role::Measured && patched[i]).collect()
     };
-    let mut tsc = match options.engine {
+    let mut tsc = match engine {
         Engine::Inject => {
             Some(TscClock::new().map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?)
         }
@@ -460,8 +465,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     };
     // With the in-process engine CPU time is wall time minus the time off
     // every CPU, from context switches: perf events count wall time only.
-    let cpu_from_switches = (options.engine == Engine::Inject).then(|| metrics.iter().position(|m| *m == Metric::Cpu)).flatten();
-    let perf_metrics: Vec<Metric> = if options.engine == Engine::Inject { vec![Metric::Wall] } else { metrics.clone() };
+    let cpu_from_switches = (engine == Engine::Inject).then(|| metrics.iter().position(|m| *m == Metric::Cpu)).flatten();
+    let perf_metrics: Vec<Metric> = if engine == Engine::Inject { vec![Metric::Wall] } else { metrics.clone() };
     let mut session = Session::new(&perf_metrics, sampling, options.buffer_bytes);
     session.switches = cpu_from_switches.is_some();
     // With automatic instrumentation, nothing is probed until the warm-up ends.
@@ -470,7 +475,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         .zip(&injected)
         .map(|(f, &injected)| {
             // The in-process engine records catches itself.
-            let recorded = injected || (options.engine == Engine::Inject && f.role == Role::CatchMarker);
+            let recorded = injected || (engine == Engine::Inject && f.role == Role::CatchMarker);
             !recorded && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)
         })
         .collect();
@@ -518,7 +523,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             if let Some(announce) = options.on_started {
                 announce(pid, functions.len());
             }
-            if options.engine == Engine::Inject
+            if engine == Engine::Inject
                 && let Err(e) = nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC)
             {
                 child.abandon();
@@ -527,9 +532,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             // Before the program goes: it may run a while before proftap does.
             started = monotonic_ns();
             child.release()?;
-            if options.engine == Engine::Inject {
-                // Patched when the program and its libraries are in place and none of its code has run.
-                let engine = Tracing::attach_at_entry(pid, functions, catch_id).map_err(|source| RecordError::Inject { pid, source })?;
+            if engine == Engine::Inject {
+                // Patched when the program and its libraries are in place and none of their code has run.
+                let engine = Tracing::attach_at_start(pid, functions, catch_id).map_err(|source| RecordError::Inject { pid, source })?;
                 check_unwinders(&engine, functions)?;
                 let missed: Vec<&str> =
                     engine.refused().iter().filter(|(i, _)| injected[*i]).map(|(i, _)| functions[*i].info.name.as_str()).collect();
@@ -825,6 +830,17 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             if process.pid != pid || attached || exec != &functions_module_name(functions) {
                 notes.push(format!("process {} executed {exec}: probes on the previous program no longer apply to it", process.pid));
             }
+        }
+    }
+    if injected_code.is_some() && options.follow_forks {
+        // The patched code runs on in a forked child, its records disabled.
+        let forked: Vec<String> = aggregate.processes.iter().filter(|p| p.pid != pid).map(|p| p.pid.to_string()).collect();
+        if !forked.is_empty() {
+            notes.push(format!(
+                "calls in forked {} {} are not counted: the in-process engine records only the process it patched (--engine uprobe follows forked processes)",
+                if forked.len() == 1 { "process" } else { "processes" },
+                forked.join(", ")
+            ));
         }
     }
     let mut calls_by_function = vec![0u64; functions.len()];
