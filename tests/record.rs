@@ -1,6 +1,7 @@
-//! `proftap run` and `proftap attach` on real programs: call counts against
-//! callgrind, CPU against wall time, inclusive against exclusive, threads,
-//! attach and detach, a killed profiler, and bad input.
+//! `proftap run` and `proftap attach` on real programs with the uprobe
+//! engine (tests/inject.rs runs them with the in-process one): call counts
+//! against callgrind, CPU against wall time, inclusive against exclusive,
+//! threads, attach and detach, a killed profiler, and bad input.
 #![allow(clippy::unwrap_used)]
 
 use proftap_tests::*;
@@ -9,8 +10,15 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
+/// Calls seen by uprobes.
+const UPROBE: &[&str] = &["--engine", "uprobe"];
 /// Every function instrumented for the whole run: no overhead governor.
-const EXACT: &[&str] = &["--overhead-budget", "0"];
+const EXACT: &[&str] = &["--engine", "uprobe", "--overhead-budget", "0"];
+
+/// `profile_run` with the uprobe engine.
+fn uprobe_run(args: &[&str], command: &[&str]) -> Value {
+    profile_run(&[UPROBE, args].concat(), command)
+}
 
 fn stat(f: &Value, kind: &str, metric: &str, field: &str) -> u64 {
     f[kind][metric][field].as_u64().unwrap_or_else(|| panic!("no {kind}.{metric}.{field} in {f}"))
@@ -130,7 +138,7 @@ fn cpu_time_and_wall_time_are_told_apart() {
     if !can_probe() {
         return;
     }
-    check_cpu_and_wall(&[]);
+    check_cpu_and_wall(UPROBE);
 }
 
 #[test]
@@ -139,7 +147,7 @@ fn threads_have_their_own_counts() {
         return;
     }
     let binary = Build::c("threads.c", "-O2").build();
-    let report = profile_run(&["-f", "work"], &[binary.to_str().unwrap(), "4", "500"]);
+    let report = uprobe_run(&["-f", "work"], &[binary.to_str().unwrap(), "4", "500"]);
     // Thread t calls work (t + 1) * 500 times, the main thread 500 times.
     let mut counts: Vec<u64> =
         report["threads"].as_array().unwrap().iter().map(|t| function(&t["functions"], "work")["calls"].as_u64().unwrap()).collect();
@@ -169,7 +177,8 @@ fn the_program_keeps_its_exit_status_and_output() {
 
 /// Starts `proftap attach ARGS PID` and waits until it says the probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
-    let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child =
+        proftap().arg("attach").arg("-o").arg(file).args(UPROBE).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     stderr.read_line(&mut line).unwrap();
@@ -309,7 +318,10 @@ fn forked_children_are_followed_unless_asked_not_to() {
     }
     let binary = Build::c("forks.c", "-O2").build();
     let b = binary.to_str().unwrap();
+    // A program that calls fork is recorded with uprobes by default: they follow forked processes.
     let report = profile_run(&["-f", "work"], &[b, "300", "70", "/bin/true"]);
+    assert_eq!(report["recording"]["engine"], "uprobe");
+    assert!(report["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("calls fork")), "{}", report["notes"]);
     assert_eq!(calls_by_name(&report)["work"], 370);
     let pids: Vec<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
     assert_eq!(pids.len(), 2, "{pids:?}");
@@ -318,7 +330,9 @@ fn forked_children_are_followed_unless_asked_not_to() {
     assert!(processes.iter().any(|p| p["execs"].as_array().unwrap().iter().any(|e| e == "true")), "{processes:?}");
     assert!(report["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("executed true")), "{}", report["notes"]);
 
+    // Not following them, the in-process engine can be used.
     let report = profile_run(&["-f", "work", "--no-follow-fork"], &[b, "300", "70"]);
+    assert_eq!(report["recording"]["engine"], "inject");
     assert_eq!(calls_by_name(&report)["work"], 300);
 }
 
@@ -375,7 +389,7 @@ fn the_probe_cost_is_measured_reported_and_compensated() {
     let binary = Build::c("calls.c", "-O2").build();
     let b = binary.to_str().unwrap();
     // run() makes 3 * 20000 instrumented calls below it.
-    let raw = profile_run(&["-f", "run", "-f", "left", "-f", "right", "-f", "leaf"], &[b, "20000", "1"]);
+    let raw = uprobe_run(&["-f", "run", "-f", "left", "-f", "right", "-f", "leaf"], &[b, "20000", "1"]);
     let overhead = &raw["overhead"];
     assert!(overhead["per_hit_ns"].as_u64().unwrap() > 0, "{overhead}");
     assert!(overhead["estimated_ns"].as_u64().unwrap() > 0, "{overhead}");
@@ -386,7 +400,7 @@ fn the_probe_cost_is_measured_reported_and_compensated() {
 
     // Measured again now, under the same load as this run (tests run in parallel).
     let compensated =
-        profile_run(&["--compensate", "--recalibrate", "-f", "run", "-f", "left", "-f", "right", "-f", "leaf"], &[b, "20000", "1"]);
+        uprobe_run(&["--compensate", "--recalibrate", "-f", "run", "-f", "left", "-f", "right", "-f", "leaf"], &[b, "20000", "1"]);
     assert_eq!(compensated["overhead"]["compensated"], true);
     let run_ns = stat(function(&compensated["functions"], "run"), "inclusive", "wall_ns", "total");
     assert!(run_ns < raw_run / 2, "compensated run {run_ns} vs raw {raw_run}");

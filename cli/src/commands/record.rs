@@ -29,14 +29,17 @@ pub struct RecordArgs {
     /// Metrics per call, comma-separated: wall, cpu, page-faults,
     /// minor-faults, major-faults, context-switches, cpu-migrations, and
     /// hardware counters (cycles, instructions, ...) where the machine has
-    /// them. Default wall,cpu (--engine inject: wall and cpu only).
+    /// them. Default wall,cpu (the in-process engine: wall and cpu only).
     #[arg(long = "metric", value_name = "LIST")]
     metrics: Vec<String>,
-    /// How calls are seen: `uprobe` (kernel probes on entries and returns)
-    /// or `inject` (jumps patched over function entries to code proftap
-    /// puts in the process: about 25 ns a call instead of microseconds;
-    /// wall and CPU time; functions it cannot patch get uprobes).
-    #[arg(long, value_enum, default_value = "uprobe")]
+    /// How calls are seen: `inject` (jumps patched over function entries to
+    /// code proftap puts in the process: about 25 ns a call; wall and CPU
+    /// time; functions it cannot patch get uprobes), `uprobe` (kernel probes
+    /// on entries and returns: microseconds a call; any metric, line counts,
+    /// forked children), or `auto`: inject unless the recording needs what
+    /// only uprobes do (other metrics, --lines, --region, --compensate,
+    /// --auto-instrument, a program that forks); the profile says which.
+    #[arg(long, value_enum, default_value = "auto")]
     engine: EngineArg,
     /// Where to write the profile (default proftap.profile).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
@@ -97,6 +100,7 @@ pub struct RecordArgs {
 /// How calls are seen (see `--engine`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum EngineArg {
+    Auto,
     Uprobe,
     Inject,
 }
@@ -193,15 +197,16 @@ fn options(
     chosen: &Chosen,
     auto: Option<(usize, Duration)>,
 ) -> Result<RecordOptions> {
+    let (engine, engine_note) = choose_engine(args, &metrics, chosen, auto.is_some());
     Ok(RecordOptions {
         metrics,
         follow_forks: !args.no_follow_fork,
         buffer_bytes: args.buffer_size.clamp(1, 4096) << 20,
         duration,
         // The measured cost is a uprobe's; the in-process engine's is not measured per machine.
-        cost: match args.engine {
-            EngineArg::Uprobe => crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
-            EngineArg::Inject => None,
+        cost: match engine {
+            Engine::Uprobe => crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
+            Engine::Inject => None,
         },
         lines: chosen.lines.clone(),
         sample: match (args.sample, hybrid(args) && !args.no_sample || auto.is_some() || args.no_instrument) {
@@ -224,11 +229,36 @@ fn options(
         on_started: None,
         on_probes_changed: None,
         progress: None,
-        engine: match args.engine {
-            EngineArg::Uprobe => Engine::Uprobe,
-            EngineArg::Inject => Engine::Inject,
-        },
+        engine,
+        notes: engine_note.into_iter().collect(),
     })
+}
+
+/// Symbols a program calls to fork a process that runs on its code.
+const FORKING: &[&str] = &["fork", "_Fork", "daemon", "forkpty"];
+
+/// The engine `--engine` asks for, and with `auto` why it is not the
+/// in-process one when it is not.
+fn choose_engine(args: &RecordArgs, metrics: &[Metric], chosen: &Chosen, auto: bool) -> (Engine, Option<String>) {
+    let why_not_inject = if metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
+        Some("the in-process engine measures wall and CPU time only")
+    } else if chosen.lines.is_some() {
+        Some("line counts and regions are seen by uprobes on lines")
+    } else if args.compensate {
+        Some("--compensate subtracts a measured uprobe cost")
+    } else if auto {
+        Some("--auto-instrument places probes after the warm-up")
+    } else if chosen.forks && !args.no_follow_fork {
+        Some("the program calls fork, and the in-process engine does not record forked processes (--no-follow-fork lets it)")
+    } else {
+        None
+    };
+    match (args.engine, why_not_inject) {
+        (EngineArg::Uprobe, _) => (Engine::Uprobe, None),
+        (EngineArg::Inject, _) => (Engine::Inject, None),
+        (EngineArg::Auto, None) => (Engine::Inject, None),
+        (EngineArg::Auto, Some(why)) => (Engine::Uprobe, Some(format!("calls are seen by uprobes, not the in-process engine: {why}"))),
+    }
 }
 
 /// Tells the user (and scripts waiting for it) that the probes are live.
@@ -249,6 +279,8 @@ struct Chosen {
     build_id: Option<String>,
     exit_mode: ExitMode,
     lines: Option<LinePlan>,
+    /// The executable calls fork (see [`FORKING`]).
+    forks: bool,
 }
 
 /// Symbols of the main executable and of the libraries the patterns name;
@@ -325,7 +357,8 @@ fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordAr
         let measured: Vec<ProbedFunction> = functions.iter().filter(|f| f.role == Role::Measured).cloned().collect();
         plan_lines(&indexes[0], &open_paths[0], &measured, files)
     });
-    Ok(Chosen { functions, build_id: indexes[0].build_id.clone(), exit_mode, lines })
+    let forks = indexes[0].imports.iter().any(|i| FORKING.contains(&i.as_str()));
+    Ok(Chosen { functions, build_id: indexes[0].build_id.clone(), exit_mode, lines, forks })
 }
 
 fn describe_files(files: &LineFiles) -> String {
