@@ -266,3 +266,8 @@ fn attach_to_a_program_whose_exceptions_cross_patched_frames() {
         assert_eq!((round["calls"].as_u64(), round["unwound"].as_u64()), (Some(1), Some(0)), "{opt}");
     }
 }
+
+#[test]
+fn the_call_cost_is_measured_reported_and_compensated() {
+    check_probe_cost_is_measured_and_compensated(&["--engine", "inject"]);
+}

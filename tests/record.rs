@@ -383,27 +383,5 @@ fn lost_text(n: u64) -> String {
 
 #[test]
 fn the_probe_cost_is_measured_reported_and_compensated() {
-    if !can_probe() {
-        return;
-    }
-    let binary = Build::c("calls.c", "-O2").build();
-    let b = binary.to_str().unwrap();
-    // run() makes 3 * 20000 instrumented calls below it.
-    let raw = uprobe_run(&["-f", "run", "-f", "left", "-f", "right", "-f", "leaf"], &[b, "20000", "1"]);
-    let overhead = &raw["overhead"];
-    assert!(overhead["per_hit_ns"].as_u64().unwrap() > 0, "{overhead}");
-    assert!(overhead["estimated_ns"].as_u64().unwrap() > 0, "{overhead}");
-    assert_eq!(overhead["compensated"], false);
-    let raw_run = stat(function(&raw["functions"], "run"), "inclusive", "wall_ns", "total");
-    // The estimate accounts for most of run's time: its own work is tiny.
-    assert!(overhead["estimated_ns"].as_u64().unwrap() > raw_run / 3, "estimate {overhead} vs run {raw_run}");
-
-    // Measured again now, under the same load as this run (tests run in parallel).
-    let compensated =
-        uprobe_run(&["--compensate", "--recalibrate", "-f", "run", "-f", "left", "-f", "right", "-f", "leaf"], &[b, "20000", "1"]);
-    assert_eq!(compensated["overhead"]["compensated"], true);
-    let run_ns = stat(function(&compensated["functions"], "run"), "inclusive", "wall_ns", "total");
-    assert!(run_ns < raw_run / 2, "compensated run {run_ns} vs raw {raw_run}");
-    // Calls are never compensated away.
-    assert_eq!(calls_by_name(&compensated)["leaf"], 40_000);
+    check_probe_cost_is_measured_and_compensated(UPROBE);
 }

@@ -429,6 +429,9 @@ pub struct Overhead {
     pub call_ns_emulated: u64,
     /// Same, for a first instruction the kernel single-steps.
     pub call_ns_stepped: u64,
+    /// Same, for a function patched by the in-process engine.
+    #[serde(default)]
+    pub call_ns_injected: u64,
     /// Calibrated CPU time one instrumented call adds to the thread's task-clock.
     pub call_cpu_ns: u64,
     /// Calibrated inclusive time an empty instrumented function shows.

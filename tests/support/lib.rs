@@ -458,3 +458,36 @@ pub fn check_cpu_and_wall(engine: &[&str]) {
     let min = stat(burn, "inclusive", "cpu_ns", "min");
     assert!(min >= 29 * ms, "burn cpu min {min}, wall {burn_wall}, cpu {burn_cpu}");
 }
+
+/// The cost of an instrumented call is measured, reported, and subtracted
+/// with `--compensate`, with `engine`'s options.
+pub fn check_probe_cost_is_measured_and_compensated(engine: &[&str]) {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("calls.c", "-O2").build();
+    let b = binary.to_str().unwrap();
+    let functions = ["-f", "run", "-f", "left", "-f", "right", "-f", "leaf"];
+    let run_ns = |report: &serde_json::Value| function(&report["functions"], "run")["inclusive"]["wall_ns"]["total"].as_u64().unwrap();
+    // run() makes 3 * 20000 instrumented calls below it.
+    let raw = profile_run(&[engine, &functions].concat(), &[b, "20000", "1"]);
+    let overhead = &raw["overhead"];
+    assert!(overhead["per_hit_ns"].as_u64().unwrap() > 0, "{overhead}");
+    assert!(overhead["estimated_ns"].as_u64().unwrap() > 0, "{overhead}");
+    assert_eq!(overhead["compensated"], false);
+    if raw["recording"]["engine"] == "inject" {
+        assert!(overhead["call_ns_injected"].as_u64().unwrap() > 0, "{overhead}");
+    }
+    let raw_run = run_ns(&raw);
+    // The estimate accounts for most of run's time: its own work is tiny.
+    assert!(overhead["estimated_ns"].as_u64().unwrap() > raw_run / 3, "estimate {overhead} vs run {raw_run}");
+
+    // Measured again now, under the same load as this run (tests run in parallel).
+    let compensated = profile_run(&[engine, &["--compensate", "--recalibrate"], &functions].concat(), &[b, "20000", "1"]);
+    assert_eq!(compensated["overhead"]["compensated"], true);
+    assert_eq!(compensated["recording"]["engine"], raw["recording"]["engine"]);
+    let compensated_run = run_ns(&compensated);
+    assert!(compensated_run < raw_run / 2, "compensated run {compensated_run} vs raw {raw_run}");
+    // Calls are never compensated away.
+    assert_eq!(function(&compensated["functions"], "leaf")["calls"], 40_000);
+}

@@ -37,8 +37,8 @@ pub struct RecordArgs {
     /// time; functions it cannot patch get uprobes), `uprobe` (kernel probes
     /// on entries and returns: microseconds a call; any metric, line counts,
     /// forked children), or `auto`: inject unless the recording needs what
-    /// only uprobes do (other metrics, --lines, --region, --compensate,
-    /// --auto-instrument, a program that forks); the profile says which.
+    /// only uprobes do (other metrics, --lines, --region, --auto-instrument,
+    /// a program that forks); the profile says which.
     #[arg(long, value_enum, default_value = "auto")]
     engine: EngineArg,
     /// Where to write the profile (default proftap.profile).
@@ -203,11 +203,7 @@ fn options(
         follow_forks: !args.no_follow_fork,
         buffer_bytes: args.buffer_size.clamp(1, 4096) << 20,
         duration,
-        // The measured cost is a uprobe's; the in-process engine's is not measured per machine.
-        cost: match engine {
-            Engine::Uprobe => crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
-            Engine::Inject => None,
-        },
+        cost: crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
         lines: chosen.lines.clone(),
         sample: match (args.sample, hybrid(args) && !args.no_sample || auto.is_some() || args.no_instrument) {
             (Some(0), _) => bail!("--sample needs a frequency above 0"),
@@ -244,8 +240,6 @@ fn choose_engine(args: &RecordArgs, metrics: &[Metric], chosen: &Chosen, auto: b
         Some("the in-process engine measures wall and CPU time only")
     } else if chosen.lines.is_some() {
         Some("line counts and regions are seen by uprobes on lines")
-    } else if args.compensate {
-        Some("--compensate subtracts a measured uprobe cost")
     } else if auto {
         Some("--auto-instrument places probes after the warm-up")
     } else if chosen.forks && !args.no_follow_fork {

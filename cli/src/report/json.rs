@@ -58,6 +58,7 @@ pub fn report(profile: &Profile) -> Value {
             "compensated": profile.overhead.compensated,
             "call_ns_emulated": profile.overhead.call_ns_emulated,
             "call_ns_stepped": profile.overhead.call_ns_stepped,
+            "call_ns_injected": profile.overhead.call_ns_injected,
             "call_cpu_ns": profile.overhead.call_cpu_ns,
             "self_ns": profile.overhead.self_ns,
         },

@@ -120,6 +120,9 @@ pub struct ProbeCost {
     pub emulated: CallCost,
     /// Single-stepped first instruction.
     pub stepped: CallCost,
+    /// A function patched by the in-process engine.
+    #[serde(default)]
+    pub injected: CallCost,
 }
 
 impl ProbeCost {
@@ -127,16 +130,16 @@ impl ProbeCost {
     pub const ESTIMATE: ProbeCost = ProbeCost {
         emulated: CallCost { call_ns: 2_000, call_cpu_ns: 2_000, self_ns: 1_000, self_cpu_ns: 1_000 },
         stepped: CallCost { call_ns: 12_000, call_cpu_ns: 12_000, self_ns: 10_000, self_cpu_ns: 10_000 },
+        injected: CallCost { call_ns: 30, call_cpu_ns: 30, self_ns: 15, self_cpu_ns: 15 },
     };
 
-    /// What a call of a function patched by the in-process engine costs
-    /// its caller, about (BENCHMARKS.md: 24 to 27 ns here, entry and return).
-    pub const INJECTED_CALL_NS: u64 = 30;
-
-    fn of(&self, kind: EntryKind) -> &CallCost {
-        match kind {
-            EntryKind::Emulated => &self.emulated,
-            EntryKind::Stepped => &self.stepped,
+    /// What a call of `f` costs: patched by the in-process engine
+    /// (`injected`) or probed by uprobes.
+    fn of(&self, f: &ProbedFunction, injected: bool) -> &CallCost {
+        match (injected, f.entry) {
+            (true, _) => &self.injected,
+            (false, EntryKind::Emulated) => &self.emulated,
+            (false, EntryKind::Stepped) => &self.stepped,
         }
     }
 }
@@ -483,7 +486,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     drop(session.define(&first_set)?);
     let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
 
-    let compensation = options.compensate.then(|| compensation(functions, &metrics, options.cost.unwrap_or_default()));
+    let compensation = options.compensate.then(|| compensation(functions, &injected, &metrics, options.cost.unwrap_or_default()));
     let mut aggregator = Aggregator::new(functions.len(), metrics.len(), compensation);
     if let Some(m) = cpu_from_switches {
         aggregator.set_cpu_from_switches(m);
@@ -571,9 +574,15 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     // The kernel's uretprobe trampoline page, and the engine's code.
     aggregator
         .set_trampolines(std::iter::once(crate::sampling::DEFAULT_PROBE_AREA).chain(injected_code.iter().flatten().cloned()).collect());
+    // What a call costs, for the governor: patched functions are judged by
+    // the drainer, as their records arrive, the others by the recording loop.
+    let call_ns = |patched: bool| -> Vec<u64> {
+        let cost = options.cost.unwrap_or(ProbeCost::ESTIMATE);
+        let call_ns = |(f, &injected): (&ProbedFunction, &bool)| if injected == patched { cost.of(f, injected).call_ns.max(1) } else { 0 };
+        functions.iter().zip(&injected).map(call_ns).collect()
+    };
     let judge = options.overhead_budget.map(|budget| {
-        let call_ns = injected[..functions.len()].iter().map(|&injected| if injected { ProbeCost::INJECTED_CALL_NS } else { 0 }).collect();
-        let mut governor = Governor::new(budget, call_ns);
+        let mut governor = Governor::new(budget, call_ns(true));
         Box::new(move |entries: &[u64]| {
             let elapsed_ns = monotonic_ns().saturating_sub(started_monotonic_ns);
             governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()
@@ -600,12 +609,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let mut consumer =
         Consumer { aggregator, sampler, pid, follow: options.follow_forks, saved: save_to.as_ref().map(|_| Vec::new()), last_event: 0 };
     let replacer = Replacer { functions: all, lines: options.lines.as_ref() };
-    let mut governor = options.overhead_budget.map(|budget| {
-        let cost = options.cost.unwrap_or(ProbeCost::ESTIMATE);
-        // Patched functions are judged by the drainer, as their records arrive.
-        let call_ns = |(f, &injected): (&ProbedFunction, &bool)| if injected { 0 } else { cost.of(f.entry).call_ns.max(1) };
-        Governor::new(budget, functions.iter().zip(&injected).map(call_ns).collect())
-    });
+    let mut governor = options.overhead_budget.map(|budget| Governor::new(budget, call_ns(false)));
     let mut auto_pending = options.auto_instrument;
     let mut calls = Vec::new();
 
@@ -849,7 +853,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             calls_by_function[stats.function as usize] += stats.calls;
         }
     }
-    let overhead = overhead(functions, &calls_by_function, aggregate.hits, options.cost, options.compensate);
+    let overhead = overhead(functions, &injected, &calls_by_function, aggregate.hits, options.cost, options.compensate);
 
     let profile = Profile {
         target: Target {
@@ -951,7 +955,7 @@ fn readable(fd: BorrowedFd<'_>) -> bool {
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
-fn compensation(functions: &[ProbedFunction], metrics: &[Metric], cost: ProbeCost) -> Compensation {
+fn compensation(functions: &[ProbedFunction], injected: &[bool], metrics: &[Metric], cost: ProbeCost) -> Compensation {
     let values = |wall: u64, cpu: u64| -> Values {
         let mut v: Values = [0; MAX_METRICS];
         for (i, m) in metrics.iter().enumerate() {
@@ -964,14 +968,22 @@ fn compensation(functions: &[ProbedFunction], metrics: &[Metric], cost: ProbeCos
         v
     };
     Compensation {
-        call: functions.iter().map(|f| cost.of(f.entry)).map(|c| values(c.call_ns, c.call_cpu_ns)).collect(),
-        own: functions.iter().map(|f| cost.of(f.entry)).map(|c| values(c.self_ns, c.self_cpu_ns)).collect(),
+        call: functions.iter().zip(injected).map(|(f, &i)| cost.of(f, i)).map(|c| values(c.call_ns, c.call_cpu_ns)).collect(),
+        own: functions.iter().zip(injected).map(|(f, &i)| cost.of(f, i)).map(|c| values(c.self_ns, c.self_cpu_ns)).collect(),
     }
 }
 
-fn overhead(functions: &[ProbedFunction], calls: &[u64], hits: u64, cost: Option<ProbeCost>, compensated: bool) -> Overhead {
+fn overhead(
+    functions: &[ProbedFunction],
+    injected: &[bool],
+    calls: &[u64],
+    hits: u64,
+    cost: Option<ProbeCost>,
+    compensated: bool,
+) -> Overhead {
     let Some(cost) = cost else { return Overhead { hits, ..Overhead::default() } };
-    let estimated: u64 = functions.iter().zip(calls).map(|(f, &n)| n.saturating_mul(cost.of(f.entry).call_ns)).sum();
+    let estimated: u64 =
+        functions.iter().zip(injected).zip(calls).map(|((f, &injected), &n)| n.saturating_mul(cost.of(f, injected).call_ns)).sum();
     Overhead {
         per_hit_ns: estimated.checked_div(hits).unwrap_or(0),
         hits,
@@ -979,6 +991,7 @@ fn overhead(functions: &[ProbedFunction], calls: &[u64], hits: u64, cost: Option
         compensated,
         call_ns_emulated: cost.emulated.call_ns,
         call_ns_stepped: cost.stepped.call_ns,
+        call_ns_injected: cost.injected.call_ns,
         call_cpu_ns: cost.stepped.call_cpu_ns,
         self_ns: cost.stepped.self_ns,
     }
