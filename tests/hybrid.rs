@@ -84,6 +84,15 @@ fn a_zero_budget_keeps_every_probe() {
 
 #[test]
 fn attach_auto_instrument_samples_then_counts_the_hottest_functions_exactly() {
+    check_auto_instrument("uprobe");
+}
+
+#[test]
+fn attach_auto_instrument_patches_the_hottest_functions_after_the_warm_up() {
+    check_auto_instrument("inject");
+}
+
+fn check_auto_instrument(engine: &str) {
     if !can_probe() {
         return;
     }
@@ -91,7 +100,7 @@ fn attach_auto_instrument_samples_then_counts_the_hottest_functions_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
     let mut profiler = proftap()
-        .args(["attach", "--auto-instrument", "2", "--warmup", "300ms", "--overhead-budget", "0", "-o"])
+        .args(["attach", "--engine", engine, "--auto-instrument", "2", "--warmup", "300ms", "--overhead-budget", "0", "-o"])
         .arg(&file)
         .arg(waiter.pid.to_string())
         .stderr(Stdio::piped())
@@ -117,6 +126,10 @@ fn attach_auto_instrument_samples_then_counts_the_hottest_functions_exactly() {
     assert_eq!(waiter.tick(1), total + 1);
 
     let report = report_json(&file);
+    assert_eq!(report["recording"]["engine"], engine);
+    // The others were only sampled.
+    let instrumented = report["functions"].as_array().unwrap().iter().filter(|f| f["mode"] == "instrumented").count();
+    assert!(instrumented <= 2, "{}", report["functions"]);
     let tick = function(&report["functions"], "tick");
     assert_eq!((tick["mode"].as_str(), tick["calls"].as_u64()), (Some("instrumented"), Some(1234)));
     let sampled = report["samples"]["functions"].as_array().unwrap().iter().find(|f| f["name"] == "tick").unwrap();

@@ -37,8 +37,8 @@ pub struct RecordArgs {
     /// time; functions it cannot patch get uprobes), `uprobe` (kernel probes
     /// on entries and returns: microseconds a call; any metric, line counts,
     /// forked children), or `auto`: inject unless the recording needs what
-    /// only uprobes do (other metrics, --lines, --region, --auto-instrument,
-    /// a program that forks); the profile says which.
+    /// only uprobes do (other metrics, --lines, --region, a program that
+    /// forks); the profile says which.
     #[arg(long, value_enum, default_value = "auto")]
     engine: EngineArg,
     /// Where to write the profile (default proftap.profile).
@@ -197,7 +197,7 @@ fn options(
     chosen: &Chosen,
     auto: Option<(usize, Duration)>,
 ) -> Result<RecordOptions> {
-    let (engine, engine_note) = choose_engine(args, &metrics, chosen, auto.is_some());
+    let (engine, engine_note) = choose_engine(args, &metrics, chosen);
     Ok(RecordOptions {
         metrics,
         follow_forks: !args.no_follow_fork,
@@ -235,13 +235,11 @@ const FORKING: &[&str] = &["fork", "_Fork", "daemon", "forkpty"];
 
 /// The engine `--engine` asks for, and with `auto` why it is not the
 /// in-process one when it is not.
-fn choose_engine(args: &RecordArgs, metrics: &[Metric], chosen: &Chosen, auto: bool) -> (Engine, Option<String>) {
+fn choose_engine(args: &RecordArgs, metrics: &[Metric], chosen: &Chosen) -> (Engine, Option<String>) {
     let why_not_inject = if metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
         Some("the in-process engine measures wall and CPU time only")
     } else if chosen.lines.is_some() {
         Some("line counts and regions are seen by uprobes on lines")
-    } else if auto {
-        Some("--auto-instrument places probes after the warm-up")
     } else if chosen.forks && !args.no_follow_fork {
         Some("the program calls fork, and the in-process engine does not record forked processes (--no-follow-fork lets it)")
     } else {

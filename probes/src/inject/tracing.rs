@@ -112,7 +112,12 @@ impl Tracing {
     /// are listed by [`Tracing::refused`] and [`Tracing::unhooked`]. A
     /// handler's catch is recorded with function id `catch_id`.
     pub fn attach(pid: i32, functions: &[ProbedFunction], catch_id: u32) -> Result<Tracing, RemoteError> {
-        Tracing::patch(pid, functions, catch_id, None)
+        Tracing::patch(pid, functions, None, catch_id, None)
+    }
+
+    /// The same for the functions `wanted` picks (by index) only.
+    pub fn attach_some(pid: i32, functions: &[ProbedFunction], wanted: &[bool], catch_id: u32) -> Result<Tracing, RemoteError> {
+        Tracing::patch(pid, functions, Some(wanted), catch_id, None)
     }
 
     /// The same for a process proftap launched and traces, from its exec
@@ -120,12 +125,18 @@ impl Tracing {
     /// constructors has run (see [`Remote::at_start`]).
     pub fn attach_at_start(pid: i32, functions: &[ProbedFunction], catch_id: u32) -> Result<Tracing, RemoteError> {
         let remote = Remote::at_start(pid)?;
-        Tracing::patch(pid, functions, catch_id, Some(remote))
+        Tracing::patch(pid, functions, None, catch_id, Some(remote))
     }
 
     /// Patches with `remote` holding a launched process at its start, or
     /// (`None`) holding the running process once there is something to patch.
-    fn patch(pid: i32, functions: &[ProbedFunction], catch_id: u32, at_start: Option<Remote>) -> Result<Tracing, RemoteError> {
+    fn patch(
+        pid: i32,
+        functions: &[ProbedFunction],
+        wanted: Option<&[bool]>,
+        catch_id: u32,
+        at_start: Option<Remote>,
+    ) -> Result<Tracing, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         if status.lines().any(|l| l.starts_with("x86_Thread_features:") && l.contains("shstk")) {
@@ -144,7 +155,13 @@ impl Tracing {
         hook_sites.extend(walkers);
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
-        let (groups, mut refused) = patcher::plans(&modules, &targets);
+        let (mut groups, mut refused) = patcher::plans(&modules, &targets);
+        if let Some(wanted) = wanted {
+            let keep = |i: usize| i >= functions.len() || wanted.get(i).copied().unwrap_or(false);
+            groups.iter_mut().for_each(|g| g.plans.retain(|(i, _)| keep(*i)));
+            groups.retain(|g| !g.plans.is_empty());
+            refused.retain(|(i, _)| keep(*i));
+        }
         let mut tracing = Tracing {
             pid,
             shared: None,

@@ -438,6 +438,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             ));
         }
         match spec {
+            // With automatic instrumentation, the hottest functions are patched after the warm-up.
+            TargetSpec::Attach { .. } if options.auto_instrument.is_some() => refused_by_engine = Tracing::refusals(functions),
             TargetSpec::Attach { pid } => {
                 let engine = Tracing::attach(*pid, functions, catch_id).map_err(|source| RecordError::Inject { pid: *pid, source })?;
                 check_unwinders(&engine, functions)?;
@@ -570,10 +572,15 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         }
     };
     let started_monotonic_ns = started;
-    let injected_code = tracing.as_ref().map(Tracing::code);
+    // Which functions are patched (after the warm-up, with automatic instrumentation).
+    let mut patched: Vec<bool> =
+        if tracing.is_some() || options.auto_instrument.is_none() { injected.clone() } else { vec![false; all.len()] };
+    let mut injected_code = tracing.as_ref().map(Tracing::code);
     // The kernel's uretprobe trampoline page, and the engine's code.
-    aggregator
-        .set_trampolines(std::iter::once(crate::sampling::DEFAULT_PROBE_AREA).chain(injected_code.iter().flatten().cloned()).collect());
+    let trampolines = |code: &Option<Vec<std::ops::Range<u64>>>| -> Vec<std::ops::Range<u64>> {
+        std::iter::once(crate::sampling::DEFAULT_PROBE_AREA).chain(code.iter().flatten().cloned()).collect()
+    };
+    aggregator.set_trampolines(trampolines(&injected_code));
     // What a call costs, for the governor: patched functions are judged by
     // the drainer, as their records arrive, the others by the recording loop.
     let call_ns = |patched: bool| -> Vec<u64> {
@@ -581,14 +588,16 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         let call_ns = |(f, &injected): (&ProbedFunction, &bool)| if injected == patched { cost.of(f, injected).call_ns.max(1) } else { 0 };
         functions.iter().zip(&injected).map(call_ns).collect()
     };
-    let judge = options.overhead_budget.map(|budget| {
-        let mut governor = Governor::new(budget, call_ns(true));
-        Box::new(move |entries: &[u64]| {
-            let elapsed_ns = monotonic_ns().saturating_sub(started_monotonic_ns);
-            governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()
-        }) as crate::inject::tracing::Judge
-    });
-    let tracing = tracing.map(|tracing| Drainer::spawn(tracing, judge));
+    let judge = || {
+        options.overhead_budget.map(|budget| {
+            let mut governor = Governor::new(budget, call_ns(true));
+            Box::new(move |entries: &[u64]| {
+                let elapsed_ns = monotonic_ns().saturating_sub(started_monotonic_ns);
+                governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()
+            }) as crate::inject::tracing::Judge
+        })
+    };
+    let mut tracing = tracing.map(|tracing| Drainer::spawn(tracing, judge()));
     if let Some(sampler) = sampler.as_ref() {
         for code in injected_code.iter().flatten() {
             sampler.engine_code(pid as u32, code.clone());
@@ -695,18 +704,41 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 let hot = consumer.sampler.as_ref().map(BackgroundSampler::hottest).unwrap_or_default();
                 let chosen: Vec<usize> =
                     hot.iter().filter_map(|(name, _, _)| functions.iter().position(|f| &f.info.name == name)).take(count).collect();
-                for &f in &chosen {
+                // Patched where the engine can, probed by uprobes where not.
+                let (to_patch, to_probe): (Vec<usize>, Vec<usize>) = chosen.iter().partition(|&&f| injected[f]);
+                for &f in &to_probe {
                     enabled[f] = true;
                 }
-                let replaced = if chosen.is_empty() {
-                    None
+                let patching = if to_patch.is_empty() {
+                    Ok(())
                 } else {
-                    Some(replacer.replace(&mut session, &mut reader, &processes, &enabled, Vec::new()))
+                    let wanted: Vec<bool> = (0..functions.len()).map(|f| to_patch.contains(&f)).collect();
+                    Tracing::attach_some(pid, functions, &wanted, catch_id)
+                        .map_err(|source| RecordError::Inject { pid, source })
+                        .and_then(|engine| check_unwinders(&engine, functions).map(|()| engine))
+                        .map(|engine| {
+                            for &f in &to_patch {
+                                patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);
+                            }
+                            let code = engine.code();
+                            if let Some(sampler) = consumer.sampler.as_ref() {
+                                code.iter().for_each(|c| sampler.engine_code(pid as u32, c.clone()));
+                            }
+                            injected_code = Some(code);
+                            consumer.aggregator.set_trampolines(trampolines(&injected_code));
+                            tracing = Some(Drainer::spawn(engine, judge()));
+                        })
+                };
+                let replaced = match (chosen.is_empty(), patching) {
+                    (true, _) => None,
+                    (false, Err(e)) => Some(Err(e)),
+                    (false, Ok(())) if to_probe.is_empty() => Some(Ok(None)),
+                    (false, Ok(())) => Some(replacer.replace(&mut session, &mut reader, &processes, &enabled, Vec::new()).map(Some)),
                 };
                 let note = match replaced {
                     None => format!("sampled for {} ms and saw no function to instrument", warmup.as_millis()),
                     Some(Ok(old)) => {
-                        unregistering.push(old);
+                        unregistering.extend(old);
                         format!(
                             "sampled for {} ms, then instrumented the {} hottest functions by sampled inclusive time: {}",
                             warmup.as_millis(),
@@ -889,7 +921,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             .map(|(i, f)| {
                 let mode = if throttled[i] {
                     Mode::Throttled
-                } else if enabled[i] || injected[i] {
+                } else if enabled[i] || patched[i] {
                     Mode::Instrumented
                 } else {
                     Mode::Sampled
