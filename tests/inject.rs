@@ -269,5 +269,29 @@ fn attach_to_a_program_whose_exceptions_cross_patched_frames() {
 
 #[test]
 fn the_call_cost_is_measured_reported_and_compensated() {
-    check_probe_cost_is_measured_and_compensated(&["--engine", "inject"]);
+    check_probe_cost_is_measured_and_compensated(&["--engine", "inject"], 35_000);
+}
+
+#[test]
+fn calls_deeper_than_the_shadow_stack_are_counted_as_lost() {
+    if !can_probe() {
+        return;
+    }
+    let binary = Build::c("deep.c", "-O2").build();
+    // down() nests 9001 deep, twice: the shadow stack holds 8192 frames.
+    let report = profile_run(&["--engine", "inject", "-f", "down"], &[binary.to_str().unwrap(), "9000", "2"]);
+    let untimed = 2 * (9001 - 8192);
+    assert_eq!(function(&report["functions"], "down")["calls"], 2 * 9001 - untimed);
+    assert_eq!(report["lost_events"], 2 * untimed);
+    let notes = report["notes"].to_string();
+    assert!(notes.contains(&format!("{untimed} calls were not timed")), "{notes}");
+    // The JSON tree stops nesting where JSON readers would; the rest is counted.
+    let mut node = &report["tree"];
+    let mut depth = 0;
+    while let Some(child) = node["children"].as_array().and_then(|c| c.first()) {
+        node = child;
+        depth += 1;
+    }
+    assert_eq!(depth, 60);
+    assert!(node["nodes_left_out"].as_u64().unwrap() > 8000, "{node}");
 }

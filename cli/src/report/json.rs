@@ -124,19 +124,40 @@ fn totals(profile: &Profile, values: &[u64]) -> Value {
     Value::Object(profile.metrics.iter().zip(values).map(|(k, v)| (k.clone(), json!(v))).collect())
 }
 
-/// The tree, nested.
+/// How deep the nested tree goes: JSON readers limit nesting (serde_json to
+/// 128 objects and arrays, which a node and its children list take two of),
+/// and deep recursion in the target makes trees thousands of calls deep.
+const TREE_DEPTH: usize = 60;
+
+/// The tree, nested, down to [`TREE_DEPTH`]: a node there lists no children
+/// and says how many nodes below it were left out (its costs include them).
 pub fn tree(profile: &Profile, tree: &CallTree) -> Value {
     let children = tree.children();
-    fn node(profile: &Profile, tree: &CallTree, children: &[Vec<u32>], i: u32) -> Value {
+    fn below(children: &[Vec<u32>], i: u32) -> u64 {
+        let mut count = 0;
+        let mut stack = children[i as usize].clone();
+        while let Some(c) = stack.pop() {
+            count += 1;
+            stack.extend_from_slice(&children[c as usize]);
+        }
+        count
+    }
+    fn node(profile: &Profile, tree: &CallTree, children: &[Vec<u32>], i: u32, depth: usize) -> Value {
         let n = &tree.nodes[i as usize];
         let name = if i == 0 { "<root>" } else { function_name(profile, n.function) };
-        json!({
+        let mut value = json!({
             "name": name,
             "calls": n.calls,
             "inclusive": totals(profile, &n.inclusive),
             "exclusive": totals(profile, &n.exclusive),
-            "children": children[i as usize].iter().map(|&c| node(profile, tree, children, c)).collect::<Vec<_>>(),
-        })
+        });
+        if depth < TREE_DEPTH {
+            value["children"] = children[i as usize].iter().map(|&c| node(profile, tree, children, c, depth + 1)).collect();
+        } else {
+            value["children"] = json!([]);
+            value["nodes_left_out"] = json!(below(children, i));
+        }
+        value
     }
-    node(profile, tree, &children, 0)
+    node(profile, tree, &children, 0, 0)
 }

@@ -23,7 +23,7 @@ pub const CODE_ROOM: usize = 2048;
 /// Threads with a slot; more threads run their calls untimed.
 pub const SLOTS: u64 = 64;
 /// Calls deep a thread's shadow stack goes; deeper calls go untimed.
-pub const STACK_DEPTH: u64 = 512;
+pub const STACK_DEPTH: u64 = 8192;
 /// Bytes of a shadow stack entry: return address, its slot, function.
 pub const STACK_ENTRY: u64 = 32;
 /// Bytes of a thread's entry in the slot table: key, tid, depth, and
@@ -33,8 +33,11 @@ pub const SLOT_BYTES: u64 = 32;
 pub const RING: u64 = 1 << 18;
 /// Bytes of a record: TSC, function and kind, return-address slot, return address.
 pub const RECORD: u64 = 32;
-/// Bytes of a thread's ring control in shared memory: tid, head, tail, lost.
+/// Bytes of a thread's ring control in shared memory: tid, head, tail,
+/// lost, untimed.
 pub const CONTROL: u64 = 64;
+/// Bytes of the shared memory's header, before the ring controls.
+pub const HEADER: u64 = 64;
 
 /// Record kinds.
 pub const ENTRY: u32 = 0;
@@ -56,12 +59,20 @@ pub mod control {
     pub const TAIL: usize = 16;
     /// Records dropped because the ring was full.
     pub const LOST: usize = 24;
+    /// Calls not timed because the thread's shadow stack was full.
+    pub const UNTIMED: usize = 32;
+}
+
+/// Offsets of the shared header's fields.
+pub mod header {
+    /// Calls not timed because every slot was taken by another thread.
+    pub const UNSLOTTED: usize = 0;
 }
 
 /// Bytes of the private memory: slot table and shadow stacks.
 pub const PRIVATE_BYTES: u64 = SLOTS * SLOT_BYTES + SLOTS * STACK_DEPTH * STACK_ENTRY;
-/// Bytes of the shared memory: ring controls, then rings.
-pub const SHARED_BYTES: u64 = SLOTS * CONTROL + SLOTS * RING * RECORD;
+/// Bytes of the shared memory: header, ring controls, then rings.
+pub const SHARED_BYTES: u64 = HEADER + SLOTS * CONTROL + SLOTS * RING * RECORD;
 
 /// Where the runtime's memory is in the target.
 #[derive(Clone, Copy, Debug)]
@@ -70,7 +81,7 @@ pub struct Layout {
     pub private: u64,
     /// The live flag (a page wiped on fork).
     pub live: u64,
-    /// Ring controls, then rings.
+    /// Header, ring controls, then rings.
     pub shared: u64,
 }
 
@@ -82,18 +93,18 @@ impl Layout {
         self.private + SLOTS * SLOT_BYTES
     }
     fn controls(&self) -> u64 {
-        self.shared
+        self.shared + HEADER
     }
     fn rings(&self) -> u64 {
-        self.shared + SLOTS * CONTROL
+        self.shared + HEADER + SLOTS * CONTROL
     }
     /// Offset in the shared memory of slot `slot`'s ring control.
     pub fn control_offset(slot: u64) -> usize {
-        (slot * CONTROL) as usize
+        (HEADER + slot * CONTROL) as usize
     }
     /// Offset in the shared memory of record `n` of slot `slot`'s ring.
     pub fn record_offset(slot: u64, n: u64) -> usize {
-        (SLOTS * CONTROL + (slot * RING + (n & (RING - 1))) * RECORD) as usize
+        (HEADER + SLOTS * CONTROL + (slot * RING + (n & (RING - 1))) * RECORD) as usize
     }
 }
 
@@ -276,7 +287,9 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
     // entry(rdi = return-address slot, esi = function).
     a.set_label(&mut entry)?;
     let mut found = a.create_label();
-    find_slot(&mut a, layout, true, done, &mut found)?;
+    let mut unslotted = a.create_label();
+    let mut too_deep = a.create_label();
+    find_slot(&mut a, layout, true, unslotted, &mut found)?;
     // After an unwinder walked the stack (backtrace()), the frames still
     // live are hijacked again at the thread's next call.
     let mut hooked = a.create_label();
@@ -308,7 +321,7 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
     a.set_label(&mut push)?;
     a.mov(rax, qword_ptr(r9 + 16))?;
     a.cmp(rax, STACK_DEPTH as i32)?;
-    a.jae(done)?;
+    a.jae(too_deep)?;
     // Shadow stack entry: stacks + (index * depth + depth) * 32.
     stack_entry(&mut a, layout, false)?;
     a.mov(rdx, qword_ptr(rdi))?;
@@ -383,6 +396,25 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
     a.ret()?;
     a.set_label(&mut lost)?;
     a.inc(qword_ptr(r11 + control::LOST as i32))?;
+    a.ret()?;
+    // Calls that go untimed are counted, in this process only (a forked
+    // child shares the rings but not the live flag).
+    a.set_label(&mut unslotted)?;
+    a.mov(rax, layout.live)?;
+    a.cmp(qword_ptr(rax), 0i32)?;
+    a.je(done)?;
+    a.mov(rax, layout.shared)?;
+    a.lock().inc(qword_ptr(rax + header::UNSLOTTED as i32))?;
+    a.ret()?;
+    a.set_label(&mut too_deep)?;
+    a.mov(rax, layout.live)?;
+    a.cmp(qword_ptr(rax), 0i32)?;
+    a.je(done)?;
+    a.mov(r11, r10)?;
+    a.shl(r11, CONTROL.trailing_zeros() as i32)?;
+    a.mov(rax, layout.controls())?;
+    a.add(r11, rax)?;
+    a.inc(qword_ptr(r11 + control::UNTIMED as i32))?;
     a.ret()?;
     // No shadow stack entry for a return: nothing to return to.
     a.set_label(&mut broken)?;

@@ -10,7 +10,7 @@ use super::runtime::{self, Layout, Runtime, control};
 use crate::plan::ProbedFunction;
 use crate::procfs;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// One entry or return, as the runtime recorded it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +82,13 @@ pub struct Tracing {
     tails: Vec<u64>,
     /// proftap's code in the process: the runtime and the trampolines, per module.
     code: Vec<std::ops::Range<u64>>,
+    /// The process, held still since it was patched, until the drainer runs
+    /// (see [`Tracing::release`]).
+    held: Option<Remote>,
 }
+
+/// Records copied out of a ring before its tail moves on.
+const DRAIN_PIECE: u64 = 8192;
 
 /// `madvise` advice: zero the page in a forked child.
 const MADV_WIPEONFORK: u64 = 18;
@@ -112,17 +118,21 @@ impl Tracing {
     /// are listed by [`Tracing::refused`] and [`Tracing::unhooked`]. A
     /// handler's catch is recorded with function id `catch_id`.
     pub fn attach(pid: i32, functions: &[ProbedFunction], catch_id: u32) -> Result<Tracing, RemoteError> {
-        Tracing::patch(pid, functions, None, catch_id, None)
+        let mut tracing = Tracing::patch(pid, functions, None, catch_id, None)?;
+        drop(tracing.take_hold());
+        Ok(tracing)
     }
 
-    /// The same for the functions `wanted` picks (by index) only.
-    pub fn attach_some(pid: i32, functions: &[ProbedFunction], wanted: &[bool], catch_id: u32) -> Result<Tracing, RemoteError> {
-        Tracing::patch(pid, functions, Some(wanted), catch_id, None)
+    /// The same for the functions `wanted` picks (by index; all with
+    /// `None`), leaving the process held still until the hold is taken
+    /// ([`Tracing::take_hold`]) and dropped, once a drainer runs.
+    pub fn attach_held(pid: i32, functions: &[ProbedFunction], wanted: Option<&[bool]>, catch_id: u32) -> Result<Tracing, RemoteError> {
+        Tracing::patch(pid, functions, wanted, catch_id, None)
     }
 
     /// The same for a process proftap launched and traces, from its exec
     /// to the moment its libraries are loaded and none of their
-    /// constructors has run (see [`Remote::at_start`]).
+    /// constructors has run (see [`Remote::at_start`]); held as well.
     pub fn attach_at_start(pid: i32, functions: &[ProbedFunction], catch_id: u32) -> Result<Tracing, RemoteError> {
         let remote = Remote::at_start(pid)?;
         Tracing::patch(pid, functions, None, catch_id, Some(remote))
@@ -171,6 +181,7 @@ impl Tracing {
             unhooked: Vec::new(),
             tails: vec![0; runtime::SLOTS as usize],
             code: Vec::new(),
+            held: None,
         };
         if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) {
             tracing.split_refusals(refused, functions.len(), &hook_sites);
@@ -235,7 +246,28 @@ impl Tracing {
         tracing.shared = Some(shared);
         tracing.layout = Some(layout);
         tracing.split_refusals(refused, functions.len(), &hook_sites);
+        tracing.held = Some(remote);
         Ok(tracing)
+    }
+
+    /// The hold on the patched process, to let go of (by dropping it, on
+    /// the thread that patched) once its records are being drained: a
+    /// thread calling a tiny function fills its ring in milliseconds.
+    pub fn take_hold(&mut self) -> Option<Remote> {
+        self.held.take()
+    }
+
+    /// The threads of the process, when it is still held as patched.
+    pub fn held_threads(&self) -> Option<Vec<i32>> {
+        self.held.as_ref().map(Remote::threads)
+    }
+
+    /// The process held still: as patched, or now.
+    fn hold(&mut self) -> Result<Remote, RemoteError> {
+        match self.held.take() {
+            Some(remote) => Ok(remote),
+            None => Remote::attach(self.pid),
+        }
     }
 
     /// Refusals of functions stay refusals; those of hook sites say which
@@ -279,7 +311,7 @@ impl Tracing {
 
     /// Every record written since the last drain, as raw bytes (see
     /// [`parse`]), thread by thread in the order each thread wrote them.
-    pub fn drain_raw(&mut self, into: &mut Vec<Batch>) {
+    pub fn drain_raw(&mut self, into: &mut Vec<Batch>, spare: &mut Vec<Vec<u8>>) {
         let Some(shared) = &self.shared else { return };
         for slot in 0..runtime::SLOTS {
             let at = Layout::control_offset(slot);
@@ -289,16 +321,21 @@ impl Tracing {
                 continue;
             }
             let tid = shared.load(at + control::TID) as u32;
-            let mut bytes = Vec::with_capacity(((head - tail) * runtime::RECORD) as usize);
-            // The ring wraps at most once between tail and head.
+            // A buffer used before: its pages are in place (a fresh one
+            // faults on each, which costs as much as the copy).
+            let mut bytes = spare.pop().unwrap_or_default();
+            bytes.clear();
+            bytes.reserve(((head - tail) * runtime::RECORD) as usize);
+            // A piece at a time, each handed back to the writer as soon as it
+            // is copied: a big copy must not leave the ring full meanwhile.
             let mut n = tail;
             while n < head {
-                let run = (head - n).min(runtime::RING - (n & (runtime::RING - 1)));
+                let run = (head - n).min(runtime::RING - (n & (runtime::RING - 1))).min(DRAIN_PIECE);
                 shared.copy_to(Layout::record_offset(slot, n), (run * runtime::RECORD) as usize, &mut bytes);
                 n += run;
+                shared.store(at + control::TAIL, n);
             }
             self.tails[slot as usize] = head;
-            shared.store(at + control::TAIL, head);
             into.push(Batch { tid, bytes });
         }
     }
@@ -306,7 +343,7 @@ impl Tracing {
     /// Every record written since the last drain, parsed.
     pub fn drain(&mut self, into: &mut Vec<Call>) {
         let mut batches = Vec::new();
-        self.drain_raw(&mut batches);
+        self.drain_raw(&mut batches, &mut Vec::new());
         for batch in &batches {
             parse(batch, into);
         }
@@ -330,8 +367,20 @@ impl Tracing {
         if !self.applied.iter().any(|a| functions.contains(&a.function)) {
             return Ok(());
         }
-        let remote = Remote::attach(self.pid)?;
+        let remote = self.hold()?;
         patcher::restore(&remote, &mut self.applied, |f| functions.contains(&f))
+    }
+
+    /// Calls that were not timed: by thread, those deeper than the shadow
+    /// stack holds; and those of threads that found no free slot.
+    pub fn untimed(&self) -> (Vec<(u32, u64)>, u64) {
+        let Some(shared) = &self.shared else { return (Vec::new(), 0) };
+        let too_deep = (0..runtime::SLOTS)
+            .map(Layout::control_offset)
+            .map(|at| (shared.load(at + control::TID) as u32, shared.load(at + control::UNTIMED)))
+            .filter(|&(_, untimed)| untimed > 0)
+            .collect();
+        (too_deep, shared.load(runtime::header::UNSLOTTED))
     }
 
     /// Stops recording and puts the original bytes back. The runtime and
@@ -342,7 +391,7 @@ impl Tracing {
             self.applied.clear();
             return Ok(());
         }
-        let remote = Remote::attach(self.pid)?;
+        let remote = self.hold()?;
         patcher::restore(&remote, &mut self.applied, |_| true)?;
         if let Some(layout) = &self.layout {
             remote.write(layout.live, &0u64.to_ne_bytes())?;
@@ -357,9 +406,10 @@ impl Drop for Tracing {
     }
 }
 
-/// Drains waiting for the recording loop, at most: each holds what the
-/// rings held (up to a ring per thread).
-const BACKLOG: usize = 8;
+/// Records drained and waiting for the recording loop, at most (32 bytes
+/// each: 256 MiB). A burst of calls faster than proftap aggregates them
+/// (tens of millions a second) waits here instead of overflowing the rings.
+const BACKLOG_RECORDS: u64 = 8 << 20;
 
 /// Decides, from the entries counted so far by function, which functions
 /// to unpatch now (the overhead governor).
@@ -383,9 +433,18 @@ pub struct Unpatched {
 /// a millisecond: before its records fill the rings.
 pub struct Drainer {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<(Tracing, Option<Vec<Batch>>)>,
+    /// Records drained and not yet taken.
+    queued: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<Tracing>,
     batches: std::sync::mpsc::Receiver<Vec<Batch>>,
     unpatched: std::sync::mpsc::Receiver<Unpatched>,
+    /// Buffers read, back to the drainer for reuse.
+    recycle: std::sync::mpsc::Sender<Vec<u8>>,
+}
+
+/// Records in `batches`.
+fn records(batches: &[Batch]) -> u64 {
+    batches.iter().map(|b| b.bytes.len() as u64 / runtime::RECORD).sum()
 }
 
 /// Adds the entries among `bytes`' records to `entries`, by function.
@@ -407,25 +466,31 @@ impl Drainer {
     /// after each drain and names the functions to unpatch.
     pub fn spawn(mut tracing: Tracing, mut judge: Option<Judge>) -> Drainer {
         let stop = Arc::new(AtomicBool::new(false));
-        // Bounded: when the recording cannot keep up, records wait in the
-        // rings, which drop and count what does not fit, rather than in
-        // proftap's memory without end.
-        let (send, batches) = std::sync::mpsc::sync_channel(BACKLOG);
+        // Bounded by BACKLOG_RECORDS: when the recording cannot keep up for
+        // longer, records wait in the rings, which drop and count what does
+        // not fit, rather than in proftap's memory without end.
+        let (send, batches) = std::sync::mpsc::channel::<Vec<Batch>>();
         let (tell, unpatched) = std::sync::mpsc::channel();
+        let (recycle, recycled) = std::sync::mpsc::channel::<Vec<u8>>();
         let flag = stop.clone();
+        let queued = Arc::new(AtomicU64::new(0));
+        let waiting = queued.clone();
         let thread = std::thread::spawn(move || {
-            let mut pending: Option<Vec<Batch>> = None;
+            // Woken promptly even when the program and the recording loop
+            // keep every CPU busy: a ring fills in milliseconds. Only allowed
+            // with CAP_SYS_NICE; without, it runs at the default priority.
+            // SAFETY: plain system calls on this thread.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -10) };
             let mut entries = Vec::new();
+            let mut spare = Vec::new();
             while !flag.load(Ordering::Relaxed) {
-                let batch = match pending.take() {
-                    Some(batch) => batch,
-                    None => {
-                        let mut batch = Vec::new();
-                        tracing.drain_raw(&mut batch);
-                        batch.iter().for_each(|b| count_entries(&b.bytes, &mut entries));
-                        batch
-                    }
-                };
+                let mut batch = Vec::new();
+                // With the backlog full, the records wait in the rings.
+                if waiting.load(Ordering::Relaxed) < BACKLOG_RECORDS {
+                    spare.extend(recycled.try_iter());
+                    tracing.drain_raw(&mut batch, &mut spare);
+                    batch.iter().for_each(|b| count_entries(&b.bytes, &mut entries));
+                }
                 if let Some(judge) = judge.as_mut() {
                     let over = judge(&entries);
                     if !over.is_empty() {
@@ -434,18 +499,21 @@ impl Drainer {
                         let _ = tell.send(Unpatched { time: crate::record::monotonic_ns(), functions, error });
                     }
                 }
+                // A ring an eighth full or more is drained again at once.
+                let busy = batch.iter().any(|b| b.bytes.len() as u64 >= runtime::RING / 8 * runtime::RECORD);
                 if !batch.is_empty() {
-                    match send.try_send(batch) {
-                        Ok(()) => {}
-                        Err(std::sync::mpsc::TrySendError::Full(batch)) => pending = Some(batch),
-                        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => break,
+                    waiting.fetch_add(records(&batch), Ordering::Relaxed);
+                    if send.send(batch).is_err() {
+                        break;
                     }
                 }
-                std::thread::sleep(std::time::Duration::from_micros(500));
+                if !busy {
+                    std::thread::sleep(std::time::Duration::from_micros(500));
+                }
             }
-            (tracing, pending)
+            tracing
         });
-        Drainer { stop, thread, batches, unpatched }
+        Drainer { stop, queued, thread, batches, unpatched, recycle }
     }
 
     /// Records drained so far, until `into` holds `max_records` or more: the
@@ -453,8 +521,10 @@ impl Drainer {
     pub fn take(&self, into: &mut Vec<Call>, max_records: usize) {
         while into.len() < max_records {
             let Ok(batches) = self.batches.try_recv() else { break };
-            for batch in &batches {
-                parse(batch, into);
+            self.queued.fetch_sub(records(&batches), Ordering::Relaxed);
+            for batch in batches {
+                parse(&batch, into);
+                let _ = self.recycle.send(batch.bytes);
             }
         }
     }
@@ -467,12 +537,12 @@ impl Drainer {
     /// Stops draining; gives the engine back with what it had not handed on.
     pub fn finish(self, into: &mut Vec<Call>) -> Tracing {
         self.stop.store(true, Ordering::Relaxed);
-        let (tracing, pending) = match self.thread.join() {
+        let tracing = match self.thread.join() {
             Ok(done) => done,
             Err(panic) => std::panic::resume_unwind(panic),
         };
         // In the order they were drained: the channel's first.
-        for batches in self.batches.try_iter().chain(pending) {
+        for batches in self.batches.try_iter() {
             for batch in &batches {
                 parse(batch, into);
             }

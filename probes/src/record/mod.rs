@@ -441,7 +441,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             // With automatic instrumentation, the hottest functions are patched after the warm-up.
             TargetSpec::Attach { .. } if options.auto_instrument.is_some() => refused_by_engine = Tracing::refusals(functions),
             TargetSpec::Attach { pid } => {
-                let engine = Tracing::attach(*pid, functions, catch_id).map_err(|source| RecordError::Inject { pid: *pid, source })?;
+                let engine =
+                    Tracing::attach_held(*pid, functions, None, catch_id).map_err(|source| RecordError::Inject { pid: *pid, source })?;
                 check_unwinders(&engine, functions)?;
                 refused_by_engine = engine.refused().to_vec();
                 tracing = Some(engine);
@@ -558,8 +559,10 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                     }
                 }
             }
-            let frozen = Frozen::freeze(*pid)?;
-            for tid in frozen.threads() {
+            // Held still already when just patched.
+            let held = tracing.as_ref().and_then(Tracing::held_threads);
+            let frozen = if held.is_some() { None } else { Some(Frozen::freeze(*pid)?) };
+            for tid in held.unwrap_or_else(|| frozen.as_ref().map(Frozen::threads).unwrap_or_default()) {
                 aggregator.name_thread(tid as u32, target::thread_name(*pid, tid));
                 session.open_task(tid, false)?;
             }
@@ -597,7 +600,12 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             }) as crate::inject::tracing::Judge
         })
     };
-    let mut tracing = tracing.map(|tracing| Drainer::spawn(tracing, judge()));
+    let mut tracing = tracing.map(|mut tracing| {
+        let hold = tracing.take_hold();
+        let drainer = Drainer::spawn(tracing, judge());
+        drop(hold);
+        drainer
+    });
     if let Some(sampler) = sampler.as_ref() {
         for code in injected_code.iter().flatten() {
             sampler.engine_code(pid as u32, code.clone());
@@ -713,10 +721,10 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                     Ok(())
                 } else {
                     let wanted: Vec<bool> = (0..functions.len()).map(|f| to_patch.contains(&f)).collect();
-                    Tracing::attach_some(pid, functions, &wanted, catch_id)
+                    Tracing::attach_held(pid, functions, Some(&wanted), catch_id)
                         .map_err(|source| RecordError::Inject { pid, source })
                         .and_then(|engine| check_unwinders(&engine, functions).map(|()| engine))
-                        .map(|engine| {
+                        .map(|mut engine| {
                             for &f in &to_patch {
                                 patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);
                             }
@@ -726,7 +734,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                             }
                             injected_code = Some(code);
                             consumer.aggregator.set_trampolines(trampolines(&injected_code));
+                            let hold = engine.take_hold();
                             tracing = Some(Drainer::spawn(engine, judge()));
+                            drop(hold);
                         })
                 };
                 let replaced = match (chosen.is_empty(), patching) {
@@ -812,6 +822,25 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         if engine_lost > 0 {
             notes.push(format!(
                 "{engine_lost} entries and returns were lost because the in-process engine's ring of a thread was full (proftap did not read them fast enough); calls and times of the functions involved are low",
+            ));
+        }
+        // Untimed calls: an entry and a return each, lost.
+        let (too_deep, unslotted) = engine.untimed();
+        for &(tid, calls) in &too_deep {
+            engine_lost += 2 * calls;
+            reader.inject(Event::Lost { time: now, tid, probe: None, count: 2 * calls });
+        }
+        if unslotted > 0 {
+            engine_lost += 2 * unslotted;
+            reader.inject(Event::Lost { time: now, tid: 0, probe: None, count: 2 * unslotted });
+        }
+        let deep: u64 = too_deep.iter().map(|&(_, calls)| calls).sum();
+        if deep + unslotted > 0 {
+            notes.push(format!(
+                "{} not timed by the in-process engine ({deep} deeper than the {} nested calls a thread's shadow stack holds, {unslotted} in threads beyond the {} it times at once); counted as lost entries and returns, calls of the functions involved are low",
+                counted(deep + unslotted, "call was", "calls were"),
+                crate::inject::runtime::STACK_DEPTH,
+                crate::inject::runtime::SLOTS,
             ));
         }
     }
