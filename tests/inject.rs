@@ -66,11 +66,20 @@ fn per_thread_counts() {
         return;
     }
     let binary = Build::c("threads.c", "-O2").build();
-    let report = profile_run(&["--engine", "inject", "-f", "work"], &[binary.to_str().unwrap(), "4", "500"]);
-    let mut counts: Vec<u64> =
-        report["threads"].as_array().unwrap().iter().map(|t| function(&t["functions"], "work")["calls"].as_u64().unwrap()).collect();
-    counts.sort();
-    assert_eq!(counts, vec![500, 500, 1000, 1500, 2000]);
+    // At once, and one after the other: then each thread gets the stack and
+    // thread control block of the one before, and still counts as itself.
+    for serial in [&[][..], &["serial"]] {
+        let args = [&[binary.to_str().unwrap(), "4", "500"][..], serial].concat();
+        let report = profile_run(&["--engine", "inject", "-f", "work"], &args);
+        let threads = report["threads"].as_array().unwrap();
+        let mut counts: Vec<u64> = threads.iter().map(|t| function(&t["functions"], "work")["calls"].as_u64().unwrap()).collect();
+        counts.sort();
+        assert_eq!(counts, vec![500, 500, 1000, 1500, 2000], "{serial:?}");
+        let mut tids: Vec<i64> = threads.iter().map(|t| t["tid"].as_i64().unwrap()).collect();
+        tids.sort();
+        tids.dedup();
+        assert_eq!(tids.len(), 5, "{serial:?}: {tids:?}");
+    }
 }
 
 #[test]

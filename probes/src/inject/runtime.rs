@@ -39,6 +39,12 @@ pub const CONTROL: u64 = 64;
 /// Bytes of the shared memory's header, before the ring controls.
 pub const HEADER: u64 = 64;
 
+/// Where in a record's second word the kind is (the function is in the
+/// low 32 bits, the thread's id above the kind).
+pub const KIND_SHIFT: u32 = 32;
+/// Where the thread's id is in a record's second word.
+pub const TID_SHIFT: u32 = 40;
+
 /// Record kinds.
 pub const ENTRY: u32 = 0;
 /// A return.
@@ -83,6 +89,10 @@ pub struct Layout {
     pub live: u64,
     /// Header, ring controls, then rings.
     pub shared: u64,
+    /// Where the C library keeps a thread's id in its thread control block
+    /// (an offset from the thread pointer), when known: a thread that gets
+    /// the block of one that ended is told apart by it.
+    pub tcb_tid: Option<i32>,
 }
 
 impl Layout {
@@ -290,6 +300,23 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
     let mut unslotted = a.create_label();
     let mut too_deep = a.create_label();
     find_slot(&mut a, layout, true, unslotted, &mut found)?;
+    if let Some(offset) = layout.tcb_tid {
+        // A thread in the slot of one that ended (the C library gave it the
+        // same thread control block): the slot is its own from now on.
+        let mut same = a.create_label();
+        a.mov(eax, dword_ptr(offset).fs())?;
+        a.cmp(eax, dword_ptr(r9 + 8))?;
+        a.je(same)?;
+        a.mov(qword_ptr(r9 + 8), rax)?;
+        a.mov(qword_ptr(r9 + 16), 0i32)?;
+        a.mov(qword_ptr(r9 + UNHOOKED), 0i32)?;
+        a.mov(rcx, r10)?;
+        a.shl(rcx, CONTROL.trailing_zeros() as i32)?;
+        a.mov(rdx, layout.controls())?;
+        a.add(rcx, rdx)?;
+        a.mov(qword_ptr(rcx + control::TID as i32), rax)?;
+        a.set_label(&mut same)?;
+    }
     // After an unwinder walked the stack (backtrace()), the frames still
     // live are hijacked again at the thread's next call.
     let mut hooked = a.create_label();
@@ -360,8 +387,11 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
 
     // record(esi = function, ecx = kind, rdi = slot, r8 = return address, r10 = index).
     a.set_label(&mut record)?;
-    a.shl(rcx, 32)?;
+    a.shl(rcx, KIND_SHIFT as i32)?;
     a.or(rsi, rcx)?;
+    a.mov(rax, qword_ptr(r9 + 8))?;
+    a.shl(rax, TID_SHIFT as i32)?;
+    a.or(rsi, rax)?;
     a.mov(rax, layout.live)?;
     a.cmp(qword_ptr(rax), 0i32)?;
     a.je(done)?;
@@ -532,7 +562,7 @@ mod tests {
 
     #[test]
     fn the_runtime_assembles_and_knows_its_return_trampoline() {
-        let layout = Layout { private: 0x10_0000, live: 0x20_0000, shared: 0x30_0000 };
+        let layout = Layout { private: 0x10_0000, live: 0x20_0000, shared: 0x30_0000, tcb_tid: Some(0x2d0) };
         let rt = assemble(0x40_0000, &layout, None).expect("assembles");
         assert!(rt.code.len() <= CODE_ROOM, "{} bytes", rt.code.len());
         assert_eq!(rt.entry, 0x40_0000);

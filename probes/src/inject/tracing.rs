@@ -54,11 +54,12 @@ pub fn parse(batch: &Batch, into: &mut Vec<Call>) {
     let word = |r: &[u8], i: usize| u64::from_ne_bytes(r[8 * i..8 * i + 8].try_into().unwrap_or_default());
     for record in batch.bytes.chunks_exact(runtime::RECORD as usize) {
         let payload = word(record, 1);
+        let tid = (payload >> runtime::TID_SHIFT) as u32;
         into.push(Call {
-            tid: batch.tid,
+            tid: if tid != 0 { tid } else { batch.tid },
             tsc: word(record, 0),
             function: payload as u32,
-            kind: match (payload >> 32) as u32 {
+            kind: match (payload >> runtime::KIND_SHIFT) as u8 as u32 {
                 runtime::ENTRY => CallKind::Entry,
                 runtime::EXIT => CallKind::Exit,
                 _ => CallKind::Catch,
@@ -85,6 +86,26 @@ pub struct Tracing {
     /// The process, held still since it was patched, until the drainer runs
     /// (see [`Tracing::release`]).
     held: Option<Remote>,
+}
+
+/// Where the C library keeps a thread's id in its thread control block:
+/// the offset from the thread pointer that holds each held thread's id
+/// (glibc's `struct pthread` puts it at 0x2d0 on x86-64; found, not assumed).
+fn tcb_tid_offset(remote: &Remote) -> Option<i32> {
+    const SEARCHED: usize = 0x800;
+    let mut candidates: Option<Vec<usize>> = None;
+    for tid in remote.threads() {
+        let fs_base = remote.regs(tid).ok()?.fs_base;
+        let block = remote.read(fs_base, SEARCHED).ok()?;
+        let here: Vec<usize> = (8..SEARCHED).step_by(4).filter(|&o| block[o..o + 4] == (tid as u32).to_ne_bytes()).collect();
+        candidates = Some(match candidates {
+            None => here,
+            Some(before) => before.into_iter().filter(|o| here.contains(o)).collect(),
+        });
+    }
+    let candidates = candidates?;
+    let preferred = if candidates.contains(&0x2d0) { Some(0x2d0) } else { candidates.first().copied() };
+    preferred.map(|o| o as i32)
 }
 
 /// Records copied out of a ring before its tail moves on.
@@ -204,7 +225,7 @@ impl Tracing {
         let live = remote.syscall("mmap", libc::SYS_mmap, [0, 4096, read_write, anonymous, u64::MAX, 0])?;
         remote.syscall("madvise", libc::SYS_madvise, [live, 4096, MADV_WIPEONFORK, 0, 0, 0])?;
         let shared = remote.share(runtime::SHARED_BYTES as usize, None)?;
-        let layout = Layout { private, live, shared: shared.remote };
+        let layout = Layout { private, live, shared: shared.remote, tcb_tid: tcb_tid_offset(&remote) };
         // A copy of the runtime near each module's code (trampolines reach
         // it with rel32 calls); every copy hijacks returns to the first
         // copy's return trampoline, the one address unwinders are kept from.
@@ -451,7 +472,7 @@ fn records(batches: &[Batch]) -> u64 {
 fn count_entries(bytes: &[u8], entries: &mut Vec<u64>) {
     for record in bytes.chunks_exact(runtime::RECORD as usize) {
         let payload = u64::from_ne_bytes(record[8..16].try_into().unwrap_or_default());
-        if (payload >> 32) as u32 == runtime::ENTRY {
+        if (payload >> runtime::KIND_SHIFT) as u8 as u32 == runtime::ENTRY {
             let f = payload as u32 as usize;
             if entries.len() <= f {
                 entries.resize(f + 1, 0);
