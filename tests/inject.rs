@@ -304,3 +304,27 @@ fn calls_deeper_than_the_shadow_stack_are_counted_as_lost() {
     assert_eq!(depth, 60);
     assert!(node["nodes_left_out"].as_u64().unwrap() > 8000, "{node}");
 }
+
+#[test]
+fn the_default_engine_is_this_one_unless_the_recording_needs_uprobes() {
+    if !can_probe() {
+        return;
+    }
+    let calls = Build::c("calls.c", "-O2").build();
+    let calls = calls.to_str().unwrap();
+    let engine = |args: &[&str], command: &[&str]| {
+        let report = profile_run(args, command);
+        let note =
+            report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).find(|n| n.starts_with("calls are seen by uprobes"));
+        (report["recording"]["engine"].as_str().unwrap().to_string(), note.unwrap_or_default().to_string())
+    };
+    assert_eq!(engine(&["-f", "leaf"], &[calls, "10", "3"]), ("inject".into(), String::new()));
+    let (chosen, why) = engine(&["-f", "leaf", "--metric", "wall,page-faults"], &[calls, "10", "3"]);
+    assert!(chosen == "uprobe" && why.contains("wall and CPU time only"), "{chosen}: {why}");
+    let (chosen, why) = engine(&["--lines"], &[calls, "10", "3"]);
+    assert!(chosen == "uprobe" && why.contains("line counts"), "{chosen}: {why}");
+    // A cancelled thread is unwound by libgcc_s, which glibc loads only then.
+    let cancel = Build::c("cancel.c", "-O2").build();
+    let (chosen, why) = engine(&["-f", "wait_here"], &[cancel.to_str().unwrap()]);
+    assert!(chosen == "uprobe" && why.contains("pthread_cancel"), "{chosen}: {why}");
+}

@@ -38,7 +38,7 @@ pub struct RecordArgs {
     /// on entries and returns: microseconds a call; any metric, line counts,
     /// forked children), or `auto`: inject unless the recording needs what
     /// only uprobes do (other metrics, --lines, --region, a program that
-    /// forks); the profile says which.
+    /// forks or cancels threads); the profile says which.
     #[arg(long, value_enum, default_value = "auto")]
     engine: EngineArg,
     /// Where to write the profile (default proftap.profile).
@@ -242,6 +242,10 @@ fn choose_engine(args: &RecordArgs, metrics: &[Metric], chosen: &Chosen) -> (Eng
         Some("line counts and regions are seen by uprobes on lines")
     } else if chosen.forks && !args.no_follow_fork {
         Some("the program calls fork, and the in-process engine does not record forked processes (--no-follow-fork lets it)")
+    } else if chosen.cancels_unhooked {
+        Some(
+            "the program calls pthread_cancel, and libgcc_s, which unwinds a cancelled thread, is loaded only then, too late for the in-process engine to hook it",
+        )
     } else {
         None
     };
@@ -273,6 +277,9 @@ struct Chosen {
     lines: Option<LinePlan>,
     /// The executable calls fork (see [`FORKING`]).
     forks: bool,
+    /// The executable calls `pthread_cancel` and no module loaded from the
+    /// start unwinds a cancelled thread (glibc loads libgcc_s on demand).
+    cancels_unhooked: bool,
 }
 
 /// Symbols of the main executable and of the libraries the patterns name;
@@ -350,7 +357,9 @@ fn choose(selection: &Selection, modules: &[(PathBuf, PathBuf)], args: &RecordAr
         plan_lines(&indexes[0], &open_paths[0], &measured, files)
     });
     let forks = indexes[0].imports.iter().any(|i| FORKING.contains(&i.as_str()));
-    Ok(Chosen { functions, build_id: indexes[0].build_id.clone(), exit_mode, lines, forks })
+    let cancels_unhooked = indexes[0].imports.iter().any(|i| i == "pthread_cancel")
+        && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
+    Ok(Chosen { functions, build_id: indexes[0].build_id.clone(), exit_mode, lines, forks, cancels_unhooked })
 }
 
 fn describe_files(files: &LineFiles) -> String {
