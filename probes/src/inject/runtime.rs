@@ -184,10 +184,7 @@ fn find_slot(a: &mut CodeAssembler, layout: &Layout, claim: bool, missing: CodeL
         a.pop(rsi)?;
         a.pop(rdi)?;
         a.mov(qword_ptr(r9 + 8), rax)?;
-        a.mov(rcx, r10)?;
-        a.shl(rcx, CONTROL.trailing_zeros() as i32)?;
-        a.mov(rdx, layout.controls())?;
-        a.add(rcx, rdx)?;
+        control_address(a, layout, rcx, rdx)?;
         a.mov(qword_ptr(rcx + control::TID as i32), rax)?;
         a.jmp(*found)?;
     } else {
@@ -195,6 +192,22 @@ fn find_slot(a: &mut CodeAssembler, layout: &Layout, claim: bool, missing: CodeL
     }
     a.set_label(found)?;
     Ok(())
+}
+
+/// `into` = the address of the ring control of slot index r10; clobbers `scratch`.
+fn control_address(a: &mut CodeAssembler, layout: &Layout, into: AsmRegister64, scratch: AsmRegister64) -> Result<(), IcedError> {
+    a.mov(into, r10)?;
+    a.shl(into, CONTROL.trailing_zeros() as i32)?;
+    a.mov(scratch, layout.controls())?;
+    a.add(into, scratch)
+}
+
+/// Goes on at `skip` unless recording is live in this process (the flag is
+/// wiped in a forked child). Clobbers rax.
+fn skip_unless_live(a: &mut CodeAssembler, layout: &Layout, skip: CodeLabel) -> Result<(), IcedError> {
+    a.mov(rax, layout.live)?;
+    a.cmp(qword_ptr(rax), 0i32)?;
+    a.je(skip)
 }
 
 /// rcx = the address of shadow stack entry `rax` of slot index r10 (of
@@ -310,10 +323,7 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
         a.mov(qword_ptr(r9 + 8), rax)?;
         a.mov(qword_ptr(r9 + 16), 0i32)?;
         a.mov(qword_ptr(r9 + UNHOOKED), 0i32)?;
-        a.mov(rcx, r10)?;
-        a.shl(rcx, CONTROL.trailing_zeros() as i32)?;
-        a.mov(rdx, layout.controls())?;
-        a.add(rcx, rdx)?;
+        control_address(&mut a, layout, rcx, rdx)?;
         a.mov(qword_ptr(rcx + control::TID as i32), rax)?;
         a.set_label(&mut same)?;
     }
@@ -392,13 +402,8 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
     a.mov(rax, qword_ptr(r9 + 8))?;
     a.shl(rax, TID_SHIFT as i32)?;
     a.or(rsi, rax)?;
-    a.mov(rax, layout.live)?;
-    a.cmp(qword_ptr(rax), 0i32)?;
-    a.je(done)?;
-    a.mov(r11, r10)?;
-    a.shl(r11, CONTROL.trailing_zeros() as i32)?;
-    a.mov(rax, layout.controls())?;
-    a.add(r11, rax)?;
+    skip_unless_live(&mut a, layout, done)?;
+    control_address(&mut a, layout, r11, rax)?;
     a.mov(r9, qword_ptr(r11 + control::HEAD as i32))?;
     a.mov(rax, r9)?;
     a.sub(rax, qword_ptr(r11 + control::TAIL as i32))?;
@@ -430,20 +435,13 @@ fn build(address: u64, layout: &Layout, shared_return: Option<u64>) -> Result<Ru
     // Calls that go untimed are counted, in this process only (a forked
     // child shares the rings but not the live flag).
     a.set_label(&mut unslotted)?;
-    a.mov(rax, layout.live)?;
-    a.cmp(qword_ptr(rax), 0i32)?;
-    a.je(done)?;
+    skip_unless_live(&mut a, layout, done)?;
     a.mov(rax, layout.shared)?;
     a.lock().inc(qword_ptr(rax + header::UNSLOTTED as i32))?;
     a.ret()?;
     a.set_label(&mut too_deep)?;
-    a.mov(rax, layout.live)?;
-    a.cmp(qword_ptr(rax), 0i32)?;
-    a.je(done)?;
-    a.mov(r11, r10)?;
-    a.shl(r11, CONTROL.trailing_zeros() as i32)?;
-    a.mov(rax, layout.controls())?;
-    a.add(r11, rax)?;
+    skip_unless_live(&mut a, layout, done)?;
+    control_address(&mut a, layout, r11, rax)?;
     a.inc(qword_ptr(r11 + control::UNTIMED as i32))?;
     a.ret()?;
     // No shadow stack entry for a return: nothing to return to.
