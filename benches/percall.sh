@@ -30,7 +30,7 @@ for opt in O0 O2; do
   first=$(objdump -d "$loop" --no-show-raw-insn | awk '/<f>:/{getline; print $2; exit}')
   bare=$(measure "$loop" "$calls")
   floor=$(measure "$dir/floor" "$loop" "$offset" "$loop" "$calls")
-  ours=$(measure "$proftap" run -f f -o "$dir/p.profile" -- "$loop" "$calls")
+  ours=$(measure "$proftap" run --engine uprobe -f f -o "$dir/p.profile" -- "$loop" "$calls")
   theirs=$(measure bpftrace -q -e "uprobe:$loop:f { @s[tid] = nsecs; } uretprobe:$loop:f { @t = sum(nsecs - @s[tid]); @n = count(); delete(@s[tid]); }" -c "$loop $calls")
   ratio=$(awk -v a="$ours" -v b="$floor" -v z="$bare" 'BEGIN { printf "%.2f", (a - z) / (b - z) }')
   inject=$(measure "$proftap" run --engine inject -f f -o "$dir/i.profile" -- "$loop" "$calls")
