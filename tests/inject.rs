@@ -245,6 +245,7 @@ fn shared_library_functions_are_patched_too() {
     // Patched, not probed: no note sends it to uprobes.
     let notes = report["notes"].as_array().map(|n| n.iter().filter_map(|n| n.as_str()).collect::<Vec<_>>().join("\n")).unwrap_or_default();
     assert!(!notes.contains("counter_add"), "{notes}");
+    assert_eq!(add["engine"], "inject");
     // Its calls nest under main, which the executable's copy of the runtime times.
     assert_eq!(function(&report["functions"], "main")["unwound"], 0);
 }
@@ -316,7 +317,12 @@ fn the_default_engine_is_this_one_unless_the_recording_needs_uprobes() {
         let report = profile_run(args, command);
         let note =
             report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).find(|n| n.starts_with("calls are seen by uprobes"));
-        (report["recording"]["engine"].as_str().unwrap().to_string(), note.unwrap_or_default().to_string())
+        let chosen = report["recording"]["engine"].as_str().unwrap().to_string();
+        // Each function that ran says what saw its calls.
+        for f in report["functions"].as_array().unwrap().iter().filter(|f| f["calls"].as_u64() > Some(0)) {
+            assert_eq!(f["engine"].as_str(), Some(chosen.as_str()), "{f}");
+        }
+        (chosen, note.unwrap_or_default().to_string())
     };
     assert_eq!(engine(&["-f", "leaf"], &[calls, "10", "3"]), ("inject".into(), String::new()));
     let (chosen, why) = engine(&["-f", "leaf", "--metric", "wall,page-faults"], &[calls, "10", "3"]);

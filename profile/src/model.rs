@@ -251,6 +251,10 @@ pub struct FunctionInfo {
     /// How its numbers were obtained.
     #[serde(default)]
     pub mode: Mode,
+    /// What saw its calls, when instrumented: `inject` (the in-process
+    /// engine's patch) or `uprobe`; empty when not instrumented or unknown.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub engine: String,
 }
 
 /// Per-function numbers, in a thread or merged over threads.

@@ -115,6 +115,7 @@ fn function(profile: &Profile, f: &FunctionStats) -> Value {
         "unwound": f.unwound,
         "unfinished": f.unfinished,
         "mode": info.mode,
+        "engine": (!info.engine.is_empty()).then_some(&info.engine),
         "inclusive": stats(profile, &f.inclusive, f.calls),
         "exclusive": stats(profile, &f.exclusive, f.calls),
     })

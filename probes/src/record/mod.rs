@@ -450,10 +450,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             TargetSpec::Launch { .. } => refused_by_engine = Tracing::refusals(functions),
         }
         if !refused_by_engine.is_empty() {
-            let mut refused: Vec<String> =
-                refused_by_engine.iter().map(|(i, why)| format!("{} ({why})", functions[*i].info.name)).collect();
-            refused.sort();
-            notes.push(format!("{} functions could not be patched and are probed by uprobes: {}", refused.len(), refused.join(", ")));
+            notes.push(refusals_note(functions, &refused_by_engine));
         }
     }
     let injected: Vec<bool> = {
@@ -955,7 +952,12 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 } else {
                     Mode::Sampled
                 };
-                FunctionInfo { mode, ..f.info.clone() }
+                let engine = match mode {
+                    Mode::Sampled => "",
+                    _ if patched[i] => "inject",
+                    _ => "uprobe",
+                };
+                FunctionInfo { mode, engine: engine.into(), ..f.info.clone() }
             })
             .collect(),
         threads: aggregate.threads,
@@ -1056,6 +1058,32 @@ fn overhead(
         call_cpu_ns: cost.stepped.call_cpu_ns,
         self_ns: cost.stepped.self_ns,
     }
+}
+
+/// Which functions the in-process engine left to uprobes, by reason, with
+/// a few names each (a large program has hundreds).
+fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)]) -> String {
+    const NAMED: usize = 3;
+    let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (i, why) in refused {
+        let name = functions[*i].info.name.as_str();
+        match reasons.iter_mut().find(|(w, _)| w == why) {
+            Some((_, names)) => names.push(name),
+            None => reasons.push((why, vec![name])),
+        }
+    }
+    reasons.sort_by_key(|(why, names)| (std::cmp::Reverse(names.len()), *why));
+    let parts: Vec<String> = reasons
+        .iter_mut()
+        .map(|(why, names)| {
+            let count = names.len();
+            names.sort_unstable();
+            names.dedup();
+            let more = if names.len() > NAMED { ", ..." } else { "" };
+            format!("{count} [{why}]: {}{more}", names[..names.len().min(NAMED)].join(", "))
+        })
+        .collect();
+    format!("{} functions could not be patched and are probed by uprobes: {}", refused.len(), parts.join("; "))
 }
 
 /// What the governor did to functions over budget (`names` with their calls).
