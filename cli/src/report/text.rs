@@ -226,6 +226,10 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
         if profile.functions.get(f.function as usize).is_some_and(|i| i.mode == Mode::Throttled) {
             label.push_str("  [throttled: exact until its probes were removed, calls are a lower bound]");
         }
+        // Left to uprobes by the in-process engine: its times carry their cost.
+        if profile.recording.engine == "inject" && profile.functions.get(f.function as usize).is_some_and(|i| i.engine == "uprobe") {
+            label.push_str("  [uprobes]");
+        }
         if f.unwound > 0 {
             label.push_str(&format!("  [{} unwound]", f.unwound));
         }
