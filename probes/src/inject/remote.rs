@@ -310,7 +310,12 @@ impl Remote {
             let _ = self.syscall("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
         };
         let mapped = self.syscall("ftruncate", libc::SYS_ftruncate, [fd, len as u64, 0, 0, 0, 0]).and_then(|_| match &near {
-            None => self.syscall("mmap", libc::SYS_mmap, [0, len as u64, PROT_READ | PROT_WRITE, libc::MAP_SHARED as u64, fd, 0]),
+            // Past the runtime's private memory, which goes at AWAY_FROM_CODE.
+            None => self.syscall(
+                "mmap",
+                libc::SYS_mmap,
+                [AWAY_FROM_CODE + (1 << 40), len as u64, PROT_READ | PROT_WRITE, libc::MAP_SHARED as u64, fd, 0],
+            ),
             Some(near) => {
                 let flags = (libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE) as u64;
                 self.candidates(near.clone(), len as u64)?
@@ -354,6 +359,11 @@ impl Remote {
         Ok(Shared { local: pointer.cast(), len, remote: remote_address, _fd: local })
     }
 }
+
+/// Where proftap's large mappings in a target go, if that is free: far
+/// from code (executables sit near 0x5555_0000_0000, libraries below
+/// 0x7fff_0000_0000), so the room within 2 GiB of code stays for trampolines.
+pub const AWAY_FROM_CODE: u64 = 0x2000_0000_0000;
 
 /// The value of `key` in the auxiliary vector of process `pid`.
 fn auxv_entry(pid: i32, key: u64) -> Result<Option<u64>, RemoteError> {

@@ -30,7 +30,7 @@ pub const STACK_ENTRY: u64 = 32;
 /// whether an unwinder had its return addresses put back.
 pub const SLOT_BYTES: u64 = 32;
 /// Records per thread ring (a power of two).
-pub const RING: u64 = 1 << 18;
+pub const RING: u64 = 1 << 19;
 /// Bytes of a record: TSC, function and kind, return-address slot, return address.
 pub const RECORD: u64 = 32;
 /// Bytes of a thread's ring control in shared memory: tid, head, tail,

@@ -5,7 +5,7 @@
 use super::hooks::{self, Hook, HookSite};
 use super::patch::Site;
 use super::patcher::{self, Applied, Refused, Target};
-use super::remote::{Remote, RemoteError, Shared};
+use super::remote::{AWAY_FROM_CODE, Remote, RemoteError, Shared};
 use super::runtime::{self, Layout, Runtime, control};
 use crate::plan::ProbedFunction;
 use crate::procfs;
@@ -221,7 +221,8 @@ impl Tracing {
         }
         let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
         let read_write = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-        let private = remote.syscall("mmap", libc::SYS_mmap, [0, runtime::PRIVATE_BYTES, read_write, anonymous, u64::MAX, 0])?;
+        let private =
+            remote.syscall("mmap", libc::SYS_mmap, [AWAY_FROM_CODE, runtime::PRIVATE_BYTES, read_write, anonymous, u64::MAX, 0])?;
         let live = remote.syscall("mmap", libc::SYS_mmap, [0, 4096, read_write, anonymous, u64::MAX, 0])?;
         remote.syscall("madvise", libc::SYS_madvise, [live, 4096, MADV_WIPEONFORK, 0, 0, 0])?;
         let shared = remote.share(runtime::SHARED_BYTES as usize, None)?;
