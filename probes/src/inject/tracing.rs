@@ -108,6 +108,10 @@ fn tcb_tid_offset(remote: &Remote) -> Option<i32> {
     preferred.map(|o| o as i32)
 }
 
+/// Buffers kept for reuse by the drainer, at most, and the largest kept.
+const SPARES: usize = 16;
+const SPARE_BYTES: usize = 4 << 20;
+
 /// Records copied out of a ring before its tail moves on.
 const DRAIN_PIECE: u64 = 8192;
 
@@ -429,9 +433,10 @@ impl Drop for Tracing {
 }
 
 /// Records drained and waiting for the recording loop, at most (32 bytes
-/// each: 256 MiB). A burst of calls faster than proftap aggregates them
-/// (tens of millions a second) waits here instead of overflowing the rings.
-const BACKLOG_RECORDS: u64 = 8 << 20;
+/// each: 64 MiB, and about 150 bytes each once parsed into events at the
+/// end). A burst of calls faster than proftap aggregates them (tens of
+/// millions a second) waits here instead of overflowing the rings.
+const BACKLOG_RECORDS: u64 = 2 << 20;
 
 /// Decides, from the entries counted so far by function, which functions
 /// to unpatch now (the overhead governor).
@@ -509,7 +514,10 @@ impl Drainer {
                 let mut batch = Vec::new();
                 // With the backlog full, the records wait in the rings.
                 if waiting.load(Ordering::Relaxed) < BACKLOG_RECORDS {
-                    spare.extend(recycled.try_iter());
+                    // A few buffers of a moderate size are kept; a burst's
+                    // large ones go back to the allocator.
+                    spare.extend(recycled.try_iter().filter(|b| b.capacity() <= SPARE_BYTES));
+                    spare.truncate(SPARES);
                     tracing.drain_raw(&mut batch, &mut spare);
                     batch.iter().for_each(|b| count_entries(&b.bytes, &mut entries));
                 }
