@@ -519,7 +519,9 @@ impl Drainer {
                     spare.extend(recycled.try_iter().filter(|b| b.capacity() <= SPARE_BYTES));
                     spare.truncate(SPARES);
                     tracing.drain_raw(&mut batch, &mut spare);
-                    batch.iter().for_each(|b| count_entries(&b.bytes, &mut entries));
+                    if judge.is_some() {
+                        batch.iter().for_each(|b| count_entries(&b.bytes, &mut entries));
+                    }
                 }
                 if let Some(judge) = judge.as_mut() {
                     let over = judge(&entries);

@@ -102,11 +102,6 @@ impl EventReader {
 
     /// Puts an event of proftap's own into the stream, in time order.
     pub fn inject(&mut self, event: Event) {
-        if let Event::Hit(hit) = &event
-            && hit.probe.kind() == ProbeKind::Entry
-        {
-            count_entry(&mut self.entries, hit.probe.function());
-        }
         self.pending.push(event);
     }
 
@@ -143,8 +138,9 @@ impl EventReader {
         self.pending.len() - before
     }
 
-    /// Entry hits read so far, by function (shorter when the last functions
-    /// had none).
+    /// Entry hits read from the kernel's buffers so far, by function
+    /// (shorter when the last functions had none); the in-process engine's
+    /// entries are counted by its drainer.
     pub fn entries(&self) -> &[u64] {
         &self.entries
     }
