@@ -572,9 +572,16 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         }
     };
     let started_monotonic_ns = started;
-    // Which functions are patched (after the warm-up, with automatic instrumentation).
-    let mut patched: Vec<bool> =
-        if tracing.is_some() || options.auto_instrument.is_none() { injected.clone() } else { vec![false; all.len()] };
+    // Which functions are patched: those the engine took (after the warm-up,
+    // with automatic instrumentation).
+    let mut patched: Vec<bool> = match &tracing {
+        Some(engine) => {
+            let mut patched = injected.clone();
+            engine.refused().iter().for_each(|&(i, _)| patched[i] = false);
+            patched
+        }
+        None => vec![false; all.len()],
+    };
     let mut injected_code = tracing.as_ref().map(Tracing::code);
     // The kernel's uretprobe trampoline page, and the engine's code.
     let trampolines = |code: &Option<Vec<std::ops::Range<u64>>>| -> Vec<std::ops::Range<u64>> {
@@ -911,7 +918,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             calls_by_function[stats.function as usize] += stats.calls;
         }
     }
-    let overhead = overhead(functions, &injected, &calls_by_function, aggregate.hits, options.cost, options.compensate);
+    let overhead = overhead(functions, &patched, &calls_by_function, aggregate.hits, options.cost, options.compensate);
 
     let profile = Profile {
         target: Target {
