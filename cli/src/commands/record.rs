@@ -416,7 +416,14 @@ pub fn prepare_run(args: &RunArgs, launch: target::Launch) -> Result<Prepared> {
     let path = target::resolve_command(&command)?;
     let path = std::fs::canonicalize(&path).unwrap_or(path);
     let mut modules = vec![(path.clone(), path.clone())];
-    modules.extend(libs::needed_libraries(&path).into_iter().map(|l| (l.clone(), l)));
+    // The loader of the launched program searches its LD_LIBRARY_PATH.
+    let library_path = match &launch.env {
+        Some(env) => {
+            env.iter().find_map(|v| v.as_bytes().strip_prefix(b"LD_LIBRARY_PATH=").map(|p| OsString::from(std::ffi::OsStr::from_bytes(p))))
+        }
+        None => std::env::var_os("LD_LIBRARY_PATH"),
+    };
+    modules.extend(libs::needed_libraries(&path, library_path.as_deref()).into_iter().map(|l| (l.clone(), l)));
     let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
     let options = options(&args.record, metrics, None, &chosen, None)?;
     let spec = TargetSpec::Launch { path, argv: args.command.clone(), launch };
