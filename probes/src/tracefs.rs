@@ -171,6 +171,51 @@ pub struct UprobeGroup {
     tracefs: Tracefs,
     group: String,
     events: Vec<&'static str>,
+    tracepoints: Vec<u64>,
+    /// Open once [`DefinedGroup::keep`] is called; closed before the group goes.
+    keepers: Vec<perf_event::Counter>,
+}
+
+/// A group of uprobes defined for this process, wherever that was done.
+/// Dropping it removes the definitions.
+pub trait DefinedGroup: Send {
+    /// Keeps the uprobes registered in the kernel after the targets' own
+    /// events close (see [`crate::perf::open_keeper`]), so that closing
+    /// them is quick; they are unregistered when the group is dropped.
+    fn keep(&mut self);
+}
+
+/// Where uprobes are defined. Defining them takes write access to tracefs,
+/// which is root's; a process without it (a proftapd session worker, which
+/// runs as the user it records for) asks a process that has it.
+pub trait UprobeHost: Send + Sync {
+    /// Defines `specs` in a fresh group; the probe of `specs[i]` reports id `i`.
+    fn define(&self, specs: &[UprobeSpec]) -> Result<(Box<dyn DefinedGroup>, Vec<ProbeEvent>), TracefsError>;
+}
+
+/// Defines uprobes in this process's tracefs.
+pub struct LocalHost;
+
+impl UprobeHost for LocalHost {
+    fn define(&self, specs: &[UprobeSpec]) -> Result<(Box<dyn DefinedGroup>, Vec<ProbeEvent>), TracefsError> {
+        let (group, events) = UprobeGroup::define(&Tracefs::open()?, specs)?;
+        Ok((Box::new(group), events))
+    }
+}
+
+static HOST: std::sync::OnceLock<Box<dyn UprobeHost>> = std::sync::OnceLock::new();
+
+/// Makes `host` define every uprobe this process uses from now on. Where
+/// uprobes are defined is a property of the process (its privileges), not of
+/// one recording, so it is set once, before the first recording; a second
+/// call is refused.
+pub fn set_host(host: Box<dyn UprobeHost>) -> Result<(), Box<dyn UprobeHost>> {
+    HOST.set(host)
+}
+
+/// Where this process defines uprobes: tracefs unless [`set_host`] said otherwise.
+pub fn host() -> &'static dyn UprobeHost {
+    HOST.get_or_init(|| Box::new(LocalHost)).as_ref()
 }
 
 impl UprobeGroup {
@@ -178,7 +223,7 @@ impl UprobeGroup {
     pub fn define(tracefs: &Tracefs, specs: &[UprobeSpec]) -> Result<(Self, Vec<ProbeEvent>), TracefsError> {
         static SEQUENCE: AtomicU32 = AtomicU32::new(0);
         let group = format!("proftap_{}_{}", std::process::id(), SEQUENCE.fetch_add(1, Ordering::Relaxed));
-        let mut this = UprobeGroup { tracefs: tracefs.clone(), group, events: Vec::new() };
+        let mut this = UprobeGroup { tracefs: tracefs.clone(), group, events: Vec::new(), tracepoints: Vec::new(), keepers: Vec::new() };
         // Batched writes: one write per definition is slow with thousands of probes.
         let mut batch = String::new();
         for (i, spec) in specs.iter().enumerate() {
@@ -221,6 +266,7 @@ impl UprobeGroup {
                 Ok(ProbeEvent { kind, tracepoint, id_offset, top_offset: field_offset(&format, "top") })
             })
             .collect::<Result<Vec<_>, TracefsError>>()?;
+        this.tracepoints = events.iter().map(|e| e.tracepoint).collect();
         Ok((this, events))
     }
 
@@ -255,8 +301,18 @@ fn field_offset(format: &str, name: &str) -> Option<usize> {
     })
 }
 
+impl DefinedGroup for UprobeGroup {
+    fn keep(&mut self) {
+        if self.keepers.is_empty() {
+            self.keepers = self.tracepoints.iter().filter_map(|&t| crate::perf::open_keeper(t).ok()).collect();
+        }
+    }
+}
+
 impl Drop for UprobeGroup {
     fn drop(&mut self) {
+        // The kernel refuses to remove a uprobe an event still uses.
+        self.keepers.clear();
         // Removing an event removes every probe defined under it.
         for event in &self.events {
             let _ = self.tracefs.write_events(&format!("-:{}/{event}\n", self.group));

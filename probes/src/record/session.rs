@@ -10,7 +10,7 @@ use crate::metrics::Metric;
 use crate::perf::{self, EventTarget, ProbeEvent, RingBuffer};
 use crate::plan::{ProbedFunction, Role};
 use crate::record::events::ProbeId;
-use crate::tracefs::{ProbeKind, Tracefs, UprobeGroup, UprobeSpec};
+use crate::tracefs::{DefinedGroup, ProbeKind, UprobeSpec};
 use perf_event::Counter;
 use rustc_hash::FxHashMap;
 use std::collections::HashSet;
@@ -73,8 +73,7 @@ impl ProbeSet {
 /// A replaced probe set: its events close first, then its uprobes go.
 pub(super) struct Retired {
     probes: Vec<ProbeEvent>,
-    tracepoints: Vec<crate::tracefs::ProbeEvent>,
-    group: Option<UprobeGroup>,
+    group: Option<Box<dyn DefinedGroup>>,
 }
 
 impl Retired {
@@ -82,18 +81,18 @@ impl Retired {
     /// events with a keeper holding each uprobe registered (see
     /// [`perf::open_keeper`]). What is returned unregisters the uprobes when
     /// dropped, which takes grace periods: best once the targets are gone.
-    pub fn withdraw(self) -> Unregistering {
-        let keepers = self.tracepoints.iter().filter_map(|t| perf::open_keeper(t.tracepoint).ok()).collect();
+    pub fn withdraw(mut self) -> Unregistering {
+        if let Some(group) = &mut self.group {
+            group.keep();
+        }
         drop(self.probes);
-        Unregistering { _keepers: keepers, _group: self.group }
+        Unregistering { _group: self.group }
     }
 }
 
-/// Uprobes out of every target, still registered. Field order is drop
-/// order: the keepers close before their uprobes are removed from tracefs.
+/// Uprobes out of every target, still registered until this is dropped.
 pub(super) struct Unregistering {
-    _keepers: Vec<Counter>,
-    _group: Option<UprobeGroup>,
+    _group: Option<Box<dyn DefinedGroup>>,
 }
 
 /// The events of a recording. Field order is drop order: events close
@@ -111,7 +110,7 @@ pub(super) struct Session {
     metrics: Vec<Metric>,
     sampling: Option<(u64, u32)>,
     buffer_bytes: usize,
-    group: Option<UprobeGroup>,
+    group: Option<Box<dyn DefinedGroup>>,
     /// Sideband events also report every context switch.
     pub switches: bool,
 }
@@ -150,15 +149,12 @@ impl Session {
         let (group, tracepoints) = if set.specs.is_empty() {
             (None, Vec::new())
         } else {
-            let (group, tracepoints) = UprobeGroup::define(&Tracefs::open()?, &set.specs)?;
+            let (group, tracepoints) = crate::tracefs::host().define(&set.specs)?;
             (Some(group), tracepoints)
         };
         self.generation += 1;
-        Ok(Retired {
-            probes: std::mem::take(&mut self.probes),
-            tracepoints: std::mem::replace(&mut self.tracepoints, tracepoints),
-            group: std::mem::replace(&mut self.group, group),
-        })
+        self.tracepoints = tracepoints;
+        Ok(Retired { probes: std::mem::take(&mut self.probes), group: std::mem::replace(&mut self.group, group) })
     }
 
     fn descriptors_per_task(&self) -> usize {
@@ -219,8 +215,8 @@ impl Session {
 
     /// Takes every probe out of the targets at once (see [`Retired::withdraw`]).
     pub fn withdraw(&mut self) -> Unregistering {
-        Retired { probes: std::mem::take(&mut self.probes), tracepoints: std::mem::take(&mut self.tracepoints), group: self.group.take() }
-            .withdraw()
+        self.tracepoints.clear();
+        Retired { probes: std::mem::take(&mut self.probes), group: self.group.take() }.withdraw()
     }
 
     /// Stops every probe.
