@@ -17,13 +17,14 @@ struct Cache {
     return_sites: Option<ProbeCost>,
 }
 
-fn cache_path() -> PathBuf {
-    let dir = if nix::unistd::geteuid().is_root() {
-        PathBuf::from("/run/proftap")
-    } else {
-        std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from)
-    };
-    dir.join("calibration.json")
+/// Where this boot's measurement is kept: a directory only this user can
+/// write to (`/run/proftap` for root, `$XDG_RUNTIME_DIR` for others), or
+/// nowhere, since a shared directory such as /tmp would let another user
+/// plant the file proftap reads.
+fn cache_path() -> Option<PathBuf> {
+    let dir =
+        if nix::unistd::geteuid().is_root() { PathBuf::from("/run/proftap") } else { PathBuf::from(std::env::var_os("XDG_RUNTIME_DIR")?) };
+    Some(dir.join("calibration.json"))
 }
 
 fn boot_id() -> String {
@@ -35,7 +36,8 @@ fn boot_id() -> String {
 /// `None`, with a warning, when it cannot be measured.
 pub fn probe_cost(exits: ExitMode, fresh: bool) -> Option<ProbeCost> {
     let path = cache_path();
-    let mut cache: Cache = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+    let mut cache: Cache =
+        path.as_ref().and_then(|p| std::fs::read(p).ok()).and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
     if cache.boot_id != boot_id() || cache.version != env!("CARGO_PKG_VERSION") {
         cache = Cache { boot_id: boot_id(), version: env!("CARGO_PKG_VERSION").into(), ..Cache::default() };
     }
@@ -56,11 +58,13 @@ pub fn probe_cost(exits: ExitMode, fresh: bool) -> Option<ProbeCost> {
     match calibrate(&exe, HELPER, exits) {
         Ok(cost) => {
             *slot = Some(cost);
-            if let Some(dir) = path.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            if let Ok(json) = serde_json::to_vec(&cache) {
-                let _ = proftap_profile::write_atomically(&path, |out| std::io::Write::write_all(out, &json));
+            if let Some(path) = &path {
+                if let Some(dir) = path.parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+                if let Ok(json) = serde_json::to_vec(&cache) {
+                    let _ = proftap_profile::write_atomically(path, |out| std::io::Write::write_all(out, &json));
+                }
             }
             Some(cost)
         }

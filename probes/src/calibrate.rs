@@ -158,14 +158,16 @@ impl Helper {
         let functions: Vec<ProbedFunction> = crate::plan::plan(&[index], &[exe.to_path_buf()], &selected, exits, &mut warnings);
         debug_assert!(functions.iter().all(|f| f.role == Role::Measured));
 
-        let dir = tempdir().map_err(|e| err(&e))?;
-        let out = dir.join("timings");
+        // A fresh private directory: a predictable name in a shared one
+        // would let another user put a link there for proftap to write through.
+        let dir = tempfile::Builder::new().prefix("proftap-calibrate-").tempdir().map_err(|e| err(&e))?;
+        let out = dir.path().join("timings");
         let argv = vec![exe.as_os_str().to_owned(), helper_arg.into(), out.as_os_str().to_owned()];
         let options = RecordOptions { metrics: vec![Metric::Wall, Metric::Cpu], engine, ..RecordOptions::default() };
         let recorded = record(&functions, &TargetSpec::Launch { path: exe.to_path_buf(), argv, launch: Default::default() }, &options)
             .map_err(|e| err(&e));
         let timings = std::fs::read_to_string(&out);
-        let _ = std::fs::remove_dir_all(&dir);
+        drop(dir);
         let recorded = recorded?;
         let t: Vec<u64> = timings.map_err(|e| err(&e))?.split_whitespace().filter_map(|v| v.parse().ok()).collect();
         if t.len() != 8 {
@@ -187,10 +189,4 @@ impl Helper {
         let ((bare_wall, bare_cpu), (wall, cpu)) = (self.loops[0], self.loops[timed]);
         CallCost { call_ns: per_call(wall, bare_wall), call_cpu_ns: per_call(cpu, bare_cpu), self_ns: own(0), self_cpu_ns: own(1) }
     }
-}
-
-fn tempdir() -> std::io::Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("proftap-calibrate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
 }
