@@ -34,9 +34,52 @@ pub struct StartArgs {
     /// With --pid: how long, and what when.
     #[command(flatten)]
     pub attach: AttachOptions,
+    /// Where the launched command's standard streams go.
+    #[command(flatten)]
+    pub streams: Streams,
     /// The command to launch and profile, with its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// Where a command launched by a session reads and writes: files this
+/// client opens as its user (default /dev/null), or its own streams.
+#[derive(clap::Args, Clone, Default)]
+pub struct Streams {
+    /// The command reads this file as its standard input.
+    #[arg(long, value_name = "FILE", conflicts_with = "inherit_streams")]
+    pub stdin: Option<PathBuf>,
+    /// The command's standard output is appended to this file.
+    #[arg(long, value_name = "FILE", conflicts_with = "inherit_streams")]
+    pub stdout: Option<PathBuf>,
+    /// The command's standard error is appended to this file.
+    #[arg(long, value_name = "FILE", conflicts_with = "inherit_streams")]
+    pub stderr: Option<PathBuf>,
+    /// The command uses this terminal's (this client's) standard streams,
+    /// for as long as it runs.
+    #[arg(long)]
+    pub inherit_streams: bool,
+}
+
+impl Streams {
+    /// The three streams to send, opened as the user running the client.
+    pub fn open(&self) -> std::io::Result<[std::os::fd::OwnedFd; 3]> {
+        use std::os::fd::AsFd;
+        if self.inherit_streams {
+            let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned();
+            return Ok([dup(std::io::stdin().as_fd())?, dup(std::io::stdout().as_fd())?, dup(std::io::stderr().as_fd())?]);
+        }
+        let null = Path::new("/dev/null");
+        let read = |p: &Option<PathBuf>| std::fs::File::open(p.as_deref().unwrap_or(null));
+        let append = |p: &Option<PathBuf>| std::fs::OpenOptions::new().create(true).append(true).open(p.as_deref().unwrap_or(null));
+        let named = |p: &Option<PathBuf>, e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("cannot open {}: {e}", p.as_deref().unwrap_or(null).display()))
+        };
+        let stdin = read(&self.stdin).map_err(|e| named(&self.stdin, e))?;
+        let stdout = append(&self.stdout).map_err(|e| named(&self.stdout, e))?;
+        let stderr = append(&self.stderr).map_err(|e| named(&self.stderr, e))?;
+        Ok([stdin.into(), stdout.into(), stderr.into()])
+    }
 }
 
 /// The first message each way.
@@ -225,6 +268,29 @@ impl Client {
     /// Sends a request and reads the reply; an `Error` reply is an error.
     pub fn request(&mut self, request: &Request) -> Result<Response, ClientError> {
         send(&mut self.writer, request).map_err(|e| ClientError::Broken(e.to_string()))?;
+        self.reply()
+    }
+
+    /// Sends a request with the standard input, output and error that a
+    /// command the daemon launches uses (the user's, not the daemon's), and
+    /// reads the reply.
+    pub fn request_with_streams(&mut self, request: &Request, streams: &[std::os::fd::OwnedFd; 3]) -> Result<Response, ClientError> {
+        use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+        use std::os::fd::AsRawFd;
+        let mut line = serde_json::to_vec(request).map_err(|e| ClientError::Broken(e.to_string()))?;
+        line.push(b'\n');
+        let fds = streams.each_ref().map(|fd| fd.as_raw_fd());
+        let rights = [ControlMessage::ScmRights(&fds)];
+        let broken = |e: std::io::Error| ClientError::Broken(e.to_string());
+        // The descriptors go with the first byte; the rest follows plainly.
+        let sent = sendmsg::<()>(self.writer.as_raw_fd(), &[std::io::IoSlice::new(&line[..1])], &rights, MsgFlags::empty(), None)
+            .map_err(|e| broken(e.into()))?;
+        self.writer.write_all(&line[sent..]).map_err(broken)?;
+        self.writer.flush().map_err(broken)?;
+        self.reply()
+    }
+
+    fn reply(&mut self) -> Result<Response, ClientError> {
         match receive(&mut self.reader).map_err(|e| ClientError::Broken(e.to_string()))? {
             Some(Response::Error { message }) => Err(ClientError::Refused(message)),
             Some(response) => Ok(response),

@@ -4,16 +4,24 @@
 //! The protocol is in `docs/PROTOCOL.md`.
 
 mod access;
+mod broker;
+mod channel;
+mod connection;
+mod messages;
+mod privileges;
 mod sessions;
+mod worker;
 
 use access::Peer;
 use clap::Parser;
+use connection::{Counts, Lines};
+use messages::Limits;
 use proftap_cli::session::{Hello, PROTOCOL_VERSION, Request, Response, State, default_socket};
-use sessions::{Limits, Registry, Shared};
+use sessions::{Registry, Shared, StartRequest};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 
 /// Runs proftap profiling sessions for local users over a Unix socket.
@@ -40,6 +48,15 @@ struct Args {
     /// Ring buffer per CPU, MiB, a session may ask for (root: no limit).
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     max_buffer: usize,
+    /// Uprobes placed at once per session (root: no limit).
+    #[arg(long, value_name = "N", default_value_t = 200_000)]
+    max_probes: usize,
+    /// The largest profile kept per session, MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    max_profile: usize,
+    /// Connections open at once per user.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    max_connections: usize,
 }
 
 fn default_state_dir() -> PathBuf {
@@ -63,6 +80,10 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(_) => ExitCode::from(2),
         };
+    }
+    // Each session is recorded by proftapd run this way (see worker.rs).
+    if argv.get(1).map(String::as_str) == Some(worker::ARGUMENT) {
+        return worker::main(&argv[2..]);
     }
     // Packaging writes the man page this way.
     if argv.get(1).map(String::as_str) == Some("__generate-man") {
@@ -95,7 +116,13 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     use anyhow::Context;
     let socket = args.socket.clone().unwrap_or_else(default_socket);
     let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
-    let limits = Limits { sessions_per_user: args.max_sessions, functions: args.max_functions, buffer_mib: args.max_buffer };
+    let limits = Limits {
+        sessions_per_user: args.max_sessions,
+        functions: args.max_functions,
+        probes: args.max_probes,
+        buffer_mib: args.max_buffer,
+        profile_mib: args.max_profile,
+    };
     let registry =
         Registry::open(state_dir.clone(), args.keep, limits).with_context(|| format!("cannot use {} for profiles", state_dir.display()))?;
     let listener = listen(&socket)?;
@@ -103,18 +130,25 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let counts = Counts::default();
+    let mut refusals = Refusals::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let registry = registry.clone();
+                    let (registry, counts, most) = (registry.clone(), counts.clone(), args.max_connections);
                     tokio::spawn(async move {
-                        if let Err(e) = connection(stream, registry).await {
+                        if let Err(e) = connection(stream, registry, counts, most).await {
                             eprintln!("proftapd: a connection ended: {e}");
                         }
                     });
                 }
-                Err(e) => eprintln!("proftapd: cannot accept a connection: {e}"),
+                // Out of descriptors or memory: wait for connections to end
+                // rather than spin, and say so once in a while.
+                Err(e) => {
+                    refusals.note(&e);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             },
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
@@ -126,11 +160,32 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if let Ok(r) = registry.lock() {
         r.stop_all();
     }
-    while registry.lock().is_ok_and(|r| r.any_live()) {
+    // A worker that does not end is killed after the grace period; its
+    // session ends then, so this wait is bounded too.
+    let deadline = Instant::now() + sessions::STOP_GRACE + Duration::from_secs(5);
+    while registry.lock().is_ok_and(|r| r.any_live()) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     eprintln!("proftapd: stopped; every session's profile is kept in {}", state_dir.display());
     Ok(())
+}
+
+/// Failed accepts, told at most every ten seconds.
+#[derive(Default)]
+struct Refusals {
+    since: Option<Instant>,
+    count: u64,
+}
+
+impl Refusals {
+    fn note(&mut self, error: &std::io::Error) {
+        self.count += 1;
+        if self.since.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            eprintln!("proftapd: cannot accept connections ({error}); {} refused since the last report", self.count);
+            self.since = Some(Instant::now());
+            self.count = 0;
+        }
+    }
 }
 
 /// Listens on `socket`, which any local user may connect to; replaces a
@@ -159,23 +214,27 @@ async fn send<T: serde::Serialize>(out: &mut tokio::net::unix::OwnedWriteHalf, m
     out.write_all(&line).await
 }
 
-async fn connection(stream: UnixStream, registry: Shared) -> std::io::Result<()> {
+async fn connection(stream: UnixStream, registry: Shared, counts: Counts, most: usize) -> std::io::Result<()> {
     let credentials = stream.peer_cred()?;
     let peer = Peer { uid: credentials.uid(), gid: credentials.gid(), pid: credentials.pid() };
     let (read, mut write) = stream.into_split();
-    let mut lines = BufReader::new(read).lines();
+    let Some(_counted) = counts.admit(peer.uid, most) else {
+        let refusal = Response::Error { message: format!("you have {most} connections to proftapd open, the most it takes from one user") };
+        return send(&mut write, &refusal).await;
+    };
+    let mut lines = Lines::new(read);
     let ours = Hello { protocol: PROTOCOL_VERSION, program: format!("proftapd {}", env!("CARGO_PKG_VERSION")) };
-    let Some(line) = lines.next_line().await? else { return Ok(()) };
+    let Some((line, _)) = lines.next().await? else { return Ok(()) };
     send(&mut write, &ours).await?;
     match serde_json::from_str::<Hello>(&line) {
         Ok(hello) if hello.protocol == PROTOCOL_VERSION => {}
         // The client sees our version in our hello and says so.
         _ => return Ok(()),
     }
-    while let Some(line) = lines.next_line().await? {
+    while let Some((line, fds)) = lines.next().await? {
         let (response, data) = match serde_json::from_str::<Request>(&line) {
             Ok(Request::Fetch { id }) => fetch(id, &peer, &registry),
-            Ok(request) => (handle(request, &peer, &registry).await, None),
+            Ok(request) => (handle(request, fds, &peer, &registry).await, None),
             Err(e) => (Response::Error { message: format!("proftapd cannot read this request: {e}") }, None),
         };
         send(&mut write, &response).await?;
@@ -187,12 +246,12 @@ async fn connection(stream: UnixStream, registry: Shared) -> std::io::Result<()>
     Ok(())
 }
 
-async fn handle(request: Request, peer: &Peer, registry: &Shared) -> Response {
+async fn handle(request: Request, stdio: Vec<std::os::fd::OwnedFd>, peer: &Peer, registry: &Shared) -> Response {
     let error = |message: String| Response::Error { message };
     let locked = || registry.lock().map_err(|_| "proftapd is shutting down".to_string());
     match request {
         Request::Start { args, cwd, env } => {
-            let id = match sessions::start(registry, *peer, args, cwd, env) {
+            let id = match sessions::start(registry, *peer, StartRequest { args, cwd, env, stdio }) {
                 Ok(id) => id,
                 Err(message) => return error(message),
             };

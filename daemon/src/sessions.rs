@@ -1,34 +1,28 @@
-//! Sessions: each a recording on a thread of its own, its profile kept in
-//! the state directory when it ends.
+//! Sessions: each recorded by a worker process of its own that runs as the
+//! user who asked (see [`crate::worker`]); its profile kept in the state
+//! directory, readable by root alone, when it ends.
 
-use crate::access::{self, Peer};
-use clap::Parser;
-use proftap_cli::commands::record::{AttachArgs, Prepared, RunArgs, prepare_attach, prepare_run};
-use proftap_cli::session::{SessionInfo, StartArgs, State};
-use proftap_probes::record::{Control, Progress, TargetSpec};
-use proftap_probes::target::Launch;
+use crate::access::Peer;
+use crate::broker::{self, User};
+use crate::messages::{Assignment, Limits, Snapshot};
+use proftap_cli::session::{SessionInfo, State};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// What users other than root may ask for.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// Sessions starting or running at once, per user.
-    pub sessions_per_user: usize,
-    /// Functions probed per session.
-    pub functions: usize,
-    /// Ring buffer per CPU, MiB.
-    pub buffer_mib: usize,
-}
+/// How long a worker asked to stop may take before it is killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 struct Session {
     info: SessionInfo,
-    control: Control,
-    progress: Arc<Progress>,
+    snapshot: Snapshot,
     since: Instant,
+    /// The worker while it runs.
+    worker: Option<Arc<OwnedFd>>,
 }
 
 /// Every session the daemon knows: running ones and kept profiles.
@@ -47,19 +41,11 @@ fn now_unix_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// `session start` arguments as the daemon parses them.
-#[derive(Parser)]
-#[command(name = "session start", no_binary_name = true)]
-struct Start {
-    #[command(flatten)]
-    args: StartArgs,
-}
-
 impl Registry {
     /// A registry keeping at most `keep` ended sessions in `state_dir`,
     /// with those it finds there from an earlier run.
     pub fn open(state_dir: PathBuf, keep: usize, limits: Limits) -> std::io::Result<Shared> {
-        std::fs::create_dir_all(&state_dir)?;
+        private_directory(&state_dir)?;
         let mut sessions = BTreeMap::new();
         for entry in std::fs::read_dir(&state_dir)?.flatten() {
             let path = entry.path();
@@ -67,7 +53,7 @@ impl Registry {
                 && let Ok(text) = std::fs::read(&path)
                 && let Ok(info) = serde_json::from_slice::<SessionInfo>(&text)
             {
-                let session = Session { info, control: Control::default(), progress: Arc::default(), since: Instant::now() };
+                let session = Session { info, snapshot: Snapshot::default(), since: Instant::now(), worker: None };
                 sessions.insert(session.info.id, session);
             }
         }
@@ -95,11 +81,11 @@ impl Registry {
         let mut info = s.info.clone();
         if matches!(info.state, State::Starting | State::Running) {
             info.uptime_ms = s.since.elapsed().as_millis() as u64;
-            info.pid = s.progress.pid.load(Ordering::Relaxed);
-            info.functions = s.progress.functions.load(Ordering::Relaxed);
-            info.events = s.progress.hits.load(Ordering::Relaxed);
-            info.lost = s.progress.lost.load(Ordering::Relaxed);
-            if info.state == State::Starting && s.progress.started.load(Ordering::Acquire) {
+            info.pid = s.snapshot.pid;
+            info.functions = s.snapshot.functions;
+            info.events = s.snapshot.events;
+            info.lost = s.snapshot.lost;
+            if info.state == State::Starting && s.snapshot.started {
                 info.state = State::Running;
             }
         }
@@ -118,15 +104,16 @@ impl Registry {
 
     /// Asks a session to end, leaving its program running.
     pub fn stop(&self, peer: &Peer, id: u64) -> Result<(), String> {
-        let s = self.visible(peer, id)?;
-        s.control.detach.store(true, Ordering::Relaxed);
+        if let Some(worker) = &self.visible(peer, id)?.worker {
+            stop_worker(worker.clone());
+        }
         Ok(())
     }
 
     /// Asks every session to end (the daemon is stopping).
     pub fn stop_all(&self) {
-        for s in self.sessions.values() {
-            s.control.detach.store(true, Ordering::Relaxed);
+        for worker in self.sessions.values().filter_map(|s| s.worker.clone()) {
+            stop_worker(worker);
         }
     }
 
@@ -169,29 +156,21 @@ impl Registry {
 
     /// Records the end of a session and keeps its profile; drops the oldest
     /// ended sessions past the retention limit.
-    fn ended(&mut self, id: u64, result: Result<proftap_profile::Profile, String>) {
+    fn ended(&mut self, id: u64, outcome: broker::Outcome) {
         let path = self.profile_path(id);
         let Some(live) = self.sessions.get(&id).map(|s| self.live(s)) else { return };
         let Some(s) = self.sessions.get_mut(&id) else { return };
         s.info = live;
-        let result = result.and_then(|profile| {
-            proftap_profile::write_profile(&path, &profile).map_err(|e| e.to_string())?;
-            Ok(profile)
-        });
-        match result {
-            Ok(profile) => {
-                s.info.state = State::Finished;
-                s.info.events = profile.recording.events;
-                s.info.lost = profile.lost.events;
-                s.info.uptime_ms = profile.recording.duration_ns / 1_000_000;
-            }
+        s.worker = None;
+        match outcome.and_then(|bytes| write_private(&path, &bytes).map_err(|e| format!("cannot keep the profile: {e}"))) {
+            Ok(()) => s.info.state = State::Finished,
             Err(error) => {
                 s.info.state = State::Failed;
                 s.info.error = Some(error);
             }
         }
         if let Ok(json) = serde_json::to_vec(&s.info) {
-            let _ = proftap_profile::write_atomically(&self.info_path(id), |out| out.write_all(&json));
+            let _ = write_private(&self.info_path(id), &json);
         }
         let ended: Vec<u64> =
             self.sessions.iter().filter(|(_, s)| matches!(s.info.state, State::Finished | State::Failed)).map(|(&id, _)| id).collect();
@@ -199,12 +178,67 @@ impl Registry {
             self.remove(old);
         }
     }
+
+    fn progress(&mut self, id: u64, progress: broker::Progress) {
+        let Some(s) = self.sessions.get_mut(&id) else { return };
+        match progress {
+            broker::Progress::Target(description) => s.info.target = description,
+            broker::Progress::Snapshot(snapshot) => s.snapshot = snapshot,
+        }
+    }
 }
 
-/// Starts a session for `peer`; returns its id once its thread runs (the
+/// Asks a worker to end its session, and kills it if it has not within
+/// [`STOP_GRACE`] (a pidfd signals only that process, even once it is gone).
+fn stop_worker(worker: Arc<OwnedFd>) {
+    broker::signal(&worker, libc::SIGTERM);
+    std::thread::spawn(move || {
+        std::thread::sleep(STOP_GRACE);
+        broker::signal(&worker, libc::SIGKILL);
+    });
+}
+
+/// The state directory: root's alone (0700) however proftapd was started
+/// and whatever its umask; refused if someone else owns it.
+fn private_directory(dir: &Path) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(std::io::Error::other(format!("{} is not a directory of proftapd's user", dir.display())));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Writes a state file readable by proftapd's user alone, atomically
+/// (an exclusively created temporary file, renamed).
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// What `session start` carries besides its arguments.
+pub struct StartRequest {
+    /// The arguments of `session start`.
+    pub args: Vec<String>,
+    /// The client's working directory.
+    pub cwd: PathBuf,
+    /// The client's environment.
+    pub env: Vec<String>,
+    /// The client's standard input, output and error, if it sent them.
+    pub stdio: Vec<OwnedFd>,
+}
+
+/// Starts a session for `peer` in a worker of its own; returns its id (the
 /// caller waits for [`State::Running`] or failure).
-pub fn start(registry: &Shared, peer: Peer, args: Vec<String>, cwd: PathBuf, env: Vec<String>) -> Result<u64, String> {
-    let start = Start::try_parse_from(&args).map_err(|e| first_line(&e.to_string()))?.args;
+pub fn start(registry: &Shared, peer: Peer, request: StartRequest) -> Result<u64, String> {
     let (limits, id) = {
         let mut r = registry.lock().map_err(|_| "proftapd is shutting down".to_string())?;
         let live =
@@ -216,39 +250,11 @@ pub fn start(registry: &Shared, peer: Peer, args: Vec<String>, cwd: PathBuf, env
         r.next_id += 1;
         (r.limits, id)
     };
-    if !peer.is_root() {
-        if start.record.buffer_size > limits.buffer_mib {
-            return Err(format!(
-                "--buffer-size {} is over the {} MiB proftapd allows users other than root",
-                start.record.buffer_size, limits.buffer_mib
-            ));
-        }
-        if !start.record.debug_dir.is_empty() {
-            return Err("--debug-dir is for root only through proftapd (it reads files as root)".into());
-        }
-    }
-    let target = match (start.pid, start.command.first()) {
-        (Some(pid), _) => {
-            access::may_profile(&peer, pid)?;
-            format!("pid {pid} ({})", std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim())
-        }
-        (None, Some(program)) => {
-            let groups = access::groups(peer.uid, peer.gid);
-            if !peer.is_root() && !access::readable_by(std::path::Path::new(program), peer.uid, &groups) {
-                return Err(format!("you may not read {}, so proftapd will not read it for you", program.to_string_lossy()));
-            }
-            start.command.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
-        }
-        (None, None) => return Err("session start needs a process (--pid PID) or a command (-- CMD ARGS...)".into()),
-    };
-
-    let control = Control::default();
-    let progress = Arc::new(Progress::default());
     let info = SessionInfo {
         id,
         uid: peer.uid,
-        target,
-        pid: start.pid.unwrap_or(0),
+        target: String::new(),
+        pid: 0,
         state: State::Starting,
         started_unix_ns: now_unix_ns(),
         uptime_ms: 0,
@@ -257,60 +263,27 @@ pub fn start(registry: &Shared, peer: Peer, args: Vec<String>, cwd: PathBuf, env
         lost: 0,
         error: None,
     };
-    registry
-        .lock()
-        .map_err(|_| "proftapd is shutting down".to_string())?
-        .sessions
-        .insert(id, Session { info, control: control.clone(), progress: progress.clone(), since: Instant::now() });
-
+    let assignment =
+        Assignment { args: request.args, cwd: request.cwd, env: request.env, client_pid: peer.pid, limits, root: peer.is_root() };
+    let worker = broker::spawn(User { uid: peer.uid, gid: peer.gid }, &assignment, &request.stdio)
+        .map_err(|e| format!("cannot start a worker for the session: {e}"))?;
+    let session = Session { info, snapshot: Snapshot::default(), since: Instant::now(), worker: Some(worker.pidfd()) };
+    registry.lock().map_err(|_| "proftapd is shutting down".to_string())?.sessions.insert(id, session);
     let shared = registry.clone();
+    let root = peer.is_root();
     std::thread::Builder::new()
         .name(format!("session {id}"))
         .spawn(move || {
-            let result = prepare(&start, &peer, cwd, env, limits).and_then(|mut prepared| {
-                prepared.options.control = control;
-                prepared.options.progress = Some(progress);
-                let launched = matches!(prepared.spec, TargetSpec::Launch { .. });
-                let recorded = prepared.record().map_err(|e| proftap_cli::output::error_sentence(&e))?;
-                // A launched program left running is still the daemon's child.
-                if launched && recorded.ended.is_none() {
-                    let pid = nix::unistd::Pid::from_raw(recorded.profile.target.pid);
-                    std::thread::spawn(move || nix::sys::wait::waitpid(pid, None));
+            let progress = |snapshot| {
+                if let Ok(mut r) = shared.lock() {
+                    r.progress(id, snapshot);
                 }
-                Ok(recorded.profile)
-            });
+            };
+            let outcome = worker.serve(&limits, root, progress);
             if let Ok(mut r) = shared.lock() {
-                r.ended(id, result);
+                r.ended(id, outcome);
             }
         })
         .map_err(|e| format!("cannot start a session thread: {e}"))?;
     Ok(id)
-}
-
-fn prepare(start: &StartArgs, peer: &Peer, cwd: PathBuf, env: Vec<String>, limits: Limits) -> Result<Prepared, String> {
-    let sentence = |e: anyhow::Error| proftap_cli::output::error_sentence(&e);
-    let prepared = match start.pid {
-        Some(pid) => prepare_attach(&AttachArgs { record: start.record.clone(), attach: start.attach.clone(), pid }).map_err(sentence)?,
-        None => {
-            let launch = Launch {
-                user: (!peer.is_root()).then(|| (peer.uid, peer.gid, access::groups(peer.uid, peer.gid))),
-                cwd: Some(cwd),
-                env: Some(env.into_iter().map(Into::into).collect()),
-            };
-            prepare_run(&RunArgs { record: start.record.clone(), command: start.command.clone() }, launch).map_err(sentence)?
-        }
-    };
-    if !peer.is_root() && prepared.functions.len() > limits.functions {
-        return Err(format!(
-            "this session would probe {} functions; proftapd lets users other than root probe {} at most: name fewer with -f",
-            prepared.functions.len(),
-            limits.functions
-        ));
-    }
-    Ok(prepared)
-}
-
-/// clap's errors run over several lines; the first says what is wrong.
-fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or(text).trim_start_matches("error: ").to_string()
 }

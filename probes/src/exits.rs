@@ -13,7 +13,7 @@ use crate::plan::{EntryKind, classify_entry};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
 
 /// How returns are observed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ExitMode {
     /// Return probes (uretprobes): cheap; unwinders cannot pass them.
     Uretprobe,

@@ -54,11 +54,10 @@ pub fn resolve_command(command: &OsString) -> Result<PathBuf, TargetError> {
     which::which(command).map_err(|_| TargetError::NotFound(name))
 }
 
-/// Who a launched program runs as, and where.
+/// Where a launched program runs (always as proftap's user: a service
+/// launching for others runs proftap as them first).
 #[derive(Clone, Debug, Default)]
 pub struct Launch {
-    /// User and group ids, and supplementary groups, to run as (`None`: as proftap).
-    pub user: Option<(u32, u32, Vec<u32>)>,
     /// Working directory (`None`: proftap's).
     pub cwd: Option<PathBuf>,
     /// The whole environment, as `KEY=VALUE` (`None`: proftap's).
@@ -88,13 +87,11 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
         Some(dir) => Some(CString::new(dir.as_os_str().as_bytes()).map_err(|_| nul("the working directory"))?),
         None => None,
     };
-    let groups: Vec<libc::gid_t> = launch.user.as_ref().map(|u| u.2.clone()).unwrap_or_default();
     let (go_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(system("cannot create a pipe"))?;
     let (err_read, err_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(system("cannot create a pipe"))?;
 
-    // SAFETY: the child only calls async-signal-safe functions (setgroups,
-    // setgid, setuid, chdir, read, execv(e), write, _exit) on data prepared
-    // before the fork.
+    // SAFETY: the child only calls async-signal-safe functions (prctl,
+    // chdir, read, execv(e), write, _exit) on data prepared before the fork.
     match unsafe { nix::unistd::fork() }.map_err(system("cannot fork"))? {
         ForkResult::Child => {
             drop(go_write);
@@ -107,15 +104,12 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
                     libc::_exit(127)
                 }
             };
-            if let Some((uid, gid, _)) = &launch.user {
-                // SAFETY: plain system calls on prepared data; the group
-                // list and group go before the user, which drops the right to change them.
-                let dropped =
-                    unsafe { libc::setgroups(groups.len(), groups.as_ptr()) == 0 && libc::setgid(*gid) == 0 && libc::setuid(*uid) == 0 };
-                if !dropped {
-                    fail(Errno::last_raw());
-                }
-            }
+            // A proftap that changed its ids (a session worker) is not
+            // dumpable, and neither is this copy of it until it executes the
+            // program: the kernel would refuse to let proftap trace it or
+            // open its events. Nothing secret is in it.
+            // SAFETY: a plain system call.
+            unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
             if let Some(dir) = &cwd {
                 // SAFETY: a NUL-terminated path.
                 if unsafe { libc::chdir(dir.as_ptr()) } != 0 {

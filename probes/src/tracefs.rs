@@ -42,6 +42,9 @@ pub enum TracefsError {
         /// Why.
         source: std::io::Error,
     },
+    /// The process that defines uprobes for this one refused or failed.
+    #[error("{0}")]
+    Host(String),
     /// The path of a probed file cannot be written in a uprobe definition.
     #[error("cannot probe {}: uprobe definitions cannot name a path with spaces; copy or link the file to a path without them", .0.display())]
     BadPath(PathBuf),
@@ -126,7 +129,7 @@ fn process_alive(pid: i32) -> bool {
 }
 
 /// Whether a probe fires at its address or when the function entered there returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ProbeKind {
     /// When the instruction at the probed address runs.
     At,
@@ -146,7 +149,7 @@ pub struct UprobeSpec {
 }
 
 /// A tracepoint event of a group, as perf opens it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProbeEvent {
     /// Which probes it carries.
     pub kind: ProbeKind,

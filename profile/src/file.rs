@@ -74,13 +74,16 @@ pub fn read_profile(path: &Path) -> Result<Profile, FileError> {
 
 /// Writes a profile file atomically.
 pub fn write_profile(path: &Path, profile: &Profile) -> Result<(), FileError> {
-    write_atomically(path, |out| {
-        writeln!(out, "{MAGIC} {FORMAT_VERSION}")?;
-        let mut gz = GzEncoder::new(out, Compression::default());
-        serde_json::to_writer(&mut gz, profile).map_err(std::io::Error::from)?;
-        gz.finish()?;
-        Ok(())
-    })
+    write_atomically(path, |out| write_profile_to(out, profile))
+}
+
+/// Writes a profile file's bytes to `out`.
+pub fn write_profile_to(out: &mut dyn Write, profile: &Profile) -> std::io::Result<()> {
+    writeln!(out, "{MAGIC} {FORMAT_VERSION}")?;
+    let mut gz = GzEncoder::new(out, Compression::default());
+    serde_json::to_writer(&mut gz, profile).map_err(std::io::Error::from)?;
+    gz.finish()?;
+    Ok(())
 }
 
 /// Writes `path` through a temporary file in the same directory and a rename,

@@ -16,7 +16,7 @@ mod model;
 mod stats;
 
 pub use diff::{Change, Diff, DiffError, DiffOptions, LineChange, Verdict, diff};
-pub use file::{FORMAT_VERSION, FileError, read_profile, write_atomically, write_profile};
+pub use file::{FORMAT_VERSION, FileError, read_profile, write_atomically, write_profile, write_profile_to};
 pub use merge::MergeError;
 pub use model::*;
 pub use stats::Stat;

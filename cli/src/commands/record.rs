@@ -88,7 +88,7 @@ pub struct RecordArgs {
     regions: Vec<RegionSpec>,
     /// Measure the probe cost again instead of using this boot's measurement.
     #[arg(long)]
-    recalibrate: bool,
+    pub recalibrate: bool,
     /// Ring buffer per CPU, in MiB (more if events are lost).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     pub buffer_size: usize,
@@ -203,7 +203,8 @@ fn options(
         follow_forks: !args.no_follow_fork,
         buffer_bytes: args.buffer_size.clamp(1, 4096) << 20,
         duration,
-        cost: crate::calibration::probe_cost(chosen.exit_mode, args.recalibrate),
+        // Measured by the front end, which knows where measuring may run.
+        cost: None,
         lines: chosen.lines.clone(),
         sample: match (args.sample, hybrid(args) && !args.no_sample || auto.is_some() || args.no_instrument) {
             (Some(0), _) => bail!("--sample needs a frequency above 0"),
@@ -391,6 +392,8 @@ pub struct Prepared {
     pub options: RecordOptions,
     /// The executable's build-id.
     pub build_id: Option<String>,
+    /// How returns are seen: what the probe cost is measured for.
+    pub exit_mode: ExitMode,
 }
 
 impl Prepared {
@@ -427,7 +430,7 @@ pub fn prepare_run(args: &RunArgs, launch: target::Launch) -> Result<Prepared> {
     let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
     let options = options(&args.record, metrics, None, &chosen, None)?;
     let spec = TargetSpec::Launch { path, argv: args.command.clone(), launch };
-    Ok(Prepared { functions: chosen.functions, spec, options, build_id: chosen.build_id })
+    Ok(Prepared { functions: chosen.functions, spec, options, build_id: chosen.build_id, exit_mode: chosen.exit_mode })
 }
 
 /// Prepares `proftap attach`.
@@ -446,7 +449,8 @@ pub fn prepare_attach(args: &AttachArgs) -> Result<Prepared> {
     let chosen = choose(&selection, &modules, &args.record, &args.record.regions)?;
     let auto = auto_instrument.map(|k| (k, warmup));
     let options = options(&args.record, metrics, duration, &chosen, auto)?;
-    Ok(Prepared { functions: chosen.functions, spec: TargetSpec::Attach { pid: args.pid }, options, build_id: chosen.build_id })
+    let spec = TargetSpec::Attach { pid: args.pid };
+    Ok(Prepared { functions: chosen.functions, spec, options, build_id: chosen.build_id, exit_mode: chosen.exit_mode })
 }
 
 /// Tells the user about probe-set changes as they happen.
@@ -457,6 +461,7 @@ fn tell_probes_changed(change: &str) {
 /// Runs `proftap run`.
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let mut prepared = prepare_run(&args, target::Launch::default())?;
+    prepared.options.cost = crate::calibration::probe_cost(prepared.exit_mode, args.record.recalibrate);
     prepared.options.control = control()?;
     prepared.options.on_probes_changed = Some(tell_probes_changed);
     // The program's output shares the terminal: no live line, only a
@@ -470,6 +475,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 /// Runs `proftap attach`.
 pub fn attach(args: AttachArgs) -> Result<ExitCode> {
     let mut prepared = prepare_attach(&args)?;
+    prepared.options.cost = crate::calibration::probe_cost(prepared.exit_mode, args.record.recalibrate);
     prepared.options.control = control()?;
     prepared.options.on_started = Some(announce);
     prepared.options.on_probes_changed = Some(tell_probes_changed);

@@ -62,7 +62,8 @@ pub fn run(args: Args, socket: PathBuf, argv: Vec<OsString>) -> Result<ExitCode>
             let args = forwarded(&argv, &start)?;
             let cwd = std::env::current_dir()?;
             let env = std::env::vars_os().map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy())).collect();
-            let info = session(client.request(&Request::Start { args, cwd, env })?)?;
+            let streams = start.streams.open()?;
+            let info = session(client.request_with_streams(&Request::Start { args, cwd, env }, &streams)?)?;
             eprintln!("proftap: session {} records {} (pid {}, {} functions probed)", info.id, info.target, info.pid, info.functions);
             println!("{}", info.id);
         }

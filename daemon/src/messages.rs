@@ -1,0 +1,129 @@
+//! What proftapd and a session worker say to each other over their
+//! [`Channel`](crate::channel::Channel).
+
+use proftap_probes::exits::ExitMode;
+use proftap_probes::record::ProbeCost;
+use proftap_probes::tracefs::{ProbeEvent, ProbeKind};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// What users other than root may ask for.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Limits {
+    /// Sessions starting or running at once, per user.
+    pub sessions_per_user: usize,
+    /// Functions probed per session.
+    pub functions: usize,
+    /// Uprobes defined per session.
+    pub probes: usize,
+    /// Ring buffer per CPU, MiB.
+    pub buffer_mib: usize,
+    /// A session's profile, MiB.
+    pub profile_mib: usize,
+}
+
+/// proftapd's first message to a worker: the session to record. It carries
+/// the user's standard input, output and error when the client sent them.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Assignment {
+    /// The arguments of `session start`.
+    pub args: Vec<String>,
+    /// The client's working directory.
+    pub cwd: PathBuf,
+    /// The client's environment, `KEY=VALUE`.
+    pub env: Vec<String>,
+    /// The client's pid, for its capabilities.
+    pub client_pid: Option<i32>,
+    /// What the user may ask for.
+    pub limits: Limits,
+    /// Whether the user is root (whose sessions have no limits).
+    pub root: bool,
+}
+
+/// One uprobe a worker asks for: in the file of the `file`th descriptor sent along.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct ProbeRequest {
+    /// Which of the descriptors sent with the request.
+    pub file: u32,
+    /// The file offset.
+    pub offset: u64,
+    /// At the address or at return.
+    pub kind: ProbeKind,
+}
+
+/// A worker's messages: requests that proftapd answers with an [`Answer`],
+/// and reports that it does not.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Report {
+    /// Define these uprobes in a group (answered).
+    Define {
+        /// The probes; their files come as descriptors.
+        probes: Vec<ProbeRequest>,
+    },
+    /// Keep a group's uprobes registered while the targets' events close (answered).
+    Keep {
+        /// The group.
+        group: u64,
+    },
+    /// Remove a group.
+    Remove {
+        /// The group.
+        group: u64,
+    },
+    /// This boot's measured probe cost (answered).
+    Calibrate {
+        /// How returns are seen.
+        exits: ExitMode,
+        /// Measure again.
+        fresh: bool,
+    },
+    /// What the session records: the command line, or `pid N (command)`.
+    Target {
+        /// In words.
+        description: String,
+    },
+    /// Where the recording is.
+    Progress(Snapshot),
+    /// The recording ended; the profile file comes as a descriptor.
+    Finished,
+    /// The recording failed.
+    Failed {
+        /// Why, in a sentence.
+        error: String,
+    },
+}
+
+/// Where a recording is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Every probe is live.
+    pub started: bool,
+    /// The process recorded.
+    pub pid: i32,
+    /// Functions probed.
+    pub functions: u64,
+    /// Events so far.
+    pub events: u64,
+    /// Events lost so far.
+    pub lost: u64,
+}
+
+/// proftapd's answer to a worker's request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer {
+    /// The group is defined.
+    Defined {
+        /// Its handle.
+        group: u64,
+        /// Its events.
+        events: Vec<ProbeEvent>,
+    },
+    /// Done.
+    Done,
+    /// The probe cost, if it could be measured.
+    Cost(Option<ProbeCost>),
+    /// Refused or failed.
+    Refused(String),
+}
