@@ -10,6 +10,7 @@
 //! reads what it records, [`hooks`] keeps unwinders working; [`counting`]
 //! counts calls through trampolines.
 
+pub mod checks;
 pub mod clock;
 pub mod counting;
 pub mod hooks;

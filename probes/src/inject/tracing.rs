@@ -2,6 +2,7 @@
 //! records each entry and return of the patched functions into per-thread
 //! rings shared with proftap, which drains them.
 
+use super::checks::Checks;
 use super::hooks::{self, Hook, HookSite};
 use super::patch::Site;
 use super::patcher::{self, Applied, Refused, Target};
@@ -9,8 +10,8 @@ use super::remote::{AWAY_FROM_CODE, Remote, RemoteError, Shared};
 use super::runtime::{self, Layout, Runtime, control};
 use crate::plan::ProbedFunction;
 use crate::procfs;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// One entry or return, as the runtime recorded it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +87,11 @@ pub struct Tracing {
     /// The process, held still since it was patched, until the drainer runs
     /// (see [`Tracing::release`]).
     held: Option<Remote>,
+    /// What is checked of what the process writes to the shared memory.
+    checks: Checks,
+    /// Why the shared memory cannot be believed, once it cannot: set once,
+    /// read by whoever records (see [`Tracing::corrupted`]).
+    corrupted: Arc<OnceLock<String>>,
 }
 
 /// Where the C library keeps a thread's id in its thread control block:
@@ -207,6 +213,8 @@ impl Tracing {
             tails: vec![0; runtime::SLOTS as usize],
             code: Vec::new(),
             held: None,
+            checks: Checks::new(pid, functions.len(), catch_id),
+            corrupted: Arc::default(),
         };
         if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) {
             tracing.split_refusals(refused, functions.len(), &hook_sites);
@@ -337,14 +345,22 @@ impl Tracing {
 
     /// Every record written since the last drain, as raw bytes (see
     /// [`parse`]), thread by thread in the order each thread wrote them.
+    /// A record or position that fails [`Checks`] stops all draining.
     pub fn drain_raw(&mut self, into: &mut Vec<Batch>, spare: &mut Vec<Vec<u8>>) {
         let Some(shared) = &self.shared else { return };
+        if self.corrupted.get().is_some() {
+            return;
+        }
         for slot in 0..runtime::SLOTS {
             let at = Layout::control_offset(slot);
             let head = shared.load(at + control::HEAD);
             let tail = self.tails[slot as usize];
             if head == tail {
                 continue;
+            }
+            if let Err(why) = Checks::positions(slot, head, tail) {
+                self.corrupt(why);
+                return;
             }
             let tid = shared.load(at + control::TID) as u32;
             // A buffer used before: its pages are in place (a fresh one
@@ -362,8 +378,30 @@ impl Tracing {
                 shared.store(at + control::TAIL, n);
             }
             self.tails[slot as usize] = head;
+            if let Err(why) = self.checks.records(&bytes, tid) {
+                self.corrupt(why);
+                return;
+            }
             into.push(Batch { tid, bytes });
         }
+    }
+
+    fn corrupt(&self, why: String) {
+        let _ = self.corrupted.set(format!("the target corrupted proftap's buffers ({why}); what it wrote cannot be believed"));
+    }
+
+    /// Why the process's records cannot be believed, if it wrote something
+    /// no runtime of proftap's writes: the recording must end.
+    pub fn corrupted(&self) -> Option<String> {
+        self.corrupted.get().cloned()
+    }
+
+    /// A counter the process keeps; zero, and the recording corrupted, if it lies.
+    fn count(&self, what: &str, value: u64) -> u64 {
+        Checks::count(what, value).unwrap_or_else(|why| {
+            self.corrupt(why);
+            0
+        })
     }
 
     /// Every record written since the last drain, parsed.
@@ -381,7 +419,7 @@ impl Tracing {
         let Some(shared) = &self.shared else { return Vec::new() };
         (0..runtime::SLOTS)
             .map(Layout::control_offset)
-            .map(|at| (shared.load(at + control::TID) as u32, shared.load(at + control::LOST)))
+            .map(|at| (shared.load(at + control::TID) as u32, self.count("lost records", shared.load(at + control::LOST))))
             .filter(|&(_, lost)| lost > 0)
             .collect()
     }
@@ -403,10 +441,10 @@ impl Tracing {
         let Some(shared) = &self.shared else { return (Vec::new(), 0) };
         let too_deep = (0..runtime::SLOTS)
             .map(Layout::control_offset)
-            .map(|at| (shared.load(at + control::TID) as u32, shared.load(at + control::UNTIMED)))
+            .map(|at| (shared.load(at + control::TID) as u32, self.count("calls not timed", shared.load(at + control::UNTIMED))))
             .filter(|&(_, untimed)| untimed > 0)
             .collect();
-        (too_deep, shared.load(runtime::header::UNSLOTTED))
+        (too_deep, self.count("calls of threads without a slot", shared.load(runtime::header::UNSLOTTED)))
     }
 
     /// Stops recording and puts the original bytes back. The runtime and
@@ -467,6 +505,7 @@ pub struct Drainer {
     unpatched: std::sync::mpsc::Receiver<Unpatched>,
     /// Buffers read, back to the drainer for reuse.
     recycle: std::sync::mpsc::Sender<Vec<u8>>,
+    corrupted: Arc<OnceLock<String>>,
 }
 
 /// Records in `batches`.
@@ -475,15 +514,14 @@ fn records(batches: &[Batch]) -> u64 {
 }
 
 /// Adds the entries among `bytes`' records to `entries`, by function.
-fn count_entries(bytes: &[u8], entries: &mut Vec<u64>) {
+fn count_entries(bytes: &[u8], entries: &mut [u64]) {
     for record in bytes.chunks_exact(runtime::RECORD as usize) {
         let payload = u64::from_ne_bytes(record[8..16].try_into().unwrap_or_default());
-        if (payload >> runtime::KIND_SHIFT) as u8 as u32 == runtime::ENTRY {
-            let f = payload as u32 as usize;
-            if entries.len() <= f {
-                entries.resize(f + 1, 0);
-            }
-            entries[f] += 1;
+        // Checked records name patched functions only.
+        if (payload >> runtime::KIND_SHIFT) as u8 as u32 == runtime::ENTRY
+            && let Some(count) = entries.get_mut(payload as u32 as usize)
+        {
+            *count += 1;
         }
     }
 }
@@ -500,6 +538,7 @@ impl Drainer {
         let (tell, unpatched) = std::sync::mpsc::channel();
         let (recycle, recycled) = std::sync::mpsc::channel::<Vec<u8>>();
         let flag = stop.clone();
+        let corrupted = tracing.corrupted.clone();
         let queued = Arc::new(AtomicU64::new(0));
         let waiting = queued.clone();
         let thread = std::thread::spawn(move || {
@@ -508,7 +547,7 @@ impl Drainer {
             // with CAP_SYS_NICE; without, it runs at the default priority.
             // SAFETY: plain system calls on this thread.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -10) };
-            let mut entries = Vec::new();
+            let mut entries = vec![0u64; tracing.checks.functions()];
             let mut spare = Vec::new();
             while !flag.load(Ordering::Relaxed) {
                 let mut batch = Vec::new();
@@ -545,7 +584,12 @@ impl Drainer {
             }
             tracing
         });
-        Drainer { stop, queued, thread, batches, unpatched, recycle }
+        Drainer { stop, queued, thread, batches, unpatched, recycle, corrupted }
+    }
+
+    /// See [`Tracing::corrupted`].
+    pub fn corrupted(&self) -> Option<String> {
+        self.corrupted.get().cloned()
     }
 
     /// Records drained so far, until `into` holds `max_records` or more: the

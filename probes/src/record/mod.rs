@@ -67,6 +67,10 @@ pub enum RecordError {
     /// An option the chosen engine does not offer.
     #[error("{0}")]
     Unsupported(String),
+    /// The target wrote what proftap's runtime never writes into the memory
+    /// they share; the recording stopped and the process runs on.
+    #[error("{0}")]
+    Corrupted(String),
 }
 
 /// How calls are seen.
@@ -781,6 +785,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             window = (Instant::now(), 0);
         }
 
+        if tracing.as_ref().is_some_and(|d| d.corrupted().is_some()) {
+            break;
+        }
         let process_gone = pidfd.as_ref().is_some_and(|fd| readable(fd.as_fd()));
         match &mut child {
             Some(_) if options.control.detach.load(Ordering::Relaxed) => break,
@@ -809,6 +816,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     session.disable();
     reader.drain();
     let mut engine_lost = 0;
+    let mut corrupted = None;
     if let (Some(drainer), Some(clock)) = (tracing, tsc.as_mut()) {
         calls.clear();
         let mut engine = drainer.finish(&mut calls);
@@ -838,6 +846,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             engine_lost += 2 * unslotted;
             reader.inject(Event::Lost { time: now, tid: 0, probe: None, count: 2 * unslotted });
         }
+        corrupted = engine.corrupted();
         let deep: u64 = too_deep.iter().map(|&(_, calls)| calls).sum();
         if deep + unslotted > 0 {
             notes.push(format!(
@@ -863,6 +872,9 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     // Each set waits for its own grace periods: in parallel.
     drop(unregistering);
     drop(child);
+    if let Some(why) = corrupted {
+        return Err(RecordError::Corrupted(why));
+    }
     let Consumer { aggregator, sampler, .. } = consumer;
     let throttled: Vec<bool> = aggregator.throttled().to_vec();
 
