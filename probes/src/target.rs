@@ -89,6 +89,12 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
     };
     let (go_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(system("cannot create a pipe"))?;
     let (err_read, err_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(system("cannot create a pipe"))?;
+    let (ready_read, ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(system("cannot create a pipe"))?;
+    // Built before the fork: the child of a threaded process must not allocate.
+    let mut arg_ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    arg_ptrs.push(std::ptr::null());
+    let env_ptrs: Option<Vec<*const libc::c_char>> =
+        env.as_ref().map(|env| env.iter().map(|e| e.as_ptr()).chain(std::iter::once(std::ptr::null())).collect());
 
     // SAFETY: the child only calls async-signal-safe functions (prctl,
     // chdir, read, execv(e), write, _exit) on data prepared before the fork.
@@ -96,6 +102,7 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
         ForkResult::Child => {
             drop(go_write);
             drop(err_read);
+            drop(ready_read);
             let fail = |errno: i32| -> ! {
                 let bytes = errno.to_ne_bytes();
                 // SAFETY: writing a local buffer to an open fd, then exiting.
@@ -117,6 +124,12 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
                 }
             }
             let mut byte = [0u8; 1];
+            // Ready to be traced; then wait to be released.
+            // SAFETY: writing a local buffer to an open fd, then closing it.
+            unsafe {
+                libc::write(ready_write.as_raw_fd(), byte.as_ptr().cast(), 1);
+            }
+            drop(ready_write);
             // SAFETY: reading into a local buffer from an open fd.
             let n = unsafe { libc::read(go_read.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
             if n != 1 {
@@ -124,18 +137,14 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
                 // SAFETY: _exit is async-signal-safe.
                 unsafe { libc::_exit(126) };
             }
-            let mut ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-            ptrs.push(std::ptr::null());
-            match &env {
-                Some(env) => {
-                    let mut vars: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
-                    vars.push(std::ptr::null());
-                    // SAFETY: NUL-terminated strings and null-terminated arrays.
-                    unsafe { libc::execve(program.as_ptr(), ptrs.as_ptr(), vars.as_ptr()) };
-                }
+            match &env_ptrs {
+                // SAFETY: NUL-terminated strings and null-terminated arrays.
+                Some(vars) => unsafe {
+                    libc::execve(program.as_ptr(), arg_ptrs.as_ptr(), vars.as_ptr());
+                },
                 // SAFETY: NUL-terminated strings and a null-terminated array.
                 None => unsafe {
-                    libc::execv(program.as_ptr(), ptrs.as_ptr());
+                    libc::execv(program.as_ptr(), arg_ptrs.as_ptr());
                 },
             }
             fail(Errno::last_raw())
@@ -143,7 +152,19 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
         ForkResult::Parent { child } => {
             drop(go_read);
             drop(err_write);
-            Ok(HeldChild { pid: child, go: Some(go_write), exec_error: err_read, path: path.into() })
+            drop(ready_write);
+            let held = HeldChild { pid: child, go: Some(go_write), exec_error: err_read, path: path.into() };
+            // Not before the child can be traced (see above); a child that
+            // could not get there says why on the error pipe.
+            let mut byte = [0u8; 1];
+            if nix::unistd::read(&ready_read, &mut byte).unwrap_or(0) != 1 {
+                let mut errno = [0u8; 4];
+                let n = nix::unistd::read(&held.exec_error, &mut errno).unwrap_or(0);
+                let _ = waitpid(child, None);
+                let source = if n == 4 { io::Error::from_raw_os_error(i32::from_ne_bytes(errno)) } else { io::ErrorKind::Other.into() };
+                return Err(TargetError::Exec { path: path.into(), source });
+            }
+            Ok(held)
         }
     }
 }
