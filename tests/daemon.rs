@@ -3,76 +3,10 @@
 //! with SIGTERM.
 #![allow(clippy::unwrap_used)]
 
+use proftap_tests::daemon::*;
 use proftap_tests::*;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-
-/// A daemon on a socket and state directory of its own.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    state: PathBuf,
-}
-
-impl Daemon {
-    /// Starts proftapd and waits until it says it listens.
-    fn start(dir: &Path) -> Daemon {
-        let socket = dir.join("proftapd.sock");
-        let state = dir.join("state");
-        let mut child = Command::new(binary("proftapd"))
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(&state)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        assert!(line.contains("listening on"), "proftapd: {line}");
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::stderr()));
-        Daemon { child, socket, state }
-    }
-
-    /// `proftap --socket S session ARGS`, as the current user.
-    fn session(&self, args: &[&str]) -> Output {
-        run(proftap().arg("--socket").arg(&self.socket).arg("session").args(args))
-    }
-
-    /// The same, as user `uid`/`gid`, with `proftap` at `exe`.
-    fn session_as(&self, exe: &Path, uid: u32, gid: u32, args: &[&str]) -> Output {
-        use std::os::unix::process::CommandExt;
-        run(Command::new(exe).uid(uid).gid(gid).env_remove("XDG_RUNTIME_DIR").arg("--socket").arg(&self.socket).arg("session").args(args))
-    }
-
-    /// Ends the daemon with SIGTERM and waits for it.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        run_ok(Command::new("kill").args(["-TERM", &self.child.id().to_string()]));
-        let status = self.child.wait().unwrap();
-        std::mem::forget(self);
-        status
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The session id `session start` prints last.
-fn started(out: &Output) -> String {
-    ok(out).lines().last().unwrap_or_default().trim().to_string()
-}
+use std::process::Command;
 
 #[test]
 fn a_session_on_a_running_program_is_listed_stopped_and_fetched() {
@@ -126,44 +60,12 @@ fn a_session_launches_a_command_and_keeps_its_profile() {
     assert_clean_failure(&daemon.session(&["start", "-o", "x", "--pid", "1"]), "use `proftap session fetch ID -o FILE`");
 }
 
-/// A user for the access tests: `proftap-test`, created if missing.
-fn test_user() -> Option<(u32, u32)> {
-    let id = |flag: &str| -> Option<u32> {
-        let out = Command::new("id").arg(flag).arg("proftap-test").output().ok()?;
-        String::from_utf8_lossy(&out.stdout).trim().parse().ok().filter(|_| out.status.success())
-    };
-    if id("-u").is_none() {
-        let made = Command::new("useradd").args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "proftap-test"]).status();
-        if !made.is_ok_and(|s| s.success()) {
-            eprintln!("skipped: cannot create the user proftap-test (useradd) to test access between users");
-            return None;
-        }
-    }
-    Some((id("-u")?, id("-g")?))
-}
-
-/// A directory every user may read, holding copies of `files`.
-fn shared_copies(files: &[&Path]) -> (tempfile::TempDir, Vec<PathBuf>) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let copies = files
-        .iter()
-        .map(|f| {
-            let to = dir.path().join(f.file_name().unwrap());
-            std::fs::copy(f, &to).unwrap();
-            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
-            to
-        })
-        .collect();
-    (dir, copies)
-}
-
 #[test]
 fn a_user_profiles_their_own_process_and_not_roots() {
-    if !can_probe() || !nix_is_root() {
+    if !can_probe() {
         return;
     }
-    let Some((uid, gid)) = test_user() else { return };
+    let (uid, gid) = test_user();
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let daemon = Daemon::start(dir.path());
@@ -195,10 +97,10 @@ fn a_user_profiles_their_own_process_and_not_roots() {
 
 #[test]
 fn a_users_command_runs_as_that_user_in_their_directory() {
-    if !can_probe() || !nix_is_root() {
+    if !can_probe() {
         return;
     }
-    let Some((uid, gid)) = test_user() else { return };
+    let (uid, gid) = test_user();
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let daemon = Daemon::start(dir.path());
@@ -227,10 +129,6 @@ fn a_users_command_runs_as_that_user_in_their_directory() {
     let file = dir.path().join("who.profile");
     ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
     assert_eq!(calls_by_name(&report_json(&file))["who"], 1);
-}
-
-fn nix_is_root() -> bool {
-    run_ok(Command::new("id").arg("-u")).trim() == "0"
 }
 
 #[test]

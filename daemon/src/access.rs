@@ -53,9 +53,13 @@ pub fn may_profile(root: bool, client_pid: Option<i32>, pid: i32) -> Result<(), 
         return Ok(());
     }
     let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-    let owner = target.uids.first().copied().unwrap_or(0);
+    // Status lists real, effective, saved and file-system ids.
+    let (real, effective) = (target.uids.first().copied().unwrap_or(0), target.uids.get(1).copied().unwrap_or(0));
+    if real == uid && target.uids.iter().chain(&target.gids).any(|&id| id != uid && id != gid) {
+        return Err(format!("process {pid} is a set-id program running as user {effective}: only root may profile it"));
+    }
     if target.uids.iter().any(|&u| u != uid) || target.gids.iter().any(|&g| g != gid) {
-        return Err(format!("process {pid} runs as user {owner}, not as you (uid {uid}): you may profile only your own processes"));
+        return Err(format!("process {pid} runs as user {real}, not as you (uid {uid}): you may profile only your own processes"));
     }
     // The kernel makes /proc/PID root's when the process is not dumpable.
     let dumpable = fs::metadata(format!("/proc/{pid}")).map(|m| std::os::unix::fs::MetadataExt::uid(&m) == uid).unwrap_or(false);

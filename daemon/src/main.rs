@@ -218,14 +218,17 @@ async fn connection(stream: UnixStream, registry: Shared, counts: Counts, most: 
     let credentials = stream.peer_cred()?;
     let peer = Peer { uid: credentials.uid(), gid: credentials.gid(), pid: credentials.pid() };
     let (read, mut write) = stream.into_split();
-    let Some(_counted) = counts.admit(peer.uid, most) else {
-        let refusal = Response::Error { message: format!("you have {most} connections to proftapd open, the most it takes from one user") };
-        return send(&mut write, &refusal).await;
-    };
+    let counted = counts.admit(peer.uid, most);
     let mut lines = Lines::new(read);
     let ours = Hello { protocol: PROTOCOL_VERSION, program: format!("proftapd {}", env!("CARGO_PKG_VERSION")) };
     let Some((line, _)) = lines.next().await? else { return Ok(()) };
     send(&mut write, &ours).await?;
+    if counted.is_none() {
+        // Answers the request it was sent with, then hangs up.
+        let _ = lines.next().await;
+        let refusal = Response::Error { message: format!("you have {most} connections to proftapd open, the most it takes from one user") };
+        return send(&mut write, &refusal).await;
+    }
     match serde_json::from_str::<Hello>(&line) {
         Ok(hello) if hello.protocol == PROTOCOL_VERSION => {}
         // The client sees our version in our hello and says so.

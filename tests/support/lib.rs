@@ -2,6 +2,8 @@
 //! compiled in the variants that break tools, and the peer tools we compare with.
 #![allow(missing_docs, clippy::unwrap_used)]
 
+pub mod daemon;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
