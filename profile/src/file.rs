@@ -40,6 +40,14 @@ pub enum FileError {
         /// Its format version.
         version: u32,
     },
+    /// The file decompresses to more than a profile may hold.
+    #[error("{} holds more than {} MiB of profile data once decompressed, more than proftap reads", path.display(), limit >> 20)]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit, in bytes.
+        limit: u64,
+    },
     /// The file is damaged or cut short.
     #[error("{} is damaged or truncated ({reason}); record it again", path.display())]
     Damaged {
@@ -50,26 +58,95 @@ pub enum FileError {
     },
 }
 
+/// The most JSON a profile file may hold once decompressed.
+pub const MAX_JSON_BYTES: u64 = 1 << 30;
+
+/// How many times its compressed size a profile's JSON may be, once past
+/// [`EXPANSION_FLOOR`]: recorded profiles compress 5 to 10-fold, while a
+/// gzip bomb expands a thousandfold.
+pub const MAX_EXPANSION: u64 = 100;
+
+/// JSON up to this size may expand any amount.
+pub const EXPANSION_FLOOR: u64 = 64 << 20;
+
 /// Reads a profile file.
 pub fn read_profile(path: &Path) -> Result<Profile, FileError> {
     let file = std::fs::File::open(path).map_err(|source| FileError::Io { action: "read", path: path.into(), source })?;
-    let mut reader = BufReader::new(file);
+    read_profile_from(file, path)
+}
+
+/// Decodes a profile file's bytes held in memory (a profile received
+/// rather than read from disk); errors call it "the profile".
+pub fn decode(bytes: &[u8]) -> Result<Profile, FileError> {
+    read_profile_from(bytes, Path::new("the profile"))
+}
+
+/// Reads a profile from `reader`, naming it `name` in errors: the header,
+/// the decompressed JSON (bounded by [`MAX_JSON_BYTES`] and
+/// [`MAX_EXPANSION`]), then [`Profile::validate`].
+pub fn read_profile_from(reader: impl Read, name: &Path) -> Result<Profile, FileError> {
+    let mut reader = BufReader::new(reader);
+    read_header(&mut reader, name)?;
+    let json = inflate(reader, name, MAX_JSON_BYTES, EXPANSION_FLOOR)?;
+    let damaged = |reason: String| FileError::Damaged { path: name.into(), reason };
+    let profile: Profile = serde_json::from_slice(&json).map_err(|e| damaged(e.to_string()))?;
+    drop(json);
+    profile.validate().map_err(|e| damaged(e.to_string()))?;
+    Ok(profile)
+}
+
+/// Checks the header line and returns the format version.
+fn read_header(reader: &mut impl BufRead, name: &Path) -> Result<u32, FileError> {
     let mut header = Vec::new();
-    reader.by_ref().take(64).read_until(b'\n', &mut header).map_err(|source| FileError::Io {
-        action: "read",
-        path: path.into(),
-        source,
-    })?;
+    reader.take(64).read_until(b'\n', &mut header).map_err(|source| FileError::Io { action: "read", path: name.into(), source })?;
     let header = String::from_utf8_lossy(&header);
     let Some(version) = header.trim_end().strip_prefix(MAGIC).and_then(|v| v.trim().parse::<u32>().ok()) else {
-        return Err(FileError::Foreign { path: path.into() });
+        return Err(FileError::Foreign { path: name.into() });
     };
     if version > FORMAT_VERSION {
-        return Err(FileError::Newer { path: path.into(), version });
+        return Err(FileError::Newer { path: name.into(), version });
     }
+    Ok(version)
+}
+
+/// Counts the bytes read through it: the compressed size so far.
+struct Counted<R> {
+    inner: R,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+/// Decompresses the JSON, stopping as soon as it passes `limit` bytes or
+/// expands more than [`MAX_EXPANSION`]-fold past `floor`, before a bomb
+/// can take the memory.
+fn inflate(reader: impl Read, name: &Path, limit: u64, floor: u64) -> Result<Vec<u8>, FileError> {
+    let mut gz = GzDecoder::new(Counted { inner: reader, bytes: 0 });
     let mut json = Vec::new();
-    GzDecoder::new(reader).read_to_end(&mut json).map_err(|e| FileError::Damaged { path: path.into(), reason: e.to_string() })?;
-    serde_json::from_slice(&json).map_err(|e| FileError::Damaged { path: path.into(), reason: e.to_string() })
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        let n = match gz.read(&mut chunk) {
+            Ok(0) => return Ok(json),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(FileError::Damaged { path: name.into(), reason: e.to_string() }),
+        };
+        json.extend_from_slice(&chunk[..n]);
+        let size = json.len() as u64;
+        if size > limit {
+            return Err(FileError::TooLarge { path: name.into(), limit });
+        }
+        if size > floor && size > gz.get_ref().bytes.saturating_mul(MAX_EXPANSION) {
+            let reason = format!("its data expands more than {MAX_EXPANSION}-fold when decompressed, which no profile does");
+            return Err(FileError::Damaged { path: name.into(), reason });
+        }
+    }
 }
 
 /// Writes a profile file atomically.
@@ -156,6 +233,47 @@ mod tests {
 
         let err = read_profile(&dir.path().join("missing")).expect_err("missing");
         assert!(err.to_string().starts_with("cannot read"), "{err}");
+    }
+
+    /// A profile file of `json`, compressed at `level`.
+    fn file_of(json: &[u8], level: u32) -> Vec<u8> {
+        let mut out = format!("{MAGIC} {FORMAT_VERSION}\n").into_bytes();
+        let mut gz = GzEncoder::new(&mut out, Compression::new(level));
+        gz.write_all(json).expect("compress");
+        gz.finish().expect("compress");
+        out
+    }
+
+    #[test]
+    fn profiles_decode_from_memory_and_are_validated() {
+        let json = serde_json::to_vec(&sample()).expect("json");
+        assert_eq!(decode(&file_of(&json, 6)).expect("valid").functions[0].name, "f");
+        let mut bad = sample();
+        bad.threads.push(crate::model::ThreadProfile {
+            pid: 1,
+            tid: 2,
+            name: String::new(),
+            functions: vec![crate::model::FunctionStats::new(9, 1)],
+            tree: crate::model::CallTree::new(1),
+        });
+        let err = decode(&file_of(&serde_json::to_vec(&bad).expect("json"), 6)).expect_err("invalid");
+        assert_eq!(
+            err.to_string(),
+            "the profile is damaged or truncated (thread 2 names function 9, but the profile has 1 functions); record it again"
+        );
+    }
+
+    #[test]
+    fn decompression_stops_at_the_limit_and_at_a_bomb() {
+        let bomb = file_of(&vec![b' '; 4 << 20], 9);
+        let header = bomb.iter().position(|&b| b == b'\n').expect("header") + 1;
+        let inflated = |limit, floor| inflate(&bomb[header..], Path::new("bomb"), limit, floor);
+        assert_eq!(inflated(8 << 20, 8 << 20).expect("within both").len(), 4 << 20);
+        let err = inflated(1 << 20, 8 << 20).expect_err("past the limit");
+        assert!(matches!(err, FileError::TooLarge { .. }), "{err}");
+        assert_eq!(err.to_string(), "bomb holds more than 1 MiB of profile data once decompressed, more than proftap reads");
+        let err = inflated(8 << 20, 1 << 20).expect_err("expands a thousandfold");
+        assert!(err.to_string().contains("expands more than 100-fold"), "{err}");
     }
 
     #[test]

@@ -14,9 +14,14 @@ mod file;
 mod merge;
 mod model;
 mod stats;
+mod validate;
 
 pub use diff::{Change, Diff, DiffError, DiffOptions, LineChange, Verdict, diff};
-pub use file::{FORMAT_VERSION, FileError, read_profile, write_atomically, write_profile};
+pub use file::{
+    EXPANSION_FLOOR, FORMAT_VERSION, FileError, MAX_EXPANSION, MAX_JSON_BYTES, decode, read_profile, read_profile_from, write_atomically,
+    write_profile,
+};
 pub use merge::MergeError;
 pub use model::*;
 pub use stats::Stat;
+pub use validate::{InvalidProfile, MAX_LINE, MAX_METRICS, MAX_NAME_REFERENCES, MAX_TREE_DEPTH};
