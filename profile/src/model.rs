@@ -113,13 +113,13 @@ impl SampleProfile {
         let mut seen = vec![u64::MAX; self.frames.len()];
         for (i, stack) in self.stacks.iter().enumerate() {
             if let Some(&last) = stack.frames.last() {
-                own[last as usize] += stack.count;
+                own[last as usize] = own[last as usize].saturating_add(stack.count);
             }
             for &f in &stack.frames {
                 // Recursion counts a stack once.
                 if seen[f as usize] != i as u64 {
                     seen[f as usize] = i as u64;
-                    total[f as usize] += stack.count;
+                    total[f as usize] = total[f as usize].saturating_add(stack.count);
                 }
             }
         }
@@ -290,9 +290,9 @@ impl FunctionStats {
 
     /// Adds another's numbers for the same function.
     pub fn merge(&mut self, other: &FunctionStats) {
-        self.calls += other.calls;
-        self.unwound += other.unwound;
-        self.unfinished += other.unfinished;
+        self.calls = self.calls.saturating_add(other.calls);
+        self.unwound = self.unwound.saturating_add(other.unwound);
+        self.unfinished = self.unfinished.saturating_add(other.unfinished);
         for (a, b) in self.inclusive.iter_mut().zip(&other.inclusive) {
             a.merge(b);
         }
@@ -367,7 +367,7 @@ impl CallTree {
             };
             mapped[i] = target;
             let mine = &mut self.nodes[target as usize];
-            mine.calls += node.calls;
+            mine.calls = mine.calls.saturating_add(node.calls);
             for (a, b) in mine.inclusive.iter_mut().zip(&node.inclusive) {
                 *a = a.saturating_add(*b);
             }
@@ -485,7 +485,7 @@ impl Profile {
 
     /// Total calls over all functions and threads.
     pub fn total_calls(&self) -> u64 {
-        self.threads.iter().flat_map(|t| &t.functions).map(|f| f.calls).sum()
+        self.threads.iter().flat_map(|t| &t.functions).fold(0u64, |sum, f| sum.saturating_add(f.calls))
     }
 }
 
