@@ -343,6 +343,29 @@ impl CallTree {
         children
     }
 
+    /// Each node's depth: 0 for the root, 1 for its children, ...
+    /// ([`Profile::validate`] bounds it by [`crate::MAX_TREE_DEPTH`]).
+    pub fn depths(&self) -> Vec<u32> {
+        let mut depths = vec![0u32; self.nodes.len()];
+        for (i, node) in self.nodes.iter().enumerate().skip(1) {
+            // Parents come before their children; a node breaking that (in a
+            // tree never validated) counts as a child of the root.
+            depths[i] = depths.get(node.parent as usize).filter(|_| (node.parent as usize) < i).map_or(1, |d| d.saturating_add(1));
+        }
+        depths
+    }
+
+    /// The nodes from `node` up to the root's child on its path, innermost
+    /// first. It always ends, even in a tree never validated: each step
+    /// goes to an earlier node.
+    pub fn path(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
+        let first = (node != 0 && (node as usize) < self.nodes.len()).then_some(node);
+        std::iter::successors(first, move |&i| {
+            let parent = self.nodes[i as usize].parent;
+            (parent != 0 && parent < i).then_some(parent)
+        })
+    }
+
     /// Adds the paths of `other` into this tree, summing the nodes they share.
     pub fn merge(&mut self, other: &CallTree) {
         let mut index: HashMap<(u32, FunctionId), u32> =
@@ -512,6 +535,19 @@ mod tests {
         assert_eq!(a.nodes[2], node(2, 1, 6, 8));
         assert_eq!(a.nodes[3], node(2, 0, 1, 3));
         assert_eq!(a.children()[0], vec![1, 3]);
+        assert_eq!(a.depths(), vec![0, 1, 2, 1]);
+        assert_eq!(a.path(2).collect::<Vec<_>>(), vec![2, 1]);
+        assert_eq!(a.path(0).count(), 0);
+    }
+
+    #[test]
+    fn paths_end_in_a_tree_with_a_cycle() {
+        let mut a = CallTree::new(1);
+        a.nodes.push(node(1, 2, 1, 1));
+        a.nodes.push(node(2, 1, 1, 1));
+        assert_eq!(a.path(2).collect::<Vec<_>>(), vec![2, 1]);
+        assert_eq!(a.path(1).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(a.depths(), vec![0, 1, 2]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! call tree, or the difference between two profiles.
 
 use crate::report::flame::{Source, diff_svg, folded, svg};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use proftap_profile::Profile;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,7 +50,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if args.from == Some(Source::Samples) && profile.samples.is_none() {
             bail!("{} has no samples; record it with --sample, or use --from calls", file.display());
         }
-        let lines = folded(profile, args.from, metric(profile, &args.metric, file)?);
+        let lines =
+            folded(profile, args.from, metric(profile, &args.metric, file)?).with_context(|| format!("cannot draw {}", file.display()))?;
         if lines.is_empty() {
             bail!("{} has no stacks to draw", file.display());
         }
