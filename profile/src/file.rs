@@ -2,6 +2,7 @@
 //! then the profile as gzip-compressed JSON. See `docs/FORMAT.md`.
 
 use crate::model::Profile;
+use crate::write::{write_atomically, write_private};
 use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
@@ -149,39 +150,24 @@ fn inflate(reader: impl Read, name: &Path, limit: u64, floor: u64) -> Result<Vec
     }
 }
 
-/// Writes a profile file atomically.
+/// Writes a profile file atomically (see [`write_atomically`]).
 pub fn write_profile(path: &Path, profile: &Profile) -> Result<(), FileError> {
-    write_atomically(path, |out| {
-        writeln!(out, "{MAGIC} {FORMAT_VERSION}")?;
-        let mut gz = GzEncoder::new(out, Compression::default());
-        serde_json::to_writer(&mut gz, profile).map_err(std::io::Error::from)?;
-        gz.finish()?;
-        Ok(())
-    })
+    write_atomically(path, |out| write_profile_to(out, profile))
 }
 
-/// Writes `path` through a temporary file in the same directory and a rename,
-/// so that no failure leaves a half-written file behind.
-pub fn write_atomically(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(), FileError> {
-    let io = |source| FileError::Io { action: "write", path: path.into(), source };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().ok_or_else(|| io(std::io::Error::other("the path names no file")))?;
-    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
-    let result = (|| {
-        let file = std::fs::File::create(&tmp)?;
-        let mut out = std::io::BufWriter::new(file);
-        write(&mut out)?;
-        let file = out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(io)
+/// Writes a profile file atomically, readable by its owner only (see
+/// [`write_private`]): for profiles a service keeps.
+pub fn write_profile_private(path: &Path, profile: &Profile) -> Result<(), FileError> {
+    write_private(path, |out| write_profile_to(out, profile))
+}
+
+/// Writes a profile file's bytes to `out` (standard output, a socket).
+pub fn write_profile_to(out: &mut dyn Write, profile: &Profile) -> std::io::Result<()> {
+    writeln!(out, "{MAGIC} {FORMAT_VERSION}")?;
+    let mut gz = GzEncoder::new(out, Compression::default());
+    serde_json::to_writer(&mut gz, profile).map_err(std::io::Error::from)?;
+    gz.finish()?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -274,14 +260,5 @@ mod tests {
         assert_eq!(err.to_string(), "bomb holds more than 1 MiB of profile data once decompressed, more than proftap reads");
         let err = inflated(8 << 20, 1 << 20).expect_err("expands a thousandfold");
         assert!(err.to_string().contains("expands more than 100-fold"), "{err}");
-    }
-
-    #[test]
-    fn a_failed_write_leaves_nothing() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("out");
-        let err = write_atomically(&path, |_| Err(std::io::Error::other("boom"))).expect_err("fails");
-        assert!(err.to_string().contains("boom"));
-        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
     }
 }
