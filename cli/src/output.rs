@@ -1,5 +1,8 @@
 //! Shared pieces of output.
 
+use std::io::Write;
+use std::path::Path;
+
 /// One line for the user: the error and its causes, without repeating a
 /// cause the message already states.
 pub fn error_sentence(error: &anyhow::Error) -> String {
@@ -12,4 +15,22 @@ pub fn error_sentence(error: &anyhow::Error) -> String {
         }
     }
     text
+}
+
+/// Whether an `-o` argument means standard output.
+pub fn is_stdout(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// Writes an output named by `-o`: `-` is standard output (a reader that
+/// stops early is no error), anything else a file written atomically.
+pub fn write_output(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> anyhow::Result<()> {
+    if !is_stdout(path) {
+        return Ok(proftap_profile::write_atomically(path, write)?);
+    }
+    let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+    match write(&mut stdout).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(anyhow::anyhow!("cannot write to standard output: {e}")),
+        _ => Ok(()),
+    }
 }

@@ -18,7 +18,7 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum)]
     format: Format,
-    /// Where to write it.
+    /// Where to write it (`-`: standard output).
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     output: PathBuf,
 }
@@ -49,7 +49,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     // Rendered before the output is touched: a profile too large to export
     // leaves no file.
     let bytes = render(&profile, args.format, &data_name).with_context(|| format!("cannot export {}", args.file.display()))?;
-    proftap_profile::write_atomically(&args.output, |out| out.write_all(&bytes))?;
+    crate::output::write_output(&args.output, |out| out.write_all(&bytes))?;
     Ok(ExitCode::SUCCESS)
 }
 
