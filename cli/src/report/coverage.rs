@@ -42,6 +42,50 @@ pub fn by_file(profile: &Profile) -> Vec<FileCoverage<'_>> {
     files.into_values().collect()
 }
 
+/// The longest name a `.gcov` file may take before its suffix: file names
+/// have at most 255 bytes.
+const MAX_GCOV_NAME: usize = 250;
+
+/// The `.gcov` file name of each source file, without the suffix, or none
+/// when its path cannot name one. Like gcov: the file name alone, or the
+/// whole path mangled as `gcov -p` does when two sources share a name
+/// (`/` becomes `#`, `..` becomes `^`, `.` and the root are left out). A
+/// name is one plain file name, never empty, `.`, `..`, nor holding `/` or
+/// NUL, at most 250 bytes, and given to one source only: a path that would
+/// take another's name, or none, has no `.gcov` file.
+pub fn gcov_file_names(files: &[FileCoverage<'_>]) -> Vec<Option<String>> {
+    let base = |path: &str| match std::path::Path::new(path).components().next_back() {
+        Some(std::path::Component::Normal(name)) => name.to_str().map(str::to_string),
+        _ => None,
+    };
+    let mut sharing: BTreeMap<String, usize> = BTreeMap::new();
+    for f in files {
+        *sharing.entry(base(f.path).unwrap_or_default()).or_default() += 1;
+    }
+    let mut taken = std::collections::HashSet::new();
+    files
+        .iter()
+        .map(|f| {
+            let name = base(f.path).filter(|b| sharing[b] == 1).unwrap_or_else(|| mangled(f.path));
+            let usable = !name.is_empty() && name.len() <= MAX_GCOV_NAME && !name.contains(['/', '\0']) && name != "." && name != "..";
+            (usable && taken.insert(name.clone())).then_some(name)
+        })
+        .collect()
+}
+
+/// A whole path as `gcov -p` mangles it into one file name.
+fn mangled(path: &str) -> String {
+    let parts: Vec<String> = std::path::Path::new(path)
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(name) => Some(name.to_string_lossy().into_owned()),
+            std::path::Component::ParentDir => Some("^".to_string()),
+            _ => None,
+        })
+        .collect();
+    parts.join("#")
+}
+
 /// A `.gcov` file in gcov's text format: `count:line:source`, `-` for lines
 /// without code, `#####` for lines with code that never ran.
 pub fn gcov_text(profile: &Profile, file: &FileCoverage<'_>, source: Option<&str>, data_name: &str) -> String {
@@ -187,6 +231,37 @@ mod tests {
         let text = gcov_text(&p, &files[0], None, "d");
         assert_eq!(text.lines().count(), 4 + 2, "{text}");
         assert!(text.ends_with("        1:10000000:/*EOF*/\n"), "{text}");
+    }
+
+    #[test]
+    fn gcov_names_stay_one_file_name() {
+        let paths =
+            ["src/a.c", "lib/b.c", "other/b.c", "/", "/etc/..", "/etc/shadow", "", "x/\0.c", "a#b.c", "a/b.c", "long/../x.c", "../../up.c"];
+        let long = format!("/{}.c", "n".repeat(300));
+        let files: Vec<FileCoverage<'_>> = paths
+            .iter()
+            .copied()
+            .chain([long.as_str()])
+            .map(|path| FileCoverage { path, lines: BTreeMap::new(), functions: Vec::new() })
+            .collect();
+        let names = gcov_file_names(&files);
+        let expect = [
+            Some("a.c"),
+            Some("lib#b.c"),
+            Some("other#b.c"),
+            None,
+            Some("etc#^"),
+            Some("shadow"),
+            None,
+            None,
+            Some("a#b.c"),
+            // Mangles to the name a#b.c already took.
+            None,
+            Some("x.c"),
+            Some("up.c"),
+            None,
+        ];
+        assert_eq!(names, expect.map(|n| n.map(str::to_string)).to_vec());
     }
 
     #[test]

@@ -321,7 +321,7 @@ fn regions(profile: &Profile, metrics: &[usize], out: &mut String) {
 /// never run) and the time spent on it.
 fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
     for file in super::coverage::by_file(profile) {
-        let source = std::fs::read_to_string(file.path).ok();
+        let source = crate::sources::read_source(file.path).ok();
         let text: Vec<&str> = source.as_deref().map(|s| s.lines().collect()).unwrap_or_default();
         let _ = writeln!(
             out,
