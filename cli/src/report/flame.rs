@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use proftap_profile::Profile;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// Where a flame graph's stacks come from.
@@ -87,6 +88,23 @@ pub fn folded(profile: &Profile, source: Option<Source>, m: usize) -> Result<Vec
     }
 }
 
+/// The largest sum of counts handed to inferno, which adds them up in a
+/// `usize` that must not overflow.
+const MAX_TOTAL: u128 = 1 << 62;
+
+/// Folded stacks whose counts add up to at most [`MAX_TOTAL`]: counts
+/// summing past it (only a damaged profile's can) are scaled down alike.
+fn fit_counts(lines: &[String]) -> Cow<'_, [String]> {
+    let count = |line: &str| line.rsplit_once(' ').and_then(|(_, n)| n.parse::<u64>().ok()).unwrap_or(0);
+    let total: u128 = lines.iter().map(|l| u128::from(count(l))).sum();
+    if total <= MAX_TOTAL {
+        return Cow::Borrowed(lines);
+    }
+    let scale = total / MAX_TOTAL + 1;
+    let scaled = lines.iter().filter_map(|l| Some(format!("{} {}", l.rsplit_once(' ')?.0, u128::from(count(l)) / scale))).collect();
+    Cow::Owned(scaled)
+}
+
 /// Renders folded stacks as an SVG flame graph.
 pub fn svg(lines: &[String], title: &str, count_name: &str) -> std::io::Result<Vec<u8>> {
     let mut options = inferno::flamegraph::Options::default();
@@ -94,7 +112,7 @@ pub fn svg(lines: &[String], title: &str, count_name: &str) -> std::io::Result<V
     options.count_name = count_name.to_string();
     options.deterministic = true;
     let mut out = Vec::new();
-    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut out)?;
+    inferno::flamegraph::from_lines(&mut options, fit_counts(lines).iter().map(String::as_str), &mut out)?;
     Ok(out)
 }
 
@@ -103,8 +121,8 @@ pub fn diff_svg(base: &[String], new: &[String], title: &str, count_name: &str) 
     let mut folded = Vec::new();
     inferno::differential::from_readers(
         inferno::differential::Options::default(),
-        std::io::Cursor::new(base.join("\n")),
-        std::io::Cursor::new(new.join("\n")),
+        std::io::Cursor::new(fit_counts(base).join("\n")),
+        std::io::Cursor::new(fit_counts(new).join("\n")),
         &mut folded,
     )?;
     let text = String::from_utf8_lossy(&folded).into_owned();
@@ -143,6 +161,17 @@ mod tests {
         let p = profile();
         assert_eq!(folded_calls(&p, 0).expect("small"), vec!["main 40".to_string(), "main;ns::f:g 60".to_string()]);
         assert_eq!(folded_samples(&p).expect("small"), vec!["main 2".to_string(), "main;work 7".to_string()]);
+    }
+
+    #[test]
+    fn counts_summing_past_inferno_s_range_are_scaled() {
+        let lines = vec![format!("main {}", u64::MAX), format!("main;f {}", u64::MAX)];
+        let fitted = fit_counts(&lines);
+        assert_eq!(fitted.as_ref(), [format!("main {}", u64::MAX / 8), format!("main;f {}", u64::MAX / 8)]);
+        assert!(svg(&lines, "t", "ns").is_ok());
+        assert!(diff_svg(&lines, &lines, "t", "ns").is_ok());
+        let small = vec!["main 1".to_string()];
+        assert!(matches!(fit_counts(&small), Cow::Borrowed(_)));
     }
 
     #[test]
