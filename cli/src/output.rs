@@ -4,7 +4,8 @@ use std::io::Write;
 use std::path::Path;
 
 /// One line for the user: the error and its causes, without repeating a
-/// cause the message already states.
+/// cause the message already states. Control characters an error quotes
+/// (from a file's names, say) are escaped to keep it one line.
 pub fn error_sentence(error: &anyhow::Error) -> String {
     let mut text = error.to_string();
     for cause in error.chain().skip(1) {
@@ -13,6 +14,9 @@ pub fn error_sentence(error: &anyhow::Error) -> String {
             text.push_str(": ");
             text.push_str(&cause);
         }
+    }
+    if text.contains(char::is_control) {
+        text = text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] }).collect();
     }
     text
 }
@@ -32,5 +36,16 @@ pub fn write_output(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::
     match write(&mut stdout).and_then(|()| stdout.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(anyhow::anyhow!("cannot write to standard output: {e}")),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sentence_stays_one_line() {
+        let error = anyhow::anyhow!("p.profile has no metric 'wall'; it has: a\nb").context("cannot draw p.profile");
+        assert_eq!(error_sentence(&error), "cannot draw p.profile: p.profile has no metric 'wall'; it has: a\\nb");
     }
 }

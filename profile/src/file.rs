@@ -89,11 +89,33 @@ pub fn read_profile_from(reader: impl Read, name: &Path) -> Result<Profile, File
     let mut reader = BufReader::new(reader);
     read_header(&mut reader, name)?;
     let json = inflate(reader, name, MAX_JSON_BYTES, EXPANSION_FLOOR)?;
-    let damaged = |reason: String| FileError::Damaged { path: name.into(), reason };
+    let damaged = |reason: String| FileError::Damaged { path: name.into(), reason: one_line(&reason) };
     let profile: Profile = serde_json::from_slice(&json).map_err(|e| damaged(e.to_string()))?;
     drop(json);
     profile.validate().map_err(|e| damaged(e.to_string()))?;
     Ok(profile)
+}
+
+/// The longest reason an error quotes.
+const MAX_REASON: usize = 300;
+
+/// A reason as one short line: it may quote the damaged file's own text
+/// (a string the JSON parser did not expect, a file name), which can hold
+/// line breaks or run for megabytes.
+fn one_line(reason: &str) -> String {
+    let mut line = String::new();
+    for c in reason.chars() {
+        if line.len() >= MAX_REASON {
+            line.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
 }
 
 /// Checks the header line and returns the format version.
@@ -247,6 +269,20 @@ mod tests {
             err.to_string(),
             "the profile is damaged or truncated (thread 2 names function 9, but the profile has 1 functions); record it again"
         );
+    }
+
+    #[test]
+    fn reasons_quoting_the_file_stay_one_short_line() {
+        let mut bad = sample();
+        bad.lines.push(crate::model::LineRecord { file: format!("a\nb{}", "x".repeat(1000)), line: u32::MAX, count: 0, cost: vec![0] });
+        let err = decode(&file_of(&serde_json::to_vec(&bad).expect("json"), 6)).expect_err("invalid").to_string();
+        assert!(err.starts_with("the profile is damaged or truncated (a line record of a\\nbxxx"), "{err}");
+        assert!(err.ends_with("xxx...); record it again") && err.len() < 400, "{err}");
+        // The parser quotes a string it did not expect.
+        let json = String::from_utf8(serde_json::to_vec(&sample()).expect("json")).expect("utf-8");
+        let json = json.replace("\"instrumented\"", "\"a\\nb\"");
+        let err = decode(&file_of(json.as_bytes(), 6)).expect_err("no such mode").to_string();
+        assert!(err.contains("unknown variant `a\\nb`"), "{err}");
     }
 
     #[test]
