@@ -6,4 +6,5 @@ pub mod commands;
 pub mod output;
 pub mod report;
 pub mod session;
+pub mod sources;
 pub mod status;

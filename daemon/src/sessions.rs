@@ -7,7 +7,6 @@ use crate::broker::{self, User};
 use crate::messages::{Assignment, Limits, Snapshot};
 use proftap_cli::session::{SessionInfo, State};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -213,15 +212,9 @@ fn private_directory(dir: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
-/// Writes a state file readable by proftapd's user alone, atomically
-/// (an exclusively created temporary file, renamed).
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut file = tempfile::NamedTempFile::new_in(dir)?;
-    file.write_all(bytes)?;
-    file.as_file().sync_all()?;
-    file.persist(path).map_err(|e| e.error)?;
-    Ok(())
+/// Writes a state file readable by proftapd's user alone, atomically.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), proftap_profile::FileError> {
+    proftap_profile::write_private(path, |out| out.write_all(bytes))
 }
 
 /// What `session start` carries besides its arguments.

@@ -195,7 +195,7 @@ pub fn diff(base: &Profile, new: &Profile, metric_key: &str, options: &DiffOptio
     });
     let before = totals(base, mb);
     let after = totals(new, mn);
-    let instrumented: u64 = after.values().map(|c| c.exclusive).sum();
+    let instrumented = after.values().fold(0u64, |sum, c| sum.saturating_add(c.exclusive));
     let floor_total = (options.min_share * instrumented as f64) as u64;
 
     let judge = |name: String, b: Option<Cost>, a: Option<Cost>| -> Change {
@@ -243,14 +243,19 @@ pub fn diff(base: &Profile, new: &Profile, metric_key: &str, options: &DiffOptio
             judge(name, before.get(k).copied(), after.get(k).copied())
         })
         .collect();
-    let growth = |c: &Change| c.avg.1 as i128 * c.calls.1 as i128 - c.avg.0 as i128 * c.calls.0 as i128;
+    // The product of two u64 can pass i128's range.
+    let growth = |c: &Change| {
+        let total = |avg: u64, calls: u64| i128::from(avg).saturating_mul(i128::from(calls));
+        total(c.avg.1, c.calls.1).saturating_sub(total(c.avg.0, c.calls.0))
+    };
     functions.sort_by(|a, b| growth(b).cmp(&growth(a)).then_with(|| a.name.cmp(&b.name)));
 
+    let new_regions: HashMap<&str, &crate::model::RegionRecord> = new.regions.iter().rev().map(|r| (r.name.as_str(), r)).collect();
     let regions = base
         .regions
         .iter()
         .filter_map(|r| {
-            let other = new.regions.iter().find(|o| o.name == r.name)?;
+            let other = new_regions.get(r.name.as_str())?;
             let cost = |entries: u64, stat: Option<&crate::stats::Stat>| {
                 let stat = stat.copied().unwrap_or_default();
                 Cost { calls: entries, inclusive: stat.total, fastest: stat.min_or_zero(), exclusive: 0 }
@@ -344,6 +349,15 @@ mod tests {
         assert_eq!(verdict(&diff(&base, &new, "wall_ns", &options).expect("metric"), "f"), Verdict::Unchanged);
         let averages_only = DiffOptions { fastest_too: false, ..options };
         assert_eq!(verdict(&diff(&base, &new, "wall_ns", &averages_only).expect("metric"), "f"), Verdict::Regressed);
+    }
+
+    #[test]
+    fn counts_and_costs_at_u64_max_compare_without_overflow() {
+        let base = profile(&[("f", u64::MAX, u64::MAX), ("g", 1, 1)]);
+        let new = profile(&[("f", u64::MAX, u64::MAX), ("g", u64::MAX, u64::MAX)]);
+        let d = diff(&base, &new, "wall_ns", &DiffOptions::default()).expect("metric");
+        assert_eq!(d.functions.len(), 2);
+        assert_eq!(d.floor_total, (0.01 * u64::MAX as f64) as u64);
     }
 
     #[test]

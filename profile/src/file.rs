@@ -2,6 +2,7 @@
 //! then the profile as gzip-compressed JSON. See `docs/FORMAT.md`.
 
 use crate::model::Profile;
+use crate::write::{write_atomically, write_private};
 use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
@@ -40,6 +41,14 @@ pub enum FileError {
         /// Its format version.
         version: u32,
     },
+    /// The file decompresses to more than a profile may hold.
+    #[error("{} holds more than {} MiB of profile data once decompressed, more than proftap reads", path.display(), limit >> 20)]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit, in bytes.
+        limit: u64,
+    },
     /// The file is damaged or cut short.
     #[error("{} is damaged or truncated ({reason}); record it again", path.display())]
     Damaged {
@@ -50,64 +59,137 @@ pub enum FileError {
     },
 }
 
+/// The most JSON a profile file may hold once decompressed.
+pub const MAX_JSON_BYTES: u64 = 1 << 30;
+
+/// How many times its compressed size a profile's JSON may be, once past
+/// [`EXPANSION_FLOOR`]: recorded profiles compress 5 to 10-fold, while a
+/// gzip bomb expands a thousandfold.
+pub const MAX_EXPANSION: u64 = 100;
+
+/// JSON up to this size may expand any amount.
+pub const EXPANSION_FLOOR: u64 = 64 << 20;
+
 /// Reads a profile file.
 pub fn read_profile(path: &Path) -> Result<Profile, FileError> {
     let file = std::fs::File::open(path).map_err(|source| FileError::Io { action: "read", path: path.into(), source })?;
-    let mut reader = BufReader::new(file);
-    let mut header = Vec::new();
-    reader.by_ref().take(64).read_until(b'\n', &mut header).map_err(|source| FileError::Io {
-        action: "read",
-        path: path.into(),
-        source,
-    })?;
-    let header = String::from_utf8_lossy(&header);
-    let Some(version) = header.trim_end().strip_prefix(MAGIC).and_then(|v| v.trim().parse::<u32>().ok()) else {
-        return Err(FileError::Foreign { path: path.into() });
-    };
-    if version > FORMAT_VERSION {
-        return Err(FileError::Newer { path: path.into(), version });
-    }
-    let mut json = Vec::new();
-    GzDecoder::new(reader).read_to_end(&mut json).map_err(|e| FileError::Damaged { path: path.into(), reason: e.to_string() })?;
-    serde_json::from_slice(&json).map_err(|e| FileError::Damaged { path: path.into(), reason: e.to_string() })
+    read_profile_from(file, path)
 }
 
-/// Writes a profile file atomically.
+/// Decodes a profile file's bytes held in memory (a profile received
+/// rather than read from disk); errors call it "the profile".
+pub fn decode(bytes: &[u8]) -> Result<Profile, FileError> {
+    read_profile_from(bytes, Path::new("the profile"))
+}
+
+/// Reads a profile from `reader`, naming it `name` in errors: the header,
+/// the decompressed JSON (bounded by [`MAX_JSON_BYTES`] and
+/// [`MAX_EXPANSION`]), then [`Profile::validate`].
+pub fn read_profile_from(reader: impl Read, name: &Path) -> Result<Profile, FileError> {
+    let mut reader = BufReader::new(reader);
+    read_header(&mut reader, name)?;
+    let json = inflate(reader, name, MAX_JSON_BYTES, EXPANSION_FLOOR)?;
+    let damaged = |reason: String| FileError::Damaged { path: name.into(), reason: one_line(&reason) };
+    let profile: Profile = serde_json::from_slice(&json).map_err(|e| damaged(e.to_string()))?;
+    drop(json);
+    profile.validate().map_err(|e| damaged(e.to_string()))?;
+    Ok(profile)
+}
+
+/// The longest reason an error quotes.
+const MAX_REASON: usize = 300;
+
+/// A reason as one short line: it may quote the damaged file's own text
+/// (a string the JSON parser did not expect, a file name), which can hold
+/// line breaks or run for megabytes.
+fn one_line(reason: &str) -> String {
+    let mut line = String::new();
+    for c in reason.chars() {
+        if line.len() >= MAX_REASON {
+            line.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
+}
+
+/// Checks the header line and returns the format version.
+fn read_header(reader: &mut impl BufRead, name: &Path) -> Result<u32, FileError> {
+    let mut header = Vec::new();
+    reader.take(64).read_until(b'\n', &mut header).map_err(|source| FileError::Io { action: "read", path: name.into(), source })?;
+    let header = String::from_utf8_lossy(&header);
+    let Some(version) = header.trim_end().strip_prefix(MAGIC).and_then(|v| v.trim().parse::<u32>().ok()) else {
+        return Err(FileError::Foreign { path: name.into() });
+    };
+    if version > FORMAT_VERSION {
+        return Err(FileError::Newer { path: name.into(), version });
+    }
+    Ok(version)
+}
+
+/// Counts the bytes read through it: the compressed size so far.
+struct Counted<R> {
+    inner: R,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+/// Decompresses the JSON, stopping as soon as it passes `limit` bytes or
+/// expands more than [`MAX_EXPANSION`]-fold past `floor`, before a bomb
+/// can take the memory.
+fn inflate(reader: impl Read, name: &Path, limit: u64, floor: u64) -> Result<Vec<u8>, FileError> {
+    let mut gz = GzDecoder::new(Counted { inner: reader, bytes: 0 });
+    let mut json = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        let n = match gz.read(&mut chunk) {
+            Ok(0) => return Ok(json),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(FileError::Damaged { path: name.into(), reason: e.to_string() }),
+        };
+        json.extend_from_slice(&chunk[..n]);
+        let size = json.len() as u64;
+        if size > limit {
+            return Err(FileError::TooLarge { path: name.into(), limit });
+        }
+        if size > floor && size > gz.get_ref().bytes.saturating_mul(MAX_EXPANSION) {
+            let reason = format!("its data expands more than {MAX_EXPANSION}-fold when decompressed, which no profile does");
+            return Err(FileError::Damaged { path: name.into(), reason });
+        }
+    }
+}
+
+/// Writes a profile file atomically (see [`write_atomically`]).
 pub fn write_profile(path: &Path, profile: &Profile) -> Result<(), FileError> {
     write_atomically(path, |out| write_profile_to(out, profile))
 }
 
-/// Writes a profile file's bytes to `out`.
+/// Writes a profile file atomically, readable by its owner only (see
+/// [`write_private`]): for profiles a service keeps.
+pub fn write_profile_private(path: &Path, profile: &Profile) -> Result<(), FileError> {
+    write_private(path, |out| write_profile_to(out, profile))
+}
+
+/// Writes a profile file's bytes to `out` (standard output, a socket).
 pub fn write_profile_to(out: &mut dyn Write, profile: &Profile) -> std::io::Result<()> {
     writeln!(out, "{MAGIC} {FORMAT_VERSION}")?;
     let mut gz = GzEncoder::new(out, Compression::default());
     serde_json::to_writer(&mut gz, profile).map_err(std::io::Error::from)?;
     gz.finish()?;
     Ok(())
-}
-
-/// Writes `path` through a temporary file in the same directory and a rename,
-/// so that no failure leaves a half-written file behind.
-pub fn write_atomically(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(), FileError> {
-    let io = |source| FileError::Io { action: "write", path: path.into(), source };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().ok_or_else(|| io(std::io::Error::other("the path names no file")))?;
-    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
-    let result = (|| {
-        let file = std::fs::File::create(&tmp)?;
-        let mut out = std::io::BufWriter::new(file);
-        write(&mut out)?;
-        let file = out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(io)
 }
 
 #[cfg(test)]
@@ -161,12 +243,58 @@ mod tests {
         assert!(err.to_string().starts_with("cannot read"), "{err}");
     }
 
+    /// A profile file of `json`, compressed at `level`.
+    fn file_of(json: &[u8], level: u32) -> Vec<u8> {
+        let mut out = format!("{MAGIC} {FORMAT_VERSION}\n").into_bytes();
+        let mut gz = GzEncoder::new(&mut out, Compression::new(level));
+        gz.write_all(json).expect("compress");
+        gz.finish().expect("compress");
+        out
+    }
+
     #[test]
-    fn a_failed_write_leaves_nothing() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("out");
-        let err = write_atomically(&path, |_| Err(std::io::Error::other("boom"))).expect_err("fails");
-        assert!(err.to_string().contains("boom"));
-        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+    fn profiles_decode_from_memory_and_are_validated() {
+        let json = serde_json::to_vec(&sample()).expect("json");
+        assert_eq!(decode(&file_of(&json, 6)).expect("valid").functions[0].name, "f");
+        let mut bad = sample();
+        bad.threads.push(crate::model::ThreadProfile {
+            pid: 1,
+            tid: 2,
+            name: String::new(),
+            functions: vec![crate::model::FunctionStats::new(9, 1)],
+            tree: crate::model::CallTree::new(1),
+        });
+        let err = decode(&file_of(&serde_json::to_vec(&bad).expect("json"), 6)).expect_err("invalid");
+        assert_eq!(
+            err.to_string(),
+            "the profile is damaged or truncated (thread 2 names function 9, but the profile has 1 functions); record it again"
+        );
+    }
+
+    #[test]
+    fn reasons_quoting_the_file_stay_one_short_line() {
+        let mut bad = sample();
+        bad.lines.push(crate::model::LineRecord { file: format!("a\nb{}", "x".repeat(1000)), line: u32::MAX, count: 0, cost: vec![0] });
+        let err = decode(&file_of(&serde_json::to_vec(&bad).expect("json"), 6)).expect_err("invalid").to_string();
+        assert!(err.starts_with("the profile is damaged or truncated (a line record of a\\nbxxx"), "{err}");
+        assert!(err.ends_with("xxx...); record it again") && err.len() < 400, "{err}");
+        // The parser quotes a string it did not expect.
+        let json = String::from_utf8(serde_json::to_vec(&sample()).expect("json")).expect("utf-8");
+        let json = json.replace("\"instrumented\"", "\"a\\nb\"");
+        let err = decode(&file_of(json.as_bytes(), 6)).expect_err("no such mode").to_string();
+        assert!(err.contains("unknown variant `a\\nb`"), "{err}");
+    }
+
+    #[test]
+    fn decompression_stops_at_the_limit_and_at_a_bomb() {
+        let bomb = file_of(&vec![b' '; 4 << 20], 9);
+        let header = bomb.iter().position(|&b| b == b'\n').expect("header") + 1;
+        let inflated = |limit, floor| inflate(&bomb[header..], Path::new("bomb"), limit, floor);
+        assert_eq!(inflated(8 << 20, 8 << 20).expect("within both").len(), 4 << 20);
+        let err = inflated(1 << 20, 8 << 20).expect_err("past the limit");
+        assert!(matches!(err, FileError::TooLarge { .. }), "{err}");
+        assert_eq!(err.to_string(), "bomb holds more than 1 MiB of profile data once decompressed, more than proftap reads");
+        let err = inflated(8 << 20, 1 << 20).expect_err("expands a thousandfold");
+        assert!(err.to_string().contains("expands more than 100-fold"), "{err}");
     }
 }

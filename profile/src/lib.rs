@@ -14,9 +14,16 @@ mod file;
 mod merge;
 mod model;
 mod stats;
+mod validate;
+mod write;
 
 pub use diff::{Change, Diff, DiffError, DiffOptions, LineChange, Verdict, diff};
-pub use file::{FORMAT_VERSION, FileError, read_profile, write_atomically, write_profile, write_profile_to};
+pub use file::{
+    EXPANSION_FLOOR, FORMAT_VERSION, FileError, MAX_EXPANSION, MAX_JSON_BYTES, decode, read_profile, read_profile_from, write_profile,
+    write_profile_private, write_profile_to,
+};
 pub use merge::MergeError;
 pub use model::*;
 pub use stats::Stat;
+pub use validate::{InvalidProfile, MAX_LINE, MAX_METRICS, MAX_NAME_REFERENCES, MAX_TREE_DEPTH};
+pub use write::{write_atomically, write_in_dir, write_private};

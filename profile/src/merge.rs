@@ -1,7 +1,7 @@
 //! Adding profiles together: runs of the same build of a program.
 
 use crate::model::{FunctionId, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Why two profiles cannot be merged.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +31,8 @@ pub enum MergeError {
 
 impl Profile {
     /// Adds `other` to this profile: calls, costs, line counts and runs add
-    /// up, minimums and maximums combine, threads and trees are kept.
+    /// up (saturating: a sum past `u64::MAX` stays there), minimums and
+    /// maximums combine, threads and trees are kept.
     pub fn merge(&mut self, other: &Profile, force: bool) -> Result<(), MergeError> {
         if let (Some(ours), Some(theirs)) = (&self.target.build_id, &other.target.build_id)
             && ours != theirs
@@ -42,8 +43,35 @@ impl Profile {
         if self.metrics != other.metrics {
             return Err(MergeError::DifferentMetrics { ours: self.metrics.join(","), theirs: other.metrics.join(",") });
         }
+        let remap = self.merge_functions(other);
+        let map = |id: FunctionId| if id == ROOT { ROOT } else { remap.get(id as usize).copied().unwrap_or(id) };
+        for thread in &other.threads {
+            let mut thread = thread.clone();
+            for f in &mut thread.functions {
+                f.function = map(f.function);
+            }
+            for node in &mut thread.tree.nodes {
+                node.function = map(node.function);
+            }
+            self.threads.push(thread);
+        }
+        self.merge_lines(other);
+        self.merge_regions(other);
+        match (&mut self.samples, &other.samples) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (None, Some(theirs)) => self.samples = Some(theirs.clone()),
+            _ => {}
+        }
+        add_counts(&mut self.lost.by_thread, &other.lost.by_thread, |id| id);
+        add_counts(&mut self.lost.by_function, &other.lost.by_function, |id| i64::from(map(id as FunctionId)));
+        self.merge_totals(other);
+        Ok(())
+    }
 
-        // Functions: the same function (module, name, address) keeps one id.
+    /// Adds `other`'s functions not already here and returns where each of
+    /// its ids went. The same function (module, name, address) keeps one
+    /// id; it is exact only if exact in every run that instrumented it.
+    fn merge_functions(&mut self, other: &Profile) -> Vec<FunctionId> {
         let mut ids: HashMap<(String, String, u64), FunctionId> =
             self.functions.iter().enumerate().map(|(i, f)| ((f.module.clone(), f.name.clone(), f.address), i as FunctionId)).collect();
         let remap: Vec<FunctionId> = other
@@ -56,25 +84,25 @@ impl Profile {
                 })
             })
             .collect();
-        let map = |id: FunctionId| if id == ROOT { ROOT } else { remap.get(id as usize).copied().unwrap_or(id) };
-        for thread in &other.threads {
-            let mut thread = thread.clone();
-            for f in &mut thread.functions {
-                f.function = map(f.function);
-            }
-            for node in &mut thread.tree.nodes {
-                node.function = map(node.function);
-            }
-            self.threads.push(thread);
+        for (theirs, &id) in other.functions.iter().zip(&remap) {
+            let mine = &mut self.functions[id as usize];
+            mine.mode = match (mine.mode, theirs.mode) {
+                (Mode::Sampled, m) | (m, Mode::Sampled) => m,
+                (Mode::Throttled, _) | (_, Mode::Throttled) => Mode::Throttled,
+                _ => Mode::Instrumented,
+            };
         }
+        remap
+    }
 
-        // Lines and regions add up by position.
+    /// Lines add up by file and line.
+    fn merge_lines(&mut self, other: &Profile) {
         let mut lines: HashMap<(String, u32), usize> = self.lines.iter().enumerate().map(|(i, l)| ((l.file.clone(), l.line), i)).collect();
         for line in &other.lines {
             match lines.get(&(line.file.clone(), line.line)) {
                 Some(&i) => {
                     let mine = &mut self.lines[i];
-                    mine.count += line.count;
+                    mine.count = mine.count.saturating_add(line.count);
                     for (a, b) in mine.cost.iter_mut().zip(&line.cost) {
                         *a = a.saturating_add(*b);
                     }
@@ -86,56 +114,49 @@ impl Profile {
             }
         }
         self.lines.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+    }
+
+    /// Regions add up by name and position.
+    fn merge_regions(&mut self, other: &Profile) {
+        let mut regions: HashMap<(String, String, u32, u32), usize> =
+            self.regions.iter().enumerate().rev().map(|(i, r)| ((r.name.clone(), r.file.clone(), r.start, r.end), i)).collect();
         for region in &other.regions {
-            match self
-                .regions
-                .iter_mut()
-                .find(|r| (&r.name, &r.file, r.start, r.end) == (&region.name, &region.file, region.start, region.end))
-            {
-                Some(mine) => {
-                    mine.entries += region.entries;
+            let key = (region.name.clone(), region.file.clone(), region.start, region.end);
+            match regions.get(&key) {
+                Some(&i) => {
+                    let mine = &mut self.regions[i];
+                    mine.entries = mine.entries.saturating_add(region.entries);
                     for (a, b) in mine.inclusive.iter_mut().zip(&region.inclusive) {
                         a.merge(b);
                     }
                 }
-                None => self.regions.push(region.clone()),
+                None => {
+                    regions.insert(key, self.regions.len());
+                    self.regions.push(region.clone());
+                }
             }
         }
+    }
 
-        // A function instrumented in any run keeps its calls; exact only if
-        // exact in every run that instrumented it.
-        for (theirs, &id) in other.functions.iter().zip(&remap) {
-            let mine = &mut self.functions[id as usize];
-            mine.mode = match (mine.mode, theirs.mode) {
-                (Mode::Sampled, m) | (m, Mode::Sampled) => m,
-                (Mode::Throttled, _) | (_, Mode::Throttled) => Mode::Throttled,
-                _ => Mode::Instrumented,
-            };
-        }
-        match (&mut self.samples, &other.samples) {
-            (Some(mine), Some(theirs)) => mine.merge(theirs),
-            (None, Some(theirs)) => self.samples = Some(theirs.clone()),
-            _ => {}
-        }
-
-        self.lost.events += other.lost.events;
-        self.lost.unmatched_returns += other.lost.unmatched_returns;
-        add_counts(&mut self.lost.by_thread, &other.lost.by_thread, |id| id);
-        add_counts(&mut self.lost.by_function, &other.lost.by_function, |id| i64::from(map(id as FunctionId)));
-        self.overhead.hits += other.overhead.hits;
-        self.overhead.estimated_ns += other.overhead.estimated_ns;
+    /// Lost data, overhead, the recording's totals, processes, notes, runs.
+    fn merge_totals(&mut self, other: &Profile) {
+        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        add(&mut self.lost.events, other.lost.events);
+        add(&mut self.lost.unmatched_returns, other.lost.unmatched_returns);
+        add(&mut self.overhead.hits, other.overhead.hits);
+        add(&mut self.overhead.estimated_ns, other.overhead.estimated_ns);
         self.overhead.per_hit_ns = self.overhead.estimated_ns.checked_div(self.overhead.hits).unwrap_or(0);
-        self.recording.events += other.recording.events;
-        self.recording.duration_ns += other.recording.duration_ns;
+        add(&mut self.recording.events, other.recording.events);
+        add(&mut self.recording.duration_ns, other.recording.duration_ns);
         self.recording.peak_events_per_second = self.recording.peak_events_per_second.max(other.recording.peak_events_per_second);
         self.processes.extend(other.processes.iter().cloned());
+        let mut notes: HashSet<String> = self.notes.iter().cloned().collect();
         for note in &other.notes {
-            if !self.notes.contains(note) {
+            if notes.insert(note.clone()) {
                 self.notes.push(note.clone());
             }
         }
-        self.runs += other.runs.max(1);
-        Ok(())
+        self.runs = self.runs.saturating_add(other.runs.max(1));
     }
 }
 
@@ -157,20 +178,26 @@ impl SampleProfile {
         for stack in &other.stacks {
             let key: Vec<u32> = stack.frames.iter().map(|&f| remap.get(f as usize).copied().unwrap_or(f)).collect();
             match stacks.get(&key) {
-                Some(&i) => self.stacks[i].count += stack.count,
+                Some(&i) => self.stacks[i].count = self.stacks[i].count.saturating_add(stack.count),
                 None => {
                     stacks.insert(key.clone(), self.stacks.len());
                     self.stacks.push(SampledStack { frames: key, count: stack.count });
                 }
             }
         }
+        let mut lines: HashMap<(String, u32), usize> =
+            self.lines.iter().enumerate().rev().map(|(i, l)| ((l.file.clone(), l.line), i)).collect();
         for line in &other.lines {
-            match self.lines.iter_mut().find(|l| l.file == line.file && l.line == line.line) {
-                Some(mine) => mine.count += line.count,
-                None => self.lines.push(line.clone()),
+            let key = (line.file.clone(), line.line);
+            match lines.get(&key) {
+                Some(&i) => self.lines[i].count = self.lines[i].count.saturating_add(line.count),
+                None => {
+                    lines.insert(key, self.lines.len());
+                    self.lines.push(line.clone());
+                }
             }
         }
-        self.total += other.total;
+        self.total = self.total.saturating_add(other.total);
         if self.event.is_empty() {
             self.event.clone_from(&other.event);
         }
@@ -179,11 +206,15 @@ impl SampleProfile {
 }
 
 fn add_counts(ours: &mut Vec<LostCount>, theirs: &[LostCount], map: impl Fn(i64) -> i64) {
+    let mut index: HashMap<i64, usize> = ours.iter().enumerate().rev().map(|(i, c)| (c.id, i)).collect();
     for count in theirs {
         let id = map(count.id);
-        match ours.iter_mut().find(|c| c.id == id) {
-            Some(c) => c.count += count.count,
-            None => ours.push(LostCount { id, count: count.count }),
+        match index.get(&id) {
+            Some(&i) => ours[i].count = ours[i].count.saturating_add(count.count),
+            None => {
+                index.insert(id, ours.len());
+                ours.push(LostCount { id, count: count.count });
+            }
         }
     }
 }
@@ -197,7 +228,7 @@ mod tests {
     fn profile(build: &str, function: &str, calls: u64, line_count: u64) -> Profile {
         let mut stats = FunctionStats::new(0, 1);
         stats.calls = calls;
-        stats.inclusive[0] = Stat { total: 10 * calls, min: 10, max: 10 };
+        stats.inclusive[0] = Stat { total: calls.saturating_mul(10), min: 10, max: 10 };
         Profile {
             target: Target { exe: "/bin/prog".into(), build_id: Some(build.into()), ..Target::default() },
             metrics: vec!["wall_ns".into()],
@@ -221,6 +252,22 @@ mod tests {
         assert_eq!(merged[0].inclusive[0], Stat { total: 50, min: 10, max: 10 });
         assert_eq!(merged[1].calls, 1);
         assert_eq!(a.lines, vec![LineRecord { file: "a.c".into(), line: 3, count: 8, cost: vec![15] }]);
+    }
+
+    #[test]
+    fn sums_past_u64_max_saturate() {
+        let mut a = profile("abc", "f", u64::MAX - 1, u64::MAX);
+        a.runs = u32::MAX;
+        a.lost.events = u64::MAX;
+        a.lost.by_function.push(LostCount { id: 0, count: u64::MAX });
+        let mut b = a.clone();
+        b.regions.push(crate::model::RegionRecord { name: "r".into(), entries: u64::MAX, ..Default::default() });
+        a.regions = b.regions.clone();
+        a.merge(&b, false).expect("same build");
+        assert_eq!(a.merged_functions()[0].calls, u64::MAX);
+        assert_eq!(a.total_calls(), u64::MAX);
+        assert_eq!((a.lines[0].count, a.regions[0].entries, a.lost.events), (u64::MAX, u64::MAX, u64::MAX));
+        assert_eq!((a.lost.by_function[0].count, a.runs), (u64::MAX, u32::MAX));
     }
 
     #[test]

@@ -113,13 +113,13 @@ impl SampleProfile {
         let mut seen = vec![u64::MAX; self.frames.len()];
         for (i, stack) in self.stacks.iter().enumerate() {
             if let Some(&last) = stack.frames.last() {
-                own[last as usize] += stack.count;
+                own[last as usize] = own[last as usize].saturating_add(stack.count);
             }
             for &f in &stack.frames {
                 // Recursion counts a stack once.
                 if seen[f as usize] != i as u64 {
                     seen[f as usize] = i as u64;
-                    total[f as usize] += stack.count;
+                    total[f as usize] = total[f as usize].saturating_add(stack.count);
                 }
             }
         }
@@ -290,9 +290,9 @@ impl FunctionStats {
 
     /// Adds another's numbers for the same function.
     pub fn merge(&mut self, other: &FunctionStats) {
-        self.calls += other.calls;
-        self.unwound += other.unwound;
-        self.unfinished += other.unfinished;
+        self.calls = self.calls.saturating_add(other.calls);
+        self.unwound = self.unwound.saturating_add(other.unwound);
+        self.unfinished = self.unfinished.saturating_add(other.unfinished);
         for (a, b) in self.inclusive.iter_mut().zip(&other.inclusive) {
             a.merge(b);
         }
@@ -343,6 +343,29 @@ impl CallTree {
         children
     }
 
+    /// Each node's depth: 0 for the root, 1 for its children, ...
+    /// ([`Profile::validate`] bounds it by [`crate::MAX_TREE_DEPTH`]).
+    pub fn depths(&self) -> Vec<u32> {
+        let mut depths = vec![0u32; self.nodes.len()];
+        for (i, node) in self.nodes.iter().enumerate().skip(1) {
+            // Parents come before their children; a node breaking that (in a
+            // tree never validated) counts as a child of the root.
+            depths[i] = depths.get(node.parent as usize).filter(|_| (node.parent as usize) < i).map_or(1, |d| d.saturating_add(1));
+        }
+        depths
+    }
+
+    /// The nodes from `node` up to the root's child on its path, innermost
+    /// first. It always ends, even in a tree never validated: each step
+    /// goes to an earlier node.
+    pub fn path(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
+        let first = (node != 0 && (node as usize) < self.nodes.len()).then_some(node);
+        std::iter::successors(first, move |&i| {
+            let parent = self.nodes[i as usize].parent;
+            (parent != 0 && parent < i).then_some(parent)
+        })
+    }
+
     /// Adds the paths of `other` into this tree, summing the nodes they share.
     pub fn merge(&mut self, other: &CallTree) {
         let mut index: HashMap<(u32, FunctionId), u32> =
@@ -367,7 +390,7 @@ impl CallTree {
             };
             mapped[i] = target;
             let mine = &mut self.nodes[target as usize];
-            mine.calls += node.calls;
+            mine.calls = mine.calls.saturating_add(node.calls);
             for (a, b) in mine.inclusive.iter_mut().zip(&node.inclusive) {
                 *a = a.saturating_add(*b);
             }
@@ -485,7 +508,7 @@ impl Profile {
 
     /// Total calls over all functions and threads.
     pub fn total_calls(&self) -> u64 {
-        self.threads.iter().flat_map(|t| &t.functions).map(|f| f.calls).sum()
+        self.threads.iter().flat_map(|t| &t.functions).fold(0u64, |sum, f| sum.saturating_add(f.calls))
     }
 }
 
@@ -512,6 +535,19 @@ mod tests {
         assert_eq!(a.nodes[2], node(2, 1, 6, 8));
         assert_eq!(a.nodes[3], node(2, 0, 1, 3));
         assert_eq!(a.children()[0], vec![1, 3]);
+        assert_eq!(a.depths(), vec![0, 1, 2, 1]);
+        assert_eq!(a.path(2).collect::<Vec<_>>(), vec![2, 1]);
+        assert_eq!(a.path(0).count(), 0);
+    }
+
+    #[test]
+    fn paths_end_in_a_tree_with_a_cycle() {
+        let mut a = CallTree::new(1);
+        a.nodes.push(node(1, 2, 1, 1));
+        a.nodes.push(node(2, 1, 1, 1));
+        assert_eq!(a.path(2).collect::<Vec<_>>(), vec![2, 1]);
+        assert_eq!(a.path(1).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(a.depths(), vec![0, 1, 2]);
     }
 
     #[test]

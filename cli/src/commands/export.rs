@@ -2,9 +2,11 @@
 
 use crate::report::coverage::{gcov_json, lcov};
 use crate::report::json;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use flate2::Compression;
 use flate2::write::GzEncoder;
+use proftap_profile::Profile;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -16,7 +18,7 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum)]
     format: Format,
-    /// Where to write it.
+    /// Where to write it (`-`: standard output).
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     output: PathBuf,
 }
@@ -44,26 +46,29 @@ pub fn run(args: Args) -> Result<ExitCode> {
         bail!("{} has no line counts; record it with --lines", args.file.display());
     }
     let data_name = args.file.display().to_string();
-    proftap_profile::write_atomically(&args.output, |out| match args.format {
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut *out, &json::report(&profile))?;
-            std::io::Write::write_all(out, b"\n")
-        }
-        Format::Lcov => std::io::Write::write_all(out, lcov(&profile).as_bytes()),
-        Format::Folded => {
-            let lines = crate::report::flame::folded(&profile, None, 0);
-            std::io::Write::write_all(out, (lines.join("\n") + "\n").as_bytes())
-        }
-        Format::Pprof => {
-            let mut gz = GzEncoder::new(out, Compression::default());
-            std::io::Write::write_all(&mut gz, &crate::report::pprof::encode(&profile))?;
-            gz.finish().map(drop)
-        }
-        Format::GcovJson => {
-            let mut gz = GzEncoder::new(out, Compression::default());
-            serde_json::to_writer(&mut gz, &gcov_json(&profile, &data_name))?;
-            gz.finish().map(drop)
-        }
-    })?;
+    // Rendered before the output is touched: a profile too large to export
+    // leaves no file.
+    let bytes = render(&profile, args.format, &data_name).with_context(|| format!("cannot export {}", args.file.display()))?;
+    crate::output::write_output(&args.output, |out| out.write_all(&bytes))?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn render(profile: &Profile, format: Format, data_name: &str) -> Result<Vec<u8>> {
+    Ok(match format {
+        Format::Json => {
+            let mut text = serde_json::to_vec_pretty(&json::report(profile))?;
+            text.push(b'\n');
+            text
+        }
+        Format::Lcov => lcov(profile).into_bytes(),
+        Format::Folded => (crate::report::flame::folded(profile, None, 0)?.join("\n") + "\n").into_bytes(),
+        Format::Pprof => gzip(&crate::report::pprof::encode(profile)?)?,
+        Format::GcovJson => gzip(&serde_json::to_vec(&gcov_json(profile, data_name))?)?,
+    })
+}
+
+fn gzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    gz.write_all(bytes)?;
+    gz.finish()
 }

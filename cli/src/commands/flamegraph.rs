@@ -2,7 +2,7 @@
 //! call tree, or the difference between two profiles.
 
 use crate::report::flame::{Source, diff_svg, folded, svg};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use proftap_profile::Profile;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,7 +13,7 @@ pub struct Args {
     /// A profile (with --diff: the base, then the new profile).
     #[arg(required = true, num_args = 1..=2, value_name = "FILE")]
     files: Vec<PathBuf>,
-    /// Where to write the SVG.
+    /// Where to write the SVG (`-`: standard output).
     #[arg(short = 'o', long = "output", value_name = "OUT.svg")]
     output: PathBuf,
     /// Stacks from samples, or from the exact call tree (default: samples
@@ -50,7 +50,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if args.from == Some(Source::Samples) && profile.samples.is_none() {
             bail!("{} has no samples; record it with --sample, or use --from calls", file.display());
         }
-        let lines = folded(profile, args.from, metric(profile, &args.metric, file)?);
+        let lines =
+            folded(profile, args.from, metric(profile, &args.metric, file)?).with_context(|| format!("cannot draw {}", file.display()))?;
         if lines.is_empty() {
             bail!("{} has no stacks to draw", file.display());
         }
@@ -64,6 +65,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| if args.diff { format!("proftap: change in {command}") } else { format!("proftap: {command}") });
     let svg = if args.diff { diff_svg(&stacks[0], &stacks[1], &title, count_name)? } else { svg(&stacks[0], &title, count_name)? };
-    proftap_profile::write_atomically(&args.output, |out| out.write_all(&svg))?;
+    crate::output::write_output(&args.output, |out| out.write_all(&svg))?;
     Ok(ExitCode::SUCCESS)
 }

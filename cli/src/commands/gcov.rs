@@ -1,8 +1,8 @@
 //! `proftap gcov`: line counts as gcov's own `.gcov` text files.
 
-use crate::report::coverage::{by_file, gcov_text};
-use anyhow::{Result, bail};
-use std::collections::HashMap;
+use crate::report::coverage::{by_file, gcov_file_names, gcov_text};
+use crate::sources::read_source;
+use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -11,43 +11,60 @@ use std::process::ExitCode;
 pub struct Args {
     /// A profile recorded with --lines.
     file: PathBuf,
-    /// Where to write the .gcov files.
+    /// Where to write the .gcov files (created if missing).
     #[arg(short = 'o', long = "output-dir", value_name = "DIR", default_value = ".")]
     dir: PathBuf,
 }
 
-/// Runs the command.
+/// Runs the command. Each source's `.gcov` file is named after it but
+/// always lands in DIR (see `gcov_file_names`); the source text is read
+/// with the invoking user's rights (see `crate::sources`).
 pub fn run(args: Args) -> Result<ExitCode> {
     let profile = proftap_profile::read_profile(&args.file)?;
     if profile.lines.is_empty() {
         bail!("{} has no line counts; record it with --lines", args.file.display());
     }
-    if !args.dir.is_dir() {
-        bail!("{} is not a directory", args.dir.display());
-    }
+    output_dir(&args.dir)?;
     let files = by_file(&profile);
-    // Like gcov: SOURCE.gcov by file name, or the whole path mangled when
-    // two sources share a name.
-    let mut names: HashMap<String, usize> = HashMap::new();
-    for f in &files {
-        *names.entry(file_name(f.path)).or_default() += 1;
-    }
     let data_name = args.file.display().to_string();
-    for file in &files {
-        let source = std::fs::read_to_string(file.path).ok();
-        if source.is_none() {
-            eprintln!("proftap: warning: cannot read {}; its .gcov file has counts without source", file.path);
-        }
-        let name = file_name(file.path);
-        let out_name = if names[&name] > 1 { file.path.trim_start_matches('/').replace('/', "#") } else { name };
-        let out = args.dir.join(format!("{out_name}.gcov"));
+    let mut unnamed = Vec::new();
+    for (file, name) in files.iter().zip(gcov_file_names(&files)) {
+        let Some(name) = name else {
+            unnamed.push(file.path);
+            continue;
+        };
+        let source = read_source(file.path)
+            .map_err(|e| eprintln!("proftap: warning: cannot read {:?} ({e}); its .gcov file has counts without source", file.path))
+            .ok();
         let text = gcov_text(&profile, file, source.as_deref(), &data_name);
-        proftap_profile::write_atomically(&out, |w| w.write_all(text.as_bytes()))?;
-        println!("{}", out.display());
+        let name = format!("{name}.gcov");
+        proftap_profile::write_in_dir(&args.dir, name.as_ref(), |w| w.write_all(text.as_bytes()))?;
+        println!("{}", args.dir.join(name).display());
+    }
+    if unnamed.len() == files.len() {
+        bail!("no source file of {} has a name a .gcov file can take (empty, too long, or taken by another)", args.file.display());
+    }
+    if !unnamed.is_empty() {
+        let shown: Vec<String> = unnamed.iter().take(3).map(|p| format!("{p:?}")).collect();
+        eprintln!(
+            "proftap: warning: {} source {} no .gcov file, the name being empty, too long or taken by another: {}{}",
+            unnamed.len(),
+            if unnamed.len() == 1 { "file has" } else { "files have" },
+            shown.join(", "),
+            if unnamed.len() > 3 { ", ..." } else { "" }
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn file_name(path: &str) -> String {
-    Path::new(path).file_name().map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned())
+/// Makes sure `dir` is a directory, creating it when missing.
+fn output_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => bail!("{} is not a directory", dir.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create the directory {}", dir.display()))
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot use {} as the output directory", dir.display())),
+    }
 }

@@ -42,6 +42,50 @@ pub fn by_file(profile: &Profile) -> Vec<FileCoverage<'_>> {
     files.into_values().collect()
 }
 
+/// The longest name a `.gcov` file may take before its suffix: file names
+/// have at most 255 bytes.
+const MAX_GCOV_NAME: usize = 250;
+
+/// The `.gcov` file name of each source file, without the suffix, or none
+/// when its path cannot name one. Like gcov: the file name alone, or the
+/// whole path mangled as `gcov -p` does when two sources share a name
+/// (`/` becomes `#`, `..` becomes `^`, `.` and the root are left out). A
+/// name is one plain file name, never empty, `.`, `..`, nor holding `/` or
+/// NUL, at most 250 bytes, and given to one source only: a path that would
+/// take another's name, or none, has no `.gcov` file.
+pub fn gcov_file_names(files: &[FileCoverage<'_>]) -> Vec<Option<String>> {
+    let base = |path: &str| match std::path::Path::new(path).components().next_back() {
+        Some(std::path::Component::Normal(name)) => name.to_str().map(str::to_string),
+        _ => None,
+    };
+    let mut sharing: BTreeMap<String, usize> = BTreeMap::new();
+    for f in files {
+        *sharing.entry(base(f.path).unwrap_or_default()).or_default() += 1;
+    }
+    let mut taken = std::collections::HashSet::new();
+    files
+        .iter()
+        .map(|f| {
+            let name = base(f.path).filter(|b| sharing[b] == 1).unwrap_or_else(|| mangled(f.path));
+            let usable = !name.is_empty() && name.len() <= MAX_GCOV_NAME && !name.contains(['/', '\0']) && name != "." && name != "..";
+            (usable && taken.insert(name.clone())).then_some(name)
+        })
+        .collect()
+}
+
+/// A whole path as `gcov -p` mangles it into one file name.
+fn mangled(path: &str) -> String {
+    let parts: Vec<String> = std::path::Path::new(path)
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(name) => Some(name.to_string_lossy().into_owned()),
+            std::path::Component::ParentDir => Some("^".to_string()),
+            _ => None,
+        })
+        .collect();
+    parts.join("#")
+}
+
 /// A `.gcov` file in gcov's text format: `count:line:source`, `-` for lines
 /// without code, `#####` for lines with code that never ran.
 pub fn gcov_text(profile: &Profile, file: &FileCoverage<'_>, source: Option<&str>, data_name: &str) -> String {
@@ -51,8 +95,7 @@ pub fn gcov_text(profile: &Profile, file: &FileCoverage<'_>, source: Option<&str
     let _ = writeln!(out, "{:>9}:{:>5}:Data:{}", "-", 0, data_name);
     let _ = writeln!(out, "{:>9}:{:>5}:Runs:{}", "-", 0, profile.runs);
     let source_lines: Vec<&str> = source.map(|s| s.lines().collect()).unwrap_or_default();
-    let last = file.lines.keys().next_back().copied().unwrap_or(0).max(source_lines.len() as u32);
-    for number in 1..=last {
+    for number in shown_lines(file, source_lines.len()) {
         let count = match file.lines.get(&number) {
             None => "-".to_string(),
             Some(r) if r.count == 0 => "#####".to_string(),
@@ -62,6 +105,15 @@ pub fn gcov_text(profile: &Profile, file: &FileCoverage<'_>, source: Option<&str
         let _ = writeln!(out, "{count:>9}:{number:>5}:{text}");
     }
     out
+}
+
+/// The line numbers a listing of `file` shows: every line of its source
+/// (`source_lines` long), then the counted lines past its end. Lines past
+/// the source without counts are left out, so that a count on line ten
+/// million does not list ten million lines.
+pub fn shown_lines<'a>(file: &'a FileCoverage<'_>, source_lines: usize) -> impl Iterator<Item = u32> + 'a {
+    let in_source = u32::try_from(source_lines).unwrap_or(u32::MAX);
+    (1..=in_source).chain(file.lines.range(in_source.saturating_add(1)..).map(|(&n, _)| n))
 }
 
 /// An lcov tracefile (`TN`, `SF`, `FN`/`FNDA`, `FNF`/`FNH`, `DA`, `LF`/`LH`).
@@ -94,17 +146,24 @@ pub fn gcov_json(profile: &Profile, data_name: &str) -> serde_json::Value {
     let files: Vec<serde_json::Value> = by_file(profile)
         .iter()
         .map(|file| {
-            // Each line's function: the nearest function declared at or above it.
-            let function_of = |line: u32| file.functions.iter().rev().find(|f| f.0 <= line).map(|f| f.1).unwrap_or("");
+            // Each line's function: the nearest function declared at or above
+            // it (the functions are sorted by line).
+            let function_of = |line: u32| {
+                let above = file.functions.partition_point(|f| f.0 <= line);
+                above.checked_sub(1).map_or("", |i| file.functions[i].1)
+            };
             let functions: Vec<serde_json::Value> = file
                 .functions
                 .iter()
                 .enumerate()
                 .map(|(i, (start, name, calls))| {
+                    // Up to the next function's line; two functions declared
+                    // on one line share it.
                     let end = file
                         .functions
                         .get(i + 1)
-                        .map_or_else(|| file.lines.keys().next_back().copied().unwrap_or(*start), |next| next.0 - 1);
+                        .map_or_else(|| file.lines.keys().next_back().copied().unwrap_or(*start), |next| next.0.saturating_sub(1))
+                        .max(*start);
                     let body: Vec<&&LineRecord> = file.lines.range(*start..=end).map(|(_, r)| r).collect();
                     json!({
                         "name": name,
@@ -144,4 +203,77 @@ pub fn gcov_json(profile: &Profile, data_name: &str) -> serde_json::Value {
         "data_file": data_name,
         "files": files,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proftap_profile::FunctionInfo;
+
+    fn profile(lines: &[u32], functions: &[(&str, u32)]) -> Profile {
+        Profile {
+            lines: lines.iter().map(|&line| LineRecord { file: "a.c".into(), line, count: 1, cost: Vec::new() }).collect(),
+            functions: functions
+                .iter()
+                .map(|&(name, line)| FunctionInfo { name: name.into(), file: Some("a.c".into()), line, ..FunctionInfo::default() })
+                .collect(),
+            ..Profile::default()
+        }
+    }
+
+    #[test]
+    fn gcov_lists_the_source_then_counted_lines_past_it() {
+        let p = profile(&[2, 10_000_000], &[]);
+        let files = by_file(&p);
+        let text = gcov_text(&p, &files[0], Some("one\ntwo\nthree\n"), "d");
+        let numbered: Vec<&str> = text.lines().skip(4).map(|l| l.split(':').nth(1).unwrap_or("").trim()).collect();
+        assert_eq!(numbered, vec!["1", "2", "3", "10000000"]);
+        let text = gcov_text(&p, &files[0], None, "d");
+        assert_eq!(text.lines().count(), 4 + 2, "{text}");
+        assert!(text.ends_with("        1:10000000:/*EOF*/\n"), "{text}");
+    }
+
+    #[test]
+    fn gcov_names_stay_one_file_name() {
+        let paths =
+            ["src/a.c", "lib/b.c", "other/b.c", "/", "/etc/..", "/etc/shadow", "", "x/\0.c", "a#b.c", "a/b.c", "long/../x.c", "../../up.c"];
+        let long = format!("/{}.c", "n".repeat(300));
+        let files: Vec<FileCoverage<'_>> = paths
+            .iter()
+            .copied()
+            .chain([long.as_str()])
+            .map(|path| FileCoverage { path, lines: BTreeMap::new(), functions: Vec::new() })
+            .collect();
+        let names = gcov_file_names(&files);
+        let expect = [
+            Some("a.c"),
+            Some("lib#b.c"),
+            Some("other#b.c"),
+            None,
+            Some("etc#^"),
+            Some("shadow"),
+            None,
+            None,
+            Some("a#b.c"),
+            // Mangles to the name a#b.c already took.
+            None,
+            Some("x.c"),
+            Some("up.c"),
+            None,
+        ];
+        assert_eq!(names, expect.map(|n| n.map(str::to_string)).to_vec());
+    }
+
+    #[test]
+    fn functions_declared_on_one_line_share_it() {
+        let p = profile(&[3, 4, 9], &[("f", 3), ("g", 3), ("h", 9)]);
+        let json = gcov_json(&p, "d");
+        let functions = json["files"][0]["functions"].as_array().expect("functions");
+        let span = |i: usize| (functions[i]["start_line"].clone(), functions[i]["end_line"].clone());
+        assert_eq!(span(0), (3.into(), 3.into()));
+        assert_eq!(span(1), (3.into(), 8.into()));
+        assert_eq!(span(2), (9.into(), 9.into()));
+        let lines = json["files"][0]["lines"].as_array().expect("lines");
+        assert_eq!(lines[1]["function_name"], "g");
+    }
 }

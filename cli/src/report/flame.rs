@@ -1,7 +1,9 @@
 //! Folded stacks and flame graphs (through inferno), from samples or from
 //! the exact calling-context tree.
 
+use anyhow::Result;
 use proftap_profile::Profile;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// Where a flame graph's stacks come from.
@@ -18,42 +20,89 @@ fn clean(name: &str) -> String {
     name.replace(';', ":").replace('\n', " ")
 }
 
+/// The most bytes of folded stacks proftap builds: a stack names every
+/// frame of its path, so a deep tree costs its depth at every node.
+pub const MAX_FOLDED_BYTES: u64 = 512 << 20;
+
+fn too_large(bytes: u64) -> anyhow::Error {
+    anyhow::anyhow!(
+        "its stacks would take {} MiB as folded stacks, more than the {} MiB proftap builds (each stack names all its callers); proftap report --tree shows a tree this deep",
+        bytes >> 20,
+        MAX_FOLDED_BYTES >> 20
+    )
+}
+
 /// Folded stacks (`outer;inner count`) of the sampled stacks.
-pub fn folded_samples(profile: &Profile) -> Vec<String> {
-    let Some(samples) = &profile.samples else { return Vec::new() };
+pub fn folded_samples(profile: &Profile) -> Result<Vec<String>> {
+    let Some(samples) = &profile.samples else { return Ok(Vec::new()) };
+    let name = |f: u32| samples.frames.get(f as usize).map_or("?", |frame| frame.name.as_str());
+    let bytes = samples.stacks.iter().flat_map(|s| &s.frames).fold(0u64, |sum, &f| sum.saturating_add(name(f).len() as u64 + 1));
+    if bytes > MAX_FOLDED_BYTES {
+        return Err(too_large(bytes));
+    }
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for stack in &samples.stacks {
-        let path: Vec<String> = stack.frames.iter().map(|&f| clean(&samples.frames[f as usize].name)).collect();
-        *lines.entry(path.join(";")).or_default() += stack.count;
+        let path: Vec<String> = stack.frames.iter().map(|&f| clean(name(f))).collect();
+        let count = lines.entry(path.join(";")).or_default();
+        *count = count.saturating_add(stack.count);
     }
-    lines.into_iter().map(|(path, count)| format!("{path} {count}")).collect()
+    Ok(lines.into_iter().map(|(path, count)| format!("{path} {count}")).collect())
 }
 
 /// Folded stacks of the calling-context tree over all threads, each path
 /// weighted by its exclusive cost in metric `m`.
-pub fn folded_calls(profile: &Profile, m: usize) -> Vec<String> {
+pub fn folded_calls(profile: &Profile, m: usize) -> Result<Vec<String>> {
     let tree = profile.merged_tree();
-    let mut paths: Vec<String> = vec![String::new(); tree.nodes.len()];
-    let mut lines = BTreeMap::new();
-    // Parents come before their children.
+    let weight = |i: usize| tree.nodes[i].exclusive.get(m).copied().unwrap_or(0);
+    // What each path takes, from its parent's (parents come before their
+    // children), so that a tree too deep to fold is refused before any
+    // string is built.
+    let mut path_bytes = vec![0u64; tree.nodes.len()];
+    let mut total = 0u64;
     for (i, node) in tree.nodes.iter().enumerate().skip(1) {
-        let name = clean(super::function_name(profile, node.function));
-        let parent = &paths[node.parent as usize];
-        paths[i] = if parent.is_empty() { name } else { format!("{parent};{name}") };
-        let weight = node.exclusive.get(m).copied().unwrap_or(0);
-        if weight > 0 {
-            *lines.entry(paths[i].clone()).or_insert(0u64) += weight;
+        let parent = path_bytes.get(node.parent as usize).copied().unwrap_or(0);
+        path_bytes[i] = parent.saturating_add(super::function_name(profile, node.function).len() as u64 + 1);
+        if weight(i) > 0 {
+            total = total.saturating_add(path_bytes[i]);
         }
     }
-    lines.into_iter().map(|(path, weight)| format!("{path} {weight}")).collect()
+    if total > MAX_FOLDED_BYTES {
+        return Err(too_large(total));
+    }
+    let mut lines = BTreeMap::new();
+    for i in (1..tree.nodes.len()).filter(|&i| weight(i) > 0) {
+        let mut names: Vec<String> =
+            tree.path(i as u32).map(|n| clean(super::function_name(profile, tree.nodes[n as usize].function))).collect();
+        names.reverse();
+        let sum = lines.entry(names.join(";")).or_insert(0u64);
+        *sum = sum.saturating_add(weight(i));
+    }
+    Ok(lines.into_iter().map(|(path, weight)| format!("{path} {weight}")).collect())
 }
 
 /// The folded stacks of a profile: samples if it has them, else calls.
-pub fn folded(profile: &Profile, source: Option<Source>, m: usize) -> Vec<String> {
+pub fn folded(profile: &Profile, source: Option<Source>, m: usize) -> Result<Vec<String>> {
     match source.unwrap_or(if profile.samples.is_some() { Source::Samples } else { Source::Calls }) {
         Source::Samples => folded_samples(profile),
         Source::Calls => folded_calls(profile, m),
     }
+}
+
+/// The largest sum of counts handed to inferno, which adds them up in a
+/// `usize` that must not overflow.
+const MAX_TOTAL: u128 = 1 << 62;
+
+/// Folded stacks whose counts add up to at most [`MAX_TOTAL`]: counts
+/// summing past it (only a damaged profile's can) are scaled down alike.
+fn fit_counts(lines: &[String]) -> Cow<'_, [String]> {
+    let count = |line: &str| line.rsplit_once(' ').and_then(|(_, n)| n.parse::<u64>().ok()).unwrap_or(0);
+    let total: u128 = lines.iter().map(|l| u128::from(count(l))).sum();
+    if total <= MAX_TOTAL {
+        return Cow::Borrowed(lines);
+    }
+    let scale = total / MAX_TOTAL + 1;
+    let scaled = lines.iter().filter_map(|l| Some(format!("{} {}", l.rsplit_once(' ')?.0, u128::from(count(l)) / scale))).collect();
+    Cow::Owned(scaled)
 }
 
 /// Renders folded stacks as an SVG flame graph.
@@ -63,7 +112,7 @@ pub fn svg(lines: &[String], title: &str, count_name: &str) -> std::io::Result<V
     options.count_name = count_name.to_string();
     options.deterministic = true;
     let mut out = Vec::new();
-    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut out)?;
+    inferno::flamegraph::from_lines(&mut options, fit_counts(lines).iter().map(String::as_str), &mut out)?;
     Ok(out)
 }
 
@@ -72,8 +121,8 @@ pub fn diff_svg(base: &[String], new: &[String], title: &str, count_name: &str) 
     let mut folded = Vec::new();
     inferno::differential::from_readers(
         inferno::differential::Options::default(),
-        std::io::Cursor::new(base.join("\n")),
-        std::io::Cursor::new(new.join("\n")),
+        std::io::Cursor::new(fit_counts(base).join("\n")),
+        std::io::Cursor::new(fit_counts(new).join("\n")),
         &mut folded,
     )?;
     let text = String::from_utf8_lossy(&folded).into_owned();
@@ -110,16 +159,45 @@ mod tests {
     #[test]
     fn folded_stacks_from_calls_and_samples() {
         let p = profile();
-        assert_eq!(folded_calls(&p, 0), vec!["main 40".to_string(), "main;ns::f:g 60".to_string()]);
-        assert_eq!(folded_samples(&p), vec!["main 2".to_string(), "main;work 7".to_string()]);
+        assert_eq!(folded_calls(&p, 0).expect("small"), vec!["main 40".to_string(), "main;ns::f:g 60".to_string()]);
+        assert_eq!(folded_samples(&p).expect("small"), vec!["main 2".to_string(), "main;work 7".to_string()]);
+    }
+
+    #[test]
+    fn counts_summing_past_inferno_s_range_are_scaled() {
+        let lines = vec![format!("main {}", u64::MAX), format!("main;f {}", u64::MAX)];
+        let fitted = fit_counts(&lines);
+        assert_eq!(fitted.as_ref(), [format!("main {}", u64::MAX / 8), format!("main;f {}", u64::MAX / 8)]);
+        assert!(svg(&lines, "t", "ns").is_ok());
+        assert!(diff_svg(&lines, &lines, "t", "ns").is_ok());
+        let small = vec!["main 1".to_string()];
+        assert!(matches!(fit_counts(&small), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn stacks_past_the_byte_limit_are_refused() {
+        let mut p = profile();
+        // 600 calls deep under a name of 4 KiB: 700 MiB of paths.
+        p.functions[0].name = "x".repeat(4096);
+        let tree = &mut p.threads[0].tree;
+        for parent in 2..602 {
+            tree.nodes.push(TreeNode { function: 0, parent, calls: 1, inclusive: vec![1], exclusive: vec![1] });
+        }
+        let err = folded_calls(&p, 0).expect_err("too large");
+        assert!(err.to_string().contains("more than the 512 MiB proftap builds"), "{err}");
+        let samples = p.samples.as_mut().expect("samples");
+        samples.frames[0].name = "x".repeat(1 << 20);
+        samples.stacks[0].frames = vec![0; 600];
+        assert!(folded_samples(&p).is_err());
     }
 
     #[test]
     fn svgs_name_the_frames() {
         let p = profile();
-        let svg = String::from_utf8(svg(&folded_samples(&p), "t", "samples").expect("renders")).expect("utf-8");
+        let svg = String::from_utf8(svg(&folded_samples(&p).expect("small"), "t", "samples").expect("renders")).expect("utf-8");
         assert!(svg.starts_with("<?xml") && svg.contains("work") && svg.contains("</svg>"));
-        let diff = String::from_utf8(diff_svg(&folded_samples(&p), &folded_calls(&p, 0), "d", "ns").expect("renders")).expect("utf-8");
+        let (base, new) = (folded_samples(&p).expect("small"), folded_calls(&p, 0).expect("small"));
+        let diff = String::from_utf8(diff_svg(&base, &new, "d", "ns").expect("renders")).expect("utf-8");
         assert!(diff.contains("ns::f:g"));
     }
 }

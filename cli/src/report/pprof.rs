@@ -12,7 +12,8 @@
 // The message fields mirror profile.proto, where each is documented.
 #![allow(missing_docs)]
 
-use proftap_profile::{Profile, ROOT};
+use anyhow::{Result, bail};
+use proftap_profile::Profile;
 use prost::Message;
 use std::collections::HashMap;
 
@@ -216,8 +217,25 @@ fn value_type(key: &str) -> (String, &'static str) {
     }
 }
 
-/// The profile in pprof's format, not yet compressed.
-pub fn pprof(profile: &Profile) -> PprofProfile {
+/// The most frames all call paths of a pprof export may hold in all: each
+/// call tree node is a sample listing every frame of its path, so a deep
+/// tree costs its depth at every node (8 bytes a frame in memory).
+pub const MAX_FRAMES: u64 = 1 << 26;
+
+/// A count as pprof's signed values hold it.
+fn value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The profile in pprof's format, not yet compressed; refused when its call
+/// paths would hold more than [`MAX_FRAMES`] frames.
+pub fn pprof(profile: &Profile) -> Result<PprofProfile> {
+    let frames = profile.threads.iter().flat_map(|t| t.tree.depths()).fold(0u64, |sum, d| sum.saturating_add(u64::from(d)));
+    if frames > MAX_FRAMES {
+        bail!(
+            "its call paths hold {frames} frames in all, more than the {MAX_FRAMES} a pprof export may (each path lists all its callers); proftap report --tree shows a tree this deep"
+        );
+    }
     let mut b = Builder::default();
     b.string("");
     let metrics = profile.metrics.len();
@@ -246,25 +264,16 @@ pub fn pprof(profile: &Profile) -> PprofProfile {
 
     for thread in &profile.threads {
         let label = Label { key: thread_key, str: b.string(&format!("{} ({})", thread.name, thread.tid)), num: 0 };
-        let nodes = &thread.tree.nodes;
-        for node in nodes.iter().skip(1) {
-            let mut stack = Vec::new();
-            let mut at = node;
-            while at.function != ROOT {
-                if let Some(&location) = function_locations.get(at.function as usize) {
-                    stack.push(location);
-                }
-                match nodes.get(at.parent as usize) {
-                    Some(parent) => at = parent,
-                    None => break,
-                }
-            }
-            let mut value = vec![0i64; width];
-            value[0] = node.calls as i64;
+        let tree = &thread.tree;
+        for (i, node) in tree.nodes.iter().enumerate().skip(1) {
+            let stack =
+                tree.path(i as u32).filter_map(|n| function_locations.get(tree.nodes[n as usize].function as usize).copied()).collect();
+            let mut values = vec![0i64; width];
+            values[0] = value(node.calls);
             for m in 0..metrics {
-                value[1 + m] = node.exclusive.get(m).copied().unwrap_or(0) as i64;
+                values[1 + m] = value(node.exclusive.get(m).copied().unwrap_or(0));
             }
-            b.out.sample.push(Sample { location_id: stack, value, label: vec![label.clone()] });
+            b.out.sample.push(Sample { location_id: stack, value: values, label: vec![label.clone()] });
         }
     }
 
@@ -294,25 +303,25 @@ pub fn pprof(profile: &Profile) -> PprofProfile {
                 locations.push(b.location(mapping, 0, group));
             }
             locations.reverse();
-            let mut value = vec![0i64; width];
-            value[width - 1] = stack.count as i64;
-            b.out.sample.push(Sample { location_id: locations, value, label: Vec::new() });
+            let mut values = vec![0i64; width];
+            values[width - 1] = value(stack.count);
+            b.out.sample.push(Sample { location_id: locations, value: values, label: Vec::new() });
         }
         b.out.period_type = Some(ValueType { r#type: b.string(&samples.event), unit: b.string("count") });
         b.out.period = 1;
     }
 
-    b.out.time_nanos = profile.recording.started_unix_ns as i64;
-    b.out.duration_nanos = profile.recording.duration_ns as i64;
+    b.out.time_nanos = value(profile.recording.started_unix_ns);
+    b.out.duration_nanos = value(profile.recording.duration_ns);
     b.out.default_sample_type = b.string(profile.metrics.first().map_or("calls", |k| k.strip_suffix("_ns").unwrap_or(k)));
     let comments: Vec<i64> = profile.notes.iter().map(|n| b.string(n)).collect();
     b.out.comment = comments;
-    b.out
+    Ok(b.out)
 }
 
 /// The encoded bytes (before compression).
-pub fn encode(profile: &Profile) -> Vec<u8> {
-    pprof(profile).encode_to_vec()
+pub fn encode(profile: &Profile) -> Result<Vec<u8>> {
+    Ok(pprof(profile)?.encode_to_vec())
 }
 
 #[cfg(test)]
@@ -353,7 +362,7 @@ mod tests {
             }),
             ..Profile::default()
         };
-        let p = pprof(&profile);
+        let p = pprof(&profile).expect("small enough");
         let s = |i: i64| p.string_table[i as usize].as_str();
         let types: Vec<(&str, &str)> = p.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
         assert_eq!(types, vec![("calls", "count"), ("wall", "nanoseconds"), ("page_faults", "count"), ("samples", "count")]);
@@ -370,6 +379,23 @@ mod tests {
         let sampled = p.sample.iter().find(|x| x.value[3] == 5).expect("sampled stack");
         assert_eq!(sampled.location_id.iter().map(|&l| name_of(l)).collect::<Vec<_>>(), vec![vec!["mix", "g"], vec!["main"]]);
         // It round-trips through prost.
-        assert_eq!(PprofProfile::decode(encode(&profile).as_slice()).expect("decode"), p);
+        assert_eq!(PprofProfile::decode(encode(&profile).expect("small enough").as_slice()).expect("decode"), p);
+    }
+
+    #[test]
+    fn call_paths_past_the_frame_limit_are_refused() {
+        // A chain 12,000 calls deep: its paths hold 72 million frames.
+        let mut tree = CallTree::new(1);
+        for parent in 0..12_000 {
+            tree.nodes.push(TreeNode { function: 0, parent, calls: 1, inclusive: vec![1], exclusive: vec![1] });
+        }
+        let profile = Profile {
+            metrics: vec!["wall_ns".into()],
+            functions: vec![FunctionInfo { name: "down".into(), ..FunctionInfo::default() }],
+            threads: vec![ThreadProfile { pid: 1, tid: 1, name: "p".into(), functions: Vec::new(), tree }],
+            ..Profile::default()
+        };
+        let err = pprof(&profile).expect_err("too many frames");
+        assert!(err.to_string().starts_with("its call paths hold 72006000 frames in all"), "{err}");
     }
 }

@@ -76,7 +76,8 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
     }
     if options.tree && probed {
         let m = metrics.first().copied().unwrap_or(0);
-        let _ = writeln!(out, "\nCall tree ({}, inclusive / exclusive)", metric_label(&profile.metrics[m]));
+        let label = profile.metrics.get(m).map_or("no metric", |k| metric_label(k));
+        let _ = writeln!(out, "\nCall tree ({label}, inclusive / exclusive)");
         tree(profile, &profile.merged_tree(), m, &mut out);
     }
     sampled_only(profile, options, &mut out);
@@ -320,7 +321,7 @@ fn regions(profile: &Profile, metrics: &[usize], out: &mut String) {
 /// never run) and the time spent on it.
 fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
     for file in super::coverage::by_file(profile) {
-        let source = std::fs::read_to_string(file.path).ok();
+        let source = crate::sources::read_source(file.path).ok();
         let text: Vec<&str> = source.as_deref().map(|s| s.lines().collect()).unwrap_or_default();
         let _ = writeln!(
             out,
@@ -328,8 +329,7 @@ fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
             file.path,
             metrics.iter().map(|&m| metric_label(&profile.metrics[m])).collect::<Vec<_>>().join(", ")
         );
-        let last = file.lines.keys().next_back().copied().unwrap_or(0).max(text.len() as u32);
-        for number in 1..=last {
+        for number in super::coverage::shown_lines(&file, text.len()) {
             let source_line = text.get(number as usize - 1).copied().unwrap_or("");
             match file.lines.get(&number) {
                 None => {
@@ -348,23 +348,30 @@ fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
     }
 }
 
+/// How many levels of the text tree are shown by indentation; deeper nodes
+/// are indented as this level and say their depth, so that a tree
+/// thousands of calls deep prints lines of bounded width.
+const TREE_INDENT_LEVELS: usize = 64;
+
 fn tree(profile: &Profile, tree: &CallTree, m: usize, out: &mut String) {
-    let key = &profile.metrics[m];
+    let key = profile.metrics.get(m).map_or("", String::as_str);
+    let value = |values: &[u64]| format_value(key, values.get(m).copied().unwrap_or(0));
     let children = tree.children();
     // Depth-first without recursion: deep recursion in the target must not
     // overflow proftap's stack.
-    let mut stack: Vec<(u32, usize)> = children[0].iter().rev().map(|&c| (c, 0)).collect();
+    let mut stack: Vec<(u32, usize)> = children.first().into_iter().flatten().rev().map(|&c| (c, 0)).collect();
     while let Some((i, depth)) = stack.pop() {
         let n = &tree.nodes[i as usize];
+        let deep = if depth >= TREE_INDENT_LEVELS { format!("[depth {}] ", depth + 1) } else { String::new() };
         let _ = writeln!(
             out,
-            "{:indent$}{} {}x  {} / {}",
+            "{:indent$}{deep}{} {}x  {} / {}",
             "",
             function_name(profile, n.function),
             group_digits(n.calls),
-            format_value(key, n.inclusive[m]),
-            format_value(key, n.exclusive[m]),
-            indent = 2 * depth + 2
+            value(&n.inclusive),
+            value(&n.exclusive),
+            indent = 2 * depth.min(TREE_INDENT_LEVELS) + 2
         );
         stack.extend(children[i as usize].iter().rev().map(|&c| (c, depth + 1)));
     }
@@ -373,6 +380,28 @@ fn tree(profile: &Profile, tree: &CallTree, m: usize, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proftap_profile::{FunctionInfo, ThreadProfile, TreeNode};
+
+    #[test]
+    fn a_deep_tree_prints_lines_of_bounded_width() {
+        let mut tree = CallTree::new(1);
+        for parent in 0..1000 {
+            tree.nodes.push(TreeNode { function: 0, parent, calls: 1, inclusive: vec![1], exclusive: vec![1] });
+        }
+        let profile = Profile {
+            metrics: vec!["wall_ns".into()],
+            functions: vec![FunctionInfo { name: "down".into(), ..FunctionInfo::default() }],
+            threads: vec![ThreadProfile { pid: 1, tid: 1, name: String::new(), functions: Vec::new(), tree }],
+            ..Profile::default()
+        };
+        let options = TextOptions { sort: SortKey::Incl, top: None, tree: true, threads: false, metrics: Vec::new(), lines: false };
+        let text = render(&profile, &options);
+        let tree: Vec<&str> = text.lines().filter(|l| l.contains("down 1x")).collect();
+        assert_eq!(tree.len(), 1000);
+        assert!(tree.iter().all(|l| l.len() < 2 * TREE_INDENT_LEVELS + 40), "{}", tree[999]);
+        assert_eq!(tree[999].trim_start(), "[depth 1000] down 1x  1 ns / 1 ns");
+        assert_eq!(tree[63].trim_start(), "down 1x  1 ns / 1 ns");
+    }
 
     #[test]
     fn values_format_with_units() {
