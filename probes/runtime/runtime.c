@@ -1,0 +1,399 @@
+/* proftap's runtime in a patched process: it times every call of the
+ * patched functions and adds it up in place, per thread and per calling
+ * context, in memory shared with proftap. Nothing per call leaves the
+ * process, so nothing can be lost on the way: proftap reads the totals.
+ *
+ * A patched entry jumps to the function's trampoline, which saves the
+ * registers a call may use and calls proftap_entry(slot, function), slot
+ * being where the caller's return address is. proftap_entry finds the
+ * thread's block (keyed by its thread pointer, fs:[0]), finds or makes the
+ * node of this function under the caller's node, pushes a frame and puts
+ * the return trampoline's address in the slot. The return trampoline calls
+ * proftap_exit(slot), which pops the frame, adds its times to the node and
+ * puts the original return address back.
+ *
+ * Built freestanding (no C library, no SSE registers, position independent)
+ * into a flat blob that proftap copies next to each patched module; the
+ * configuration at proftap_config is written into each copy. Every address
+ * of the runtime's memory comes from it. Layout facts proftap needs are
+ * exported in proftap_layout (see runtime.h).
+ */
+#include "runtime.h"
+
+__attribute__((used, aligned(64))) struct config proftap_config;
+
+/* The configuration, read through an address the compiler cannot see
+ * through: it is all zero when compiled and written per copy. */
+static inline const struct config *config(void)
+{
+    const struct config *c;
+    __asm__("lea proftap_config(%%rip), %0" : "=r"(c));
+    return c;
+}
+
+__attribute__((used)) const u64 proftap_layout[] = {
+    LAYOUT_MAGIC,
+    sizeof(struct config),
+    sizeof(struct header),
+    sizeof(struct block),
+    sizeof(struct frame),
+    sizeof(struct node),
+    sizeof(struct seat),
+    sizeof(struct private_block),
+    sizeof(struct ret),
+    SEATS,
+    STACK_DEPTH,
+    NODES,
+    HASH_SLOTS,
+};
+
+static inline u64 rdtsc(void)
+{
+    u32 lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((u64)hi << 32) | lo;
+}
+
+static inline u64 thread_pointer(void)
+{
+    u64 tp;
+    __asm__("mov %%fs:0, %0" : "=r"(tp));
+    return tp;
+}
+
+static inline u64 gettid(void)
+{
+    u64 tid;
+    __asm__ volatile("syscall" : "=a"(tid) : "0"(186UL) : "rcx", "r11", "memory");
+    return tid;
+}
+
+/* The thread's id as the C library keeps it, or 0 when its place is unknown. */
+static inline u32 library_tid(const struct config *c)
+{
+    if (!c->tcb_tid)
+        return 0;
+    u32 tid;
+    __asm__("movl %%fs:(%1), %0" : "=r"(tid) : "r"(c->tcb_tid));
+    return tid;
+}
+
+static inline int live(const struct config *c)
+{
+    return *(volatile u64 *)c->live != 0;
+}
+
+static inline struct header *header(const struct config *c)
+{
+    return (struct header *)c->shared;
+}
+
+static inline struct block *shared_block(const struct config *c, u64 index)
+{
+    return (struct block *)(c->shared + c->blocks_offset + index * c->block_bytes);
+}
+
+static inline u64 *entries_of(const struct config *c, struct block *b)
+{
+    return (u64 *)((char *)b + c->entries_offset);
+}
+
+static inline struct private_block *private_block(const struct config *c, u64 index)
+{
+    return (struct private_block *)(c->private_base + sizeof(struct seat) * SEATS + index * sizeof(struct private_block));
+}
+
+/* Time off every CPU so far of thread tid, in TSC cycles (0 when unknown). */
+static inline u64 off_cpu(const struct config *c, u32 tid)
+{
+    if (!c->off_cpu || tid >= c->off_cpu_entries)
+        return 0;
+    u64 ns = ((volatile u64 *)c->off_cpu)[2 * (u64)tid];
+    struct header *h = header(c);
+    return (u64)(((unsigned __int128)ns * h->ns_to_tsc_mult) >> h->ns_to_tsc_shift);
+}
+
+/* The thread's seat: its block, found by its thread pointer. A thread the
+ * C library gave the thread control block of one that ended (same pointer,
+ * another tid) takes a new block: the old one's totals are the old
+ * thread's. Returns 0 when every block is taken. */
+static struct seat *seat_of(const struct config *c, int claim)
+{
+    u64 key = thread_pointer();
+    u32 tid = library_tid(c);
+    struct seat *seats = (struct seat *)c->private_base;
+    u64 i = (key >> 8) * 0x9e3779b97f4a7c15ULL >> (64 - SEATS_BITS);
+    for (u64 n = 0; n < SEATS; n++, i = (i + 1) & (SEATS - 1)) {
+        struct seat *s = &seats[i];
+        u64 k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
+        if (k == key) {
+            if (!__atomic_load_n(&s->block, __ATOMIC_ACQUIRE))
+                return 0;
+            if (!tid || s->tid == tid)
+                return s;
+            if (!claim || !live(c))
+                return 0;
+            /* Same thread control block, another thread: a new block. */
+        } else if (k == 0) {
+            if (!claim || !live(c))
+                return 0;
+            u64 expected = 0;
+            if (!__atomic_compare_exchange_n(&s->key, &expected, key, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                if (expected != key)
+                    continue;
+            }
+        } else {
+            continue;
+        }
+        u64 index = __atomic_fetch_add(&header(c)->blocks_taken, 1, __ATOMIC_RELAXED);
+        if (index >= c->blocks) {
+            __atomic_store_n(&s->block, 0, __ATOMIC_RELEASE);
+            return 0;
+        }
+        u32 kernel_tid = (u32)gettid();
+        struct private_block *p = private_block(c, index);
+        p->depth = 0;
+        p->busy = 0;
+        p->unhooked = 0;
+        struct block *b = shared_block(c, index);
+        b->tid = kernel_tid;
+        b->nodes = 1; /* node 0: the thread itself */
+        __atomic_store_n(&b->state, BLOCK_USED, __ATOMIC_RELEASE);
+        s->tid = tid ? tid : kernel_tid;
+        s->block = index + 1;
+        return s;
+    }
+    return 0;
+}
+
+/* The child node of `parent` for `function`, made if new; NO_NODE when
+ * the parent has none or the thread's node table is full (its calls are
+ * then counted, not timed). */
+static u32 child_node(struct block *b, u32 parent, u32 function)
+{
+    if (parent == NO_NODE)
+        return NO_NODE;
+    u64 h = ((u64)parent * 0x9e3779b97f4a7c15ULL ^ (u64)function * 0xc2b2ae3d27d4eb4fULL) >> (64 - HASH_BITS);
+    for (u64 n = 0; n < HASH_SLOTS; n++, h = (h + 1) & (HASH_SLOTS - 1)) {
+        u32 at = b->hash[h];
+        if (at == 0) {
+            u64 made = b->nodes;
+            if (made >= NODES)
+                return NO_NODE;
+            struct node *node = &b->node[made];
+            node->parent = parent;
+            node->function = function;
+            node->incl_wall.min = node->excl_wall.min = node->incl_cpu.min = node->excl_cpu.min = ~0ULL;
+            /* Published after the node: proftap reads nodes below b->nodes. */
+            __atomic_store_n(&b->nodes, made + 1, __ATOMIC_RELEASE);
+            b->hash[h] = (u32)made;
+            return (u32)made;
+        }
+        if (b->node[at].parent == parent && b->node[at].function == function)
+            return at;
+    }
+    return NO_NODE;
+}
+
+static inline void observe(struct stat *s, u64 v)
+{
+    s->total += v;
+    if (v < s->min)
+        s->min = v;
+    if (v > s->max)
+        s->max = v;
+}
+
+/* Ends frame d of the thread at `now`: its times go to its node, and its
+ * inclusive times to its caller's frame. */
+static void finish(const struct config *c, struct block *b, u64 d, u64 now, u64 off_now, int unwound)
+{
+    struct frame *f = &b->frame[d];
+    u64 wall = now > f->entry_tsc ? now - f->entry_tsc : 0;
+    u64 off = off_now > f->entry_off ? off_now - f->entry_off : 0;
+    u64 cpu = wall > off ? wall - off : 0;
+    if (f->node != NO_NODE) {
+        struct node *n = &b->node[f->node];
+        n->calls++;
+        n->unwound += unwound;
+        observe(&n->incl_wall, wall);
+        observe(&n->excl_wall, wall > f->child_wall ? wall - f->child_wall : 0);
+        observe(&n->incl_cpu, cpu);
+        observe(&n->excl_cpu, cpu > f->child_cpu ? cpu - f->child_cpu : 0);
+    } else {
+        b->untimed++;
+    }
+    if (d > 0) {
+        b->frame[d - 1].child_wall += wall;
+        b->frame[d - 1].child_cpu += cpu;
+    }
+    (void)c;
+}
+
+/* Pops the frames whose return-address slot is below `slot` (or at it,
+ * with at_too): a longjmp or an exception left them. They end now. */
+static void drop_below(const struct config *c, struct private_block *p, struct block *b, u64 slot, int at_too)
+{
+    u64 d = p->depth;
+    if (!d || !(p->ret[d - 1].slot < slot || (at_too && p->ret[d - 1].slot == slot)))
+        return;
+    u64 now = rdtsc(), off = off_cpu(c, b->tid);
+    while (d && (p->ret[d - 1].slot < slot || (at_too && p->ret[d - 1].slot == slot))) {
+        d--;
+        if (b)
+            finish(c, b, d, now, off, 1);
+    }
+    p->depth = d;
+    if (b)
+        __atomic_store_n(&b->depth, d, __ATOMIC_RELEASE);
+}
+
+/* Writes `to` over every live frame's return address that holds `from`
+ * (0: the frame's original), above `slot`. */
+static void rewrite(const struct config *c, struct private_block *p, u64 slot, int hijack)
+{
+    for (u64 d = 0; d < p->depth; d++) {
+        u64 *where = (u64 *)p->ret[d].slot;
+        if ((u64)where <= slot)
+            continue;
+        u64 from = hijack ? p->ret[d].ret : c->return_trampoline;
+        u64 to = hijack ? c->return_trampoline : p->ret[d].ret;
+        if (*where == from)
+            *where = to;
+    }
+}
+
+void proftap_entry(u64 *slot, u32 function)
+{
+    const struct config *c = config();
+    struct seat *s = seat_of(c, 1);
+    if (!s) {
+        if (live(c))
+            __atomic_fetch_add(&header(c)->unseated, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    struct private_block *p = private_block(c, s->block - 1);
+    struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    /* Every call is counted, timed or not. */
+    if (b && function < c->functions)
+        entries_of(c, b)[function]++;
+    /* A signal handler that interrupted the runtime and calls a patched
+     * function: its call goes untimed, the interrupted one goes on. */
+    if (p->busy) {
+        if (b)
+            b->reentered++;
+        return;
+    }
+    p->busy = 1;
+    __asm__ volatile("" ::: "memory");
+    if (p->unhooked) {
+        p->unhooked = 0;
+        drop_below(c, p, b, (u64)slot, 0);
+        rewrite(c, p, (u64)slot, 1);
+    }
+    /* Frames a longjmp or an exception left: those deeper than this call,
+     * and one in this very slot unless the slot still holds the return
+     * trampoline (then this is its tail call, and it lives on). */
+    u64 d = p->depth;
+    if (d && (p->ret[d - 1].slot < (u64)slot || (p->ret[d - 1].slot == (u64)slot && *slot != c->return_trampoline)))
+        drop_below(c, p, b, (u64)slot, *slot != c->return_trampoline);
+    d = p->depth;
+    if (!b)
+        goto out;
+    if (d >= STACK_DEPTH) {
+        b->too_deep++;
+        goto out;
+    }
+    u32 parent = d ? b->frame[d - 1].node : 0;
+    struct frame *f = &b->frame[d];
+    f->node = child_node(b, parent, function);
+    f->child_wall = f->child_cpu = 0;
+    f->entry_off = off_cpu(c, b->tid);
+    p->ret[d].ret = *slot;
+    p->ret[d].slot = (u64)slot;
+    b->returns[d] = p->ret[d];
+    p->depth = d + 1;
+    __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);
+    *slot = c->return_trampoline;
+    f->entry_tsc = rdtsc();
+out:
+    __asm__ volatile("" ::: "memory");
+    p->busy = 0;
+}
+
+/* `slot` is where the return address was and is to be put back. */
+void proftap_exit(u64 *slot)
+{
+    u64 now = rdtsc();
+    const struct config *c = config();
+    struct seat *s = seat_of(c, 0);
+    if (!s)
+        __builtin_trap();
+    struct private_block *p = private_block(c, s->block - 1);
+    p->busy = 1;
+    __asm__ volatile("" ::: "memory");
+    struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    u64 off = b ? off_cpu(c, b->tid) : 0;
+    u64 d = p->depth;
+    /* Deeper frames that never returned (longjmp, exception) end here too. */
+    while (d && p->ret[d - 1].slot < (u64)slot) {
+        d--;
+        if (b)
+            finish(c, b, d, now, off, 1);
+    }
+    if (!d || p->ret[d - 1].slot != (u64)slot)
+        __builtin_trap(); /* no frame to return to: nothing to do but stop */
+    d--;
+    *slot = p->ret[d].ret;
+    if (b)
+        finish(c, b, d, now, off, 0);
+    p->depth = d;
+    if (b)
+        __atomic_store_n(&b->depth, d, __ATOMIC_RELEASE);
+    __asm__ volatile("" ::: "memory");
+    p->busy = 0;
+}
+
+/* Where an unwinder starts (rdi: the return-address slot of its call):
+ * frames below are gone; the others get their return addresses back for
+ * it to read. */
+void proftap_unhook(u64 *slot)
+{
+    const struct config *c = config();
+    struct seat *s = seat_of(c, 0);
+    if (!s)
+        return;
+    struct private_block *p = private_block(c, s->block - 1);
+    struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    drop_below(c, p, b, (u64)slot, 1);
+    rewrite(c, p, (u64)slot, 0);
+    p->unhooked = 1;
+}
+
+/* Where a handler catches (its call's return-address slot): frames below it
+ * are gone; those above return through the trampoline again. */
+void proftap_rehook(u64 *slot)
+{
+    const struct config *c = config();
+    struct seat *s = seat_of(c, 0);
+    if (!s)
+        return;
+    struct private_block *p = private_block(c, s->block - 1);
+    struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    p->unhooked = 0;
+    drop_below(c, p, b, (u64)slot, 0);
+    rewrite(c, p, (u64)slot, 1);
+}
+
+/* Where a stack walker returns: the frames it had put back are hijacked again. */
+void proftap_resume(u64 *slot)
+{
+    const struct config *c = config();
+    struct seat *s = seat_of(c, 0);
+    if (!s)
+        return;
+    struct private_block *p = private_block(c, s->block - 1);
+    if (!p->unhooked)
+        return;
+    proftap_rehook(slot);
+}

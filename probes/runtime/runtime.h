@@ -1,0 +1,114 @@
+/* The memory of proftap's runtime in a patched process, as the runtime
+ * (runtime.c) and proftap (probes/src/inject/runtime.rs, which checks the
+ * sizes below against proftap_layout) both see it.
+ *
+ * Private memory (a forked child gets its own copy, so its returns work):
+ *   seats[SEATS]                   threads by thread pointer -> block
+ *   private_block[blocks]          depth, flags, and each frame's return
+ *                                  address and where it was
+ * Shared memory (proftap reads it while the process runs and after):
+ *   header
+ *   block[blocks], block_bytes apart: the thread's counters, its frames'
+ *   times, its nodes (one per calling context) and calls by function.
+ */
+#ifndef PROFTAP_RUNTIME_H
+#define PROFTAP_RUNTIME_H
+
+typedef unsigned long u64;
+typedef unsigned int u32;
+
+#define LAYOUT_MAGIC 0x70726f6674617032UL
+
+/* Threads with a block at once (a power of two). */
+#define SEATS_BITS 12
+#define SEATS (1UL << SEATS_BITS)
+/* Calls deep a thread's frames go; deeper calls are counted, not timed. */
+#define STACK_DEPTH (1UL << 18)
+/* Calling contexts per thread; calls in more are counted, not timed. */
+#define NODES (1UL << 17)
+#define HASH_BITS 18
+#define HASH_SLOTS (1UL << HASH_BITS)
+/* A frame with no node: its context did not fit. */
+#define NO_NODE 0xffffffffU
+
+#define BLOCK_FREE 0
+#define BLOCK_USED 1
+
+/* Written by proftap into each copy of the runtime. */
+struct config {
+    u64 shared;            /* address of the shared memory */
+    u64 private_base;      /* address of the private memory */
+    u64 live;              /* a word that is 0 in a forked child */
+    u64 return_trampoline; /* where hijacked returns go */
+    u64 tcb_tid;           /* offset of the C library's thread id from fs:0, or 0 */
+    u64 off_cpu;           /* time off CPU by thread id (ns, every other word), or 0 */
+    u64 off_cpu_entries;   /* thread ids it covers */
+    u64 blocks;            /* blocks in the shared memory */
+    u64 blocks_offset;     /* where the first block is in it */
+    u64 block_bytes;       /* bytes from one block to the next */
+    u64 entries_offset;    /* where a block's calls by function are in it */
+    u64 functions;         /* patched functions */
+};
+
+struct header {
+    u64 magic;
+    u64 ns_to_tsc_mult;  /* TSC cycles = ns * mult >> shift (proftap's measurement) */
+    u64 ns_to_tsc_shift;
+    u64 blocks_taken;    /* blocks handed out so far */
+    u64 unseated;        /* calls of threads that found no block */
+    u64 reserved[3];
+};
+
+struct stat {
+    u64 total, min, max;
+};
+
+/* One calling context of a thread: a function called from its parent's. */
+struct node {
+    u32 parent, function;
+    u64 calls;
+    u64 unwound; /* calls left by a longjmp or an exception */
+    struct stat incl_wall, excl_wall, incl_cpu, excl_cpu;
+    u64 reserved;
+};
+
+/* The times of a frame in progress. */
+struct frame {
+    u64 entry_tsc, entry_off, child_wall, child_cpu;
+    u32 node, reserved;
+};
+
+/* Where a frame's return address was, and what it was. */
+struct ret {
+    u64 ret, slot;
+};
+
+struct seat {
+    u64 key;   /* thread pointer, 0 while free */
+    u64 block; /* index + 1, 0 while being taken */
+    u64 tid;   /* the thread's id (the C library's, or the kernel's) */
+    u64 reserved;
+};
+
+struct private_block {
+    u64 depth, busy, unhooked, reserved;
+    struct ret ret[STACK_DEPTH];
+};
+
+struct block {
+    u64 state;      /* BLOCK_FREE, BLOCK_USED */
+    u64 tid;        /* the kernel's id of the thread */
+    u64 depth;      /* frames in progress */
+    u64 nodes;      /* nodes made (node 0 is the thread) */
+    u64 untimed;    /* calls whose context did not fit */
+    u64 too_deep;   /* calls deeper than STACK_DEPTH */
+    u64 reentered;  /* calls made by a signal handler that interrupted the runtime */
+    u64 reserved[9];
+    struct frame frame[STACK_DEPTH];
+    struct ret returns[STACK_DEPTH]; /* a copy of the frames' return addresses, for unwinding samples */
+    u32 hash[HASH_SLOTS];
+    struct node node[NODES];
+    /* then u64 calls by function, at config.entries_offset */
+};
+
+#endif
