@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The runtime's functions and data that proftap needs the offset of.
-const SYMBOLS: &[&str] = &["proftap_entry", "proftap_exit", "proftap_unhook", "proftap_rehook", "proftap_resume", "proftap_config", "proftap_layout"];
+const SYMBOLS: &[&str] =
+    &["proftap_entry", "proftap_exit", "proftap_unhook", "proftap_rehook", "proftap_resume", "proftap_config", "proftap_layout"];
 
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
@@ -37,7 +38,17 @@ fn main() {
     let bytes = std::fs::read(&image).expect("read the runtime's image");
     let elf = object::File::parse(&*bytes).expect("parse the runtime's image");
     let mut flat = Vec::new();
-    for section in elf.sections().filter(|s| s.size() > 0 && matches!(s.kind(), object::SectionKind::Text | object::SectionKind::ReadOnlyData | object::SectionKind::Data | object::SectionKind::UninitializedData | object::SectionKind::ReadOnlyString)) {
+    for section in elf.sections().filter(|s| {
+        s.size() > 0
+            && matches!(
+                s.kind(),
+                object::SectionKind::Text
+                    | object::SectionKind::ReadOnlyData
+                    | object::SectionKind::Data
+                    | object::SectionKind::UninitializedData
+                    | object::SectionKind::ReadOnlyString
+            )
+    }) {
         let end = (section.address() + section.size()) as usize;
         if flat.len() < end {
             flat.resize(end, 0);
@@ -51,12 +62,17 @@ fn main() {
     let mut consts = String::new();
     for name in SYMBOLS {
         let symbol = elf.symbols().find(|s| s.name() == Ok(name)).unwrap_or_else(|| panic!("the runtime has no {name}"));
-        consts.push_str(&format!("/// Offset of `{name}` in the runtime.\npub const {}: u64 = {:#x};\n", name.to_uppercase(), symbol.address()));
+        consts.push_str(&format!(
+            "/// Offset of `{name}` in the runtime.\npub const {}: u64 = {:#x};\n",
+            name.to_uppercase(),
+            symbol.address()
+        ));
     }
     std::fs::write(out.join("runtime_symbols.rs"), consts).expect("write the runtime's symbols");
 }
 
 fn run(command: &mut Command) {
-    let status = command.status().unwrap_or_else(|e| panic!("cannot run {command:?} to build proftap's runtime: {e}; a C compiler is needed"));
+    let status =
+        command.status().unwrap_or_else(|e| panic!("cannot run {command:?} to build proftap's runtime: {e}; a C compiler is needed"));
     assert!(status.success(), "{command:?} failed building proftap's runtime");
 }

@@ -45,6 +45,11 @@ __attribute__((used)) const u64 proftap_layout[] = {
     STACK_DEPTH,
     NODES,
     HASH_SLOTS,
+    __builtin_offsetof(struct block, frame),
+    __builtin_offsetof(struct block, returns),
+    __builtin_offsetof(struct block, hash),
+    __builtin_offsetof(struct block, node),
+    __builtin_offsetof(struct private_block, ret),
 };
 
 static inline u64 rdtsc(void)
@@ -304,9 +309,20 @@ void proftap_entry(u64 *slot, u32 function)
         b->too_deep++;
         goto out;
     }
-    u32 parent = d ? b->frame[d - 1].node : 0;
+    /* The caller's cache of its last callee (+1, so that zeroed memory
+     * caches nothing). */
+    u32 *last_function = d ? &b->frame[d - 1].last_function : &b->root_last_function;
+    u32 *last_child = d ? &b->frame[d - 1].last_child : &b->root_last_child;
     struct frame *f = &b->frame[d];
-    f->node = child_node(b, parent, function);
+    if (*last_function == function + 1) {
+        f->node = *last_child;
+    } else {
+        u32 parent = d ? b->frame[d - 1].node : 0;
+        f->node = child_node(b, parent, function);
+        *last_function = function + 1;
+        *last_child = f->node;
+    }
+    f->last_function = 0;
     f->child_wall = f->child_cpu = 0;
     f->entry_off = off_cpu(c, b->tid);
     p->ret[d].ret = *slot;

@@ -75,7 +75,10 @@ struct node {
 /* The times of a frame in progress. */
 struct frame {
     u64 entry_tsc, entry_off, child_wall, child_cpu;
-    u32 node, reserved;
+    u32 node;
+    /* The last function this frame called and that call's node: a loop
+     * calling the same function finds its node without the hash. */
+    u32 last_function, last_child, reserved;
 };
 
 /* Where a frame's return address was, and what it was. */
@@ -103,7 +106,8 @@ struct block {
     u64 untimed;    /* calls whose context did not fit */
     u64 too_deep;   /* calls deeper than STACK_DEPTH */
     u64 reentered;  /* calls made by a signal handler that interrupted the runtime */
-    u64 reserved[9];
+    u32 root_last_function, root_last_child; /* as in struct frame, for calls at depth 0 */
+    u64 reserved[8];
     struct frame frame[STACK_DEPTH];
     struct ret returns[STACK_DEPTH]; /* a copy of the frames' return addresses, for unwinding samples */
     u32 hash[HASH_SLOTS];

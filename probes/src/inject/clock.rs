@@ -73,6 +73,23 @@ impl TscClock {
         self.latest = pair();
     }
 
+    /// TSC cycles per nanosecond.
+    pub fn cycles_per_ns(&self) -> f64 {
+        match &self.kernel {
+            Some(kernel) => (1u64 << kernel.shift) as f64 / kernel.mult as f64,
+            None => {
+                let (t0, n0) = self.first;
+                let (t1, n1) = self.latest;
+                t1.saturating_sub(t0) as f64 / (n1.saturating_sub(n0)).max(1) as f64
+            }
+        }
+    }
+
+    /// Nanoseconds of a number of TSC cycles.
+    pub fn duration_ns(&self, cycles: u64) -> u64 {
+        (cycles as f64 / self.cycles_per_ns()) as u64
+    }
+
     /// CLOCK_MONOTONIC nanoseconds of a TSC reading.
     pub fn ns(&self, tsc: u64) -> u64 {
         match &self.kernel {

@@ -97,7 +97,7 @@ pub struct Tracing {
 /// Where the C library keeps a thread's id in its thread control block:
 /// the offset from the thread pointer that holds each held thread's id
 /// (glibc's `struct pthread` puts it at 0x2d0 on x86-64; found, not assumed).
-fn tcb_tid_offset(remote: &Remote) -> Option<i32> {
+pub fn tcb_tid_offset(remote: &Remote) -> Option<i32> {
     const SEARCHED: usize = 0x800;
     let mut candidates: Option<Vec<usize>> = None;
     for tid in remote.threads() {

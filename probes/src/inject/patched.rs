@@ -1,0 +1,430 @@
+//! A process patched to time its calls: its functions' entries jump to
+//! trampolines that call the runtime (see [`super::totals`]), which adds
+//! every call up in memory shared with proftap. Here: patching, reading
+//! the totals (checked: the process can write anything there), taking the
+//! patches out again.
+
+use super::hooks::{self, Hook, HookSite};
+use super::patch::Site;
+use super::patcher::{self, Applied, Refused, Target};
+use super::remote::{AWAY_FROM_CODE, Remote, RemoteError, Shared};
+use super::runtime::{call_routine, call_routine_and_return};
+use super::totals::{self, BlockHeader, Config, Frame, Geometry, Header, Node};
+use crate::plan::ProbedFunction;
+use crate::procfs;
+
+/// Larger counts than this (over a trillion calls) are lies.
+pub const MOST_COUNT: u64 = 1 << 40;
+
+/// `madvise` advice: zero the page in a forked child.
+const MADV_WIPEONFORK: u64 = 18;
+
+/// Where the runtime's memory is in the process.
+#[derive(Clone, Copy, Debug)]
+struct Memory {
+    /// The word that is 0 in a forked child; 0 once detached.
+    live: u64,
+}
+
+/// A process whose functions' entries jump to proftap's runtime.
+pub struct Patched {
+    pid: i32,
+    shared: Option<Shared>,
+    memory: Option<Memory>,
+    geometry: Geometry,
+    applied: Vec<Applied>,
+    refused: Refused,
+    /// Unwinder entries that could not be hooked, and why.
+    unhooked: Vec<String>,
+    /// proftap's code in the process: the runtime and the trampolines, per module.
+    code: Vec<std::ops::Range<u64>>,
+    /// Where hijacked returns go.
+    return_trampoline: Option<u64>,
+    /// The process, held still since it was patched, until taken.
+    held: Option<Remote>,
+}
+
+/// One thread's totals, as the runtime added them up.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadTotals {
+    /// The kernel's id of the thread.
+    pub tid: u32,
+    /// Its calling contexts; node 0 is the thread, each node's parent
+    /// comes before it.
+    pub nodes: Vec<Node>,
+    /// Calls by function, timed or not.
+    pub calls: Vec<u64>,
+    /// Calls in progress, outermost first.
+    pub open: Vec<Frame>,
+    /// Calls counted but not timed: their context did not fit, they went
+    /// deeper than the runtime's stack, or a signal handler made them
+    /// while the runtime ran.
+    pub untimed: u64,
+}
+
+/// Every thread's totals.
+#[derive(Clone, Debug, Default)]
+pub struct Totals {
+    /// By thread.
+    pub threads: Vec<ThreadTotals>,
+    /// Calls of threads beyond the runtime's blocks: counted, not timed, no function known.
+    pub unseated: u64,
+}
+
+/// Why the shared memory cannot be believed.
+fn corrupted(why: String) -> String {
+    format!("the target corrupted proftap's buffers ({why}); what it wrote cannot be believed")
+}
+
+impl Patched {
+    /// Patches the entries of `functions` in process `pid`, and the entries
+    /// of its unwinders (see [`super::hooks`]); those that cannot be patched
+    /// are listed by [`Patched::refused`] and [`Patched::unhooked`].
+    pub fn attach(pid: i32, functions: &[ProbedFunction]) -> Result<Patched, RemoteError> {
+        let mut patched = Patched::patch(pid, functions, None, None)?;
+        drop(patched.take_hold());
+        Ok(patched)
+    }
+
+    /// The same for the functions `wanted` picks (by index; all with
+    /// `None`), leaving the process held still until the hold is taken.
+    pub fn attach_held(pid: i32, functions: &[ProbedFunction], wanted: Option<&[bool]>) -> Result<Patched, RemoteError> {
+        Patched::patch(pid, functions, wanted, None)
+    }
+
+    /// The same for a process proftap launched and traces, from its exec
+    /// to the moment its libraries are loaded and none of their
+    /// constructors has run (see [`Remote::at_start`]); held as well.
+    pub fn attach_at_start(pid: i32, functions: &[ProbedFunction]) -> Result<Patched, RemoteError> {
+        let remote = Remote::at_start(pid)?;
+        Patched::patch(pid, functions, None, Some(remote))
+    }
+
+    fn patch(pid: i32, functions: &[ProbedFunction], wanted: Option<&[bool]>, at_start: Option<Remote>) -> Result<Patched, RemoteError> {
+        let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+        refuse_shadow_stacks(pid)?;
+        let hook_sites = hook_sites(&modules);
+        let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
+        targets.extend(hook_sites.iter().map(|h| h.target.clone()));
+        let (mut groups, mut refused) = patcher::plans(&modules, &targets);
+        if let Some(wanted) = wanted {
+            let keep = |i: usize| i >= functions.len() || wanted.get(i).copied().unwrap_or(false);
+            groups.iter_mut().for_each(|g| g.plans.retain(|(i, _)| keep(*i)));
+            groups.retain(|g| !g.plans.is_empty());
+            refused.retain(|(i, _)| keep(*i));
+        }
+        let geometry = Geometry { functions: functions.len() as u64, blocks: totals::BLOCKS };
+        let mut patched = Patched {
+            pid,
+            shared: None,
+            memory: None,
+            geometry,
+            applied: Vec::new(),
+            refused: Vec::new(),
+            unhooked: Vec::new(),
+            code: Vec::new(),
+            return_trampoline: None,
+            held: None,
+        };
+        if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) {
+            patched.split_refusals(refused, functions.len(), &hook_sites);
+            return Ok(patched);
+        }
+        let remote = match at_start {
+            Some(remote) => remote,
+            None => Remote::attach(pid)?,
+        };
+        let (shared, memory, config) = set_up_memory(&remote, geometry)?;
+        for group in groups {
+            let runtime = std::cell::Cell::new(None::<totals::Runtime>);
+            let shared_trampoline = patched.return_trampoline;
+            let (applied, code) = patcher::apply(
+                &remote,
+                group.plans,
+                totals::CODE_ROOM,
+                |address| {
+                    let rt = totals::assemble(address, &config, shared_trampoline)?;
+                    let code = rt.code.clone();
+                    runtime.set(Some(rt));
+                    Ok(code)
+                },
+                |i, site, address| {
+                    let rt = runtime.take().ok_or("the runtime is not in place")?;
+                    let own = prologue(&rt, hook_sites.get(i.wrapping_sub(functions.len())).map(|h| h.hook), i, site, address);
+                    runtime.set(Some(rt));
+                    own
+                },
+                &mut refused,
+            )?;
+            if let Some(rt) = runtime.take() {
+                patched.return_trampoline.get_or_insert(rt.return_trampoline);
+            }
+            patched.applied.extend(applied);
+            patched.code.push(code);
+        }
+        // Recording starts with the threads still held.
+        remote.write(memory.live, &1u64.to_ne_bytes())?;
+        patched.shared = Some(shared);
+        patched.memory = Some(memory);
+        patched.split_refusals(refused, functions.len(), &hook_sites);
+        patched.held = Some(remote);
+        Ok(patched)
+    }
+
+    /// The hold on the patched process, to let go of (by dropping it, on
+    /// the thread that patched) when recording may start.
+    pub fn take_hold(&mut self) -> Option<Remote> {
+        self.held.take()
+    }
+
+    /// The threads of the process, when it is still held as patched.
+    pub fn held_threads(&self) -> Option<Vec<i32>> {
+        self.held.as_ref().map(Remote::threads)
+    }
+
+    /// The process held still: as patched, or now.
+    fn hold(&mut self) -> Result<Remote, RemoteError> {
+        match self.held.take() {
+            Some(remote) => Ok(remote),
+            None => Remote::attach(self.pid),
+        }
+    }
+
+    /// Refusals of functions stay refusals; those of hook sites say which
+    /// unwinder entry could not be hooked.
+    fn split_refusals(&mut self, refused: Refused, functions: usize, hook_sites: &[HookSite]) {
+        for (i, why) in refused {
+            match i.checked_sub(functions).and_then(|h| hook_sites.get(h)) {
+                Some(site) if site.target.site == Site::Return => {}
+                Some(site) => self.unhooked.push(format!("{} in {} ({why})", site.name, site.target.module.display())),
+                None => self.refused.push((i, why)),
+            }
+        }
+    }
+
+    /// The process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Functions that could not be patched (by index), and why.
+    pub fn refused(&self) -> &[(usize, String)] {
+        &self.refused
+    }
+
+    /// Unwinder entry points that could not be hooked, and why.
+    pub fn unhooked(&self) -> &[String] {
+        &self.unhooked
+    }
+
+    /// proftap's code in the process (runtime and trampolines).
+    pub fn code(&self) -> Vec<std::ops::Range<u64>> {
+        self.code.clone()
+    }
+
+    /// Where hijacked returns go, if anything was patched.
+    pub fn return_trampoline(&self) -> Option<u64> {
+        self.return_trampoline
+    }
+
+    /// Whether anything was patched.
+    pub fn is_active(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// Adds the calls made so far, by function over every thread, to
+    /// `into` (one entry per function). Cheap enough to call every few
+    /// milliseconds; what a lying process wrote is skipped, not believed.
+    pub fn calls(&self, into: &mut [u64]) {
+        let Some(shared) = &self.shared else { return };
+        let taken = shared.load(HEADER_BLOCKS_TAKEN).min(self.geometry.blocks);
+        let functions = (self.geometry.functions as usize).min(into.len());
+        for block in 0..taken {
+            let at = (self.geometry.block(block) + self.geometry.entries_offset()) as usize;
+            for (f, total) in into.iter_mut().enumerate().take(functions) {
+                let count = shared.load(at + 8 * f);
+                if count <= MOST_COUNT {
+                    *total = total.saturating_add(count);
+                }
+            }
+        }
+    }
+
+    /// Every thread's totals so far, checked: the first thing no runtime of
+    /// proftap's writes ends the reading with why.
+    pub fn totals(&self) -> Result<Totals, String> {
+        let Some(shared) = &self.shared else { return Ok(Totals::default()) };
+        let header: Header = read_struct(shared, 0);
+        if header.magic != totals::MAGIC {
+            return Err(corrupted("its header was overwritten".into()));
+        }
+        let taken = header.blocks_taken.min(self.geometry.blocks);
+        let mut all = Totals { threads: Vec::new(), unseated: checked_count("calls without a block", header.unseated)? };
+        for block in 0..taken {
+            if let Some(thread) = self.thread_totals(shared, block)? {
+                all.threads.push(thread);
+            }
+        }
+        Ok(all)
+    }
+
+    fn thread_totals(&self, shared: &Shared, block: u64) -> Result<Option<ThreadTotals>, String> {
+        let at = self.geometry.block(block) as usize;
+        let h: BlockHeader = read_struct(shared, at);
+        if h.state != 1 {
+            return Ok(None);
+        }
+        if h.nodes == 0 || h.nodes > totals::NODES || h.depth > totals::STACK_DEPTH || h.tid == 0 || h.tid > u64::from(u32::MAX) {
+            return Err(corrupted(format!("block {block} says it has {} nodes, {} frames, thread {}", h.nodes, h.depth, h.tid)));
+        }
+        let nodes: Vec<Node> = read_array(shared, at + Geometry::NODES as usize, h.nodes as usize);
+        for (i, n) in nodes.iter().enumerate().skip(1) {
+            if n.parent as usize >= i || u64::from(n.function) >= self.geometry.functions || n.calls > MOST_COUNT || n.unwound > n.calls {
+                return Err(corrupted(format!("node {i} of thread {} names parent {} and function {}", h.tid, n.parent, n.function)));
+            }
+        }
+        let calls: Vec<u64> = read_array(shared, at + self.geometry.entries_offset() as usize, self.geometry.functions as usize);
+        if let Some(lie) = calls.iter().find(|&&c| c > MOST_COUNT) {
+            return Err(corrupted(format!("thread {} reports {lie} calls of a function", h.tid)));
+        }
+        let open: Vec<Frame> = read_array(shared, at + Geometry::FRAMES as usize, h.depth as usize);
+        let untimed = [("calls out of context", h.untimed), ("calls too deep", h.too_deep), ("calls in signal handlers", h.reentered)]
+            .into_iter()
+            .try_fold(0u64, |sum, (what, n)| checked_count(what, n).map(|n| sum.saturating_add(n)))?;
+        Ok(Some(ThreadTotals { tid: h.tid as u32, nodes, calls, open, untimed }))
+    }
+
+    /// Puts the original bytes of `functions` back while the process runs
+    /// on: their calls in progress still return through the trampoline and
+    /// are added up; new calls are not.
+    pub fn unpatch(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
+        if !self.applied.iter().any(|a| functions.contains(&a.function)) {
+            return Ok(());
+        }
+        let remote = self.hold()?;
+        patcher::restore(&remote, &mut self.applied, |f| functions.contains(&f))
+    }
+
+    /// Puts the original bytes back and stops adding up. The runtime and
+    /// trampolines stay mapped: calls in progress still return through them.
+    pub fn detach(&mut self) -> Result<(), RemoteError> {
+        // A process that is gone has nothing to restore.
+        if self.applied.is_empty() || !std::path::Path::new(&format!("/proc/{}", self.pid)).exists() {
+            self.applied.clear();
+            return Ok(());
+        }
+        let remote = self.hold()?;
+        patcher::restore(&remote, &mut self.applied, |_| true)?;
+        if let Some(memory) = &self.memory {
+            remote.write(memory.live, &0u64.to_ne_bytes())?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Patched {
+    fn drop(&mut self) {
+        let _ = self.detach();
+    }
+}
+
+/// Offset of `blocks_taken` in the shared header.
+const HEADER_BLOCKS_TAKEN: usize = 24;
+
+fn checked_count(what: &str, value: u64) -> Result<u64, String> {
+    if value > MOST_COUNT { Err(corrupted(format!("it reports {value} {what}"))) } else { Ok(value) }
+}
+
+/// A plain-old-data value at byte `at` of the shared memory.
+fn read_struct<T: Copy + Default>(shared: &Shared, at: usize) -> T {
+    read_array(shared, at, 1).pop().unwrap_or_default()
+}
+
+/// `count` plain-old-data values from byte `at`.
+fn read_array<T: Copy + Default>(shared: &Shared, at: usize, count: usize) -> Vec<T> {
+    let mut bytes = Vec::new();
+    shared.copy_to(at, count * size_of::<T>(), &mut bytes);
+    bytes
+        .chunks_exact(size_of::<T>())
+        // SAFETY: T is plain old data made of integers (every bit pattern is a value).
+        .map(|chunk| unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<T>()) })
+        .collect()
+}
+
+fn refuse_shadow_stacks(pid: i32) -> Result<(), RemoteError> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    if status.lines().any(|l| l.starts_with("x86_Thread_features:") && l.contains("shstk")) {
+        return Err(RemoteError::Unsupported(format!(
+            "process {pid} runs with CET shadow stacks, which forbid returning anywhere but to the caller"
+        )));
+    }
+    Ok(())
+}
+
+/// The unwinder entries to hook, and their walkers' returns: optional,
+/// without them a thread's next call hijacks its frames again.
+fn hook_sites(modules: &[procfs::LoadedModule]) -> Vec<HookSite> {
+    let mut sites = hooks::find(modules);
+    let walkers: Vec<HookSite> = sites
+        .iter()
+        .filter(|h| h.hook == Hook::Walk)
+        .map(|h| HookSite { target: Target { site: Site::Return, ..h.target.clone() }, ..h.clone() })
+        .collect();
+    sites.extend(walkers);
+    sites
+}
+
+/// The code a trampoline starts with: the runtime's routine for what is patched.
+fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Site, address: u64) -> Result<Vec<u8>, String> {
+    match (hook, site) {
+        (None, _) => call_routine(address, rt.entry, function as u32),
+        (Some(Hook::Unhook | Hook::Walk), Site::Entry) => call_routine(address, rt.unhook, 0),
+        (Some(Hook::Walk), Site::Return) => call_routine_and_return(address, rt.resume),
+        (Some(Hook::Rehook), _) => call_routine(address, rt.rehook, 0),
+        (Some(Hook::Unhook), Site::Return) => Err("no code for this site".to_string()),
+    }
+}
+
+/// Maps the runtime's memory in the held process: private (seats and
+/// return addresses; a forked child gets a copy), a live word wiped in a
+/// forked child, and the shared memory with its header written.
+fn set_up_memory(remote: &Remote, geometry: Geometry) -> Result<(Shared, Memory, Config), RemoteError> {
+    let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64;
+    let read_write = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let private = remote.syscall("mmap", libc::SYS_mmap, [AWAY_FROM_CODE, geometry.private_bytes(), read_write, anonymous, u64::MAX, 0])?;
+    let live = remote.syscall("mmap", libc::SYS_mmap, [0, 4096, read_write, anonymous, u64::MAX, 0])?;
+    remote.syscall("madvise", libc::SYS_madvise, [live, 4096, MADV_WIPEONFORK, 0, 0, 0])?;
+    let shared = remote.share(geometry.shared_bytes() as usize, None)?;
+    for tid in remote.threads() {
+        if remote.regs(tid)?.fs_base == 0 {
+            return Err(RemoteError::Unsupported(format!(
+                "thread {tid} of process {} has no thread-local storage to tell threads apart",
+                remote.pid()
+            )));
+        }
+    }
+    let (mult, shift) = ns_to_tsc();
+    shared.store(0, totals::MAGIC);
+    shared.store(8, mult);
+    shared.store(16, shift);
+    let config = Config {
+        shared: shared.remote,
+        private_base: private,
+        live,
+        tcb_tid: super::tracing::tcb_tid_offset(remote).map_or(0, |o| o as u64),
+        blocks: geometry.blocks,
+        blocks_offset: geometry.blocks_offset(),
+        block_bytes: geometry.block_bytes(),
+        entries_offset: geometry.entries_offset(),
+        functions: geometry.functions,
+        ..Config::default()
+    };
+    Ok((shared, Memory { live }, config))
+}
+
+/// TSC cycles per nanosecond as `mult >> shift`, measured.
+fn ns_to_tsc() -> (u64, u64) {
+    const SHIFT: u64 = 32;
+    let rate = super::clock::TscClock::new().map_or(1.0, |c| c.cycles_per_ns());
+    ((rate * (1u64 << SHIFT) as f64) as u64, SHIFT)
+}

@@ -1,0 +1,345 @@
+//! The code proftap puts in a target to time calls and add them up there,
+//! and the memory it uses.
+//!
+//! The runtime proper is C (`probes/runtime/runtime.c`, with its memory in
+//! `runtime.h`), built by the crate's build script into a flat image: it
+//! adds up every call's times in place, per thread and calling context, in
+//! memory shared with proftap. Here: that image with its configuration
+//! written in, the return trampoline and the trampolines' call into it
+//! (which save the registers the C code may change), and the memory's
+//! layout as proftap reads it.
+
+use iced_x86::code_asm::*;
+
+#[cfg_attr(not(test), allow(dead_code))]
+mod symbols {
+    include!(concat!(env!("OUT_DIR"), "/runtime_symbols.rs"));
+}
+
+/// The runtime, compiled: code, constants, then its configuration.
+const IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/runtime.bin"));
+
+/// Bytes set aside for the runtime's code: its image and the return trampoline.
+pub const CODE_ROOM: usize = (IMAGE.len() + 64).next_multiple_of(64) + 128;
+
+/// Threads with a block at once (`SEATS` in runtime.h: the seat table's size).
+pub const SEATS: u64 = 1 << 12;
+/// Calls deep a thread's frames go; deeper calls are counted, not timed.
+pub const STACK_DEPTH: u64 = 1 << 18;
+/// Calling contexts per thread; calls in more are counted, not timed.
+pub const NODES: u64 = 1 << 17;
+/// Slots of a thread's context hash.
+const HASH_SLOTS: u64 = 1 << 18;
+/// A frame whose context did not fit.
+pub const NO_NODE: u32 = u32::MAX;
+/// Blocks (threads timed at once) in the shared memory.
+pub const BLOCKS: u64 = 1024;
+
+/// `struct config` of runtime.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Config {
+    /// Address of the shared memory.
+    pub shared: u64,
+    /// Address of the private memory.
+    pub private_base: u64,
+    /// A word that is 0 in a forked child.
+    pub live: u64,
+    /// Where hijacked returns go.
+    pub return_trampoline: u64,
+    /// Offset of the C library's thread id from the thread pointer, or 0.
+    pub tcb_tid: u64,
+    /// Time off CPU by thread id (ns, every other word), or 0.
+    pub off_cpu: u64,
+    /// Thread ids `off_cpu` covers.
+    pub off_cpu_entries: u64,
+    /// Blocks in the shared memory.
+    pub blocks: u64,
+    /// Where the first block is in it.
+    pub blocks_offset: u64,
+    /// Bytes from one block to the next.
+    pub block_bytes: u64,
+    /// Where a block's calls by function are in it.
+    pub entries_offset: u64,
+    /// Patched functions.
+    pub functions: u64,
+}
+
+/// `struct header` of runtime.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: u64,
+    /// TSC cycles = ns * mult >> shift.
+    pub ns_to_tsc_mult: u64,
+    /// See `ns_to_tsc_mult`.
+    pub ns_to_tsc_shift: u64,
+    /// Blocks handed out so far.
+    pub blocks_taken: u64,
+    /// Calls of threads that found no block.
+    pub unseated: u64,
+    reserved: [u64; 3],
+}
+
+/// `struct stat` of runtime.h: total, min and max, in TSC cycles.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    /// Sum.
+    pub total: u64,
+    /// Smallest (`u64::MAX` before the first).
+    pub min: u64,
+    /// Largest.
+    pub max: u64,
+}
+
+/// `struct node` of runtime.h: one calling context of a thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Node {
+    /// The caller's node (0: the thread).
+    pub parent: u32,
+    /// The function's index.
+    pub function: u32,
+    /// Calls ended.
+    pub calls: u64,
+    /// Of them, left by a longjmp or an exception.
+    pub unwound: u64,
+    /// Inclusive wall time.
+    pub incl_wall: Stat,
+    /// Exclusive wall time.
+    pub excl_wall: Stat,
+    /// Inclusive CPU time.
+    pub incl_cpu: Stat,
+    /// Exclusive CPU time.
+    pub excl_cpu: Stat,
+    reserved: u64,
+}
+
+/// `struct frame` of runtime.h: a call in progress.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Frame {
+    /// When it started (TSC).
+    pub entry_tsc: u64,
+    /// The thread's time off CPU then (TSC cycles).
+    pub entry_off: u64,
+    /// Wall time of the calls it made that ended.
+    pub child_wall: u64,
+    /// CPU time of the same.
+    pub child_cpu: u64,
+    /// Its node.
+    pub node: u32,
+    last_function: u32,
+    last_child: u32,
+    reserved: u32,
+}
+
+/// `struct ret` of runtime.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ret {
+    /// The original return address.
+    pub ret: u64,
+    /// Where it was on the stack.
+    pub slot: u64,
+}
+
+/// The counters at the start of `struct block` of runtime.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockHeader {
+    /// 0 free, 1 in use.
+    pub state: u64,
+    /// The kernel's id of the thread.
+    pub tid: u64,
+    /// Frames in progress.
+    pub depth: u64,
+    /// Nodes made (node 0 is the thread).
+    pub nodes: u64,
+    /// Calls whose context did not fit.
+    pub untimed: u64,
+    /// Calls deeper than [`STACK_DEPTH`].
+    pub too_deep: u64,
+    /// Calls of a signal handler that interrupted the runtime.
+    pub reentered: u64,
+    root_last_function: u32,
+    root_last_child: u32,
+    reserved: [u64; 8],
+}
+
+/// `struct seat` of runtime.h.
+#[repr(C)]
+struct Seat {
+    key: u64,
+    block: u64,
+    tid: u64,
+    reserved: u64,
+}
+
+/// The flags at the start of `struct private_block` of runtime.h.
+#[repr(C)]
+struct PrivateHeader {
+    depth: u64,
+    busy: u64,
+    unhooked: u64,
+    reserved: u64,
+}
+
+/// The first word of the shared memory once set up.
+pub const MAGIC: u64 = 0x7072_6f66_7461_7032;
+
+/// Where things are in the shared and private memory, for `functions`
+/// patched functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Patched functions.
+    pub functions: u64,
+    /// Blocks.
+    pub blocks: u64,
+}
+
+const fn page(bytes: u64) -> u64 {
+    bytes.next_multiple_of(4096)
+}
+
+impl Geometry {
+    /// Offset of a block's frames, returns, hash and nodes within it.
+    pub const FRAMES: u64 = size_of::<BlockHeader>() as u64;
+    /// See [`Geometry::FRAMES`].
+    pub const RETURNS: u64 = Self::FRAMES + STACK_DEPTH * size_of::<Frame>() as u64;
+    const HASH: u64 = Self::RETURNS + STACK_DEPTH * size_of::<Ret>() as u64;
+    /// See [`Geometry::FRAMES`].
+    pub const NODES: u64 = Self::HASH + HASH_SLOTS * 4;
+    const BLOCK: u64 = Self::NODES + NODES * size_of::<Node>() as u64;
+    const PRIVATE_BLOCK: u64 = size_of::<PrivateHeader>() as u64 + STACK_DEPTH * size_of::<Ret>() as u64;
+
+    /// Where the first block is in the shared memory.
+    pub const fn blocks_offset(&self) -> u64 {
+        page(size_of::<Header>() as u64)
+    }
+    /// Where a block's calls by function are in it.
+    pub const fn entries_offset(&self) -> u64 {
+        Self::BLOCK
+    }
+    /// Bytes from one block to the next.
+    pub const fn block_bytes(&self) -> u64 {
+        page(Self::BLOCK + 8 * self.functions)
+    }
+    /// Bytes of shared memory.
+    pub const fn shared_bytes(&self) -> u64 {
+        self.blocks_offset() + self.blocks * self.block_bytes()
+    }
+    /// Bytes of private memory.
+    pub const fn private_bytes(&self) -> u64 {
+        page(SEATS * size_of::<Seat>() as u64 + self.blocks * Self::PRIVATE_BLOCK)
+    }
+    /// Offset of block `index` in the shared memory.
+    pub const fn block(&self, index: u64) -> u64 {
+        self.blocks_offset() + index * self.block_bytes()
+    }
+}
+
+/// The runtime's code, made for an address.
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    /// The code.
+    pub code: Vec<u8>,
+    /// Where `entry` is.
+    pub entry: u64,
+    /// Where the return trampoline is.
+    pub return_trampoline: u64,
+    /// Where `unhook` is: called where an unwinder starts, it puts the
+    /// thread's original return addresses back.
+    pub unhook: u64,
+    /// Where `rehook` is: called where a handler catches, it hijacks the
+    /// live frames' return addresses again.
+    pub rehook: u64,
+    /// Where `resume` is: called where a stack walker returns, it hijacks
+    /// the return addresses it had put back.
+    pub resume: u64,
+}
+
+fn asm_error(e: IcedError) -> String {
+    format!("cannot assemble the runtime: {e}")
+}
+
+/// The runtime at `address` with `config`, whose `return_trampoline` is
+/// filled in: the one given (shared by every copy in the process, the one
+/// address unwinders are kept from) or this copy's own.
+pub fn assemble(address: u64, config: &Config, return_trampoline: Option<u64>) -> Result<Runtime, String> {
+    let mut code = IMAGE.to_vec();
+    code.resize(IMAGE.len().next_multiple_of(64), 0xcc);
+    let own_trampoline = address + code.len() as u64;
+    let trampoline = return_trampoline_code(own_trampoline, address + symbols::PROFTAP_EXIT).map_err(asm_error)?;
+    code.extend_from_slice(&trampoline);
+    let config = Config { return_trampoline: return_trampoline.unwrap_or(own_trampoline), ..*config };
+    let at = symbols::PROFTAP_CONFIG as usize;
+    // SAFETY: Config is plain old data of u64s.
+    let bytes = unsafe { std::slice::from_raw_parts((&raw const config).cast::<u8>(), size_of::<Config>()) };
+    code[at..at + bytes.len()].copy_from_slice(bytes);
+    Ok(Runtime {
+        code,
+        entry: address + symbols::PROFTAP_ENTRY,
+        return_trampoline: config.return_trampoline,
+        unhook: address + symbols::PROFTAP_UNHOOK,
+        rehook: address + symbols::PROFTAP_REHOOK,
+        resume: address + symbols::PROFTAP_RESUME,
+    })
+}
+
+/// A hijacked return lands here: with the registers the return may carry
+/// saved, `exit(rdi = where the return address was)` puts it back there,
+/// and the return goes on.
+fn return_trampoline_code(address: u64, exit: u64) -> Result<Vec<u8>, IcedError> {
+    let mut a = CodeAssembler::new(64)?;
+    a.sub(rsp, 8)?;
+    for r in SAVED {
+        a.push(r)?;
+    }
+    a.lea(rdi, qword_ptr(rsp + 8 * SAVED.len() as i32))?;
+    a.call(exit)?;
+    for r in SAVED.iter().rev() {
+        a.pop(*r)?;
+    }
+    a.ret()?;
+    a.assemble(address)
+}
+
+/// The registers a trampoline saves: those a call may pass arguments or
+/// return values in, and the others the C code may change (the ABI's
+/// caller-saved ones; it uses no vector registers).
+const SAVED: [AsmRegister64; 9] = [rax, rcx, rdx, rsi, rdi, r8, r9, r10, r11];
+
+/// The start of a function's trampoline: save registers, call `routine`
+/// (`entry`, `unhook` or `rehook`) with the return-address slot and
+/// `function`, restore.
+pub fn call_routine(address: u64, routine: u64, function: u32) -> Result<Vec<u8>, String> {
+    let build = || -> Result<Vec<u8>, IcedError> {
+        let mut a = CodeAssembler::new(64)?;
+        for r in SAVED {
+            a.push(r)?;
+        }
+        a.lea(rdi, qword_ptr(rsp + 8 * SAVED.len() as i32))?;
+        a.mov(esi, function)?;
+        a.call(routine)?;
+        for r in SAVED.iter().rev() {
+            a.pop(*r)?;
+        }
+        a.assemble(address)
+    };
+    build().map_err(asm_error)
+}
+
+/// The code that ends a trampoline over a return: save registers (the
+/// return value among them), call `routine` with the return-address slot,
+/// restore, return.
+pub fn call_routine_and_return(address: u64, routine: u64) -> Result<Vec<u8>, String> {
+    let mut code = call_routine(address, routine, 0)?;
+    code.push(0xc3);
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,273 @@
+//! The runtime run in this process: its routines called with made-up
+//! return-address slots, its memory read back as proftap reads it.
+
+use super::*;
+
+fn layout_word(i: usize) -> u64 {
+    let at = symbols::PROFTAP_LAYOUT as usize + 8 * i;
+    u64::from_ne_bytes(IMAGE[at..at + 8].try_into().expect("eight bytes"))
+}
+
+#[test]
+fn the_c_and_rust_views_of_the_memory_agree() {
+    let expected = [
+        0x7072_6f66_7461_7032,
+        size_of::<Config>() as u64,
+        size_of::<Header>() as u64,
+        Geometry::BLOCK,
+        size_of::<Frame>() as u64,
+        size_of::<Node>() as u64,
+        size_of::<Seat>() as u64,
+        Geometry::PRIVATE_BLOCK,
+        size_of::<Ret>() as u64,
+        SEATS,
+        STACK_DEPTH,
+        NODES,
+        HASH_SLOTS,
+        Geometry::FRAMES,
+        Geometry::RETURNS,
+        Geometry::HASH,
+        Geometry::NODES,
+        size_of::<PrivateHeader>() as u64,
+    ];
+    for (i, &value) in expected.iter().enumerate() {
+        assert_eq!(layout_word(i), value, "layout word {i}");
+    }
+    assert!(CODE_ROOM >= IMAGE.len() + 64);
+}
+
+/// The runtime in this process's memory, with `blocks` blocks.
+struct Local {
+    code: *mut u8,
+    code_len: usize,
+    shared: *mut u8,
+    private: *mut u8,
+    geometry: Geometry,
+    live: Box<u64>,
+    runtime: Runtime,
+}
+
+fn map(len: usize) -> *mut u8 {
+    // SAFETY: a fresh anonymous mapping; checked below.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(at, libc::MAP_FAILED);
+    at.cast()
+}
+
+impl Local {
+    fn new(functions: u64, blocks: u64) -> Local {
+        let geometry = Geometry { functions, blocks };
+        let shared = map(geometry.shared_bytes() as usize);
+        let private = map(geometry.private_bytes() as usize);
+        let live = Box::new(1u64);
+        let code_len = CODE_ROOM.next_multiple_of(4096);
+        let code = map(code_len);
+        let config = Config {
+            shared: shared as u64,
+            private_base: private as u64,
+            live: &raw const *live as u64,
+            blocks,
+            blocks_offset: geometry.blocks_offset(),
+            block_bytes: geometry.block_bytes(),
+            entries_offset: geometry.entries_offset(),
+            functions,
+            ..Config::default()
+        };
+        let runtime = assemble(code as u64, &config, None).expect("assembles");
+        // SAFETY: writing the code into its own mapping, then making it executable.
+        unsafe {
+            std::ptr::copy_nonoverlapping(runtime.code.as_ptr(), code, runtime.code.len());
+            assert_eq!(libc::mprotect(code.cast(), code_len, libc::PROT_READ | libc::PROT_EXEC), 0);
+            let header = &mut *shared.cast::<Header>();
+            header.magic = MAGIC;
+            header.ns_to_tsc_mult = 1;
+        }
+        Local { code, code_len, shared, private, geometry, live, runtime }
+    }
+
+    fn entry(&self, slot: &mut u64, function: u32) {
+        // SAFETY: the runtime's entry point, with the C calling convention.
+        let entry: extern "C" fn(*mut u64, u32) = unsafe { std::mem::transmute(self.runtime.entry as usize) };
+        entry(slot, function);
+    }
+
+    fn exit(&self, slot: &mut u64) {
+        // SAFETY: the runtime's exit, found from the image's symbols.
+        let exit: extern "C" fn(*mut u64) = unsafe { std::mem::transmute(self.code as usize + symbols::PROFTAP_EXIT as usize) };
+        exit(slot);
+    }
+
+    fn header(&self) -> Header {
+        // SAFETY: in bounds of the shared mapping.
+        unsafe { *self.shared.cast::<Header>() }
+    }
+
+    fn block(&self, index: u64) -> BlockHeader {
+        // SAFETY: in bounds of the shared mapping.
+        unsafe { *self.shared.add(self.geometry.block(index) as usize).cast::<BlockHeader>() }
+    }
+
+    fn nodes(&self, index: u64) -> Vec<Node> {
+        let count = self.block(index).nodes as usize;
+        let at = self.geometry.block(index) + Geometry::NODES;
+        // SAFETY: nodes below the published count, in bounds.
+        unsafe { std::slice::from_raw_parts(self.shared.add(at as usize).cast::<Node>(), count).to_vec() }
+    }
+
+    fn entries(&self, index: u64) -> Vec<u64> {
+        let at = self.geometry.block(index) + self.geometry.entries_offset();
+        // SAFETY: in bounds.
+        unsafe { std::slice::from_raw_parts(self.shared.add(at as usize).cast::<u64>(), self.geometry.functions as usize).to_vec() }
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what new() mapped.
+        unsafe {
+            libc::munmap(self.code.cast(), self.code_len);
+            libc::munmap(self.shared.cast(), self.geometry.shared_bytes() as usize);
+            libc::munmap(self.private.cast(), self.geometry.private_bytes() as usize);
+        }
+        let _ = &self.live;
+    }
+}
+
+/// Made-up return-address slots on a made-up stack: higher index, older frame.
+struct Stack([u64; 64]);
+
+impl Stack {
+    fn new() -> Stack {
+        Stack(std::array::from_fn(|i| 0x1000 + i as u64))
+    }
+}
+
+#[test]
+fn calls_add_up_per_context_and_return_where_they_came_from() {
+    let rt = Local::new(3, 4);
+    let mut stack = Stack::new();
+    // f0 calls f1 twice; f1 calls f2 the second time.
+    rt.entry(&mut stack.0[60], 0);
+    assert_eq!(stack.0[60], rt.runtime.return_trampoline, "the return goes through the trampoline");
+    rt.entry(&mut stack.0[50], 1);
+    rt.exit(&mut stack.0[50]);
+    assert_eq!(stack.0[50], 0x1000 + 50, "the original return address is back");
+    rt.entry(&mut stack.0[50], 1);
+    rt.entry(&mut stack.0[40], 2);
+    rt.exit(&mut stack.0[40]);
+    rt.exit(&mut stack.0[50]);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], 0x1000 + 60);
+
+    let block = rt.block(0);
+    assert_eq!((block.state, block.depth, block.nodes), (1, 0, 4));
+    assert_eq!(block.tid, nix::unistd::gettid().as_raw() as u64);
+    let nodes = rt.nodes(0);
+    let shape: Vec<(u32, u32, u64)> = nodes[1..].iter().map(|n| (n.parent, n.function, n.calls)).collect();
+    assert_eq!(shape, [(0, 0, 1), (1, 1, 2), (2, 2, 1)]);
+    let (f0, f1, f2) = (&nodes[1], &nodes[2], &nodes[3]);
+    assert_eq!(f0.excl_wall.total, f0.incl_wall.total - f1.incl_wall.total);
+    assert_eq!(f1.excl_wall.total, f1.incl_wall.total - f2.incl_wall.total);
+    assert!(f1.incl_wall.min <= f1.incl_wall.max && f1.incl_wall.min > 0);
+    // No off-CPU map: CPU time is wall time.
+    assert_eq!(f0.incl_cpu, f0.incl_wall);
+    assert_eq!(rt.entries(0), [1, 2, 1]);
+    assert_eq!(rt.header().blocks_taken, 1);
+}
+
+#[test]
+fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
+    let rt = Local::new(3, 4);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 1);
+    rt.entry(&mut stack.0[40], 2);
+    // A longjmp back into f0's frame, which then calls f1 from slot 55:
+    // the frames at 50 and 40 are gone.
+    rt.entry(&mut stack.0[55], 1);
+    rt.exit(&mut stack.0[55]);
+    // A tail call from f0 reuses its slot, still holding the trampoline:
+    // its return goes through the trampoline twice, once per frame.
+    rt.entry(&mut stack.0[60], 2);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], rt.runtime.return_trampoline);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], 0x1000 + 60);
+    let block = rt.block(0);
+    assert_eq!(block.depth, 0);
+    let nodes = rt.nodes(0);
+    let unwound: u64 = nodes.iter().map(|n| n.unwound).sum();
+    assert_eq!(unwound, 2, "{nodes:?}");
+    let calls: u64 = nodes.iter().map(|n| n.calls).sum();
+    assert_eq!(calls, 5);
+    // The tail call is f0's child.
+    assert!(nodes.iter().any(|n| n.function == 2 && n.parent == 1 && n.calls == 1), "{nodes:?}");
+}
+
+#[test]
+fn each_thread_has_its_own_block() {
+    let rt = std::sync::Arc::new(Local::new(1, 8));
+    let threads: Vec<_> = (0..3)
+        .map(|i| {
+            let rt = rt.clone();
+            std::thread::spawn(move || {
+                let mut stack = Stack::new();
+                for _ in 0..=i {
+                    rt.entry(&mut stack.0[60], 0);
+                    rt.exit(&mut stack.0[60]);
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().expect("thread"));
+    assert_eq!(rt.header().blocks_taken, 3);
+    let mut calls: Vec<u64> = (0..3).map(|b| rt.entries(b)[0]).collect();
+    calls.sort();
+    assert_eq!(calls, [1, 2, 3]);
+}
+
+#[test]
+fn a_call_in_a_forked_child_is_not_recorded_but_returns() {
+    let mut rt = Local::new(1, 4);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    // In a forked child the live word reads 0: frames hijacked before the
+    // fork still return; new calls are neither hijacked nor counted.
+    *rt.live = 0;
+    rt.entry(&mut stack.0[50], 0);
+    assert_eq!(stack.0[50], 0x1000 + 50);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], 0x1000 + 60);
+    assert_eq!(rt.entries(0), [1]);
+    assert_eq!(rt.nodes(0)[1].calls, 0, "its frame ended where nothing is recorded");
+}
+
+// SAFETY: the mapped memory is used by one test at a time through these pointers.
+unsafe impl Send for Local {}
+// SAFETY: the runtime is made for concurrent threads.
+unsafe impl Sync for Local {}
+
+#[test]
+#[ignore = "a measurement, not a check: cargo test -p proftap-probes --release -- --ignored --nocapture per_call"]
+fn per_call_cost() {
+    let rt = Local::new(4, 4);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    let n = 10_000_000u64;
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        rt.entry(&mut stack.0[50], (i & 3) as u32);
+        rt.exit(&mut stack.0[50]);
+    }
+    let ns = start.elapsed().as_nanos() as f64 / n as f64;
+    eprintln!("entry + exit: {ns:.1} ns a call");
+}

@@ -1,0 +1,105 @@
+//! The runtime adding calls up inside a running program: totals per
+//! thread and calling context, read back while it runs and once detached.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use proftap_probes::exits::ExitMode;
+use proftap_probes::inject::patched::Patched;
+use proftap_probes::plan::{ProbedFunction, plan};
+use proftap_probes::select::Selection;
+use proftap_probes::symbols::{LoadOptions, SymbolIndex};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+/// examples/wait.c: prints "ready PID ADDRESS", then calls tick() N times for each line N.
+struct Waiter {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl Waiter {
+    fn start(binary: &Path) -> Waiter {
+        let mut child = Command::new(binary).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let input = child.stdin.take().unwrap();
+        let mut output = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        output.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready "), "{line}");
+        Waiter { child, input, output }
+    }
+
+    fn tick(&mut self, n: u64) -> u64 {
+        writeln!(self.input, "{n}").unwrap();
+        let mut line = String::new();
+        self.output.read_line(&mut line).unwrap();
+        line.trim().strip_prefix("ticked ").unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn build(source: &str, opt: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("{source}{opt}"));
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(source);
+    let status = Command::new("gcc").arg(opt).arg("-g").arg("-o").arg(&out).arg(source).status().unwrap();
+    assert!(status.success());
+    out
+}
+
+fn functions(binary: &Path) -> Vec<ProbedFunction> {
+    let index = SymbolIndex::load(binary, &LoadOptions::default()).unwrap();
+    let selected = Selection::parse::<&str>(&[]).unwrap().select(&[&index]).unwrap();
+    let mut warnings = Vec::new();
+    plan(&[&index], &[binary.to_path_buf()], &selected, ExitMode::Uretprobe, &mut warnings)
+}
+
+fn root() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "patching another process needs root here");
+        eprintln!("skipped: patching another process needs root here");
+    }
+    root
+}
+
+#[test]
+fn calls_are_added_up_in_the_running_program_and_read_back() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for opt in ["-O0", "-O2"] {
+        let binary = build("wait.c", opt, dir.path());
+        let functions = functions(&binary);
+        let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
+        let mut waiter = Waiter::start(&binary);
+        assert_eq!(waiter.tick(7), 7);
+        let pid = waiter.child.id() as i32;
+        let mut patched = Patched::attach(pid, &functions).unwrap();
+        assert!(patched.refused().iter().all(|(i, _)| *i != tick), "{:?}", patched.refused());
+        assert_eq!(waiter.tick(1000), 1007);
+        assert_eq!(waiter.tick(234), 1241);
+        let mut calls = vec![0; functions.len()];
+        patched.calls(&mut calls);
+        assert_eq!(calls[tick], 1234, "{opt}");
+        let totals = patched.totals().unwrap();
+        assert_eq!(totals.threads.len(), 1);
+        let thread = &totals.threads[0];
+        assert_eq!(thread.tid as i32, pid);
+        let node = thread.nodes.iter().skip(1).find(|n| n.function as usize == tick).unwrap();
+        assert_eq!(node.calls, 1234);
+        assert!(node.incl_wall.min > 0 && node.incl_wall.min <= node.incl_wall.max && node.incl_wall.total >= 1234 * node.incl_wall.min);
+        patched.detach().unwrap();
+        // Detached: the program runs on, nothing more is added up.
+        assert_eq!(waiter.tick(5), 1246);
+        let mut after = vec![0; functions.len()];
+        patched.calls(&mut after);
+        assert_eq!(after[tick], 1234);
+    }
+}
