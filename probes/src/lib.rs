@@ -19,6 +19,7 @@ pub mod inject;
 pub mod libs;
 pub mod lines;
 pub mod metrics;
+pub mod offcpu;
 pub mod perf;
 pub mod plan;
 pub mod procfs;

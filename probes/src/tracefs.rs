@@ -77,6 +77,11 @@ impl Tracefs {
         Ok(tracefs)
     }
 
+    /// Where it is mounted.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     fn uprobe_events(&self) -> PathBuf {
         self.root.join("uprobe_events")
     }
@@ -294,7 +299,7 @@ impl UprobeGroup {
 
 /// The offset of field `name` in a tracepoint's `format` description
 /// (`field:u32 id;\toffset:16;\tsize:4;...`).
-fn field_offset(format: &str, name: &str) -> Option<usize> {
+pub(crate) fn field_offset(format: &str, name: &str) -> Option<usize> {
     format.lines().find_map(|line| {
         let declaration = line.trim().strip_prefix("field:")?.split(';').next()?;
         if declaration.split_whitespace().last()? != name {

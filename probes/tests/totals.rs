@@ -81,7 +81,7 @@ fn calls_are_added_up_in_the_running_program_and_read_back() {
         let mut waiter = Waiter::start(&binary);
         assert_eq!(waiter.tick(7), 7);
         let pid = waiter.child.id() as i32;
-        let mut patched = Patched::attach(pid, &functions).unwrap();
+        let mut patched = Patched::attach(pid, &functions, None).unwrap();
         assert!(patched.refused().iter().all(|(i, _)| *i != tick), "{:?}", patched.refused());
         assert_eq!(waiter.tick(1000), 1007);
         assert_eq!(waiter.tick(234), 1241);
@@ -102,4 +102,42 @@ fn calls_are_added_up_in_the_running_program_and_read_back() {
         patched.calls(&mut after);
         assert_eq!(after[tick], 1234);
     }
+}
+
+#[test]
+fn cpu_time_per_call_leaves_out_time_off_cpu() {
+    if !root() {
+        return;
+    }
+    let off_cpu = proftap_probes::offcpu::OffCpu::load().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build("cpuwall.c", "-O2", dir.path());
+    let functions = functions(&binary);
+    let index = |name: &str| functions.iter().position(|f| f.info.name == name).unwrap() as u32;
+    let (burn, nap) = (index("burn"), index("nap"));
+    // Patched at its start, so that every call is seen.
+    let mut held =
+        proftap_probes::target::spawn_held(&binary, &[binary.clone().into(), "20".into(), "3".into()], &Default::default()).unwrap();
+    let pid = held.pid();
+    nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
+    held.release().unwrap();
+    let mut patched = Patched::attach_at_start(pid, &functions, Some(&off_cpu)).unwrap();
+    drop(patched.take_hold());
+    let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
+    assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{status:?}");
+    let totals = patched.totals().unwrap();
+    let node = |f: u32| totals.threads[0].nodes.iter().skip(1).find(|n| n.function == f).copied().unwrap();
+    let (burn, nap) = (node(burn), node(nap));
+    assert_eq!((burn.calls, nap.calls), (3, 3));
+    // burn spins for 20 ms of its thread's CPU time each call, however
+    // busy the machine; nap sleeps 20 ms and uses almost none.
+    let clock = proftap_probes::inject::clock::TscClock::new().unwrap();
+    let ms = |cycles: u64| clock.duration_ns(cycles) as f64 / 1e6;
+    assert!((50.0..75.0).contains(&ms(burn.incl_cpu.total)), "burn: {} ms of CPU in 3 calls", ms(burn.incl_cpu.total));
+    assert!(
+        ms(nap.incl_wall.total) >= 59.0 && ms(nap.incl_cpu.total) < 6.0,
+        "nap: {} ms wall, {} ms CPU",
+        ms(nap.incl_wall.total),
+        ms(nap.incl_cpu.total)
+    );
 }

@@ -10,6 +10,7 @@ use super::patcher::{self, Applied, Refused, Target};
 use super::remote::{AWAY_FROM_CODE, Remote, RemoteError, Shared};
 use super::runtime::{call_routine, call_routine_and_return};
 use super::totals::{self, BlockHeader, Config, Frame, Geometry, Header, Node};
+use crate::offcpu::OffCpu;
 use crate::plan::ProbedFunction;
 use crate::procfs;
 
@@ -80,27 +81,41 @@ impl Patched {
     /// Patches the entries of `functions` in process `pid`, and the entries
     /// of its unwinders (see [`super::hooks`]); those that cannot be patched
     /// are listed by [`Patched::refused`] and [`Patched::unhooked`].
-    pub fn attach(pid: i32, functions: &[ProbedFunction]) -> Result<Patched, RemoteError> {
-        let mut patched = Patched::patch(pid, functions, None, None)?;
+    pub fn attach(pid: i32, functions: &[ProbedFunction], off_cpu: Option<&OffCpu>) -> Result<Patched, RemoteError> {
+        let mut patched = Patched::patch(pid, functions, None, None, off_cpu)?;
         drop(patched.take_hold());
         Ok(patched)
     }
 
     /// The same for the functions `wanted` picks (by index; all with
     /// `None`), leaving the process held still until the hold is taken.
-    pub fn attach_held(pid: i32, functions: &[ProbedFunction], wanted: Option<&[bool]>) -> Result<Patched, RemoteError> {
-        Patched::patch(pid, functions, wanted, None)
+    pub fn attach_held(
+        pid: i32,
+        functions: &[ProbedFunction],
+        wanted: Option<&[bool]>,
+        off_cpu: Option<&OffCpu>,
+    ) -> Result<Patched, RemoteError> {
+        Patched::patch(pid, functions, wanted, None, off_cpu)
     }
 
     /// The same for a process proftap launched and traces, from its exec
     /// to the moment its libraries are loaded and none of their
     /// constructors has run (see [`Remote::at_start`]); held as well.
-    pub fn attach_at_start(pid: i32, functions: &[ProbedFunction]) -> Result<Patched, RemoteError> {
+    pub fn attach_at_start(pid: i32, functions: &[ProbedFunction], off_cpu: Option<&OffCpu>) -> Result<Patched, RemoteError> {
         let remote = Remote::at_start(pid)?;
-        Patched::patch(pid, functions, None, Some(remote))
+        Patched::patch(pid, functions, None, Some(remote), off_cpu)
     }
 
-    fn patch(pid: i32, functions: &[ProbedFunction], wanted: Option<&[bool]>, at_start: Option<Remote>) -> Result<Patched, RemoteError> {
+    /// Patches with `remote` holding a launched process at its start, or
+    /// (`None`) holding the running process once there is something to
+    /// patch; CPU time per call from `off_cpu` (else CPU time is wall time).
+    fn patch(
+        pid: i32,
+        functions: &[ProbedFunction],
+        wanted: Option<&[bool]>,
+        at_start: Option<Remote>,
+        off_cpu: Option<&OffCpu>,
+    ) -> Result<Patched, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         refuse_shadow_stacks(pid)?;
         let hook_sites = hook_sites(&modules);
@@ -134,7 +149,7 @@ impl Patched {
             Some(remote) => remote,
             None => Remote::attach(pid)?,
         };
-        let (shared, memory, config) = set_up_memory(&remote, geometry)?;
+        let (shared, memory, config) = set_up_memory(&remote, geometry, off_cpu)?;
         for group in groups {
             let runtime = std::cell::Cell::new(None::<totals::Runtime>);
             let shared_trampoline = patched.return_trampoline;
@@ -388,7 +403,7 @@ fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Sit
 /// Maps the runtime's memory in the held process: private (seats and
 /// return addresses; a forked child gets a copy), a live word wiped in a
 /// forked child, and the shared memory with its header written.
-fn set_up_memory(remote: &Remote, geometry: Geometry) -> Result<(Shared, Memory, Config), RemoteError> {
+fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) -> Result<(Shared, Memory, Config), RemoteError> {
     let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64;
     let read_write = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let private = remote.syscall("mmap", libc::SYS_mmap, [AWAY_FROM_CODE, geometry.private_bytes(), read_write, anonymous, u64::MAX, 0])?;
@@ -403,6 +418,10 @@ fn set_up_memory(remote: &Remote, geometry: Geometry) -> Result<(Shared, Memory,
             )));
         }
     }
+    let off_cpu_address = match off_cpu {
+        Some(off) => remote.map_descriptor(off.map(), off.bytes() as usize)?,
+        None => 0,
+    };
     let (mult, shift) = ns_to_tsc();
     shared.store(0, totals::MAGIC);
     shared.store(8, mult);
@@ -417,6 +436,8 @@ fn set_up_memory(remote: &Remote, geometry: Geometry) -> Result<(Shared, Memory,
         block_bytes: geometry.block_bytes(),
         entries_offset: geometry.entries_offset(),
         functions: geometry.functions,
+        off_cpu: off_cpu_address,
+        off_cpu_entries: off_cpu.map_or(0, OffCpu::entries),
         ..Config::default()
     };
     Ok((shared, Memory { live }, config))

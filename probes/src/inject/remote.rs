@@ -360,6 +360,76 @@ impl Remote {
     }
 }
 
+impl Remote {
+    /// Scratch memory on the calling thread's stack, below its red zone:
+    /// `len` bytes, handed to `use_it` and restored after.
+    fn with_scratch<T>(&self, len: usize, use_it: impl FnOnce(u64) -> Result<T, RemoteError>) -> Result<T, RemoteError> {
+        let regs = ptrace::getregs(self.caller).map_err(errno("cannot read the registers of the target"))?;
+        let scratch = (regs.rsp - 256 - len as u64) & !15;
+        let saved = self.read(scratch, len)?;
+        let result = use_it(scratch);
+        self.write(scratch, &saved)?;
+        result
+    }
+
+    /// Maps `fd`, one of proftap's descriptors, into the process, read-only
+    /// and shared, `len` bytes: the descriptor goes over a socket pair made
+    /// in the process, and is closed there once mapped.
+    pub fn map_descriptor(&self, fd: std::os::fd::BorrowedFd<'_>, len: usize) -> Result<u64, RemoteError> {
+        let close = |fd: u64| {
+            let _ = self.syscall("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
+        };
+        let pair = self.with_scratch(8, |scratch| {
+            let flags = (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64;
+            self.syscall("socketpair", libc::SYS_socketpair, [libc::AF_UNIX as u64, flags, 0, scratch, 0, 0])?;
+            let fds = self.read(scratch, 8)?;
+            Ok([u32::from_ne_bytes(fds[..4].try_into().unwrap_or_default()), u32::from_ne_bytes(fds[4..].try_into().unwrap_or_default())])
+        })?;
+        let received = self.send_descriptor(fd, pair);
+        close(u64::from(pair[0]));
+        close(u64::from(pair[1]));
+        let received = received?;
+        let prot = PROT_READ;
+        let mapped = self.syscall("mmap", libc::SYS_mmap, [0, len as u64, prot, libc::MAP_SHARED as u64, received, 0]);
+        close(received);
+        mapped
+    }
+
+    /// Sends `fd` into the process's end `pair[1]` of a socket pair and
+    /// receives it from `pair[0]` there: its number in the process.
+    fn send_descriptor(&self, fd: std::os::fd::BorrowedFd<'_>, pair: [u32; 2]) -> Result<u64, RemoteError> {
+        let pidfd = crate::target::pidfd(self.pid).map_err(io_error("cannot open a pidfd of the target"))?;
+        // SAFETY: pidfd_getfd takes a pidfd, a descriptor number in that process and flags.
+        let local = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), pair[1] as i32, 0) };
+        if local < 0 {
+            return Err(io_error("cannot take a socket of the target")(io::Error::last_os_error()));
+        }
+        // SAFETY: the kernel just gave us this descriptor.
+        let local = unsafe { OwnedFd::from_raw_fd(local as i32) };
+        let raw = [fd.as_raw_fd()];
+        let rights = [nix::sys::socket::ControlMessage::ScmRights(&raw)];
+        nix::sys::socket::sendmsg::<()>(local.as_raw_fd(), &[io::IoSlice::new(b"p")], &rights, nix::sys::socket::MsgFlags::empty(), None)
+            .map_err(errno("cannot send a descriptor to the target"))?;
+        // struct msghdr, then its iovec, one byte of data, and room for one descriptor.
+        self.with_scratch(128, |scratch| {
+            let (iov, data, control) = (scratch + 64, scratch + 80, scratch + 96);
+            let words = |w: &[u64]| w.iter().flat_map(|v| v.to_ne_bytes()).collect::<Vec<u8>>();
+            self.write(scratch, &words(&[0, 0, iov, 1, control, 24, 0]))?;
+            self.write(iov, &words(&[data, 1]))?;
+            self.write(control, &[0; 24])?;
+            let flags = libc::MSG_CMSG_CLOEXEC as u64;
+            self.syscall("recvmsg", libc::SYS_recvmsg, [u64::from(pair[0]), scratch, flags, 0, 0, 0])?;
+            let cmsg = self.read(control, 24)?;
+            let level = i32::from_ne_bytes(cmsg[8..12].try_into().unwrap_or_default());
+            let kind = i32::from_ne_bytes(cmsg[12..16].try_into().unwrap_or_default());
+            if level != libc::SOL_SOCKET || kind != libc::SCM_RIGHTS {
+                return Err(RemoteError::Unsupported(format!("process {} did not receive the descriptor", self.pid)));
+            }
+            Ok(u64::from(u32::from_ne_bytes(cmsg[16..20].try_into().unwrap_or_default())))
+        })
+    }
+}
+
 /// Where proftap's large mappings in a target go, if that is free: far
 /// from code (executables sit near 0x5555_0000_0000, libraries below
 /// 0x7fff_0000_0000), so the room within 2 GiB of code stays for trampolines.

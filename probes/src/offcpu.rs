@@ -1,0 +1,220 @@
+//! Time each thread has spent off every CPU, kept by the kernel in memory a
+//! patched process can read: a BPF program on the scheduler's
+//! `sched_switch` tracepoint adds, as a thread comes back on a CPU, how
+//! long it was away, into an array indexed by thread id, which the process
+//! maps read-only. The runtime reads its thread's entry at a call's entry
+//! and return: a call's CPU time is its wall time less what it spent off
+//! CPU, exact per call, with no record and no system call.
+//!
+//! Loading it needs `CAP_BPF` and `CAP_PERFMON` (root here); proftapd loads
+//! it once and lends the array to its sessions.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// Each entry: nanoseconds off CPU so far, then when the thread last left (0: on a CPU).
+pub const ENTRY_BYTES: u64 = 16;
+
+/// The kernel's per-thread off-CPU time, mappable read-only.
+pub struct OffCpu {
+    map: OwnedFd,
+    entries: u64,
+    /// The program and its tracepoint's events, one per CPU, when loaded
+    /// here: the program runs while they are open.
+    _loaded: Option<(OwnedFd, Vec<OwnedFd>)>,
+}
+
+const BPF_MAP_CREATE: i32 = 0;
+const BPF_PROG_LOAD: i32 = 5;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_PROG_TYPE_TRACEPOINT: u32 = 5;
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+fn bpf(command: i32, attr: &mut [u64; 16]) -> io::Result<OwnedFd> {
+    // SAFETY: the bpf(2) system call with a zero-padded attribute union of 128 bytes.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, command, attr.as_mut_ptr(), size_of::<[u64; 16]>()) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: bpf(2) returned a new descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A BPF instruction: opcode, registers, offset, immediate.
+fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
+    u64::from(code) | u64::from(dst | (src << 4)) << 8 | u64::from(off as u16) << 16 | u64::from(imm as u32) << 32
+}
+
+/// The program: r6 = tracepoint record; at each switch, the thread leaving
+/// notes when; the thread arriving adds how long it was away.
+fn program(map: i32, prev_pid: i16, next_pid: i16) -> Vec<u64> {
+    const LDX_W: u8 = 0x61;
+    const LDX_DW: u8 = 0x79;
+    const STX_W: u8 = 0x63;
+    const STX_DW: u8 = 0x7b;
+    const ST_DW: u8 = 0x7a;
+    const MOV_X: u8 = 0xbf;
+    const MOV_K: u8 = 0xb7;
+    const ADD_K: u8 = 0x07;
+    const SUB_X: u8 = 0x1f;
+    const JEQ_K: u8 = 0x15;
+    const CALL: u8 = 0x85;
+    const EXIT: u8 = 0x95;
+    const LD_DW_IMM: u8 = 0x18;
+    const ATOMIC_DW: u8 = 0xdb;
+    const PSEUDO_MAP_FD: u8 = 1;
+    const KTIME_GET_NS: i32 = 5;
+    const MAP_LOOKUP_ELEM: i32 = 1;
+    const ATOMIC_ADD: i32 = 0;
+    let lookup = |pid_offset: i16| {
+        [
+            insn(LDX_W, 1, 6, pid_offset, 0),
+            insn(STX_W, 10, 1, -4, 0),
+            insn(LD_DW_IMM, 1, PSEUDO_MAP_FD, 0, map),
+            0,
+            insn(MOV_X, 2, 10, 0, 0),
+            insn(ADD_K, 2, 0, 0, -4),
+            insn(CALL, 0, 0, 0, MAP_LOOKUP_ELEM),
+        ]
+    };
+    let mut p = vec![insn(MOV_X, 6, 1, 0, 0), insn(CALL, 0, 0, 0, KTIME_GET_NS), insn(MOV_X, 7, 0, 0, 0)];
+    p.extend(lookup(prev_pid));
+    p.extend([insn(JEQ_K, 0, 0, 1, 0), insn(STX_DW, 0, 7, 8, 0)]);
+    p.extend(lookup(next_pid));
+    p.extend([
+        insn(JEQ_K, 0, 0, 6, 0),
+        insn(LDX_DW, 1, 0, 8, 0),
+        insn(JEQ_K, 1, 0, 4, 0),
+        insn(MOV_X, 2, 7, 0, 0),
+        insn(SUB_X, 2, 1, 0, 0),
+        insn(ATOMIC_DW, 0, 2, 0, ATOMIC_ADD),
+        insn(ST_DW, 0, 0, 8, 0),
+        insn(MOV_K, 0, 0, 0, 0),
+        insn(EXIT, 0, 0, 0, 0),
+    ]);
+    p
+}
+
+/// `sched_switch`'s tracepoint id and where `prev_pid` and `next_pid` are in its record.
+fn tracepoint() -> io::Result<(u64, i16, i16)> {
+    let tracefs = crate::tracefs::Tracefs::open().map_err(io::Error::other)?;
+    let dir = tracefs.root().join("events/sched/sched_switch");
+    let id = std::fs::read_to_string(dir.join("id"))?.trim().parse().map_err(io::Error::other)?;
+    let format = std::fs::read_to_string(dir.join("format"))?;
+    let offset = |name: &str| -> io::Result<i16> {
+        crate::tracefs::field_offset(&format, name)
+            .and_then(|o| i16::try_from(o).ok())
+            .ok_or_else(|| io::Error::other(format!("sched_switch has no {name} field")))
+    };
+    Ok((id, offset("prev_pid")?, offset("next_pid")?))
+}
+
+impl OffCpu {
+    /// Loads the program and opens its tracepoint on every CPU.
+    pub fn load() -> io::Result<OffCpu> {
+        let (tracepoint, prev_pid, next_pid) = tracepoint()?;
+        let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(1 << 22);
+        let entries = pid_max.clamp(1024, 1 << 22);
+        let mut attr = [0u64; 16];
+        attr[0] = u64::from(BPF_MAP_TYPE_ARRAY) | (4 << 32);
+        attr[1] = ENTRY_BYTES | (entries << 32);
+        // Not BPF_F_RDONLY, which the kernel refuses to map at all: a read-only
+        // mapping of it cannot be made writable (VM_MAYWRITE is dropped), and
+        // the descriptor itself stays with proftap.
+        attr[2] = u64::from(BPF_F_MMAPABLE);
+        let map = bpf(BPF_MAP_CREATE, &mut attr).map_err(|e| context("cannot create the off-CPU time array", e))?;
+        let code = program(map.as_raw_fd(), prev_pid, next_pid);
+        let license = c"GPL";
+        let mut attr = [0u64; 16];
+        attr[0] = u64::from(BPF_PROG_TYPE_TRACEPOINT) | ((code.len() as u64) << 32);
+        attr[1] = code.as_ptr() as u64;
+        attr[2] = license.as_ptr() as u64;
+        let program = bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| context("cannot load the off-CPU time program", e))?;
+        let events = attach(tracepoint, &program)?;
+        Ok(OffCpu { map, entries, _loaded: Some((program, events)) })
+    }
+
+    /// The array another process loaded (and keeps running), covering `entries` thread ids.
+    pub fn lent(map: OwnedFd, entries: u64) -> OffCpu {
+        OffCpu { map, entries: entries.min(1 << 22), _loaded: None }
+    }
+
+    /// The array, to map read-only (`MAP_SHARED`, [`OffCpu::bytes`] long).
+    pub fn map(&self) -> BorrowedFd<'_> {
+        self.map.as_fd()
+    }
+
+    /// Thread ids it covers.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Bytes to map.
+    pub fn bytes(&self) -> u64 {
+        (self.entries * ENTRY_BYTES).next_multiple_of(4096)
+    }
+}
+
+fn context(what: &str, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// Opens the tracepoint on every online CPU with the program attached (once:
+/// a tracepoint runs its programs on every CPU where it has an event).
+fn attach(tracepoint: u64, program: &OwnedFd) -> io::Result<Vec<OwnedFd>> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut events = Vec::new();
+    for cpu in 0..cpus {
+        // SAFETY: a zeroed perf_event_attr with the fields set below.
+        let mut attr: perf_event_open_sys::bindings::perf_event_attr = unsafe { std::mem::zeroed() };
+        attr.type_ = perf_event_open_sys::bindings::PERF_TYPE_TRACEPOINT;
+        attr.size = size_of::<perf_event_open_sys::bindings::perf_event_attr>() as u32;
+        attr.config = tracepoint;
+        attr.__bindgen_anon_1.sample_period = 1;
+        // SAFETY: perf_event_open with a valid attribute, any process, one CPU.
+        let fd = unsafe {
+            perf_event_open_sys::perf_event_open(&mut attr, -1, cpu as i32, -1, perf_event_open_sys::bindings::PERF_FLAG_FD_CLOEXEC as u64)
+        };
+        if fd < 0 {
+            return Err(context(&format!("cannot open sched_switch on CPU {cpu}"), io::Error::last_os_error()));
+        }
+        // SAFETY: perf_event_open returned a new descriptor.
+        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ioctls on that descriptor, with a program descriptor and no argument.
+        unsafe {
+            if cpu == 0 && perf_event_open_sys::ioctls::SET_BPF(event.as_raw_fd(), program.as_raw_fd() as u32) < 0 {
+                return Err(context("cannot attach the off-CPU time program", io::Error::last_os_error()));
+            }
+            perf_event_open_sys::ioctls::ENABLE(event.as_raw_fd(), 0);
+        }
+        events.push(event);
+    }
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sleep_shows_as_time_off_cpu() {
+        let Ok(off) = OffCpu::load() else {
+            assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none() || !nix::unistd::geteuid().is_root(), "BPF works as root here");
+            eprintln!("skipped: BPF needs CAP_BPF and CAP_PERFMON");
+            return;
+        };
+        // SAFETY: mapping the array read-only, as the kernel allows for BPF_F_MMAPABLE maps.
+        let base =
+            unsafe { libc::mmap(std::ptr::null_mut(), off.bytes() as usize, libc::PROT_READ, libc::MAP_SHARED, off.map().as_raw_fd(), 0) };
+        assert_ne!(base, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        let tid = nix::unistd::gettid().as_raw() as usize;
+        // SAFETY: within the mapping.
+        let read = || unsafe { std::ptr::read_volatile(base.cast::<u64>().add(2 * tid)) };
+        let before = read();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let slept = read() - before;
+        assert!((45_000_000..500_000_000).contains(&slept), "{slept} ns off CPU over a 50 ms sleep");
+        // SAFETY: unmapping it.
+        unsafe { libc::munmap(base, off.bytes() as usize) };
+    }
+}
