@@ -19,5 +19,6 @@ pub mod patched;
 pub mod patcher;
 pub mod remote;
 pub mod runtime;
+pub mod threads;
 pub mod totals;
 pub mod tracing;

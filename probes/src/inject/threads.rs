@@ -1,0 +1,196 @@
+//! A patched process's totals (see [`super::patched`]) as per-thread
+//! profiles: the runtime's calling contexts are the call tree; each
+//! function's numbers are its contexts' numbers added up, with the rule
+//! every engine keeps for recursion (a function's inclusive total counts
+//! its outermost frames only, so it never exceeds the run); calls still in
+//! progress end at the end of the recording, marked unfinished.
+
+use super::clock::TscClock;
+use super::patched::ThreadTotals;
+use super::totals::{Node, Stat as RawStat};
+use proftap_profile::{CallTree, FunctionStats, ROOT, Stat, ThreadProfile, TreeNode};
+
+/// How the raw totals become a profile's numbers.
+pub struct Conversion<'a> {
+    /// TSC cycles to nanoseconds.
+    pub clock: &'a TscClock,
+    /// Metrics in the profile: 1 (wall time) or 2 (wall and CPU time).
+    pub metrics: usize,
+    /// When the recording ended (TSC): calls in progress end then.
+    pub end_tsc: u64,
+}
+
+/// A thread's profile from its totals; `off_cpu_now` is its time off CPU
+/// at the end (TSC cycles), when known, for the calls still in progress.
+pub fn thread_profile(pid: i32, name: String, thread: &ThreadTotals, off_cpu_now: Option<u64>, how: &Conversion<'_>) -> ThreadProfile {
+    let mut nodes: Vec<Node> = thread.nodes.clone();
+    let mut unfinished = vec![0u64; thread.calls.len()];
+    close_open_frames(thread, &mut nodes, &mut unfinished, off_cpu_now, how.end_tsc);
+    let ns = |cycles: u64| how.clock.duration_ns(cycles);
+    let pick = |wall: u64, cpu: u64| -> Vec<u64> { [ns(wall), ns(cpu)][..how.metrics].to_vec() };
+    let mut tree: Vec<TreeNode> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| TreeNode {
+            function: if i == 0 { ROOT } else { n.function },
+            parent: if i == 0 { ROOT } else { n.parent },
+            calls: if i == 0 { 0 } else { n.calls },
+            inclusive: pick(n.incl_wall.total, n.incl_cpu.total),
+            exclusive: pick(n.excl_wall.total, n.excl_cpu.total),
+        })
+        .collect();
+    // The thread's own node: everything its outermost calls took.
+    let mut root = vec![0u64; how.metrics];
+    for node in tree.iter().skip(1).filter(|n| n.parent == 0) {
+        for (sum, v) in root.iter_mut().zip(&node.inclusive) {
+            *sum = sum.saturating_add(*v);
+        }
+    }
+    tree[0].inclusive = root;
+    let functions = function_stats(thread, &nodes, &unfinished, how);
+    ThreadProfile { pid, tid: thread.tid as i32, name, functions, tree: CallTree { nodes: tree } }
+}
+
+/// Ends each call still in progress at `end`, innermost first, as the
+/// runtime ends a call: its times to its node, its inclusive times to its caller.
+fn close_open_frames(thread: &ThreadTotals, nodes: &mut [Node], unfinished: &mut [u64], off_cpu_now: Option<u64>, end: u64) {
+    let (mut child_wall, mut child_cpu) = (0u64, 0u64);
+    for frame in thread.open.iter().rev() {
+        let wall = end.saturating_sub(frame.entry_tsc);
+        let off = off_cpu_now.map_or(0, |now| now.saturating_sub(frame.entry_off));
+        let cpu = wall.saturating_sub(off);
+        let (frame_child_wall, frame_child_cpu) = (frame.child_wall + child_wall, frame.child_cpu + child_cpu);
+        if let Some(node) = nodes.get_mut(frame.node as usize) {
+            node.calls += 1;
+            observe(&mut node.incl_wall, wall);
+            observe(&mut node.excl_wall, wall.saturating_sub(frame_child_wall));
+            observe(&mut node.incl_cpu, cpu);
+            observe(&mut node.excl_cpu, cpu.saturating_sub(frame_child_cpu));
+            if let Some(count) = unfinished.get_mut(node.function as usize) {
+                *count += 1;
+            }
+        }
+        (child_wall, child_cpu) = (wall, cpu);
+    }
+}
+
+fn observe(stat: &mut RawStat, value: u64) {
+    stat.total = stat.total.saturating_add(value);
+    stat.min = stat.min.min(value);
+    stat.max = stat.max.max(value);
+}
+
+/// Each function's numbers over its contexts. Its calls are the runtime's
+/// count of entries, which includes calls it could not time.
+fn function_stats(thread: &ThreadTotals, nodes: &[Node], unfinished: &[u64], how: &Conversion<'_>) -> Vec<FunctionStats> {
+    let outermost = outermost_nodes(nodes);
+    let mut by_function: Vec<Option<FunctionStats>> = vec![None; thread.calls.len()];
+    let ns = |cycles: u64| how.clock.duration_ns(cycles);
+    let stat = |raw: &RawStat, total: bool| Stat {
+        total: if total { ns(raw.total) } else { 0 },
+        min: if raw.min == u64::MAX { u64::MAX } else { ns(raw.min) },
+        max: ns(raw.max),
+    };
+    for (i, node) in nodes.iter().enumerate().skip(1) {
+        let Some(slot) = by_function.get_mut(node.function as usize) else { continue };
+        let f = slot.get_or_insert_with(|| FunctionStats::new(node.function, how.metrics));
+        f.unwound += node.unwound;
+        if node.calls == 0 {
+            continue;
+        }
+        let incl = [stat(&node.incl_wall, outermost[i]), stat(&node.incl_cpu, outermost[i])];
+        let excl = [stat(&node.excl_wall, true), stat(&node.excl_cpu, true)];
+        for m in 0..how.metrics {
+            f.inclusive[m].merge(&incl[m]);
+            f.exclusive[m].merge(&excl[m]);
+        }
+    }
+    for (function, calls) in thread.calls.iter().enumerate() {
+        if *calls > 0 {
+            by_function[function].get_or_insert_with(|| FunctionStats::new(function as u32, how.metrics));
+        }
+    }
+    by_function
+        .into_iter()
+        .enumerate()
+        .filter_map(|(function, f)| {
+            let mut f = f?;
+            f.calls = thread.calls[function];
+            f.unfinished = unfinished[function];
+            Some(f)
+        })
+        .collect()
+}
+
+/// Whether each node is its function's outermost frame on its path.
+/// Parents come before children, so one pass in order finds, for each node,
+/// whether its function appears among its ancestors.
+fn outermost_nodes(nodes: &[Node]) -> Vec<bool> {
+    let children = {
+        let mut c: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
+        for (i, n) in nodes.iter().enumerate().skip(1) {
+            c[n.parent as usize].push(i as u32);
+        }
+        c
+    };
+    let mut outermost = vec![false; nodes.len()];
+    // Depth-first with the count of each function's frames on the path.
+    let mut active: rustc_hash::FxHashMap<u32, u32> = rustc_hash::FxHashMap::default();
+    let mut stack: Vec<(u32, bool)> = vec![(0, false)];
+    while let Some((node, leaving)) = stack.pop() {
+        let function = nodes[node as usize].function;
+        if leaving {
+            if let Some(count) = active.get_mut(&function) {
+                *count -= 1;
+            }
+            continue;
+        }
+        if node != 0 {
+            let count = active.entry(function).or_default();
+            outermost[node as usize] = *count == 0;
+            *count += 1;
+            stack.push((node, true));
+        }
+        stack.extend(children[node as usize].iter().map(|&c| (c, false)));
+    }
+    outermost
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inject::totals::Frame;
+
+    fn node(parent: u32, function: u32, calls: u64, wall: u64, child: u64) -> Node {
+        let s = |t: u64| RawStat { total: t, min: t.checked_div(calls).unwrap_or(u64::MAX), max: t / calls.max(1) };
+        let mut n = Node::default();
+        (n.parent, n.function, n.calls) = (parent, function, calls);
+        (n.incl_wall, n.excl_wall, n.incl_cpu, n.excl_cpu) = (s(wall), s(wall - child), s(wall), s(wall - child));
+        n
+    }
+
+    #[test]
+    fn recursion_counts_the_outermost_frame_once_and_open_calls_end_at_the_end() {
+        let clock = TscClock::new().expect("a constant TSC");
+        let cycles = |ns: u64| (ns as f64 * clock.cycles_per_ns()) as u64;
+        // main -> f -> f (recursive) and main still running at the end.
+        let nodes = vec![Node::default(), node(0, 0, 0, 0, 0), node(1, 1, 1, cycles(1000), cycles(400)), node(2, 1, 1, cycles(400), 0)];
+        let mut main = Frame::default();
+        (main.node, main.child_wall, main.child_cpu) = (1, cycles(1000), cycles(1000));
+        let open = vec![main];
+        let thread = ThreadTotals { tid: 7, nodes, calls: vec![1, 2], open, untimed: 0 };
+        let how = Conversion { clock: &clock, metrics: 2, end_tsc: cycles(5000) };
+        let profile = thread_profile(1, "t".into(), &thread, None, &how);
+        let near = |a: u64, b: u64| a.abs_diff(b) <= 2;
+        let f = profile.functions.iter().find(|f| f.function == 1).expect("f");
+        assert_eq!(f.calls, 2);
+        assert!(near(f.inclusive[0].total, 1000), "only the outer f counts: {:?}", f.inclusive[0]);
+        assert!(near(f.inclusive[0].min, 400) && near(f.inclusive[0].max, 1000));
+        assert!(near(f.exclusive[0].total, 1000), "{:?}", f.exclusive[0]);
+        let main = profile.functions.iter().find(|f| f.function == 0).expect("main");
+        assert_eq!((main.calls, main.unfinished), (1, 1));
+        assert!(near(main.inclusive[0].total, 5000) && near(main.exclusive[0].total, 4000), "{main:?}");
+        assert!(near(profile.tree.nodes[0].inclusive[0], 5000));
+        assert_eq!(profile.tree.nodes[0].function, ROOT);
+    }
+}
