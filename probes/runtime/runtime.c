@@ -235,22 +235,58 @@ static void finish(const struct config *c, struct block *b, u64 d, u64 now, u64 
     (void)c;
 }
 
+/* Whether two return-address slots are on the same stack, as far as the
+ * runtime can tell: a thread's frames are within a few MiB of each other;
+ * another stack (an alternate signal stack, another thread's that shares
+ * this thread's thread pointer) is farther. */
+static inline int near(u64 a, u64 b)
+{
+    return (a > b ? a - b : b - a) < NEAR_STACK;
+}
+
 /* Pops the frames whose return-address slot is below `slot` (or at it,
- * with at_too): a longjmp or an exception left them. They end now. */
+ * with at_too) on the same stack: a longjmp or an exception left them.
+ * They end now. A frame on another stack stops the popping. */
 static void drop_below(const struct config *c, struct private_block *p, struct block *b, u64 slot, int at_too)
 {
     u64 d = p->depth;
-    if (!d || !(p->ret[d - 1].slot < slot || (at_too && p->ret[d - 1].slot == slot)))
-        return;
-    u64 now = rdtsc(), off = off_cpu(c, b->tid);
-    while (d && (p->ret[d - 1].slot < slot || (at_too && p->ret[d - 1].slot == slot))) {
+    u64 now = 0, off = 0;
+    while (d) {
+        u64 top = p->ret[d - 1].slot;
+        if (!(top < slot || (at_too && top == slot)) || !near(top, slot))
+            break;
         d--;
-        if (b)
+        if (b && !p->mixed) {
+            if (!now) {
+                now = rdtsc();
+                off = off_cpu(c, b->tid);
+            }
             finish(c, b, d, now, off, 1);
+        }
     }
     p->depth = d;
     if (b)
         __atomic_store_n(&b->depth, d, __ATOMIC_RELEASE);
+}
+
+/* Takes frame i out of the middle of the stack (threads sharing a thread
+ * pointer took turns on it): what is above moves down, and the block's
+ * times are no longer kept, since its frames no longer nest. */
+static void remove_frame(struct private_block *p, struct block *b, u64 i)
+{
+    for (u64 j = i; j + 1 < p->depth; j++) {
+        p->ret[j] = p->ret[j + 1];
+        if (b) {
+            b->frame[j] = b->frame[j + 1];
+            b->returns[j] = b->returns[j + 1];
+        }
+    }
+    p->depth--;
+    p->mixed = 1;
+    if (b) {
+        b->mixed = 1;
+        __atomic_store_n(&b->depth, p->depth, __ATOMIC_RELEASE);
+    }
 }
 
 /* Writes `to` over every live frame's return address that holds `from`
@@ -283,14 +319,13 @@ void proftap_entry(u64 *slot, u32 function)
     if (b && function < c->functions)
         entries_of(c, b)[function]++;
     /* A signal handler that interrupted the runtime and calls a patched
-     * function: its call goes untimed, the interrupted one goes on. */
-    if (p->busy) {
+     * function, or another thread on the same thread pointer: this call
+     * goes untimed, the other goes on. */
+    if (__atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE)) {
         if (b)
             b->reentered++;
         return;
     }
-    p->busy = 1;
-    __asm__ volatile("" ::: "memory");
     if (p->unhooked) {
         p->unhooked = 0;
         drop_below(c, p, b, (u64)slot, 0);
@@ -305,6 +340,10 @@ void proftap_entry(u64 *slot, u32 function)
     d = p->depth;
     if (!b)
         goto out;
+    if (p->mixed) {
+        b->reentered++;
+        goto out;
+    }
     if (d >= STACK_DEPTH) {
         b->too_deep++;
         goto out;
@@ -333,8 +372,7 @@ void proftap_entry(u64 *slot, u32 function)
     *slot = c->return_trampoline;
     f->entry_tsc = rdtsc();
 out:
-    __asm__ volatile("" ::: "memory");
-    p->busy = 0;
+    __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
 
 /* `slot` is where the return address was and is to be put back. */
@@ -346,28 +384,37 @@ void proftap_exit(u64 *slot)
     if (!s)
         __builtin_trap();
     struct private_block *p = private_block(c, s->block - 1);
-    p->busy = 1;
-    __asm__ volatile("" ::: "memory");
+    /* A return cannot be skipped: wait for another thread on this thread
+     * pointer (a signal handler's calls are not hijacked while busy). */
+    while (__atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE))
+        __asm__ volatile("pause");
     struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
     u64 off = b ? off_cpu(c, b->tid) : 0;
     u64 d = p->depth;
-    /* Deeper frames that never returned (longjmp, exception) end here too. */
-    while (d && p->ret[d - 1].slot < (u64)slot) {
+    /* This frame, from the top: deeper frames on this stack never returned
+     * (longjmp, exception) and end here too. */
+    u64 i = d;
+    while (i && p->ret[i - 1].slot != (u64)slot)
+        i--;
+    if (!i)
+        __builtin_trap(); /* no frame to return to: nothing to do but stop */
+    while (d > i && p->ret[d - 1].slot < (u64)slot && near(p->ret[d - 1].slot, (u64)slot)) {
         d--;
-        if (b)
+        if (b && !p->mixed)
             finish(c, b, d, now, off, 1);
     }
-    if (!d || p->ret[d - 1].slot != (u64)slot)
-        __builtin_trap(); /* no frame to return to: nothing to do but stop */
-    d--;
-    *slot = p->ret[d].ret;
-    if (b)
-        finish(c, b, d, now, off, 0);
     p->depth = d;
-    if (b)
-        __atomic_store_n(&b->depth, d, __ATOMIC_RELEASE);
-    __asm__ volatile("" ::: "memory");
-    p->busy = 0;
+    *slot = p->ret[i - 1].ret;
+    if (d > i) {
+        remove_frame(p, b, i - 1);
+    } else {
+        if (b && !p->mixed)
+            finish(c, b, i - 1, now, off, 0);
+        p->depth = i - 1;
+        if (b)
+            __atomic_store_n(&b->depth, i - 1, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
 
 /* Where an unwinder starts (rdi: the return-address slot of its call):

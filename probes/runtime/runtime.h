@@ -28,6 +28,8 @@ typedef unsigned int u32;
 #define NODES (1UL << 17)
 #define HASH_BITS 18
 #define HASH_SLOTS (1UL << HASH_BITS)
+/* Frames farther apart than this are on different stacks. */
+#define NEAR_STACK (8UL << 20)
 /* A frame with no node: its context did not fit. */
 #define NO_NODE 0xffffffffU
 
@@ -94,7 +96,8 @@ struct seat {
 };
 
 struct private_block {
-    u64 depth, busy, unhooked, reserved;
+    u64 depth, busy, unhooked;
+    u64 mixed; /* threads sharing a thread pointer took turns: times no longer kept */
     struct ret ret[STACK_DEPTH];
 };
 
@@ -107,7 +110,8 @@ struct block {
     u64 too_deep;   /* calls deeper than STACK_DEPTH */
     u64 reentered;  /* calls made by a signal handler that interrupted the runtime */
     u32 root_last_function, root_last_child; /* as in struct frame, for calls at depth 0 */
-    u64 reserved[8];
+    u64 mixed;      /* see struct private_block */
+    u64 reserved[7];
     struct frame frame[STACK_DEPTH];
     struct ret returns[STACK_DEPTH]; /* a copy of the frames' return addresses, for unwinding samples */
     u32 hash[HASH_SLOTS];

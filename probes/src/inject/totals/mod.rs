@@ -166,7 +166,10 @@ pub struct BlockHeader {
     pub reentered: u64,
     root_last_function: u32,
     root_last_child: u32,
-    reserved: [u64; 8],
+    /// Threads sharing a thread pointer took turns on this block: its
+    /// calls are counted, no longer timed.
+    pub mixed: u64,
+    reserved: [u64; 7],
 }
 
 /// `struct seat` of runtime.h.
@@ -184,7 +187,7 @@ struct PrivateHeader {
     depth: u64,
     busy: u64,
     unhooked: u64,
-    reserved: u64,
+    mixed: u64,
 }
 
 /// The first word of the shared memory once set up.

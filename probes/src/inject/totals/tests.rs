@@ -271,3 +271,73 @@ fn per_call_cost() {
     let ns = start.elapsed().as_nanos() as f64 / n as f64;
     eprintln!("entry + exit: {ns:.1} ns a call");
 }
+
+/// Two made-up stacks 16 MiB apart: slots near each other and far from the other's.
+struct TwoStacks {
+    base: *mut u64,
+}
+
+impl TwoStacks {
+    const LEN: usize = 32 << 20;
+    fn new() -> TwoStacks {
+        TwoStacks { base: map(Self::LEN).cast() }
+    }
+    /// Slot `i` (counted down from the top, as a stack grows) of stack
+    /// `which`, holding a made-up return address.
+    fn slot(&self, which: usize, i: usize) -> *mut u64 {
+        let words = Self::LEN / 8;
+        let at = if which == 0 { words / 2 - 1 - i } else { words - 1 - i };
+        // SAFETY: within the mapping.
+        unsafe {
+            let slot = self.base.add(at);
+            *slot = 0x5000 + (which * 100 + i) as u64;
+            slot
+        }
+    }
+}
+
+#[test]
+fn a_handler_on_another_stack_leaves_the_interrupted_frames_alone() {
+    let rt = Local::new(3, 4);
+    let stacks = TwoStacks::new();
+    // SAFETY: distinct slots of the mapping.
+    let (f, g) = unsafe { (&mut *stacks.slot(0, 1), &mut *stacks.slot(0, 2)) };
+    rt.entry(f, 0);
+    rt.entry(g, 1);
+    // A signal arrives; its handler runs on an alternate stack, above.
+    // SAFETY: a slot of the mapping.
+    let h = unsafe { &mut *stacks.slot(1, 1) };
+    rt.entry(h, 2);
+    rt.exit(h);
+    assert_eq!(*h, 0x5000 + 101);
+    rt.exit(g);
+    rt.exit(f);
+    assert_eq!((*f, *g), (0x5001, 0x5002));
+    let nodes = rt.nodes(0);
+    assert_eq!(nodes.iter().map(|n| n.unwound).sum::<u64>(), 0, "{nodes:?}");
+    assert_eq!(nodes.iter().map(|n| n.calls).sum::<u64>(), 3);
+    assert!(nodes.iter().any(|n| n.function == 2 && n.parent == 2), "the handler's call nests in the interrupted one");
+}
+
+#[test]
+fn calls_taking_turns_on_one_thread_pointer_return_right_and_go_untimed() {
+    let rt = Local::new(2, 4);
+    let stacks = TwoStacks::new();
+    // SAFETY: distinct slots of the mapping.
+    let (a, b) = unsafe { (&mut *stacks.slot(0, 1), &mut *stacks.slot(1, 1)) };
+    // Two threads on one thread pointer (a raw clone): A calls, B calls,
+    // A returns first.
+    rt.entry(a, 0);
+    rt.entry(b, 1);
+    rt.exit(a);
+    assert_eq!(*a, 0x5001);
+    // SAFETY: a slot of the mapping.
+    let c = unsafe { &mut *stacks.slot(0, 2) };
+    rt.entry(c, 0);
+    assert_eq!(*c, 0x5002, "once mixed, calls are not hijacked");
+    rt.exit(b);
+    assert_eq!(*b, 0x5000 + 101);
+    let block = rt.block(0);
+    assert_eq!((block.depth, block.mixed), (0, 1));
+    assert_eq!(rt.entries(0), [2, 1], "every call is still counted");
+}
