@@ -103,6 +103,14 @@ static inline u64 *entries_of(const struct config *c, struct block *b)
     return (u64 *)((char *)b + c->entries_offset);
 }
 
+/* Calls made while the block was busy (a signal handler, or another thread
+ * on the same thread pointer): counted apart, atomically, so that the
+ * plain count under the busy flag never races with them. */
+static inline u64 *busy_entries_of(const struct config *c, struct block *b)
+{
+    return entries_of(c, b) + c->functions;
+}
+
 static inline struct private_block *private_block(const struct config *c, u64 index)
 {
     return (struct private_block *)(c->private_base + sizeof(struct seat) * SEATS + index * sizeof(struct private_block));
@@ -315,17 +323,17 @@ void proftap_entry(u64 *slot, u32 function)
     }
     struct private_block *p = private_block(c, s->block - 1);
     struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    /* A signal handler that interrupted the runtime and calls a patched
+     * function, or another thread on the same thread pointer: this call
+     * is counted and goes untimed; the other goes on. */
+    if (__atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE)) {
+        if (b && function < c->functions)
+            __atomic_fetch_add(&busy_entries_of(c, b)[function], 1, __ATOMIC_RELAXED);
+        return;
+    }
     /* Every call is counted, timed or not. */
     if (b && function < c->functions)
         entries_of(c, b)[function]++;
-    /* A signal handler that interrupted the runtime and calls a patched
-     * function, or another thread on the same thread pointer: this call
-     * goes untimed, the other goes on. */
-    if (__atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE)) {
-        if (b)
-            b->reentered++;
-        return;
-    }
     if (p->unhooked) {
         p->unhooked = 0;
         drop_below(c, p, b, (u64)slot, 0);
@@ -340,10 +348,8 @@ void proftap_entry(u64 *slot, u32 function)
     d = p->depth;
     if (!b)
         goto out;
-    if (p->mixed) {
-        b->reentered++;
+    if (p->mixed)
         goto out;
-    }
     if (d >= STACK_DEPTH) {
         b->too_deep++;
         goto out;

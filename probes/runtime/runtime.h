@@ -108,7 +108,7 @@ struct block {
     u64 nodes;      /* nodes made (node 0 is the thread) */
     u64 untimed;    /* calls whose context did not fit */
     u64 too_deep;   /* calls deeper than STACK_DEPTH */
-    u64 reentered;  /* calls made by a signal handler that interrupted the runtime */
+    u64 reentered;  /* unused */
     u32 root_last_function, root_last_child; /* as in struct frame, for calls at depth 0 */
     u64 mixed;      /* see struct private_block */
     u64 reserved[7];
@@ -116,7 +116,8 @@ struct block {
     struct ret returns[STACK_DEPTH]; /* a copy of the frames' return addresses, for unwinding samples */
     u32 hash[HASH_SLOTS];
     struct node node[NODES];
-    /* then u64 calls by function, at config.entries_offset */
+    /* then u64 calls by function, at config.entries_offset, then as many
+     * made while the block was busy */
 };
 
 #endif

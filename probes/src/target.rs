@@ -62,6 +62,8 @@ pub struct Launch {
     pub cwd: Option<PathBuf>,
     /// The whole environment, as `KEY=VALUE` (`None`: proftap's).
     pub env: Option<Vec<OsString>>,
+    /// A file its standard output goes to, made anew (`None`: proftap's).
+    pub stdout: Option<PathBuf>,
 }
 
 /// A child process forked and waiting, before `exec`, for [`HeldChild::release`].
@@ -81,6 +83,10 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
     let args: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| nul("an argument"))?;
     let env: Option<Vec<CString>> = match &launch.env {
         Some(env) => Some(env.iter().map(|e| CString::new(e.as_bytes())).collect::<Result<_, _>>().map_err(|_| nul("the environment"))?),
+        None => None,
+    };
+    let stdout = match &launch.stdout {
+        Some(file) => Some(CString::new(file.as_os_str().as_bytes()).map_err(|_| nul("the output file"))?),
         None => None,
     };
     let cwd = match &launch.cwd {
@@ -117,6 +123,13 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
             // open its events. Nothing secret is in it.
             // SAFETY: a plain system call.
             unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+            if let Some(file) = &stdout {
+                // SAFETY: open and dup2 of a NUL-terminated path onto standard output.
+                let fd = unsafe { libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o644) };
+                if fd < 0 || unsafe { libc::dup2(fd, 1) } < 0 {
+                    fail(Errno::last_raw());
+                }
+            }
             if let Some(dir) = &cwd {
                 // SAFETY: a NUL-terminated path.
                 if unsafe { libc::chdir(dir.as_ptr()) } != 0 {

@@ -141,3 +141,53 @@ fn cpu_time_per_call_leaves_out_time_off_cpu() {
         ms(nap.incl_cpu.total)
     );
 }
+
+/// Runs `binary ARGS` patched from its start; returns its output and totals.
+fn run_patched(binary: &Path, args: &[&str]) -> (String, proftap_probes::inject::patched::Totals, Vec<ProbedFunction>) {
+    let functions = functions(binary);
+    let mut argv: Vec<std::ffi::OsString> = vec![binary.into()];
+    argv.extend(args.iter().map(Into::into));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let launch = proftap_probes::target::Launch { cwd: None, env: None, stdout: Some(out.clone()) };
+    let mut held = proftap_probes::target::spawn_held(binary, &argv, &launch).unwrap();
+    let pid = held.pid();
+    nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
+    held.release().unwrap();
+    let mut patched = Patched::attach_at_start(pid, &functions, None).unwrap();
+    drop(patched.take_hold());
+    let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
+    assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{} {args:?}: {status:?}", binary.display());
+    (std::fs::read_to_string(out).unwrap(), patched.totals().unwrap(), functions)
+}
+
+fn calls_of(totals: &proftap_probes::inject::patched::Totals, functions: &[ProbedFunction], name: &str) -> u64 {
+    let f = functions.iter().position(|f| f.info.name == name).unwrap();
+    totals.threads.iter().map(|t| t.calls[f]).sum()
+}
+
+#[test]
+fn a_signal_handler_calling_patched_code_at_10_khz_is_not_harmed_and_every_call_counts() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build("alarm.c", "-O2", dir.path());
+    for mode in [&["3000000"][..], &["3000000", "altstack"]] {
+        let (output, totals, functions) = run_patched(&binary, mode);
+        let counts: Vec<u64> = output.split_whitespace().map(|n| n.parse().unwrap()).collect();
+        assert!(counts[1] > 0, "{mode:?}: the handler ran");
+        assert_eq!(calls_of(&totals, &functions, "work"), counts[0] + counts[1], "{mode:?}");
+    }
+}
+
+#[test]
+fn threads_sharing_their_creators_thread_pointer_are_not_harmed_and_counted() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build("rawclone.c", "-O2", dir.path());
+    let (output, totals, functions) = run_patched(&binary, &["1000000"]);
+    assert_eq!(calls_of(&totals, &functions, "work"), output.trim().parse::<u64>().unwrap());
+}

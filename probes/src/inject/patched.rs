@@ -255,11 +255,13 @@ impl Patched {
         let taken = shared.load(HEADER_BLOCKS_TAKEN).min(self.geometry.blocks);
         let functions = (self.geometry.functions as usize).min(into.len());
         for block in 0..taken {
-            let at = (self.geometry.block(block) + self.geometry.entries_offset()) as usize;
-            for (f, total) in into.iter_mut().enumerate().take(functions) {
-                let count = shared.load(at + 8 * f);
-                if count <= MOST_COUNT {
-                    *total = total.saturating_add(count);
+            for offset in [self.geometry.entries_offset(), self.geometry.busy_entries_offset()] {
+                let at = (self.geometry.block(block) + offset) as usize;
+                for (f, total) in into.iter_mut().enumerate().take(functions) {
+                    let count = shared.load(at + 8 * f);
+                    if count <= MOST_COUNT {
+                        *total = total.saturating_add(count);
+                    }
                 }
             }
         }
@@ -298,15 +300,36 @@ impl Patched {
                 return Err(corrupted(format!("node {i} of thread {} names parent {} and function {}", h.tid, n.parent, n.function)));
             }
         }
-        let calls: Vec<u64> = read_array(shared, at + self.geometry.entries_offset() as usize, self.geometry.functions as usize);
-        if let Some(lie) = calls.iter().find(|&&c| c > MOST_COUNT) {
+        let functions = self.geometry.functions as usize;
+        let timed: Vec<u64> = read_array(shared, at + self.geometry.entries_offset() as usize, functions);
+        let busy: Vec<u64> = read_array(shared, at + self.geometry.busy_entries_offset() as usize, functions);
+        if let Some(lie) = timed.iter().chain(&busy).find(|&&c| c > MOST_COUNT) {
             return Err(corrupted(format!("thread {} reports {lie} calls of a function", h.tid)));
         }
+        let calls: Vec<u64> = timed.iter().zip(&busy).map(|(a, b)| a + b).collect();
+        let untimed_busy: u64 = busy.iter().sum();
         let open: Vec<Frame> = read_array(shared, at + Geometry::FRAMES as usize, h.depth as usize);
-        let untimed = [("calls out of context", h.untimed), ("calls too deep", h.too_deep), ("calls in signal handlers", h.reentered)]
+        let untimed = [("calls out of context", h.untimed), ("calls too deep", h.too_deep), ("calls while busy", untimed_busy)]
             .into_iter()
             .try_fold(0u64, |sum, (what, n)| checked_count(what, n).map(|n| sum.saturating_add(n)))?;
         Ok(Some(ThreadTotals { tid: h.tid as u32, nodes, calls, open, untimed }))
+    }
+
+    /// Thread `tid`'s frames' original return addresses, by the stack slot
+    /// each was in (the runtime put its return trampoline there): what an
+    /// unwinder of a sampled stack reads in its place. Frames a little
+    /// deeper than the thread is now are included: a sample read a moment
+    /// ago may have them.
+    pub fn return_addresses(&self, tid: u32) -> Vec<(u64, u64)> {
+        let Some(shared) = &self.shared else { return Vec::new() };
+        let taken = shared.load(HEADER_BLOCKS_TAKEN).min(self.geometry.blocks);
+        let Some(block) = (0..taken).rev().find(|&b| shared.load(self.geometry.block(b) as usize + 8) == u64::from(tid)) else {
+            return Vec::new();
+        };
+        let at = self.geometry.block(block) as usize;
+        let depth = shared.load(at + 16).saturating_add(64).min(totals::STACK_DEPTH);
+        let returns: Vec<totals::Ret> = read_array(shared, at + Geometry::RETURNS as usize, depth as usize);
+        returns.into_iter().filter(|r| r.slot != 0).map(|r| (r.slot, r.ret)).collect()
     }
 
     /// Puts the original bytes of `functions` back while the process runs

@@ -162,8 +162,7 @@ pub struct BlockHeader {
     pub untimed: u64,
     /// Calls deeper than [`STACK_DEPTH`].
     pub too_deep: u64,
-    /// Calls of a signal handler that interrupted the runtime.
-    pub reentered: u64,
+    reentered: u64,
     root_last_function: u32,
     root_last_child: u32,
     /// Threads sharing a thread pointer took turns on this block: its
@@ -226,9 +225,13 @@ impl Geometry {
     pub const fn entries_offset(&self) -> u64 {
         Self::BLOCK
     }
+    /// Where a block's calls by function made while it was busy are in it.
+    pub const fn busy_entries_offset(&self) -> u64 {
+        Self::BLOCK + 8 * self.functions
+    }
     /// Bytes from one block to the next.
     pub const fn block_bytes(&self) -> u64 {
-        page(Self::BLOCK + 8 * self.functions)
+        page(Self::BLOCK + 16 * self.functions)
     }
     /// Bytes of shared memory.
     pub const fn shared_bytes(&self) -> u64 {
