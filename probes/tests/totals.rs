@@ -14,7 +14,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 /// examples/wait.c: prints "ready PID ADDRESS", then calls tick() N times for each line N.
 struct Waiter {
     child: Child,
-    input: ChildStdin,
+    input: Option<ChildStdin>,
     output: BufReader<ChildStdout>,
 }
 
@@ -26,14 +26,22 @@ impl Waiter {
         let mut line = String::new();
         output.read_line(&mut line).unwrap();
         assert!(line.starts_with("ready "), "{line}");
-        Waiter { child, input, output }
+        Waiter { child, input: Some(input), output }
     }
 
     fn tick(&mut self, n: u64) -> u64 {
-        writeln!(self.input, "{n}").unwrap();
+        writeln!(self.input.as_mut().unwrap(), "{n}").unwrap();
         let mut line = String::new();
         self.output.read_line(&mut line).unwrap();
         line.trim().strip_prefix("ticked ").unwrap().parse().unwrap()
+    }
+}
+
+impl Waiter {
+    /// Ends its input, so that main returns; its exit status.
+    fn finish(&mut self) -> std::process::ExitStatus {
+        self.input = None;
+        self.child.wait().unwrap()
     }
 }
 
@@ -190,4 +198,33 @@ fn threads_sharing_their_creators_thread_pointer_are_not_harmed_and_counted() {
     let binary = build("rawclone.c", "-O2", dir.path());
     let (output, totals, functions) = run_patched(&binary, &["1000000"]);
     assert_eq!(calls_of(&totals, &functions, "work"), output.trim().parse::<u64>().unwrap());
+}
+
+#[test]
+fn attaching_again_and_again_works_and_leaves_nothing_mapped() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build("wait.c", "-O2", dir.path());
+    let functions = functions(&binary);
+    let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
+    let mut waiter = Waiter::start(&binary);
+    let pid = waiter.child.id() as i32;
+    let mappings = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
+    let before = mappings();
+    let mut total = 0;
+    for round in 1..=10u64 {
+        let mut patched = Patched::attach(pid, &functions, None).unwrap();
+        total += round;
+        assert_eq!(waiter.tick(round), total);
+        let mut calls = vec![0; functions.len()];
+        patched.calls(&mut calls);
+        assert_eq!(calls[tick], round, "round {round}");
+        patched.detach().unwrap();
+    }
+    assert_eq!(waiter.tick(1), total + 1);
+    assert!(mappings() <= before + 1, "{} mappings before, {} after", before, mappings());
+    // main's own return, hijacked at the first attach, goes home.
+    assert!(waiter.finish().success());
 }

@@ -23,6 +23,8 @@ const MADV_WIPEONFORK: u64 = 18;
 /// Where the runtime's memory is in the process.
 #[derive(Clone, Copy, Debug)]
 struct Memory {
+    /// Seats and return addresses.
+    private: u64,
     /// The word that is 0 in a forked child; 0 once detached.
     live: u64,
 }
@@ -343,18 +345,58 @@ impl Patched {
         patcher::restore(&remote, &mut self.applied, |f| functions.contains(&f))
     }
 
-    /// Puts the original bytes back and stops adding up. The runtime and
-    /// trampolines stay mapped: calls in progress still return through them.
+    /// Puts the original bytes back and stops adding up; then, unless a
+    /// thread is inside proftap's code at that moment, gives every call in
+    /// progress its return address back and unmaps everything proftap
+    /// mapped in the process (so that attaching again finds room). The
+    /// totals read so far stay readable here.
     pub fn detach(&mut self) -> Result<(), RemoteError> {
         // A process that is gone has nothing to restore.
-        if self.applied.is_empty() || !std::path::Path::new(&format!("/proc/{}", self.pid)).exists() {
+        if self.memory.is_none() || !std::path::Path::new(&format!("/proc/{}", self.pid)).exists() {
             self.applied.clear();
+            self.memory = None;
             return Ok(());
         }
         let remote = self.hold()?;
         patcher::restore(&remote, &mut self.applied, |_| true)?;
-        if let Some(memory) = &self.memory {
-            remote.write(memory.live, &0u64.to_ne_bytes())?;
+        let Some(memory) = self.memory.take() else { return Ok(()) };
+        remote.write(memory.live, &0u64.to_ne_bytes())?;
+        self.release(&remote, memory)
+    }
+
+    /// Returns every hijacked return address to its frame and unmaps the
+    /// runtime's memory and code, with the process held; nothing when a
+    /// thread is inside that code (calls in progress then still return
+    /// through it, as they would without this).
+    fn release(&mut self, remote: &Remote, memory: Memory) -> Result<(), RemoteError> {
+        let inside = |tid: i32| remote.regs(tid).map_or(true, |r| self.code.iter().any(|c| c.contains(&r.rip)));
+        let (Some(trampoline), Some(shared)) = (self.return_trampoline, &self.shared) else { return Ok(()) };
+        if remote.threads().into_iter().any(inside) {
+            return Ok(());
+        }
+        let seats = remote.read(memory.private, (totals::SEATS * 32) as usize)?;
+        for seat in seats.chunks_exact(32) {
+            let block = u64::from_ne_bytes(seat[8..16].try_into().unwrap_or_default());
+            if block == 0 || block > self.geometry.blocks {
+                continue;
+            }
+            let at = memory.private + Geometry::private_block(block - 1);
+            let depth = u64::from_ne_bytes(remote.read(at, 8)?.try_into().unwrap_or_default()).min(totals::STACK_DEPTH);
+            let frames = remote.read(at + Geometry::PRIVATE_RETURNS, (depth * 16) as usize)?;
+            for frame in frames.chunks_exact(16) {
+                let ret = u64::from_ne_bytes(frame[..8].try_into().unwrap_or_default());
+                let slot = u64::from_ne_bytes(frame[8..].try_into().unwrap_or_default());
+                if remote.read(slot, 8).is_ok_and(|v| v == trampoline.to_ne_bytes()) {
+                    remote.write(slot, &ret.to_ne_bytes())?;
+                }
+            }
+        }
+        let unmap = |address: u64, len: u64| remote.syscall("munmap", libc::SYS_munmap, [address, len, 0, 0, 0, 0]).map(drop);
+        unmap(shared.remote, self.geometry.shared_bytes())?;
+        unmap(memory.private, self.geometry.private_bytes())?;
+        unmap(memory.live, 4096)?;
+        for code in std::mem::take(&mut self.code) {
+            unmap(code.start, code.end - code.start)?;
         }
         Ok(())
     }
@@ -463,7 +505,7 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         off_cpu_entries: off_cpu.map_or(0, OffCpu::entries),
         ..Config::default()
     };
-    Ok((shared, Memory { live }, config))
+    Ok((shared, Memory { private, live }, config))
 }
 
 /// TSC cycles per nanosecond as `mult >> shift`, measured.

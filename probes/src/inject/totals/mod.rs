@@ -241,6 +241,14 @@ impl Geometry {
     pub const fn private_bytes(&self) -> u64 {
         page(SEATS * size_of::<Seat>() as u64 + self.blocks * Self::PRIVATE_BLOCK)
     }
+    /// Where a thread's return addresses start in its private block.
+    pub const PRIVATE_RETURNS: u64 = size_of::<PrivateHeader>() as u64;
+
+    /// Offset of private block `index` in the private memory.
+    pub const fn private_block(index: u64) -> u64 {
+        SEATS * size_of::<Seat>() as u64 + index * Self::PRIVATE_BLOCK
+    }
+
     /// Offset of block `index` in the shared memory.
     pub const fn block(&self, index: u64) -> u64 {
         self.blocks_offset() + index * self.block_bytes()
