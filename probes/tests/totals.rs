@@ -94,9 +94,9 @@ fn calls_are_added_up_in_the_running_program_and_read_back() {
         assert_eq!(waiter.tick(1000), 1007);
         assert_eq!(waiter.tick(234), 1241);
         let mut calls = vec![0; functions.len()];
-        patched.calls(&mut calls);
+        patched.view().unwrap().calls(&mut calls);
         assert_eq!(calls[tick], 1234, "{opt}");
-        let totals = patched.totals().unwrap();
+        let totals = patched.view().unwrap().totals().unwrap();
         assert_eq!(totals.threads.len(), 1);
         let thread = &totals.threads[0];
         assert_eq!(thread.tid as i32, pid);
@@ -107,7 +107,7 @@ fn calls_are_added_up_in_the_running_program_and_read_back() {
         // Detached: the program runs on, nothing more is added up.
         assert_eq!(waiter.tick(5), 1246);
         let mut after = vec![0; functions.len()];
-        patched.calls(&mut after);
+        patched.view().unwrap().calls(&mut after);
         assert_eq!(after[tick], 1234);
     }
 }
@@ -133,7 +133,7 @@ fn cpu_time_per_call_leaves_out_time_off_cpu() {
     drop(patched.take_hold());
     let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
     assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{status:?}");
-    let totals = patched.totals().unwrap();
+    let totals = patched.view().unwrap().totals().unwrap();
     let node = |f: u32| totals.threads[0].nodes.iter().skip(1).find(|n| n.function == f).copied().unwrap();
     let (burn, nap) = (node(burn), node(nap));
     assert_eq!((burn.calls, nap.calls), (3, 3));
@@ -151,7 +151,7 @@ fn cpu_time_per_call_leaves_out_time_off_cpu() {
 }
 
 /// Runs `binary ARGS` patched from its start; returns its output and totals.
-fn run_patched(binary: &Path, args: &[&str]) -> (String, proftap_probes::inject::patched::Totals, Vec<ProbedFunction>) {
+fn run_patched(binary: &Path, args: &[&str]) -> (String, proftap_probes::inject::reading::Totals, Vec<ProbedFunction>) {
     let functions = functions(binary);
     let mut argv: Vec<std::ffi::OsString> = vec![binary.into()];
     argv.extend(args.iter().map(Into::into));
@@ -166,10 +166,10 @@ fn run_patched(binary: &Path, args: &[&str]) -> (String, proftap_probes::inject:
     drop(patched.take_hold());
     let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
     assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{} {args:?}: {status:?}", binary.display());
-    (std::fs::read_to_string(out).unwrap(), patched.totals().unwrap(), functions)
+    (std::fs::read_to_string(out).unwrap(), patched.view().unwrap().totals().unwrap(), functions)
 }
 
-fn calls_of(totals: &proftap_probes::inject::patched::Totals, functions: &[ProbedFunction], name: &str) -> u64 {
+fn calls_of(totals: &proftap_probes::inject::reading::Totals, functions: &[ProbedFunction], name: &str) -> u64 {
     let f = functions.iter().position(|f| f.info.name == name).unwrap();
     totals.threads.iter().map(|t| t.calls[f]).sum()
 }
@@ -219,7 +219,7 @@ fn attaching_again_and_again_works_and_leaves_nothing_mapped() {
         total += round;
         assert_eq!(waiter.tick(round), total);
         let mut calls = vec![0; functions.len()];
-        patched.calls(&mut calls);
+        patched.view().unwrap().calls(&mut calls);
         assert_eq!(calls[tick], round, "round {round}");
         patched.detach().unwrap();
     }

@@ -17,6 +17,7 @@ pub mod hooks;
 pub mod patch;
 pub mod patched;
 pub mod patcher;
+pub mod reading;
 pub mod remote;
 pub mod runtime;
 pub mod threads;

@@ -541,6 +541,10 @@ pub struct Shared {
 
 // SAFETY: the mapping is plain memory owned by this value.
 unsafe impl Send for Shared {}
+// SAFETY: every access is an atomic load or store of a word, or a copy of
+// bytes another process may be writing at the same time, which readers
+// check; none hands out a reference into the mapping.
+unsafe impl Sync for Shared {}
 
 impl Shared {
     /// Its size.

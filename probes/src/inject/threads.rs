@@ -6,7 +6,7 @@
 //! progress end at the end of the recording, marked unfinished.
 
 use super::clock::TscClock;
-use super::patched::ThreadTotals;
+use super::reading::ThreadTotals;
 use super::totals::{Node, Stat as RawStat};
 use proftap_profile::{CallTree, FunctionStats, ROOT, Stat, ThreadProfile, TreeNode};
 
