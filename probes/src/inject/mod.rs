@@ -22,4 +22,5 @@ pub mod remote;
 pub mod runtime;
 pub mod threads;
 pub mod totals;
+pub mod watch;
 pub mod tracing;

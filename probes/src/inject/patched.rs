@@ -184,6 +184,11 @@ impl Patched {
         }
     }
 
+    /// Functions it was asked to patch (their indexes in the runtime).
+    pub fn functions(&self) -> usize {
+        self.geometry.functions as usize
+    }
+
     /// The process.
     pub fn pid(&self) -> i32 {
         self.pid
