@@ -4,18 +4,17 @@
  * end the recording with a sentence, never crash, hang or believe it.
  *
  * Usage: scribble MODE    MODE is one of
- *   head      every ring says it holds far more records than it can
- *   lost      the lost-record counters say 2^64 - 68
- *   records   records of functions that were never patched
- *   threads   records of 20,000 threads the program never had
- *   noise     pseudo-random bytes over the rings' control blocks
+ *   header    the shared header is overwritten
+ *   nodes     its thread's block says it has 2^40 calling contexts
+ *   parents   a calling context names itself as its parent
+ *   counts    a function's call count says 2^62
+ *   noise     pseudo-random bytes over the header and the block's counters
  * It prints "done" and exits 0 after its last call.
  */
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <x86intrin.h>
+
+#include "../probes/runtime/runtime.h"
 
 volatile long sink;
 
@@ -23,10 +22,6 @@ __attribute__((noinline)) void work(long i)
 {
     sink += i;
 }
-
-/* Layout of proftap's shared memory (probes/src/inject/runtime.rs). */
-enum { HEADER = 64, SLOTS = 64, CONTROL = 64, RING = 1 << 19, RECORD = 32 };
-enum { TID = 0, HEAD = 8, TAIL = 16, LOST = 24 };
 
 static unsigned char *shared_memory(void)
 {
@@ -41,46 +36,30 @@ static unsigned char *shared_memory(void)
     return (unsigned char *)start;
 }
 
-static uint64_t *control(unsigned char *base, int slot, int field)
-{
-    return (uint64_t *)(base + HEADER + slot * CONTROL + field);
-}
-
-/* Appends a record to slot 0's ring, as the runtime would. */
-static void append(unsigned char *base, uint64_t payload)
-{
-    uint64_t head = *control(base, 0, HEAD);
-    uint64_t *record = (uint64_t *)(base + HEADER + SLOTS * CONTROL + (head & (RING - 1)) * RECORD);
-    record[0] = __rdtsc();
-    record[1] = payload;
-    record[2] = record[3] = 0;
-    __atomic_store_n(control(base, 0, HEAD), head + 1, __ATOMIC_RELEASE);
-}
-
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "noise";
     for (long i = 0; i < 1000; i++)
         work(i);
     unsigned char *base = shared_memory();
+    /* The first block, a page in: where this thread's totals are. */
+    struct block *block = (struct block *)(base + 4096);
     if (base) {
-        if (!strcmp(mode, "head")) {
-            for (int slot = 0; slot < SLOTS; slot++)
-                *control(base, slot, HEAD) = 0x7fffffffffffull;
-        } else if (!strcmp(mode, "lost")) {
-            for (int slot = 0; slot < SLOTS; slot++)
-                *control(base, slot, LOST) = UINT64_MAX - 67;
-        } else if (!strcmp(mode, "records")) {
-            for (int i = 0; i < 1000; i++)
-                append(base, 0xfffffffful);
-        } else if (!strcmp(mode, "threads")) {
-            for (uint64_t i = 0; i < 20000; i++)
-                append(base, (4000000 - i) << 40);
+        if (!strcmp(mode, "header")) {
+            ((struct header *)base)->magic = 0;
+        } else if (!strcmp(mode, "nodes")) {
+            block->nodes = 1UL << 40;
+        } else if (!strcmp(mode, "parents")) {
+            block->node[1].parent = 1;
+        } else if (!strcmp(mode, "counts")) {
+            /* The calls by function follow the block's fixed part. */
+            *(u64 *)((char *)block + sizeof(struct block)) = 1UL << 62;
         } else {
             unsigned long x = 88172645463325252ul;
-            for (size_t i = 0; i < HEADER + SLOTS * CONTROL; i++) {
+            for (size_t i = 0; i < 64; i++) {
                 x ^= x << 13, x ^= x >> 7, x ^= x << 17;
                 base[i] = (unsigned char)x;
+                ((unsigned char *)block)[i] = (unsigned char)(x >> 8);
             }
         }
     }
