@@ -60,11 +60,7 @@ pub struct ElfImage {
 impl ElfImage {
     /// Maps `path` and checks that it is a 64-bit ELF file proftap can read.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-        if meta.is_dir() {
-            return Err(Error::IsDirectory { path: path.into() });
-        }
+        let (file, meta) = open_regular(path)?;
         let not_elf = |reason: &str| Error::NotElf { path: path.into(), reason: reason.into() };
         if meta.len() == 0 {
             return Err(not_elf("the file is empty"));
@@ -176,6 +172,35 @@ impl ElfImage {
     }
 }
 
+/// Opens `path` for reading only if it is a regular file. The file named by a
+/// program, a debug link or a dwz link may be a FIFO or a device: opening
+/// without blocking and checking the type before any read keeps a hostile
+/// name from stalling or feeding the reader.
+fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    let kind = meta.file_type();
+    let what = if kind.is_file() {
+        return Ok((file, meta));
+    } else if kind.is_dir() {
+        return Err(Error::IsDirectory { path: path.into() });
+    } else if kind.is_fifo() {
+        "named pipe (FIFO)"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "device"
+    } else {
+        "special file"
+    };
+    Err(Error::NotRegular { path: path.into(), what })
+}
+
 /// The file offset of `addr` through the segments that hold file bytes, or
 /// `None` when no segment maps it from the file (e.g. `.bss`).
 pub fn file_offset(segments: &[Segment], addr: VirtAddr) -> Option<FileOffset> {
@@ -207,6 +232,26 @@ mod tests {
         // In memory but not in the file (.bss): no offset.
         assert_eq!(file_offset(&segs, VirtAddr(0x3f00)), None);
         assert_eq!(file_offset(&segs, VirtAddr(0x900)), None);
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fifo = dir.path().join("program");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        // A blocking open would wait here forever: no one writes to the FIFO.
+        let Err(err) = ElfImage::open(&fifo) else { panic!("a FIFO opened as an ELF file") };
+        assert!(matches!(err, Error::NotRegular { what: "named pipe (FIFO)", .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!("{} is a named pipe (FIFO), not an executable or shared library; give a regular file", fifo.display())
+        );
+    }
+
+    #[test]
+    fn devices_and_directories_are_refused() {
+        assert!(matches!(ElfImage::open(Path::new("/dev/zero")), Err(Error::NotRegular { what: "device", .. })));
+        assert!(matches!(ElfImage::open(Path::new("/")), Err(Error::IsDirectory { .. })));
     }
 
     #[test]
