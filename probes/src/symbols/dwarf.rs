@@ -122,13 +122,35 @@ pub(crate) fn read(image: &ElfImage, files: &mut FileTable, want_lines: bool, wa
     Ok(info)
 }
 
-fn load_sections<'d>(elf: &object::read::elf::ElfFile64<'d>) -> Result<gimli::DwarfSections<Cow<'d, [u8]>>, object::Error> {
-    gimli::DwarfSections::load(|id| -> Result<Cow<'d, [u8]>, object::Error> {
+fn load_sections<'d>(elf: &object::read::elf::ElfFile64<'d>) -> Result<gimli::DwarfSections<Cow<'d, [u8]>>, String> {
+    gimli::DwarfSections::load(|id| -> Result<Cow<'d, [u8]>, String> {
         match elf.section_by_name(id.name()) {
-            Some(section) => section.uncompressed_data(),
+            Some(section) => section_data(id.name(), &section),
             None => Ok(Cow::Borrowed(&[])),
         }
     })
+}
+
+/// How many times its size a compressed section may claim to expand to.
+/// DWARF compresses 3 to 10 times; zlib cannot pass 1032. The decompressor
+/// allocates and zeroes the claimed size before it reads a byte, so an
+/// unchecked claim lets a small file make the reader allocate gigabytes.
+const MAX_EXPANSION: u64 = 256;
+
+/// Below this, any claim is allowed: tiny sections compress badly.
+const ALWAYS_ALLOWED: u64 = 1 << 20;
+
+fn section_data<'d>(name: &str, section: &object::read::elf::ElfSection64<'d, '_>) -> Result<Cow<'d, [u8]>, String> {
+    let compressed = section.compressed_data().map_err(|e| format!("section {name}: {e}"))?;
+    let limit = (compressed.data.len() as u64).saturating_mul(MAX_EXPANSION).max(ALWAYS_ALLOWED);
+    if compressed.format != object::CompressionFormat::None && compressed.uncompressed_size > limit {
+        return Err(format!(
+            "section {name} claims to expand from {} to {} bytes when decompressed, more than compressed DWARF ever does",
+            compressed.data.len(),
+            compressed.uncompressed_size
+        ));
+    }
+    compressed.decompress().map_err(|e| format!("section {name}: {e}"))
 }
 
 /// The dwz supplementary file named by `.gnu_debugaltlink`, as Debian's
@@ -169,14 +191,7 @@ fn read_unit(
                 }
             }
             gimli::DW_TAG_subprogram => {
-                let mut ranges = Vec::new();
-                let mut iter = dwarf.die_ranges(unit, entry)?;
-                while let Some(range) = iter.next()? {
-                    // Address 0 is the linker's tombstone for discarded code.
-                    if range.begin != 0 && range.end > range.begin {
-                        ranges.push(range.begin..range.end);
-                    }
-                }
+                let ranges = code_ranges(dwarf, unit, entry.attrs())?;
                 if ranges.is_empty() {
                     continue;
                 }
@@ -212,6 +227,45 @@ fn read_unit(
         info.units.push(CompileUnit { name: unit_name, dwarf_version: unit.header.version(), rows: start..info.rows.len() });
     }
     Ok(())
+}
+
+/// The code of a DIE: `DW_AT_ranges`, or `DW_AT_low_pc` with `DW_AT_high_pc`
+/// as an address or a size. gimli's `die_ranges` adds the size unchecked,
+/// which overflows on a hostile size; here the sum is checked.
+fn code_ranges(
+    dwarf: &gimli::Dwarf<Reader<'_>>,
+    unit: &gimli::Unit<Reader<'_>>,
+    attrs: &[gimli::Attribute<Reader<'_>>],
+) -> gimli::Result<Vec<Range<u64>>> {
+    let (mut low, mut high, mut size) = (None, None, None);
+    for attr in attrs {
+        match (attr.name(), attr.value()) {
+            (gimli::DW_AT_low_pc, value) => low = dwarf.attr_address(unit, value)?,
+            (gimli::DW_AT_high_pc, AttributeValue::Udata(n)) => size = Some(n),
+            (gimli::DW_AT_high_pc, value) => high = dwarf.attr_address(unit, value)?,
+            (gimli::DW_AT_ranges, value) => {
+                let Some(mut list) = dwarf.attr_ranges(unit, value)? else { continue };
+                let mut ranges = Vec::new();
+                while let Some(range) = list.next()? {
+                    ranges.extend(code_range(range.begin, Some(range.end)));
+                }
+                return Ok(ranges);
+            }
+            _ => {}
+        }
+    }
+    let Some(low) = low else { return Ok(Vec::new()) };
+    let end = match size {
+        Some(size) => low.checked_add(size),
+        None => high,
+    };
+    Ok(code_range(low, end).into_iter().collect())
+}
+
+/// `begin..end` if it holds code: address 0 is the linker's tombstone for
+/// discarded code, and an empty or reversed range holds none.
+fn code_range(begin: u64, end: Option<u64>) -> Option<Range<u64>> {
+    end.filter(|&end| begin != 0 && end > begin).map(|end| begin..end)
 }
 
 /// Fills the name and declaration of a subprogram from its attributes,

@@ -203,8 +203,13 @@ fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
 
 /// The file offset of `addr` through the segments that hold file bytes, or
 /// `None` when no segment maps it from the file (e.g. `.bss`).
+/// Checked arithmetic: a damaged program header can put a segment at the top
+/// of the address space.
 pub fn file_offset(segments: &[Segment], addr: VirtAddr) -> Option<FileOffset> {
-    segments.iter().find(|s| addr.0 >= s.vaddr.0 && addr.0 < s.vaddr.0 + s.file_size).map(|s| FileOffset(addr.0 - s.vaddr.0 + s.offset.0))
+    segments.iter().find_map(|s| {
+        let into = addr.0.checked_sub(s.vaddr.0).filter(|&into| into < s.file_size)?;
+        s.offset.0.checked_add(into).map(FileOffset)
+    })
 }
 
 /// Lower-case hex of bytes.
@@ -232,6 +237,20 @@ mod tests {
         // In memory but not in the file (.bss): no offset.
         assert_eq!(file_offset(&segs, VirtAddr(0x3f00)), None);
         assert_eq!(file_offset(&segs, VirtAddr(0x900)), None);
+    }
+
+    #[test]
+    fn file_offset_of_segments_at_the_end_of_the_address_space_does_not_overflow() {
+        let top = Segment {
+            vaddr: VirtAddr(u64::MAX - 0x10),
+            mem_size: 0x100,
+            offset: FileOffset(u64::MAX - 1),
+            file_size: 0x100,
+            executable: true,
+        };
+        assert_eq!(file_offset(&[top], VirtAddr(u64::MAX - 0x10)), Some(FileOffset(u64::MAX - 1)));
+        assert_eq!(file_offset(&[top], VirtAddr(u64::MAX)), None);
+        assert_eq!(file_offset(&[top], VirtAddr(0)), None);
     }
 
     #[test]
