@@ -458,14 +458,18 @@ fn bad_input_gives_one_sentence_and_no_panic() {
     let mut bytes = full.clone();
     bytes[4] = 1;
     std::fs::write(&elf32, &bytes).unwrap();
+    // Nothing ever writes to it: reading it as a program would wait forever.
+    let fifo = dir.path().join("fifo");
+    run_ok(Command::new("mkfifo").arg(&fifo));
 
-    let cases: [(&Path, &str); 6] = [
+    let cases: [(&Path, &str); 7] = [
         (Path::new("/no/such/file"), "cannot read /no/such/file"),
         (dir.path(), "is a directory"),
         (&text, "is not a valid ELF file"),
         (&empty, "the file is empty"),
         (&header_only, "is not a valid ELF file"),
         (&elf32, "32-bit"),
+        (&fifo, "is a named pipe (FIFO), not an executable or shared library"),
     ];
     for (path, expect) in cases {
         let out = run(proftap().arg("symbols").arg(path));

@@ -261,7 +261,8 @@ impl SymbolIndex {
     pub fn function_at(&self, addr: VirtAddr) -> Option<&Function> {
         let i = self.functions.partition_point(|f| f.address <= addr).checked_sub(1)?;
         let f = &self.functions[i];
-        (addr.0 < f.address.0 + f.size.max(1)).then_some(f)
+        // Sizes come from the file: one may reach past the end of the address space.
+        (addr.0 < f.address.0.saturating_add(f.size.max(1))).then_some(f)
     }
 
     /// Whether this is a position-independent executable.
@@ -327,3 +328,6 @@ fn collect_symbols<'d: 'f, 'f>(table: impl Iterator<Item = object::read::elf::El
         group.names.push(((binding, name.starts_with('_'), name.len()), name.to_string()));
     }
 }
+
+#[cfg(test)]
+mod tests;
