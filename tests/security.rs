@@ -466,3 +466,31 @@ fn state_is_root_only_and_a_users_program_writes_to_their_files_not_the_log() {
         assert_eq!(mode(&entry.path()), 0o600, "{}", entry.path().display());
     }
 }
+
+#[test]
+fn a_fifo_named_as_the_program_is_refused_at_once() {
+    if !can_probe() {
+        return;
+    }
+    let shared = Shared::new();
+    let fifo = shared.path("program");
+    run_ok(Command::new("mkfifo").arg("-m").arg("0666").arg(&fifo));
+    let fifo_text = fifo.to_str().unwrap();
+    // Locally: symbols and run say what is wrong instead of waiting for a writer.
+    for args in [&["symbols", fifo_text][..], &["run", "-f", "main", "--", fifo_text]] {
+        let started_at = Instant::now();
+        let out = run(proftap().args(args));
+        assert!(!out.status.success() && out.status.code() != Some(101), "{args:?}: {out:?}");
+        assert!(started_at.elapsed() < Duration::from_secs(20), "{args:?} took {:?}", started_at.elapsed());
+    }
+    let out = run(proftap().args(["symbols", fifo_text]));
+    assert_clean_failure(&out, "is a named pipe (FIFO), not an executable");
+    // Through proftapd: the user's session fails; the daemon serves on and stops when asked.
+    let daemon = daemon_in(&shared);
+    let started_at = Instant::now();
+    let out = shared.session(&daemon, &["start", "-f", "main", "--", fifo_text]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(started_at.elapsed() < Duration::from_secs(20));
+    shared.still_served(&daemon);
+    assert!(daemon.terminate().success());
+}
