@@ -10,9 +10,10 @@
 //! what one instrumented call adds to its caller; the inclusive time the
 //! empty functions show is what a call adds to itself.
 
+use crate::entry::EntryKind;
 use crate::exits::ExitMode;
 use crate::metrics::Metric;
-use crate::plan::{EntryKind, ProbedFunction, Role};
+use crate::plan::{ProbedFunction, Role};
 use crate::record::{CallCost, Engine, ProbeCost, RecordOptions, TargetSpec, record};
 use crate::select::Selected;
 use crate::symbols::{LoadOptions, SymbolIndex};

@@ -9,7 +9,7 @@
 //! call). The stack is never touched; a probe on `ret` costs a single-step.
 
 use crate::addr::{FileOffset, VirtAddr};
-use crate::plan::{EntryKind, classify_entry};
+use crate::entry::{EntryKind, classify_entry};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
 
 /// How returns are observed.

@@ -13,6 +13,7 @@
 
 pub mod addr;
 pub mod calibrate;
+pub mod entry;
 mod error;
 pub mod exits;
 pub mod inject;

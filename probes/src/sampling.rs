@@ -2,7 +2,6 @@
 //! mappings (from mmap records), DWARF CFI unwinding of the copied user
 //! stack with framehop, and symbols with inlined frames and lines.
 
-use crate::record::events::StackSample;
 use crate::symbols::{DebugSource, LoadOptions, SymbolIndex, demangle_name};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
@@ -12,6 +11,24 @@ use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// A stack sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackSample {
+    /// When.
+    pub time: u64,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Instruction pointer, stack pointer, frame pointer.
+    pub regs: [u64; 3],
+    /// The top of the user stack, from the stack pointer up.
+    pub stack: Vec<u8>,
+    /// Taken while the thread was in the kernel (a system call, a fault, or
+    /// a probe being handled); the registers are the user's at that moment.
+    pub in_kernel: bool,
+}
 
 /// The deepest stack followed.
 const MAX_DEPTH: usize = 512;

@@ -1,63 +1,18 @@
 //! The profile file: a text header line naming the format and its version,
 //! then the profile as gzip-compressed JSON. See `docs/FORMAT.md`.
 
+use crate::error::FileError;
 use crate::model::Profile;
 use crate::write::{write_atomically, write_private};
 use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The version this code writes and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;
 const MAGIC: &str = "proftap-profile";
-
-/// Why a profile file could not be read or written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FileError {
-    /// The file could not be opened, read or written.
-    #[error("cannot {action} {}: {source}", path.display())]
-    Io {
-        /// "read", "write", ...
-        action: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The file is not a profile.
-    #[error("{} is not a proftap profile (it does not start with the proftap-profile header)", path.display())]
-    Foreign {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The file was written by a newer proftap.
-    #[error("{} is a format {version} profile from a newer proftap; this proftap reads format {FORMAT_VERSION} and older", path.display())]
-    Newer {
-        /// The file.
-        path: PathBuf,
-        /// Its format version.
-        version: u32,
-    },
-    /// The file decompresses to more than a profile may hold.
-    #[error("{} holds more than {} MiB of profile data once decompressed, more than proftap reads", path.display(), limit >> 20)]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-        /// The limit, in bytes.
-        limit: u64,
-    },
-    /// The file is damaged or cut short.
-    #[error("{} is damaged or truncated ({reason}); record it again", path.display())]
-    Damaged {
-        /// The file.
-        path: PathBuf,
-        /// What was wrong.
-        reason: String,
-    },
-}
 
 /// The most JSON a profile file may hold once decompressed.
 pub const MAX_JSON_BYTES: u64 = 1 << 30;
@@ -127,7 +82,7 @@ fn read_header(reader: &mut impl BufRead, name: &Path) -> Result<u32, FileError>
         return Err(FileError::Foreign { path: name.into() });
     };
     if version > FORMAT_VERSION {
-        return Err(FileError::Newer { path: name.into(), version });
+        return Err(FileError::Newer { path: name.into(), version, reads: FORMAT_VERSION });
     }
     Ok(version)
 }

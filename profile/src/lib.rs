@@ -10,6 +10,7 @@
 //! ```
 
 mod diff;
+mod error;
 mod file;
 mod merge;
 mod model;
@@ -18,8 +19,9 @@ mod validate;
 mod write;
 
 pub use diff::{Change, Diff, DiffError, DiffOptions, LineChange, Verdict, diff};
+pub use error::FileError;
 pub use file::{
-    EXPANSION_FLOOR, FORMAT_VERSION, FileError, MAX_EXPANSION, MAX_JSON_BYTES, decode, read_profile, read_profile_from, write_profile,
+    EXPANSION_FLOOR, FORMAT_VERSION, MAX_EXPANSION, MAX_JSON_BYTES, decode, read_profile, read_profile_from, write_profile,
     write_profile_private, write_profile_to,
 };
 pub use merge::MergeError;

@@ -1,6 +1,7 @@
 //! The event stream every recording engine produces and the aggregator consumes.
 
 use crate::metrics::MAX_METRICS;
+use crate::sampling::StackSample;
 
 /// Metric values at one moment of one thread: index 0 is the time (wall
 /// nanoseconds), the others the counters of the recording's metrics in order.
@@ -195,24 +196,6 @@ impl Event {
             | Event::ProbesReplaced { time, .. } => *time,
         }
     }
-}
-
-/// A stack sample.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StackSample {
-    /// When.
-    pub time: u64,
-    /// Process id.
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// Instruction pointer, stack pointer, frame pointer.
-    pub regs: [u64; 3],
-    /// The top of the user stack, from the stack pointer up.
-    pub stack: Vec<u8>,
-    /// Taken while the thread was in the kernel (a system call, a fault, or
-    /// a probe being handled); the registers are the user's at that moment.
-    pub in_kernel: bool,
 }
 
 /// Bytes of one hit in a saved event stream.

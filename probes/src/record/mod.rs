@@ -12,9 +12,10 @@ mod session;
 use crate::lines::LinePlan;
 use crate::metrics::{MAX_METRICS, Metric};
 
+use crate::entry::EntryKind;
 use crate::inject::clock::TscClock;
 use crate::inject::tracing::{CallKind, Drainer, Tracing};
-use crate::plan::{EntryKind, ProbedFunction, Role};
+use crate::plan::{ProbedFunction, Role};
 use crate::sampling::{BackgroundSampler, Sampler};
 use crate::target::{self, Ended, Frozen, TargetError};
 use crate::tracefs::TracefsError;
