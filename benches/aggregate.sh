@@ -10,4 +10,4 @@ trap 'rm -rf "$dir"' EXIT
 gcc -O0 -g -o "$dir/calls" examples/calls.c
 PROFTAP_SAVE_EVENTS="$dir/events" target/release/proftap run --engine uprobe --overhead-budget 0 --no-sample -o "$dir/p.profile" -- "$dir/calls" 200000 18 >/dev/null
 functions=$(target/release/proftap report "$dir/p.profile" --format json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["functions"]))')
-cargo bench --quiet -p proftap-probes --bench aggregate -- "$dir/events" "$functions" 2
+cargo bench --quiet -p proftap-record --bench aggregate -- "$dir/events" "$functions" 2

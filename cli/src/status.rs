@@ -3,7 +3,7 @@
 //! recording, a live status line. Nothing when stderr is not a terminal.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use proftap_probes::record::Progress;
+use proftap_record::recorder::Progress;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -8,8 +8,8 @@ use crate::messages::{Answer, Assignment, Limits, ProbeRequest, Report, Snapshot
 use crate::worker;
 use proftap_probes::addr::FileOffset;
 use proftap_probes::exits::ExitMode;
-use proftap_probes::record::ProbeCost;
 use proftap_probes::tracefs::{DefinedGroup, ProbeEvent, Tracefs, UprobeGroup, UprobeSpec};
+use proftap_record::recorder::ProbeCost;
 use std::collections::HashMap;
 use std::io::{Read, Seek};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};

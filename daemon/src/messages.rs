@@ -2,8 +2,8 @@
 //! [`Channel`](crate::channel::Channel).
 
 use proftap_probes::exits::ExitMode;
-use proftap_probes::record::ProbeCost;
 use proftap_probes::tracefs::{ProbeEvent, ProbeKind};
+use proftap_record::recorder::ProbeCost;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 

@@ -7,10 +7,10 @@ use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_line
 use proftap_probes::metrics::{Metric, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
 use proftap_probes::procfs;
-use proftap_probes::record::{Control, Engine, Progress, RecordOptions, Recorded, RegionSpec, SampleSettings, TargetSpec, record};
 use proftap_probes::select::{Selected, Selection};
 use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
 use proftap_probes::{libs, target};
+use proftap_record::recorder::{Control, Engine, Progress, RecordOptions, Recorded, RegionSpec, SampleSettings, TargetSpec, record};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};

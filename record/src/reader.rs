@@ -6,10 +6,10 @@
 //! began: anything older is already in some buffer, since the kernel writes
 //! a record right after stamping it.
 
-use super::events::{Event, Hit, ProbeId, ProbeKind, Values};
-use crate::metrics::MAX_METRICS;
-use crate::perf::{self, RingBuffer, record_type};
-use crate::sampling::StackSample;
+use crate::events::{Event, Hit, ProbeId, ProbeKind, Values};
+use proftap_probes::metrics::MAX_METRICS;
+use proftap_probes::perf::{self, RingBuffer, record_type};
+use proftap_probes::sampling::StackSample;
 use rustc_hash::FxHashMap;
 
 /// How far behind "now" events must be before they are ordered and released.

@@ -1,11 +1,11 @@
 //! Aggregator throughput on a recorded event stream: events per second on one core.
 //!
 //! Record a stream with `PROFTAP_SAVE_EVENTS=FILE proftap run ...`, then
-//! `cargo bench -p proftap-probes --bench aggregate -- FILE FUNCTIONS METRICS`.
+//! `cargo bench -p proftap-record --bench aggregate -- FILE FUNCTIONS METRICS`.
 //! `benches/aggregate.sh` does both.
 
-use proftap_probes::record::aggregate::Aggregator;
-use proftap_probes::record::events::{Event, Hit};
+use proftap_record::aggregate::Aggregator;
+use proftap_record::events::{Event, Hit};
 use std::time::Instant;
 
 fn main() {

@@ -1,7 +1,7 @@
 //! The event stream every recording engine produces and the aggregator consumes.
 
-use crate::metrics::MAX_METRICS;
-use crate::sampling::StackSample;
+use proftap_probes::metrics::MAX_METRICS;
+use proftap_probes::sampling::StackSample;
 
 /// Metric values at one moment of one thread: index 0 is the time (wall
 /// nanoseconds), the others the counters of the recording's metrics in order.

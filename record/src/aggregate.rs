@@ -5,8 +5,8 @@
 // Per-metric loops index several parallel arrays; an index reads best.
 #![allow(clippy::needless_range_loop)]
 
-use super::events::{Event, Hit, ProbeId, ProbeKind, Values};
-use crate::metrics::MAX_METRICS;
+use crate::events::{Event, Hit, ProbeId, ProbeKind, Values};
+use proftap_probes::metrics::MAX_METRICS;
 use proftap_profile::{CallTree, FunctionStats, Lost, LostCount, ProcessInfo, ROOT, Stat, ThreadProfile, TreeNode};
 use rustc_hash::FxHashMap;
 

@@ -3,30 +3,23 @@
 //! from per-CPU ring buffers, merged in time order and aggregated on
 //! per-thread shadow stacks into a [`Profile`].
 
-pub mod aggregate;
-pub mod events;
-pub mod governor;
-pub mod reader;
-mod session;
+use proftap_probes::lines::LinePlan;
+use proftap_probes::metrics::{MAX_METRICS, Metric};
 
-use crate::lines::LinePlan;
-use crate::metrics::{MAX_METRICS, Metric};
-
-use crate::entry::EntryKind;
-use crate::inject::clock::TscClock;
-use crate::inject::tracing::{CallKind, Drainer, Tracing};
-use crate::plan::{ProbedFunction, Role};
-use crate::sampling::{BackgroundSampler, Sampler};
-use crate::target::{self, Ended, Frozen, TargetError};
-use crate::tracefs::TracefsError;
-use aggregate::{Aggregator, Compensation, LineSetup, NO_LINE};
-use events::{Event, Values};
-use governor::Governor;
+use crate::aggregate::{Aggregator, Compensation, LineSetup, NO_LINE};
+use crate::events::{self, Event, Values};
+use crate::governor::Governor;
+use crate::reader::{EventReader, ORDERING_MARGIN_NS};
+use crate::session::{ProbeSet, Session, Unregistering};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use proftap_probes::entry::EntryKind;
+use proftap_probes::inject::clock::TscClock;
+use proftap_probes::inject::tracing::{CallKind, Drainer, Tracing};
+use proftap_probes::plan::{ProbedFunction, Role};
+use proftap_probes::sampling::{BackgroundSampler, Sampler};
+use proftap_probes::target::{self, Ended, Frozen, TargetError};
+use proftap_probes::tracefs::TracefsError;
 use proftap_profile::{FunctionInfo, LineRecord, Mode, Overhead, Profile, Recording, RegionRecord, Target};
-pub use reader::Tap;
-use reader::{EventReader, ORDERING_MARGIN_NS};
-use session::{ProbeSet, Session, Unregistering};
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
@@ -63,7 +56,7 @@ pub enum RecordError {
         /// The process.
         pid: i32,
         /// Why.
-        source: crate::inject::remote::RemoteError,
+        source: proftap_probes::inject::remote::RemoteError,
     },
     /// An option the chosen engine does not offer.
     #[error("{0}")]
@@ -294,7 +287,7 @@ impl RegionSpec {
     }
 
     fn contains(&self, file: &str, line: u32) -> bool {
-        (self.start..=self.end).contains(&line) && crate::lines::LineFiles(vec![self.file.clone()]).contains(file)
+        (self.start..=self.end).contains(&line) && proftap_probes::lines::LineFiles(vec![self.file.clone()]).contains(file)
     }
 }
 
@@ -312,7 +305,7 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
-fn perf_error(what: String, source: std::io::Error, descriptors: usize) -> RecordError {
+pub(crate) fn perf_error(what: String, source: std::io::Error, descriptors: usize) -> RecordError {
     let hint = match source.raw_os_error() {
         Some(libc::EMFILE) | Some(libc::ENFILE) => {
             format!("; this recording needs about {descriptors} file descriptors: raise `ulimit -n` or probe fewer functions")
@@ -555,7 +548,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         }
         TargetSpec::Attach { pid } => {
             if let Some(sampler) = sampler.as_ref() {
-                for m in crate::procfs::read_maps(*pid).unwrap_or_default().iter().filter(|m| m.executable) {
+                for m in proftap_probes::procfs::read_maps(*pid).unwrap_or_default().iter().filter(|m| m.executable) {
                     if let Some(path) = &m.path {
                         sampler.mapped(*pid as u32, m.start.0, m.end.0 - m.start.0, m.offset.0, path);
                     }
@@ -590,7 +583,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let mut injected_code = tracing.as_ref().map(Tracing::code);
     // The kernel's uretprobe trampoline page, and the engine's code.
     let trampolines = |code: &Option<Vec<std::ops::Range<u64>>>| -> Vec<std::ops::Range<u64>> {
-        std::iter::once(crate::sampling::DEFAULT_PROBE_AREA).chain(code.iter().flatten().cloned()).collect()
+        std::iter::once(proftap_probes::sampling::DEFAULT_PROBE_AREA).chain(code.iter().flatten().cloned()).collect()
     };
     aggregator.set_trampolines(trampolines(&injected_code));
     // What a call costs, for the governor: patched functions are judged by
@@ -606,7 +599,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             Box::new(move |entries: &[u64]| {
                 let elapsed_ns = monotonic_ns().saturating_sub(started_monotonic_ns);
                 governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()
-            }) as crate::inject::tracing::Judge
+            }) as proftap_probes::inject::tracing::Judge
         })
     };
     let mut tracing = tracing.map(|mut tracing| {
@@ -853,8 +846,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             notes.push(format!(
                 "{} not timed by the in-process engine ({deep} deeper than the {} nested calls a thread's shadow stack holds, {unslotted} in threads beyond the {} it times at once); counted as lost entries and returns, calls of the functions involved are low",
                 counted(deep + unslotted, "call was", "calls were"),
-                crate::inject::runtime::STACK_DEPTH,
-                crate::inject::runtime::SLOTS,
+                proftap_probes::inject::runtime::STACK_DEPTH,
+                proftap_probes::inject::runtime::SLOTS,
             ));
         }
     }
@@ -1135,10 +1128,16 @@ fn check_unwinders(engine: &Tracing, functions: &[ProbedFunction]) -> Result<(),
 }
 
 /// Moves the in-process engine's records into the event stream, as probe hits.
-fn inject_calls(calls: &[crate::inject::tracing::Call], clock: &mut TscClock, pid: i32, generation: u32, reader: &mut EventReader) {
+fn inject_calls(
+    calls: &[proftap_probes::inject::tracing::Call],
+    clock: &mut TscClock,
+    pid: i32,
+    generation: u32,
+    reader: &mut EventReader,
+) {
     clock.refresh();
     for call in calls.iter() {
-        let mut values = [0; crate::metrics::MAX_METRICS];
+        let mut values = [0; proftap_probes::metrics::MAX_METRICS];
         values[0] = clock.ns(call.tsc);
         reader.inject(Event::Hit(events::Hit {
             pid: pid as u32,

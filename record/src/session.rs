@@ -3,15 +3,15 @@
 //! probe events of the current probe set, a context-switch counter group and
 //! a stack sampler. The probe set can be replaced while the target runs.
 
-use super::reader::{Source, Tap};
-use super::{RecordError, perf_error};
-use crate::lines::LinePlan;
-use crate::metrics::Metric;
-use crate::perf::{self, EventTarget, ProbeEvent, RingBuffer};
-use crate::plan::{ProbedFunction, Role};
-use crate::record::events::ProbeId;
-use crate::tracefs::{DefinedGroup, ProbeKind, UprobeSpec};
+use crate::events::ProbeId;
+use crate::reader::{Source, Tap};
+use crate::recorder::{RecordError, perf_error};
 use perf_event::Counter;
+use proftap_probes::lines::LinePlan;
+use proftap_probes::metrics::Metric;
+use proftap_probes::perf::{self, EventTarget, ProbeEvent, RingBuffer};
+use proftap_probes::plan::{ProbedFunction, Role};
+use proftap_probes::tracefs::{DefinedGroup, ProbeKind, UprobeSpec};
 use rustc_hash::FxHashMap;
 use std::collections::HashSet;
 use std::path::Path;
@@ -105,7 +105,7 @@ pub(super) struct Session {
     /// Events opened since the reader last took them: what their samples are.
     sources: FxHashMap<u64, Source>,
     generation: u32,
-    tracepoints: Vec<crate::tracefs::ProbeEvent>,
+    tracepoints: Vec<proftap_probes::tracefs::ProbeEvent>,
     cpus: Vec<usize>,
     metrics: Vec<Metric>,
     sampling: Option<(u64, u32)>,
@@ -149,7 +149,7 @@ impl Session {
         let (group, tracepoints) = if set.specs.is_empty() {
             (None, Vec::new())
         } else {
-            let (group, tracepoints) = crate::tracefs::host().define(&set.specs)?;
+            let (group, tracepoints) = proftap_probes::tracefs::host().define(&set.specs)?;
             (Some(group), tracepoints)
         };
         self.generation += 1;
@@ -242,7 +242,7 @@ struct Opened {
 #[allow(clippy::too_many_arguments)]
 fn open_on(
     cpus: &[usize],
-    tracepoints: &[crate::tracefs::ProbeEvent],
+    tracepoints: &[proftap_probes::tracefs::ProbeEvent],
     metrics: &[Metric],
     sampling: Option<(u64, u32)>,
     counters: bool,
