@@ -9,6 +9,7 @@
 //! inclusive time the empty functions show is what a call adds to itself.
 
 use crate::recorder::{CallCost, Engine, ProbeCost, RecordOptions, TargetSpec, record};
+pub use proftap_probes::calibrate::helper_main;
 use proftap_probes::calibrate::{CALLS, EMULATED, EMULATED_LOOP, LOOP_CALLS, PATCHED, PATCHED_LOOP, STEPPED, STEPPED_LOOP};
 use proftap_probes::entry::EntryKind;
 use proftap_probes::exits::ExitMode;
@@ -19,6 +20,11 @@ use proftap_probes::symbols::{LoadOptions, SymbolIndex};
 use proftap_profile::Profile;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+/// The argument a program given as the helper runs
+/// [`proftap_probes::calibrate::helper_main`] with (both `proftap` and
+/// `proftapd` take it).
+pub const HELPER_ARGUMENT: &str = "__calibrate-helper";
 
 #[derive(Serialize, Deserialize, Default)]
 struct Cache {
@@ -73,10 +79,22 @@ pub fn probe_cost(exe: &Path, helper_arg: &str, exits: ExitMode, fresh: bool) ->
     Ok(cost)
 }
 
-/// Errors calibrating.
+/// Why the probe cost could not be measured.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot measure the cost of a probe: {0}")]
 pub struct CalibrationError(String);
+
+impl CalibrationError {
+    /// An error saying why, in a few words.
+    pub fn new(why: impl Into<String>) -> Self {
+        CalibrationError(why.into())
+    }
+
+    /// Why, in a few words.
+    pub fn reason(&self) -> &str {
+        &self.0
+    }
+}
 
 /// Measures the probe cost by recording `exe` (proftap itself) run as
 /// `exe HELPER_ARG OUT`, where the helper writes its timings to OUT.

@@ -6,8 +6,14 @@
 
 pub mod aggregate;
 pub mod calibration;
+pub mod error;
 pub mod events;
 pub mod governor;
+pub mod host;
+pub mod observer;
+pub mod prepare;
+pub mod protocol;
 pub mod reader;
 pub mod recorder;
+pub mod request;
 mod session;

@@ -9,7 +9,9 @@ use proftap_probes::metrics::{MAX_METRICS, Metric};
 use crate::aggregate::{Aggregator, Compensation, LineSetup, NO_LINE};
 use crate::events::{self, Event, Values};
 use crate::governor::Governor;
+use crate::observer::{Observer, RecordEvent, Unobserved};
 use crate::reader::{EventReader, ORDERING_MARGIN_NS};
+use crate::request::{RegionSpec, SampleSettings};
 use crate::session::{ProbeSet, Session, Unregistering};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use proftap_probes::entry::EntryKind;
@@ -24,7 +26,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Errors of a recording.
@@ -142,21 +144,6 @@ impl ProbeCost {
     }
 }
 
-/// Live counters of a recording, for a status display.
-#[derive(Debug, Default)]
-pub struct Progress {
-    /// Every probe is live (and a launched program runs).
-    pub started: AtomicBool,
-    /// The process recorded.
-    pub pid: std::sync::atomic::AtomicI32,
-    /// Functions probed.
-    pub functions: AtomicU64,
-    /// Probe hits aggregated.
-    pub hits: AtomicU64,
-    /// Probe hits lost.
-    pub lost: AtomicU64,
-}
-
 /// Signals from the user, set by the command line's signal handlers.
 #[derive(Clone, Debug, Default)]
 pub struct Control {
@@ -169,7 +156,7 @@ pub struct Control {
 }
 
 /// How to record.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RecordOptions {
     /// Metrics; the first must be wall time.
     pub metrics: Vec<Metric>,
@@ -199,14 +186,8 @@ pub struct RecordOptions {
     pub sample_only: bool,
     /// Regions to time.
     pub regions: Vec<RegionSpec>,
-    /// Called once every probe is live (with the pid and the number of
-    /// functions), before the target runs on.
-    pub on_started: Option<fn(i32, usize)>,
-    /// Called when the probe set changes while the target runs, with what
-    /// changed (the same sentence ends up among the profile's notes).
-    pub on_probes_changed: Option<fn(&str)>,
-    /// Counters to keep up to date while recording.
-    pub progress: Option<Arc<Progress>>,
+    /// Hears of the recording's progress.
+    pub observer: Arc<dyn Observer>,
     /// How calls are seen.
     pub engine: Engine,
     /// Notes known before the recording starts (how the engine was chosen).
@@ -229,27 +210,10 @@ impl Default for RecordOptions {
             auto_instrument: None,
             sample_only: false,
             regions: Vec::new(),
-            on_started: None,
-            on_probes_changed: None,
-            progress: None,
+            observer: Arc::new(Unobserved),
             engine: Engine::Uprobe,
             notes: Vec::new(),
         }
-    }
-}
-
-/// How to sample stacks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SampleSettings {
-    /// Samples per second of CPU time.
-    pub frequency_hz: u64,
-    /// Bytes of user stack copied per sample, for unwinding.
-    pub stack_bytes: u32,
-}
-
-impl Default for SampleSettings {
-    fn default() -> Self {
-        SampleSettings { frequency_hz: 1000, stack_bytes: 16 * 1024 }
     }
 }
 
@@ -257,38 +221,6 @@ impl Default for SampleSettings {
 fn sampling_event() -> String {
     let cycles = Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES);
     if cycles.check_available().is_ok() { "cycles".into() } else { "cpu-clock".into() }
-}
-
-/// A region to time: lines `start..=end` of a source file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RegionSpec {
-    /// Its name.
-    pub name: String,
-    /// The source file (a path or a path suffix).
-    pub file: String,
-    /// First line.
-    pub start: u32,
-    /// Last line.
-    pub end: u32,
-}
-
-impl RegionSpec {
-    /// Parses `NAME=FILE:START-END`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let bad = || format!("'{text}' is not a region; write NAME=FILE:START-END, for example parse=src/io.c:40-62");
-        let (name, rest) = text.split_once('=').ok_or_else(bad)?;
-        let (file, range) = rest.rsplit_once(':').ok_or_else(bad)?;
-        let (start, end) = range.split_once('-').ok_or_else(bad)?;
-        let (start, end): (u32, u32) = (start.trim().parse().map_err(|_| bad())?, end.trim().parse().map_err(|_| bad())?);
-        if name.is_empty() || file.is_empty() || start == 0 || end < start {
-            return Err(bad());
-        }
-        Ok(RegionSpec { name: name.into(), file: file.into(), start, end })
-    }
-
-    fn contains(&self, file: &str, line: u32) -> bool {
-        (self.start..=self.end).contains(&line) && proftap_probes::lines::LineFiles(vec![self.file.clone()]).contains(file)
-    }
 }
 
 /// A finished recording.
@@ -412,6 +344,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let measured = ordered.len();
     ordered.extend(functions.iter().filter(|f| f.role != Role::Measured).cloned());
     let all = &ordered;
+    options.observer.event(RecordEvent::Step(crate::observer::Step::PlacingProbes { functions: measured as u64 }));
     let functions = &ordered[..measured];
     let metrics = options.metrics.clone();
     debug_assert_eq!(metrics.first(), Some(&Metric::Wall));
@@ -521,9 +454,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 return Err(e);
             }
             let pid = child.pid();
-            if let Some(announce) = options.on_started {
-                announce(pid, functions.len());
-            }
+            options.observer.event(RecordEvent::Started { pid, functions: functions.len() as u64, attached: false });
             if engine == Engine::Inject
                 && let Err(e) = nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC)
             {
@@ -563,9 +494,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             }
             started = monotonic_ns();
             drop(frozen);
-            if let Some(announce) = options.on_started {
-                announce(*pid, functions.len());
-            }
+            options.observer.event(RecordEvent::Started { pid: *pid, functions: functions.len() as u64, attached: true });
             (*pid, None, target::command_line(*pid), true)
         }
     };
@@ -613,11 +542,6 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             sampler.engine_code(pid as u32, code.clone());
         }
     }
-    if let Some(progress) = &options.progress {
-        progress.pid.store(pid, Ordering::Relaxed);
-        progress.functions.store(functions.len() as u64, Ordering::Relaxed);
-        progress.started.store(true, Ordering::Release);
-    }
     aggregator.add_process(pid);
     let pidfd = target::pidfd(pid).ok();
     let mut reader = EventReader::new(session.take_buffers(), perf_metrics.len() - 1);
@@ -636,6 +560,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let mut ended = None;
     let mut terminated_sent = false;
     let mut peak_rate = 0u64;
+    let mut last_counters = (0, 0);
     let mut window = (Instant::now(), 0u64);
     // Replaced probe sets, out of the targets, unregistered at the end.
     let mut unregistering = Vec::new();
@@ -673,9 +598,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 }
                 Some(e) => format!("could not unpatch {}, over the overhead budget: {e}", names.join(", ")),
             };
-            if let Some(tell) = options.on_probes_changed {
-                tell(&note);
-            }
+            options.observer.event(RecordEvent::ProbesChanged(note.clone()));
             notes.push(note);
         }
         // Probe-set changes (the governor's, the end of a warm-up) are decided
@@ -698,9 +621,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                     Ok(old) => {
                         unregistering.push(old);
                         let note = over_budget_note(elapsed_ns, &names, options);
-                        if let Some(tell) = options.on_probes_changed {
-                            tell(&note);
-                        }
+                        options.observer.event(RecordEvent::ProbesChanged(note.clone()));
                         notes.push(note);
                     }
                     Err(e) => {
@@ -760,18 +681,17 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                     }
                     Some(Err(e)) => format!("could not instrument the hottest functions: {e}"),
                 };
-                if let Some(tell) = options.on_probes_changed {
-                    tell(&note);
-                }
+                options.observer.event(RecordEvent::ProbesChanged(note.clone()));
                 notes.push(note);
             }
         }
 
         let released = reader.release(Some(watermark), |e| consumer.consume(e));
         window.1 += released as u64;
-        if let Some(progress) = &options.progress {
-            progress.hits.store(consumer.aggregator.hits(), Ordering::Relaxed);
-            progress.lost.store(consumer.aggregator.lost_events(), Ordering::Relaxed);
+        let counters = (consumer.aggregator.hits(), consumer.aggregator.lost_events());
+        if counters != last_counters {
+            options.observer.event(RecordEvent::Counters { hits: counters.0, lost: counters.1 });
+            last_counters = counters;
         }
         let elapsed = window.0.elapsed();
         if elapsed >= Duration::from_secs(1) {
