@@ -2,7 +2,7 @@
 //! structs here; the libraries never see clap.
 
 use clap::{Parser, Subcommand};
-use proftap_cli::{commands, output};
+use proftap_cli::commands;
 use std::process::ExitCode;
 
 /// Exact call counts, per-call costs and line counts of unmodified Linux programs.
@@ -74,7 +74,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("proftap: {}", output::error_sentence(&error));
+            eprintln!("proftap: {}", proftap_cli::wording::error(&error));
             ExitCode::from(2)
         }
     }

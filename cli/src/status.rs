@@ -132,7 +132,7 @@ impl Observer for Terminal {
                     (live.1, live.2) = (hits, lost);
                 }
             }
-            RecordEvent::ProbesChanged(change) => shown.say(&format!("proftap: {change}")),
+            RecordEvent::ProbesChanged(change) => shown.say(&format!("proftap: {}", wording::note(&change))),
         }
     }
 }

@@ -14,6 +14,7 @@ mod error;
 mod file;
 mod merge;
 mod model;
+mod notes;
 mod stats;
 mod validate;
 mod write;
@@ -26,6 +27,7 @@ pub use file::{
 };
 pub use merge::MergeError;
 pub use model::*;
+pub use notes::{Finding, FunctionCalls, Note, Refusal, UprobeReason};
 pub use stats::Stat;
 pub use validate::{InvalidProfile, MAX_LINE, MAX_METRICS, MAX_NAME_REFERENCES, MAX_TREE_DEPTH};
 pub use write::{write_atomically, write_in_dir, write_private};

@@ -8,7 +8,7 @@
 //! difference per call is what one instrumented call adds to its caller; the
 //! inclusive time the empty functions show is what a call adds to itself.
 
-use crate::recorder::{CallCost, Engine, ProbeCost, RecordOptions, TargetSpec, record};
+use crate::recorder::{CallCost, ProbeCost, RecordOptions, TargetSpec, record};
 pub use proftap_probes::calibrate::helper_main;
 use proftap_probes::calibrate::{CALLS, EMULATED, EMULATED_LOOP, LOOP_CALLS, PATCHED, PATCHED_LOOP, STEPPED, STEPPED_LOOP};
 use proftap_probes::entry::EntryKind;
@@ -17,7 +17,7 @@ use proftap_probes::metrics::Metric;
 use proftap_probes::plan::{ProbedFunction, Role};
 use proftap_probes::select::Selected;
 use proftap_probes::symbols::{LoadOptions, SymbolIndex};
-use proftap_profile::Profile;
+use proftap_profile::{Engine, Profile};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -105,8 +105,9 @@ fn calibrate(exe: &Path, helper_arg: &str, exits: ExitMode) -> Result<ProbeCost,
         return Err(CalibrationError("the helper's functions were not classified as expected".into()));
     }
     let patched = Helper::record(exe, &index, helper_arg, &[PATCHED], exits, Engine::Inject)?;
-    if patched.profile.recording.engine != "inject" || patched.profile.notes.iter().any(|n| n.contains(PATCHED)) {
-        return Err(CalibrationError(format!("the in-process engine did not patch {PATCHED}: {}", patched.profile.notes.join("; "))));
+    let patched_it = patched.profile.functions.iter().any(|f| f.name == PATCHED && f.engine == Some(Engine::Inject));
+    if patched.profile.recording.engine != Engine::Inject || !patched_it {
+        return Err(CalibrationError(format!("the in-process engine did not patch {PATCHED}")));
     }
     Ok(ProbeCost {
         emulated: probed.cost(EMULATED, EMULATED_LOOP),

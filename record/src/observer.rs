@@ -4,6 +4,7 @@
 //! renders these (a spinner, a status line, stderr) or forwards them (to a
 //! session's client).
 
+use proftap_profile::Note;
 use serde::{Deserialize, Serialize};
 
 /// Hears what a recording tells, from any thread.
@@ -47,7 +48,7 @@ pub enum RecordEvent {
         lost: u64,
     },
     /// The probe set changed while the target ran (the profile's notes keep it too).
-    ProbesChanged(String),
+    ProbesChanged(Note),
 }
 
 /// A step that may take a while.

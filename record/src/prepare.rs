@@ -4,7 +4,7 @@
 
 use crate::calibration::CalibrationError;
 use crate::observer::{Observer, RecordEvent, Step, Warning};
-use crate::recorder::{Control, Engine, ProbeCost, RecordError, RecordOptions, Recorded, TargetSpec, record};
+use crate::recorder::{Control, ProbeCost, RecordError, RecordOptions, Recorded, TargetSpec, record};
 use crate::request::{EngineChoice, ExitsChoice, RecordRequest, RecordTarget, RegionSpec};
 use proftap_probes::exits::{ExitMode, unwinds};
 use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_lines};
@@ -14,6 +14,7 @@ use proftap_probes::select::{Selected, Selection};
 use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
 use proftap_probes::target::{self, Launch, TargetError};
 use proftap_probes::{libs, procfs};
+use proftap_profile::{Engine, Finding, Note, UprobeReason};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -192,17 +193,15 @@ const FORKING: &[&str] = &["fork", "_Fork", "daemon", "forkpty"];
 
 /// The engine the request asks for, and when it leaves the choice to the
 /// recorder, why it is not the in-process one when it is not.
-fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -> (Engine, Option<String>) {
+fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -> (Engine, Option<Note>) {
     let why_not_inject = if metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
-        Some("the in-process engine measures wall and CPU time only")
+        Some(UprobeReason::Metrics)
     } else if chosen.lines.is_some() {
-        Some("line counts and regions are seen by uprobes on lines")
+        Some(UprobeReason::Lines)
     } else if chosen.forks && request.follow_forks {
-        Some("the program calls fork, and the in-process engine does not record forked processes (--no-follow-fork lets it)")
+        Some(UprobeReason::Forks)
     } else if chosen.cancels_unhooked {
-        Some(
-            "the program calls pthread_cancel, and libgcc_s, which unwinds a cancelled thread, is loaded only then, too late for the in-process engine to hook it",
-        )
+        Some(UprobeReason::CancelsThreads)
     } else {
         None
     };
@@ -210,7 +209,7 @@ fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -
         (EngineChoice::Uprobe, _) => (Engine::Uprobe, None),
         (EngineChoice::Inject, _) => (Engine::Inject, None),
         (EngineChoice::Auto, None) => (Engine::Inject, None),
-        (EngineChoice::Auto, Some(why)) => (Engine::Uprobe, Some(format!("calls are seen by uprobes, not the in-process engine: {why}"))),
+        (EngineChoice::Auto, Some(reason)) => (Engine::Uprobe, Some(Finding::UprobesChosen { reason }.into())),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use crate::observer::Warning;
 use crate::request::RecordRequest;
+use proftap_profile::Note;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -147,7 +148,7 @@ pub struct SessionInfo {
     pub warnings: Vec<Warning>,
     /// Changes to the probe set while it ran, as they happened.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub changes: Vec<String>,
+    pub changes: Vec<Note>,
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

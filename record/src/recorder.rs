@@ -21,7 +21,10 @@ use proftap_probes::plan::{ProbedFunction, Role};
 use proftap_probes::sampling::{BackgroundSampler, Sampler};
 use proftap_probes::target::{self, Ended, Frozen, TargetError};
 use proftap_probes::tracefs::TracefsError;
-use proftap_profile::{FunctionInfo, LineRecord, Mode, Overhead, Profile, Recording, RegionRecord, Target};
+use proftap_profile::{
+    Engine, ExitMode, Finding, FunctionCalls, FunctionInfo, LineRecord, Mode, Note, Overhead, Profile, Recording, Refusal, RegionRecord,
+    Target,
+};
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
@@ -63,21 +66,21 @@ pub enum RecordError {
     /// An option the chosen engine does not offer.
     #[error("{0}")]
     Unsupported(String),
+    /// A metric other than wall and CPU time, with the in-process engine.
+    #[error("the in-process engine measures wall and CPU time only, so far; other metrics need the uprobe engine")]
+    InjectMetrics,
+    /// Unwinder entries could not be hooked in a program that may unwind.
+    #[error(
+        "the in-process engine could not hook {entries}, and this program may unwind its stack (exceptions, panics, backtrace()); record it with the uprobe engine"
+    )]
+    Unhooked {
+        /// The entries, and why each could not be hooked.
+        entries: String,
+    },
     /// The target wrote what proftap's runtime never writes into the memory
     /// they share; the recording stopped and the process runs on.
     #[error("{0}")]
     Corrupted(String),
-}
-
-/// How calls are seen.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Engine {
-    /// Kernel uprobes on entries and returns.
-    #[default]
-    Uprobe,
-    /// Jumps patched over function entries to code injected in the target;
-    /// functions that cannot be patched get uprobes.
-    Inject,
 }
 
 /// The profiled program.
@@ -191,7 +194,7 @@ pub struct RecordOptions {
     /// How calls are seen.
     pub engine: Engine,
     /// Notes known before the recording starts (how the engine was chosen).
-    pub notes: Vec<String>,
+    pub notes: Vec<Note>,
 }
 
 impl Default for RecordOptions {
@@ -364,9 +367,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     let mut refused_by_engine = Vec::new();
     if engine == Engine::Inject {
         if metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
-            return Err(RecordError::Unsupported(
-                "the in-process engine measures wall and CPU time only, so far: use --metric wall,cpu".into(),
-            ));
+            return Err(RecordError::InjectMetrics);
         }
         match spec {
             // With automatic instrumentation, the hottest functions are patched after the warm-up.
@@ -381,7 +382,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             TargetSpec::Launch { .. } => refused_by_engine = Tracing::refusals(functions),
         }
         if !refused_by_engine.is_empty() {
-            notes.push(refusals_note(functions, &refused_by_engine));
+            notes.push(refusals_note(functions, &refused_by_engine).into());
         }
     }
     let injected: Vec<bool> = {
@@ -471,7 +472,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 let missed: Vec<&str> =
                     engine.refused().iter().filter(|(i, _)| injected[*i]).map(|(i, _)| functions[*i].info.name.as_str()).collect();
                 if !missed.is_empty() {
-                    notes.push(format!("not recorded: {} (their code in memory was not what the file holds)", missed.join(", ")));
+                    notes.push(Finding::CodeDiffers { functions: missed.iter().map(|n| n.to_string()).collect() }.into());
                 }
                 tracing = Some(engine);
             }
@@ -588,15 +589,15 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         }
         // Patched functions the drainer found over budget and unpatched.
         for unpatched in tracing.as_ref().map(Drainer::unpatched).unwrap_or_default() {
-            let names: Vec<String> =
-                unpatched.functions.iter().map(|&(f, calls)| format!("{} ({calls} calls)", functions[f].info.name)).collect();
-            let note = match unpatched.error {
+            let names: Vec<FunctionCalls> =
+                unpatched.functions.iter().map(|&(f, calls)| FunctionCalls { name: functions[f].info.name.clone(), calls }).collect();
+            let note: Note = match unpatched.error {
                 None => {
                     let removed = unpatched.functions.iter().map(|&(f, _)| f as u32).collect();
                     reader.inject(Event::ProbesReplaced { time: unpatched.time, generation: session.generation(), removed });
-                    over_budget_note(unpatched.time.saturating_sub(started_monotonic_ns), &names, options)
+                    over_budget_note(unpatched.time.saturating_sub(started_monotonic_ns), names, options)
                 }
-                Some(e) => format!("could not unpatch {}, over the overhead budget: {e}", names.join(", ")),
+                Some(error) => Finding::UnpatchFailed { functions: names, error }.into(),
             };
             options.observer.event(RecordEvent::ProbesChanged(note.clone()));
             notes.push(note);
@@ -615,17 +616,19 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                 for &f in &over {
                     enabled[f as usize] = false;
                 }
-                let names: Vec<String> =
-                    over.iter().map(|&f| format!("{} ({} calls)", functions[f as usize].info.name, reader.entries()[f as usize])).collect();
+                let names: Vec<FunctionCalls> = over
+                    .iter()
+                    .map(|&f| FunctionCalls { name: functions[f as usize].info.name.clone(), calls: reader.entries()[f as usize] })
+                    .collect();
                 match replacer.replace(&mut session, &mut reader, &processes, &enabled, over) {
                     Ok(old) => {
                         unregistering.push(old);
-                        let note = over_budget_note(elapsed_ns, &names, options);
+                        let note = over_budget_note(elapsed_ns, names, options);
                         options.observer.event(RecordEvent::ProbesChanged(note.clone()));
                         notes.push(note);
                     }
                     Err(e) => {
-                        notes.push(format!("could not remove the probes of functions over the overhead budget: {e}"));
+                        notes.push(Finding::ThrottleFailed { error: e.to_string() }.into());
                         governor = None;
                     }
                 }
@@ -668,18 +671,15 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                     (false, Ok(())) if to_probe.is_empty() => Some(Ok(None)),
                     (false, Ok(())) => Some(replacer.replace(&mut session, &mut reader, &processes, &enabled, Vec::new()).map(Some)),
                 };
-                let note = match replaced {
-                    None => format!("sampled for {} ms and saw no function to instrument", warmup.as_millis()),
+                let warmup_ms = warmup.as_millis() as u64;
+                let note: Note = match replaced {
+                    None => Finding::AutoInstrumented { warmup_ms, functions: Vec::new() }.into(),
                     Some(Ok(old)) => {
                         unregistering.extend(old);
-                        format!(
-                            "sampled for {} ms, then instrumented the {} hottest functions by sampled inclusive time: {}",
-                            warmup.as_millis(),
-                            chosen.len(),
-                            chosen.iter().map(|&f| functions[f].info.name.as_str()).collect::<Vec<_>>().join(", ")
-                        )
+                        let functions = chosen.iter().map(|&f| functions[f].info.name.clone()).collect();
+                        Finding::AutoInstrumented { warmup_ms, functions }.into()
                     }
-                    Some(Err(e)) => format!("could not instrument the hottest functions: {e}"),
+                    Some(Err(e)) => Finding::AutoInstrumentFailed { error: e.to_string() }.into(),
                 };
                 options.observer.event(RecordEvent::ProbesChanged(note.clone()));
                 notes.push(note);
@@ -735,7 +735,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         calls.clear();
         let mut engine = drainer.finish(&mut calls);
         if let Err(e) = engine.detach() {
-            notes.push(format!("could not restore the code of process {pid}: {e}; it runs on with proftap's jumps, which record nothing"));
+            notes.push(Finding::RestoreFailed { pid, error: e.to_string() }.into());
         }
         engine.drain(&mut calls);
         inject_calls(&calls, clock, pid, session.generation(), &mut reader);
@@ -746,9 +746,7 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             reader.inject(Event::Lost { time: now, tid, probe: None, count });
         }
         if engine_lost > 0 {
-            notes.push(format!(
-                "{engine_lost} entries and returns were lost because the in-process engine's ring of a thread was full (proftap did not read them fast enough); calls and times of the functions involved are low",
-            ));
+            notes.push(Finding::EngineRecordsLost { records: engine_lost }.into());
         }
         // Untimed calls: an entry and a return each, lost.
         let (too_deep, unslotted) = engine.untimed();
@@ -763,12 +761,15 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
         corrupted = engine.corrupted();
         let deep: u64 = too_deep.iter().map(|&(_, calls)| calls).sum();
         if deep + unslotted > 0 {
-            notes.push(format!(
-                "{} not timed by the in-process engine ({deep} deeper than the {} nested calls a thread's shadow stack holds, {unslotted} in threads beyond the {} it times at once); counted as lost entries and returns, calls of the functions involved are low",
-                counted(deep + unslotted, "call was", "calls were"),
-                proftap_probes::inject::runtime::STACK_DEPTH,
-                proftap_probes::inject::runtime::SLOTS,
-            ));
+            notes.push(
+                Finding::Untimed {
+                    too_deep: deep,
+                    without_slot: unslotted,
+                    stack_depth: proftap_probes::inject::runtime::STACK_DEPTH,
+                    slots: proftap_probes::inject::runtime::SLOTS,
+                }
+                .into(),
+            );
         }
     }
     reader.release(None, |e| consumer.consume(e));
@@ -800,42 +801,29 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
     }
     let kernel_lost = aggregate.lost.events - engine_lost;
     if kernel_lost > 0 {
-        notes.push(format!(
-            "{} lost because a ring buffer was full; calls and times of the functions and threads involved are low (raise --buffer-size)",
-            counted(kernel_lost, "probe hit was", "probe hits were")
-        ));
+        notes.push(Finding::HitsLost { hits: kernel_lost }.into());
     }
     if aggregate.unwound_frames > 0 {
-        notes.push(format!(
-            "{} without its own return (C++ exception, longjmp, exit, or a call deeper than the kernel's 64 tracked returns per thread); marked unwound and timed until the moment proftap saw it gone",
-            counted(aggregate.unwound_frames, "call ended", "calls ended")
-        ));
+        notes.push(Finding::Unwound { calls: aggregate.unwound_frames }.into());
     }
     if aggregate.orphaned_frames > 0 {
-        notes.push(format!(
-            "{} in progress when the probe set changed, and return probes went with the old set; marked unfinished and timed until proftap saw it gone",
-            counted(aggregate.orphaned_frames, "call was", "calls were")
-        ));
+        notes.push(Finding::Orphaned { calls: aggregate.orphaned_frames }.into());
     }
     if malformed > 0 {
-        notes.push(format!("{} could not be read and skipped", counted(malformed, "kernel record", "kernel records")));
+        notes.push(Finding::Malformed { records: malformed }.into());
     }
     for process in &aggregate.processes {
         for exec in &process.execs {
             if process.pid != pid || attached || exec != &functions_module_name(functions) {
-                notes.push(format!("process {} executed {exec}: probes on the previous program no longer apply to it", process.pid));
+                notes.push(Finding::Executed { pid: process.pid, program: exec.clone() }.into());
             }
         }
     }
     if injected_code.is_some() && options.follow_forks {
         // The patched code runs on in a forked child, its records disabled.
-        let forked: Vec<String> = aggregate.processes.iter().filter(|p| p.pid != pid).map(|p| p.pid.to_string()).collect();
+        let forked: Vec<i32> = aggregate.processes.iter().filter(|p| p.pid != pid).map(|p| p.pid).collect();
         if !forked.is_empty() {
-            notes.push(format!(
-                "calls in forked {} {} are not counted: the in-process engine records only the process it patched (--engine uprobe follows forked processes)",
-                if forked.len() == 1 { "process" } else { "processes" },
-                forked.join(", ")
-            ));
+            notes.push(Finding::ForksNotRecorded { pids: forked }.into());
         }
     }
     let mut calls_by_function = vec![0u64; functions.len()];
@@ -863,8 +851,8 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
             attached,
         },
         recording: Recording {
-            engine: if injected_code.is_some() { "inject".into() } else { "uprobe".into() },
-            exits: if functions.iter().any(|f| f.exit_sites.is_some()) { "return-sites".into() } else { "uretprobe".into() },
+            engine: if injected_code.is_some() { Engine::Inject } else { Engine::Uprobe },
+            exits: if functions.iter().any(|f| f.exit_sites.is_some()) { ExitMode::ReturnSites } else { ExitMode::Uretprobe },
             started_unix_ns,
             started_monotonic_ns,
             duration_ns: ended_monotonic.saturating_sub(started_monotonic_ns),
@@ -886,11 +874,11 @@ pub fn record(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordO
                     Mode::Sampled
                 };
                 let engine = match mode {
-                    Mode::Sampled => "",
-                    _ if patched[i] => "inject",
-                    _ => "uprobe",
+                    Mode::Sampled => None,
+                    _ if patched[i] => Some(Engine::Inject),
+                    _ => Some(Engine::Uprobe),
                 };
-                FunctionInfo { mode, engine: engine.into(), ..f.info.clone() }
+                FunctionInfo { mode, engine, ..f.info.clone() }
             })
             .collect(),
         threads: aggregate.threads,
@@ -995,7 +983,7 @@ fn overhead(
 
 /// Which functions the in-process engine left to uprobes, by reason, with
 /// a few names each (a large program has hundreds).
-fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)]) -> String {
+fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)]) -> Finding {
     const NAMED: usize = 3;
     let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
     for (i, why) in refused {
@@ -1006,32 +994,22 @@ fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)]) -> S
         }
     }
     reasons.sort_by_key(|(why, names)| (std::cmp::Reverse(names.len()), *why));
-    let parts: Vec<String> = reasons
-        .iter_mut()
-        .map(|(why, names)| {
-            let count = names.len();
+    let reasons = reasons
+        .into_iter()
+        .map(|(why, mut names)| {
+            let count = names.len() as u64;
             names.sort_unstable();
             names.dedup();
-            let more = if names.len() > NAMED { ", ..." } else { "" };
-            format!("{count} [{why}]: {}{more}", names[..names.len().min(NAMED)].join(", "))
+            Refusal { reason: why.to_string(), count, examples: names.iter().take(NAMED).map(|n| n.to_string()).collect() }
         })
         .collect();
-    format!("{} functions could not be patched and are probed by uprobes: {}", refused.len(), parts.join("; "))
+    Finding::NotPatched { functions: refused.len() as u64, reasons }
 }
 
 /// What the governor did to functions over budget (`names` with their calls).
-fn over_budget_note(elapsed_ns: u64, names: &[String], options: &RecordOptions) -> String {
-    format!(
-        "after {} ms, removed the probes of {}: over the {}% overhead budget; sampled from then on",
-        elapsed_ns / 1_000_000,
-        names.join(", "),
-        options.overhead_budget.unwrap_or_default() * 100.0
-    )
-}
-
-/// "1 call was", "2 calls were".
-fn counted(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
+fn over_budget_note(elapsed_ns: u64, functions: Vec<FunctionCalls>, options: &RecordOptions) -> Note {
+    let budget_percent = options.overhead_budget.unwrap_or_default() * 100.0;
+    Finding::Throttled { after_ms: elapsed_ns / 1_000_000, functions, budget_percent }.into()
 }
 
 /// Refuses a program that may unwind (an exception, a panic, `backtrace()`)
@@ -1041,10 +1019,7 @@ fn check_unwinders(engine: &Tracing, functions: &[ProbedFunction]) -> Result<(),
     if engine.unhooked().is_empty() || functions.iter().all(|f| f.exit_sites.is_none()) {
         return Ok(());
     }
-    Err(RecordError::Unsupported(format!(
-        "the in-process engine could not hook {}, and this program may unwind its stack (exceptions, panics, backtrace()): use --engine uprobe",
-        engine.unhooked().join(", ")
-    )))
+    Err(RecordError::Unhooked { entries: engine.unhooked().join(", ") })
 }
 
 /// Moves the in-process engine's records into the event stream, as probe hits.

@@ -134,7 +134,7 @@ fn print_info(s: &SessionInfo) {
         println!("warning     {}", wording::warning(warning));
     }
     for change in &s.changes {
-        println!("change      {change}");
+        println!("change      {}", wording::note(change));
     }
     if let Some(error) = &s.error {
         println!("error       {error}");
