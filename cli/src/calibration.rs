@@ -2,8 +2,8 @@
 
 use proftap_probes::exits::ExitMode;
 use proftap_record::calibration::{CalibrationError, HELPER_ARGUMENT, probe_cost};
+use proftap_record::cost::ProbeCost;
 use proftap_record::prepare::ProbeCostSource;
-use proftap_record::recorder::ProbeCost;
 
 /// Measures with this very program as the helper (see `__calibrate-helper`).
 pub struct OwnHelper;

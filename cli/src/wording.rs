@@ -2,8 +2,8 @@
 //! that may name proftap's own flags are written here, not below.
 
 use proftap_profile::{Finding, FunctionCalls, Note, Refusal, UprobeReason};
+use proftap_record::error::RecordError;
 use proftap_record::observer::Warning;
-use proftap_record::recorder::RecordError;
 
 /// An error, as one sentence; those the recorder reports in types with a
 /// remedy among proftap's flags name it.
@@ -26,6 +26,7 @@ pub fn warning(warning: &Warning) -> String {
         Warning::NoProbeCost { reason } => {
             format!("cannot measure the cost of a probe: {reason}; the report will not estimate the overhead")
         }
+        Warning::EventsNotSaved { reason } => format!("the recording's events could not all be saved: {reason}"),
     }
 }
 

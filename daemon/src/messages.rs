@@ -1,10 +1,10 @@
 //! What proftapd and a session worker say to each other over their
 //! [`Channel`](crate::channel::Channel).
 
+use proftap_record::cost::ProbeCost;
 use proftap_record::host::{ExitMode, ProbeEvent, ProbeKind};
 use proftap_record::observer::RecordEvent;
 use proftap_record::protocol::Sealed;
-use proftap_record::recorder::ProbeCost;
 use proftap_record::request::RecordRequest;
 use serde::{Deserialize, Serialize};
 

@@ -9,11 +9,12 @@
 use crate::channel::Channel;
 use crate::messages::{Answer, Assignment, ProbeRequest, Report};
 use proftap_record::calibration::CalibrationError;
+use proftap_record::cost::ProbeCost;
 use proftap_record::error::sentence;
 use proftap_record::host::{DefinedGroup, ExitMode, ProbeEvent, TracefsError, UprobeHost, UprobeSpec};
 use proftap_record::observer::{Observer, RecordEvent};
+use proftap_record::options::Control;
 use proftap_record::prepare::{ProbeCostSource, prepare};
-use proftap_record::recorder::{Control, ProbeCost};
 use proftap_record::request::{RecordRequest, RecordTarget};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;

@@ -4,7 +4,8 @@
 /// How the kernel handles the instruction a uprobe replaces: some it
 /// emulates in the trap, the rest it single-steps out of line, which costs
 /// several times more.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum EntryKind {
     /// push, call, jmp, jcc, nop: emulated.
     Emulated,

@@ -8,7 +8,9 @@
 //! difference per call is what one instrumented call adds to its caller; the
 //! inclusive time the empty functions show is what a call adds to itself.
 
-use crate::recorder::{CallCost, ProbeCost, RecordOptions, TargetSpec, record};
+use crate::cost::{CallCost, ProbeCost};
+use crate::options::{RecordOptions, TargetSpec};
+use crate::recorder::record;
 pub use proftap_probes::calibrate::helper_main;
 use proftap_probes::calibrate::{CALLS, EMULATED, EMULATED_LOOP, LOOP_CALLS, PATCHED, PATCHED_LOOP, STEPPED, STEPPED_LOOP};
 use proftap_probes::entry::EntryKind;
@@ -156,8 +158,9 @@ impl Helper {
         let out = dir.path().join("timings");
         let argv = vec![exe.as_os_str().to_owned(), helper_arg.into(), out.as_os_str().to_owned()];
         let options = RecordOptions { metrics: vec![Metric::Wall, Metric::Cpu], engine, ..RecordOptions::default() };
-        let recorded = record(&functions, &TargetSpec::Launch { path: exe.to_path_buf(), argv, launch: Default::default() }, &options)
-            .map_err(|e| err(&e));
+        let recorded =
+            record(&functions, &TargetSpec::Launch { path: exe.to_path_buf(), argv, launch: Default::default() }, &options, None)
+                .map_err(|e| err(&e));
         let timings = std::fs::read_to_string(&out);
         drop(dir);
         let recorded = recorded?;

@@ -89,4 +89,9 @@ pub enum Warning {
         /// Why.
         reason: String,
     },
+    /// The events could not all be saved.
+    EventsNotSaved {
+        /// Why.
+        reason: String,
+    },
 }

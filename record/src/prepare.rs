@@ -3,9 +3,13 @@
 //! the engine, and the measured cost of a probe.
 
 use crate::calibration::CalibrationError;
+use crate::cost::ProbeCost;
+use crate::error::RecordError;
 use crate::observer::{Observer, RecordEvent, Step, Warning};
-use crate::recorder::{Control, ProbeCost, RecordError, RecordOptions, Recorded, TargetSpec, record};
+use crate::options::{Control, RecordOptions, Recorded, TargetSpec};
+use crate::recorder::record;
 use crate::request::{EngineChoice, ExitsChoice, RecordRequest, RecordTarget, RegionSpec};
+use crate::saved::Saver;
 use proftap_probes::exits::{ExitMode, unwinds};
 use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_lines};
 use proftap_probes::metrics::{Metric, MetricError, parse_metrics};
@@ -80,6 +84,7 @@ pub struct Prepared {
     options: RecordOptions,
     build_id: Option<String>,
     exit_mode: ExitMode,
+    saver: Option<Saver>,
 }
 
 impl Prepared {
@@ -93,12 +98,18 @@ impl Prepared {
         self.exit_mode
     }
 
+    /// Saves the recording's events to `out` as they are aggregated (see
+    /// [`crate::saved`]).
+    pub fn save_events(&mut self, out: impl std::io::Write + Send + 'static) {
+        self.saver = Some(Saver::new(out));
+    }
+
     /// Records until the program ends or `control` says stop, telling
     /// `observer` as it goes; puts the build-id in the profile.
     pub fn record(mut self, control: Control, observer: Arc<dyn Observer>) -> Result<Recorded, RecordError> {
         self.options.control = control;
         self.options.observer = observer;
-        let mut recorded = record(&self.functions, &self.spec, &self.options)?;
+        let mut recorded = record(&self.functions, &self.spec, &self.options, self.saver)?;
         recorded.profile.target.build_id = self.build_id;
         Ok(recorded)
     }
@@ -125,7 +136,7 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
         }
     };
     observer.event(RecordEvent::StepEnded);
-    Ok(Prepared { functions: chosen.functions, spec, options, build_id: chosen.build_id, exit_mode: chosen.exit_mode })
+    Ok(Prepared { functions: chosen.functions, spec, options, build_id: chosen.build_id, exit_mode: chosen.exit_mode, saver: None })
 }
 
 /// A launched command's modules (what it links; the loader searches the

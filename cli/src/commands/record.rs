@@ -5,8 +5,8 @@
 use crate::calibration::OwnHelper;
 use crate::status::Terminal;
 use anyhow::{Context, Result, bail};
+use proftap_record::options::{Control, Recorded};
 use proftap_record::prepare::prepare;
-use proftap_record::recorder::{Control, Recorded};
 use proftap_record::request::{AutoInstrument, EngineChoice, ExitsChoice, Governor, RecordRequest, RecordTarget, RegionSpec, Sampling};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -91,6 +91,10 @@ pub struct RecordArgs {
     /// Where separate debug files are looked for (default /usr/lib/debug).
     #[arg(long, value_name = "DIR")]
     pub debug_dir: Vec<PathBuf>,
+    /// Also write the recording's events, as the aggregator takes them, to
+    /// FILE (for replaying: golden tests, the aggregator's benchmark).
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub save_events: Option<PathBuf>,
 }
 
 /// How calls are seen (see `--engine`).
@@ -242,7 +246,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let request = args.record.request(RecordTarget::Launch { command: args.command.clone(), cwd: None, env: None })?;
     // The program's output shares the terminal: no live line, only a
     // spinner while probes are placed.
-    let recorded = record(&request, false)?;
+    let recorded = record(&request, args.record.save_events.as_deref(), false)?;
     let status = recorded.ended.map_or(0, |e| e.shell_status());
     finish(recorded.profile, &args.record.output())?;
     Ok(ExitCode::from(status.clamp(0, 255) as u8))
@@ -251,16 +255,21 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 /// Runs `proftap attach`.
 pub fn attach(args: AttachArgs) -> Result<ExitCode> {
     let request = args.record.request(args.attach.target(args.pid))?;
-    let recorded = record(&request, true)?;
+    let recorded = record(&request, args.record.save_events.as_deref(), true)?;
     finish(recorded.profile, &args.record.output())?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Prepares and records `request`, showing on the terminal how it goes
-/// (with `live`, a line of counters while recording).
-fn record(request: &RecordRequest, live: bool) -> Result<Recorded> {
+/// (with `live`, a line of counters while recording); `save_events` names
+/// a file for the events.
+fn record(request: &RecordRequest, save_events: Option<&Path>, live: bool) -> Result<Recorded> {
     let terminal = Arc::new(Terminal::start(live));
-    let prepared = prepare(request, terminal.as_ref(), &OwnHelper)?;
+    let mut prepared = prepare(request, terminal.as_ref(), &OwnHelper)?;
+    if let Some(path) = save_events {
+        let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        prepared.save_events(file);
+    }
     let recorded = prepared.record(control()?, terminal.clone())?;
     Ok(recorded)
 }

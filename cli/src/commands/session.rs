@@ -149,6 +149,9 @@ impl StartArgs {
         if self.record.output.is_some() {
             bail!("proftapd returns profiles over its socket, not to a file: leave out -o and use `proftap session fetch ID -o FILE`");
         }
+        if self.record.save_events.is_some() {
+            bail!("proftapd does not save a session's events; record with proftap run or attach to save them");
+        }
         let target = match (self.pid, self.command.split_first()) {
             (Some(pid), _) => self.attach.target(pid),
             (None, Some((program, args))) => {

@@ -3,9 +3,9 @@
 //! probe events of the current probe set, a context-switch counter group and
 //! a stack sampler. The probe set can be replaced while the target runs.
 
+use super::reader::{Source, Tap};
+use crate::error::{RecordError, perf_error};
 use crate::events::ProbeId;
-use crate::reader::{Source, Tap};
-use crate::recorder::{RecordError, perf_error};
 use perf_event::Counter;
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 /// The uprobes of a probe set and what each one's id stands for.
-pub(super) struct ProbeSet {
+pub(crate) struct ProbeSet {
     specs: Vec<UprobeSpec>,
     /// By probe id (index into `specs`).
     pub taps: Vec<Tap>,
@@ -71,7 +71,7 @@ impl ProbeSet {
 }
 
 /// A replaced probe set: its events close first, then its uprobes go.
-pub(super) struct Retired {
+pub(crate) struct Retired {
     probes: Vec<ProbeEvent>,
     group: Option<Box<dyn DefinedGroup>>,
 }
@@ -91,13 +91,13 @@ impl Retired {
 }
 
 /// Uprobes out of every target, still registered until this is dropped.
-pub(super) struct Unregistering {
+pub(crate) struct Unregistering {
     _group: Option<Box<dyn DefinedGroup>>,
 }
 
-/// The events of a recording. Field order is drop order: events close
+/// The perf events of a recording. Field order is drop order: events close
 /// before the uprobes they use are removed.
-pub(super) struct Session {
+pub(crate) struct PerfEvents {
     probes: Vec<ProbeEvent>,
     counters: Vec<ProbeEvent>,
     sidebands: Vec<Counter>,
@@ -115,12 +115,12 @@ pub(super) struct Session {
     pub switches: bool,
 }
 
-impl Session {
-    /// A session with no probes yet.
+impl PerfEvents {
+    /// Events with no probes yet.
     pub fn new(metrics: &[Metric], sampling: Option<(u64, u32)>, buffer_bytes: usize) -> Self {
         raise_fd_limit();
         let cpus = online_cpus();
-        Session {
+        PerfEvents {
             probes: Vec::new(),
             counters: Vec::new(),
             sidebands: Vec::new(),
