@@ -82,6 +82,8 @@ pub struct RecordOptions {
     pub engine: Engine,
     /// Notes known before the recording starts (how the engine was chosen).
     pub notes: Vec<Note>,
+    /// The executable's build-id.
+    pub build_id: Option<String>,
 }
 
 impl Default for RecordOptions {
@@ -103,6 +105,7 @@ impl Default for RecordOptions {
             observer: Arc::new(Unobserved),
             engine: Engine::Uprobe,
             notes: Vec::new(),
+            build_id: None,
         }
     }
 }

@@ -82,7 +82,6 @@ pub struct Prepared {
     functions: Vec<ProbedFunction>,
     spec: TargetSpec,
     options: RecordOptions,
-    build_id: Option<String>,
     exit_mode: ExitMode,
     saver: Option<Saver>,
 }
@@ -105,13 +104,11 @@ impl Prepared {
     }
 
     /// Records until the program ends or `control` says stop, telling
-    /// `observer` as it goes; puts the build-id in the profile.
+    /// `observer` as it goes.
     pub fn record(mut self, control: Control, observer: Arc<dyn Observer>) -> Result<Recorded, RecordError> {
         self.options.control = control;
         self.options.observer = observer;
-        let mut recorded = record(&self.functions, &self.spec, &self.options, self.saver)?;
-        recorded.profile.target.build_id = self.build_id;
-        Ok(recorded)
+        record(&self.functions, &self.spec, &self.options, self.saver)
     }
 }
 
@@ -136,7 +133,8 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
         }
     };
     observer.event(RecordEvent::StepEnded);
-    Ok(Prepared { functions: chosen.functions, spec, options, build_id: chosen.build_id, exit_mode: chosen.exit_mode, saver: None })
+    options.build_id = chosen.build_id;
+    Ok(Prepared { functions: chosen.functions, spec, options, exit_mode: chosen.exit_mode, saver: None })
 }
 
 /// A launched command's modules (what it links; the loader searches the

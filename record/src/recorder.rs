@@ -320,6 +320,7 @@ fn setup(
             command: command.to_vec(),
             pid: run.pid,
             exe: functions.first().map(|f| f.info.module.clone()).unwrap_or_default(),
+            build_id: options.build_id.clone(),
             attached: run.attached,
             ..Target::default()
         },
