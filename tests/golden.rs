@@ -86,7 +86,7 @@ fn every_engine_and_rule_has_a_stream() {
 /// stream holds everything the aggregator and the assembly took.
 fn check_a_recording_replays_into_its_profile(engine: &str) {
     use proftap_tests::*;
-    assert!(can_probe(), "recording needs root");
+    require_probes();
     let binary = Build::c("calls.c", "-O0").build();
     let dir = tempfile::tempdir().unwrap();
     let (file, events) = (dir.path().join("p.profile"), dir.path().join("events.jsonl"));
