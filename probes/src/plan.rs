@@ -43,17 +43,18 @@ pub struct ProbedFunction {
     pub entry_probe: Option<(FileOffset, u64)>,
 }
 
-/// The probes for `selected` functions of `modules`; `open_paths[m]` is the
-/// path to open module `m` through. Functions without a file offset (not
-/// backed by the file) are skipped and named in the warnings.
+/// The probes for `selected` functions of `modules`; `images[m]` is module
+/// `m`'s file as read (its code), `open_paths[m]` the path the probes open it
+/// through. Functions without a file offset (not backed by the file) are
+/// skipped and named in the warnings.
 pub fn plan(
     modules: &[&SymbolIndex],
+    images: &[Option<&ElfImage>],
     open_paths: &[PathBuf],
     selected: &[Selected],
     exits: ExitMode,
     warnings: &mut Vec<String>,
 ) -> Vec<ProbedFunction> {
-    let images: Vec<Option<ElfImage>> = open_paths.iter().map(|p| ElfImage::open(p).ok()).collect();
     let mut planned = Vec::with_capacity(selected.len());
     for s in selected {
         let index = modules[s.module];
@@ -62,7 +63,7 @@ pub fn plan(
             warnings.push(format!("{} in {} has no code in the file; not probed", f.name, index.path.display()));
             continue;
         };
-        let file = images[s.module].as_ref().map_or(&[][..], |i| i.data());
+        let file = images.get(s.module).copied().flatten().map_or(&[][..], |i| i.data());
         let code = file.get(offset.0 as usize..).unwrap_or(&[]);
         let exit_sites = match exits {
             ExitMode::Uretprobe => None,
@@ -130,11 +131,12 @@ fn cold_parts(index: &SymbolIndex, raw_name: &str) -> Vec<(u64, u64)> {
 }
 
 /// The catch marker for a process that uses the C++ runtime `libstdcxx`
-/// (opened at `open_path`), or `None` when it has no `__cxa_begin_catch`.
-pub fn catch_marker(libstdcxx: &SymbolIndex, open_path: &std::path::Path) -> Option<ProbedFunction> {
+/// (its file `image`, opened at `open_path`), or `None` when it has no
+/// `__cxa_begin_catch`.
+pub fn catch_marker(libstdcxx: &SymbolIndex, image: &ElfImage, open_path: &std::path::Path) -> Option<ProbedFunction> {
     let f = libstdcxx.functions.iter().find(|f| f.raw_name == "__cxa_begin_catch" || f.aliases.iter().any(|a| a == "__cxa_begin_catch"))?;
     let offset = f.file_offset?;
-    let code = ElfImage::open(open_path).ok().and_then(|i| i.data().get(offset.0 as usize..offset.0 as usize + 16).map(<[u8]>::to_vec));
+    let code = image.data().get(offset.0 as usize..offset.0 as usize + 16).map(<[u8]>::to_vec);
     Some(ProbedFunction {
         info: FunctionInfo {
             name: f.name.clone(),

@@ -3,7 +3,7 @@
 //! stack with framehop, and symbols with inlined frames and lines. Counting
 //! the stacks is the recorder's.
 
-use crate::symbols::{DebugSource, LoadOptions, SymbolIndex, demangle_name};
+use crate::symbols::{DebugSource, ElfImage, SymbolCache, SymbolIndex, demangle_name};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection};
@@ -46,7 +46,7 @@ struct Mapping {
 /// What proftap knows of one module (an executable or a library).
 struct ModuleInfo {
     path: String,
-    symbols: Option<SymbolIndex>,
+    symbols: Option<Arc<SymbolIndex>>,
     lines: Option<addr2line::Loader>,
     unwind: Option<Arc<UnwindSections>>,
     /// Why its frames cannot be named, when they cannot.
@@ -64,8 +64,8 @@ struct UnwindSections {
 }
 
 impl ModuleInfo {
-    fn load(path: &str, open: &Path) -> ModuleInfo {
-        let symbols = SymbolIndex::load(open, &LoadOptions::default()).ok();
+    fn load(path: &str, open: &Path, cache: &SymbolCache) -> ModuleInfo {
+        let symbols = cache.index(Path::new(path), open, false).ok();
         let unknown = match &symbols {
             None => Some(format!("no symbols in {path}")),
             Some(_) => None,
@@ -78,7 +78,8 @@ impl ModuleInfo {
             };
             addr2line::Loader::new(&debug).ok()
         });
-        ModuleInfo { path: path.to_string(), symbols, lines, unwind: unwind_sections(open).map(Arc::new), unknown }
+        let unwind = cache.image(Path::new(path), open).ok().and_then(|image| unwind_sections(&image)).map(Arc::new);
+        ModuleInfo { path: path.to_string(), symbols, lines, unwind, unknown }
     }
 
     /// The ELF virtual address of file offset `offset`.
@@ -89,8 +90,7 @@ impl ModuleInfo {
     }
 }
 
-fn unwind_sections(path: &Path) -> Option<UnwindSections> {
-    let image = crate::symbols::ElfImage::open(path).ok()?;
+fn unwind_sections(image: &ElfImage) -> Option<UnwindSections> {
     let elf = image.parse().ok()?;
     let section = |name: &str| -> Option<(std::ops::Range<u64>, Vec<u8>)> {
         let s = elf.section_by_name(name)?;
@@ -153,8 +153,9 @@ pub struct ResolvedStack {
 type Named = (Vec<SampledFrame>, Option<(String, u32)>);
 
 /// Names the stacks of samples.
-#[derive(Default)]
 pub struct StackResolver {
+    /// Where modules' symbols and images come from (read once per recording).
+    symbols: Arc<SymbolCache>,
     processes: FxHashMap<u32, Process>,
     modules: Vec<ModuleInfo>,
     module_ids: HashMap<String, usize>,
@@ -163,9 +164,15 @@ pub struct StackResolver {
 }
 
 impl StackResolver {
-    /// A resolver that knows no process yet.
-    pub fn new() -> Self {
-        StackResolver::default()
+    /// A resolver that knows no process yet, reading modules through `symbols`.
+    pub fn new(symbols: Arc<SymbolCache>) -> Self {
+        StackResolver {
+            symbols,
+            processes: FxHashMap::default(),
+            modules: Vec::new(),
+            module_ids: HashMap::new(),
+            symbolized: FxHashMap::default(),
+        }
     }
 
     /// A process mapped executable code (or had it mapped when the recording began).
@@ -182,7 +189,7 @@ impl StackResolver {
             None => {
                 let open = PathBuf::from(path);
                 let open = if open.exists() { open } else { PathBuf::from(format!("/proc/{pid}/root{path}")) };
-                self.modules.push(ModuleInfo::load(path, &open));
+                self.modules.push(ModuleInfo::load(path, &open, &self.symbols));
                 self.module_ids.insert(path.to_string(), self.modules.len() - 1);
                 self.modules.len() - 1
             }

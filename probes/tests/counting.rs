@@ -55,10 +55,11 @@ fn build(opt: &str, dir: &Path) -> PathBuf {
 }
 
 fn functions(binary: &Path) -> Vec<ProbedFunction> {
-    let index = SymbolIndex::load(binary, &LoadOptions::default()).unwrap();
+    let image = proftap_probes::symbols::ElfImage::open(binary).unwrap();
+    let index = SymbolIndex::of_image(&image, &LoadOptions::default()).unwrap();
     let selected = Selection::parse::<&str>(&[]).unwrap().select(&[&index]).unwrap();
     let mut warnings = Vec::new();
-    plan(&[&index], &[binary.to_path_buf()], &selected, ExitMode::Uretprobe, &mut warnings)
+    plan(&[&index], &[Some(&image)], &[binary.to_path_buf()], &selected, ExitMode::Uretprobe, &mut warnings)
 }
 
 #[test]

@@ -18,7 +18,7 @@ use proftap_probes::exits::ExitMode;
 use proftap_probes::metrics::Metric;
 use proftap_probes::plan::{ProbedFunction, Role};
 use proftap_probes::select::Selected;
-use proftap_probes::symbols::{LoadOptions, SymbolIndex};
+use proftap_probes::symbols::{ElfImage, LoadOptions, SymbolIndex};
 use proftap_profile::{Engine, Profile};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -101,12 +101,13 @@ impl CalibrationError {
 /// Measures the probe cost by recording `exe` (proftap itself) run as
 /// `exe HELPER_ARG OUT`, where the helper writes its timings to OUT.
 fn calibrate(exe: &Path, helper_arg: &str, exits: ExitMode) -> Result<ProbeCost, CalibrationError> {
-    let index = SymbolIndex::load(exe, &LoadOptions::default()).map_err(|e| CalibrationError(e.to_string()))?;
-    let probed = Helper::record(exe, &index, helper_arg, &[EMULATED, STEPPED], exits, Engine::Uprobe)?;
+    let image = ElfImage::open(exe).map_err(|e| CalibrationError(e.to_string()))?;
+    let index = SymbolIndex::of_image(&image, &LoadOptions::default()).map_err(|e| CalibrationError(e.to_string()))?;
+    let probed = Helper::record(exe, (&index, &image), helper_arg, &[EMULATED, STEPPED], exits, Engine::Uprobe)?;
     if !probed.functions.iter().any(|f| f.entry == EntryKind::Emulated) || !probed.functions.iter().any(|f| f.entry == EntryKind::Stepped) {
         return Err(CalibrationError("the helper's functions were not classified as expected".into()));
     }
-    let patched = Helper::record(exe, &index, helper_arg, &[PATCHED], exits, Engine::Inject)?;
+    let patched = Helper::record(exe, (&index, &image), helper_arg, &[PATCHED], exits, Engine::Inject)?;
     let patched_it = patched.profile.functions.iter().any(|f| f.name == PATCHED && f.engine == Some(Engine::Inject));
     if patched.profile.recording.engine != Engine::Inject || !patched_it {
         return Err(CalibrationError(format!("the in-process engine did not patch {PATCHED}")));
@@ -130,7 +131,7 @@ impl Helper {
     /// Runs the helper with `names` instrumented by `engine`.
     fn record(
         exe: &Path,
-        index: &SymbolIndex,
+        (index, image): (&SymbolIndex, &ElfImage),
         helper_arg: &str,
         names: &[&str],
         exits: ExitMode,
@@ -149,7 +150,8 @@ impl Helper {
             })
             .collect::<Result<_, _>>()?;
         let mut warnings = Vec::new();
-        let functions: Vec<ProbedFunction> = proftap_probes::plan::plan(&[index], &[exe.to_path_buf()], &selected, exits, &mut warnings);
+        let functions: Vec<ProbedFunction> =
+            proftap_probes::plan::plan(&[index], &[Some(image)], &[exe.to_path_buf()], &selected, exits, &mut warnings);
         debug_assert!(functions.iter().all(|f| f.role == Role::Measured));
 
         // A fresh private directory: a predictable name in a shared one

@@ -7,6 +7,7 @@ use crate::observer::{Observer, Unobserved};
 use crate::request::{RegionSpec, SampleSettings};
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
+use proftap_probes::symbols::SymbolCache;
 use proftap_probes::target::{self, Ended};
 use proftap_profile::{Engine, Note, Profile};
 use std::ffi::OsString;
@@ -84,6 +85,8 @@ pub struct RecordOptions {
     pub notes: Vec<Note>,
     /// The executable's build-id.
     pub build_id: Option<String>,
+    /// The binaries' symbols and images, read once for the whole recording.
+    pub symbols: Arc<SymbolCache>,
 }
 
 impl Default for RecordOptions {
@@ -106,6 +109,7 @@ impl Default for RecordOptions {
             engine: Engine::Uprobe,
             notes: Vec::new(),
             build_id: None,
+            symbols: Arc::default(),
         }
     }
 }

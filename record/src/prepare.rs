@@ -15,7 +15,7 @@ use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_line
 use proftap_probes::metrics::{Metric, MetricError, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
 use proftap_probes::select::{Selected, Selection};
-use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
+use proftap_probes::symbols::{DebugDirs, ElfImage, SymbolCache, SymbolIndex};
 use proftap_probes::target::{self, Launch, TargetError};
 use proftap_probes::{libs, procfs};
 use proftap_profile::{Engine, Finding, Note, UprobeReason};
@@ -122,8 +122,12 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
         RecordTarget::Launch { command, cwd, env } => launched_modules(command, cwd.clone(), env.clone())?,
         RecordTarget::Attach { pid, .. } => (attached_modules(*pid)?, TargetSpec::Attach { pid: *pid }),
     };
-    let chosen = choose(&selection, &modules, request, observer)?;
+    let debug_dirs = if request.debug_dirs.is_empty() { DebugDirs::default() } else { DebugDirs(request.debug_dirs.clone()) };
+    let symbols = Arc::new(SymbolCache::new(debug_dirs));
+    let chosen = choose(&selection, &modules, request, &symbols, observer)?;
     let mut options = options(request, metrics, &chosen);
+    // The sampler names frames from the same symbols.
+    options.symbols = symbols;
     observer.event(RecordEvent::Step(Step::MeasuringProbeCost));
     options.cost = match costs.probe_cost(chosen.exit_mode, request.recalibrate) {
         Ok(cost) => Some(cost),
@@ -235,45 +239,51 @@ struct Chosen {
     cancels_unhooked: bool,
 }
 
-/// The symbols of `modules`, `(display, open)` paths with the executable
-/// first: the executable's, and those of the libraries the patterns name.
-/// Returns the indexes and the paths to probe them through.
+/// The modules whose symbols a recording reads: the executable's, and those
+/// of the libraries the patterns name.
+struct Loaded {
+    indexes: Vec<Arc<SymbolIndex>>,
+    images: Vec<Option<Arc<ElfImage>>>,
+    /// The paths to probe them through.
+    open_paths: Vec<PathBuf>,
+}
+
+/// Reads the symbols of `modules` (`(display, open)` paths, the executable
+/// first) into `cache`: the executable's (with its line table when `lines`),
+/// and those of the libraries the patterns name.
 fn load_symbols(
     selection: &Selection,
     modules: &[(PathBuf, PathBuf)],
-    load: &LoadOptions,
+    cache: &SymbolCache,
+    lines: bool,
     observer: &dyn Observer,
-) -> Result<(Vec<SymbolIndex>, Vec<PathBuf>), PrepareError> {
-    let mut indexes = Vec::new();
-    let mut open_paths = Vec::new();
+) -> Result<Loaded, PrepareError> {
+    let mut loaded = Loaded { indexes: Vec::new(), images: Vec::new(), open_paths: Vec::new() };
     for (i, (display, open)) in modules.iter().enumerate() {
         if i > 0 && !selection.names_module(display) {
             continue;
         }
-        // Line counts need the executable's line table.
-        let load = LoadOptions { lines: i == 0 && load.lines, ..load.clone() };
         observer.event(RecordEvent::Step(Step::ReadingSymbols { module: display.display().to_string() }));
-        let loaded = SymbolIndex::load(open, &load);
+        let index = cache.index(display, open, i == 0 && lines);
         observer.event(RecordEvent::StepEnded);
-        let mut index = loaded.map_err(|source| PrepareError::Symbols { module: display.display().to_string(), source })?;
-        index.path.clone_from(display);
-        indexes.push(index);
-        open_paths.push(open.clone());
+        let index = index.map_err(|source| PrepareError::Symbols { module: display.display().to_string(), source })?;
+        loaded.indexes.push(index);
+        loaded.images.push(cache.image(display, open).ok());
+        loaded.open_paths.push(open.clone());
     }
-    Ok((indexes, open_paths))
+    Ok(loaded)
 }
 
 fn choose(
     selection: &Selection,
     modules: &[(PathBuf, PathBuf)],
     request: &RecordRequest,
+    cache: &SymbolCache,
     observer: &dyn Observer,
 ) -> Result<Chosen, PrepareError> {
-    let debug_dirs = if request.debug_dirs.is_empty() { DebugDirs::default() } else { DebugDirs(request.debug_dirs.clone()) };
     let line_files = line_files(request.lines.as_deref(), &request.regions);
-    let load = LoadOptions { lines: line_files.is_some(), debug_dirs };
-    let (indexes, open_paths) = load_symbols(selection, modules, &load, observer)?;
-    let refs: Vec<&SymbolIndex> = indexes.iter().collect();
+    let Loaded { indexes, images, open_paths } = load_symbols(selection, modules, cache, line_files.is_some(), observer)?;
+    let refs: Vec<&SymbolIndex> = indexes.iter().map(Arc::as_ref).collect();
     // An error says what matters in one sentence; warnings only when it works.
     let mut selected = selection.select(&refs)?;
     if let Some(files) = &line_files {
@@ -291,8 +301,9 @@ fn choose(
     }
     let exit_mode = exit_mode(request.exits, &indexes[0], modules);
     let mut warnings = Vec::new();
-    let mut functions = plan(&refs, &open_paths, &selected, exit_mode, &mut warnings);
-    functions.extend(catch_marker_of(modules, &load));
+    let images: Vec<Option<&ElfImage>> = images.iter().map(Option::as_deref).collect();
+    let mut functions = plan(&refs, &images, &open_paths, &selected, exit_mode, &mut warnings);
+    functions.extend(catch_marker_of(modules, cache));
     for message in warnings {
         observer.event(RecordEvent::Warning(Warning::Planning { message }));
     }
@@ -328,11 +339,11 @@ fn exit_mode(choice: ExitsChoice, main: &SymbolIndex, modules: &[(PathBuf, PathB
 }
 
 /// C++: a catch ends the frames an exception left, at the moment it starts.
-fn catch_marker_of(modules: &[(PathBuf, PathBuf)], load: &LoadOptions) -> Option<ProbedFunction> {
+fn catch_marker_of(modules: &[(PathBuf, PathBuf)], cache: &SymbolCache) -> Option<ProbedFunction> {
     let (display, open) = modules.iter().find(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libstdc++")))?;
-    let mut index = SymbolIndex::load(open, &LoadOptions { lines: false, ..load.clone() }).ok()?;
-    index.path.clone_from(display);
-    catch_marker(&index, open)
+    let index = cache.index(display, open, false).ok()?;
+    let image = cache.image(display, open).ok()?;
+    catch_marker(&index, &image, open)
 }
 
 fn describe_files(files: &LineFiles) -> String {

@@ -86,7 +86,7 @@ pub fn record(
     let sampling = options.sample.map(|s| (sampling_event().to_string(), s.frequency_hz));
     let sampler = sampling.as_ref().map(|(event, hz)| {
         // The named stacks are kept only to be saved.
-        SamplerThread::spawn(StackResolver::new(), SampleAggregator::new(event, *hz), saver.is_some())
+        SamplerThread::spawn(StackResolver::new(options.symbols.clone()), SampleAggregator::new(event, *hz), saver.is_some())
     });
     let catch_id = measured as u32;
     let Patching { injected, tracing, clock, mut notes } = patching;
