@@ -4,10 +4,10 @@
 //! pprof, gcov, lcov).
 
 pub mod calibration;
+pub mod client;
 pub mod commands;
 pub mod output;
 pub mod report;
-pub mod session;
 pub mod sources;
 pub mod status;
 pub mod wording;

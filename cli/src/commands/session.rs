@@ -1,9 +1,9 @@
 //! `proftap session`: profiling sessions run by `proftapd`, which outlive the
 //! terminal that started them.
 
+use crate::client::Client;
 use crate::commands::record::{AttachOptions, RecordArgs};
 use crate::report::text::{format_ns, group_digits};
-use crate::session::Client;
 use crate::wording;
 use anyhow::{Result, bail};
 use proftap_record::protocol::{Request, Response, Sealed, SessionInfo, State};

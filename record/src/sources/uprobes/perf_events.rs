@@ -9,7 +9,7 @@ use crate::events::ProbeId;
 use perf_event::Counter;
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
-use proftap_probes::perf::{self, EventTarget, ProbeEvent, RingBuffer};
+use proftap_probes::perf::{self, CounterGroup, EventTarget, RingBuffer};
 use proftap_probes::plan::{ProbedFunction, Role};
 use proftap_probes::tracefs::{DefinedGroup, ProbeKind, UprobeSpec};
 use rustc_hash::FxHashMap;
@@ -72,7 +72,7 @@ impl ProbeSet {
 
 /// A replaced probe set: its events close first, then its uprobes go.
 pub(crate) struct Retired {
-    probes: Vec<ProbeEvent>,
+    probes: Vec<CounterGroup>,
     group: Option<Box<dyn DefinedGroup>>,
 }
 
@@ -98,8 +98,8 @@ pub(crate) struct Unregistering {
 /// The perf events of a recording. Field order is drop order: events close
 /// before the uprobes they use are removed.
 pub(crate) struct PerfEvents {
-    probes: Vec<ProbeEvent>,
-    counters: Vec<ProbeEvent>,
+    probes: Vec<CounterGroup>,
+    counters: Vec<CounterGroup>,
     sidebands: Vec<Counter>,
     buffers: Vec<Option<RingBuffer>>,
     /// Events opened since the reader last took them: what their samples are.
@@ -233,8 +233,8 @@ impl PerfEvents {
 }
 
 struct Opened {
-    probes: Vec<ProbeEvent>,
-    counters: Vec<ProbeEvent>,
+    probes: Vec<CounterGroup>,
+    counters: Vec<CounterGroup>,
     samplers: Vec<Counter>,
     sources: FxHashMap<u64, Source>,
 }
