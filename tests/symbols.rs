@@ -246,9 +246,7 @@ fn our_rows(binary: &Path, extra: &[&str]) -> Vec<(String, u64, u64, bool)> {
 
 #[test]
 fn line_tables_match_objdump_for_dwarf_4_and_5() {
-    if !have("objdump", "to compare line tables") {
-        return;
-    }
+    require("objdump", "to compare line tables");
     let builds = [
         Build::c("calls.c", "-O0"),
         Build::c("calls.c", "-O2").flag("-gdwarf-4"),

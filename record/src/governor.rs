@@ -1,6 +1,10 @@
-//! The overhead governor: a function whose probes cost the target more than
-//! a share of the elapsed time loses its probes while the program runs. Its
-//! counts stay exact up to that moment; sampling covers it after.
+//! What changes the probes while the program runs. The overhead governor:
+//! a function whose probes cost the target more than a share of the
+//! elapsed time loses its probes; its counts stay exact up to that moment,
+//! sampling covers it after. Automatic instrumentation: after a warm-up of
+//! sampling only, the hottest functions sampled get probes.
+
+use proftap_probes::plan::ProbedFunction;
 
 /// Calls a function must have made before its cost is judged: the first
 /// milliseconds of a run say little.
@@ -44,6 +48,12 @@ impl Governor {
     pub fn enabled(&self) -> Vec<bool> {
         self.throttled.iter().map(|t| !t).collect()
     }
+}
+
+/// The first `count` of `functions` among `hot` (sampled functions, hottest
+/// first: name, module, samples), by index.
+pub fn hottest_functions(hot: &[(String, String, u64)], functions: &[ProbedFunction], count: usize) -> Vec<usize> {
+    hot.iter().filter_map(|(name, _, _)| functions.iter().position(|f| &f.info.name == name)).take(count).collect()
 }
 
 #[cfg(test)]

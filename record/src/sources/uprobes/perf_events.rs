@@ -4,20 +4,20 @@
 //! a stack sampler. The probe set can be replaced while the target runs.
 
 use super::reader::{Source, Tap};
-use super::{RecordError, perf_error};
-use crate::lines::LinePlan;
-use crate::metrics::Metric;
-use crate::perf::{self, EventTarget, ProbeEvent, RingBuffer};
-use crate::plan::{ProbedFunction, Role};
-use crate::record::events::ProbeId;
-use crate::tracefs::{DefinedGroup, ProbeKind, UprobeSpec};
+use crate::error::{RecordError, perf_error};
+use crate::events::ProbeId;
 use perf_event::Counter;
+use proftap_probes::lines::LinePlan;
+use proftap_probes::metrics::Metric;
+use proftap_probes::perf::{self, CounterGroup, EventTarget, RingBuffer};
+use proftap_probes::plan::{ProbedFunction, Role};
+use proftap_probes::tracefs::{DefinedGroup, ProbeKind, UprobeSpec};
 use rustc_hash::FxHashMap;
 use std::collections::HashSet;
 use std::path::Path;
 
 /// The uprobes of a probe set and what each one's id stands for.
-pub(super) struct ProbeSet {
+pub(crate) struct ProbeSet {
     specs: Vec<UprobeSpec>,
     /// By probe id (index into `specs`).
     pub taps: Vec<Tap>,
@@ -71,8 +71,8 @@ impl ProbeSet {
 }
 
 /// A replaced probe set: its events close first, then its uprobes go.
-pub(super) struct Retired {
-    probes: Vec<ProbeEvent>,
+pub(crate) struct Retired {
+    probes: Vec<CounterGroup>,
     group: Option<Box<dyn DefinedGroup>>,
 }
 
@@ -91,21 +91,21 @@ impl Retired {
 }
 
 /// Uprobes out of every target, still registered until this is dropped.
-pub(super) struct Unregistering {
+pub(crate) struct Unregistering {
     _group: Option<Box<dyn DefinedGroup>>,
 }
 
-/// The events of a recording. Field order is drop order: events close
+/// The perf events of a recording. Field order is drop order: events close
 /// before the uprobes they use are removed.
-pub(super) struct Session {
-    probes: Vec<ProbeEvent>,
-    counters: Vec<ProbeEvent>,
+pub(crate) struct PerfEvents {
+    probes: Vec<CounterGroup>,
+    counters: Vec<CounterGroup>,
     sidebands: Vec<Counter>,
     buffers: Vec<Option<RingBuffer>>,
     /// Events opened since the reader last took them: what their samples are.
     sources: FxHashMap<u64, Source>,
     generation: u32,
-    tracepoints: Vec<crate::tracefs::ProbeEvent>,
+    tracepoints: Vec<proftap_probes::tracefs::ProbeEvent>,
     cpus: Vec<usize>,
     metrics: Vec<Metric>,
     sampling: Option<(u64, u32)>,
@@ -115,12 +115,12 @@ pub(super) struct Session {
     pub switches: bool,
 }
 
-impl Session {
-    /// A session with no probes yet.
+impl PerfEvents {
+    /// Events with no probes yet.
     pub fn new(metrics: &[Metric], sampling: Option<(u64, u32)>, buffer_bytes: usize) -> Self {
         raise_fd_limit();
         let cpus = online_cpus();
-        Session {
+        PerfEvents {
             probes: Vec::new(),
             counters: Vec::new(),
             sidebands: Vec::new(),
@@ -149,7 +149,7 @@ impl Session {
         let (group, tracepoints) = if set.specs.is_empty() {
             (None, Vec::new())
         } else {
-            let (group, tracepoints) = crate::tracefs::host().define(&set.specs)?;
+            let (group, tracepoints) = proftap_probes::tracefs::host().define(&set.specs)?;
             (Some(group), tracepoints)
         };
         self.generation += 1;
@@ -233,8 +233,8 @@ impl Session {
 }
 
 struct Opened {
-    probes: Vec<ProbeEvent>,
-    counters: Vec<ProbeEvent>,
+    probes: Vec<CounterGroup>,
+    counters: Vec<CounterGroup>,
     samplers: Vec<Counter>,
     sources: FxHashMap<u64, Source>,
 }
@@ -242,7 +242,7 @@ struct Opened {
 #[allow(clippy::too_many_arguments)]
 fn open_on(
     cpus: &[usize],
-    tracepoints: &[crate::tracefs::ProbeEvent],
+    tracepoints: &[proftap_probes::tracefs::ProbeEvent],
     metrics: &[Metric],
     sampling: Option<(u64, u32)>,
     counters: bool,

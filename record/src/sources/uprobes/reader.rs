@@ -1,18 +1,11 @@
-//! Draining the per-CPU ring buffers into one time-ordered event stream.
-//!
-//! A thread that migrates writes its entry into one CPU's buffer and its
-//! return into another's, so buffers are merged by timestamp. An event is
-//! handed on only when it is older than a watermark taken before the drain
-//! began: anything older is already in some buffer, since the kernel writes
-//! a record right after stamping it.
+//! Reading the per-CPU ring buffers of the uprobe events: records decoded
+//! into events (ordered with every other source's by the driver).
 
-use super::events::{Event, Hit, ProbeId, ProbeKind, StackSample, Values};
-use crate::metrics::MAX_METRICS;
-use crate::perf::{self, RingBuffer, record_type};
+use crate::events::{Event, Hit, HitKind, ProbeId, Values};
+use proftap_probes::metrics::MAX_METRICS;
+use proftap_probes::perf::{self, RingBuffer, record_type};
+use proftap_probes::sampling::StackSample;
 use rustc_hash::FxHashMap;
-
-/// How far behind "now" events must be before they are ordered and released.
-pub const ORDERING_MARGIN_NS: u64 = 20_000_000;
 
 /// What an event id stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +44,7 @@ struct Generation {
 }
 
 /// Reads the ring buffers of a recording.
-pub struct EventReader {
+pub struct RingReader {
     /// One per CPU, in CPU order.
     buffers: Vec<RingBuffer>,
     /// Perf event id -> what its samples are.
@@ -59,7 +52,6 @@ pub struct EventReader {
     /// Probe sets by generation.
     generations: FxHashMap<u32, Generation>,
     counters: usize,
-    pending: Vec<Event>,
     /// Entry hits read so far, by function: what the overhead governor
     /// judges, as soon as they are read rather than once ordered.
     entries: Vec<u64>,
@@ -67,16 +59,15 @@ pub struct EventReader {
     pub malformed: u64,
 }
 
-impl EventReader {
+impl RingReader {
     /// A reader over `buffers` (one per CPU); each sample carries `counters`
     /// counter values after wall time.
     pub fn new(buffers: Vec<RingBuffer>, counters: usize) -> Self {
-        EventReader {
+        RingReader {
             buffers,
             events: FxHashMap::default(),
             generations: FxHashMap::default(),
             counters: counters.min(MAX_METRICS - 1),
-            pending: Vec::new(),
             entries: Vec::new(),
             malformed: 0,
         }
@@ -100,11 +91,6 @@ impl EventReader {
         }
     }
 
-    /// Puts an event of proftap's own into the stream, in time order.
-    pub fn inject(&mut self, event: Event) {
-        self.pending.push(event);
-    }
-
     /// The buffers (to poll their owners' file descriptors).
     pub fn buffers(&self) -> &[RingBuffer] {
         &self.buffers
@@ -115,17 +101,17 @@ impl EventReader {
         self.buffers.iter().map(RingBuffer::owner).collect()
     }
 
-    /// Moves every record out of the buffers into the pending queue.
-    pub fn drain(&mut self) -> usize {
-        let before = self.pending.len();
-        let (events, generations, counters, pending, entries, malformed) =
-            (&self.events, &self.generations, self.counters, &mut self.pending, &mut self.entries, &mut self.malformed);
+    /// Moves every record out of the buffers into `pending`, as events.
+    pub fn drain(&mut self, pending: &mut Vec<Event>) -> usize {
+        let before = pending.len();
+        let (events, generations, counters, entries, malformed) =
+            (&self.events, &self.generations, self.counters, &mut self.entries, &mut self.malformed);
         for (cpu, buffer) in self.buffers.iter_mut().enumerate() {
             let cpu = cpu as u16;
             buffer.drain(|kind, misc, body| match decode(kind, misc, body, cpu, events, generations, counters) {
                 Decoded::Event(e) => {
                     if let Event::Hit(hit) = &e
-                        && hit.probe.kind() == ProbeKind::Entry
+                        && hit.probe.kind() == HitKind::Entry
                     {
                         count_entry(entries, hit.probe.function());
                     }
@@ -135,7 +121,7 @@ impl EventReader {
                 Decoded::Malformed => *malformed += 1,
             });
         }
-        self.pending.len() - before
+        pending.len() - before
     }
 
     /// Entry hits read from the kernel's buffers so far, by function
@@ -143,21 +129,6 @@ impl EventReader {
     /// entries are counted by its drainer.
     pub fn entries(&self) -> &[u64] {
         &self.entries
-    }
-
-    /// Hands every pending event older than `watermark` to `sink`, in time
-    /// order; `None` hands on everything (the recording is over).
-    pub fn release(&mut self, watermark: Option<u64>, mut sink: impl FnMut(Event)) -> usize {
-        // Stable: events of one buffer with equal stamps keep their order.
-        self.pending.sort_by_key(Event::time);
-        let ready = match watermark {
-            Some(w) => self.pending.partition_point(|e| e.time() < w),
-            None => self.pending.len(),
-        };
-        for event in self.pending.drain(..ready) {
-            sink(event);
-        }
-        ready
     }
 }
 
@@ -218,7 +189,7 @@ fn decode(
             };
             let sp = sample.sp.map_or(0, |sp| sp.wrapping_add(tap.sp_adjust));
             let ret = match (tap.probe.kind(), top_offset) {
-                (ProbeKind::Entry, Some(at)) => {
+                (HitKind::Entry, Some(at)) => {
                     sample.raw.get(at..at + 8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap_or_default()))
                 }
                 _ => 0,

@@ -5,18 +5,57 @@
 // Per-metric loops index several parallel arrays; an index reads best.
 #![allow(clippy::needless_range_loop)]
 
-use super::events::{Event, Hit, ProbeId, ProbeKind, Values};
-use crate::metrics::MAX_METRICS;
+use crate::events::{Event, Hit, HitKind, Values};
+use proftap_probes::metrics::MAX_METRICS;
 use proftap_profile::{CallTree, FunctionStats, Lost, LostCount, ProcessInfo, ROOT, Stat, ThreadProfile, TreeNode};
 use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
 
 /// A stack pointer this far from a frame's is on another stack (a signal
 /// stack, a fiber): it says nothing about whether the frame is still live.
 const SAME_STACK_SPAN: u64 = 64 << 20;
 
+/// How to aggregate: what the functions' probes are and what is known of
+/// the target before its first event. Saved at the head of an event stream,
+/// so that a replay aggregates the same way.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AggregatorConfig {
+    /// Functions recorded: their ids are `0..functions`; a hit on a higher
+    /// id is a catch marker.
+    pub functions: usize,
+    /// Metrics per event (the first is wall time).
+    pub metrics: usize,
+    /// Probe costs to subtract, when compensation is on.
+    pub compensation: Option<Compensation>,
+    /// Per function: returns are seen at its `ret` instructions (true) or
+    /// by a return probe (false).
+    pub exit_sites: Vec<bool>,
+    /// Per function: its calls in progress still report their returns
+    /// after its probes go (the in-process engine's trampolines stay).
+    pub returns_outlive_probes: Vec<bool>,
+    /// Line and region following, when lines are recorded.
+    pub lines: Option<LineSetup>,
+    /// Where return trampolines are at the start (more may come, see
+    /// [`Event::CodeAdded`]): a return address slot holding one at a call
+    /// is a tail call's.
+    pub trampolines: Vec<std::ops::Range<u64>>,
+    /// The metric that is CPU time counted as wall time minus the time off
+    /// every CPU, from context switches (the in-process engine reads no counter).
+    pub cpu_from_switches: Option<usize>,
+    /// Processes known at the start (the target).
+    pub processes: Vec<i32>,
+}
+
+impl AggregatorConfig {
+    /// `functions` functions and `metrics` metrics, nothing else known.
+    pub fn new(functions: usize, metrics: usize) -> Self {
+        AggregatorConfig { functions, metrics, ..AggregatorConfig::default() }
+    }
+}
+
 /// What the probes themselves add to each metric, subtracted from the
 /// times when compensation is on.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Compensation {
     /// Per function: cost one instrumented call of it adds to its callers.
     pub call: Vec<Values>,
@@ -25,7 +64,7 @@ pub struct Compensation {
 }
 
 /// What the aggregator needs to follow lines and regions.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LineSetup {
     /// Per line probe: its function and the lines it enters, in order.
     pub probes: Vec<(u32, Vec<u32>)>,
@@ -273,13 +312,14 @@ pub struct Aggregator {
 }
 
 impl Aggregator {
-    /// An aggregator for `functions` probed functions and `metrics` metrics
-    /// (the first is wall time).
-    pub fn new(functions: usize, metrics: usize, compensation: Option<Compensation>) -> Self {
-        Aggregator {
+    /// An aggregator as `config` says.
+    pub fn new(config: AggregatorConfig) -> Self {
+        let functions = config.functions;
+        let fit = |flags: Vec<bool>| if flags.len() == functions { flags } else { vec![false; functions] };
+        let mut aggregator = Aggregator {
             functions,
-            metrics: metrics.min(MAX_METRICS),
-            compensation,
+            metrics: config.metrics.min(MAX_METRICS),
+            compensation: config.compensation,
             threads: FxHashMap::default(),
             finished: Vec::new(),
             names: FxHashMap::default(),
@@ -291,13 +331,17 @@ impl Aggregator {
             calls_by_function: vec![0; functions],
             unwound_frames: 0,
             orphaned_frames: 0,
-            exit_sites: vec![false; functions],
-            returns_outlive_probes: vec![false; functions],
-            lines: None,
+            exit_sites: fit(config.exit_sites),
+            returns_outlive_probes: fit(config.returns_outlive_probes),
+            lines: config.lines,
             throttled: vec![false; functions],
-            trampolines: Vec::new(),
-            cpu_from_switches: None,
+            trampolines: config.trampolines,
+            cpu_from_switches: config.cpu_from_switches,
+        };
+        for pid in config.processes {
+            aggregator.add_process(pid);
         }
+        aggregator
     }
 
     /// The probe set changed at `time`: threads existing then get the base
@@ -363,45 +407,8 @@ impl Aggregator {
         })
     }
 
-    /// Counts metric `metric` (CPU time) as wall time minus the time each
-    /// thread spends off every CPU, from [`Event::Switched`].
-    pub fn set_cpu_from_switches(&mut self, metric: usize) {
-        self.cpu_from_switches = Some(metric);
-    }
-
-    /// Says where return trampolines are (see [`Aggregator::trampolines`]).
-    pub fn set_trampolines(&mut self, trampolines: Vec<std::ops::Range<u64>>) {
-        self.trampolines = trampolines;
-    }
-
-    /// Follows lines and regions as `setup` says.
-    pub fn set_lines(&mut self, setup: LineSetup) {
-        self.lines = Some(setup);
-    }
-
-    /// Says which functions have their returns seen at their `ret`
-    /// instructions rather than by return probes.
-    pub fn set_exit_sites(&mut self, exit_sites: Vec<bool>) {
-        if exit_sites.len() == self.functions {
-            self.exit_sites = exit_sites;
-        }
-    }
-
-    /// Says which functions keep reporting the returns of calls in progress
-    /// once their probes are gone.
-    pub fn set_returns_outlive_probes(&mut self, outlive: Vec<bool>) {
-        if outlive.len() == self.functions {
-            self.returns_outlive_probes = outlive;
-        }
-    }
-
-    /// Names a thread before it is seen (threads that exist at attach time).
-    pub fn name_thread(&mut self, tid: u32, name: String) {
-        self.names.insert(tid, name);
-    }
-
-    /// Notes a process (the target, at start).
-    pub fn add_process(&mut self, pid: i32) {
+    /// Notes a process.
+    fn add_process(&mut self, pid: i32) {
         if !self.processes.iter().any(|p| p.pid == pid) {
             self.processes.push(ProcessInfo { pid, parent: None, execs: Vec::new() });
         }
@@ -461,6 +468,7 @@ impl Aggregator {
             Event::ProbesReplaced { time, generation, removed } => self.probes_replaced(*time, *generation, removed),
             // Samples and mappings are the sampler's.
             Event::Sample(_) | Event::Mmap { .. } => {}
+            Event::CodeAdded { ranges, .. } => self.trampolines.extend(ranges.iter().cloned()),
             Event::Switched { time, tid, out } => {
                 if self.cpu_from_switches.is_some()
                     && let Some(thread) = self.threads.get_mut(tid)
@@ -493,7 +501,7 @@ impl Aggregator {
         self.hits += 1;
         // A catch marker: every frame at or below the catching frame's
         // call depth is gone.
-        let catch = hit.probe.kind() != ProbeKind::Line && hit.probe.function() as usize >= self.functions;
+        let catch = hit.probe.kind() != HitKind::Line && hit.probe.function() as usize >= self.functions;
         let mut thread = match self.threads.remove(&hit.tid) {
             Some(thread) => thread,
             None if catch => return,
@@ -509,9 +517,9 @@ impl Aggregator {
         let hit = Hit { values, ..*hit };
         match hit.probe.kind() {
             _ if catch => self.unwind_to(&mut thread, &hit, true),
-            ProbeKind::Exit => self.leave(&mut thread, &hit),
-            ProbeKind::Entry => self.enter(&mut thread, &hit),
-            ProbeKind::Line => self.line(&mut thread, &hit),
+            HitKind::Exit => self.leave(&mut thread, &hit),
+            HitKind::Entry => self.enter(&mut thread, &hit),
+            HitKind::Line => self.line(&mut thread, &hit),
         }
         self.threads.insert(hit.tid, thread);
     }
@@ -762,6 +770,7 @@ impl Aggregator {
         Aggregate {
             threads: profiles,
             lost,
+            throttled: self.throttled,
             processes: self.processes,
             hits: self.hits,
             unwound_frames: self.unwound_frames,
@@ -827,6 +836,8 @@ pub struct Aggregate {
     pub threads: Vec<ThreadProfile>,
     /// What was lost.
     pub lost: Lost,
+    /// Per function: its probes were removed during the recording.
+    pub throttled: Vec<bool>,
     /// Processes seen.
     pub processes: Vec<ProcessInfo>,
     /// Probe hits.
@@ -842,14 +853,18 @@ pub struct Aggregate {
     pub regions: Vec<(u64, [Stat; MAX_METRICS])>,
 }
 
-/// A probe id for tests and benchmarks.
-pub fn probe(function: u32, is_return: bool) -> ProbeId {
-    if is_return { ProbeId::exit(function) } else { ProbeId::entry(function) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::ProbeId;
+
+    fn probe(function: u32, is_return: bool) -> ProbeId {
+        ProbeId::of_call(function, is_return)
+    }
+
+    fn aggregator(functions: usize, metrics: usize) -> Aggregator {
+        Aggregator::new(AggregatorConfig::new(functions, metrics))
+    }
 
     /// A hit at `time` with cpu = time / 2, stack pointer `sp`.
     fn hit(tid: u32, f: u32, ret: bool, time: u64, sp: u64) -> Event {
@@ -867,7 +882,7 @@ mod tests {
     #[test]
     fn inclusive_and_exclusive_on_a_known_tree() {
         // main(0) [0,100] calls a(1) [10,40] which calls b(2) [20,30]; then b [50,60].
-        let mut agg = Aggregator::new(3, 2, None);
+        let mut agg = aggregator(3, 2);
         let stream = [
             hit(7, 0, false, 0, 1000),
             hit(7, 1, false, 10, 992),
@@ -894,7 +909,7 @@ mod tests {
     #[test]
     fn per_call_extremes_and_recursion_counted_once() {
         // f(0) recursive: outer [0,100], inner [10,20].
-        let mut agg = Aggregator::new(1, 1, None);
+        let mut agg = aggregator(1, 1);
         for e in [hit(1, 0, false, 0, 1000), hit(1, 0, false, 10, 900), hit(1, 0, true, 20, 908), hit(1, 0, true, 100, 1008)] {
             agg.push(&e);
         }
@@ -910,7 +925,7 @@ mod tests {
         // main(0) calls validate(1) which calls check(2) which throws; main
         // catches (marker 4 at validate's depth) and calls area(3) at the
         // same depth: area is main's callee, validate and check are gone.
-        let mut agg = Aggregator::new(4, 1, None);
+        let mut agg = aggregator(4, 1);
         for e in [
             hit(1, 0, false, 0, 1000),
             hit(1, 1, false, 10, 992),
@@ -936,7 +951,7 @@ mod tests {
     fn a_deeper_frame_is_gone_when_a_shallower_call_starts() {
         // Without a marker (longjmp): main(0) -> a(1) -> b(2); longjmp back
         // to main, which calls c(3) from a shallower depth than b.
-        let mut agg = Aggregator::new(4, 1, None);
+        let mut agg = aggregator(4, 1);
         for e in [hit(1, 0, false, 0, 1000), hit(1, 1, false, 10, 992), hit(1, 2, false, 20, 984), hit(1, 3, false, 50, 992)] {
             agg.push(&e);
         }
@@ -949,8 +964,7 @@ mod tests {
     fn with_exit_sites_a_tail_call_ends_its_caller() {
         // f(0) at sp 992 jumps to g(1), which is entered at the same sp
         // (an indirect tail call, no exit site seen for f).
-        let mut agg = Aggregator::new(2, 1, None);
-        agg.set_exit_sites(vec![true, true]);
+        let mut agg = Aggregator::new(AggregatorConfig { exit_sites: vec![true, true], ..AggregatorConfig::new(2, 1) });
         for e in [hit(1, 0, false, 0, 992), hit(1, 1, false, 10, 992), hit(1, 1, true, 30, 1000)] {
             agg.push(&e);
         }
@@ -968,7 +982,7 @@ mod tests {
     fn a_tail_call_keeps_its_caller() {
         // f(0) at sp 992 tail-calls g(1), entered at the same sp; both
         // returns arrive together (the kernel chains them).
-        let mut agg = Aggregator::new(2, 1, None);
+        let mut agg = aggregator(2, 1);
         for e in [hit(1, 0, false, 0, 992), hit(1, 1, false, 10, 992), hit(1, 1, true, 30, 1000), hit(1, 0, true, 30, 1000)] {
             agg.push(&e);
         }
@@ -979,7 +993,7 @@ mod tests {
 
     #[test]
     fn without_stack_pointers_an_outer_return_unwinds_inner_frames() {
-        let mut agg = Aggregator::new(3, 1, None);
+        let mut agg = aggregator(3, 1);
         for e in [hit(1, 0, false, 0, 0), hit(1, 1, false, 10, 0), hit(1, 2, false, 20, 0), hit(1, 0, true, 100, 0)] {
             agg.push(&e);
         }
@@ -993,7 +1007,7 @@ mod tests {
 
     #[test]
     fn threads_are_separate_and_unmatched_returns_counted() {
-        let mut agg = Aggregator::new(1, 1, None);
+        let mut agg = aggregator(1, 1);
         for e in
             [hit(1, 0, false, 0, 100), hit(2, 0, true, 5, 108), hit(2, 0, false, 6, 100), hit(1, 0, true, 10, 108), hit(2, 0, true, 9, 108)]
         {
@@ -1009,7 +1023,7 @@ mod tests {
     fn compensation_subtracts_probe_costs_of_callees() {
         // a(0) calls b(1) twice; each call of b costs 5 to its caller and 1 to itself.
         let comp = Compensation { call: vec![[5; MAX_METRICS]; 2], own: vec![[1; MAX_METRICS]; 2] };
-        let mut agg = Aggregator::new(2, 1, Some(comp));
+        let mut agg = Aggregator::new(AggregatorConfig { compensation: Some(comp), ..AggregatorConfig::new(2, 1) });
         for e in [
             hit(1, 0, false, 0, 100),
             hit(1, 1, false, 10, 92),
@@ -1033,7 +1047,7 @@ mod tests {
     fn counters_add_up_over_cpus() {
         // The thread runs on CPU 0 (cpu counter 0 -> 10), leaves it, runs on
         // CPU 1 (0 -> 5), and returns there: 15 in all, not 5 - 0.
-        let mut agg = Aggregator::new(1, 2, None);
+        let mut agg = aggregator(1, 2);
         let at = |cpu: u16, time: u64, count: u64, ret: bool| {
             let mut values = [0; MAX_METRICS];
             values[0] = time;
@@ -1060,7 +1074,7 @@ mod tests {
         // main(0) calls hot(1); hot loses its probes while running. The new
         // probe set's counters start from zero: main's return (cpu 5 in the
         // new set) is 30 + 5 in the thread's total.
-        let mut agg = Aggregator::new(2, 2, None);
+        let mut agg = aggregator(2, 2);
         let at = |f: u32, ret: bool, time: u64, cpu_count: u64, generation: u32, sp: u64| {
             let mut values = [0; MAX_METRICS];
             values[0] = time;
@@ -1088,8 +1102,7 @@ mod tests {
     fn unpatched_functions_keep_their_calls_in_progress_until_they_return() {
         // main(0) calls hot(1), both patched in the process; hot is unpatched
         // while running, and its return still comes through the trampoline.
-        let mut agg = Aggregator::new(2, 1, None);
-        agg.set_returns_outlive_probes(vec![true, true]);
+        let mut agg = Aggregator::new(AggregatorConfig { returns_outlive_probes: vec![true, true], ..AggregatorConfig::new(2, 1) });
         let at = |f: u32, ret: bool, time: u64, sp: u64| {
             let mut values = [0; MAX_METRICS];
             values[0] = time;
@@ -1114,7 +1127,7 @@ mod tests {
     fn frames_across_a_replacement_keep_their_return_addresses_until_gone() {
         // main(0) calls run(1) calls hot(2), all seen by return probes; hot
         // loses its probes while running, main and run keep theirs.
-        let mut agg = Aggregator::new(3, 1, None);
+        let mut agg = aggregator(3, 1);
         let enter = |f: u32, time: u64, sp: u64, ret: u64| {
             let mut values = [0; MAX_METRICS];
             values[0] = time;
@@ -1142,7 +1155,7 @@ mod tests {
 
     #[test]
     fn exited_threads_are_all_kept() {
-        let mut agg = Aggregator::new(1, 1, None);
+        let mut agg = aggregator(1, 1);
         for tid in 2..6 {
             agg.push(&hit(tid, 0, false, 1, 100));
         }
@@ -1158,7 +1171,7 @@ mod tests {
 
     #[test]
     fn exit_closes_a_thread_and_lost_records_are_counted() {
-        let mut agg = Aggregator::new(1, 1, None);
+        let mut agg = aggregator(1, 1);
         agg.push(&Event::Comm { time: 0, pid: 1, tid: 3, name: "worker".into(), exec: false });
         agg.push(&hit(3, 0, false, 10, 100));
         agg.push(&Event::Lost { time: 11, tid: 3, probe: Some(probe(0, true)), count: 4 });

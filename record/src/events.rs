@@ -1,6 +1,10 @@
-//! The event stream every recording engine produces and the aggregator consumes.
+//! The one event type every source of a recording speaks (kernel uprobes,
+//! the in-process engine, the sampler's perf events) and the aggregator
+//! consumes, in time order.
 
-use crate::metrics::MAX_METRICS;
+use proftap_probes::metrics::MAX_METRICS;
+use proftap_probes::sampling::StackSample;
+use serde::{Deserialize, Serialize};
 
 /// Metric values at one moment of one thread: index 0 is the time (wall
 /// nanoseconds), the others the counters of the recording's metrics in order.
@@ -9,13 +13,14 @@ use crate::metrics::MAX_METRICS;
 /// keeps an inherited counter per CPU); the aggregator sums them.
 pub type Values = [u64; MAX_METRICS];
 
-/// Which probe fired: a function's entry or its return.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Which probe fired: a function's entry or its return, or a line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct ProbeId(u32);
 
-/// What a probe marks.
+/// What a probe hit marks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProbeKind {
+pub enum HitKind {
     /// A function's entry.
     Entry,
     /// A function's return.
@@ -46,21 +51,26 @@ impl ProbeId {
         self.index()
     }
     /// What the probe marks.
-    pub fn kind(self) -> ProbeKind {
+    pub fn kind(self) -> HitKind {
         match self.0 & 3 {
-            0 => ProbeKind::Entry,
-            1 => ProbeKind::Exit,
-            _ => ProbeKind::Line,
+            0 => HitKind::Entry,
+            1 => HitKind::Exit,
+            _ => HitKind::Line,
         }
     }
     /// Whether this is a return probe.
     pub fn is_return(self) -> bool {
-        self.kind() == ProbeKind::Exit
+        self.kind() == HitKind::Exit
+    }
+
+    /// The entry (`false`) or return (`true`) probe of function `f`.
+    pub fn of_call(f: u32, is_return: bool) -> Self {
+        if is_return { ProbeId::exit(f) } else { ProbeId::entry(f) }
     }
 }
 
 /// A probe hit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hit {
     /// Process id.
     pub pid: u32,
@@ -81,7 +91,8 @@ pub struct Hit {
 }
 
 /// Something that happened in the target.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     /// A probe fired.
     Hit(Hit),
@@ -177,6 +188,16 @@ pub enum Event {
         /// It left (else it came).
         out: bool,
     },
+    /// proftap put code of its own in a process: a return address there is
+    /// a return trampoline's, and time spent there is the engine's.
+    CodeAdded {
+        /// When.
+        time: u64,
+        /// The process.
+        pid: u32,
+        /// Where.
+        ranges: Vec<std::ops::Range<u64>>,
+    },
 }
 
 impl Event {
@@ -192,97 +213,8 @@ impl Event {
             | Event::Exit { time, .. }
             | Event::Switched { time, .. }
             | Event::Mmap { time, .. }
+            | Event::CodeAdded { time, .. }
             | Event::ProbesReplaced { time, .. } => *time,
         }
-    }
-}
-
-/// A stack sample.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StackSample {
-    /// When.
-    pub time: u64,
-    /// Process id.
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// Instruction pointer, stack pointer, frame pointer.
-    pub regs: [u64; 3],
-    /// The top of the user stack, from the stack pointer up.
-    pub stack: Vec<u8>,
-    /// Taken while the thread was in the kernel (a system call, a fault, or
-    /// a probe being handled); the registers are the user's at that moment.
-    pub in_kernel: bool,
-}
-
-/// Bytes of one hit in a saved event stream.
-pub const SAVED_HIT_BYTES: usize = 32 + 8 * MAX_METRICS;
-
-impl Hit {
-    /// Appends the hit to a saved event stream (little-endian, fixed size),
-    /// for replaying through the aggregator in benchmarks.
-    pub fn save(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.pid.to_le_bytes());
-        out.extend_from_slice(&self.tid.to_le_bytes());
-        out.extend_from_slice(&self.probe.0.to_le_bytes());
-        out.extend_from_slice(&u32::from(self.cpu).to_le_bytes());
-        out.extend_from_slice(&self.sp.to_le_bytes());
-        out.extend_from_slice(&self.ret.to_le_bytes());
-        for v in &self.values {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-
-    /// Reads the hits of a saved event stream; a trailing partial hit is ignored.
-    pub fn load_all(bytes: &[u8]) -> Vec<Hit> {
-        let u32_at = |c: &[u8], at: usize| u32::from_le_bytes([c[at], c[at + 1], c[at + 2], c[at + 3]]);
-        let u64_at = |c: &[u8], at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&c[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        bytes
-            .chunks_exact(SAVED_HIT_BYTES)
-            .map(|c| {
-                let mut values = [0; MAX_METRICS];
-                for (i, v) in values.iter_mut().enumerate() {
-                    *v = u64_at(c, 32 + 8 * i);
-                }
-                Hit {
-                    pid: u32_at(c, 0),
-                    tid: u32_at(c, 4),
-                    probe: ProbeId(u32_at(c, 8)),
-                    cpu: u32_at(c, 12) as u16,
-                    sp: u64_at(c, 16),
-                    ret: u64_at(c, 24),
-                    generation: 0,
-                    values,
-                }
-            })
-            .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn saved_hits_read_back() {
-        let hit = Hit {
-            pid: 1,
-            tid: 2,
-            probe: ProbeId::exit(7),
-            sp: 0x7ffd_1234,
-            ret: 0x5555_0000,
-            cpu: 1,
-            generation: 0,
-            values: [9; MAX_METRICS],
-        };
-        let mut bytes = Vec::new();
-        hit.save(&mut bytes);
-        hit.save(&mut bytes);
-        bytes.push(0);
-        assert_eq!(Hit::load_all(&bytes), vec![hit, hit]);
     }
 }
