@@ -5,6 +5,11 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 cargo fmt --all --check
+cargo fmt --manifest-path fuzz/Cargo.toml --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-# Strict: a test whose tool or kernel feature is missing fails instead of skipping.
+# A short fuzzing run per target (docs/FUZZING.md).
+scripts/fuzz.sh 15
+# A test whose tool or kernel feature is missing fails, saying what is
+# missing; none passes by skipping (PROFTAP_TESTS_STRICT=1 also fails the
+# few unit tests of the in-process engine that would skip).
 PROFTAP_TESTS_STRICT=1 cargo test --workspace

@@ -10,9 +10,7 @@ use std::process::Command;
 
 #[test]
 fn a_session_on_a_running_program_is_listed_stopped_and_fetched() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(dir.path());
     let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
@@ -42,9 +40,7 @@ fn a_session_on_a_running_program_is_listed_stopped_and_fetched() {
 
 #[test]
 fn a_session_launches_a_command_and_keeps_its_profile() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(dir.path());
     let calls = Build::c("calls.c", "-O0").build();
@@ -62,9 +58,7 @@ fn a_session_launches_a_command_and_keeps_its_profile() {
 
 #[test]
 fn a_user_profiles_their_own_process_and_not_roots() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let (uid, gid) = test_user();
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -97,9 +91,7 @@ fn a_user_profiles_their_own_process_and_not_roots() {
 
 #[test]
 fn a_users_command_runs_as_that_user_in_their_directory() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let (uid, gid) = test_user();
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -133,9 +125,7 @@ fn a_users_command_runs_as_that_user_in_their_directory() {
 
 #[test]
 fn sigterm_leaves_the_program_running_and_the_profile_kept() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(dir.path());
     let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());

@@ -28,9 +28,7 @@ fn record(binary: &Path, units: &str, dir: &Path, name: &str) -> PathBuf {
 
 #[test]
 fn diff_names_a_function_that_doubled_and_passes_identical_runs() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let _alone = alone();
     let binary = Build::c("workload.c", "-O2").build();
     let dir = tempfile::tempdir().unwrap();
@@ -67,9 +65,7 @@ fn diff_names_a_function_that_doubled_and_passes_identical_runs() {
 
 #[test]
 fn merged_runs_add_up() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let _alone = alone();
     let binary = Build::c("workload.c", "-O2").build();
     let dir = tempfile::tempdir().unwrap();
@@ -84,9 +80,7 @@ fn merged_runs_add_up() {
 
 #[test]
 fn damaged_truncated_and_foreign_files_are_named_in_one_sentence() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
     let good = record(&Build::c("workload.c", "-O2").build(), "1", dir.path(), "good.profile");
@@ -116,9 +110,8 @@ fn damaged_truncated_and_foreign_files_are_named_in_one_sentence() {
 
 #[test]
 fn pprof_export_is_read_by_go_tool_pprof() {
-    if !can_probe() || !have("go", "to read the pprof export") {
-        return;
-    }
+    require_probes();
+    require("go", "to read the pprof export");
     let binary = Build::c("workload.c", "-O2").build();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
@@ -557,9 +550,7 @@ fn mutate(profile: &Value, rng: &mut Rng) -> Vec<u8> {
 
 #[test]
 fn mutated_profiles_never_crash_or_hang_a_command() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
     let binary = Build::c("coverage.c", "-O0").build();
@@ -606,9 +597,7 @@ fn mutated_profiles_never_crash_or_hang_a_command() {
 
 #[test]
 fn gcov_writes_only_in_its_directory_and_reads_sources_as_the_invoking_user() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let _alone = alone();
     use std::os::unix::fs::{PermissionsExt, symlink};
     let dir = tempfile::tempdir().unwrap();
@@ -687,7 +676,7 @@ fn outputs_go_to_standard_output_devices_fifos_and_through_links() {
     run_bounded_ok(dir.path(), &svg(Path::new("/dev/null")), &[]);
     assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
     let merged = run(proftap().arg("merge").arg(&good).arg(&good).args(["-o", "-"]));
-    assert!(merged.status.success() && merged.stdout.starts_with(b"proftap-profile 1\n"));
+    assert!(merged.status.success() && merged.stdout.starts_with(b"proftap-profile 2\n"));
     assert_eq!(entries(dir.path()), vec!["good.profile", "stderr", "stdout"]);
 
     // A FIFO is written into, not replaced.

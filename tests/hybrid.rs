@@ -19,9 +19,7 @@ fn a_hot_tiny_function_is_unpatched_before_its_records_fill_the_rings() {
 }
 
 fn check_hot_function_throttled(engine: &[&str]) {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::c("hot.c", "-O2").build();
     // tiny is called 200 million times: instrumented throughout, the
     // program would run for minutes instead of a fraction of a second.
@@ -71,9 +69,7 @@ fn check_hot_function_throttled(engine: &[&str]) {
 
 #[test]
 fn a_zero_budget_keeps_every_probe() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::c("hot.c", "-O2").build();
     // 100 000 calls: a second of probes, far over any budget.
     let report = profile_run(&["--overhead-budget", "0", "--no-sample"], &[binary.to_str().unwrap(), "0.1"]);
@@ -93,9 +89,7 @@ fn attach_auto_instrument_patches_the_hottest_functions_after_the_warm_up() {
 }
 
 fn check_auto_instrument(engine: &str) {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");

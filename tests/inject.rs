@@ -1,5 +1,8 @@
-//! The in-process engine (`--engine inject`): the engine tests again, with
-//! calls seen through jumps patched over function entries.
+//! What only the in-process engine (`--engine inject`) does: longjmp, Rust
+//! panics and `backtrace()` through patched frames, shared libraries patched
+//! before their constructors, exceptions on a process it attached to, its
+//! shadow stack's depth, and when it is the default. tests/engines.rs has
+//! what it does as the uprobe engine does.
 #![allow(clippy::unwrap_used)]
 
 use proftap_tests::*;
@@ -14,79 +17,18 @@ fn check_calls_against_callgrind(build: &Build, args: &[&str]) {
 }
 
 #[test]
-fn call_counts_equal_callgrind() {
-    if !can_probe() || !have("valgrind", "as the call-count oracle") {
-        return;
-    }
+fn calls_a_longjmp_leaves_equal_callgrinds() {
+    require_probes();
+    require("valgrind", "as the call-count oracle");
     for opt in ["-O0", "-O2"] {
-        check_calls_against_callgrind(&Build::c("calls.c", opt), &["300", "12"]);
-        check_calls_against_callgrind(&Build::c("multifile/main.c", opt).sources(&["multifile/io.c", "multifile/compute.c"]), &["40", "5"]);
-        check_calls_against_callgrind(&Build::c("threads.c", opt), &["3", "200"]);
         // Calls a longjmp leaves, and calls made from the slot they used.
         check_calls_against_callgrind(&Build::c("jumps.c", opt), &["300", "3"]);
-        // C++ (templates, virtual calls, a throw through two frames) and Rust.
-        check_calls_against_callgrind(&Build::cxx("shapes.cpp", opt), &["30"]);
-        check_calls_against_callgrind(&Build::rust("calls.rs", opt), &["200"]);
-    }
-}
-
-#[test]
-fn inclusive_and_exclusive_add_up_on_a_known_tree() {
-    if !can_probe() {
-        return;
-    }
-    let binary = Build::c("calls.c", "-O0").build();
-    let report = profile_run(INJECT, &[binary.to_str().unwrap(), "2000", "12"]);
-    let functions = &report["functions"];
-    let stat = |n: &str, kind: &str, field: &str| function(functions, n)[kind]["wall_ns"][field].as_u64().unwrap();
-    assert_eq!(stat("leaf", "inclusive", "total"), stat("leaf", "exclusive", "total"));
-    assert_eq!(
-        stat("run", "inclusive", "total"),
-        stat("run", "exclusive", "total") + stat("left", "inclusive", "total") + stat("right", "inclusive", "total")
-    );
-    assert!(stat("main", "inclusive", "total") >= stat("run", "inclusive", "total") + stat("fib", "inclusive", "total"));
-    for name in ["leaf", "left", "right", "fib", "run"] {
-        let (min, max) = (stat(name, "inclusive", "min"), stat(name, "inclusive", "max"));
-        let avg = function(functions, name)["inclusive"]["wall_ns"]["avg"].as_u64().unwrap();
-        assert!(min <= avg && avg <= max, "{name}: {min} <= {avg} <= {max}");
-    }
-}
-
-#[test]
-fn cpu_time_and_wall_time_are_told_apart() {
-    if !can_probe() {
-        return;
-    }
-    check_cpu_and_wall(&["--engine", "inject"]);
-}
-
-#[test]
-fn per_thread_counts() {
-    if !can_probe() {
-        return;
-    }
-    let binary = Build::c("threads.c", "-O2").build();
-    // At once, and one after the other: then each thread gets the stack and
-    // thread control block of the one before, and still counts as itself.
-    for serial in [&[][..], &["serial"]] {
-        let args = [&[binary.to_str().unwrap(), "4", "500"][..], serial].concat();
-        let report = profile_run(&["--engine", "inject", "-f", "work"], &args);
-        let threads = report["threads"].as_array().unwrap();
-        let mut counts: Vec<u64> = threads.iter().map(|t| function(&t["functions"], "work")["calls"].as_u64().unwrap()).collect();
-        counts.sort();
-        assert_eq!(counts, vec![500, 500, 1000, 1500, 2000], "{serial:?}");
-        let mut tids: Vec<i64> = threads.iter().map(|t| t["tid"].as_i64().unwrap()).collect();
-        tids.sort();
-        tids.dedup();
-        assert_eq!(tids.len(), 5, "{serial:?}: {tids:?}");
     }
 }
 
 #[test]
 fn the_program_keeps_its_output_and_status() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::c("jumps.c", "-O2").build();
     let bare = run_ok(Command::new(&binary).args(["50", "4"]));
     let dir = tempfile::tempdir().unwrap();
@@ -112,34 +54,8 @@ fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Chil
 }
 
 #[test]
-fn attach_then_detach_restores_the_program() {
-    if !can_probe() {
-        return;
-    }
-    for opt in ["-O0", "-O2"] {
-        let mut waiter = Waiter::start(&Build::c("wait.c", opt).build());
-        assert_eq!(waiter.tick(7), 7);
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("p.profile");
-        let profiler = attach(waiter.pid, &["--engine", "inject", "-f", "tick"], &file);
-        assert_eq!(waiter.tick(100_000), 100_007);
-        run_ok(Command::new("kill").args(["-INT", &profiler.id().to_string()]));
-        assert!(profiler.wait_with_output().unwrap().status.success());
-        assert_eq!(waiter.tick(3), 100_010);
-        let (rest, status) = waiter.finish();
-        assert_eq!(rest, "done 100010\n");
-        assert!(status.success());
-        let report = report_json(&file);
-        assert_eq!(calls_by_name(&report)["tick"], 100_000, "{opt}");
-        assert_eq!(report["recording"]["engine"], "inject");
-    }
-}
-
-#[test]
 fn a_killed_profiler_leaves_the_program_running() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
@@ -170,20 +86,8 @@ fn profile_like_bare(binary: &std::path::Path, extra: &[&str], args: &[&str]) ->
 }
 
 #[test]
-fn a_cpp_function_left_by_a_throw_is_counted_and_stopped() {
-    if !can_probe() {
-        return;
-    }
-    for report in check_throws_are_counted_and_stopped(INJECT) {
-        assert_eq!(report["recording"]["engine"], "inject");
-    }
-}
-
-#[test]
 fn a_rust_panic_caught_by_catch_unwind() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::rust("panics.rs", "-O").build();
     let report = profile_like_bare(&binary, &["-f", "panics::check", "-f", "panics::validate", "-f", "panics::run"], &["50"]);
     let unwound = |name: &str| {
@@ -198,9 +102,7 @@ fn a_rust_panic_caught_by_catch_unwind() {
 
 #[test]
 fn backtrace_sees_the_programs_own_stack() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     for opt in ["-O0", "-O2"] {
         let binary = Build::c("backtrace.c", opt).flag("-rdynamic").build();
         // The output names every frame: backtrace() met no trampoline.
@@ -216,9 +118,7 @@ fn backtrace_sees_the_programs_own_stack() {
 
 #[test]
 fn other_metrics_are_refused_with_a_reason() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let out = run(proftap()
         .args(["run", "--engine", "inject", "--metric", "wall,page-faults", "--"])
         .arg(Build::c("calls.c", "-O0").build())
@@ -228,9 +128,7 @@ fn other_metrics_are_refused_with_a_reason() {
 
 #[test]
 fn shared_library_functions_are_patched_too() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let dir = tempfile::tempdir().unwrap();
     let lib = dir.path().join("libcounter.so");
     run_ok(Command::new("gcc").args(["-O2", "-g", "-shared", "-fPIC", "-o"]).arg(&lib).arg(examples().join("libcounter/counter.c")));
@@ -252,9 +150,7 @@ fn shared_library_functions_are_patched_too() {
 
 #[test]
 fn attach_to_a_program_whose_exceptions_cross_patched_frames() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     for opt in ["-O0", "-O2"] {
         let mut waiter = Waiter::start(&Build::cxx("waitthrow.cpp", opt).build());
         assert_eq!(waiter.tick(7), 7);
@@ -278,15 +174,8 @@ fn attach_to_a_program_whose_exceptions_cross_patched_frames() {
 }
 
 #[test]
-fn the_call_cost_is_measured_reported_and_compensated() {
-    check_probe_cost_is_measured_and_compensated(&["--engine", "inject"], 35_000);
-}
-
-#[test]
 fn calls_deeper_than_the_shadow_stack_are_counted_as_lost() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::c("deep.c", "-O2").build();
     // down() nests 9001 deep, twice: the shadow stack holds 8192 frames.
     let report = profile_run(&["--engine", "inject", "-f", "down"], &[binary.to_str().unwrap(), "9000", "2"]);
@@ -308,9 +197,7 @@ fn calls_deeper_than_the_shadow_stack_are_counted_as_lost() {
 
 #[test]
 fn the_default_engine_is_this_one_unless_the_recording_needs_uprobes() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let calls = Build::c("calls.c", "-O2").build();
     let calls = calls.to_str().unwrap();
     let engine = |args: &[&str], command: &[&str]| {

@@ -81,9 +81,8 @@ fn agreement(theirs: &BTreeMap<u32, Option<u64>>, ours: &BTreeMap<u32, Option<u6
 
 #[test]
 fn line_counts_equal_gcov_at_o0() {
-    if !can_probe() || !have("gcov", "as the line-count oracle") {
-        return;
-    }
+    require_probes();
+    require("gcov", "as the line-count oracle");
     let dir = tempfile::tempdir().unwrap();
     for args in [vec!["12"], vec!["3"]] {
         let theirs = gcov_counts("coverage.c", "-O0", &args);
@@ -111,9 +110,7 @@ fn line_counts_equal_gcov_at_o0() {
 
 #[test]
 fn gcov_files_have_gcov_s_preamble_and_layout() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let dir = tempfile::tempdir().unwrap();
     let (_, text, _) = proftap_counts(&Build::c("coverage.c", "-O0"), &["4"], dir.path());
     let lines: Vec<&str> = text.lines().collect();
@@ -131,9 +128,8 @@ fn gcov_files_have_gcov_s_preamble_and_layout() {
 
 #[test]
 fn agreement_with_gcov_at_o2_is_measured() {
-    if !can_probe() || !have("gcov", "as the line-count oracle") {
-        return;
-    }
+    require_probes();
+    require("gcov", "as the line-count oracle");
     let dir = tempfile::tempdir().unwrap();
     let theirs = gcov_counts("coverage.c", "-O2", &["12"]);
     let (ours, text, _) = proftap_counts(&Build::c("coverage.c", "-O2"), &["12"], dir.path());
@@ -150,9 +146,7 @@ fn agreement_with_gcov_at_o2_is_measured() {
 
 #[test]
 fn runs_merge_and_other_builds_are_refused() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let dir = tempfile::tempdir().unwrap();
     let build = Build::c("coverage.c", "-O0");
     let binary = build.build();
@@ -196,9 +190,9 @@ fn runs_merge_and_other_builds_are_refused() {
 
 #[test]
 fn lcov_and_gcov_json_are_read_by_genhtml_and_gcovr() {
-    if !can_probe() || !have("genhtml", "to read lcov tracefiles") || !have("gcovr", "to read gcov JSON") {
-        return;
-    }
+    require_probes();
+    require("genhtml", "to read lcov tracefiles");
+    require("gcovr", "to read gcov JSON");
     let dir = tempfile::tempdir().unwrap();
     let (ours, _, profile) = proftap_counts(&Build::c("coverage.c", "-O0"), &["12"], dir.path());
 
@@ -255,9 +249,7 @@ fn line_of(file: &str, text: &str) -> u32 {
 
 #[test]
 fn regions_and_line_times() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     // A region around the body of main's second loop: entered once per iteration.
     let first = line_of("coverage.c", "total += classify(i);");
     let last = line_of("coverage.c", "early(i);");
@@ -297,9 +289,7 @@ fn regions_and_line_times() {
 
 #[test]
 fn lines_of_a_running_process() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     use std::io::{BufRead, BufReader};
     let mut waiter = Waiter::start(&Build::c("wait.c", "-O0").build());
     let dir = tempfile::tempdir().unwrap();

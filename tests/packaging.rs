@@ -15,17 +15,11 @@ impl Drop for Installed {
 
 #[test]
 fn the_deb_builds_installs_and_runs() {
-    if !have("dpkg-deb", "to build the .deb") || !have("dpkg", "to install the .deb") {
-        return;
-    }
-    if !run_ok(Command::new("id").arg("-u")).trim().eq("0") {
-        eprintln!("skipped: installing a package needs root");
-        return;
-    }
-    if Command::new("dpkg").args(["-s", "proftap"]).output().is_ok_and(|o| o.status.success()) {
-        eprintln!("skipped: a proftap package is installed on this machine already; the test would replace it");
-        return;
-    }
+    require("dpkg-deb", "to build the .deb");
+    require("dpkg", "to install the .deb");
+    assert!(run_ok(Command::new("id").arg("-u")).trim().eq("0"), "installing a package needs root: run the tests as root");
+    let installed = Command::new("dpkg").args(["-s", "proftap"]).output().is_ok_and(|o| o.status.success());
+    assert!(!installed, "a proftap package is installed on this machine already, and this test would replace it: remove it first");
     let out = tempfile::tempdir().unwrap();
     let bin_dir = binary("proftap").parent().unwrap().to_path_buf();
     let built =

@@ -1,7 +1,8 @@
-//! `proftap run` and `proftap attach` on real programs with the uprobe
-//! engine (tests/inject.rs runs them with the in-process one): call counts
-//! against callgrind, CPU against wall time, inclusive against exclusive,
-//! threads, attach and detach, a killed profiler, and bad input.
+//! `proftap run` and `proftap attach` on real programs, what the uprobe
+//! engine does or what does not depend on the engine: known counts and the
+//! call tree, exit statuses, a killed profiler, durations, forked children,
+//! lost events, bad input. tests/engines.rs has what every engine must do
+//! alike, run with each.
 #![allow(clippy::unwrap_used)]
 
 use proftap_tests::*;
@@ -15,59 +16,9 @@ const UPROBE: &[&str] = &["--engine", "uprobe"];
 /// Every function instrumented for the whole run: no overhead governor.
 const EXACT: &[&str] = &["--engine", "uprobe", "--overhead-budget", "0"];
 
-/// `profile_run` with the uprobe engine.
-fn uprobe_run(args: &[&str], command: &[&str]) -> Value {
-    profile_run(&[UPROBE, args].concat(), command)
-}
-
-fn stat(f: &Value, kind: &str, metric: &str, field: &str) -> u64 {
-    f[kind][metric][field].as_u64().unwrap_or_else(|| panic!("no {kind}.{metric}.{field} in {f}"))
-}
-
-/// Our call counts equal callgrind's for every function we instrument.
-fn check_calls_against_callgrind(build: &Build, args: &[&str]) {
-    proftap_tests::check_calls_against_callgrind(EXACT, build, args);
-}
-
-#[test]
-fn call_counts_equal_callgrind_for_c_at_o0_and_o2() {
-    if !can_probe() || !have("valgrind", "as the call-count oracle") {
-        return;
-    }
-    for opt in ["-O0", "-O2"] {
-        check_calls_against_callgrind(&Build::c("calls.c", opt), &["300", "12"]);
-        check_calls_against_callgrind(&Build::c("multifile/main.c", opt).sources(&["multifile/io.c", "multifile/compute.c"]), &["40", "5"]);
-        check_calls_against_callgrind(&Build::c("threads.c", opt), &["3", "200"]);
-    }
-}
-
-#[test]
-fn call_counts_equal_callgrind_for_cpp_and_rust() {
-    if !can_probe() || !have("valgrind", "as the call-count oracle") {
-        return;
-    }
-    for opt in ["-O0", "-O2"] {
-        check_calls_against_callgrind(&Build::cxx("shapes.cpp", opt), &["30"]);
-        check_calls_against_callgrind(&Build::rust("calls.rs", opt), &["200"]);
-    }
-}
-
-#[test]
-fn a_cpp_function_left_by_a_throw_is_counted_and_stopped() {
-    if !can_probe() {
-        return;
-    }
-    for report in check_throws_are_counted_and_stopped(EXACT) {
-        // Returns seen at ret instructions: a uretprobe would hide the return address from the unwinder.
-        assert_eq!(report["recording"]["exits"], "return-sites");
-    }
-}
-
 #[test]
 fn known_counts_recursion_and_several_callers() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::c("calls.c", "-O0").build();
     let report = profile_run(EXACT, &[binary.to_str().unwrap(), "1000", "10"]);
     let calls = calls_by_name(&report);
@@ -97,72 +48,8 @@ fn known_counts_recursion_and_several_callers() {
 }
 
 #[test]
-fn inclusive_and_exclusive_add_up_on_a_known_tree() {
-    if !can_probe() {
-        return;
-    }
-    let binary = Build::c("calls.c", "-O0").build();
-    let report = profile_run(EXACT, &[binary.to_str().unwrap(), "2000", "12"]);
-    let functions = &report["functions"];
-    for metric in ["wall_ns", "cpu_ns"] {
-        let incl = |n: &str| stat(function(functions, n), "inclusive", metric, "total");
-        let excl = |n: &str| stat(function(functions, n), "exclusive", metric, "total");
-        // A leaf calls nothing instrumented: exclusive is inclusive.
-        assert_eq!(incl("leaf"), excl("leaf"), "{metric}");
-        // run = its own time + left + right.
-        assert_eq!(incl("run"), excl("run") + incl("left") + incl("right"), "{metric}");
-        // left = its own time + leaf called from left (from the tree).
-        let main = report["tree"]["children"].as_array().unwrap().iter().find(|c| c["name"] == "main").unwrap();
-        let run = main["children"].as_array().unwrap().iter().find(|c| c["name"] == "run").unwrap();
-        let left = run["children"].as_array().unwrap().iter().find(|c| c["name"] == "left").unwrap();
-        let leaf_under_left = left["children"][0]["inclusive"][metric].as_u64().unwrap();
-        assert_eq!(incl("left"), excl("left") + leaf_under_left, "{metric}");
-        assert!(incl("main") >= incl("run") + incl("fib"), "{metric}");
-        // Recursion: fib's inclusive total counts the outermost call only, so
-        // its exclusive total equals it.
-        assert_eq!(incl("fib"), excl("fib"), "{metric}");
-    }
-    for f in functions.as_array().unwrap() {
-        for metric in ["wall_ns", "cpu_ns"] {
-            let (min, avg, max) =
-                (stat(f, "inclusive", metric, "min"), stat(f, "inclusive", metric, "avg"), stat(f, "inclusive", metric, "max"));
-            if f["name"] != "fib" {
-                assert!(min <= avg && avg <= max, "{}: {metric} min {min} avg {avg} max {max}", f["name"]);
-            }
-        }
-    }
-}
-
-#[test]
-fn cpu_time_and_wall_time_are_told_apart() {
-    if !can_probe() {
-        return;
-    }
-    check_cpu_and_wall(UPROBE);
-}
-
-#[test]
-fn threads_have_their_own_counts() {
-    if !can_probe() {
-        return;
-    }
-    let binary = Build::c("threads.c", "-O2").build();
-    let report = uprobe_run(&["-f", "work"], &[binary.to_str().unwrap(), "4", "500"]);
-    // Thread t calls work (t + 1) * 500 times, the main thread 500 times.
-    let mut counts: Vec<u64> =
-        report["threads"].as_array().unwrap().iter().map(|t| function(&t["functions"], "work")["calls"].as_u64().unwrap()).collect();
-    counts.sort();
-    assert_eq!(counts, vec![500, 500, 1000, 1500, 2000]);
-    assert_eq!(calls_by_name(&report)["work"], 5500);
-    let pid = report["target"]["pid"].as_i64().unwrap();
-    assert!(report["threads"].as_array().unwrap().iter().all(|t| t["pid"].as_i64() == Some(pid)));
-}
-
-#[test]
 fn the_program_keeps_its_exit_status_and_output() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::c("calls.c", "-O0").build();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
@@ -189,34 +76,8 @@ fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Chil
 }
 
 #[test]
-fn attach_then_detach_leaves_the_program_running_correctly() {
-    if !can_probe() {
-        return;
-    }
-    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
-    assert_eq!(waiter.tick(7), 7);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    let profiler = attach(waiter.pid, &["-f", "tick"], &file);
-    assert_eq!(waiter.tick(250), 257);
-    nix_signal(profiler.id() as i32, "INT");
-    let status = profiler.wait_with_output().unwrap().status;
-    assert!(status.success(), "{status}");
-    // Detached: the program runs on, unprobed and correct.
-    assert_eq!(waiter.tick(3), 260);
-    let (rest, status) = waiter.finish();
-    assert_eq!(rest, "done 260\n");
-    assert!(status.success());
-    let report = report_json(&file);
-    assert_eq!(calls_by_name(&report)["tick"], 250);
-    assert_eq!(report["target"]["attached"], true);
-}
-
-#[test]
 fn a_killed_profiler_leaves_the_program_running() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let mut waiter = Waiter::start(&Build::c("wait.c", "-O0").build());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
@@ -233,9 +94,7 @@ fn a_killed_profiler_leaves_the_program_running() {
 
 #[test]
 fn attach_with_a_duration_stops_by_itself() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
@@ -294,9 +153,7 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
 
 #[test]
 fn report_renders_text_with_tree_and_threads() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::c("threads.c", "-O0").build();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
@@ -313,9 +170,7 @@ fn report_renders_text_with_tree_and_threads() {
 
 #[test]
 fn forked_children_are_followed_unless_asked_not_to() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::c("forks.c", "-O2").build();
     let b = binary.to_str().unwrap();
     // A program that calls fork is recorded with uprobes by default: they follow forked processes.
@@ -338,9 +193,7 @@ fn forked_children_are_followed_unless_asked_not_to() {
 
 #[test]
 fn lost_events_are_counted_and_shown() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
@@ -379,9 +232,4 @@ fn lost_text(n: u64) -> String {
         out.push(c);
     }
     out
-}
-
-#[test]
-fn the_probe_cost_is_measured_reported_and_compensated() {
-    check_probe_cost_is_measured_and_compensated(UPROBE, 20_000);
 }

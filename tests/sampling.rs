@@ -32,9 +32,7 @@ fn shares(report: &Value) -> HashMap<String, (f64, f64)> {
 
 #[test]
 fn a_known_split_is_sampled_as_it_is_and_as_perf_sees_it() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = split().build();
     let report = profile_run(&["--sample", "1000", "-f", "run"], &[binary.to_str().unwrap(), "300"]);
     let samples = &report["samples"];
@@ -46,9 +44,7 @@ fn a_known_split_is_sampled_as_it_is_and_as_perf_sees_it() {
     assert!((65.0..=75.0).contains(&a), "work_a {a:.1}%");
     assert!((25.0..=35.0).contains(&b), "work_b {b:.1}%");
 
-    if !have("perf", "to compare sampled shares") {
-        return;
-    }
+    require("perf", "to compare sampled shares");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("perf.data");
     let out = run(Command::new("perf").args(["record", "-q", "-F", "1000", "-g", "-o"]).arg(&data).arg("--").arg(&binary).arg("300"));
@@ -70,9 +66,7 @@ fn a_known_split_is_sampled_as_it_is_and_as_perf_sees_it() {
 
 #[test]
 fn stacks_unwind_without_frame_pointers_through_libraries_and_inlined_code() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = split().build();
     // -fomit-frame-pointer: work_a saves no frame pointer, so only CFI unwinds it.
     let disassembly = run_ok(Command::new("objdump").args(["-d", "--no-show-raw-insn"]).arg(&binary));
@@ -112,9 +106,7 @@ fn assert_valid_xml(path: &std::path::Path) {
 
 #[test]
 fn flame_graphs_from_samples_calls_and_differences() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let dir = tempfile::tempdir().unwrap();
     let binary = split().build();
     let base = dir.path().join("base.profile");
@@ -144,9 +136,7 @@ fn flame_graphs_from_samples_calls_and_differences() {
 
 #[test]
 fn no_instrument_samples_without_placing_a_probe() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = split().build();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");

@@ -94,9 +94,7 @@ fn daemon_in(shared: &Shared) -> Daemon {
 
 #[test]
 fn a_program_whose_interpreter_is_a_script_never_has_it_run() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let shared = Shared::new();
     let marker = shared.path("ran");
     let script = shared.path("x.sh");
@@ -123,9 +121,7 @@ fn a_program_whose_interpreter_is_a_script_never_has_it_run() {
 
 #[test]
 fn calibration_writes_through_no_planted_link() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let dir = tempfile::tempdir().unwrap();
     let victim = dir.path().join("victim");
     std::fs::write(&victim, "precious\n").unwrap();
@@ -157,9 +153,7 @@ const WORKER_CAPS: u64 = (1 << 14) | (1 << 38);
 
 #[test]
 fn a_users_session_is_recorded_by_a_process_with_their_ids_and_two_capabilities() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let shared = Shared::new();
     let daemon = daemon_in(&shared);
     let wait = shared.path("wait");
@@ -246,9 +240,7 @@ int main(int argc, char **argv) {
 
 #[test]
 fn a_process_that_becomes_root_by_exec_is_not_profiled_for_its_user() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let shared = Shared::new();
     let daemon = daemon_in(&shared);
     let setuid = shared.compile("setuid_secret", SETUID_TARGET, &[]);
@@ -309,9 +301,7 @@ fn a_process_that_becomes_root_by_exec_is_not_profiled_for_its_user() {
 
 #[test]
 fn a_target_that_scribbles_on_shared_memory_ends_its_recording_and_nothing_else() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let shared = Shared::new();
     let scribble = shared.path("scribble");
     std::fs::copy(Build::c("scribble.c", "-O2").build(), &scribble).unwrap();
@@ -340,9 +330,7 @@ fn a_target_that_scribbles_on_shared_memory_ends_its_recording_and_nothing_else(
 
 #[test]
 fn endless_requests_and_too_many_connections_are_cut_off() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let shared = Shared::new();
     let daemon = daemon_in(&shared);
     // Eight clients each send 100 MB without a newline.
@@ -386,9 +374,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 #[test]
 fn out_of_descriptors_the_daemon_waits_instead_of_spinning() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let shared = Shared::new();
     let daemon = Daemon::start_with(&daemon_dir(&shared), &["--max-connections", "1000"], |command| {
         // SAFETY: setrlimit between fork and exec.
@@ -416,9 +402,7 @@ fn out_of_descriptors_the_daemon_waits_instead_of_spinning() {
 
 #[test]
 fn state_is_root_only_and_a_users_program_writes_to_their_files_not_the_log() {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let shared = Shared::new();
     let daemon = Daemon::start_with(&daemon_dir(&shared), &[], |command| {
         // SAFETY: umask between fork and exec.
@@ -465,4 +449,30 @@ fn state_is_root_only_and_a_users_program_writes_to_their_files_not_the_log() {
     for entry in std::fs::read_dir(&daemon.state).unwrap().flatten() {
         assert_eq!(mode(&entry.path()), 0o600, "{}", entry.path().display());
     }
+}
+
+#[test]
+fn a_fifo_named_as_the_program_is_refused_at_once() {
+    require_probes();
+    let shared = Shared::new();
+    let fifo = shared.path("program");
+    run_ok(Command::new("mkfifo").arg("-m").arg("0666").arg(&fifo));
+    let fifo_text = fifo.to_str().unwrap();
+    // Locally: symbols and run say what is wrong instead of waiting for a writer.
+    for args in [&["symbols", fifo_text][..], &["run", "-f", "main", "--", fifo_text]] {
+        let started_at = Instant::now();
+        let out = run(proftap().args(args));
+        assert!(!out.status.success() && out.status.code() != Some(101), "{args:?}: {out:?}");
+        assert!(started_at.elapsed() < Duration::from_secs(20), "{args:?} took {:?}", started_at.elapsed());
+    }
+    let out = run(proftap().args(["symbols", fifo_text]));
+    assert_clean_failure(&out, "is a named pipe (FIFO), not an executable");
+    // Through proftapd: the user's session fails; the daemon serves on and stops when asked.
+    let daemon = daemon_in(&shared);
+    let started_at = Instant::now();
+    let out = shared.session(&daemon, &["start", "-f", "main", "--", fifo_text]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(started_at.elapsed() < Duration::from_secs(20));
+    shared.still_served(&daemon);
+    assert!(daemon.terminate().success());
 }

@@ -1,10 +1,13 @@
-//! The pieces of the `proftap` command line that `proftapd` shares: the
-//! options of a recording and how they become one, and the renderers.
+//! The `proftap` command line: its arguments become a
+//! [`proftap_record::request::RecordRequest`], the recorder's events are
+//! shown as they come, and profiles are rendered (text, JSON, flame graphs,
+//! pprof, gcov, lcov).
 
 pub mod calibration;
+pub mod client;
 pub mod commands;
 pub mod output;
 pub mod report;
-pub mod session;
 pub mod sources;
 pub mod status;
+pub mod wording;

@@ -2,7 +2,7 @@
 //! structs here; the libraries never see clap.
 
 use clap::{Parser, Subcommand};
-use proftap_cli::{commands, output};
+use proftap_cli::commands;
 use std::process::ExitCode;
 
 /// Exact call counts, per-call costs and line counts of unmodified Linux programs.
@@ -64,9 +64,7 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::run(args),
         Command::Merge(args) => commands::merge::run(args),
         Command::Diff(args) => commands::diff::run(args),
-        Command::Session(args) => {
-            commands::session::run(args, cli.socket.unwrap_or_else(proftap_cli::session::default_socket), std::env::args_os().collect())
-        }
+        Command::Session(args) => commands::session::run(args, cli.socket.unwrap_or_else(proftap_record::protocol::default_socket)),
         Command::Symbols(args) => commands::symbols::run(args),
         Command::GenerateDocs { dir } => generate_docs(&dir).map(|()| ExitCode::SUCCESS),
         Command::CalibrateHelper { out } => {
@@ -76,7 +74,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("proftap: {}", output::error_sentence(&error));
+            eprintln!("proftap: {}", proftap_cli::wording::error(&error));
             ExitCode::from(2)
         }
     }

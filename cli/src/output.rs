@@ -7,18 +7,7 @@ use std::path::Path;
 /// cause the message already states. Control characters an error quotes
 /// (from a file's names, say) are escaped to keep it one line.
 pub fn error_sentence(error: &anyhow::Error) -> String {
-    let mut text = error.to_string();
-    for cause in error.chain().skip(1) {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-    }
-    if text.contains(char::is_control) {
-        text = text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] }).collect();
-    }
-    text
+    proftap_record::error::sentence(error.as_ref())
 }
 
 /// Whether an `-o` argument means standard output.

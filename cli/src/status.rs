@@ -1,12 +1,14 @@
-//! What proftap shows on a terminal while it works: a spinner for slow
-//! steps (reading a large binary's symbols, placing many probes) and, while
-//! recording, a live status line. Nothing when stderr is not a terminal.
+//! What proftap shows while it records: the recorder's warnings and
+//! probe-set changes on stderr, and on a terminal a spinner for slow steps
+//! (reading a large binary's symbols, placing many probes) and, while
+//! recording, a live status line. No spinner when stderr is not a terminal.
 
+use crate::wording;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use proftap_probes::record::Progress;
+use proftap_record::observer::{Observer, RecordEvent, Step};
 use std::io::IsTerminal;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -32,107 +34,125 @@ fn spinner(message: String) -> ProgressBar {
     bar
 }
 
-/// A step that may take a while: a spinner appears if it is still going
-/// after a moment, and goes when the step (this value) is dropped.
-pub struct Activity {
+/// What the status line shows.
+struct Shown {
+    /// A slow step, and since when.
+    step: Option<(String, Instant)>,
+    /// Recording: the pid, hits and losses so far.
+    live: Option<(i32, u64, u64)>,
+    bar: Option<ProgressBar>,
+    /// Hits per second, from the hits at the last measure.
+    rate: (Instant, u64, f64),
+}
+
+impl Shown {
+    /// Prints a line above the status line.
+    fn say(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{line}")),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    fn clear(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+
+    /// Brings the status line up to date (called every few tens of ms).
+    fn refresh(&mut self, live_line: bool) {
+        if let Some((message, since)) = &self.step {
+            if self.bar.is_none() && since.elapsed() >= SHOW_AFTER {
+                self.bar = Some(spinner(message.clone()));
+            }
+            return;
+        }
+        let Some((pid, hits, lost)) = self.live.filter(|_| live_line) else { return };
+        if self.rate.0.elapsed() >= Duration::from_millis(500) {
+            self.rate = (Instant::now(), hits, (hits - self.rate.1.min(hits)) as f64 / self.rate.0.elapsed().as_secs_f64());
+        }
+        let bar = self.bar.get_or_insert_with(|| spinner(String::new()));
+        bar.set_message(format!("recording pid {pid}: {hits} probe hits, {:.0}/s, {lost} lost", self.rate.2));
+    }
+}
+
+/// Renders a recording's events on stderr: warnings and probe-set changes
+/// as lines, `attach`'s announcement, and on a terminal the status line.
+pub struct Terminal {
+    shown: Arc<Mutex<Shown>>,
     done: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Activity {
-    /// Starts showing `message` (on a terminal, after a moment).
-    pub fn start(message: impl Into<String>) -> Self {
+impl Terminal {
+    /// Starts rendering; `live` adds the live line of counters while recording.
+    pub fn start(live: bool) -> Self {
+        let shown = Arc::new(Mutex::new(Shown { step: None, live: None, bar: None, rate: (Instant::now(), 0, 0.0) }));
         let done = Arc::new(AtomicBool::new(false));
-        if !std::io::stderr().is_terminal() {
-            return Activity { done, thread: None };
-        }
-        let message = message.into();
-        let flag = done.clone();
-        let thread = std::thread::spawn(move || {
-            let since = Instant::now();
-            let mut bar = None;
-            while !flag.load(Ordering::Relaxed) {
-                if bar.is_none() && since.elapsed() >= SHOW_AFTER {
-                    bar = Some(spinner(message.clone()));
+        let thread = std::io::stderr().is_terminal().then(|| {
+            let (shown, done) = (shown.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok(mut shown) = shown.lock() {
+                        shown.refresh(live);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
                 }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
+            })
         });
-        Activity { done, thread: Some(thread) }
+        Terminal { shown, done, thread }
     }
 }
 
-impl Drop for Activity {
+impl Observer for Terminal {
+    fn event(&self, event: RecordEvent) {
+        let Ok(mut shown) = self.shown.lock() else { return };
+        match event {
+            RecordEvent::Step(step) => {
+                shown.clear();
+                shown.step = Some((describe(&step), Instant::now()));
+            }
+            RecordEvent::StepEnded => {
+                shown.clear();
+                shown.step = None;
+            }
+            RecordEvent::Warning(warning) => shown.say(&format!("proftap: warning: {}", wording::warning(&warning))),
+            RecordEvent::Started { pid, functions, attached } => {
+                shown.clear();
+                shown.step = None;
+                shown.live = Some((pid, 0, 0));
+                // Tells the user (and scripts waiting for it) that the probes are live.
+                if attached {
+                    shown.say(&format!("proftap: attached to process {pid}: {functions} functions probed; stop with Ctrl-C"));
+                }
+            }
+            RecordEvent::Counters { hits, lost } => {
+                if let Some(live) = shown.live.as_mut() {
+                    (live.1, live.2) = (hits, lost);
+                }
+            }
+            RecordEvent::ProbesChanged(change) => shown.say(&format!("proftap: {}", wording::note(&change))),
+        }
+    }
+}
+
+fn describe(step: &Step) -> String {
+    match step {
+        Step::ReadingSymbols { module } => format!("reading the symbols of {module}"),
+        Step::MeasuringProbeCost => "measuring what a probe costs on this machine".into(),
+        Step::PlacingProbes { functions } => format!("placing probes on {functions} functions"),
+    }
+}
+
+impl Drop for Terminal {
     fn drop(&mut self) {
         self.done.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-    }
-}
-
-/// While a recording runs: "placing probes" until they are live, then, if
-/// `live`, hits, hits per second and losses; cleared at the end.
-pub struct RecordingStatus {
-    done: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl RecordingStatus {
-    /// Follows `progress`; `functions` is how many functions get probes.
-    pub fn start(progress: Arc<Progress>, functions: usize, live: bool) -> Self {
-        let done = Arc::new(AtomicBool::new(false));
-        if !std::io::stderr().is_terminal() {
-            return RecordingStatus { done, thread: None };
-        }
-        let flag = done.clone();
-        let thread = std::thread::spawn(move || {
-            let since = Instant::now();
-            let mut bar: Option<ProgressBar> = None;
-            let mut last = (Instant::now(), 0u64);
-            let mut rate = 0.0;
-            while !flag.load(Ordering::Relaxed) {
-                if !progress.started.load(Ordering::Acquire) {
-                    if bar.is_none() && since.elapsed() >= SHOW_AFTER {
-                        bar = Some(spinner(format!("placing probes on {functions} functions")));
-                    }
-                } else if !live {
-                    if let Some(b) = bar.take() {
-                        b.finish_and_clear();
-                    }
-                } else {
-                    let b = bar.get_or_insert_with(|| spinner(String::new()));
-                    let hits = progress.hits.load(Ordering::Relaxed);
-                    if last.0.elapsed() >= Duration::from_millis(500) {
-                        rate = (hits - last.1.min(hits)) as f64 / last.0.elapsed().as_secs_f64();
-                        last = (Instant::now(), hits);
-                    }
-                    b.set_message(format!(
-                        "recording pid {}: {} probe hits, {:.0}/s, {} lost",
-                        progress.pid.load(Ordering::Relaxed),
-                        hits,
-                        rate,
-                        progress.lost.load(Ordering::Relaxed)
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
-        });
-        RecordingStatus { done, thread: Some(thread) }
-    }
-}
-
-impl Drop for RecordingStatus {
-    fn drop(&mut self) {
-        self.done.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        if let Ok(mut shown) = self.shown.lock() {
+            shown.clear();
         }
     }
 }

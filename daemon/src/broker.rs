@@ -4,12 +4,12 @@
 //! the probe cost with proftapd's own helper.
 
 use crate::channel::Channel;
-use crate::messages::{Answer, Assignment, Limits, ProbeRequest, Report, Snapshot};
+use crate::messages::{Answer, Assignment, Limits, ProbeRequest, Report};
 use crate::worker;
-use proftap_probes::addr::FileOffset;
-use proftap_probes::exits::ExitMode;
-use proftap_probes::record::ProbeCost;
-use proftap_probes::tracefs::{DefinedGroup, ProbeEvent, Tracefs, UprobeGroup, UprobeSpec};
+use proftap_record::calibration::{CalibrationError, HELPER_ARGUMENT};
+use proftap_record::cost::ProbeCost;
+use proftap_record::host::{DefinedGroup, ExitMode, FileOffset, ProbeEvent, Tracefs, UprobeGroup, UprobeSpec};
+use proftap_record::observer::RecordEvent;
 use std::collections::HashMap;
 use std::io::{Read, Seek};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -61,7 +61,7 @@ pub fn spawn(user: User, assignment: &Assignment, stdio: &[OwnedFd]) -> std::io:
     }
     let child = command.spawn()?;
     drop(theirs);
-    let pidfd = Arc::new(proftap_probes::target::pidfd(child.id() as i32)?);
+    let pidfd = Arc::new(proftap_record::host::pidfd(child.id() as i32)?);
     let channel = Channel::new(ours);
     let fds: Vec<_> = stdio.iter().map(AsFd::as_fd).collect();
     channel.send(assignment, &fds)?;
@@ -78,8 +78,8 @@ pub fn signal(pidfd: &OwnedFd, signal: libc::c_int) {
 pub enum Progress {
     /// What it records.
     Target(String),
-    /// Where it is.
-    Snapshot(Snapshot),
+    /// What the recording told.
+    Event(RecordEvent),
 }
 
 /// The longest target description kept.
@@ -116,9 +116,11 @@ impl Worker {
                     uprobes.groups.remove(&group);
                     None
                 }
-                Report::Calibrate { exits, fresh } => Some(Answer::Cost(probe_cost(exits, fresh && root))),
-                Report::Progress(snapshot) => {
-                    progress(Progress::Snapshot(snapshot));
+                Report::Calibrate { exits, fresh } => {
+                    Some(Answer::Cost(probe_cost(exits, fresh && root).map_err(|e| e.reason().to_string())))
+                }
+                Report::Event(event) => {
+                    progress(Progress::Event(event));
                     None
                 }
                 Report::Target { description } => {
@@ -240,7 +242,8 @@ impl Uprobes {
 /// Measurements run one at a time: each places probes on proftapd's helper.
 static MEASURING: Mutex<()> = Mutex::new(());
 
-fn probe_cost(exits: ExitMode, fresh: bool) -> Option<ProbeCost> {
-    let _one = MEASURING.lock().ok()?;
-    proftap_cli::calibration::probe_cost(exits, fresh)
+fn probe_cost(exits: ExitMode, fresh: bool) -> Result<ProbeCost, CalibrationError> {
+    let _one = MEASURING.lock().map_err(|_| CalibrationError::new("another measurement failed"))?;
+    let exe = std::env::current_exe().map_err(|e| CalibrationError::new(format!("cannot find proftapd's own program: {e}")))?;
+    proftap_record::calibration::probe_cost(&exe, HELPER_ARGUMENT, exits, fresh)
 }

@@ -16,7 +16,7 @@ use access::Peer;
 use clap::Parser;
 use connection::{Counts, Lines};
 use messages::Limits;
-use proftap_cli::session::{Hello, PROTOCOL_VERSION, Request, Response, State, default_socket};
+use proftap_record::protocol::{Hello, PROTOCOL_VERSION, Request, Response, State, default_socket};
 use sessions::{Registry, Shared, StartRequest};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -74,9 +74,9 @@ fn default_state_dir() -> PathBuf {
 fn main() -> ExitCode {
     // proftap measuring its own probe cost runs itself this way.
     let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some(proftap_cli::calibration::HELPER) {
+    if argv.get(1).map(String::as_str) == Some(proftap_record::calibration::HELPER_ARGUMENT) {
         let Some(out) = argv.get(2) else { return ExitCode::from(2) };
-        return match std::fs::write(out, proftap_probes::calibrate::helper_main()) {
+        return match std::fs::write(out, proftap_record::calibration::helper_main()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(_) => ExitCode::from(2),
         };
@@ -106,7 +106,7 @@ fn main() -> ExitCode {
     match runtime.block_on(serve(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("proftapd: {}", proftap_cli::output::error_sentence(&e));
+            eprintln!("proftapd: {}", proftap_record::error::sentence(e.as_ref()));
             ExitCode::from(2)
         }
     }
@@ -253,8 +253,8 @@ async fn handle(request: Request, stdio: Vec<std::os::fd::OwnedFd>, peer: &Peer,
     let error = |message: String| Response::Error { message };
     let locked = || registry.lock().map_err(|_| "proftapd is shutting down".to_string());
     match request {
-        Request::Start { args, cwd, env } => {
-            let id = match sessions::start(registry, *peer, StartRequest { args, cwd, env, stdio }) {
+        Request::Start { request } => {
+            let id = match sessions::start(registry, *peer, StartRequest { request, stdio }) {
                 Ok(id) => id,
                 Err(message) => return error(message),
             };

@@ -1,11 +1,12 @@
 //! What proftapd and a session worker say to each other over their
 //! [`Channel`](crate::channel::Channel).
 
-use proftap_probes::exits::ExitMode;
-use proftap_probes::record::ProbeCost;
-use proftap_probes::tracefs::{ProbeEvent, ProbeKind};
+use proftap_record::cost::ProbeCost;
+use proftap_record::host::{ExitMode, ProbeEvent, ProbeKind};
+use proftap_record::observer::RecordEvent;
+use proftap_record::protocol::Sealed;
+use proftap_record::request::RecordRequest;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
 
 /// What users other than root may ask for.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -26,12 +27,9 @@ pub struct Limits {
 /// the user's standard input, output and error when the client sent them.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Assignment {
-    /// The arguments of `session start`.
-    pub args: Vec<String>,
-    /// The client's working directory.
-    pub cwd: PathBuf,
-    /// The client's environment, `KEY=VALUE`.
-    pub env: Vec<String>,
+    /// What the client asked to record, as it sent it: read by the worker
+    /// only, once it runs as the user.
+    pub request: Sealed<RecordRequest>,
     /// The client's pid, for its capabilities.
     pub client_pid: Option<i32>,
     /// What the user may ask for.
@@ -83,8 +81,8 @@ pub enum Report {
         /// In words.
         description: String,
     },
-    /// Where the recording is.
-    Progress(Snapshot),
+    /// What the recording told.
+    Event(RecordEvent),
     /// The recording ended; the profile file comes as a descriptor.
     Finished,
     /// The recording failed.
@@ -92,21 +90,6 @@ pub enum Report {
         /// Why, in a sentence.
         error: String,
     },
-}
-
-/// Where a recording is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Snapshot {
-    /// Every probe is live.
-    pub started: bool,
-    /// The process recorded.
-    pub pid: i32,
-    /// Functions probed.
-    pub functions: u64,
-    /// Events so far.
-    pub events: u64,
-    /// Events lost so far.
-    pub lost: u64,
 }
 
 /// proftapd's answer to a worker's request.
@@ -122,8 +105,8 @@ pub enum Answer {
     },
     /// Done.
     Done,
-    /// The probe cost, if it could be measured.
-    Cost(Option<ProbeCost>),
+    /// The probe cost, or why it could not be measured.
+    Cost(Result<ProbeCost, String>),
     /// Refused or failed.
     Refused(String),
 }

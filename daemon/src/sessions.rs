@@ -4,8 +4,10 @@
 
 use crate::access::Peer;
 use crate::broker::{self, User};
-use crate::messages::{Assignment, Limits, Snapshot};
-use proftap_cli::session::{SessionInfo, State};
+use crate::messages::{Assignment, Limits};
+use proftap_record::observer::RecordEvent;
+use proftap_record::protocol::{Sealed, SessionInfo, State};
+use proftap_record::request::RecordRequest;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -15,6 +17,26 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How long a worker asked to stop may take before it is killed.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Where a recording is, as its worker told.
+#[derive(Clone, Copy, Debug, Default)]
+struct Snapshot {
+    /// Every probe is live.
+    started: bool,
+    /// The process recorded.
+    pid: i32,
+    /// Functions probed.
+    functions: u64,
+    /// Events so far.
+    events: u64,
+    /// Events lost so far.
+    lost: u64,
+}
+
+/// The most warnings and probe-set changes kept per session, and the
+/// longest of each: a worker runs as its user, who could send any number.
+const MOST_TOLD: usize = 64;
+const MOST_TOLD_BYTES: usize = 2000;
 
 struct Session {
     info: SessionInfo,
@@ -182,9 +204,32 @@ impl Registry {
         let Some(s) = self.sessions.get_mut(&id) else { return };
         match progress {
             broker::Progress::Target(description) => s.info.target = description,
-            broker::Progress::Snapshot(snapshot) => s.snapshot = snapshot,
+            broker::Progress::Event(event) => s.told(event),
         }
     }
+}
+
+impl Session {
+    /// Takes in what a recording told: counters into the snapshot,
+    /// warnings and changes kept, within bounds.
+    fn told(&mut self, event: RecordEvent) {
+        match event {
+            RecordEvent::Started { pid, functions, .. } => {
+                self.snapshot.started = true;
+                self.snapshot.pid = pid;
+                self.snapshot.functions = functions;
+            }
+            RecordEvent::Counters { hits, lost } => (self.snapshot.events, self.snapshot.lost) = (hits, lost),
+            RecordEvent::Warning(warning) if self.info.warnings.len() < MOST_TOLD && fits(&warning) => self.info.warnings.push(warning),
+            RecordEvent::ProbesChanged(change) if self.info.changes.len() < MOST_TOLD && fits(&change) => self.info.changes.push(change),
+            RecordEvent::Warning(_) | RecordEvent::ProbesChanged(_) | RecordEvent::Step(_) | RecordEvent::StepEnded => {}
+        }
+    }
+}
+
+/// Whether `value` is small enough to keep.
+fn fits(value: &impl serde::Serialize) -> bool {
+    serde_json::to_vec(value).is_ok_and(|bytes| bytes.len() <= MOST_TOLD_BYTES)
 }
 
 /// Asks a worker to end its session, and kills it if it has not within
@@ -217,14 +262,10 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), proftap_profile::FileE
     proftap_profile::write_private(path, |out| out.write_all(bytes))
 }
 
-/// What `session start` carries besides its arguments.
+/// What `session start` carries.
 pub struct StartRequest {
-    /// The arguments of `session start`.
-    pub args: Vec<String>,
-    /// The client's working directory.
-    pub cwd: PathBuf,
-    /// The client's environment.
-    pub env: Vec<String>,
+    /// What to record, unread.
+    pub request: Sealed<RecordRequest>,
     /// The client's standard input, output and error, if it sent them.
     pub stdio: Vec<OwnedFd>,
 }
@@ -254,10 +295,11 @@ pub fn start(registry: &Shared, peer: Peer, request: StartRequest) -> Result<u64
         functions: 0,
         events: 0,
         lost: 0,
+        warnings: Vec::new(),
+        changes: Vec::new(),
         error: None,
     };
-    let assignment =
-        Assignment { args: request.args, cwd: request.cwd, env: request.env, client_pid: peer.pid, limits, root: peer.is_root() };
+    let assignment = Assignment { request: request.request, client_pid: peer.pid, limits, root: peer.is_root() };
     let worker = broker::spawn(User { uid: peer.uid, gid: peer.gid }, &assignment, &request.stdio)
         .map_err(|e| format!("cannot start a worker for the session: {e}"))?;
     let session = Session { info, snapshot: Snapshot::default(), since: Instant::now(), worker: Some(worker.pidfd()) };

@@ -1,25 +1,25 @@
 //! A session worker: the process that records one session. proftapd starts
 //! it as root with the user's ids on its command line and the channel on
 //! descriptor 3; it becomes that user (see [`crate::privileges`]) before it
-//! reads the session's request, then parses, prepares and records as the
-//! user would, asking proftapd only for what needs root: defining uprobes in
-//! tracefs and the machine's measured probe cost.
+//! reads the session's request, then prepares and records as the user
+//! would, asking proftapd only for what needs root: defining uprobes in
+//! tracefs and the machine's measured probe cost. What the recording tells
+//! goes to proftapd as it happens.
 
 use crate::channel::Channel;
-use crate::messages::{Answer, Assignment, ProbeRequest, Report, Snapshot};
-use clap::Parser;
-use proftap_cli::commands::record::{AttachArgs, Prepared, RunArgs, prepare_attach, prepare_run};
-use proftap_cli::session::StartArgs;
-use proftap_probes::exits::ExitMode;
-use proftap_probes::record::{Control, ProbeCost, Progress};
-use proftap_probes::target::Launch;
-use proftap_probes::tracefs::{DefinedGroup, ProbeEvent, TracefsError, UprobeHost, UprobeSpec};
+use crate::messages::{Answer, Assignment, ProbeRequest, Report};
+use proftap_record::calibration::CalibrationError;
+use proftap_record::cost::ProbeCost;
+use proftap_record::error::sentence;
+use proftap_record::host::{DefinedGroup, ExitMode, ProbeEvent, TracefsError, UprobeHost, UprobeSpec};
+use proftap_record::observer::{Observer, RecordEvent};
+use proftap_record::options::Control;
+use proftap_record::prepare::{ProbeCostSource, prepare};
+use proftap_record::request::{RecordRequest, RecordTarget};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 /// The hidden argument proftapd starts a worker with.
 pub const ARGUMENT: &str = "__session-worker";
@@ -45,12 +45,21 @@ impl Daemon {
             Err(e) => Err(format!("proftapd's answer is unreadable: {e}")),
         }
     }
+}
 
-    fn probe_cost(&self, exits: ExitMode, fresh: bool) -> Option<ProbeCost> {
-        match self.ask(&Report::Calibrate { exits, fresh }, &[]) {
-            Ok(Answer::Cost(cost)) => cost,
-            _ => None,
+impl ProbeCostSource for Daemon {
+    fn probe_cost(&self, exits: ExitMode, fresh: bool) -> Result<ProbeCost, CalibrationError> {
+        match self.ask(&Report::Calibrate { exits, fresh }, &[]).map_err(CalibrationError::new)? {
+            Answer::Cost(cost) => cost.map_err(CalibrationError::new),
+            other => Err(CalibrationError::new(format!("proftapd answered with {other:?}"))),
         }
+    }
+}
+
+/// Forwards what the recording tells to proftapd.
+impl Observer for Daemon {
+    fn event(&self, event: RecordEvent) {
+        let _ = self.report(&Report::Event(event), &[]);
     }
 }
 
@@ -123,7 +132,7 @@ pub fn main(args: &[String]) -> ExitCode {
     };
     use_streams(stdio);
     let daemon = Daemon(Arc::new(Mutex::new(channel)));
-    if proftap_probes::tracefs::set_host(Box::new(RemoteHost(daemon.clone()))).is_err() {
+    if proftap_record::host::set_host(Box::new(RemoteHost(daemon.clone()))).is_err() {
         return ExitCode::from(2);
     }
     let report = match record(&assignment, &daemon) {
@@ -151,126 +160,49 @@ fn finished(daemon: &Daemon, profile: &proftap_profile::Profile) -> std::io::Res
     daemon.report(&Report::Finished, &[file.as_fd()])
 }
 
-/// `session start` arguments, parsed here as the user.
-#[derive(Parser)]
-#[command(name = "session start", no_binary_name = true)]
-struct Start {
-    #[command(flatten)]
-    args: StartArgs,
-}
-
 fn record(assignment: &Assignment, daemon: &Daemon) -> Result<proftap_profile::Profile, String> {
-    let start = Start::try_parse_from(&assignment.args).map_err(|e| first_line(&e.to_string()))?.args;
-    let _ = daemon.report(&Report::Target { description: describe(&start) }, &[]);
-    check_limits(&start, assignment)?;
-    let mut prepared = prepare(&start, assignment)?;
-    if !assignment.root && prepared.functions.len() > assignment.limits.functions {
+    let request = assignment.request.open().map_err(|e| format!("proftapd cannot read this request: {e}"))?;
+    let _ = daemon.report(&Report::Target { description: describe(&request) }, &[]);
+    check_limits(&request, assignment)?;
+    if let RecordTarget::Attach { pid, .. } = request.target {
+        // The kernel decides when the worker opens or traces the process;
+        // this says why first, in words.
+        crate::access::may_profile(assignment.root, assignment.client_pid, pid)?;
+    }
+    let prepared = prepare(&request, daemon, daemon).map_err(|e| sentence(&e))?;
+    if !assignment.root && prepared.functions() > assignment.limits.functions {
         return Err(format!(
             "this session would probe {} functions; proftapd lets users other than root probe {} at most: name fewer with -f",
-            prepared.functions.len(),
+            prepared.functions(),
             assignment.limits.functions
         ));
     }
-    prepared.options.cost = daemon.probe_cost(prepared.exit_mode, start.record.recalibrate);
     let control = Control::default();
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(signal, control.detach.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;
     }
-    prepared.options.control = control;
-    let progress = Arc::new(Progress::default());
-    prepared.options.progress = Some(progress.clone());
-    let reporter = Reporter::start(daemon.clone(), progress);
-    let recorded = prepared.record().map_err(|e| proftap_cli::output::error_sentence(&e));
-    reporter.stop();
-    Ok(recorded?.profile)
+    let recorded = prepared.record(control, Arc::new(daemon.clone())).map_err(|e| sentence(&e))?;
+    Ok(recorded.profile)
 }
 
-fn check_limits(start: &StartArgs, assignment: &Assignment) -> Result<(), String> {
-    if start.record.output.is_some() {
-        return Err("proftapd returns profiles over its socket, not to a file: use `proftap session fetch ID -o FILE`".into());
-    }
-    if !assignment.root && start.record.buffer_size > assignment.limits.buffer_mib {
+/// The limits proftapd sets on users other than root, on what the request asks.
+fn check_limits(request: &RecordRequest, assignment: &Assignment) -> Result<(), String> {
+    if !assignment.root && request.buffer_mib > assignment.limits.buffer_mib {
         return Err(format!(
-            "--buffer-size {} is over the {} MiB proftapd allows users other than root",
-            start.record.buffer_size, assignment.limits.buffer_mib
+            "a ring buffer of {} MiB per CPU is over the {} MiB proftapd allows users other than root (--buffer-size)",
+            request.buffer_mib, assignment.limits.buffer_mib
         ));
     }
     Ok(())
 }
 
-fn prepare(start: &StartArgs, assignment: &Assignment) -> Result<Prepared, String> {
-    let sentence = |e: anyhow::Error| proftap_cli::output::error_sentence(&e);
-    match (start.pid, start.command.is_empty()) {
-        (Some(pid), _) => {
-            // The kernel decides when the worker opens or traces the process;
-            // this says why first, in words.
-            crate::access::may_profile(assignment.root, assignment.client_pid, pid)?;
-            prepare_attach(&AttachArgs { record: start.record.clone(), attach: start.attach.clone(), pid }).map_err(sentence)
-        }
-        (None, false) => {
-            let launch = Launch { cwd: Some(assignment.cwd.clone()), env: Some(assignment.env.iter().map(Into::into).collect()) };
-            prepare_run(&RunArgs { record: start.record.clone(), command: start.command.clone() }, launch).map_err(sentence)
-        }
-        (None, true) => Err("session start needs a process (--pid PID) or a command (-- CMD ARGS...)".into()),
-    }
-}
-
-/// Sends the recording's progress to proftapd while it runs.
-struct Reporter {
-    done: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Reporter {
-    fn start(daemon: Daemon, progress: Arc<Progress>) -> Reporter {
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stop = done.clone();
-        let thread = std::thread::spawn(move || {
-            let mut last = None;
-            loop {
-                let ended = stop.load(Ordering::Acquire);
-                let now = Snapshot {
-                    started: progress.started.load(Ordering::Acquire),
-                    pid: progress.pid.load(Ordering::Relaxed),
-                    functions: progress.functions.load(Ordering::Relaxed),
-                    events: progress.hits.load(Ordering::Relaxed),
-                    lost: progress.lost.load(Ordering::Relaxed),
-                };
-                if last != Some(now) {
-                    if daemon.report(&Report::Progress(now), &[]).is_err() {
-                        return;
-                    }
-                    last = Some(now);
-                }
-                if ended {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
-        Reporter { done, thread: Some(thread) }
-    }
-
-    fn stop(mut self) {
-        self.done.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 /// What a session records, for `session list`: the command line, or `pid N (command)`.
-fn describe(start: &StartArgs) -> String {
-    match start.pid {
-        Some(pid) => {
+fn describe(request: &RecordRequest) -> String {
+    match &request.target {
+        RecordTarget::Attach { pid, .. } => {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             format!("pid {pid} ({})", comm.trim())
         }
-        None => start.command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "),
+        RecordTarget::Launch { command, .. } => command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "),
     }
-}
-
-/// clap's errors run over several lines; the first says what is wrong.
-fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or(text).trim_start_matches("error: ").to_string()
 }

@@ -20,6 +20,14 @@ pub enum Error {
         /// The path.
         path: PathBuf,
     },
+    /// The path names a FIFO, socket or device, which is never read.
+    #[error("{} is a {what}, not an executable or shared library; give a regular file", path.display())]
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is.
+        what: &'static str,
+    },
     /// The file is not an ELF file, or its headers are damaged.
     #[error("{} is not a valid ELF file ({reason}); give an executable or shared library", path.display())]
     NotElf {

@@ -9,17 +9,10 @@
 //! call). The stack is never touched; a probe on `ret` costs a single-step.
 
 use crate::addr::{FileOffset, VirtAddr};
-use crate::plan::{EntryKind, classify_entry};
+use crate::entry::{EntryKind, classify_entry};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
 
-/// How returns are observed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum ExitMode {
-    /// Return probes (uretprobes): cheap; unwinders cannot pass them.
-    Uretprobe,
-    /// Probes on each `ret` and tail jump: safe for any unwinder.
-    ReturnSites,
-}
+pub use proftap_profile::ExitMode;
 
 /// Names whose presence means the program may unwind its stack: the C++ and
 /// Rust runtimes, glibc's `backtrace()`, thread cancellation.

@@ -1,6 +1,9 @@
-//! proftap's contact with binaries and live processes: the ELF/DWARF
-//! symbolizer, function selection, `/proc` readers, uprobes and the
-//! recorder that turns probe hits into a [`proftap_profile::Profile`].
+//! proftap's contact with binaries and live processes, mechanisms only: the
+//! ELF/DWARF symbolizer, function selection and probe planning, `/proc`
+//! readers, uprobes in tracefs, perf events and their ring buffers, the
+//! in-process engine (patching, runtime, shared memory), and the sampler's
+//! unwinding. What to record and how to read the results is the recorder's
+//! (`proftap-record`).
 //!
 //! ```no_run
 //! use proftap_probes::symbols::{LoadOptions, SymbolIndex};
@@ -13,6 +16,7 @@
 
 pub mod addr;
 pub mod calibrate;
+pub mod entry;
 mod error;
 pub mod exits;
 pub mod inject;
@@ -23,7 +27,6 @@ pub mod offcpu;
 pub mod perf;
 pub mod plan;
 pub mod procfs;
-pub mod record;
 pub mod sampling;
 pub mod select;
 pub mod symbols;

@@ -46,16 +46,16 @@ fn base(builder: &mut Builder<'_>, target: EventTarget) {
         .enabled(!target.enable_on_exec);
 }
 
-/// A probe's tracepoint event leading a group of counters, one per metric
+/// An event (a probe's tracepoint, a context-switch counter) leading a group of counters, one per metric
 /// after wall time (which comes from the sample timestamp).
-pub struct ProbeEvent {
+pub struct CounterGroup {
     /// The tracepoint event; its samples carry the group's values.
     pub leader: Counter,
     _members: Vec<Counter>,
 }
 
 /// Opens the event of tracepoint `id` with the counters of `metrics`.
-pub fn open_probe(id: u64, target: EventTarget, metrics: &[Metric]) -> io::Result<ProbeEvent> {
+pub fn open_probe(id: u64, target: EventTarget, metrics: &[Metric]) -> io::Result<CounterGroup> {
     open_group(Builder::new(Tracepoint::with_id(id)), target, metrics)
 }
 
@@ -82,11 +82,11 @@ pub fn open_keeper(id: u64) -> io::Result<Counter> {
 /// thread leaves the CPU, a sample carries its counts on that CPU. Counters
 /// inherited per CPU only count while the thread runs there; these samples
 /// let the aggregator add up a thread's counts over all CPUs.
-pub fn open_switches(target: EventTarget, metrics: &[Metric]) -> io::Result<ProbeEvent> {
+pub fn open_switches(target: EventTarget, metrics: &[Metric]) -> io::Result<CounterGroup> {
     open_group(Builder::new(Software::CONTEXT_SWITCHES), target, metrics)
 }
 
-fn open_group(mut builder: Builder<'_>, target: EventTarget, metrics: &[Metric]) -> io::Result<ProbeEvent> {
+fn open_group(mut builder: Builder<'_>, target: EventTarget, metrics: &[Metric]) -> io::Result<CounterGroup> {
     base(&mut builder, target);
     // A context switch happens in the kernel: excluding the kernel would drop it.
     builder.sample_period(1).exclude_kernel(false);
@@ -114,7 +114,7 @@ fn open_group(mut builder: Builder<'_>, target: EventTarget, metrics: &[Metric])
             .enabled(true);
         members.push(member.build_with_group(&mut leader)?);
     }
-    Ok(ProbeEvent { leader, _members: members })
+    Ok(CounterGroup { leader, _members: members })
 }
 
 /// Opens a sideband event: no samples, only the fork, exit, comm (thread

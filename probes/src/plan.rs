@@ -1,40 +1,12 @@
 //! From selected functions to the probes a recording places.
 
 use crate::addr::FileOffset;
+use crate::entry::{EntryKind, classify_entry};
 use crate::exits::{ExitMode, emulated_entry, exit_offsets};
 use crate::select::Selected;
 use crate::symbols::{ElfImage, SymbolIndex};
 use proftap_profile::FunctionInfo;
 use std::path::PathBuf;
-
-/// How the kernel handles the instruction a uprobe replaces: some it
-/// emulates in the trap, the rest it single-steps out of line, which costs
-/// several times more.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EntryKind {
-    /// push, call, jmp, jcc, nop: emulated.
-    Emulated,
-    /// Anything else: single-stepped.
-    Stepped,
-}
-
-/// Classifies the first instruction of a function (x86-64 encodings; other
-/// architectures count as stepped).
-pub fn classify_entry(code: &[u8]) -> EntryKind {
-    if !cfg!(target_arch = "x86_64") {
-        return EntryKind::Stepped;
-    }
-    let emulated = match code {
-        [0x50..=0x57, ..] => true,                           // push r64
-        [0x41, 0x50..=0x57, ..] => true,                     // push r8-r15
-        [0x90, ..] | [0x66, 0x90, ..] => true,               // nop
-        [0x0f, 0x1f, ..] | [0x66, 0x0f, 0x1f, ..] => true,   // nopl / nopw
-        [0xe8, ..] | [0xe9, ..] | [0xeb, ..] => true,        // call / jmp
-        [0x70..=0x7f, ..] | [0x0f, 0x80..=0x8f, ..] => true, // jcc
-        _ => false,
-    };
-    if emulated { EntryKind::Emulated } else { EntryKind::Stepped }
-}
 
 /// Why a function is probed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,17 +43,18 @@ pub struct ProbedFunction {
     pub entry_probe: Option<(FileOffset, u64)>,
 }
 
-/// The probes for `selected` functions of `modules`; `open_paths[m]` is the
-/// path to open module `m` through. Functions without a file offset (not
-/// backed by the file) are skipped and named in the warnings.
+/// The probes for `selected` functions of `modules`; `images[m]` is module
+/// `m`'s file as read (its code), `open_paths[m]` the path the probes open it
+/// through. Functions without a file offset (not backed by the file) are
+/// skipped and named in the warnings.
 pub fn plan(
     modules: &[&SymbolIndex],
+    images: &[Option<&ElfImage>],
     open_paths: &[PathBuf],
     selected: &[Selected],
     exits: ExitMode,
     warnings: &mut Vec<String>,
 ) -> Vec<ProbedFunction> {
-    let images: Vec<Option<ElfImage>> = open_paths.iter().map(|p| ElfImage::open(p).ok()).collect();
     let mut planned = Vec::with_capacity(selected.len());
     for s in selected {
         let index = modules[s.module];
@@ -90,7 +63,7 @@ pub fn plan(
             warnings.push(format!("{} in {} has no code in the file; not probed", f.name, index.path.display()));
             continue;
         };
-        let file = images[s.module].as_ref().map_or(&[][..], |i| i.data());
+        let file = images.get(s.module).copied().flatten().map_or(&[][..], |i| i.data());
         let code = file.get(offset.0 as usize..).unwrap_or(&[]);
         let exit_sites = match exits {
             ExitMode::Uretprobe => None,
@@ -133,7 +106,7 @@ pub fn plan(
                 line: f.decl_line,
                 address: f.address.0,
                 mode: proftap_profile::Mode::Instrumented,
-                engine: String::new(),
+                engine: None,
             },
             open_path: open_paths[s.module].clone(),
             offset,
@@ -158,11 +131,12 @@ fn cold_parts(index: &SymbolIndex, raw_name: &str) -> Vec<(u64, u64)> {
 }
 
 /// The catch marker for a process that uses the C++ runtime `libstdcxx`
-/// (opened at `open_path`), or `None` when it has no `__cxa_begin_catch`.
-pub fn catch_marker(libstdcxx: &SymbolIndex, open_path: &std::path::Path) -> Option<ProbedFunction> {
+/// (its file `image`, opened at `open_path`), or `None` when it has no
+/// `__cxa_begin_catch`.
+pub fn catch_marker(libstdcxx: &SymbolIndex, image: &ElfImage, open_path: &std::path::Path) -> Option<ProbedFunction> {
     let f = libstdcxx.functions.iter().find(|f| f.raw_name == "__cxa_begin_catch" || f.aliases.iter().any(|a| a == "__cxa_begin_catch"))?;
     let offset = f.file_offset?;
-    let code = ElfImage::open(open_path).ok().and_then(|i| i.data().get(offset.0 as usize..offset.0 as usize + 16).map(<[u8]>::to_vec));
+    let code = image.data().get(offset.0 as usize..offset.0 as usize + 16).map(<[u8]>::to_vec);
     Some(ProbedFunction {
         info: FunctionInfo {
             name: f.name.clone(),
@@ -171,7 +145,7 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, open_path: &std::path::Path) -> Opt
             line: 0,
             address: f.address.0,
             mode: proftap_profile::Mode::Instrumented,
-            engine: String::new(),
+            engine: None,
         },
         open_path: open_path.to_path_buf(),
         offset,
@@ -181,20 +155,4 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, open_path: &std::path::Path) -> Opt
         exit_sites: None,
         entry_probe: None,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn entries_are_classified_by_first_instruction() {
-        assert_eq!(classify_entry(&[0x55, 0x48, 0x89, 0xe5]), EntryKind::Emulated); // push %rbp
-        assert_eq!(classify_entry(&[0x41, 0x57]), EntryKind::Emulated); // push %r15
-        assert_eq!(classify_entry(&[0xe9, 0, 0, 0, 0]), EntryKind::Emulated); // jmp
-        assert_eq!(classify_entry(&[0x48, 0x8d, 0x04, 0x3f]), EntryKind::Stepped); // lea
-        assert_eq!(classify_entry(&[0x48, 0x83, 0xec, 0x08]), EntryKind::Stepped); // sub $8,%rsp
-        assert_eq!(classify_entry(&[]), EntryKind::Stepped);
-    }
 }

@@ -1,17 +1,35 @@
-//! Turning stack samples into symbolized stacks: each process's executable
+//! Turning stack samples into named stacks: each process's executable
 //! mappings (from mmap records), DWARF CFI unwinding of the copied user
-//! stack with framehop, and symbols with inlined frames and lines.
+//! stack with framehop, and symbols with inlined frames and lines. Counting
+//! the stacks is the recorder's.
 
-use crate::record::events::StackSample;
-use crate::symbols::{DebugSource, LoadOptions, SymbolIndex, demangle_name};
+use crate::symbols::{DebugSource, ElfImage, SymbolCache, SymbolIndex, demangle_name};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection};
-use proftap_profile::{SampleProfile, SampledFrame, SampledLine, SampledStack};
+use proftap_profile::SampledFrame;
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// A stack sample.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StackSample {
+    /// When.
+    pub time: u64,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Instruction pointer, stack pointer, frame pointer.
+    pub regs: [u64; 3],
+    /// The top of the user stack, from the stack pointer up.
+    pub stack: Vec<u8>,
+    /// Taken while the thread was in the kernel (a system call, a fault, or
+    /// a probe being handled); the registers are the user's at that moment.
+    pub in_kernel: bool,
+}
 
 /// The deepest stack followed.
 const MAX_DEPTH: usize = 512;
@@ -28,7 +46,7 @@ struct Mapping {
 /// What proftap knows of one module (an executable or a library).
 struct ModuleInfo {
     path: String,
-    symbols: Option<SymbolIndex>,
+    symbols: Option<Arc<SymbolIndex>>,
     lines: Option<addr2line::Loader>,
     unwind: Option<Arc<UnwindSections>>,
     /// Why its frames cannot be named, when they cannot.
@@ -46,8 +64,8 @@ struct UnwindSections {
 }
 
 impl ModuleInfo {
-    fn load(path: &str, open: &Path) -> ModuleInfo {
-        let symbols = SymbolIndex::load(open, &LoadOptions::default()).ok();
+    fn load(path: &str, open: &Path, cache: &SymbolCache) -> ModuleInfo {
+        let symbols = cache.index(Path::new(path), open, false).ok();
         let unknown = match &symbols {
             None => Some(format!("no symbols in {path}")),
             Some(_) => None,
@@ -60,7 +78,8 @@ impl ModuleInfo {
             };
             addr2line::Loader::new(&debug).ok()
         });
-        ModuleInfo { path: path.to_string(), symbols, lines, unwind: unwind_sections(open).map(Arc::new), unknown }
+        let unwind = cache.image(Path::new(path), open).ok().and_then(|image| unwind_sections(&image)).map(Arc::new);
+        ModuleInfo { path: path.to_string(), symbols, lines, unwind, unknown }
     }
 
     /// The ELF virtual address of file offset `offset`.
@@ -71,8 +90,7 @@ impl ModuleInfo {
     }
 }
 
-fn unwind_sections(path: &Path) -> Option<UnwindSections> {
-    let image = crate::symbols::ElfImage::open(path).ok()?;
+fn unwind_sections(image: &ElfImage) -> Option<UnwindSections> {
     let elf = image.parse().ok()?;
     let section = |name: &str| -> Option<(std::ops::Range<u64>, Vec<u8>)> {
         let s = elf.section_by_name(name)?;
@@ -103,80 +121,6 @@ struct Process {
     added: usize,
 }
 
-enum Input {
-    Mapped { pid: u32, start: u64, len: u64, pgoff: u64, path: String },
-    Exec(u32),
-    EngineCode(u32, std::ops::Range<u64>),
-    Sample(Box<StackSample>, Vec<(u64, u64)>),
-    Hottest(std::sync::mpsc::Sender<Vec<(String, String, u64)>>),
-}
-
-/// A [`Sampler`] on its own thread: loading a module's symbols and
-/// unwinding stacks take time the recording loop, which decides when probes
-/// change, cannot wait for. Inputs are taken in the order given.
-pub struct BackgroundSampler {
-    input: std::sync::mpsc::Sender<Input>,
-    worker: std::thread::JoinHandle<Sampler>,
-}
-
-impl BackgroundSampler {
-    /// Runs `sampler` on a thread of its own.
-    pub fn spawn(mut sampler: Sampler) -> Self {
-        let (input, inputs) = std::sync::mpsc::channel();
-        let worker = std::thread::spawn(move || {
-            for input in inputs {
-                match input {
-                    Input::Mapped { pid, start, len, pgoff, path } => sampler.mapped(pid, start, len, pgoff, &path),
-                    Input::Exec(pid) => sampler.exec(pid),
-                    Input::EngineCode(pid, range) => sampler.engine_code(pid, range),
-                    Input::Sample(sample, returns) => sampler.sample(&sample, &returns),
-                    Input::Hottest(reply) => {
-                        let _ = reply.send(sampler.hottest());
-                    }
-                }
-            }
-            sampler
-        });
-        BackgroundSampler { input, worker }
-    }
-
-    /// See [`Sampler::mapped`].
-    pub fn mapped(&self, pid: u32, start: u64, len: u64, pgoff: u64, path: &str) {
-        let _ = self.input.send(Input::Mapped { pid, start, len, pgoff, path: path.to_string() });
-    }
-
-    /// See [`Sampler::exec`].
-    pub fn exec(&self, pid: u32) {
-        let _ = self.input.send(Input::Exec(pid));
-    }
-
-    /// See [`Sampler::engine_code`].
-    pub fn engine_code(&self, pid: u32, range: std::ops::Range<u64>) {
-        let _ = self.input.send(Input::EngineCode(pid, range));
-    }
-
-    /// See [`Sampler::sample`].
-    pub fn sample(&self, sample: Box<StackSample>, returns: Vec<(u64, u64)>) {
-        let _ = self.input.send(Input::Sample(sample, returns));
-    }
-
-    /// See [`Sampler::hottest`]: waits for the samples given so far.
-    pub fn hottest(&self) -> Vec<(String, String, u64)> {
-        let (reply, answer) = std::sync::mpsc::channel();
-        let _ = self.input.send(Input::Hottest(reply));
-        answer.recv().unwrap_or_default()
-    }
-
-    /// Every sample given, as a profile.
-    pub fn finish(self) -> SampleProfile {
-        drop(self.input);
-        match self.worker.join() {
-            Ok(sampler) => sampler.finish(),
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    }
-}
-
 /// Where the kernel puts a process's `[uprobes]` page unless taken: the top
 /// page of the 47-bit user address space. Its mmap record may never come
 /// (the page appears at the first probe hit).
@@ -195,53 +139,40 @@ impl Process {
     }
 }
 
-/// Collects stack samples into a [`SampleProfile`].
-pub struct Sampler {
-    event: String,
-    frequency_hz: u64,
+/// A sample's stack, named: frames outermost first (inlined frames
+/// included), and the source line of the innermost.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ResolvedStack {
+    /// Frames, outermost first.
+    pub frames: Vec<SampledFrame>,
+    /// The innermost frame's source file and line, when known.
+    pub line: Option<(String, u32)>,
+}
+
+/// Frames (innermost first) and the line of one address.
+type Named = (Vec<SampledFrame>, Option<(String, u32)>);
+
+/// Names the stacks of samples.
+pub struct StackResolver {
+    /// Where modules' symbols and images come from (read once per recording).
+    symbols: Arc<SymbolCache>,
     processes: FxHashMap<u32, Process>,
     modules: Vec<ModuleInfo>,
     module_ids: HashMap<String, usize>,
-    /// (module, virtual address, innermost?) -> frames innermost first, and the line.
-    symbolized: FxHashMap<(usize, u64), (Vec<u32>, Option<u32>)>,
-    frames: Vec<SampledFrame>,
-    frame_ids: HashMap<SampledFrame, u32>,
-    lines: Vec<(String, u32)>,
-    line_ids: HashMap<(String, u32), u32>,
-    line_counts: FxHashMap<u32, u64>,
-    stacks: FxHashMap<Vec<u32>, u64>,
-    total: u64,
+    /// (module, virtual address) -> what it is named.
+    symbolized: FxHashMap<(usize, u64), Named>,
 }
 
-impl Sampler {
-    /// A sampler of `event` at `frequency_hz`.
-    pub fn new(event: &str, frequency_hz: u64) -> Self {
-        Sampler {
-            event: event.into(),
-            frequency_hz,
+impl StackResolver {
+    /// A resolver that knows no process yet, reading modules through `symbols`.
+    pub fn new(symbols: Arc<SymbolCache>) -> Self {
+        StackResolver {
+            symbols,
             processes: FxHashMap::default(),
             modules: Vec::new(),
             module_ids: HashMap::new(),
             symbolized: FxHashMap::default(),
-            frames: Vec::new(),
-            frame_ids: HashMap::new(),
-            lines: Vec::new(),
-            line_ids: HashMap::new(),
-            line_counts: FxHashMap::default(),
-            stacks: FxHashMap::default(),
-            total: 0,
         }
-    }
-
-    /// Samples so far.
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
-    /// Hot functions by samples anywhere on the stack so far: (frame name, module, samples).
-    pub fn hottest(&self) -> Vec<(String, String, u64)> {
-        let profile = self.snapshot();
-        profile.functions().into_iter().map(|f| (f.frame.name, f.frame.module, f.total_samples)).collect()
     }
 
     /// A process mapped executable code (or had it mapped when the recording began).
@@ -258,7 +189,7 @@ impl Sampler {
             None => {
                 let open = PathBuf::from(path);
                 let open = if open.exists() { open } else { PathBuf::from(format!("/proc/{pid}/root{path}")) };
-                self.modules.push(ModuleInfo::load(path, &open));
+                self.modules.push(ModuleInfo::load(path, &open, &self.symbols));
                 self.module_ids.insert(path.to_string(), self.modules.len() - 1);
                 self.modules.len() - 1
             }
@@ -282,10 +213,10 @@ impl Sampler {
         self.processes.remove(&pid);
     }
 
-    /// Takes in one sample. `returns` are the thread's return addresses by
-    /// stack slot, for the slots where a return probe left its trampoline.
-    pub fn sample(&mut self, sample: &StackSample, returns: &[(u64, u64)]) {
-        self.total += 1;
+    /// Names one sample's stack. `returns` are the thread's return
+    /// addresses by stack slot, for the slots where a return probe left its
+    /// trampoline.
+    pub fn resolve(&mut self, sample: &StackSample, returns: &[(u64, u64)]) -> ResolvedStack {
         let [ip, sp, bp] = sample.regs;
         let mut addresses = self.unwind(sample.pid, ip, sp, bp, &sample.stack, returns);
         // In the kernel with a stack that does not unwind: the thread was
@@ -294,18 +225,18 @@ impl Sampler {
         if mid_probe {
             addresses.clear();
         }
-        let mut stack: Vec<u32> = Vec::with_capacity(addresses.len() * 2);
-        let mut innermost_line = None;
+        let mut frames: Vec<SampledFrame> = Vec::with_capacity(addresses.len() * 2);
+        let mut line = None;
         for (depth, address) in addresses.iter().enumerate() {
             // A return address points after the call: look up the call.
             let lookup = if depth == 0 { *address } else { address.saturating_sub(1) };
-            let (frames, line) = self.symbolize(sample.pid, lookup);
+            let (named, at) = self.symbolize(sample.pid, lookup);
             if depth == 0 {
-                innermost_line = line;
+                line = at;
             }
-            stack.extend(frames);
+            frames.extend(named);
         }
-        if stack.is_empty() {
+        if frames.is_empty() {
             let in_probe = mid_probe || self.processes.get(&sample.pid).is_some_and(|p| p.in_probe_area(ip));
             let reason = match (ip, in_probe) {
                 (0, _) => "[unknown: no user stack]",
@@ -313,13 +244,10 @@ impl Sampler {
                 (_, true) => "[probe overhead]",
                 _ => "[unknown: unmapped]",
             };
-            stack.push(self.frame(reason, "", false));
+            frames.push(frame(reason, "", false));
         }
-        if let Some(line) = innermost_line {
-            *self.line_counts.entry(line).or_default() += 1;
-        }
-        stack.reverse();
-        *self.stacks.entry(stack).or_default() += 1;
+        frames.reverse();
+        ResolvedStack { frames, line }
     }
 
     fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8], returns: &[(u64, u64)]) -> Vec<u64> {
@@ -387,19 +315,19 @@ impl Sampler {
     }
 
     /// Frames (innermost first, inlined frames included) and the line of an address.
-    fn symbolize(&mut self, pid: u32, address: u64) -> (Vec<u32>, Option<u32>) {
+    fn symbolize(&mut self, pid: u32, address: u64) -> Named {
         let mapping = self.processes.get(&pid).and_then(|p| {
             let i = p.mappings.partition_point(|m| m.start <= address).checked_sub(1)?;
             let m = &p.mappings[i];
             (address < m.end).then(|| m.clone())
         });
         let Some(mapping) = mapping else {
-            return (vec![self.frame("[unknown: unmapped]", "", false)], None);
+            return (vec![frame("[unknown: unmapped]", "", false)], None);
         };
         let info = &self.modules[mapping.module];
         let Some(vaddr) = info.vaddr(address - mapping.start + mapping.pgoff) else {
             let module = info.path.clone();
-            return (vec![self.frame(&format!("[unknown: {module}]"), &module, false)], None);
+            return (vec![frame(&format!("[unknown: {module}]"), &module, false)], None);
         };
         if let Some(cached) = self.symbolized.get(&(mapping.module, vaddr)) {
             return cached.clone();
@@ -435,52 +363,12 @@ impl Sampler {
                 names.push((format!("[unknown: {why}]"), false));
             }
         }
-        let frames: Vec<u32> = names.iter().map(|(n, inlined)| self.frame(n, &module, *inlined)).collect();
-        let line = line.map(|key| match self.line_ids.get(&key) {
-            Some(&id) => id,
-            None => {
-                self.lines.push(key.clone());
-                self.line_ids.insert(key, (self.lines.len() - 1) as u32);
-                (self.lines.len() - 1) as u32
-            }
-        });
-        self.symbolized.insert((mapping.module, vaddr), (frames.clone(), line));
+        let frames: Vec<SampledFrame> = names.iter().map(|(n, inlined)| frame(n, &module, *inlined)).collect();
+        self.symbolized.insert((mapping.module, vaddr), (frames.clone(), line.clone()));
         (frames, line)
     }
+}
 
-    fn frame(&mut self, name: &str, module: &str, inlined: bool) -> u32 {
-        let frame = SampledFrame { name: name.into(), module: module.into(), inlined };
-        if let Some(&id) = self.frame_ids.get(&frame) {
-            return id;
-        }
-        self.frames.push(frame.clone());
-        let id = (self.frames.len() - 1) as u32;
-        self.frame_ids.insert(frame, id);
-        id
-    }
-
-    fn snapshot(&self) -> SampleProfile {
-        let mut stacks: Vec<SampledStack> =
-            self.stacks.iter().map(|(frames, &count)| SampledStack { frames: frames.clone(), count }).collect();
-        stacks.sort_by(|a, b| b.count.cmp(&a.count).then(a.frames.cmp(&b.frames)));
-        let mut lines: Vec<SampledLine> = self
-            .line_counts
-            .iter()
-            .map(|(&id, &count)| SampledLine { file: self.lines[id as usize].0.clone(), line: self.lines[id as usize].1, count })
-            .collect();
-        lines.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        SampleProfile {
-            event: self.event.clone(),
-            frequency_hz: self.frequency_hz,
-            total: self.total,
-            frames: self.frames.clone(),
-            stacks,
-            lines,
-        }
-    }
-
-    /// The samples as a profile.
-    pub fn finish(self) -> SampleProfile {
-        self.snapshot()
-    }
+fn frame(name: &str, module: &str, inlined: bool) -> SampledFrame {
+    SampledFrame { name: name.into(), module: module.into(), inlined }
 }

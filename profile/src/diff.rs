@@ -183,7 +183,7 @@ pub fn diff(base: &Profile, new: &Profile, metric_key: &str, options: &DiffOptio
         })
     };
     let (mb, mn) = (index(base, "base")?, index(new, "new")?);
-    let time = metric_key.ends_with("_ns");
+    let time = crate::model::Unit::of(metric_key) == crate::model::Unit::Nanoseconds;
     let floor_per_call = options.floor_per_call.unwrap_or_else(|| {
         if time {
             let probe =

@@ -1,63 +1,20 @@
 //! The profile file: a text header line naming the format and its version,
 //! then the profile as gzip-compressed JSON. See `docs/FORMAT.md`.
 
+use crate::error::FileError;
 use crate::model::Profile;
 use crate::write::{write_atomically, write_private};
 use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// The version this code writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version this code writes and the newest it reads. Version 2 has
+/// notes with kinds (objects) where version 1 had sentences (strings);
+/// version 1 files read as version 2 files whose notes are all sentences.
+pub const FORMAT_VERSION: u32 = 2;
 const MAGIC: &str = "proftap-profile";
-
-/// Why a profile file could not be read or written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FileError {
-    /// The file could not be opened, read or written.
-    #[error("cannot {action} {}: {source}", path.display())]
-    Io {
-        /// "read", "write", ...
-        action: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The file is not a profile.
-    #[error("{} is not a proftap profile (it does not start with the proftap-profile header)", path.display())]
-    Foreign {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The file was written by a newer proftap.
-    #[error("{} is a format {version} profile from a newer proftap; this proftap reads format {FORMAT_VERSION} and older", path.display())]
-    Newer {
-        /// The file.
-        path: PathBuf,
-        /// Its format version.
-        version: u32,
-    },
-    /// The file decompresses to more than a profile may hold.
-    #[error("{} holds more than {} MiB of profile data once decompressed, more than proftap reads", path.display(), limit >> 20)]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-        /// The limit, in bytes.
-        limit: u64,
-    },
-    /// The file is damaged or cut short.
-    #[error("{} is damaged or truncated ({reason}); record it again", path.display())]
-    Damaged {
-        /// The file.
-        path: PathBuf,
-        /// What was wrong.
-        reason: String,
-    },
-}
 
 /// The most JSON a profile file may hold once decompressed.
 pub const MAX_JSON_BYTES: u64 = 1 << 30;
@@ -127,7 +84,7 @@ fn read_header(reader: &mut impl BufRead, name: &Path) -> Result<u32, FileError>
         return Err(FileError::Foreign { path: name.into() });
     };
     if version > FORMAT_VERSION {
-        return Err(FileError::Newer { path: name.into(), version });
+        return Err(FileError::Newer { path: name.into(), version, reads: FORMAT_VERSION });
     }
     Ok(version)
 }
@@ -250,6 +207,30 @@ mod tests {
         gz.write_all(json).expect("compress");
         gz.finish().expect("compress");
         out
+    }
+
+    #[test]
+    fn a_format_1_profile_reads_with_its_sentences_and_engines() {
+        // As format 1 wrote them: notes as sentences, engines and exits as
+        // strings (empty for a sampled function's engine, absent exits).
+        let json = r#"{"target":{"command":["./p"],"pid":7,"exe":"/bin/p","build_id":null,"exit_code":0,"signal":null,"attached":false},
+            "recording":{"engine":"inject","started_unix_ns":1,"started_monotonic_ns":2,"duration_ns":3,"events":4,
+                "peak_events_per_second":5,"follow_forks":true,"proftap_version":"0.1.0"},
+            "metrics":["wall_ns","cpu_ns"],
+            "functions":[{"name":"f","module":"/bin/p","file":null,"line":0,"address":4096,"mode":"instrumented","engine":"uprobe"},
+                {"name":"g","module":"/bin/p","file":null,"line":0,"address":4200,"mode":"sampled"}],
+            "threads":[],"lost":{"events":0,"by_function":[],"by_thread":[],"unmatched_returns":0},
+            "overhead":{"per_hit_ns":0,"hits":0,"estimated_ns":0,"compensated":false,"call_ns_emulated":0,"call_ns_stepped":0,
+                "call_cpu_ns":0,"self_ns":0},
+            "processes":[],"notes":["1 call ended without its own return"],"runs":1}"#;
+        let mut file = format!("{MAGIC} 1\n").into_bytes();
+        let mut gz = GzEncoder::new(&mut file, Compression::new(6));
+        gz.write_all(json.as_bytes()).expect("compress");
+        gz.finish().expect("compress");
+        let profile = decode(&file).expect("a format 1 profile");
+        assert_eq!((profile.recording.engine, profile.recording.exits), (crate::Engine::Inject, crate::ExitMode::Uretprobe));
+        assert_eq!((profile.functions[0].engine, profile.functions[1].engine), (Some(crate::Engine::Uprobe), None));
+        assert_eq!(profile.notes, vec![crate::Note::Text("1 call ended without its own return".into())]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Adding profiles together: runs of the same build of a program.
 
 use crate::model::{FunctionId, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack};
+use crate::notes::Note;
 use std::collections::{HashMap, HashSet};
 
 /// Why two profiles cannot be merged.
@@ -150,9 +151,11 @@ impl Profile {
         add(&mut self.recording.duration_ns, other.recording.duration_ns);
         self.recording.peak_events_per_second = self.recording.peak_events_per_second.max(other.recording.peak_events_per_second);
         self.processes.extend(other.processes.iter().cloned());
-        let mut notes: HashSet<String> = self.notes.iter().cloned().collect();
+        // Notes are alike when their JSON is.
+        let key = |note: &Note| serde_json::to_string(note).unwrap_or_default();
+        let mut notes: HashSet<String> = self.notes.iter().map(key).collect();
         for note in &other.notes {
-            if notes.insert(note.clone()) {
+            if notes.insert(key(note)) {
                 self.notes.push(note.clone());
             }
         }

@@ -1,5 +1,6 @@
 //! The profile data model.
 
+use crate::notes::Note;
 use crate::stats::Stat;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -30,7 +31,7 @@ pub struct Profile {
     /// Processes seen: the target and the children it forked.
     pub processes: Vec<ProcessInfo>,
     /// Things the user should know about how far to trust the numbers.
-    pub notes: Vec<String>,
+    pub notes: Vec<Note>,
     /// Line counts and times, for every line with code in the probed source
     /// files (empty unless lines were recorded), by file then line.
     #[serde(default)]
@@ -200,12 +201,11 @@ pub struct Target {
 /// How the recording was made.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Recording {
-    /// `uprobe` (kernel uprobes) for now.
-    pub engine: String,
-    /// How returns were seen: `uretprobe` (return probes) or `return-sites`
-    /// (probes on `ret` instructions, for programs that unwind their stack).
+    /// What saw the calls: the in-process engine, or kernel uprobes only.
+    pub engine: Engine,
+    /// How the uprobes saw returns.
     #[serde(default)]
-    pub exits: String,
+    pub exits: ExitMode,
     /// Start, nanoseconds since the Unix epoch.
     pub started_unix_ns: u64,
     /// CLOCK_MONOTONIC at the start, the time base of every timestamp.
@@ -251,10 +251,66 @@ pub struct FunctionInfo {
     /// How its numbers were obtained.
     #[serde(default)]
     pub mode: Mode,
-    /// What saw its calls, when instrumented: `inject` (the in-process
-    /// engine's patch) or `uprobe`; empty when not instrumented or unknown.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub engine: String,
+    /// What saw its calls, when instrumented; `None` when it was not, or
+    /// the profile does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "engine_or_empty")]
+    pub engine: Option<Engine>,
+}
+
+/// What sees calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// Kernel uprobes on entries and returns.
+    #[default]
+    Uprobe,
+    /// Jumps patched over function entries to proftap's code in the process.
+    Inject,
+}
+
+/// How uprobes see returns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExitMode {
+    /// Return probes (uretprobes): cheap; unwinders cannot pass them.
+    #[default]
+    #[serde(alias = "")]
+    Uretprobe,
+    /// Probes on each `ret` and tail jump: safe for any unwinder.
+    ReturnSites,
+}
+
+/// An engine, or an empty string for none (as profiles before engines were
+/// typed could write it).
+fn engine_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Engine>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Wire {
+        Engine(Engine),
+        Other(String),
+    }
+    match Option::<Wire>::deserialize(d)? {
+        Some(Wire::Engine(engine)) => Ok(Some(engine)),
+        Some(Wire::Other(text)) if text.is_empty() => Ok(None),
+        Some(Wire::Other(text)) => Err(serde::de::Error::custom(format!("'{text}' is not an engine (uprobe or inject)"))),
+        None => Ok(None),
+    }
+}
+
+/// What a metric's values count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// Nanoseconds (`wall_ns`, `cpu_ns`: every key ending in `_ns`).
+    Nanoseconds,
+    /// Events (page faults, cycles, ...).
+    Count,
+}
+
+impl Unit {
+    /// The unit of metric `key`: the file format names time metrics with an `_ns` suffix.
+    pub fn of(key: &str) -> Unit {
+        if key.ends_with("_ns") { Unit::Nanoseconds } else { Unit::Count }
+    }
 }
 
 /// Per-function numbers, in a thread or merged over threads.
@@ -477,6 +533,11 @@ pub struct ProcessInfo {
 }
 
 impl Profile {
+    /// The unit of metric `metric` (an index into [`Profile::metrics`]).
+    pub fn unit(&self, metric: usize) -> Unit {
+        self.metrics.get(metric).map_or(Unit::Count, |key| Unit::of(key))
+    }
+
     /// Index of a metric key.
     pub fn metric_index(&self, key: &str) -> Option<usize> {
         self.metrics.iter().position(|m| m == key)

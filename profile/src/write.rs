@@ -12,7 +12,7 @@
 //!   directory (a terminal, `/dev/null`, `/dev/stdout`, a FIFO) is opened
 //!   and written, never replaced.
 
-use crate::file::FileError;
+use crate::error::FileError;
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, ErrorKind, Write};

@@ -53,16 +53,11 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
-/// Whether a tool is on PATH. In strict mode (`PROFTAP_TESTS_STRICT=1`,
-/// set by the project's test script) a missing tool fails the test, so CI
-/// never passes by skipping.
-pub fn have(tool: &str, why: &str) -> bool {
+/// Fails the test, saying what to install, unless `tool` is on PATH: a
+/// test never passes by skipping what it checks.
+pub fn require(tool: &str, why: &str) {
     let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "{tool} is missing (needed {why}); run scripts/setup.sh");
-        eprintln!("SKIPPED: {tool} is not installed (needed {why}); scripts/setup.sh installs it");
-    }
-    found
+    assert!(found, "{tool} is missing (needed {why}); scripts/setup.sh installs it");
 }
 
 /// Source language of an example.
@@ -381,15 +376,13 @@ impl Drop for Waiter {
     }
 }
 
-/// Whether this machine can place uprobes (root, tracefs, perf events).
-/// In strict mode a machine that cannot fails the test.
-pub fn can_probe() -> bool {
-    let root = nix_is_root();
-    if !root {
-        assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "uprobe tests need root");
-        eprintln!("SKIPPED: placing uprobes needs root");
-    }
-    root
+/// Fails the test unless this machine can place uprobes and patch
+/// processes (root): a test never passes by skipping what it checks.
+pub fn require_probes() {
+    assert!(
+        nix_is_root(),
+        "this test places uprobes and traces processes, which needs root: run the tests as root, as scripts/test.sh does"
+    );
 }
 
 fn nix_is_root() -> bool {
@@ -466,9 +459,7 @@ pub fn check_cpu_and_wall(engine: &[&str]) {
 /// `3 * rounds` instrumented calls (enough for the instrumentation's cost
 /// to stand well above the noise of two runs).
 pub fn check_probe_cost_is_measured_and_compensated(engine: &[&str], rounds: u32) {
-    if !can_probe() {
-        return;
-    }
+    require_probes();
     let binary = Build::c("calls.c", "-O2").build();
     let b = binary.to_str().unwrap();
     let functions = ["-f", "run", "-f", "left", "-f", "right", "-f", "leaf"];

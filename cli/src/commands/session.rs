@@ -1,11 +1,15 @@
 //! `proftap session`: profiling sessions run by `proftapd`, which outlive the
 //! terminal that started them.
 
+use crate::client::Client;
+use crate::commands::record::{AttachOptions, RecordArgs};
 use crate::report::text::{format_ns, group_digits};
-use crate::session::{Client, Request, Response, SessionInfo, StartArgs, State};
+use crate::wording;
 use anyhow::{Result, bail};
+use proftap_record::protocol::{Request, Response, Sealed, SessionInfo, State};
+use proftap_record::request::{RecordRequest, RecordTarget};
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Arguments of `proftap session`.
@@ -47,23 +51,17 @@ enum Command {
     },
 }
 
-/// Runs the command against the daemon at `socket`; `argv` is proftap's own
-/// command line (`session start` forwards its arguments as given).
-pub fn run(args: Args, socket: PathBuf, argv: Vec<OsString>) -> Result<ExitCode> {
+/// Runs the command against the daemon at `socket`.
+pub fn run(args: Args, socket: PathBuf) -> Result<ExitCode> {
     let mut client = Client::connect(&socket)?;
     match args.command {
         Command::Start(start) => {
-            if start.pid.is_none() && start.command.is_empty() {
-                bail!("session start needs a process (--pid PID) or a command (-- CMD ARGS...)");
-            }
-            if start.record.output.is_some() {
-                bail!("proftapd returns profiles over its socket, not to a file: leave out -o and use `proftap session fetch ID -o FILE`");
-            }
-            let args = forwarded(&argv, &start)?;
-            let cwd = std::env::current_dir()?;
-            let env = std::env::vars_os().map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy())).collect();
+            let request = start.request()?;
             let streams = start.streams.open()?;
-            let info = session(client.request_with_streams(&Request::Start { args, cwd, env }, &streams)?)?;
+            let info = session(client.request_with_streams(&Request::Start { request: Sealed::new(&request)? }, &streams)?)?;
+            for warning in &info.warnings {
+                eprintln!("proftap: warning: {}", wording::warning(warning));
+            }
             eprintln!("proftap: session {} records {} (pid {}, {} functions probed)", info.id, info.target, info.pid, info.functions);
             println!("{}", info.id);
         }
@@ -132,37 +130,106 @@ fn print_info(s: &SessionInfo) {
     println!("functions   {}", group_digits(s.functions));
     println!("events      {}", group_digits(s.events));
     println!("lost        {}", group_digits(s.lost));
+    for warning in &s.warnings {
+        println!("warning     {}", wording::warning(warning));
+    }
+    for change in &s.changes {
+        println!("change      {}", wording::note(change));
+    }
     if let Some(error) = &s.error {
         println!("error       {error}");
     }
 }
 
-/// The arguments after `session start` as given, without `--socket`, and
-/// with the command's path made absolute: the daemon resolves nothing
-/// against its own `PATH` or directory.
-fn forwarded(argv: &[OsString], start: &StartArgs) -> Result<Vec<String>> {
-    let at = argv.windows(2).position(|w| w[0] == "session" && w[1] == "start").map_or(argv.len(), |i| i + 2);
-    let mut args = Vec::new();
-    let mut rest = argv[at..].iter();
-    let mut command_next = false;
-    while let Some(arg) = rest.next() {
-        let text = arg.to_str().ok_or_else(|| anyhow::anyhow!("argument {arg:?} is not valid UTF-8"))?.to_string();
-        if command_next {
-            let path = proftap_probes::target::resolve_command(arg)?;
-            let path = std::fs::canonicalize(&path).unwrap_or(path);
-            args.push(path.to_string_lossy().into_owned());
-            args.extend(rest.map(|a| a.to_string_lossy().into_owned()));
-            break;
+impl StartArgs {
+    /// The request to send: the command's path made absolute and its
+    /// working directory and environment this client's, since the daemon
+    /// resolves nothing against its own `PATH` or directory.
+    fn request(&self) -> Result<RecordRequest> {
+        if self.record.output.is_some() {
+            bail!("proftapd returns profiles over its socket, not to a file: leave out -o and use `proftap session fetch ID -o FILE`");
         }
-        if text == "--socket" {
-            rest.next();
-            continue;
+        if self.record.save_events.is_some() {
+            bail!("proftapd does not save a session's events; record with proftap run or attach to save them");
         }
-        if text.starts_with("--socket=") {
-            continue;
-        }
-        command_next = text == "--" && !start.command.is_empty();
-        args.push(text);
+        let target = match (self.pid, self.command.split_first()) {
+            (Some(pid), _) => self.attach.target(pid),
+            (None, Some((program, args))) => {
+                let path = proftap_probes::target::resolve_command(program)?;
+                let path = std::fs::canonicalize(&path).unwrap_or(path);
+                let command = std::iter::once(path.into_os_string()).chain(args.iter().cloned()).collect();
+                let env = std::env::vars_os()
+                    .map(|(mut key, value)| {
+                        key.push("=");
+                        key.push(value);
+                        key
+                    })
+                    .collect();
+                RecordTarget::Launch { command, cwd: Some(std::env::current_dir()?), env: Some(env) }
+            }
+            (None, None) => bail!("session start needs a process (--pid PID) or a command (-- CMD ARGS...)"),
+        };
+        self.record.request(target)
     }
-    Ok(args)
+}
+
+/// What `session start` takes: the options of `run` and `attach`, and a
+/// process (`--pid`) or a command.
+#[derive(clap::Args, Clone)]
+pub struct StartArgs {
+    /// Attach to this running process.
+    #[arg(long, conflicts_with = "command")]
+    pub pid: Option<i32>,
+    /// How to record.
+    #[command(flatten)]
+    pub record: RecordArgs,
+    /// With --pid: how long, and what when.
+    #[command(flatten)]
+    pub attach: AttachOptions,
+    /// Where the launched command's standard streams go.
+    #[command(flatten)]
+    pub streams: Streams,
+    /// The command to launch and profile, with its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Where a command launched by a session reads and writes: files this
+/// client opens as its user (default /dev/null), or its own streams.
+#[derive(clap::Args, Clone, Default)]
+pub struct Streams {
+    /// The command reads this file as its standard input.
+    #[arg(long, value_name = "FILE", conflicts_with = "inherit_streams")]
+    pub stdin: Option<PathBuf>,
+    /// The command's standard output is appended to this file.
+    #[arg(long, value_name = "FILE", conflicts_with = "inherit_streams")]
+    pub stdout: Option<PathBuf>,
+    /// The command's standard error is appended to this file.
+    #[arg(long, value_name = "FILE", conflicts_with = "inherit_streams")]
+    pub stderr: Option<PathBuf>,
+    /// The command uses this terminal's (this client's) standard streams,
+    /// for as long as it runs.
+    #[arg(long)]
+    pub inherit_streams: bool,
+}
+
+impl Streams {
+    /// The three streams to send, opened as the user running the client.
+    pub fn open(&self) -> std::io::Result<[std::os::fd::OwnedFd; 3]> {
+        use std::os::fd::AsFd;
+        if self.inherit_streams {
+            let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned();
+            return Ok([dup(std::io::stdin().as_fd())?, dup(std::io::stdout().as_fd())?, dup(std::io::stderr().as_fd())?]);
+        }
+        let null = Path::new("/dev/null");
+        let read = |p: &Option<PathBuf>| std::fs::File::open(p.as_deref().unwrap_or(null));
+        let append = |p: &Option<PathBuf>| std::fs::OpenOptions::new().create(true).append(true).open(p.as_deref().unwrap_or(null));
+        let named = |p: &Option<PathBuf>, e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("cannot open {}: {e}", p.as_deref().unwrap_or(null).display()))
+        };
+        let stdin = read(&self.stdin).map_err(|e| named(&self.stdin, e))?;
+        let stdout = append(&self.stdout).map_err(|e| named(&self.stdout, e))?;
+        let stderr = append(&self.stderr).map_err(|e| named(&self.stderr, e))?;
+        Ok([stdin.into(), stdout.into(), stderr.into()])
+    }
 }

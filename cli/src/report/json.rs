@@ -91,7 +91,7 @@ pub fn report(profile: &Profile) -> Value {
             "lines": samples.lines.iter().map(|l| json!({ "file": l.file, "line": l.line, "self": l.count })).collect::<Vec<_>>(),
         })),
         "processes": profile.processes.iter().map(|p| json!({"pid": p.pid, "parent": p.parent, "execs": p.execs})).collect::<Vec<_>>(),
-        "notes": profile.notes,
+        "notes": profile.notes.iter().map(crate::wording::note).collect::<Vec<_>>(),
     })
 }
 
@@ -115,7 +115,7 @@ fn function(profile: &Profile, f: &FunctionStats) -> Value {
         "unwound": f.unwound,
         "unfinished": f.unfinished,
         "mode": info.mode,
-        "engine": (!info.engine.is_empty()).then_some(&info.engine),
+        "engine": info.engine,
         "inclusive": stats(profile, &f.inclusive, f.calls),
         "exclusive": stats(profile, &f.exclusive, f.calls),
     })

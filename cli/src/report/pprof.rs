@@ -13,7 +13,7 @@
 #![allow(missing_docs)]
 
 use anyhow::{Result, bail};
-use proftap_profile::Profile;
+use proftap_profile::{Profile, Unit};
 use prost::Message;
 use std::collections::HashMap;
 
@@ -211,9 +211,9 @@ impl Builder {
 
 /// What the unit of a metric key is, as pprof names them.
 fn value_type(key: &str) -> (String, &'static str) {
-    match key.strip_suffix("_ns") {
-        Some(name) => (name.to_string(), "nanoseconds"),
-        None => (key.to_string(), "count"),
+    match Unit::of(key) {
+        Unit::Nanoseconds => (key.strip_suffix("_ns").unwrap_or(key).to_string(), "nanoseconds"),
+        Unit::Count => (key.to_string(), "count"),
     }
 }
 
@@ -314,7 +314,7 @@ pub fn pprof(profile: &Profile) -> Result<PprofProfile> {
     b.out.time_nanos = value(profile.recording.started_unix_ns);
     b.out.duration_nanos = value(profile.recording.duration_ns);
     b.out.default_sample_type = b.string(profile.metrics.first().map_or("calls", |k| k.strip_suffix("_ns").unwrap_or(k)));
-    let comments: Vec<i64> = profile.notes.iter().map(|n| b.string(n)).collect();
+    let comments: Vec<i64> = profile.notes.iter().map(|n| b.string(&crate::wording::note(n))).collect();
     b.out.comment = comments;
     Ok(b.out)
 }

@@ -2,7 +2,7 @@
 //! call tree and per-thread profiles on request.
 
 use super::{SortKey, function_name, sort_functions};
-use proftap_profile::{CallTree, FunctionStats, Mode, Profile};
+use proftap_profile::{CallTree, Engine, ExitMode, FunctionStats, Mode, Profile, Unit};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -25,7 +25,10 @@ pub struct TextOptions {
 
 /// Formats a metric value: times with a unit, counts with separators.
 pub fn format_value(key: &str, value: u64) -> String {
-    if key.ends_with("_ns") { format_ns(value) } else { group_digits(value) }
+    match Unit::of(key) {
+        Unit::Nanoseconds => format_ns(value),
+        Unit::Count => group_digits(value),
+    }
 }
 
 /// `1.23 ms`, `456 ns`, `2.000 s`.
@@ -130,7 +133,7 @@ fn header(profile: &Profile, out: &mut String) {
             if profile.processes.len() > 1 { "es" } else { "" }
         );
         for note in &profile.notes {
-            let _ = writeln!(out, "  note        {note}");
+            let _ = writeln!(out, "  note        {}", crate::wording::note(note));
         }
         return;
     }
@@ -138,10 +141,10 @@ fn header(profile: &Profile, out: &mut String) {
         out,
         "  recorded    {} with {}, {} thread{}, {} process{}",
         format_ns(r.duration_ns),
-        match (r.engine.as_str(), r.exits.as_str()) {
-            ("inject", _) => "entries patched in the process (returns through proftap's return trampoline)",
-            (_, "return-sites") => "uprobes (returns seen by probes on return instructions)",
-            _ => "uprobes (returns seen by return probes)",
+        match (r.engine, r.exits) {
+            (Engine::Inject, _) => "entries patched in the process (returns through proftap's return trampoline)",
+            (Engine::Uprobe, ExitMode::ReturnSites) => "uprobes (returns seen by probes on return instructions)",
+            (Engine::Uprobe, ExitMode::Uretprobe) => "uprobes (returns seen by return probes)",
         },
         profile.threads.len(),
         if profile.threads.len() == 1 { "" } else { "s" },
@@ -177,7 +180,7 @@ fn header(profile: &Profile, out: &mut String) {
     }
     let _ = writeln!(out);
     for note in &profile.notes {
-        let _ = writeln!(out, "  note        {note}");
+        let _ = writeln!(out, "  note        {}", crate::wording::note(note));
     }
 }
 
@@ -185,8 +188,9 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
     let Some(key) = profile.metrics.get(m) else { return };
     sort_functions(functions, options.sort, m);
     let duration = profile.recording.duration_ns.max(1);
-    let share =
-        |v: u64| -> String { if key.ends_with("_ns") { format!("{:5.1}", 100.0 * v as f64 / duration as f64) } else { "    -".into() } };
+    let share = |v: u64| -> String {
+        if Unit::of(key) == Unit::Nanoseconds { format!("{:5.1}", 100.0 * v as f64 / duration as f64) } else { "    -".into() }
+    };
     // With samples, each function also shows the share of samples with it on the stack.
     let sampled: HashMap<String, u64> =
         profile.samples.iter().flat_map(|s| s.functions().into_iter().map(|f| (f.frame.name, f.total_samples))).collect();
@@ -228,7 +232,9 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
             label.push_str("  [throttled: exact until its probes were removed, calls are a lower bound]");
         }
         // Left to uprobes by the in-process engine: its times carry their cost.
-        if profile.recording.engine == "inject" && profile.functions.get(f.function as usize).is_some_and(|i| i.engine == "uprobe") {
+        if profile.recording.engine == Engine::Inject
+            && profile.functions.get(f.function as usize).is_some_and(|i| i.engine == Some(Engine::Uprobe))
+        {
             label.push_str("  [uprobes]");
         }
         if f.unwound > 0 {

@@ -152,10 +152,15 @@ mod tests {
     fn a_flood_of_made_up_threads_is_a_lie() {
         let mut checks = Checks::new(std::process::id() as i32, 1, 0);
         let now = tsc_now();
-        // Thread ids no process of this test has: past pid_max is refused
-        // at once, so use ids from its top down.
-        let top = checks.pid_max;
-        let made_up: Vec<u8> = (0..=MOST_UNCONFIRMED_TIDS as u32).flat_map(|i| record(now, runtime::ENTRY, 0, top - i)).collect();
+        // Thread ids this process does not have (past pid_max is refused at
+        // once, so ids from its top down, skipping this process's threads).
+        let ours = |tid: u32| std::path::Path::new(&format!("/proc/self/task/{tid}")).exists();
+        let made_up: Vec<u8> = (1..=checks.pid_max)
+            .rev()
+            .filter(|&tid| !ours(tid))
+            .take(MOST_UNCONFIRMED_TIDS + 1)
+            .flat_map(|tid| record(now, runtime::ENTRY, 0, tid))
+            .collect();
         assert!(checks.records(&made_up, 1).expect_err("a lie").contains("not the process's"));
     }
 }

@@ -567,7 +567,7 @@ impl Drainer {
                     if !over.is_empty() {
                         let error = tracing.unpatch(&over).err().map(|e| e.to_string());
                         let functions = over.iter().map(|&f| (f, entries.get(f).copied().unwrap_or(0))).collect();
-                        let _ = tell.send(Unpatched { time: crate::record::monotonic_ns(), functions, error });
+                        let _ = tell.send(Unpatched { time: super::clock::monotonic_ns(), functions, error });
                     }
                 }
                 // A ring an eighth full or more is drained again at once.

@@ -11,6 +11,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 type Reader<'a> = EndianSlice<'a, RunTimeEndian>;
 
@@ -103,11 +104,22 @@ pub(crate) fn read(image: &ElfImage, files: &mut FileTable, want_lines: bool, wa
         None => None,
     };
     let endian = RunTimeEndian::Little;
-    let dwarf = sections.borrow_with_sup(sup_sections.as_ref(), |s| EndianSlice::new(s, endian));
+    let mut dwarf = sections.borrow_with_sup(sup_sections.as_ref(), |s| EndianSlice::new(s, endian));
+    // Units often share one abbreviation table: parsed once, not once per unit.
+    dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
 
     let mut info = DwarfInfo::default();
+    let mut tables = HashMap::new();
+    let mut budget = HeaderBudget::new(gimli::Reader::len(gimli::Section::reader(&dwarf.debug_line)));
     let mut headers = dwarf.units();
     while let Some(header) = headers.next().map_err(|e| bad(&e))? {
+        if budget.spent() {
+            warnings.push(format!(
+                "stopped reading the debug info of {} part way: its compilation units parse the same line tables over and over (a damaged or hostile file)",
+                image.path().display()
+            ));
+            break;
+        }
         let unit = match dwarf.unit(header) {
             Ok(unit) => unit,
             Err(e) => {
@@ -115,20 +127,86 @@ pub(crate) fn read(image: &ElfImage, files: &mut FileTable, want_lines: bool, wa
                 continue;
             }
         };
-        if let Err(e) = read_unit(&dwarf, &unit, files, want_lines, &mut info) {
+        budget.charge(&unit);
+        let mut reading = Reading { files, want_lines, info: &mut info, tables: &mut tables };
+        if let Err(e) = read_unit(&dwarf, &unit, &mut reading) {
             warnings.push(format!("skipped part of a compilation unit in {}: {e}", image.path().display()));
         }
     }
     Ok(info)
 }
 
-fn load_sections<'d>(elf: &object::read::elf::ElfFile64<'d>) -> Result<gimli::DwarfSections<Cow<'d, [u8]>>, object::Error> {
-    gimli::DwarfSections::load(|id| -> Result<Cow<'d, [u8]>, object::Error> {
+/// Bytes of line-table headers parsed, against a bound. gimli parses the
+/// header of a unit's line table with the unit, again for every unit that
+/// names the same table: many tiny units naming one large table make that
+/// quadratic. The bound is far above what real files need (dwz makes
+/// thousands of partial units share a table).
+struct HeaderBudget {
+    spent: u64,
+    limit: u64,
+}
+
+impl HeaderBudget {
+    fn new(line_section: usize) -> Self {
+        HeaderBudget { spent: 0, limit: (line_section as u64).saturating_mul(64).max(256 << 20) }
+    }
+
+    fn charge(&mut self, unit: &gimli::Unit<Reader<'_>>) {
+        let header = unit.line_program.as_ref().map_or(0, |p| p.header().header_length());
+        self.spent = self.spent.saturating_add(header as u64);
+    }
+
+    fn spent(&self) -> bool {
+        self.spent > self.limit
+    }
+}
+
+/// What reading units collects, and the line tables already read: units
+/// that name the same table share its files and rows instead of reading it
+/// again (which hostile DWARF makes quadratic in time and memory).
+struct Reading<'a> {
+    files: &'a mut FileTable,
+    want_lines: bool,
+    info: &'a mut DwarfInfo,
+    tables: &'a mut HashMap<usize, LineTable>,
+}
+
+/// One line table as read: its files' ids, and whether its rows were read.
+#[derive(Clone)]
+struct LineTable {
+    file_ids: Rc<[Option<u32>]>,
+    rows_read: bool,
+}
+
+fn load_sections<'d>(elf: &object::read::elf::ElfFile64<'d>) -> Result<gimli::DwarfSections<Cow<'d, [u8]>>, String> {
+    gimli::DwarfSections::load(|id| -> Result<Cow<'d, [u8]>, String> {
         match elf.section_by_name(id.name()) {
-            Some(section) => section.uncompressed_data(),
+            Some(section) => section_data(id.name(), &section),
             None => Ok(Cow::Borrowed(&[])),
         }
     })
+}
+
+/// How many times its size a compressed section may claim to expand to.
+/// DWARF compresses 3 to 10 times; zlib cannot pass 1032. The decompressor
+/// allocates and zeroes the claimed size before it reads a byte, so an
+/// unchecked claim lets a small file make the reader allocate gigabytes.
+const MAX_EXPANSION: u64 = 256;
+
+/// Below this, any claim is allowed: tiny sections compress badly.
+const ALWAYS_ALLOWED: u64 = 1 << 20;
+
+fn section_data<'d>(name: &str, section: &object::read::elf::ElfSection64<'d, '_>) -> Result<Cow<'d, [u8]>, String> {
+    let compressed = section.compressed_data().map_err(|e| format!("section {name}: {e}"))?;
+    let limit = (compressed.data.len() as u64).saturating_mul(MAX_EXPANSION).max(ALWAYS_ALLOWED);
+    if compressed.format != object::CompressionFormat::None && compressed.uncompressed_size > limit {
+        return Err(format!(
+            "section {name} claims to expand from {} to {} bytes when decompressed, more than compressed DWARF ever does",
+            compressed.data.len(),
+            compressed.uncompressed_size
+        ));
+    }
+    compressed.decompress().map_err(|e| format!("section {name}: {e}"))
 }
 
 /// The dwz supplementary file named by `.gnu_debugaltlink`, as Debian's
@@ -149,15 +227,15 @@ fn supplementary_file(image: &ElfImage, elf: &object::read::elf::ElfFile64<'_>, 
     }
 }
 
-fn read_unit(
-    dwarf: &gimli::Dwarf<Reader<'_>>,
-    unit: &gimli::Unit<Reader<'_>>,
-    files: &mut FileTable,
-    want_lines: bool,
-    info: &mut DwarfInfo,
-) -> gimli::Result<()> {
-    let comp_dir = unit.comp_dir.map(|d| d.to_string_lossy().into_owned());
-    let file_ids = unit_files(dwarf, unit, comp_dir.as_deref(), files);
+fn read_unit(dwarf: &gimli::Dwarf<Reader<'_>>, unit: &gimli::Unit<Reader<'_>>, reading: &mut Reading<'_>) -> gimli::Result<()> {
+    let offset = unit.line_program.as_ref().map(|p| p.header().offset().0);
+    let table = match offset.and_then(|o| reading.tables.get(&o)) {
+        Some(table) => table.clone(),
+        None => {
+            let comp_dir = unit.comp_dir.map(|d| d.to_string_lossy().into_owned());
+            LineTable { file_ids: unit_files(dwarf, unit, comp_dir.as_deref(), reading.files).into(), rows_read: false }
+        }
+    };
 
     let mut entries = unit.entries();
     let mut unit_name = String::new();
@@ -169,49 +247,102 @@ fn read_unit(
                 }
             }
             gimli::DW_TAG_subprogram => {
-                let mut ranges = Vec::new();
-                let mut iter = dwarf.die_ranges(unit, entry)?;
-                while let Some(range) = iter.next()? {
-                    // Address 0 is the linker's tombstone for discarded code.
-                    if range.begin != 0 && range.end > range.begin {
-                        ranges.push(range.begin..range.end);
-                    }
-                }
+                let ranges = code_ranges(dwarf, unit, entry.attrs())?;
                 if ranges.is_empty() {
                     continue;
                 }
                 let mut sub = Subprogram { ranges, name: None, linkage_name: None, decl_file: None, decl_line: 0 };
-                describe(dwarf, unit, entry.attrs(), &file_ids, &mut sub, 0);
-                info.subprograms.push(sub);
+                describe(dwarf, unit, entry.attrs(), &table.file_ids, &mut sub, 0);
+                reading.info.subprograms.push(sub);
             }
             _ => {}
         }
     }
 
-    if want_lines && let Some(program) = unit.line_program.clone() {
-        let start = info.rows.len();
-        let mut sequence_start = start;
-        let mut rows = program.rows();
-        while let Some((_, row)) = rows.next_row()? {
-            let file = file_ids.get(row.file_index() as usize).copied().flatten().unwrap_or(u32::MAX);
-            info.rows.push(LineRow {
-                address: VirtAddr(row.address()),
-                file,
-                line: row.line().map_or(0, |l| u32::try_from(l.get()).unwrap_or(u32::MAX)),
-                is_stmt: row.is_stmt(),
-                end_sequence: row.end_sequence(),
-            });
-            if row.end_sequence() {
-                // A sequence at address 0 is code the linker discarded.
-                if info.rows[sequence_start].address.0 == 0 {
-                    info.rows.truncate(sequence_start);
-                }
-                sequence_start = info.rows.len();
-            }
-        }
-        info.units.push(CompileUnit { name: unit_name, dwarf_version: unit.header.version(), rows: start..info.rows.len() });
+    let read_rows = reading.want_lines && !table.rows_read;
+    if let (Some(offset), Some(program), true) = (offset, unit.line_program.clone(), read_rows) {
+        let start = reading.info.rows.len();
+        // Marked read first: a table whose rows fail part way is not read again.
+        reading.tables.insert(offset, LineTable { rows_read: true, ..table.clone() });
+        read_rows_of(program, &table.file_ids, &mut reading.info.rows)?;
+        let rows = start..reading.info.rows.len();
+        reading.info.units.push(CompileUnit { name: unit_name, dwarf_version: unit.header.version(), rows });
+    } else if let Some(offset) = offset {
+        reading.tables.entry(offset).or_insert(table);
     }
     Ok(())
+}
+
+fn read_rows_of(program: gimli::IncompleteLineProgram<Reader<'_>>, file_ids: &[Option<u32>], out: &mut Vec<LineRow>) -> gimli::Result<()> {
+    let mut sequence_start = out.len();
+    let mut rows = program.rows();
+    while let Some((_, row)) = rows.next_row()? {
+        let file = file_ids.get(row.file_index() as usize).copied().flatten().unwrap_or(u32::MAX);
+        out.push(LineRow {
+            address: VirtAddr(row.address()),
+            file,
+            line: row.line().map_or(0, |l| u32::try_from(l.get()).unwrap_or(u32::MAX)),
+            is_stmt: row.is_stmt(),
+            end_sequence: row.end_sequence(),
+        });
+        if row.end_sequence() {
+            // A sequence at address 0 is code the linker discarded.
+            if out[sequence_start].address.0 == 0 {
+                out.truncate(sequence_start);
+            }
+            sequence_start = out.len();
+        }
+    }
+    Ok(())
+}
+
+/// The code of a DIE: `DW_AT_ranges`, or `DW_AT_low_pc` with `DW_AT_high_pc`
+/// as an address or a size. gimli's `die_ranges` adds the size unchecked,
+/// which overflows on a hostile size; here the sum is checked.
+fn code_ranges(
+    dwarf: &gimli::Dwarf<Reader<'_>>,
+    unit: &gimli::Unit<Reader<'_>>,
+    attrs: &[gimli::Attribute<Reader<'_>>],
+) -> gimli::Result<Vec<Range<u64>>> {
+    let (mut low, mut high, mut size) = (None, None, None);
+    for attr in attrs {
+        match (attr.name(), attr.value()) {
+            (gimli::DW_AT_low_pc, value) => low = dwarf.attr_address(unit, value)?,
+            (gimli::DW_AT_high_pc, AttributeValue::Udata(n)) => size = Some(n),
+            (gimli::DW_AT_high_pc, value) => high = dwarf.attr_address(unit, value)?,
+            (gimli::DW_AT_ranges, value) => {
+                let Some(mut list) = dwarf.attr_ranges(unit, value)? else { continue };
+                let mut ranges = Vec::new();
+                // Entry by entry, counting the empty ones gimli skips: every
+                // function of a hostile file can name one list of millions.
+                for _ in 0..MAX_RANGE_ENTRIES {
+                    let Some(raw) = list.next_raw()? else { break };
+                    if let Some(range) = list.convert_raw(raw)? {
+                        ranges.extend(code_range(range.begin, Some(range.end)));
+                    }
+                }
+                return Ok(ranges);
+            }
+            _ => {}
+        }
+    }
+    let Some(low) = low else { return Ok(Vec::new()) };
+    let end = match size {
+        Some(size) => low.checked_add(size),
+        None => high,
+    };
+    Ok(code_range(low, end).into_iter().collect())
+}
+
+/// Range-list entries read for one function. A function split by the
+/// compiler has a few ranges (hot and cold parts), by basic-block sections
+/// some tens; past this the rest are not read.
+const MAX_RANGE_ENTRIES: usize = 64;
+
+/// `begin..end` if it holds code: address 0 is the linker's tombstone for
+/// discarded code, and an empty or reversed range holds none.
+fn code_range(begin: u64, end: Option<u64>) -> Option<Range<u64>> {
+    end.filter(|&end| begin != 0 && end > begin).map(|end| begin..end)
 }
 
 /// Fills the name and declaration of a subprogram from its attributes,

@@ -60,11 +60,7 @@ pub struct ElfImage {
 impl ElfImage {
     /// Maps `path` and checks that it is a 64-bit ELF file proftap can read.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-        if meta.is_dir() {
-            return Err(Error::IsDirectory { path: path.into() });
-        }
+        let (file, meta) = open_regular(path)?;
         let not_elf = |reason: &str| Error::NotElf { path: path.into(), reason: reason.into() };
         if meta.len() == 0 {
             return Err(not_elf("the file is empty"));
@@ -176,10 +172,44 @@ impl ElfImage {
     }
 }
 
+/// Opens `path` for reading only if it is a regular file. The file named by a
+/// program, a debug link or a dwz link may be a FIFO or a device: opening
+/// without blocking and checking the type before any read keeps a hostile
+/// name from stalling or feeding the reader.
+fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    let kind = meta.file_type();
+    let what = if kind.is_file() {
+        return Ok((file, meta));
+    } else if kind.is_dir() {
+        return Err(Error::IsDirectory { path: path.into() });
+    } else if kind.is_fifo() {
+        "named pipe (FIFO)"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "device"
+    } else {
+        "special file"
+    };
+    Err(Error::NotRegular { path: path.into(), what })
+}
+
 /// The file offset of `addr` through the segments that hold file bytes, or
 /// `None` when no segment maps it from the file (e.g. `.bss`).
+/// Checked arithmetic: a damaged program header can put a segment at the top
+/// of the address space.
 pub fn file_offset(segments: &[Segment], addr: VirtAddr) -> Option<FileOffset> {
-    segments.iter().find(|s| addr.0 >= s.vaddr.0 && addr.0 < s.vaddr.0 + s.file_size).map(|s| FileOffset(addr.0 - s.vaddr.0 + s.offset.0))
+    segments.iter().find_map(|s| {
+        let into = addr.0.checked_sub(s.vaddr.0).filter(|&into| into < s.file_size)?;
+        s.offset.0.checked_add(into).map(FileOffset)
+    })
 }
 
 /// Lower-case hex of bytes.
@@ -207,6 +237,40 @@ mod tests {
         // In memory but not in the file (.bss): no offset.
         assert_eq!(file_offset(&segs, VirtAddr(0x3f00)), None);
         assert_eq!(file_offset(&segs, VirtAddr(0x900)), None);
+    }
+
+    #[test]
+    fn file_offset_of_segments_at_the_end_of_the_address_space_does_not_overflow() {
+        let top = Segment {
+            vaddr: VirtAddr(u64::MAX - 0x10),
+            mem_size: 0x100,
+            offset: FileOffset(u64::MAX - 1),
+            file_size: 0x100,
+            executable: true,
+        };
+        assert_eq!(file_offset(&[top], VirtAddr(u64::MAX - 0x10)), Some(FileOffset(u64::MAX - 1)));
+        assert_eq!(file_offset(&[top], VirtAddr(u64::MAX)), None);
+        assert_eq!(file_offset(&[top], VirtAddr(0)), None);
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fifo = dir.path().join("program");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        // A blocking open would wait here forever: no one writes to the FIFO.
+        let Err(err) = ElfImage::open(&fifo) else { panic!("a FIFO opened as an ELF file") };
+        assert!(matches!(err, Error::NotRegular { what: "named pipe (FIFO)", .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!("{} is a named pipe (FIFO), not an executable or shared library; give a regular file", fifo.display())
+        );
+    }
+
+    #[test]
+    fn devices_and_directories_are_refused() {
+        assert!(matches!(ElfImage::open(Path::new("/dev/zero")), Err(Error::NotRegular { what: "device", .. })));
+        assert!(matches!(ElfImage::open(Path::new("/")), Err(Error::IsDirectory { .. })));
     }
 
     #[test]

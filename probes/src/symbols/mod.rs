@@ -1,11 +1,13 @@
 //! The symbolizer: functions, their file offsets and declarations, and line
 //! tables of one ELF file, with its debug info found wherever it is kept.
 
+mod cache;
 mod debuginfo;
 mod demangle;
 mod dwarf;
 mod elf;
 
+pub use cache::SymbolCache;
 pub use debuginfo::{DebugDirs, DebugSource};
 pub use dwarf::{CompileUnit, FileTable, LineRow};
 pub use elf::{ElfImage, ElfKind, Segment, file_offset, hex};
@@ -133,16 +135,21 @@ pub struct SymbolIndex {
 impl SymbolIndex {
     /// Reads the functions (and with `options.lines`, line rows) of `path`.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
-        let image = ElfImage::open(path)?;
+        SymbolIndex::of_image(&ElfImage::open(path)?, options)
+    }
+
+    /// The same for a file already opened.
+    pub fn of_image(image: &ElfImage, options: &LoadOptions) -> Result<Self> {
+        let path = image.path();
         let segments = image.segments()?;
         let kind = image.kind()?;
         let build_id = image.build_id()?;
         let mut warnings = Vec::new();
 
         let separate;
-        let (debug_image, debug) = match debuginfo::embedded_dwarf(&image) {
-            Some(compressed) => (Some(&image), DebugSource::Embedded { compressed }),
-            None => match debuginfo::find_separate(&image, &options.debug_dirs, &mut warnings) {
+        let (debug_image, debug) = match debuginfo::embedded_dwarf(image) {
+            Some(compressed) => (Some(image), DebugSource::Embedded { compressed }),
+            None => match debuginfo::find_separate(image, &options.debug_dirs, &mut warnings) {
                 Some((found, source)) => {
                     separate = found;
                     (Some(&separate), source)
@@ -161,7 +168,7 @@ impl SymbolIndex {
             .collect();
         collect_symbols(elf.symbols(), &mut symbols);
         if symbols.is_empty()
-            && let Some(debug_image) = debug_image.filter(|d| !std::ptr::eq(*d, &image))
+            && let Some(debug_image) = debug_image.filter(|d| !std::ptr::eq(*d, image))
         {
             // `objcopy --only-keep-debug` leaves the full symbol table in the debug file.
             collect_symbols(debug_image.parse()?.symbols(), &mut symbols);
@@ -261,7 +268,8 @@ impl SymbolIndex {
     pub fn function_at(&self, addr: VirtAddr) -> Option<&Function> {
         let i = self.functions.partition_point(|f| f.address <= addr).checked_sub(1)?;
         let f = &self.functions[i];
-        (addr.0 < f.address.0 + f.size.max(1)).then_some(f)
+        // Sizes come from the file: one may reach past the end of the address space.
+        (addr.0 < f.address.0.saturating_add(f.size.max(1))).then_some(f)
     }
 
     /// Whether this is a position-independent executable.
@@ -327,3 +335,6 @@ fn collect_symbols<'d: 'f, 'f>(table: impl Iterator<Item = object::read::elf::El
         group.names.push(((binding, name.starts_with('_'), name.len()), name.to_string()));
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,129 @@
+//! What the recorder reports in types, in proftap's words: the sentences
+//! that may name proftap's own flags are written here, not below.
+
+use proftap_profile::{Finding, FunctionCalls, Note, Refusal, UprobeReason};
+use proftap_record::error::RecordError;
+use proftap_record::observer::Warning;
+
+/// An error, as one sentence; those the recorder reports in types with a
+/// remedy among proftap's flags name it.
+pub fn error(error: &anyhow::Error) -> String {
+    match error.downcast_ref::<RecordError>() {
+        Some(RecordError::InjectMetrics) => {
+            "the in-process engine measures wall and CPU time only, so far: use --metric wall,cpu or --engine uprobe".into()
+        }
+        Some(RecordError::Unhooked { entries }) => format!(
+            "the in-process engine could not hook {entries}, and this program may unwind its stack (exceptions, panics, backtrace()): use --engine uprobe"
+        ),
+        _ => crate::output::error_sentence(error),
+    }
+}
+
+/// A warning, as a sentence.
+pub fn warning(warning: &Warning) -> String {
+    match warning {
+        Warning::Symbols { message } | Warning::Planning { message } => message.clone(),
+        Warning::NoProbeCost { reason } => {
+            format!("cannot measure the cost of a probe: {reason}; the report will not estimate the overhead")
+        }
+        Warning::EventsNotSaved { reason } => format!("the recording's events could not all be saved: {reason}"),
+    }
+}
+
+/// A profile's note, as a sentence.
+pub fn note(note: &Note) -> String {
+    match note {
+        Note::Text(text) => text.clone(),
+        Note::Found(finding) => finding_sentence(finding),
+    }
+}
+
+fn finding_sentence(finding: &Finding) -> String {
+    match finding {
+        Finding::UprobesChosen { reason } => format!("calls are seen by uprobes, not the in-process engine: {}", uprobe_reason(*reason)),
+        Finding::NotPatched { functions, reasons } => {
+            let parts: Vec<String> = reasons.iter().map(refusal).collect();
+            format!("{functions} functions could not be patched and are probed by uprobes: {}", parts.join("; "))
+        }
+        Finding::CodeDiffers { functions } => {
+            format!("not recorded: {} (their code in memory was not what the file holds)", functions.join(", "))
+        }
+        Finding::Throttled { after_ms, functions, budget_percent } => format!(
+            "after {after_ms} ms, removed the probes of {}: over the {budget_percent}% overhead budget; sampled from then on",
+            with_calls(functions)
+        ),
+        Finding::UnpatchFailed { functions, error } => {
+            format!("could not unpatch {}, over the overhead budget: {error}", with_calls(functions))
+        }
+        Finding::ThrottleFailed { error } => format!("could not remove the probes of functions over the overhead budget: {error}"),
+        Finding::AutoInstrumented { warmup_ms, functions } if functions.is_empty() => {
+            format!("sampled for {warmup_ms} ms and saw no function to instrument")
+        }
+        Finding::AutoInstrumented { warmup_ms, functions } => format!(
+            "sampled for {warmup_ms} ms, then instrumented the {} hottest functions by sampled inclusive time: {}",
+            functions.len(),
+            functions.join(", ")
+        ),
+        Finding::AutoInstrumentFailed { error } => format!("could not instrument the hottest functions: {error}"),
+        Finding::RestoreFailed { pid, error } => {
+            format!("could not restore the code of process {pid}: {error}; it runs on with proftap's jumps, which record nothing")
+        }
+        Finding::EngineRecordsLost { records } => format!(
+            "{records} entries and returns were lost because the in-process engine's ring of a thread was full (proftap did not read them fast enough); calls and times of the functions involved are low"
+        ),
+        Finding::Untimed { too_deep, without_slot, stack_depth, slots } => format!(
+            "{} not timed by the in-process engine ({too_deep} deeper than the {stack_depth} nested calls a thread's shadow stack holds, {without_slot} in threads beyond the {slots} it times at once); counted as lost entries and returns, calls of the functions involved are low",
+            counted(too_deep + without_slot, "call was", "calls were"),
+        ),
+        Finding::HitsLost { hits } => format!(
+            "{} lost because a ring buffer was full; calls and times of the functions and threads involved are low (raise --buffer-size)",
+            counted(*hits, "probe hit was", "probe hits were")
+        ),
+        Finding::Unwound { calls } => format!(
+            "{} without its own return (C++ exception, longjmp, exit, or a call deeper than the kernel's 64 tracked returns per thread); marked unwound and timed until the moment proftap saw it gone",
+            counted(*calls, "call ended", "calls ended")
+        ),
+        Finding::Orphaned { calls } => format!(
+            "{} in progress when the probe set changed, and return probes went with the old set; marked unfinished and timed until proftap saw it gone",
+            counted(*calls, "call was", "calls were")
+        ),
+        Finding::Malformed { records } => format!("{} could not be read and skipped", counted(*records, "kernel record", "kernel records")),
+        Finding::Executed { pid, program } => {
+            format!("process {pid} executed {program}: probes on the previous program no longer apply to it")
+        }
+        Finding::ForksNotRecorded { pids } => format!(
+            "calls in forked {} {} are not counted: the in-process engine records only the process it patched (--engine uprobe follows forked processes)",
+            if pids.len() == 1 { "process" } else { "processes" },
+            pids.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
+fn uprobe_reason(reason: UprobeReason) -> &'static str {
+    match reason {
+        UprobeReason::Metrics => "the in-process engine measures wall and CPU time only",
+        UprobeReason::Lines => "line counts and regions are seen by uprobes on lines",
+        UprobeReason::Forks => {
+            "the program calls fork, and the in-process engine does not record forked processes (--no-follow-fork lets it)"
+        }
+        UprobeReason::CancelsThreads => {
+            "the program calls pthread_cancel, and libgcc_s, which unwinds a cancelled thread, is loaded only then, too late for the in-process engine to hook it"
+        }
+    }
+}
+
+/// "2 [too short]: f, g, ..."
+fn refusal(refusal: &Refusal) -> String {
+    let more = if (refusal.count as usize) > refusal.examples.len() { ", ..." } else { "" };
+    format!("{} [{}]: {}{more}", refusal.count, refusal.reason, refusal.examples.join(", "))
+}
+
+/// "f (12 calls), g (3 calls)"
+fn with_calls(functions: &[FunctionCalls]) -> String {
+    functions.iter().map(|f| format!("{} ({} calls)", f.name, f.calls)).collect::<Vec<_>>().join(", ")
+}
+
+/// "1 call was", "2 calls were".
+fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}

@@ -1,0 +1,27 @@
+//! The ELF/DWARF symbolizer on any bytes as a program: functions, symbol
+//! tables, DWARF units, line tables, debug links, as proftapd reads every
+//! binary a target maps.
+
+use proftap_probes::addr::VirtAddr;
+use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
+
+proftap_fuzz::target!(run);
+
+/// Loads the input with line tables, then asks what reports ask of an index.
+fn run(data: &[u8]) {
+    // No debug directories: a build-id must not reach this machine's real
+    // debug files, or runs would depend on what is installed.
+    let options = LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()) };
+    let Ok(index) = proftap_fuzz::with_file("program", data, |path| SymbolIndex::load(path, &options)) else { return };
+    for function in &index.functions {
+        let _ = index.function_at(function.address);
+        let _ = index.function_at(VirtAddr(function.address.0.wrapping_add(function.size)));
+        let _ = index.decl_path(function);
+    }
+    for row in &index.line_rows {
+        let _ = index.files.path(row.file);
+    }
+    for unit in &index.units {
+        assert!(unit.rows.end <= index.line_rows.len(), "unit {} has rows past the end", unit.name);
+    }
+}

@@ -1,0 +1,48 @@
+//! How the kernel handles the first instruction of a probed function: the
+//! cost class of a uprobe there.
+
+/// How the kernel handles the instruction a uprobe replaces: some it
+/// emulates in the trap, the rest it single-steps out of line, which costs
+/// several times more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    /// push, call, jmp, jcc, nop: emulated.
+    Emulated,
+    /// Anything else: single-stepped.
+    Stepped,
+}
+
+/// Classifies the first instruction of a function (x86-64 encodings; other
+/// architectures count as stepped).
+pub fn classify_entry(code: &[u8]) -> EntryKind {
+    if !cfg!(target_arch = "x86_64") {
+        return EntryKind::Stepped;
+    }
+    let emulated = match code {
+        [0x50..=0x57, ..] => true,                           // push r64
+        [0x41, 0x50..=0x57, ..] => true,                     // push r8-r15
+        [0x90, ..] | [0x66, 0x90, ..] => true,               // nop
+        [0x0f, 0x1f, ..] | [0x66, 0x0f, 0x1f, ..] => true,   // nopl / nopw
+        [0xe8, ..] | [0xe9, ..] | [0xeb, ..] => true,        // call / jmp
+        [0x70..=0x7f, ..] | [0x0f, 0x80..=0x8f, ..] => true, // jcc
+        _ => false,
+    };
+    if emulated { EntryKind::Emulated } else { EntryKind::Stepped }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn entries_are_classified_by_first_instruction() {
+        assert_eq!(classify_entry(&[0x55, 0x48, 0x89, 0xe5]), EntryKind::Emulated); // push %rbp
+        assert_eq!(classify_entry(&[0x41, 0x57]), EntryKind::Emulated); // push %r15
+        assert_eq!(classify_entry(&[0xe9, 0, 0, 0, 0]), EntryKind::Emulated); // jmp
+        assert_eq!(classify_entry(&[0x48, 0x8d, 0x04, 0x3f]), EntryKind::Stepped); // lea
+        assert_eq!(classify_entry(&[0x48, 0x83, 0xec, 0x08]), EntryKind::Stepped); // sub $8,%rsp
+        assert_eq!(classify_entry(&[]), EntryKind::Stepped);
+    }
+}

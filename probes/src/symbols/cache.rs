@@ -1,0 +1,89 @@
+//! Each binary of a recording read once: its ELF image and its symbol
+//! index, shared by planning, line planning and the sampler, whatever
+//! thread asks.
+
+use super::{DebugDirs, ElfImage, LoadOptions, SymbolIndex};
+use crate::error::Result;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Images and indexes by module, as the process names it.
+#[derive(Default)]
+pub struct SymbolCache {
+    debug_dirs: DebugDirs,
+    modules: Mutex<HashMap<PathBuf, Cached>>,
+}
+
+#[derive(Default, Clone)]
+struct Cached {
+    image: Option<Arc<ElfImage>>,
+    index: Option<Arc<SymbolIndex>>,
+    /// Whether the index holds the line rows.
+    lines: bool,
+}
+
+impl SymbolCache {
+    /// A cache that finds separate debug files in `debug_dirs`.
+    pub fn new(debug_dirs: DebugDirs) -> Self {
+        SymbolCache { debug_dirs, modules: Mutex::default() }
+    }
+
+    fn cached(&self, module: &Path) -> Cached {
+        self.modules.lock().unwrap_or_else(PoisonError::into_inner).get(module).cloned().unwrap_or_default()
+    }
+
+    fn keep(&self, module: &Path, cached: Cached) {
+        self.modules.lock().unwrap_or_else(PoisonError::into_inner).insert(module.to_path_buf(), cached);
+    }
+
+    /// The image of `module`, opened through `open` (a path into the
+    /// process's mount namespace, say) the first time.
+    pub fn image(&self, module: &Path, open: &Path) -> Result<Arc<ElfImage>> {
+        let mut cached = self.cached(module);
+        if let Some(image) = &cached.image {
+            return Ok(image.clone());
+        }
+        let image = Arc::new(ElfImage::open(open)?);
+        cached.image = Some(image.clone());
+        self.keep(module, cached);
+        Ok(image)
+    }
+
+    /// The symbols of `module` (named so in the index), with its line rows
+    /// when `lines`: read the first time, or again when lines are wanted
+    /// and were not read.
+    pub fn index(&self, module: &Path, open: &Path, lines: bool) -> Result<Arc<SymbolIndex>> {
+        let cached = self.cached(module);
+        if let Some(index) = cached.index.as_ref().filter(|_| cached.lines || !lines) {
+            return Ok(index.clone());
+        }
+        let image = self.image(module, open)?;
+        let mut index = SymbolIndex::of_image(&image, &LoadOptions { lines, debug_dirs: self.debug_dirs.clone() })?;
+        index.path = module.to_path_buf();
+        let index = Arc::new(index);
+        self.keep(module, Cached { image: Some(image), index: Some(index.clone()), lines });
+        Ok(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_binary_is_read_once_and_again_only_for_its_lines() {
+        let exe = std::env::current_exe().expect("this test's program");
+        let cache = SymbolCache::default();
+        let first = cache.index(Path::new("/shown/as"), &exe, false).expect("index");
+        assert_eq!(first.path, Path::new("/shown/as"));
+        assert!(Arc::ptr_eq(&first, &cache.index(Path::new("/shown/as"), &exe, false).expect("again")));
+        let with_lines = cache.index(Path::new("/shown/as"), &exe, true).expect("lines");
+        assert!(!Arc::ptr_eq(&first, &with_lines));
+        assert!(Arc::ptr_eq(&with_lines, &cache.index(Path::new("/shown/as"), &exe, false).expect("lines serve")));
+        assert!(Arc::ptr_eq(
+            &cache.image(Path::new("/shown/as"), &exe).expect("image"),
+            &cache.image(Path::new("/shown/as"), &exe).expect("image")
+        ));
+    }
+}

@@ -1,0 +1,105 @@
+//! Inputs the fuzzer found that broke the symbolizer (`fuzz/`, target
+//! `symbolizer`), each loaded as the fuzz target loads it.
+
+use super::*;
+
+fn load(bytes: &[u8]) -> Result<SymbolIndex> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("program");
+    std::fs::write(&path, bytes).expect("write the input");
+    SymbolIndex::load(&path, &LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()) })
+}
+
+#[test]
+fn a_subprogram_whose_size_overflows_the_address_space_has_no_range() {
+    // A DW_AT_high_pc size that, added to DW_AT_low_pc, passes 2^64.
+    let index = load(include_bytes!("testdata/subprogram-size-overflows")).expect("the symbol table is intact");
+    assert!(index.functions.iter().all(|f| f.address.0.checked_add(f.size).is_some()));
+}
+
+#[test]
+fn a_function_that_reaches_the_end_of_the_address_space_is_found_without_overflow() {
+    // A symbol whose address plus size passes 2^64.
+    let index = load(include_bytes!("testdata/function-size-overflows")).expect("the symbol table is intact");
+    let last = index.functions.last().expect("functions");
+    assert!(last.address.0.checked_add(last.size).is_none(), "the input no longer has a function this large");
+    assert_eq!(index.function_at(VirtAddr(u64::MAX - 1)).map(|f| f.address), Some(last.address));
+}
+
+#[test]
+fn a_compressed_section_that_claims_gigabytes_is_refused_before_allocating_them() {
+    let started = std::time::Instant::now();
+    let err = load(include_bytes!("testdata/compressed-section-claims-gigabytes")).err().expect("a damaged section");
+    assert!(err.to_string().contains("claims to expand"), "{err}");
+    // Zeroing the claimed gigabytes took seconds.
+    assert!(started.elapsed() < std::time::Duration::from_secs(1), "took {:?}", started.elapsed());
+}
+
+/// `base` with the contents of some of its sections replaced: the new bytes
+/// go at the end of the file and the section headers point there.
+fn with_sections(base: &[u8], replaced: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    use object::{Object, ObjectSection};
+    let elf = object::read::elf::ElfFile64::<object::Endianness>::parse(base).expect("an ELF file");
+    let shoff = u64::from_le_bytes(base[0x28..0x30].try_into().expect("8 bytes")) as usize;
+    let indexes: Vec<usize> =
+        replaced.iter().map(|(name, _)| elf.section_by_name(name).unwrap_or_else(|| panic!("no section {name}")).index().0).collect();
+    let mut out = base.to_vec();
+    for (index, (_, data)) in indexes.into_iter().zip(replaced) {
+        out.resize(out.len().next_multiple_of(8), 0);
+        let (header, offset) = (shoff + index * 64, out.len() as u64);
+        out[header + 24..header + 32].copy_from_slice(&offset.to_le_bytes());
+        out[header + 32..header + 40].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        out.extend_from_slice(data);
+    }
+    out
+}
+
+/// DWARF 4 with `units` compilation units that all name the same line
+/// table of `files` files and `rows` rows, and the same abbreviations.
+fn shared_line_table(units: usize, files: usize, rows: usize) -> Vec<u8> {
+    // Abbreviation 1: a compile unit without children, with DW_AT_stmt_list.
+    let abbrev = vec![1, 0x11, 0, 0x10, 0x17, 0, 0, 0];
+    let mut info = Vec::new();
+    for _ in 0..units {
+        info.extend_from_slice(&12u32.to_le_bytes()); // unit length
+        info.extend_from_slice(&4u16.to_le_bytes()); // version
+        info.extend_from_slice(&0u32.to_le_bytes()); // abbreviations offset
+        info.push(8); // address size
+        info.push(1); // abbreviation code
+        info.extend_from_slice(&0u32.to_le_bytes()); // DW_AT_stmt_list
+    }
+    let mut header = vec![1, 1, 1, (-5i8) as u8, 14, 13, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1, 0];
+    for _ in 0..files {
+        header.extend_from_slice(b"a.c\0\0\0\0");
+    }
+    header.push(0);
+    let mut program = vec![0, 9, 2]; // DW_LNE_set_address
+    program.extend_from_slice(&0x1000u64.to_le_bytes());
+    program.extend(std::iter::repeat_n(0x20, rows)); // a special opcode: one row each
+    program.extend_from_slice(&[0, 1, 1]); // DW_LNE_end_sequence
+    let mut line = Vec::new();
+    line.extend_from_slice(&((2 + 4 + header.len() + program.len()) as u32).to_le_bytes());
+    line.extend_from_slice(&4u16.to_le_bytes());
+    line.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    line.extend(header);
+    line.extend(program);
+    with_sections(include_bytes!("testdata/calls-O2-dwarf4"), &[(".debug_info", info), (".debug_abbrev", abbrev), (".debug_line", line)])
+}
+
+#[test]
+fn units_that_share_a_line_table_read_it_once() {
+    // 2000 units naming one table of 2000 files and 2000 rows: 4 million rows
+    // and 4 million file paths when each unit read it again.
+    let index = load(&shared_line_table(2000, 2000, 2000)).expect("the symbol table is intact");
+    assert_eq!(index.line_rows.len(), 2001, "the rows and the end of the sequence, once");
+    assert_eq!(index.units.len(), 1);
+    assert!(index.warnings.is_empty(), "{:?}", index.warnings);
+}
+
+#[test]
+fn units_that_make_the_line_table_header_parse_quadratic_are_cut_short() {
+    let started = std::time::Instant::now();
+    let index = load(&shared_line_table(20_000, 20_000, 1)).expect("the symbol table is intact");
+    eprintln!("{:?} {:?}", started.elapsed(), index.warnings);
+    assert!(index.warnings.iter().any(|w| w.contains("parse the same line tables over and over")), "{:?}", index.warnings);
+}

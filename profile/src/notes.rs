@@ -1,0 +1,178 @@
+//! What a profile says about how far to trust its numbers: typed, so that
+//! each front end words them its own way (and may name its own options).
+
+use serde::{Deserialize, Serialize};
+
+/// A note of a profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Note {
+    /// A sentence, as profiles written before notes had kinds hold them.
+    Text(String),
+    /// Something the recorder found.
+    Found(Finding),
+}
+
+impl From<Finding> for Note {
+    fn from(finding: Finding) -> Self {
+        Note::Found(finding)
+    }
+}
+
+/// Something the recorder found while recording.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Finding {
+    /// The engine was left to the recorder, which chose uprobes.
+    UprobesChosen {
+        /// Why not the in-process engine.
+        reason: UprobeReason,
+    },
+    /// The in-process engine could not patch some functions; uprobes saw them.
+    NotPatched {
+        /// How many.
+        functions: u64,
+        /// By reason, most functions first.
+        reasons: Vec<Refusal>,
+    },
+    /// Functions not recorded: their code in memory was not what the file holds.
+    CodeDiffers {
+        /// Their names.
+        functions: Vec<String>,
+    },
+    /// The overhead governor removed functions' probes; they were sampled after.
+    Throttled {
+        /// When, in milliseconds from the start.
+        after_ms: u64,
+        /// The functions, with their calls until then.
+        functions: Vec<FunctionCalls>,
+        /// The budget, in percent of the elapsed time.
+        budget_percent: f64,
+    },
+    /// Functions over the overhead budget could not be unpatched.
+    UnpatchFailed {
+        /// The functions, with their calls until then.
+        functions: Vec<FunctionCalls>,
+        /// Why.
+        error: String,
+    },
+    /// The probes of functions over the overhead budget could not be removed.
+    ThrottleFailed {
+        /// Why.
+        error: String,
+    },
+    /// Automatic instrumentation sampled, then instrumented the hottest functions.
+    AutoInstrumented {
+        /// How long it sampled first, ms.
+        warmup_ms: u64,
+        /// The functions, hottest first (none: it saw nothing to instrument).
+        functions: Vec<String>,
+    },
+    /// Automatic instrumentation could not instrument the hottest functions.
+    AutoInstrumentFailed {
+        /// Why.
+        error: String,
+    },
+    /// The patched code of a process could not be restored.
+    RestoreFailed {
+        /// The process.
+        pid: i32,
+        /// Why.
+        error: String,
+    },
+    /// The in-process engine's ring of a thread was full: records dropped.
+    EngineRecordsLost {
+        /// Entries and returns dropped.
+        records: u64,
+    },
+    /// Calls the in-process engine could not time.
+    Untimed {
+        /// Deeper than a thread's shadow stack holds.
+        too_deep: u64,
+        /// In threads beyond those it times at once.
+        without_slot: u64,
+        /// Nested calls a shadow stack holds.
+        stack_depth: u64,
+        /// Threads timed at once.
+        slots: u64,
+    },
+    /// Probe hits lost because a kernel ring buffer was full.
+    HitsLost {
+        /// How many.
+        hits: u64,
+    },
+    /// Calls that ended without their own return.
+    Unwound {
+        /// How many.
+        calls: u64,
+    },
+    /// Calls in progress when the probe set changed, whose return probes went with the old set.
+    Orphaned {
+        /// How many.
+        calls: u64,
+    },
+    /// Kernel records that could not be read.
+    Malformed {
+        /// How many.
+        records: u64,
+    },
+    /// A process executed another program: the probes on the previous one no longer apply.
+    Executed {
+        /// The process.
+        pid: i32,
+        /// The program, as the kernel names it.
+        program: String,
+    },
+    /// Forked processes ran patched code the in-process engine does not record.
+    ForksNotRecorded {
+        /// Their pids.
+        pids: Vec<i32>,
+    },
+}
+
+/// Why the recorder chose uprobes over the in-process engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UprobeReason {
+    /// A metric other than wall and CPU time.
+    Metrics,
+    /// Line counts or regions.
+    Lines,
+    /// The program forks, and forked processes are followed.
+    Forks,
+    /// The program cancels threads, and the unwinder that does it loads too late to hook.
+    CancelsThreads,
+}
+
+/// Functions the in-process engine refused for one reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// Why, in the patcher's words.
+    pub reason: String,
+    /// How many functions.
+    pub count: u64,
+    /// A few of their names.
+    pub examples: Vec<String>,
+}
+
+/// A function and its calls.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCalls {
+    /// Its name.
+    pub name: String,
+    /// Calls.
+    pub calls: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_of_both_kinds_read_back() {
+        let notes = vec![Note::Text("an old sentence".into()), Finding::Unwound { calls: 3 }.into()];
+        let json = serde_json::to_string(&notes).expect("json");
+        assert_eq!(json, r#"["an old sentence",{"kind":"unwound","calls":3}]"#);
+        assert_eq!(serde_json::from_str::<Vec<Note>>(&json).expect("back"), notes);
+    }
+}

@@ -1,0 +1,284 @@
+//! From what a recording aggregated to a [`Profile`]: the setup known when
+//! the target started, the aggregate, the samples, and what the recording
+//! told as it ended. A pure function of those, so a saved event stream
+//! replays into the same profile.
+
+use crate::aggregate::{Aggregate, AggregatorConfig};
+use crate::cost::{ProbeCost, overhead};
+use crate::events::Values;
+use crate::request::RegionSpec;
+use proftap_probes::entry::EntryKind;
+use proftap_profile::{
+    Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord, SampleProfile, Target,
+};
+use serde::{Deserialize, Serialize};
+
+/// What is known of a recording once its target runs: how to aggregate it
+/// and what its profile says of the target and the functions.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Setup {
+    /// How its events are aggregated.
+    pub aggregation: AggregatorConfig,
+    /// The program (its end is the [`Ending`]'s).
+    pub target: Target,
+    /// The functions recorded, by id.
+    pub functions: Vec<FunctionInfo>,
+    /// How the kernel handles each function's probed entry (its probe cost).
+    pub entries: Vec<EntryKind>,
+    /// Metric keys (`wall_ns`, ...).
+    pub metrics: Vec<String>,
+    /// The lines counted, when lines are.
+    pub lines: Option<LineTable>,
+    /// The regions timed.
+    pub regions: Vec<RegionSpec>,
+    /// What a probe costs, when measured.
+    pub cost: Option<ProbeCost>,
+    /// Whether the probe cost is subtracted from the times.
+    pub compensate: bool,
+    /// How uprobes see returns.
+    pub exits: ExitMode,
+    /// Whether forked children are recorded.
+    pub follow_forks: bool,
+    /// When the target started running, Unix time.
+    pub started_unix_ns: u64,
+    /// The same, CLOCK_MONOTONIC.
+    pub started_monotonic_ns: u64,
+    /// The sampling event and frequency, when stacks are sampled.
+    pub sampling: Option<(String, u64)>,
+    /// The recorder's version.
+    pub proftap_version: String,
+}
+
+/// The lines a recording counts, by line id.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LineTable {
+    /// (file, line), by id.
+    pub lines: Vec<(String, u32)>,
+    /// Per function: its declaration line, counted once per call.
+    pub decl_lines: Vec<Option<u32>>,
+}
+
+/// What a recording told as it ended.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Ending {
+    /// The launched program's exit status, if it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// When the recording ended, CLOCK_MONOTONIC.
+    pub ended_monotonic_ns: u64,
+    /// Peak events per second aggregated.
+    pub peak_events_per_second: u64,
+    /// What saw the calls: the in-process engine if it patched anything.
+    pub engine: Engine,
+    /// Per function: instrumented by uprobes at the end.
+    pub probed: Vec<bool>,
+    /// Per function: patched by the in-process engine.
+    pub patched: Vec<bool>,
+    /// Probe hits the probe events counted as lost.
+    pub lost_samples: u64,
+    /// Entries and returns the in-process engine lost.
+    pub engine_lost: u64,
+    /// Kernel records that could not be read.
+    pub malformed: u64,
+    /// What the recording found until it ended, in order.
+    pub notes: Vec<Note>,
+}
+
+/// The profile of a recording.
+pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleProfile>, ending: &Ending) -> Profile {
+    let metrics = setup.metrics.len();
+    // The kernel reports a loss as a record only when it next writes to the
+    // buffer; the events' own counts also include losses it never reported.
+    let known = ending.lost_samples.saturating_add(ending.engine_lost);
+    aggregate.lost.events = aggregate.lost.events.max(known);
+    let notes = notes(setup, &aggregate, ending);
+    let mut calls = vec![0u64; setup.functions.len()];
+    for stats in aggregate.threads.iter().flat_map(|t| &t.functions) {
+        if let Some(n) = calls.get_mut(stats.function as usize) {
+            *n = n.saturating_add(stats.calls);
+        }
+    }
+    let patched = fitted(&ending.patched, setup.functions.len());
+    let overhead = overhead(&setup.entries, &patched, &calls, aggregate.hits, setup.cost, setup.compensate);
+    Profile {
+        target: Target { exit_code: ending.exit_code, signal: ending.signal, ..setup.target.clone() },
+        recording: Recording {
+            engine: ending.engine,
+            exits: setup.exits,
+            started_unix_ns: setup.started_unix_ns,
+            started_monotonic_ns: setup.started_monotonic_ns,
+            duration_ns: ending.ended_monotonic_ns.saturating_sub(setup.started_monotonic_ns),
+            events: aggregate.hits,
+            peak_events_per_second: ending.peak_events_per_second,
+            follow_forks: setup.follow_forks,
+            proftap_version: setup.proftap_version.clone(),
+        },
+        metrics: setup.metrics.clone(),
+        functions: functions(setup, &aggregate.throttled, ending),
+        lines: line_records(setup.lines.as_ref(), &aggregate.lines, &calls, metrics),
+        regions: region_records(&setup.regions, &aggregate, metrics),
+        threads: aggregate.threads,
+        lost: aggregate.lost,
+        overhead,
+        processes: aggregate.processes,
+        notes,
+        runs: 1,
+        samples,
+    }
+}
+
+/// `flags` as long as `n`, what it lacks false.
+fn fitted(flags: &[bool], n: usize) -> Vec<bool> {
+    (0..n).map(|i| flags.get(i).copied().unwrap_or(false)).collect()
+}
+
+/// Each function's mode and what saw its calls.
+fn functions(setup: &Setup, throttled: &[bool], ending: &Ending) -> Vec<FunctionInfo> {
+    let flag = |flags: &[bool], i: usize| flags.get(i).copied().unwrap_or(false);
+    let mode = |i: usize| match (flag(throttled, i), flag(&ending.probed, i) || flag(&ending.patched, i)) {
+        (true, _) => Mode::Throttled,
+        (false, true) => Mode::Instrumented,
+        (false, false) => Mode::Sampled,
+    };
+    let engine = |i: usize, mode: Mode| match mode {
+        Mode::Sampled => None,
+        _ if flag(&ending.patched, i) => Some(Engine::Inject),
+        _ => Some(Engine::Uprobe),
+    };
+    setup
+        .functions
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let mode = mode(i);
+            FunctionInfo { mode, engine: engine(i, mode), ..f.clone() }
+        })
+        .collect()
+}
+
+/// The recording's notes, then what the aggregate shows.
+fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
+    let mut notes = ending.notes.clone();
+    let kernel_lost = aggregate.lost.events.saturating_sub(ending.engine_lost);
+    let mut found = |finding: Finding| notes.push(finding.into());
+    if kernel_lost > 0 {
+        found(Finding::HitsLost { hits: kernel_lost });
+    }
+    if aggregate.unwound_frames > 0 {
+        found(Finding::Unwound { calls: aggregate.unwound_frames });
+    }
+    if aggregate.orphaned_frames > 0 {
+        found(Finding::Orphaned { calls: aggregate.orphaned_frames });
+    }
+    if ending.malformed > 0 {
+        found(Finding::Malformed { records: ending.malformed });
+    }
+    let (pid, attached) = (setup.target.pid, setup.target.attached);
+    // A launched program's own exec is its start, not news.
+    let program = program_name(setup);
+    for process in &aggregate.processes {
+        for exec in &process.execs {
+            if process.pid != pid || attached || *exec != program {
+                found(Finding::Executed { pid: process.pid, program: exec.clone() });
+            }
+        }
+    }
+    if ending.engine == Engine::Inject && setup.follow_forks {
+        // The patched code runs on in a forked child, its records disabled.
+        let forked: Vec<i32> = aggregate.processes.iter().filter(|p| p.pid != pid).map(|p| p.pid).collect();
+        if !forked.is_empty() {
+            found(Finding::ForksNotRecorded { pids: forked });
+        }
+    }
+    notes
+}
+
+/// The executable's name as the kernel names a process (at most 15 bytes).
+fn program_name(setup: &Setup) -> String {
+    let module = setup.functions.first().map(|f| f.module.as_str()).unwrap_or_default();
+    let name = std::path::Path::new(module).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.chars().take(15).collect()
+}
+
+/// Line counts: entries of each line, plus a function's calls on its
+/// declaration line.
+fn line_records(table: Option<&LineTable>, counted: &[(u64, Values)], calls: &[u64], metrics: usize) -> Vec<LineRecord> {
+    let Some(table) = table else { return Vec::new() };
+    let mut records: Vec<LineRecord> = table
+        .lines
+        .iter()
+        .enumerate()
+        .map(|(i, (file, line))| {
+            let (count, cost) = counted.get(i).copied().unwrap_or_default();
+            LineRecord { file: file.clone(), line: *line, count, cost: cost.iter().copied().take(metrics).collect() }
+        })
+        .collect();
+    for (function, decl) in table.decl_lines.iter().enumerate() {
+        if let (Some(record), Some(&n)) = (decl.and_then(|d| records.get_mut(d as usize)), calls.get(function)) {
+            record.count = record.count.saturating_add(n);
+        }
+    }
+    records
+}
+
+fn region_records(regions: &[RegionSpec], aggregate: &Aggregate, metrics: usize) -> Vec<RegionRecord> {
+    regions
+        .iter()
+        .zip(&aggregate.regions)
+        .map(|(spec, (entries, stats))| RegionRecord {
+            name: spec.name.clone(),
+            file: spec.file.clone(),
+            start: spec.start,
+            end: spec.end,
+            entries: *entries,
+            inclusive: stats.iter().copied().take(metrics).collect(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::Aggregator;
+
+    fn setup() -> Setup {
+        let function = |name: &str| FunctionInfo { name: name.into(), module: "/bin/prog".into(), ..FunctionInfo::default() };
+        Setup {
+            aggregation: AggregatorConfig::new(2, 1),
+            target: Target { command: vec!["prog".into()], pid: 7, exe: "/bin/prog".into(), ..Target::default() },
+            functions: vec![function("main"), function("f")],
+            entries: vec![EntryKind::Emulated; 2],
+            metrics: vec!["wall_ns".into()],
+            lines: None,
+            regions: Vec::new(),
+            cost: None,
+            compensate: false,
+            exits: ExitMode::Uretprobe,
+            follow_forks: true,
+            started_unix_ns: 1,
+            started_monotonic_ns: 100,
+            sampling: None,
+            proftap_version: "0.1.0".into(),
+        }
+    }
+
+    #[test]
+    fn modes_engines_and_losses_come_from_the_ending() {
+        let setup = setup();
+        let aggregate = Aggregator::new(setup.aggregation.clone()).finish();
+        let ending = Ending {
+            ended_monotonic_ns: 350,
+            probed: vec![true, false],
+            patched: vec![false, true],
+            lost_samples: 4,
+            engine: Engine::Inject,
+            ..Ending::default()
+        };
+        let profile = assemble(&setup, aggregate, None, &ending);
+        assert_eq!(profile.recording.duration_ns, 250);
+        assert_eq!((profile.functions[0].engine, profile.functions[1].engine), (Some(Engine::Uprobe), Some(Engine::Inject)));
+        assert_eq!(profile.lost.events, 4);
+        assert_eq!(profile.notes, vec![Note::from(Finding::HitsLost { hits: 4 })]);
+    }
+}

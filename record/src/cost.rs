@@ -1,0 +1,106 @@
+//! What an instrumented call costs: measured once per machine and boot (the
+//! calibration), subtracted from the times when compensation is on, and
+//! added up into the profile's overhead estimate.
+
+use crate::aggregate::Compensation;
+use crate::events::Values;
+use proftap_probes::entry::EntryKind;
+use proftap_probes::metrics::{MAX_METRICS, Metric};
+use proftap_profile::Overhead;
+use serde::{Deserialize, Serialize};
+
+/// What one instrumented call costs, measured on this machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallCost {
+    /// Wall time one instrumented call adds to its caller.
+    pub call_ns: u64,
+    /// CPU time it adds to the thread.
+    pub call_cpu_ns: u64,
+    /// Wall time an empty instrumented function shows as its own inclusive time.
+    pub self_ns: u64,
+    /// CPU time the same.
+    pub self_cpu_ns: u64,
+}
+
+/// Calibrated cost of the probes, by how the kernel handles the probed
+/// first instruction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeCost {
+    /// Emulated first instruction (push, call, jmp, nop).
+    pub emulated: CallCost,
+    /// Single-stepped first instruction.
+    pub stepped: CallCost,
+    /// A function patched by the in-process engine.
+    #[serde(default)]
+    pub injected: CallCost,
+}
+
+impl ProbeCost {
+    /// A rough cost when none was measured (this machine's order of magnitude).
+    pub const ESTIMATE: ProbeCost = ProbeCost {
+        emulated: CallCost { call_ns: 2_000, call_cpu_ns: 2_000, self_ns: 1_000, self_cpu_ns: 1_000 },
+        stepped: CallCost { call_ns: 12_000, call_cpu_ns: 12_000, self_ns: 10_000, self_cpu_ns: 10_000 },
+        injected: CallCost { call_ns: 30, call_cpu_ns: 30, self_ns: 15, self_cpu_ns: 15 },
+    };
+
+    /// What a call costs: patched by the in-process engine (`injected`), or
+    /// probed by uprobes on an entry of kind `entry`.
+    pub fn of(&self, entry: EntryKind, injected: bool) -> &CallCost {
+        match (injected, entry) {
+            (true, _) => &self.injected,
+            (false, EntryKind::Emulated) => &self.emulated,
+            (false, EntryKind::Stepped) => &self.stepped,
+        }
+    }
+}
+
+/// What to subtract per call of each function (entries of kind
+/// `entries[f]`, patched when `injected[f]`), for the recording's metrics.
+pub fn compensation(entries: &[EntryKind], injected: &[bool], metrics: &[Metric], cost: ProbeCost) -> Compensation {
+    let values = |wall: u64, cpu: u64| -> Values {
+        let mut v: Values = [0; MAX_METRICS];
+        for (i, m) in metrics.iter().enumerate().take(MAX_METRICS) {
+            v[i] = match m {
+                Metric::Wall => wall,
+                Metric::Cpu => cpu,
+                _ => 0,
+            };
+        }
+        v
+    };
+    let costs = || entries.iter().zip(injected).map(|(&entry, &injected)| cost.of(entry, injected));
+    Compensation {
+        call: costs().map(|c| values(c.call_ns, c.call_cpu_ns)).collect(),
+        own: costs().map(|c| values(c.self_ns, c.self_cpu_ns)).collect(),
+    }
+}
+
+/// What the instrumentation cost the target: `calls[f]` calls of each
+/// function, `hits` probe hits in all.
+pub fn overhead(
+    entries: &[EntryKind],
+    injected: &[bool],
+    calls: &[u64],
+    hits: u64,
+    cost: Option<ProbeCost>,
+    compensated: bool,
+) -> Overhead {
+    let Some(cost) = cost else { return Overhead { hits, ..Overhead::default() } };
+    let estimated: u64 = entries
+        .iter()
+        .zip(injected)
+        .zip(calls)
+        .map(|((&entry, &injected), &n)| n.saturating_mul(cost.of(entry, injected).call_ns))
+        .fold(0, u64::saturating_add);
+    Overhead {
+        per_hit_ns: estimated.checked_div(hits).unwrap_or(0),
+        hits,
+        estimated_ns: estimated,
+        compensated,
+        call_ns_emulated: cost.emulated.call_ns,
+        call_ns_stepped: cost.stepped.call_ns,
+        call_ns_injected: cost.injected.call_ns,
+        call_cpu_ns: cost.stepped.call_cpu_ns,
+        self_ns: cost.stepped.self_ns,
+    }
+}

@@ -1,0 +1,463 @@
+//! The recording loop: wait for events, drain every source into one
+//! time-ordered queue, let the overhead governor and automatic
+//! instrumentation change the probes while the target runs, hand the
+//! ordered events to the aggregator and the sampler, and stop when the
+//! target ends or the user asks.
+
+use crate::aggregate::Aggregator;
+use crate::assemble::Ending;
+use crate::error::RecordError;
+use crate::events::Event;
+use crate::governor::{Governor, hottest_functions};
+use crate::observer::{Observer, RecordEvent};
+use crate::options::RecordOptions;
+use crate::queue::{EventQueue, ORDERING_MARGIN_NS};
+use crate::saved::Saver;
+use crate::sources::inject::{InjectSource, check_unwinders};
+use crate::sources::monotonic_ns;
+use crate::sources::sampler::SamplerThread;
+use crate::sources::uprobes::UprobeSource;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use proftap_probes::inject::clock::TscClock;
+use proftap_probes::inject::tracing::{Judge, Tracing, Unpatched};
+use proftap_probes::plan::ProbedFunction;
+use proftap_probes::target::{self, Ended, HeldChild};
+use proftap_profile::{Engine, Finding, FunctionCalls, Note};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// What does not change while a recording runs.
+pub(crate) struct Run<'a> {
+    /// Every function probed: the measured ones (their index is their id),
+    /// then markers.
+    pub all: &'a [ProbedFunction],
+    /// How many are measured.
+    pub measured: usize,
+    /// How to record.
+    pub options: &'a RecordOptions,
+    /// Per function: the in-process engine may patch it.
+    pub injected: Vec<bool>,
+    /// The id the in-process engine records catches with.
+    pub catch_id: u32,
+    /// The process recorded.
+    pub pid: i32,
+    /// When it started running, CLOCK_MONOTONIC.
+    pub started_ns: u64,
+    /// Whether it was running already.
+    pub attached: bool,
+}
+
+impl Run<'_> {
+    /// The measured functions.
+    pub fn functions(&self) -> &[ProbedFunction] {
+        &self.all[..self.measured]
+    }
+
+    fn observer(&self) -> &dyn Observer {
+        self.options.observer.as_ref()
+    }
+
+    /// What a call of each function costs when `patched`, for the governor:
+    /// patched functions are judged by the engine's drainer as their records
+    /// arrive, the others by the recording loop (0: not its to judge).
+    pub fn call_ns(&self, patched: bool) -> Vec<u64> {
+        let cost = self.options.cost.unwrap_or(crate::cost::ProbeCost::ESTIMATE);
+        let call_ns =
+            |(f, &injected): (&ProbedFunction, &bool)| if injected == patched { cost.of(f.entry, injected).call_ns.max(1) } else { 0 };
+        self.functions().iter().zip(&self.injected).map(call_ns).collect()
+    }
+
+    /// The governor of patched functions, run by the engine's drainer.
+    pub fn judge(&self) -> Option<Judge> {
+        let started = self.started_ns;
+        self.options.overhead_budget.map(|budget| {
+            let mut governor = Governor::new(budget, self.call_ns(true));
+            Box::new(move |entries: &[u64]| {
+                let elapsed_ns = monotonic_ns().saturating_sub(started);
+                governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()
+            }) as Judge
+        })
+    }
+}
+
+/// Where ordered events go: the aggregator, the sampler, the saved stream.
+pub(crate) struct Consumer {
+    pub aggregator: Aggregator,
+    pub sampler: Option<SamplerThread>,
+    pub saver: Option<Saver>,
+    /// The target's pid and whether its forked children count.
+    pub pid: i32,
+    pub follow: bool,
+    /// The time of the last event.
+    pub last_event: u64,
+}
+
+impl Consumer {
+    fn consume(&mut self, event: Event) {
+        self.last_event = self.last_event.max(event.time());
+        if let Event::Sample(sample) = event {
+            if let Some(sampler) = &self.sampler
+                && (self.follow || sample.pid as i32 == self.pid)
+            {
+                let returns = self.aggregator.return_addresses(sample.tid);
+                sampler.sample(sample, returns);
+            }
+            return;
+        }
+        if let Some(sampler) = &self.sampler {
+            match &event {
+                Event::Mmap { pid, start, len, pgoff, path, .. } => sampler.mapped(*pid, *start, *len, *pgoff, path),
+                Event::Comm { pid, tid, exec: true, .. } if pid == tid => sampler.exec(*pid),
+                Event::CodeAdded { pid, ranges, .. } => ranges.iter().for_each(|r| sampler.engine_code(*pid, r.clone())),
+                _ => {}
+            }
+        }
+        if let Event::Hit(hit) = &event
+            && !self.follow
+            && hit.pid as i32 != self.pid
+        {
+            return;
+        }
+        if let Some(saver) = self.saver.as_mut() {
+            saver.event(&event);
+        }
+        self.aggregator.push(&event);
+    }
+}
+
+/// The peak rate of events aggregated, over one-second windows.
+struct Rate {
+    since: Instant,
+    events: u64,
+    peak: u64,
+}
+
+impl Rate {
+    fn count(&mut self, events: usize) {
+        self.events += events as u64;
+        let elapsed = self.since.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            self.peak = self.peak.max((self.events as f64 / elapsed.as_secs_f64()) as u64);
+            (self.since, self.events) = (Instant::now(), 0);
+        }
+    }
+}
+
+/// The sources and sinks of a recording, and what changes as it runs.
+pub(crate) struct Driver<'a> {
+    run: &'a Run<'a>,
+    uprobes: UprobeSource,
+    inject: Option<InjectSource>,
+    clock: Option<TscClock>,
+    queue: EventQueue,
+    consumer: Consumer,
+    /// Per function: probed by uprobes now.
+    enabled: Vec<bool>,
+    /// Per function: patched by the in-process engine.
+    patched: Vec<bool>,
+    /// Whether the in-process engine patched the process at all.
+    engine_attached: bool,
+    governor: Option<Governor>,
+    auto_pending: Option<(usize, Duration)>,
+    notes: Vec<Note>,
+    child: Option<HeldChild>,
+    pidfd: Option<OwnedFd>,
+    deadline: Option<Instant>,
+    ended: Option<Ended>,
+    terminated_sent: bool,
+    rate: Rate,
+    counters: (u64, u64),
+}
+
+/// The sources a recording starts with.
+pub(crate) struct Sources {
+    pub uprobes: UprobeSource,
+    /// The in-process engine, when it patched the process at the start.
+    pub inject: Option<InjectSource>,
+    /// Its clock, when it may patch later.
+    pub clock: Option<TscClock>,
+    /// Per function: probed by uprobes.
+    pub enabled: Vec<bool>,
+    /// Per function: patched.
+    pub patched: Vec<bool>,
+}
+
+/// What the loop leaves to assemble.
+pub(crate) struct Finished {
+    pub consumer: Consumer,
+    pub ending: Ending,
+    pub ended: Option<Ended>,
+}
+
+impl<'a> Driver<'a> {
+    /// A loop over `sources` into `consumer`; `child` is the launched
+    /// program, `notes` what is known so far.
+    pub fn new(run: &'a Run<'a>, sources: Sources, consumer: Consumer, child: Option<HeldChild>, notes: Vec<Note>) -> Self {
+        let options = run.options;
+        Driver {
+            run,
+            engine_attached: sources.inject.is_some(),
+            uprobes: sources.uprobes,
+            inject: sources.inject,
+            clock: sources.clock,
+            queue: EventQueue::default(),
+            consumer,
+            enabled: sources.enabled,
+            patched: sources.patched,
+            governor: options.overhead_budget.map(|budget| Governor::new(budget, run.call_ns(false))),
+            auto_pending: options.auto_instrument,
+            notes,
+            child,
+            pidfd: target::pidfd(run.pid).ok(),
+            deadline: options.duration.map(|d| Instant::now() + d),
+            ended: None,
+            terminated_sent: false,
+            rate: Rate { since: Instant::now(), events: 0, peak: 0 },
+            counters: (0, 0),
+        }
+    }
+
+    /// Puts events of proftap's own into the stream (threads known at the start).
+    pub fn push(&mut self, events: impl IntoIterator<Item = Event>) {
+        self.queue.pending().extend(events);
+    }
+
+    /// Records until the target ends or the user says stop.
+    pub fn run(mut self) -> Result<Finished, RecordError> {
+        // Probe-set changes are decided as hits are read, so the poll wakes often.
+        let poll_ms: u16 = if self.governor.is_some() || self.auto_pending.is_some() { 10 } else { 50 };
+        loop {
+            self.wait(poll_ms);
+            self.turn();
+            if self.done()? {
+                break;
+            }
+        }
+        self.finish()
+    }
+
+    /// Waits until a ring has records, the process ends, or `ms` pass.
+    fn wait(&self, ms: u16) {
+        let mut fds: Vec<PollFd> = self.uprobes.readiness().into_iter().map(|fd| PollFd::new(fd, PollFlags::POLLIN)).collect();
+        if let Some(fd) = &self.pidfd {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+        }
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+    }
+
+    /// One turn: drain, change probes, aggregate what is old enough.
+    fn turn(&mut self) {
+        let watermark = monotonic_ns().saturating_sub(ORDERING_MARGIN_NS);
+        self.uprobes.drain(self.queue.pending());
+        if let Some(inject) = self.inject.as_mut() {
+            inject.drain(self.queue.pending(), self.uprobes.generation());
+        }
+        for unpatched in self.inject.as_ref().map(InjectSource::unpatched).unwrap_or_default() {
+            self.unpatched(unpatched);
+        }
+        // Probe-set changes (the governor's, the end of a warm-up) are decided
+        // on the hits just read, before the slower ordering and aggregation.
+        self.change_probes();
+        let consumer = &mut self.consumer;
+        let released = self.queue.release(Some(watermark), |e| consumer.consume(e));
+        self.rate.count(released);
+        let counters = (self.consumer.aggregator.hits(), self.consumer.aggregator.lost_events());
+        if counters != self.counters {
+            self.run.observer().event(RecordEvent::Counters { hits: counters.0, lost: counters.1 });
+            self.counters = counters;
+        }
+    }
+
+    /// Tells the user of a probe-set change, and keeps it among the notes.
+    fn tell(&mut self, note: Note) {
+        self.run.observer().event(RecordEvent::ProbesChanged(note.clone()));
+        self.notes.push(note);
+    }
+
+    /// Patched functions the drainer found over budget and unpatched.
+    fn unpatched(&mut self, unpatched: Unpatched) {
+        let functions = self.run.functions();
+        let names = unpatched.functions.iter().map(|&(f, calls)| FunctionCalls { name: functions[f].info.name.clone(), calls }).collect();
+        let note = match unpatched.error {
+            None => {
+                let removed = unpatched.functions.iter().map(|&(f, _)| f as u32).collect();
+                self.queue.push(Event::ProbesReplaced { time: unpatched.time, generation: self.uprobes.generation(), removed });
+                self.over_budget(unpatched.time.saturating_sub(self.run.started_ns), names)
+            }
+            Some(error) => Finding::UnpatchFailed { functions: names, error }.into(),
+        };
+        self.tell(note);
+    }
+
+    /// What the governor did to functions over budget.
+    fn over_budget(&self, elapsed_ns: u64, functions: Vec<FunctionCalls>) -> Note {
+        let budget_percent = self.run.options.overhead_budget.unwrap_or_default() * 100.0;
+        Finding::Throttled { after_ms: elapsed_ns / 1_000_000, functions, budget_percent }.into()
+    }
+
+    fn change_probes(&mut self) {
+        let elapsed_ns = monotonic_ns().saturating_sub(self.run.started_ns);
+        let over = self.governor.as_mut().map(|g| g.over_budget(self.uprobes.entries(), elapsed_ns)).unwrap_or_default();
+        let warmed_up = self.auto_pending.filter(|(_, warmup)| elapsed_ns >= warmup.as_nanos() as u64);
+        if over.is_empty() && warmed_up.is_none() {
+            return;
+        }
+        // Processes forked in the last ordering margin are not known yet:
+        // they keep the probes they inherited.
+        let processes: Vec<i32> =
+            self.consumer.aggregator.processes().iter().map(|p| p.pid).filter(|p| Path::new(&format!("/proc/{p}")).exists()).collect();
+        if !over.is_empty() {
+            self.throttle(over, elapsed_ns, &processes);
+        }
+        if let Some((count, warmup)) = warmed_up {
+            self.auto_pending = None;
+            self.auto_instrument(count, warmup, &processes);
+        }
+    }
+
+    /// Removes the uprobes of the functions `over` budget.
+    fn throttle(&mut self, over: Vec<u32>, elapsed_ns: u64, processes: &[i32]) {
+        let functions = self.run.functions();
+        for &f in &over {
+            self.enabled[f as usize] = false;
+        }
+        let entries = self.uprobes.entries();
+        let names = over
+            .iter()
+            .map(|&f| FunctionCalls { name: functions[f as usize].info.name.clone(), calls: entries.get(f as usize).copied().unwrap_or(0) })
+            .collect();
+        let lines = self.run.options.lines.as_ref();
+        match self.uprobes.replace(self.run.all, lines, processes, &self.enabled, over, self.queue.pending()) {
+            Ok(()) => {
+                let note = self.over_budget(elapsed_ns, names);
+                self.tell(note);
+            }
+            Err(e) => {
+                self.notes.push(Finding::ThrottleFailed { error: e.to_string() }.into());
+                self.governor = None;
+            }
+        }
+    }
+
+    /// After the warm-up: instruments the hottest functions sampled, patched
+    /// where the engine can, probed by uprobes where not.
+    fn auto_instrument(&mut self, count: usize, warmup: Duration, processes: &[i32]) {
+        let hot = self.consumer.sampler.as_ref().map(SamplerThread::hottest).unwrap_or_default();
+        let chosen = hottest_functions(&hot, self.run.functions(), count);
+        let (to_patch, to_probe): (Vec<usize>, Vec<usize>) = chosen.iter().partition(|&&f| self.run.injected[f]);
+        for &f in &to_probe {
+            self.enabled[f] = true;
+        }
+        let changed = (!chosen.is_empty()).then(|| {
+            self.patch(&to_patch)?;
+            if to_probe.is_empty() {
+                return Ok(());
+            }
+            let lines = self.run.options.lines.as_ref();
+            self.uprobes.replace(self.run.all, lines, processes, &self.enabled, Vec::new(), self.queue.pending())
+        });
+        let warmup_ms = warmup.as_millis() as u64;
+        let note = match changed {
+            None => Finding::AutoInstrumented { warmup_ms, functions: Vec::new() },
+            Some(Ok(())) => {
+                let functions = chosen.iter().map(|&f| self.run.functions()[f].info.name.clone()).collect();
+                Finding::AutoInstrumented { warmup_ms, functions }
+            }
+            Some(Err(e)) => Finding::AutoInstrumentFailed { error: e.to_string() },
+        };
+        self.tell(note.into());
+    }
+
+    /// Patches the functions `to_patch` in the running process.
+    fn patch(&mut self, to_patch: &[usize]) -> Result<(), RecordError> {
+        let (Some(clock), false) = (self.clock, to_patch.is_empty()) else { return Ok(()) };
+        let (pid, functions) = (self.run.pid, self.run.functions());
+        let wanted: Vec<bool> = (0..functions.len()).map(|f| to_patch.contains(&f)).collect();
+        let engine =
+            Tracing::attach_held(pid, functions, Some(&wanted), self.run.catch_id).map_err(|source| RecordError::Inject { pid, source })?;
+        check_unwinders(&engine, functions)?;
+        for &f in to_patch {
+            self.patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);
+        }
+        self.queue.push(Event::CodeAdded { time: monotonic_ns(), pid: pid as u32, ranges: engine.code() });
+        self.inject = Some(InjectSource::start(engine, self.run.judge(), clock));
+        self.engine_attached = true;
+        Ok(())
+    }
+
+    /// Whether the recording is over: the target ended or corrupted its
+    /// records, the user asked, or the time is up.
+    fn done(&mut self) -> Result<bool, RecordError> {
+        if self.inject.as_ref().is_some_and(|s| s.corrupted().is_some()) {
+            return Ok(true);
+        }
+        let gone = self.pidfd.as_ref().is_some_and(|fd| readable(fd.as_fd()));
+        let control = &self.run.options.control;
+        if self.child.is_none() {
+            let asked = [&control.interrupt, &control.terminate, &control.detach].iter().any(|f| f.load(Ordering::Relaxed));
+            return Ok(asked || gone || self.deadline.is_some_and(|d| Instant::now() >= d));
+        }
+        if control.detach.load(Ordering::Relaxed) {
+            return Ok(true);
+        }
+        if control.terminate.load(Ordering::Relaxed) && !self.terminated_sent {
+            target::signal(self.run.pid, nix::sys::signal::Signal::SIGTERM);
+            self.terminated_sent = true;
+        }
+        if gone || self.pidfd.is_none() {
+            self.ended = target::try_reap(self.run.pid)?;
+        }
+        Ok(self.ended.is_some())
+    }
+
+    /// Stops every source, aggregates what is left, and takes the probes out.
+    fn finish(mut self) -> Result<Finished, RecordError> {
+        self.uprobes.stop(self.queue.pending());
+        let generation = self.uprobes.generation();
+        let inject = self.inject.take().map(|source| source.finish(self.queue.pending(), generation));
+        let consumer = &mut self.consumer;
+        self.queue.release(None, |e| consumer.consume(e));
+        // A launched program's recording ends with its last event, not when
+        // proftap noticed it had exited.
+        let now = monotonic_ns();
+        let ended_monotonic_ns = if self.run.attached { now } else { self.consumer.last_event.clamp(self.run.started_ns, now) };
+        let uprobes = self.uprobes.finish();
+        drop(uprobes.withdrawn);
+        drop(self.child);
+        let (engine_lost, mut notes, corrupted) = match inject {
+            Some(ending) => (ending.lost, ending.notes, ending.corrupted),
+            None => (0, Vec::new(), None),
+        };
+        if let Some(why) = corrupted {
+            return Err(RecordError::Corrupted(why));
+        }
+        self.notes.append(&mut notes);
+        let ending = Ending {
+            exit_code: match self.ended {
+                Some(Ended::Exited(code)) => Some(code),
+                _ => None,
+            },
+            signal: match self.ended {
+                Some(Ended::Signaled(signal)) => Some(signal),
+                _ => None,
+            },
+            ended_monotonic_ns,
+            peak_events_per_second: self.rate.peak,
+            engine: if self.engine_attached { Engine::Inject } else { Engine::Uprobe },
+            probed: self.enabled[..self.run.measured].to_vec(),
+            patched: self.patched[..self.run.measured].to_vec(),
+            lost_samples: uprobes.lost_samples,
+            engine_lost,
+            malformed: uprobes.malformed,
+            notes: self.notes,
+        };
+        Ok(Finished { consumer: self.consumer, ending, ended: self.ended })
+    }
+}
+
+fn readable(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+}

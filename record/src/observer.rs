@@ -1,0 +1,97 @@
+//! What a recording tells while it prepares and runs: steps that take a
+//! while, warnings, the moment the probes are live, live counters, and
+//! changes to the probe set. The recorder prints nothing; a front end
+//! renders these (a spinner, a status line, stderr) or forwards them (to a
+//! session's client).
+
+use proftap_profile::Note;
+use serde::{Deserialize, Serialize};
+
+/// Hears what a recording tells, from any thread.
+pub trait Observer: Send + Sync {
+    /// One event, in the order they happen.
+    fn event(&self, event: RecordEvent);
+}
+
+/// An observer that hears nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Unobserved;
+
+impl Observer for Unobserved {
+    fn event(&self, _: RecordEvent) {}
+}
+
+/// What a recording tells.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordEvent {
+    /// A step that may take a while has begun.
+    Step(Step),
+    /// The step has ended.
+    StepEnded,
+    /// Something the user should know before trusting the numbers.
+    Warning(Warning),
+    /// Every probe is live and the target runs.
+    Started {
+        /// The process recorded.
+        pid: i32,
+        /// Functions instrumented.
+        functions: u64,
+        /// Whether it was running already (attached) or launched.
+        attached: bool,
+    },
+    /// Live counters, sent as they change.
+    Counters {
+        /// Probe hits aggregated so far.
+        hits: u64,
+        /// Probe hits lost so far.
+        lost: u64,
+    },
+    /// The probe set changed while the target ran (the profile's notes keep it too).
+    ProbesChanged(Note),
+}
+
+/// A step that may take a while.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// Reading the symbols of a module.
+    ReadingSymbols {
+        /// The module.
+        module: String,
+    },
+    /// Measuring what a probe costs on this machine.
+    MeasuringProbeCost,
+    /// Placing the probes.
+    PlacingProbes {
+        /// On how many functions.
+        functions: u64,
+    },
+}
+
+/// Something the user should know before trusting the numbers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Warning {
+    /// What the symbolizer found amiss in a module (stripped, a debug file
+    /// of another build, a damaged unit), in its words.
+    Symbols {
+        /// The sentence.
+        message: String,
+    },
+    /// A function chosen that cannot be probed fully, in the planner's words.
+    Planning {
+        /// The sentence.
+        message: String,
+    },
+    /// The probe cost could not be measured: the report will not estimate the overhead.
+    NoProbeCost {
+        /// Why.
+        reason: String,
+    },
+    /// The events could not all be saved.
+    EventsNotSaved {
+        /// Why.
+        reason: String,
+    },
+}

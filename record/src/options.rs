@@ -1,0 +1,123 @@
+//! How to record, as the recorder takes it once a request is prepared: the
+//! target, the functions' options, the user's signals; and what a recording
+//! gives back.
+
+use crate::cost::ProbeCost;
+use crate::observer::{Observer, Unobserved};
+use crate::request::{RegionSpec, SampleSettings};
+use proftap_probes::lines::LinePlan;
+use proftap_probes::metrics::Metric;
+use proftap_probes::symbols::SymbolCache;
+use proftap_probes::target::{self, Ended};
+use proftap_profile::{Engine, Note, Profile};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+/// The profiled program.
+#[derive(Clone, Debug)]
+pub enum TargetSpec {
+    /// Launch this program with these arguments (`argv[0]` included).
+    Launch {
+        /// The resolved executable.
+        path: PathBuf,
+        /// Its argument vector.
+        argv: Vec<OsString>,
+        /// As whom, where and with what environment.
+        launch: target::Launch,
+    },
+    /// Attach to this running process.
+    Attach {
+        /// Its pid.
+        pid: i32,
+    },
+}
+
+/// Signals from the user, set by the front end's signal handlers.
+#[derive(Clone, Debug, Default)]
+pub struct Control {
+    /// Ctrl-C.
+    pub interrupt: Arc<AtomicBool>,
+    /// SIGTERM.
+    pub terminate: Arc<AtomicBool>,
+    /// End the recording and leave the program running, launched or not.
+    pub detach: Arc<AtomicBool>,
+}
+
+/// How to record.
+#[derive(Clone)]
+pub struct RecordOptions {
+    /// Metrics; the first must be wall time.
+    pub metrics: Vec<Metric>,
+    /// Follow forked children.
+    pub follow_forks: bool,
+    /// Ring buffer size per CPU, bytes.
+    pub buffer_bytes: usize,
+    /// Stop after this long (attach).
+    pub duration: Option<Duration>,
+    /// Probe cost, for the overhead estimate.
+    pub cost: Option<ProbeCost>,
+    /// Subtract the probe cost from the times.
+    pub compensate: bool,
+    /// Signals.
+    pub control: Control,
+    /// Line probes, for line counts (and regions).
+    pub lines: Option<LinePlan>,
+    /// Stack sampling.
+    pub sample: Option<SampleSettings>,
+    /// The overhead governor's budget per function, as a share of the
+    /// elapsed time (0.05: 5%); `None` keeps every probe to the end.
+    pub overhead_budget: Option<f64>,
+    /// Sample only for a warm-up, then instrument the hottest functions:
+    /// (how many, how long to sample first).
+    pub auto_instrument: Option<(usize, Duration)>,
+    /// Place no probes: sample only (the functions are listed, as sampled).
+    pub sample_only: bool,
+    /// Regions to time.
+    pub regions: Vec<RegionSpec>,
+    /// Hears of the recording's progress.
+    pub observer: Arc<dyn Observer>,
+    /// How calls are seen.
+    pub engine: Engine,
+    /// Notes known before the recording starts (how the engine was chosen).
+    pub notes: Vec<Note>,
+    /// The executable's build-id.
+    pub build_id: Option<String>,
+    /// The binaries' symbols and images, read once for the whole recording.
+    pub symbols: Arc<SymbolCache>,
+}
+
+impl Default for RecordOptions {
+    fn default() -> Self {
+        RecordOptions {
+            metrics: vec![Metric::Wall, Metric::Cpu],
+            follow_forks: true,
+            buffer_bytes: 8 << 20,
+            duration: None,
+            cost: None,
+            compensate: false,
+            control: Control::default(),
+            lines: None,
+            sample: None,
+            overhead_budget: None,
+            auto_instrument: None,
+            sample_only: false,
+            regions: Vec::new(),
+            observer: Arc::new(Unobserved),
+            engine: Engine::Uprobe,
+            notes: Vec::new(),
+            build_id: None,
+            symbols: Arc::default(),
+        }
+    }
+}
+
+/// A finished recording.
+pub struct Recorded {
+    /// The profile.
+    pub profile: Profile,
+    /// How a launched program ended (None for attach while it runs on).
+    pub ended: Option<Ended>,
+}

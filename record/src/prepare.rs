@@ -1,0 +1,365 @@
+//! From a request to a recording ready to start: the program's modules,
+//! their symbols, the functions chosen and how each is probed, the lines,
+//! the engine, and the measured cost of a probe.
+
+use crate::calibration::CalibrationError;
+use crate::cost::ProbeCost;
+use crate::error::RecordError;
+use crate::observer::{Observer, RecordEvent, Step, Warning};
+use crate::options::{Control, RecordOptions, Recorded, TargetSpec};
+use crate::recorder::record;
+use crate::request::{EngineChoice, ExitsChoice, RecordRequest, RecordTarget, RegionSpec};
+use crate::saved::Saver;
+use proftap_probes::exits::{ExitMode, unwinds};
+use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_lines};
+use proftap_probes::metrics::{Metric, MetricError, parse_metrics};
+use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
+use proftap_probes::select::{Selected, Selection};
+use proftap_probes::symbols::{DebugDirs, ElfImage, SymbolCache, SymbolIndex};
+use proftap_probes::target::{self, Launch, TargetError};
+use proftap_probes::{libs, procfs};
+use proftap_profile::{Engine, Finding, Note, UprobeReason};
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Why a recording could not be prepared.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PrepareError {
+    /// The request contradicts itself.
+    #[error(transparent)]
+    Request(#[from] crate::request::RequestError),
+    /// A function pattern, a module or a process could not be read.
+    #[error(transparent)]
+    Probes(#[from] proftap_probes::Error),
+    /// A metric this machine cannot count.
+    #[error(transparent)]
+    Metric(#[from] MetricError),
+    /// The command could not be found.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// A module's symbols could not be read.
+    #[error("cannot read the symbols of {module}: {source}")]
+    Symbols {
+        /// The module.
+        module: String,
+        /// Why.
+        source: proftap_probes::Error,
+    },
+    /// Lines were asked for in files without line-table rows.
+    #[error("{executable} has no line-table rows for {files}; build it with -g")]
+    NoLines {
+        /// The executable.
+        executable: String,
+        /// The files asked for, in words.
+        files: String,
+    },
+    /// Nothing chosen can be probed.
+    #[error("no function of {executable} can be probed")]
+    NothingToProbe {
+        /// The executable.
+        executable: String,
+    },
+    /// The process maps no executable.
+    #[error("process {pid} has no executable mapped (a kernel thread or a process that is exiting)")]
+    NoExecutable {
+        /// The process.
+        pid: i32,
+    },
+}
+
+/// Where the probe cost comes from: measured here, or asked of someone
+/// allowed to measure it (a session's daemon).
+pub trait ProbeCostSource {
+    /// The probe cost of this boot for `exits`, measured again when `fresh`.
+    fn probe_cost(&self, exits: ExitMode, fresh: bool) -> Result<ProbeCost, CalibrationError>;
+}
+
+/// A recording ready to start.
+pub struct Prepared {
+    functions: Vec<ProbedFunction>,
+    spec: TargetSpec,
+    options: RecordOptions,
+    exit_mode: ExitMode,
+    saver: Option<Saver>,
+}
+
+impl Prepared {
+    /// How many functions get instrumented (or are listed, sampling only).
+    pub fn functions(&self) -> usize {
+        self.functions.iter().filter(|f| f.role == Role::Measured).count()
+    }
+
+    /// How returns are seen: what the probe cost is measured for.
+    pub fn exit_mode(&self) -> ExitMode {
+        self.exit_mode
+    }
+
+    /// Saves the recording's events to `out` as they are aggregated (see
+    /// [`crate::saved`]).
+    pub fn save_events(&mut self, out: impl std::io::Write + Send + 'static) {
+        self.saver = Some(Saver::new(out));
+    }
+
+    /// Records until the program ends or `control` says stop, telling
+    /// `observer` as it goes.
+    pub fn record(mut self, control: Control, observer: Arc<dyn Observer>) -> Result<Recorded, RecordError> {
+        self.options.control = control;
+        self.options.observer = observer;
+        record(&self.functions, &self.spec, &self.options, self.saver)
+    }
+}
+
+/// Prepares `request`: reads the program's symbols, chooses the functions,
+/// the engine and the lines, and gets the probe cost from `costs`.
+pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn ProbeCostSource) -> Result<Prepared, PrepareError> {
+    request.validate()?;
+    let selection = Selection::parse(&request.functions)?;
+    let metrics = parse_metrics(&request.metrics)?;
+    let (modules, spec) = match &request.target {
+        RecordTarget::Launch { command, cwd, env } => launched_modules(command, cwd.clone(), env.clone())?,
+        RecordTarget::Attach { pid, .. } => (attached_modules(*pid)?, TargetSpec::Attach { pid: *pid }),
+    };
+    let debug_dirs = if request.debug_dirs.is_empty() { DebugDirs::default() } else { DebugDirs(request.debug_dirs.clone()) };
+    let symbols = Arc::new(SymbolCache::new(debug_dirs));
+    let chosen = choose(&selection, &modules, request, &symbols, observer)?;
+    let mut options = options(request, metrics, &chosen);
+    // The sampler names frames from the same symbols.
+    options.symbols = symbols;
+    observer.event(RecordEvent::Step(Step::MeasuringProbeCost));
+    options.cost = match costs.probe_cost(chosen.exit_mode, request.recalibrate) {
+        Ok(cost) => Some(cost),
+        Err(e) => {
+            observer.event(RecordEvent::Warning(Warning::NoProbeCost { reason: e.reason().to_string() }));
+            None
+        }
+    };
+    observer.event(RecordEvent::StepEnded);
+    options.build_id = chosen.build_id;
+    Ok(Prepared { functions: chosen.functions, spec, options, exit_mode: chosen.exit_mode, saver: None })
+}
+
+/// A launched command's modules (what it links; the loader searches the
+/// launch's `LD_LIBRARY_PATH`) and how to launch it. A relative command is
+/// resolved against the launch's working directory, or found on `PATH`.
+fn launched_modules(
+    command: &[OsString],
+    cwd: Option<PathBuf>,
+    env: Option<Vec<OsString>>,
+) -> Result<(Vec<(PathBuf, PathBuf)>, TargetSpec), PrepareError> {
+    let Some(program) = command.first() else { return Err(crate::request::RequestError::NoCommand.into()) };
+    let program = match &cwd {
+        Some(dir) if program.as_bytes().contains(&b'/') && !Path::new(program).is_absolute() => dir.join(program).into_os_string(),
+        _ => program.clone(),
+    };
+    let path = target::resolve_command(&program)?;
+    let path = std::fs::canonicalize(&path).unwrap_or(path);
+    let library_path = match &env {
+        Some(env) => {
+            env.iter().find_map(|v| v.as_bytes().strip_prefix(b"LD_LIBRARY_PATH=").map(|p| OsString::from(std::ffi::OsStr::from_bytes(p))))
+        }
+        None => std::env::var_os("LD_LIBRARY_PATH"),
+    };
+    let mut modules = vec![(path.clone(), path.clone())];
+    modules.extend(libs::needed_libraries(&path, library_path.as_deref()).into_iter().map(|l| (l.clone(), l)));
+    let spec = TargetSpec::Launch { path, argv: command.to_vec(), launch: Launch { cwd, env } };
+    Ok((modules, spec))
+}
+
+/// A running process's modules, its executable first.
+fn attached_modules(pid: i32) -> Result<Vec<(PathBuf, PathBuf)>, PrepareError> {
+    let loaded = procfs::loaded_modules(pid)?;
+    if loaded.first().is_none_or(|m| !m.is_main) {
+        return Err(PrepareError::NoExecutable { pid });
+    }
+    Ok(loaded.iter().map(|m| (m.path.clone(), m.open_path.clone())).collect())
+}
+
+fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> RecordOptions {
+    let (engine, engine_note) = choose_engine(request, &metrics, chosen);
+    let (duration, auto_instrument) = match request.target {
+        RecordTarget::Attach { duration, auto_instrument, .. } => (duration, auto_instrument.map(|a| (a.count, a.warmup))),
+        RecordTarget::Launch { .. } => (None, None),
+    };
+    RecordOptions {
+        metrics,
+        follow_forks: request.follow_forks,
+        buffer_bytes: request.buffer_bytes(),
+        duration,
+        lines: chosen.lines.clone(),
+        sample: request.sample_settings(),
+        overhead_budget: request.overhead_budget(),
+        auto_instrument,
+        sample_only: !request.instrument,
+        regions: request.regions.clone(),
+        compensate: request.compensate,
+        engine,
+        notes: engine_note.into_iter().collect(),
+        ..RecordOptions::default()
+    }
+}
+
+/// Symbols a program calls to fork a process that runs on its code.
+const FORKING: &[&str] = &["fork", "_Fork", "daemon", "forkpty"];
+
+/// The engine the request asks for, and when it leaves the choice to the
+/// recorder, why it is not the in-process one when it is not.
+fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -> (Engine, Option<Note>) {
+    let why_not_inject = if metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
+        Some(UprobeReason::Metrics)
+    } else if chosen.lines.is_some() {
+        Some(UprobeReason::Lines)
+    } else if chosen.forks && request.follow_forks {
+        Some(UprobeReason::Forks)
+    } else if chosen.cancels_unhooked {
+        Some(UprobeReason::CancelsThreads)
+    } else {
+        None
+    };
+    match (request.engine, why_not_inject) {
+        (EngineChoice::Uprobe, _) => (Engine::Uprobe, None),
+        (EngineChoice::Inject, _) => (Engine::Inject, None),
+        (EngineChoice::Auto, None) => (Engine::Inject, None),
+        (EngineChoice::Auto, Some(reason)) => (Engine::Uprobe, Some(Finding::UprobesChosen { reason }.into())),
+    }
+}
+
+/// What to probe in a target.
+struct Chosen {
+    functions: Vec<ProbedFunction>,
+    build_id: Option<String>,
+    exit_mode: ExitMode,
+    lines: Option<LinePlan>,
+    /// The executable calls fork (see [`FORKING`]).
+    forks: bool,
+    /// The executable calls `pthread_cancel` and no module loaded from the
+    /// start unwinds a cancelled thread (glibc loads libgcc_s on demand).
+    cancels_unhooked: bool,
+}
+
+/// The modules whose symbols a recording reads: the executable's, and those
+/// of the libraries the patterns name.
+struct Loaded {
+    indexes: Vec<Arc<SymbolIndex>>,
+    images: Vec<Option<Arc<ElfImage>>>,
+    /// The paths to probe them through.
+    open_paths: Vec<PathBuf>,
+}
+
+/// Reads the symbols of `modules` (`(display, open)` paths, the executable
+/// first) into `cache`: the executable's (with its line table when `lines`),
+/// and those of the libraries the patterns name.
+fn load_symbols(
+    selection: &Selection,
+    modules: &[(PathBuf, PathBuf)],
+    cache: &SymbolCache,
+    lines: bool,
+    observer: &dyn Observer,
+) -> Result<Loaded, PrepareError> {
+    let mut loaded = Loaded { indexes: Vec::new(), images: Vec::new(), open_paths: Vec::new() };
+    for (i, (display, open)) in modules.iter().enumerate() {
+        if i > 0 && !selection.names_module(display) {
+            continue;
+        }
+        observer.event(RecordEvent::Step(Step::ReadingSymbols { module: display.display().to_string() }));
+        let index = cache.index(display, open, i == 0 && lines);
+        observer.event(RecordEvent::StepEnded);
+        let index = index.map_err(|source| PrepareError::Symbols { module: display.display().to_string(), source })?;
+        loaded.indexes.push(index);
+        loaded.images.push(cache.image(display, open).ok());
+        loaded.open_paths.push(open.clone());
+    }
+    Ok(loaded)
+}
+
+fn choose(
+    selection: &Selection,
+    modules: &[(PathBuf, PathBuf)],
+    request: &RecordRequest,
+    cache: &SymbolCache,
+    observer: &dyn Observer,
+) -> Result<Chosen, PrepareError> {
+    let line_files = line_files(request.lines.as_deref(), &request.regions);
+    let Loaded { indexes, images, open_paths } = load_symbols(selection, modules, cache, line_files.is_some(), observer)?;
+    let refs: Vec<&SymbolIndex> = indexes.iter().map(Arc::as_ref).collect();
+    // An error says what matters in one sentence; warnings only when it works.
+    let mut selected = selection.select(&refs)?;
+    if let Some(files) = &line_files {
+        // Following a frame's lines needs its function's entry and return.
+        let with_lines = functions_with_lines(&indexes[0], files);
+        if with_lines.is_empty() {
+            return Err(PrepareError::NoLines { executable: modules[0].0.display().to_string(), files: describe_files(files) });
+        }
+        selected.extend(with_lines.into_iter().map(|function| Selected { module: 0, function }));
+        selected.sort();
+        selected.dedup();
+    }
+    for warning in indexes.iter().flat_map(|i| &i.warnings) {
+        observer.event(RecordEvent::Warning(Warning::Symbols { message: warning.clone() }));
+    }
+    let exit_mode = exit_mode(request.exits, &indexes[0], modules);
+    let mut warnings = Vec::new();
+    let images: Vec<Option<&ElfImage>> = images.iter().map(Option::as_deref).collect();
+    let mut functions = plan(&refs, &images, &open_paths, &selected, exit_mode, &mut warnings);
+    functions.extend(catch_marker_of(modules, cache));
+    for message in warnings {
+        observer.event(RecordEvent::Warning(Warning::Planning { message }));
+    }
+    if functions.iter().all(|f| f.role != Role::Measured) {
+        return Err(PrepareError::NothingToProbe { executable: modules[0].0.display().to_string() });
+    }
+    let lines = line_files.as_ref().map(|files| {
+        let measured: Vec<ProbedFunction> = functions.iter().filter(|f| f.role == Role::Measured).cloned().collect();
+        plan_lines(&indexes[0], &open_paths[0], &measured, files)
+    });
+    let main = &indexes[0];
+    let forks = main.imports.iter().any(|i| FORKING.contains(&i.as_str()));
+    let cancels_unhooked = main.imports.iter().any(|i| i == "pthread_cancel")
+        && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
+    Ok(Chosen { functions, build_id: main.build_id.clone(), exit_mode, lines, forks, cancels_unhooked })
+}
+
+/// How returns are seen: as asked, or at return instructions for programs
+/// that may unwind their stack.
+fn exit_mode(choice: ExitsChoice, main: &SymbolIndex, modules: &[(PathBuf, PathBuf)]) -> ExitMode {
+    match choice {
+        ExitsChoice::Uretprobe => ExitMode::Uretprobe,
+        ExitsChoice::ReturnSites => ExitMode::ReturnSites,
+        ExitsChoice::Auto => {
+            let main_unwinds = unwinds(&main.path, main.imports.iter().chain(main.functions.iter().map(|f| &f.raw_name)));
+            if main_unwinds || modules.iter().skip(1).any(|(d, _)| unwinds(d, [""; 0])) {
+                ExitMode::ReturnSites
+            } else {
+                ExitMode::Uretprobe
+            }
+        }
+    }
+}
+
+/// C++: a catch ends the frames an exception left, at the moment it starts.
+fn catch_marker_of(modules: &[(PathBuf, PathBuf)], cache: &SymbolCache) -> Option<ProbedFunction> {
+    let (display, open) = modules.iter().find(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libstdc++")))?;
+    let index = cache.index(display, open, false).ok()?;
+    let image = cache.image(display, open).ok()?;
+    catch_marker(&index, &image, open)
+}
+
+fn describe_files(files: &LineFiles) -> String {
+    if files.0.is_empty() { "its own source files".into() } else { files.0.join(", ") }
+}
+
+/// The source files to count lines of, if lines are asked for (by the
+/// request's lines or by a region).
+fn line_files(lines: Option<&[String]>, regions: &[RegionSpec]) -> Option<LineFiles> {
+    match (lines, regions.is_empty()) {
+        (None, true) => None,
+        (Some([]), _) => Some(LineFiles::default()),
+        (files, _) => {
+            let mut all: Vec<String> = files.map(<[String]>::to_vec).unwrap_or_default();
+            all.extend(regions.iter().map(|r| r.file.clone()));
+            Some(LineFiles(all))
+        }
+    }
+}

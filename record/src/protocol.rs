@@ -1,0 +1,214 @@
+//! The session protocol between `proftap session` and `proftapd`: newline
+//! separated JSON messages over a Unix socket (see `docs/PROTOCOL.md`).
+
+use crate::observer::Warning;
+use crate::request::RecordRequest;
+use proftap_profile::Note;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use std::io::{BufRead, Write};
+use std::marker::PhantomData;
+use std::path::PathBuf;
+
+/// The protocol version; a client and a daemon must speak the same.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// Where the daemon listens unless told otherwise: `/run/proftap/proftapd.sock`
+/// for root, `$XDG_RUNTIME_DIR/proftap.sock` for other users.
+pub fn default_socket() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/run/proftap/proftapd.sock")
+    } else {
+        std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from).join("proftap.sock")
+    }
+}
+
+/// The first message each way.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Hello {
+    /// [`PROTOCOL_VERSION`] of the sender.
+    pub protocol: u32,
+    /// The sender's program and version (`proftap 0.1.0`).
+    pub program: String,
+}
+
+/// A client's request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    /// Start a session recording what the request says; a launched
+    /// command's path is absolute (the daemon resolves nothing against its
+    /// own `PATH` or directory). The daemon does not read the request: the
+    /// session's worker does, once it runs as the user.
+    Start {
+        /// What to record.
+        request: Sealed<RecordRequest>,
+    },
+    /// The caller's sessions (every session, for root).
+    List,
+    /// One session.
+    Status {
+        /// Its id.
+        id: u64,
+    },
+    /// End a session (the program runs on) and wait for its profile.
+    Stop {
+        /// Its id.
+        id: u64,
+    },
+    /// A finished session's profile: the reply is followed by its bytes.
+    Fetch {
+        /// Its id.
+        id: u64,
+    },
+    /// Forget a finished session and its profile.
+    Delete {
+        /// Its id.
+        id: u64,
+    },
+}
+
+/// A value carried as the JSON it arrived as, read only where it is opened:
+/// the daemon passes a start request on to the session's worker unread.
+pub struct Sealed<T> {
+    json: Box<RawValue>,
+    of: PhantomData<fn() -> T>,
+}
+
+impl<T: Serialize + DeserializeOwned> Sealed<T> {
+    /// Seals `value`.
+    pub fn new(value: &T) -> serde_json::Result<Self> {
+        Ok(Sealed { json: serde_json::value::to_raw_value(value)?, of: PhantomData })
+    }
+
+    /// Reads the value.
+    pub fn open(&self) -> serde_json::Result<T> {
+        serde_json::from_str(self.json.get())
+    }
+}
+
+impl<T> std::fmt::Debug for Sealed<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sealed({} bytes)", self.json.get().len())
+    }
+}
+
+impl<T> Serialize for Sealed<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.json.serialize(s)
+    }
+}
+
+impl<'de, T> Deserialize<'de> for Sealed<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Sealed { json: Box::<RawValue>::deserialize(d)?, of: PhantomData })
+    }
+}
+
+/// Where a session is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Probes being placed.
+    Starting,
+    /// Recording.
+    Running,
+    /// Ended; its profile is kept.
+    Finished,
+    /// Ended without a profile.
+    Failed,
+}
+
+/// A session as `list` and `status` show it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Its id.
+    pub id: u64,
+    /// The user who started it.
+    pub uid: u32,
+    /// What it records: the command line, or `pid N (command)`.
+    pub target: String,
+    /// The process recorded (0 until known).
+    pub pid: i32,
+    /// Where it is.
+    pub state: State,
+    /// When it started (Unix time, ns).
+    pub started_unix_ns: u64,
+    /// How long it has been (or was) recording, ms.
+    pub uptime_ms: u64,
+    /// Functions probed.
+    pub functions: u64,
+    /// Probe hits so far.
+    pub events: u64,
+    /// Probe hits lost so far.
+    pub lost: u64,
+    /// What preparing the recording warned of.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<Warning>,
+    /// Changes to the probe set while it ran, as they happened.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<Note>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The daemon's reply.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    /// A session.
+    Session(SessionInfo),
+    /// Sessions.
+    Sessions(Vec<SessionInfo>),
+    /// A profile of this many bytes follows.
+    Profile {
+        /// Its size.
+        bytes: u64,
+    },
+    /// Deleted.
+    Deleted {
+        /// The session.
+        id: u64,
+    },
+    /// Refused or failed: one sentence.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// Writes one message as a line.
+pub fn send<T: Serialize>(out: &mut impl Write, message: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    out.write_all(&line)?;
+    out.flush()
+}
+
+/// Reads one message line (`None` at end of input).
+pub fn receive<T: DeserializeOwned>(input: &mut impl BufRead) -> std::io::Result<Option<T>> {
+    let mut line = String::new();
+    if input.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    serde_json::from_str(&line).map(Some).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::RecordTarget;
+
+    #[test]
+    fn a_start_request_travels_sealed_and_opens_as_sent() {
+        let record = RecordRequest::new(RecordTarget::Attach { pid: 42, duration: None, auto_instrument: None });
+        let line = serde_json::to_string(&Request::Start { request: Sealed::new(&record).expect("seal") }).expect("json");
+        let Request::Start { request } = serde_json::from_str(&line).expect("request") else { panic!("not a start: {line}") };
+        assert_eq!(request.open().expect("open"), record);
+        // Forwarded unread, it opens the same.
+        let forwarded: Sealed<RecordRequest> = serde_json::from_str(&serde_json::to_string(&request).expect("json")).expect("sealed");
+        assert_eq!(forwarded.open().expect("open"), record);
+    }
+}

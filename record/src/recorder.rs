@@ -1,0 +1,382 @@
+//! A recording from start to profile: the engines set up, the target
+//! launched held or its threads held still while the events open, the
+//! driver run until the end, and the profile assembled.
+
+use crate::aggregate::{Aggregator, AggregatorConfig, LineSetup, NO_LINE};
+use crate::assemble::{LineTable, Setup, assemble};
+use crate::cost::compensation;
+use crate::driver::{Consumer, Driver, Run, Sources};
+use crate::error::RecordError;
+use crate::events::Event;
+use crate::observer::{RecordEvent, Step, Warning};
+use crate::options::{RecordOptions, Recorded, TargetSpec};
+use crate::request::RegionSpec;
+use crate::samples::SampleAggregator;
+use crate::saved::Saver;
+use crate::sources::inject::{InjectSource, check_unwinders};
+use crate::sources::monotonic_ns;
+use crate::sources::sampler::{SamplerThread, sampling_event};
+use crate::sources::uprobes::UprobeSource;
+use proftap_probes::inject::clock::TscClock;
+use proftap_probes::inject::tracing::Tracing;
+use proftap_probes::lines::LinePlan;
+use proftap_probes::metrics::Metric;
+use proftap_probes::plan::{ProbedFunction, Role};
+use proftap_probes::sampling::{DEFAULT_PROBE_AREA, StackResolver};
+use proftap_probes::target::{self, Frozen, HeldChild};
+use proftap_profile::{Engine, ExitMode, Finding, Note, Refusal, Target};
+
+/// What the in-process engine takes on before the target runs.
+struct Patching {
+    /// Per function: the engine may patch it.
+    injected: Vec<bool>,
+    /// A running process, patched and held still.
+    tracing: Option<Tracing>,
+    clock: Option<TscClock>,
+    notes: Vec<Note>,
+}
+
+/// The target, running with its events open.
+struct Started {
+    pid: i32,
+    child: Option<HeldChild>,
+    command: Vec<String>,
+    attached: bool,
+    started_ns: u64,
+    /// Threads that existed at the start, named.
+    threads: Vec<(i32, String)>,
+    tracing: Option<Tracing>,
+    notes: Vec<Note>,
+}
+
+/// Records `functions` in `spec`'s target until it ends (or, attached,
+/// until stopped), and builds the profile; `saver` saves its events.
+pub fn record(
+    functions: &[ProbedFunction],
+    spec: &TargetSpec,
+    options: &RecordOptions,
+    saver: Option<Saver>,
+) -> Result<Recorded, RecordError> {
+    // Measured functions first: their index is their id in the profile; markers follow.
+    let mut all: Vec<ProbedFunction> = functions.iter().filter(|f| f.role == Role::Measured).cloned().collect();
+    let measured = all.len();
+    all.extend(functions.iter().filter(|f| f.role != Role::Measured).cloned());
+    options.observer.event(RecordEvent::Step(Step::PlacingProbes { functions: measured as u64 }));
+    if measured == 0 && options.sample.is_none() {
+        return Err(RecordError::NothingToProbe);
+    }
+    let patching = patching(&all[..measured], spec, options)?;
+    let enabled = probed_by_uprobes(&all, &patching.injected, options);
+    let stacks = options.sample.map(|s| (s.frequency_hz, s.stack_bytes));
+    // With the in-process engine CPU time is wall time minus the time off
+    // every CPU, from context switches: perf events count wall time only.
+    let inject = options.engine == Engine::Inject && !options.sample_only;
+    let cpu_from_switches = inject.then(|| options.metrics.iter().position(|m| *m == Metric::Cpu)).flatten();
+    let perf_metrics = if inject { vec![Metric::Wall] } else { options.metrics.clone() };
+    let mut uprobes = UprobeSource::new(
+        &all,
+        &enabled,
+        options.lines.as_ref(),
+        &perf_metrics,
+        stacks,
+        options.buffer_bytes,
+        cpu_from_switches.is_some(),
+    )?;
+    let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let sampling = options.sample.map(|s| (sampling_event().to_string(), s.frequency_hz));
+    let sampler = sampling.as_ref().map(|(event, hz)| {
+        // The named stacks are kept only to be saved.
+        SamplerThread::spawn(StackResolver::new(options.symbols.clone()), SampleAggregator::new(event, *hz), saver.is_some())
+    });
+    let catch_id = measured as u32;
+    let Patching { injected, tracing, clock, mut notes } = patching;
+    let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &all[..measured], &injected, catch_id, options)?;
+    notes.extend(started.notes);
+    let run = Run {
+        all: &all,
+        measured,
+        options,
+        injected,
+        catch_id,
+        pid: started.pid,
+        started_ns: started.started_ns,
+        attached: started.attached,
+    };
+    let code = started.tracing.as_ref().map(Tracing::code).unwrap_or_default();
+    let mut patched = run.injected.clone();
+    match &started.tracing {
+        Some(engine) => engine.refused().iter().for_each(|&(i, _)| patched[i] = false),
+        None => patched.iter_mut().for_each(|p| *p = false),
+    }
+    let setup = setup(&run, &started.command, &code, cpu_from_switches, started_unix_ns, sampling);
+    if let Some(sampler) = &sampler {
+        code.iter().for_each(|c| sampler.engine_code(run.pid as u32, c.clone()));
+    }
+    let mut saver = saver;
+    if let Some(saver) = saver.as_mut() {
+        saver.setup(&setup);
+    }
+    let consumer = Consumer {
+        aggregator: Aggregator::new(setup.aggregation.clone()),
+        sampler,
+        saver,
+        pid: run.pid,
+        follow: options.follow_forks,
+        last_event: 0,
+    };
+    let inject = started.tracing.zip(clock).map(|(engine, clock)| InjectSource::start(engine, run.judge(), clock));
+    let sources = Sources { uprobes, inject, clock, enabled, patched };
+    let mut driver = Driver::new(&run, sources, consumer, started.child, notes);
+    let named = started.threads.into_iter().map(|(tid, name)| Event::Comm {
+        time: run.started_ns,
+        pid: run.pid as u32,
+        tid: tid as u32,
+        name,
+        exec: false,
+    });
+    driver.push(named);
+    let finished = driver.run()?;
+    let consumer = finished.consumer;
+    let sampled = consumer.sampler.map(SamplerThread::finish);
+    let (samples, stacks) = sampled.map(|s| (s.profile, s.stacks)).unzip();
+    let profile = assemble(&setup, consumer.aggregator.finish(), samples, &finished.ending);
+    if let Some(saver) = consumer.saver
+        && let Err(e) = saver.finish(stacks.as_deref().unwrap_or_default(), &finished.ending)
+    {
+        options.observer.event(RecordEvent::Warning(Warning::EventsNotSaved { reason: e.to_string() }));
+    }
+    Ok(Recorded { profile, ended: finished.ended })
+}
+
+/// Decides what the in-process engine patches: a running process now
+/// (held still until the driver runs), a launched one when it executes the
+/// program; with automatic instrumentation, the hottest functions after the
+/// warm-up. Uprobes take what it cannot patch.
+fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOptions) -> Result<Patching, RecordError> {
+    let catch_id = functions.len() as u32;
+    let mut notes = options.notes.clone();
+    let mut tracing = None;
+    // Sampling only, nothing is patched.
+    if options.engine != Engine::Inject || options.sample_only {
+        return Ok(Patching { injected: vec![false; functions.len()], tracing, clock: None, notes });
+    }
+    if options.metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
+        return Err(RecordError::InjectMetrics);
+    }
+    let refused = match spec {
+        TargetSpec::Attach { pid } if options.auto_instrument.is_none() => {
+            let engine =
+                Tracing::attach_held(*pid, functions, None, catch_id).map_err(|source| RecordError::Inject { pid: *pid, source })?;
+            check_unwinders(&engine, functions)?;
+            let refused = engine.refused().to_vec();
+            tracing = Some(engine);
+            refused
+        }
+        _ => Tracing::refusals(functions),
+    };
+    if !refused.is_empty() {
+        notes.push(refusals_note(functions, &refused).into());
+    }
+    let mut injected = vec![true; functions.len()];
+    for (i, _) in &refused {
+        if let Some(flag) = injected.get_mut(*i) {
+            *flag = false;
+        }
+    }
+    let clock = TscClock::new().map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?;
+    Ok(Patching { injected, tracing, clock: Some(clock), notes })
+}
+
+/// Which of `all` uprobes see: what the engine does not record (it records
+/// catches itself), nothing when sampling only, and with automatic
+/// instrumentation no measured function until the warm-up ends.
+fn probed_by_uprobes(all: &[ProbedFunction], injected: &[bool], options: &RecordOptions) -> Vec<bool> {
+    let inject = options.engine == Engine::Inject && !options.sample_only;
+    all.iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let recorded = injected.get(i).copied().unwrap_or(false) || (inject && f.role == Role::CatchMarker);
+            !recorded && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)
+        })
+        .collect()
+}
+
+/// Launches the program held, or holds a running process's threads still,
+/// opens the events on it, and lets it go.
+#[allow(clippy::too_many_arguments)]
+fn start(
+    spec: &TargetSpec,
+    uprobes: &mut UprobeSource,
+    tracing: Option<Tracing>,
+    sampler: Option<&SamplerThread>,
+    functions: &[ProbedFunction],
+    injected: &[bool],
+    catch_id: u32,
+    options: &RecordOptions,
+) -> Result<Started, RecordError> {
+    let inject = options.engine == Engine::Inject && !options.sample_only;
+    match spec {
+        TargetSpec::Launch { path, argv, launch } => {
+            let mut child = target::spawn_held(path, argv, launch)?;
+            if let Err(e) = uprobes.open_launched(child.pid()) {
+                child.abandon();
+                return Err(e);
+            }
+            let pid = child.pid();
+            options.observer.event(RecordEvent::Started { pid, functions: functions.len() as u64, attached: false });
+            if inject
+                && let Err(e) = nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC)
+            {
+                child.abandon();
+                return Err(RecordError::Unsupported(format!("cannot trace the launched program to patch it: {e}")));
+            }
+            // Before the program goes: it may run a while before proftap does.
+            let started_ns = monotonic_ns();
+            child.release()?;
+            let (tracing, notes) = if inject { patch_at_start(pid, functions, injected, catch_id)? } else { (None, Vec::new()) };
+            let command = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+            Ok(Started { pid, child: Some(child), command, attached: false, started_ns, threads: Vec::new(), tracing, notes })
+        }
+        TargetSpec::Attach { pid } => attach(*pid, uprobes, tracing, sampler, functions.len(), options),
+    }
+}
+
+/// Patches a launched program when it and its libraries are in place and
+/// none of their code has run.
+fn patch_at_start(
+    pid: i32,
+    functions: &[ProbedFunction],
+    injected: &[bool],
+    catch_id: u32,
+) -> Result<(Option<Tracing>, Vec<Note>), RecordError> {
+    let engine = Tracing::attach_at_start(pid, functions, catch_id).map_err(|source| RecordError::Inject { pid, source })?;
+    check_unwinders(&engine, functions)?;
+    let missed: Vec<String> = engine
+        .refused()
+        .iter()
+        .filter(|(i, _)| injected.get(*i).copied().unwrap_or(false))
+        .map(|(i, _)| functions[*i].info.name.clone())
+        .collect();
+    let notes = if missed.is_empty() { Vec::new() } else { vec![Finding::CodeDiffers { functions: missed }.into()] };
+    Ok((Some(engine), notes))
+}
+
+/// Opens the events on a running process's threads, held still (by the
+/// in-process engine when it just patched them).
+fn attach(
+    pid: i32,
+    uprobes: &mut UprobeSource,
+    tracing: Option<Tracing>,
+    sampler: Option<&SamplerThread>,
+    functions: usize,
+    options: &RecordOptions,
+) -> Result<Started, RecordError> {
+    if let Some(sampler) = sampler {
+        for m in proftap_probes::procfs::read_maps(pid).unwrap_or_default().iter().filter(|m| m.executable) {
+            if let Some(path) = &m.path {
+                sampler.mapped(pid as u32, m.start.0, m.end.0 - m.start.0, m.offset.0, path);
+            }
+        }
+    }
+    let held = tracing.as_ref().and_then(Tracing::held_threads);
+    let frozen = if held.is_some() { None } else { Some(Frozen::freeze(pid)?) };
+    let tids = held.unwrap_or_else(|| frozen.as_ref().map(Frozen::threads).unwrap_or_default());
+    let threads = tids.iter().map(|&tid| (tid, target::thread_name(pid, tid))).collect();
+    uprobes.open_attached(&tids)?;
+    let started_ns = monotonic_ns();
+    drop(frozen);
+    options.observer.event(RecordEvent::Started { pid, functions: functions as u64, attached: true });
+    Ok(Started { pid, child: None, command: target::command_line(pid), attached: true, started_ns, threads, tracing, notes: Vec::new() })
+}
+
+/// What the aggregator and the assembly know once the target runs.
+fn setup(
+    run: &Run<'_>,
+    command: &[String],
+    code: &[std::ops::Range<u64>],
+    cpu_from_switches: Option<usize>,
+    started_unix_ns: u64,
+    sampling: Option<(String, u64)>,
+) -> Setup {
+    let (options, functions, injected) = (run.options, run.functions(), &run.injected);
+    let entries: Vec<_> = functions.iter().map(|f| f.entry).collect();
+    let aggregation = AggregatorConfig {
+        functions: functions.len(),
+        metrics: options.metrics.len(),
+        compensation: options.compensate.then(|| compensation(&entries, injected, &options.metrics, options.cost.unwrap_or_default())),
+        // Patched functions return through the return trampoline, exceptions
+        // or not, and calls in progress still do once their function is unpatched.
+        exit_sites: functions.iter().zip(injected).map(|(f, &injected)| f.exit_sites.is_some() && !injected).collect(),
+        returns_outlive_probes: injected.clone(),
+        lines: options.lines.as_ref().map(|plan| line_setup(plan, &options.regions)),
+        // The kernel's uretprobe trampoline page, and the engine's code.
+        trampolines: std::iter::once(DEFAULT_PROBE_AREA).chain(code.iter().cloned()).collect(),
+        cpu_from_switches,
+        processes: vec![run.pid],
+    };
+    Setup {
+        aggregation,
+        target: Target {
+            command: command.to_vec(),
+            pid: run.pid,
+            exe: functions.first().map(|f| f.info.module.clone()).unwrap_or_default(),
+            build_id: options.build_id.clone(),
+            attached: run.attached,
+            ..Target::default()
+        },
+        functions: functions.iter().map(|f| f.info.clone()).collect(),
+        entries,
+        metrics: options.metrics.iter().map(|m| m.key().to_string()).collect(),
+        lines: options.lines.as_ref().map(|plan| LineTable { lines: plan.lines.clone(), decl_lines: plan.decl_lines.clone() }),
+        regions: options.regions.clone(),
+        cost: options.cost,
+        compensate: options.compensate,
+        exits: if functions.iter().any(|f| f.exit_sites.is_some()) { ExitMode::ReturnSites } else { ExitMode::Uretprobe },
+        follow_forks: options.follow_forks,
+        started_unix_ns,
+        started_monotonic_ns: run.started_ns,
+        sampling,
+        proftap_version: env!("CARGO_PKG_VERSION").into(),
+    }
+}
+
+/// How the aggregator follows lines and regions.
+fn line_setup(plan: &LinePlan, regions: &[RegionSpec]) -> LineSetup {
+    LineSetup {
+        probes: plan.probes.iter().map(|p| (p.function, p.lines.clone())).collect(),
+        entry_lines: plan.entry_lines.iter().map(|l| l.unwrap_or(NO_LINE)).collect(),
+        entry_also: plan.entry_also.clone(),
+        lines: plan.lines.len(),
+        regions_of: plan
+            .lines
+            .iter()
+            .map(|(file, line)| regions.iter().enumerate().filter(|(_, r)| r.contains(file, *line)).map(|(i, _)| i as u32).collect())
+            .collect(),
+        regions: regions.len(),
+    }
+}
+
+/// Which functions the in-process engine left to uprobes, by reason, with
+/// a few names each (a large program has hundreds).
+fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)]) -> Finding {
+    const NAMED: usize = 3;
+    let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (i, why) in refused {
+        let name = functions[*i].info.name.as_str();
+        match reasons.iter_mut().find(|(w, _)| w == why) {
+            Some((_, names)) => names.push(name),
+            None => reasons.push((why, vec![name])),
+        }
+    }
+    reasons.sort_by_key(|(why, names)| (std::cmp::Reverse(names.len()), *why));
+    let reasons = reasons
+        .into_iter()
+        .map(|(why, mut names)| {
+            let count = names.len() as u64;
+            names.sort_unstable();
+            names.dedup();
+            Refusal { reason: why.to_string(), count, examples: names.iter().take(NAMED).map(|n| n.to_string()).collect() }
+        })
+        .collect();
+    Finding::NotPatched { functions: refused.len() as u64, reasons }
+}

@@ -1,0 +1,107 @@
+//! Stack samples named and counted on a thread of their own: loading a
+//! module's symbols and unwinding stacks take time the recording loop,
+//! which decides when probes change, cannot wait for. Inputs are taken in
+//! the order given.
+
+use crate::samples::SampleAggregator;
+use proftap_probes::metrics::Metric;
+use proftap_probes::sampling::{ResolvedStack, StackResolver, StackSample};
+use proftap_profile::SampleProfile;
+use std::sync::mpsc::{Sender, channel};
+use std::thread::JoinHandle;
+
+enum Input {
+    Mapped { pid: u32, start: u64, len: u64, pgoff: u64, path: String },
+    Exec(u32),
+    EngineCode(u32, std::ops::Range<u64>),
+    Sample(Box<StackSample>, Vec<(u64, u64)>),
+    Hottest(Sender<Vec<(String, String, u64)>>),
+}
+
+/// What the sampler counted, and the stacks in the order it counted them
+/// when asked to keep them (to save with the events).
+pub struct Sampled {
+    /// The samples, as a profile.
+    pub profile: SampleProfile,
+    /// The named stacks, in order.
+    pub stacks: Vec<ResolvedStack>,
+}
+
+/// The sampler's thread.
+pub struct SamplerThread {
+    input: Sender<Input>,
+    worker: JoinHandle<Sampled>,
+}
+
+/// The event stack samples count: hardware cycles where the machine has them.
+pub fn sampling_event() -> &'static str {
+    let cycles = Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES);
+    if cycles.check_available().is_ok() { "cycles" } else { "cpu-clock" }
+}
+
+impl SamplerThread {
+    /// Names samples with `resolver` and counts them with `samples`;
+    /// `keep` keeps the named stacks too.
+    pub fn spawn(mut resolver: StackResolver, mut samples: SampleAggregator, keep: bool) -> Self {
+        let (input, inputs) = channel();
+        let worker = std::thread::spawn(move || {
+            let mut stacks = Vec::new();
+            for input in inputs {
+                match input {
+                    Input::Mapped { pid, start, len, pgoff, path } => resolver.mapped(pid, start, len, pgoff, &path),
+                    Input::Exec(pid) => resolver.exec(pid),
+                    Input::EngineCode(pid, range) => resolver.engine_code(pid, range),
+                    Input::Sample(sample, returns) => {
+                        let stack = resolver.resolve(&sample, &returns);
+                        samples.add(&stack);
+                        if keep {
+                            stacks.push(stack);
+                        }
+                    }
+                    Input::Hottest(reply) => {
+                        let _ = reply.send(samples.hottest());
+                    }
+                }
+            }
+            Sampled { profile: samples.profile(), stacks }
+        });
+        SamplerThread { input, worker }
+    }
+
+    /// See [`StackResolver::mapped`].
+    pub fn mapped(&self, pid: u32, start: u64, len: u64, pgoff: u64, path: &str) {
+        let _ = self.input.send(Input::Mapped { pid, start, len, pgoff, path: path.to_string() });
+    }
+
+    /// See [`StackResolver::exec`].
+    pub fn exec(&self, pid: u32) {
+        let _ = self.input.send(Input::Exec(pid));
+    }
+
+    /// See [`StackResolver::engine_code`].
+    pub fn engine_code(&self, pid: u32, range: std::ops::Range<u64>) {
+        let _ = self.input.send(Input::EngineCode(pid, range));
+    }
+
+    /// A sample, with the thread's return addresses by stack slot (see
+    /// [`StackResolver::resolve`]).
+    pub fn sample(&self, sample: Box<StackSample>, returns: Vec<(u64, u64)>) {
+        let _ = self.input.send(Input::Sample(sample, returns));
+    }
+
+    /// See [`SampleAggregator::hottest`]: waits for the samples given so far.
+    pub fn hottest(&self) -> Vec<(String, String, u64)> {
+        let (reply, answer) = channel();
+        let _ = self.input.send(Input::Hottest(reply));
+        answer.recv().unwrap_or_default()
+    }
+
+    /// Every sample given, counted.
+    pub fn finish(self) -> Sampled {
+        drop(self.input);
+        match self.worker.join() {
+            Ok(sampled) => sampled,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}

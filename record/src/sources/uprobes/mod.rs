@@ -1,0 +1,173 @@
+//! Kernel uprobes as an event source: probes defined in tracefs, opened per
+//! task and CPU with `inherit` so every thread and forked child is followed,
+//! read from per-CPU ring buffers. The same perf events carry the sideband
+//! records (threads, names, mappings), context switches and stack samples.
+//! The probe set can be replaced while the target runs.
+
+mod perf_events;
+mod reader;
+
+use crate::error::RecordError;
+use crate::events::Event;
+use crate::sources::monotonic_ns;
+use perf_events::{PerfEvents, ProbeSet, Unregistering};
+use proftap_probes::lines::LinePlan;
+use proftap_probes::metrics::Metric;
+use proftap_probes::plan::ProbedFunction;
+use proftap_probes::target::Frozen;
+use reader::RingReader;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// The uprobe events of a recording and their ring buffers.
+pub struct UprobeSource {
+    events: PerfEvents,
+    /// Once the events are open on the target.
+    reader: Option<RingReader>,
+    /// The first probe set's ids, until the reader takes them.
+    first_taps: Vec<reader::Tap>,
+    counters: usize,
+    /// Replaced probe sets, out of the targets, unregistered at the end.
+    unregistering: Vec<Unregistering>,
+}
+
+/// What reading the rings left to tell once they are closed.
+pub struct UprobesEnding {
+    /// Samples the probe events counted as lost.
+    pub lost_samples: u64,
+    /// Records that could not be read.
+    pub malformed: u64,
+    /// The uprobes, out of the targets.
+    pub withdrawn: Withdrawn,
+}
+
+/// Uprobes out of every target, unregistered when this is dropped (which
+/// waits for grace periods, each set for its own, in parallel: best once
+/// the targets are gone).
+pub struct Withdrawn {
+    _sets: Vec<Unregistering>,
+}
+
+impl UprobeSource {
+    /// The events for `metrics` (and stack sampling at `sampling` (hz,
+    /// stack bytes)), with the probes of the `enabled` functions of `all`
+    /// and their lines defined; `switches` reports every context switch.
+    pub fn new(
+        all: &[ProbedFunction],
+        enabled: &[bool],
+        lines: Option<&LinePlan>,
+        metrics: &[Metric],
+        sampling: Option<(u64, u32)>,
+        buffer_bytes: usize,
+        switches: bool,
+    ) -> Result<Self, RecordError> {
+        let mut events = PerfEvents::new(metrics, sampling, buffer_bytes);
+        events.switches = switches;
+        let first = ProbeSet::new(all, enabled, lines);
+        drop(events.define(&first)?);
+        Ok(UprobeSource { events, reader: None, first_taps: first.taps, counters: metrics.len() - 1, unregistering: Vec::new() })
+    }
+
+    /// Opens the events on a launched program, held before its `exec`: they
+    /// start with it.
+    pub fn open_launched(&mut self, pid: i32) -> Result<(), RecordError> {
+        self.events.open_task(pid, true)?;
+        self.start_reading();
+        Ok(())
+    }
+
+    /// Opens the events on each thread of a running process, held still.
+    pub fn open_attached(&mut self, threads: &[i32]) -> Result<(), RecordError> {
+        for &tid in threads {
+            self.events.open_task(tid, false)?;
+        }
+        self.start_reading();
+        Ok(())
+    }
+
+    fn start_reading(&mut self) {
+        let mut reader = RingReader::new(self.events.take_buffers(), self.counters);
+        reader.add_sources(self.events.take_sources());
+        reader.add_generation(self.events.generation(), std::mem::take(&mut self.first_taps));
+        self.reader = Some(reader);
+    }
+
+    /// The current probe set.
+    pub fn generation(&self) -> u32 {
+        self.events.generation()
+    }
+
+    /// The descriptors that become readable when the rings have records.
+    pub fn readiness(&self) -> Vec<BorrowedFd<'_>> {
+        let buffers = self.reader.as_ref().map(|r| r.buffers()).unwrap_or_default();
+        // SAFETY: the buffers' events stay open as long as `self`.
+        buffers.iter().map(|b| unsafe { BorrowedFd::borrow_raw(b.owner().as_raw_fd()) }).collect()
+    }
+
+    /// Moves what the rings hold into `into`.
+    pub fn drain(&mut self, into: &mut Vec<Event>) {
+        if let Some(reader) = self.reader.as_mut() {
+            reader.drain(into);
+        }
+    }
+
+    /// Entry hits read so far, by function (shorter when the last functions
+    /// had none): what the overhead governor judges, as soon as they are
+    /// read rather than once ordered.
+    pub fn entries(&self) -> &[u64] {
+        self.reader.as_ref().map_or(&[], |r| r.entries())
+    }
+
+    /// Replaces the probe set by the probes of the `enabled` functions of
+    /// `all` while the threads of `processes` are held still, so no call is
+    /// missed or seen twice; the functions in `removed` are no longer
+    /// instrumented (`into` gets the event that says so). The old set goes
+    /// while the threads are still held: removing a uprobe waits for a
+    /// grace period that a thread hitting probes all the time delays.
+    pub fn replace(
+        &mut self,
+        all: &[ProbedFunction],
+        lines: Option<&LinePlan>,
+        processes: &[i32],
+        enabled: &[bool],
+        removed: Vec<u32>,
+        into: &mut Vec<Event>,
+    ) -> Result<(), RecordError> {
+        let Some(reader) = self.reader.as_mut() else { return Ok(()) };
+        let set = ProbeSet::new(all, enabled, lines);
+        let old = self.events.generation();
+        let retired = self.events.define(&set)?;
+        let frozen: Vec<Frozen> = processes.iter().filter_map(|&pid| Frozen::freeze(pid).ok()).collect();
+        let owners = reader.owners();
+        for tid in frozen.iter().flat_map(Frozen::threads) {
+            // A thread that ended meanwhile has nothing to probe.
+            match self.events.open_probes(tid, &owners) {
+                Ok(()) => {}
+                Err(RecordError::Perf { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        drop(owners);
+        let at = monotonic_ns();
+        reader.retire(old, at);
+        reader.add_generation(self.events.generation(), set.taps);
+        reader.add_sources(self.events.take_sources());
+        into.push(Event::ProbesReplaced { time: at, generation: self.events.generation(), removed });
+        self.unregistering.push(retired.withdraw());
+        Ok(())
+    }
+
+    /// Stops every probe and reads what is left into `into`.
+    pub fn stop(&mut self, into: &mut Vec<Event>) {
+        self.events.disable();
+        self.drain(into);
+    }
+
+    /// Closes the events; the probes come out of the targets at once.
+    pub fn finish(mut self) -> UprobesEnding {
+        let lost_samples = self.events.lost_samples();
+        let malformed = self.reader.as_ref().map_or(0, |r| r.malformed);
+        drop(self.reader.take());
+        self.unregistering.push(self.events.withdraw());
+        UprobesEnding { lost_samples, malformed, withdrawn: Withdrawn { _sets: std::mem::take(&mut self.unregistering) } }
+    }
+}

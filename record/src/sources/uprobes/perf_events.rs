@@ -1,0 +1,312 @@
+//! The perf events of a recording: per task and CPU, a sideband event (task,
+//! comm and mmap records; the first one on a CPU owns its ring buffer), the
+//! probe events of the current probe set, a context-switch counter group and
+//! a stack sampler. The probe set can be replaced while the target runs.
+
+use super::reader::{Source, Tap};
+use crate::error::{RecordError, perf_error};
+use crate::events::ProbeId;
+use perf_event::Counter;
+use proftap_probes::lines::LinePlan;
+use proftap_probes::metrics::Metric;
+use proftap_probes::perf::{self, CounterGroup, EventTarget, RingBuffer};
+use proftap_probes::plan::{ProbedFunction, Role};
+use proftap_probes::tracefs::{DefinedGroup, ProbeKind, UprobeSpec};
+use rustc_hash::FxHashMap;
+use std::collections::HashSet;
+use std::path::Path;
+
+/// The uprobes of a probe set and what each one's id stands for.
+pub(crate) struct ProbeSet {
+    specs: Vec<UprobeSpec>,
+    /// By probe id (index into `specs`).
+    pub taps: Vec<Tap>,
+}
+
+impl ProbeSet {
+    /// The probes of the `enabled` functions (and their lines).
+    pub fn new(functions: &[ProbedFunction], enabled: &[bool], lines: Option<&LinePlan>) -> Self {
+        let mut specs = Vec::new();
+        let mut taps = Vec::new();
+        for (i, f) in functions.iter().enumerate() {
+            if !enabled.get(i).copied().unwrap_or(true) {
+                continue;
+            }
+            let (entry, sp_adjust) = f.entry_probe.unwrap_or((f.offset, 0));
+            specs.push(UprobeSpec { path: f.open_path.clone(), offset: entry, kind: ProbeKind::At });
+            taps.push(Tap { probe: ProbeId::entry(i as u32), sp_adjust });
+            if f.role != Role::Measured {
+                continue;
+            }
+            match &f.exit_sites {
+                None => {
+                    specs.push(UprobeSpec { path: f.open_path.clone(), offset: f.offset, kind: ProbeKind::Return });
+                    taps.push(Tap { probe: ProbeId::exit(i as u32), sp_adjust: 0 });
+                }
+                Some(sites) => {
+                    for &site in sites {
+                        specs.push(UprobeSpec { path: f.open_path.clone(), offset: site, kind: ProbeKind::At });
+                        taps.push(Tap { probe: ProbeId::exit(i as u32), sp_adjust: 8 });
+                    }
+                }
+            }
+        }
+        if let Some(plan) = lines {
+            // A row at an entry or a return already probed is left out: two
+            // probes on one instruction would race for the frame.
+            let taken: HashSet<(&Path, u64)> = specs.iter().map(|s| (s.path.as_path(), s.offset.0)).collect();
+            let mut line_specs = Vec::new();
+            for (i, probe) in plan.probes.iter().enumerate() {
+                if enabled.get(probe.function as usize).copied().unwrap_or(true)
+                    && !taken.contains(&(probe.open_path.as_path(), probe.offset.0))
+                {
+                    line_specs.push(UprobeSpec { path: probe.open_path.clone(), offset: probe.offset, kind: ProbeKind::At });
+                    taps.push(Tap { probe: ProbeId::line(i as u32), sp_adjust: 0 });
+                }
+            }
+            specs.extend(line_specs);
+        }
+        ProbeSet { specs, taps }
+    }
+}
+
+/// A replaced probe set: its events close first, then its uprobes go.
+pub(crate) struct Retired {
+    probes: Vec<CounterGroup>,
+    group: Option<Box<dyn DefinedGroup>>,
+}
+
+impl Retired {
+    /// Takes the probes out of the targets at once: closes the targets'
+    /// events with a keeper holding each uprobe registered (see
+    /// [`perf::open_keeper`]). What is returned unregisters the uprobes when
+    /// dropped, which takes grace periods: best once the targets are gone.
+    pub fn withdraw(mut self) -> Unregistering {
+        if let Some(group) = &mut self.group {
+            group.keep();
+        }
+        drop(self.probes);
+        Unregistering { _group: self.group }
+    }
+}
+
+/// Uprobes out of every target, still registered until this is dropped.
+pub(crate) struct Unregistering {
+    _group: Option<Box<dyn DefinedGroup>>,
+}
+
+/// The perf events of a recording. Field order is drop order: events close
+/// before the uprobes they use are removed.
+pub(crate) struct PerfEvents {
+    probes: Vec<CounterGroup>,
+    counters: Vec<CounterGroup>,
+    sidebands: Vec<Counter>,
+    buffers: Vec<Option<RingBuffer>>,
+    /// Events opened since the reader last took them: what their samples are.
+    sources: FxHashMap<u64, Source>,
+    generation: u32,
+    tracepoints: Vec<proftap_probes::tracefs::ProbeEvent>,
+    cpus: Vec<usize>,
+    metrics: Vec<Metric>,
+    sampling: Option<(u64, u32)>,
+    buffer_bytes: usize,
+    group: Option<Box<dyn DefinedGroup>>,
+    /// Sideband events also report every context switch.
+    pub switches: bool,
+}
+
+impl PerfEvents {
+    /// Events with no probes yet.
+    pub fn new(metrics: &[Metric], sampling: Option<(u64, u32)>, buffer_bytes: usize) -> Self {
+        raise_fd_limit();
+        let cpus = online_cpus();
+        PerfEvents {
+            probes: Vec::new(),
+            counters: Vec::new(),
+            sidebands: Vec::new(),
+            buffers: (0..cpus.len()).map(|_| None).collect(),
+            sources: FxHashMap::default(),
+            generation: 0,
+            tracepoints: Vec::new(),
+            cpus,
+            metrics: metrics.to_vec(),
+            sampling,
+            buffer_bytes,
+            group: None,
+            switches: false,
+        }
+    }
+
+    /// The generation of the current probe set.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// Makes `set` the current probe set (defined in tracefs, not yet opened
+    /// on any task); returns the previous one, to be dropped once the new
+    /// one is open everywhere.
+    pub fn define(&mut self, set: &ProbeSet) -> Result<Retired, RecordError> {
+        let (group, tracepoints) = if set.specs.is_empty() {
+            (None, Vec::new())
+        } else {
+            let (group, tracepoints) = proftap_probes::tracefs::host().define(&set.specs)?;
+            (Some(group), tracepoints)
+        };
+        self.generation += 1;
+        self.tracepoints = tracepoints;
+        Ok(Retired { probes: std::mem::take(&mut self.probes), group: std::mem::replace(&mut self.group, group) })
+    }
+
+    fn descriptors_per_task(&self) -> usize {
+        self.cpus.len() * (3 + (self.tracepoints.len() + 1) * self.metrics.len())
+    }
+
+    /// Opens every event on task `pid` (and, through inherit, what it
+    /// creates later), creating the ring buffers on the first task.
+    pub fn open_task(&mut self, pid: i32, enable_on_exec: bool) -> Result<(), RecordError> {
+        let need = self.descriptors_per_task();
+        for (slot, &cpu) in self.cpus.iter().enumerate() {
+            let target = EventTarget { pid, cpu, enable_on_exec };
+            let sideband =
+                perf::open_sideband(target, self.buffer_bytes, self.switches).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
+            match &self.buffers[slot] {
+                Some(buffer) => {
+                    perf::set_output(&sideband, buffer.owner()).map_err(|e| perf_error(format!("process {pid}"), e, need))?;
+                    self.sidebands.push(sideband);
+                }
+                None => {
+                    let buffer = RingBuffer::new(sideband, self.buffer_bytes).map_err(|e| perf_error(format!("CPU {cpu}"), e, need))?;
+                    self.buffers[slot] = Some(buffer);
+                }
+            }
+        }
+        let owners: Vec<&Counter> = self.buffers.iter().flatten().map(RingBuffer::owner).collect();
+        let opened =
+            open_on(&self.cpus, &self.tracepoints, &self.metrics, self.sampling, true, self.generation, pid, enable_on_exec, &owners)?;
+        self.take_opened(opened);
+        Ok(())
+    }
+
+    /// Opens the current probe set on task `pid` (running, enabled now),
+    /// writing into the buffers `owners` own, one per CPU.
+    pub fn open_probes(&mut self, pid: i32, owners: &[&Counter]) -> Result<(), RecordError> {
+        let opened = open_on(&self.cpus, &self.tracepoints, &self.metrics, None, false, self.generation, pid, false, owners)?;
+        self.probes.extend(opened.probes);
+        self.sources.extend(opened.sources);
+        Ok(())
+    }
+
+    fn take_opened(&mut self, opened: Opened) {
+        self.probes.extend(opened.probes);
+        self.counters.extend(opened.counters);
+        self.sidebands.extend(opened.samplers);
+        self.sources.extend(opened.sources);
+    }
+
+    /// The ring buffers, one per CPU, for the reader.
+    pub fn take_buffers(&mut self) -> Vec<RingBuffer> {
+        self.buffers.drain(..).flatten().collect()
+    }
+
+    /// What the events opened since the last call sample.
+    pub fn take_sources(&mut self) -> FxHashMap<u64, Source> {
+        std::mem::take(&mut self.sources)
+    }
+
+    /// Takes every probe out of the targets at once (see [`Retired::withdraw`]).
+    pub fn withdraw(&mut self) -> Unregistering {
+        self.tracepoints.clear();
+        Retired { probes: std::mem::take(&mut self.probes), group: self.group.take() }.withdraw()
+    }
+
+    /// Stops every probe.
+    pub fn disable(&self) {
+        for event in self.probes.iter().chain(&self.counters) {
+            let _ = perf::disable(&event.leader);
+        }
+    }
+
+    /// Samples lost on the current probe events, as the events count them.
+    pub fn lost_samples(&self) -> u64 {
+        self.probes.iter().map(|e| perf::lost_samples(&e.leader)).sum()
+    }
+}
+
+struct Opened {
+    probes: Vec<CounterGroup>,
+    counters: Vec<CounterGroup>,
+    samplers: Vec<Counter>,
+    sources: FxHashMap<u64, Source>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn open_on(
+    cpus: &[usize],
+    tracepoints: &[proftap_probes::tracefs::ProbeEvent],
+    metrics: &[Metric],
+    sampling: Option<(u64, u32)>,
+    counters: bool,
+    generation: u32,
+    pid: i32,
+    enable_on_exec: bool,
+    owners: &[&Counter],
+) -> Result<Opened, RecordError> {
+    let need = cpus.len() * (3 + (tracepoints.len() + 1) * metrics.len());
+    let err = |e| perf_error(format!("thread {pid}"), e, need);
+    let mut opened = Opened { probes: Vec::new(), counters: Vec::new(), samplers: Vec::new(), sources: FxHashMap::default() };
+    for (slot, &cpu) in cpus.iter().enumerate() {
+        let target = EventTarget { pid, cpu, enable_on_exec };
+        let Some(owner) = owners.get(slot) else { continue };
+        for tracepoint in tracepoints {
+            let event = perf::open_probe(tracepoint.tracepoint, target, metrics).map_err(err)?;
+            perf::set_output(&event.leader, owner).map_err(err)?;
+            opened.sources.insert(
+                event.leader.id(),
+                Source::Probe { id_offset: tracepoint.id_offset, top_offset: tracepoint.top_offset, generation },
+            );
+            opened.probes.push(event);
+        }
+        if let Some((frequency, stack_bytes)) = sampling {
+            let sampler = perf::open_stack_sampler(target, frequency, stack_bytes).map_err(err)?;
+            perf::set_output(&sampler, owner).map_err(err)?;
+            opened.sources.insert(sampler.id(), Source::Stacks);
+            opened.samplers.push(sampler);
+        }
+        // The counter groups belong to the task, whatever the probe set.
+        if counters && metrics.len() > 1 {
+            let switches = perf::open_switches(target, metrics).map_err(err)?;
+            perf::set_output(&switches.leader, owner).map_err(err)?;
+            opened.sources.insert(switches.leader.id(), Source::Switch);
+            opened.counters.push(switches);
+        }
+    }
+    Ok(opened)
+}
+
+fn online_cpus() -> Vec<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
+                    cpus.extend(a..=b);
+                }
+            }
+            None => cpus.extend(part.parse::<usize>().ok()),
+        }
+    }
+    if cpus.is_empty() {
+        cpus.extend(0..std::thread::available_parallelism().map_or(1, |n| n.get()));
+    }
+    cpus
+}
+
+/// Raises the open-file limit to its maximum: every probe event is a
+/// descriptor per task, CPU and counter.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}

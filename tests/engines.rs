@@ -1,0 +1,183 @@
+//! What every engine must do alike, written once and run for each: kernel
+//! uprobes (`uprobe::`) and the in-process engine (`inject::`). Call counts
+//! against callgrind, inclusive against exclusive, CPU against wall time,
+//! threads, C++ exceptions, attach and detach, the measured probe cost.
+//! tests/record.rs and tests/inject.rs have what only one engine does.
+#![allow(clippy::unwrap_used)]
+
+use proftap_tests::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+/// An engine and what its runs take.
+struct Engine {
+    name: &'static str,
+    /// Every named function instrumented for the whole run: no overhead governor.
+    exact: &'static [&'static str],
+    /// Instrumented calls the probe-cost scenario makes, enough for their
+    /// cost to stand above the noise of two runs.
+    cost_rounds: u32,
+}
+
+const UPROBE: Engine = Engine { name: "uprobe", exact: &["--engine", "uprobe", "--overhead-budget", "0"], cost_rounds: 20_000 };
+const INJECT: Engine = Engine { name: "inject", exact: &["--engine", "inject", "--overhead-budget", "0"], cost_rounds: 35_000 };
+
+/// Each scenario as a test per engine.
+macro_rules! for_each_engine {
+    ($($scenario:ident),* $(,)?) => {
+        mod uprobe {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario(&super::UPROBE)
+            })*
+        }
+        mod inject {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario(&super::INJECT)
+            })*
+        }
+    };
+}
+
+for_each_engine!(
+    call_counts_equal_callgrind,
+    inclusive_and_exclusive_add_up_on_a_known_tree,
+    cpu_time_and_wall_time_are_told_apart,
+    threads_have_their_own_counts,
+    a_cpp_function_left_by_a_throw_is_counted_and_stopped,
+    attach_then_detach_restores_the_program,
+    the_probe_cost_is_measured_reported_and_compensated,
+);
+
+fn stat(f: &Value, kind: &str, metric: &str, field: &str) -> u64 {
+    f[kind][metric][field].as_u64().unwrap_or_else(|| panic!("no {kind}.{metric}.{field} in {f}"))
+}
+
+fn call_counts_equal_callgrind(engine: &Engine) {
+    require_probes();
+    require("valgrind", "as the call-count oracle");
+    let check = |build: &Build, args: &[&str]| {
+        let report = check_calls_against_callgrind(engine.exact, build, args);
+        assert_eq!(report["recording"]["engine"], engine.name, "{}", build.label());
+    };
+    for opt in ["-O0", "-O2"] {
+        check(&Build::c("calls.c", opt), &["300", "12"]);
+        check(&Build::c("multifile/main.c", opt).sources(&["multifile/io.c", "multifile/compute.c"]), &["40", "5"]);
+        check(&Build::c("threads.c", opt), &["3", "200"]);
+        // C++ (templates, virtual calls, a throw through two frames) and Rust.
+        check(&Build::cxx("shapes.cpp", opt), &["30"]);
+        check(&Build::rust("calls.rs", opt), &["200"]);
+    }
+}
+
+fn inclusive_and_exclusive_add_up_on_a_known_tree(engine: &Engine) {
+    require_probes();
+    let binary = Build::c("calls.c", "-O0").build();
+    let report = profile_run(engine.exact, &[binary.to_str().unwrap(), "2000", "12"]);
+    let functions = &report["functions"];
+    for metric in ["wall_ns", "cpu_ns"] {
+        let incl = |n: &str| stat(function(functions, n), "inclusive", metric, "total");
+        let excl = |n: &str| stat(function(functions, n), "exclusive", metric, "total");
+        // A leaf calls nothing instrumented: exclusive is inclusive.
+        assert_eq!(incl("leaf"), excl("leaf"), "{metric}");
+        // run = its own time + left + right.
+        assert_eq!(incl("run"), excl("run") + incl("left") + incl("right"), "{metric}");
+        // left = its own time + leaf called from left (from the tree).
+        let main = report["tree"]["children"].as_array().unwrap().iter().find(|c| c["name"] == "main").unwrap();
+        let run = main["children"].as_array().unwrap().iter().find(|c| c["name"] == "run").unwrap();
+        let left = run["children"].as_array().unwrap().iter().find(|c| c["name"] == "left").unwrap();
+        let leaf_under_left = left["children"][0]["inclusive"][metric].as_u64().unwrap();
+        assert_eq!(incl("left"), excl("left") + leaf_under_left, "{metric}");
+        assert!(incl("main") >= incl("run") + incl("fib"), "{metric}");
+        // Recursion: fib's inclusive total counts the outermost call only, so
+        // its exclusive total equals it.
+        assert_eq!(incl("fib"), excl("fib"), "{metric}");
+    }
+    for f in functions.as_array().unwrap() {
+        for metric in ["wall_ns", "cpu_ns"] {
+            let (min, avg, max) =
+                (stat(f, "inclusive", metric, "min"), stat(f, "inclusive", metric, "avg"), stat(f, "inclusive", metric, "max"));
+            if f["name"] != "fib" {
+                assert!(min <= avg && avg <= max, "{}: {metric} min {min} avg {avg} max {max}", f["name"]);
+            }
+        }
+    }
+}
+
+fn cpu_time_and_wall_time_are_told_apart(engine: &Engine) {
+    require_probes();
+    check_cpu_and_wall(&["--engine", engine.name]);
+}
+
+fn threads_have_their_own_counts(engine: &Engine) {
+    require_probes();
+    let binary = Build::c("threads.c", "-O2").build();
+    // At once, and one after the other: then each thread gets the stack and
+    // thread control block of the one before, and still counts as itself.
+    for serial in [&[][..], &["serial"]] {
+        let args = [&[binary.to_str().unwrap(), "4", "500"][..], serial].concat();
+        let report = profile_run(&["--engine", engine.name, "-f", "work"], &args);
+        let threads = report["threads"].as_array().unwrap();
+        // Thread t calls work (t + 1) * 500 times, the main thread 500 times.
+        let mut counts: Vec<u64> = threads.iter().map(|t| function(&t["functions"], "work")["calls"].as_u64().unwrap()).collect();
+        counts.sort();
+        assert_eq!(counts, vec![500, 500, 1000, 1500, 2000], "{serial:?}");
+        let mut tids: Vec<i64> = threads.iter().map(|t| t["tid"].as_i64().unwrap()).collect();
+        tids.sort();
+        tids.dedup();
+        assert_eq!(tids.len(), 5, "{serial:?}: {tids:?}");
+        let pid = report["target"]["pid"].as_i64().unwrap();
+        assert!(threads.iter().all(|t| t["pid"].as_i64() == Some(pid)));
+    }
+}
+
+fn a_cpp_function_left_by_a_throw_is_counted_and_stopped(engine: &Engine) {
+    require_probes();
+    for report in check_throws_are_counted_and_stopped(engine.exact) {
+        assert_eq!(report["recording"]["engine"], engine.name);
+        // Uprobes see returns at ret instructions: a uretprobe would hide
+        // the return address from the unwinder.
+        assert_eq!(report["recording"]["exits"], "return-sites");
+    }
+}
+
+/// Starts `proftap attach ARGS PID` and waits until it says the probes are live.
+fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
+    let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("attached to process"), "unexpected: {line}");
+    // Keep draining stderr so proftap never blocks on it.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    child
+}
+
+fn attach_then_detach_restores_the_program(engine: &Engine) {
+    require_probes();
+    for opt in ["-O0", "-O2"] {
+        let mut waiter = Waiter::start(&Build::c("wait.c", opt).build());
+        assert_eq!(waiter.tick(7), 7);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.profile");
+        let profiler = attach(waiter.pid, &["--engine", engine.name, "-f", "tick"], &file);
+        assert_eq!(waiter.tick(10_000), 10_007);
+        run_ok(Command::new("kill").args(["-INT", &profiler.id().to_string()]));
+        assert!(profiler.wait_with_output().unwrap().status.success());
+        // Detached: the program runs on, unprobed and correct.
+        assert_eq!(waiter.tick(3), 10_010);
+        let (rest, status) = waiter.finish();
+        assert_eq!(rest, "done 10010\n");
+        assert!(status.success());
+        let report = report_json(&file);
+        assert_eq!(calls_by_name(&report)["tick"], 10_000, "{opt}");
+        assert_eq!(report["recording"]["engine"], engine.name);
+        assert_eq!(report["target"]["attached"], true);
+    }
+}
+
+fn the_probe_cost_is_measured_reported_and_compensated(engine: &Engine) {
+    check_probe_cost_is_measured_and_compensated(&["--engine", engine.name], engine.cost_rounds);
+}
