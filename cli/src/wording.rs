@@ -75,6 +75,17 @@ fn finding_sentence(finding: &Finding) -> String {
             "{} not timed by the in-process engine ({too_deep} deeper than the {stack_depth} nested calls a thread's shadow stack holds, {without_slot} in threads beyond the {slots} it times at once); counted as lost entries and returns, calls of the functions involved are low",
             counted(too_deep + without_slot, "call was", "calls were"),
         ),
+        Finding::CallsUntimed { calls, unseated: 0 } => format!(
+            "{} counted but not timed by the in-process engine (deeper than it keeps, beyond the calling contexts it keeps per thread, or made by a signal handler while it was busy); the times of the functions involved are low",
+            counted(*calls, "call was", "calls were")
+        ),
+        Finding::CallsUntimed { calls, unseated } => format!(
+            "{} counted but not timed by the in-process engine, {unseated} of them in threads beyond those it times at once (their functions unknown); the times of the functions involved are low",
+            counted(*calls, "call was", "calls were")
+        ),
+        Finding::CpuIsWall => {
+            "the in-process engine measures CPU time per call with a BPF program, which needs CAP_BPF and CAP_PERFMON (root); here CPU time is wall time".into()
+        }
         Finding::HitsLost { hits } => format!(
             "{} lost because a ring buffer was full; calls and times of the functions and threads involved are low (raise --buffer-size)",
             counted(*hits, "probe hit was", "probe hits were")

@@ -19,6 +19,8 @@ pub const ENTRY_BYTES: u64 = 16;
 pub struct OffCpu {
     map: OwnedFd,
     entries: u64,
+    /// proftap's own read-only view, mapped on first use.
+    view: std::sync::OnceLock<Option<View>>,
     /// The program and its tracepoint's events, one per CPU, when loaded
     /// here: the program runs while they are open.
     _loaded: Option<(OwnedFd, Vec<OwnedFd>)>,
@@ -131,12 +133,12 @@ impl OffCpu {
         attr[2] = license.as_ptr() as u64;
         let program = bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| context("cannot load the off-CPU time program", e))?;
         let events = attach(tracepoint, &program)?;
-        Ok(OffCpu { map, entries, _loaded: Some((program, events)) })
+        Ok(OffCpu { map, entries, view: std::sync::OnceLock::new(), _loaded: Some((program, events)) })
     }
 
     /// The array another process loaded (and keeps running), covering `entries` thread ids.
     pub fn lent(map: OwnedFd, entries: u64) -> OffCpu {
-        OffCpu { map, entries: entries.min(1 << 22), _loaded: None }
+        OffCpu { map, entries: entries.min(1 << 22), view: std::sync::OnceLock::new(), _loaded: None }
     }
 
     /// The array, to map read-only (`MAP_SHARED`, [`OffCpu::bytes`] long).
@@ -152,6 +154,63 @@ impl OffCpu {
     /// Bytes to map.
     pub fn bytes(&self) -> u64 {
         (self.entries * ENTRY_BYTES).next_multiple_of(4096)
+    }
+
+    /// Thread `tid`'s time off CPU so far, nanoseconds.
+    pub fn off_cpu_ns(&self, tid: u32) -> Option<u64> {
+        let view = self.view.get_or_init(|| View::map(self.map.as_fd(), self.bytes() as usize)).as_ref()?;
+        let at = 2 * tid as usize;
+        (at < view.len / 8).then(|| {
+            // SAFETY: within the mapping; the kernel writes it while we read.
+            unsafe { std::ptr::read_volatile(view.base.cast::<u64>().add(at)) }
+        })
+    }
+}
+
+/// A read-only mapping of the array in this process.
+struct View {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: a read-only mapping owned by this value, read with volatile loads.
+unsafe impl Send for View {}
+// SAFETY: as above; nothing writes through it.
+unsafe impl Sync for View {}
+
+impl View {
+    fn map(fd: BorrowedFd<'_>, len: usize) -> Option<View> {
+        // SAFETY: a read-only shared mapping of a BPF_F_MMAPABLE array.
+        let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        (base != libc::MAP_FAILED).then_some(View { base, len })
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what map() mapped.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// Where a process without the right to load the program gets the array.
+type Source = Box<dyn Fn() -> Option<OffCpu> + Send + Sync>;
+
+static SOURCE: std::sync::OnceLock<Source> = std::sync::OnceLock::new();
+
+/// Makes `source` provide the array from now on. Whether this process may
+/// load BPF is a property of the process (a proftapd session worker may
+/// not, and asks proftapd), so it is set once; a second call is refused.
+pub fn set_source(source: Source) -> Result<(), Source> {
+    SOURCE.set(source)
+}
+
+/// The array for a recording: loaded here, or lent by whoever
+/// [`set_source`] named; `None` when neither can (no CAP_BPF).
+pub fn obtain() -> Option<OffCpu> {
+    match SOURCE.get() {
+        Some(source) => source(),
+        None => OffCpu::load().ok(),
     }
 }
 

@@ -64,7 +64,8 @@ fn functions(binary: &Path) -> Vec<ProbedFunction> {
     let index = SymbolIndex::load(binary, &LoadOptions::default()).unwrap();
     let selected = Selection::parse::<&str>(&[]).unwrap().select(&[&index]).unwrap();
     let mut warnings = Vec::new();
-    plan(&[&index], &[binary.to_path_buf()], &selected, ExitMode::Uretprobe, &mut warnings)
+    let image = proftap_probes::symbols::ElfImage::open(binary).unwrap();
+    plan(&[&index], &[Some(&image)], &[binary.to_path_buf()], &selected, ExitMode::Uretprobe, &mut warnings)
 }
 
 fn root() -> bool {

@@ -96,6 +96,19 @@ pub enum Finding {
         /// Threads timed at once.
         slots: u64,
     },
+    /// Calls the in-process engine counted but could not time (their
+    /// calling context did not fit, they went deeper than it keeps, or a
+    /// signal handler or a thread sharing another's thread pointer made them
+    /// while it was busy), or counted without knowing the function.
+    CallsUntimed {
+        /// How many.
+        calls: u64,
+        /// Of them, in threads beyond those it times at once (function unknown).
+        unseated: u64,
+    },
+    /// CPU time per call could not be measured by the in-process engine
+    /// (it needs a BPF program, which needs CAP_BPF): it is wall time.
+    CpuIsWall,
     /// Probe hits lost because a kernel ring buffer was full.
     HitsLost {
         /// How many.

@@ -414,6 +414,12 @@ impl Aggregator {
         }
     }
 
+    /// What thread `tid` was named, as far as the events said.
+    pub fn thread_name(&self, tid: u32) -> String {
+        let known = self.threads.get(&tid).or_else(|| self.finished.iter().find(|t| t.tid == tid)).map(|t| t.name.clone());
+        known.or_else(|| self.names.get(&tid).cloned()).unwrap_or_default()
+    }
+
     /// Probe hits so far.
     pub fn hits(&self) -> u64 {
         self.hits

@@ -10,6 +10,7 @@ use crate::request::RegionSpec;
 use proftap_probes::entry::EntryKind;
 use proftap_profile::{
     Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord, SampleProfile, Target,
+    ThreadProfile, TreeNode,
 };
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +82,12 @@ pub struct Ending {
     pub engine_lost: u64,
     /// Kernel records that could not be read.
     pub malformed: u64,
+    /// The threads the in-process engine added up in the target.
+    #[serde(default)]
+    pub engine_threads: Vec<ThreadProfile>,
+    /// Calls it counted, timed or not.
+    #[serde(default)]
+    pub engine_calls: u64,
     /// What the recording found until it ended, in order.
     pub notes: Vec<Note>,
 }
@@ -92,6 +99,9 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
     // buffer; the events' own counts also include losses it never reported.
     let known = ending.lost_samples.saturating_add(ending.engine_lost);
     aggregate.lost.events = aggregate.lost.events.max(known);
+    merge_threads(&mut aggregate.threads, &ending.engine_threads);
+    // An entry and a return each, as a probe would have reported them.
+    aggregate.hits = aggregate.hits.saturating_add(ending.engine_calls.saturating_mul(2));
     let notes = notes(setup, &aggregate, ending);
     let mut calls = vec![0u64; setup.functions.len()];
     for stats in aggregate.threads.iter().flat_map(|t| &t.functions) {
@@ -126,6 +136,32 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
         runs: 1,
         samples,
     }
+}
+
+/// Adds the threads the in-process engine added up to those the events
+/// made. The functions of one thread are disjoint between them (a function
+/// is patched or probed); where one thread has both, the engine's calling
+/// contexts join the tree under its root.
+fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: &[ThreadProfile]) {
+    for theirs in engine {
+        match threads.iter_mut().find(|t| t.pid == theirs.pid && t.tid == theirs.tid) {
+            None => threads.push(theirs.clone()),
+            Some(ours) => {
+                ours.functions.extend(theirs.functions.iter().cloned());
+                ours.functions.sort_by_key(|f| f.function);
+                let offset = ours.tree.nodes.len() as u32;
+                let root = &mut ours.tree.nodes[0];
+                for (sum, v) in root.inclusive.iter_mut().zip(&theirs.tree.nodes[0].inclusive) {
+                    *sum = sum.saturating_add(*v);
+                }
+                for node in theirs.tree.nodes.iter().skip(1) {
+                    let parent = if node.parent == 0 { 0 } else { node.parent - 1 + offset };
+                    ours.tree.nodes.push(TreeNode { parent, ..node.clone() });
+                }
+            }
+        }
+    }
+    threads.sort_by_key(|t| (t.pid, t.tid));
 }
 
 /// `flags` as long as `n`, what it lacks false.

@@ -19,12 +19,17 @@ use crate::sources::sampler::SamplerThread;
 use crate::sources::uprobes::UprobeSource;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use proftap_probes::inject::clock::TscClock;
-use proftap_probes::inject::tracing::{Judge, Tracing, Unpatched};
+use proftap_probes::inject::patched::Patched;
+use proftap_probes::inject::reading::TotalsView;
+use proftap_probes::inject::threads::Cost;
+use proftap_probes::inject::watch::{Judge, Unpatched};
+use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::ProbedFunction;
 use proftap_probes::target::{self, Ended, HeldChild};
 use proftap_profile::{Engine, Finding, FunctionCalls, Note};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -39,8 +44,6 @@ pub(crate) struct Run<'a> {
     pub options: &'a RecordOptions,
     /// Per function: the in-process engine may patch it.
     pub injected: Vec<bool>,
-    /// The id the in-process engine records catches with.
-    pub catch_id: u32,
     /// The process recorded.
     pub pid: i32,
     /// When it started running, CLOCK_MONOTONIC.
@@ -69,7 +72,7 @@ impl Run<'_> {
         self.functions().iter().zip(&self.injected).map(call_ns).collect()
     }
 
-    /// The governor of patched functions, run by the engine's drainer.
+    /// The governor of patched functions, run by the engine's watch.
     pub fn judge(&self) -> Option<Judge> {
         let started = self.started_ns;
         self.options.overhead_budget.map(|budget| {
@@ -85,6 +88,8 @@ impl Run<'_> {
 /// Where ordered events go: the aggregator, the sampler, the saved stream.
 pub(crate) struct Consumer {
     pub aggregator: Aggregator,
+    /// What the in-process engine added up: the return addresses it holds.
+    pub engine: Option<TotalsView>,
     pub sampler: Option<SamplerThread>,
     pub saver: Option<Saver>,
     /// The target's pid and whether its forked children count.
@@ -101,7 +106,10 @@ impl Consumer {
             if let Some(sampler) = &self.sampler
                 && (self.follow || sample.pid as i32 == self.pid)
             {
-                let returns = self.aggregator.return_addresses(sample.tid);
+                let mut returns = self.aggregator.return_addresses(sample.tid);
+                if let Some(engine) = &self.engine {
+                    returns.extend(engine.return_addresses(sample.tid));
+                }
                 sampler.sample(sample, returns);
             }
             return;
@@ -151,6 +159,7 @@ pub(crate) struct Driver<'a> {
     uprobes: UprobeSource,
     inject: Option<InjectSource>,
     clock: Option<TscClock>,
+    off_cpu: Option<Arc<OffCpu>>,
     queue: EventQueue,
     consumer: Consumer,
     /// Per function: probed by uprobes now.
@@ -169,6 +178,8 @@ pub(crate) struct Driver<'a> {
     terminated_sent: bool,
     rate: Rate,
     counters: (u64, u64),
+    /// When the counters were last told.
+    told: Instant,
 }
 
 /// The sources a recording starts with.
@@ -178,6 +189,8 @@ pub(crate) struct Sources {
     pub inject: Option<InjectSource>,
     /// Its clock, when it may patch later.
     pub clock: Option<TscClock>,
+    /// What it reads CPU time from, when the kernel lends it.
+    pub off_cpu: Option<Arc<OffCpu>>,
     /// Per function: probed by uprobes.
     pub enabled: Vec<bool>,
     /// Per function: patched.
@@ -202,6 +215,7 @@ impl<'a> Driver<'a> {
             uprobes: sources.uprobes,
             inject: sources.inject,
             clock: sources.clock,
+            off_cpu: sources.off_cpu,
             queue: EventQueue::default(),
             consumer,
             enabled: sources.enabled,
@@ -216,6 +230,7 @@ impl<'a> Driver<'a> {
             terminated_sent: false,
             rate: Rate { since: Instant::now(), events: 0, peak: 0 },
             counters: (0, 0),
+            told: Instant::now(),
         }
     }
 
@@ -251,9 +266,6 @@ impl<'a> Driver<'a> {
     fn turn(&mut self) {
         let watermark = monotonic_ns().saturating_sub(ORDERING_MARGIN_NS);
         self.uprobes.drain(self.queue.pending());
-        if let Some(inject) = self.inject.as_mut() {
-            inject.drain(self.queue.pending(), self.uprobes.generation());
-        }
         for unpatched in self.inject.as_ref().map(InjectSource::unpatched).unwrap_or_default() {
             self.unpatched(unpatched);
         }
@@ -263,7 +275,19 @@ impl<'a> Driver<'a> {
         let consumer = &mut self.consumer;
         let released = self.queue.release(Some(watermark), |e| consumer.consume(e));
         self.rate.count(released);
-        let counters = (self.consumer.aggregator.hits(), self.consumer.aggregator.lost_events());
+        self.tell_counters();
+    }
+
+    /// The counters, a few times a second: reading the engine's means
+    /// reading every thread's calls by function.
+    fn tell_counters(&mut self) {
+        if self.told.elapsed() < Duration::from_millis(250) {
+            return;
+        }
+        self.told = Instant::now();
+        let engine = self.inject.as_mut().map_or(0, InjectSource::calls);
+        let hits = self.consumer.aggregator.hits().saturating_add(engine.saturating_mul(2));
+        let counters = (hits, self.consumer.aggregator.lost_events());
         if counters != self.counters {
             self.run.observer().event(RecordEvent::Counters { hits: counters.0, lost: counters.1 });
             self.counters = counters;
@@ -276,7 +300,7 @@ impl<'a> Driver<'a> {
         self.notes.push(note);
     }
 
-    /// Patched functions the drainer found over budget and unpatched.
+    /// Patched functions the watch found over budget and unpatched.
     fn unpatched(&mut self, unpatched: Unpatched) {
         let functions = self.run.functions();
         let names = unpatched.functions.iter().map(|&(f, calls)| FunctionCalls { name: functions[f].info.name.clone(), calls }).collect();
@@ -375,24 +399,22 @@ impl<'a> Driver<'a> {
         let (Some(clock), false) = (self.clock, to_patch.is_empty()) else { return Ok(()) };
         let (pid, functions) = (self.run.pid, self.run.functions());
         let wanted: Vec<bool> = (0..functions.len()).map(|f| to_patch.contains(&f)).collect();
-        let engine =
-            Tracing::attach_held(pid, functions, Some(&wanted), self.run.catch_id).map_err(|source| RecordError::Inject { pid, source })?;
+        let engine = Patched::attach_held(pid, functions, Some(&wanted), self.off_cpu.as_deref())
+            .map_err(|source| RecordError::Inject { pid, source })?;
         check_unwinders(&engine, functions)?;
         for &f in to_patch {
             self.patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);
         }
         self.queue.push(Event::CodeAdded { time: monotonic_ns(), pid: pid as u32, ranges: engine.code() });
-        self.inject = Some(InjectSource::start(engine, self.run.judge(), clock));
+        self.consumer.engine = engine.view();
+        self.inject = Some(InjectSource::start(engine, self.run.judge(), clock, self.off_cpu.clone()));
         self.engine_attached = true;
         Ok(())
     }
 
-    /// Whether the recording is over: the target ended or corrupted its
-    /// records, the user asked, or the time is up.
+    /// Whether the recording is over: the target ended, the user asked, or
+    /// the time is up.
     fn done(&mut self) -> Result<bool, RecordError> {
-        if self.inject.as_ref().is_some_and(|s| s.corrupted().is_some()) {
-            return Ok(true);
-        }
         let gone = self.pidfd.as_ref().is_some_and(|fd| readable(fd.as_fd()));
         let control = &self.run.options.control;
         if self.child.is_none() {
@@ -415,25 +437,31 @@ impl<'a> Driver<'a> {
     /// Stops every source, aggregates what is left, and takes the probes out.
     fn finish(mut self) -> Result<Finished, RecordError> {
         self.uprobes.stop(self.queue.pending());
-        let generation = self.uprobes.generation();
-        let inject = self.inject.take().map(|source| source.finish(self.queue.pending(), generation));
         let consumer = &mut self.consumer;
         self.queue.release(None, |e| consumer.consume(e));
         // A launched program's recording ends with its last event, not when
         // proftap noticed it had exited.
         let now = monotonic_ns();
         let ended_monotonic_ns = if self.run.attached { now } else { self.consumer.last_event.clamp(self.run.started_ns, now) };
+        let options = self.run.options;
+        let compensation = options.compensate.then(|| {
+            let c = options.cost.unwrap_or_default().injected;
+            [Cost { own: c.self_ns, call: c.call_ns }, Cost { own: c.self_cpu_ns, call: c.call_cpu_ns }]
+        });
+        let aggregator = &self.consumer.aggregator;
+        let names = |tid| aggregator.thread_name(tid);
+        let inject = self.inject.take().map(|source| source.finish(ended_monotonic_ns, options.metrics.len(), compensation, &names));
         let uprobes = self.uprobes.finish();
         drop(uprobes.withdrawn);
         drop(self.child);
-        let (engine_lost, mut notes, corrupted) = match inject {
-            Some(ending) => (ending.lost, ending.notes, ending.corrupted),
-            None => (0, Vec::new(), None),
+        let engine = inject.transpose()?;
+        let (engine_threads, engine_calls) = match engine {
+            Some(mut ending) => {
+                self.notes.append(&mut ending.notes);
+                (ending.threads, ending.calls)
+            }
+            None => (Vec::new(), 0),
         };
-        if let Some(why) = corrupted {
-            return Err(RecordError::Corrupted(why));
-        }
-        self.notes.append(&mut notes);
         let ending = Ending {
             exit_code: match self.ended {
                 Some(Ended::Exited(code)) => Some(code),
@@ -449,8 +477,10 @@ impl<'a> Driver<'a> {
             probed: self.enabled[..self.run.measured].to_vec(),
             patched: self.patched[..self.run.measured].to_vec(),
             lost_samples: uprobes.lost_samples,
-            engine_lost,
+            engine_lost: 0,
             malformed: uprobes.malformed,
+            engine_threads,
+            engine_calls,
             notes: self.notes,
         };
         Ok(Finished { consumer: self.consumer, ending, ended: self.ended })

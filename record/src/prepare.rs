@@ -164,7 +164,7 @@ fn launched_modules(
     };
     let mut modules = vec![(path.clone(), path.clone())];
     modules.extend(libs::needed_libraries(&path, library_path.as_deref()).into_iter().map(|l| (l.clone(), l)));
-    let spec = TargetSpec::Launch { path, argv: command.to_vec(), launch: Launch { cwd, env } };
+    let spec = TargetSpec::Launch { path, argv: command.to_vec(), launch: Launch { cwd, env, stdout: None } };
     Ok((modules, spec))
 }
 

@@ -18,21 +18,25 @@ use crate::sources::monotonic_ns;
 use crate::sources::sampler::{SamplerThread, sampling_event};
 use crate::sources::uprobes::UprobeSource;
 use proftap_probes::inject::clock::TscClock;
-use proftap_probes::inject::tracing::Tracing;
+use proftap_probes::inject::patched::Patched;
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
+use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::{ProbedFunction, Role};
 use proftap_probes::sampling::{DEFAULT_PROBE_AREA, StackResolver};
 use proftap_probes::target::{self, Frozen, HeldChild};
 use proftap_profile::{Engine, ExitMode, Finding, Note, Refusal, Target};
+use std::sync::Arc;
 
 /// What the in-process engine takes on before the target runs.
 struct Patching {
     /// Per function: the engine may patch it.
     injected: Vec<bool>,
     /// A running process, patched and held still.
-    tracing: Option<Tracing>,
+    tracing: Option<Patched>,
     clock: Option<TscClock>,
+    /// What the runtime reads CPU time from, when the kernel lends it.
+    off_cpu: Option<Arc<OffCpu>>,
     notes: Vec<Note>,
 }
 
@@ -45,7 +49,7 @@ struct Started {
     started_ns: u64,
     /// Threads that existed at the start, named.
     threads: Vec<(i32, String)>,
-    tracing: Option<Tracing>,
+    tracing: Option<Patched>,
     notes: Vec<Note>,
 }
 
@@ -88,21 +92,12 @@ pub fn record(
         // The named stacks are kept only to be saved.
         SamplerThread::spawn(StackResolver::new(options.symbols.clone()), SampleAggregator::new(event, *hz), saver.is_some())
     });
-    let catch_id = measured as u32;
-    let Patching { injected, tracing, clock, mut notes } = patching;
-    let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &all[..measured], &injected, catch_id, options)?;
+    let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
+    let patch = Patch { functions: &all[..measured], injected: &injected, off_cpu: off_cpu.as_deref() };
+    let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
-    let run = Run {
-        all: &all,
-        measured,
-        options,
-        injected,
-        catch_id,
-        pid: started.pid,
-        started_ns: started.started_ns,
-        attached: started.attached,
-    };
-    let code = started.tracing.as_ref().map(Tracing::code).unwrap_or_default();
+    let run = Run { all: &all, measured, options, injected, pid: started.pid, started_ns: started.started_ns, attached: started.attached };
+    let code = started.tracing.as_ref().map(Patched::code).unwrap_or_default();
     let mut patched = run.injected.clone();
     match &started.tracing {
         Some(engine) => engine.refused().iter().for_each(|&(i, _)| patched[i] = false),
@@ -118,14 +113,15 @@ pub fn record(
     }
     let consumer = Consumer {
         aggregator: Aggregator::new(setup.aggregation.clone()),
+        engine: started.tracing.as_ref().and_then(Patched::view),
         sampler,
         saver,
         pid: run.pid,
         follow: options.follow_forks,
         last_event: 0,
     };
-    let inject = started.tracing.zip(clock).map(|(engine, clock)| InjectSource::start(engine, run.judge(), clock));
-    let sources = Sources { uprobes, inject, clock, enabled, patched };
+    let inject = started.tracing.zip(clock).map(|(engine, clock)| InjectSource::start(engine, run.judge(), clock, off_cpu.clone()));
+    let sources = Sources { uprobes, inject, clock, off_cpu, enabled, patched };
     let mut driver = Driver::new(&run, sources, consumer, started.child, notes);
     let named = started.threads.into_iter().map(|(tid, name)| Event::Comm {
         time: run.started_ns,
@@ -153,26 +149,27 @@ pub fn record(
 /// program; with automatic instrumentation, the hottest functions after the
 /// warm-up. Uprobes take what it cannot patch.
 fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOptions) -> Result<Patching, RecordError> {
-    let catch_id = functions.len() as u32;
     let mut notes = options.notes.clone();
     let mut tracing = None;
     // Sampling only, nothing is patched.
     if options.engine != Engine::Inject || options.sample_only {
-        return Ok(Patching { injected: vec![false; functions.len()], tracing, clock: None, notes });
+        return Ok(Patching { injected: vec![false; functions.len()], tracing, clock: None, off_cpu: None, notes });
     }
     if options.metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
         return Err(RecordError::InjectMetrics);
     }
+    // CPU time per call needs the kernel's off-CPU time (BPF); without it, wall time.
+    let off_cpu = options.metrics.contains(&Metric::Cpu).then(proftap_probes::offcpu::obtain).flatten().map(Arc::new);
     let refused = match spec {
         TargetSpec::Attach { pid } if options.auto_instrument.is_none() => {
-            let engine =
-                Tracing::attach_held(*pid, functions, None, catch_id).map_err(|source| RecordError::Inject { pid: *pid, source })?;
+            let engine = Patched::attach_held(*pid, functions, None, off_cpu.as_deref())
+                .map_err(|source| RecordError::Inject { pid: *pid, source })?;
             check_unwinders(&engine, functions)?;
             let refused = engine.refused().to_vec();
             tracing = Some(engine);
             refused
         }
-        _ => Tracing::refusals(functions),
+        _ => Patched::refusals(functions),
     };
     if !refused.is_empty() {
         notes.push(refusals_note(functions, &refused).into());
@@ -184,7 +181,7 @@ fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOpt
         }
     }
     let clock = TscClock::new().map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?;
-    Ok(Patching { injected, tracing, clock: Some(clock), notes })
+    Ok(Patching { injected, tracing, clock: Some(clock), off_cpu, notes })
 }
 
 /// Which of `all` uprobes see: what the engine does not record (it records
@@ -201,19 +198,25 @@ fn probed_by_uprobes(all: &[ProbedFunction], injected: &[bool], options: &Record
         .collect()
 }
 
+/// What the in-process engine patches in a launched program.
+struct Patch<'a> {
+    functions: &'a [ProbedFunction],
+    /// Per function: the engine may patch it.
+    injected: &'a [bool],
+    off_cpu: Option<&'a OffCpu>,
+}
+
 /// Launches the program held, or holds a running process's threads still,
 /// opens the events on it, and lets it go.
-#[allow(clippy::too_many_arguments)]
 fn start(
     spec: &TargetSpec,
     uprobes: &mut UprobeSource,
-    tracing: Option<Tracing>,
+    tracing: Option<Patched>,
     sampler: Option<&SamplerThread>,
-    functions: &[ProbedFunction],
-    injected: &[bool],
-    catch_id: u32,
+    patch: &Patch<'_>,
     options: &RecordOptions,
 ) -> Result<Started, RecordError> {
+    let functions = patch.functions;
     let inject = options.engine == Engine::Inject && !options.sample_only;
     match spec {
         TargetSpec::Launch { path, argv, launch } => {
@@ -233,7 +236,7 @@ fn start(
             // Before the program goes: it may run a while before proftap does.
             let started_ns = monotonic_ns();
             child.release()?;
-            let (tracing, notes) = if inject { patch_at_start(pid, functions, injected, catch_id)? } else { (None, Vec::new()) };
+            let (tracing, notes) = if inject { patch_at_start(pid, patch)? } else { (None, Vec::new()) };
             let command = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
             Ok(Started { pid, child: Some(child), command, attached: false, started_ns, threads: Vec::new(), tracing, notes })
         }
@@ -243,18 +246,14 @@ fn start(
 
 /// Patches a launched program when it and its libraries are in place and
 /// none of their code has run.
-fn patch_at_start(
-    pid: i32,
-    functions: &[ProbedFunction],
-    injected: &[bool],
-    catch_id: u32,
-) -> Result<(Option<Tracing>, Vec<Note>), RecordError> {
-    let engine = Tracing::attach_at_start(pid, functions, catch_id).map_err(|source| RecordError::Inject { pid, source })?;
+fn patch_at_start(pid: i32, patch: &Patch<'_>) -> Result<(Option<Patched>, Vec<Note>), RecordError> {
+    let functions = patch.functions;
+    let engine = Patched::attach_at_start(pid, functions, patch.off_cpu).map_err(|source| RecordError::Inject { pid, source })?;
     check_unwinders(&engine, functions)?;
     let missed: Vec<String> = engine
         .refused()
         .iter()
-        .filter(|(i, _)| injected.get(*i).copied().unwrap_or(false))
+        .filter(|(i, _)| patch.injected.get(*i).copied().unwrap_or(false))
         .map(|(i, _)| functions[*i].info.name.clone())
         .collect();
     let notes = if missed.is_empty() { Vec::new() } else { vec![Finding::CodeDiffers { functions: missed }.into()] };
@@ -266,7 +265,7 @@ fn patch_at_start(
 fn attach(
     pid: i32,
     uprobes: &mut UprobeSource,
-    tracing: Option<Tracing>,
+    tracing: Option<Patched>,
     sampler: Option<&SamplerThread>,
     functions: usize,
     options: &RecordOptions,
@@ -278,7 +277,7 @@ fn attach(
             }
         }
     }
-    let held = tracing.as_ref().and_then(Tracing::held_threads);
+    let held = tracing.as_ref().and_then(Patched::held_threads);
     let frozen = if held.is_some() { None } else { Some(Frozen::freeze(pid)?) };
     let tids = held.unwrap_or_else(|| frozen.as_ref().map(Frozen::threads).unwrap_or_default());
     let threads = tids.iter().map(|&tid| (tid, target::thread_name(pid, tid))).collect();

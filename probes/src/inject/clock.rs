@@ -85,6 +85,18 @@ impl TscClock {
         }
     }
 
+    /// TSC cycles of a number of nanoseconds.
+    pub fn cycles_of(&self, ns: u64) -> u64 {
+        (ns as f64 * self.cycles_per_ns()) as u64
+    }
+
+    /// The TSC reading at CLOCK_MONOTONIC `ns`.
+    pub fn tsc_at(&self, ns: u64) -> u64 {
+        let now = rdtsc();
+        let delta = ns as i64 - self.ns(now) as i64;
+        (now as i64 + (delta as f64 * self.cycles_per_ns()) as i64) as u64
+    }
+
     /// Nanoseconds of a number of TSC cycles.
     pub fn duration_ns(&self, cycles: u64) -> u64 {
         (cycles as f64 / self.cycles_per_ns()) as u64

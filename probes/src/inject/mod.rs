@@ -22,5 +22,5 @@ pub mod remote;
 pub mod runtime;
 pub mod threads;
 pub mod totals;
-pub mod watch;
 pub mod tracing;
+pub mod watch;

@@ -45,6 +45,25 @@ pub struct Patched {
 }
 
 impl Patched {
+    /// The functions that cannot be patched, and why, judged from their
+    /// files alone (before the program runs).
+    pub fn refusals(functions: &[ProbedFunction]) -> Refused {
+        let mut modules: Vec<procfs::LoadedModule> = Vec::new();
+        for f in functions {
+            if !modules.iter().any(|m| m.path.as_os_str() == f.info.module.as_str()) {
+                modules.push(procfs::LoadedModule {
+                    path: f.info.module.clone().into(),
+                    open_path: f.open_path.clone(),
+                    bias: crate::addr::LoadBias(0),
+                    text: Vec::new(),
+                    is_main: modules.is_empty(),
+                });
+            }
+        }
+        let targets: Vec<Target> = functions.iter().map(Target::of).collect();
+        patcher::plans(&modules, &targets).1
+    }
+
     /// Patches the entries of `functions` in process `pid`, and the entries
     /// of its unwinders (see [`super::hooks`]); those that cannot be patched
     /// are listed by [`Patched::refused`] and [`Patched::unhooked`].

@@ -18,6 +18,18 @@ pub struct Conversion<'a> {
     pub metrics: usize,
     /// When the recording ended (TSC): calls in progress end then.
     pub end_tsc: u64,
+    /// What a patched call costs, per metric, to subtract: in itself and
+    /// to its caller (nanoseconds).
+    pub compensation: Option<[Cost; 2]>,
+}
+
+/// What one patched call adds, nanoseconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cost {
+    /// To its own inclusive time.
+    pub own: u64,
+    /// To its caller's.
+    pub call: u64,
 }
 
 /// A thread's profile from its totals; `off_cpu_now` is its time off CPU
@@ -36,19 +48,52 @@ pub fn thread_profile(pid: i32, name: String, thread: &ThreadTotals, off_cpu_now
             parent: if i == 0 { ROOT } else { n.parent },
             calls: if i == 0 { 0 } else { n.calls },
             inclusive: pick(n.incl_wall.total, n.incl_cpu.total),
-            exclusive: pick(n.excl_wall.total, n.excl_cpu.total),
+            exclusive: vec![0; how.metrics],
         })
         .collect();
-    // The thread's own node: everything its outermost calls took.
-    let mut root = vec![0u64; how.metrics];
-    for node in tree.iter().skip(1).filter(|n| n.parent == 0) {
-        for (sum, v) in root.iter_mut().zip(&node.inclusive) {
+    if let Some(costs) = &how.compensation {
+        compensate(&mut tree, costs);
+    }
+    exclusive_from_children(&mut tree, how.metrics);
+    let functions = function_stats(thread, &nodes, &tree, &unfinished, how);
+    ThreadProfile { pid, tid: thread.tid as i32, name, functions, tree: CallTree { nodes: tree } }
+}
+
+/// Takes what the probes cost out of each node's inclusive totals: its
+/// calls' own cost, and what each call made below it cost it.
+fn compensate(tree: &mut [TreeNode], costs: &[Cost; 2]) {
+    // Calls below each node; children come after their parents.
+    let mut below = vec![0u64; tree.len()];
+    for i in (1..tree.len()).rev() {
+        let parent = tree[i].parent as usize;
+        if parent != 0 {
+            below[parent] = below[parent].saturating_add(below[i]).saturating_add(tree[i].calls);
+        }
+    }
+    for (node, below) in tree.iter_mut().zip(&below).skip(1) {
+        for (value, cost) in node.inclusive.iter_mut().zip(costs) {
+            let probes = node.calls.saturating_mul(cost.own).saturating_add(below.saturating_mul(cost.call));
+            *value = value.saturating_sub(probes);
+        }
+    }
+}
+
+/// Each node's exclusive cost: its inclusive cost less its children's, in
+/// the profile's units (converted one by one, sums would drift apart by
+/// rounding); the thread's own node: everything its outermost calls took.
+fn exclusive_from_children(tree: &mut [TreeNode], metrics: usize) {
+    let mut children = vec![vec![0u64; metrics]; tree.len()];
+    for node in tree.iter().skip(1) {
+        for (sum, v) in children[node.parent as usize].iter_mut().zip(&node.inclusive) {
             *sum = sum.saturating_add(*v);
         }
     }
-    tree[0].inclusive = root;
-    let functions = function_stats(thread, &nodes, &unfinished, how);
-    ThreadProfile { pid, tid: thread.tid as i32, name, functions, tree: CallTree { nodes: tree } }
+    tree[0].inclusive = children[0].clone();
+    for (node, below) in tree.iter_mut().zip(&children).skip(1) {
+        for m in 0..metrics {
+            node.exclusive[m] = node.inclusive[m].saturating_sub(below[m]);
+        }
+    }
 }
 
 /// Ends each call still in progress at `end`, innermost first, as the
@@ -82,27 +127,36 @@ fn observe(stat: &mut RawStat, value: u64) {
 
 /// Each function's numbers over its contexts. Its calls are the runtime's
 /// count of entries, which includes calls it could not time.
-fn function_stats(thread: &ThreadTotals, nodes: &[Node], unfinished: &[u64], how: &Conversion<'_>) -> Vec<FunctionStats> {
+fn function_stats(
+    thread: &ThreadTotals,
+    nodes: &[Node],
+    tree: &[TreeNode],
+    unfinished: &[u64],
+    how: &Conversion<'_>,
+) -> Vec<FunctionStats> {
     let outermost = outermost_nodes(nodes);
     let mut by_function: Vec<Option<FunctionStats>> = vec![None; thread.calls.len()];
     let ns = |cycles: u64| how.clock.duration_ns(cycles);
-    let stat = |raw: &RawStat, total: bool| Stat {
-        total: if total { ns(raw.total) } else { 0 },
-        min: if raw.min == u64::MAX { u64::MAX } else { ns(raw.min) },
-        max: ns(raw.max),
+    let own = |m: usize| how.compensation.map_or(0, |c| c[m].own);
+    // Totals from the tree (in the profile's units, compensated); the
+    // extremes of single calls from the runtime's.
+    let extremes = |raw: &RawStat, m: usize| Stat {
+        total: 0,
+        min: if raw.min == u64::MAX { u64::MAX } else { ns(raw.min).saturating_sub(own(m)) },
+        max: ns(raw.max).saturating_sub(own(m)),
     };
-    for (i, node) in nodes.iter().enumerate().skip(1) {
+    for (i, (node, counted)) in nodes.iter().zip(tree).enumerate().skip(1) {
         let Some(slot) = by_function.get_mut(node.function as usize) else { continue };
         let f = slot.get_or_insert_with(|| FunctionStats::new(node.function, how.metrics));
         f.unwound += node.unwound;
         if node.calls == 0 {
             continue;
         }
-        let incl = [stat(&node.incl_wall, outermost[i]), stat(&node.incl_cpu, outermost[i])];
-        let excl = [stat(&node.excl_wall, true), stat(&node.excl_cpu, true)];
+        let incl = [extremes(&node.incl_wall, 0), extremes(&node.incl_cpu, 1)];
+        let excl = [extremes(&node.excl_wall, 0), extremes(&node.excl_cpu, 1)];
         for m in 0..how.metrics {
-            f.inclusive[m].merge(&incl[m]);
-            f.exclusive[m].merge(&excl[m]);
+            f.inclusive[m].merge(&Stat { total: if outermost[i] { counted.inclusive[m] } else { 0 }, ..incl[m] });
+            f.exclusive[m].merge(&Stat { total: counted.exclusive[m], ..excl[m] });
         }
     }
     for (function, calls) in thread.calls.iter().enumerate() {
@@ -179,7 +233,7 @@ mod tests {
         (main.node, main.child_wall, main.child_cpu) = (1, cycles(1000), cycles(1000));
         let open = vec![main];
         let thread = ThreadTotals { tid: 7, nodes, calls: vec![1, 2], open, untimed: 0 };
-        let how = Conversion { clock: &clock, metrics: 2, end_tsc: cycles(5000) };
+        let how = Conversion { clock: &clock, metrics: 2, end_tsc: cycles(5000), compensation: None };
         let profile = thread_profile(1, "t".into(), &thread, None, &how);
         let near = |a: u64, b: u64| a.abs_diff(b) <= 2;
         let f = profile.functions.iter().find(|f| f.function == 1).expect("f");

@@ -1,138 +1,112 @@
-//! The in-process engine as an event source: the records its runtime
-//! writes in the target, drained on a thread of their own, become probe
-//! hits on the monotonic clock, as a uprobe would report them.
+//! The in-process engine as a source: its runtime adds every call up in
+//! the target, per thread and calling context, so nothing flows per call;
+//! a watch thread reads the calls by function for the governor while the
+//! program runs, and at the end the totals become per-thread profiles.
 
 use crate::error::RecordError;
-use crate::events::{Event, Hit, ProbeId, Values};
-use crate::sources::monotonic_ns;
 use proftap_probes::inject::clock::TscClock;
-use proftap_probes::inject::runtime::{SLOTS, STACK_DEPTH};
-use proftap_probes::inject::tracing::{Call, CallKind, Drainer, Judge, Tracing, Unpatched};
-use proftap_probes::metrics::MAX_METRICS;
+use proftap_probes::inject::patched::Patched;
+use proftap_probes::inject::reading::{ThreadTotals, TotalsView};
+use proftap_probes::inject::threads::{Conversion, Cost, thread_profile};
+use proftap_probes::inject::watch::{Judge, Unpatched, Watch};
+use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::ProbedFunction;
-use proftap_profile::{Finding, Note};
+use proftap_profile::{Finding, Note, ThreadProfile};
+use std::sync::Arc;
 
-/// Records drained and turned into events per turn of the recording, at
-/// most: a bounded helping keeps proftap's memory bounded when the program
-/// makes calls faster than they can be aggregated.
-const MOST_PER_TURN: usize = 1 << 20;
-
-/// A patched process's records.
+/// A patched process, watched while it runs.
 pub struct InjectSource {
-    drainer: Drainer,
+    watch: Watch,
+    view: Option<TotalsView>,
     clock: TscClock,
     pid: i32,
-    calls: Vec<Call>,
+    off_cpu: Option<Arc<OffCpu>>,
+    /// Calls counted at the last look, by function.
+    calls: Vec<u64>,
 }
 
-/// What the engine left to tell once it stopped.
+/// What the engine left once it stopped.
 pub struct InjectEnding {
-    /// Entries and returns lost (rings full, calls not timed), also
-    /// among the events as losses.
-    pub lost: u64,
+    /// Every thread's profile from the engine's totals.
+    pub threads: Vec<ThreadProfile>,
+    /// Calls it counted, timed or not.
+    pub calls: u64,
     /// What the user should know of it.
     pub notes: Vec<Note>,
-    /// Why its records cannot be believed, if the target corrupted them.
-    pub corrupted: Option<String>,
 }
 
 impl InjectSource {
-    /// Drains `tracing` from now on, its clock converted with `clock`;
-    /// `judge` decides which patched functions are over budget. The process
-    /// goes on once the drainer runs (a thread calling a tiny function
-    /// fills its ring in milliseconds).
-    pub fn start(mut tracing: Tracing, judge: Option<Judge>, clock: TscClock) -> Self {
-        let pid = tracing.pid();
-        let hold = tracing.take_hold();
-        let drainer = Drainer::spawn(tracing, judge);
+    /// Watches `patched` from now on; `judge` decides which patched
+    /// functions are over budget; `off_cpu` is the array the runtime reads
+    /// CPU time from, kept as long as the process may read it.
+    pub fn start(mut patched: Patched, judge: Option<Judge>, clock: TscClock, off_cpu: Option<Arc<OffCpu>>) -> Self {
+        let pid = patched.pid();
+        let view = patched.view();
+        let calls = vec![0; patched.functions()];
+        let hold = patched.take_hold();
+        let watch = Watch::spawn(patched, judge);
         drop(hold);
-        InjectSource { drainer, clock, pid, calls: Vec::new() }
+        InjectSource { watch, view, clock, pid, off_cpu, calls }
     }
 
-    /// Moves the records drained so far into `into`, as hits of probe set `generation`.
-    pub fn drain(&mut self, into: &mut Vec<Event>, generation: u32) {
-        self.calls.clear();
-        self.drainer.take(&mut self.calls, MOST_PER_TURN);
-        hits(&self.calls, &mut self.clock, self.pid, generation, into);
+    /// Calls counted so far, in all.
+    pub fn calls(&mut self) -> u64 {
+        let Some(view) = &self.view else { return 0 };
+        self.calls.iter_mut().for_each(|c| *c = 0);
+        view.calls(&mut self.calls);
+        self.calls.iter().fold(0u64, |sum, c| sum.saturating_add(*c))
     }
 
-    /// Functions the judge had unpatched since the last call.
+    /// A thread's original return addresses by stack slot, for unwinding its samples.
+    pub fn return_addresses(&self, tid: u32) -> Vec<(u64, u64)> {
+        self.view.as_ref().map(|v| v.return_addresses(tid)).unwrap_or_default()
+    }
+
+    /// What the judge had unpatched since the last call.
     pub fn unpatched(&self) -> Vec<Unpatched> {
-        self.drainer.unpatched()
+        self.watch.unpatched()
     }
 
-    /// Why the process's records cannot be believed, if it corrupted them.
-    pub fn corrupted(&self) -> Option<String> {
-        self.drainer.corrupted()
-    }
-
-    /// Stops draining, puts the original code back, and moves what is left
-    /// into `into`, with the engine's losses (counted with the kernel's, by
-    /// thread).
-    pub fn finish(mut self, into: &mut Vec<Event>, generation: u32) -> InjectEnding {
+    /// Stops watching, puts the original code back, and makes each
+    /// thread's profile of what the runtime added up, calls in progress
+    /// ending at `end_ns` (CLOCK_MONOTONIC). `names` names threads; the
+    /// profile measures `metrics` metrics (wall time, then CPU time);
+    /// `compensation` is what a patched call costs, to subtract.
+    pub fn finish(
+        self,
+        end_ns: u64,
+        metrics: usize,
+        compensation: Option<[Cost; 2]>,
+        names: &dyn Fn(u32) -> String,
+    ) -> Result<InjectEnding, RecordError> {
         let mut notes = Vec::new();
-        self.calls.clear();
-        let mut engine = self.drainer.finish(&mut self.calls);
-        if let Err(e) = engine.detach() {
+        let mut patched = self.watch.finish();
+        if let Err(e) = patched.detach() {
             notes.push(Finding::RestoreFailed { pid: self.pid, error: e.to_string() }.into());
         }
-        engine.drain(&mut self.calls);
-        hits(&self.calls, &mut self.clock, self.pid, generation, into);
-        let now = monotonic_ns();
-        let mut lost = 0;
-        for (tid, count) in engine.lost() {
-            lost += count;
-            into.push(Event::Lost { time: now, tid, probe: None, count });
+        let Some(view) = &self.view else { return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes }) };
+        let totals = view.totals().map_err(RecordError::Corrupted)?;
+        let end_tsc = self.clock.tsc_at(end_ns);
+        let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
+        let off_now = |t: &ThreadTotals| self.off_cpu.as_ref().and_then(|o| o.off_cpu_ns(t.tid)).map(|ns| self.clock.cycles_of(ns));
+        let threads: Vec<ThreadProfile> =
+            totals.threads.iter().map(|t| thread_profile(self.pid, names(t.tid), t, off_now(t), &how)).collect();
+        let calls = totals.threads.iter().flat_map(|t| &t.calls).fold(totals.unseated, |sum, c| sum.saturating_add(*c));
+        let untimed: u64 = totals.threads.iter().map(|t| t.untimed).sum::<u64>() + totals.unseated;
+        if untimed > 0 {
+            notes.push(Finding::CallsUntimed { calls: untimed, unseated: totals.unseated }.into());
         }
-        if lost > 0 {
-            notes.push(Finding::EngineRecordsLost { records: lost }.into());
+        if self.off_cpu.is_none() && metrics > 1 {
+            notes.push(Finding::CpuIsWall.into());
         }
-        // Untimed calls: an entry and a return each, lost.
-        let (too_deep, without_slot) = engine.untimed();
-        for &(tid, calls) in &too_deep {
-            lost += 2 * calls;
-            into.push(Event::Lost { time: now, tid, probe: None, count: 2 * calls });
-        }
-        if without_slot > 0 {
-            lost += 2 * without_slot;
-            into.push(Event::Lost { time: now, tid: 0, probe: None, count: 2 * without_slot });
-        }
-        let too_deep: u64 = too_deep.iter().map(|&(_, calls)| calls).sum();
-        if too_deep + without_slot > 0 {
-            notes.push(Finding::Untimed { too_deep, without_slot, stack_depth: STACK_DEPTH, slots: SLOTS }.into());
-        }
-        InjectEnding { lost, notes, corrupted: engine.corrupted() }
-    }
-}
-
-/// The engine's records as probe hits of process `pid`.
-fn hits(calls: &[Call], clock: &mut TscClock, pid: i32, generation: u32, into: &mut Vec<Event>) {
-    clock.refresh();
-    for call in calls {
-        let mut values: Values = [0; MAX_METRICS];
-        values[0] = clock.ns(call.tsc);
-        into.push(Event::Hit(Hit {
-            pid: pid as u32,
-            tid: call.tid,
-            probe: match call.kind {
-                CallKind::Exit => ProbeId::exit(call.function),
-                CallKind::Entry | CallKind::Catch => ProbeId::entry(call.function),
-            },
-            // As a uprobe reports it: at an entry where the return address
-            // is, after a return just above it.
-            sp: if call.kind == CallKind::Exit { call.slot + 8 } else { call.slot },
-            ret: call.ret,
-            cpu: 0,
-            generation,
-            values,
-        }));
+        Ok(InjectEnding { threads, calls, notes })
     }
 }
 
 /// Refuses a program that may unwind (an exception, a panic, `backtrace()`)
 /// when an unwinder entry could not be hooked: an unwinder would meet a
 /// hijacked return address.
-pub fn check_unwinders(engine: &Tracing, functions: &[ProbedFunction]) -> Result<(), RecordError> {
+pub fn check_unwinders(engine: &Patched, functions: &[ProbedFunction]) -> Result<(), RecordError> {
     if engine.unhooked().is_empty() || functions.iter().all(|f| f.exit_sites.is_none()) {
         return Ok(());
     }
