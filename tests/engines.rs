@@ -51,9 +51,6 @@ for_each_engine!(
     the_probe_cost_is_measured_reported_and_compensated,
 );
 
-fn stat(f: &Value, kind: &str, metric: &str, field: &str) -> u64 {
-    f[kind][metric][field].as_u64().unwrap_or_else(|| panic!("no {kind}.{metric}.{field} in {f}"))
-}
 
 fn call_counts_equal_callgrind(engine: &Engine) {
     require_probes();

@@ -364,7 +364,7 @@ fn crafted_profiles_are_refused_in_one_sentence_by_every_command() {
             "has 0 values per metric where the profile measures 1 metrics",
         ),
         // One level past the limit: the reader stops there, however deep the rest.
-        ("deep", |p| p["threads"][0]["tree"]["nodes"] = chain(0, 100_001), "deeper than 100000 levels"),
+        ("deep", |p| p["threads"][0]["tree"]["nodes"] = chain(0, 300_001), "deeper than 300000 levels"),
         ("line", |p| p["lines"][0]["line"] = json!(4_294_967_295u64), "at line 4294967295, beyond the largest line number"),
     ];
     for (name, craft, expect) in cases {

@@ -305,7 +305,7 @@ fn a_target_that_scribbles_on_shared_memory_ends_its_recording_and_nothing_else(
     let shared = Shared::new();
     let scribble = shared.path("scribble");
     std::fs::copy(Build::c("scribble.c", "-O2").build(), &scribble).unwrap();
-    let modes = ["head", "lost", "records", "threads", "noise"];
+    let modes = ["header", "nodes", "parents", "counts", "noise"];
     for mode in modes {
         let started_at = Instant::now();
         let out = run(proftap().args(["run", "--engine", "inject", "-f", "work", "--"]).arg(&scribble).arg(mode));

@@ -8,7 +8,7 @@ use crate::messages::{Answer, Assignment, Limits, ProbeRequest, Report};
 use crate::worker;
 use proftap_record::calibration::{CalibrationError, HELPER_ARGUMENT};
 use proftap_record::cost::ProbeCost;
-use proftap_record::host::{DefinedGroup, ExitMode, FileOffset, ProbeEvent, Tracefs, UprobeGroup, UprobeSpec};
+use proftap_record::host::{DefinedGroup, ExitMode, FileOffset, OffCpu, ProbeEvent, Tracefs, UprobeGroup, UprobeSpec};
 use proftap_record::observer::RecordEvent;
 use std::collections::HashMap;
 use std::io::{Read, Seek};
@@ -97,6 +97,9 @@ impl Worker {
     /// Serves the worker until it ends; `progress` hears of its progress.
     pub fn serve(mut self, limits: &Limits, root: bool, mut progress: impl FnMut(Progress)) -> Outcome {
         let mut uprobes = Uprobes { groups: HashMap::new(), next: 1, limit: (!root).then_some(limits.probes) };
+        // Loaded for this session alone: what a worker may write into it
+        // (it holds the descriptor) touches only its own numbers.
+        let mut off_cpu: Option<OffCpu> = None;
         let mut outcome: Option<Outcome> = None;
         loop {
             let (report, fds) = match self.channel.receive::<Report>() {
@@ -109,7 +112,24 @@ impl Worker {
                     break;
                 }
             };
+            if let Report::OffCpu = report {
+                if off_cpu.is_none() {
+                    off_cpu = OffCpu::load().map_err(|e| e.to_string()).map(Some).unwrap_or_else(|why| {
+                        let _ = self.channel.send(&Answer::Refused(why), &[]);
+                        None
+                    });
+                    if off_cpu.is_none() {
+                        continue;
+                    }
+                }
+                let array = off_cpu.as_ref().expect("loaded above");
+                if self.channel.send(&Answer::OffCpu { entries: array.entries() }, &[array.map()]).is_err() {
+                    break;
+                }
+                continue;
+            }
             let answer = match report {
+                Report::OffCpu => None,
                 Report::Define { probes } => Some(uprobes.define(&probes, fds)),
                 Report::Keep { group } => Some(uprobes.keep(group)),
                 Report::Remove { group } => {

@@ -69,6 +69,9 @@ pub enum Report {
         /// The group.
         group: u64,
     },
+    /// The kernel's time off CPU by thread, for the runtime to read CPU
+    /// time from (answered; the array comes as a descriptor).
+    OffCpu,
     /// This boot's measured probe cost (answered).
     Calibrate {
         /// How returns are seen.
@@ -107,6 +110,11 @@ pub enum Answer {
     Done,
     /// The probe cost, or why it could not be measured.
     Cost(Result<ProbeCost, String>),
+    /// The off-CPU array covers this many thread ids (its descriptor comes along).
+    OffCpu {
+        /// Thread ids.
+        entries: u64,
+    },
     /// Refused or failed.
     Refused(String),
 }

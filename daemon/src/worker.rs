@@ -45,6 +45,18 @@ impl Daemon {
             Err(e) => Err(format!("proftapd's answer is unreadable: {e}")),
         }
     }
+
+    /// The off-CPU array proftapd loads for this session, if it can.
+    fn off_cpu(&self) -> Option<proftap_record::host::OffCpu> {
+        let channel = self.0.lock().ok()?;
+        channel.send(&Report::OffCpu, &[]).ok()?;
+        match channel.receive::<Answer>() {
+            Ok(Some((Answer::OffCpu { entries }, mut fds))) if fds.len() == 1 => {
+                Some(proftap_record::host::OffCpu::lent(fds.remove(0), entries))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl ProbeCostSource for Daemon {
@@ -133,6 +145,10 @@ pub fn main(args: &[String]) -> ExitCode {
     use_streams(stdio);
     let daemon = Daemon(Arc::new(Mutex::new(channel)));
     if proftap_record::host::set_host(Box::new(RemoteHost(daemon.clone()))).is_err() {
+        return ExitCode::from(2);
+    }
+    let lender = daemon.clone();
+    if proftap_record::host::set_off_cpu_source(Box::new(move || lender.off_cpu())).is_err() {
         return ExitCode::from(2);
     }
     let report = match record(&assignment, &daemon) {

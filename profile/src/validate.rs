@@ -6,10 +6,10 @@
 
 use crate::model::{CallTree, FunctionInfo, Profile, ROOT, SampleProfile, ThreadProfile};
 
-/// The deepest call tree a profile may hold, in levels below the root. The
-/// in-process engine stops at 8192; kernel uprobes follow recursion as deep
-/// as the program goes, so the limit leaves room above that.
-pub const MAX_TREE_DEPTH: u32 = 100_000;
+/// The deepest call tree a profile may hold, in levels below the root:
+/// above the 262,144 nested calls the in-process engine times (kernel
+/// uprobes follow recursion as deep as the program goes).
+pub const MAX_TREE_DEPTH: u32 = 300_000;
 
 /// The largest source line number a profile may name.
 pub const MAX_LINE: u32 = 10_000_000;
@@ -268,7 +268,7 @@ mod tests {
         }
         p.validate().expect("as deep as allowed");
         p.threads[0].tree.nodes.push(node(0, MAX_TREE_DEPTH));
-        assert_eq!(reason(&p), "thread 7's call tree: it is deeper than 100000 levels");
+        assert_eq!(reason(&p), "thread 7's call tree: it is deeper than 300000 levels");
     }
 
     #[test]

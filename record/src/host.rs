@@ -9,3 +9,4 @@ pub use proftap_probes::target::pidfd;
 pub use proftap_probes::tracefs::{
     DefinedGroup, ProbeEvent, ProbeKind, Tracefs, TracefsError, UprobeGroup, UprobeHost, UprobeSpec, set_host,
 };
+pub use proftap_probes::offcpu::{OffCpu, set_source as set_off_cpu_source};

@@ -491,3 +491,7 @@ pub fn check_probe_cost_is_measured_and_compensated(engine: &[&str], rounds: u32
     // Calls are never compensated away.
     assert_eq!(function(&compensated["functions"], "leaf")["calls"], 2 * rounds.parse::<u64>().unwrap());
 }
+
+pub fn stat(f: &serde_json::Value, kind: &str, metric: &str, field: &str) -> u64 {
+    f[kind][metric][field].as_u64().unwrap_or_else(|| panic!("no {kind}.{metric}.{field} in {f}"))
+}
