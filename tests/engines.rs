@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used)]
 
 use proftap_tests::*;
-use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
@@ -50,7 +49,6 @@ for_each_engine!(
     attach_then_detach_restores_the_program,
     the_probe_cost_is_measured_reported_and_compensated,
 );
-
 
 fn call_counts_equal_callgrind(engine: &Engine) {
     require_probes();

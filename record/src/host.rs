@@ -5,8 +5,8 @@
 
 pub use proftap_probes::addr::FileOffset;
 pub use proftap_probes::exits::ExitMode;
+pub use proftap_probes::offcpu::{OffCpu, set_source as set_off_cpu_source};
 pub use proftap_probes::target::pidfd;
 pub use proftap_probes::tracefs::{
     DefinedGroup, ProbeEvent, ProbeKind, Tracefs, TracefsError, UprobeGroup, UprobeHost, UprobeSpec, set_host,
 };
-pub use proftap_probes::offcpu::{OffCpu, set_source as set_off_cpu_source};

@@ -8,8 +8,7 @@ use super::patch::Site;
 use super::patcher::{self, Applied, Refused, Target};
 use super::reading::TotalsView;
 use super::remote::{AWAY_FROM_CODE, Remote, RemoteError, Shared};
-use super::runtime::{call_routine, call_routine_and_return};
-use super::totals::{self, Config, Geometry};
+use super::totals::{self, Config, Geometry, call_routine, call_routine_and_return};
 use crate::offcpu::OffCpu;
 use crate::plan::ProbedFunction;
 use crate::procfs;
@@ -382,7 +381,7 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         shared: shared.remote,
         private_base: private,
         live,
-        tcb_tid: super::tracing::tcb_tid_offset(remote).map_or(0, |o| o as u64),
+        tcb_tid: tcb_tid_offset(remote).map_or(0, |o| o as u64),
         blocks: geometry.blocks,
         blocks_offset: geometry.blocks_offset(),
         block_bytes: geometry.block_bytes(),
@@ -400,4 +399,24 @@ fn ns_to_tsc() -> (u64, u64) {
     const SHIFT: u64 = 32;
     let rate = super::clock::TscClock::new().map_or(1.0, |c| c.cycles_per_ns());
     ((rate * (1u64 << SHIFT) as f64) as u64, SHIFT)
+}
+
+/// Where the C library keeps a thread's id in its thread control block:
+/// the offset from the thread pointer that holds each held thread's id
+/// (glibc's `struct pthread` puts it at 0x2d0 on x86-64; found, not assumed).
+fn tcb_tid_offset(remote: &Remote) -> Option<i32> {
+    const SEARCHED: usize = 0x800;
+    let mut candidates: Option<Vec<usize>> = None;
+    for tid in remote.threads() {
+        let fs_base = remote.regs(tid).ok()?.fs_base;
+        let block = remote.read(fs_base, SEARCHED).ok()?;
+        let here: Vec<usize> = (8..SEARCHED).step_by(4).filter(|&o| block[o..o + 4] == (tid as u32).to_ne_bytes()).collect();
+        candidates = Some(match candidates {
+            None => here,
+            Some(before) => before.into_iter().filter(|o| here.contains(o)).collect(),
+        });
+    }
+    let candidates = candidates?;
+    let preferred = if candidates.contains(&0x2d0) { Some(0x2d0) } else { candidates.first().copied() };
+    preferred.map(|o| o as i32)
 }

@@ -90,9 +90,7 @@ fn exclusive_from_children(tree: &mut [TreeNode], metrics: usize) {
     }
     tree[0].inclusive = children[0].clone();
     for (node, below) in tree.iter_mut().zip(&children).skip(1) {
-        for m in 0..metrics {
-            node.exclusive[m] = node.inclusive[m].saturating_sub(below[m]);
-        }
+        node.exclusive = node.inclusive.iter().zip(below).map(|(incl, below)| incl.saturating_sub(*below)).collect();
     }
 }
 
