@@ -6,36 +6,72 @@
 
 use proftap_probes::plan::ProbedFunction;
 
-/// Calls a function must have made before its cost is judged: the first
+/// How long the program must have run before costs are judged: the first
 /// milliseconds of a run say little.
-const MIN_CALLS: u64 = 1000;
+const SETTLE_NS: u64 = 2_000_000;
 
-/// Decides which functions to stop instrumenting.
+/// Decides which functions to stop instrumenting: the probes of all
+/// functions together may cost the target `budget` of the elapsed time.
+/// When they cost more, by their recent rate or over the whole run, the
+/// functions costing the most lately lose their probes first, until the
+/// rest fit (half the budget while the run's total is over it, to win back
+/// what was spent).
 pub struct Governor {
     budget: f64,
     call_ns: Vec<u64>,
     throttled: Vec<bool>,
+    /// Calls by function and the time at the last judgement.
+    last: Vec<u64>,
+    last_ns: u64,
 }
 
 impl Governor {
-    /// A governor allowing each function's probes `budget` (0.05 for 5%) of
-    /// the elapsed time; `call_ns[f]` is what one instrumented call of `f` costs.
+    /// A governor allowing the probes `budget` (0.05 for 5%) of the elapsed
+    /// time; `call_ns[f]` is what one instrumented call of `f` costs (0: not
+    /// this governor's to judge).
     pub fn new(budget: f64, call_ns: Vec<u64>) -> Self {
         let throttled = vec![false; call_ns.len()];
-        Governor { budget, call_ns, throttled }
+        let last = vec![0; call_ns.len()];
+        Governor { budget, call_ns, throttled, last, last_ns: 0 }
     }
 
-    /// Functions not yet throttled whose `calls` so far cost more than the
-    /// budget of `elapsed_ns`; they count as throttled from now on.
+    /// Functions to throttle now, given the `calls` so far by function after
+    /// `elapsed_ns`; they count as throttled from now on.
     pub fn over_budget(&mut self, calls: &[u64], elapsed_ns: u64) -> Vec<u32> {
-        let allowed = self.budget * elapsed_ns as f64;
-        let mut over = Vec::new();
-        for (f, (&n, &cost)) in calls.iter().zip(&self.call_ns).enumerate() {
-            if !self.throttled[f] && n >= MIN_CALLS && (n as f64) * (cost as f64) > allowed {
-                self.throttled[f] = true;
-                over.push(f as u32);
-            }
+        if elapsed_ns < SETTLE_NS || elapsed_ns <= self.last_ns {
+            return Vec::new();
         }
+        let window = (elapsed_ns - self.last_ns) as f64;
+        let cost = |f: usize, n: u64| n as f64 * self.call_ns.get(f).copied().unwrap_or(0) as f64;
+        let spent: f64 = calls.iter().enumerate().map(|(f, &n)| cost(f, n)).sum();
+        // What each function still instrumented cost lately, per ns of run.
+        let mut rates: Vec<(f64, usize)> = calls
+            .iter()
+            .enumerate()
+            .filter(|&(f, _)| !self.throttled.get(f).copied().unwrap_or(true))
+            .map(|(f, &n)| (cost(f, n.saturating_sub(self.last.get(f).copied().unwrap_or(0))) / window, f))
+            .filter(|&(rate, _)| rate > 0.0)
+            .collect();
+        self.last = calls.to_vec();
+        self.last.resize(self.call_ns.len(), 0);
+        self.last_ns = elapsed_ns;
+        let overspent = spent > self.budget * elapsed_ns as f64;
+        let target = if overspent { self.budget / 2.0 } else { self.budget };
+        let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
+        if rate <= self.budget && !overspent {
+            return Vec::new();
+        }
+        rates.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut over = Vec::new();
+        for (r, f) in rates {
+            if rate <= target {
+                break;
+            }
+            rate -= r;
+            self.throttled[f] = true;
+            over.push(f as u32);
+        }
+        over.sort_unstable();
         over
     }
 
@@ -61,19 +97,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_hot_cheap_function_is_throttled_once_and_others_are_kept() {
-        // f0: 1 us per call; f1 the same; f2: 10 us.
-        let mut g = Governor::new(0.05, vec![1_000, 1_000, 10_000]);
-        // 100 ms elapsed: 5 ms of probes allowed per function.
-        assert_eq!(g.over_budget(&[6_000, 4_000, 1_000], 100_000_000), vec![0, 2]);
-        assert!(g.is_throttled(0) && !g.is_throttled(1) && g.is_throttled(2));
-        // Already throttled functions are not reported again.
-        assert_eq!(g.over_budget(&[60_000, 4_000, 6_000], 100_000_000), Vec::<u32>::new());
-        assert_eq!(g.enabled(), vec![false, true, false]);
+    fn many_cheap_functions_together_over_the_budget_lose_their_probes_costliest_first() {
+        // Ten functions at 100 ns a call, each under 5% of the run, 30% together.
+        let mut g = Governor::new(0.05, vec![100; 10]);
+        let ms = 1_000_000;
+        // 10 ms in: each made 3,000 calls (0.3 ms of probes, 3%); f9 twice as many.
+        let mut calls = vec![3_000u64; 10];
+        calls[9] = 6_000;
+        let over = g.over_budget(&calls, 10 * ms);
+        assert!(over.contains(&9), "the costliest goes first: {over:?}");
+        // What is left fits in half the budget, since the run's total is over it.
+        let left: u64 = (0..10).filter(|f| !over.contains(&(*f as u32))).map(|f| calls[f] * 100).sum();
+        assert!(left as f64 <= 0.025 * (10 * ms) as f64, "{left} ns left of 10 ms");
+        // Throttled functions are not reported again; calls no longer grow there.
+        let later: Vec<u64> = (0..10).map(|f| if over.contains(&(f as u32)) { calls[f] } else { calls[f] * 2 }).collect();
+        assert!(g.over_budget(&later, 20 * ms).iter().all(|f| !over.contains(f)));
     }
 
     #[test]
-    fn few_calls_are_never_judged() {
+    fn a_run_within_the_budget_keeps_every_probe() {
+        let mut g = Governor::new(0.05, vec![100; 3]);
+        assert!(g.over_budget(&[1_000, 2_000, 3_000], 100_000_000).is_empty());
+        assert!(g.over_budget(&[2_000, 4_000, 6_000], 200_000_000).is_empty());
+        assert_eq!(g.enabled(), vec![true; 3]);
+    }
+
+    #[test]
+    fn nothing_is_judged_in_the_first_milliseconds() {
         let mut g = Governor::new(0.05, vec![1_000_000]);
         assert!(g.over_budget(&[999], 1_000_000).is_empty());
     }

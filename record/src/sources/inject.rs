@@ -38,14 +38,16 @@ pub struct InjectEnding {
 impl InjectSource {
     /// Watches `patched` from now on; `judge` decides which patched
     /// functions are over budget; `off_cpu` is the array the runtime reads
-    /// CPU time from, kept as long as the process may read it.
+    /// CPU time from, kept as long as the process may read it. The process
+    /// goes on from now on.
     pub fn start(mut patched: Patched, judge: Option<Judge>, clock: TscClock, off_cpu: Option<Arc<OffCpu>>) -> Self {
         let pid = patched.pid();
         let view = patched.view();
         let calls = vec![0; patched.functions()];
-        let hold = patched.take_hold();
+        // Let go here, on the thread that holds it (a tracer is a thread),
+        // before the watch may need to hold the process again.
+        drop(patched.take_hold());
         let watch = Watch::spawn(patched, judge);
-        drop(hold);
         InjectSource { watch, view, clock, pid, off_cpu, calls }
     }
 
