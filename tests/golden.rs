@@ -20,9 +20,16 @@ fn golden() -> PathBuf {
 fn reports(events: &Path) -> (String, String) {
     let file = std::fs::File::open(events).unwrap_or_else(|e| panic!("cannot open {}: {e}", events.display()));
     let saved = SavedRecording::load(std::io::BufReader::new(file)).unwrap_or_else(|e| panic!("{}: {e}", events.display()));
-    let profile = saved.replay();
+    let mut profile = saved.replay();
     // Replaying is a function of the stream.
     assert_eq!(json::report(&saved.replay()), json::report(&profile), "{}: two replays differ", events.display());
+    // The streams name the sources where they were recorded; the listing
+    // reads them from this checkout's examples/ (tests run in tests/).
+    for line in &mut profile.lines {
+        if let Some(name) = line.file.rsplit_once("/examples/").map(|(_, name)| name.to_string()) {
+            line.file = format!("../examples/{name}");
+        }
+    }
     let options =
         TextOptions { sort: SortKey::Incl, top: None, tree: true, threads: true, metrics: Vec::new(), lines: !profile.lines.is_empty() };
     let mut json = serde_json::to_string_pretty(&json::report(&profile)).unwrap();

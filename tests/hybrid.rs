@@ -38,7 +38,7 @@ fn check_hot_function_throttled(engine: &[&str]) {
     let tiny = function(functions, "tiny");
     assert_eq!(tiny["mode"], "throttled", "{tiny}");
     let tiny_calls = tiny["calls"].as_u64().unwrap();
-    assert!((1000..2_000_000).contains(&tiny_calls), "tiny counted {tiny_calls} calls before its probes went");
+    assert!((1..2_000_000).contains(&tiny_calls), "tiny counted {tiny_calls} calls before its probes went");
     // Sampling covers it after: it is on the stack in a good share of the samples.
     let sampled = report["samples"]["functions"].as_array().unwrap().iter().find(|f| f["name"] == "tiny").unwrap();
     assert!(sampled["total"].as_u64().unwrap() > 0, "{sampled}");

@@ -1,7 +1,7 @@
 //! What changes the probes while the program runs. The overhead governor:
-//! a function whose probes cost the target more than a share of the
-//! elapsed time loses its probes; its counts stay exact up to that moment,
-//! sampling covers it after. Automatic instrumentation: after a warm-up of
+//! when the probes of all functions together cost the target more than a
+//! share of the elapsed time, the costliest lose theirs; their counts stay
+//! exact up to that moment, sampling covers them after. Automatic instrumentation: after a warm-up of
 //! sampling only, the hottest functions sampled get probes.
 
 use proftap_probes::plan::ProbedFunction;
