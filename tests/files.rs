@@ -80,7 +80,10 @@ fn diff_names_a_function_that_doubled_and_passes_identical_runs() {
     }
     for expect in ["unchanged", "regressed", "improved"] {
         let verdicts = seen.get(expect).map(Vec::as_slice).unwrap_or_default();
-        assert!(!verdicts.is_empty(), "no two recordings ran at one speed to judge '{expect}' (steady()'s average or fastest call moved by over 20% every time)");
+        assert!(
+            !verdicts.is_empty(),
+            "no two recordings ran at one speed to judge '{expect}' (steady()'s average or fastest call moved by over 20% every time)"
+        );
         for verdict in verdicts {
             assert!(verdict.is_ok(), "{verdict:?}");
         }
