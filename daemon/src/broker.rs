@@ -85,6 +85,11 @@ pub enum Progress {
 /// The longest target description kept.
 const MOST_TARGET_CHARS: usize = 1000;
 
+/// What is kept of the description of a session's target a worker sent.
+pub fn kept_target(description: &str) -> String {
+    description.chars().take(MOST_TARGET_CHARS).collect()
+}
+
 /// What a session's worker left: its profile file's bytes, or why not.
 pub type Outcome = Result<Vec<u8>, String>;
 
@@ -144,7 +149,7 @@ impl Worker {
                     None
                 }
                 Report::Target { description } => {
-                    progress(Progress::Target(description.chars().take(MOST_TARGET_CHARS).collect()));
+                    progress(Progress::Target(kept_target(&description)));
                     None
                 }
                 Report::Finished => {
@@ -221,14 +226,7 @@ impl Uprobes {
 
     fn try_define(&self, probes: &[ProbeRequest], files: &[OwnedFd]) -> Result<(UprobeGroup, Vec<ProbeEvent>), String> {
         let defined: usize = self.groups.values().map(|(_, n)| n).sum();
-        if let Some(limit) = self.limit
-            && defined + probes.len() > limit
-        {
-            return Err(format!(
-                "this session would place {} uprobes; proftapd lets users other than root place {limit} at most: name fewer functions or lines",
-                defined + probes.len()
-            ));
-        }
+        check_definition(probes, files.len(), defined, self.limit)?;
         for fd in files {
             let regular = nix::sys::stat::fstat(fd).is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFREG);
             if !regular {
@@ -259,6 +257,24 @@ impl Uprobes {
     }
 }
 
+/// What a worker may ask to define, before any file is looked at: with
+/// the `defined` probes it holds, at most `limit` (users other than root),
+/// each in one of the `files` descriptors it sent.
+pub fn check_definition(probes: &[ProbeRequest], files: usize, defined: usize, limit: Option<usize>) -> Result<(), String> {
+    if let Some(limit) = limit
+        && defined.saturating_add(probes.len()) > limit
+    {
+        return Err(format!(
+            "this session would place {} uprobes; proftapd lets users other than root place {limit} at most: name fewer functions or lines",
+            defined.saturating_add(probes.len())
+        ));
+    }
+    if probes.iter().any(|p| p.file as usize >= files) {
+        return Err("a probe names a file that was not sent".into());
+    }
+    Ok(())
+}
+
 /// Measurements run one at a time: each places probes on proftapd's helper.
 static MEASURING: Mutex<()> = Mutex::new(());
 
@@ -266,4 +282,21 @@ fn probe_cost(exits: ExitMode, fresh: bool) -> Result<ProbeCost, CalibrationErro
     let _one = MEASURING.lock().map_err(|_| CalibrationError::new("another measurement failed"))?;
     let exe = std::env::current_exe().map_err(|e| CalibrationError::new(format!("cannot find proftapd's own program: {e}")))?;
     proftap_record::calibration::probe_cost(&exe, HELPER_ARGUMENT, exits, fresh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proftap_record::host::ProbeKind;
+
+    #[test]
+    fn a_definition_is_held_to_the_limit_and_the_files_sent() {
+        let probe = |file| ProbeRequest { file, offset: 4096, kind: ProbeKind::At };
+        assert!(check_definition(&[probe(0), probe(1)], 2, 8, Some(10)).is_ok());
+        let over = check_definition(&[probe(0), probe(0), probe(0)], 1, 8, Some(10)).expect_err("over the limit");
+        assert!(over.contains("would place 11 uprobes"), "{over}");
+        assert!(check_definition(&[probe(0)], 1, usize::MAX, Some(10)).is_err());
+        assert!(check_definition(&[probe(0); 3], 1, usize::MAX, None).is_ok(), "root has no limit");
+        assert!(check_definition(&[probe(1)], 1, 0, None).expect_err("no such file").contains("not sent"));
+    }
 }

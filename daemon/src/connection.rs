@@ -36,13 +36,8 @@ impl Lines {
     /// [`MOST_LINE_BYTES`] is an error that ends the connection.
     pub async fn next(&mut self) -> io::Result<Option<Line>> {
         loop {
-            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=end).collect();
-                let text = String::from_utf8_lossy(&line[..end]).into_owned();
+            if let Some(text) = take_line(&mut self.buffer)? {
                 return Ok(Some((text, std::mem::take(&mut self.fds))));
-            }
-            if self.buffer.len() > MOST_LINE_BYTES {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a request longer than {MOST_LINE_BYTES} bytes")));
             }
             self.read.as_ref().readable().await?;
             let fd = self.read.as_ref().as_raw_fd();
@@ -56,6 +51,19 @@ impl Lines {
             }
         }
     }
+}
+
+/// The first line of what a client sent so far, taken out of `buffer`
+/// (without its `\n`; bytes that are not UTF-8 replaced), or `None` until
+/// one has come whole; a line longer than [`MOST_LINE_BYTES`] is an error.
+pub fn take_line(buffer: &mut Vec<u8>) -> io::Result<Option<String>> {
+    let end = buffer.iter().position(|&b| b == b'\n');
+    if end.unwrap_or(buffer.len()) > MOST_LINE_BYTES {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a request longer than {MOST_LINE_BYTES} bytes")));
+    }
+    let Some(end) = end else { return Ok(None) };
+    let line: Vec<u8> = buffer.drain(..=end).collect();
+    Ok(Some(String::from_utf8_lossy(&line[..end]).into_owned()))
 }
 
 /// One `recvmsg`, keeping at most [`MOST_FDS`] descriptors (more are closed).
@@ -110,5 +118,28 @@ impl Drop for Counted {
                 counts.remove(&self.uid);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_come_whole_and_bounded() {
+        let mut buffer = b"{\"list\":1}\n\"li".to_vec();
+        assert_eq!(take_line(&mut buffer).expect("a line").as_deref(), Some("{\"list\":1}"));
+        assert_eq!(take_line(&mut buffer).expect("not yet"), None);
+        buffer.extend_from_slice(b"st\"\n");
+        assert_eq!(take_line(&mut buffer).expect("a line").as_deref(), Some("\"list\""));
+        assert!(buffer.is_empty());
+        // A line too long is refused whether or not its end has come.
+        let mut long = vec![b'x'; MOST_LINE_BYTES + 1];
+        assert!(take_line(&mut long).is_err());
+        long.push(b'\n');
+        assert!(take_line(&mut long).is_err());
+        let mut longest = vec![b'x'; MOST_LINE_BYTES];
+        longest.push(b'\n');
+        assert_eq!(take_line(&mut longest).expect("the longest line").map(|l| l.len()), Some(MOST_LINE_BYTES));
     }
 }

@@ -3,21 +3,13 @@
 //! only what that user could ptrace, and profiles come back over the socket.
 //! The protocol is in `docs/PROTOCOL.md`.
 
-mod access;
-mod broker;
-mod channel;
-mod connection;
-mod messages;
-mod privileges;
-mod sessions;
-mod worker;
-
-use access::Peer;
 use clap::Parser;
-use connection::{Counts, Lines};
-use messages::Limits;
 use proftap_record::protocol::{Hello, PROTOCOL_VERSION, Request, Response, State, default_socket};
-use sessions::{Registry, Shared, StartRequest};
+use proftapd::access::Peer;
+use proftapd::connection::{Counts, Lines};
+use proftapd::messages::Limits;
+use proftapd::sessions::{self, Registry, Shared, StartRequest};
+use proftapd::worker;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

@@ -35,8 +35,9 @@ struct Snapshot {
 
 /// The most warnings and probe-set changes kept per session, and the
 /// longest of each: a worker runs as its user, who could send any number.
-const MOST_TOLD: usize = 64;
-const MOST_TOLD_BYTES: usize = 2000;
+pub const MOST_TOLD: usize = 64;
+/// See [`MOST_TOLD`].
+pub const MOST_TOLD_BYTES: usize = 2000;
 
 struct Session {
     info: SessionInfo,
@@ -220,10 +221,18 @@ impl Session {
                 self.snapshot.functions = functions;
             }
             RecordEvent::Counters { hits, lost } => (self.snapshot.events, self.snapshot.lost) = (hits, lost),
-            RecordEvent::Warning(warning) if self.info.warnings.len() < MOST_TOLD && fits(&warning) => self.info.warnings.push(warning),
-            RecordEvent::ProbesChanged(change) if self.info.changes.len() < MOST_TOLD && fits(&change) => self.info.changes.push(change),
-            RecordEvent::Warning(_) | RecordEvent::ProbesChanged(_) | RecordEvent::Step(_) | RecordEvent::StepEnded => {}
+            RecordEvent::Warning(warning) => keep_told(&mut self.info.warnings, warning),
+            RecordEvent::ProbesChanged(change) => keep_told(&mut self.info.changes, change),
+            RecordEvent::Step(_) | RecordEvent::StepEnded => {}
         }
+    }
+}
+
+/// Keeps `value` among a session's warnings or changes (`kept`) if fewer
+/// than [`MOST_TOLD`] are kept and it is small enough.
+pub fn keep_told<T: serde::Serialize>(kept: &mut Vec<T>, value: T) {
+    if kept.len() < MOST_TOLD && fits(&value) {
+        kept.push(value);
     }
 }
 
@@ -321,4 +330,21 @@ pub fn start(registry: &Shared, peer: Peer, request: StartRequest) -> Result<u64
         })
         .map_err(|e| format!("cannot start a session thread: {e}"))?;
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_and_changes_are_kept_within_bounds() {
+        let mut kept = Vec::new();
+        keep_told(&mut kept, "x".repeat(MOST_TOLD_BYTES));
+        assert!(kept.is_empty(), "with its quotes it is too long");
+        for i in 0..MOST_TOLD + 5 {
+            keep_told(&mut kept, i.to_string());
+        }
+        assert_eq!(kept.len(), MOST_TOLD);
+        assert_eq!(kept.last().map(String::as_str), Some("63"));
+    }
 }

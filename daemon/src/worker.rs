@@ -178,7 +178,7 @@ fn finished(daemon: &Daemon, profile: &proftap_profile::Profile) -> std::io::Res
 
 fn record(assignment: &Assignment, daemon: &Daemon) -> Result<proftap_profile::Profile, String> {
     let request = assignment.request.open().map_err(|e| format!("proftapd cannot read this request: {e}"))?;
-    let _ = daemon.report(&Report::Target { description: describe(&request) }, &[]);
+    let _ = daemon.report(&Report::Target { description: describe(&request, comm) }, &[]);
     check_limits(&request, assignment)?;
     if let RecordTarget::Attach { pid, .. } = request.target {
         // The kernel decides when the worker opens or traces the process;
@@ -202,7 +202,7 @@ fn record(assignment: &Assignment, daemon: &Daemon) -> Result<proftap_profile::P
 }
 
 /// The limits proftapd sets on users other than root, on what the request asks.
-fn check_limits(request: &RecordRequest, assignment: &Assignment) -> Result<(), String> {
+pub fn check_limits(request: &RecordRequest, assignment: &Assignment) -> Result<(), String> {
     if !assignment.root && request.buffer_mib > assignment.limits.buffer_mib {
         return Err(format!(
             "a ring buffer of {} MiB per CPU is over the {} MiB proftapd allows users other than root (--buffer-size)",
@@ -212,13 +212,16 @@ fn check_limits(request: &RecordRequest, assignment: &Assignment) -> Result<(), 
     Ok(())
 }
 
-/// What a session records, for `session list`: the command line, or `pid N (command)`.
-fn describe(request: &RecordRequest) -> String {
+/// What a session records, for `session list`: the command line, or `pid
+/// N (command)`, the command named by `comm`.
+pub fn describe(request: &RecordRequest, comm: impl FnOnce(i32) -> String) -> String {
     match &request.target {
-        RecordTarget::Attach { pid, .. } => {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            format!("pid {pid} ({})", comm.trim())
-        }
+        RecordTarget::Attach { pid, .. } => format!("pid {pid} ({})", comm(*pid).trim()),
         RecordTarget::Launch { command, .. } => command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "),
     }
+}
+
+/// The command process `pid` runs, as the kernel names it.
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default()
 }

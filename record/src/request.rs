@@ -92,6 +92,13 @@ impl RecordRequest {
         for region in &self.regions {
             region.validate()?;
         }
+        if let RecordTarget::Attach { duration, auto_instrument, .. } = &self.target {
+            for (what, wait) in [("recording", *duration), ("warm-up", auto_instrument.map(|a| a.warmup))] {
+                if let Some(wait) = wait.filter(|wait| *wait > MAX_WAIT) {
+                    return Err(RequestError::TooLong { what, seconds: wait.as_secs() });
+                }
+            }
+        }
         match &self.target {
             RecordTarget::Launch { command, .. } if command.is_empty() => Err(RequestError::NoCommand),
             RecordTarget::Attach { auto_instrument: Some(_), .. } if !self.instrument => Err(RequestError::AutoWithoutProbes),
@@ -135,6 +142,11 @@ impl RecordRequest {
         self.buffer_mib.clamp(1, 4096) << 20
     }
 }
+
+/// The longest recording or warm-up a request may ask for: a year. (A
+/// deadline past what the clock can count would panic, and a warm-up is
+/// counted in nanoseconds.)
+pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// The governor's budget unless one is given: 5% of the elapsed time per function.
 const DEFAULT_BUDGET: f64 = 0.05;
@@ -321,6 +333,14 @@ pub enum RequestError {
         /// As given.
         pid: i32,
     },
+    /// A recording or warm-up longer than [`MAX_WAIT`].
+    #[error("a {what} of {seconds} s is longer than the year proftap records at most")]
+    TooLong {
+        /// What: the recording or the warm-up.
+        what: &'static str,
+        /// As given.
+        seconds: u64,
+    },
     /// A region that is not one.
     #[error("'{text}' is not a region; write NAME=FILE:START-END, for example parse=src/io.c:40-62")]
     BadRegion {
@@ -403,6 +423,16 @@ mod tests {
         request.governor = Governor::Budget { percent: 150.0 };
         assert!(request.validate().is_err_and(|e| e.to_string().contains("between 0 and 100")));
         assert!(RegionSpec::parse("x=a.c:9-3").is_err());
+        // A deadline the clock cannot count (Instant + it panicked), a
+        // warm-up past u64 nanoseconds.
+        let wait = |duration, warmup| {
+            let auto_instrument = Some(AutoInstrument { count: 5, warmup });
+            RecordRequest::new(RecordTarget::Attach { pid: 1, duration, auto_instrument }).validate()
+        };
+        assert_eq!(wait(Some(MAX_WAIT), MAX_WAIT), Ok(()));
+        let forever = Duration::from_secs(u64::MAX);
+        assert!(wait(Some(forever), Duration::ZERO).is_err_and(|e| e.to_string().contains("a recording of")));
+        assert!(wait(None, MAX_WAIT + Duration::from_nanos(1)).is_err_and(|e| e.to_string().contains("a warm-up of")));
         assert!(RegionSpec::parse("=a.c:1-3").is_err());
     }
 

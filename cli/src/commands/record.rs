@@ -224,9 +224,8 @@ fn parse_region(text: &str) -> Result<RegionSpec, String> {
 /// A duration as `30s`, `2m`, `500ms` or plain seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if let Ok(seconds) = text.parse::<f64>() {
-        if seconds.is_finite() && seconds >= 0.0 {
-            return Ok(Duration::from_secs_f64(seconds));
-        }
+        // Past 2^64 seconds, or negative, or not a number: not a duration.
+        return Duration::try_from_secs_f64(seconds).map_err(|_| format!("'{text}' is not a duration proftap can wait for"));
     }
     humantime::parse_duration(text).map_err(|e| format!("'{text}' is not a duration like 30s, 2m or 500ms ({e})"))
 }
@@ -293,4 +292,19 @@ pub fn finish(profile: proftap_profile::Profile, output: &Path) -> Result<()> {
     }
     eprintln!("proftap: {}; profile written to {} (see: proftap report {})", parts.join(", "), output.display(), output.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_in_seconds_past_what_a_duration_holds_are_refused() {
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        // Duration::from_secs_f64 panicked on these.
+        for text in ["1e30", "-1", "inf", "NaN"] {
+            assert!(parse_duration(text).is_err(), "{text}");
+        }
+    }
 }

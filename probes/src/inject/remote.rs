@@ -547,6 +547,30 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 impl Shared {
+    /// `len` bytes of a memfd mapped in this process alone, zeroed; its
+    /// remote address is the local one. For the tests and the fuzz target
+    /// of the reader (`fuzz/src/bin/totals.rs`), which write into it what a
+    /// target could.
+    #[doc(hidden)]
+    pub fn anonymous(len: usize) -> io::Result<Shared> {
+        let len = len.next_multiple_of(4096);
+        // SAFETY: memfd_create takes a name and flags.
+        let fd = unsafe { libc::memfd_create(c"proftap".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just gave us this descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        File::from(fd.try_clone()?).set_len(len as u64)?;
+        // SAFETY: a shared mapping of the memfd held by the value made below.
+        let pointer =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        if pointer == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Shared { local: pointer.cast(), len, remote: pointer as u64, _fd: fd })
+    }
+
     /// Its size.
     pub fn len(&self) -> usize {
         self.len

@@ -102,8 +102,12 @@ fn close_open_frames(thread: &ThreadTotals, nodes: &mut [Node], unfinished: &mut
         let wall = end.saturating_sub(frame.entry_tsc);
         let off = off_cpu_now.map_or(0, |now| now.saturating_sub(frame.entry_off));
         let cpu = wall.saturating_sub(off);
-        let (frame_child_wall, frame_child_cpu) = (frame.child_wall + child_wall, frame.child_cpu + child_cpu);
-        if let Some(node) = nodes.get_mut(frame.node as usize) {
+        // The frame's own figures are the target's word: they may be anything.
+        let (frame_child_wall, frame_child_cpu) = (frame.child_wall.saturating_add(child_wall), frame.child_cpu.saturating_add(child_cpu));
+        // Node 0 is the thread, no call's context: a frame that names it,
+        // or a node there is not, is a lie or a call whose context did not
+        // fit (`NO_NODE`), and counts in no context.
+        if let Some(node) = nodes.get_mut(frame.node as usize).filter(|_| frame.node != 0) {
             node.calls += 1;
             observe(&mut node.incl_wall, wall);
             observe(&mut node.excl_wall, wall.saturating_sub(frame_child_wall));
@@ -244,5 +248,45 @@ mod tests {
         assert!(near(main.inclusive[0].total, 5000) && near(main.exclusive[0].total, 4000), "{main:?}");
         assert!(near(profile.tree.nodes[0].inclusive[0], 5000));
         assert_eq!(profile.tree.nodes[0].function, ROOT);
+    }
+
+    /// Found by the `totals` fuzz target: a call in progress that named
+    /// node 0 (the thread, whose numbers the reader does not check: the
+    /// runtime never writes them) added a call to its count of 2^64 - 1.
+    #[test]
+    fn an_open_frame_in_the_threads_own_node_counts_nowhere() {
+        let clock = TscClock::with_rate(3, 1);
+        let mut root = Node::default();
+        (root.calls, root.incl_wall.total) = (u64::MAX, u64::MAX);
+        let nodes = vec![root, node(0, 0, 1, 300, 0)];
+        let mut frame = Frame::default();
+        (frame.node, frame.entry_tsc) = (0, 1000);
+        let thread = ThreadTotals { tid: 7, nodes, calls: vec![1], open: vec![frame], untimed: 0 };
+        let how = Conversion { clock: &clock, metrics: 1, end_tsc: 4000, compensation: None };
+        let profile = thread_profile(1, "t".into(), &thread, None, &how);
+        assert_eq!(profile.tree.nodes[0].calls, 0);
+        assert_eq!(profile.tree.nodes[0].inclusive, [100], "the thread's time is its calls' time");
+        let f = &profile.functions[0];
+        assert_eq!((f.calls, f.unfinished, f.inclusive[0].total), (1, 0, 100));
+    }
+
+    /// Found by the `totals` fuzz target: an open frame whose calls made so
+    /// far were said to take nearly 2^64 cycles overflowed when the time of
+    /// the frame inside it was added.
+    #[test]
+    fn open_frames_whose_children_took_forever_end_without_overflow() {
+        let clock = TscClock::with_rate(3, 1);
+        let nodes = vec![Node::default(), node(0, 0, 0, 0, 0), node(1, 1, 0, 0, 0)];
+        let (mut outer, mut inner) = (Frame::default(), Frame::default());
+        (outer.node, outer.entry_tsc, outer.child_wall, outer.child_cpu) = (1, 1000, u64::MAX, u64::MAX);
+        (inner.node, inner.entry_tsc) = (2, 2000);
+        let thread = ThreadTotals { tid: 7, nodes, calls: vec![1, 1], open: vec![outer, inner], untimed: 0 };
+        let how = Conversion { clock: &clock, metrics: 2, end_tsc: 5000, compensation: None };
+        let profile = thread_profile(1, "t".into(), &thread, Some(0), &how);
+        let outer = profile.functions.iter().find(|f| f.function == 0).expect("the outer function");
+        assert_eq!((outer.calls, outer.unfinished), (1, 1));
+        // Its children took all its time and more: none of it is its own.
+        assert_eq!(outer.exclusive[0].max, 0);
+        assert_eq!(outer.inclusive[0].max, 4000 / 3);
     }
 }
