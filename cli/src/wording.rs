@@ -83,6 +83,11 @@ fn finding_sentence(finding: &Finding) -> String {
             "{} counted but not timed by the in-process engine, {unseated} of them in threads beyond those it times at once (their functions unknown); the times of the functions involved are low",
             counted(*calls, "call was", "calls were")
         ),
+        Finding::ContextsOverBudget { threads, budget_bytes } => format!(
+            "the calling contexts of {} were not read: with the others they take more than the {} MiB one reading copies; their calls are counted, not timed",
+            counted(*threads, "thread", "threads"),
+            budget_bytes >> 20
+        ),
         Finding::CpuIsWall => {
             "the in-process engine measures CPU time per call with a BPF program, which needs CAP_BPF and CAP_PERFMON (root); here CPU time is wall time".into()
         }

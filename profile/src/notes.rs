@@ -106,6 +106,15 @@ pub enum Finding {
         /// Of them, in threads beyond those it times at once (function unknown).
         unseated: u64,
     },
+    /// Threads whose calling contexts the in-process engine did not read:
+    /// together they claimed more than one reading copies. Their calls are
+    /// counted (and in `CallsUntimed`), not timed.
+    ContextsOverBudget {
+        /// How many threads.
+        threads: u64,
+        /// The most bytes of contexts one reading copies.
+        budget_bytes: u64,
+    },
     /// CPU time per call could not be measured by the in-process engine
     /// (it needs a BPF program, which needs CAP_BPF): it is wall time.
     CpuIsWall,

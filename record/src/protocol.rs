@@ -7,7 +7,7 @@ use proftap_profile::Note;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::marker::PhantomData;
 use std::path::PathBuf;
 
@@ -187,11 +187,20 @@ pub fn send<T: Serialize>(out: &mut impl Write, message: &T) -> std::io::Result<
     out.flush()
 }
 
-/// Reads one message line (`None` at end of input).
+/// Longest message line [`receive`] reads: far more than a list of every
+/// session needs, little enough that a peer cannot make the reader hold
+/// what it sends for ever.
+pub const MOST_MESSAGE_BYTES: u64 = 16 << 20;
+
+/// Reads one message line (`None` at end of input); a line longer than
+/// [`MOST_MESSAGE_BYTES`] is an error.
 pub fn receive<T: DeserializeOwned>(input: &mut impl BufRead) -> std::io::Result<Option<T>> {
     let mut line = String::new();
-    if input.read_line(&mut line)? == 0 {
+    if input.by_ref().take(MOST_MESSAGE_BYTES + 1).read_line(&mut line)? == 0 {
         return Ok(None);
+    }
+    if line.len() as u64 > MOST_MESSAGE_BYTES {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("a message longer than {MOST_MESSAGE_BYTES} bytes")));
     }
     serde_json::from_str(&line).map(Some).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
@@ -200,6 +209,16 @@ pub fn receive<T: DeserializeOwned>(input: &mut impl BufRead) -> std::io::Result
 mod tests {
     use super::*;
     use crate::request::RecordTarget;
+
+    #[test]
+    fn a_message_line_longer_than_the_limit_is_refused_unread() {
+        let mut long = vec![b' '; MOST_MESSAGE_BYTES as usize + 10];
+        long.extend_from_slice(b"{\"deleted\":{\"id\":1}}\n");
+        let error = receive::<Response>(&mut long.as_slice()).expect_err("a line over the limit");
+        assert!(error.to_string().contains("longer than"), "{error}");
+        let fits = b"{\"deleted\":{\"id\":1}}\n";
+        assert!(matches!(receive::<Response>(&mut fits.as_slice()), Ok(Some(Response::Deleted { id: 1 }))));
+    }
 
     #[test]
     fn a_start_request_travels_sealed_and_opens_as_sent() {

@@ -11,7 +11,8 @@
 //!
 //! - the conversion: the end (TSC), the time off CPU at the end (0: none),
 //!   a word of settings (bits 0-2: functions - 1, bit 3: a second block, bit
-//!   4: two metrics, bit 5: compensation), then the compensation's costs
+//!   4: two metrics, bit 5: compensation, bit 6: a budget of bits 8 and up
+//!   (mod 8192 bytes) for the contexts read), then the compensation's costs
 //!   (own and call, wall then CPU);
 //! - the header (`Header`, 8 words);
 //! - for each block: its header (`BlockHeader`, 16 words), its calls by
@@ -23,7 +24,7 @@
 //! not touched.
 
 use proftap_probes::inject::clock::TscClock;
-use proftap_probes::inject::reading::TotalsView;
+use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, TotalsView};
 use proftap_probes::inject::remote::Shared;
 use proftap_probes::inject::threads::{Conversion, Cost, thread_profile};
 use proftap_probes::inject::totals::{BlockHeader, Frame, Geometry, Header, Node, Ret};
@@ -85,7 +86,9 @@ fn run(data: &[u8]) {
     for tid in tids {
         let _ = view.return_addresses(tid);
     }
-    let Ok(totals) = view.totals() else { return };
+    // A small budget reads some threads' contexts and leaves the others'.
+    let budget = if flags & 64 != 0 { (flags >> 8) % 8192 } else { MOST_CONTEXT_BYTES };
+    let Ok(totals) = view.totals_within(budget) else { return };
 
     let clock = TscClock::with_rate(3_000_000_000, 1_000_000_000);
     let metrics = if flags & 16 != 0 { 2 } else { 1 };

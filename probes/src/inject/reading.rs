@@ -12,6 +12,12 @@ use std::sync::Arc;
 /// Larger counts than this (over a trillion calls) are lies.
 pub const MOST_COUNT: u64 = 1 << 40;
 
+/// Most bytes of calling contexts and calls in progress one reading copies,
+/// over every thread: a real program's fit many times over (64 threads of
+/// 100,000 contexts each take 800 MiB), while a target that claims full
+/// tables in every block would have proftap copy 28 GiB.
+pub const MOST_CONTEXT_BYTES: u64 = 2 << 30;
+
 /// One thread's totals, as the runtime added them up.
 #[derive(Clone, Debug, Default)]
 pub struct ThreadTotals {
@@ -37,6 +43,9 @@ pub struct Totals {
     pub threads: Vec<ThreadTotals>,
     /// Calls of threads beyond the runtime's blocks: counted, not timed, no function known.
     pub unseated: u64,
+    /// Threads whose contexts were not read, to keep a reading within its
+    /// budget: their calls are counted, not timed.
+    pub over_budget: u64,
 }
 
 /// Why the shared memory cannot be believed.
@@ -83,37 +92,41 @@ impl TotalsView {
     }
 
     /// Every thread's totals so far, checked: the first thing no runtime of
-    /// proftap's writes ends the reading with why.
+    /// proftap's writes ends the reading with why. Contexts past
+    /// [`MOST_CONTEXT_BYTES`] are not read (see [`Totals::over_budget`]).
     pub fn totals(&self) -> Result<Totals, String> {
+        self.totals_within(MOST_CONTEXT_BYTES)
+    }
+
+    /// [`Self::totals`], copying at most `budget` bytes of contexts and frames.
+    pub fn totals_within(&self, mut budget: u64) -> Result<Totals, String> {
         let shared = &self.shared;
         let header: Header = read_struct(shared, 0);
         if header.magic != totals::MAGIC {
             return Err(corrupted("its header was overwritten".into()));
         }
         let taken = header.blocks_taken.min(self.geometry.blocks);
-        let mut all = Totals { threads: Vec::new(), unseated: checked_count("calls without a block", header.unseated)? };
+        let unseated = checked_count("calls without a block", header.unseated)?;
+        let mut all = Totals { threads: Vec::new(), unseated, over_budget: 0 };
         for block in 0..taken {
-            if let Some(thread) = self.thread_totals(shared, block)? {
+            if let Some((thread, read_whole)) = self.thread_totals(shared, block, &mut budget)? {
+                all.over_budget += u64::from(!read_whole);
                 all.threads.push(thread);
             }
         }
         Ok(all)
     }
 
-    fn thread_totals(&self, shared: &Shared, block: u64) -> Result<Option<ThreadTotals>, String> {
+    /// A block's thread, and whether its contexts fitted in `budget` (what
+    /// they took is taken from it); if not, its calls, untimed.
+    fn thread_totals(&self, shared: &Shared, block: u64, budget: &mut u64) -> Result<Option<(ThreadTotals, bool)>, String> {
         let at = self.geometry.block(block) as usize;
         let h: BlockHeader = read_struct(shared, at);
         if h.state != 1 {
             return Ok(None);
         }
-        if h.nodes == 0 || h.nodes > totals::NODES || h.depth > totals::STACK_DEPTH || h.tid == 0 || h.tid > u64::from(u32::MAX) {
+        if h.nodes == 0 || h.nodes > totals::NODES || h.depth > totals::STACK_DEPTH || h.tid == 0 || h.tid > i32::MAX as u64 {
             return Err(corrupted(format!("block {block} says it has {} nodes, {} frames, thread {}", h.nodes, h.depth, h.tid)));
-        }
-        let nodes: Vec<Node> = read_array(shared, at + Geometry::NODES as usize, h.nodes as usize);
-        for (i, n) in nodes.iter().enumerate().skip(1) {
-            if n.parent as usize >= i || u64::from(n.function) >= self.geometry.functions || n.calls > MOST_COUNT || n.unwound > n.calls {
-                return Err(corrupted(format!("node {i} of thread {} names parent {} and function {}", h.tid, n.parent, n.function)));
-            }
         }
         let functions = self.geometry.functions as usize;
         let timed: Vec<u64> = read_array(shared, at + self.geometry.entries_offset() as usize, functions);
@@ -122,12 +135,25 @@ impl TotalsView {
             return Err(corrupted(format!("thread {} reports {lie} calls of a function", h.tid)));
         }
         let calls: Vec<u64> = timed.iter().zip(&busy).map(|(a, b)| a + b).collect();
+        let wanted = h.nodes * size_of::<Node>() as u64 + h.depth * size_of::<Frame>() as u64;
+        if wanted > *budget {
+            *budget = 0;
+            let untimed = calls.iter().sum();
+            return Ok(Some((ThreadTotals { tid: h.tid as u32, nodes: vec![Node::default()], calls, open: Vec::new(), untimed }, false)));
+        }
+        *budget -= wanted;
+        let nodes: Vec<Node> = read_array(shared, at + Geometry::NODES as usize, h.nodes as usize);
+        for (i, n) in nodes.iter().enumerate().skip(1) {
+            if n.parent as usize >= i || u64::from(n.function) >= self.geometry.functions || n.calls > MOST_COUNT || n.unwound > n.calls {
+                return Err(corrupted(format!("node {i} of thread {} names parent {} and function {}", h.tid, n.parent, n.function)));
+            }
+        }
         let untimed_busy: u64 = busy.iter().sum();
         let open: Vec<Frame> = read_array(shared, at + Geometry::FRAMES as usize, h.depth as usize);
         let untimed = [("calls out of context", h.untimed), ("calls too deep", h.too_deep), ("calls while busy", untimed_busy)]
             .into_iter()
             .try_fold(0u64, |sum, (what, n)| checked_count(what, n).map(|n| sum.saturating_add(n)))?;
-        Ok(Some(ThreadTotals { tid: h.tid as u32, nodes, calls, open, untimed }))
+        Ok(Some((ThreadTotals { tid: h.tid as u32, nodes, calls, open, untimed }, true)))
     }
 
     /// Thread `tid`'s frames' original return addresses, by the stack slot
@@ -169,4 +195,54 @@ fn read_array<T: Copy + Default>(shared: &Shared, at: usize, count: usize) -> Ve
         // SAFETY: T is plain old data made of integers (every bit pattern is a value).
         .map(|chunk| unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<T>()) })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two threads of three contexts and 5 calls each of one function.
+    fn two_threads() -> TotalsView {
+        let geometry = Geometry { functions: 1, blocks: 2 };
+        let shared = Shared::anonymous(geometry.shared_bytes() as usize).expect("memory");
+        shared.store(0, totals::MAGIC);
+        shared.store(HEADER_BLOCKS_TAKEN, 2);
+        for block in 0..2 {
+            let at = geometry.block(block) as usize;
+            for (word, value) in [(0, 1), (1, 100 + block), (3, 3)] {
+                shared.store(at + 8 * word, value);
+            }
+            for node in 1..3u64 {
+                // Node i: parent i - 1, function 0, one call.
+                let node_at = at + Geometry::NODES as usize + node as usize * size_of::<Node>();
+                shared.store(node_at, node - 1);
+                shared.store(node_at + 8, 1);
+            }
+            shared.store(at + geometry.entries_offset() as usize, 5);
+        }
+        TotalsView::new(shared, geometry)
+    }
+
+    #[test]
+    fn contexts_past_the_budget_are_not_read_and_their_calls_are_untimed() {
+        let view = two_threads();
+        let whole = view.totals().expect("totals");
+        assert_eq!(whole.over_budget, 0);
+        assert!(whole.threads.iter().all(|t| t.nodes.len() == 3 && t.untimed == 0 && t.calls == [5]));
+
+        let one_thread = 3 * size_of::<Node>() as u64;
+        let cut = view.totals_within(one_thread + 1).expect("totals");
+        assert_eq!(cut.over_budget, 1);
+        assert_eq!((cut.threads[0].tid, cut.threads[0].nodes.len(), cut.threads[0].untimed), (100, 3, 0));
+        assert_eq!((cut.threads[1].tid, cut.threads[1].nodes.len(), cut.threads[1].untimed), (101, 1, 5));
+        assert_eq!(cut.threads[1].calls, [5], "its calls are still counted");
+    }
+
+    #[test]
+    fn a_thread_id_past_what_the_kernel_gives_is_a_lie() {
+        let view = two_threads();
+        view.shared.store(view.geometry.block(1) as usize + 8, 1 << 31);
+        let error = view.totals().expect_err("a thread id over i32::MAX");
+        assert!(error.contains("cannot be believed"), "{error}");
+    }
 }

@@ -6,7 +6,7 @@
 use crate::error::RecordError;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::Patched;
-use proftap_probes::inject::reading::{ThreadTotals, TotalsView};
+use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, ThreadTotals, TotalsView};
 use proftap_probes::inject::threads::{Conversion, Cost, thread_profile};
 use proftap_probes::inject::watch::{Judge, Unpatched, Watch};
 use proftap_probes::offcpu::OffCpu;
@@ -97,6 +97,9 @@ impl InjectSource {
         let untimed: u64 = totals.threads.iter().map(|t| t.untimed).sum::<u64>() + totals.unseated;
         if untimed > 0 {
             notes.push(Finding::CallsUntimed { calls: untimed, unseated: totals.unseated }.into());
+        }
+        if totals.over_budget > 0 {
+            notes.push(Finding::ContextsOverBudget { threads: totals.over_budget, budget_bytes: MOST_CONTEXT_BYTES }.into());
         }
         if self.off_cpu.is_none() && metrics > 1 {
             notes.push(Finding::CpuIsWall.into());
