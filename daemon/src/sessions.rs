@@ -293,21 +293,7 @@ pub fn start(registry: &Shared, peer: Peer, request: StartRequest) -> Result<u64
         r.next_id += 1;
         (r.limits, id)
     };
-    let info = SessionInfo {
-        id,
-        uid: peer.uid,
-        target: String::new(),
-        pid: 0,
-        state: State::Starting,
-        started_unix_ns: now_unix_ns(),
-        uptime_ms: 0,
-        functions: 0,
-        events: 0,
-        lost: 0,
-        warnings: Vec::new(),
-        changes: Vec::new(),
-        error: None,
-    };
+    let info = SessionInfo::new(id, peer.uid, State::Starting, now_unix_ns());
     let assignment = Assignment { request: request.request, client_pid: peer.pid, limits, root: peer.is_root() };
     let worker = broker::spawn(User { uid: peer.uid, gid: peer.gid }, &assignment, &request.stdio)
         .map_err(|e| format!("cannot start a worker for the session: {e}"))?;

@@ -154,6 +154,27 @@ pub struct SessionInfo {
     pub error: Option<String>,
 }
 
+impl SessionInfo {
+    /// A session of user `uid` that has recorded nothing yet.
+    pub fn new(id: u64, uid: u32, state: State, started_unix_ns: u64) -> Self {
+        SessionInfo {
+            id,
+            uid,
+            target: String::new(),
+            pid: 0,
+            state,
+            started_unix_ns,
+            uptime_ms: 0,
+            functions: 0,
+            events: 0,
+            lost: 0,
+            warnings: Vec::new(),
+            changes: Vec::new(),
+            error: None,
+        }
+    }
+}
+
 /// The daemon's reply.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -102,21 +102,7 @@ fn worker(data: &[u8]) {
     }
     drop(theirs);
     let channel = Channel::new(ours);
-    let mut session = SessionInfo {
-        id: 1,
-        uid: 1000,
-        target: String::new(),
-        pid: 0,
-        state: State::Running,
-        started_unix_ns: 0,
-        uptime_ms: 0,
-        functions: 0,
-        events: 0,
-        lost: 0,
-        warnings: Vec::new(),
-        changes: Vec::new(),
-        error: None,
-    };
+    let mut session = SessionInfo::new(1, 1000, State::Running, 0);
     let mut defined = 0usize;
     while let Ok(Some((report, fds))) = channel.receive::<Report>() {
         assert!(fds.is_empty(), "{} descriptors from {sent} bytes that carried none", fds.len());
