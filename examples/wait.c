@@ -2,8 +2,15 @@
  * tick() is loaded), then calls tick() once per line it reads on stdin and
  * exits at end of input, printing how many ticks it made. Tests drive it by
  * writing lines: no sleeping, no races.
+ *
+ * "fork N": forks a child that calls tick() N times, prints "forked PID"
+ * once it has, then waits for SIGUSR1, calls tick() N times again and
+ * exits 0. "reap": waits for that child and prints "reaped STATUS".
  */
+#include <signal.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 volatile long sink;
@@ -13,14 +20,59 @@ __attribute__((noinline)) void tick(long i)
     sink += i;
 }
 
+static pid_t fork_ticking(long n)
+{
+    int ready[2];
+    sigset_t usr1, old;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, &old);
+    if (pipe(ready) != 0)
+        return -1;
+    pid_t child = fork();
+    if (child == 0) {
+        for (long i = 0; i < n; i++)
+            tick(i);
+        char done = 1;
+        if (write(ready[1], &done, 1) != 1)
+            _exit(2);
+        int signal = 0;
+        sigwait(&usr1, &signal);
+        for (long i = 0; i < n; i++)
+            tick(i);
+        _exit(0);
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    char done = 0;
+    if (child < 0 || read(ready[0], &done, 1) != 1)
+        child = -1;
+    close(ready[0]);
+    close(ready[1]);
+    return child;
+}
+
 int main(void)
 {
     printf("ready %d %p\n", (int)getpid(), (void *)&tick);
     fflush(stdout);
     long ticks = 0;
     char line[256];
+    pid_t child = -1;
     while (fgets(line, sizeof line, stdin)) {
         long n = 0;
+        if (sscanf(line, "fork %ld", &n) == 1) {
+            child = fork_ticking(n);
+            printf("forked %d\n", (int)child);
+            fflush(stdout);
+            continue;
+        }
+        if (strncmp(line, "reap", 4) == 0) {
+            int status = -1;
+            waitpid(child, &status, 0);
+            printf("reaped %d\n", status);
+            fflush(stdout);
+            continue;
+        }
         sscanf(line, "%ld", &n);
         for (long i = 0; i < n; i++)
             tick(i);

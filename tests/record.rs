@@ -173,11 +173,19 @@ fn forked_children_are_followed_unless_asked_not_to() {
     require_probes();
     let binary = Build::c("forks.c", "-O2").build();
     let b = binary.to_str().unwrap();
-    // A program that calls fork is recorded with uprobes by default: they follow forked processes.
+    // The in-process engine follows a forked child: it records in memory of its own.
     let report = profile_run(&["-f", "work"], &[b, "300", "70", "/bin/true"]);
-    assert_eq!(report["recording"]["engine"], "uprobe");
-    assert!(report["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("calls fork")), "{}", report["notes"]);
+    assert_eq!(report["recording"]["engine"], "inject");
     assert_eq!(calls_by_name(&report)["work"], 370);
+    let by_pid: HashMap<i64, u64> = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["pid"].as_i64().unwrap(), t["functions"].as_array().unwrap().iter().map(|f| f["calls"].as_u64().unwrap()).sum()))
+        .collect();
+    let mut calls: Vec<u64> = by_pid.values().copied().collect();
+    calls.sort();
+    assert_eq!(calls, [70, 300], "the child's calls are its own: {by_pid:?}");
     let pids: Vec<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
     assert_eq!(pids.len(), 2, "{pids:?}");
     let processes = report["processes"].as_array().unwrap();
@@ -185,10 +193,15 @@ fn forked_children_are_followed_unless_asked_not_to() {
     assert!(processes.iter().any(|p| p["execs"].as_array().unwrap().iter().any(|e| e == "true")), "{processes:?}");
     assert!(report["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("executed true")), "{}", report["notes"]);
 
-    // Not following them, the in-process engine can be used.
+    // Not following them, the child runs unrecorded.
     let report = profile_run(&["-f", "work", "--no-follow-fork"], &[b, "300", "70"]);
     assert_eq!(report["recording"]["engine"], "inject");
     assert_eq!(calls_by_name(&report)["work"], 300);
+    assert_eq!(report["threads"].as_array().unwrap().len(), 1);
+
+    // Kernel probes follow them too.
+    let report = profile_run(&["-f", "work", "--engine", "uprobe"], &[b, "300", "70"]);
+    assert_eq!(calls_by_name(&report)["work"], 370);
 }
 
 #[test]

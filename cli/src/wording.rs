@@ -108,9 +108,18 @@ fn finding_sentence(finding: &Finding) -> String {
             format!("process {pid} executed {program}: probes on the previous program no longer apply to it")
         }
         Finding::ForksNotRecorded { pids } => format!(
-            "calls in forked {} {} are not counted: the in-process engine records only the process it patched (--engine uprobe follows forked processes)",
+            "forked {} {} recorded no calls: {} made no call of a patched function, or could not reach proftap (--engine uprobe follows forked processes with kernel probes)",
             if pids.len() == 1 { "process" } else { "processes" },
-            pids.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")
+            pids.iter().map(i32::to_string).collect::<Vec<_>>().join(", "),
+            if pids.len() == 1 { "it" } else { "they" },
+        ),
+        Finding::ChildNotRead { pid, error } => {
+            format!("the calls of forked process {pid} are not counted: its memory could not be read ({error})")
+        }
+        Finding::ChildrenRefused { children } => format!(
+            "{} not followed: past the {} one recording follows, or not a child of the target",
+            counted(*children, "forked process was", "forked processes were"),
+            proftap_probes::inject::children::MOST_CHILDREN
         ),
     }
 }

@@ -66,11 +66,22 @@ static inline u64 thread_pointer(void)
     return tp;
 }
 
+static inline long syscall6(long number, long a, long b, long c, long d, long e, long f)
+{
+    long result;
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    __asm__ volatile("syscall"
+                     : "=a"(result)
+                     : "0"(number), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    return result;
+}
+
 static inline u64 gettid(void)
 {
-    u64 tid;
-    __asm__ volatile("syscall" : "=a"(tid) : "0"(186UL) : "rcx", "r11", "memory");
-    return tid;
+    return (u64)syscall6(186, 0, 0, 0, 0, 0, 0);
 }
 
 /* The thread's id as the C library keeps it, or 0 when its place is unknown. */
@@ -85,7 +96,7 @@ static inline u32 library_tid(const struct config *c)
 
 static inline int live(const struct config *c)
 {
-    return *(volatile u64 *)c->live != 0;
+    return *(volatile u64 *)c->live == LIVE_RECORDING;
 }
 
 static inline struct header *header(const struct config *c)
@@ -124,6 +135,179 @@ static inline u64 off_cpu(const struct config *c, u32 tid)
     u64 ns = ((volatile u64 *)c->off_cpu)[2 * (u64)tid];
     struct header *h = header(c);
     return (u64)(((unsigned __int128)ns * h->ns_to_tsc_mult) >> h->ns_to_tsc_shift);
+}
+
+/* Forked children. A forked child inherits the parent's shared memory
+ * (a shared mapping stays shared) and a copy of its private memory; its
+ * live word reads LIVE_CHILD. At its first call into the runtime it makes
+ * shared memory of its own, carrying over the forking thread's block (its
+ * calling contexts with no calls yet, its frames in progress timed from
+ * now), maps it where the parent's was and hands it to proftap. If any of
+ * that fails, the child runs unrecorded, its returns still right. */
+
+#define SYS_close 3
+#define SYS_mmap 9
+#define SYS_munmap 11
+#define SYS_mremap 25
+#define SYS_getpid 39
+#define SYS_socket 41
+#define SYS_connect 42
+#define SYS_recvfrom 45
+#define SYS_sendmsg 46
+#define SYS_setsockopt 54
+#define SYS_ftruncate 77
+#define SYS_memfd_create 319
+
+/* Stops the compiler from turning a copying loop into a call to memcpy,
+ * which a freestanding image does not have. */
+#define NOT_A_MEMCPY() __asm__ volatile("" ::: "memory")
+
+/* Leaves the thread's seat alone in the table, at its home place, with
+ * the child's thread id: the parent's other threads are not in the child.
+ * Returns it, or 0 when the thread had none. */
+static struct seat *keep_own_seat(const struct config *c)
+{
+    u64 key = thread_pointer();
+    struct seat *seats = (struct seat *)c->private_base;
+    struct seat own = {0, 0, 0, 0};
+    for (u64 i = 0; i < SEATS; i++) {
+        if (seats[i].key == key && seats[i].block)
+            own = seats[i];
+        seats[i].key = seats[i].block = seats[i].tid = 0;
+        NOT_A_MEMCPY();
+    }
+    if (!own.block)
+        return 0;
+    u32 tid = library_tid(c);
+    struct seat *home = &seats[(key >> 8) * 0x9e3779b97f4a7c15ULL >> (64 - SEATS_BITS)];
+    home->block = own.block;
+    home->tid = tid ? tid : gettid();
+    home->key = key;
+    return home;
+}
+
+/* The thread's block as the child's first: the parent's contexts with
+ * nothing counted, the child's frames in progress (its private copy says
+ * how deep) starting now. */
+static void carry_block(const struct config *c, struct block *to, const struct block *from, const struct private_block *p)
+{
+    u64 nodes = __atomic_load_n(&from->nodes, __ATOMIC_ACQUIRE);
+    if (nodes > NODES || nodes == 0)
+        nodes = 1;
+    for (u64 i = 1; i < nodes; i++) {
+        struct node *n = &to->node[i];
+        n->parent = from->node[i].parent < i ? from->node[i].parent : 0;
+        n->function = from->node[i].function;
+        n->incl_wall.min = n->excl_wall.min = n->incl_cpu.min = n->excl_cpu.min = ~0ULL;
+    }
+    for (u64 h = 0; h < HASH_SLOTS; h++) {
+        u32 at = from->hash[h];
+        if (at && at < nodes)
+            to->hash[h] = at;
+        NOT_A_MEMCPY();
+    }
+    u64 tid = gettid();
+    u64 depth = p->depth < STACK_DEPTH ? p->depth : STACK_DEPTH;
+    u64 now = rdtsc();
+    for (u64 d = 0; d < depth; d++) {
+        u32 node = from->frame[d].node;
+        to->frame[d].node = node < nodes ? node : NO_NODE;
+        to->frame[d].entry_tsc = now;
+        to->frame[d].entry_off = off_cpu(c, (u32)tid);
+        to->returns[d] = p->ret[d];
+    }
+    to->tid = tid;
+    to->nodes = nodes;
+    to->depth = depth;
+    to->mixed = p->mixed;
+    to->state = BLOCK_USED;
+}
+
+/* Sends the memfd to proftap and waits for it to say it has it. */
+static int hand_over(const struct config *c, long memfd)
+{
+    long sock = syscall6(SYS_socket, 1 /* AF_UNIX */, 5 /* SOCK_SEQPACKET */ | 0x80000 /* SOCK_CLOEXEC */, 0, 0, 0, 0);
+    if (sock < 0)
+        return 0;
+    struct {
+        unsigned short family;
+        char path[1 + FORK_SOCKET_NAME];
+    } address;
+    address.family = 1;
+    address.path[0] = 0; /* abstract */
+    for (int i = 0; i < FORK_SOCKET_NAME; i++)
+        address.path[1 + i] = c->fork_socket[i];
+    long timeout[2] = {5, 0};
+    syscall6(SYS_setsockopt, sock, 1 /* SOL_SOCKET */, 20 /* SO_RCVTIMEO */, (long)timeout, sizeof timeout, 0);
+    syscall6(SYS_setsockopt, sock, 1, 21 /* SO_SNDTIMEO */, (long)timeout, sizeof timeout, 0);
+    int ok = 0;
+    /* The length names the abstract address: no padding in it. */
+    if (syscall6(SYS_connect, sock, (long)&address, sizeof address.family + 1 + FORK_SOCKET_NAME, 0, 0, 0) == 0) {
+        u64 pid = (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
+        u64 iov[2] = {(u64)&pid, sizeof pid};
+        /* One SCM_RIGHTS message: length 20 (header 16 + one int), level
+         * SOL_SOCKET, type SCM_RIGHTS, the descriptor. */
+        u64 control[3] = {20, 1 | (1UL << 32), (u64)(u32)memfd};
+        u64 message[7] = {0, 0, (u64)iov, 1, (u64)control, sizeof control, 0};
+        char ack = 0;
+        ok = syscall6(SYS_sendmsg, sock, (long)message, 0x4000 /* MSG_NOSIGNAL */, 0, 0, 0) == sizeof pid
+             && syscall6(SYS_recvfrom, sock, (long)&ack, 1, 0, 0, 0) == 1 && ack == 1;
+    }
+    syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
+    return ok;
+}
+
+static __attribute__((noinline)) void adopt(const struct config *c)
+{
+    u64 *word = (u64 *)c->live;
+    u64 expected = LIVE_CHILD;
+    if (!__atomic_compare_exchange_n(word, &expected, LIVE_ADOPTING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return;
+    struct seat *own = keep_own_seat(c);
+    u64 outcome = LIVE_STOPPED;
+    if (!c->fork_socket[0]) {
+        /* Children are not followed. */
+        __atomic_store_n(word, outcome, __ATOMIC_RELEASE);
+        return;
+    }
+    char name[] = "proftap";
+    /* Sealing allowed: proftap seals it against shrinking before it maps it. */
+    long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
+    if (memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0) {
+        long fresh = syscall6(SYS_mmap, 0, c->shared_bytes, 3 /* PROT_READ|PROT_WRITE */, 1 /* MAP_SHARED */, memfd, 0);
+        if (fresh > 0 || fresh < -4095) {
+            struct header *from = header(c), *to = (struct header *)fresh;
+            to->magic = from->magic;
+            to->ns_to_tsc_mult = from->ns_to_tsc_mult;
+            to->ns_to_tsc_shift = from->ns_to_tsc_shift;
+            u64 taken = from->blocks_taken < c->blocks ? from->blocks_taken : c->blocks;
+            if (own) {
+                u64 index = own->block - 1;
+                struct block *b = (struct block *)(fresh + c->blocks_offset + index * c->block_bytes);
+                carry_block(c, b, shared_block(c, index), private_block(c, index));
+                taken = taken > index ? taken : index + 1;
+            }
+            to->blocks_taken = taken;
+            /* Where the parent's memory was, the child's: nothing it does
+             * from here on reaches the parent's. */
+            if (syscall6(SYS_mremap, fresh, c->shared_bytes, c->shared_bytes, 3 /* MAYMOVE|FIXED */, c->shared, 0) == (long)c->shared) {
+                if (hand_over(c, memfd))
+                    outcome = LIVE_RECORDING;
+            } else {
+                syscall6(SYS_munmap, fresh, c->shared_bytes, 0, 0, 0, 0);
+            }
+        }
+    }
+    if (memfd >= 0)
+        syscall6(SYS_close, memfd, 0, 0, 0, 0, 0);
+    __atomic_store_n(word, outcome, __ATOMIC_RELEASE);
+}
+
+/* A forked child's first call into the runtime adopts it. */
+static inline void adopt_if_forked(const struct config *c)
+{
+    if (__builtin_expect(*(volatile u64 *)c->live == LIVE_CHILD, 0))
+        adopt(c);
 }
 
 /* The thread's seat: its block, found by its thread pointer. A thread the
@@ -315,6 +499,7 @@ static void rewrite(const struct config *c, struct private_block *p, u64 slot, i
 void proftap_entry(u64 *slot, u32 function)
 {
     const struct config *c = config();
+    adopt_if_forked(c);
     struct seat *s = seat_of(c, 1);
     if (!s) {
         if (live(c))
@@ -386,6 +571,7 @@ void proftap_exit(u64 *slot)
 {
     u64 now = rdtsc();
     const struct config *c = config();
+    adopt_if_forked(c);
     struct seat *s = seat_of(c, 0);
     if (!s)
         __builtin_trap();
@@ -429,6 +615,7 @@ void proftap_exit(u64 *slot)
 void proftap_unhook(u64 *slot)
 {
     const struct config *c = config();
+    adopt_if_forked(c);
     struct seat *s = seat_of(c, 0);
     if (!s)
         return;
@@ -444,6 +631,7 @@ void proftap_unhook(u64 *slot)
 void proftap_rehook(u64 *slot)
 {
     const struct config *c = config();
+    adopt_if_forked(c);
     struct seat *s = seat_of(c, 0);
     if (!s)
         return;

@@ -36,11 +36,20 @@ typedef unsigned int u32;
 #define BLOCK_FREE 0
 #define BLOCK_USED 1
 
+/* The live word (config.live), in a page a forked child gets zeroed. */
+#define LIVE_CHILD 0     /* a forked child that has not made its own memory yet */
+#define LIVE_RECORDING 1 /* calls are recorded */
+#define LIVE_STOPPED 2   /* proftap stopped recording, or the child could not reach it */
+#define LIVE_ADOPTING 3  /* a thread of the child is making its memory */
+
+/* Bytes of the name of the socket a forked child sends its memory to. */
+#define FORK_SOCKET_NAME 32
+
 /* Written by proftap into each copy of the runtime. */
 struct config {
     u64 shared;            /* address of the shared memory */
     u64 private_base;      /* address of the private memory */
-    u64 live;              /* a word that is 0 in a forked child */
+    u64 live;              /* the live word: LIVE_RECORDING, ... */
     u64 return_trampoline; /* where hijacked returns go */
     u64 tcb_tid;           /* offset of the C library's thread id from fs:0, or 0 */
     u64 off_cpu;           /* time off CPU by thread id (ns, every other word), or 0 */
@@ -50,6 +59,10 @@ struct config {
     u64 block_bytes;       /* bytes from one block to the next */
     u64 entries_offset;    /* where a block's calls by function are in it */
     u64 functions;         /* patched functions */
+    u64 shared_bytes;      /* size of the shared memory */
+    /* Abstract socket proftap takes forked children's memory on (its
+     * first byte is 0: no socket). */
+    char fork_socket[FORK_SOCKET_NAME];
 };
 
 struct header {

@@ -251,6 +251,13 @@ pub fn pidfd(pid: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Whether the process of `pidfd` has exited (its pidfd reads as ready).
+pub fn has_exited(pidfd: &OwnedFd) -> bool {
+    use std::os::fd::AsFd;
+    let mut poll = [nix::poll::PollFd::new(pidfd.as_fd(), nix::poll::PollFlags::POLLIN)];
+    nix::poll::poll(&mut poll, nix::poll::PollTimeout::ZERO).is_ok_and(|ready| ready > 0)
+}
+
 /// Sends a signal, ignoring a process that is already gone.
 pub fn signal(pid: i32, sig: Signal) {
     let _ = signal::kill(Pid::from_raw(pid), sig);
@@ -361,5 +368,14 @@ impl Drop for Frozen {
             let sig = self.pending.iter().find(|(t, _)| t == tid).map(|(_, s)| *s);
             let _ = ptrace::detach(*tid, sig);
         }
+    }
+}
+
+/// Raises the open-file limit to its maximum: every probe event is a
+/// descriptor per task, CPU and counter, every followed child's memory one.
+pub fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
 }

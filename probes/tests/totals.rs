@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use proftap_probes::exits::ExitMode;
-use proftap_probes::inject::patched::Patched;
+use proftap_probes::inject::patched::{Patched, Recording};
 use proftap_probes::plan::{ProbedFunction, plan};
 use proftap_probes::select::Selection;
 use proftap_probes::symbols::{LoadOptions, SymbolIndex};
@@ -14,6 +14,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 /// examples/wait.c: prints "ready PID ADDRESS", then calls tick() N times for each line N.
 struct Waiter {
     child: Child,
+    /// Where tick() is in it.
+    tick_address: u64,
     input: Option<ChildStdin>,
     output: BufReader<ChildStdout>,
 }
@@ -26,7 +28,9 @@ impl Waiter {
         let mut line = String::new();
         output.read_line(&mut line).unwrap();
         assert!(line.starts_with("ready "), "{line}");
-        Waiter { child, input: Some(input), output }
+        let address = line.split_whitespace().nth(2).and_then(|a| a.strip_prefix("0x")).unwrap();
+        let tick_address = u64::from_str_radix(address, 16).unwrap();
+        Waiter { child, tick_address, input: Some(input), output }
     }
 
     fn tick(&mut self, n: u64) -> u64 {
@@ -90,7 +94,7 @@ fn calls_are_added_up_in_the_running_program_and_read_back() {
         let mut waiter = Waiter::start(&binary);
         assert_eq!(waiter.tick(7), 7);
         let pid = waiter.child.id() as i32;
-        let mut patched = Patched::attach(pid, &functions, None).unwrap();
+        let mut patched = Patched::attach(pid, &functions, Recording::default()).unwrap();
         assert!(patched.refused().iter().all(|(i, _)| *i != tick), "{:?}", patched.refused());
         assert_eq!(waiter.tick(1000), 1007);
         assert_eq!(waiter.tick(234), 1241);
@@ -113,6 +117,64 @@ fn calls_are_added_up_in_the_running_program_and_read_back() {
     }
 }
 
+impl Waiter {
+    /// Sends `line`, returns the answer's word after `prefix`.
+    fn ask(&mut self, line: &str, prefix: &str) -> i64 {
+        writeln!(self.input.as_mut().unwrap(), "{line}").unwrap();
+        let mut answer = String::new();
+        self.output.read_line(&mut answer).unwrap();
+        answer.trim().strip_prefix(prefix).unwrap_or_else(|| panic!("{answer}")).trim().parse().unwrap()
+    }
+}
+
+/// `len` bytes at `address` of process `pid`.
+fn memory_of(pid: i64, address: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0; len];
+    std::fs::File::open(format!("/proc/{pid}/mem")).unwrap().read_exact_at(&mut bytes, address).unwrap();
+    bytes
+}
+
+#[test]
+fn a_child_forked_while_patched_records_its_own_calls_and_is_restored_at_detach() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build("wait.c", "-O2", dir.path());
+    let functions = functions(&binary);
+    let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
+    let mut waiter = Waiter::start(&binary);
+    let pid = waiter.child.id() as i64;
+    let address = waiter.tick_address;
+    let original = memory_of(pid, address, 16);
+    let mut patched = Patched::attach(pid as i32, &functions, Recording { follow_forks: true, ..Recording::default() }).unwrap();
+    assert_ne!(memory_of(pid, address, 16), original, "patched");
+    assert_eq!(waiter.tick(3), 3);
+    let child = waiter.ask("fork 40", "forked");
+    assert!(child > 0);
+    assert_eq!(waiter.tick(2), 5);
+
+    patched.detach().unwrap();
+    assert!(patched.children_not_restored().is_empty(), "{:?}", patched.children_not_restored());
+    assert_eq!(memory_of(child, address, 16), original, "the child's code is restored");
+    let maps = std::fs::read_to_string(format!("/proc/{child}/maps")).unwrap();
+    assert!(!maps.contains("memfd:proftap"), "the child's memory is unmapped:\n{maps}");
+    let (children, refused) = patched.children();
+    assert_eq!(refused, 0);
+    let [(pid_seen, view)] = <[_; 1]>::try_from(children).ok().expect("one child");
+    assert_eq!(i64::from(pid_seen), child);
+    let totals = view.unwrap().totals().unwrap();
+    assert_eq!(totals.threads.iter().map(|t| t.calls[tick]).sum::<u64>(), 40, "the child's calls, in its memory");
+    let mut parent = vec![0; functions.len()];
+    patched.view().unwrap().calls(&mut parent);
+    assert_eq!(parent[tick], 5, "the parent's calls, in its own");
+
+    // Restored, the child runs on: it ticks again and exits 0.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child as i32), nix::sys::signal::Signal::SIGUSR1).unwrap();
+    assert_eq!(waiter.ask("reap", "reaped"), 0);
+}
+
 #[test]
 fn cpu_time_per_call_leaves_out_time_off_cpu() {
     if !root() {
@@ -130,7 +192,7 @@ fn cpu_time_per_call_leaves_out_time_off_cpu() {
     let pid = held.pid();
     nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
     held.release().unwrap();
-    let mut patched = Patched::attach_at_start(pid, &functions, Some(&off_cpu)).unwrap();
+    let mut patched = Patched::attach_at_start(pid, &functions, Recording { off_cpu: Some(&off_cpu), ..Recording::default() }).unwrap();
     drop(patched.take_hold());
     let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
     assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{status:?}");
@@ -163,7 +225,7 @@ fn run_patched(binary: &Path, args: &[&str]) -> (String, proftap_probes::inject:
     let pid = held.pid();
     nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
     held.release().unwrap();
-    let mut patched = Patched::attach_at_start(pid, &functions, None).unwrap();
+    let mut patched = Patched::attach_at_start(pid, &functions, Recording::default()).unwrap();
     drop(patched.take_hold());
     let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
     assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{} {args:?}: {status:?}", binary.display());
@@ -216,7 +278,7 @@ fn attaching_again_and_again_works_and_leaves_nothing_mapped() {
     let before = mappings();
     let mut total = 0;
     for round in 1..=10u64 {
-        let mut patched = Patched::attach(pid, &functions, None).unwrap();
+        let mut patched = Patched::attach(pid, &functions, Recording::default()).unwrap();
         total += round;
         assert_eq!(waiter.tick(round), total);
         let mut calls = vec![0; functions.len()];

@@ -150,6 +150,19 @@ pub enum Finding {
         /// Their pids.
         pids: Vec<i32>,
     },
+    /// A forked child handed its memory to proftap, which could not read it.
+    ChildNotRead {
+        /// The child.
+        pid: i32,
+        /// Why.
+        error: String,
+    },
+    /// Forked children refused: past the most one recording follows, or
+    /// not what a child of the target sends.
+    ChildrenRefused {
+        /// How many.
+        children: u64,
+    },
 }
 
 /// Why the recorder chose uprobes over the in-process engine.
@@ -160,7 +173,8 @@ pub enum UprobeReason {
     Metrics,
     /// Line counts or regions.
     Lines,
-    /// The program forks, and forked processes are followed.
+    /// The program forks, and forked processes are followed (in profiles of
+    /// versions whose in-process engine did not follow them).
     Forks,
     /// The program cancels threads, and the unwinder that does it loads too late to hook.
     CancelsThreads,

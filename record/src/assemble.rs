@@ -221,8 +221,12 @@ fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
         }
     }
     if ending.engine == Engine::Inject && setup.follow_forks {
-        // The patched code runs on in a forked child, its records disabled.
-        let forked: Vec<i32> = aggregate.processes.iter().filter(|p| p.pid != pid).map(|p| p.pid).collect();
+        // A forked child records once it has handed its memory over, at its
+        // first patched call; one that executed another program may have
+        // made none.
+        let recorded = |child: i32| aggregate.threads.iter().any(|t| t.pid == child);
+        let forked: Vec<i32> =
+            aggregate.processes.iter().filter(|p| p.pid != pid && p.execs.is_empty() && !recorded(p.pid)).map(|p| p.pid).collect();
         if !forked.is_empty() {
             found(Finding::ForksNotRecorded { pids: forked });
         }

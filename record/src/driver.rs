@@ -19,7 +19,7 @@ use crate::sources::sampler::SamplerThread;
 use crate::sources::uprobes::UprobeSource;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use proftap_probes::inject::clock::TscClock;
-use proftap_probes::inject::patched::Patched;
+use proftap_probes::inject::patched::{Patched, Recording};
 use proftap_probes::inject::reading::TotalsView;
 use proftap_probes::inject::threads::Cost;
 use proftap_probes::inject::watch::{Judge, Unpatched};
@@ -399,8 +399,8 @@ impl<'a> Driver<'a> {
         let (Some(clock), false) = (self.clock, to_patch.is_empty()) else { return Ok(()) };
         let (pid, functions) = (self.run.pid, self.run.functions());
         let wanted: Vec<bool> = (0..functions.len()).map(|f| to_patch.contains(&f)).collect();
-        let engine = Patched::attach_held(pid, functions, Some(&wanted), self.off_cpu.as_deref())
-            .map_err(|source| RecordError::Inject { pid, source })?;
+        let how = Recording { off_cpu: self.off_cpu.as_deref(), follow_forks: self.run.options.follow_forks };
+        let engine = Patched::attach_held(pid, functions, Some(&wanted), how).map_err(|source| RecordError::Inject { pid, source })?;
         check_unwinders(&engine, functions)?;
         for &f in to_patch {
             self.patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);

@@ -201,9 +201,6 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
     }
 }
 
-/// Symbols a program calls to fork a process that runs on its code.
-const FORKING: &[&str] = &["fork", "_Fork", "daemon", "forkpty"];
-
 /// The engine the request asks for, and when it leaves the choice to the
 /// recorder, why it is not the in-process one when it is not.
 fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -> (Engine, Option<Note>) {
@@ -211,8 +208,6 @@ fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -
         Some(UprobeReason::Metrics)
     } else if chosen.lines.is_some() {
         Some(UprobeReason::Lines)
-    } else if chosen.forks && request.follow_forks {
-        Some(UprobeReason::Forks)
     } else if chosen.cancels_unhooked {
         Some(UprobeReason::CancelsThreads)
     } else {
@@ -232,8 +227,6 @@ struct Chosen {
     build_id: Option<String>,
     exit_mode: ExitMode,
     lines: Option<LinePlan>,
-    /// The executable calls fork (see [`FORKING`]).
-    forks: bool,
     /// The executable calls `pthread_cancel` and no module loaded from the
     /// start unwinds a cancelled thread (glibc loads libgcc_s on demand).
     cancels_unhooked: bool,
@@ -315,10 +308,9 @@ fn choose(
         plan_lines(&indexes[0], &open_paths[0], &measured, files)
     });
     let main = &indexes[0];
-    let forks = main.imports.iter().any(|i| FORKING.contains(&i.as_str()));
     let cancels_unhooked = main.imports.iter().any(|i| i == "pthread_cancel")
         && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
-    Ok(Chosen { functions, build_id: main.build_id.clone(), exit_mode, lines, forks, cancels_unhooked })
+    Ok(Chosen { functions, build_id: main.build_id.clone(), exit_mode, lines, cancels_unhooked })
 }
 
 /// How returns are seen: as asked, or at return instructions for programs

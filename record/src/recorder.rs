@@ -18,7 +18,7 @@ use crate::sources::monotonic_ns;
 use crate::sources::sampler::{SamplerThread, sampling_event};
 use crate::sources::uprobes::UprobeSource;
 use proftap_probes::inject::clock::TscClock;
-use proftap_probes::inject::patched::Patched;
+use proftap_probes::inject::patched::{Patched, Recording};
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
 use proftap_probes::offcpu::OffCpu;
@@ -93,7 +93,8 @@ pub fn record(
         SamplerThread::spawn(StackResolver::new(options.symbols.clone()), SampleAggregator::new(event, *hz), saver.is_some())
     });
     let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
-    let patch = Patch { functions: &all[..measured], injected: &injected, off_cpu: off_cpu.as_deref() };
+    let how = Recording { off_cpu: off_cpu.as_deref(), follow_forks: options.follow_forks };
+    let patch = Patch { functions: &all[..measured], injected: &injected, how };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
     let run = Run { all: &all, measured, options, injected, pid: started.pid, started_ns: started.started_ns, attached: started.attached };
@@ -162,8 +163,8 @@ fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOpt
     let off_cpu = options.metrics.contains(&Metric::Cpu).then(proftap_probes::offcpu::obtain).flatten().map(Arc::new);
     let refused = match spec {
         TargetSpec::Attach { pid } if options.auto_instrument.is_none() => {
-            let engine = Patched::attach_held(*pid, functions, None, off_cpu.as_deref())
-                .map_err(|source| RecordError::Inject { pid: *pid, source })?;
+            let how = Recording { off_cpu: off_cpu.as_deref(), follow_forks: options.follow_forks };
+            let engine = Patched::attach_held(*pid, functions, None, how).map_err(|source| RecordError::Inject { pid: *pid, source })?;
             check_unwinders(&engine, functions)?;
             let refused = engine.refused().to_vec();
             tracing = Some(engine);
@@ -203,7 +204,7 @@ struct Patch<'a> {
     functions: &'a [ProbedFunction],
     /// Per function: the engine may patch it.
     injected: &'a [bool],
-    off_cpu: Option<&'a OffCpu>,
+    how: Recording<'a>,
 }
 
 /// Launches the program held, or holds a running process's threads still,
@@ -248,7 +249,7 @@ fn start(
 /// none of their code has run.
 fn patch_at_start(pid: i32, patch: &Patch<'_>) -> Result<(Option<Patched>, Vec<Note>), RecordError> {
     let functions = patch.functions;
-    let engine = Patched::attach_at_start(pid, functions, patch.off_cpu).map_err(|source| RecordError::Inject { pid, source })?;
+    let engine = Patched::attach_at_start(pid, functions, patch.how).map_err(|source| RecordError::Inject { pid, source })?;
     check_unwinders(&engine, functions)?;
     let missed: Vec<String> = engine
         .refused()

@@ -12,6 +12,7 @@
 //! runs the governor while the process runs; [`hooks`] keeps unwinders
 //! working; [`clock`] converts the TSC.
 
+pub mod children;
 pub mod clock;
 pub mod hooks;
 pub mod patch;

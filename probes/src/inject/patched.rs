@@ -3,6 +3,7 @@
 //! every call up in memory shared with proftap (read through
 //! [`super::reading`]). Here: patching, and taking the patches out again.
 
+use super::children::Children;
 use super::hooks::{self, Hook, HookSite};
 use super::patch::Site;
 use super::patcher::{self, Applied, Refused, Target};
@@ -21,8 +22,17 @@ const MADV_WIPEONFORK: u64 = 18;
 struct Memory {
     /// Seats and return addresses.
     private: u64,
-    /// The word that is 0 in a forked child; 0 once detached.
+    /// The live word (see [`totals::LIVE_RECORDING`]).
     live: u64,
+}
+
+/// What a patched process records besides its calls' wall time.
+#[derive(Clone, Copy, Default)]
+pub struct Recording<'a> {
+    /// Where the runtime reads CPU time (else CPU time is wall time).
+    pub off_cpu: Option<&'a OffCpu>,
+    /// Forked children record their calls too (else they run unrecorded).
+    pub follow_forks: bool,
 }
 
 /// A process whose functions' entries jump to proftap's runtime.
@@ -41,6 +51,12 @@ pub struct Patched {
     return_trampoline: Option<u64>,
     /// The process, held still since it was patched, until taken.
     held: Option<Remote>,
+    /// Forked children's memory, when they are followed.
+    children: Option<Children>,
+    /// Every patch applied, for the forked children's code.
+    ever_applied: Vec<Applied>,
+    /// Forked children whose code could not be restored, and why.
+    children_not_restored: Vec<(i32, String)>,
 }
 
 impl Patched {
@@ -66,8 +82,8 @@ impl Patched {
     /// Patches the entries of `functions` in process `pid`, and the entries
     /// of its unwinders (see [`super::hooks`]); those that cannot be patched
     /// are listed by [`Patched::refused`] and [`Patched::unhooked`].
-    pub fn attach(pid: i32, functions: &[ProbedFunction], off_cpu: Option<&OffCpu>) -> Result<Patched, RemoteError> {
-        let mut patched = Patched::patch(pid, functions, None, None, off_cpu)?;
+    pub fn attach(pid: i32, functions: &[ProbedFunction], how: Recording<'_>) -> Result<Patched, RemoteError> {
+        let mut patched = Patched::patch(pid, functions, None, None, how)?;
         drop(patched.take_hold());
         Ok(patched)
     }
@@ -78,28 +94,28 @@ impl Patched {
         pid: i32,
         functions: &[ProbedFunction],
         wanted: Option<&[bool]>,
-        off_cpu: Option<&OffCpu>,
+        how: Recording<'_>,
     ) -> Result<Patched, RemoteError> {
-        Patched::patch(pid, functions, wanted, None, off_cpu)
+        Patched::patch(pid, functions, wanted, None, how)
     }
 
     /// The same for a process proftap launched and traces, from its exec
     /// to the moment its libraries are loaded and none of their
     /// constructors has run (see [`Remote::at_start`]); held as well.
-    pub fn attach_at_start(pid: i32, functions: &[ProbedFunction], off_cpu: Option<&OffCpu>) -> Result<Patched, RemoteError> {
+    pub fn attach_at_start(pid: i32, functions: &[ProbedFunction], how: Recording<'_>) -> Result<Patched, RemoteError> {
         let remote = Remote::at_start(pid)?;
-        Patched::patch(pid, functions, None, Some(remote), off_cpu)
+        Patched::patch(pid, functions, None, Some(remote), how)
     }
 
     /// Patches with `remote` holding a launched process at its start, or
     /// (`None`) holding the running process once there is something to
-    /// patch; CPU time per call from `off_cpu` (else CPU time is wall time).
+    /// patch; recording what `how` says.
     fn patch(
         pid: i32,
         functions: &[ProbedFunction],
         wanted: Option<&[bool]>,
         at_start: Option<Remote>,
-        off_cpu: Option<&OffCpu>,
+        how: Recording<'_>,
     ) -> Result<Patched, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         refuse_shadow_stacks(pid)?;
@@ -125,6 +141,9 @@ impl Patched {
             code: Vec::new(),
             return_trampoline: None,
             held: None,
+            children: None,
+            ever_applied: Vec::new(),
+            children_not_restored: Vec::new(),
         };
         if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) {
             patched.split_refusals(refused, functions.len(), &hook_sites);
@@ -134,7 +153,13 @@ impl Patched {
             Some(remote) => remote,
             None => Remote::attach(pid)?,
         };
-        let (shared, memory, config) = set_up_memory(&remote, geometry, off_cpu)?;
+        let (shared, memory, mut config) = set_up_memory(&remote, geometry, how.off_cpu)?;
+        if how.follow_forks {
+            let children = Children::listen(owner(pid)?, geometry.shared_bytes())
+                .map_err(|e| RemoteError::Unsupported(format!("cannot listen for forked children: {e}")))?;
+            config.fork_socket = children.name();
+            patched.children = Some(children);
+        }
         for group in groups {
             let runtime = std::cell::Cell::new(None::<totals::Runtime>);
             let shared_trampoline = patched.return_trampoline;
@@ -159,11 +184,12 @@ impl Patched {
             if let Some(rt) = runtime.take() {
                 patched.return_trampoline.get_or_insert(rt.return_trampoline);
             }
+            patched.ever_applied.extend(applied.iter().cloned());
             patched.applied.extend(applied);
             patched.code.push(code);
         }
         // Recording starts with the threads still held.
-        remote.write(memory.live, &1u64.to_ne_bytes())?;
+        remote.write(memory.live, &totals::LIVE_RECORDING.to_ne_bytes())?;
         patched.view = Some(TotalsView::new(shared, geometry));
         patched.memory = Some(memory);
         patched.split_refusals(refused, functions.len(), &hook_sites);
@@ -243,6 +269,15 @@ impl Patched {
         self.view.clone()
     }
 
+    /// Stops taking forked children, and gives a view of each one's memory
+    /// (by process id, or why it cannot be read) and how many were refused
+    /// or past the limit.
+    pub fn children(&mut self) -> (Vec<(i32, std::io::Result<TotalsView>)>, u64) {
+        let (Some(children), Some(view)) = (&mut self.children, &self.view) else { return (Vec::new(), 0) };
+        children.stop();
+        children.views(self.geometry, view.remote_address())
+    }
+
     /// Puts the original bytes of `functions` back while the process runs
     /// on: their calls in progress still return through the trampoline and
     /// are added up; new calls are not.
@@ -260,6 +295,8 @@ impl Patched {
     /// mapped in the process (so that attaching again finds room). The
     /// totals read so far stay readable here.
     pub fn detach(&mut self) -> Result<(), RemoteError> {
+        let failed = self.detach_children();
+        self.children_not_restored.extend(failed.into_iter().map(|(pid, e)| (pid, e.to_string())));
         // A process that is gone has nothing to restore.
         if self.memory.is_none() || !std::path::Path::new(&format!("/proc/{}", self.pid)).exists() {
             self.applied.clear();
@@ -269,19 +306,56 @@ impl Patched {
         let remote = self.hold()?;
         patcher::restore(&remote, &mut self.applied, |_| true)?;
         let Some(memory) = self.memory.take() else { return Ok(()) };
-        remote.write(memory.live, &0u64.to_ne_bytes())?;
-        self.release(&remote, memory)
+        remote.write(memory.live, &totals::LIVE_STOPPED.to_ne_bytes())?;
+        if self.release(&remote, memory)? {
+            self.code.clear();
+        }
+        Ok(())
+    }
+
+    /// Stops taking forked children and takes the patches out of those
+    /// still running, as out of the parent: all that were ever applied,
+    /// since the parent's unpatching after a fork does not reach the child.
+    /// Returns each child that could not be restored, and why.
+    fn detach_children(&mut self) -> Vec<(i32, RemoteError)> {
+        let Some(children) = &mut self.children else { return Vec::new() };
+        children.stop();
+        let (Some(memory), running) = (self.memory, children.running()) else { return Vec::new() };
+        let mut failed = Vec::new();
+        for (pid, process) in running {
+            let restored = Remote::attach(pid).and_then(|remote| {
+                // Held, and still the child: its pid cannot have been reused.
+                if crate::target::has_exited(&process) {
+                    return Ok(());
+                }
+                let mut applied = self.ever_applied.clone();
+                patcher::restore(&remote, &mut applied, |_| true)?;
+                remote.write(memory.live, &totals::LIVE_STOPPED.to_ne_bytes())?;
+                self.release(&remote, memory).map(drop)
+            });
+            match restored {
+                Err(_) if crate::target::has_exited(&process) => {}
+                Err(e) => failed.push((pid, e)),
+                Ok(()) => {}
+            }
+        }
+        failed
+    }
+
+    /// The forked children that could not be restored at the last detach, and why.
+    pub fn children_not_restored(&self) -> &[(i32, String)] {
+        &self.children_not_restored
     }
 
     /// Returns every hijacked return address to its frame and unmaps the
     /// runtime's memory and code, with the process held; nothing when a
     /// thread is inside that code (calls in progress then still return
-    /// through it, as they would without this).
-    fn release(&mut self, remote: &Remote, memory: Memory) -> Result<(), RemoteError> {
+    /// through it, as they would without this). Returns whether it unmapped.
+    fn release(&self, remote: &Remote, memory: Memory) -> Result<bool, RemoteError> {
         let inside = |tid: i32| remote.regs(tid).map_or(true, |r| self.code.iter().any(|c| c.contains(&r.rip)));
-        let (Some(trampoline), Some(view)) = (self.return_trampoline, &self.view) else { return Ok(()) };
+        let (Some(trampoline), Some(view)) = (self.return_trampoline, &self.view) else { return Ok(false) };
         if remote.threads().into_iter().any(inside) {
-            return Ok(());
+            return Ok(false);
         }
         let seats = remote.read(memory.private, (totals::SEATS * 32) as usize)?;
         for seat in seats.chunks_exact(32) {
@@ -304,10 +378,10 @@ impl Patched {
         unmap(view.remote_address(), self.geometry.shared_bytes())?;
         unmap(memory.private, self.geometry.private_bytes())?;
         unmap(memory.live, 4096)?;
-        for code in std::mem::take(&mut self.code) {
+        for code in &self.code {
             unmap(code.start, code.end - code.start)?;
         }
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -387,11 +461,20 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         block_bytes: geometry.block_bytes(),
         entries_offset: geometry.entries_offset(),
         functions: geometry.functions,
+        shared_bytes: geometry.shared_bytes(),
         off_cpu: off_cpu_address,
         off_cpu_entries: off_cpu.map_or(0, OffCpu::entries),
         ..Config::default()
     };
     Ok((shared, Memory { private, live }, config))
+}
+
+/// The user a process runs as.
+fn owner(pid: i32) -> Result<u32, RemoteError> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .map(|m| m.uid())
+        .map_err(|e| RemoteError::Unsupported(format!("cannot tell who runs process {pid}: {e}")))
 }
 
 /// TSC cycles per nanosecond as `mult >> shift`, measured.

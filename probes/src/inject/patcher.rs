@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 pub const TRAMPOLINE_ROOM: usize = 160;
 
 /// A patched entry, to undo at detach.
+#[derive(Clone)]
 pub struct Applied {
     /// The function's index.
     pub function: usize,

@@ -349,14 +349,7 @@ impl Remote {
         });
         close();
         let local = local.map_err(io_error(format!("cannot share memory with process {}", self.pid)))?;
-        // SAFETY: a shared mapping of a memfd proftap holds open; the target
-        // writes to it concurrently, which readers of `Shared` account for.
-        let pointer =
-            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, local.as_raw_fd(), 0) };
-        if pointer == libc::MAP_FAILED {
-            return Err(io_error("cannot map the memory shared with the target")(io::Error::last_os_error()));
-        }
-        Ok(Shared { local: pointer.cast(), len, remote: remote_address, _fd: local })
+        Shared::map(local, len, remote_address).map_err(io_error("cannot map the memory shared with the target"))
     }
 }
 
@@ -562,13 +555,23 @@ impl Shared {
         // SAFETY: the kernel just gave us this descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         File::from(fd.try_clone()?).set_len(len as u64)?;
-        // SAFETY: a shared mapping of the memfd held by the value made below.
+        let mut shared = Shared::map(fd, len, 0)?;
+        shared.remote = shared.local as u64;
+        Ok(shared)
+    }
+
+    /// `len` bytes of memfd `fd` (which must not shrink while mapped: the
+    /// caller made sure), mapped here; at `remote` in the target.
+    pub fn map(fd: OwnedFd, len: usize, remote: u64) -> io::Result<Shared> {
+        // SAFETY: a shared mapping of a memfd the value made below holds
+        // open; the target writes to it concurrently, which readers of
+        // `Shared` account for.
         let pointer =
             unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
         if pointer == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Shared { local: pointer.cast(), len, remote: pointer as u64, _fd: fd })
+        Ok(Shared { local: pointer.cast(), len, remote, _fd: fd })
     }
 
     /// Its size.

@@ -86,25 +86,70 @@ impl InjectSource {
         if let Err(e) = patched.detach() {
             notes.push(Finding::RestoreFailed { pid: self.pid, error: e.to_string() }.into());
         }
+        for (pid, error) in patched.children_not_restored() {
+            notes.push(Finding::RestoreFailed { pid: *pid, error: error.clone() }.into());
+        }
         let Some(view) = &self.view else { return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes }) };
-        let totals = view.totals().map_err(RecordError::Corrupted)?;
         let end_tsc = self.clock.tsc_at(end_ns);
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
-        let off_now = |t: &ThreadTotals| self.off_cpu.as_ref().and_then(|o| o.off_cpu_ns(t.tid)).map(|ns| self.clock.cycles_of(ns));
-        let threads: Vec<ThreadProfile> =
-            totals.threads.iter().map(|t| thread_profile(self.pid, names(t.tid), t, off_now(t), &how)).collect();
-        let calls = totals.threads.iter().flat_map(|t| &t.calls).fold(totals.unseated, |sum, c| sum.saturating_add(*c));
-        let untimed: u64 = totals.threads.iter().map(|t| t.untimed).sum::<u64>() + totals.unseated;
-        if untimed > 0 {
-            notes.push(Finding::CallsUntimed { calls: untimed, unseated: totals.unseated }.into());
+        let mut read = Read::default();
+        let off_cpu = self.off_cpu.as_deref();
+        read.add(self.pid, view, &how, off_cpu, names).map_err(RecordError::Corrupted)?;
+        // A child's memory is its own to spoil: what it wrote is its loss alone.
+        let (children, refused) = patched.children();
+        for (pid, view) in children {
+            let outcome = view.map_err(|e| format!("cannot map its memory: {e}"));
+            if let Err(error) = outcome.and_then(|view| read.add(pid, &view, &how, off_cpu, names)) {
+                notes.push(Finding::ChildNotRead { pid, error }.into());
+            }
         }
-        if totals.over_budget > 0 {
-            notes.push(Finding::ContextsOverBudget { threads: totals.over_budget, budget_bytes: MOST_CONTEXT_BYTES }.into());
+        if refused > 0 {
+            notes.push(Finding::ChildrenRefused { children: refused }.into());
+        }
+        if read.untimed > 0 {
+            notes.push(Finding::CallsUntimed { calls: read.untimed, unseated: read.unseated }.into());
+        }
+        if read.over_budget > 0 {
+            notes.push(Finding::ContextsOverBudget { threads: read.over_budget, budget_bytes: MOST_CONTEXT_BYTES }.into());
         }
         if self.off_cpu.is_none() && metrics > 1 {
             notes.push(Finding::CpuIsWall.into());
         }
+        let Read { threads, calls, .. } = read;
         Ok(InjectEnding { threads, calls, notes })
+    }
+}
+
+/// What the engine added up, over the patched process and its children.
+#[derive(Default)]
+struct Read {
+    threads: Vec<ThreadProfile>,
+    calls: u64,
+    untimed: u64,
+    unseated: u64,
+    over_budget: u64,
+}
+
+impl Read {
+    /// Adds process `pid`'s totals, read through `view`, with each thread's
+    /// time off CPU from `off_cpu`.
+    fn add(
+        &mut self,
+        pid: i32,
+        view: &TotalsView,
+        how: &Conversion<'_>,
+        off_cpu: Option<&OffCpu>,
+        names: &dyn Fn(u32) -> String,
+    ) -> Result<(), String> {
+        let totals = view.totals()?;
+        let off_now = |t: &ThreadTotals| off_cpu.and_then(|o| o.off_cpu_ns(t.tid)).map(|ns| how.clock.cycles_of(ns));
+        self.threads.extend(totals.threads.iter().map(|t| thread_profile(pid, names(t.tid), t, off_now(t), how)));
+        self.calls =
+            totals.threads.iter().flat_map(|t| &t.calls).fold(self.calls.saturating_add(totals.unseated), |sum, c| sum.saturating_add(*c));
+        self.untimed = totals.threads.iter().fold(self.untimed.saturating_add(totals.unseated), |sum, t| sum.saturating_add(t.untimed));
+        self.unseated = self.unseated.saturating_add(totals.unseated);
+        self.over_budget += totals.over_budget;
+        Ok(())
     }
 }
 

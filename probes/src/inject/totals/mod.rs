@@ -43,7 +43,7 @@ pub struct Config {
     pub shared: u64,
     /// Address of the private memory.
     pub private_base: u64,
-    /// A word that is 0 in a forked child.
+    /// The live word ([`LIVE_RECORDING`], ...).
     pub live: u64,
     /// Where hijacked returns go.
     pub return_trampoline: u64,
@@ -63,7 +63,17 @@ pub struct Config {
     pub entries_offset: u64,
     /// Patched functions.
     pub functions: u64,
+    /// Size of the shared memory.
+    pub shared_bytes: u64,
+    /// The abstract socket forked children send their memory to (all zero: none).
+    pub fork_socket: [u8; 32],
 }
+
+/// The live word while calls are recorded (`LIVE_RECORDING` in runtime.h);
+/// a forked child's reads 0 until it has memory of its own.
+pub const LIVE_RECORDING: u64 = 1;
+/// The live word once recording stopped (`LIVE_STOPPED`).
+pub const LIVE_STOPPED: u64 = 2;
 
 /// `struct header` of runtime.h.
 #[repr(C)]

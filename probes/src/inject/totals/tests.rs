@@ -2,6 +2,7 @@
 //! return-address slots, its memory read back as proftap reads it.
 
 use super::*;
+use crate::inject::children::Children;
 
 fn layout_word(i: usize) -> u64 {
     let at = symbols::PROFTAP_LAYOUT as usize + 8 * i;
@@ -65,6 +66,10 @@ fn map(len: usize) -> *mut u8 {
 
 impl Local {
     fn new(functions: u64, blocks: u64) -> Local {
+        Local::with_fork_socket(functions, blocks, [0; 32])
+    }
+
+    fn with_fork_socket(functions: u64, blocks: u64, fork_socket: [u8; 32]) -> Local {
         let geometry = Geometry { functions, blocks };
         let shared = map(geometry.shared_bytes() as usize);
         let private = map(geometry.private_bytes() as usize);
@@ -80,6 +85,8 @@ impl Local {
             block_bytes: geometry.block_bytes(),
             entries_offset: geometry.entries_offset(),
             functions,
+            shared_bytes: geometry.shared_bytes(),
+            fork_socket,
             ..Config::default()
         };
         let runtime = assemble(code as u64, &config, None).expect("assembles");
@@ -236,19 +243,59 @@ fn each_thread_has_its_own_block() {
 }
 
 #[test]
-fn a_call_in_a_forked_child_is_not_recorded_but_returns() {
+fn a_forked_child_not_followed_runs_unrecorded_and_returns_right() {
     let mut rt = Local::new(1, 4);
     let mut stack = Stack::new();
     rt.entry(&mut stack.0[60], 0);
-    // In a forked child the live word reads 0: frames hijacked before the
-    // fork still return; new calls are neither hijacked nor counted.
+    // In a forked child the live word reads 0: with no socket to hand its
+    // memory to, frames hijacked before the fork still return; new calls
+    // are neither hijacked nor counted.
     *rt.live = 0;
     rt.entry(&mut stack.0[50], 0);
+    assert_eq!(*rt.live, LIVE_STOPPED);
     assert_eq!(stack.0[50], 0x1000 + 50);
     rt.exit(&mut stack.0[60]);
     assert_eq!(stack.0[60], 0x1000 + 60);
     assert_eq!(rt.entries(0), [1]);
     assert_eq!(rt.nodes(0)[1].calls, 0, "its frame ended where nothing is recorded");
+}
+
+#[test]
+fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
+    let geometry = Geometry { functions: 1, blocks: 4 };
+    // SAFETY: getuid has no preconditions.
+    let mut children = Children::listen(unsafe { libc::getuid() }, geometry.shared_bytes()).expect("a socket");
+    let mut rt = Local::with_fork_socket(1, 4, children.name());
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 0);
+    rt.exit(&mut stack.0[50]);
+    let parent = rt.shared;
+    // SAFETY: the parent's block, as it was before the fork.
+    let parents_calls = unsafe { *parent.add((geometry.block(0) + geometry.entries_offset()) as usize).cast::<u64>() };
+    assert_eq!(parents_calls, 2);
+
+    // As the child sees it after a fork: its live word zeroed.
+    *rt.live = 0;
+    rt.entry(&mut stack.0[40], 0);
+    assert_eq!(*rt.live, LIVE_RECORDING, "the child reached proftap");
+    rt.exit(&mut stack.0[40]);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], 0x1000 + 60, "the frame from before the fork returns where it came from");
+    assert_eq!(rt.entries(0), [1], "only the child's call counts in its memory");
+    let nodes = rt.nodes(0);
+    assert_eq!((nodes[1].function, nodes[1].calls), (0, 1), "the call in progress at the fork ends in the child");
+    assert_eq!((nodes[2].parent, nodes[2].calls), (1, 1), "the child's call, under it");
+
+    children.stop();
+    let (views, refused) = children.views(geometry, rt.shared as u64);
+    assert_eq!(refused, 0);
+    let [(pid, view)] = <[_; 1]>::try_from(views).ok().expect("one child");
+    assert_eq!(pid, std::process::id() as i32);
+    let totals = view.expect("its memory").totals().expect("its totals");
+    assert_eq!(totals.threads.len(), 1);
+    assert_eq!(totals.threads[0].calls, [1]);
+    assert_eq!(totals.threads[0].nodes[1..], nodes[1..]);
 }
 
 // SAFETY: the mapped memory is used by one test at a time through these pointers.

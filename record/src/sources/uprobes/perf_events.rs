@@ -118,7 +118,7 @@ pub(crate) struct PerfEvents {
 impl PerfEvents {
     /// Events with no probes yet.
     pub fn new(metrics: &[Metric], sampling: Option<(u64, u32)>, buffer_bytes: usize) -> Self {
-        raise_fd_limit();
+        proftap_probes::target::raise_open_files_limit();
         let cpus = online_cpus();
         PerfEvents {
             probes: Vec::new(),
@@ -300,13 +300,4 @@ fn online_cpus() -> Vec<usize> {
         cpus.extend(0..std::thread::available_parallelism().map_or(1, |n| n.get()));
     }
     cpus
-}
-
-/// Raises the open-file limit to its maximum: every probe event is a
-/// descriptor per task, CPU and counter.
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
 }

@@ -1,0 +1,204 @@
+//! Forked children of a patched process. A child inherits the patched code
+//! and, at its first call into the runtime, makes shared memory of its own
+//! and sends it here, on an abstract socket whose name the runtime's
+//! configuration holds (see `adopt` in `probes/runtime/runtime.c`). Each
+//! child's totals are then read like the parent's, as a process of their own.
+//!
+//! Anyone on the machine can connect to an abstract socket: a sender must
+//! be of the target's user (or root), send one memfd of the expected size,
+//! which is sealed against shrinking before it is mapped; what it holds is
+//! read as any target's memory is, checked. At most [`MOST_CHILDREN`] are
+//! taken; the others are counted.
+
+use super::reading::TotalsView;
+use super::remote::Shared;
+use super::totals::Geometry;
+use nix::cmsg_space;
+use nix::errno::Errno;
+use nix::sys::socket::{
+    AddressFamily, Backlog, ControlMessageOwned, MsgFlags, Shutdown, SockFlag, SockType, UnixAddr, accept, bind, getsockopt, listen,
+    recvmsg, send, setsockopt, shutdown, socket, sockopt,
+};
+use nix::sys::time::TimeVal;
+use std::io::{self, IoSliceMut, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Children followed at most in one recording.
+pub const MOST_CHILDREN: usize = 4096;
+
+/// Bytes of the socket's name (`FORK_SOCKET_NAME` in runtime.h).
+pub const NAME_BYTES: usize = 32;
+
+/// A child that handed its memory over.
+pub struct Child {
+    /// Its process id.
+    pub pid: i32,
+    /// The process (opened while it waited for proftap, so surely it).
+    process: OwnedFd,
+    memory: OwnedFd,
+}
+
+#[derive(Default)]
+struct Received {
+    children: Vec<Child>,
+    /// Handed over past [`MOST_CHILDREN`], or refused (wrong user, not a
+    /// memfd of the right size).
+    refused: u64,
+}
+
+/// The socket forked children send their memory to, and what came.
+pub struct Children {
+    name: [u8; NAME_BYTES],
+    listener: Arc<OwnedFd>,
+    received: Arc<Mutex<Received>>,
+    accepting: Option<JoinHandle<()>>,
+}
+
+impl Children {
+    /// Listens for the children of a process of user `uid` whose shared
+    /// memory is `bytes` long.
+    pub fn listen(uid: u32, bytes: u64) -> io::Result<Children> {
+        crate::target::raise_open_files_limit();
+        let name = random_name()?;
+        let listener = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
+        bind(listener.as_raw_fd(), &UnixAddr::new_abstract(&name)?)?;
+        listen(&listener, Backlog::new(128)?)?;
+        let listener = Arc::new(listener);
+        let received = Arc::new(Mutex::new(Received::default()));
+        let accepting = {
+            let (listener, received) = (listener.clone(), received.clone());
+            std::thread::Builder::new().name("proftap-forks".into()).spawn(move || accept_children(&listener, uid, bytes, &received))?
+        };
+        Ok(Children { name, listener, received, accepting: Some(accepting) })
+    }
+
+    /// The socket's name, for the runtime's configuration.
+    pub fn name(&self) -> [u8; NAME_BYTES] {
+        self.name
+    }
+
+    /// Stops taking children: a child that forks from now on runs unrecorded.
+    pub fn stop(&mut self) {
+        // Wakes the accepting thread (accept on a shut down listener fails).
+        let _ = shutdown(self.listener.as_raw_fd(), Shutdown::Both);
+        if let Some(thread) = self.accepting.take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// The children still running, with a descriptor of each process.
+    pub fn running(&self) -> Vec<(i32, OwnedFd)> {
+        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        received
+            .children
+            .iter()
+            .filter(|child| !crate::target::has_exited(&child.process))
+            .filter_map(|child| Some((child.pid, child.process.try_clone().ok()?)))
+            .collect()
+    }
+
+    /// Each child so far, with a view of its memory laid out as the
+    /// parent's (`geometry`, at `remote` in the process), and how many were
+    /// refused or past the limit.
+    pub fn views(&self, geometry: Geometry, remote: u64) -> (Vec<(i32, io::Result<TotalsView>)>, u64) {
+        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        let views = received
+            .children
+            .iter()
+            .map(|child| {
+                let view = child
+                    .memory
+                    .try_clone()
+                    .and_then(|fd| Shared::map(fd, geometry.shared_bytes() as usize, remote))
+                    .map(|shared| TotalsView::new(shared, geometry));
+                (child.pid, view)
+            })
+            .collect();
+        (views, received.refused)
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `proftap-` and 24 random hex digits: not to be guessed before it exists.
+fn random_name() -> io::Result<[u8; NAME_BYTES]> {
+    let mut random = [0u8; 12];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut random)?;
+    let text = format!("proftap-{}", random.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let mut name = [0u8; NAME_BYTES];
+    name.copy_from_slice(text.as_bytes());
+    Ok(name)
+}
+
+fn accept_children(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Received>) {
+    loop {
+        let fd = match accept(listener.as_raw_fd()) {
+            Ok(fd) => fd,
+            Err(Errno::EINTR | Errno::ECONNABORTED) => continue,
+            // Shut down, or out of descriptors: children are refused from now on.
+            Err(_) => {
+                let _ = shutdown(listener.as_raw_fd(), Shutdown::Both);
+                break;
+            }
+        };
+        // SAFETY: accept just made this descriptor.
+        let connection = unsafe { OwnedFd::from_raw_fd(fd) };
+        let child = take_child(&connection, uid, bytes);
+        let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
+        match child {
+            Some(child) if received.children.len() < MOST_CHILDREN => {
+                received.children.push(child);
+                drop(received);
+                // The child waits for this before it goes on recording.
+                let _ = send(connection.as_raw_fd(), &[1], MsgFlags::MSG_NOSIGNAL);
+            }
+            _ => received.refused += 1,
+        }
+    }
+}
+
+/// The memory a connected child sends, if it is what a child of the
+/// target's would send.
+fn take_child(connection: &OwnedFd, uid: u32, bytes: u64) -> Option<Child> {
+    let credentials = getsockopt(connection, sockopt::PeerCredentials).ok()?;
+    if credentials.uid() != uid && credentials.uid() != 0 {
+        return None;
+    }
+    setsockopt(connection, sockopt::ReceiveTimeout, &TimeVal::new(1, 0)).ok()?;
+    let mut pid = [0u8; 8];
+    let mut space = cmsg_space!([RawFd; 1]);
+    let mut buffers = [IoSliceMut::new(&mut pid)];
+    let message = recvmsg::<()>(connection.as_raw_fd(), &mut buffers, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC).ok()?;
+    let mut descriptors: Vec<OwnedFd> = Vec::new();
+    for control in message.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(fds) = control {
+            // SAFETY: the kernel installed these descriptors for us.
+            descriptors.extend(fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    let [memory] = <[OwnedFd; 1]>::try_from(descriptors).ok()?;
+    seal(&memory, bytes).ok()?;
+    let process = crate::target::pidfd(credentials.pid()).ok()?;
+    Some(Child { pid: credentials.pid(), process, memory })
+}
+
+/// Seals a memfd against shrinking (a mapping of memory that shrank would
+/// fault on reading) after checking it is one, of `bytes` bytes.
+fn seal(memory: &OwnedFd, bytes: u64) -> io::Result<()> {
+    let fd = memory.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own.
+    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let size = std::fs::File::from(memory.try_clone()?).metadata()?.len();
+    if size != bytes {
+        return Err(io::Error::other(format!("{size} bytes, not {bytes}")));
+    }
+    Ok(())
+}
