@@ -246,3 +246,52 @@ fn lost_text(n: u64) -> String {
     }
     out
 }
+
+#[test]
+fn perf_and_uftrace_habits_work() {
+    require_probes();
+    let binary = Build::c("calls.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    // The command directly, as `perf record` and `uftrace record` take it.
+    let out =
+        run(proftap().current_dir(dir.path()).args(["run", "-f", "leaf", "-f", "left", "-f", "right"]).arg(&binary).args(["1000", "1"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // `report` reads proftap.profile by default, as `perf report` reads perf.data;
+    // `-s self` sorts by exclusive time, `--top` cuts, in JSON too.
+    let json = |args: &[&str]| -> serde_json::Value {
+        serde_json::from_str(&run_ok(proftap().current_dir(dir.path()).args(["report", "--format", "json"]).args(args))).unwrap()
+    };
+    let names = |report: &serde_json::Value| -> Vec<String> {
+        report["functions"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap().to_string()).collect()
+    };
+    let all = json(&[]);
+    assert_eq!(calls_by_name(&all)["leaf"], 2000);
+    assert_eq!(names(&json(&["-s", "name"])), ["leaf", "left", "right"]);
+    assert_eq!(names(&json(&["-s", "calls", "--top", "1"])), ["leaf"]);
+    let by_self = json(&["-s", "self"]);
+    let exclusive: Vec<u64> = by_self["functions"].as_array().unwrap().iter().map(|f| stat(f, "exclusive", "wall_ns", "total")).collect();
+    assert!(exclusive.windows(2).all(|w| w[0] >= w[1]), "{exclusive:?}");
+
+    // `attach -p PID` and `attach --pid PID`, as perf takes them.
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    let mut ticks = 0;
+    for flag in ["-p", "--pid"] {
+        let file = dir.path().join(format!("attach{flag}.profile"));
+        let mut profiler = proftap()
+            .args(["attach", "-f", "tick", "-o"])
+            .arg(&file)
+            .args([flag, &waiter.pid.to_string()])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(profiler.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        assert!(line.contains("attached to process"), "{flag}: {line}");
+        ticks += 100;
+        assert_eq!(waiter.tick(100), ticks);
+        nix_signal(profiler.id() as i32, "INT");
+        assert!(profiler.wait().unwrap().success(), "{flag}");
+        assert_eq!(calls_by_name(&report_json(&file))["tick"], 100, "{flag}");
+    }
+}

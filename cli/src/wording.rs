@@ -41,9 +41,14 @@ pub fn note(note: &Note) -> String {
 fn finding_sentence(finding: &Finding) -> String {
     match finding {
         Finding::UprobesChosen { reason } => format!("calls are seen by uprobes, not the in-process engine: {}", uprobe_reason(*reason)),
-        Finding::NotPatched { functions, reasons } => {
+        Finding::NotPatched { functions, reasons, sampled } => {
             let parts: Vec<String> = reasons.iter().map(refusal).collect();
-            format!("{functions} functions could not be patched and are probed by uprobes: {}", parts.join("; "))
+            let how = if *sampled {
+                "are sampled only (a kernel probe costs a hundred patched calls; --overhead-budget 0 probes them)"
+            } else {
+                "are probed by uprobes"
+            };
+            format!("{functions} functions could not be patched and {how}: {}", parts.join("; "))
         }
         Finding::CodeDiffers { functions } => {
             format!("not recorded: {} (their code in memory was not what the file holds)", functions.join(", "))

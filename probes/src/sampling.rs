@@ -161,6 +161,8 @@ pub struct StackResolver {
     module_ids: HashMap<String, usize>,
     /// (module, virtual address) -> what it is named.
     symbolized: FxHashMap<(usize, u64), Named>,
+    /// Kernel probes may be hit: a sample in the kernel may be mid-probe.
+    kernel_probes: bool,
 }
 
 impl StackResolver {
@@ -172,7 +174,15 @@ impl StackResolver {
             modules: Vec::new(),
             module_ids: HashMap::new(),
             symbolized: FxHashMap::default(),
+            kernel_probes: true,
         }
+    }
+
+    /// No kernel probe is placed in the recording: a sample in the kernel
+    /// is a system call or a fault, never a probe being handled.
+    pub fn without_kernel_probes(mut self) -> Self {
+        self.kernel_probes = false;
+        self
     }
 
     /// A process mapped executable code (or had it mapped when the recording began).
@@ -221,7 +231,7 @@ impl StackResolver {
         let mut addresses = self.unwind(sample.pid, ip, sp, bp, &sample.stack, returns);
         // In the kernel with a stack that does not unwind: the thread was
         // taken while a probe was handled, its registers half updated.
-        let mid_probe = sample.in_kernel && addresses.iter().skip(1).any(|&a| !self.is_mapped(sample.pid, a));
+        let mid_probe = self.kernel_probes && sample.in_kernel && addresses.iter().skip(1).any(|&a| !self.is_mapped(sample.pid, a));
         if mid_probe {
             addresses.clear();
         }

@@ -28,12 +28,17 @@ pub enum Finding {
         /// Why not the in-process engine.
         reason: UprobeReason,
     },
-    /// The in-process engine could not patch some functions; uprobes saw them.
+    /// The in-process engine could not patch some functions; uprobes saw
+    /// them, or (`sampled`) only sampling did.
     NotPatched {
         /// How many.
         functions: u64,
         /// By reason, most functions first.
         reasons: Vec<Refusal>,
+        /// Sampled only: in hybrid mode a kernel probe on them would cost
+        /// a hundred times a patched call.
+        #[serde(default)]
+        sampled: bool,
     },
     /// Functions not recorded: their code in memory was not what the file holds.
     CodeDiffers {

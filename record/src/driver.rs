@@ -394,6 +394,13 @@ impl<'a> Driver<'a> {
         self.tell(note.into());
     }
 
+    /// proftap's code is now at `ranges` in process `pid`.
+    pub fn code_added(&mut self, pid: i32, ranges: Vec<std::ops::Range<u64>>) {
+        if !ranges.is_empty() {
+            self.queue.push(Event::CodeAdded { time: monotonic_ns(), pid: pid as u32, ranges });
+        }
+    }
+
     /// Patches the functions `to_patch` in the running process.
     fn patch(&mut self, to_patch: &[usize]) -> Result<(), RecordError> {
         let (Some(clock), false) = (self.clock, to_patch.is_empty()) else { return Ok(()) };
@@ -405,7 +412,7 @@ impl<'a> Driver<'a> {
         for &f in to_patch {
             self.patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);
         }
-        self.queue.push(Event::CodeAdded { time: monotonic_ns(), pid: pid as u32, ranges: engine.code() });
+        self.code_added(pid, engine.code());
         self.consumer.engine = engine.view();
         self.inject = Some(InjectSource::start(engine, self.run.judge(), clock, self.off_cpu.clone()));
         self.engine_attached = true;

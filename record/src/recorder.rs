@@ -90,7 +90,13 @@ pub fn record(
     let sampling = options.sample.map(|s| (sampling_event().to_string(), s.frequency_hz));
     let sampler = sampling.as_ref().map(|(event, hz)| {
         // The named stacks are kept only to be saved.
-        SamplerThread::spawn(StackResolver::new(options.symbols.clone()), SampleAggregator::new(event, *hz), saver.is_some())
+        let resolver = StackResolver::new(options.symbols.clone());
+        // Uprobes are placed only on what `enabled` picks, or when they may be
+        // added later (automatic instrumentation), or for lines.
+        let later = options.auto_instrument.is_some();
+        let kernel_probes = enabled.iter().any(|&e| e) || later || options.lines.is_some();
+        let resolver = if kernel_probes { resolver } else { resolver.without_kernel_probes() };
+        SamplerThread::spawn(resolver, SampleAggregator::new(event, *hz), saver.is_some())
     });
     let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
     let how = Recording { off_cpu: off_cpu.as_deref(), follow_forks: options.follow_forks };
@@ -105,9 +111,6 @@ pub fn record(
         None => patched.iter_mut().for_each(|p| *p = false),
     }
     let setup = setup(&run, &started.command, &code, cpu_from_switches, started_unix_ns, sampling);
-    if let Some(sampler) = &sampler {
-        code.iter().for_each(|c| sampler.engine_code(run.pid as u32, c.clone()));
-    }
     let mut saver = saver;
     if let Some(saver) = saver.as_mut() {
         saver.setup(&setup);
@@ -124,6 +127,9 @@ pub fn record(
     let inject = started.tracing.zip(clock).map(|(engine, clock)| InjectSource::start(engine, run.judge(), clock, off_cpu.clone()));
     let sources = Sources { uprobes, inject, clock, off_cpu, enabled, patched };
     let mut driver = Driver::new(&run, sources, consumer, started.child, notes);
+    // In time order: after the program's exec, which the sampler sees as
+    // the end of its earlier mappings.
+    driver.code_added(run.pid, code);
     let named = started.threads.into_iter().map(|(tid, name)| Event::Comm {
         time: run.started_ns,
         pid: run.pid as u32,
@@ -173,7 +179,7 @@ fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOpt
         _ => Patched::refusals(functions),
     };
     if !refused.is_empty() {
-        notes.push(refusals_note(functions, &refused).into());
+        notes.push(refusals_note(functions, &refused, hybrid(options)).into());
     }
     let mut injected = vec![true; functions.len()];
     for (i, _) in &refused {
@@ -194,9 +200,20 @@ fn probed_by_uprobes(all: &[ProbedFunction], injected: &[bool], options: &Record
         .enumerate()
         .map(|(i, f)| {
             let recorded = injected.get(i).copied().unwrap_or(false) || (inject && f.role == Role::CatchMarker);
-            !recorded && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)
+            let sampled_only = hybrid(options) && f.role == Role::Measured;
+            !recorded && !sampled_only && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)
         })
         .collect()
+}
+
+/// Whether the in-process engine records in hybrid mode (a governor, and
+/// sampling): there, what it cannot patch is sampled only, since a kernel
+/// probe would cost it a hundred times what the governor allows a patched call.
+fn hybrid(options: &RecordOptions) -> bool {
+    options.engine == Engine::Inject
+        && !options.sample_only
+        && options.overhead_budget.is_some_and(|budget| budget > 0.0)
+        && options.sample.is_some()
 }
 
 /// What the in-process engine patches in a launched program.
@@ -358,7 +375,7 @@ fn line_setup(plan: &LinePlan, regions: &[RegionSpec]) -> LineSetup {
 
 /// Which functions the in-process engine left to uprobes, by reason, with
 /// a few names each (a large program has hundreds).
-fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)]) -> Finding {
+fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)], sampled: bool) -> Finding {
     const NAMED: usize = 3;
     let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
     for (i, why) in refused {
@@ -378,5 +395,5 @@ fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)]) -> F
             Refusal { reason: why.to_string(), count, examples: names.iter().take(NAMED).map(|n| n.to_string()).collect() }
         })
         .collect();
-    Finding::NotPatched { functions: refused.len() as u64, reasons }
+    Finding::NotPatched { functions: refused.len() as u64, reasons, sampled }
 }

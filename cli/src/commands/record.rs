@@ -26,7 +26,7 @@ pub struct RecordArgs {
     /// minor-faults, major-faults, context-switches, cpu-migrations, and
     /// hardware counters (cycles, instructions, ...) where the machine has
     /// them. Default wall,cpu (the in-process engine: wall and cpu only).
-    #[arg(long = "metric", value_name = "LIST")]
+    #[arg(short = 'e', long = "metric", value_name = "LIST")]
     metrics: Vec<String>,
     /// How calls are seen: `inject` (jumps patched over function entries to
     /// code proftap puts in the process: about 25 ns a call; wall and CPU
@@ -34,7 +34,7 @@ pub struct RecordArgs {
     /// on entries and returns: microseconds a call; any metric, line counts,
     /// forked children), or `auto`: inject unless the recording needs what
     /// only uprobes do (other metrics, --lines, --region, a program that
-    /// forks or cancels threads); the profile says which.
+    /// cancels threads); the profile says which. Both follow forked children.
     #[arg(long, value_enum, default_value = "auto")]
     engine: EngineArg,
     /// Where to write the profile (default proftap.profile).
@@ -58,7 +58,7 @@ pub struct RecordArgs {
     /// (default 1000): where time goes in code that is not instrumented, and
     /// flame graphs. Stacks are unwound with DWARF CFI, so code built without
     /// frame pointers unwinds too. On by default when no -f is given.
-    #[arg(long, num_args = 0..=1, default_missing_value = "1000", value_name = "HZ")]
+    #[arg(short = 'F', long, num_args = 0..=1, default_missing_value = "1000", value_name = "HZ")]
     sample: Option<u64>,
     /// Do not sample (when no -f is given, proftap samples by default).
     #[arg(long, conflicts_with = "sample")]
@@ -175,8 +175,9 @@ pub struct RunArgs {
     /// How to record.
     #[command(flatten)]
     pub record: RecordArgs,
-    /// The command to profile and its arguments.
-    #[arg(required = true, last = true, value_name = "CMD")]
+    /// The command to profile and its arguments (after `--`, or directly:
+    /// everything from the first word that is not an option of proftap's).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
@@ -206,7 +207,18 @@ pub struct AttachArgs {
     #[command(flatten)]
     pub attach: AttachOptions,
     /// The process to profile.
-    pub pid: i32,
+    #[arg(required_unless_present = "pid_option", conflicts_with = "pid_option", value_name = "PID")]
+    pid: Option<i32>,
+    /// The process to profile (as `perf record -p`).
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pid_option: Option<i32>,
+}
+
+impl AttachArgs {
+    /// The process to profile, given either way.
+    pub fn pid(&self) -> i32 {
+        self.pid.or(self.pid_option).unwrap_or_default()
+    }
 }
 
 impl AttachOptions {
@@ -253,7 +265,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 
 /// Runs `proftap attach`.
 pub fn attach(args: AttachArgs) -> Result<ExitCode> {
-    let request = args.record.request(args.attach.target(args.pid))?;
+    let request = args.record.request(args.attach.target(args.pid()))?;
     let recorded = record(&request, args.record.save_events.as_deref(), true)?;
     finish(recorded.profile, &args.record.output())?;
     Ok(ExitCode::SUCCESS)

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 #[derive(clap::Args)]
 pub struct Args {
     /// A profile written by `proftap run` or `proftap attach`.
+    #[arg(default_value = "proftap.profile")]
     file: PathBuf,
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
@@ -21,8 +22,8 @@ pub struct Args {
     /// Show each thread.
     #[arg(long)]
     threads: bool,
-    /// Sort functions by.
-    #[arg(long, value_enum, default_value = "incl")]
+    /// Sort functions by (`self` is exclusive, `total` inclusive).
+    #[arg(short = 's', long, value_enum, default_value = "incl")]
     sort: SortKey,
     /// Show each source file with its line counts and times (profiles recorded with --lines).
     #[arg(long)]
@@ -54,7 +55,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let text = match args.format {
         Format::Json => {
-            let mut s = serde_json::to_string_pretty(&json::report(&profile))?;
+            let order = json::Order { sort: Some((args.sort, metrics.first().copied().unwrap_or(0))), top: args.top };
+            let mut s = serde_json::to_string_pretty(&json::report_in_order(&profile, &order))?;
             s.push('\n');
             s
         }

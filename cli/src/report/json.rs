@@ -1,12 +1,37 @@
 //! The JSON report (`proftap.report/1`) scripts rely on.
 
-use super::function_name;
+use super::{SortKey, function_name, sort_functions};
 use proftap_profile::{CallTree, FunctionStats, Profile, Stat};
 use serde_json::{Map, Value, json};
 
 /// The whole report as a JSON value.
 pub fn report(profile: &Profile) -> Value {
-    let functions: Vec<Value> = profile.merged_functions().iter().map(|f| function(profile, f)).collect();
+    report_in_order(profile, &Order::default())
+}
+
+/// Which functions a report lists, in what order: every one as recorded,
+/// unless sorted (by a key of a metric) and cut to the first `top`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Order {
+    /// The key and the metric's index.
+    pub sort: Option<(SortKey, usize)>,
+    /// How many to keep.
+    pub top: Option<usize>,
+}
+
+impl Order {
+    fn apply(&self, profile: &Profile, mut functions: Vec<FunctionStats>) -> Vec<FunctionStats> {
+        if let Some((key, metric)) = self.sort {
+            sort_functions(profile, &mut functions, key, metric);
+        }
+        functions.truncate(self.top.unwrap_or(usize::MAX));
+        functions
+    }
+}
+
+/// [`report`], its function lists in `order`.
+pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
+    let functions: Vec<Value> = order.apply(profile, profile.merged_functions()).iter().map(|f| function(profile, f)).collect();
     let threads: Vec<Value> = profile
         .threads
         .iter()
@@ -15,7 +40,7 @@ pub fn report(profile: &Profile) -> Value {
                 "tid": t.tid,
                 "pid": t.pid,
                 "name": t.name,
-                "functions": t.functions.iter().map(|f| function(profile, f)).collect::<Vec<_>>(),
+                "functions": order.apply(profile, t.functions.clone()).iter().map(|f| function(profile, f)).collect::<Vec<_>>(),
                 "tree": tree(profile, &t.tree),
             })
         })

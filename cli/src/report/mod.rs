@@ -14,13 +14,17 @@ pub enum SortKey {
     /// Number of calls.
     Calls,
     /// Inclusive total.
+    #[value(alias = "total")]
     Incl,
     /// Exclusive total.
+    #[value(alias = "self")]
     Excl,
     /// Inclusive average per call.
     Avg,
     /// Largest inclusive value of one call.
     Max,
+    /// Function name, A to Z.
+    Name,
 }
 
 impl SortKey {
@@ -32,23 +36,30 @@ impl SortKey {
             SortKey::Excl => "exclusive total",
             SortKey::Avg => "inclusive average",
             SortKey::Max => "largest call",
+            SortKey::Name => "name",
         }
     }
 }
 
-/// Sorts function statistics by `key` of metric `metric`, largest first.
-pub fn sort_functions(functions: &mut [FunctionStats], key: SortKey, metric: usize) {
+/// Sorts function statistics of `profile` by `key` of metric `metric`,
+/// largest first (names A to Z).
+pub fn sort_functions(profile: &Profile, functions: &mut [FunctionStats], key: SortKey, metric: usize) {
     let value = |f: &FunctionStats| -> u64 {
         let incl = f.inclusive.get(metric).copied().unwrap_or_default();
         match key {
             SortKey::Calls => f.calls,
-            SortKey::Incl => incl.total,
+            SortKey::Incl | SortKey::Name => incl.total,
             SortKey::Excl => f.exclusive.get(metric).map_or(0, |s| s.total),
             SortKey::Avg => incl.avg(f.calls),
             SortKey::Max => incl.max,
         }
     };
-    functions.sort_by(|a, b| value(b).cmp(&value(a)).then(a.function.cmp(&b.function)));
+    if key == SortKey::Name {
+        functions
+            .sort_by(|a, b| function_name(profile, a.function).cmp(function_name(profile, b.function)).then(a.function.cmp(&b.function)));
+    } else {
+        functions.sort_by(|a, b| value(b).cmp(&value(a)).then(a.function.cmp(&b.function)));
+    }
 }
 
 /// The display name of a function id.

@@ -186,7 +186,7 @@ fn header(profile: &Profile, out: &mut String) {
 
 fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &TextOptions, title: &str, out: &mut String) {
     let Some(key) = profile.metrics.get(m) else { return };
-    sort_functions(functions, options.sort, m);
+    sort_functions(profile, functions, options.sort, m);
     let duration = profile.recording.duration_ns.max(1);
     let share = |v: u64| -> String {
         if Unit::of(key) == Unit::Nanoseconds { format!("{:5.1}", 100.0 * v as f64 / duration as f64) } else { "    -".into() }

@@ -25,6 +25,8 @@ pub struct Unpatched {
 
 /// How often the calls are read.
 const PERIOD: Duration = Duration::from_millis(5);
+/// Looks in a row at which unpatching may fail before the failure is told.
+const TRIES: u32 = 40;
 
 /// A patched process watched by a thread of its own.
 pub struct Watch {
@@ -42,15 +44,26 @@ impl Watch {
         let thread = std::thread::spawn(move || {
             let functions = patched.functions();
             let mut calls = vec![0u64; functions];
+            // Judged over budget, not yet unpatched, and how often tried.
+            let mut pending: Vec<usize> = Vec::new();
+            let mut tries = 0;
             while !flag.load(Ordering::Relaxed) {
                 if let (Some(judge), Some(view)) = (judge.as_mut(), patched.view()) {
                     calls.iter_mut().for_each(|c| *c = 0);
                     view.calls(&mut calls);
-                    let over = judge(&calls);
-                    if !over.is_empty() {
-                        let error = patched.unpatch(&over).err().map(|e| e.to_string());
-                        let functions = over.iter().map(|&f| (f, calls.get(f).copied().unwrap_or(0))).collect();
-                        let _ = tell.send(Unpatched { time: super::clock::monotonic_ns(), functions, error });
+                    pending.extend(judge(&calls));
+                    if !pending.is_empty() {
+                        let outcome = patched.unpatch(&pending);
+                        tries += 1;
+                        // Holding the process can fail for a moment (another
+                        // holder letting go): tried again at the next look.
+                        if outcome.is_ok() || tries >= TRIES {
+                            let error = outcome.err().map(|e| e.to_string());
+                            let functions = pending.iter().map(|&f| (f, calls.get(f).copied().unwrap_or(0))).collect();
+                            let _ = tell.send(Unpatched { time: super::clock::monotonic_ns(), functions, error });
+                            pending.clear();
+                            tries = 0;
+                        }
                     }
                 }
                 std::thread::sleep(PERIOD);
