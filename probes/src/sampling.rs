@@ -29,6 +29,11 @@ pub struct StackSample {
     /// Taken while the thread was in the kernel (a system call, a fault, or
     /// a probe being handled); the registers are the user's at that moment.
     pub in_kernel: bool,
+    /// The in-process engine's return addresses of the thread by stack
+    /// slot, read as soon as the sample was (the closer to when it was
+    /// taken, the more of its frames they still describe).
+    #[serde(default)]
+    pub returns: Vec<(u64, u64)>,
 }
 
 /// The deepest stack followed.
@@ -229,6 +234,11 @@ impl StackResolver {
     pub fn resolve(&mut self, sample: &StackSample, returns: &[(u64, u64)]) -> ResolvedStack {
         let [ip, sp, bp] = sample.regs;
         let mut addresses = self.unwind(sample.pid, ip, sp, bp, &sample.stack, returns);
+        // Past a stack's outermost frame the unwinder reads whatever the
+        // thread's creator left there: an address in no mapping ends it.
+        while addresses.len() > 1 && addresses.last().is_some_and(|&a| !self.is_mapped(sample.pid, a)) {
+            addresses.pop();
+        }
         // In the kernel with a stack that does not unwind: the thread was
         // taken while a probe was handled, its registers half updated.
         let mid_probe = self.kernel_probes && sample.in_kernel && addresses.iter().skip(1).any(|&a| !self.is_mapped(sample.pid, a));

@@ -107,8 +107,11 @@ impl Consumer {
                 && (self.follow || sample.pid as i32 == self.pid)
             {
                 let mut returns = self.aggregator.return_addresses(sample.tid);
-                if let Some(engine) = &self.engine {
-                    returns.extend(engine.return_addresses(sample.tid));
+                // Read as the sample was drained (and saved with it), or now.
+                match &self.engine {
+                    _ if !sample.returns.is_empty() => returns.extend_from_slice(&sample.returns),
+                    Some(engine) => returns.extend(engine.return_addresses(sample.tid)),
+                    None => {}
                 }
                 sampler.sample(sample, returns);
             }
@@ -265,7 +268,15 @@ impl<'a> Driver<'a> {
     /// One turn: drain, change probes, aggregate what is old enough.
     fn turn(&mut self) {
         let watermark = monotonic_ns().saturating_sub(ORDERING_MARGIN_NS);
+        let before = self.queue.pending().len();
         self.uprobes.drain(self.queue.pending());
+        if let Some(engine) = &self.consumer.engine {
+            for event in &mut self.queue.pending()[before..] {
+                if let Event::Sample(sample) = event {
+                    sample.returns = engine.return_addresses(sample.tid);
+                }
+            }
+        }
         for unpatched in self.inject.as_ref().map(InjectSource::unpatched).unwrap_or_default() {
             self.unpatched(unpatched);
         }

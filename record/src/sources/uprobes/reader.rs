@@ -160,6 +160,7 @@ fn decode(
                 regs: s.regs,
                 stack: s.stack.to_vec(),
                 in_kernel: misc & perf::MISC_CPUMODE_MASK == perf::MISC_KERNEL,
+                returns: Vec::new(),
             })))
         }
         record_type::MMAP2 => {

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Real programs built from their published sources at -O2 -g, profiled by
+# proftap beside perf and callgrind in the same run: an interpreter (Lua
+# 5.4.4 running benches/realprogs/bench.lua), a database engine (SQLite
+# 3.40.1's shell running benches/realprogs/bench-sql.sh's 100 000 inserts and
+# queries) and a multi-threaded Rust program (ripgrep searching a source tree).
+#
+# Usage: benches/realprogs.sh [RUNS]     (root; perf and valgrind installed)
+# Sources and builds go to $PROFTAP_REALPROGS (default ~/.cache/proftap-realprogs).
+#
+# Prints, per program: the median of RUNS whole-command times of the bare
+# program, `proftap run` (the default: in-process engine, governor at 5%,
+# sampling) and `perf record -g`, with events lost; the five hottest
+# functions by exclusive CPU (proftap) and by self samples (perf); then, with
+# every probe kept (`--overhead-budget 0`) on a smaller input, the call counts
+# of the functions checked against callgrind's.
+set -euo pipefail
+
+runs=${1:-3}
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${PROFTAP_REALPROGS:-$HOME/.cache/proftap-realprogs}
+proftap=$root/target/release/proftap
+mkdir -p "$dir"
+cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p proftap-cli
+for tool in perf valgrind callgrind_annotate; do
+    command -v "$tool" >/dev/null || { echo "$tool is missing: apt-get install linux-perf valgrind" >&2; exit 1; }
+done
+
+pool=http://deb.debian.org/debian/pool/main
+lua=$dir/lua-5.4.4/src/lua
+if [ ! -x "$lua" ]; then
+    curl -fsSL "$pool/l/lua5.4/lua5.4_5.4.4.orig.tar.gz" | tar xz -C "$dir"
+    make -s -C "$dir/lua-5.4.4" linux MYCFLAGS=-g MYLDFLAGS=-g >/dev/null
+fi
+sqlite=$dir/sqlite/build/sqlite3
+if [ ! -x "$sqlite" ]; then
+    curl -fsSL "$pool/s/sqlite3/sqlite3_3.40.1.orig.tar.xz" | tar xJ -C "$dir"
+    mkdir -p "$dir/sqlite/build"
+    (cd "$dir/sqlite/build" && ../configure --disable-tcl --enable-shared=no CFLAGS="-O2 -g" >/dev/null && make -s sqlite3 >/dev/null)
+fi
+rg=$dir/rg/bin/rg
+if [ ! -x "$rg" ]; then
+    CARGO_PROFILE_RELEASE_DEBUG=true cargo install --quiet --locked ripgrep@15.2.0 --root "$dir/rg" --target-dir "$dir/rg-target"
+fi
+sql=$dir/bench.sql
+[ -s "$sql" ] || bash "$root/benches/realprogs/bench-sql.sh" >"$sql"
+# The crates cargo fetched to build ripgrep (and any others): a source tree to search.
+tree=${CARGO_HOME:-$HOME/.cargo}/registry/src
+
+# Seconds a command takes, median of $runs, its output discarded.
+median() {
+    for _ in $(seq "$runs"); do
+        /usr/bin/time -f %e "$@" 2>&1 >/dev/null </dev/null | tail -1
+    done | sort -n | awk '{ t[NR] = $1 } END { print t[int((NR + 1) / 2)] }'
+}
+
+compare_py=$root/benches/realprogs/compare.py
+
+proftap_top() {
+    "$proftap" report "$1" --format json >"$1.json"
+    python3 "$compare_py" top "$1.json"
+}
+
+perf_top() {
+    perf report -i "$1" --no-children -g none --sort sym --stdio -q 2>/dev/null | grep '%' | sed 's/^ */    /' >"$1.top" || true
+    head -5 "$1.top"
+}
+
+compare() {
+    local name=$1
+    shift
+    local out=$dir/$name
+    echo "== $name: $*"
+    local bare proftap_s perf_s
+    bare=$(median "$@")
+    proftap_s=$(median "$proftap" run -o "$out.profile" -- "$@")
+    perf_s=$(median perf record -q -g -o "$out.perf" -- "$@")
+    awk -v b="$bare" -v p="$proftap_s" -v f="$perf_s" \
+        'BEGIN { printf "  bare %.2f s   proftap run %.2f s (%.2fx)   perf record -g %.2f s (%.2fx)\n", b, p, p / b, f, f / b }'
+    echo "  proftap, exclusive CPU:"
+    proftap_top "$out.profile"
+    echo "  perf, self samples:"
+    perf_top "$out.perf"
+}
+
+# Calls of each function, by proftap with every probe kept and by callgrind.
+exact() {
+    local name=$1 functions=$2
+    shift 2
+    local out=$dir/$name-exact
+    local args=()
+    for f in ${functions//,/ }; do args+=(-f "$f"); done
+    "$proftap" run --overhead-budget 0 --no-sample "${args[@]}" -o "$out.profile" -- "$@" >/dev/null </dev/null 2>&1
+    valgrind -q --tool=callgrind --callgrind-out-file="$out.callgrind" "$@" >/dev/null </dev/null 2>&1
+    echo "  every probe kept, against callgrind:"
+    "$proftap" report "$out.profile" --format json >"$out.json"
+    python3 "$compare_py" calls "$out.callgrind" "$functions" "$out.json"
+}
+
+compare lua "$lua" "$root/benches/realprogs/bench.lua" 2
+exact lua luaH_getshortstr,luaS_new,luaV_execute,luaD_precall,luaH_newkey,luaC_step,luaF_close,luaH_resize \
+    "$lua" "$root/benches/realprogs/bench.lua" 1
+compare sqlite "$sqlite" :memory: -init "$sql" .quit
+exact sqlite sqlite3VdbeExec,sqlite3_step,sqlite3BtreeInsert,sqlite3VdbeHalt,sqlite3Malloc,sqlite3GetToken \
+    "$sqlite" :memory: -init "$sql" .quit
+compare rg "$rg" -c 'fn [a-z_]+\(' "$tree"

@@ -1,0 +1,58 @@
+"""Reads what benches/realprogs.sh recorded.
+
+compare.py top REPORT.json
+    the five functions with the most exclusive CPU time, the five with the
+    most self samples in the same recording, and the events lost;
+compare.py calls CALLGRIND.OUT F1,F2,... REPORT.json
+    each function's calls by proftap and by callgrind.
+"""
+import json
+import re
+import sys
+
+
+def top(report):
+    p = json.load(open(report))
+    metric = "cpu_ns" if "cpu_ns" in p["metrics"] else p["metrics"][0]
+    for f in sorted(p["functions"], key=lambda f: -f["exclusive"][metric]["total"])[:5]:
+        ms = f["exclusive"][metric]["total"] / 1e6
+        print(f"    {ms:9.1f} ms  {f['name']}")
+    samples = p.get("samples") or {}
+    total = max(1, samples.get("total", 0))
+    print("  proftap, self samples:")
+    for f in sorted(samples.get("functions", []), key=lambda f: -f["self"])[:5]:
+        print(f"    {100 * f['self'] / total:8.2f}%  {f['name']}")
+    print("  lost events:", p["lost"]["events"])
+
+
+def callgrind_calls(path):
+    """Calls by function in a callgrind.out file; a function's recursion
+    levels (`f'2`, callgrind's --separate-recs) count as the function."""
+    calls, names, current = {}, {}, None
+    for line in open(path):
+        m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line)
+        if m:
+            if m.group(3):
+                names[m.group(2)] = re.sub(r"'\d+$", "", m.group(3).strip())
+            current = names.get(m.group(2)) if m.group(1) == "cfn" else None
+        elif line.startswith("calls=") and current:
+            calls[current] = calls.get(current, 0) + int(line.split()[0][6:])
+    return calls
+
+
+def calls(callgrind, functions, report):
+    theirs = callgrind_calls(callgrind)
+    p = json.load(open(report))
+    ours = {f["name"]: f["calls"] for f in p["functions"]}
+    names = functions.split(",")
+    equal = 0
+    for f in names:
+        same = ours.get(f, 0) == theirs.get(f, 0)
+        equal += same
+        verdict = "equal" if same else "DIFFERENT"
+        print(f"    {f:24} proftap {ours.get(f, 0):>10}  callgrind {theirs.get(f, 0):>10}  {verdict}")
+    print(f"    {equal} of {len(names)} equal, {p['lost']['events']} events lost")
+
+
+if __name__ == "__main__":
+    {"top": top, "calls": calls}[sys.argv[1]](*sys.argv[2:])
