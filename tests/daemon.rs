@@ -144,3 +144,32 @@ fn sigterm_leaves_the_program_running_and_the_profile_kept() {
     ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
     assert_eq!(calls_by_name(&report_json(&file))["tick"], 77);
 }
+
+#[test]
+fn a_users_forked_children_are_recorded_by_the_in_process_engine() {
+    require_probes();
+    let (uid, gid) = test_user();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let daemon = Daemon::start(dir.path());
+    let (_shared, copies) = shared_copies(&[&binary("proftap"), &Build::c("forks.c", "-O2").build()]);
+    use std::os::unix::process::CommandExt;
+    let out = run(Command::new(&copies[0])
+        .uid(uid)
+        .gid(gid)
+        .current_dir(dir.path())
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["session", "start", "-f", "work", "--"])
+        .arg(&copies[1])
+        .args(["300", "70"]));
+    let id = started(&out);
+    ok(&daemon.session(&["stop", &id]));
+    let file = dir.path().join("forks.profile");
+    ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
+    let report = report_json(&file);
+    assert_eq!(report["recording"]["engine"], "inject");
+    assert_eq!(calls_by_name(&report)["work"], 370, "the parent's 300 calls and the child's 70");
+    let pids: std::collections::HashSet<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+}
