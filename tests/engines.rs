@@ -6,8 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use proftap_tests::*;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// An engine and what its runs take.
 struct Engine {
@@ -138,16 +137,10 @@ fn a_cpp_function_left_by_a_throw_is_counted_and_stopped(engine: &Engine) {
     }
 }
 
-/// Starts `proftap attach ARGS PID` and waits until it says the probes are live.
+/// Starts `proftap attach -o FILE ARGS PID` and waits until it says the probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
-    let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(line.contains("attached to process"), "unexpected: {line}");
-    // Keep draining stderr so proftap never blocks on it.
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    child
+    let pid = pid.to_string();
+    attach_live(&[&["-o", file.to_str().unwrap()], args, &[&pid]].concat())
 }
 
 fn attach_then_detach_restores_the_program(engine: &Engine) {

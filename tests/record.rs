@@ -8,8 +8,7 @@
 use proftap_tests::*;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Calls seen by uprobes.
 const UPROBE: &[&str] = &["--engine", "uprobe"];
@@ -62,17 +61,10 @@ fn the_program_keeps_its_exit_status_and_output() {
     assert_eq!(calls_by_name(&report)["never_called"], 1);
 }
 
-/// Starts `proftap attach ARGS PID` and waits until it says the probes are live.
+/// Starts `proftap attach -o FILE ARGS PID` (uprobes) and waits until it says the probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
-    let mut child =
-        proftap().arg("attach").arg("-o").arg(file).args(UPROBE).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(line.contains("attached to process"), "unexpected: {line}");
-    // Keep draining stderr so proftap never blocks on it.
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    child
+    let pid = pid.to_string();
+    attach_live(&[&["-o", file.to_str().unwrap()], UPROBE, args, &[&pid]].concat())
 }
 
 #[test]
@@ -277,17 +269,7 @@ fn perf_and_uftrace_habits_work() {
     let mut ticks = 0;
     for flag in ["-p", "--pid"] {
         let file = dir.path().join(format!("attach{flag}.profile"));
-        let mut profiler = proftap()
-            .args(["attach", "-f", "tick", "-o"])
-            .arg(&file)
-            .args([flag, &waiter.pid.to_string()])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(profiler.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        assert!(line.contains("attached to process"), "{flag}: {line}");
+        let mut profiler = attach_live(&["-f", "tick", "-o", file.to_str().unwrap(), flag, &waiter.pid.to_string()]);
         ticks += 100;
         assert_eq!(waiter.tick(100), ticks);
         nix_signal(profiler.id() as i32, "INT");

@@ -72,6 +72,14 @@ fn functions(binary: &Path) -> Vec<ProbedFunction> {
     plan(&[&index], &[Some(&image)], &[binary.to_path_buf()], &selected, ExitMode::Uretprobe, &mut warnings)
 }
 
+/// wait.c at -O2 built in `dir` and started: its functions and tick's index.
+fn ticking(dir: &Path) -> (Vec<ProbedFunction>, usize, Waiter) {
+    let binary = build("wait.c", "-O2", dir);
+    let functions = functions(&binary);
+    let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
+    (functions, tick, Waiter::start(&binary))
+}
+
 fn root() -> bool {
     let root = nix::unistd::geteuid().is_root();
     if !root {
@@ -141,10 +149,7 @@ fn a_child_forked_while_patched_records_its_own_calls_and_is_restored_at_detach(
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let binary = build("wait.c", "-O2", dir.path());
-    let functions = functions(&binary);
-    let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
-    let mut waiter = Waiter::start(&binary);
+    let (functions, tick, mut waiter) = ticking(dir.path());
     let pid = waiter.child.id() as i64;
     let address = waiter.tick_address;
     let original = memory_of(pid, address, 16);
@@ -269,10 +274,7 @@ fn attaching_again_and_again_works_and_leaves_nothing_mapped() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let binary = build("wait.c", "-O2", dir.path());
-    let functions = functions(&binary);
-    let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
-    let mut waiter = Waiter::start(&binary);
+    let (functions, tick, mut waiter) = ticking(dir.path());
     let pid = waiter.child.id() as i32;
     let mappings = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
     let before = mappings();

@@ -376,6 +376,19 @@ impl Drop for Waiter {
     }
 }
 
+/// Starts `proftap attach ARGS` and waits until it says the probes are
+/// live; its standard error is drained from then on, so that it never blocks.
+pub fn attach_live(args: &[&str]) -> std::process::Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = proftap().arg("attach").args(args).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("attached to process"), "proftap attach {args:?}: {line}");
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    child
+}
+
 /// Fails the test unless this machine can place uprobes and patch
 /// processes (root): a test never passes by skipping what it checks.
 pub fn require_probes() {
