@@ -77,7 +77,7 @@ compare() {
     perf_s=$(median perf record -q -g -o "$out.perf" -- "$@")
     awk -v b="$bare" -v p="$proftap_s" -v f="$perf_s" \
         'BEGIN { printf "  bare %.2f s   proftap run %.2f s (%.2fx)   perf record -g %.2f s (%.2fx)\n", b, p, p / b, f, f / b }'
-    echo "  proftap, exclusive CPU:"
+    echo "  proftap, exclusive CPU (measured, and estimated after a throttle):"
     proftap_top "$out.profile"
     echo "  perf, self samples:"
     perf_top "$out.perf"

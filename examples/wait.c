@@ -31,15 +31,15 @@ static pid_t fork_ticking(long n)
         return -1;
     pid_t child = fork();
     if (child == 0) {
-        for (long i = 0; i < n; i++)
-            tick(i);
+        for (long k = 0; k < n; k++)
+            tick(k);
         char done = 1;
         if (write(ready[1], &done, 1) != 1)
             _exit(2);
         int signal = 0;
         sigwait(&usr1, &signal);
-        for (long i = 0; i < n; i++)
-            tick(i);
+        for (long k = 0; k < n; k++)
+            tick(k);
         _exit(0);
     }
     sigprocmask(SIG_SETMASK, &old, NULL);

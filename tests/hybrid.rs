@@ -61,6 +61,20 @@ fn check_hot_function_throttled(engine: &[&str]) {
 
     let notes: Vec<&str> = report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
     assert!(notes.iter().any(|n| n.contains("removed the probes of tiny")), "{notes:?}");
+
+    // After the throttle, tiny's time is what the samples say; main, which
+    // timed it since, gives that time back from its exclusive time.
+    let throttled = report["samples"]["throttled"].as_array().unwrap();
+    let tiny_after = throttled.iter().find(|t| t["name"] == "tiny").unwrap_or_else(|| panic!("{throttled:?}"));
+    assert!(tiny_after["self"].as_u64().unwrap() > 0, "{tiny_after}");
+    let held = report["samples"]["held_by_callers"].as_array().unwrap();
+    let main_held: u64 = held.iter().filter(|h| h["name"] == "main").map(|h| h["ns"].as_u64().unwrap()).sum();
+    assert!(main_held > 0, "{held:?}");
+    for metric in ["wall_ns", "cpu_ns"] {
+        let (inclusive, exclusive) = (stat(main, "inclusive", metric, "total"), stat(main, "exclusive", metric, "total"));
+        assert!(exclusive <= inclusive.saturating_sub(main_held), "{metric}: main {exclusive} of {inclusive}, held {main_held}");
+    }
+    assert!(notes.iter().any(|n| n.contains("exclude what their throttled callees took")), "{notes:?}");
     // A small factor of the bare run (plus the probes of the first calls
     // and proftap's own start), where full instrumentation is hundreds.
     let recorded = Duration::from_nanos(report["recording"]["duration_ns"].as_u64().unwrap());

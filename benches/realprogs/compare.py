@@ -14,10 +14,14 @@ import sys
 def top(report):
     p = json.load(open(report))
     metric = "cpu_ns" if "cpu_ns" in p["metrics"] else p["metrics"][0]
-    for f in sorted(p["functions"], key=lambda f: -f["exclusive"][metric]["total"])[:5]:
-        ms = f["exclusive"][metric]["total"] / 1e6
-        print(f"    {ms:9.1f} ms  {f['name']}")
     samples = p.get("samples") or {}
+    # Exclusive time: measured while instrumented, estimated from the
+    # samples after a function was throttled.
+    own = {f["name"]: f["exclusive"][metric]["total"] for f in p["functions"]}
+    for t in samples.get("throttled", []):
+        own[t["name"]] = own.get(t["name"], 0) + t["self_ns"]
+    for name, ns in sorted(own.items(), key=lambda kv: -kv[1])[:5]:
+        print(f"    {ns / 1e6:9.1f} ms  {name}")
     total = max(1, samples.get("total", 0))
     print("  proftap, self samples:")
     for f in sorted(samples.get("functions", []), key=lambda f: -f["self"])[:5]:

@@ -118,6 +118,10 @@ fn finding_sentence(finding: &Finding) -> String {
             pids.iter().map(i32::to_string).collect::<Vec<_>>().join(", "),
             if pids.len() == 1 { "it" } else { "they" },
         ),
+        Finding::ThrottledTimeReleased { functions } => format!(
+            "the exclusive times of {} exclude what their throttled callees took after their probes were removed (estimated from samples, shown under \"Throttled functions\")",
+            counted(*functions, "function", "functions")
+        ),
         Finding::ChildNotRead { pid, error } => {
             format!("the calls of forked process {pid} are not counted: its memory could not be read ({error})")
         }

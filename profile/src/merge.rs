@@ -1,6 +1,6 @@
 //! Adding profiles together: runs of the same build of a program.
 
-use crate::model::{FunctionId, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack};
+use crate::model::{FunctionId, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack, Throttled};
 use crate::notes::Note;
 use std::collections::{HashMap, HashSet};
 
@@ -166,6 +166,7 @@ impl Profile {
 impl SampleProfile {
     /// Adds `other`'s samples: stacks of the same frames add up.
     pub fn merge(&mut self, other: &SampleProfile) {
+        self.throttled.merge(&other.throttled);
         let mut frames: HashMap<SampledFrame, u32> = self.frames.iter().cloned().enumerate().map(|(i, f)| (f, i as u32)).collect();
         let remap: Vec<u32> = other
             .frames
@@ -217,6 +218,36 @@ fn add_counts(ours: &mut Vec<LostCount>, theirs: &[LostCount], map: impl Fn(i64)
             None => {
                 index.insert(id, ours.len());
                 ours.push(LostCount { id, count: count.count });
+            }
+        }
+    }
+}
+
+impl Throttled {
+    /// Adds `other`'s: the same function's (the same caller's in the same thread) add up.
+    fn merge(&mut self, other: &Throttled) {
+        let mut functions: HashMap<String, usize> = self.functions.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        for theirs in &other.functions {
+            match functions.get(&theirs.name) {
+                Some(&i) => {
+                    let ours = &mut self.functions[i];
+                    ours.self_samples = ours.self_samples.saturating_add(theirs.self_samples);
+                    ours.total_samples = ours.total_samples.saturating_add(theirs.total_samples);
+                }
+                None => {
+                    functions.insert(theirs.name.clone(), self.functions.len());
+                    self.functions.push(theirs.clone());
+                }
+            }
+        }
+        let mut held: HashMap<(i32, String), usize> = self.held.iter().enumerate().map(|(i, h)| ((h.tid, h.name.clone()), i)).collect();
+        for theirs in &other.held {
+            match held.get(&(theirs.tid, theirs.name.clone())) {
+                Some(&i) => self.held[i].samples = self.held[i].samples.saturating_add(theirs.samples),
+                None => {
+                    held.insert((theirs.tid, theirs.name.clone()), self.held.len());
+                    self.held.push(theirs.clone());
+                }
             }
         }
     }
@@ -294,6 +325,7 @@ mod tests {
             frames,
             stacks: stacks.into_iter().map(|(frames, count)| SampledStack { frames, count }).collect(),
             lines: Vec::new(),
+            throttled: Default::default(),
         };
         let mut a = profile("abc", "f", 1, 1);
         a.samples = Some(samples(vec![frame("main"), frame("f")], vec![(vec![0, 1], 3), (vec![0], 1)]));

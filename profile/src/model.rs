@@ -62,6 +62,51 @@ pub struct SampleProfile {
     pub stacks: Vec<SampledStack>,
     /// Samples by the source line they were taken on.
     pub lines: Vec<SampledLine>,
+    /// In hybrid recordings, what the samples say of the time after a
+    /// function's probes were removed: by throttled function, and the
+    /// share of it its instrumented callers' exclusive time held.
+    #[serde(default, skip_serializing_if = "Throttled::is_empty")]
+    pub throttled: Throttled,
+}
+
+/// Samples taken after functions were throttled (their probes removed).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Throttled {
+    /// By throttled function.
+    pub functions: Vec<ThrottledSamples>,
+    /// Samples in throttled functions whose nearest caller still
+    /// instrumented was timed: by thread and caller, what that caller's
+    /// measured exclusive time holds of its throttled callees' time.
+    pub held: Vec<HeldSamples>,
+}
+
+impl Throttled {
+    /// Nothing was throttled while sampling.
+    pub fn is_empty(&self) -> bool {
+        self.functions.is_empty() && self.held.is_empty()
+    }
+}
+
+/// A throttled function's samples after its probes were removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThrottledSamples {
+    /// Its name.
+    pub name: String,
+    /// With it the innermost function measured.
+    pub self_samples: u64,
+    /// With it anywhere on the stack.
+    pub total_samples: u64,
+}
+
+/// Samples spent in throttled callees that a caller's exclusive time holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldSamples {
+    /// The thread.
+    pub tid: i32,
+    /// The caller, still instrumented.
+    pub name: String,
+    /// How many.
+    pub samples: u64,
 }
 
 /// A frame of a sampled stack.

@@ -155,6 +155,12 @@ pub enum Finding {
         /// Their pids.
         pids: Vec<i32>,
     },
+    /// Still-instrumented functions whose exclusive time had their throttled
+    /// callees' time after the throttle taken out, as estimated from samples.
+    ThrottledTimeReleased {
+        /// How many (per thread).
+        functions: u64,
+    },
     /// A forked child handed its memory to proftap, which could not read it.
     ChildNotRead {
         /// The child.

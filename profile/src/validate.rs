@@ -180,6 +180,10 @@ fn check_samples(samples: &SampleProfile, names: &mut NameBudget) -> Check {
     for l in &samples.lines {
         line_in_range(l.line, || format!("the samples of {}", l.file))?;
     }
+    let throttled = &samples.throttled;
+    for name in throttled.functions.iter().map(|t| &t.name).chain(throttled.held.iter().map(|h| &h.name)) {
+        names.add(name.len() as u64)?;
+    }
     Ok(())
 }
 

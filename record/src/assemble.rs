@@ -10,7 +10,7 @@ use crate::request::RegionSpec;
 use proftap_probes::entry::EntryKind;
 use proftap_profile::{
     Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord, SampleProfile, Target,
-    ThreadProfile, TreeNode,
+    ThreadProfile, Throttled, TreeNode,
 };
 use serde::{Deserialize, Serialize};
 
@@ -90,6 +90,9 @@ pub struct Ending {
     pub engine_calls: u64,
     /// What the recording found until it ended, in order.
     pub notes: Vec<Note>,
+    /// What the samples said of throttled functions (see [`SampleProfile::throttled`]).
+    #[serde(default)]
+    pub throttled: Throttled,
 }
 
 /// The profile of a recording.
@@ -100,9 +103,13 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
     let known = ending.lost_samples.saturating_add(ending.engine_lost);
     aggregate.lost.events = aggregate.lost.events.max(known);
     merge_threads(&mut aggregate.threads, &ending.engine_threads);
+    let released = samples.as_ref().map_or(0, |samples| release_held_time(setup, &mut aggregate.threads, samples));
     // An entry and a return each, as a probe would have reported them.
     aggregate.hits = aggregate.hits.saturating_add(ending.engine_calls.saturating_mul(2));
-    let notes = notes(setup, &aggregate, ending);
+    let mut notes = notes(setup, &aggregate, ending);
+    if released > 0 {
+        notes.push(Finding::ThrottledTimeReleased { functions: released }.into());
+    }
     let mut calls = vec![0u64; setup.functions.len()];
     for stats in aggregate.threads.iter().flat_map(|t| &t.functions) {
         if let Some(n) = calls.get_mut(stats.function as usize) {
@@ -162,6 +169,38 @@ fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: &[ThreadProfile]) {
         }
     }
     threads.sort_by_key(|t| (t.pid, t.tid));
+}
+
+/// Takes out of each still-instrumented function's exclusive time what
+/// its throttled callees took after their probes were removed, as the
+/// samples estimate it (per thread; its calling contexts in proportion to
+/// their exclusive time), so that exclusive times add up to what the
+/// samples say. Returns how many functions gave time back.
+fn release_held_time(setup: &Setup, threads: &mut [ThreadProfile], samples: &SampleProfile) -> u64 {
+    let times: Vec<usize> =
+        setup.metrics.iter().enumerate().filter(|(_, m)| m.as_str() == "wall_ns" || m.as_str() == "cpu_ns").map(|(i, _)| i).collect();
+    let mut released = 0;
+    for held in &samples.throttled.held {
+        let Some(function) = setup.functions.iter().position(|f| f.name == held.name) else { continue };
+        let Some(thread) = threads.iter_mut().find(|t| t.tid == held.tid) else { continue };
+        let ns = samples.estimated_ns(held.samples);
+        let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function as u32) else { continue };
+        for &m in &times {
+            let Some(exclusive) = stats.exclusive.get_mut(m) else { continue };
+            let taken = ns.min(exclusive.total);
+            exclusive.total -= taken;
+            let nodes: Vec<&mut TreeNode> = thread.tree.nodes.iter_mut().skip(1).filter(|n| n.function == function as u32).collect();
+            let all: u64 = nodes.iter().map(|n| n.exclusive.get(m).copied().unwrap_or(0)).sum();
+            for node in nodes {
+                if let Some(v) = node.exclusive.get_mut(m) {
+                    let share = (u128::from(taken) * u128::from(*v)).checked_div(u128::from(all)).unwrap_or(0) as u64;
+                    *v = v.saturating_sub(share);
+                }
+            }
+        }
+        released += 1;
+    }
+    released
 }
 
 /// `flags` as long as `n`, what it lacks false.

@@ -122,6 +122,7 @@ impl Consumer {
                 Event::Mmap { pid, start, len, pgoff, path, .. } => sampler.mapped(*pid, *start, *len, *pgoff, path),
                 Event::Comm { pid, tid, exec: true, .. } if pid == tid => sampler.exec(*pid),
                 Event::CodeAdded { pid, ranges, .. } => ranges.iter().for_each(|r| sampler.engine_code(*pid, r.clone())),
+                Event::ProbesReplaced { removed, .. } => sampler.throttle(removed.clone()),
                 _ => {}
             }
         }
@@ -500,6 +501,7 @@ impl<'a> Driver<'a> {
             engine_threads,
             engine_calls,
             notes: self.notes,
+            throttled: Default::default(),
         };
         Ok(Finished { consumer: self.consumer, ending, ended: self.ended })
     }

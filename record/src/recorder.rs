@@ -96,7 +96,11 @@ pub fn record(
         let later = options.auto_instrument.is_some();
         let kernel_probes = enabled.iter().any(|&e| e) || later || options.lines.is_some();
         let resolver = if kernel_probes { resolver } else { resolver.without_kernel_probes() };
-        SamplerThread::spawn(resolver, SampleAggregator::new(event, *hz), saver.is_some())
+        // Names of what is instrumented, for the samples after a throttle.
+        let instrumented = |i: usize| enabled.get(i).copied().unwrap_or(false) || patching.injected.get(i).copied().unwrap_or(false);
+        let names = all[..measured].iter().enumerate().map(|(i, f)| if instrumented(i) { f.info.name.clone() } else { String::new() });
+        let samples = SampleAggregator::new(event, *hz).measuring(names.collect());
+        SamplerThread::spawn(resolver, samples, saver.is_some())
     });
     let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
     let how = Recording { off_cpu: off_cpu.as_deref(), follow_forks: options.follow_forks };
@@ -138,10 +142,13 @@ pub fn record(
         exec: false,
     });
     driver.push(named);
-    let finished = driver.run()?;
+    let mut finished = driver.run()?;
     let consumer = finished.consumer;
     let sampled = consumer.sampler.map(SamplerThread::finish);
     let (samples, stacks) = sampled.map(|s| (s.profile, s.stacks)).unzip();
+    // Saved with the ending: a replay of the stacks alone does not know when
+    // functions were throttled.
+    finished.ending.throttled = samples.as_ref().map(|s| s.throttled.clone()).unwrap_or_default();
     let profile = assemble(&setup, consumer.aggregator.finish(), samples, &finished.ending);
     if let Some(saver) = consumer.saver
         && let Err(e) = saver.finish(stacks.as_deref().unwrap_or_default(), &finished.ending)

@@ -2,9 +2,9 @@
 //! source lines counted, each kept once.
 
 use proftap_probes::sampling::ResolvedStack;
-use proftap_profile::{SampleProfile, SampledFrame, SampledLine, SampledStack};
+use proftap_profile::{HeldSamples, SampleProfile, SampledFrame, SampledLine, SampledStack, Throttled, ThrottledSamples};
 use rustc_hash::FxHashMap;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Counts resolved stacks.
 pub struct SampleAggregator {
@@ -15,6 +15,15 @@ pub struct SampleAggregator {
     stacks: FxHashMap<Vec<u32>, u64>,
     lines: HashMap<(String, u32), u64>,
     total: u64,
+    /// The instrumented functions' names, by index.
+    measured: Vec<String>,
+    measured_names: HashSet<String>,
+    /// Functions throttled so far (their probes removed).
+    throttled: HashSet<String>,
+    /// By throttled function: (self, total) samples since.
+    after_throttle: HashMap<String, (u64, u64)>,
+    /// By (thread, caller still instrumented): samples its exclusive time holds.
+    held: HashMap<(i32, String), u64>,
 }
 
 impl SampleAggregator {
@@ -28,16 +37,63 @@ impl SampleAggregator {
             stacks: FxHashMap::default(),
             lines: HashMap::new(),
             total: 0,
+            measured: Vec::new(),
+            measured_names: HashSet::new(),
+            throttled: HashSet::new(),
+            after_throttle: HashMap::new(),
+            held: HashMap::new(),
         }
     }
 
-    /// Takes in one sample.
-    pub fn add(&mut self, stack: &ResolvedStack) {
+    /// The instrumented functions' names, by index: what throttling refers to.
+    pub fn measuring(mut self, names: Vec<String>) -> Self {
+        self.measured_names = names.iter().cloned().collect();
+        self.measured = names;
+        self
+    }
+
+    /// From the next sample on, these functions (by index) are no longer
+    /// instrumented: the samples tell their time.
+    pub fn throttle(&mut self, functions: &[u32]) {
+        self.throttled.extend(functions.iter().filter_map(|&f| self.measured.get(f as usize).cloned()));
+    }
+
+    /// Takes in one sample of thread `tid`.
+    pub fn add(&mut self, tid: i32, stack: &ResolvedStack) {
         self.total += 1;
+        if !self.throttled.is_empty() {
+            self.count_throttled(tid, stack);
+        }
         let ids: Vec<u32> = stack.frames.iter().map(|frame| self.frame_id(frame)).collect();
         *self.stacks.entry(ids).or_default() += 1;
         if let Some(line) = &stack.line {
             *self.lines.entry(line.clone()).or_default() += 1;
+        }
+    }
+
+    /// A sample whose innermost measured function is throttled: its time
+    /// is that function's, and the nearest caller still instrumented holds
+    /// it in its measured exclusive time; every throttled function on the
+    /// stack has it in its total.
+    fn count_throttled(&mut self, tid: i32, stack: &ResolvedStack) {
+        let measured: Vec<&SampledFrame> =
+            stack.frames.iter().rev().filter(|f| !f.inlined && self.measured_names.contains(&f.name)).collect();
+        let Some(innermost) = measured.first() else { return };
+        let mut seen: Vec<&str> = Vec::new();
+        let mut holder = None;
+        for frame in &measured {
+            if !self.throttled.contains(&frame.name) {
+                holder = holder.or(Some(&frame.name));
+            } else if !seen.contains(&frame.name.as_str()) {
+                seen.push(&frame.name);
+                self.after_throttle.entry(frame.name.clone()).or_default().1 += 1;
+            }
+        }
+        if self.throttled.contains(&innermost.name) {
+            self.after_throttle.entry(innermost.name.clone()).or_default().0 += 1;
+            if let Some(holder) = holder {
+                *self.held.entry((tid, holder.clone())).or_default() += 1;
+            }
         }
     }
 
@@ -64,6 +120,15 @@ impl SampleAggregator {
         let mut lines: Vec<SampledLine> =
             self.lines.iter().map(|((file, line), &count)| SampledLine { file: file.clone(), line: *line, count }).collect();
         lines.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        let mut functions: Vec<ThrottledSamples> = self
+            .after_throttle
+            .iter()
+            .map(|(name, &(self_samples, total_samples))| ThrottledSamples { name: name.clone(), self_samples, total_samples })
+            .collect();
+        functions.sort_by(|a, b| b.total_samples.cmp(&a.total_samples).then(a.name.cmp(&b.name)));
+        let mut held: Vec<HeldSamples> =
+            self.held.iter().map(|((tid, name), &samples)| HeldSamples { tid: *tid, name: name.clone(), samples }).collect();
+        held.sort_by(|a, b| (a.tid, &a.name).cmp(&(b.tid, &b.name)));
         SampleProfile {
             event: self.event.clone(),
             frequency_hz: self.frequency_hz,
@@ -71,6 +136,7 @@ impl SampleAggregator {
             frames: self.frames.clone(),
             stacks,
             lines,
+            throttled: Throttled { functions, held },
         }
     }
 }
@@ -89,12 +155,33 @@ mod tests {
         let deep = ResolvedStack { frames: vec![frame("main"), frame("f")], line: Some(("p.c".into(), 3)) };
         let shallow = ResolvedStack { frames: vec![frame("main")], line: None };
         for stack in [&deep, &shallow, &deep] {
-            samples.add(stack);
+            samples.add(1, stack);
         }
         let profile = samples.profile();
         assert_eq!((profile.total, profile.frames.len()), (3, 2));
         assert_eq!(profile.stacks[0], SampledStack { frames: vec![0, 1], count: 2 });
         assert_eq!(profile.lines, vec![SampledLine { file: "p.c".into(), line: 3, count: 2 }]);
         assert_eq!(samples.hottest()[0], ("main".into(), "/bin/p".into(), 3));
+        assert!(profile.throttled.is_empty());
+    }
+
+    #[test]
+    fn after_a_throttle_samples_tell_the_functions_time_and_which_caller_held_it() {
+        let names = ["main", "outer", "tiny"].map(String::from).to_vec();
+        let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
+        let stack = |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None };
+        let in_tiny = stack(&["main", "outer", "tiny", "memset"]);
+        samples.add(7, &in_tiny);
+        assert!(samples.profile().throttled.is_empty(), "before the throttle, tiny's calls were timed");
+        // tiny and outer throttled: main holds their time.
+        samples.throttle(&[2, 1]);
+        samples.add(7, &in_tiny);
+        samples.add(7, &stack(&["main", "outer"]));
+        samples.add(7, &stack(&["main"]));
+        let throttled = samples.profile().throttled;
+        let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.self_samples, t.total_samples));
+        assert_eq!(of("tiny"), Some((1, 1)));
+        assert_eq!(of("outer"), Some((1, 2)));
+        assert_eq!(throttled.held, vec![HeldSamples { tid: 7, name: "main".into(), samples: 2 }]);
     }
 }

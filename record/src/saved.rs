@@ -135,8 +135,10 @@ impl SavedRecording {
         }
         let samples = self.setup.sampling.as_ref().map(|(event, hz)| {
             let mut samples = SampleAggregator::new(event, *hz);
-            self.stacks.iter().for_each(|stack| samples.add(stack));
-            samples.profile()
+            self.stacks.iter().for_each(|stack| samples.add(0, stack));
+            let mut profile = samples.profile();
+            profile.throttled = self.ending.throttled.clone();
+            profile
         });
         assemble(&self.setup, aggregator.finish(), samples, &self.ending)
     }

@@ -1,7 +1,7 @@
 //! The JSON report (`proftap.report/1`) scripts rely on.
 
 use super::{SortKey, function_name, sort_functions};
-use proftap_profile::{CallTree, FunctionStats, Profile, Stat};
+use proftap_profile::{CallTree, FunctionStats, Profile, SampleProfile, Stat};
 use serde_json::{Map, Value, json};
 
 /// The whole report as a JSON value.
@@ -100,7 +100,7 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
             "inclusive": stats(profile, &r.inclusive, r.entries),
         })).collect::<Vec<_>>(),
         "runs": profile.runs,
-        "samples": profile.samples.as_ref().map(|samples| json!({
+        "samples": profile.samples.as_ref().map(|samples| with_throttled(samples, json!({
             "event": samples.event,
             "frequency_hz": samples.frequency_hz,
             "total": samples.total,
@@ -114,10 +114,38 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
                 "total_ns": samples.estimated_ns(f.total_samples),
             })).collect::<Vec<_>>(),
             "lines": samples.lines.iter().map(|l| json!({ "file": l.file, "line": l.line, "self": l.count })).collect::<Vec<_>>(),
-        })),
+        }))),
         "processes": profile.processes.iter().map(|p| json!({"pid": p.pid, "parent": p.parent, "execs": p.execs})).collect::<Vec<_>>(),
         "notes": profile.notes.iter().map(crate::wording::note).collect::<Vec<_>>(),
     })
+}
+
+/// The samples' object, with what they say of throttled functions when
+/// any was throttled.
+fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
+    if samples.throttled.is_empty() {
+        return object;
+    }
+    let throttled = samples.throttled.functions.iter().map(|t| {
+        json!({
+            "name": t.name,
+            "self": t.self_samples,
+            "total": t.total_samples,
+            "self_ns": samples.estimated_ns(t.self_samples),
+            "total_ns": samples.estimated_ns(t.total_samples),
+        })
+    });
+    let held = samples.throttled.held.iter().map(|h| {
+        json!({
+            "tid": h.tid,
+            "name": h.name,
+            "samples": h.samples,
+            "ns": samples.estimated_ns(h.samples),
+        })
+    });
+    object["throttled"] = Value::Array(throttled.collect());
+    object["held_by_callers"] = Value::Array(held.collect());
+    object
 }
 
 fn stats(profile: &Profile, stats: &[Stat], calls: u64) -> Value {

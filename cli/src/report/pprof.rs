@@ -359,6 +359,7 @@ mod tests {
                 ],
                 stacks: vec![SampledStack { frames: vec![0, 1, 2], count: 5 }],
                 lines: Vec::new(),
+                throttled: Default::default(),
             }),
             ..Profile::default()
         };

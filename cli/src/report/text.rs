@@ -83,6 +83,7 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
         let _ = writeln!(out, "\nCall tree ({label}, inclusive / exclusive)");
         tree(profile, &profile.merged_tree(), m, &mut out);
     }
+    throttled(profile, &merged, options, &mut out);
     sampled_only(profile, options, &mut out);
     if !profile.regions.is_empty() {
         regions(profile, &metrics, &mut out);
@@ -296,6 +297,38 @@ fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
     }
     if functions.len() > shown {
         let _ = writeln!(out, "{:>7} more functions (--top)", functions.len() - shown);
+    }
+}
+
+/// Throttled functions after their probes were removed: their time from
+/// the samples, their calls from it at the CPU time per call measured
+/// before (both estimates; the flat profile has the exact part).
+fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions, out: &mut String) {
+    let Some(samples) = &profile.samples else { return };
+    if samples.throttled.functions.is_empty() {
+        return;
+    }
+    let cpu = profile.metric_index("cpu_ns").or_else(|| profile.metric_index("wall_ns"));
+    let per_call = |name: &str| -> Option<u64> {
+        let id = profile.functions.iter().position(|f| f.name == name)?;
+        let stats = merged.iter().find(|s| s.function == id as u32)?;
+        let m = cpu?;
+        Some(stats.inclusive.get(m)?.avg(stats.calls)).filter(|&ns| ns > 0)
+    };
+    let _ = writeln!(
+        out,
+        "\nThrottled functions after their probes were removed (estimated from {} samples at {} Hz; the flat profile has the exact part)",
+        group_digits(samples.total),
+        samples.frequency_hz
+    );
+    let _ = writeln!(out, "{:>12} {:>12} {:>12}  function", "~calls", "~self", "~total");
+    let shown = options.top.unwrap_or(usize::MAX);
+    let mut functions: Vec<_> = samples.throttled.functions.iter().collect();
+    functions.sort_by(|a, b| b.self_samples.cmp(&a.self_samples).then(b.total_samples.cmp(&a.total_samples)));
+    for t in functions.into_iter().take(shown) {
+        let total = samples.estimated_ns(t.total_samples);
+        let calls = per_call(&t.name).map_or("?".to_string(), |ns| group_digits(total / ns));
+        let _ = writeln!(out, "{:>12} {:>12} {:>12}  {}", calls, format_ns(samples.estimated_ns(t.self_samples)), format_ns(total), t.name);
     }
 }
 

@@ -14,6 +14,7 @@ enum Input {
     Mapped { pid: u32, start: u64, len: u64, pgoff: u64, path: String },
     Exec(u32),
     EngineCode(u32, std::ops::Range<u64>),
+    Throttle(Vec<u32>),
     Sample(Box<StackSample>, Vec<(u64, u64)>),
     Hottest(Sender<Vec<(String, String, u64)>>),
 }
@@ -51,9 +52,10 @@ impl SamplerThread {
                     Input::Mapped { pid, start, len, pgoff, path } => resolver.mapped(pid, start, len, pgoff, &path),
                     Input::Exec(pid) => resolver.exec(pid),
                     Input::EngineCode(pid, range) => resolver.engine_code(pid, range),
+                    Input::Throttle(functions) => samples.throttle(&functions),
                     Input::Sample(sample, returns) => {
                         let stack = resolver.resolve(&sample, &returns);
-                        samples.add(&stack);
+                        samples.add(sample.tid as i32, &stack);
                         if keep {
                             stacks.push(stack);
                         }
@@ -81,6 +83,11 @@ impl SamplerThread {
     /// See [`StackResolver::engine_code`].
     pub fn engine_code(&self, pid: u32, range: std::ops::Range<u64>) {
         let _ = self.input.send(Input::EngineCode(pid, range));
+    }
+
+    /// See [`SampleAggregator::throttle`].
+    pub fn throttle(&self, functions: Vec<u32>) {
+        let _ = self.input.send(Input::Throttle(functions));
     }
 
     /// A sample, with the thread's return addresses by stack slot (see
