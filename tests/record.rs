@@ -260,6 +260,22 @@ fn perf_and_uftrace_habits_work() {
     assert_eq!(calls_by_name(&all)["leaf"], 2000);
     assert_eq!(names(&json(&["-s", "name"])), ["leaf", "left", "right"]);
     assert_eq!(names(&json(&["-s", "calls", "--top", "1"])), ["leaf"]);
+    // Callers and callees of one function, from the calling contexts.
+    let table = |args: &[&str]| -> Vec<(u64, String)> {
+        let text = run_ok(proftap().current_dir(dir.path()).arg("report").args(args));
+        text.lines()
+            .skip(2)
+            .map(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                (words[0].replace(',', "").parse().unwrap(), words.last().unwrap().to_string())
+            })
+            .collect()
+    };
+    let mut callers = table(&["--callers", "leaf"]);
+    callers.sort();
+    assert_eq!(callers, [(1000, "left".to_string()), (1000, "right".to_string())]);
+    assert_eq!(table(&["--callees", "right"]), [(1000, "leaf".to_string())]);
+    assert_clean_failure(&run(proftap().current_dir(dir.path()).args(["report", "--callers", "nope"])), "no function named 'nope'");
     let by_self = json(&["-s", "self"]);
     let exclusive: Vec<u64> = by_self["functions"].as_array().unwrap().iter().map(|f| stat(f, "exclusive", "wall_ns", "total")).collect();
     assert!(exclusive.windows(2).all(|w| w[0] >= w[1]), "{exclusive:?}");

@@ -1,5 +1,6 @@
 //! `proftap report`: a profile as text or JSON.
 
+use crate::report::callgraph::{self, Side};
 use crate::report::text::{TextOptions, render};
 use crate::report::{SortKey, json};
 use anyhow::{Result, bail};
@@ -34,6 +35,12 @@ pub struct Args {
     /// Metrics to show (comma-separated: wall, cpu, page-faults, ...); all by default.
     #[arg(long = "metric", value_name = "LIST")]
     metrics: Vec<String>,
+    /// Show who called function F, with the calls and time of each caller's calls.
+    #[arg(long, value_name = "F", conflicts_with_all = ["callees", "format"])]
+    callers: Option<String>,
+    /// Show what function F called, with the calls and time of each callee.
+    #[arg(long, value_name = "F", conflicts_with = "format")]
+    callees: Option<String>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -53,7 +60,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
             None => bail!("{} has no metric '{name}'; it has: {}", args.file.display(), profile.metrics.join(", ")),
         }
     }
+    let graph = match (&args.callers, &args.callees) {
+        (Some(f), _) => Some((f, Side::Callers)),
+        (_, Some(f)) => Some((f, Side::Callees)),
+        _ => None,
+    };
     let text = match args.format {
+        _ if let Some((name, side)) = graph => {
+            let m = metrics.first().copied().unwrap_or(0);
+            callgraph::render(&profile, name, side, m).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?
+        }
         Format::Json => {
             let order = json::Order { sort: Some((args.sort, metrics.first().copied().unwrap_or(0))), top: args.top };
             let mut s = serde_json::to_string_pretty(&json::report_in_order(&profile, &order))?;

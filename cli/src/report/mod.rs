@@ -1,5 +1,6 @@
 //! Renderers: every output is a function of a [`Profile`] alone.
 
+pub mod callgraph;
 pub mod coverage;
 pub mod flame;
 pub mod json;
