@@ -30,8 +30,15 @@ fn reports(events: &Path) -> (String, String) {
             line.file = format!("../examples/{name}");
         }
     }
-    let options =
-        TextOptions { sort: SortKey::Incl, top: None, tree: true, threads: true, metrics: Vec::new(), lines: !profile.lines.is_empty() };
+    let options = TextOptions {
+        sort: SortKey::Incl,
+        top: None,
+        tree: true,
+        threads: true,
+        metrics: Vec::new(),
+        lines: !profile.lines.is_empty(),
+        depth: None,
+    };
     let mut json = serde_json::to_string_pretty(&json::report(&profile)).unwrap();
     json.push('\n');
     (render(&profile, &options), json)

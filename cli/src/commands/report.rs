@@ -23,6 +23,9 @@ pub struct Args {
     /// Show each thread.
     #[arg(long)]
     threads: bool,
+    /// Show the call tree this many levels deep at most (as uftrace's --depth).
+    #[arg(long, value_name = "N", requires = "tree")]
+    depth: Option<usize>,
     /// Sort functions by (`self` is exclusive, `total` inclusive).
     #[arg(short = 's', long, value_enum, default_value = "incl")]
     sort: SortKey,
@@ -78,7 +81,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Format::Text => render(
             &profile,
-            &TextOptions { sort: args.sort, top: args.top, tree: args.tree, threads: args.threads, metrics, lines: args.lines },
+            &TextOptions {
+                sort: args.sort,
+                top: args.top,
+                tree: args.tree,
+                threads: args.threads,
+                metrics,
+                lines: args.lines,
+                depth: args.depth,
+            },
         ),
     };
     let mut stdout = std::io::stdout().lock();

@@ -21,6 +21,8 @@ pub struct TextOptions {
     pub metrics: Vec<usize>,
     /// Show each source file with its line counts and times.
     pub lines: bool,
+    /// Show the call tree this many levels deep at most.
+    pub depth: Option<usize>,
 }
 
 /// Formats a metric value: times with a unit, counts with separators.
@@ -81,7 +83,7 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
         let m = metrics.first().copied().unwrap_or(0);
         let label = profile.metrics.get(m).map_or("no metric", |k| metric_label(k));
         let _ = writeln!(out, "\nCall tree ({label}, inclusive / exclusive)");
-        tree(profile, &profile.merged_tree(), m, &mut out);
+        tree(profile, &profile.merged_tree(), m, options.depth, &mut out);
     }
     throttled(profile, &merged, options, &mut out);
     sampled_only(profile, options, &mut out);
@@ -102,7 +104,7 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
             if options.tree {
                 let m = metrics.first().copied().unwrap_or(0);
                 let _ = writeln!(out, "\nCall tree{title}");
-                tree(profile, &thread.tree, m, &mut out);
+                tree(profile, &thread.tree, m, options.depth, &mut out);
             }
         }
     }
@@ -392,27 +394,45 @@ fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
 /// thousands of calls deep prints lines of bounded width.
 const TREE_INDENT_LEVELS: usize = 64;
 
-fn tree(profile: &Profile, tree: &CallTree, m: usize, out: &mut String) {
+/// The calling contexts, `depth` levels at most, each with its share of
+/// the recording's duration (time metrics).
+fn tree(profile: &Profile, tree: &CallTree, m: usize, depth: Option<usize>, out: &mut String) {
     let key = profile.metrics.get(m).map_or("", String::as_str);
     let value = |values: &[u64]| format_value(key, values.get(m).copied().unwrap_or(0));
+    let duration = profile.recording.duration_ns.max(1);
+    let share = |values: &[u64]| -> String {
+        let v = values.get(m).copied().unwrap_or(0);
+        if Unit::of(key) == Unit::Nanoseconds { format!(" {:5.1}%", 100.0 * v as f64 / duration as f64) } else { String::new() }
+    };
     let children = tree.children();
+    let most = depth.unwrap_or(usize::MAX);
+    let mut hidden = 0u64;
     // Depth-first without recursion: deep recursion in the target must not
     // overflow proftap's stack.
     let mut stack: Vec<(u32, usize)> = children.first().into_iter().flatten().rev().map(|&c| (c, 0)).collect();
-    while let Some((i, depth)) = stack.pop() {
+    while let Some((i, level)) = stack.pop() {
+        if level >= most {
+            hidden += 1;
+            stack.extend(children[i as usize].iter().map(|&c| (c, level + 1)));
+            continue;
+        }
         let n = &tree.nodes[i as usize];
-        let deep = if depth >= TREE_INDENT_LEVELS { format!("[depth {}] ", depth + 1) } else { String::new() };
+        let deep = if level >= TREE_INDENT_LEVELS { format!("[depth {}] ", level + 1) } else { String::new() };
         let _ = writeln!(
             out,
-            "{:indent$}{deep}{} {}x  {} / {}",
+            "{:indent$}{deep}{} {}x  {} / {}{}",
             "",
             function_name(profile, n.function),
             group_digits(n.calls),
             value(&n.inclusive),
             value(&n.exclusive),
-            indent = 2 * depth.min(TREE_INDENT_LEVELS) + 2
+            share(&n.inclusive),
+            indent = 2 * level.min(TREE_INDENT_LEVELS) + 2
         );
-        stack.extend(children[i as usize].iter().rev().map(|&c| (c, depth + 1)));
+        stack.extend(children[i as usize].iter().rev().map(|&c| (c, level + 1)));
+    }
+    if hidden > 0 {
+        let _ = writeln!(out, "  ({} calling contexts deeper than {most} levels not shown: --depth)", group_digits(hidden));
     }
 }
 
@@ -433,13 +453,20 @@ mod tests {
             threads: vec![ThreadProfile { pid: 1, tid: 1, name: String::new(), functions: Vec::new(), tree }],
             ..Profile::default()
         };
-        let options = TextOptions { sort: SortKey::Incl, top: None, tree: true, threads: false, metrics: Vec::new(), lines: false };
+        let options =
+            TextOptions { sort: SortKey::Incl, top: None, tree: true, threads: false, metrics: Vec::new(), lines: false, depth: None };
         let text = render(&profile, &options);
         let tree: Vec<&str> = text.lines().filter(|l| l.contains("down 1x")).collect();
         assert_eq!(tree.len(), 1000);
-        assert!(tree.iter().all(|l| l.len() < 2 * TREE_INDENT_LEVELS + 40), "{}", tree[999]);
-        assert_eq!(tree[999].trim_start(), "[depth 1000] down 1x  1 ns / 1 ns");
-        assert_eq!(tree[63].trim_start(), "down 1x  1 ns / 1 ns");
+        assert!(tree.iter().all(|l| l.len() < 2 * TREE_INDENT_LEVELS + 48), "{}", tree[999]);
+        assert_eq!(tree[999].trim_start(), "[depth 1000] down 1x  1 ns / 1 ns 100.0%");
+        assert_eq!(tree[63].trim_start(), "down 1x  1 ns / 1 ns 100.0%");
+        // With --depth 10: ten levels, and a line saying what is left out.
+        let text = render(&profile, &TextOptions { depth: Some(10), ..options });
+        let tree: Vec<&str> = text.lines().filter(|l| l.contains("down 1x")).collect();
+        assert_eq!(tree.len(), 10);
+        assert!(text.contains("990 calling contexts deeper than 10 levels not shown"), "{text}");
+        assert!(tree.iter().all(|l| l.chars().count() <= 80), "{text}");
     }
 
     #[test]
