@@ -152,3 +152,30 @@ fn no_instrument_samples_without_placing_a_probe() {
     assert!(text.contains("by sampling only (no probes)") && !text.contains("Flat profile"), "{text}");
     assert!(text.lines().any(|l| l.contains(" work_a  (split")), "{text}");
 }
+
+#[test]
+fn stripped_programs_and_scripts_are_sampled() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    // A stripped program with no debug info, as perf samples it.
+    let file = dir.path().join("ls.profile");
+    let out = run(proftap().args(["run", "--no-instrument", "-o"]).arg(&file).args(["--", "ls", "-R", "/usr/share/doc"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = report_json(&file);
+    assert!(report["target"]["exe"].as_str().unwrap().ends_with("/ls"), "{}", report["target"]);
+    // A script: its interpreter is profiled, and proftap says so; with
+    // nothing of it to probe, it is sampled.
+    let script = dir.path().join("loop.sh");
+    std::fs::write(&script, "#!/bin/bash\nfor i in $(seq 1 20000); do x=$((i*i)); done\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let file = dir.path().join("script.profile");
+    let out = run(proftap().arg("run").arg("-o").arg(&file).arg(&script));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is a script: proftap profiles its interpreter"), "{stderr}");
+    let report = report_json(&file);
+    assert!(report["target"]["exe"].as_str().unwrap().ends_with("/bash"), "{}", report["target"]);
+    assert!(report["samples"]["total"].as_u64().unwrap() > 0, "{}", report["samples"]);
+    // Named functions that cannot be probed are still an error.
+    assert_clean_failure(&run(proftap().args(["run", "-f", "nothing_like_this", "--", "ls"])), "matches no function");
+}

@@ -275,7 +275,7 @@ fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
 
 /// The executable's name as the kernel names a process (at most 15 bytes).
 fn program_name(setup: &Setup) -> String {
-    let module = setup.functions.first().map(|f| f.module.as_str()).unwrap_or_default();
+    let module = setup.functions.first().map_or(setup.target.exe.as_str(), |f| f.module.as_str());
     let name = std::path::Path::new(module).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     name.chars().take(15).collect()
 }

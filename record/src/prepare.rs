@@ -122,6 +122,12 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
         RecordTarget::Launch { command, cwd, env } => launched_modules(command, cwd.clone(), env.clone())?,
         RecordTarget::Attach { pid, .. } => (attached_modules(*pid)?, TargetSpec::Attach { pid: *pid }),
     };
+    if let (TargetSpec::Launch { path, .. }, Some((symbols_of, _))) = (&spec, modules.first())
+        && path != symbols_of
+    {
+        let message = format!("{} is a script: proftap profiles its interpreter, {}", path.display(), symbols_of.display());
+        observer.event(RecordEvent::Warning(Warning::Planning { message }));
+    }
     let debug_dirs = if request.debug_dirs.is_empty() { DebugDirs::default() } else { DebugDirs(request.debug_dirs.clone()) };
     let symbols = Arc::new(SymbolCache::new(debug_dirs));
     let chosen = choose(&selection, &modules, request, &symbols, observer)?;
@@ -141,6 +147,18 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     Ok(Prepared { functions: chosen.functions, spec, options, exit_mode: chosen.exit_mode, saver: None })
 }
 
+/// The interpreter a `#!` script names, if `path` is one.
+fn interpreter(path: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut first = [0u8; 256];
+    let read = std::fs::File::open(path).ok()?.read(&mut first).ok()?;
+    let line = first[..read].strip_prefix(b"#!")?;
+    let line = &line[..line.iter().position(|&b| b == b'\n')?];
+    let word = line.split(|b| b.is_ascii_whitespace()).find(|w| !w.is_empty())?;
+    let interpreter = PathBuf::from(std::ffi::OsStr::from_bytes(word));
+    Some(std::fs::canonicalize(&interpreter).unwrap_or(interpreter))
+}
+
 /// A launched command's modules (what it links; the loader searches the
 /// launch's `LD_LIBRARY_PATH`) and how to launch it. A relative command is
 /// resolved against the launch's working directory, or found on `PATH`.
@@ -156,14 +174,16 @@ fn launched_modules(
     };
     let path = target::resolve_command(&program)?;
     let path = std::fs::canonicalize(&path).unwrap_or(path);
+    // A script runs its interpreter: its symbols are the interpreter's.
+    let symbols_of = interpreter(&path).unwrap_or_else(|| path.clone());
     let library_path = match &env {
         Some(env) => {
             env.iter().find_map(|v| v.as_bytes().strip_prefix(b"LD_LIBRARY_PATH=").map(|p| OsString::from(std::ffi::OsStr::from_bytes(p))))
         }
         None => std::env::var_os("LD_LIBRARY_PATH"),
     };
-    let mut modules = vec![(path.clone(), path.clone())];
-    modules.extend(libs::needed_libraries(&path, library_path.as_deref()).into_iter().map(|l| (l.clone(), l)));
+    let mut modules = vec![(symbols_of.clone(), symbols_of.clone())];
+    modules.extend(libs::needed_libraries(&symbols_of, library_path.as_deref()).into_iter().map(|l| (l.clone(), l)));
     let spec = TargetSpec::Launch { path, argv: command.to_vec(), launch: Launch { cwd, env, stdout: None } };
     Ok((modules, spec))
 }
@@ -192,7 +212,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         sample: request.sample_settings(),
         overhead_budget: request.overhead_budget(),
         auto_instrument,
-        sample_only: !request.instrument,
+        sample_only: !request.instrument || chosen.functions.iter().all(|f| f.role != Role::Measured),
         regions: request.regions.clone(),
         compensate: request.compensate,
         engine,
@@ -301,7 +321,17 @@ fn choose(
         observer.event(RecordEvent::Warning(Warning::Planning { message }));
     }
     if functions.iter().all(|f| f.role != Role::Measured) {
-        return Err(PrepareError::NothingToProbe { executable: modules[0].0.display().to_string() });
+        // As perf does, a program with nothing to probe (stripped, no
+        // debug info) is sampled, unless functions were named.
+        let executable = modules[0].0.display().to_string();
+        let sampled = request.sample_settings().is_some() && (!request.instrument || request.functions.is_empty());
+        if !sampled {
+            return Err(PrepareError::NothingToProbe { executable });
+        }
+        if request.instrument {
+            let message = format!("no function of {executable} can be probed: it is sampled only");
+            observer.event(RecordEvent::Warning(Warning::Planning { message }));
+        }
     }
     let lines = line_files.as_ref().map(|files| {
         let measured: Vec<ProbedFunction> = functions.iter().filter(|f| f.role == Role::Measured).cloned().collect();

@@ -343,7 +343,10 @@ fn setup(
         target: Target {
             command: command.to_vec(),
             pid: run.pid,
-            exe: functions.first().map(|f| f.info.module.clone()).unwrap_or_default(),
+            // Sampling only, nothing names the program: the process does.
+            exe: functions.first().map(|f| f.info.module.clone()).unwrap_or_else(|| {
+                std::fs::read_link(format!("/proc/{}/exe", run.pid)).map(|p| p.display().to_string()).unwrap_or_default()
+            }),
             build_id: options.build_id.clone(),
             attached: run.attached,
             ..Target::default()
