@@ -150,8 +150,14 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
 /// The interpreter a `#!` script names, if `path` is one.
 fn interpreter(path: &Path) -> Option<PathBuf> {
     use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Never waits: a FIFO or a device named as the program is not a script.
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
     let mut first = [0u8; 256];
-    let read = std::fs::File::open(path).ok()?.read(&mut first).ok()?;
+    let read = (&file).read(&mut first).ok()?;
     let line = first[..read].strip_prefix(b"#!")?;
     let line = &line[..line.iter().position(|&b| b == b'\n')?];
     let word = line.split(|b| b.is_ascii_whitespace()).find(|w| !w.is_empty())?;
