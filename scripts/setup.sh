@@ -50,4 +50,11 @@ if ! command -v gcovr >/dev/null 2>&1; then
   hash -r
 fi
 
+# junitparser (reads back `proftap check --junit` reports) comes from PyPI.
+if ! python3 -c "import junitparser" >/dev/null 2>&1; then
+  echo "setup: installing junitparser"
+  python3 -m pip install --quiet --disable-pip-version-check junitparser 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages junitparser
+fi
+
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo is missing; install Rust from https://rustup.rs" >&2; exit 1; }

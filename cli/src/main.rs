@@ -33,8 +33,10 @@ enum Command {
     Export(commands::export::Args),
     /// Add profiles of several runs of the same build into one.
     Merge(commands::merge::Args),
-    /// Compare two profiles: exit status 1 when a function got slower.
+    /// Compare two profiles, or two sets of runs: exit status 1 when a function got slower.
     Diff(commands::diff::Args),
+    /// Check a profile against budgets (limits per function or region): exit status 1 when one breaks.
+    Check(commands::check::Args),
     /// Sessions run by proftapd: start, list, status, stop, fetch, delete.
     Session(commands::session::Args),
     /// List the functions (and line rows) of a binary or a running process.
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::run(args),
         Command::Merge(args) => commands::merge::run(args),
         Command::Diff(args) => commands::diff::run(args),
+        Command::Check(args) => commands::check::run(args),
         Command::Session(args) => commands::session::run(args, cli.socket.unwrap_or_else(proftap_record::protocol::default_socket)),
         Command::Symbols(args) => commands::symbols::run(args),
         Command::GenerateDocs { dir } => generate_docs(&dir).map(|()| ExitCode::SUCCESS),

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod check;
 pub mod diff;
 pub mod export;
 pub mod flamegraph;

@@ -12,6 +12,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Options shared by `run` and `attach`.
@@ -175,6 +176,11 @@ pub struct RunArgs {
     /// How to record.
     #[command(flatten)]
     pub record: RecordArgs,
+    /// Record the command N times, a profile per run, for `proftap diff`
+    /// to judge a change on the runs' spread; -o then names a new directory
+    /// for them (default proftap.runs).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000), conflicts_with = "save_events")]
+    pub repeat: Option<u32>,
     /// The command to profile and its arguments (after `--`, or directly:
     /// everything from the first word that is not an option of proftap's).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
@@ -255,18 +261,50 @@ fn control() -> Result<Control> {
 /// Runs `proftap run`.
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let request = args.record.request(RecordTarget::Launch { command: args.command.clone(), cwd: None, env: None })?;
+    if let Some(runs) = args.repeat {
+        let dir = args.record.output.clone().unwrap_or_else(|| PathBuf::from("proftap.runs"));
+        return repeat(&request, runs, &dir);
+    }
     // The program's output shares the terminal: no live line, only a
     // spinner while probes are placed.
-    let recorded = record(&request, args.record.save_events.as_deref(), false)?;
+    let recorded = record(&request, args.record.save_events.as_deref(), false, control()?)?;
     let status = recorded.ended.map_or(0, |e| e.shell_status());
     finish(recorded.profile, &args.record.output())?;
     Ok(ExitCode::from(status.clamp(0, 255) as u8))
 }
 
+/// Records `request` `runs` times into `dir` (run-01.profile, ...), until a
+/// run fails or the user interrupts.
+fn repeat(request: &RecordRequest, runs: u32, dir: &Path) -> Result<ExitCode> {
+    let holds_profiles = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .is_ok_and(|mut entries| entries.any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "profile"))))
+    };
+    if holds_profiles(dir) {
+        bail!("{} already holds profiles, which `proftap diff` would count as runs; name another directory with -o", dir.display());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create the directory {}", dir.display()))?;
+    let control = control()?;
+    let width = runs.to_string().len();
+    for run in 1..=runs {
+        let recorded = record(request, None, false, control.clone())?;
+        let status = recorded.ended.map_or(0, |e| e.shell_status());
+        finish(recorded.profile, &dir.join(format!("run-{run:0width$}.profile")))?;
+        let stopped = control.interrupt.load(Ordering::Relaxed) || control.terminate.load(Ordering::Relaxed);
+        if status != 0 || (stopped && run < runs) {
+            let why = if status != 0 { format!("run {run} exited with status {status}") } else { format!("interrupted after run {run}") };
+            eprintln!("proftap: {why}; {run} of {runs} runs recorded in {}", dir.display());
+            return Ok(ExitCode::from(status.clamp(1, 255) as u8));
+        }
+    }
+    eprintln!("proftap: {runs} runs recorded in {} (compare: proftap diff BASE_DIR {})", dir.display(), dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Runs `proftap attach`.
 pub fn attach(args: AttachArgs) -> Result<ExitCode> {
     let request = args.record.request(args.attach.target(args.pid()))?;
-    let recorded = record(&request, args.record.save_events.as_deref(), true)?;
+    let recorded = record(&request, args.record.save_events.as_deref(), true, control()?)?;
     finish(recorded.profile, &args.record.output())?;
     Ok(ExitCode::SUCCESS)
 }
@@ -274,14 +312,14 @@ pub fn attach(args: AttachArgs) -> Result<ExitCode> {
 /// Prepares and records `request`, showing on the terminal how it goes
 /// (with `live`, a line of counters while recording); `save_events` names
 /// a file for the events.
-fn record(request: &RecordRequest, save_events: Option<&Path>, live: bool) -> Result<Recorded> {
+fn record(request: &RecordRequest, save_events: Option<&Path>, live: bool, control: Control) -> Result<Recorded> {
     let terminal = Arc::new(Terminal::start(live));
     let mut prepared = prepare(request, terminal.as_ref(), &OwnHelper)?;
     if let Some(path) = save_events {
         let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
         prepared.save_events(file);
     }
-    let recorded = prepared.record(control()?, terminal.clone())?;
+    let recorded = prepared.record(control, terminal.clone())?;
     Ok(recorded)
 }
 
