@@ -38,6 +38,8 @@ fn reports(events: &Path) -> (String, String) {
         metrics: Vec::new(),
         lines: !profile.lines.is_empty(),
         depth: None,
+        min_share: 0.0,
+        width: None,
     };
     let mut json = serde_json::to_string_pretty(&json::report(&profile)).unwrap();
     json.push('\n');

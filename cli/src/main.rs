@@ -24,7 +24,10 @@ enum Command {
     /// Profile a running process until Ctrl-C, --duration or its exit.
     Attach(commands::record::AttachArgs),
     /// Show a profile as text or JSON.
+    #[command(after_long_help = REPORT_COLUMNS)]
     Report(commands::report::Args),
+    /// Show a function's source with each line's count, time and samples.
+    Annotate(commands::annotate::Args),
     /// Draw a flame graph (SVG) of sampled stacks or of the call tree.
     Flamegraph(commands::flamegraph::Args),
     /// Write line counts as gcov's .gcov files.
@@ -55,12 +58,37 @@ enum Command {
     },
 }
 
+/// What the report's columns mean (in `report --help` and its man page).
+const REPORT_COLUMNS: &str = "\
+COLUMNS OF THE FLAT PROFILE:
+  calls       calls seen (exact while the function was instrumented; a
+              throttled function's count is a lower bound)
+  inclusive   the metric over all its calls, callees included
+  exclusive   the same, less the time its instrumented callees took (its
+              own code, and uninstrumented code it called)
+  %run        share of the recording's wall-clock duration (time metrics);
+              several threads can add up past 100
+  avg min max inclusive cost per call: average, fastest, slowest
+  %smp        share of stack samples with the function anywhere on the stack
+
+METRICS: wall (elapsed time, waiting included), cpu (time on a CPU: the
+thread's task-clock), and kernel counters (page-faults, context-switches,
+...) counted between a call's entry and its return.
+
+The first line names the hottest function: the most exclusive cost in the
+first metric. On a terminal, tables fit its width (names shortened in the
+middle; pipes and --format json get everything) and the report goes through
+$PAGER (less by default; --no-pager).
+
+EXIT STATUS: 0 on success, 2 on an error (unreadable profile, bad option).";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => commands::record::run(args),
         Command::Attach(args) => commands::record::attach(args),
         Command::Report(args) => commands::report::run(args),
+        Command::Annotate(args) => commands::annotate::run(args),
         Command::Gcov(args) => commands::gcov::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Export(args) => commands::export::run(args),

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod annotate;
 pub mod check;
 pub mod diff;
 pub mod export;

@@ -4,7 +4,6 @@ use crate::report::callgraph::{self, Side};
 use crate::report::text::{TextOptions, render};
 use crate::report::{SortKey, json};
 use anyhow::{Result, bail};
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -26,6 +25,13 @@ pub struct Args {
     /// Show the call tree this many levels deep at most (as uftrace's --depth).
     #[arg(long, value_name = "N", requires = "tree")]
     depth: Option<usize>,
+    /// Hide calling contexts under PCT percent of the run in the call tree.
+    #[arg(long, value_name = "PCT", requires = "tree", default_value_t = 0.0)]
+    min_share: f64,
+    /// Print straight to the terminal, without a pager (default: $PAGER, or
+    /// less, when the output is a terminal).
+    #[arg(long)]
+    no_pager: bool,
     /// Sort functions by (`self` is exclusive, `total` inclusive).
     #[arg(short = 's', long, value_enum, default_value = "incl")]
     sort: SortKey,
@@ -54,6 +60,9 @@ enum Format {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<ExitCode> {
+    if !(0.0..=100.0).contains(&args.min_share) {
+        bail!("--min-share is a percentage between 0 and 100");
+    }
     let profile = proftap_profile::read_profile(&args.file)?;
     let mut metrics = Vec::new();
     for name in args.metrics.iter().flat_map(|m| m.split(',')).filter(|n| !n.is_empty()) {
@@ -89,12 +98,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 metrics,
                 lines: args.lines,
                 depth: args.depth,
+                min_share: args.min_share / 100.0,
+                width: crate::output::terminal_width(),
             },
         ),
     };
-    let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(ExitCode::SUCCESS),
-    }
+    crate::output::show(&text, args.no_pager || matches!(args.format, Format::Json) && graph.is_none())?;
+    Ok(ExitCode::SUCCESS)
 }

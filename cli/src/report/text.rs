@@ -23,6 +23,11 @@ pub struct TextOptions {
     pub lines: bool,
     /// Show the call tree this many levels deep at most.
     pub depth: Option<usize>,
+    /// Hide calling contexts under this share of the run (a fraction).
+    pub min_share: f64,
+    /// Fit the report in this many columns (a terminal's width); `None`:
+    /// every column, names in full.
+    pub width: Option<usize>,
 }
 
 /// Formats a metric value: times with a unit, counts with separators.
@@ -83,7 +88,7 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
         let m = metrics.first().copied().unwrap_or(0);
         let label = profile.metrics.get(m).map_or("no metric", |k| metric_label(k));
         let _ = writeln!(out, "\nCall tree ({label}, inclusive / exclusive)");
-        tree(profile, &profile.merged_tree(), m, options.depth, &mut out);
+        tree(profile, &profile.merged_tree(), m, options, &mut out);
     }
     throttled(profile, &merged, options, &mut out);
     sampled_only(profile, options, &mut out);
@@ -104,11 +109,78 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
             if options.tree {
                 let m = metrics.first().copied().unwrap_or(0);
                 let _ = writeln!(out, "\nCall tree{title}");
-                tree(profile, &thread.tree, m, options.depth, &mut out);
+                tree(profile, &thread.tree, m, options, &mut out);
             }
         }
     }
+    match options.width {
+        Some(width) => wrap(&out, width),
+        None => out,
+    }
+}
+
+/// Lines past `width` wrapped at words, each continued under where its
+/// text starts (after a header's label, or its own indentation).
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if line.chars().count() <= width {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let indent = line.len() - line.trim_start().len();
+        // `  note        text`: continue under the text.
+        let label = line[indent..]
+            .find("  ")
+            .filter(|&at| at < 14)
+            .map_or(indent + 2, |at| indent + at + line[indent + at..].len() - line[indent + at..].trim_start().len());
+        let hang = " ".repeat(label.min(width / 2));
+        let options = textwrap::Options::new(width).subsequent_indent(&hang).break_words(true);
+        for piece in textwrap::wrap(line, options) {
+            out.push_str(&piece);
+            out.push('\n');
+        }
+    }
     out
+}
+
+/// The function to look at first: the most exclusive time (the first
+/// metric), or with only samples, the most samples in itself.
+fn hottest(profile: &Profile, out: &mut String) {
+    let duration = profile.recording.duration_ns.max(1) as f64;
+    let instrumented = profile
+        .merged_functions()
+        .into_iter()
+        .filter(|f| profile.functions.get(f.function as usize).is_some_and(|i| i.mode != Mode::Sampled))
+        .max_by_key(|f| f.exclusive.first().map_or(0, |s| s.total));
+    if let Some(f) = instrumented.filter(|f| f.calls > 0) {
+        let key = profile.metrics.first().map_or("", String::as_str);
+        let total = f.exclusive.first().map_or(0, |s| s.total);
+        let share = if Unit::of(key) == Unit::Nanoseconds {
+            format!(", {:.1}% of the run", 100.0 * total as f64 / duration)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "  hottest     {}: {} {} in itself{share}, {} call{}",
+            function_name(profile, f.function),
+            format_value(key, total),
+            metric_label(key),
+            group_digits(f.calls),
+            if f.calls == 1 { "" } else { "s" }
+        );
+    } else if let Some(samples) = &profile.samples
+        && let Some(f) = samples.functions().into_iter().max_by_key(|f| f.self_samples).filter(|f| f.self_samples > 0)
+    {
+        let _ = writeln!(
+            out,
+            "  hottest     {}: {:.1}% of the samples in itself",
+            f.frame.name,
+            100.0 * f.self_samples as f64 / samples.total.max(1) as f64
+        );
+    }
 }
 
 /// Whether any function was instrumented (not a sampling-only recording).
@@ -125,6 +197,7 @@ fn header(profile: &Profile, out: &mut String) {
         _ => String::new(),
     };
     let _ = writeln!(out, "proftap profile: {how} {} (pid {}{ended})", t.command.join(" "), t.pid);
+    hottest(profile, out);
     let _ = writeln!(out, "  executable  {}{}", t.exe, t.build_id.as_deref().map(|b| format!(" (build-id {b})")).unwrap_or_default());
     let r = &profile.recording;
     if !probed(profile) {
@@ -212,27 +285,43 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
         options.sort.describe(),
         if sample_total > 0 { "; %smp: share of samples with the function on the stack" } else { "" }
     );
+    // On a narrow terminal: no min and max, narrower numbers, names
+    // shortened to the width left.
+    let smp = if sample_total > 0 { 6 } else { 0 };
+    let narrow = options.width.is_some_and(|w| w < FULL_COLUMNS + smp + 30);
+    let (wide, value_width) = if narrow { (NARROW_COLUMNS, 10) } else { (FULL_COLUMNS, 12) };
+    let name_width = options.width.map_or(usize::MAX, |w| w.saturating_sub(wide + smp).max(16));
+    let row = |cells: [&str; 8], smp_cell: &str, name: &str| -> String {
+        let [calls, incl, incl_share, excl, excl_share, avg, min, max] = cells;
+        let extremes = if narrow { String::new() } else { format!(" {min:>11} {max:>11}") };
+        let name = crate::output::shorten_middle(name, name_width);
+        format!(
+            "{calls:>w$} {incl:>w$} {incl_share:>5} {excl:>w$} {excl_share:>5} {avg:>a$}{extremes}{smp_cell}  {name}",
+            w = value_width,
+            a = value_width - 1
+        )
+    };
     let _ = writeln!(
         out,
-        "{:>12} {:>12} {:>5} {:>12} {:>5} {:>11} {:>11} {:>11}{}  function",
-        "calls",
-        "inclusive",
-        "%run",
-        "exclusive",
-        "%run",
-        "avg",
-        "min",
-        "max",
-        if sample_total > 0 { "  %smp" } else { "" }
+        "{}",
+        row(
+            ["calls", "inclusive", "%run", "exclusive", "%run", "avg", "min", "max"],
+            if sample_total > 0 { "  %smp" } else { "" },
+            "function"
+        )
     );
     let shown = options.top.unwrap_or(usize::MAX);
     for f in functions.iter().take(shown) {
         let incl = f.inclusive[m];
         let excl = f.exclusive[m];
         let name = function_name(profile, f.function);
-        let mut label = name.to_string();
+        let mut label = String::new();
         if profile.functions.get(f.function as usize).is_some_and(|i| i.mode == Mode::Throttled) {
-            label.push_str("  [throttled: exact until its probes were removed, calls are a lower bound]");
+            label.push_str(if narrow {
+                "  [throttled]"
+            } else {
+                "  [throttled: exact until its probes were removed, calls are a lower bound]"
+            });
         }
         // Left to uprobes by the in-process engine: its times carry their cost.
         if profile.recording.engine == Engine::Inject
@@ -246,9 +335,7 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
         if f.unfinished > 0 {
             label.push_str(&format!("  [{} unfinished]", f.unfinished));
         }
-        let _ = writeln!(
-            out,
-            "{:>12} {:>12} {} {:>12} {} {:>11} {:>11} {:>11}{}  {label}",
+        let cells = [
             group_digits(f.calls),
             format_value(key, incl.total),
             share(incl.total),
@@ -257,8 +344,9 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
             format_value(key, incl.avg(f.calls)),
             format_value(key, incl.min_or_zero()),
             format_value(key, incl.max),
-            sampled_share(name),
-        );
+        ];
+        let shortened = crate::output::shorten_middle(name, name_width.saturating_sub(label.chars().count()).max(12));
+        let _ = writeln!(out, "{}", row(cells.each_ref().map(String::as_str), &sampled_share(name), &format!("{shortened}{label}")));
     }
     if functions.len() > shown {
         let _ = writeln!(out, "{:>12} more functions (--top)", functions.len() - shown);
@@ -283,18 +371,23 @@ fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
     );
     let _ = writeln!(out, "{:>7} {:>7} {:>12} {:>12}  function", "%self", "%total", "self", "total");
     let shown = options.top.unwrap_or(usize::MAX);
+    let name_width = options.width.map_or(usize::MAX, |w| w.saturating_sub(43).max(16));
     for f in functions.iter().take(shown) {
         let module = std::path::Path::new(&f.frame.module).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let label = format!(
+            "{}{}{}",
+            f.frame.name,
+            if module.is_empty() { String::new() } else { format!("  ({module})") },
+            if f.frame.inlined { "  [inlined]" } else { "" },
+        );
         let _ = writeln!(
             out,
-            "{:>7.1} {:>7.1} {:>12} {:>12}  {}{}{}",
+            "{:>7.1} {:>7.1} {:>12} {:>12}  {}",
             100.0 * f.self_samples as f64 / total as f64,
             100.0 * f.total_samples as f64 / total as f64,
             format_ns(samples.estimated_ns(f.self_samples)),
             format_ns(samples.estimated_ns(f.total_samples)),
-            f.frame.name,
-            if module.is_empty() { String::new() } else { format!("  ({module})") },
-            if f.frame.inlined { "  [inlined]" } else { "" },
+            crate::output::shorten_middle(&label, name_width),
         );
     }
     if functions.len() > shown {
@@ -389,38 +482,62 @@ fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
     }
 }
 
+/// Columns of the flat profile before the names: every column, and on a
+/// narrow terminal without min and max.
+const FULL_COLUMNS: usize = 12 + 1 + 12 + 1 + 5 + 1 + 12 + 1 + 5 + 1 + 11 + 12 + 12 + 2;
+const NARROW_COLUMNS: usize = 10 + 1 + 10 + 1 + 5 + 1 + 10 + 1 + 5 + 1 + 9 + 2;
+
 /// How many levels of the text tree are shown by indentation; deeper nodes
 /// are indented as this level and say their depth, so that a tree
 /// thousands of calls deep prints lines of bounded width.
 const TREE_INDENT_LEVELS: usize = 64;
 
-/// The calling contexts, `depth` levels at most, each with its share of
-/// the recording's duration (time metrics).
-fn tree(profile: &Profile, tree: &CallTree, m: usize, depth: Option<usize>, out: &mut String) {
+/// The calling contexts, `--depth` levels at most and at least
+/// `--min-share` of the run, each with its share of the recording's
+/// duration (time metrics); a function calling itself shows as one line
+/// with the levels folded into it.
+fn tree(profile: &Profile, tree: &CallTree, m: usize, options: &TextOptions, out: &mut String) {
     let key = profile.metrics.get(m).map_or("", String::as_str);
     let value = |values: &[u64]| format_value(key, values.get(m).copied().unwrap_or(0));
     let duration = profile.recording.duration_ns.max(1);
+    let time = Unit::of(key) == Unit::Nanoseconds;
     let share = |values: &[u64]| -> String {
         let v = values.get(m).copied().unwrap_or(0);
-        if Unit::of(key) == Unit::Nanoseconds { format!(" {:5.1}%", 100.0 * v as f64 / duration as f64) } else { String::new() }
+        if time { format!(" {:5.1}%", 100.0 * v as f64 / duration as f64) } else { String::new() }
     };
+    let small = |values: &[u64]| time && (values.get(m).copied().unwrap_or(0) as f64) < options.min_share * duration as f64;
     let children = tree.children();
-    let most = depth.unwrap_or(usize::MAX);
-    let mut hidden = 0u64;
+    let most = options.depth.unwrap_or(usize::MAX);
+    let (mut deeper, mut smaller) = (0u64, 0u64);
     // Depth-first without recursion: deep recursion in the target must not
     // overflow proftap's stack.
     let mut stack: Vec<(u32, usize)> = children.first().into_iter().flatten().rev().map(|&c| (c, 0)).collect();
     while let Some((i, level)) = stack.pop() {
-        if level >= most {
-            hidden += 1;
+        let n = &tree.nodes[i as usize];
+        if level >= most || small(&n.inclusive) {
+            *(if level >= most { &mut deeper } else { &mut smaller }) += 1;
             stack.extend(children[i as usize].iter().map(|&c| (c, level + 1)));
             continue;
         }
-        let n = &tree.nodes[i as usize];
+        // Direct recursion, one call chain: folded into this line.
+        let (mut last, mut levels, mut calls, mut exclusive) = (i, 0u64, 0u64, 0u64);
+        while let [only] = children[last as usize].as_slice()
+            && tree.nodes[*only as usize].function == n.function
+        {
+            let inner = &tree.nodes[*only as usize];
+            (last, levels) = (*only, levels + 1);
+            calls = calls.saturating_add(inner.calls);
+            exclusive = exclusive.saturating_add(inner.exclusive.get(m).copied().unwrap_or(0));
+        }
+        let folded = if levels > 0 {
+            format!("  [recursion: +{} levels, {} calls, {} self]", group_digits(levels), group_digits(calls), format_value(key, exclusive))
+        } else {
+            String::new()
+        };
         let deep = if level >= TREE_INDENT_LEVELS { format!("[depth {}] ", level + 1) } else { String::new() };
         let _ = writeln!(
             out,
-            "{:indent$}{deep}{} {}x  {} / {}{}",
+            "{:indent$}{deep}{} {}x  {} / {}{}{folded}",
             "",
             function_name(profile, n.function),
             group_digits(n.calls),
@@ -429,10 +546,18 @@ fn tree(profile: &Profile, tree: &CallTree, m: usize, depth: Option<usize>, out:
             share(&n.inclusive),
             indent = 2 * level.min(TREE_INDENT_LEVELS) + 2
         );
-        stack.extend(children[i as usize].iter().rev().map(|&c| (c, level + 1)));
+        stack.extend(children[last as usize].iter().rev().map(|&c| (c, level + 1)));
     }
-    if hidden > 0 {
-        let _ = writeln!(out, "  ({} calling contexts deeper than {most} levels not shown: --depth)", group_digits(hidden));
+    if deeper > 0 {
+        let _ = writeln!(out, "  ({} calling contexts deeper than {most} levels not shown: --depth)", group_digits(deeper));
+    }
+    if smaller > 0 {
+        let _ = writeln!(
+            out,
+            "  ({} calling contexts under {}% of the run not shown: --min-share)",
+            group_digits(smaller),
+            options.min_share * 100.0
+        );
     }
 }
 
@@ -441,29 +566,56 @@ mod tests {
     use super::*;
     use proftap_profile::{FunctionInfo, ThreadProfile, TreeNode};
 
-    #[test]
-    fn a_deep_tree_prints_lines_of_bounded_width() {
+    /// A profile whose tree is one chain 1,000 calls deep, of `down` alone
+    /// or of `down` and `up` in turn.
+    fn deep(alternating: bool) -> Profile {
         let mut tree = CallTree::new(1);
-        for parent in 0..1000 {
-            tree.nodes.push(TreeNode { function: 0, parent, calls: 1, inclusive: vec![1], exclusive: vec![1] });
+        for parent in 0..1000u32 {
+            let function = if alternating { parent % 2 } else { 0 };
+            tree.nodes.push(TreeNode { function, parent, calls: 1, inclusive: vec![1], exclusive: vec![1] });
         }
-        let profile = Profile {
+        Profile {
             metrics: vec!["wall_ns".into()],
-            functions: vec![FunctionInfo { name: "down".into(), ..FunctionInfo::default() }],
+            functions: ["down", "up"].iter().map(|n| FunctionInfo { name: (*n).into(), ..FunctionInfo::default() }).collect(),
             threads: vec![ThreadProfile { pid: 1, tid: 1, name: String::new(), functions: Vec::new(), tree }],
             ..Profile::default()
-        };
-        let options =
-            TextOptions { sort: SortKey::Incl, top: None, tree: true, threads: false, metrics: Vec::new(), lines: false, depth: None };
-        let text = render(&profile, &options);
+        }
+    }
+
+    fn options() -> TextOptions {
+        TextOptions {
+            sort: SortKey::Incl,
+            top: None,
+            tree: true,
+            threads: false,
+            metrics: Vec::new(),
+            lines: false,
+            depth: None,
+            min_share: 0.0,
+            width: None,
+        }
+    }
+
+    #[test]
+    fn recursion_folds_into_one_line() {
+        let text = render(&deep(false), &options());
         let tree: Vec<&str> = text.lines().filter(|l| l.contains("down 1x")).collect();
+        assert_eq!(tree, ["  down 1x  1 ns / 1 ns 100.0%  [recursion: +999 levels, 999 calls, 999 ns self]"]);
+    }
+
+    #[test]
+    fn a_deep_tree_prints_lines_of_bounded_width() {
+        let profile = deep(true);
+        let options = options();
+        let text = render(&profile, &options);
+        let tree: Vec<&str> = text.lines().filter(|l| l.contains(" 1x ")).collect();
         assert_eq!(tree.len(), 1000);
         assert!(tree.iter().all(|l| l.len() < 2 * TREE_INDENT_LEVELS + 48), "{}", tree[999]);
-        assert_eq!(tree[999].trim_start(), "[depth 1000] down 1x  1 ns / 1 ns 100.0%");
-        assert_eq!(tree[63].trim_start(), "down 1x  1 ns / 1 ns 100.0%");
+        assert_eq!(tree[999].trim_start(), "[depth 1000] up 1x  1 ns / 1 ns 100.0%");
+        assert_eq!(tree[63].trim_start(), "up 1x  1 ns / 1 ns 100.0%");
         // With --depth 10: ten levels, and a line saying what is left out.
         let text = render(&profile, &TextOptions { depth: Some(10), ..options });
-        let tree: Vec<&str> = text.lines().filter(|l| l.contains("down 1x")).collect();
+        let tree: Vec<&str> = text.lines().filter(|l| l.contains(" 1x ")).collect();
         assert_eq!(tree.len(), 10);
         assert!(text.contains("990 calling contexts deeper than 10 levels not shown"), "{text}");
         assert!(tree.iter().all(|l| l.chars().count() <= 80), "{text}");

@@ -1,0 +1,117 @@
+//! `proftap annotate F`: a function's source with, per line, what the
+//! profile has on it: gcov's count and the time spent (recorded with
+//! `--lines`) and the share of stack samples taken on it (as `perf
+//! annotate` and `callgrind_annotate` show).
+
+use crate::report::text::{format_value, group_digits, metric_label};
+use anyhow::{Context, Result, bail};
+use proftap_profile::{Mode, Profile};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `proftap annotate`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The function (its name as the report shows it).
+    function: String,
+    /// The profile (default proftap.profile).
+    #[arg(default_value = "proftap.profile")]
+    file: PathBuf,
+    /// Print straight to the terminal, without a pager.
+    #[arg(long)]
+    no_pager: bool,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> Result<ExitCode> {
+    let profile = proftap_profile::read_profile(&args.file)?;
+    let text =
+        annotate(&profile, &args.function).with_context(|| format!("cannot annotate {} from {}", args.function, args.file.display()))?;
+    crate::output::show(&text, args.no_pager)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The function's lines: from its declaration to the line before the next
+/// function declared after it in the same file (or the file's end).
+fn annotate(profile: &Profile, name: &str) -> Result<String> {
+    let Some((id, info)) = profile.functions.iter().enumerate().find(|(_, f)| f.name == name) else {
+        bail!("the profile has no function named '{name}' (proftap report lists them)");
+    };
+    let Some(file) = info.file.as_deref() else {
+        bail!("{name} has no source file in the debug info");
+    };
+    let first = info.line.max(1);
+    let last = profile
+        .functions
+        .iter()
+        .filter(|f| f.file.as_deref() == Some(file) && f.line > first)
+        .map(|f| f.line - 1)
+        .min()
+        .unwrap_or(u32::MAX);
+    let counts: HashMap<u32, &proftap_profile::LineRecord> =
+        profile.lines.iter().filter(|l| l.file == file && (first..=last).contains(&l.line)).map(|l| (l.line, l)).collect();
+    let samples = profile.samples.as_ref();
+    let sampled: HashMap<u32, u64> = samples
+        .map(|s| s.lines.iter().filter(|l| l.file == file && (first..=last).contains(&l.line)).map(|l| (l.line, l.count)).collect())
+        .unwrap_or_default();
+    if counts.is_empty() && sampled.is_empty() {
+        bail!(
+            "the profile has neither line counts nor samples in it: record with --lines (counts and times per line) or with sampling (-F)"
+        );
+    }
+    let source = crate::sources::read_source(file).with_context(|| format!("cannot read its source {file}"))?;
+    let text: Vec<&str> = source.lines().collect();
+    let last = last.min(text.len() as u32);
+
+    let mut out = String::new();
+    let merged = profile.merged_functions();
+    let stats = merged.iter().find(|s| s.function == id as u32);
+    let key = profile.metrics.first().map_or("wall_ns", String::as_str);
+    let _ = writeln!(
+        out,
+        "proftap annotate: {name} ({file}:{first}){}",
+        match stats {
+            Some(s) if info.mode != Mode::Sampled => format!(
+                ", {} calls, {} {} inclusive",
+                group_digits(s.calls),
+                format_value(key, s.inclusive.first().map_or(0, |x| x.total)),
+                metric_label(key)
+            ),
+            _ => String::new(),
+        }
+    );
+    let sample_total = samples.map_or(0, |s| s.total.max(1));
+    let (with_counts, with_samples) = (!counts.is_empty(), !sampled.is_empty());
+    let mut heading = String::new();
+    if with_counts {
+        let _ = write!(heading, "{:>9} {:>12} ", "count", metric_label(key));
+    }
+    if with_samples {
+        let _ = write!(heading, "{:>6} ", "%smp");
+    }
+    let _ = writeln!(out, "{heading}{:>5}  source", "line");
+    for number in first..=last {
+        let mut row = String::new();
+        if with_counts {
+            match counts.get(&number) {
+                None => {
+                    let _ = write!(row, "{:>9} {:>12} ", "-", "");
+                }
+                Some(l) if l.count == 0 => {
+                    let _ = write!(row, "{:>9} {:>12} ", "#####", "");
+                }
+                Some(l) => {
+                    let _ = write!(row, "{:>9} {:>12} ", group_digits(l.count), format_value(key, l.cost.first().copied().unwrap_or(0)));
+                }
+            }
+        }
+        if with_samples {
+            let share = sampled.get(&number).map_or(String::new(), |&n| format!("{:.1}", 100.0 * n as f64 / sample_total as f64));
+            let _ = write!(row, "{share:>6} ");
+        }
+        let _ = writeln!(out, "{row}{number:>5}: {}", text.get(number as usize - 1).copied().unwrap_or(""));
+    }
+    Ok(out)
+}

@@ -1,0 +1,125 @@
+//! Output for a terminal, tried in a pseudo-terminal of 80 columns: tables
+//! that fit, a pager, the call tree of deep recursion, and `annotate`.
+#![allow(clippy::unwrap_used)]
+
+use proftap_tests::*;
+use std::path::Path;
+use std::process::Command;
+
+/// Runs `proftap ARGS` on a pseudo-terminal 80 columns wide (Python's pty
+/// module): what it wrote there, carriage returns removed.
+fn on_terminal(args: &[&str], pager: Option<&str>) -> String {
+    let script = "import os, pty, sys, struct, fcntl, termios\n\
+                  pid, fd = pty.fork()\n\
+                  if pid == 0:\n\
+                  \x20   fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 80, 0, 0))\n\
+                  \x20   os.execvp(sys.argv[1], sys.argv[1:])\n\
+                  out = b''\n\
+                  while True:\n\
+                  \x20   try:\n\
+                  \x20       data = os.read(fd, 65536)\n\
+                  \x20   except OSError:\n\
+                  \x20       break\n\
+                  \x20   if not data:\n\
+                  \x20       break\n\
+                  \x20   out += data\n\
+                  _, status = os.waitpid(pid, 0)\n\
+                  sys.stdout.buffer.write(out)\n\
+                  sys.exit(os.waitstatus_to_exitcode(status))\n";
+    let mut command = Command::new("python3");
+    command.args(["-c", script]).arg(binary("proftap")).args(args).env_remove("COLUMNS").env("NO_COLOR", "1");
+    match pager {
+        Some(pager) => command.env("PAGER", pager),
+        None => command.env_remove("PAGER"),
+    };
+    run_ok(&mut command).replace('\r', "")
+}
+
+fn assert_fits(text: &str, width: usize) {
+    for line in text.lines() {
+        assert!(line.chars().count() <= width, "a line of {} columns:\n{line}\nin:\n{text}", line.chars().count());
+    }
+}
+
+fn record(args: &[&str], program: &Path, dir: &Path) -> String {
+    let file = dir.join("p.profile");
+    run_ok(proftap().arg("run").args(args).arg("-o").arg(&file).arg("--").arg(program));
+    file.to_string_lossy().into_owned()
+}
+
+#[test]
+fn reports_fit_the_terminal_and_go_through_a_pager() {
+    require_probes();
+    require("python3", "for a pseudo-terminal");
+    let dir = tempfile::tempdir().unwrap();
+    // C++: long qualified names; sampled too, so the report has every table.
+    let profile = record(&["-F", "2000"], &Build::cxx("shapes.cpp", "-O2").build(), dir.path());
+    let text = on_terminal(&["report", &profile], Some("cat"));
+    assert!(text.contains("Flat profile"), "{text}");
+    assert!(text.lines().nth(1).unwrap().starts_with("  hottest     "), "{text}");
+    assert_fits(&text, 80);
+    // The same report to a pipe keeps every column and name.
+    let piped = run_ok(proftap().arg("report").arg(&profile));
+    assert!(piped.lines().any(|l| l.chars().count() > 80) && piped.contains("min"), "{piped}");
+    // A pager when the output is a terminal; none with --no-pager.
+    let paged = on_terminal(&["report", &profile], Some("sed s/^/paged:/"));
+    assert!(paged.lines().all(|l| l.starts_with("paged:")), "{paged}");
+    let direct = on_terminal(&["report", "--no-pager", &profile], Some("sed s/^/paged:/"));
+    assert!(!direct.contains("paged:") && direct.contains("Flat profile"), "{direct}");
+}
+
+#[test]
+fn the_tree_of_deep_recursion_fits_in_80_columns() {
+    require_probes();
+    require("python3", "for a pseudo-terminal");
+    let dir = tempfile::tempdir().unwrap();
+    let profile = record(&["-f", "down", "-f", "main"], &Build::c("deep.c", "-O2").build(), dir.path());
+    let text = on_terminal(&["report", "--tree", "--depth", "10", &profile], Some("cat"));
+    assert_fits(&text, 80);
+    // main, then down with its 1,000 levels below folded into its line
+    // (wrapped on the terminal).
+    let tree: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("Call tree")).skip(1).collect();
+    assert!(tree[0].trim_start().starts_with("main 1x"), "{text}");
+    assert!(tree[1].trim_start().starts_with("down 3x"), "{text}");
+    let words = tree.join(" ").split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("[recursion: +1,000 levels, 3,000 calls,"), "{text}");
+    // Under a share of the run, contexts are counted, not shown.
+    let text = run_ok(proftap().args(["report", "--tree", "--min-share", "100", &profile]));
+    assert!(text.contains("1,002 calling contexts under 100% of the run not shown"), "{text}");
+    assert!(!text.contains("main 1x"), "{text}");
+}
+
+#[test]
+fn annotate_shows_counts_times_and_samples_per_line() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    let program = Build::c("coverage.c", "-O0").build();
+    let profile = record(&["--lines", "coverage.c"], &program, dir.path());
+    let json = report_json(Path::new(&profile));
+    let text = run_ok(proftap().args(["annotate", "classify", &profile]));
+    assert!(text.starts_with("proftap annotate: classify ("), "{text}");
+    // Every line with a count shows the profile's count.
+    let mut checked = 0;
+    for line in json["lines"].as_array().unwrap() {
+        let number = line["line"].as_u64().unwrap();
+        let Some(row) = text.lines().find(|r| r.split(':').next().is_some_and(|head| head.trim_end().ends_with(&format!(" {number}"))))
+        else {
+            continue;
+        };
+        let count = line["count"].as_u64().unwrap();
+        let shown = row.split_whitespace().next().unwrap();
+        assert_eq!(shown, if count == 0 { "#####".to_string() } else { count.to_string() }, "line {number}: {row}");
+        checked += 1;
+    }
+    assert!(checked >= 3, "{text}");
+    // Sampled: each line's share of the samples.
+    let sampled = tempfile::tempdir().unwrap();
+    let profile = record(&["-f", "burn", "-F", "2000"], &Build::c("cpuwall.c", "-O2").build(), sampled.path());
+    let text = run_ok(proftap().args(["annotate", "burn", &profile]));
+    assert!(text.lines().nth(1).is_some_and(|h| h.contains("%smp")), "{text}");
+    let shares: f64 = text.lines().skip(2).filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok()).sum();
+    // The rest is in clock_gettime, which burn calls.
+    assert!(shares > 20.0, "burn's loop should hold many samples: {text}");
+    let out = run(proftap().args(["annotate", "no_such_function", &profile]));
+    assert_clean_failure(&out, "no function named 'no_such_function'");
+}
