@@ -243,6 +243,12 @@ struct Cost {
 }
 
 impl Cost {
+    /// `calls` calls of inclusive cost `inclusive`.
+    fn new(calls: u64, inclusive: Option<&crate::stats::Stat>, exclusive: u64, probe: u64) -> Cost {
+        let inclusive = inclusive.copied().unwrap_or_default();
+        Cost { calls, inclusive: inclusive.total, fastest: inclusive.min_or_zero(), slowest: inclusive.max, exclusive, probe }
+    }
+
     fn average(&self) -> u64 {
         self.inclusive.checked_div(self.calls).unwrap_or(0)
     }
@@ -267,16 +273,9 @@ fn function_costs(profile: &Profile, m: usize, metric: &str) -> HashMap<String, 
         .filter_map(|s| {
             let info = profile.functions.get(s.function as usize)?;
             (info.mode != Mode::Sampled).then(|| {
-                let inclusive = s.inclusive.get(m).copied().unwrap_or_default();
-                let cost = Cost {
-                    calls: s.calls,
-                    inclusive: inclusive.total,
-                    fastest: inclusive.min_or_zero(),
-                    slowest: inclusive.max,
-                    exclusive: s.exclusive.get(m).map_or(0, |x| x.total),
-                    probe: probe_cost(profile, info.engine.unwrap_or(profile.recording.engine), metric),
-                };
-                (key(profile, info), cost)
+                let probe = probe_cost(profile, info.engine.unwrap_or(profile.recording.engine), metric);
+                let exclusive = s.exclusive.get(m).map_or(0, |x| x.total);
+                (key(profile, info), Cost::new(s.calls, s.inclusive.get(m), exclusive, probe))
             })
         })
         .collect()
@@ -287,18 +286,7 @@ fn region_costs(profile: &Profile, m: usize, key: &str) -> HashMap<String, Cost>
     profile
         .regions
         .iter()
-        .map(|r| {
-            let stat = r.inclusive.get(m).copied().unwrap_or_default();
-            let cost = Cost {
-                calls: r.entries,
-                inclusive: stat.total,
-                fastest: stat.min_or_zero(),
-                slowest: stat.max,
-                exclusive: 0,
-                probe: probe_cost(profile, Engine::Uprobe, key),
-            };
-            (r.name.clone(), cost)
-        })
+        .map(|r| (r.name.clone(), Cost::new(r.entries, r.inclusive.get(m), 0, probe_cost(profile, Engine::Uprobe, key))))
         .collect()
 }
 
@@ -720,6 +708,29 @@ mod tests {
         // Two runs a side cannot make a 95% interval.
         let d = diff_runs(&runs(100)[..2], &runs(110)[..2], "wall_ns", &DiffOptions::default()).expect("metric");
         assert_eq!(change(&d, "slowed").reason, Reason::TooFewRuns);
+    }
+
+    #[test]
+    fn regions_are_judged_like_functions() {
+        let with_region = |per_entry: u64| {
+            let mut p = profile(&[("main", 1, 100 * per_entry)]);
+            p.regions.push(crate::model::RegionRecord {
+                name: "loop".into(),
+                file: "prog.c".into(),
+                start: 3,
+                end: 9,
+                entries: 5,
+                inclusive: vec![Stat { total: 5 * per_entry, min: per_entry, max: per_entry }],
+            });
+            p
+        };
+        let d = diff(&with_region(1_000_000), &with_region(2_000_000), "wall_ns", &DiffOptions::default()).expect("metric");
+        assert_eq!(d.regions.len(), 1);
+        assert_eq!(
+            (d.regions[0].name.as_str(), d.regions[0].verdict, d.regions[0].reason),
+            ("loop", Verdict::Regressed, Reason::EveryCall)
+        );
+        assert!(d.regressed());
     }
 
     #[test]
