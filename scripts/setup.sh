@@ -22,6 +22,7 @@ declare -A needs=(
   [python3]=python3
   [perf]=linux-perf
   [go]=golang-go
+  [tmux]=tmux
 )
 
 missing=()

@@ -123,3 +123,83 @@ fn annotate_shows_counts_times_and_samples_per_line() {
     let out = run(proftap().args(["annotate", "no_such_function", &profile]));
     assert_clean_failure(&out, "no function named 'no_such_function'");
 }
+
+/// A tmux server of the test's own, killed when dropped.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(width: u32, height: u32, command: &str) -> Tmux {
+        let tmux = Tmux { socket: format!("proftap-test-{}-{width}", std::process::id()) };
+        run_ok(Command::new("tmux").args([
+            "-L",
+            &tmux.socket,
+            "new-session",
+            "-d",
+            "-x",
+            &width.to_string(),
+            "-y",
+            &height.to_string(),
+            command,
+        ]));
+        tmux
+    }
+
+    fn screen(&self) -> String {
+        run_ok(Command::new("tmux").args(["-L", &self.socket, "capture-pane", "-p"]))
+    }
+
+    fn keys(&self, keys: &str) {
+        run_ok(Command::new("tmux").args(["-L", &self.socket, "send-keys", keys]));
+    }
+
+    /// Waits (at most a minute) until the screen shows what `done` looks for.
+    fn until(&self, mut between: impl FnMut(), done: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let screen = self.screen();
+            if done(&screen) {
+                return screen;
+            }
+            assert!(std::time::Instant::now() < deadline, "the terminal never showed what was expected:\n{screen}");
+            between();
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["-L", &self.socket, "kill-server"]).output();
+    }
+}
+
+#[test]
+fn top_shows_a_running_process_s_calls_live_in_a_terminal() {
+    require_probes();
+    require("tmux", "to try `proftap top` in a real terminal");
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    let command = format!("{} top {} --top 5; echo proftap exited $?; read wait", binary("proftap").display(), waiter.pid);
+    let tmux = Tmux::start(100, 20, &command);
+    // The program calls tick() while top watches, until its row shows calls.
+    let mut ticked = 0;
+    let screen = tmux.until(
+        || ticked = waiter.tick(500),
+        |screen| screen.lines().any(|l| l.ends_with(" tick") && l.split_whitespace().nth(1).is_some_and(|c| c != "0")),
+    );
+    assert!(screen.lines().any(|l| l.starts_with("proftap top: ")), "{screen}");
+    let row = screen.lines().find(|l| l.ends_with(" tick")).unwrap();
+    let calls: u64 = row.split_whitespace().nth(1).unwrap().replace(',', "").parse().unwrap();
+    // Counted from the moment top attached: at most the ticks made so far
+    // (no round runs while the screen is read).
+    assert!(calls > 0 && calls <= ticked, "{calls} of {ticked}: {screen}");
+    assert!(screen.lines().all(|l| l.chars().count() <= 100));
+    // Ctrl-C ends the watch; the process runs on, its code restored.
+    tmux.keys("C-c");
+    let screen = tmux.until(|| {}, |screen| screen.contains("proftap exited"));
+    assert!(screen.contains("proftap exited 0"), "{screen}");
+    waiter.tick(3);
+    let (_, status) = waiter.finish();
+    assert!(status.success(), "{status:?}");
+}

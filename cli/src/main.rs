@@ -23,6 +23,8 @@ enum Command {
     Run(commands::record::RunArgs),
     /// Profile a running process until Ctrl-C, --duration or its exit.
     Attach(commands::record::AttachArgs),
+    /// Watch a running process's most called functions, live (as perf top).
+    Top(commands::top::Args),
     /// Show a profile as text or JSON.
     #[command(after_long_help = REPORT_COLUMNS)]
     Report(commands::report::Args),
@@ -89,6 +91,7 @@ fn main() -> ExitCode {
         Command::Attach(args) => commands::record::attach(args),
         Command::Report(args) => commands::report::run(args),
         Command::Annotate(args) => commands::annotate::run(args),
+        Command::Top(args) => commands::top::run(args),
         Command::Gcov(args) => commands::gcov::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Export(args) => commands::export::run(args),

@@ -133,6 +133,7 @@ impl Observer for Terminal {
                 }
             }
             RecordEvent::ProbesChanged(change) => shown.say(&format!("proftap: {}", wording::note(&change))),
+            RecordEvent::Calls { .. } => {}
         }
     }
 }

@@ -184,6 +184,8 @@ pub(crate) struct Driver<'a> {
     counters: (u64, u64),
     /// When the counters were last told.
     told: Instant,
+    /// When the probes went live, and when the calls by function were last told.
+    live_calls: (Instant, Instant),
 }
 
 /// The sources a recording starts with.
@@ -235,6 +237,7 @@ impl<'a> Driver<'a> {
             rate: Rate { since: Instant::now(), events: 0, peak: 0 },
             counters: (0, 0),
             told: Instant::now(),
+            live_calls: (Instant::now(), Instant::now()),
         }
     }
 
@@ -304,6 +307,28 @@ impl<'a> Driver<'a> {
             self.run.observer().event(RecordEvent::Counters { hits: counters.0, lost: counters.1 });
             self.counters = counters;
         }
+        if self.run.options.live_calls && self.live_calls.1.elapsed() >= Duration::from_secs(1) {
+            self.live_calls.1 = Instant::now();
+            self.tell_calls();
+        }
+    }
+
+    /// Every function's calls so far: the engine's and the uprobes'.
+    fn tell_calls(&mut self) {
+        let engine = self.inject.as_ref().map(InjectSource::calls_by_function).unwrap_or_default();
+        let probed = self.consumer.aggregator.calls_by_function();
+        let functions = self
+            .run
+            .functions()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let calls = engine.get(i).copied().unwrap_or(0).saturating_add(probed.get(i).copied().unwrap_or(0));
+                FunctionCalls { name: f.info.name.clone(), calls }
+            })
+            .collect();
+        let elapsed_ns = u64::try_from(self.live_calls.0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.run.observer().event(RecordEvent::Calls { elapsed_ns, functions });
     }
 
     /// Tells the user of a probe-set change, and keeps it among the notes.

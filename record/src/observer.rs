@@ -4,7 +4,7 @@
 //! renders these (a spinner, a status line, stderr) or forwards them (to a
 //! session's client).
 
-use proftap_profile::Note;
+use proftap_profile::{FunctionCalls, Note};
 use serde::{Deserialize, Serialize};
 
 /// Hears what a recording tells, from any thread.
@@ -49,6 +49,13 @@ pub enum RecordEvent {
     },
     /// The probe set changed while the target ran (the profile's notes keep it too).
     ProbesChanged(Note),
+    /// Calls by function so far, once a second when asked for (a live view).
+    Calls {
+        /// Since the probes went live, nanoseconds.
+        elapsed_ns: u64,
+        /// Every instrumented function with its calls so far.
+        functions: Vec<FunctionCalls>,
+    },
 }
 
 /// A step that may take a while.

@@ -87,6 +87,8 @@ pub struct RecordOptions {
     pub build_id: Option<String>,
     /// The binaries' symbols and images, read once for the whole recording.
     pub symbols: Arc<SymbolCache>,
+    /// Tell the calls by function once a second ([`crate::observer::RecordEvent::Calls`]).
+    pub live_calls: bool,
 }
 
 impl Default for RecordOptions {
@@ -110,6 +112,7 @@ impl Default for RecordOptions {
             notes: Vec::new(),
             build_id: None,
             symbols: Arc::default(),
+            live_calls: false,
         }
     }
 }

@@ -221,6 +221,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         sample_only: !request.instrument || chosen.functions.iter().all(|f| f.role != Role::Measured),
         regions: request.regions.clone(),
         compensate: request.compensate,
+        live_calls: request.live_calls,
         engine,
         notes: engine_note.into_iter().collect(),
         ..RecordOptions::default()

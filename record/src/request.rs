@@ -45,6 +45,9 @@ pub struct RecordRequest {
     pub debug_dirs: Vec<PathBuf>,
     /// Measure the probe cost again instead of using this boot's measurement.
     pub recalibrate: bool,
+    /// Tell the calls by function once a second while recording (a live view).
+    #[serde(default)]
+    pub live_calls: bool,
 }
 
 impl RecordRequest {
@@ -66,6 +69,7 @@ impl RecordRequest {
             buffer_mib: 8,
             debug_dirs: Vec::new(),
             recalibrate: false,
+            live_calls: false,
         }
     }
 

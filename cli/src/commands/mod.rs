@@ -11,3 +11,4 @@ pub mod record;
 pub mod report;
 pub mod session;
 pub mod symbols;
+pub mod top;

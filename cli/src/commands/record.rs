@@ -153,6 +153,7 @@ impl RecordArgs {
             buffer_mib: self.buffer_size,
             debug_dirs: self.debug_dir.clone(),
             recalibrate: self.recalibrate,
+            live_calls: false,
         })
     }
 
@@ -250,7 +251,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Catches Ctrl-C and SIGTERM so the recording ends cleanly: probes removed,
 /// profile written.
-fn control() -> Result<Control> {
+pub fn control() -> Result<Control> {
     let control = Control::default();
     signal_hook::flag::register(signal_hook::consts::SIGINT, control.interrupt.clone()).context("cannot handle SIGINT")?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, control.terminate.clone()).context("cannot handle SIGTERM")?;

@@ -59,6 +59,11 @@ impl InjectSource {
         self.calls.iter().fold(0u64, |sum, c| sum.saturating_add(*c))
     }
 
+    /// Calls by function at the last look ([`Self::calls`]).
+    pub fn calls_by_function(&self) -> &[u64] {
+        &self.calls
+    }
+
     /// A thread's original return addresses by stack slot, for unwinding its samples.
     pub fn return_addresses(&self, tid: u32) -> Vec<(u64, u64)> {
         self.view.as_ref().map(|v| v.return_addresses(tid)).unwrap_or_default()
