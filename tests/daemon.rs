@@ -111,9 +111,9 @@ fn a_users_command_runs_as_that_user_in_their_directory() {
         .uid(uid)
         .gid(gid)
         .current_dir(&work)
-        .arg("--socket")
+        .args(["session", "--socket"])
         .arg(&daemon.socket)
-        .args(["session", "start", "-f", "who", "--"])
+        .args(["start", "-f", "who", "--"])
         .arg(&copies[1]));
     let id = started(&out);
     ok(&daemon.session(&["stop", &id]));
@@ -158,9 +158,9 @@ fn a_users_forked_children_are_recorded_by_the_in_process_engine() {
         .uid(uid)
         .gid(gid)
         .current_dir(dir.path())
-        .arg("--socket")
+        .args(["session", "--socket"])
         .arg(&daemon.socket)
-        .args(["session", "start", "-f", "work", "--"])
+        .args(["start", "-f", "work", "--"])
         .arg(&copies[1])
         .args(["300", "70"]));
     let id = started(&out);

@@ -9,10 +9,6 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "proftap", version, about, propagate_version = true)]
 struct Cli {
-    /// The proftapd socket (`session` commands; default
-    /// /run/proftap/proftapd.sock as root, else $XDG_RUNTIME_DIR/proftap.sock).
-    #[arg(long, global = true, value_name = "PATH")]
-    socket: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -98,7 +94,7 @@ fn main() -> ExitCode {
         Command::Merge(args) => commands::merge::run(args),
         Command::Diff(args) => commands::diff::run(args),
         Command::Check(args) => commands::check::run(args),
-        Command::Session(args) => commands::session::run(args, cli.socket.unwrap_or_else(proftap_record::protocol::default_socket)),
+        Command::Session(args) => commands::session::run(args),
         Command::Symbols(args) => commands::symbols::run(args),
         Command::GenerateDocs { dir } => generate_docs(&dir).map(|()| ExitCode::SUCCESS),
         Command::CalibrateHelper { out } => {

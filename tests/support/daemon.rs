@@ -52,13 +52,13 @@ impl Daemon {
 
     /// `proftap --socket S session ARGS`, as the current user.
     pub fn session(&self, args: &[&str]) -> Output {
-        run(proftap().arg("--socket").arg(&self.socket).arg("session").args(args))
+        run(proftap().args(["session", "--socket"]).arg(&self.socket).args(args))
     }
 
     /// The same, as user `uid`/`gid`, with `proftap` at `exe`.
     pub fn session_as(&self, exe: &Path, uid: u32, gid: u32, args: &[&str]) -> Output {
         use std::os::unix::process::CommandExt;
-        run(Command::new(exe).uid(uid).gid(gid).env_remove("XDG_RUNTIME_DIR").arg("--socket").arg(&self.socket).arg("session").args(args))
+        run(Command::new(exe).uid(uid).gid(gid).env_remove("XDG_RUNTIME_DIR").args(["session", "--socket"]).arg(&self.socket).args(args))
     }
 
     /// Ends the daemon with SIGTERM and waits for it.

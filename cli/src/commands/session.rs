@@ -15,6 +15,10 @@ use std::process::ExitCode;
 /// Arguments of `proftap session`.
 #[derive(clap::Args)]
 pub struct Args {
+    /// The proftapd socket (default /run/proftap/proftapd.sock as root,
+    /// else $XDG_RUNTIME_DIR/proftap.sock).
+    #[arg(long, global = true, value_name = "PATH")]
+    socket: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -51,8 +55,9 @@ enum Command {
     },
 }
 
-/// Runs the command against the daemon at `socket`.
-pub fn run(args: Args, socket: PathBuf) -> Result<ExitCode> {
+/// Runs the command against the daemon at `--socket`.
+pub fn run(args: Args) -> Result<ExitCode> {
+    let socket = args.socket.clone().unwrap_or_else(proftap_record::protocol::default_socket);
     let mut client = Client::connect(&socket)?;
     match args.command {
         Command::Start(start) => {
