@@ -32,24 +32,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 chmod 0755 "$stage"
 
-install -D -m 0755 "$bin_dir/proftap" "$stage/usr/bin/proftap"
-install -D -m 0755 "$bin_dir/proftapd" "$stage/usr/bin/proftapd"
-# Line tables serve backtraces while developing; the package does without.
-if command -v strip >/dev/null; then
-  strip --strip-debug "$stage/usr/bin/proftap" "$stage/usr/bin/proftapd"
-fi
-docs=$stage/generated
-"$bin_dir/proftap" __generate-docs "$docs"
-"$bin_dir/proftapd" __generate-man "$docs/man"
-for page in "$docs"/man/*.1; do
-  install -D -m 0644 "$page" "$stage/usr/share/man/man1/$(basename "$page")"
-done
-install -D -m 0644 "$docs/man/proftapd.8" "$stage/usr/share/man/man8/proftapd.8"
-gzip -9n "$stage"/usr/share/man/man*/*
-install -D -m 0644 "$docs/completions/proftap.bash" "$stage/usr/share/bash-completion/completions/proftap"
-install -D -m 0644 "$docs/completions/_proftap" "$stage/usr/share/zsh/vendor-completions/_proftap"
-install -D -m 0644 "$docs/completions/proftap.fish" "$stage/usr/share/fish/vendor_completions.d/proftap.fish"
-rm -rf "$docs"
+scripts/install.sh --prefix /usr --destdir "$stage" --bin-dir "$bin_dir" >/dev/null
 install -D -m 0644 packaging/proftapd.service "$stage/lib/systemd/system/proftapd.service"
 install -D -m 0644 README.md "$stage/usr/share/doc/proftap/README.md"
 install -D -m 0644 docs/FORMAT.md "$stage/usr/share/doc/proftap/FORMAT.md"

@@ -51,3 +51,30 @@ fn the_deb_builds_installs_and_runs() {
     let page = run_ok(Command::new("sh").args(["-c", "gzip -dc /usr/share/man/man1/proftap-run.1.gz"]));
     assert!(page.contains(".TH proftap-run 1"), "{page}");
 }
+
+#[test]
+fn a_source_build_installs_its_man_pages_and_completions() {
+    let dest = tempfile::tempdir().unwrap();
+    let bin_dir = binary("proftap").parent().unwrap().to_path_buf();
+    run_ok(Command::new(repo().join("scripts/install.sh")).arg("--destdir").arg(dest.path()).arg("--bin-dir").arg(&bin_dir));
+    let root = dest.path().join("usr/local");
+    for path in [
+        "bin/proftap",
+        "bin/proftapd",
+        "share/man/man1/proftap-report.1.gz",
+        "share/man/man1/proftap-top.1.gz",
+        "share/man/man8/proftapd.8.gz",
+        "share/bash-completion/completions/proftap",
+        "share/zsh/site-functions/_proftap",
+        "share/fish/vendor_completions.d/proftap.fish",
+    ] {
+        assert!(root.join(path).is_file(), "{path} was not installed under {}", root.display());
+    }
+    // The report's page explains its columns.
+    let page = run_ok(Command::new("gzip").arg("-dc").arg(root.join("share/man/man1/proftap-report.1.gz")));
+    assert!(page.contains("COLUMNS OF THE FLAT PROFILE") && page.contains("exclusive"), "{page}");
+    // bash loads the completion.
+    let script = format!("source {}; complete -p proftap", root.join("share/bash-completion/completions/proftap").display());
+    let complete = run_ok(Command::new("bash").args(["-c", &script]));
+    assert!(complete.contains("proftap"), "{complete}");
+}
