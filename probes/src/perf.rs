@@ -22,6 +22,52 @@ const SAMPLE_FLAGS: SampleFlag = SampleFlag::IDENTIFIER
     .union(SampleFlag::RAW)
     .union(SampleFlag::REGS_USER);
 
+/// Whether this process may observe the kernel with perf events: root,
+/// `CAP_PERFMON` or `CAP_SYS_ADMIN`, or `kernel.perf_event_paranoid` at 1 or
+/// below. Otherwise every event must exclude the kernel, and ring buffers
+/// fit the user's share of locked memory (`kernel.perf_event_mlock_kb`).
+pub fn kernel_observable() -> bool {
+    static OBSERVABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OBSERVABLE.get_or_init(|| capable(1 << CAP_SYS_ADMIN | 1 << CAP_PERFMON) || paranoid() <= 1)
+}
+
+const CAP_SYS_ADMIN: u64 = 21;
+const CAP_PERFMON: u64 = 38;
+
+/// Whether this process has one of the capabilities `mask` (bits by number).
+fn capable(mask: u64) -> bool {
+    let effective = std::fs::read_to_string("/proc/self/status").ok().and_then(|status| {
+        let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?.trim().to_string();
+        u64::from_str_radix(&hex, 16).ok()
+    });
+    effective.is_some_and(|caps| caps & mask != 0)
+}
+
+/// Whether this process may define kernel uprobes: tracefs's
+/// `uprobe_events` is root's (`CAP_SYS_ADMIN`).
+pub fn may_define_uprobes() -> bool {
+    capable(1 << CAP_SYS_ADMIN)
+}
+
+/// `kernel.perf_event_paranoid` (2, its usual default, when unreadable).
+pub fn paranoid() -> i32 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(2)
+}
+
+/// The ring buffer per CPU an unprivileged user can map: a power of two
+/// within `kernel.perf_event_mlock_kb` (516 KiB by default, counted per
+/// CPU), leaving room for the header pages and a clock page. `None` when
+/// the process is not limited.
+pub fn unprivileged_ring_bytes() -> Option<usize> {
+    if kernel_observable() {
+        return None;
+    }
+    let kib: usize =
+        std::fs::read_to_string("/proc/sys/kernel/perf_event_mlock_kb").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(516);
+    let room = (kib.saturating_sub(16) << 10).max(8 << 10);
+    Some(1 << (usize::BITS - 1 - room.leading_zeros()))
+}
+
 /// Where events are opened: a task and a CPU.
 #[derive(Clone, Copy, Debug)]
 pub struct EventTarget {
@@ -161,8 +207,9 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
         .sample_regs_user(UNWIND_REGS)
         .sample_stack_user(stack_bytes)
         .sample_frequency(frequency)
-        // Time in the kernel counts too; the user stack says for whom.
-        .exclude_kernel(false);
+        // Time in the kernel counts too (the user stack says for whom),
+        // where the kernel may be observed.
+        .exclude_kernel(!kernel_observable());
     builder.build()
 }
 

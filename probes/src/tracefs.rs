@@ -21,6 +21,12 @@ pub enum TracefsError {
         "tracefs is not mounted at /sys/kernel/tracing and mounting it failed ({0}); run as root or mount it: mount -t tracefs nodev /sys/kernel/tracing"
     )]
     NotMounted(std::io::Error),
+    /// tracefs is root's: this user may not define uprobes.
+    #[error(
+        "kernel uprobes need root: tracefs ({}) is root's; run with sudo, or as yourself use the in-process engine (--engine inject) or sampling alone (--no-instrument)",
+        .0.display()
+    )]
+    NotPermitted(PathBuf),
     /// The kernel has no uprobe events.
     #[error("this kernel has no uprobe events ({} is missing); it needs CONFIG_UPROBE_EVENTS=y", .0.display())]
     NoUprobes(PathBuf),
@@ -69,8 +75,11 @@ impl Tracefs {
             }
         };
         let events = root.join("uprobe_events");
-        if !events.exists() {
-            return Err(TracefsError::NoUprobes(events));
+        match std::fs::metadata(&events) {
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(TracefsError::NotPermitted(root)),
+            Err(_) => return Err(TracefsError::NoUprobes(events)),
+            Ok(_) if !crate::perf::may_define_uprobes() => return Err(TracefsError::NotPermitted(root)),
+            Ok(_) => {}
         }
         let tracefs = Tracefs { root };
         tracefs.remove_stale_groups();

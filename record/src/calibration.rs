@@ -103,18 +103,26 @@ impl CalibrationError {
 fn calibrate(exe: &Path, helper_arg: &str, exits: ExitMode) -> Result<ProbeCost, CalibrationError> {
     let image = ElfImage::open(exe).map_err(|e| CalibrationError(e.to_string()))?;
     let index = SymbolIndex::of_image(&image, &LoadOptions::default()).map_err(|e| CalibrationError(e.to_string()))?;
-    let probed = Helper::record(exe, (&index, &image), helper_arg, &[EMULATED, STEPPED], exits, Engine::Uprobe)?;
-    if !probed.functions.iter().any(|f| f.entry == EntryKind::Emulated) || !probed.functions.iter().any(|f| f.entry == EntryKind::Stepped) {
-        return Err(CalibrationError("the helper's functions were not classified as expected".into()));
-    }
+    // Without the right to place uprobes no recording will: only the
+    // in-process engine is measured, the uprobes' cost stays the estimate.
+    let uprobes = if proftap_probes::perf::may_define_uprobes() {
+        let probed = Helper::record(exe, (&index, &image), helper_arg, &[EMULATED, STEPPED], exits, Engine::Uprobe)?;
+        let kinds = [EntryKind::Emulated, EntryKind::Stepped].map(|kind| probed.functions.iter().any(|f| f.entry == kind));
+        if kinds != [true, true] {
+            return Err(CalibrationError("the helper's functions were not classified as expected".into()));
+        }
+        Some(probed)
+    } else {
+        None
+    };
     let patched = Helper::record(exe, (&index, &image), helper_arg, &[PATCHED], exits, Engine::Inject)?;
     let patched_it = patched.profile.functions.iter().any(|f| f.name == PATCHED && f.engine == Some(Engine::Inject));
     if patched.profile.recording.engine != Engine::Inject || !patched_it {
         return Err(CalibrationError(format!("the in-process engine did not patch {PATCHED}")));
     }
     Ok(ProbeCost {
-        emulated: probed.cost(EMULATED, EMULATED_LOOP),
-        stepped: probed.cost(STEPPED, STEPPED_LOOP),
+        emulated: uprobes.as_ref().map_or(ProbeCost::ESTIMATE.emulated, |u| u.cost(EMULATED, EMULATED_LOOP)),
+        stepped: uprobes.as_ref().map_or(ProbeCost::ESTIMATE.stepped, |u| u.cost(STEPPED, STEPPED_LOOP)),
         injected: patched.cost(PATCHED, PATCHED_LOOP),
     })
 }

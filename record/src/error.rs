@@ -54,6 +54,16 @@ pub enum RecordError {
         /// Why.
         source: proftap_probes::inject::remote::RemoteError,
     },
+    /// Functions the in-process engine cannot patch need uprobes, which this user may not place.
+    #[error(
+        "{count} of the functions cannot be patched by the in-process engine ({names}) and kernel uprobes, which would probe them, need root: run with sudo, or leave them out (-f '!NAME')"
+    )]
+    UprobesNeedRoot {
+        /// How many.
+        count: usize,
+        /// A few of them with why, as `name (why)`.
+        names: String,
+    },
     /// An option the chosen engine does not offer.
     #[error("{0}")]
     Unsupported(String),
@@ -80,8 +90,14 @@ pub(crate) fn perf_error(what: String, source: std::io::Error, descriptors: usiz
             format!("; this recording needs about {descriptors} file descriptors: raise `ulimit -n` or probe fewer functions")
         }
         Some(libc::EACCES) | Some(libc::EPERM) => {
-            let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
-            format!("; uprobes need root or CAP_PERFMON (kernel.perf_event_paranoid is {}): run with sudo", paranoid.trim())
+            let paranoid = proftap_probes::perf::paranoid();
+            if paranoid > 2 && !proftap_probes::perf::kernel_observable() {
+                format!(
+                    "; kernel.perf_event_paranoid is {paranoid}, which keeps perf events from users: `sudo sysctl kernel.perf_event_paranoid=2` lets you profile your own processes, or run with sudo"
+                )
+            } else {
+                format!("; this needs root or CAP_PERFMON (kernel.perf_event_paranoid is {paranoid}): run with sudo")
+            }
         }
         Some(libc::ESRCH) => "; the process is gone".into(),
         _ => String::new(),

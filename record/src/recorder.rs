@@ -185,6 +185,10 @@ fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOpt
         }
         _ => Patched::refusals(functions),
     };
+    if !refused.is_empty() && !hybrid(options) && !proftap_probes::perf::may_define_uprobes() {
+        let names: Vec<String> = refused.iter().take(3).map(|(i, why)| format!("{}: {why}", functions[*i].info.name)).collect();
+        return Err(RecordError::UprobesNeedRoot { count: refused.len(), names: names.join("; ") });
+    }
     if !refused.is_empty() {
         notes.push(refusals_note(functions, &refused, hybrid(options)).into());
     }

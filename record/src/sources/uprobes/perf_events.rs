@@ -131,7 +131,8 @@ impl PerfEvents {
             cpus,
             metrics: metrics.to_vec(),
             sampling,
-            buffer_bytes,
+            // An unprivileged user's rings fit their share of locked memory.
+            buffer_bytes: proftap_probes::perf::unprivileged_ring_bytes().map_or(buffer_bytes, |most| buffer_bytes.min(most)),
             group: None,
             switches: false,
         }
@@ -273,7 +274,9 @@ fn open_on(
             opened.samplers.push(sampler);
         }
         // The counter groups belong to the task, whatever the probe set.
-        if counters && metrics.len() > 1 {
+        // They count in the kernel, which only a privileged user may
+        // observe; an unprivileged one places no uprobes to need them.
+        if counters && metrics.len() > 1 && proftap_probes::perf::kernel_observable() {
             let switches = perf::open_switches(target, metrics).map_err(err)?;
             perf::set_output(&switches.leader, owner).map_err(err)?;
             opened.sources.insert(switches.leader.id(), Source::Switch);
