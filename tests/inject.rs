@@ -226,3 +226,18 @@ fn the_default_engine_is_this_one_unless_the_recording_needs_uprobes() {
     let (chosen, why) = engine(&["-f", "wait_here"], &[cancel.to_str().unwrap()]);
     assert!(chosen == "uprobe" && why.contains("pthread_cancel"), "{chosen}: {why}");
 }
+
+#[test]
+fn threads_past_the_engines_blocks_are_all_timed() {
+    require_probes();
+    // 3,000 threads one after another, 1,024 blocks: those of threads that
+    // ended are read and taken again.
+    let report = profile_like_bare(&Build::c("churn.c", "-O2").build(), &["-f", "leaf"], &["3000"]);
+    assert_eq!(report["recording"]["engine"], "inject");
+    assert_eq!(calls_by_name(&report)["leaf"], 30_000);
+    let threads = report["threads"].as_array().unwrap();
+    let with_leaf = threads.iter().filter(|t| t["functions"].as_array().is_some_and(|f| !f.is_empty())).count();
+    assert_eq!(with_leaf, 3_000, "every thread's calls, timed, in a thread of its own");
+    let notes = report["notes"].to_string();
+    assert!(!notes.contains("not timed"), "{notes}");
+}

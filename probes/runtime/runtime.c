@@ -310,6 +310,25 @@ static inline void adopt_if_forked(const struct config *c)
         adopt(c);
 }
 
+/* A block no thread has had, else one proftap retired; c->blocks when
+ * every block is taken. */
+static u64 take_block(const struct config *c)
+{
+    if (__atomic_load_n(&header(c)->blocks_taken, __ATOMIC_RELAXED) < c->blocks) {
+        u64 index = __atomic_fetch_add(&header(c)->blocks_taken, 1, __ATOMIC_RELAXED);
+        if (index < c->blocks)
+            return index;
+    }
+    for (u64 index = 0; index < c->blocks; index++) {
+        u64 expected = BLOCK_RETIRED;
+        struct block *b = shared_block(c, index);
+        if (__atomic_load_n(&b->state, __ATOMIC_RELAXED) == BLOCK_RETIRED &&
+            __atomic_compare_exchange_n(&b->state, &expected, BLOCK_TAKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return index;
+    }
+    return c->blocks;
+}
+
 /* The thread's seat: its block, found by its thread pointer. A thread the
  * C library gave the thread control block of one that ended (same pointer,
  * another tid) takes a new block: the old one's totals are the old
@@ -324,9 +343,12 @@ static struct seat *seat_of(const struct config *c, int claim)
         struct seat *s = &seats[i];
         u64 k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
         if (k == key) {
-            if (!__atomic_load_n(&s->block, __ATOMIC_ACQUIRE))
+            u64 seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE);
+            if (!seated)
                 return 0;
-            if (!tid || s->tid == tid)
+            /* A block proftap retired belonged to a thread that ended. */
+            int own = __atomic_load_n(&shared_block(c, seated - 1)->state, __ATOMIC_ACQUIRE) == BLOCK_USED;
+            if (own && (!tid || s->tid == tid))
                 return s;
             if (!claim || !live(c))
                 return 0;
@@ -342,7 +364,7 @@ static struct seat *seat_of(const struct config *c, int claim)
         } else {
             continue;
         }
-        u64 index = __atomic_fetch_add(&header(c)->blocks_taken, 1, __ATOMIC_RELAXED);
+        u64 index = take_block(c);
         if (index >= c->blocks) {
             __atomic_store_n(&s->block, 0, __ATOMIC_RELEASE);
             return 0;
@@ -352,6 +374,7 @@ static struct seat *seat_of(const struct config *c, int claim)
         p->depth = 0;
         p->busy = 0;
         p->unhooked = 0;
+        p->mixed = 0;
         struct block *b = shared_block(c, index);
         b->tid = kernel_tid;
         b->nodes = 1; /* node 0: the thread itself */

@@ -35,6 +35,10 @@ typedef unsigned int u32;
 
 #define BLOCK_FREE 0
 #define BLOCK_USED 1
+/* proftap read the block of a thread that ended and emptied it: free to
+ * take again (BLOCK_TAKING while a thread takes it). */
+#define BLOCK_RETIRED 2
+#define BLOCK_TAKING 3
 
 /* The live word (config.live), in a page a forked child gets zeroed. */
 #define LIVE_CHILD 0     /* a forked child that has not made its own memory yet */
@@ -115,7 +119,7 @@ struct private_block {
 };
 
 struct block {
-    u64 state;      /* BLOCK_FREE, BLOCK_USED */
+    u64 state;      /* BLOCK_FREE, BLOCK_USED, BLOCK_RETIRED, BLOCK_TAKING */
     u64 tid;        /* the kernel's id of the thread */
     u64 depth;      /* frames in progress */
     u64 nodes;      /* nodes made (node 0 is the thread) */

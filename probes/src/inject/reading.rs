@@ -122,7 +122,7 @@ impl TotalsView {
     fn thread_totals(&self, shared: &Shared, block: u64, budget: &mut u64) -> Result<Option<(ThreadTotals, bool)>, String> {
         let at = self.geometry.block(block) as usize;
         let h: BlockHeader = read_struct(shared, at);
-        if h.state != 1 {
+        if h.state != totals::BLOCK_USED {
             return Ok(None);
         }
         if h.nodes == 0 || h.nodes > totals::NODES || h.depth > totals::STACK_DEPTH || h.tid == 0 || h.tid > i32::MAX as u64 {
@@ -154,6 +154,36 @@ impl TotalsView {
             .into_iter()
             .try_fold(0u64, |sum, (what, n)| checked_count(what, n).map(|n| sum.saturating_add(n)))?;
         Ok(Some((ThreadTotals { tid: h.tid as u32, nodes, calls, open, untimed }, true)))
+    }
+
+    /// Whether three quarters of the blocks have been handed out.
+    pub fn blocks_mostly_taken(&self) -> bool {
+        self.shared.load(HEADER_BLOCKS_TAKEN) >= self.geometry.blocks / 4 * 3
+    }
+
+    /// The blocks of threads that ended (`alive` says which still run),
+    /// with no call in progress: read, emptied and handed back for other
+    /// threads to take, so that a program that makes threads all the time
+    /// never runs out of them. Their totals are returned, their contexts
+    /// copied within `budget` bytes (shared by every look: past it, a
+    /// thread's calls are counted, untimed, as in [`Self::totals_within`]).
+    pub fn retire_ended(&self, alive: impl Fn(u32) -> bool, budget: &mut u64) -> Result<Vec<ThreadTotals>, String> {
+        let shared = &self.shared;
+        let taken = shared.load(HEADER_BLOCKS_TAKEN).min(self.geometry.blocks);
+        let mut retired = Vec::new();
+        for block in 0..taken {
+            let at = self.geometry.block(block) as usize;
+            let h: BlockHeader = read_struct(shared, at);
+            if h.state != totals::BLOCK_USED || h.depth != 0 || h.tid == 0 || h.tid > i32::MAX as u64 || alive(h.tid as u32) {
+                continue;
+            }
+            if let Some((thread, _)) = self.thread_totals(shared, block, budget)? {
+                retired.push(thread);
+            }
+            shared.zero(at, self.geometry.block_bytes() as usize);
+            shared.store(at, totals::BLOCK_RETIRED);
+        }
+        Ok(retired)
     }
 
     /// Thread `tid`'s frames' original return addresses, by the stack slot
@@ -236,6 +266,24 @@ mod tests {
         assert_eq!((cut.threads[0].tid, cut.threads[0].nodes.len(), cut.threads[0].untimed), (100, 3, 0));
         assert_eq!((cut.threads[1].tid, cut.threads[1].nodes.len(), cut.threads[1].untimed), (101, 1, 5));
         assert_eq!(cut.threads[1].calls, [5], "its calls are still counted");
+    }
+
+    #[test]
+    fn blocks_of_threads_that_ended_are_read_then_emptied_for_others() {
+        let view = two_threads();
+        // Block 0's thread (100) runs on; block 1's (101) ended.
+        let retired = view.retire_ended(|tid| tid == 100, &mut MOST_CONTEXT_BYTES.clone()).expect("retired");
+        assert_eq!(retired.len(), 1);
+        assert_eq!((retired[0].tid, retired[0].nodes.len(), retired[0].calls.as_slice()), (101, 3, &[5][..]));
+        let at = view.geometry.block(1) as usize;
+        assert_eq!(view.shared.load(at), totals::BLOCK_RETIRED);
+        assert_eq!(view.shared.load(at + 8 * 3), 0, "its contexts are gone");
+        assert_eq!(view.shared.load(at + view.geometry.entries_offset() as usize), 0, "and its calls");
+        let left = view.totals().expect("totals");
+        assert_eq!(left.threads.iter().map(|t| t.tid).collect::<Vec<_>>(), [100]);
+        // A block with a call in progress is left alone.
+        view.shared.store(view.geometry.block(0) as usize + 16, 1);
+        assert!(view.retire_ended(|_| false, &mut MOST_CONTEXT_BYTES.clone()).expect("retired").is_empty());
     }
 
     #[test]

@@ -600,6 +600,20 @@ impl Shared {
         into.extend_from_slice(unsafe { std::slice::from_raw_parts(self.local.add(offset), len) });
     }
 
+    /// Zeroes `len` bytes from `offset`, giving whole pages back to the
+    /// system: memory no thread of the target uses any more.
+    pub fn zero(&self, offset: usize, len: usize) {
+        assert!(offset + len <= self.len, "{len} bytes at {offset} outside the shared memory");
+        let punched = i64::try_from(offset).ok().zip(i64::try_from(len).ok()).is_some_and(|(at, len)| {
+            // SAFETY: fallocate on the memfd this value holds; the range is inside it.
+            unsafe { libc::fallocate(self._fd.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, at, len) == 0 }
+        });
+        if !punched {
+            // SAFETY: in bounds, checked above; no thread writes these bytes any more.
+            unsafe { std::ptr::write_bytes(self.local.add(offset), 0, len) };
+        }
+    }
+
     /// Stores `value` at byte `offset`, atomically.
     pub fn store(&self, offset: usize, value: u64) {
         assert!(offset % 8 == 0 && offset + 8 <= self.len, "offset {offset} outside the shared memory");

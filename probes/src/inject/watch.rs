@@ -4,6 +4,7 @@
 //! Nothing is lost while it waits: the runtime adds everything up in place.
 
 use super::patched::Patched;
+use super::reading::{MOST_CONTEXT_BYTES, ThreadTotals};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -31,8 +32,43 @@ const TRIES: u32 = 40;
 /// A patched process watched by a thread of its own.
 pub struct Watch {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Patched>,
+    thread: std::thread::JoinHandle<(Patched, Retired)>,
     unpatched: std::sync::mpsc::Receiver<Unpatched>,
+}
+
+/// Threads that ended while the process ran, read from their blocks before
+/// the blocks went to other threads.
+#[derive(Debug)]
+pub struct Retired {
+    /// Their totals.
+    pub threads: Vec<ThreadTotals>,
+    /// Bytes of their contexts still to copy, of [`MOST_CONTEXT_BYTES`]
+    /// over the whole recording: a target making up threads gets no more.
+    budget: u64,
+    /// Why their blocks could not be read, if they could not (the target
+    /// wrote what the runtime never writes): none was retired after.
+    pub error: Option<String>,
+}
+
+impl Default for Retired {
+    fn default() -> Self {
+        Retired { threads: Vec::new(), budget: MOST_CONTEXT_BYTES, error: None }
+    }
+}
+
+impl Retired {
+    /// Retires the blocks of `patched`'s threads that ended, once most are taken.
+    fn look(&mut self, patched: &Patched) {
+        let Some(view) = patched.view().filter(|v| v.blocks_mostly_taken()) else { return };
+        if self.error.is_some() {
+            return;
+        }
+        let pid = patched.pid();
+        match view.retire_ended(|tid| std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists(), &mut self.budget) {
+            Ok(threads) => self.threads.extend(threads),
+            Err(error) => self.error = Some(error),
+        }
+    }
 }
 
 impl Watch {
@@ -47,7 +83,9 @@ impl Watch {
             // Judged over budget, not yet unpatched, and how often tried.
             let mut pending: Vec<usize> = Vec::new();
             let mut tries = 0;
+            let mut retired = Retired::default();
             while !flag.load(Ordering::Relaxed) {
+                retired.look(&patched);
                 if let (Some(judge), Some(view)) = (judge.as_mut(), patched.view()) {
                     calls.iter_mut().for_each(|c| *c = 0);
                     view.calls(&mut calls);
@@ -68,7 +106,7 @@ impl Watch {
                 }
                 std::thread::sleep(PERIOD);
             }
-            patched
+            (patched, retired)
         });
         Watch { stop, thread, unpatched }
     }
@@ -78,11 +116,12 @@ impl Watch {
         self.unpatched.try_iter().collect()
     }
 
-    /// Stops watching; gives the patched process back.
-    pub fn finish(self) -> Patched {
+    /// Stops watching; gives the patched process back, with the threads
+    /// whose blocks were retired.
+    pub fn finish(self) -> (Patched, Retired) {
         self.stop.store(true, Ordering::Relaxed);
         match self.thread.join() {
-            Ok(patched) => patched,
+            Ok(done) => done,
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }

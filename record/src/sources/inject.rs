@@ -87,7 +87,7 @@ impl InjectSource {
         names: &dyn Fn(u32) -> String,
     ) -> Result<InjectEnding, RecordError> {
         let mut notes = Vec::new();
-        let mut patched = self.watch.finish();
+        let (mut patched, retired) = self.watch.finish();
         if let Err(e) = patched.detach() {
             notes.push(Finding::RestoreFailed { pid: self.pid, error: e.to_string() }.into());
         }
@@ -100,6 +100,10 @@ impl InjectSource {
         let mut read = Read::default();
         let off_cpu = self.off_cpu.as_deref();
         read.add(self.pid, view, &how, off_cpu, names).map_err(RecordError::Corrupted)?;
+        if let Some(error) = retired.error {
+            return Err(RecordError::Corrupted(error));
+        }
+        read.add_retired(self.pid, &retired.threads, &how, names);
         // A child's memory is its own to spoil: what it wrote is its loss alone.
         let (children, refused) = patched.children();
         for (pid, view) in children {
@@ -136,6 +140,14 @@ struct Read {
 }
 
 impl Read {
+    /// Adds threads of process `pid` that ended while it ran (their blocks
+    /// were emptied for other threads): no call of theirs was in progress.
+    fn add_retired(&mut self, pid: i32, threads: &[ThreadTotals], how: &Conversion<'_>, names: &dyn Fn(u32) -> String) {
+        self.threads.extend(threads.iter().map(|t| thread_profile(pid, names(t.tid), t, None, how)));
+        self.calls = threads.iter().flat_map(|t| &t.calls).fold(self.calls, |sum, c| sum.saturating_add(*c));
+        self.untimed = threads.iter().fold(self.untimed, |sum, t| sum.saturating_add(t.untimed));
+    }
+
     /// Adds process `pid`'s totals, read through `view`, with each thread's
     /// time off CPU from `off_cpu`.
     fn add(

@@ -32,6 +32,10 @@ pub const NODES: u64 = 1 << 17;
 const HASH_SLOTS: u64 = 1 << 18;
 /// A frame whose context did not fit.
 pub const NO_NODE: u32 = u32::MAX;
+/// A block a thread has (`BLOCK_USED` in runtime.h).
+pub const BLOCK_USED: u64 = 1;
+/// A block proftap read and emptied after its thread ended, free to take again.
+pub const BLOCK_RETIRED: u64 = 2;
 /// Blocks (threads timed at once) in the shared memory.
 pub const BLOCKS: u64 = 1024;
 
@@ -160,7 +164,7 @@ pub struct Ret {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BlockHeader {
-    /// 0 free, 1 in use.
+    /// 0 free, [`BLOCK_USED`], [`BLOCK_RETIRED`], 3 being taken.
     pub state: u64,
     /// The kernel's id of the thread.
     pub tid: u64,
