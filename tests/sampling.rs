@@ -176,6 +176,25 @@ fn stripped_programs_and_scripts_are_sampled() {
     let report = report_json(&file);
     assert!(report["target"]["exe"].as_str().unwrap().ends_with("/bash"), "{}", report["target"]);
     assert!(report["samples"]["total"].as_u64().unwrap() > 0, "{}", report["samples"]);
+    // A program with no symbol at all (Debian's dash exports none): sampled,
+    // its frames named by module; naming a function of it is refused.
+    let dash = dir.path().join("dash.sh");
+    std::fs::write(
+        &dash,
+        "#!/bin/dash
+i=0
+while [ $i -lt 100000 ]; do i=$((i+1)); done
+",
+    )
+    .unwrap();
+    std::fs::set_permissions(&dash, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let file = dir.path().join("dash.profile");
+    let out = run(proftap().arg("run").arg("-o").arg(&file).arg(&dash));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let samples = report_json(&file)["samples"].clone();
+    assert!(samples["total"].as_u64().unwrap() > 0, "{samples}");
+    assert!(samples.to_string().contains("no symbols in /usr/bin/dash"), "{samples}");
+    assert_clean_failure(&run(proftap().args(["run", "-f", "main", "--", "/bin/dash", "-c", "true"])), "has no symbols");
     // Named functions that cannot be probed are still an error.
     assert_clean_failure(&run(proftap().args(["run", "-f", "nothing_like_this", "--", "ls"])), "matches no function");
 }

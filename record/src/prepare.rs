@@ -248,6 +248,24 @@ fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -
     }
 }
 
+/// The index of an executable without a symbol: no function, its
+/// segments (for naming its samples by address) and why.
+fn unnamed(display: &Path, image: &ElfImage) -> Result<SymbolIndex, proftap_probes::Error> {
+    Ok(SymbolIndex {
+        path: display.to_path_buf(),
+        build_id: image.build_id()?,
+        kind: image.kind()?,
+        debug: proftap_probes::symbols::DebugSource::Missing,
+        functions: Vec::new(),
+        files: Default::default(),
+        units: Vec::new(),
+        line_rows: Vec::new(),
+        segments: image.segments()?,
+        imports: Vec::new(),
+        warnings: vec![format!("{} has no symbols at all: its samples are named by module", display.display())],
+    })
+}
+
 /// What to probe in a target.
 struct Chosen {
     functions: Vec<ProbedFunction>,
@@ -270,12 +288,14 @@ struct Loaded {
 
 /// Reads the symbols of `modules` (`(display, open)` paths, the executable
 /// first) into `cache`: the executable's (with its line table when `lines`),
-/// and those of the libraries the patterns name.
+/// and those of the libraries the patterns name. With `unnamed_ok`, an
+/// executable without any symbol is read as one with no function (to be
+/// sampled, as perf does), not refused.
 fn load_symbols(
     selection: &Selection,
     modules: &[(PathBuf, PathBuf)],
     cache: &SymbolCache,
-    lines: bool,
+    (lines, unnamed_ok): (bool, bool),
     observer: &dyn Observer,
 ) -> Result<Loaded, PrepareError> {
     let mut loaded = Loaded { indexes: Vec::new(), images: Vec::new(), open_paths: Vec::new() };
@@ -286,7 +306,15 @@ fn load_symbols(
         observer.event(RecordEvent::Step(Step::ReadingSymbols { module: display.display().to_string() }));
         let index = cache.index(display, open, i == 0 && lines);
         observer.event(RecordEvent::StepEnded);
-        let index = index.map_err(|source| PrepareError::Symbols { module: display.display().to_string(), source })?;
+        let index = match index {
+            Err(proftap_probes::Error::NoSymbols { .. }) if i == 0 && unnamed_ok => match cache.image(display, open) {
+                Ok(image) => Arc::new(
+                    unnamed(display, &image).map_err(|source| PrepareError::Symbols { module: display.display().to_string(), source })?,
+                ),
+                Err(source) => return Err(PrepareError::Symbols { module: display.display().to_string(), source }),
+            },
+            other => other.map_err(|source| PrepareError::Symbols { module: display.display().to_string(), source })?,
+        };
         loaded.indexes.push(index);
         loaded.images.push(cache.image(display, open).ok());
         loaded.open_paths.push(open.clone());
@@ -302,7 +330,8 @@ fn choose(
     observer: &dyn Observer,
 ) -> Result<Chosen, PrepareError> {
     let line_files = line_files(request.lines.as_deref(), &request.regions);
-    let Loaded { indexes, images, open_paths } = load_symbols(selection, modules, cache, line_files.is_some(), observer)?;
+    let unnamed_ok = request.sample_settings().is_some() && (!request.instrument || request.functions.is_empty());
+    let Loaded { indexes, images, open_paths } = load_symbols(selection, modules, cache, (line_files.is_some(), unnamed_ok), observer)?;
     let refs: Vec<&SymbolIndex> = indexes.iter().map(Arc::as_ref).collect();
     // An error says what matters in one sentence; warnings only when it works.
     let mut selected = selection.select(&refs)?;
