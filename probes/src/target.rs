@@ -295,6 +295,19 @@ pub struct Frozen {
     pending: Vec<(Pid, Signal)>,
 }
 
+/// Why tracing `pid` was refused, and what allows it: root, or a process
+/// of one's own where Yama's `ptrace_scope` permits.
+fn ptrace_refused(pid: i32) -> String {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().and_then(|s| s.trim().parse::<u32>().ok());
+    let why = match scope {
+        Some(1) => "kernel.yama.ptrace_scope is 1, which lets a process trace only its descendants: `sudo sysctl kernel.yama.ptrace_scope=0`, or run with sudo",
+        Some(2) => "kernel.yama.ptrace_scope is 2, which lets only root trace: run with sudo",
+        Some(3) => "kernel.yama.ptrace_scope is 3, which forbids tracing until reboot",
+        _ => "tracing another user's process needs root or CAP_SYS_PTRACE",
+    };
+    format!("cannot trace process {pid} to patch it: {why}")
+}
+
 impl Frozen {
     /// Stops every thread of `pid`, including threads created while stopping.
     pub fn freeze(pid: i32) -> Result<Frozen, TargetError> {
@@ -313,6 +326,7 @@ impl Frozen {
                     Ok(()) => {}
                     // The thread ended meanwhile.
                     Err(Errno::ESRCH) => continue,
+                    Err(Errno::EPERM) => return Err(TargetError::System { what: ptrace_refused(pid), source: Errno::EPERM.into() }),
                     Err(e) => return Err(system(format!("cannot stop thread {tid} of process {pid} with ptrace"))(e)),
                 }
                 frozen.stopped.push(tid);
