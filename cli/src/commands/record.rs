@@ -152,6 +152,7 @@ impl RecordArgs {
             regions: self.regions.clone(),
             buffer_mib: self.buffer_size,
             debug_dirs: self.debug_dir.clone(),
+            debuginfod: super::symbols::debuginfod_from_env(),
             recalibrate: self.recalibrate,
             live_calls: false,
         })
