@@ -90,6 +90,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     pub buffer_size: usize,
     /// Where separate debug files are looked for (default /usr/lib/debug).
+    /// With DEBUGINFOD_URLS set, debuginfod servers are asked for what is
+    /// not found there.
     #[arg(long, value_name = "DIR")]
     pub debug_dir: Vec<PathBuf>,
     /// Also write the recording's events, as the aggregator takes them, to

@@ -34,6 +34,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
     /// Where separate debug files are looked for (repeatable; default /usr/lib/debug).
+    /// With DEBUGINFOD_URLS set, debuginfod servers are asked for what is
+    /// not found there.
     #[arg(long, value_name = "DIR")]
     debug_dir: Vec<PathBuf>,
 }
