@@ -2,7 +2,7 @@
 # Installs what building and testing proftap needs and a bare Debian or
 # Ubuntu machine may lack: C and C++ compilers, binutils, and the peer tools
 # the tests compare against or feed (valgrind, gcov, genhtml, gcovr, perf,
-# go tool pprof). Safe to
+# go tool pprof, a debuginfod server). Safe to
 # run again: it installs only what is missing.
 set -euo pipefail
 
@@ -23,6 +23,7 @@ declare -A needs=(
   [perf]=linux-perf
   [go]=golang-go
   [tmux]=tmux
+  [debuginfod]=debuginfod
 )
 
 missing=()

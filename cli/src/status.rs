@@ -1,11 +1,12 @@
 //! What proftap shows while it records: the recorder's warnings and
 //! probe-set changes on stderr, and on a terminal a spinner for slow steps
-//! (reading a large binary's symbols, placing many probes) and, while
-//! recording, a live status line. No spinner when stderr is not a terminal.
+//! (reading a large binary's symbols, downloading debug info, placing many
+//! probes) and, while recording, a live status line. No spinner when stderr
+//! is not a terminal.
 
 use crate::wording;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use proftap_record::observer::{Observer, RecordEvent, Step};
+use proftap_record::observer::{Download, Observer, RecordEvent, Step};
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,8 @@ fn spinner(message: String) -> ProgressBar {
 struct Shown {
     /// A slow step, and since when.
     step: Option<(String, Instant)>,
+    /// A download under way, shown over the step that needed it.
+    download: Option<Downloading>,
     /// Recording: the pid, hits and losses so far.
     live: Option<(i32, u64, u64)>,
     bar: Option<ProgressBar>,
@@ -62,9 +65,16 @@ impl Shown {
 
     /// Brings the status line up to date (called every few tens of ms).
     fn refresh(&mut self, live_line: bool) {
+        if let Some(download) = &self.download {
+            self.bar.get_or_insert_with(|| spinner(String::new())).set_message(download.describe());
+            return;
+        }
         if let Some((message, since)) = &self.step {
-            if self.bar.is_none() && since.elapsed() >= SHOW_AFTER {
-                self.bar = Some(spinner(message.clone()));
+            match &self.bar {
+                None if since.elapsed() >= SHOW_AFTER => self.bar = Some(spinner(message.clone())),
+                // Back from a download.
+                Some(bar) if bar.message() != *message => bar.set_message(message.clone()),
+                _ => {}
             }
             return;
         }
@@ -74,6 +84,25 @@ impl Shown {
         }
         let bar = self.bar.get_or_insert_with(|| spinner(String::new()));
         bar.set_message(format!("recording pid {pid}: {hits} probe hits, {:.0}/s, {lost} lost", self.rate.2));
+    }
+}
+
+/// A download of debug info, as far as it got.
+struct Downloading {
+    build_id: String,
+    server: String,
+    size: Option<u64>,
+    received: u64,
+}
+
+impl Downloading {
+    fn describe(&self) -> String {
+        let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+        let got = match self.size {
+            Some(size) => format!("{:.1} of {:.1} MiB", mib(self.received), mib(size)),
+            None => format!("{:.1} MiB", mib(self.received)),
+        };
+        format!("downloading the debug info of build-id {} from {}: {got}", self.build_id, self.server)
     }
 }
 
@@ -88,7 +117,7 @@ pub struct Terminal {
 impl Terminal {
     /// Starts rendering; `live` adds the live line of counters while recording.
     pub fn start(live: bool) -> Self {
-        let shown = Arc::new(Mutex::new(Shown { step: None, live: None, bar: None, rate: (Instant::now(), 0, 0.0) }));
+        let shown = Arc::new(Mutex::new(Shown { step: None, download: None, live: None, bar: None, rate: (Instant::now(), 0, 0.0) }));
         let done = Arc::new(AtomicBool::new(false));
         let thread = std::io::stderr().is_terminal().then(|| {
             let (shown, done) = (shown.clone(), done.clone());
@@ -133,6 +162,20 @@ impl Observer for Terminal {
                 }
             }
             RecordEvent::ProbesChanged(change) => shown.say(&format!("proftap: {}", wording::note(&change))),
+            RecordEvent::Download(Download::Started { build_id, server, size }) => {
+                shown.download = Some(Downloading { build_id, server, size, received: 0 });
+            }
+            RecordEvent::Download(Download::Received { bytes }) => {
+                if let Some(download) = shown.download.as_mut() {
+                    download.received = bytes;
+                }
+            }
+            RecordEvent::Download(Download::Ended) => {
+                shown.download = None;
+                if shown.step.is_none() {
+                    shown.clear();
+                }
+            }
             RecordEvent::Calls { .. } => {}
         }
     }

@@ -223,7 +223,7 @@ impl Session {
             RecordEvent::Counters { hits, lost } => (self.snapshot.events, self.snapshot.lost) = (hits, lost),
             RecordEvent::Warning(warning) => keep_told(&mut self.info.warnings, warning),
             RecordEvent::ProbesChanged(change) => keep_told(&mut self.info.changes, change),
-            RecordEvent::Step(_) | RecordEvent::StepEnded | RecordEvent::Calls { .. } => {}
+            RecordEvent::Step(_) | RecordEvent::StepEnded | RecordEvent::Download(_) | RecordEvent::Calls { .. } => {}
         }
     }
 }

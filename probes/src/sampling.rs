@@ -78,7 +78,7 @@ impl ModuleInfo {
         let lines = symbols.as_ref().and_then(|index| {
             let debug = match &index.debug {
                 DebugSource::Embedded { .. } => open.to_path_buf(),
-                DebugSource::BuildId { path } | DebugSource::DebugLink { path } => path.clone(),
+                DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. } => path.clone(),
                 DebugSource::Missing => return None,
             };
             addr2line::Loader::new(&debug).ok()

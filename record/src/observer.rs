@@ -49,6 +49,8 @@ pub enum RecordEvent {
     },
     /// The probe set changed while the target ran (the profile's notes keep it too).
     ProbesChanged(Note),
+    /// Debug info being downloaded from a debuginfod server.
+    Download(Download),
     /// Calls by function so far, once a second when asked for (a live view).
     Calls {
         /// Since the probes went live, nanoseconds.
@@ -56,6 +58,45 @@ pub enum RecordEvent {
         /// Every instrumented function with its calls so far.
         functions: Vec<FunctionCalls>,
     },
+}
+
+/// How a download of debug info goes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Download {
+    /// It has begun.
+    Started {
+        /// The build-id whose debug info is fetched.
+        build_id: String,
+        /// The server asked.
+        server: String,
+        /// Its size in bytes, when the server says.
+        size: Option<u64>,
+    },
+    /// Bytes received so far.
+    Received {
+        /// How many.
+        bytes: u64,
+    },
+    /// It has ended, well or not (a warning says why not).
+    Ended,
+}
+
+/// Tells an observer about downloads the symbolizer makes.
+pub struct ObservedDownloads<'a>(pub &'a dyn Observer);
+
+impl proftap_probes::symbols::FetchProgress for ObservedDownloads<'_> {
+    fn started(&self, build_id: &str, server: &str, size: Option<u64>) {
+        self.0.event(RecordEvent::Download(Download::Started { build_id: build_id.into(), server: server.into(), size }));
+    }
+
+    fn received(&self, bytes: u64) {
+        self.0.event(RecordEvent::Download(Download::Received { bytes }));
+    }
+
+    fn ended(&self) {
+        self.0.event(RecordEvent::Download(Download::Ended));
+    }
 }
 
 /// A step that may take a while.

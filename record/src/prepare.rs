@@ -5,7 +5,7 @@
 use crate::calibration::CalibrationError;
 use crate::cost::ProbeCost;
 use crate::error::RecordError;
-use crate::observer::{Observer, RecordEvent, Step, Warning};
+use crate::observer::{ObservedDownloads, Observer, RecordEvent, Step, Warning};
 use crate::options::{Control, RecordOptions, Recorded, TargetSpec};
 use crate::recorder::record;
 use crate::request::{EngineChoice, ExitsChoice, RecordRequest, RecordTarget, RegionSpec};
@@ -129,7 +129,7 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
         observer.event(RecordEvent::Warning(Warning::Planning { message }));
     }
     let debug_dirs = if request.debug_dirs.is_empty() { DebugDirs::default() } else { DebugDirs(request.debug_dirs.clone()) };
-    let symbols = Arc::new(SymbolCache::new(debug_dirs));
+    let symbols = Arc::new(SymbolCache::new(debug_dirs).with_debuginfod(request.debuginfod.clone()));
     let chosen = choose(&selection, &modules, request, &symbols, observer)?;
     let mut options = options(request, metrics, &chosen);
     // The sampler names frames from the same symbols.
@@ -304,7 +304,7 @@ fn load_symbols(
             continue;
         }
         observer.event(RecordEvent::Step(Step::ReadingSymbols { module: display.display().to_string() }));
-        let index = cache.index(display, open, i == 0 && lines);
+        let index = cache.index_fetching(display, open, i == 0 && lines, &ObservedDownloads(observer));
         observer.event(RecordEvent::StepEnded);
         let index = match index {
             Err(proftap_probes::Error::NoSymbols { .. }) if i == 0 && unnamed_ok => match cache.image(display, open) {

@@ -2,6 +2,7 @@
 //! from their own arguments (a command line, a session request) and the
 //! recorder never sees how it was asked.
 
+use proftap_probes::symbols::Debuginfod;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -43,6 +44,11 @@ pub struct RecordRequest {
     pub buffer_mib: usize,
     /// Where separate debug files are looked for (empty: the system's).
     pub debug_dirs: Vec<PathBuf>,
+    /// Debuginfod servers asked for debug info found nowhere on disk, and
+    /// the cache kept for them: the requester's own settings, applied with
+    /// the requester's rights (`None`: no network use).
+    #[serde(default)]
+    pub debuginfod: Option<Debuginfod>,
     /// Measure the probe cost again instead of using this boot's measurement.
     pub recalibrate: bool,
     /// Tell the calls by function once a second while recording (a live view).
@@ -68,6 +74,7 @@ impl RecordRequest {
             regions: Vec::new(),
             buffer_mib: 8,
             debug_dirs: Vec::new(),
+            debuginfod: None,
             recalibrate: false,
             live_calls: false,
         }

@@ -90,6 +90,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     pub buffer_size: usize,
     /// Where separate debug files are looked for (default /usr/lib/debug).
+    /// With DEBUGINFOD_URLS set, debuginfod servers are asked for what is
+    /// not found there.
     #[arg(long, value_name = "DIR")]
     pub debug_dir: Vec<PathBuf>,
     /// Also write the recording's events, as the aggregator takes them, to
@@ -152,6 +154,7 @@ impl RecordArgs {
             regions: self.regions.clone(),
             buffer_mib: self.buffer_size,
             debug_dirs: self.debug_dir.clone(),
+            debuginfod: super::symbols::debuginfod_from_env(),
             recalibrate: self.recalibrate,
             live_calls: false,
         })

@@ -1,10 +1,12 @@
 //! `proftap symbols`: what proftap sees in a binary, or in a running process.
 
+use crate::status::Terminal;
 use anyhow::{Context, Result};
 use proftap_probes::addr::LoadBias;
 use proftap_probes::procfs::{self, LoadedModule};
 use proftap_probes::select::{Selected, Selection};
-use proftap_probes::symbols::{DebugDirs, Function, LoadOptions, SymbolIndex};
+use proftap_probes::symbols::{DebugDirs, DebugSource, Debuginfod, ElfImage, FetchProgress, Function, LoadOptions, SymbolIndex};
+use proftap_record::observer::ObservedDownloads;
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
@@ -32,6 +34,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
     /// Where separate debug files are looked for (repeatable; default /usr/lib/debug).
+    /// With DEBUGINFOD_URLS set, debuginfod servers are asked for what is
+    /// not found there.
     #[arg(long, value_name = "DIR")]
     debug_dir: Vec<PathBuf>,
 }
@@ -42,18 +46,33 @@ enum Format {
     Json,
 }
 
+/// The debuginfod settings of this environment (`DEBUGINFOD_URLS` and the
+/// rest, as elfutils reads them), saying what cannot be honoured.
+pub fn debuginfod_from_env() -> Option<Debuginfod> {
+    let (settings, warnings) = Debuginfod::from_vars(|name| std::env::var_os(name));
+    for warning in warnings {
+        eprintln!("proftap: warning: {warning}");
+    }
+    settings
+}
+
 /// Runs the command.
 pub fn run(args: Args) -> Result<ExitCode> {
     let selection = Selection::parse(&args.functions)?;
     let options = LoadOptions {
         lines: args.lines,
         debug_dirs: if args.debug_dir.is_empty() { DebugDirs::default() } else { DebugDirs(args.debug_dir.clone()) },
+        debuginfod: debuginfod_from_env(),
     };
+    // Shows downloads from debuginfod servers as they go; gone before the output.
+    let terminal = Terminal::start(false);
+    let progress = ObservedDownloads(&terminal);
     let (indexes, loaded) = match (&args.binary, args.pid) {
-        (Some(binary), _) => (vec![SymbolIndex::load(binary, &options)?], Vec::new()),
-        (None, Some(pid)) => load_process(pid, &selection, &options)?,
+        (Some(binary), _) => (vec![load(binary, &options, &progress)?], Vec::new()),
+        (None, Some(pid)) => load_process(pid, &selection, &options, &progress)?,
         (None, None) => unreachable!("clap requires a binary or --pid"),
     };
+    drop(terminal);
     let refs: Vec<&SymbolIndex> = indexes.iter().collect();
     let selected = selection.select(&refs)?;
     let report = build_report(&indexes, &loaded, &selected, args.lines && !selection.is_default(), args.lines);
@@ -76,8 +95,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 }
 
+fn load(path: &std::path::Path, options: &LoadOptions, progress: &dyn FetchProgress) -> proftap_probes::Result<SymbolIndex> {
+    SymbolIndex::of_image_observed(&ElfImage::open(path)?, options, progress)
+}
+
 /// Loads the main executable, and the shared libraries the patterns name.
-fn load_process(pid: i32, selection: &Selection, options: &LoadOptions) -> Result<(Vec<SymbolIndex>, Vec<LoadedModule>)> {
+fn load_process(
+    pid: i32,
+    selection: &Selection,
+    options: &LoadOptions,
+    progress: &dyn FetchProgress,
+) -> Result<(Vec<SymbolIndex>, Vec<LoadedModule>)> {
     let modules = procfs::loaded_modules(pid)?;
     let mut indexes = Vec::new();
     let mut loaded = Vec::new();
@@ -86,7 +114,7 @@ fn load_process(pid: i32, selection: &Selection, options: &LoadOptions) -> Resul
             loaded.push(module);
             continue;
         }
-        let mut index = SymbolIndex::load(&module.open_path, options)
+        let mut index = load(&module.open_path, options, progress)
             .with_context(|| format!("cannot read the symbols of {} in process {pid}", module.path.display()))?;
         index.path.clone_from(&module.path);
         indexes.push(index);
@@ -113,7 +141,7 @@ struct ModuleRow<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     build_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    debug_info: Option<&'a proftap_probes::symbols::DebugSource>,
+    debug_info: Option<&'a DebugSource>,
     #[serde(skip_serializing_if = "Option::is_none")]
     load_bias: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -249,6 +277,19 @@ fn function_row<'a>(index: &'a SymbolIndex, f: &'a Function, module: usize, bias
     }
 }
 
+fn describe_debug_source(source: &DebugSource) -> String {
+    match source {
+        DebugSource::Embedded { compressed: true } => "debug info: embedded, compressed".into(),
+        DebugSource::Embedded { compressed: false } => "debug info: embedded".into(),
+        DebugSource::BuildId { path } | DebugSource::DebugLink { path } => format!("debug info: {}", path.display()),
+        DebugSource::Debuginfod { path, server: Some(server) } => {
+            format!("debug info: {} (debuginfod, downloaded from {server})", path.display())
+        }
+        DebugSource::Debuginfod { path, server: None } => format!("debug info: {} (debuginfod cache)", path.display()),
+        DebugSource::Missing => "no debug info".into(),
+    }
+}
+
 fn write_text(out: &mut impl Write, report: &Report) -> std::io::Result<()> {
     for (m, module) in report.modules.iter().enumerate() {
         let mut facts = Vec::new();
@@ -258,16 +299,8 @@ fn write_text(out: &mut impl Write, report: &Report) -> std::io::Result<()> {
         if let Some(id) = module.build_id {
             facts.push(format!("build-id {id}"));
         }
-        match module.debug_info {
-            Some(proftap_probes::symbols::DebugSource::Embedded { compressed: true }) => {
-                facts.push("debug info: embedded, compressed".into())
-            }
-            Some(proftap_probes::symbols::DebugSource::Embedded { compressed: false }) => facts.push("debug info: embedded".into()),
-            Some(proftap_probes::symbols::DebugSource::BuildId { path } | proftap_probes::symbols::DebugSource::DebugLink { path }) => {
-                facts.push(format!("debug info: {}", path.display()));
-            }
-            Some(proftap_probes::symbols::DebugSource::Missing) => facts.push("no debug info".into()),
-            None => {}
+        if let Some(source) = module.debug_info {
+            facts.push(describe_debug_source(source));
         }
         if let Some(bias) = module.load_bias {
             facts.push(format!("load bias {bias:#x}"));

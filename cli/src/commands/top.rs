@@ -46,6 +46,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let pid = args.pid.or(args.pid_option).unwrap_or_default();
     let mut request = RecordRequest::new(RecordTarget::Attach { pid, duration: args.duration, auto_instrument: None });
     request.functions = args.functions.clone();
+    request.debuginfod = super::symbols::debuginfod_from_env();
     // Exact counts for every function while watched: no governor, no sampler.
     (request.engine, request.sampling, request.governor, request.live_calls) = (EngineChoice::Auto, Sampling::Off, Governor::Off, true);
     let terminal = Arc::new(Terminal::start(false));

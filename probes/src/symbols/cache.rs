@@ -2,7 +2,7 @@
 //! index, shared by planning, line planning and the sampler, whatever
 //! thread asks.
 
-use super::{DebugDirs, ElfImage, LoadOptions, SymbolIndex};
+use super::{DebugDirs, Debuginfod, ElfImage, FetchProgress, LoadOptions, SymbolIndex};
 use crate::error::Result;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 #[derive(Default)]
 pub struct SymbolCache {
     debug_dirs: DebugDirs,
+    debuginfod: Option<Debuginfod>,
     modules: Mutex<HashMap<PathBuf, Cached>>,
 }
 
@@ -26,7 +27,12 @@ struct Cached {
 impl SymbolCache {
     /// A cache that finds separate debug files in `debug_dirs`.
     pub fn new(debug_dirs: DebugDirs) -> Self {
-        SymbolCache { debug_dirs, modules: Mutex::default() }
+        SymbolCache { debug_dirs, debuginfod: None, modules: Mutex::default() }
+    }
+
+    /// The same cache, asking `debuginfod` for debug info found nowhere on disk.
+    pub fn with_debuginfod(self, debuginfod: Option<Debuginfod>) -> Self {
+        SymbolCache { debuginfod, ..self }
     }
 
     fn cached(&self, module: &Path) -> Cached {
@@ -52,14 +58,35 @@ impl SymbolCache {
 
     /// The symbols of `module` (named so in the index), with its line rows
     /// when `lines`: read the first time, or again when lines are wanted
-    /// and were not read.
+    /// and were not read. Debuginfod's cache is read, its servers are not
+    /// asked: this serves the sampler while the program runs, which a
+    /// download would stall.
     pub fn index(&self, module: &Path, open: &Path, lines: bool) -> Result<Arc<SymbolIndex>> {
+        let cache_only = self.debuginfod.as_ref().map(Debuginfod::cache_only);
+        self.index_with(module, open, lines, cache_only, &super::Unheard)
+    }
+
+    /// The same, downloading debug info from debuginfod servers when
+    /// neither the disk nor the cache has it, and telling `progress`.
+    pub fn index_fetching(&self, module: &Path, open: &Path, lines: bool, progress: &dyn FetchProgress) -> Result<Arc<SymbolIndex>> {
+        self.index_with(module, open, lines, self.debuginfod.clone(), progress)
+    }
+
+    fn index_with(
+        &self,
+        module: &Path,
+        open: &Path,
+        lines: bool,
+        debuginfod: Option<Debuginfod>,
+        progress: &dyn FetchProgress,
+    ) -> Result<Arc<SymbolIndex>> {
         let cached = self.cached(module);
         if let Some(index) = cached.index.as_ref().filter(|_| cached.lines || !lines) {
             return Ok(index.clone());
         }
         let image = self.image(module, open)?;
-        let mut index = SymbolIndex::of_image(&image, &LoadOptions { lines, debug_dirs: self.debug_dirs.clone() })?;
+        let options = LoadOptions { lines, debug_dirs: self.debug_dirs.clone(), debuginfod };
+        let mut index = SymbolIndex::of_image_observed(&image, &options, progress)?;
         index.path = module.to_path_buf();
         let index = Arc::new(index);
         self.keep(module, Cached { image: Some(image), index: Some(index.clone()), lines });

@@ -1,5 +1,6 @@
 //! Finding the DWARF of a binary where users keep it: in the file itself, in a
-//! separate file named by build-id, or one named by `.gnu_debuglink`.
+//! separate file named by build-id, or one named by `.gnu_debuglink`; failing
+//! those, from debuginfod servers (`debuginfod.rs`).
 
 use super::elf::ElfImage;
 use object::{Object, ObjectSection};
@@ -24,6 +25,15 @@ pub enum DebugSource {
     DebugLink {
         /// The debug file.
         path: PathBuf,
+    },
+    /// A file by build-id from the debuginfod cache, downloaded by this
+    /// reading or an earlier one (proftap's, gdb's, perf's).
+    Debuginfod {
+        /// The debug file, in the cache.
+        path: PathBuf,
+        /// The server it came from now; `None` when the cache had it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        server: Option<String>,
     },
     /// No debug info was found.
     Missing,
@@ -57,11 +67,8 @@ pub(crate) fn find_separate(image: &ElfImage, dirs: &DebugDirs, warnings: &mut V
     if let Some(id) = &build_id.as_ref().filter(|id| id.len() > 2) {
         for dir in &dirs.0 {
             let candidate = dir.join(".build-id").join(&id[..2]).join(format!("{}.debug", &id[2..]));
-            if let Some(debug) = open_debug_file(&candidate, warnings) {
-                if debug.build_id().ok().flatten().as_deref() == Some(id.as_str()) {
-                    return Some((debug, DebugSource::BuildId { path: candidate }));
-                }
-                warnings.push(format!("ignored {}: its build-id does not match {}", candidate.display(), image.path().display()));
+            if let Some(debug) = open_build_id_file(&candidate, id, image.path(), warnings) {
+                return Some((debug, DebugSource::BuildId { path: candidate }));
             }
         }
     }
@@ -88,6 +95,22 @@ pub(crate) fn find_separate(image: &ElfImage, dirs: &DebugDirs, warnings: &mut V
         return Some((debug, DebugSource::DebugLink { path: candidate }));
     }
     None
+}
+
+/// The debug file at `path` if it has DWARF and the build-id `id` of `binary`.
+pub(crate) fn open_build_id_file(path: &Path, id: &str, binary: &Path, warnings: &mut Vec<String>) -> Option<ElfImage> {
+    let debug = open_debug_file(path, warnings)?;
+    match debug.build_id().ok().flatten() {
+        Some(found) if found == id => Some(debug),
+        Some(found) => {
+            warnings.push(format!("ignored {}: its build-id {found} does not match {}'s {id}", path.display(), binary.display()));
+            None
+        }
+        None => {
+            warnings.push(format!("ignored {}: it has no build-id, and {} has {id}", path.display(), binary.display()));
+            None
+        }
+    }
 }
 
 fn open_debug_file(path: &Path, warnings: &mut Vec<String>) -> Option<ElfImage> {

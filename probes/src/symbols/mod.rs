@@ -3,12 +3,14 @@
 
 mod cache;
 mod debuginfo;
+mod debuginfod;
 mod demangle;
 mod dwarf;
 mod elf;
 
 pub use cache::SymbolCache;
 pub use debuginfo::{DebugDirs, DebugSource};
+pub use debuginfod::{Debuginfod, FetchProgress, MAX_DOWNLOAD, Unheard};
 pub use dwarf::{CompileUnit, FileTable, LineRow};
 pub use elf::{ElfImage, ElfKind, Segment, file_offset, hex};
 
@@ -30,6 +32,9 @@ pub struct LoadOptions {
     pub lines: bool,
     /// Where separate debug files are looked for.
     pub debug_dirs: DebugDirs,
+    /// The debuginfod servers and cache asked when no debug file is on
+    /// disk (`None`: no network use).
+    pub debuginfod: Option<Debuginfod>,
 }
 
 /// Which table a function was found in.
@@ -140,6 +145,11 @@ impl SymbolIndex {
 
     /// The same for a file already opened.
     pub fn of_image(image: &ElfImage, options: &LoadOptions) -> Result<Self> {
+        SymbolIndex::of_image_observed(image, options, &Unheard)
+    }
+
+    /// The same, telling `progress` about debug info being downloaded.
+    pub fn of_image_observed(image: &ElfImage, options: &LoadOptions, progress: &dyn FetchProgress) -> Result<Self> {
         let path = image.path();
         let segments = image.segments()?;
         let kind = image.kind()?;
@@ -149,7 +159,10 @@ impl SymbolIndex {
         let separate;
         let (debug_image, debug) = match debuginfo::embedded_dwarf(image) {
             Some(compressed) => (Some(image), DebugSource::Embedded { compressed }),
-            None => match debuginfo::find_separate(image, &options.debug_dirs, &mut warnings) {
+            None => match debuginfo::find_separate(image, &options.debug_dirs, &mut warnings).or_else(|| {
+                let settings = options.debuginfod.as_ref()?;
+                debuginfod::find(image, settings, progress, &mut warnings)
+            }) {
                 Some((found, source)) => {
                     separate = found;
                     (Some(&separate), source)
@@ -196,8 +209,10 @@ impl SymbolIndex {
             ));
         }
         if matches!(debug, DebugSource::Missing) {
+            // With servers set, their warning said why they could not help.
+            let servers = if options.debuginfod.is_none() { ", set DEBUGINFOD_URLS to a debuginfod server that has it," } else { "" };
             warnings.push(format!(
-                "{} has no debug info: no source files or lines; install its debug package or build with -g",
+                "{} has no debug info: no source files or lines; install its debug package{servers} or build with -g",
                 path.display()
             ));
         }
