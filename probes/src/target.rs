@@ -300,7 +300,9 @@ pub struct Frozen {
 fn ptrace_refused(pid: i32) -> String {
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().and_then(|s| s.trim().parse::<u32>().ok());
     let why = match scope {
-        Some(1) => "kernel.yama.ptrace_scope is 1, which lets a process trace only its descendants: `sudo sysctl kernel.yama.ptrace_scope=0`, or run with sudo",
+        Some(1) => {
+            "kernel.yama.ptrace_scope is 1, which lets a process trace only its descendants: `sudo sysctl kernel.yama.ptrace_scope=0`, or run with sudo"
+        }
         Some(2) => "kernel.yama.ptrace_scope is 2, which lets only root trace: run with sudo",
         Some(3) => "kernel.yama.ptrace_scope is 3, which forbids tracing until reboot",
         _ => "tracing another user's process needs root or CAP_SYS_PTRACE",
