@@ -267,7 +267,7 @@ fn regions_and_line_times() {
 
     // Line times: burning shows as CPU and wall time, sleeping as wall time only.
     let binary = Build::c("cpuwall.c", "-O2").build();
-    let report = profile_run(&["--lines", "cpuwall.c"], &[binary.to_str().unwrap(), "20", "2"]);
+    let report = profile_run(&["--lines=cpuwall.c"], &[binary.to_str().unwrap(), "20", "2"]);
     let line = |text: &str| {
         let n = line_of("cpuwall.c", text);
         report["lines"]

@@ -292,4 +292,10 @@ fn perf_and_uftrace_habits_work() {
         assert!(profiler.wait().unwrap().success(), "{flag}");
         assert_eq!(calls_by_name(&report_json(&file))["tick"], 100, "{flag}");
     }
+
+    // `--lines` takes its files after `=`: the command follows it directly.
+    let lines = dir.path().join("lines.profile");
+    let out = run(proftap().args(["run", "-f", "leaf", "--lines", "-o"]).arg(&lines).arg(&binary).args(["10", "1"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!report_json(&lines)["lines"].as_array().unwrap().is_empty());
 }

@@ -94,7 +94,7 @@ fn annotate_shows_counts_times_and_samples_per_line() {
     require_probes();
     let dir = tempfile::tempdir().unwrap();
     let program = Build::c("coverage.c", "-O0").build();
-    let profile = record(&["--lines", "coverage.c"], &program, dir.path());
+    let profile = record(&["--lines=coverage.c"], &program, dir.path());
     let json = report_json(Path::new(&profile));
     let text = run_ok(proftap().args(["annotate", "classify", &profile]));
     assert!(text.starts_with("proftap annotate: classify ("), "{text}");

@@ -74,9 +74,10 @@ pub struct RecordArgs {
     #[arg(long, value_name = "PCT")]
     overhead_budget: Option<f64>,
     /// Count how often each line runs (gcov's line counts) and time each
-    /// line, in these source files (path suffixes), or with no file named,
-    /// in every source file of the executable outside the system headers.
-    #[arg(long, num_args = 0.., value_name = "SRC")]
+    /// line: with no file named, in every source file of the executable
+    /// outside the system headers; `--lines=a.c,src/b.c` in these source
+    /// files only (path suffixes; the `=` keeps the command apart).
+    #[arg(long, num_args = 0..=1, require_equals = true, value_delimiter = ',', default_missing_value = "", value_name = "SRC")]
     lines: Option<Vec<String>>,
     /// Time a range of lines like a function: NAME=FILE:START-END
     /// (repeatable). Entered when a frame moves onto one of its lines from
@@ -150,7 +151,8 @@ impl RecordArgs {
                 Some(_) => Governor::Off,
                 None => Governor::Default,
             },
-            lines: self.lines.clone(),
+            // `--lines` alone: every file.
+            lines: self.lines.as_ref().map(|files| files.iter().filter(|f| !f.is_empty()).cloned().collect()),
             regions: self.regions.clone(),
             buffer_mib: self.buffer_size,
             debug_dirs: self.debug_dir.clone(),
