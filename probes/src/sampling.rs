@@ -70,7 +70,7 @@ struct UnwindSections {
 
 impl ModuleInfo {
     fn load(path: &str, open: &Path, cache: &SymbolCache) -> ModuleInfo {
-        let symbols = cache.index(Path::new(path), open, false).ok();
+        let symbols = cache.names(Path::new(path), open).ok();
         let unknown = match &symbols {
             None => Some(format!("no symbols in {path}")),
             Some(_) => None,

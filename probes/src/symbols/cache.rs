@@ -22,6 +22,8 @@ struct Cached {
     index: Option<Arc<SymbolIndex>>,
     /// Whether the index holds the line rows.
     lines: bool,
+    /// Whether it holds the DWARF's functions (not the symbol tables' alone).
+    full: bool,
 }
 
 impl SymbolCache {
@@ -63,33 +65,41 @@ impl SymbolCache {
     /// download would stall.
     pub fn index(&self, module: &Path, open: &Path, lines: bool) -> Result<Arc<SymbolIndex>> {
         let cache_only = self.debuginfod.as_ref().map(Debuginfod::cache_only);
-        self.index_with(module, open, lines, cache_only, &super::Unheard)
+        self.index_with(module, open, (lines, true), cache_only, &super::Unheard)
+    }
+
+    /// An index that names the functions of `module` for its samples: the
+    /// one read already, else one from its symbol tables (see
+    /// [`LoadOptions::symbol_tables_enough`]). Never downloads.
+    pub fn names(&self, module: &Path, open: &Path) -> Result<Arc<SymbolIndex>> {
+        let cache_only = self.debuginfod.as_ref().map(Debuginfod::cache_only);
+        self.index_with(module, open, (false, false), cache_only, &super::Unheard)
     }
 
     /// The same, downloading debug info from debuginfod servers when
     /// neither the disk nor the cache has it, and telling `progress`.
     pub fn index_fetching(&self, module: &Path, open: &Path, lines: bool, progress: &dyn FetchProgress) -> Result<Arc<SymbolIndex>> {
-        self.index_with(module, open, lines, self.debuginfod.clone(), progress)
+        self.index_with(module, open, (lines, true), self.debuginfod.clone(), progress)
     }
 
     fn index_with(
         &self,
         module: &Path,
         open: &Path,
-        lines: bool,
+        (lines, full): (bool, bool),
         debuginfod: Option<Debuginfod>,
         progress: &dyn FetchProgress,
     ) -> Result<Arc<SymbolIndex>> {
         let cached = self.cached(module);
-        if let Some(index) = cached.index.as_ref().filter(|_| cached.lines || !lines) {
+        if let Some(index) = cached.index.as_ref().filter(|_| (cached.lines || !lines) && (cached.full || !full)) {
             return Ok(index.clone());
         }
         let image = self.image(module, open)?;
-        let options = LoadOptions { lines, debug_dirs: self.debug_dirs.clone(), debuginfod };
+        let options = LoadOptions { lines, debug_dirs: self.debug_dirs.clone(), debuginfod, symbol_tables_enough: !full };
         let mut index = SymbolIndex::of_image_observed(&image, &options, progress)?;
         index.path = module.to_path_buf();
         let index = Arc::new(index);
-        self.keep(module, Cached { image: Some(image), index: Some(index.clone()), lines });
+        self.keep(module, Cached { image: Some(image), index: Some(index.clone()), lines, full });
         Ok(index)
     }
 }
@@ -97,6 +107,17 @@ impl SymbolCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampled_frames_are_named_from_the_symbol_tables_until_more_is_asked() {
+        let exe = std::env::current_exe().expect("this test's program");
+        let cache = SymbolCache::default();
+        let names = cache.names(Path::new("/lib"), &exe).expect("names");
+        assert!(!names.functions.is_empty());
+        let full = cache.index(Path::new("/lib"), &exe, false).expect("index");
+        assert!(!Arc::ptr_eq(&names, &full), "planning needs the DWARF's functions");
+        assert!(Arc::ptr_eq(&full, &cache.names(Path::new("/lib"), &exe).expect("the full index serves")));
+    }
 
     #[test]
     fn a_binary_is_read_once_and_again_only_for_its_lines() {

@@ -35,6 +35,11 @@ pub struct LoadOptions {
     /// The debuginfod servers and cache asked when no debug file is on
     /// disk (`None`: no network use).
     pub debuginfod: Option<Debuginfod>,
+    /// Name functions from the symbol tables alone when they have any,
+    /// leaving the DWARF's unread: what naming sampled frames of a library
+    /// needs (its inlined frames are read lazily, where samples fell),
+    /// without decompressing and walking all of a large library's DWARF.
+    pub symbol_tables_enough: bool,
 }
 
 /// Which table a function was found in.
@@ -193,8 +198,8 @@ impl SymbolIndex {
 
         let mut files = FileTable::default();
         let info = match debug_image {
-            Some(d) => dwarf::read(d, &mut files, options.lines, &mut warnings)?,
-            None => dwarf::DwarfInfo::default(),
+            Some(d) if !options.symbol_tables_enough || symbols.is_empty() => dwarf::read(d, &mut files, options.lines, &mut warnings)?,
+            _ => dwarf::DwarfInfo::default(),
         };
 
         if symbols.is_empty() && info.subprograms.is_empty() {

@@ -7,7 +7,7 @@ fn load(bytes: &[u8]) -> Result<SymbolIndex> {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("program");
     std::fs::write(&path, bytes).expect("write the input");
-    SymbolIndex::load(&path, &LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None })
+    SymbolIndex::load(&path, &LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false })
 }
 
 #[test]
