@@ -144,7 +144,12 @@ pub fn write_profile_private(path: &Path, profile: &Profile) -> Result<(), FileE
 pub fn write_profile_to(out: &mut dyn Write, profile: &Profile) -> std::io::Result<()> {
     writeln!(out, "{MAGIC} {FORMAT_VERSION}")?;
     let mut gz = GzEncoder::new(out, Compression::default());
-    serde_json::to_writer(&mut gz, profile).map_err(std::io::Error::from)?;
+    // serde_json writes a few bytes at a time; each write to the encoder
+    // costs a compression call, so they are gathered first.
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, &mut gz);
+    serde_json::to_writer(&mut buffered, profile).map_err(std::io::Error::from)?;
+    buffered.flush()?;
+    drop(buffered);
     gz.finish()?;
     Ok(())
 }
