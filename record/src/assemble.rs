@@ -250,11 +250,13 @@ fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
         found(Finding::Malformed { records: ending.malformed });
     }
     let (pid, attached) = (setup.target.pid, setup.target.attached);
-    // A launched program's own exec is its start, not news.
-    let program = program_name(setup);
+    // A launched program's own exec is its start, not news: named as the
+    // program, or as the command (a script, run by its interpreter).
+    let starts = [program_name(setup), comm_of(setup.target.command.first().map_or("", String::as_str))];
     for process in &aggregate.processes {
-        for exec in &process.execs {
-            if process.pid != pid || attached || *exec != program {
+        for (i, exec) in process.execs.iter().enumerate() {
+            let start = process.pid == pid && !attached && i == 0 && starts.contains(exec);
+            if !start && (process.pid != pid || attached || *exec != starts[0]) {
                 found(Finding::Executed { pid: process.pid, program: exec.clone() });
             }
         }
@@ -275,8 +277,12 @@ fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
 
 /// The executable's name as the kernel names a process (at most 15 bytes).
 fn program_name(setup: &Setup) -> String {
-    let module = setup.functions.first().map_or(setup.target.exe.as_str(), |f| f.module.as_str());
-    let name = std::path::Path::new(module).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    comm_of(setup.functions.first().map_or(setup.target.exe.as_str(), |f| f.module.as_str()))
+}
+
+/// The name the kernel gives a process executing `path` (its file name, 15 bytes at most).
+fn comm_of(path: &str) -> String {
+    let name = std::path::Path::new(path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     name.chars().take(15).collect()
 }
 
