@@ -33,7 +33,7 @@ pub enum MergeError {
 impl Profile {
     /// Adds `other` to this profile: calls, costs, line counts and runs add
     /// up (saturating: a sum past `u64::MAX` stays there), minimums and
-    /// maximums combine, threads and trees are kept.
+    /// maximums combine, threads and trees are kept; traces are dropped.
     pub fn merge(&mut self, other: &Profile, force: bool) -> Result<(), MergeError> {
         if let (Some(ours), Some(theirs)) = (&self.target.build_id, &other.target.build_id)
             && ours != theirs
@@ -63,6 +63,8 @@ impl Profile {
             (None, Some(theirs)) => self.samples = Some(theirs.clone()),
             _ => {}
         }
+        // Runs do not share a clock: their timelines cannot be one.
+        self.trace = None;
         add_counts(&mut self.lost.by_thread, &other.lost.by_thread, |id| id);
         add_counts(&mut self.lost.by_function, &other.lost.by_function, |id| i64::from(map(id as FunctionId)));
         self.merge_totals(other);

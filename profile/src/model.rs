@@ -45,6 +45,69 @@ pub struct Profile {
     /// Stack samples, when sampling was on.
     #[serde(default)]
     pub samples: Option<SampleProfile>,
+    /// Every call with when it started and ended, and the samples' times,
+    /// when a trace was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Trace>,
+}
+
+/// The calls of the instrumented functions one by one, per thread, in the
+/// order they started: what a timeline shows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trace {
+    /// The most bytes of calls the trace could keep.
+    pub limit_bytes: u64,
+    /// Calls counted in the profile but not in the trace: made once it was
+    /// full, or overwritten in the target before proftap read them.
+    pub cut: u64,
+    /// By thread.
+    pub threads: Vec<ThreadTrace>,
+}
+
+/// Bytes one traced call takes in memory, against [`Trace::limit_bytes`].
+pub const TRACED_CALL_BYTES: u64 = 24;
+
+/// One thread's calls and samples.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadTrace {
+    /// Process id.
+    pub pid: i32,
+    /// Thread id.
+    pub tid: i32,
+    /// Its finished calls, by start time (a caller before its callees).
+    pub calls: Vec<TracedCall>,
+    /// Its stack samples, by time.
+    #[serde(default)]
+    pub samples: Vec<TracedSample>,
+}
+
+/// One finished call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracedCall {
+    /// Which function.
+    pub function: FunctionId,
+    /// Nanoseconds from the start of the recording to its entry.
+    pub start_ns: u64,
+    /// Wall nanoseconds from its entry to its return.
+    pub duration_ns: u64,
+    /// Instrumented calls it was inside of (0: none).
+    pub depth: u32,
+}
+
+impl TracedCall {
+    /// Nanoseconds from the start of the recording to its return.
+    pub fn end_ns(&self) -> u64 {
+        self.start_ns.saturating_add(self.duration_ns)
+    }
+}
+
+/// When a stack sample was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracedSample {
+    /// Nanoseconds from the start of the recording.
+    pub time_ns: u64,
+    /// The stack: an index into [`SampleProfile::stacks`].
+    pub stack: u32,
 }
 
 /// Stacks sampled at a fixed frequency of CPU time.

@@ -4,7 +4,7 @@
 //! without checking and no renderer can be driven into unbounded work.
 //! The limits are documented in `docs/FORMAT.md`.
 
-use crate::model::{CallTree, FunctionInfo, Profile, ROOT, SampleProfile, ThreadProfile};
+use crate::model::{CallTree, FunctionInfo, Profile, ROOT, SampleProfile, ThreadProfile, Trace};
 
 /// The deepest call tree a profile may hold, in levels below the root:
 /// above the 262,144 nested calls the in-process engine times (kernel
@@ -65,6 +65,10 @@ impl Profile {
         }
         if let Some(samples) = &self.samples {
             check_samples(samples, &mut names)?;
+        }
+        if let Some(trace) = &self.trace {
+            let stacks = self.samples.as_ref().map_or(0, |s| s.stacks.len());
+            check_trace(trace, self.functions.len(), stacks)?;
         }
         Ok(())
     }
@@ -187,10 +191,24 @@ fn check_samples(samples: &SampleProfile, names: &mut NameBudget) -> Check {
     Ok(())
 }
 
+fn check_trace(trace: &Trace, functions: usize, stacks: usize) -> Check {
+    for thread in &trace.threads {
+        for call in &thread.calls {
+            function_in_range(call.function, functions, || format!("a traced call of thread {}", thread.tid))?;
+        }
+        if let Some(s) = thread.samples.iter().find(|s| s.stack as usize >= stacks) {
+            return fail(format!("a traced sample of thread {} names stack {}, but the samples have {stacks} stacks", thread.tid, s.stack));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{FunctionInfo, FunctionStats, LineRecord, LostCount, SampledFrame, SampledStack, TreeNode};
+    use crate::model::{
+        FunctionInfo, FunctionStats, LineRecord, LostCount, SampledFrame, SampledStack, ThreadTrace, TracedCall, TracedSample, TreeNode,
+    };
     use crate::stats::Stat;
 
     fn node(function: u32, parent: u32) -> TreeNode {
@@ -247,6 +265,20 @@ mod tests {
         let mut p = valid();
         p.lost.by_function.push(LostCount { id: -1, count: 1 });
         assert!(reason(&p).contains("name function -1"), "{}", reason(&p));
+    }
+
+    #[test]
+    fn traced_calls_and_samples_must_name_what_exists() {
+        let traced = |function, stack| {
+            let mut p = valid();
+            let call = TracedCall { function, start_ns: 1, duration_ns: 2, depth: 0 };
+            let thread = ThreadTrace { pid: 1, tid: 7, calls: vec![call], samples: vec![TracedSample { time_ns: 2, stack }] };
+            p.trace = Some(Trace { limit_bytes: 1 << 20, cut: 0, threads: vec![thread] });
+            p
+        };
+        traced(1, 0).validate().expect("valid");
+        assert_eq!(reason(&traced(2, 0)), "a traced call of thread 7 names function 2, but the profile has 2 functions");
+        assert_eq!(reason(&traced(1, 1)), "a traced sample of thread 7 names stack 1, but the samples have 1 stacks");
     }
 
     #[test]

@@ -142,6 +142,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
         notes,
         runs: 1,
         samples,
+        trace: None,
     }
 }
 
