@@ -50,6 +50,8 @@ __attribute__((used)) const u64 proftap_layout[] = {
     __builtin_offsetof(struct block, hash),
     __builtin_offsetof(struct block, node),
     __builtin_offsetof(struct private_block, ret),
+    sizeof(struct traced),
+    __builtin_offsetof(struct block, traced),
 };
 
 static inline u64 rdtsc(void)
@@ -415,6 +417,20 @@ static u32 child_node(struct block *b, u32 parent, u32 function)
     return NO_NODE;
 }
 
+/* Writes a finished call into the block's trace ring, over the oldest one
+ * if proftap has not read it yet: proftap counts what it missed. */
+static inline void trace(const struct config *c, struct block *b, const struct frame *f, u64 d, u64 now)
+{
+    u64 n = b->traced;
+    struct traced *t = (struct traced *)((char *)b + c->trace_offset) + (n & (c->trace_slots - 1));
+    t->entry_tsc = f->entry_tsc;
+    t->exit_tsc = now;
+    t->function = f->function;
+    t->depth = (u32)d;
+    /* Published after the call: proftap reads calls below b->traced. */
+    __atomic_store_n(&b->traced, n + 1, __ATOMIC_RELEASE);
+}
+
 static inline void observe(struct stat *s, u64 v)
 {
     s->total += v;
@@ -443,11 +459,12 @@ static void finish(const struct config *c, struct block *b, u64 d, u64 now, u64 
     } else {
         b->untimed++;
     }
+    if (c->trace_slots)
+        trace(c, b, f, d, now);
     if (d > 0) {
         b->frame[d - 1].child_wall += wall;
         b->frame[d - 1].child_cpu += cpu;
     }
-    (void)c;
 }
 
 /* Whether two return-address slots are on the same stack, as far as the
@@ -576,6 +593,7 @@ void proftap_entry(u64 *slot, u32 function)
         *last_child = f->node;
     }
     f->last_function = 0;
+    f->function = function;
     f->child_wall = f->child_cpu = 0;
     f->entry_off = off_cpu(c, b->tid);
     p->ret[d].ret = *slot;

@@ -64,6 +64,8 @@ struct config {
     u64 entries_offset;    /* where a block's calls by function are in it */
     u64 functions;         /* patched functions */
     u64 shared_bytes;      /* size of the shared memory */
+    u64 trace_slots;       /* calls a block's trace ring holds (a power of two), 0: no trace */
+    u64 trace_offset;      /* where a block's trace ring is in it */
     /* Abstract socket proftap takes forked children's memory on (its
      * first byte is 0: no socket). */
     char fork_socket[FORK_SOCKET_NAME];
@@ -97,7 +99,14 @@ struct frame {
     u32 node;
     /* The last function this frame called and that call's node: a loop
      * calling the same function finds its node without the hash. */
-    u32 last_function, last_child, reserved;
+    u32 last_function, last_child;
+    u32 function;
+};
+
+/* A finished call in a block's trace ring. */
+struct traced {
+    u64 entry_tsc, exit_tsc;
+    u32 function, depth;
 };
 
 /* Where a frame's return address was, and what it was. */
@@ -128,13 +137,15 @@ struct block {
     u64 reentered;  /* unused */
     u32 root_last_function, root_last_child; /* as in struct frame, for calls at depth 0 */
     u64 mixed;      /* see struct private_block */
-    u64 reserved[7];
+    u64 traced;     /* calls written to the trace ring, ever (slot: traced % trace_slots) */
+    u64 reserved[6];
     struct frame frame[STACK_DEPTH];
     struct ret returns[STACK_DEPTH]; /* a copy of the frames' return addresses, for unwinding samples */
     u32 hash[HASH_SLOTS];
     struct node node[NODES];
     /* then u64 calls by function, at config.entries_offset, then as many
-     * made while the block was busy */
+     * made while the block was busy; then, at config.trace_offset, the
+     * trace ring: struct traced[config.trace_slots] */
 };
 
 #endif

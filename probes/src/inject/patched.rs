@@ -33,6 +33,9 @@ pub struct Recording<'a> {
     pub off_cpu: Option<&'a OffCpu>,
     /// Forked children record their calls too (else they run unrecorded).
     pub follow_forks: bool,
+    /// Finished calls each thread's trace ring holds until proftap reads
+    /// them (a power of two), 0: calls are only added up.
+    pub trace_slots: u64,
 }
 
 /// A process whose functions' entries jump to proftap's runtime.
@@ -129,7 +132,7 @@ impl Patched {
             groups.retain(|g| !g.plans.is_empty());
             refused.retain(|(i, _)| keep(*i));
         }
-        let geometry = Geometry { functions: functions.len() as u64, blocks: totals::BLOCKS };
+        let geometry = Geometry { functions: functions.len() as u64, blocks: totals::BLOCKS, trace_slots: how.trace_slots };
         let mut patched = Patched {
             pid,
             view: None,
@@ -462,6 +465,8 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         entries_offset: geometry.entries_offset(),
         functions: geometry.functions,
         shared_bytes: geometry.shared_bytes(),
+        trace_slots: geometry.trace_slots,
+        trace_offset: geometry.trace_offset(),
         off_cpu: off_cpu_address,
         off_cpu_entries: off_cpu.map_or(0, OffCpu::entries),
         ..Config::default()

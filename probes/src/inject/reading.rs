@@ -6,7 +6,7 @@
 //! with why.
 
 use super::remote::Shared;
-use super::totals::{self, BlockHeader, Frame, Geometry, Header, Node};
+use super::totals::{self, BlockHeader, Frame, Geometry, Header, Node, Traced};
 use std::sync::Arc;
 
 /// Larger counts than this (over a trillion calls) are lies.
@@ -156,6 +156,59 @@ impl TotalsView {
         Ok(Some((ThreadTotals { tid: h.tid as u32, nodes, calls, open, untimed }, true)))
     }
 
+    /// Hands `keep` the calls each thread finished since `cursor` (where
+    /// proftap is in each block's trace ring), with the thread, and moves
+    /// the cursor past them. Returns how many calls it could not hand
+    /// over: overwritten before they were read, or not what the runtime
+    /// writes (a lying process only spoils its own trace).
+    pub fn drain_trace(&self, cursor: &mut TraceCursor, keep: &mut dyn FnMut(u32, &[Traced])) -> u64 {
+        let slots = self.geometry.trace_slots;
+        if slots == 0 {
+            return 0;
+        }
+        let shared = &self.shared;
+        let taken = shared.load(HEADER_BLOCKS_TAKEN).min(self.geometry.blocks) as usize;
+        if cursor.read.len() < taken {
+            cursor.read.resize(taken, 0);
+        }
+        let mut missed = 0u64;
+        for block in 0..taken {
+            let at = self.geometry.block(block as u64) as usize;
+            let h: BlockHeader = read_struct(shared, at);
+            if h.state != totals::BLOCK_USED || h.tid == 0 || h.tid > i32::MAX as u64 {
+                continue;
+            }
+            let written = shared.load(at + BLOCK_TRACED);
+            let read = std::mem::replace(&mut cursor.read[block], written);
+            if written <= read {
+                continue;
+            }
+            let from = read.max(written - slots.min(written));
+            let mut calls = self.ring(at, from, written);
+            // What the thread wrote meanwhile may have overwritten the oldest.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            let now = shared.load(at + BLOCK_TRACED);
+            let torn = (now.saturating_sub(slots).saturating_sub(from) as usize).min(calls.len());
+            calls.drain(..torn);
+            let functions = self.geometry.functions;
+            calls.retain(|c| u64::from(c.function) < functions && c.exit_tsc >= c.entry_tsc && u64::from(c.depth) < totals::STACK_DEPTH);
+            missed = missed.saturating_add(written - read - calls.len() as u64);
+            keep(h.tid as u32, &calls);
+        }
+        missed
+    }
+
+    /// Calls `from..to` of the trace ring of the block at `at`.
+    fn ring(&self, at: usize, from: u64, to: u64) -> Vec<Traced> {
+        let slots = self.geometry.trace_slots;
+        let ring = at + self.geometry.trace_offset() as usize;
+        let (start, count) = ((from % slots) as usize, (to - from) as usize);
+        let first = count.min(slots as usize - start);
+        let mut calls: Vec<Traced> = read_array(&self.shared, ring + start * size_of::<Traced>(), first);
+        calls.extend(read_array::<Traced>(&self.shared, ring, count - first));
+        calls
+    }
+
     /// Whether three quarters of the blocks have been handed out.
     pub fn blocks_mostly_taken(&self) -> bool {
         self.shared.load(HEADER_BLOCKS_TAKEN) >= self.geometry.blocks / 4 * 3
@@ -167,7 +220,13 @@ impl TotalsView {
     /// never runs out of them. Their totals are returned, their contexts
     /// copied within `budget` bytes (shared by every look: past it, a
     /// thread's calls are counted, untimed, as in [`Self::totals_within`]).
-    pub fn retire_ended(&self, alive: impl Fn(u32) -> bool, budget: &mut u64) -> Result<Vec<ThreadTotals>, String> {
+    /// Their trace rings start again at `cursor`: what they hold must have been drained.
+    pub fn retire_ended(
+        &self,
+        alive: impl Fn(u32) -> bool,
+        budget: &mut u64,
+        cursor: &mut TraceCursor,
+    ) -> Result<Vec<ThreadTotals>, String> {
         let shared = &self.shared;
         let taken = shared.load(HEADER_BLOCKS_TAKEN).min(self.geometry.blocks);
         let mut retired = Vec::new();
@@ -182,6 +241,7 @@ impl TotalsView {
             }
             shared.zero(at, self.geometry.block_bytes() as usize);
             shared.store(at, totals::BLOCK_RETIRED);
+            cursor.restart(block);
         }
         Ok(retired)
     }
@@ -206,6 +266,23 @@ impl TotalsView {
 
 /// Offset of `blocks_taken` in the shared header.
 const HEADER_BLOCKS_TAKEN: usize = 24;
+/// Offset of `traced` in a block.
+const BLOCK_TRACED: usize = std::mem::offset_of!(BlockHeader, traced);
+
+/// Where proftap is in each block's trace ring: calls read so far.
+#[derive(Clone, Debug, Default)]
+pub struct TraceCursor {
+    read: Vec<u64>,
+}
+
+impl TraceCursor {
+    /// Block `block` was emptied for another thread: its ring starts again.
+    pub fn restart(&mut self, block: u64) {
+        if let Some(read) = self.read.get_mut(block as usize) {
+            *read = 0;
+        }
+    }
+}
 
 fn checked_count(what: &str, value: u64) -> Result<u64, String> {
     if value > MOST_COUNT { Err(corrupted(format!("it reports {value} {what}"))) } else { Ok(value) }
@@ -233,7 +310,7 @@ mod tests {
 
     /// Two threads of three contexts and 5 calls each of one function.
     fn two_threads() -> TotalsView {
-        let geometry = Geometry { functions: 1, blocks: 2 };
+        let geometry = Geometry { functions: 1, blocks: 2, ..Geometry::default() };
         let shared = Shared::anonymous(geometry.shared_bytes() as usize).expect("memory");
         shared.store(0, totals::MAGIC);
         shared.store(HEADER_BLOCKS_TAKEN, 2);
@@ -272,7 +349,7 @@ mod tests {
     fn blocks_of_threads_that_ended_are_read_then_emptied_for_others() {
         let view = two_threads();
         // Block 0's thread (100) runs on; block 1's (101) ended.
-        let retired = view.retire_ended(|tid| tid == 100, &mut MOST_CONTEXT_BYTES.clone()).expect("retired");
+        let retired = view.retire_ended(|tid| tid == 100, &mut MOST_CONTEXT_BYTES.clone(), &mut TraceCursor::default()).expect("retired");
         assert_eq!(retired.len(), 1);
         assert_eq!((retired[0].tid, retired[0].nodes.len(), retired[0].calls.as_slice()), (101, 3, &[5][..]));
         let at = view.geometry.block(1) as usize;
@@ -283,7 +360,71 @@ mod tests {
         assert_eq!(left.threads.iter().map(|t| t.tid).collect::<Vec<_>>(), [100]);
         // A block with a call in progress is left alone.
         view.shared.store(view.geometry.block(0) as usize + 16, 1);
-        assert!(view.retire_ended(|_| false, &mut MOST_CONTEXT_BYTES.clone()).expect("retired").is_empty());
+        assert!(view.retire_ended(|_| false, &mut MOST_CONTEXT_BYTES.clone(), &mut TraceCursor::default()).expect("retired").is_empty());
+    }
+
+    /// Writes `calls` finished calls into block 0's trace ring of `view`,
+    /// as the runtime does: call n of function n % 2, one cycle long.
+    fn write_calls(view: &TotalsView, from: u64, to: u64) {
+        let at = view.geometry.block(0) as usize;
+        let ring = at + view.geometry.trace_offset() as usize;
+        for n in from..to {
+            let slot = ring + (n % view.geometry.trace_slots) as usize * size_of::<Traced>();
+            view.shared.store(slot, n);
+            view.shared.store(slot + 8, n + 1);
+            view.shared.store(slot + 16, n % 2);
+        }
+        view.shared.store(at + BLOCK_TRACED, to);
+    }
+
+    fn traced_view(slots: u64) -> TotalsView {
+        let geometry = Geometry { functions: 2, blocks: 1, trace_slots: slots };
+        let shared = Shared::anonymous(geometry.shared_bytes() as usize).expect("memory");
+        shared.store(0, totals::MAGIC);
+        shared.store(HEADER_BLOCKS_TAKEN, 1);
+        let at = geometry.block(0) as usize;
+        shared.store(at, totals::BLOCK_USED);
+        shared.store(at + 8, 42);
+        TotalsView::new(shared, geometry)
+    }
+
+    fn drain(view: &TotalsView, cursor: &mut TraceCursor) -> (Vec<u64>, u64) {
+        let mut starts = Vec::new();
+        let missed = view.drain_trace(cursor, &mut |tid, calls| {
+            assert_eq!(tid, 42);
+            starts.extend(calls.iter().map(|c| c.entry_tsc));
+        });
+        (starts, missed)
+    }
+
+    #[test]
+    fn traced_calls_are_read_once_across_the_rings_end_and_overwritten_ones_counted() {
+        let view = traced_view(8);
+        let mut cursor = TraceCursor::default();
+        write_calls(&view, 0, 5);
+        assert_eq!(drain(&view, &mut cursor), ((0..5).collect(), 0));
+        assert_eq!(drain(&view, &mut cursor), (vec![], 0), "nothing new");
+        // Past the ring's end: slots 5, 6, 7, 0, 1, 2.
+        write_calls(&view, 5, 11);
+        assert_eq!(drain(&view, &mut cursor), ((5..11).collect(), 0));
+        // 20 written while proftap looked away: the 12 oldest are gone.
+        write_calls(&view, 11, 31);
+        assert_eq!(drain(&view, &mut cursor), ((23..31).collect(), 12));
+    }
+
+    #[test]
+    fn traced_calls_the_runtime_never_writes_are_counted_not_kept() {
+        let view = traced_view(8);
+        let mut cursor = TraceCursor::default();
+        write_calls(&view, 0, 4);
+        let ring = view.geometry.block(0) as usize + view.geometry.trace_offset() as usize;
+        // Call 1 names function 7 of 2; call 2 returns before it starts.
+        view.shared.store(ring + size_of::<Traced>() + 16, 7);
+        view.shared.store(ring + 2 * size_of::<Traced>() + 8, 0);
+        assert_eq!(drain(&view, &mut cursor), (vec![0, 3], 2));
+        // A count going back (the block was emptied behind proftap's back) reads nothing.
+        view.shared.store(view.geometry.block(0) as usize + BLOCK_TRACED, 2);
+        assert_eq!(drain(&view, &mut cursor), (vec![], 0));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! Nothing is lost while it waits: the runtime adds everything up in place.
 
 use super::patched::Patched;
-use super::reading::{MOST_CONTEXT_BYTES, ThreadTotals};
+use super::reading::{MOST_CONTEXT_BYTES, ThreadTotals, TotalsView, TraceCursor};
+use super::totals::Traced;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -32,8 +34,18 @@ const TRIES: u32 = 40;
 /// A patched process watched by a thread of its own.
 pub struct Watch {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<(Patched, Retired)>,
+    thread: std::thread::JoinHandle<Watched>,
     unpatched: std::sync::mpsc::Receiver<Unpatched>,
+}
+
+/// What watching a patched process leaves.
+pub struct Watched {
+    /// The process, still patched.
+    pub patched: Patched,
+    /// Threads that ended while it ran.
+    pub retired: Retired,
+    /// The calls its threads finished, when they were traced.
+    pub trace: Option<CallTrace>,
 }
 
 /// Threads that ended while the process ran, read from their blocks before
@@ -57,23 +69,58 @@ impl Default for Retired {
 }
 
 impl Retired {
-    /// Retires the blocks of `patched`'s threads that ended, once most are taken.
-    fn look(&mut self, patched: &Patched) {
+    /// Retires the blocks of `patched`'s threads that ended, once most are
+    /// taken; what their trace rings hold must be in `trace` already.
+    fn look(&mut self, patched: &Patched, trace: &mut TraceCursor) {
         let Some(view) = patched.view().filter(|v| v.blocks_mostly_taken()) else { return };
         if self.error.is_some() {
             return;
         }
         let pid = patched.pid();
-        match view.retire_ended(|tid| std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists(), &mut self.budget) {
+        match view.retire_ended(|tid| std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists(), &mut self.budget, trace) {
             Ok(threads) => self.threads.extend(threads),
             Err(error) => self.error = Some(error),
         }
     }
 }
 
+/// The calls the threads of a patched process finished, one by one, as
+/// read from their trace rings, up to a limit.
+#[derive(Debug, Default)]
+pub struct CallTrace {
+    /// By thread: its calls in the order they returned.
+    pub threads: HashMap<u32, Vec<Traced>>,
+    /// Calls not kept: past the limit, or overwritten before they were read.
+    pub cut: u64,
+    /// Calls it may keep.
+    limit: u64,
+    kept: u64,
+    cursor: TraceCursor,
+}
+
+impl CallTrace {
+    /// A trace that keeps at most `limit` calls.
+    pub fn new(limit: u64) -> Self {
+        CallTrace { limit, ..CallTrace::default() }
+    }
+
+    /// Reads the calls finished since the last reading.
+    pub fn read(&mut self, view: &TotalsView) {
+        let CallTrace { threads, cut, limit, kept, cursor } = self;
+        let missed = view.drain_trace(cursor, &mut |tid, calls| {
+            let room = (*limit - *kept).min(calls.len() as u64) as usize;
+            threads.entry(tid).or_default().extend_from_slice(&calls[..room]);
+            *kept += room as u64;
+            *cut = cut.saturating_add((calls.len() - room) as u64);
+        });
+        *cut = cut.saturating_add(missed);
+    }
+}
+
 impl Watch {
-    /// Starts watching `patched` with `judge`, if any.
-    pub fn spawn(mut patched: Patched, mut judge: Option<Judge>) -> Watch {
+    /// Starts watching `patched` with `judge`, if any; `trace` keeps the
+    /// calls its threads finish, when they are traced.
+    pub fn spawn(mut patched: Patched, mut judge: Option<Judge>, mut trace: Option<CallTrace>) -> Watch {
         let stop = Arc::new(AtomicBool::new(false));
         let (tell, unpatched) = std::sync::mpsc::channel();
         let flag = stop.clone();
@@ -84,8 +131,12 @@ impl Watch {
             let mut pending: Vec<usize> = Vec::new();
             let mut tries = 0;
             let mut retired = Retired::default();
+            let mut cursor = TraceCursor::default();
             while !flag.load(Ordering::Relaxed) {
-                retired.look(&patched);
+                if let (Some(trace), Some(view)) = (trace.as_mut(), patched.view()) {
+                    trace.read(&view);
+                }
+                retired.look(&patched, trace.as_mut().map_or(&mut cursor, |t| &mut t.cursor));
                 if let (Some(judge), Some(view)) = (judge.as_mut(), patched.view()) {
                     calls.iter_mut().for_each(|c| *c = 0);
                     view.calls(&mut calls);
@@ -106,7 +157,7 @@ impl Watch {
                 }
                 std::thread::sleep(PERIOD);
             }
-            (patched, retired)
+            Watched { patched, retired, trace }
         });
         Watch { stop, thread, unpatched }
     }
@@ -117,8 +168,8 @@ impl Watch {
     }
 
     /// Stops watching; gives the patched process back, with the threads
-    /// whose blocks were retired.
-    pub fn finish(self) -> (Patched, Retired) {
+    /// whose blocks were retired and the trace.
+    pub fn finish(self) -> Watched {
         self.stop.store(true, Ordering::Relaxed);
         match self.thread.join() {
             Ok(done) => done,

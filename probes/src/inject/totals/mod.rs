@@ -69,6 +69,10 @@ pub struct Config {
     pub functions: u64,
     /// Size of the shared memory.
     pub shared_bytes: u64,
+    /// Calls a block's trace ring holds (a power of two), 0: no trace.
+    pub trace_slots: u64,
+    /// Where a block's trace ring is in it.
+    pub trace_offset: u64,
     /// The abstract socket forked children send their memory to (all zero: none).
     pub fork_socket: [u8; 32],
 }
@@ -147,7 +151,22 @@ pub struct Frame {
     pub node: u32,
     last_function: u32,
     last_child: u32,
-    reserved: u32,
+    /// Its function.
+    pub function: u32,
+}
+
+/// `struct traced` of runtime.h: a finished call in a block's trace ring.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traced {
+    /// When it started (TSC).
+    pub entry_tsc: u64,
+    /// When it returned (TSC).
+    pub exit_tsc: u64,
+    /// Its function.
+    pub function: u32,
+    /// Calls in progress on its thread when it started.
+    pub depth: u32,
 }
 
 /// `struct ret` of runtime.h.
@@ -182,7 +201,9 @@ pub struct BlockHeader {
     /// Threads sharing a thread pointer took turns on this block: its
     /// calls are counted, no longer timed.
     pub mixed: u64,
-    reserved: [u64; 7],
+    /// Calls written to the trace ring, ever.
+    pub traced: u64,
+    reserved: [u64; 6],
 }
 
 /// `struct seat` of runtime.h.
@@ -208,12 +229,14 @@ pub const MAGIC: u64 = 0x7072_6f66_7461_7032;
 
 /// Where things are in the shared and private memory, for `functions`
 /// patched functions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Geometry {
     /// Patched functions.
     pub functions: u64,
     /// Blocks.
     pub blocks: u64,
+    /// Calls each block's trace ring holds (a power of two), 0: no trace.
+    pub trace_slots: u64,
 }
 
 const fn page(bytes: u64) -> u64 {
@@ -243,9 +266,13 @@ impl Geometry {
     pub const fn busy_entries_offset(&self) -> u64 {
         Self::BLOCK + 8 * self.functions
     }
+    /// Where a block's trace ring is in it.
+    pub const fn trace_offset(&self) -> u64 {
+        page(Self::BLOCK + 16 * self.functions)
+    }
     /// Bytes from one block to the next.
     pub const fn block_bytes(&self) -> u64 {
-        page(Self::BLOCK + 16 * self.functions)
+        page(self.trace_offset() + self.trace_slots * size_of::<Traced>() as u64)
     }
     /// Bytes of shared memory.
     pub const fn shared_bytes(&self) -> u64 {

@@ -30,6 +30,8 @@ fn the_c_and_rust_views_of_the_memory_agree() {
         Geometry::HASH,
         Geometry::NODES,
         size_of::<PrivateHeader>() as u64,
+        size_of::<Traced>() as u64,
+        std::mem::offset_of!(BlockHeader, traced) as u64,
     ];
     for (i, &value) in expected.iter().enumerate() {
         assert_eq!(layout_word(i), value, "layout word {i}");
@@ -70,7 +72,11 @@ impl Local {
     }
 
     fn with_fork_socket(functions: u64, blocks: u64, fork_socket: [u8; 32]) -> Local {
-        let geometry = Geometry { functions, blocks };
+        Local::with(Geometry { functions, blocks, trace_slots: 0 }, fork_socket)
+    }
+
+    fn with(geometry: Geometry, fork_socket: [u8; 32]) -> Local {
+        let (functions, blocks) = (geometry.functions, geometry.blocks);
         let shared = map(geometry.shared_bytes() as usize);
         let private = map(geometry.private_bytes() as usize);
         let live = Box::new(1u64);
@@ -86,6 +92,8 @@ impl Local {
             entries_offset: geometry.entries_offset(),
             functions,
             shared_bytes: geometry.shared_bytes(),
+            trace_slots: geometry.trace_slots,
+            trace_offset: geometry.trace_offset(),
             fork_socket,
             ..Config::default()
         };
@@ -192,6 +200,32 @@ fn calls_add_up_per_context_and_return_where_they_came_from() {
 }
 
 #[test]
+fn with_a_trace_every_finished_call_is_written_with_its_function_depth_and_times() {
+    let rt = Local::with(Geometry { functions: 3, blocks: 1, trace_slots: 4 }, [0; 32]);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 1);
+    rt.entry(&mut stack.0[40], 2);
+    rt.exit(&mut stack.0[40]);
+    rt.exit(&mut stack.0[50]);
+    rt.entry(&mut stack.0[50], 2);
+    rt.exit(&mut stack.0[50]);
+    rt.exit(&mut stack.0[60]);
+    rt.entry(&mut stack.0[60], 1);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(rt.block(0).traced, 5);
+    let ring = rt.geometry.block(0) + rt.geometry.trace_offset();
+    // SAFETY: the ring's four slots, in bounds of the shared mapping.
+    let traced = unsafe { std::slice::from_raw_parts(rt.shared.add(ring as usize).cast::<Traced>(), 4).to_vec() };
+    // In the order they returned; the fifth call took the first's slot.
+    let shape: Vec<(u32, u32)> = traced.iter().map(|t| (t.function, t.depth)).collect();
+    assert_eq!(shape, [(1, 0), (1, 1), (2, 1), (0, 0)]);
+    assert!(traced.iter().all(|t| t.exit_tsc >= t.entry_tsc && t.entry_tsc > 0));
+    let (outer, inner) = (&traced[3], &traced[2]);
+    assert!(outer.entry_tsc <= inner.entry_tsc && inner.exit_tsc <= outer.exit_tsc, "a callee within its caller");
+}
+
+#[test]
 fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
     let rt = Local::new(3, 4);
     let mut stack = Stack::new();
@@ -262,7 +296,7 @@ fn a_forked_child_not_followed_runs_unrecorded_and_returns_right() {
 
 #[test]
 fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
-    let geometry = Geometry { functions: 1, blocks: 4 };
+    let geometry = Geometry { functions: 1, blocks: 4, ..Geometry::default() };
     // SAFETY: getuid has no preconditions.
     let mut children = Children::listen(unsafe { libc::getuid() }, geometry.shared_bytes()).expect("a socket");
     let mut rt = Local::with_fork_socket(1, 4, children.name());
