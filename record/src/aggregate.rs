@@ -6,6 +6,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::events::{Event, Hit, HitKind, Values};
+use crate::trace::TraceKeeper;
 use proftap_probes::metrics::MAX_METRICS;
 use proftap_profile::{CallTree, FunctionStats, Lost, LostCount, ProcessInfo, ROOT, Stat, ThreadProfile, TreeNode};
 use rustc_hash::FxHashMap;
@@ -44,6 +45,9 @@ pub struct AggregatorConfig {
     pub cpu_from_switches: Option<usize>,
     /// Processes known at the start (the target).
     pub processes: Vec<i32>,
+    /// Keep every finished call, up to this many bytes (a timeline).
+    #[serde(default)]
+    pub trace_bytes: Option<u64>,
 }
 
 impl AggregatorConfig {
@@ -309,6 +313,8 @@ pub struct Aggregator {
     /// The metric that is CPU time counted as wall time minus the time off
     /// every CPU, from context switches (the in-process engine reads no counter).
     cpu_from_switches: Option<usize>,
+    /// Finished calls one by one, when they are traced.
+    trace: Option<TraceKeeper>,
 }
 
 impl Aggregator {
@@ -337,6 +343,7 @@ impl Aggregator {
             throttled: vec![false; functions],
             trampolines: config.trampolines,
             cpu_from_switches: config.cpu_from_switches,
+            trace: config.trace_bytes.map(TraceKeeper::new),
         };
         for pid in config.processes {
             aggregator.add_process(pid);
@@ -660,6 +667,9 @@ impl Aggregator {
         if frame.pseudo {
             return;
         }
+        if let Some(trace) = self.trace.as_mut().filter(|_| ending != Ending::Unfinished) {
+            trace.call(thread.pid as i32, thread.tid as i32, frame.function, frame.entry[0], at[0], index as u32);
+        }
         let mut inclusive = [0u64; MAX_METRICS];
         let mut exclusive = [0u64; MAX_METRICS];
         let own = self.compensation.as_ref().map(|c| c.own[frame.function as usize]);
@@ -783,6 +793,7 @@ impl Aggregator {
             orphaned_frames: self.orphaned_frames,
             lines,
             regions,
+            trace: self.trace,
         }
     }
 }
@@ -857,6 +868,8 @@ pub struct Aggregate {
     pub lines: Vec<(u64, Values)>,
     /// Per region: entries and cost per entry, over all threads.
     pub regions: Vec<(u64, [Stat; MAX_METRICS])>,
+    /// Finished calls one by one, when they were traced.
+    pub trace: Option<TraceKeeper>,
 }
 
 #[cfg(test)]

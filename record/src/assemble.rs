@@ -7,6 +7,7 @@ use crate::aggregate::{Aggregate, AggregatorConfig};
 use crate::cost::{ProbeCost, overhead};
 use crate::events::Values;
 use crate::request::RegionSpec;
+use crate::trace::TraceKeeper;
 use proftap_probes::entry::EntryKind;
 use proftap_profile::{
     Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord, SampleProfile, Target,
@@ -93,6 +94,10 @@ pub struct Ending {
     /// What the samples said of throttled functions (see [`SampleProfile::throttled`]).
     #[serde(default)]
     pub throttled: Throttled,
+    /// The calls the in-process engine traced one by one (not saved: a
+    /// replay has the probes' calls only).
+    #[serde(skip)]
+    pub engine_trace: Option<TraceKeeper>,
 }
 
 /// The profile of a recording.
@@ -142,7 +147,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
         notes,
         runs: 1,
         samples,
-        trace: None,
+        trace: aggregate.trace.map(|keeper| keeper.into_trace(setup.started_monotonic_ns)),
     }
 }
 

@@ -19,7 +19,7 @@ use crate::sources::sampler::SamplerThread;
 use crate::sources::uprobes::UprobeSource;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use proftap_probes::inject::clock::TscClock;
-use proftap_probes::inject::patched::{Patched, Recording};
+use proftap_probes::inject::patched::Patched;
 use proftap_probes::inject::reading::TotalsView;
 use proftap_probes::inject::threads::Cost;
 use proftap_probes::inject::watch::{Judge, Unpatched};
@@ -443,7 +443,7 @@ impl<'a> Driver<'a> {
         let (Some(clock), false) = (self.clock, to_patch.is_empty()) else { return Ok(()) };
         let (pid, functions) = (self.run.pid, self.run.functions());
         let wanted: Vec<bool> = (0..functions.len()).map(|f| to_patch.contains(&f)).collect();
-        let how = Recording { off_cpu: self.off_cpu.as_deref(), follow_forks: self.run.options.follow_forks };
+        let how = self.run.options.engine_recording(self.off_cpu.as_deref());
         let engine = Patched::attach_held(pid, functions, Some(&wanted), how).map_err(|source| RecordError::Inject { pid, source })?;
         check_unwinders(&engine, functions)?;
         for &f in to_patch {
@@ -451,7 +451,7 @@ impl<'a> Driver<'a> {
         }
         self.code_added(pid, engine.code());
         self.consumer.engine = engine.view();
-        self.inject = Some(InjectSource::start(engine, self.run.judge(), clock, self.off_cpu.clone()));
+        self.inject = Some(InjectSource::start(engine, self.run.judge(), clock, self.off_cpu.clone(), self.run.options.trace_bytes));
         self.engine_attached = true;
         Ok(())
     }
@@ -499,12 +499,12 @@ impl<'a> Driver<'a> {
         drop(uprobes.withdrawn);
         drop(self.child);
         let engine = inject.transpose()?;
-        let (engine_threads, engine_calls) = match engine {
+        let (engine_threads, engine_calls, engine_trace) = match engine {
             Some(mut ending) => {
                 self.notes.append(&mut ending.notes);
-                (ending.threads, ending.calls)
+                (ending.threads, ending.calls, ending.trace)
             }
-            None => (Vec::new(), 0),
+            None => (Vec::new(), 0, None),
         };
         let ending = Ending {
             exit_code: match self.ended {
@@ -527,6 +527,7 @@ impl<'a> Driver<'a> {
             engine_calls,
             notes: self.notes,
             throttled: Default::default(),
+            engine_trace,
         };
         Ok(Finished { consumer: self.consumer, ending, ended: self.ended })
     }

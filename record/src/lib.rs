@@ -29,3 +29,4 @@ pub mod request;
 pub mod samples;
 pub mod saved;
 pub mod sources;
+pub mod trace;

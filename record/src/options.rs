@@ -5,8 +5,10 @@
 use crate::cost::ProbeCost;
 use crate::observer::{Observer, Unobserved};
 use crate::request::{RegionSpec, SampleSettings};
+use proftap_probes::inject::patched::Recording;
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
+use proftap_probes::offcpu::OffCpu;
 use proftap_probes::symbols::SymbolCache;
 use proftap_probes::target::{self, Ended};
 use proftap_profile::{Engine, Note, Profile};
@@ -89,6 +91,8 @@ pub struct RecordOptions {
     pub symbols: Arc<SymbolCache>,
     /// Tell the calls by function once a second ([`crate::observer::RecordEvent::Calls`]).
     pub live_calls: bool,
+    /// Keep every finished call for a timeline, up to this many bytes.
+    pub trace_bytes: Option<u64>,
 }
 
 impl Default for RecordOptions {
@@ -113,9 +117,22 @@ impl Default for RecordOptions {
             build_id: None,
             symbols: Arc::default(),
             live_calls: false,
+            trace_bytes: None,
         }
     }
 }
+
+impl RecordOptions {
+    /// How the in-process engine records, reading CPU time from `off_cpu`.
+    pub fn engine_recording<'a>(&self, off_cpu: Option<&'a OffCpu>) -> Recording<'a> {
+        let trace_slots = if self.trace_bytes.is_some() { TRACE_SLOTS } else { 0 };
+        Recording { off_cpu, follow_forks: self.follow_forks, trace_slots }
+    }
+}
+
+/// Finished calls a thread's trace ring holds until proftap reads it (every
+/// few milliseconds): a thread finishing calls every 50 ns fills it in 3 ms.
+const TRACE_SLOTS: u64 = 1 << 16;
 
 /// A finished recording.
 pub struct Recorded {

@@ -222,6 +222,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         regions: request.regions.clone(),
         compensate: request.compensate,
         live_calls: request.live_calls,
+        trace_bytes: request.trace_bytes,
         engine,
         notes: engine_note.into_iter().collect(),
         ..RecordOptions::default()

@@ -100,10 +100,11 @@ pub fn record(
         let instrumented = |i: usize| enabled.get(i).copied().unwrap_or(false) || patching.injected.get(i).copied().unwrap_or(false);
         let names = all[..measured].iter().enumerate().map(|(i, f)| if instrumented(i) { f.info.name.clone() } else { String::new() });
         let samples = SampleAggregator::new(event, *hz).measuring(names.collect());
+        let samples = if options.trace_bytes.is_some() { samples.timed() } else { samples };
         SamplerThread::spawn(resolver, samples, saver.is_some())
     });
     let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
-    let how = Recording { off_cpu: off_cpu.as_deref(), follow_forks: options.follow_forks };
+    let how = options.engine_recording(off_cpu.as_deref());
     let patch = Patch { functions: &all[..measured], injected: &injected, how };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
@@ -128,7 +129,10 @@ pub fn record(
         follow: options.follow_forks,
         last_event: 0,
     };
-    let inject = started.tracing.zip(clock).map(|(engine, clock)| InjectSource::start(engine, run.judge(), clock, off_cpu.clone()));
+    let inject = started
+        .tracing
+        .zip(clock)
+        .map(|(engine, clock)| InjectSource::start(engine, run.judge(), clock, off_cpu.clone(), options.trace_bytes));
     let sources = Sources { uprobes, inject, clock, off_cpu, enabled, patched };
     let mut driver = Driver::new(&run, sources, consumer, started.child, notes);
     // In time order: after the program's exec, which the sampler sees as
@@ -145,11 +149,23 @@ pub fn record(
     let mut finished = driver.run()?;
     let consumer = finished.consumer;
     let sampled = consumer.sampler.map(SamplerThread::finish);
-    let (samples, stacks) = sampled.map(|s| (s.profile, s.stacks)).unzip();
+    let (samples, stacks, timeline) = match sampled {
+        Some(s) => (Some(s.profile), Some(s.stacks), s.timeline),
+        None => (None, None, Vec::new()),
+    };
     // Saved with the ending: a replay of the stacks alone does not know when
     // functions were throttled.
     finished.ending.throttled = samples.as_ref().map(|s| s.throttled.clone()).unwrap_or_default();
-    let profile = assemble(&setup, consumer.aggregator.finish(), samples, &finished.ending);
+    let mut aggregate = consumer.aggregator.finish();
+    if let Some(trace) = aggregate.trace.as_mut() {
+        if let Some(engine) = finished.ending.engine_trace.take() {
+            trace.absorb(engine);
+        }
+        for at in timeline {
+            trace.sample(at.pid, at.tid, at.time, at.stack);
+        }
+    }
+    let profile = assemble(&setup, aggregate, samples, &finished.ending);
     if let Some(saver) = consumer.saver
         && let Err(e) = saver.finish(stacks.as_deref().unwrap_or_default(), &finished.ending)
     {
@@ -176,7 +192,7 @@ fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOpt
     let off_cpu = options.metrics.contains(&Metric::Cpu).then(proftap_probes::offcpu::obtain).flatten().map(Arc::new);
     let refused = match spec {
         TargetSpec::Attach { pid } if options.auto_instrument.is_none() => {
-            let how = Recording { off_cpu: off_cpu.as_deref(), follow_forks: options.follow_forks };
+            let how = options.engine_recording(off_cpu.as_deref());
             let engine = Patched::attach_held(*pid, functions, None, how).map_err(|source| RecordError::Inject { pid: *pid, source })?;
             check_unwinders(&engine, functions)?;
             let refused = engine.refused().to_vec();
@@ -341,6 +357,7 @@ fn setup(
         trampolines: std::iter::once(DEFAULT_PROBE_AREA).chain(code.iter().cloned()).collect(),
         cpu_from_switches,
         processes: vec![run.pid],
+        trace_bytes: options.trace_bytes,
     };
     Setup {
         aggregation,

@@ -54,6 +54,10 @@ pub struct RecordRequest {
     /// Tell the calls by function once a second while recording (a live view).
     #[serde(default)]
     pub live_calls: bool,
+    /// Keep every finished call and the samples' times for a timeline, up
+    /// to this many bytes (at most [`MAX_TRACE_BYTES`]); `None`: no trace.
+    #[serde(default)]
+    pub trace_bytes: Option<u64>,
 }
 
 impl RecordRequest {
@@ -77,6 +81,7 @@ impl RecordRequest {
             debuginfod: None,
             recalibrate: false,
             live_calls: false,
+            trace_bytes: None,
         }
     }
 
@@ -99,6 +104,9 @@ impl RecordRequest {
         }
         if !self.instrument && (self.lines.is_some() || !self.regions.is_empty()) {
             return Err(RequestError::LinesWithoutProbes);
+        }
+        if let Some(bytes) = self.trace_bytes.filter(|b| !(MIN_TRACE_BYTES..=MAX_TRACE_BYTES).contains(b)) {
+            return Err(RequestError::TraceSize { bytes });
         }
         for region in &self.regions {
             region.validate()?;
@@ -158,6 +166,14 @@ impl RecordRequest {
 /// deadline past what the clock can count would panic, and a warm-up is
 /// counted in nanoseconds.)
 pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// The largest trace a recording keeps: proftap holds it in memory (the
+/// daemon, for every session) and writes it into the profile.
+pub const MAX_TRACE_BYTES: u64 = 4 << 30;
+/// The smallest: a trace that keeps nothing is a mistake.
+pub const MIN_TRACE_BYTES: u64 = 4096;
+/// The trace's limit unless told: about 2.8 million calls.
+pub const DEFAULT_TRACE_BYTES: u64 = 64 << 20;
 
 /// The governor's budget unless one is given: 5% of the elapsed time per function.
 const DEFAULT_BUDGET: f64 = 0.05;
@@ -351,6 +367,12 @@ pub enum RequestError {
         what: &'static str,
         /// As given.
         seconds: u64,
+    },
+    /// A trace size out of bounds.
+    #[error("a trace of {bytes} bytes is out of bounds: give between 4K and 4G")]
+    TraceSize {
+        /// As given.
+        bytes: u64,
     },
     /// A region that is not one.
     #[error("'{text}' is not a region; write NAME=FILE:START-END, for example parse=src/io.c:40-62")]

@@ -24,6 +24,21 @@ pub struct SampleAggregator {
     after_throttle: HashMap<String, (u64, u64)>,
     /// By (thread, caller still instrumented): samples its exclusive time holds.
     held: HashMap<(i32, String), u64>,
+    /// Each sample's process, thread, time and frames, for a timeline.
+    timed: Option<Vec<(SampleTime, Vec<u32>)>>,
+}
+
+/// When a sample was taken, of which thread, and its stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleTime {
+    /// Process id.
+    pub pid: i32,
+    /// Thread id.
+    pub tid: i32,
+    /// When (CLOCK_MONOTONIC).
+    pub time: u64,
+    /// An index into the profile's stacks (0 until [`SampleAggregator::timeline`]).
+    pub stack: u32,
 }
 
 impl SampleAggregator {
@@ -42,7 +57,14 @@ impl SampleAggregator {
             throttled: HashSet::new(),
             after_throttle: HashMap::new(),
             held: HashMap::new(),
+            timed: None,
         }
+    }
+
+    /// Keeps each sample's time too, for [`Self::timeline`].
+    pub fn timed(mut self) -> Self {
+        self.timed = Some(Vec::new());
+        self
     }
 
     /// The instrumented functions' names, by index: what throttling refers to.
@@ -60,15 +82,32 @@ impl SampleAggregator {
 
     /// Takes in one sample of thread `tid`.
     pub fn add(&mut self, tid: i32, stack: &ResolvedStack) {
+        self.add_at(0, tid, 0, stack);
+    }
+
+    /// Takes in one sample of thread `tid` of process `pid` taken at `time`.
+    pub fn add_at(&mut self, pid: i32, tid: i32, time: u64, stack: &ResolvedStack) {
         self.total += 1;
         if !self.throttled.is_empty() {
             self.count_throttled(tid, stack);
         }
         let ids: Vec<u32> = stack.frames.iter().map(|frame| self.frame_id(frame)).collect();
+        if let Some(timed) = self.timed.as_mut() {
+            timed.push((SampleTime { pid, tid, time, stack: 0 }, ids.clone()));
+        }
         *self.stacks.entry(ids).or_default() += 1;
         if let Some(line) = &stack.line {
             *self.lines.entry(line.clone()).or_default() += 1;
         }
+    }
+
+    /// Each sample's process, thread, time and stack (an index into
+    /// `profile`'s stacks, made by [`Self::profile`]), in the order taken;
+    /// empty unless [`Self::timed`].
+    pub fn timeline(&self, profile: &SampleProfile) -> Vec<SampleTime> {
+        let index: FxHashMap<&[u32], u32> = profile.stacks.iter().enumerate().map(|(i, s)| (s.frames.as_slice(), i as u32)).collect();
+        let timed = self.timed.iter().flatten();
+        timed.filter_map(|(at, ids)| Some(SampleTime { stack: *index.get(ids.as_slice())?, ..*at })).collect()
     }
 
     /// A sample whose innermost measured function is throttled: its time

@@ -7,7 +7,9 @@ use crate::status::Terminal;
 use anyhow::{Context, Result, bail};
 use proftap_record::options::{Control, Recorded};
 use proftap_record::prepare::prepare;
-use proftap_record::request::{AutoInstrument, EngineChoice, ExitsChoice, Governor, RecordRequest, RecordTarget, RegionSpec, Sampling};
+use proftap_record::request::{
+    AutoInstrument, DEFAULT_TRACE_BYTES, EngineChoice, ExitsChoice, Governor, RecordRequest, RecordTarget, RegionSpec, Sampling,
+};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -84,6 +86,16 @@ pub struct RecordArgs {
     /// outside it, left when it moves off or returns; calls inside count.
     #[arg(long = "region", value_name = "NAME=FILE:START-END", value_parser = parse_region)]
     regions: Vec<RegionSpec>,
+    /// Keep every call of the instrumented functions one by one (when it
+    /// started, how long it took, its thread) and each sample's time: a
+    /// timeline, for `proftap export --format chrome-trace|speedscope|firefox`
+    /// and `proftap report --slowest`.
+    #[arg(long)]
+    trace: bool,
+    /// The most the trace keeps, as 64M or 1G (default 64M: about 2.8
+    /// million calls); calls past it are counted in the profile, not kept.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "trace")]
+    trace_size: Option<u64>,
     /// Measure the probe cost again instead of using this boot's measurement.
     #[arg(long)]
     pub recalibrate: bool,
@@ -159,6 +171,7 @@ impl RecordArgs {
             debuginfod: super::symbols::debuginfod_from_env(),
             recalibrate: self.recalibrate,
             live_calls: false,
+            trace_bytes: self.trace.then(|| self.trace_size.unwrap_or(DEFAULT_TRACE_BYTES)),
         })
     }
 
@@ -243,6 +256,20 @@ impl AttachOptions {
 
 fn parse_region(text: &str) -> Result<RegionSpec, String> {
     RegionSpec::parse(text).map_err(|e| e.to_string())
+}
+
+/// A size in bytes as `4096`, `64K`, `64M` or `1G` (powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let shift = match text[digits.len()..].to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => return Err(format!("'{text}' is not a size like 4096, 64K, 64M or 1G")),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("'{text}' is not a size like 4096, 64K, 64M or 1G"))?;
+    n.checked_mul(1 << shift).ok_or_else(|| format!("'{text}' is more bytes than proftap can count"))
 }
 
 /// A duration as `30s`, `2m`, `500ms` or plain seconds.
@@ -361,6 +388,17 @@ mod tests {
         // Duration::from_secs_f64 panicked on these.
         for text in ["1e30", "-1", "inf", "NaN"] {
             assert!(parse_duration(text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn sizes_take_binary_suffixes_and_refuse_what_does_not_fit() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("2KiB"), Ok(2048));
+        for text in ["", "M", "12X", "-1M", "99999999999999999999G", "18446744073709551615G"] {
+            assert!(parse_size(text).is_err(), "{text}");
         }
     }
 }

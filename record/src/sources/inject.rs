@@ -4,14 +4,15 @@
 //! program runs, and at the end the totals become per-thread profiles.
 
 use crate::error::RecordError;
+use crate::trace::TraceKeeper;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::Patched;
 use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, ThreadTotals, TotalsView};
 use proftap_probes::inject::threads::{Conversion, Cost, thread_profile};
-use proftap_probes::inject::watch::{Judge, Unpatched, Watch};
+use proftap_probes::inject::watch::{CallTrace, Judge, Unpatched, Watch, Watched};
 use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::ProbedFunction;
-use proftap_profile::{Finding, Note, ThreadProfile};
+use proftap_profile::{Finding, Note, TRACED_CALL_BYTES, ThreadProfile};
 use std::sync::Arc;
 
 /// A patched process, watched while it runs.
@@ -23,6 +24,8 @@ pub struct InjectSource {
     off_cpu: Option<Arc<OffCpu>>,
     /// Calls counted at the last look, by function.
     calls: Vec<u64>,
+    /// The trace's limit in bytes, when calls are traced.
+    trace_bytes: Option<u64>,
 }
 
 /// What the engine left once it stopped.
@@ -33,22 +36,32 @@ pub struct InjectEnding {
     pub calls: u64,
     /// What the user should know of it.
     pub notes: Vec<Note>,
+    /// The calls its threads finished one by one, when they were traced.
+    pub trace: Option<TraceKeeper>,
 }
 
 impl InjectSource {
     /// Watches `patched` from now on; `judge` decides which patched
     /// functions are over budget; `off_cpu` is the array the runtime reads
-    /// CPU time from, kept as long as the process may read it. The process
-    /// goes on from now on.
-    pub fn start(mut patched: Patched, judge: Option<Judge>, clock: TscClock, off_cpu: Option<Arc<OffCpu>>) -> Self {
+    /// CPU time from, kept as long as the process may read it; with
+    /// `trace_bytes`, finished calls are kept one by one up to that many
+    /// bytes. The process goes on from now on.
+    pub fn start(
+        mut patched: Patched,
+        judge: Option<Judge>,
+        clock: TscClock,
+        off_cpu: Option<Arc<OffCpu>>,
+        trace_bytes: Option<u64>,
+    ) -> Self {
         let pid = patched.pid();
         let view = patched.view();
         let calls = vec![0; patched.functions()];
         // Let go here, on the thread that holds it (a tracer is a thread),
         // before the watch may need to hold the process again.
         drop(patched.take_hold());
-        let watch = Watch::spawn(patched, judge);
-        InjectSource { watch, view, clock, pid, off_cpu, calls }
+        let trace = trace_bytes.map(|bytes| CallTrace::new(bytes / TRACED_CALL_BYTES));
+        let watch = Watch::spawn(patched, judge, trace);
+        InjectSource { watch, view, clock, pid, off_cpu, calls, trace_bytes }
     }
 
     /// Calls counted so far, in all.
@@ -87,14 +100,19 @@ impl InjectSource {
         names: &dyn Fn(u32) -> String,
     ) -> Result<InjectEnding, RecordError> {
         let mut notes = Vec::new();
-        let (mut patched, retired) = self.watch.finish();
+        let Watched { mut patched, retired, mut trace } = self.watch.finish();
         if let Err(e) = patched.detach() {
             notes.push(Finding::RestoreFailed { pid: self.pid, error: e.to_string() }.into());
         }
+        // Calls finished since the watch's last look, up to the detach.
+        if let (Some(trace), Some(view)) = (trace.as_mut(), &self.view) {
+            trace.read(view);
+        }
+        let trace = trace.zip(self.trace_bytes).map(|(trace, bytes)| kept_calls(trace, bytes, &self.clock, self.pid));
         for (pid, error) in patched.children_not_restored() {
             notes.push(Finding::RestoreFailed { pid: *pid, error: error.clone() }.into());
         }
-        let Some(view) = &self.view else { return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes }) };
+        let Some(view) = &self.view else { return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes, trace }) };
         let end_tsc = self.clock.tsc_at(end_ns);
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
         let mut read = Read::default();
@@ -125,8 +143,22 @@ impl InjectSource {
             notes.push(Finding::CpuIsWall.into());
         }
         let Read { threads, calls, .. } = read;
-        Ok(InjectEnding { threads, calls, notes })
+        Ok(InjectEnding { threads, calls, notes, trace })
     }
+}
+
+/// The calls `trace` read from process `pid`, with CLOCK_MONOTONIC times, within `bytes`.
+fn kept_calls(trace: CallTrace, bytes: u64, clock: &TscClock, pid: i32) -> TraceKeeper {
+    let mut keeper = TraceKeeper::new(bytes);
+    keeper.cut(trace.cut);
+    for (tid, calls) in trace.threads {
+        for c in calls {
+            // Timed as the totals are: the same duration to the nanosecond.
+            let start = clock.ns(c.entry_tsc);
+            keeper.call(pid, tid as i32, c.function, start, start + clock.duration_ns(c.exit_tsc - c.entry_tsc), c.depth);
+        }
+    }
+    keeper
 }
 
 /// What the engine added up, over the patched process and its children.

@@ -3,7 +3,7 @@
 //! which decides when probes change, cannot wait for. Inputs are taken in
 //! the order given.
 
-use crate::samples::SampleAggregator;
+use crate::samples::{SampleAggregator, SampleTime};
 use proftap_probes::metrics::Metric;
 use proftap_probes::sampling::{ResolvedStack, StackResolver, StackSample};
 use proftap_profile::SampleProfile;
@@ -26,6 +26,9 @@ pub struct Sampled {
     pub profile: SampleProfile,
     /// The named stacks, in order.
     pub stacks: Vec<ResolvedStack>,
+    /// Each sample's process, thread, time and stack (an index into the
+    /// profile's), when they were timed.
+    pub timeline: Vec<SampleTime>,
 }
 
 /// The sampler's thread.
@@ -55,7 +58,7 @@ impl SamplerThread {
                     Input::Throttle(functions) => samples.throttle(&functions),
                     Input::Sample(sample, returns) => {
                         let stack = resolver.resolve(&sample, &returns);
-                        samples.add(sample.tid as i32, &stack);
+                        samples.add_at(sample.pid as i32, sample.tid as i32, sample.time, &stack);
                         if keep {
                             stacks.push(stack);
                         }
@@ -65,7 +68,8 @@ impl SamplerThread {
                     }
                 }
             }
-            Sampled { profile: samples.profile(), stacks }
+            let profile = samples.profile();
+            Sampled { timeline: samples.timeline(&profile), profile, stacks }
         });
         SamplerThread { input, worker }
     }
