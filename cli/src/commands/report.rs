@@ -1,10 +1,12 @@
 //! `proftap report`: a profile as text or JSON.
 
 use crate::report::callgraph::{self, Side};
+use crate::report::slowest;
 use crate::report::text::{TextOptions, render};
 use crate::report::{SortKey, json};
 use anyhow::{Result, bail};
-use std::path::PathBuf;
+use proftap_profile::Profile;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Arguments of `proftap report`.
@@ -50,6 +52,10 @@ pub struct Args {
     /// Show what function F called, with the calls and time of each callee.
     #[arg(long, value_name = "F", conflicts_with = "format")]
     callees: Option<String>,
+    /// List the N slowest calls of function F, with when each started and
+    /// its thread (profiles recorded with --trace).
+    #[arg(long, num_args = 2, value_names = ["N", "F"], conflicts_with_all = ["callers", "callees", "tree", "lines"])]
+    slowest: Option<Vec<String>>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -78,6 +84,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         _ => None,
     };
     let text = match args.format {
+        _ if let Some(asked) = &args.slowest => slowest_calls(&profile, asked, args.format, &args.file)?,
         _ if let Some((name, side)) = graph => {
             let m = metrics.first().copied().unwrap_or(0);
             callgraph::render(&profile, name, side, m).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?
@@ -105,4 +112,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     crate::output::show(&text, args.no_pager || matches!(args.format, Format::Json) && graph.is_none())?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--slowest N F`, as text or JSON.
+fn slowest_calls(profile: &Profile, asked: &[String], format: Format, file: &Path) -> Result<String> {
+    let [n, name] = asked else { bail!("--slowest takes a count and a function: --slowest 10 parse") };
+    let n: usize = n.parse().map_err(|_| anyhow::anyhow!("--slowest takes a count first, then a function: '{n}' is not a count"))?;
+    let found = slowest::slowest(profile, name, n).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    Ok(match format {
+        Format::Text => slowest::render(&found),
+        Format::Json => serde_json::to_string_pretty(&found)? + "\n",
+    })
 }

@@ -104,7 +104,7 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
             "event": samples.event,
             "frequency_hz": samples.frequency_hz,
             "total": samples.total,
-            "functions": samples.functions().iter().map(|f| json!({
+            "functions": sampled_in_order(samples, order).iter().map(|f| json!({
                 "name": f.frame.name,
                 "module": f.frame.module,
                 "inlined": f.frame.inlined,
@@ -118,6 +118,16 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
         "processes": profile.processes.iter().map(|p| json!({"pid": p.pid, "parent": p.parent, "execs": p.execs})).collect::<Vec<_>>(),
         "notes": profile.notes.iter().map(crate::wording::note).collect::<Vec<_>>(),
     })
+}
+
+/// The sampled functions, sorted as `order` says (else by samples on the stack).
+fn sampled_in_order(samples: &SampleProfile, order: &Order) -> Vec<proftap_profile::SampledFunction> {
+    let mut functions = samples.functions();
+    if let Some((key, _)) = order.sort {
+        super::sort_sampled(&mut functions, key, |f| (f.self_samples, f.total_samples, &f.frame.name));
+    }
+    functions.truncate(order.top.unwrap_or(usize::MAX));
+    functions
 }
 
 /// The samples' object, with what they say of throttled functions when

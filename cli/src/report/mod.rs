@@ -5,6 +5,7 @@ pub mod coverage;
 pub mod flame;
 pub mod json;
 pub mod pprof;
+pub mod slowest;
 pub mod text;
 
 use proftap_profile::{FunctionStats, Profile};
@@ -66,4 +67,37 @@ pub fn sort_functions(profile: &Profile, functions: &mut [FunctionStats], key: S
 /// The display name of a function id.
 pub fn function_name(profile: &Profile, id: u32) -> &str {
     profile.functions.get(id as usize).map_or("?", |f| f.name.as_str())
+}
+
+/// Sorts sampled functions by `key`, given each one's (self samples,
+/// samples on the stack, name): self samples for `excl`, names for `name`,
+/// else samples on the stack (samples count no calls: the other keys, which
+/// need calls, sort as the inclusive total does). Largest first.
+pub fn sort_sampled<T>(items: &mut [T], key: SortKey, parts: impl Fn(&T) -> (u64, u64, &str)) {
+    items.sort_by(|a, b| {
+        let ((a_self, a_total, a_name), (b_self, b_total, b_name)) = (parts(a), parts(b));
+        match key {
+            SortKey::Name => a_name.cmp(b_name),
+            SortKey::Excl => b_self.cmp(&a_self).then(b_total.cmp(&a_total)).then(a_name.cmp(b_name)),
+            _ => b_total.cmp(&a_total).then(b_self.cmp(&a_self)).then(a_name.cmp(b_name)),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampled_functions_sort_by_self_total_or_name() {
+        let sorted = |key| {
+            let mut items = vec![(5, 10, "b"), (8, 8, "a"), (1, 20, "c")];
+            sort_sampled(&mut items, key, |&(own, total, name)| (own, total, name));
+            items.iter().map(|i| i.2).collect::<String>()
+        };
+        assert_eq!(sorted(SortKey::Excl), "abc");
+        assert_eq!(sorted(SortKey::Incl), "cba");
+        assert_eq!(sorted(SortKey::Calls), "cba");
+        assert_eq!(sorted(SortKey::Name), "abc");
+    }
 }

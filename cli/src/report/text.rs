@@ -38,6 +38,14 @@ pub fn format_value(key: &str, value: u64) -> String {
     }
 }
 
+/// `64 MiB`, `1 GiB`, `4097 bytes`: a size as it was most likely given.
+pub fn format_bytes(bytes: u64) -> String {
+    match [(30, "GiB"), (20, "MiB"), (10, "KiB")].into_iter().find(|(shift, _)| bytes != 0 && bytes % (1 << shift) == 0) {
+        Some((shift, unit)) => format!("{} {unit}", bytes >> shift),
+        None => format!("{bytes} bytes"),
+    }
+}
+
 /// `1.23 ms`, `456 ns`, `2.000 s`.
 pub fn format_ns(ns: u64) -> String {
     let ns_f = ns as f64;
@@ -255,6 +263,15 @@ fn header(profile: &Profile, out: &mut String) {
         let _ = write!(out, ", {} returns of calls entered before recording", group_digits(l.unmatched_returns));
     }
     let _ = writeln!(out);
+    if let Some(trace) = &profile.trace {
+        let kept: u64 = trace.threads.iter().map(|t| t.calls.len() as u64).sum();
+        let _ = write!(out, "  trace       {} calls one by one", group_digits(kept));
+        if trace.cut > 0 {
+            let size = format_bytes(trace.limit_bytes);
+            let _ = write!(out, ", {} calls not kept (the trace holds {size}: --trace-size)", group_digits(trace.cut));
+        }
+        let _ = writeln!(out, " (proftap report --slowest N F; proftap export --format chrome-trace)");
+    }
     for note in &profile.notes {
         let _ = writeln!(out, "  note        {}", crate::wording::note(note));
     }
@@ -355,19 +372,30 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
 
 /// Sampled functions that were not instrumented: their share of samples
 /// and estimated CPU time, the only numbers proftap has for them.
+/// How sampled tables are sorted under `key` (see [`super::sort_sampled`]).
+fn sampled_order(key: SortKey) -> &'static str {
+    match key {
+        SortKey::Name => "name",
+        SortKey::Excl => "self",
+        _ => "total",
+    }
+}
+
 fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
     let Some(samples) = &profile.samples else { return };
     let instrumented: std::collections::HashSet<&str> =
         profile.functions.iter().filter(|f| f.mode != Mode::Sampled).map(|f| f.name.as_str()).collect();
-    let functions: Vec<_> = samples.functions().into_iter().filter(|f| !instrumented.contains(f.frame.name.as_str())).collect();
+    let mut functions: Vec<_> = samples.functions().into_iter().filter(|f| !instrumented.contains(f.frame.name.as_str())).collect();
+    super::sort_sampled(&mut functions, options.sort, |f| (f.self_samples, f.total_samples, &f.frame.name));
     let total = samples.total.max(1);
     let _ = writeln!(
         out,
-        "\nSampled {} ({} samples at {} Hz of {}; not instrumented: estimated time, no call counts)",
+        "\nSampled {} ({} samples at {} Hz of {}; not instrumented: estimated time, no call counts; sorted by {})",
         if instrumented.is_empty() { "profile" } else { "only" },
         group_digits(samples.total),
         samples.frequency_hz,
-        samples.event
+        samples.event,
+        sampled_order(options.sort)
     );
     let _ = writeln!(out, "{:>7} {:>7} {:>12} {:>12}  function", "%self", "%total", "self", "total");
     let shown = options.top.unwrap_or(usize::MAX);
@@ -419,7 +447,7 @@ fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions,
     let _ = writeln!(out, "{:>12} {:>12} {:>12}  function", "~calls", "~self", "~total");
     let shown = options.top.unwrap_or(usize::MAX);
     let mut functions: Vec<_> = samples.throttled.functions.iter().collect();
-    functions.sort_by(|a, b| b.self_samples.cmp(&a.self_samples).then(b.total_samples.cmp(&a.total_samples)));
+    super::sort_sampled(&mut functions, options.sort, |t| (t.self_samples, t.total_samples, &t.name));
     for t in functions.into_iter().take(shown) {
         let total = samples.estimated_ns(t.total_samples);
         let calls = per_call(&t.name).map_or("?".to_string(), |ns| group_digits(total / ns));
