@@ -2,7 +2,8 @@
 # Per-call cost (entry and return) of instrumenting a tiny function called in
 # a tight loop: no probes, the kernel floor (a counting uprobe + uretprobe
 # opened with perf_event_open and nothing else), proftap run -f f with
-# uprobes and with the in-process engine, bpftrace with a uprobe/uretprobe
+# uprobes and with the in-process engine (adding up only, and keeping every
+# call with --trace), bpftrace with a uprobe/uretprobe
 # pair doing the same accounting, and uftrace's run-time patching
 # (uftrace record -P f, when uftrace is installed). The loop reports its own
 # nanoseconds per call; the median of RUNS runs is shown.
@@ -23,7 +24,7 @@ gcc -O2 -o "$dir/floor" benches/percall/floor.c
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 measure() { for _ in $(seq "$runs"); do "$@" 2>/dev/null | grep -E '^[0-9.]+$' | tail -1; done | median; }
 
-printf '%-4s %-10s %10s %10s %10s %10s %10s %10s %14s\n' opt first-insn bare floor proftap bpftrace proftap/floor inject uftrace-P
+printf '%-4s %-10s %10s %10s %10s %10s %10s %10s %13s %14s\n' opt first-insn bare floor proftap bpftrace proftap/floor inject inject-trace uftrace-P
 for opt in O0 O2; do
   loop=$dir/loop-$opt
   offset=$("$proftap" symbols "$loop" -f f --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["functions"][0]["file_offset"])')
@@ -34,9 +35,10 @@ for opt in O0 O2; do
   theirs=$(measure bpftrace -q -e "uprobe:$loop:f { @s[tid] = nsecs; } uretprobe:$loop:f { @t = sum(nsecs - @s[tid]); @n = count(); delete(@s[tid]); }" -c "$loop $calls")
   ratio=$(awk -v a="$ours" -v b="$floor" -v z="$bare" 'BEGIN { printf "%.2f", (a - z) / (b - z) }')
   inject=$(measure "$proftap" run --engine inject -f f -o "$dir/i.profile" -- "$loop" "$calls")
+  traced=$(measure "$proftap" run --engine inject --trace --trace-size 1G -f f -o "$dir/t.profile" -- "$loop" "$calls")
   uftrace=-
   if command -v uftrace >/dev/null; then
     uftrace=$(measure uftrace record -d "$dir/uftrace.data" -P f "$loop" "$calls")
   fi
-  printf '%-4s %-10s %10s %10s %10s %10s %10s %10s %14s\n' "$opt" "$first" "$bare" "$floor" "$ours" "$theirs" "$ratio" "$inject" "$uftrace"
+  printf '%-4s %-10s %10s %10s %10s %10s %10s %10s %13s %14s\n' "$opt" "$first" "$bare" "$floor" "$ours" "$theirs" "$ratio" "$inject" "$traced" "$uftrace"
 done

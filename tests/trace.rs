@@ -113,7 +113,10 @@ fn a_trace_stays_within_its_size_and_counts_what_it_cut() {
     assert_eq!(kept, (1 << 20) / TRACED_CALL_BYTES, "the trace keeps what its size holds");
     assert_eq!(kept + trace.cut, all, "and counts the rest");
     let report = run_ok(proftap().args(["report", "--no-pager"]).arg(dir.path().join("p.profile")));
-    assert!(report.contains(&format!("{} calls not kept", proftap_cli::report::text::group_digits(trace.cut))), "the report says what was cut:\n{report}");
+    assert!(
+        report.contains(&format!("{} calls not kept", proftap_cli::report::text::group_digits(trace.cut))),
+        "the report says what was cut:\n{report}"
+    );
 }
 
 #[test]
@@ -145,4 +148,24 @@ fn the_slowest_calls_are_listed_slowest_first_with_their_thread_and_start() {
     run_ok(proftap().arg("run").arg("-o").arg(&untraced).args(["-f", "work", "--", threads.to_str().unwrap(), "1", "10"]));
     let out = run(proftap().args(["report", "--slowest", "5", "work"]).arg(&untraced));
     assert_clean_failure(&out, "record it with --trace");
+}
+
+#[test]
+fn an_attached_process_is_traced_from_the_attach_to_the_detach() {
+    require_probes();
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O1").build());
+    assert_eq!(waiter.tick(5), 5);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let pid = waiter.pid.to_string();
+    let profiler = attach_live(&["-o", file.to_str().unwrap(), "--trace", "-f", "tick", &pid]);
+    assert_eq!(waiter.tick(20_000), 20_005);
+    run_ok(std::process::Command::new("kill").args(["-INT", &profiler.id().to_string()]));
+    assert!(profiler.wait_with_output().unwrap().status.success());
+    assert_eq!(waiter.tick(3), 20_008, "the program runs on, detached");
+    let profile = proftap_profile::read_profile(&file).unwrap();
+    let trace = profile.trace.as_ref().unwrap();
+    let tick = profile.functions.iter().position(|f| f.name == "tick").unwrap() as u32;
+    let traced: usize = trace.threads.iter().map(|t| t.calls.iter().filter(|c| c.function == tick).count()).sum();
+    assert_eq!((traced, trace.cut), (20_000, 0), "every call made while attached, one by one");
 }

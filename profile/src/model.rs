@@ -58,8 +58,13 @@ pub struct Trace {
     /// The most bytes of calls the trace could keep.
     pub limit_bytes: u64,
     /// Calls counted in the profile but not in the trace: made once it was
-    /// full, or overwritten in the target before proftap read them.
+    /// full, or missed (see `missed`).
     pub cut: u64,
+    /// Of those, calls a thread's ring in the target overwrote before
+    /// proftap read them (the thread finished calls faster than proftap
+    /// read), or that were not what the engine writes.
+    #[serde(default)]
+    pub missed: u64,
     /// By thread.
     pub threads: Vec<ThreadTrace>,
 }

@@ -273,7 +273,7 @@ mod tests {
             let mut p = valid();
             let call = TracedCall { function, start_ns: 1, duration_ns: 2, depth: 0 };
             let thread = ThreadTrace { pid: 1, tid: 7, calls: vec![call], samples: vec![TracedSample { time_ns: 2, stack }] };
-            p.trace = Some(Trace { limit_bytes: 1 << 20, cut: 0, threads: vec![thread] });
+            p.trace = Some(Trace { limit_bytes: 1 << 20, cut: 0, missed: 0, threads: vec![thread] });
             p
         };
         traced(1, 0).validate().expect("valid");

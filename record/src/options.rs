@@ -131,8 +131,9 @@ impl RecordOptions {
 }
 
 /// Finished calls a thread's trace ring holds until proftap reads it (every
-/// few milliseconds): a thread finishing calls every 50 ns fills it in 3 ms.
-const TRACE_SLOTS: u64 = 1 << 16;
+/// few milliseconds): a thread finishing a call every 50 ns fills it in 50
+/// ms. 24 MiB of shared memory per thread, touched as the thread fills it.
+const TRACE_SLOTS: u64 = 1 << 20;
 
 /// A finished recording.
 pub struct Recorded {

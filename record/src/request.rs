@@ -169,7 +169,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// The largest trace a recording keeps: proftap holds it in memory (the
 /// daemon, for every session) and writes it into the profile.
-pub const MAX_TRACE_BYTES: u64 = 4 << 30;
+pub const MAX_TRACE_BYTES: u64 = 1 << 30;
 /// The smallest: a trace that keeps nothing is a mistake.
 pub const MIN_TRACE_BYTES: u64 = 4096;
 /// The trace's limit unless told: about 2.8 million calls.
@@ -369,7 +369,7 @@ pub enum RequestError {
         seconds: u64,
     },
     /// A trace size out of bounds.
-    #[error("a trace of {bytes} bytes is out of bounds: give between 4K and 4G")]
+    #[error("a trace of {bytes} bytes is out of bounds: give between 4K and 1G")]
     TraceSize {
         /// As given.
         bytes: u64,
@@ -467,6 +467,14 @@ mod tests {
         assert!(wait(Some(forever), Duration::ZERO).is_err_and(|e| e.to_string().contains("a recording of")));
         assert!(wait(None, MAX_WAIT + Duration::from_nanos(1)).is_err_and(|e| e.to_string().contains("a warm-up of")));
         assert!(RegionSpec::parse("=a.c:1-3").is_err());
+        let traced = |bytes| {
+            let mut request = RecordRequest::new(RecordTarget::Attach { pid: 1, duration: None, auto_instrument: None });
+            request.trace_bytes = Some(bytes);
+            request.validate()
+        };
+        assert_eq!(traced(DEFAULT_TRACE_BYTES), Ok(()));
+        assert_eq!(traced(MAX_TRACE_BYTES + 1), Err(RequestError::TraceSize { bytes: MAX_TRACE_BYTES + 1 }));
+        assert!(traced(0).is_err_and(|e| e.to_string().contains("between 4K and 1G")));
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub struct TraceKeeper {
     limit_bytes: u64,
     kept: u64,
     cut: u64,
+    missed: u64,
     /// By (pid, tid): calls (start as CLOCK_MONOTONIC ns) and samples.
     threads: FxHashMap<(i32, i32), (Vec<TracedCall>, Vec<TracedSample>)>,
 }
@@ -44,8 +45,14 @@ impl TraceKeeper {
         }
     }
 
-    /// Counts calls that could not be kept (their source missed them).
+    /// Counts calls not kept because the trace was full.
     pub fn cut(&mut self, calls: u64) {
+        self.cut = self.cut.saturating_add(calls);
+    }
+
+    /// Counts calls that could not be kept: their source missed them.
+    pub fn missed(&mut self, calls: u64) {
+        self.missed = self.missed.saturating_add(calls);
         self.cut = self.cut.saturating_add(calls);
     }
 
@@ -61,6 +68,7 @@ impl TraceKeeper {
     /// Adds what `other` kept, within this one's limit.
     pub fn absorb(&mut self, other: TraceKeeper) {
         self.cut = self.cut.saturating_add(other.cut);
+        self.missed = self.missed.saturating_add(other.missed);
         for ((pid, tid), (calls, samples)) in other.threads {
             for c in calls {
                 self.call(pid, tid, c.function, c.start_ns, c.end_ns(), c.depth);
@@ -90,7 +98,7 @@ impl TraceKeeper {
             })
             .collect();
         threads.sort_by_key(|t| (t.pid, t.tid));
-        Trace { limit_bytes: self.limit_bytes, cut: self.cut, threads }
+        Trace { limit_bytes: self.limit_bytes, cut: self.cut, missed: self.missed, threads }
     }
 }
 
@@ -104,11 +112,11 @@ mod tests {
         for i in 0..5 {
             keeper.call(1, 2, 0, 1000 + i, 1010 + i, 0);
         }
-        keeper.cut(4);
+        keeper.missed(4);
         let trace = keeper.into_trace(1000);
         assert_eq!(trace.threads.len(), 1);
         assert_eq!(trace.threads[0].calls.iter().map(|c| c.start_ns).collect::<Vec<_>>(), [0, 1, 2]);
-        assert_eq!(trace.cut, 2 + 4);
+        assert_eq!((trace.cut, trace.missed), (2 + 4, 4));
     }
 
     #[test]

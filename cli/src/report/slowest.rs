@@ -104,7 +104,7 @@ mod tests {
         let named = |name: &str| FunctionInfo { name: name.into(), ..FunctionInfo::default() };
         Profile {
             functions: vec![named("f"), named("g")],
-            trace: Some(Trace { limit_bytes: 1 << 20, cut: 0, threads }),
+            trace: Some(Trace { limit_bytes: 1 << 20, cut: 0, missed: 0, threads }),
             ..Profile::default()
         }
     }

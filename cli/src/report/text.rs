@@ -268,7 +268,13 @@ fn header(profile: &Profile, out: &mut String) {
         let _ = write!(out, "  trace       {} calls one by one", group_digits(kept));
         if trace.cut > 0 {
             let size = format_bytes(trace.limit_bytes);
-            let _ = write!(out, ", {} calls not kept (the trace holds {size}: --trace-size)", group_digits(trace.cut));
+            let full = trace.cut.saturating_sub(trace.missed);
+            let _ = write!(out, ", {} calls not kept", group_digits(trace.cut));
+            let why = [
+                (full > 0).then(|| format!("{} past the trace's {size} (--trace-size)", group_digits(full))),
+                (trace.missed > 0).then(|| format!("{} finished faster than proftap read them", group_digits(trace.missed))),
+            ];
+            let _ = write!(out, " ({})", why.into_iter().flatten().collect::<Vec<_>>().join(", "));
         }
         let _ = writeln!(out, " (proftap report --slowest N F; proftap export --format chrome-trace)");
     }

@@ -12,22 +12,27 @@
 //! - the conversion: the end (TSC), the time off CPU at the end (0: none),
 //!   a word of settings (bits 0-2: functions - 1, bit 3: a second block, bit
 //!   4: two metrics, bit 5: compensation, bit 6: a budget of bits 8 and up
-//!   (mod 8192 bytes) for the contexts read), then the compensation's costs
+//!   (mod 8192 bytes) for the contexts read, bit 7: a trace ring of
+//!   [`TRACE_SLOTS`] calls per block), then the compensation's costs
 //!   (own and call, wall then CPU);
 //! - the header (`Header`, 8 words);
 //! - for each block: its header (`BlockHeader`, 16 words), its calls by
 //!   function (timed, then made while busy: 8 words each, the first
 //!   `functions` used), its first [`NODES`] nodes, its first [`FRAMES`]
-//!   frames, its first [`RETURNS`] return addresses.
+//!   frames, its first [`RETURNS`] return addresses, its trace ring (when
+//!   there is one).
+//!
+//! The trace rings are read twice, then the blocks retired (as if every
+//! thread had ended): what is read must be what the runtime writes.
 //!
 //! Everything past what the input gives stays 0, as memory the runtime has
 //! not touched.
 
 use proftap_probes::inject::clock::TscClock;
-use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, TotalsView};
+use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, TotalsView, TraceCursor};
 use proftap_probes::inject::remote::Shared;
 use proftap_probes::inject::threads::{Conversion, Cost, thread_profile};
-use proftap_probes::inject::totals::{BlockHeader, Frame, Geometry, Header, Node, Ret};
+use proftap_probes::inject::totals::{BlockHeader, Frame, Geometry, Header, Node, Ret, STACK_DEPTH, Traced};
 use proftap_profile::{FunctionInfo, Profile};
 
 proftap_fuzz::target!(run);
@@ -36,6 +41,8 @@ proftap_fuzz::target!(run);
 const NODES: usize = 8;
 const FRAMES: usize = 8;
 const RETURNS: usize = 8;
+/// Calls a block's trace ring holds, when it has one.
+const TRACE_SLOTS: u64 = 4;
 /// Patched functions at most (the settings' 3 bits).
 const MOST_FUNCTIONS: usize = 8;
 /// Words of the conversion's settings.
@@ -54,7 +61,8 @@ fn run(data: &[u8]) {
     let mut next = || input.next().unwrap_or(0);
     let settings: Vec<u64> = (0..SETTINGS).map(|_| next()).collect();
     let (end_tsc, off_cpu_now, flags) = (settings[0], settings[1], settings[2]);
-    let geometry = Geometry { functions: (flags % MOST_FUNCTIONS as u64) + 1, blocks: 1 + (flags >> 3 & 1), ..Geometry::default() };
+    let trace_slots = if flags & 128 != 0 { TRACE_SLOTS } else { 0 };
+    let geometry = Geometry { functions: (flags % MOST_FUNCTIONS as u64) + 1, blocks: 1 + (flags >> 3 & 1), trace_slots };
     let shared = Shared::anonymous(geometry.shared_bytes() as usize).expect("memory for the totals");
     // `count` words of the input, the first `keep` written where the
     // runtime would have: a field is at the same place in every input.
@@ -78,6 +86,7 @@ fn run(data: &[u8]) {
         fill(&shared, at + Geometry::NODES, NODES * words::<Node>(), usize::MAX);
         fill(&shared, at + Geometry::FRAMES, FRAMES * words::<Frame>(), usize::MAX);
         fill(&shared, at + Geometry::RETURNS, RETURNS * words::<Ret>(), usize::MAX);
+        fill(&shared, at + geometry.trace_offset(), trace_slots as usize * words::<Traced>(), usize::MAX);
     }
 
     let view = TotalsView::new(shared, geometry);
@@ -89,6 +98,7 @@ fn run(data: &[u8]) {
     // A small budget reads some threads' contexts and leaves the others'.
     let budget = if flags & 64 != 0 { (flags >> 8) % 8192 } else { MOST_CONTEXT_BYTES };
     let Ok(totals) = view.totals_within(budget) else { return };
+    read_traces(&view, geometry, budget);
 
     let clock = TscClock::with_rate(3_000_000_000, 1_000_000_000);
     let metrics = if flags & 16 != 0 { 2 } else { 1 };
@@ -107,4 +117,19 @@ fn run(data: &[u8]) {
     if let Err(e) = profile.validate() {
         panic!("the totals made a profile no reader accepts: {e}");
     }
+}
+
+/// Reads the trace rings twice and retires every block: what is handed
+/// over must be calls the runtime could have written.
+fn read_traces(view: &TotalsView, geometry: Geometry, budget: u64) {
+    let mut cursor = TraceCursor::default();
+    for _ in 0..2 {
+        view.drain_trace(&mut cursor, &mut |_, calls| {
+            for c in calls {
+                assert!(u64::from(c.function) < geometry.functions && c.exit_tsc >= c.entry_tsc && u64::from(c.depth) < STACK_DEPTH);
+            }
+        });
+    }
+    let _ = view.retire_ended(|_| false, &mut budget.clone(), &mut cursor);
+    view.drain_trace(&mut cursor, &mut |_, calls| assert!(calls.is_empty(), "a retired block's ring is empty"));
 }

@@ -90,8 +90,11 @@ impl Retired {
 pub struct CallTrace {
     /// By thread: its calls in the order they returned.
     pub threads: HashMap<u32, Vec<Traced>>,
-    /// Calls not kept: past the limit, or overwritten before they were read.
+    /// Calls not kept because the limit was reached.
     pub cut: u64,
+    /// Calls not kept because the ring overwrote them before they were
+    /// read, or they were not what the runtime writes.
+    pub missed: u64,
     /// Calls it may keep.
     limit: u64,
     kept: u64,
@@ -106,14 +109,14 @@ impl CallTrace {
 
     /// Reads the calls finished since the last reading.
     pub fn read(&mut self, view: &TotalsView) {
-        let CallTrace { threads, cut, limit, kept, cursor } = self;
-        let missed = view.drain_trace(cursor, &mut |tid, calls| {
+        let CallTrace { threads, cut, missed, limit, kept, cursor } = self;
+        let unread = view.drain_trace(cursor, &mut |tid, calls| {
             let room = (*limit - *kept).min(calls.len() as u64) as usize;
             threads.entry(tid).or_default().extend_from_slice(&calls[..room]);
             *kept += room as u64;
             *cut = cut.saturating_add((calls.len() - room) as u64);
         });
-        *cut = cut.saturating_add(missed);
+        *missed = missed.saturating_add(unread);
     }
 }
 

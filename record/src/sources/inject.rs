@@ -151,6 +151,7 @@ impl InjectSource {
 fn kept_calls(trace: CallTrace, bytes: u64, clock: &TscClock, pid: i32) -> TraceKeeper {
     let mut keeper = TraceKeeper::new(bytes);
     keeper.cut(trace.cut);
+    keeper.missed(trace.missed);
     for (tid, calls) in trace.threads {
         for c in calls {
             // Timed as the totals are: the same duration to the nanosecond.
