@@ -77,7 +77,14 @@ impl Retired {
             return;
         }
         let pid = patched.pid();
-        match view.retire_ended(|tid| std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists(), &mut self.budget, trace) {
+        // One listing of the threads rather than a look per block: a
+        // program with a thousand threads has a thousand blocks to judge
+        // every few milliseconds. A thread made since the listing is not
+        // in it: one not listed is looked for again before its block goes.
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        let listed: std::collections::HashSet<u32> = tasks.filter_map(|t| t.ok()?.file_name().to_str()?.parse().ok()).collect();
+        let alive = |tid: u32| listed.contains(&tid) || std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists();
+        match view.retire_ended(alive, &mut self.budget, trace) {
             Ok(threads) => self.threads.extend(threads),
             Err(error) => self.error = Some(error),
         }
