@@ -1,7 +1,7 @@
 //! `proftap export`: a profile in the formats other tools read.
 
 use crate::report::coverage::{gcov_json, lcov};
-use crate::report::{chrome_trace, json};
+use crate::report::{chrome_trace, json, speedscope};
 use anyhow::{Context, Result, bail};
 use flate2::Compression;
 use flate2::write::GzEncoder;
@@ -40,12 +40,15 @@ enum Format {
     /// The trace (recorded with --trace) in the Chrome trace event format,
     /// for the Perfetto UI and chrome://tracing: every call, and the samples.
     ChromeTrace,
+    /// The trace (recorded with --trace) in speedscope's format: every call,
+    /// one timeline per thread.
+    Speedscope,
 }
 
 impl Format {
     /// Whether it is a timeline: made of the trace.
     fn needs_trace(self) -> bool {
-        matches!(self, Format::ChromeTrace)
+        matches!(self, Format::ChromeTrace | Format::Speedscope)
     }
 }
 
@@ -85,6 +88,7 @@ fn render(profile: &Profile, format: Format, data_name: &str) -> Result<Vec<u8>>
         Format::Pprof => gzip(&crate::report::pprof::encode(profile)?)?,
         Format::GcovJson => gzip(&serde_json::to_vec(&gcov_json(profile, data_name))?)?,
         Format::ChromeTrace => chrome_trace::render(profile, trace(profile)?)?,
+        Format::Speedscope => speedscope::render(profile, trace(profile)?)?,
     })
 }
 

@@ -7,6 +7,7 @@ pub mod flame;
 pub mod json;
 pub mod pprof;
 pub mod slowest;
+pub mod speedscope;
 pub mod text;
 pub mod timeline;
 
