@@ -1,7 +1,7 @@
 //! `proftap export`: a profile in the formats other tools read.
 
 use crate::report::coverage::{gcov_json, lcov};
-use crate::report::{chrome_trace, json, speedscope};
+use crate::report::{chrome_trace, firefox, json, speedscope};
 use anyhow::{Context, Result, bail};
 use flate2::Compression;
 use flate2::write::GzEncoder;
@@ -43,12 +43,15 @@ enum Format {
     /// The trace (recorded with --trace) in speedscope's format: every call,
     /// one timeline per thread.
     Speedscope,
+    /// The trace (recorded with --trace) in the Firefox Profiler's processed
+    /// format: the samples, and every call as a marker.
+    Firefox,
 }
 
 impl Format {
     /// Whether it is a timeline: made of the trace.
     fn needs_trace(self) -> bool {
-        matches!(self, Format::ChromeTrace | Format::Speedscope)
+        matches!(self, Format::ChromeTrace | Format::Speedscope | Format::Firefox)
     }
 }
 
@@ -89,6 +92,7 @@ fn render(profile: &Profile, format: Format, data_name: &str) -> Result<Vec<u8>>
         Format::GcovJson => gzip(&serde_json::to_vec(&gcov_json(profile, data_name))?)?,
         Format::ChromeTrace => chrome_trace::render(profile, trace(profile)?)?,
         Format::Speedscope => speedscope::render(profile, trace(profile)?)?,
+        Format::Firefox => firefox::render(profile, trace(profile)?)?,
     })
 }
 

@@ -86,7 +86,8 @@ pub fn render(profile: &Profile, trace: &Trace) -> Result<Vec<u8>> {
     let bytes = size(profile, trace);
     if bytes > MAX_BYTES {
         bail!(
-            "its trace would take {} MiB as a Chrome trace, more than the {} MiB this export may: record a smaller trace (--trace-size)",
+            "its trace would take {} MiB as a Chrome trace, more than the {} MiB this export may: \
+             record a smaller trace (--trace-size), or export it --format speedscope or firefox, which name each function once",
             bytes >> 20,
             MAX_BYTES >> 20
         );

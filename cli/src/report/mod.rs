@@ -3,6 +3,7 @@
 pub mod callgraph;
 pub mod chrome_trace;
 pub mod coverage;
+pub mod firefox;
 pub mod flame;
 pub mod json;
 pub mod pprof;
