@@ -2,8 +2,9 @@
 # Installs what building and testing proftap needs and a bare Debian or
 # Ubuntu machine may lack: C and C++ compilers, binutils, and the peer tools
 # the tests compare against or feed (valgrind, gcov, genhtml, gcovr, perf,
-# go tool pprof, a debuginfod server). Safe to
-# run again: it installs only what is missing.
+# go tool pprof, a debuginfod server, and speedscope in a headless Chromium
+# for the timeline exports). Safe to run again: it installs only what is
+# missing.
 set -euo pipefail
 
 # command -> Debian package
@@ -24,6 +25,9 @@ declare -A needs=(
   [go]=golang-go
   [tmux]=tmux
   [debuginfod]=debuginfod
+  [chromium]=chromium
+  [node]=nodejs
+  [npm]=npm
 )
 
 missing=()
@@ -57,6 +61,25 @@ if ! python3 -c "import junitparser" >/dev/null 2>&1; then
   echo "setup: installing junitparser"
   python3 -m pip install --quiet --disable-pip-version-check junitparser 2>/dev/null ||
     python3 -m pip install --quiet --disable-pip-version-check --break-system-packages junitparser
+fi
+
+# speedscope (the viewer tests/timeline.rs opens the timeline exports in) and
+# puppeteer-core (which drives Debian's chromium and downloads no browser; its
+# 24.x versions still run on Debian's node 18) come from npm, into PROFTAP_NPM
+# (by default ~/.cache/proftap-npm), where the tests look for them.
+npm_dir=${PROFTAP_NPM:-$HOME/.cache/proftap-npm}
+npm_packages=(speedscope@1.25.0 puppeteer-core@24.43.1)
+npm_missing=()
+for package in "${npm_packages[@]}"; do
+  version=$(node -p "require('$npm_dir/node_modules/${package%@*}/package.json').version" 2>/dev/null || true)
+  if [[ $version != "${package##*@}" ]]; then
+    npm_missing+=("$package")
+  fi
+done
+if ((${#npm_missing[@]})); then
+  echo "setup: installing ${npm_missing[*]} into $npm_dir"
+  mkdir -p "$npm_dir"
+  npm install --prefix "$npm_dir" --no-audit --no-fund --loglevel=error "${npm_packages[@]}" >/dev/null
 fi
 
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo is missing; install Rust from https://rustup.rs" >&2; exit 1; }

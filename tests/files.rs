@@ -257,7 +257,7 @@ fn every_command(bad: &Path, good: &Path, out: &Path) -> Vec<Vec<OsString>> {
         cmd(&["merge"], &[good.into(), "-o".into(), o("merged.profile")]),
         vec!["diff".into(), good.into(), bad.into()],
     ];
-    for format in ["pprof", "folded", "lcov", "gcov-json", "json"] {
+    for format in ["pprof", "folded", "lcov", "gcov-json", "json", "chrome-trace", "speedscope", "firefox"] {
         commands.push(cmd(&["export", "--format", format], &["-o".into(), o(&format!("out.{format}"))]));
     }
     commands

@@ -30,7 +30,7 @@ enum Command {
     Flamegraph(commands::flamegraph::Args),
     /// Write line counts as gcov's .gcov files.
     Gcov(commands::gcov::Args),
-    /// Write a profile in another format (json, folded, pprof, lcov, gcov-json).
+    /// Write a profile in another format (json, folded, pprof, lcov, gcov-json; a trace as chrome-trace, speedscope, firefox).
     Export(commands::export::Args),
     /// Add profiles of several runs of the same build into one.
     Merge(commands::merge::Args),

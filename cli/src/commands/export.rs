@@ -1,11 +1,11 @@
 //! `proftap export`: a profile in the formats other tools read.
 
 use crate::report::coverage::{gcov_json, lcov};
-use crate::report::json;
+use crate::report::{chrome_trace, firefox, json, speedscope};
 use anyhow::{Context, Result, bail};
 use flate2::Compression;
 use flate2::write::GzEncoder;
-use proftap_profile::Profile;
+use proftap_profile::{Profile, Trace};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +37,22 @@ enum Format {
     /// pprof (gzip-compressed profile.proto) for `go tool pprof`: exact
     /// call paths with calls and costs, and sampled stacks.
     Pprof,
+    /// The trace (recorded with --trace) in the Chrome trace event format,
+    /// for the Perfetto UI and chrome://tracing: every call, and the samples.
+    ChromeTrace,
+    /// The trace (recorded with --trace) in speedscope's format: every call,
+    /// one timeline per thread.
+    Speedscope,
+    /// The trace (recorded with --trace) in the Firefox Profiler's processed
+    /// format: the samples, and every call as a marker.
+    Firefox,
+}
+
+impl Format {
+    /// Whether it is a timeline: made of the trace.
+    fn needs_trace(self) -> bool {
+        matches!(self, Format::ChromeTrace | Format::Speedscope | Format::Firefox)
+    }
 }
 
 /// Runs the command.
@@ -45,11 +61,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if matches!(args.format, Format::Lcov | Format::GcovJson) && profile.lines.is_empty() {
         bail!("{} has no line counts; record it with --lines", args.file.display());
     }
+    if args.format.needs_trace() && profile.trace.is_none() {
+        bail!("{} has no trace; record it with --trace", args.file.display());
+    }
     let data_name = args.file.display().to_string();
     // Rendered before the output is touched: a profile too large to export
     // leaves no file.
     let bytes = render(&profile, args.format, &data_name).with_context(|| format!("cannot export {}", args.file.display()))?;
     crate::output::write_output(&args.output, |out| out.write_all(&bytes))?;
+    if let Some(trace) = profile.trace.as_ref().filter(|t| args.format.needs_trace() && t.cut > 0) {
+        eprintln!(
+            "proftap: warning: the trace of {} lacks {} of the calls the profile counts (it was full, or they were overwritten before proftap read them); a larger --trace-size keeps more",
+            args.file.display(),
+            trace.cut
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -64,7 +90,14 @@ fn render(profile: &Profile, format: Format, data_name: &str) -> Result<Vec<u8>>
         Format::Folded => (crate::report::flame::folded(profile, None, 0)?.join("\n") + "\n").into_bytes(),
         Format::Pprof => gzip(&crate::report::pprof::encode(profile)?)?,
         Format::GcovJson => gzip(&serde_json::to_vec(&gcov_json(profile, data_name))?)?,
+        Format::ChromeTrace => chrome_trace::render(profile, trace(profile)?)?,
+        Format::Speedscope => speedscope::render(profile, trace(profile)?)?,
+        Format::Firefox => firefox::render(profile, trace(profile)?)?,
     })
+}
+
+fn trace(profile: &Profile) -> Result<&Trace> {
+    profile.trace.as_ref().context("the profile has no trace; record it with --trace")
 }
 
 fn gzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {

@@ -1,12 +1,16 @@
 //! Renderers: every output is a function of a [`Profile`] alone.
 
 pub mod callgraph;
+pub mod chrome_trace;
 pub mod coverage;
+pub mod firefox;
 pub mod flame;
 pub mod json;
 pub mod pprof;
 pub mod slowest;
+pub mod speedscope;
 pub mod text;
+pub mod timeline;
 
 use proftap_profile::{FunctionStats, Profile};
 
