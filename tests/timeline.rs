@@ -97,6 +97,7 @@ fn traced_profile() -> Profile {
     profile.trace = Some(Trace {
         limit_bytes: 1 << 20,
         cut: 0,
+        missed: 0,
         threads: vec![
             ThreadTrace { pid: PID, tid: PID, calls: prog, samples: vec![sample(2_500, 0), sample(33_000, 0), sample(60_000, 0)] },
             ThreadTrace { pid: PID, tid: WORKER, calls: worker, samples: vec![sample(11_000, 1)] },

@@ -150,6 +150,7 @@ pub(crate) fn traced_profile() -> Profile {
     profile.trace = Some(Trace {
         limit_bytes: 1 << 20,
         cut: 0,
+        missed: 0,
         threads: vec![
             ThreadTrace {
                 pid: 100,
