@@ -169,3 +169,18 @@ fn an_attached_process_is_traced_from_the_attach_to_the_detach() {
     let traced: usize = trace.threads.iter().map(|t| t.calls.iter().filter(|c| c.function == tick).count()).sum();
     assert_eq!((traced, trace.cut), (20_000, 0), "every call made while attached, one by one");
 }
+
+#[test]
+fn a_chrome_trace_of_a_short_run_has_a_complete_event_per_call() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Build::c("calls.c", "-O0").build();
+    let profile = traced_run(dir.path(), &["-f", "leaf", "-f", "left", "-f", "right", "-f", "fib"], &[calls.to_str().unwrap(), "200", "8"]);
+    let json = dir.path().join("trace.json");
+    run_ok(proftap().arg("export").arg(dir.path().join("p.profile")).args(["--format", "chrome-trace", "-o"]).arg(&json));
+    let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let complete = trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").count() as u64;
+    let calls: u64 = counted(&profile).values().sum();
+    // left 200, right 100, leaf 400, fib(8) 67.
+    assert_eq!((complete, calls), (767, 767));
+}
