@@ -207,6 +207,9 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
         .sample_regs_user(UNWIND_REGS)
         .sample_stack_user(stack_bytes)
         .sample_frequency(frequency)
+        // Each sample wakes the reader: the in-process engine's return
+        // addresses it unwinds with are read at once, before its calls move on.
+        .wakeup_events(1)
         // Time in the kernel counts too (the user stack says for whom),
         // where the kernel may be observed.
         .exclude_kernel(!kernel_observable());
