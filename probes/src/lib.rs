@@ -15,6 +15,7 @@
 //! ```
 
 pub mod addr;
+pub mod arcs;
 pub mod calibrate;
 pub mod entry;
 mod error;

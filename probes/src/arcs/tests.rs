@@ -1,0 +1,417 @@
+//! Graphs of hand-assembled functions, and counts of executions simulated on
+//! them recomputed from the counted edges alone.
+
+use super::*;
+use iced_x86::code_asm::*;
+
+const BASE: u64 = 0x1000;
+/// Outside every function assembled here: a callee, a tail-call target.
+const ELSEWHERE: u64 = 0x5000;
+
+fn assemble(body: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>) -> Vec<u8> {
+    let mut a = CodeAssembler::new(64).unwrap();
+    body(&mut a).unwrap();
+    a.assemble(BASE).unwrap()
+}
+
+fn graph(code: &[u8]) -> Cfg {
+    Cfg::build(&[CodeRange { address: BASE, bytes: code }]).unwrap()
+}
+
+fn starts(cfg: &Cfg) -> Vec<u64> {
+    cfg.blocks().iter().map(|b| b.start).collect()
+}
+
+/// The edges as (from, to, kind), blocks named by their start address
+/// (ENTRY as 0, EXIT as u64::MAX), for comparing with what the code says.
+fn arcs(cfg: &Cfg) -> Vec<(u64, u64, EdgeKind)> {
+    let name = |n: Node| match n {
+        Node::Entry => 0,
+        Node::Exit => u64::MAX,
+        Node::Block(b) => cfg.blocks()[b].start,
+    };
+    cfg.edges().iter().map(|e| (name(e.from), name(e.to), e.kind)).collect()
+}
+
+/// A small deterministic generator (xorshift), so failures replay.
+struct Random(u64);
+
+impl Random {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// Runs `calls` random walks from ENTRY to EXIT, as executions of the
+/// function would go: at a block, one of its real edges, or now and then
+/// its fake edge (a call that does not return). Returns each edge's count.
+fn execute(cfg: &Cfg, calls: usize, seed: u64) -> Vec<i64> {
+    let mut random = Random(seed | 1);
+    let mut counts = vec![0i64; cfg.edges().len()];
+    let out = |node: Node| -> Vec<usize> { (0..cfg.edges().len()).filter(|&e| cfg.edges()[e].from == node).collect() };
+    let entry = cfg.edges().iter().position(|e| e.kind == EdgeKind::Entry).unwrap();
+    let virtual_edge = cfg.edges().iter().position(|e| e.kind == EdgeKind::Virtual).unwrap();
+    for _ in 0..calls {
+        counts[entry] += 1;
+        counts[virtual_edge] += 1;
+        let mut node = cfg.edges()[entry].to;
+        for _ in 0..100_000 {
+            if node == Node::Exit {
+                break;
+            }
+            let edges = out(node);
+            let real: Vec<usize> = edges.iter().copied().filter(|&e| cfg.edges()[e].kind != EdgeKind::Fake).collect();
+            let fake = edges.iter().copied().find(|&e| cfg.edges()[e].kind == EdgeKind::Fake);
+            let edge = match fake {
+                Some(fake) if real.is_empty() || random.below(6) == 0 => fake,
+                _ => real[random.below(real.len())],
+            };
+            counts[edge] += 1;
+            node = cfg.edges()[edge].to;
+        }
+        assert_eq!(node, Node::Exit, "a walk did not end");
+    }
+    counts
+}
+
+/// Block counts of an execution: what flowed into each block.
+fn block_counts(cfg: &Cfg, edges: &[i64]) -> Vec<u64> {
+    let mut blocks = vec![0u64; cfg.blocks().len()];
+    for (e, edge) in cfg.edges().iter().enumerate() {
+        if let Node::Block(b) = edge.to {
+            blocks[b] += edges[e] as u64;
+        }
+    }
+    blocks
+}
+
+/// What every graph must satisfy: |E| - |V| + 1 counters, none on a fake
+/// or virtual edge, and simulated executions recomputed from them exactly.
+fn check_counting(cfg: &Cfg) {
+    let placement = place(cfg, &default_costs(cfg));
+    assert_eq!(placement.counted().len(), cfg.edges().len() + 1 - cfg.node_count(), "{:?}", arcs(cfg));
+    for &e in placement.counted() {
+        assert!(!cfg.edges()[e].kind.is_artificial(), "counter on {:?}", cfg.edges()[e]);
+        assert!(!placement.on_tree(e));
+    }
+    for seed in [1, 7, 1234, 99_999] {
+        let truth = execute(cfg, 50, seed);
+        let given: Vec<u64> = placement.counted().iter().map(|&e| truth[e] as u64).collect();
+        let counts = solve(cfg, &placement, &given).unwrap();
+        assert_eq!(counts.edges(), &truth[..]);
+        assert_eq!(counts.blocks(), &block_counts(cfg, &truth)[..]);
+        assert_eq!(counts.calls(), 50);
+    }
+}
+
+fn if_else() -> Vec<u8> {
+    assemble(|a| {
+        let (mut other, mut join) = (a.create_label(), a.create_label());
+        a.test(edi, edi)?;
+        a.je(other)?;
+        a.mov(eax, 1)?;
+        a.jmp(join)?;
+        a.set_label(&mut other)?;
+        a.mov(eax, 2)?;
+        a.set_label(&mut join)?;
+        a.ret()
+    })
+}
+
+#[test]
+fn arcs_if_else_has_four_blocks_and_both_branches() {
+    let code = if_else();
+    let cfg = graph(&code);
+    // test+je (4), mov+jmp (7), mov (5), ret.
+    assert_eq!(starts(&cfg), [BASE, BASE + 4, BASE + 11, BASE + 16]);
+    let exit = u64::MAX;
+    assert_eq!(
+        arcs(&cfg),
+        [
+            (0, BASE, EdgeKind::Entry),
+            (BASE, BASE + 11, EdgeKind::Taken { jcc: BASE + 2 }),
+            (BASE, BASE + 4, EdgeKind::NotTaken { jcc: BASE + 2 }),
+            (BASE + 4, BASE + 16, EdgeKind::Jump { at: BASE + 9 }),
+            (BASE + 11, BASE + 16, EdgeKind::FallThrough),
+            (BASE + 16, exit, EdgeKind::Return { at: BASE + 16 }),
+            (exit, 0, EdgeKind::Virtual),
+        ]
+    );
+    assert_eq!(cfg.blocks()[0].instructions, [BASE, BASE + 2]);
+    assert_eq!(cfg.blocks()[0].len, 4);
+    check_counting(&cfg);
+}
+
+#[test]
+fn arcs_counts_of_an_if_else_called_ten_times_taken_three() {
+    let code = if_else();
+    let cfg = graph(&code);
+    let placement = place(&cfg, &default_costs(&cfg));
+    // Entry 10, taken 3, not taken 7, jump 7, fall-through 3, ret 10.
+    let truth = [10, 3, 7, 7, 3, 10, 10];
+    let given: Vec<u64> = placement.counted().iter().map(|&e| truth[e] as u64).collect();
+    let counts = solve(&cfg, &placement, &given).unwrap();
+    assert_eq!(counts.blocks(), [10, 7, 3, 10]);
+    assert_eq!(counts.branches(&cfg), [BranchCount { jcc: BASE + 2, taken: 3, not_taken: 7 }]);
+}
+
+#[test]
+fn arcs_loop_counts_its_back_edge() {
+    let code = assemble(|a| {
+        let mut top = a.create_label();
+        a.xor(eax, eax)?;
+        a.set_label(&mut top)?;
+        a.add(eax, edi)?;
+        a.dec(edi)?;
+        a.jne(top)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    assert_eq!(starts(&cfg), [BASE, BASE + 2, BASE + 8]);
+    let back = cfg.edges().iter().position(|e| e.kind == EdgeKind::Taken { jcc: BASE + 6 }).unwrap();
+    assert_eq!(cfg.edges()[back].from, cfg.edges()[back].to);
+    // A self-loop closes a cycle alone: it can only be counted.
+    assert!(place(&cfg, &default_costs(&cfg)).counted().contains(&back));
+    check_counting(&cfg);
+}
+
+#[test]
+fn arcs_loop_with_a_break_has_two_exits() {
+    let code = assemble(|a| {
+        let (mut top, mut done) = (a.create_label(), a.create_label());
+        a.set_label(&mut top)?;
+        a.cmp(byte_ptr(rsi), 0)?;
+        a.je(done)?;
+        a.inc(rsi)?;
+        a.dec(edi)?;
+        a.jne(top)?;
+        a.mov(eax, -1)?;
+        a.ret()?;
+        a.set_label(&mut done)?;
+        a.xor(eax, eax)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    assert_eq!(cfg.blocks().len(), 4);
+    assert_eq!(cfg.edges().iter().filter(|e| matches!(e.kind, EdgeKind::Return { .. })).count(), 2);
+    assert_eq!(cfg.branches().len(), 2);
+    check_counting(&cfg);
+}
+
+#[test]
+fn arcs_call_in_a_loop_ends_its_block_with_a_fake_edge() {
+    let code = assemble(|a| {
+        let mut top = a.create_label();
+        a.push(rbx)?;
+        a.mov(ebx, edi)?;
+        a.set_label(&mut top)?;
+        a.call(ELSEWHERE)?;
+        a.dec(ebx)?;
+        a.jne(top)?;
+        a.pop(rbx)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    // push+mov (3), call (5), dec+jne, pop+ret.
+    assert_eq!(starts(&cfg), [BASE, BASE + 3, BASE + 8, BASE + 12]);
+    let call = cfg.block_at(BASE + 3).unwrap();
+    let out: Vec<EdgeKind> = cfg.edges().iter().filter(|e| e.from == Node::Block(call)).map(|e| e.kind).collect();
+    assert_eq!(out, [EdgeKind::FallThrough, EdgeKind::Fake]);
+    assert_eq!(cfg.edges().iter().filter(|e| e.kind == EdgeKind::Fake).count(), 1);
+    check_counting(&cfg);
+}
+
+#[test]
+fn arcs_tail_jumps_go_to_exit() {
+    let code = assemble(|a| {
+        let mut other = a.create_label();
+        a.test(edi, edi)?;
+        a.je(ELSEWHERE)?; // a conditional tail call
+        a.cmp(edi, 5)?;
+        a.jl(other)?;
+        a.jmp(ELSEWHERE + 0x100)?;
+        a.set_label(&mut other)?;
+        a.db(&[0xff, 0x25, 0x10, 0x20, 0x00, 0x00]) // jmp [rip+0x2010]: through the GOT
+    });
+    let cfg = graph(&code);
+    let kinds: Vec<EdgeKind> = cfg.edges().iter().filter(|e| e.to == Node::Exit).map(|e| e.kind).collect();
+    assert!(matches!(kinds[..], [EdgeKind::Taken { .. }, EdgeKind::TailJump { .. }, EdgeKind::TailJump { .. }]), "{kinds:?}");
+    check_counting(&cfg);
+}
+
+#[test]
+fn arcs_jump_table_is_refused_naming_its_address() {
+    let code = assemble(|a| {
+        let mut default = a.create_label();
+        a.cmp(edi, 3)?;
+        a.ja(default)?;
+        a.lea(rax, qword_ptr(0x3000u64))?;
+        a.jmp(qword_ptr(rax + rdi * 8))?;
+        a.set_label(&mut default)?;
+        a.ret()
+    });
+    // The jump's 3 bytes (ff 24 f8) and the ret's 1 end the code.
+    assert_eq!(code[code.len() - 4..], [0xff, 0x24, 0xf8, 0xc3]);
+    match Cfg::build(&[CodeRange { address: BASE, bytes: &code }]) {
+        Err(Error::IndirectJump { address, instruction }) => {
+            assert_eq!(address, BASE + code.len() as u64 - 4);
+            assert_eq!(instruction, "Jmp_rm64 [RAX+RDI*8]");
+        }
+        other => panic!("{other:?}"),
+    }
+    let code = assemble(|a| {
+        a.mov(rax, rdi)?;
+        a.jmp(rax)
+    });
+    let error = Cfg::build(&[CodeRange { address: BASE, bytes: &code }]).unwrap_err();
+    assert_eq!(error, Error::IndirectJump { address: BASE + 3, instruction: "Jmp_rm64 RAX".into() });
+    assert!(error.to_string().contains("0x1003"), "{error}");
+}
+
+#[test]
+fn arcs_noreturn_call_at_the_end_has_only_its_fake_edge() {
+    let code = assemble(|a| {
+        let mut ok = a.create_label();
+        a.test(edi, edi)?;
+        a.jne(ok)?;
+        a.ret()?;
+        a.set_label(&mut ok)?;
+        a.sub(rsp, 8)?;
+        a.call(ELSEWHERE) // abort(): the function's last bytes
+    });
+    // What follows in memory (another function) is not the function's.
+    let mut memory = code.clone();
+    memory.extend([0x55, 0x48, 0x89, 0xe5]);
+    let cfg = Cfg::build(&[CodeRange { address: BASE, bytes: &code }]).unwrap();
+    let last = cfg.block_holding(BASE + code.len() as u64 - 5).unwrap();
+    let out: Vec<EdgeKind> = cfg.edges().iter().filter(|e| e.from == Node::Block(last)).map(|e| e.kind).collect();
+    assert_eq!(out, [EdgeKind::Fake]);
+    check_counting(&cfg);
+    // Followed by int3 within its size: a block of its own, which traps.
+    let mut trapping = code.clone();
+    trapping.push(0xcc);
+    let cfg = graph(&trapping);
+    let trap = cfg.block_at(BASE + code.len() as u64).unwrap();
+    let out: Vec<EdgeKind> = cfg.edges().iter().filter(|e| e.from == Node::Block(trap)).map(|e| e.kind).collect();
+    assert_eq!(out, [EdgeKind::Fake]);
+    check_counting(&cfg);
+}
+
+#[test]
+fn arcs_padding_after_the_last_ret_is_no_block() {
+    let mut code = if_else();
+    let size = code.len() as u64;
+    code.extend([0x90, 0x66, 0x90, 0xcc, 0x0f, 0x0b, 0xff, 0xff]); // nop, xchg ax,ax, int3, ud2, garbage
+    let cfg = graph(&code);
+    assert_eq!(cfg.blocks().last().unwrap().end(), BASE + size);
+    assert_eq!(cfg.blocks().len(), 4);
+}
+
+#[test]
+fn arcs_cold_part_is_part_of_the_graph() {
+    // Hot part at BASE: jne to the cold part, which jumps back.
+    let cold_at = 0x800u64;
+    let mut hot = CodeAssembler::new(64).unwrap();
+    hot.test(edi, edi).unwrap();
+    hot.jne(cold_at).unwrap(); // a rel32 jne: 6 bytes
+    hot.mov(eax, 1).unwrap();
+    hot.ret().unwrap();
+    let hot = hot.assemble(BASE).unwrap();
+    let mut cold = CodeAssembler::new(64).unwrap();
+    cold.mov(edi, 0).unwrap();
+    cold.jmp(BASE + 8).unwrap();
+    let cold = cold.assemble(cold_at).unwrap();
+    let cfg = Cfg::build(&[CodeRange { address: BASE, bytes: &hot }, CodeRange { address: cold_at, bytes: &cold }]).unwrap();
+    assert_eq!(starts(&cfg), [cold_at, BASE, BASE + 8]);
+    assert_eq!(cfg.entry_block(), 1);
+    assert!(cfg.edges().iter().all(|e| !matches!(e.kind, EdgeKind::TailJump { .. })));
+    check_counting(&cfg);
+}
+
+#[test]
+fn arcs_bad_code_is_an_error() {
+    // Falls off the end.
+    let code = assemble(|a| a.mov(eax, 1));
+    assert_eq!(Cfg::build(&[CodeRange { address: BASE, bytes: &code }]).unwrap_err(), Error::RunsOff { address: BASE });
+    // Jumps into the middle of its own `mov eax, imm32` (at BASE + 1).
+    let code = [0xb8, 0xeb, 0xfe, 0x00, 0x00, 0x75, 0xfa, 0xc3];
+    assert!(matches!(Cfg::build(&[CodeRange { address: BASE, bytes: &code }]), Err(Error::IntoInstruction { .. })));
+    // Does not decode.
+    assert_eq!(Cfg::build(&[CodeRange { address: BASE, bytes: &[0x06] }]).unwrap_err(), Error::Undecodable { address: BASE });
+    assert_eq!(Cfg::build(&[]).unwrap_err(), Error::NoCode);
+}
+
+/// A call that returns twice (`setjmp`): the block after it runs more
+/// often than the call; its fake edge's count comes out negative, and every
+/// other count right.
+#[test]
+fn arcs_call_returning_twice_gives_a_negative_fake_edge() {
+    let code = assemble(|a| {
+        a.call(ELSEWHERE)?;
+        a.test(eax, eax)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    let placement = place(&cfg, &default_costs(&cfg));
+    let [entry, after, fake, ret, _] = [0, 1, 2, 3, 4];
+    assert_eq!(cfg.edges()[fake].kind, EdgeKind::Fake);
+    // Called 3 times; setjmp returned 6 times.
+    let truth = [3i64, 6, -3, 6, 3];
+    let given: Vec<u64> = placement.counted().iter().map(|&e| truth[e] as u64).collect();
+    let counts = solve(&cfg, &placement, &given).unwrap();
+    assert_eq!(counts.edges(), truth);
+    assert_eq!(counts.blocks(), [3, 6]);
+    assert_eq!((counts.edge(entry), counts.edge(after), counts.edge(ret)), (3, 6, 6));
+}
+
+#[test]
+fn arcs_inconsistent_counts_are_errors() {
+    let code = if_else();
+    let cfg = graph(&code);
+    let placement = place(&cfg, &default_costs(&cfg));
+    let n = placement.counted().len();
+    assert_eq!(solve(&cfg, &placement, &[1]), Err(Error::CountNumber { expected: n, given: 1 }));
+    assert!(matches!(solve(&cfg, &placement, &vec![u64::MAX; n]), Err(Error::Overflow { .. })));
+    // The default costs leave the not-taken edge and the ret counted: the
+    // entry block and the join are too short for a counter at their head.
+    assert_eq!(placement.counted(), [2, 5]);
+    // Not taken 20 times in 10 calls: taken would be -10.
+    assert_eq!(solve(&cfg, &placement, &[20, 10]), Err(Error::Negative { edge: 1, count: -10 }));
+    assert!(solve(&cfg, &placement, &[7, 10]).is_ok());
+}
+
+/// Any counts at all: an answer that conserves flow, or an error; never a panic.
+#[test]
+fn arcs_hostile_counts_never_panic() {
+    let code = if_else();
+    let cfg = graph(&code);
+    let placement = place(&cfg, &default_costs(&cfg));
+    let mut random = Random(42);
+    let values = [0, 1, 2, 1 << 40, i64::MAX as u64, i64::MAX as u64 + 1, u64::MAX];
+    for _ in 0..2000 {
+        let given: Vec<u64> = placement.counted().iter().map(|_| values[random.below(values.len())]).collect();
+        if let Ok(counts) = solve(&cfg, &placement, &given) {
+            for (e, edge) in cfg.edges().iter().enumerate() {
+                assert!(edge.kind.is_artificial() || counts.edge(e) >= 0);
+            }
+        }
+    }
+}
+
+/// The costliest edges go on the tree: they are the last to need a counter.
+#[test]
+fn arcs_costly_edges_are_not_counted() {
+    let code = if_else();
+    let cfg = graph(&code);
+    for costly in 0..cfg.edges().len() {
+        let mut costs = vec![1; cfg.edges().len()];
+        costs[costly] = 100;
+        let placement = place(&cfg, &costs);
+        // Only a self-loop could not go on the tree, and there is none.
+        assert!(placement.on_tree(costly), "{:?}", cfg.edges()[costly]);
+        assert_eq!(placement.counted().len(), 2);
+    }
+}
