@@ -84,7 +84,7 @@ fn inclusive_and_exclusive_add_up_on_a_known_tree(engine: &Engine) {
         let left = run["children"].as_array().unwrap().iter().find(|c| c["name"] == "left").unwrap();
         let leaf_under_left = left["children"][0]["inclusive"][metric].as_u64().unwrap();
         assert_eq!(incl("left"), excl("left") + leaf_under_left, "{metric}");
-        assert!(incl("main") >= incl("run") + incl("fib"), "{metric}");
+        assert!(incl("main") >= incl("run") + incl("fib"), "{metric}: main {} run {} fib {}", incl("main"), incl("run"), incl("fib"));
         // Recursion: fib's inclusive total counts the outermost call only, so
         // its exclusive total equals it.
         assert_eq!(incl("fib"), excl("fib"), "{metric}");

@@ -129,14 +129,45 @@ static inline struct private_block *private_block(const struct config *c, u64 in
     return (struct private_block *)(c->private_base + sizeof(struct seat) * SEATS + index * sizeof(struct private_block));
 }
 
-/* Time off every CPU so far of thread tid, in TSC cycles (0 when unknown). */
-static inline u64 off_cpu(const struct config *c, u32 tid)
+/* Time off every CPU so far of thread tid, in nanoseconds as the kernel
+ * counts it (0 when unknown). */
+static inline u64 off_cpu_ns(const struct config *c, u32 tid)
 {
     if (!c->off_cpu || tid >= c->off_cpu_entries)
         return 0;
-    u64 ns = ((volatile u64 *)c->off_cpu)[2 * (u64)tid];
+    return ((volatile u64 *)c->off_cpu)[2 * (u64)tid];
+}
+
+static inline u64 ns_to_tsc(const struct config *c, u64 ns)
+{
     struct header *h = header(c);
     return (u64)(((unsigned __int128)ns * h->ns_to_tsc_mult) >> h->ns_to_tsc_shift);
+}
+
+/* Time off every CPU so far of thread tid, in TSC cycles (0 when unknown). */
+static inline u64 off_cpu(const struct config *c, u32 tid)
+{
+    return ns_to_tsc(c, off_cpu_ns(c, tid));
+}
+
+/* The TSC and the thread's time off CPU (TSC cycles) at one moment. The
+ * time off CPU changes only when the thread comes back onto a CPU: a pair
+ * read with the same time off CPU before and after is one moment's, where
+ * a pair read apart could count a stretch off CPU in one and not the other
+ * (a call preempted there would be off by a whole time slice). */
+static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
+{
+    if (!c->off_cpu) {
+        *off = 0;
+        return rdtsc();
+    }
+    u64 before, now;
+    do {
+        before = off_cpu_ns(c, tid);
+        now = rdtsc();
+    } while (off_cpu_ns(c, tid) != before);
+    *off = ns_to_tsc(c, before);
+    return now;
 }
 
 /* Forked children. A forked child inherits the parent's shared memory
@@ -489,10 +520,8 @@ static void drop_below(const struct config *c, struct private_block *p, struct b
             break;
         d--;
         if (b && !p->mixed) {
-            if (!now) {
-                now = rdtsc();
-                off = off_cpu(c, b->tid);
-            }
+            if (!now)
+                now = now_and_off(c, (u32)b->tid, &off);
             finish(c, b, d, now, off, 1);
         }
     }
@@ -595,14 +624,13 @@ void proftap_entry(u64 *slot, u32 function)
     f->last_function = 0;
     f->function = function;
     f->child_wall = f->child_cpu = 0;
-    f->entry_off = off_cpu(c, b->tid);
     p->ret[d].ret = *slot;
     p->ret[d].slot = (u64)slot;
     b->returns[d] = p->ret[d];
     p->depth = d + 1;
     __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);
     *slot = c->return_trampoline;
-    f->entry_tsc = rdtsc();
+    f->entry_tsc = now_and_off(c, (u32)b->tid, &f->entry_off);
 out:
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
@@ -610,8 +638,13 @@ out:
 /* `slot` is where the return address was and is to be put back. */
 void proftap_exit(u64 *slot)
 {
-    u64 now = rdtsc();
     const struct config *c = config();
+    /* The C library's thread id is the kernel's, for the threads it made:
+     * the time off CPU can be read with the TSC, before the thread's block
+     * is found. */
+    u32 early_tid = library_tid(c);
+    u64 early_off;
+    u64 now = now_and_off(c, early_tid, &early_off);
     adopt_if_forked(c);
     struct seat *s = seat_of(c, 0);
     if (!s)
@@ -622,7 +655,7 @@ void proftap_exit(u64 *slot)
     while (__atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE))
         __asm__ volatile("pause");
     struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
-    u64 off = b ? off_cpu(c, b->tid) : 0;
+    u64 off = !b ? 0 : early_tid && early_tid == b->tid ? early_off : off_cpu(c, b->tid);
     u64 d = p->depth;
     /* This frame, from the top: deeper frames on this stack never returned
      * (longjmp, exception) and end here too. */
