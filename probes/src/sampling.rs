@@ -52,7 +52,11 @@ struct Mapping {
 struct ModuleInfo {
     path: String,
     symbols: Option<Arc<SymbolIndex>>,
-    lines: Option<addr2line::Loader>,
+    /// Its debug info, for inlined frames and lines: read at the first
+    /// sample in the module (a C library's is tens of MiB to decompress,
+    /// and most programs are sampled in few of their libraries).
+    lines: std::cell::OnceCell<Option<addr2line::Loader>>,
+    debug: Option<std::path::PathBuf>,
     unwind: Option<Arc<UnwindSections>>,
     /// Why its frames cannot be named, when they cannot.
     unknown: Option<String>,
@@ -75,16 +79,18 @@ impl ModuleInfo {
             None => Some(format!("no symbols in {path}")),
             Some(_) => None,
         };
-        let lines = symbols.as_ref().and_then(|index| {
-            let debug = match &index.debug {
-                DebugSource::Embedded { .. } => open.to_path_buf(),
-                DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. } => path.clone(),
-                DebugSource::Missing => return None,
-            };
-            addr2line::Loader::new(&debug).ok()
+        let debug = symbols.as_ref().and_then(|index| match &index.debug {
+            DebugSource::Embedded { .. } => Some(open.to_path_buf()),
+            DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. } => Some(path.clone()),
+            DebugSource::Missing => None,
         });
         let unwind = cache.image(Path::new(path), open).ok().and_then(|image| unwind_sections(&image)).map(Arc::new);
-        ModuleInfo { path: path.to_string(), symbols, lines, unwind, unknown }
+        ModuleInfo { path: path.to_string(), symbols, lines: std::cell::OnceCell::new(), debug, unwind, unknown }
+    }
+
+    /// Its debug info's reader, loaded the first time it is asked for.
+    fn lines(&self) -> Option<&addr2line::Loader> {
+        self.lines.get_or_init(|| self.debug.as_ref().and_then(|debug| addr2line::Loader::new(debug).ok())).as_ref()
     }
 
     /// The ELF virtual address of file offset `offset`.
@@ -357,7 +363,7 @@ impl StackResolver {
         let function = info.symbols.as_ref().and_then(|s| s.function_at(crate::addr::VirtAddr(vaddr))).map(|f| f.name.clone());
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut line = None;
-        if let Some(loader) = &info.lines
+        if let Some(loader) = info.lines()
             && let Ok(mut frames) = loader.find_frames(vaddr)
         {
             let mut found = Vec::new();
