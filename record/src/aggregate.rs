@@ -464,9 +464,15 @@ impl Aggregator {
                     }
                 }
             }
-            Event::Fork { pid, ppid, tid, .. } => {
+            Event::Fork { pid, ppid, tid, ptid, .. } => {
                 if pid != ppid && pid == tid && !self.processes.iter().any(|p| p.pid == *pid as i32) {
                     self.processes.push(ProcessInfo { pid: *pid as i32, parent: Some(*ppid as i32), execs: Vec::new() });
+                }
+                // The kernel gives a new thread its maker's name, and tells
+                // of it only when the thread names itself.
+                let inherited = self.thread_name(*ptid);
+                if !inherited.is_empty() && !self.threads.contains_key(tid) {
+                    self.names.entry(*tid).or_insert(inherited);
                 }
             }
             Event::Switch { pid, tid, cpu, values } => {
@@ -1170,6 +1176,23 @@ mod tests {
         let run = result.threads[0].functions.iter().find(|s| s.function == 1).expect("run");
         assert_eq!((run.calls, run.unfinished, run.unwound), (2, 2, 0));
         assert_eq!(run.inclusive[0].total, 30);
+    }
+
+    #[test]
+    fn a_new_thread_has_its_makers_name_until_it_names_itself() {
+        let mut agg = aggregator(1, 1);
+        agg.push(&Event::Comm { time: 1, pid: 1, tid: 1, name: "server".into(), exec: true });
+        agg.push(&hit(1, 0, false, 2, 100));
+        agg.push(&Event::Fork { time: 3, pid: 1, ppid: 1, tid: 2, ptid: 1 });
+        agg.push(&Event::Fork { time: 3, pid: 1, ppid: 1, tid: 3, ptid: 1 });
+        agg.push(&Event::Comm { time: 4, pid: 1, tid: 3, name: "worker".into(), exec: false });
+        for tid in [2, 3] {
+            agg.push(&hit(tid, 0, false, 5, 100));
+        }
+        assert_eq!((agg.thread_name(2), agg.thread_name(3)), ("server".to_string(), "worker".to_string()));
+        // Known only from the fork (the in-process engine's threads hit no probe).
+        agg.push(&Event::Fork { time: 6, pid: 1, ppid: 1, tid: 4, ptid: 3 });
+        assert_eq!(agg.thread_name(4), "worker");
     }
 
     #[test]

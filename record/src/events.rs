@@ -130,6 +130,10 @@ pub enum Event {
         ppid: u32,
         /// New thread id.
         tid: u32,
+        /// The thread that made it (0 if unknown): the new thread has its
+        /// name until it names itself.
+        #[serde(default)]
+        ptid: u32,
     },
     /// A thread left a CPU: its counters on that CPU at that moment.
     Switch {

@@ -214,8 +214,8 @@ fn decode(
             Decoded::Event(Event::Comm { time, pid, tid, name, exec: misc & perf::MISC_COMM_EXEC != 0 })
         }
         record_type::FORK => {
-            let Some((pid, ppid, tid, _, time)) = perf::parse_task(body) else { return Decoded::Malformed };
-            Decoded::Event(Event::Fork { time, pid, ppid, tid })
+            let Some((pid, ppid, tid, ptid, time)) = perf::parse_task(body) else { return Decoded::Malformed };
+            Decoded::Event(Event::Fork { time, pid, ppid, tid, ptid })
         }
         record_type::EXIT => {
             let Some((pid, _, tid, _, time)) = perf::parse_task(body) else { return Decoded::Malformed };
