@@ -15,7 +15,7 @@
 //! wall.share = "40%"
 //! ```
 
-use crate::report::text::format_value;
+use crate::report::text::{format_value, group_digits};
 use crate::status::paint;
 use anyhow::{Context, Result, bail};
 use proftap_profile::{Budget, Measure, Outcome, Subject, Unit};
@@ -178,7 +178,7 @@ fn title(b: &Budget) -> String {
 fn show(b: &Budget, value: f64) -> String {
     match b.measure {
         Measure::Share => format!("{:.1}%", value * 100.0),
-        Measure::Calls => format_value("calls", value as u64),
+        Measure::Calls => group_digits(value as u64),
         _ => format_value(&b.metric, value.round() as u64),
     }
 }

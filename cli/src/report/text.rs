@@ -317,7 +317,6 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
     let row = |cells: [&str; 8], smp_cell: &str, name: &str| -> String {
         let [calls, incl, incl_share, excl, excl_share, avg, min, max] = cells;
         let extremes = if narrow { String::new() } else { format!(" {min:>11} {max:>11}") };
-        let name = crate::output::shorten_middle(name, name_width);
         format!(
             "{calls:>w$} {incl:>w$} {incl_share:>5} {excl:>w$} {excl_share:>5} {avg:>a$}{extremes}{smp_cell}  {name}",
             w = value_width,
