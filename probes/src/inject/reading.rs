@@ -220,7 +220,8 @@ impl TotalsView {
     /// never runs out of them. Their totals are returned, their contexts
     /// copied within `budget` bytes (shared by every look: past it, a
     /// thread's calls are counted, untimed, as in [`Self::totals_within`]).
-    /// Their trace rings start again at `cursor`: what they hold must have been drained.
+    /// A block whose trace ring holds calls `cursor` has not read waits for
+    /// them to be drained; a retired block's ring starts again.
     pub fn retire_ended(
         &self,
         alive: impl Fn(u32) -> bool,
@@ -234,6 +235,11 @@ impl TotalsView {
             let at = self.geometry.block(block) as usize;
             let h: BlockHeader = read_struct(shared, at);
             if h.state != totals::BLOCK_USED || h.depth != 0 || h.tid == 0 || h.tid > i32::MAX as u64 || alive(h.tid as u32) {
+                continue;
+            }
+            // Calls still in its trace ring are read first (by the next
+            // drain): the thread may have ended since the last one.
+            if cursor.read.get(block as usize).copied().unwrap_or(0) != h.traced {
                 continue;
             }
             if let Some((thread, _)) = self.thread_totals(shared, block, budget)? {
@@ -358,7 +364,15 @@ mod tests {
         assert_eq!(view.shared.load(at + view.geometry.entries_offset() as usize), 0, "and its calls");
         let left = view.totals().expect("totals");
         assert_eq!(left.threads.iter().map(|t| t.tid).collect::<Vec<_>>(), [100]);
+        // A block whose trace ring has calls not read yet waits for them.
+        view.shared.store(view.geometry.block(0) as usize + BLOCK_TRACED, 3);
+        assert!(view.retire_ended(|_| false, &mut MOST_CONTEXT_BYTES.clone(), &mut TraceCursor::default()).expect("retired").is_empty());
+        let mut read = TraceCursor { read: vec![3] };
+        assert_eq!(view.retire_ended(|_| false, &mut MOST_CONTEXT_BYTES.clone(), &mut read).expect("retired").len(), 1);
+        assert_eq!(read.read[0], 0, "its ring starts again");
         // A block with a call in progress is left alone.
+        view.shared.store(view.geometry.block(0) as usize, totals::BLOCK_USED);
+        view.shared.store(view.geometry.block(0) as usize + 8, 100);
         view.shared.store(view.geometry.block(0) as usize + 16, 1);
         assert!(view.retire_ended(|_| false, &mut MOST_CONTEXT_BYTES.clone(), &mut TraceCursor::default()).expect("retired").is_empty());
     }
