@@ -184,3 +184,16 @@ fn a_chrome_trace_of_a_short_run_has_a_complete_event_per_call() {
     // left 200, right 100, leaf 400, fib(8) 67.
     assert_eq!((complete, calls), (767, 767));
 }
+
+#[test]
+fn calls_of_threads_whose_blocks_are_reused_are_all_traced() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    // 2,000 threads one after another, 10 calls each: past the engine's
+    // 1,024 blocks, so ended threads' blocks go to new threads.
+    let churn = Build::c("churn.c", "-O2").flag("-pthread").build();
+    let profile = traced_run(dir.path(), &["-f", "leaf"], &[churn.to_str().unwrap(), "2000"]);
+    let trace = profile.trace.as_ref().unwrap();
+    let traced: u64 = trace.threads.iter().map(|t| t.calls.len() as u64).sum();
+    assert_eq!((traced, trace.cut, counted(&profile).values().sum::<u64>()), (20_000, 0, 20_000));
+}
