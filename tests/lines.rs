@@ -172,8 +172,8 @@ fn runs_merge_and_other_builds_are_refused() {
     for (key, m) in &cm {
         assert_eq!(*m, ca[key] + cb[key], "{key:?}");
     }
-    let out_dir = dir.path().join("gcov");
-    std::fs::create_dir(&out_dir).unwrap();
+    // A directory that does not exist yet is made, as gcov's -o does.
+    let out_dir = dir.path().join("gcov").join("merged");
     run_ok(proftap().arg("gcov").arg(&merged).arg("-o").arg(&out_dir));
     let text = std::fs::read_to_string(out_dir.join("coverage.c.gcov")).unwrap();
     assert!(text.contains("        -:    0:Runs:2"), "{text}");
