@@ -26,6 +26,7 @@
 //! ```
 
 pub mod cfg;
+mod graph;
 pub mod placement;
 pub mod solve;
 
