@@ -1,9 +1,12 @@
 //! The plain graph that the placement and the solver work on: nodes by
-//! index, arcs with their ends, made from a [`Cfg`]'s edges
-//! ([`Graph::edges`]).
+//! index, arcs with their ends. Two graphs are made from a [`Cfg`]: its
+//! edges as they are ([`Graph::edges`]), and the *split* graph
+//! ([`Graph::split`]) where each block is an arc of its own, from the node
+//! its edges come into to the node its edges leave from, so that a block's
+//! count is a quantity like any edge's.
 
 use super::Error;
-use super::cfg::Cfg;
+use super::cfg::{Cfg, Node};
 
 /// A directed arc between two nodes of a [`Graph`].
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +35,28 @@ impl Graph {
             .map(|e| Arc { from: cfg.node_index(e.from), to: cfg.node_index(e.to), artificial: e.kind.is_artificial() })
             .collect();
         Graph { nodes: cfg.node_count(), arcs }
+    }
+
+    /// The split graph of `cfg`: block `b` is node `b` (where its edges
+    /// come in) and node `blocks + b` (where they leave), joined by arc
+    /// `edges + b`; ENTRY is node `2 * blocks`, EXIT `2 * blocks + 1`;
+    /// arc `e < edges` is edge `e`. It has as many independent cycles as
+    /// the graph of `cfg`: the same number of counters.
+    pub(crate) fn split(cfg: &Cfg) -> Graph {
+        let blocks = cfg.blocks().len();
+        let index = |node: Node, leaving: bool| match node {
+            Node::Block(b) if leaving => blocks + b,
+            Node::Block(b) => b,
+            Node::Entry => 2 * blocks,
+            Node::Exit => 2 * blocks + 1,
+        };
+        let mut arcs: Vec<Arc> = cfg
+            .edges()
+            .iter()
+            .map(|e| Arc { from: index(e.from, true), to: index(e.to, false), artificial: e.kind.is_artificial() })
+            .collect();
+        arcs.extend((0..blocks).map(|b| Arc { from: b, to: blocks + b, artificial: false }));
+        Graph { nodes: 2 * blocks + 2, arcs }
     }
 
     /// Kruskal's algorithm: takes the arcs in `order` and keeps each that

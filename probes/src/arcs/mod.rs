@@ -4,6 +4,9 @@
 //! tree of it ([`placement`]; Knuth, Ball and Larus 1994), and every other
 //! edge and block count derived from those by flow conservation ([`solve`]).
 //!
+//! Counters may also hold blocks' counts ([`counters`]): a counter patched
+//! in anywhere inside a block counts the block.
+//!
 //! Nothing here patches a process: this is the part that decides where
 //! counters go and what their values mean.
 //!
@@ -26,11 +29,13 @@
 //! ```
 
 pub mod cfg;
+pub mod counters;
 mod graph;
 pub mod placement;
 pub mod solve;
 
 pub use cfg::{Block, Cfg, CodeRange, Edge, EdgeKind, Node};
+pub use counters::{Cost, CounterPlacement, Quantity, place_counters, quantities, solve_counters};
 pub use placement::{Placement, default_costs, place};
 pub use solve::{BranchCount, Counts, solve};
 

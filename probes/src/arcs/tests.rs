@@ -415,3 +415,157 @@ fn arcs_costly_edges_are_not_counted() {
         assert_eq!(placement.counted().len(), 2);
     }
 }
+
+/// Every test function's code, for the counter placement's tests.
+fn test_functions() -> Vec<Vec<u8>> {
+    let looping = assemble(|a| {
+        let mut top = a.create_label();
+        a.xor(eax, eax)?;
+        a.set_label(&mut top)?;
+        a.add(eax, edi)?;
+        a.dec(edi)?;
+        a.jne(top)?;
+        a.ret()
+    });
+    let breaking = assemble(|a| {
+        let (mut top, mut done) = (a.create_label(), a.create_label());
+        a.set_label(&mut top)?;
+        a.cmp(byte_ptr(rsi), 0)?;
+        a.je(done)?;
+        a.inc(rsi)?;
+        a.dec(edi)?;
+        a.jne(top)?;
+        a.mov(eax, -1)?;
+        a.ret()?;
+        a.set_label(&mut done)?;
+        a.xor(eax, eax)?;
+        a.ret()
+    });
+    let calling = assemble(|a| {
+        let mut top = a.create_label();
+        a.push(rbx)?;
+        a.mov(ebx, edi)?;
+        a.set_label(&mut top)?;
+        a.call(ELSEWHERE)?;
+        a.dec(ebx)?;
+        a.jne(top)?;
+        a.pop(rbx)?;
+        a.ret()
+    });
+    vec![if_else(), looping, breaking, calling, parallel_edges()]
+}
+
+/// `cmp edi,1; jne +0` makes two edges between the same blocks: a cycle
+/// that no block's count breaks, so one of them is counted at its `jcc`.
+fn parallel_edges() -> Vec<u8> {
+    assemble(|a| {
+        let mut next = a.create_label();
+        a.cmp(edi, 1)?;
+        a.jne(next)?;
+        a.set_label(&mut next)?;
+        a.xor(eax, eax)?;
+        a.ret()
+    })
+}
+
+/// A quantity's count in an execution given by its edges' counts.
+fn value(cfg: &Cfg, truth: &[i64], quantity: Quantity) -> u64 {
+    match quantity {
+        Quantity::Edge(e) => truth[e] as u64,
+        Quantity::Block(b) => block_counts(cfg, truth)[b],
+    }
+}
+
+/// The fewest quantities without a counter that any spanning tree leaves
+/// counted: the independent cycles among them and the artificial edges.
+fn fewest_probes(cfg: &Cfg, costs: &[Cost]) -> usize {
+    let blocks = cfg.blocks().len();
+    let node = |n: Node, leaving: bool| match n {
+        Node::Block(b) => b + if leaving { blocks } else { 0 },
+        Node::Entry => 2 * blocks,
+        Node::Exit => 2 * blocks + 1,
+    };
+    let mut parent: Vec<usize> = (0..2 * blocks + 2).collect();
+    fn root(parent: &mut [usize], mut n: usize) -> usize {
+        while parent[n] != n {
+            n = parent[n];
+        }
+        n
+    }
+    let mut cycles = 0;
+    let arcs = cfg.edges().iter().map(|e| (node(e.from, true), node(e.to, false), e.kind.is_artificial()));
+    let arcs: Vec<(usize, usize, bool)> = arcs.chain((0..blocks).map(|b| (b, b + blocks, false))).collect();
+    for (id, &(from, to, artificial)) in arcs.iter().enumerate() {
+        if artificial || costs.get(id).is_none_or(|&c| c == Cost::NoCounter) {
+            let (a, b) = (root(&mut parent, from), root(&mut parent, to));
+            if a == b {
+                cycles += 1;
+            } else {
+                parent[a] = b;
+            }
+        }
+    }
+    cycles
+}
+
+/// What every counter placement must satisfy: as many counters as edges
+/// alone would need, none on a fake or virtual edge, the fewest without a
+/// cheap counter, and simulated executions recomputed from them exactly.
+fn check_counters(cfg: &Cfg, costs: &[Cost]) -> CounterPlacement {
+    let placement = place_counters(cfg, costs);
+    assert_eq!(placement.counted().len(), cfg.edges().len() + 1 - cfg.node_count(), "{:?}", arcs(cfg));
+    for &q in placement.counted() {
+        assert!(!matches!(q, Quantity::Edge(e) if cfg.edges()[e].kind.is_artificial()), "counter on {q:?}");
+        assert!(!placement.on_tree(cfg, q));
+    }
+    assert_eq!(placement.needs_probe().len(), fewest_probes(cfg, costs));
+    for seed in [1, 7, 1234, 99_999] {
+        let truth = execute(cfg, 50, seed);
+        let given: Vec<u64> = placement.counted().iter().map(|&q| value(cfg, &truth, q)).collect();
+        let counts = solve_counters(cfg, &placement, &given).unwrap();
+        assert_eq!(counts.edges(), &truth[..]);
+        assert_eq!(counts.blocks(), &block_counts(cfg, &truth)[..]);
+        assert_eq!(counts.calls(), 50);
+    }
+    placement
+}
+
+#[test]
+fn arcs_counters_on_blocks_alone_recover_every_count() {
+    for code in test_functions() {
+        let cfg = graph(&code);
+        let costs: Vec<Cost> = quantities(&cfg)
+            .iter()
+            .map(|q| match q {
+                Quantity::Block(b) => Cost::Counter(1 + *b as u32),
+                Quantity::Edge(_) => Cost::NoCounter,
+            })
+            .collect();
+        let placement = check_counters(&cfg, &costs);
+        let counted_edges = placement.counted().iter().filter(|q| matches!(q, Quantity::Edge(_))).count();
+        // Only the parallel edges need an edge counted: with none cheap, a probe.
+        assert_eq!(counted_edges, placement.needs_probe().len());
+        assert_eq!(counted_edges, usize::from(code == parallel_edges()), "{:?}", arcs(&cfg));
+    }
+}
+
+/// Counts that are no execution's are errors, never panics, on the split
+/// graph as on the edges.
+#[test]
+fn arcs_counters_hostile_counts_never_panic() {
+    let code = if_else();
+    let cfg = graph(&code);
+    let costs: Vec<Cost> = quantities(&cfg).iter().map(|_| Cost::Counter(1)).collect();
+    let placement = place_counters(&cfg, &costs);
+    let mut random = Random(42);
+    let values = [0, 1, 2, 1 << 40, i64::MAX as u64, i64::MAX as u64 + 1, u64::MAX];
+    for _ in 0..2000 {
+        let given: Vec<u64> = placement.counted().iter().map(|_| values[random.below(values.len())]).collect();
+        if let Ok(counts) = solve_counters(&cfg, &placement, &given) {
+            for (e, edge) in cfg.edges().iter().enumerate() {
+                assert!(edge.kind.is_artificial() || counts.edge(e) >= 0);
+            }
+        }
+    }
+    assert!(matches!(solve_counters(&cfg, &placement, &[1]), Err(Error::CountNumber { .. })));
+}
