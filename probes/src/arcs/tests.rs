@@ -549,6 +549,97 @@ fn arcs_counters_on_blocks_alone_recover_every_count() {
     }
 }
 
+#[test]
+fn arcs_counters_with_costs_from_the_code_use_blocks_and_jccs() {
+    let mut blocks_counted = 0;
+    for (f, code) in test_functions().into_iter().enumerate() {
+        let cfg = graph(&code);
+        let function = FunctionCode::new(&cfg, &[CodeRange { address: BASE, bytes: &code }]).unwrap();
+        let costs = counter_costs(&cfg, &function);
+        let placement = check_counters(&cfg, &costs);
+        // The call in a loop: only the call's block (`call rel32`) holds a
+        // jump; push+mov (3 bytes), dec+jne (4) and pop+ret (2) do not, and
+        // with the fake edge they form two cycles of their own.
+        let probes = if f == 3 { 2 } else { 0 };
+        assert_eq!(placement.needs_probe().len(), probes, "{:?}", arcs(&cfg));
+        blocks_counted += placement.counted().iter().filter(|q| matches!(q, Quantity::Block(_))).count();
+        let sites = plan_sites(&cfg, &function, &placement).unwrap();
+        let mut indexes: Vec<usize> = sites.iter().flat_map(|s| s.counters.iter().map(|c| c.index)).collect();
+        indexes.sort_unstable();
+        let cheap = (0..placement.counted().len()).filter(|&i| !placement.needs_probe().contains(&placement.counted()[i]));
+        assert_eq!(indexes, cheap.collect::<Vec<_>>());
+        for site in &sites {
+            let block = &cfg.blocks()[site.block];
+            assert!(site.len() >= 5 && site.at >= block.start && site.end() <= block.end());
+            assert_eq!(site.original, code[(site.at - BASE) as usize..(site.end() - BASE) as usize]);
+        }
+        if code == parallel_edges() {
+            // The jcc's window: cmp + jne, its not-taken or taken edge counted there.
+            assert_eq!((sites.len(), sites[0].at, sites[0].len()), (1, BASE, 5));
+            assert!(matches!(sites[0].counters[0].place, Place::Taken | Place::NotTaken));
+        }
+    }
+    assert!(blocks_counted >= 4, "{blocks_counted}");
+}
+
+/// `dec edi; jne top`, 4 bytes: the loop's block holds no jump and its
+/// back edge no counter, and the two form a cycle: one of them is named as
+/// needing a probe, and with its count given every count comes out.
+#[test]
+fn arcs_counters_a_tight_loop_needs_a_probe() {
+    let code = assemble(|a| {
+        let mut top = a.create_label();
+        a.xor(eax, eax)?;
+        a.add(eax, 1000)?;
+        a.set_label(&mut top)?;
+        a.dec(edi)?;
+        a.jne(top)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    let function = FunctionCode::new(&cfg, &[CodeRange { address: BASE, bytes: &code }]).unwrap();
+    let costs = counter_costs(&cfg, &function);
+    let top = cfg.block_at(BASE + 7).unwrap();
+    assert_eq!(costs[cfg.edges().len() + top], Cost::NoCounter);
+    let placement = check_counters(&cfg, &costs);
+    assert_eq!(placement.needs_probe().len(), 1);
+    let probe = placement.needs_probe()[0];
+    assert!(
+        probe == Quantity::Block(top) || matches!(probe, Quantity::Edge(e) if cfg.edges()[e].kind == EdgeKind::Taken { jcc: BASE + 9 })
+    );
+    // The sites leave it out.
+    let sites = plan_sites(&cfg, &function, &placement).unwrap();
+    assert!(sites.iter().all(|s| s.counters.iter().all(|c| c.quantity != probe)));
+}
+
+/// The flags: a block that starts with a `jcc` reading the flags of the
+/// block before needs them saved; a block that sets them first does not.
+#[test]
+fn arcs_flags_are_live_where_a_jcc_reads_them_from_the_block_before() {
+    let code = assemble(|a| {
+        let (mut less, mut equal) = (a.create_label(), a.create_label());
+        a.cmp(edi, 10)?;
+        a.je(equal)?;
+        a.jl(less)?; // a block of its own, reading cmp's flags
+        a.mov(eax, 3)?;
+        a.ret()?;
+        a.set_label(&mut less)?;
+        a.mov(eax, 1)?;
+        a.ret()?;
+        a.set_label(&mut equal)?;
+        a.mov(eax, 2)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    let function = FunctionCode::new(&cfg, &[CodeRange { address: BASE, bytes: &code }]).unwrap();
+    let jl = cfg.block_at(BASE + 5).unwrap();
+    assert_eq!(function.live_flags(jl, 0) & sites::INC_WRITES, iced_x86::RflagsBits::SF | iced_x86::RflagsBits::OF);
+    // Before the cmp, and at every mov-then-ret block, nothing is live.
+    assert_eq!(function.live_flags(cfg.entry_block(), 0), 0);
+    assert_eq!(function.live_at(Node::Block(cfg.block_at(BASE + 7).unwrap())), 0);
+    assert_eq!(function.first_window(jl), None, "jl rel8 is 2 bytes");
+}
+
 /// Counts that are no execution's are errors, never panics, on the split
 /// graph as on the edges.
 #[test]
