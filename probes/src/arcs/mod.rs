@@ -7,10 +7,11 @@
 //! Counters may also hold blocks' counts ([`counters`]): a counter patched
 //! in anywhere inside a block counts the block. [`sites`] finds where each
 //! counter is patched in (a 5-byte window of whole instructions in one
-//! block, and whether the flags are live there).
+//! block, and whether the flags are live there), and [`stub`] writes the
+//! code its jump leads to.
 //!
 //! Nothing here patches a process: this is the part that decides where
-//! counters go and what their values mean.
+//! counters go, the code that counts, and what their values mean.
 //!
 //! ```
 //! use proftap_probes::arcs::{BranchCount, Cfg, CodeRange, EdgeKind, default_costs, place, solve};
@@ -36,12 +37,14 @@ mod graph;
 pub mod placement;
 pub mod sites;
 pub mod solve;
+pub mod stub;
 
 pub use cfg::{Block, Cfg, CodeRange, Edge, EdgeKind, Node};
 pub use counters::{Cost, CounterPlacement, Quantity, place_counters, quantities, solve_counters};
 pub use placement::{Placement, default_costs, place};
 pub use sites::{FunctionCode, Place, Site, SiteCounter, counter_costs, plan_sites};
 pub use solve::{BranchCount, Counts, solve};
+pub use stub::{Stub, stub};
 
 /// Why a function's graph cannot be built, or its counts not derived.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
