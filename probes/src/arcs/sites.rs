@@ -370,7 +370,8 @@ fn site(cfg: &Cfg, code: &FunctionCode, block: usize, counters: &[(Quantity, usi
     let window = window.ok_or(Error::NoSite { quantity: first })?;
     let instructions = &code.instructions(block)[window.clone()];
     let start = instructions.first().map_or(0, Instruction::ip);
-    let offset = (start - cfg.blocks()[block].start) as usize;
+    // Checked: `code` may have been made from another graph.
+    let offset = start.checked_sub(cfg.blocks()[block].start).ok_or(Error::NoSite { quantity: first })? as usize;
     let len: usize = instructions.iter().map(Instruction::len).sum();
     let live = |&(quantity, _, place): &(Quantity, usize, Place)| match (place, quantity) {
         (Place::Start, _) => code.live_flags(block, window.start),

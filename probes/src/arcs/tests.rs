@@ -660,3 +660,34 @@ fn arcs_counters_hostile_counts_never_panic() {
     }
     assert!(matches!(solve_counters(&cfg, &placement, &[1]), Err(Error::CountNumber { .. })));
 }
+
+/// Code mangled at random (bytes of the test functions changed): whatever
+/// builds a graph goes through costs, placement, sites and stubs with
+/// answers or errors, never a panic, and every site stays in its block.
+#[test]
+fn arcs_counters_on_mangled_code_never_panic() {
+    let mut random = Random(2024);
+    let mut planned = 0;
+    for _ in 0..3000 {
+        let functions = test_functions();
+        let mut code = functions[random.below(functions.len())].clone();
+        for _ in 0..1 + random.below(3) {
+            let at = random.below(code.len());
+            code[at] = random.below(256) as u8;
+        }
+        let parts = [CodeRange { address: BASE, bytes: &code }];
+        let Ok(cfg) = Cfg::build(&parts) else { continue };
+        let function = FunctionCode::new(&cfg, &parts).unwrap();
+        let placement = place_counters(&cfg, &counter_costs(&cfg, &function));
+        // Costs from the code never place a counter where no site fits.
+        let sites = plan_sites(&cfg, &function, &placement).unwrap();
+        let counters: Vec<u64> = (0..placement.counted().len() as u64).map(|i| 0x9000 + 8 * i).collect();
+        for site in &sites {
+            let block = &cfg.blocks()[site.block];
+            assert!(site.at >= block.start && site.end() <= block.end());
+            let _ = stub(site, 0x8000, &counters);
+        }
+        planned += 1;
+    }
+    assert!(planned > 500, "{planned}");
+}
