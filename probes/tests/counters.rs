@@ -505,3 +505,47 @@ fn arcs_patched_counter_saves_live_flags() {
     assert!(!broken.pushes_flags());
     assert_eq!(call2(copies[2].address)(5, 0), 3);
 }
+
+/// `mov rax,rdi; L: dec rdi; jne L; ret`: a loop of one 5-byte block, the
+/// window its whole block, the moved `jne` jumping back to the window's
+/// start. It must go through the original jump (and count the block
+/// again), not to its moved copy in the stub. Counted once as the costs
+/// say, once with the back edge's counter forced.
+#[test]
+fn arcs_patched_loop_of_one_block_counts_each_turn() {
+    let mut memory = Memory::new();
+    let tight = |memory: &mut Memory| {
+        memory.function(|a| {
+            let mut top = a.create_label();
+            a.mov(rax, rdi)?;
+            a.set_label(&mut top)?;
+            a.dec(rdi)?;
+            a.jne(top)?;
+            a.ret()?;
+            Ok(vec![top])
+        })
+    };
+    let (plain, forced) = (tight(&mut memory), tight(&mut memory));
+    let counted_plain = Instrumented::new(&mut memory, &plain, |_, _| {}, |_| {});
+    let back_edge = |cfg: &Cfg, costs: &mut [Cost]| {
+        let e = cfg.edges().iter().position(|e| matches!(e.kind, EdgeKind::Taken { .. })).unwrap();
+        costs[e] = Cost::Counter(0);
+    };
+    let counted_forced = Instrumented::new(&mut memory, &forced, back_edge, |_| {});
+    memory.seal();
+    let inputs: Vec<u64> = (1..=60).collect();
+    let turns: u64 = inputs.iter().sum();
+    for (counted, f) in [(&counted_plain, &plain), (&counted_forced, &forced)] {
+        for &n in &inputs {
+            assert_eq!(call2(f.address)(n, 0), n);
+        }
+        let top = f.labels[0];
+        let site = counted.sites.iter().find(|s| s.at == top);
+        assert!(site.is_some_and(|s| s.len() == 5), "{:?}", counted.sites);
+        let counts = counted.counts(&memory);
+        assert_eq!(counted.block(&counts, top), turns);
+        assert_eq!(counted.branch(&counts, top), (turns - 60, 60));
+    }
+    assert!(counted_plain.placement.counted().contains(&Quantity::Block(counted_plain.cfg.block_at(plain.labels[0]).unwrap())));
+    assert!(counted_forced.places().contains(&Place::Taken));
+}
