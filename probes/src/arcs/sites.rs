@@ -132,14 +132,17 @@ impl FunctionCode {
         None
     }
 
-    /// Backward liveness of the status flags, to a fixed point.
+    /// Backward liveness of the status flags, to a fixed point: each pass
+    /// is linear in the code, and another one runs only when a flag became
+    /// live somewhere (which it does once at most per instruction).
     fn liveness(&self, cfg: &Cfg) -> Vec<Vec<u32>> {
         let mut live: Vec<Vec<u32>> = self.instructions.iter().map(|i| vec![0; i.len() + 1]).collect();
+        let successors = successors(cfg);
         let mut changed = true;
         while changed {
             changed = false;
             for b in (0..live.len()).rev() {
-                let out = live_out(cfg, &live, b);
+                let out = successors[b].iter().fold(0, |flags, &s| flags | live[s][0]);
                 let mut now = out;
                 let mut block = vec![0; live[b].len()];
                 block[self.instructions[b].len()] = out;
@@ -164,18 +167,18 @@ fn bytes_at<'a>(parts: &[CodeRange<'a>], address: u64, len: usize) -> Option<&'a
     part.bytes.get(offset..offset + len)
 }
 
-/// The flags live at block `b`'s end: what its successors need. A return
-/// or a tail call needs none (the ABI keeps no status flag across them);
-/// a fake edge is no path.
-fn live_out(cfg: &Cfg, live: &[Vec<u32>], b: usize) -> u32 {
-    cfg.edges()
-        .iter()
-        .filter(|e| e.from == Node::Block(b) && e.kind != EdgeKind::Fake)
-        .map(|e| match e.to {
-            Node::Block(s) => live[s][0],
-            Node::Entry | Node::Exit => 0,
-        })
-        .fold(0, |a, f| a | f)
+/// Each block's successor blocks, for liveness: the flags live at a
+/// block's end are those its successors need. A return or a tail call
+/// needs none (the ABI keeps no status flag across them); a fake edge is
+/// no path.
+fn successors(cfg: &Cfg) -> Vec<Vec<usize>> {
+    let mut successors = vec![Vec::new(); cfg.blocks().len()];
+    for edge in cfg.edges().iter().filter(|e| e.kind != EdgeKind::Fake) {
+        if let (Node::Block(from), Node::Block(to)) = (edge.from, edge.to) {
+            successors[from].push(to);
+        }
+    }
+    successors
 }
 
 /// The flags live before `instruction` given those live after it.
