@@ -549,3 +549,85 @@ fn arcs_patched_loop_of_one_block_counts_each_turn() {
     assert!(counted_plain.placement.counted().contains(&Quantity::Block(counted_plain.cfg.block_at(plain.labels[0]).unwrap())));
     assert!(counted_forced.places().contains(&Place::Taken));
 }
+
+/// `h` as above; callers that sum `h(0) + ... + h(n - 1)` calling it
+/// through a register and through memory (`call r14`, `call [rip+slot]`):
+/// the calls moved into stubs jump through the same operand with the
+/// original return address pushed.
+#[test]
+fn arcs_patched_indirect_calls_return_into_the_caller() {
+    let mut memory = Memory::new();
+    let h = memory.function(|a| {
+        let mut half = a.create_label();
+        a.mov(rax, rdi)?;
+        a.test(dil, 1)?;
+        a.je(half)?;
+        a.lea(rax, qword_ptr(rdi + rdi * 2 + 1))?;
+        a.ret()?;
+        a.set_label(&mut half)?;
+        a.shr(rax, 1)?;
+        a.ret()?;
+        Ok(vec![])
+    });
+    let h_at = h.address;
+    let caller = |memory: &mut Memory, through_memory: bool| {
+        memory.function(|a| {
+            let [mut lp, mut done, mut slot] = [(); 3].map(|_| a.create_label());
+            a.push(rbx)?;
+            a.push(r12)?;
+            a.push(r13)?;
+            a.push(r14)?;
+            a.sub(rsp, 8)?;
+            a.mov(r14, h_at)?;
+            a.xor(r12d, r12d)?;
+            a.mov(r13, rdi)?;
+            a.xor(ebx, ebx)?;
+            a.test(r13, r13)?;
+            a.je(done)?;
+            a.set_label(&mut lp)?;
+            a.mov(rdi, rbx)?;
+            if through_memory {
+                a.call(qword_ptr(slot))?;
+            } else {
+                a.call(r14)?;
+            }
+            a.add(r12, rax)?;
+            a.inc(rbx)?;
+            a.cmp(rbx, r13)?;
+            a.jb(lp)?;
+            a.set_label(&mut done)?;
+            a.mov(rax, r12)?;
+            a.add(rsp, 8)?;
+            a.pop(r14)?;
+            a.pop(r13)?;
+            a.pop(r12)?;
+            a.pop(rbx)?;
+            a.ret()?;
+            a.set_label(&mut slot)?;
+            a.db(&h_at.to_le_bytes())?;
+            Ok(vec![lp])
+        })
+    };
+    let (by_register, by_memory) = (caller(&mut memory, false), caller(&mut memory, true));
+    let counted_h = Instrumented::new(&mut memory, &h, |_, _| {}, |_| {});
+    let counted_register = Instrumented::new(&mut memory, &by_register, |_, _| {}, |_| {});
+    let counted_memory = Instrumented::new(&mut memory, &by_memory, |_, _| {}, |_| {});
+    memory.seal();
+    let model_h = |x: u64| if x & 1 == 1 { 3 * x + 1 } else { x / 2 };
+    for f in [&by_register, &by_memory] {
+        for n in 0..40 {
+            assert_eq!(call2(f.address)(n, 0), (0..n).map(model_h).sum::<u64>());
+        }
+    }
+    let inner: u64 = (0..40).sum();
+    for (counted, f) in [(&counted_register, &by_register), (&counted_memory, &by_memory)] {
+        let counts = counted.counts(&memory);
+        let lp = f.labels[0];
+        assert_eq!((counts.calls(), counted.block(&counts, lp)), (40, inner));
+        // The call's block holds a counter and its call moved into the stub.
+        let call_block = counted.cfg.block_at(lp).unwrap();
+        let site = counted.sites.iter().find(|s| s.block == call_block).unwrap();
+        assert_eq!(site.replaced.last().unwrap().mnemonic(), Mnemonic::Call);
+    }
+    assert_eq!(counted_h.counts(&memory).calls(), 2 * inner);
+}

@@ -7,8 +7,8 @@
 //! - A counter at a window's start counts its block: every execution of the
 //!   block runs each of its instructions once. The window is the block's
 //!   first that fits, the block's start preferred.
-//! - A direct call may end a window: the stub calls from the original
-//!   return address, so a call's block (the `call rel32` alone is 5 bytes)
+//! - A call may end a window: the stub calls from the original return
+//!   address, so a direct call's block (the `call rel32` alone is 5 bytes)
 //!   always has a window.
 //! - A window that ends with the block's `jcc` moves the jump into the
 //!   stub, where each of its two exits can count before it goes on: such a
@@ -214,13 +214,15 @@ fn keeps_flags_maybe(instruction: &Instruction) -> bool {
 }
 
 /// Whether an instruction of a block can be moved into a stub: anything
-/// the block encoder relocates that does not trap, and a direct call,
-/// which the stub makes with the original return address (see
+/// the block encoder relocates that does not trap, and a call (direct, or
+/// through a register or memory not read through rsp), which the stub
+/// makes with the original return address (see
 /// [`super::stub`]). A branch, call or `ret` is a block's last.
 fn movable(instruction: &Instruction) -> bool {
     match instruction.flow_control() {
         FlowControl::Next => instruction.code() != Code::Hlt,
         FlowControl::Call => instruction.is_call_near(),
+        FlowControl::IndirectCall => instruction.code() == Code::Call_rm64 && !uses_rsp(instruction),
         FlowControl::ConditionalBranch => instruction.is_jcc_short_or_near(),
         FlowControl::UnconditionalBranch => instruction.is_jmp_short_or_near(),
         FlowControl::Return => instruction.code() == Code::Retnq,
@@ -228,6 +230,16 @@ fn movable(instruction: &Instruction) -> bool {
         // jump a graph has.
         FlowControl::IndirectBranch => instruction.is_ip_rel_memory_operand(),
         _ => false,
+    }
+}
+
+/// Whether an indirect call's target is read through rsp, which the
+/// return address pushed before the jump would move.
+fn uses_rsp(call: &Instruction) -> bool {
+    match call.op0_kind() {
+        OpKind::Register => call.op0_register() == Register::RSP,
+        OpKind::Memory => call.memory_base() == Register::RSP || call.memory_index() == Register::RSP,
+        _ => true,
     }
 }
 

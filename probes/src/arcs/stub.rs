@@ -10,6 +10,7 @@
 //! <the replaced instructions> ; a final jcc jumps to `taken:` if its
 //!                             ; taken edge is counted; a final call
 //!                             ; pushes its original return address
+//!                             ; and jumps
 //! <not-taken counter>         ; as above, if counted
 //! jmp <end of the window>     ; unless the last one was a jmp or ret
 //! taken: <taken counter>; jmp <the jcc's target>
@@ -87,7 +88,7 @@ fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Inst
     let mut code = counting(Place::Start)?;
     let moved_from = code.len();
     code.extend(site.replaced.iter().map(|&i| without_address(i)));
-    if last.is_call_near() {
+    if last.is_call_near() || last.code() == Code::Call_rm64 {
         code.pop();
         code.extend(call_from_original(&last).map_err(iced)?);
     }
@@ -112,15 +113,24 @@ fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Inst
     Ok((code, moved_from))
 }
 
-/// A direct call made as if from its original address: push the return
-/// address (its low half sign-extended, then its high half written), and
-/// jump. The callee returns into the original code, after the window, and
-/// an unwinder sees the return address it expects.
+/// A call made as if from its original address: push the return address
+/// (its low half sign-extended, then its high half written), and jump
+/// where the call went (`jmp rel32`, or `jmp` through the same register or
+/// memory, which does not involve rsp). The callee returns into the
+/// original code, after the window, and an unwinder sees the return
+/// address it expects.
 fn call_from_original(call: &Instruction) -> Result<[Instruction; 3], IcedError> {
     let back = call.next_ip();
     let push = Instruction::with1(Code::Pushq_imm32, back as u32 as i32)?;
     let high = Instruction::with2(Code::Mov_rm32_imm32, MemoryOperand::with_base_displ(Register::RSP, 4), (back >> 32) as u32)?;
-    Ok([push, high, jump(call.near_branch_target())?])
+    let go = if call.is_call_near() {
+        jump(call.near_branch_target())?
+    } else {
+        let mut go = without_address(*call);
+        go.set_code(Code::Jmp_rm64);
+        go
+    };
+    Ok([push, high, go])
 }
 
 /// The instruction with no address: the block encoder keeps it as it is,
