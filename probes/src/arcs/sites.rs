@@ -220,7 +220,8 @@ fn keeps_flags_maybe(instruction: &Instruction) -> bool {
 /// [`super::stub`]). A branch, call or `ret` is a block's last.
 fn movable(instruction: &Instruction) -> bool {
     match instruction.flow_control() {
-        FlowControl::Next => instruction.code() != Code::Hlt,
+        // An indirect branch must still find `endbr64` where it lands.
+        FlowControl::Next => !matches!(instruction.code(), Code::Hlt | Code::Endbr64 | Code::Endbr32),
         FlowControl::Call => instruction.is_call_near(),
         FlowControl::IndirectCall => instruction.code() == Code::Call_rm64 && !uses_rsp(instruction),
         FlowControl::ConditionalBranch => instruction.is_jcc_short_or_near(),

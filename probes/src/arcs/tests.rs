@@ -691,3 +691,45 @@ fn arcs_counters_on_mangled_code_never_panic() {
     }
     assert!(planned > 500, "{planned}");
 }
+
+/// A function's leading `endbr64` stays where it is (an indirect call must
+/// land on it): the entry block's window starts after it. A stub's first
+/// moved instruction maps to the stub's start, before its counter.
+#[test]
+fn arcs_windows_leave_endbr64_in_place_and_stubs_say_where_threads_go() {
+    let code = assemble(|a| {
+        let mut skip = a.create_label();
+        a.endbr64()?;
+        a.push(rbx)?;
+        a.mov(ebx, edi)?;
+        a.test(ebx, ebx)?;
+        a.je(skip)?;
+        a.mov(eax, 7)?;
+        a.set_label(&mut skip)?;
+        a.pop(rbx)?;
+        a.ret()
+    });
+    let parts = [CodeRange { address: BASE, bytes: &code }];
+    let cfg = graph(&code);
+    let function = FunctionCode::new(&cfg, &parts).unwrap();
+    assert_eq!(function.first_window(cfg.entry_block()), Some(1..4));
+    let costs: Vec<Cost> = quantities(&cfg)
+        .iter()
+        .map(|&q| if q == Quantity::Block(0) { Cost::Counter(0) } else { sites::cost(&cfg, &function, q) })
+        .collect();
+    let placement = place_counters(&cfg, &costs);
+    assert!(placement.counted().contains(&Quantity::Block(0)));
+    let sites = plan_sites(&cfg, &function, &placement).unwrap();
+    let entry = sites.iter().find(|s| s.block == 0).unwrap();
+    assert_eq!((entry.at, entry.len()), (BASE + 4, 5));
+    let counters: Vec<u64> = (0..placement.counted().len() as u64).map(|i| 0x20_0000 + 8 * i).collect();
+    let made = stub(entry, 0x10_0000, &counters).unwrap();
+    let moved: Vec<u64> = made.moved.iter().map(|m| m.0).collect();
+    assert_eq!(moved, [BASE + 4, BASE + 5, BASE + 7]);
+    assert_eq!(made.moved[0].1, 0x10_0000);
+    assert!(made.moved[1..].iter().all(|m| m.1 > 0x10_0000 && m.1 < 0x10_0000 + made.code.len() as u64));
+    // Out of reach: a stub 4 GiB away from the code, counters 4 GiB away
+    // from the stub (and above the 2 GiB an absolute address reaches).
+    assert!(matches!(entry.jump_to(BASE + (4 << 30)), Err(Error::Stub { .. })));
+    assert!(matches!(stub(entry, 0x10_0000, &[0x7f00_0000_0000; 4]), Err(Error::Stub { .. })));
+}
