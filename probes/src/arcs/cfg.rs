@@ -218,7 +218,7 @@ struct Reached {
     leaders: BTreeSet<u64>,
 }
 
-fn decode_at(parts: &[CodeRange<'_>], address: u64) -> Result<Instruction, Error> {
+pub(super) fn decode_at(parts: &[CodeRange<'_>], address: u64) -> Result<Instruction, Error> {
     let part = parts.iter().find(|p| p.contains(address)).ok_or(Error::RunsOff { address })?;
     let offset = (address - part.address) as usize;
     let mut decoder = Decoder::with_ip(64, &part.bytes[offset..], address, DecoderOptions::NONE);

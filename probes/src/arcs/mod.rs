@@ -4,8 +4,14 @@
 //! tree of it ([`placement`]; Knuth, Ball and Larus 1994), and every other
 //! edge and block count derived from those by flow conservation ([`solve`]).
 //!
+//! Counters may also hold blocks' counts ([`counters`]): a counter patched
+//! in anywhere inside a block counts the block. [`sites`] finds where each
+//! counter is patched in (a 5-byte window of whole instructions in one
+//! block, and whether the flags are live there), and [`stub`] writes the
+//! code its jump leads to.
+//!
 //! Nothing here patches a process: this is the part that decides where
-//! counters go and what their values mean.
+//! counters go, the code that counts, and what their values mean.
 //!
 //! ```
 //! use proftap_probes::arcs::{BranchCount, Cfg, CodeRange, EdgeKind, default_costs, place, solve};
@@ -26,12 +32,19 @@
 //! ```
 
 pub mod cfg;
+pub mod counters;
+mod graph;
 pub mod placement;
+pub mod sites;
 pub mod solve;
+pub mod stub;
 
 pub use cfg::{Block, Cfg, CodeRange, Edge, EdgeKind, Node};
+pub use counters::{Cost, CounterPlacement, Quantity, place_counters, quantities, solve_counters};
 pub use placement::{Placement, default_costs, place};
+pub use sites::{FunctionCode, Place, Site, SiteCounter, counter_costs, plan_sites};
 pub use solve::{BranchCount, Counts, solve};
+pub use stub::{Stub, stub};
 
 /// Why a function's graph cannot be built, or its counts not derived.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -112,6 +125,21 @@ pub enum Error {
     Unresolvable {
         /// Edges left without a count.
         unknown: usize,
+    },
+    /// No window of the code can hold the counter of a quantity: it was
+    /// placed where [`counter_costs`] says none fits.
+    #[error("no counter can be patched in for {quantity:?}")]
+    NoSite {
+        /// The quantity.
+        quantity: Quantity,
+    },
+    /// A counting stub cannot be built or reached.
+    #[error("the counter at {at:#x}: {reason}")]
+    Stub {
+        /// The site's address.
+        at: u64,
+        /// Why.
+        reason: String,
     },
     /// Flow is not conserved at a node once every count is known.
     #[error("the counts are inconsistent: {inflow} in and {outflow} out of node {node}")]

@@ -5,6 +5,7 @@
 //! impossible to count.
 
 use super::cfg::{Cfg, Node};
+use super::graph::Graph;
 
 /// The edges that hold counters, and the tree whose edges do not.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,33 +26,6 @@ impl Placement {
     }
 }
 
-/// Disjoint sets of nodes, for Kruskal's algorithm.
-struct UnionFind {
-    parent: Vec<usize>,
-}
-
-impl UnionFind {
-    fn new(size: usize) -> Self {
-        UnionFind { parent: (0..size).collect() }
-    }
-
-    fn root(&mut self, mut node: usize) -> usize {
-        while self.parent[node] != node {
-            // Path halving keeps later look-ups short.
-            self.parent[node] = self.parent[self.parent[node]];
-            node = self.parent[node];
-        }
-        node
-    }
-
-    /// Joins the sets of `a` and `b`; false when they were one already.
-    fn join(&mut self, a: usize, b: usize) -> bool {
-        let (a, b) = (self.root(a), self.root(b));
-        self.parent[a] = b;
-        a != b
-    }
-}
-
 /// Chooses the counted edges of `cfg`. `costs[id]` says how costly
 /// counting edge `id` is (missing: 0): the costliest go on the tree first
 /// (after the fake and virtual edges, which always do, as gcc places them),
@@ -62,12 +36,7 @@ pub fn place(cfg: &Cfg, costs: &[u32]) -> Placement {
     let mut order: Vec<(bool, u32, usize)> =
         edges.iter().enumerate().map(|(id, edge)| (!edge.kind.is_artificial(), u32::MAX - cost(id), id)).collect();
     order.sort_unstable();
-    let mut sets = UnionFind::new(cfg.node_count());
-    let mut on_tree = vec![false; edges.len()];
-    for (_, _, id) in order {
-        let edge = &edges[id];
-        on_tree[id] = sets.join(cfg.node_index(edge.from), cfg.node_index(edge.to));
-    }
+    let on_tree = Graph::edges(cfg).spanning_tree(order.into_iter().map(|(_, _, id)| id));
     let counted = (0..edges.len()).filter(|&id| !on_tree[id]).collect();
     Placement { on_tree, counted }
 }

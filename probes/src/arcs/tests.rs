@@ -415,3 +415,321 @@ fn arcs_costly_edges_are_not_counted() {
         assert_eq!(placement.counted().len(), 2);
     }
 }
+
+/// Every test function's code, for the counter placement's tests.
+fn test_functions() -> Vec<Vec<u8>> {
+    let looping = assemble(|a| {
+        let mut top = a.create_label();
+        a.xor(eax, eax)?;
+        a.set_label(&mut top)?;
+        a.add(eax, edi)?;
+        a.dec(edi)?;
+        a.jne(top)?;
+        a.ret()
+    });
+    let breaking = assemble(|a| {
+        let (mut top, mut done) = (a.create_label(), a.create_label());
+        a.set_label(&mut top)?;
+        a.cmp(byte_ptr(rsi), 0)?;
+        a.je(done)?;
+        a.inc(rsi)?;
+        a.dec(edi)?;
+        a.jne(top)?;
+        a.mov(eax, -1)?;
+        a.ret()?;
+        a.set_label(&mut done)?;
+        a.xor(eax, eax)?;
+        a.ret()
+    });
+    let calling = assemble(|a| {
+        let mut top = a.create_label();
+        a.push(rbx)?;
+        a.mov(ebx, edi)?;
+        a.set_label(&mut top)?;
+        a.call(ELSEWHERE)?;
+        a.dec(ebx)?;
+        a.jne(top)?;
+        a.pop(rbx)?;
+        a.ret()
+    });
+    vec![if_else(), looping, breaking, calling, parallel_edges()]
+}
+
+/// `cmp edi,1; jne +0` makes two edges between the same blocks: a cycle
+/// that no block's count breaks, so one of them is counted at its `jcc`.
+fn parallel_edges() -> Vec<u8> {
+    assemble(|a| {
+        let mut next = a.create_label();
+        a.cmp(edi, 1)?;
+        a.jne(next)?;
+        a.set_label(&mut next)?;
+        a.xor(eax, eax)?;
+        a.ret()
+    })
+}
+
+/// A quantity's count in an execution given by its edges' counts.
+fn value(cfg: &Cfg, truth: &[i64], quantity: Quantity) -> u64 {
+    match quantity {
+        Quantity::Edge(e) => truth[e] as u64,
+        Quantity::Block(b) => block_counts(cfg, truth)[b],
+    }
+}
+
+/// The fewest quantities without a counter that any spanning tree leaves
+/// counted: the independent cycles among them and the artificial edges.
+fn fewest_probes(cfg: &Cfg, costs: &[Cost]) -> usize {
+    let blocks = cfg.blocks().len();
+    let node = |n: Node, leaving: bool| match n {
+        Node::Block(b) => b + if leaving { blocks } else { 0 },
+        Node::Entry => 2 * blocks,
+        Node::Exit => 2 * blocks + 1,
+    };
+    let mut parent: Vec<usize> = (0..2 * blocks + 2).collect();
+    fn root(parent: &mut [usize], mut n: usize) -> usize {
+        while parent[n] != n {
+            n = parent[n];
+        }
+        n
+    }
+    let mut cycles = 0;
+    let arcs = cfg.edges().iter().map(|e| (node(e.from, true), node(e.to, false), e.kind.is_artificial()));
+    let arcs: Vec<(usize, usize, bool)> = arcs.chain((0..blocks).map(|b| (b, b + blocks, false))).collect();
+    for (id, &(from, to, artificial)) in arcs.iter().enumerate() {
+        if artificial || costs.get(id).is_none_or(|&c| c == Cost::NoCounter) {
+            let (a, b) = (root(&mut parent, from), root(&mut parent, to));
+            if a == b {
+                cycles += 1;
+            } else {
+                parent[a] = b;
+            }
+        }
+    }
+    cycles
+}
+
+/// What every counter placement must satisfy: as many counters as edges
+/// alone would need, none on a fake or virtual edge, the fewest without a
+/// cheap counter, and simulated executions recomputed from them exactly.
+fn check_counters(cfg: &Cfg, costs: &[Cost]) -> CounterPlacement {
+    let placement = place_counters(cfg, costs);
+    assert_eq!(placement.counted().len(), cfg.edges().len() + 1 - cfg.node_count(), "{:?}", arcs(cfg));
+    for &q in placement.counted() {
+        assert!(!matches!(q, Quantity::Edge(e) if cfg.edges()[e].kind.is_artificial()), "counter on {q:?}");
+        assert!(!placement.on_tree(cfg, q));
+    }
+    assert_eq!(placement.needs_probe().len(), fewest_probes(cfg, costs));
+    for seed in [1, 7, 1234, 99_999] {
+        let truth = execute(cfg, 50, seed);
+        let given: Vec<u64> = placement.counted().iter().map(|&q| value(cfg, &truth, q)).collect();
+        let counts = solve_counters(cfg, &placement, &given).unwrap();
+        assert_eq!(counts.edges(), &truth[..]);
+        assert_eq!(counts.blocks(), &block_counts(cfg, &truth)[..]);
+        assert_eq!(counts.calls(), 50);
+    }
+    placement
+}
+
+#[test]
+fn arcs_counters_on_blocks_alone_recover_every_count() {
+    for code in test_functions() {
+        let cfg = graph(&code);
+        let costs: Vec<Cost> = quantities(&cfg)
+            .iter()
+            .map(|q| match q {
+                Quantity::Block(b) => Cost::Counter(1 + *b as u32),
+                Quantity::Edge(_) => Cost::NoCounter,
+            })
+            .collect();
+        let placement = check_counters(&cfg, &costs);
+        let counted_edges = placement.counted().iter().filter(|q| matches!(q, Quantity::Edge(_))).count();
+        // Only the parallel edges need an edge counted: with none cheap, a probe.
+        assert_eq!(counted_edges, placement.needs_probe().len());
+        assert_eq!(counted_edges, usize::from(code == parallel_edges()), "{:?}", arcs(&cfg));
+    }
+}
+
+#[test]
+fn arcs_counters_with_costs_from_the_code_use_blocks_and_jccs() {
+    let mut blocks_counted = 0;
+    for (f, code) in test_functions().into_iter().enumerate() {
+        let cfg = graph(&code);
+        let function = FunctionCode::new(&cfg, &[CodeRange { address: BASE, bytes: &code }]).unwrap();
+        let costs = counter_costs(&cfg, &function);
+        let placement = check_counters(&cfg, &costs);
+        // The call in a loop: only the call's block (`call rel32`) holds a
+        // jump; push+mov (3 bytes), dec+jne (4) and pop+ret (2) do not, and
+        // with the fake edge they form two cycles of their own.
+        let probes = if f == 3 { 2 } else { 0 };
+        assert_eq!(placement.needs_probe().len(), probes, "{:?}", arcs(&cfg));
+        blocks_counted += placement.counted().iter().filter(|q| matches!(q, Quantity::Block(_))).count();
+        let sites = plan_sites(&cfg, &function, &placement).unwrap();
+        let mut indexes: Vec<usize> = sites.iter().flat_map(|s| s.counters.iter().map(|c| c.index)).collect();
+        indexes.sort_unstable();
+        let cheap = (0..placement.counted().len()).filter(|&i| !placement.needs_probe().contains(&placement.counted()[i]));
+        assert_eq!(indexes, cheap.collect::<Vec<_>>());
+        for site in &sites {
+            let block = &cfg.blocks()[site.block];
+            assert!(site.len() >= 5 && site.at >= block.start && site.end() <= block.end());
+            assert_eq!(site.original, code[(site.at - BASE) as usize..(site.end() - BASE) as usize]);
+        }
+        if code == parallel_edges() {
+            // The jcc's window: cmp + jne, its not-taken or taken edge counted there.
+            assert_eq!((sites.len(), sites[0].at, sites[0].len()), (1, BASE, 5));
+            assert!(matches!(sites[0].counters[0].place, Place::Taken | Place::NotTaken));
+        }
+    }
+    assert!(blocks_counted >= 4, "{blocks_counted}");
+}
+
+/// `dec edi; jne top`, 4 bytes: the loop's block holds no jump and its
+/// back edge no counter, and the two form a cycle: one of them is named as
+/// needing a probe, and with its count given every count comes out.
+#[test]
+fn arcs_counters_a_tight_loop_needs_a_probe() {
+    let code = assemble(|a| {
+        let mut top = a.create_label();
+        a.xor(eax, eax)?;
+        a.add(eax, 1000)?;
+        a.set_label(&mut top)?;
+        a.dec(edi)?;
+        a.jne(top)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    let function = FunctionCode::new(&cfg, &[CodeRange { address: BASE, bytes: &code }]).unwrap();
+    let costs = counter_costs(&cfg, &function);
+    let top = cfg.block_at(BASE + 7).unwrap();
+    assert_eq!(costs[cfg.edges().len() + top], Cost::NoCounter);
+    let placement = check_counters(&cfg, &costs);
+    assert_eq!(placement.needs_probe().len(), 1);
+    let probe = placement.needs_probe()[0];
+    assert!(
+        probe == Quantity::Block(top) || matches!(probe, Quantity::Edge(e) if cfg.edges()[e].kind == EdgeKind::Taken { jcc: BASE + 9 })
+    );
+    // The sites leave it out.
+    let sites = plan_sites(&cfg, &function, &placement).unwrap();
+    assert!(sites.iter().all(|s| s.counters.iter().all(|c| c.quantity != probe)));
+}
+
+/// The flags: a block that starts with a `jcc` reading the flags of the
+/// block before needs them saved; a block that sets them first does not.
+#[test]
+fn arcs_flags_are_live_where_a_jcc_reads_them_from_the_block_before() {
+    let code = assemble(|a| {
+        let (mut less, mut equal) = (a.create_label(), a.create_label());
+        a.cmp(edi, 10)?;
+        a.je(equal)?;
+        a.jl(less)?; // a block of its own, reading cmp's flags
+        a.mov(eax, 3)?;
+        a.ret()?;
+        a.set_label(&mut less)?;
+        a.mov(eax, 1)?;
+        a.ret()?;
+        a.set_label(&mut equal)?;
+        a.mov(eax, 2)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    let function = FunctionCode::new(&cfg, &[CodeRange { address: BASE, bytes: &code }]).unwrap();
+    let jl = cfg.block_at(BASE + 5).unwrap();
+    assert_eq!(function.live_flags(jl, 0) & sites::INC_WRITES, iced_x86::RflagsBits::SF | iced_x86::RflagsBits::OF);
+    // Before the cmp, and at every mov-then-ret block, nothing is live.
+    assert_eq!(function.live_flags(cfg.entry_block(), 0), 0);
+    assert_eq!(function.live_at(Node::Block(cfg.block_at(BASE + 7).unwrap())), 0);
+    assert_eq!(function.first_window(jl), None, "jl rel8 is 2 bytes");
+}
+
+/// Counts that are no execution's are errors, never panics, on the split
+/// graph as on the edges.
+#[test]
+fn arcs_counters_hostile_counts_never_panic() {
+    let code = if_else();
+    let cfg = graph(&code);
+    let costs: Vec<Cost> = quantities(&cfg).iter().map(|_| Cost::Counter(1)).collect();
+    let placement = place_counters(&cfg, &costs);
+    let mut random = Random(42);
+    let values = [0, 1, 2, 1 << 40, i64::MAX as u64, i64::MAX as u64 + 1, u64::MAX];
+    for _ in 0..2000 {
+        let given: Vec<u64> = placement.counted().iter().map(|_| values[random.below(values.len())]).collect();
+        if let Ok(counts) = solve_counters(&cfg, &placement, &given) {
+            for (e, edge) in cfg.edges().iter().enumerate() {
+                assert!(edge.kind.is_artificial() || counts.edge(e) >= 0);
+            }
+        }
+    }
+    assert!(matches!(solve_counters(&cfg, &placement, &[1]), Err(Error::CountNumber { .. })));
+}
+
+/// Code mangled at random (bytes of the test functions changed): whatever
+/// builds a graph goes through costs, placement, sites and stubs with
+/// answers or errors, never a panic, and every site stays in its block.
+#[test]
+fn arcs_counters_on_mangled_code_never_panic() {
+    let mut random = Random(2024);
+    let mut planned = 0;
+    for _ in 0..3000 {
+        let functions = test_functions();
+        let mut code = functions[random.below(functions.len())].clone();
+        for _ in 0..1 + random.below(3) {
+            let at = random.below(code.len());
+            code[at] = random.below(256) as u8;
+        }
+        let parts = [CodeRange { address: BASE, bytes: &code }];
+        let Ok(cfg) = Cfg::build(&parts) else { continue };
+        let function = FunctionCode::new(&cfg, &parts).unwrap();
+        let placement = place_counters(&cfg, &counter_costs(&cfg, &function));
+        // Costs from the code never place a counter where no site fits.
+        let sites = plan_sites(&cfg, &function, &placement).unwrap();
+        let counters: Vec<u64> = (0..placement.counted().len() as u64).map(|i| 0x9000 + 8 * i).collect();
+        for site in &sites {
+            let block = &cfg.blocks()[site.block];
+            assert!(site.at >= block.start && site.end() <= block.end());
+            let _ = stub(site, 0x8000, &counters);
+        }
+        planned += 1;
+    }
+    assert!(planned > 500, "{planned}");
+}
+
+/// A function's leading `endbr64` stays where it is (an indirect call must
+/// land on it): the entry block's window starts after it. A stub's first
+/// moved instruction maps to the stub's start, before its counter.
+#[test]
+fn arcs_windows_leave_endbr64_in_place_and_stubs_say_where_threads_go() {
+    let code = assemble(|a| {
+        let mut skip = a.create_label();
+        a.endbr64()?;
+        a.push(rbx)?;
+        a.mov(ebx, edi)?;
+        a.test(ebx, ebx)?;
+        a.je(skip)?;
+        a.mov(eax, 7)?;
+        a.set_label(&mut skip)?;
+        a.pop(rbx)?;
+        a.ret()
+    });
+    let parts = [CodeRange { address: BASE, bytes: &code }];
+    let cfg = graph(&code);
+    let function = FunctionCode::new(&cfg, &parts).unwrap();
+    assert_eq!(function.first_window(cfg.entry_block()), Some(1..4));
+    let costs: Vec<Cost> = quantities(&cfg)
+        .iter()
+        .map(|&q| if q == Quantity::Block(0) { Cost::Counter(0) } else { sites::cost(&cfg, &function, q) })
+        .collect();
+    let placement = place_counters(&cfg, &costs);
+    assert!(placement.counted().contains(&Quantity::Block(0)));
+    let sites = plan_sites(&cfg, &function, &placement).unwrap();
+    let entry = sites.iter().find(|s| s.block == 0).unwrap();
+    assert_eq!((entry.at, entry.len()), (BASE + 4, 5));
+    let counters: Vec<u64> = (0..placement.counted().len() as u64).map(|i| 0x20_0000 + 8 * i).collect();
+    let made = stub(entry, 0x10_0000, &counters).unwrap();
+    let moved: Vec<u64> = made.moved.iter().map(|m| m.0).collect();
+    assert_eq!(moved, [BASE + 4, BASE + 5, BASE + 7]);
+    assert_eq!(made.moved[0].1, 0x10_0000);
+    assert!(made.moved[1..].iter().all(|m| m.1 > 0x10_0000 && m.1 < 0x10_0000 + made.code.len() as u64));
+    // Out of reach: a stub 4 GiB away from the code, counters 4 GiB away
+    // from the stub (and above the 2 GiB an absolute address reaches).
+    assert!(matches!(entry.jump_to(BASE + (4 << 30)), Err(Error::Stub { .. })));
+    assert!(matches!(stub(entry, 0x10_0000, &[0x7f00_0000_0000; 4]), Err(Error::Stub { .. })));
+}

@@ -1,0 +1,165 @@
+//! The code a site's jump leads to: its counters and the instructions the
+//! jump replaced, moved, then back to the code after the window.
+//!
+//! ```text
+//! lea rsp, [rsp-128]          ; a leaf function's red zone survives
+//! pushfq                      ; only if the flags are live there
+//! lock inc qword [rip+counter]
+//! popfq
+//! lea rsp, [rsp+128]
+//! <the replaced instructions> ; a final jcc jumps to `taken:` if its
+//!                             ; taken edge is counted; a final call
+//!                             ; pushes its original return address
+//!                             ; and jumps
+//! <not-taken counter>         ; as above, if counted
+//! jmp <end of the window>     ; unless the last one was a jmp or ret
+//! taken: <taken counter>; jmp <the jcc's target>
+//! ```
+//!
+//! The counter is addressed relative to rip. A process's code lies
+//! anywhere in the address space (PIE, ASLR), so an absolute `[disp32]`,
+//! which reaches only the lowest 2 GiB, would not do; the stubs are within
+//! a rel32 of the code anyway (the window's jump), and the counters beside
+//! them are within a rel32 of the stubs. No register is taken (a
+//! `mov reg, imm64` would need one saved on the stack). `lock inc` is one
+//! atomic read-modify-write: threads lose no increment.
+//!
+//! Everything is encoded by iced-x86's block encoder, which rewrites the
+//! moved instructions' rip-relative operands and branches for their new
+//! address. The moved instructions are given no address of their own
+//! there, so that a branch of theirs back to the window's start (a loop of
+//! one block) goes to the original code, through the jump, and counts again.
+
+use super::Error;
+use super::sites::{Place, Site, SiteCounter};
+use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, FlowControl, IcedError, Instruction, InstructionBlock, MemoryOperand, Register};
+
+/// Bytes below rsp that a leaf function may use without moving rsp.
+const RED_ZONE: i64 = 128;
+
+/// A site's stub.
+#[derive(Clone, Debug)]
+pub struct Stub {
+    /// Its code, for its address.
+    pub code: Vec<u8>,
+    /// For each replaced instruction, its address in the original code and
+    /// where a thread stopped there goes on in the stub (the first: the
+    /// stub's start, so that its block still counts).
+    pub moved: Vec<(u64, u64)>,
+}
+
+/// Builds the stub of `site` at `address`, counter `i` of the placement
+/// being the 8 bytes at `counters[i]`. Fails if a counter or something a
+/// moved instruction refers to is out of a rel32's reach of `address`.
+pub fn stub(site: &Site, address: u64, counters: &[u64]) -> Result<Stub, Error> {
+    let (code, moved_from) = instructions(site, address, counters)?;
+    let encoded = BlockEncoder::encode(64, InstructionBlock::new(&code, address), BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .map_err(|e| Error::Stub { at: site.at, reason: format!("the stub cannot be encoded: {e}") })?;
+    let offsets = &encoded.new_instruction_offsets;
+    let mut moved: Vec<(u64, u64)> = site
+        .replaced
+        .iter()
+        .enumerate()
+        .map(|(k, i)| (i.ip(), address + u64::from(offsets.get(moved_from + k).copied().unwrap_or(0))))
+        .collect();
+    if let Some(first) = moved.first_mut() {
+        first.1 = address;
+    }
+    Ok(Stub { code: encoded.code_buffer, moved })
+}
+
+/// The stub's instructions, and the index of the first moved one.
+fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Instruction>, usize), Error> {
+    let fail = |reason: String| Error::Stub { at: site.at, reason };
+    let iced = |e: IcedError| fail(e.to_string());
+    let Some(&last) = site.replaced.last() else { return Err(fail("the site replaces nothing".into())) };
+    let counting = |place: Place| -> Result<Vec<Instruction>, Error> {
+        let mut code = Vec::new();
+        for counter in site.counters.iter().filter(|c| c.place == place) {
+            let at = counters.get(counter.index).copied().ok_or_else(|| fail(format!("no address for counter {}", counter.index)))?;
+            code.extend(count(at, counter).map_err(iced)?);
+        }
+        Ok(code)
+    };
+    let jcc = last.flow_control() == FlowControl::ConditionalBranch;
+    if !jcc && site.counters.iter().any(|c| c.place != Place::Start) {
+        return Err(fail("an edge counted at a window that does not end with its jcc".into()));
+    }
+    let mut code = counting(Place::Start)?;
+    let moved_from = code.len();
+    code.extend(site.replaced.iter().map(|&i| without_address(i)));
+    if last.is_call_near() || last.code() == Code::Call_rm64 {
+        code.pop();
+        code.extend(call_from_original(&last).map_err(iced)?);
+    }
+    let mut taken = counting(Place::Taken)?;
+    if let (Some(first), Some(moved_jcc)) = (taken.first_mut(), code.last_mut()) {
+        if last.near_branch_target() == address {
+            return Err(fail("the jcc jumps to the stub's own address".into()));
+        }
+        // The label of the taken counter: the stub's own address, which no
+        // original branch targets.
+        first.set_ip(address);
+        moved_jcc.set_near_branch64(address);
+    }
+    if matches!(last.flow_control(), FlowControl::Next | FlowControl::ConditionalBranch) {
+        code.extend(counting(Place::NotTaken)?);
+        code.push(jump(site.end()).map_err(iced)?);
+    }
+    if !taken.is_empty() {
+        code.append(&mut taken);
+        code.push(jump(last.near_branch_target()).map_err(iced)?);
+    }
+    Ok((code, moved_from))
+}
+
+/// A call made as if from its original address: push the return address
+/// (its low half sign-extended, then its high half written), and jump
+/// where the call went (`jmp rel32`, or `jmp` through the same register or
+/// memory, which does not involve rsp). The callee returns into the
+/// original code, after the window, and an unwinder sees the return
+/// address it expects.
+fn call_from_original(call: &Instruction) -> Result<[Instruction; 3], IcedError> {
+    let back = call.next_ip();
+    let push = Instruction::with1(Code::Pushq_imm32, back as u32 as i32)?;
+    let high = Instruction::with2(Code::Mov_rm32_imm32, MemoryOperand::with_base_displ(Register::RSP, 4), (back >> 32) as u32)?;
+    let go = if call.is_call_near() {
+        jump(call.near_branch_target())?
+    } else {
+        let mut go = without_address(*call);
+        go.set_code(Code::Jmp_rm64);
+        go
+    };
+    Ok([push, high, go])
+}
+
+/// The instruction with no address: the block encoder keeps it as it is,
+/// its branch and rip-relative targets absolute, and never takes it for
+/// a branch's target.
+fn without_address(mut instruction: Instruction) -> Instruction {
+    instruction.set_ip(0);
+    instruction
+}
+
+fn jump(target: u64) -> Result<Instruction, IcedError> {
+    Instruction::with_branch(Code::Jmp_rel32_64, target)
+}
+
+/// `lea rsp,[rsp-128]`, `pushfq` if the flags are live, `lock inc qword
+/// [rip+counter]`, `popfq`, `lea rsp,[rsp+128]`: no register or flag
+/// changes, and what a leaf function keeps below rsp stays.
+fn count(at: u64, counter: &SiteCounter) -> Result<Vec<Instruction>, IcedError> {
+    let rsp = |offset: i64| Instruction::with2(Code::Lea_r64_m, Register::RSP, MemoryOperand::with_base_displ(Register::RSP, offset));
+    let mut inc = Instruction::with1(Code::Inc_rm64, MemoryOperand::with_base_displ(Register::RIP, at as i64))?;
+    inc.set_has_lock_prefix(true);
+    let mut code = vec![rsp(-RED_ZONE)?];
+    if counter.flags_live {
+        code.push(Instruction::with(Code::Pushfq));
+    }
+    code.push(inc);
+    if counter.flags_live {
+        code.push(Instruction::with(Code::Popfq));
+    }
+    code.push(rsp(RED_ZONE)?);
+    Ok(code)
+}
