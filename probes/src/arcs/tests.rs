@@ -14,6 +14,24 @@ fn assemble(body: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>) -> V
     a.assemble(BASE).unwrap()
 }
 
+/// A loop over bytes that leaves at a zero byte or after `edi` turns.
+fn loop_with_a_break() -> Vec<u8> {
+    assemble(|a| {
+        let (mut top, mut done) = (a.create_label(), a.create_label());
+        a.set_label(&mut top)?;
+        a.cmp(byte_ptr(rsi), 0)?;
+        a.je(done)?;
+        a.inc(rsi)?;
+        a.dec(edi)?;
+        a.jne(top)?;
+        a.mov(eax, -1)?;
+        a.ret()?;
+        a.set_label(&mut done)?;
+        a.xor(eax, eax)?;
+        a.ret()
+    })
+}
+
 fn graph(code: &[u8]) -> Cfg {
     Cfg::build(&[CodeRange { address: BASE, bytes: code }]).unwrap()
 }
@@ -180,20 +198,7 @@ fn arcs_loop_counts_its_back_edge() {
 
 #[test]
 fn arcs_loop_with_a_break_has_two_exits() {
-    let code = assemble(|a| {
-        let (mut top, mut done) = (a.create_label(), a.create_label());
-        a.set_label(&mut top)?;
-        a.cmp(byte_ptr(rsi), 0)?;
-        a.je(done)?;
-        a.inc(rsi)?;
-        a.dec(edi)?;
-        a.jne(top)?;
-        a.mov(eax, -1)?;
-        a.ret()?;
-        a.set_label(&mut done)?;
-        a.xor(eax, eax)?;
-        a.ret()
-    });
+    let code = loop_with_a_break();
     let cfg = graph(&code);
     assert_eq!(cfg.blocks().len(), 4);
     assert_eq!(cfg.edges().iter().filter(|e| matches!(e.kind, EdgeKind::Return { .. })).count(), 2);
@@ -427,20 +432,7 @@ fn test_functions() -> Vec<Vec<u8>> {
         a.jne(top)?;
         a.ret()
     });
-    let breaking = assemble(|a| {
-        let (mut top, mut done) = (a.create_label(), a.create_label());
-        a.set_label(&mut top)?;
-        a.cmp(byte_ptr(rsi), 0)?;
-        a.je(done)?;
-        a.inc(rsi)?;
-        a.dec(edi)?;
-        a.jne(top)?;
-        a.mov(eax, -1)?;
-        a.ret()?;
-        a.set_label(&mut done)?;
-        a.xor(eax, eax)?;
-        a.ret()
-    });
+    let breaking = loop_with_a_break();
     let calling = assemble(|a| {
         let mut top = a.create_label();
         a.push(rbx)?;
