@@ -78,18 +78,29 @@ async function load(browser) {
     { timeout: left(), polling: 50 },
   );
   shown.catch(() => {});
-  await Promise.race([shown, refused]);
+  await Promise.race([shown, refused]).catch((e) => {
+    throw new Error(`the profile did not show: ${e.message}`);
+  });
   if (problems.length) throw new Error(problems.join("\n"));
   if (/Something went wrong/.test(await page.evaluate(() => document.body.innerText))) {
     throw new Error(`speedscope could not load ${profile}`);
   }
-  // Ctrl+S: speedscope's export of what it loaded.
-  await page.keyboard.down("Control");
-  await page.keyboard.press("s");
-  await page.keyboard.up("Control");
-  const exported = page.waitForFunction(() => window.__exported !== undefined, { timeout: left(), polling: 50 });
-  exported.catch(() => {});
-  await Promise.race([exported, refused]);
+  // Ctrl+S: speedscope's export of what it loaded. Its key handler may be
+  // attached a moment after the profile shows (on a busy machine, long
+  // after): pressed again each second until the export comes.
+  for (;;) {
+    await page.keyboard.down("Control");
+    await page.keyboard.press("s");
+    await page.keyboard.up("Control");
+    const exported = page.waitForFunction(() => window.__exported !== undefined, { timeout: Math.min(1000, left()), polling: 50 });
+    exported.catch(() => {});
+    try {
+      await Promise.race([exported, refused]);
+      break;
+    } catch (e) {
+      if (problems.length || left() <= 1) throw new Error(`the profile showed, its export did not come: ${e.message}`);
+    }
+  }
   const text = await page.evaluate(() => window.__exported.text());
   if (problems.length) throw new Error(problems.join("\n"));
   fs.writeFileSync(out, text);
