@@ -268,12 +268,9 @@ fn arcs_patched_counts_are_exact_with_four_threads() {
     assert_eq!(all.calls(), 200_000);
 }
 
-/// `h(x) = x odd ? 3x + 1 : x / 2`, and `g(n) = h(0) + ... + h(n - 1)`,
-/// which calls it: the call moved into a stub returns into `g`'s code.
-#[test]
-fn arcs_patched_caller_and_callee_count_exactly() {
-    let mut memory = Memory::new();
-    let h = memory.function(|a| {
+/// `h(x) = x odd ? 3x + 1 : x / 2`, its `x / 2` block's start labelled.
+fn collatz_step(memory: &mut Memory) -> Function {
+    memory.function(|a| {
         let mut half = a.create_label();
         a.mov(rax, rdi)?;
         a.test(dil, 1)?;
@@ -284,7 +281,15 @@ fn arcs_patched_caller_and_callee_count_exactly() {
         a.shr(rax, 1)?;
         a.ret()?;
         Ok(vec![half])
-    });
+    })
+}
+
+/// `h(x) = x odd ? 3x + 1 : x / 2`, and `g(n) = h(0) + ... + h(n - 1)`,
+/// which calls it: the call moved into a stub returns into `g`'s code.
+#[test]
+fn arcs_patched_caller_and_callee_count_exactly() {
+    let mut memory = Memory::new();
+    let h = collatz_step(&mut memory);
     let h_at = h.address;
     let g = memory.function(|a| {
         let [mut lp, mut after, mut done] = [(); 3].map(|_| a.create_label());
@@ -557,18 +562,7 @@ fn arcs_patched_loop_of_one_block_counts_each_turn() {
 #[test]
 fn arcs_patched_indirect_calls_return_into_the_caller() {
     let mut memory = Memory::new();
-    let h = memory.function(|a| {
-        let mut half = a.create_label();
-        a.mov(rax, rdi)?;
-        a.test(dil, 1)?;
-        a.je(half)?;
-        a.lea(rax, qword_ptr(rdi + rdi * 2 + 1))?;
-        a.ret()?;
-        a.set_label(&mut half)?;
-        a.shr(rax, 1)?;
-        a.ret()?;
-        Ok(vec![])
-    });
+    let h = collatz_step(&mut memory);
     let h_at = h.address;
     let caller = |memory: &mut Memory, through_memory: bool| {
         memory.function(|a| {

@@ -32,6 +32,21 @@ fn loop_with_a_break() -> Vec<u8> {
     })
 }
 
+/// A loop calling another function `edi` times.
+fn call_in_a_loop() -> Vec<u8> {
+    assemble(|a| {
+        let mut top = a.create_label();
+        a.push(rbx)?;
+        a.mov(ebx, edi)?;
+        a.set_label(&mut top)?;
+        a.call(ELSEWHERE)?;
+        a.dec(ebx)?;
+        a.jne(top)?;
+        a.pop(rbx)?;
+        a.ret()
+    })
+}
+
 fn graph(code: &[u8]) -> Cfg {
     Cfg::build(&[CodeRange { address: BASE, bytes: code }]).unwrap()
 }
@@ -208,17 +223,7 @@ fn arcs_loop_with_a_break_has_two_exits() {
 
 #[test]
 fn arcs_call_in_a_loop_ends_its_block_with_a_fake_edge() {
-    let code = assemble(|a| {
-        let mut top = a.create_label();
-        a.push(rbx)?;
-        a.mov(ebx, edi)?;
-        a.set_label(&mut top)?;
-        a.call(ELSEWHERE)?;
-        a.dec(ebx)?;
-        a.jne(top)?;
-        a.pop(rbx)?;
-        a.ret()
-    });
+    let code = call_in_a_loop();
     let cfg = graph(&code);
     // push+mov (3), call (5), dec+jne, pop+ret.
     assert_eq!(starts(&cfg), [BASE, BASE + 3, BASE + 8, BASE + 12]);
@@ -433,17 +438,7 @@ fn test_functions() -> Vec<Vec<u8>> {
         a.ret()
     });
     let breaking = loop_with_a_break();
-    let calling = assemble(|a| {
-        let mut top = a.create_label();
-        a.push(rbx)?;
-        a.mov(ebx, edi)?;
-        a.set_label(&mut top)?;
-        a.call(ELSEWHERE)?;
-        a.dec(ebx)?;
-        a.jne(top)?;
-        a.pop(rbx)?;
-        a.ret()
-    });
+    let calling = call_in_a_loop();
     vec![if_else(), looping, breaking, calling, parallel_edges()]
 }
 
