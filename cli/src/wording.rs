@@ -53,6 +53,16 @@ fn finding_sentence(finding: &Finding) -> String {
         Finding::CodeDiffers { functions } => {
             format!("not recorded: {} (their code in memory was not what the file holds)", functions.join(", "))
         }
+        Finding::LinesUncountable { functions } => format!(
+            "the lines of {} are followed by uprobes, not counted by the in-process engine: their control flow cannot be read ({})",
+            counted(functions.len() as u64, "function", "functions"),
+            examples(functions)
+        ),
+        Finding::LinesNotCounted { functions } => format!(
+            "the lines of {} are not counted, and show no count: {}",
+            counted(functions.len() as u64, "function", "functions"),
+            examples(functions)
+        ),
         Finding::Throttled { after_ms, functions, budget_percent } => format!(
             "after {after_ms} ms, removed the probes of {}: over the {budget_percent}% overhead budget; sampled from then on",
             with_calls(functions)
@@ -133,10 +143,20 @@ fn finding_sentence(finding: &Finding) -> String {
     }
 }
 
+/// The first few of `items`, and how many more.
+fn examples(items: &[String]) -> String {
+    const SHOWN: usize = 3;
+    let mut text = items.iter().take(SHOWN).cloned().collect::<Vec<_>>().join("; ");
+    if items.len() > SHOWN {
+        text.push_str(&format!("; and {} more", items.len() - SHOWN));
+    }
+    text
+}
+
 fn uprobe_reason(reason: UprobeReason) -> &'static str {
     match reason {
         UprobeReason::Metrics => "the in-process engine measures wall and CPU time only",
-        UprobeReason::Lines => "line counts and regions are seen by uprobes on lines",
+        UprobeReason::Lines => "regions, and the lines of a running process, are seen by uprobes on lines",
         UprobeReason::Forks => {
             "the program calls fork, and the in-process engine does not record forked processes (--no-follow-fork lets it)"
         }

@@ -11,6 +11,7 @@
 //! no block of its own; without one, the implicit return sits there).
 
 use crate::addr::FileOffset;
+use crate::arcs::lines::{FunctionLines, NO_LINE};
 use crate::plan::ProbedFunction;
 use crate::symbols::{Function, SymbolIndex, file_offset};
 use std::collections::{BTreeMap, HashMap};
@@ -44,6 +45,8 @@ pub struct LineProbe {
     pub open_path: PathBuf,
     /// Where.
     pub offset: FileOffset,
+    /// Its link-time address.
+    pub address: u64,
     /// The function it is in (index into the probed functions).
     pub function: u32,
     /// The lines it enters, in order (indexes into [`LinePlan::lines`]):
@@ -69,6 +72,47 @@ pub struct LinePlan {
 }
 
 impl LinePlan {
+    /// What the frames of function `function` (an index into the probed
+    /// functions) do with lines: rows at link-time addresses.
+    pub fn function_lines(&self, function: u32) -> FunctionLines {
+        let index = function as usize;
+        FunctionLines {
+            entry_line: self.entry_lines.get(index).copied().flatten().unwrap_or(NO_LINE),
+            entry_also: self.entry_also.get(index).cloned().unwrap_or_default(),
+            decl_line: self.decl_lines.get(index).copied().flatten(),
+            rows: self.probes.iter().filter(|p| p.function == function).map(|p| (p.address, p.lines.clone())).collect(),
+        }
+    }
+
+    /// The same lines, probed in the functions `keep` picks only (by index).
+    pub fn for_functions(&self, keep: impl Fn(u32) -> bool) -> LinePlan {
+        let kept = |i: usize| keep(i as u32);
+        LinePlan {
+            lines: self.lines.clone(),
+            probes: self.probes.iter().filter(|p| keep(p.function)).cloned().collect(),
+            entry_lines: self.entry_lines.iter().enumerate().map(|(i, l)| l.filter(|_| kept(i))).collect(),
+            entry_also: self.entry_also.iter().enumerate().map(|(i, a)| if kept(i) { a.clone() } else { Vec::new() }).collect(),
+            decl_lines: self.decl_lines.iter().enumerate().map(|(i, l)| l.filter(|_| kept(i))).collect(),
+        }
+    }
+
+    /// The line ids function `function` enters.
+    pub fn lines_of(&self, function: u32) -> Vec<u32> {
+        let own = self.function_lines(function);
+        let mut ids: Vec<u32> = own.rows.into_iter().flat_map(|(_, l)| l).chain(own.entry_also).chain(own.decl_line).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Whether function `function` has a line of its own or a row.
+    pub fn has_lines(&self, function: u32) -> bool {
+        let index = function as usize;
+        self.decl_lines.get(index).copied().flatten().is_some()
+            || self.entry_also.get(index).is_some_and(|a| !a.is_empty())
+            || self.probes.iter().any(|p| p.function == function)
+    }
+
     /// The id of a (file, line), if it has code.
     pub fn line_id(&self, file: &str, line: u32) -> Option<u32> {
         self.lines.binary_search_by(|(f, l)| (f.as_str(), *l).cmp(&(file, line))).ok().map(|i| i as u32)
@@ -165,7 +209,13 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
         .iter()
         .filter_map(|(function, address, starts)| {
             let offset = file_offset(&index.segments, crate::addr::VirtAddr(*address))?;
-            Some(LineProbe { open_path: open_path.to_path_buf(), offset, function: *function, lines: ids(&plan, starts) })
+            Some(LineProbe {
+                open_path: open_path.to_path_buf(),
+                offset,
+                address: *address,
+                function: *function,
+                lines: ids(&plan, starts),
+            })
         })
         .collect();
     plan.decl_lines = decls.iter().map(|d| d.and_then(|(file, line)| plan.line_id(index.files.path(file), line))).collect();

@@ -112,9 +112,28 @@ impl Instrumented {
     /// `costs`, plans the sites (changed by `edit`), writes the stubs and
     /// patches the jumps in.
     fn new(memory: &mut Memory, f: &Function, costs: impl FnOnce(&Cfg, &mut [Cost]), edit: impl FnOnce(&mut [Site])) -> Instrumented {
+        Instrumented::build(memory, f, false, costs, edit)
+    }
+
+    /// The same, calls returning into their stubs where what follows them
+    /// is counted.
+    fn returning(memory: &mut Memory, f: &Function) -> Instrumented {
+        Instrumented::build(memory, f, true, |_, _| {}, |_| {})
+    }
+
+    fn build(
+        memory: &mut Memory,
+        f: &Function,
+        returning: bool,
+        costs: impl FnOnce(&Cfg, &mut [Cost]),
+        edit: impl FnOnce(&mut [Site]),
+    ) -> Instrumented {
         let parts = [CodeRange { address: f.address, bytes: &f.code }];
         let cfg = Cfg::build(&parts).unwrap();
-        let code = FunctionCode::new(&cfg, &parts).unwrap();
+        let mut code = FunctionCode::new(&cfg, &parts).unwrap();
+        if returning {
+            code.let_calls_return_to_stubs();
+        }
         let mut cost = counter_costs(&cfg, &code);
         costs(&cfg, &mut cost);
         let placement = place_counters(&cfg, &cost);
@@ -338,6 +357,49 @@ fn arcs_patched_caller_and_callee_count_exactly() {
     // The call's block is where g's loop is counted.
     let call_block = counted_g.cfg.block_at(lp).unwrap();
     assert!(counted_g.sites.iter().any(|s| s.block == call_block), "{:?}", counted_g.placement);
+}
+
+/// `w(x, y) = y ? h(x) : x`, as `push rbx; ...; call h; pop rbx; ret`:
+/// the 2 bytes after the call hold no window, so the return is counted in
+/// the call's stub, which the callee returns into.
+#[test]
+fn arcs_patched_calls_return_into_their_stub_to_count_what_follows() {
+    let mut memory = Memory::new();
+    let h = collatz_step(&mut memory);
+    let h_at = h.address;
+    let w = memory.function(|a| {
+        let [mut skip, mut after] = [(); 2].map(|_| a.create_label());
+        a.push(rbx)?;
+        a.mov(rax, rdi)?;
+        a.test(rsi, rsi)?;
+        a.je(skip)?;
+        a.call(h_at)?;
+        a.set_label(&mut after)?;
+        a.pop(rbx)?;
+        a.ret()?;
+        a.set_label(&mut skip)?;
+        a.pop(rbx)?;
+        a.ret()?;
+        Ok(vec![after, skip])
+    });
+    // Without returns into stubs, the block after the call needs a probe.
+    let parts = [CodeRange { address: w.address, bytes: &w.code }];
+    let cfg = Cfg::build(&parts).unwrap();
+    let plain = FunctionCode::new(&cfg, &parts).unwrap();
+    assert!(!place_counters(&cfg, &counter_costs(&cfg, &plain)).needs_probe().is_empty());
+    let counted = Instrumented::returning(&mut memory, &w);
+    assert!(counted.placement.needs_probe().is_empty(), "{:?}", counted.placement);
+    assert!(counted.places().contains(&Place::AfterCall), "{:?}", counted.places());
+    memory.seal();
+    let model_h = |x: u64| if x & 1 == 1 { 3 * x + 1 } else { x / 2 };
+    for x in 0..30u64 {
+        assert_eq!(call2(w.address)(x, x % 3), if x % 3 != 0 { model_h(x) } else { x });
+    }
+    let counts = counted.counts(&memory);
+    let [after, skip] = w.labels[..] else { panic!() };
+    assert_eq!((counts.calls(), counted.block(&counts, after), counted.block(&counts, skip)), (30, 20, 10));
+    let fake = counted.cfg.edges().iter().position(|e| e.kind == EdgeKind::Fake).unwrap();
+    assert_eq!(counts.edge(fake), 0);
 }
 
 /// `x < 10 → 1; x < 100 → 2; odd → 3; else 4`, with near `jcc`s: windows

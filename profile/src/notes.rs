@@ -45,6 +45,18 @@ pub enum Finding {
         /// Their names.
         functions: Vec<String>,
     },
+    /// The lines of these functions ("name: why") are followed by uprobes:
+    /// their control flow cannot be read to count their edges in process.
+    LinesUncountable {
+        /// Their names, each with why.
+        functions: Vec<String>,
+    },
+    /// The lines of these functions ("name: why") were not counted: their
+    /// edge counters could not be patched in, or their counts did not add up.
+    LinesNotCounted {
+        /// Their names, each with why.
+        functions: Vec<String>,
+    },
     /// The overhead governor removed functions' probes; they were sampled after.
     Throttled {
         /// When, in milliseconds from the start.

@@ -98,6 +98,11 @@ pub struct Ending {
     /// replay has the probes' calls only).
     #[serde(skip)]
     pub engine_trace: Option<TraceKeeper>,
+    /// Per line id, its entries counted by the in-process engine's edge
+    /// counters, besides what line probes counted (`None`: not counted, the
+    /// line is left out).
+    #[serde(default)]
+    pub line_counts: Option<Vec<Option<u64>>>,
 }
 
 /// The profile of a recording.
@@ -138,7 +143,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
         },
         metrics: setup.metrics.clone(),
         functions: functions(setup, &aggregate.throttled, ending),
-        lines: line_records(setup.lines.as_ref(), &aggregate.lines, &calls, metrics),
+        lines: line_records(setup.lines.as_ref(), &aggregate.lines, ending.line_counts.as_deref(), &calls, metrics),
         regions: region_records(&setup.regions, &aggregate, metrics),
         threads: aggregate.threads,
         lost: aggregate.lost,
@@ -294,23 +299,34 @@ fn comm_of(path: &str) -> String {
 
 /// Line counts: entries of each line, plus a function's calls on its
 /// declaration line.
-fn line_records(table: Option<&LineTable>, counted: &[(u64, Values)], calls: &[u64], metrics: usize) -> Vec<LineRecord> {
+fn line_records(
+    table: Option<&LineTable>,
+    probed: &[(u64, Values)],
+    counted: Option<&[Option<u64>]>,
+    calls: &[u64],
+    metrics: usize,
+) -> Vec<LineRecord> {
     let Some(table) = table else { return Vec::new() };
-    let mut records: Vec<LineRecord> = table
+    let mut records: Vec<Option<LineRecord>> = table
         .lines
         .iter()
         .enumerate()
         .map(|(i, (file, line))| {
-            let (count, cost) = counted.get(i).copied().unwrap_or_default();
-            LineRecord { file: file.clone(), line: *line, count, cost: cost.iter().copied().take(metrics).collect() }
+            let (probed, cost) = probed.get(i).copied().unwrap_or_default();
+            let count = match counted.map(|c| c.get(i).copied().flatten()) {
+                Some(None) => return None,
+                Some(Some(n)) => n.saturating_add(probed),
+                None => probed,
+            };
+            Some(LineRecord { file: file.clone(), line: *line, count, cost: cost.iter().copied().take(metrics).collect() })
         })
         .collect();
     for (function, decl) in table.decl_lines.iter().enumerate() {
-        if let (Some(record), Some(&n)) = (decl.and_then(|d| records.get_mut(d as usize)), calls.get(function)) {
+        if let (Some(Some(record)), Some(&n)) = (decl.and_then(|d| records.get_mut(d as usize)), calls.get(function)) {
             record.count = record.count.saturating_add(n);
         }
     }
-    records
+    records.into_iter().flatten().collect()
 }
 
 fn region_records(regions: &[RegionSpec], aggregate: &Aggregate, metrics: usize) -> Vec<RegionRecord> {

@@ -64,12 +64,15 @@ impl Run<'_> {
 
     /// What a call of each function costs when `patched`, for the governor:
     /// patched functions are judged by the engine's drainer as their records
-    /// arrive, the others by the recording loop (0: not its to judge).
+    /// arrive, the others by the recording loop (0: not its to judge, nor
+    /// are functions whose lines probes follow).
     pub fn call_ns(&self, patched: bool) -> Vec<u64> {
         let cost = self.options.cost.unwrap_or(crate::cost::ProbeCost::ESTIMATE);
-        let call_ns =
-            |(f, &injected): (&ProbedFunction, &bool)| if injected == patched { cost.of(f.entry, injected).call_ns.max(1) } else { 0 };
-        self.functions().iter().zip(&self.injected).map(call_ns).collect()
+        let line_probed = |i: usize| self.options.line_probed.contains(&i);
+        let call_ns = |(i, (f, &injected)): (usize, (&ProbedFunction, &bool))| {
+            if injected == patched && !line_probed(i) { cost.of(f.entry, injected).call_ns.max(1) } else { 0 }
+        };
+        self.functions().iter().zip(&self.injected).enumerate().map(call_ns).collect()
     }
 
     /// The governor of patched functions, run by the engine's watch.
@@ -389,7 +392,7 @@ impl<'a> Driver<'a> {
             .iter()
             .map(|&f| FunctionCalls { name: functions[f as usize].info.name.clone(), calls: entries.get(f as usize).copied().unwrap_or(0) })
             .collect();
-        let lines = self.run.options.lines.as_ref();
+        let lines = self.run.options.probed_lines.as_ref();
         match self.uprobes.replace(self.run.all, lines, processes, &self.enabled, over, self.queue.pending()) {
             Ok(()) => {
                 let note = self.over_budget(elapsed_ns, names);
@@ -416,7 +419,7 @@ impl<'a> Driver<'a> {
             if to_probe.is_empty() {
                 return Ok(());
             }
-            let lines = self.run.options.lines.as_ref();
+            let lines = self.run.options.probed_lines.as_ref();
             self.uprobes.replace(self.run.all, lines, processes, &self.enabled, Vec::new(), self.queue.pending())
         });
         let warmup_ms = warmup.as_millis() as u64;
@@ -494,17 +497,19 @@ impl<'a> Driver<'a> {
         });
         let aggregator = &self.consumer.aggregator;
         let names = |tid| aggregator.thread_name(tid);
-        let inject = self.inject.take().map(|source| source.finish(ended_monotonic_ns, options.metrics.len(), compensation, &names));
+        let counted_lines = options.lines.as_ref().filter(|_| options.count_lines).map(|plan| (plan, self.run.all));
+        let inject =
+            self.inject.take().map(|source| source.finish(ended_monotonic_ns, options.metrics.len(), compensation, counted_lines, &names));
         let uprobes = self.uprobes.finish();
         drop(uprobes.withdrawn);
         drop(self.child);
         let engine = inject.transpose()?;
-        let (engine_threads, engine_calls, engine_trace) = match engine {
+        let (engine_threads, engine_calls, engine_trace, line_counts) = match engine {
             Some(mut ending) => {
                 self.notes.append(&mut ending.notes);
-                (ending.threads, ending.calls, ending.trace)
+                (ending.threads, ending.calls, ending.trace, ending.line_counts)
             }
-            None => (Vec::new(), 0, None),
+            None => (Vec::new(), 0, None, None),
         };
         let ending = Ending {
             exit_code: match self.ended {
@@ -528,6 +533,7 @@ impl<'a> Driver<'a> {
             notes: self.notes,
             throttled: Default::default(),
             engine_trace,
+            line_counts,
         };
         Ok(Finished { consumer: self.consumer, ending, ended: self.ended })
     }

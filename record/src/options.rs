@@ -5,6 +5,7 @@
 use crate::cost::ProbeCost;
 use crate::observer::{Observer, Unobserved};
 use crate::request::{RegionSpec, SampleSettings};
+use proftap_probes::inject::counting::Choices;
 use proftap_probes::inject::patched::Recording;
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
@@ -65,8 +66,22 @@ pub struct RecordOptions {
     pub compensate: bool,
     /// Signals.
     pub control: Control,
-    /// Line probes, for line counts (and regions).
+    /// Lines to count (and regions).
     pub lines: Option<LinePlan>,
+    /// The in-process engine counts the lines, with counters on edges
+    /// (else line probes see them).
+    pub count_lines: bool,
+    /// The lines probes follow: all of them, or those of the functions
+    /// whose edges cannot be counted (`line_probed`).
+    pub probed_lines: Option<LinePlan>,
+    /// Functions whose lines probes follow while the others' are counted:
+    /// uprobes see their calls.
+    pub line_probed: Vec<usize>,
+    /// What edge counting may do to the code.
+    pub counting: Choices,
+    /// Functions a counter takes the entry of, when lines are counted: the
+    /// in-process engine leaves them (they are sampled).
+    pub entries_counted: Vec<usize>,
     /// Stack sampling.
     pub sample: Option<SampleSettings>,
     /// The overhead governor's budget per function, as a share of the
@@ -106,6 +121,11 @@ impl Default for RecordOptions {
             compensate: false,
             control: Control::default(),
             lines: None,
+            count_lines: false,
+            probed_lines: None,
+            line_probed: Vec::new(),
+            counting: Choices::default(),
+            entries_counted: Vec::new(),
             sample: None,
             overhead_budget: None,
             auto_instrument: None,
@@ -126,7 +146,7 @@ impl RecordOptions {
     /// How the in-process engine records, reading CPU time from `off_cpu`.
     pub fn engine_recording<'a>(&self, off_cpu: Option<&'a OffCpu>) -> Recording<'a> {
         let trace_slots = if self.trace_bytes.is_some() { TRACE_SLOTS } else { 0 };
-        Recording { off_cpu, follow_forks: self.follow_forks, trace_slots }
+        Recording { off_cpu, follow_forks: self.follow_forks, trace_slots, count_edges: &[], counting: self.counting }
     }
 }
 

@@ -11,6 +11,7 @@ use crate::recorder::record;
 use crate::request::{EngineChoice, ExitsChoice, RecordRequest, RecordTarget, RegionSpec};
 use crate::saved::Saver;
 use proftap_probes::exits::{ExitMode, unwinds};
+use proftap_probes::inject::counting;
 use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_lines};
 use proftap_probes::metrics::{Metric, MetricError, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
@@ -205,6 +206,7 @@ fn attached_modules(pid: i32) -> Result<Vec<(PathBuf, PathBuf)>, PrepareError> {
 
 fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> RecordOptions {
     let (engine, engine_note) = choose_engine(request, &metrics, chosen);
+    let count_lines = engine == Engine::Inject && chosen.lines.is_some() && counts_lines(request, chosen);
     let (duration, auto_instrument) = match request.target {
         RecordTarget::Attach { duration, auto_instrument, .. } => (duration, auto_instrument.map(|a| (a.count, a.warmup))),
         RecordTarget::Launch { .. } => (None, None),
@@ -215,8 +217,19 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         buffer_bytes: request.buffer_bytes(),
         duration,
         lines: chosen.lines.clone(),
+        count_lines,
+        probed_lines: match (&chosen.lines, count_lines) {
+            (Some(plan), true) if !chosen.uncountable.is_empty() => {
+                Some(plan.for_functions(|f| chosen.uncountable.iter().any(|(i, _)| *i == f as usize)))
+            }
+            (_, true) => None,
+            (lines, false) => lines.clone(),
+        },
+        line_probed: if count_lines { chosen.uncountable.iter().map(|(i, _)| *i).collect() } else { Vec::new() },
+        counting: chosen.counting,
+        entries_counted: if count_lines { chosen.entries_counted.clone() } else { Vec::new() },
         sample: request.sample_settings(),
-        overhead_budget: request.overhead_budget(),
+        overhead_budget: request.overhead_budget(chosen.lines.is_some() && !count_lines),
         auto_instrument,
         sample_only: !request.instrument || chosen.functions.iter().all(|f| f.role != Role::Measured),
         regions: request.regions.clone(),
@@ -234,19 +247,33 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
 fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -> (Engine, Option<Note>) {
     let why_not_inject = if metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
         Some(UprobeReason::Metrics)
-    } else if chosen.lines.is_some() {
+    } else if chosen.lines.is_some() && !counts_lines(request, chosen) {
         Some(UprobeReason::Lines)
     } else if chosen.cancels_unhooked {
         Some(UprobeReason::CancelsThreads)
     } else {
         None
     };
-    match (request.engine, why_not_inject) {
+    let engine = match (request.engine, why_not_inject) {
         (EngineChoice::Uprobe, _) => (Engine::Uprobe, None),
         (EngineChoice::Inject, _) => (Engine::Inject, None),
         (EngineChoice::Auto, None) => (Engine::Inject, None),
         (EngineChoice::Auto, Some(reason)) => (Engine::Uprobe, Some(Finding::UprobesChosen { reason }.into())),
+    };
+    if engine.0 == Engine::Inject && chosen.lines.is_some() && counts_lines(request, chosen) && !chosen.uncountable.is_empty() {
+        let functions = chosen.uncountable.iter().map(|(_, f)| f.clone()).collect();
+        return (engine.0, Some(Finding::LinesUncountable { functions }.into()));
     }
+    engine
+}
+
+/// Whether the in-process engine can count the lines asked for, with
+/// counters on edges: in a launched program (an attached one has calls in
+/// progress, which edge counts cannot tell apart), without line times or
+/// regions (they are timed). Functions whose control flow cannot be read
+/// have their lines followed by probes.
+fn counts_lines(request: &RecordRequest, chosen: &Chosen) -> bool {
+    matches!(request.target, RecordTarget::Launch { .. }) && request.regions.is_empty() && !request.line_times && chosen.lines.is_some()
 }
 
 /// The index of an executable without a symbol: no function, its
@@ -273,6 +300,13 @@ struct Chosen {
     build_id: Option<String>,
     exit_mode: ExitMode,
     lines: Option<LinePlan>,
+    /// Functions with lines whose edges cannot be counted in process
+    /// (index among the measured), with their name and why.
+    uncountable: Vec<(usize, String)>,
+    /// What edge counting may do to the code.
+    counting: counting::Choices,
+    /// Functions counted at their entry (not patched, if lines are counted).
+    entries_counted: Vec<usize>,
     /// The executable calls `pthread_cancel` and no module loaded from the
     /// start unwinds a cancelled thread (glibc loads libgcc_s on demand).
     cancels_unhooked: bool,
@@ -370,14 +404,28 @@ fn choose(
             observer.event(RecordEvent::Warning(Warning::Planning { message }));
         }
     }
-    let lines = line_files.as_ref().map(|files| {
-        let measured: Vec<ProbedFunction> = functions.iter().filter(|f| f.role == Role::Measured).cloned().collect();
-        plan_lines(&indexes[0], &open_paths[0], &measured, files)
-    });
+    let measured: Vec<ProbedFunction> = functions.iter().filter(|f| f.role == Role::Measured).cloned().collect();
+    let lines = line_files.as_ref().map(|files| plan_lines(&indexes[0], &open_paths[0], &measured, files));
+    // A stub has no unwind information: calls return into one only in
+    // programs that never unwind their stack. A counter takes a function's
+    // entry only where what is not patched is sampled.
+    let counting = counting::Choices {
+        returns_into_stubs: self::exit_mode(ExitsChoice::Auto, &indexes[0], modules) == ExitMode::Uretprobe,
+        may_take_entries: request.is_hybrid(),
+    };
+    let (uncountable, entries_counted) = match &lines {
+        Some(plan) => {
+            let with_lines: Vec<bool> = (0..measured.len()).map(|i| plan.has_lines(i as u32)).collect();
+            let plan = counting::plan_in_files(&measured, &with_lines, counting);
+            (plan.refused, plan.entries_taken)
+        }
+        None => (Vec::new(), Vec::new()),
+    };
+    let uncountable = uncountable.into_iter().map(|(i, why)| (i, format!("{}: {why}", measured[i].info.name))).collect();
     let main = &indexes[0];
     let cancels_unhooked = main.imports.iter().any(|i| i == "pthread_cancel")
         && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
-    Ok(Chosen { functions, build_id: main.build_id.clone(), exit_mode, lines, cancels_unhooked })
+    Ok(Chosen { functions, build_id: main.build_id.clone(), exit_mode, lines, uncountable, counting, entries_counted, cancels_unhooked })
 }
 
 /// How returns are seen: as asked, or at return instructions for programs

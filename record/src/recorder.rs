@@ -18,7 +18,7 @@ use crate::sources::monotonic_ns;
 use crate::sources::sampler::{SamplerThread, sampling_event};
 use crate::sources::uprobes::UprobeSource;
 use proftap_probes::inject::clock::TscClock;
-use proftap_probes::inject::patched::{Patched, Recording};
+use proftap_probes::inject::patched::{ENTRY_COUNTED, Patched, Recording};
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
 use proftap_probes::offcpu::OffCpu;
@@ -27,6 +27,9 @@ use proftap_probes::sampling::{DEFAULT_PROBE_AREA, StackResolver};
 use proftap_probes::target::{self, Frozen, HeldChild};
 use proftap_profile::{Engine, ExitMode, Finding, Note, Refusal, Target};
 use std::sync::Arc;
+
+/// Why a function whose lines probes follow is not patched.
+const LINES_PROBED: &str = "its lines are followed by uprobes (its control flow cannot be read to count them)";
 
 /// What the in-process engine takes on before the target runs.
 struct Patching {
@@ -80,7 +83,7 @@ pub fn record(
     let mut uprobes = UprobeSource::new(
         &all,
         &enabled,
-        options.lines.as_ref(),
+        options.probed_lines.as_ref(),
         &perf_metrics,
         stacks,
         options.buffer_bytes,
@@ -94,7 +97,7 @@ pub fn record(
         // Uprobes are placed only on what `enabled` picks, or when they may be
         // added later (automatic instrumentation), or for lines.
         let later = options.auto_instrument.is_some();
-        let kernel_probes = enabled.iter().any(|&e| e) || later || options.lines.is_some();
+        let kernel_probes = enabled.iter().any(|&e| e) || later || options.probed_lines.as_ref().is_some();
         let resolver = if kernel_probes { resolver } else { resolver.without_kernel_probes() };
         // Names of what is instrumented, for the samples after a throttle.
         let instrumented = |i: usize| enabled.get(i).copied().unwrap_or(false) || patching.injected.get(i).copied().unwrap_or(false);
@@ -104,7 +107,11 @@ pub fn record(
         SamplerThread::spawn(resolver, samples, saver.is_some())
     });
     let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
-    let how = options.engine_recording(off_cpu.as_deref());
+    let count_edges: Vec<bool> = match (&options.lines, options.count_lines) {
+        (Some(plan), true) => (0..measured).map(|i| plan.has_lines(i as u32) && !options.line_probed.contains(&i)).collect(),
+        _ => Vec::new(),
+    };
+    let how = Recording { count_edges: &count_edges, ..options.engine_recording(off_cpu.as_deref()) };
     let patch = Patch { functions: &all[..measured], injected: &injected, how };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
@@ -199,7 +206,14 @@ fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOpt
             tracing = Some(engine);
             refused
         }
-        _ => Patched::refusals(functions),
+        _ => {
+            let mut refused = Patched::refusals(functions);
+            let mut taken: Vec<(usize, String)> = options.entries_counted.iter().map(|&i| (i, ENTRY_COUNTED.to_string())).collect();
+            taken.extend(options.line_probed.iter().map(|&i| (i, LINES_PROBED.to_string())));
+            taken.retain(|(i, _)| !refused.iter().any(|(r, _)| r == i));
+            refused.extend(taken);
+            refused
+        }
     };
     if !refused.is_empty() && !hybrid(options) && !proftap_probes::perf::may_define_uprobes() {
         let names: Vec<String> = refused.iter().take(3).map(|(i, why)| format!("{}: {why}", functions[*i].info.name)).collect();
@@ -227,7 +241,7 @@ fn probed_by_uprobes(all: &[ProbedFunction], injected: &[bool], options: &Record
         .enumerate()
         .map(|(i, f)| {
             let recorded = injected.get(i).copied().unwrap_or(false) || (inject && f.role == Role::CatchMarker);
-            let sampled_only = hybrid(options) && f.role == Role::Measured;
+            let sampled_only = hybrid(options) && f.role == Role::Measured && !options.line_probed.contains(&i);
             !recorded && !sampled_only && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)
         })
         .collect()
@@ -352,7 +366,7 @@ fn setup(
         // or not, and calls in progress still do once their function is unpatched.
         exit_sites: functions.iter().zip(injected).map(|(f, &injected)| f.exit_sites.is_some() && !injected).collect(),
         returns_outlive_probes: injected.clone(),
-        lines: options.lines.as_ref().map(|plan| line_setup(plan, &options.regions)),
+        lines: options.probed_lines.as_ref().map(|plan| line_setup(plan, &options.regions)),
         // The kernel's uretprobe trampoline page, and the engine's code.
         trampolines: std::iter::once(DEFAULT_PROBE_AREA).chain(code.iter().cloned()).collect(),
         cpu_from_switches,
@@ -375,7 +389,12 @@ fn setup(
         functions: functions.iter().map(|f| f.info.clone()).collect(),
         entries,
         metrics: options.metrics.iter().map(|m| m.key().to_string()).collect(),
-        lines: options.lines.as_ref().map(|plan| LineTable { lines: plan.lines.clone(), decl_lines: plan.decl_lines.clone() }),
+        lines: options.lines.as_ref().map(|plan| LineTable {
+            lines: plan.lines.clone(),
+            // Counted on edges, a declaration line's count is its function's
+            // entries; probed, its calls.
+            decl_lines: options.probed_lines.as_ref().map(|p| p.decl_lines.clone()).unwrap_or_default(),
+        }),
         regions: options.regions.clone(),
         cost: options.cost,
         compensate: options.compensate,

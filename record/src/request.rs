@@ -40,6 +40,9 @@ pub struct RecordRequest {
     pub lines: Option<Vec<String>>,
     /// Ranges of lines timed like functions.
     pub regions: Vec<RegionSpec>,
+    /// Time each line too (a probe on every line), not only count them.
+    #[serde(default)]
+    pub line_times: bool,
     /// Ring buffer per CPU, MiB.
     pub buffer_mib: usize,
     /// Where separate debug files are looked for (empty: the system's).
@@ -76,6 +79,7 @@ impl RecordRequest {
             governor: Governor::Default,
             lines: None,
             regions: Vec::new(),
+            line_times: false,
             buffer_mib: 8,
             debug_dirs: Vec::new(),
             debuginfod: None,
@@ -137,14 +141,13 @@ impl RecordRequest {
     }
 
     /// The governor's budget per function as a share of the elapsed time
-    /// (0.05: 5%), defaults resolved; `None` keeps every probe.
-    pub fn overhead_budget(&self) -> Option<f64> {
+    /// (0.05: 5%), defaults resolved; `None` keeps every probe. Lines seen
+    /// by probes (`line_probes`) need every probe.
+    pub fn overhead_budget(&self, line_probes: bool) -> Option<f64> {
         match self.governor {
             Governor::Budget { percent } => (percent > 0.0).then_some(percent / 100.0),
             Governor::Off => None,
-            Governor::Default => {
-                (self.is_hybrid() && self.lines.is_none() && self.regions.is_empty() && self.instrument).then_some(DEFAULT_BUDGET)
-            }
+            Governor::Default => (self.is_hybrid() && !line_probes && self.regions.is_empty() && self.instrument).then_some(DEFAULT_BUDGET),
         }
     }
 
@@ -265,7 +268,7 @@ pub enum Sampling {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Governor {
-    /// 5% in hybrid mode without lines or regions, else off.
+    /// 5% in hybrid mode without line probes or regions, else off.
     #[default]
     Default,
     /// Every probe stays to the end.
@@ -481,8 +484,8 @@ mod tests {
     fn defaults_follow_the_mode() {
         let launch = RecordTarget::Launch { command: vec!["prog".into()], cwd: None, env: None };
         let hybrid = RecordRequest::new(launch.clone());
-        assert_eq!((hybrid.sample_settings().is_some(), hybrid.overhead_budget()), (true, Some(0.05)));
+        assert_eq!((hybrid.sample_settings().is_some(), hybrid.overhead_budget(false)), (true, Some(0.05)));
         let named = RecordRequest { functions: vec!["main".into()], ..RecordRequest::new(launch) };
-        assert_eq!((named.sample_settings(), named.overhead_budget()), (None, None));
+        assert_eq!((named.sample_settings(), named.overhead_budget(false)), (None, None));
     }
 }

@@ -34,10 +34,11 @@ pub struct RecordArgs {
     /// How calls are seen: `inject` (jumps patched over function entries to
     /// code proftap puts in the process: about 25 ns a call; wall and CPU
     /// time; functions it cannot patch get uprobes), `uprobe` (kernel probes
-    /// on entries and returns: microseconds a call; any metric, line counts,
-    /// forked children), or `auto`: inject unless the recording needs what
-    /// only uprobes do (other metrics, --lines, --region, a program that
-    /// cancels threads); the profile says which. Both follow forked children.
+    /// on entries and returns: microseconds a call; any metric, line times,
+    /// regions), or `auto`: inject unless the recording needs what only
+    /// uprobes do (other metrics, --line-times, --region, lines of a running
+    /// process, a program that cancels threads); the profile says which.
+    /// Both follow forked children.
     #[arg(long, value_enum, default_value = "auto")]
     engine: EngineArg,
     /// Where to write the profile (default proftap.profile).
@@ -72,15 +73,20 @@ pub struct RecordArgs {
     /// The most a function's probes may cost, in percent of the elapsed time,
     /// before they are removed while the program runs (its counts stay exact
     /// up to then; sampling covers it after). Default 5 when no -f is given
-    /// (and no --lines), off otherwise; 0 turns it off.
+    /// (and no line probes), off otherwise; 0 turns it off.
     #[arg(long, value_name = "PCT")]
     overhead_budget: Option<f64>,
-    /// Count how often each line runs (gcov's line counts) and time each
-    /// line: with no file named, in every source file of the executable
-    /// outside the system headers; `--lines=a.c,src/b.c` in these source
-    /// files only (path suffixes; the `=` keeps the command apart).
+    /// Count how often each line runs (gcov's line counts): with no file
+    /// named, in every source file of the executable outside the system
+    /// headers; `--lines=a.c,src/b.c` in these source files only (path
+    /// suffixes; the `=` keeps the command apart). The in-process engine
+    /// counts branches on the machine code, as a `--coverage` build would.
     #[arg(long, num_args = 0..=1, require_equals = true, value_delimiter = ',', default_missing_value = "", value_name = "SRC")]
     lines: Option<Vec<String>>,
+    /// Time each line as well (with --lines): a probe on every line, a few
+    /// microseconds each time a line is entered.
+    #[arg(long, requires = "lines")]
+    line_times: bool,
     /// Time a range of lines like a function: NAME=FILE:START-END
     /// (repeatable). Entered when a frame moves onto one of its lines from
     /// outside it, left when it moves off or returns; calls inside count.
@@ -166,6 +172,7 @@ impl RecordArgs {
             // `--lines` alone: every file.
             lines: self.lines.as_ref().map(|files| files.iter().filter(|f| !f.is_empty()).cloned().collect()),
             regions: self.regions.clone(),
+            line_times: self.line_times,
             buffer_mib: self.buffer_size,
             debug_dirs: self.debug_dir.clone(),
             debuginfod: super::symbols::debuginfod_from_env(),

@@ -68,7 +68,7 @@ fn start(request: &RecordRequest, assignment: &Assignment) {
     for name in request.metrics.iter().flat_map(|l| l.split(',')).filter(|n| !n.trim().is_empty()) {
         let _ = Metric::parse(name);
     }
-    let _ = (request.is_hybrid(), request.sample_settings(), request.overhead_budget(), request.buffer_bytes());
+    let _ = (request.is_hybrid(), request.sample_settings(), request.overhead_budget(false), request.buffer_bytes());
     if let RecordTarget::Attach { duration, auto_instrument, .. } = request.target {
         // The recorder's deadline and its warm-up in nanoseconds.
         let _ = duration.map(|d| std::time::Instant::now() + d);
@@ -108,11 +108,10 @@ fn worker(data: &[u8]) {
         assert!(fds.is_empty(), "{} descriptors from {sent} bytes that carried none", fds.len());
         match report {
             // As if it had sent three files.
-            Report::Define { probes } => {
-                if proftapd::broker::check_definition(&probes, 3, defined, Some(LIMITS.probes)).is_ok() {
-                    defined += probes.len();
-                }
+            Report::Define { probes } if proftapd::broker::check_definition(&probes, 3, defined, Some(LIMITS.probes)).is_ok() => {
+                defined += probes.len();
             }
+            Report::Define { .. } => {}
             Report::Target { description } => session.target = proftapd::broker::kept_target(&description),
             Report::Event(event) => match event {
                 proftap_record::observer::RecordEvent::Warning(w) => proftapd::sessions::keep_told(&mut session.warnings, w),

@@ -10,6 +10,7 @@
 //! return (minus how often it returned twice, as `setjmp` does).
 
 use super::Error;
+use super::tables::{self, Data};
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -211,11 +212,13 @@ fn is_memory_constant(instruction: &Instruction) -> bool {
         && !instruction.has_segment_prefix()
 }
 
-/// The instructions reached from the entry, by address, and the leaders
-/// (addresses that start a block).
+/// The instructions reached from the entry, by address, the leaders
+/// (addresses that start a block), and where each indirect jump through a
+/// jump table goes.
 struct Reached {
     instructions: BTreeMap<u64, Instruction>,
     leaders: BTreeSet<u64>,
+    tables: BTreeMap<u64, BTreeSet<u64>>,
 }
 
 pub(super) fn decode_at(parts: &[CodeRange<'_>], address: u64) -> Result<Instruction, Error> {
@@ -230,12 +233,50 @@ pub(super) fn decode_at(parts: &[CodeRange<'_>], address: u64) -> Result<Instruc
 }
 
 /// Decodes every instruction a path from the entry reaches. Each address
-/// is decoded once, so the work is bounded by the code's size.
-fn reach(parts: &[CodeRange<'_>]) -> Result<Reached, Error> {
+/// is decoded once, so the work is bounded by the code's size. With
+/// `data`, indirect jumps go where their jump tables say (see
+/// [`tables`]): read once the direct paths are all decoded, and again
+/// while the targets lead to more code.
+fn reach(parts: &[CodeRange<'_>], data: Option<&Data<'_>>) -> Result<Reached, Error> {
     let inside = |address: u64| parts.iter().any(|p| p.contains(address));
     let entry = parts.first().ok_or(Error::NoCode)?.address;
-    let mut reached = Reached { instructions: BTreeMap::new(), leaders: BTreeSet::from([entry]) };
+    let mut reached = Reached { instructions: BTreeMap::new(), leaders: BTreeSet::from([entry]), tables: BTreeMap::new() };
     let mut pending = vec![entry];
+    let mut indirect: BTreeMap<u64, Error> = BTreeMap::new();
+    loop {
+        decode_paths(parts, &mut reached, &mut pending, &mut indirect)?;
+        let (Some(data), Some((_, first))) = (data, indirect.first_key_value()) else { break };
+        let found = tables::targets(&reached.instructions, &indirect.keys().copied().collect(), data, &inside);
+        if let Some((_, _)) = found.iter().find(|(_, targets)| targets.is_empty()) {
+            return Err(first.clone());
+        }
+        for target in found.values().flatten() {
+            reached.leaders.insert(*target);
+            if !reached.instructions.contains_key(target) {
+                pending.push(*target);
+            }
+        }
+        reached.tables = found;
+        if pending.is_empty() {
+            break;
+        }
+    }
+    if let (None, Some((_, e))) = (data, indirect.first_key_value()) {
+        return Err(e.clone());
+    }
+    check_boundaries(&reached)?;
+    Ok(reached)
+}
+
+/// Decodes along the direct paths from `pending`; indirect jumps that are
+/// not tail calls go to `indirect`, with the error they are without a table.
+fn decode_paths(
+    parts: &[CodeRange<'_>],
+    reached: &mut Reached,
+    pending: &mut Vec<u64>,
+    indirect: &mut BTreeMap<u64, Error>,
+) -> Result<(), Error> {
+    let inside = |address: u64| parts.iter().any(|p| p.contains(address));
     while let Some(address) = pending.pop() {
         if reached.instructions.contains_key(&address) {
             continue;
@@ -243,7 +284,15 @@ fn reach(parts: &[CodeRange<'_>]) -> Result<Reached, Error> {
         let instruction = decode_at(parts, address)?;
         let next = instruction.next_ip();
         let runs_off = Error::RunsOff { address };
-        match flow(&instruction)? {
+        let flow = match flow(&instruction) {
+            Err(e @ Error::IndirectJump { .. }) => {
+                indirect.insert(address, e);
+                reached.instructions.insert(address, instruction);
+                continue;
+            }
+            other => other?,
+        };
+        match flow {
             Flow::Next if inside(next) => pending.push(next),
             Flow::Next => return Err(runs_off),
             Flow::Conditional(target) => {
@@ -269,8 +318,7 @@ fn reach(parts: &[CodeRange<'_>]) -> Result<Reached, Error> {
         }
         reached.instructions.insert(address, instruction);
     }
-    check_boundaries(&reached)?;
-    Ok(reached)
+    Ok(())
 }
 
 /// Refuses code where a path lands inside an instruction another path
@@ -294,7 +342,13 @@ impl Cfg {
     /// tail call through the GOT, code that does not decode or runs past the
     /// end, branches into the middle of an instruction, `xbegin`.
     pub fn build(parts: &[CodeRange<'_>]) -> Result<Cfg, Error> {
-        let reached = reach(parts)?;
+        Cfg::build_reading(parts, None)
+    }
+
+    /// The same, following indirect jumps through the jump tables `data`
+    /// holds (see [`super::tables`]).
+    pub fn build_reading(parts: &[CodeRange<'_>], data: Option<&Data<'_>>) -> Result<Cfg, Error> {
+        let reached = reach(parts, data)?;
         let blocks = split(&reached);
         let mut cfg = Cfg { blocks, edges: Vec::new(), entry: 0 };
         cfg.entry = cfg.block_at(parts[0].address).ok_or(Error::NoCode)?;
@@ -375,6 +429,12 @@ impl Cfg {
             let instruction = &reached.instructions[&last];
             let next = instruction.next_ip();
             let after = self.block_at(next).map(Node::Block);
+            if let Some(targets) = reached.tables.get(&last) {
+                for &target in targets {
+                    self.push(from, self.target(target), EdgeKind::Jump { at: last });
+                }
+                continue;
+            }
             match flow(instruction)? {
                 Flow::Next => self.push(from, after.ok_or(Error::RunsOff { address: last })?, EdgeKind::FallThrough),
                 Flow::Conditional(target) => {

@@ -34,17 +34,21 @@
 pub mod cfg;
 pub mod counters;
 mod graph;
+pub mod lines;
 pub mod placement;
 pub mod sites;
 pub mod solve;
 pub mod stub;
+pub mod tables;
 
 pub use cfg::{Block, Cfg, CodeRange, Edge, EdgeKind, Node};
 pub use counters::{Cost, CounterPlacement, Quantity, place_counters, quantities, solve_counters};
+pub use lines::{FunctionLines, line_entries};
 pub use placement::{Placement, default_costs, place};
 pub use sites::{FunctionCode, Place, Site, SiteCounter, counter_costs, plan_sites};
 pub use solve::{BranchCount, Counts, solve};
 pub use stub::{Stub, stub};
+pub use tables::Data;
 
 /// Why a function's graph cannot be built, or its counts not derived.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -140,6 +144,19 @@ pub enum Error {
         at: u64,
         /// Why.
         reason: String,
+    },
+    /// A line-table row starts inside an instruction.
+    #[error("a line starts at {address:#x}, inside an instruction")]
+    RowInsideInstruction {
+        /// The row's address.
+        address: u64,
+    },
+    /// How often a frame enters a line from another depends on the path it
+    /// took there, which edge counts do not tell.
+    #[error("how often the line at {address:#x} is entered depends on the path taken to it")]
+    PathDependentLine {
+        /// The line's first row in its block.
+        address: u64,
     },
     /// Flow is not conserved at a node once every count is known.
     #[error("the counts are inconsistent: {inflow} in and {outflow} out of node {node}")]

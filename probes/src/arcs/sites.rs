@@ -51,6 +51,10 @@ pub struct FunctionCode {
     /// more per block: those live at its end.
     live: Vec<Vec<u32>>,
     bytes: Vec<Vec<u8>>,
+    /// Bytes no window may cover (another patch's).
+    reserved: Vec<Range<u64>>,
+    /// A call may return into a stub, which counts its return.
+    calls_return_to_stubs: bool,
 }
 
 impl FunctionCode {
@@ -71,9 +75,38 @@ impl FunctionCode {
             instructions.push(decoded);
             bytes.push(raw);
         }
-        let mut code = FunctionCode { instructions, live: Vec::new(), bytes };
+        let mut code = FunctionCode { instructions, live: Vec::new(), bytes, reserved: Vec::new(), calls_return_to_stubs: false };
         code.live = code.liveness(cfg);
         Ok(code)
+    }
+
+    /// Keeps windows off the bytes `range` (where something else is
+    /// patched in): an instruction with a byte there is not moved.
+    pub fn reserve(&mut self, range: Range<u64>) {
+        self.reserved.push(range);
+    }
+
+    /// Lets a call return into a stub, so that the edge after it can be
+    /// counted there: only for programs that never unwind their stack
+    /// through it (C++ exceptions, `backtrace()`), since a stub has no
+    /// unwind information; proftap's own sampler maps it back.
+    pub fn let_calls_return_to_stubs(&mut self) {
+        self.calls_return_to_stubs = true;
+    }
+
+    /// Whether the edge `edge` is the return of a call that ends its block,
+    /// countable in a stub.
+    fn is_counted_return(&self, edge: &super::Edge) -> bool {
+        let Node::Block(b) = edge.from else { return false };
+        self.calls_return_to_stubs
+            && edge.kind == EdgeKind::FallThrough
+            && self.instructions(b).last().is_some_and(|i| i.is_call_near() || i.code() == Code::Call_rm64)
+    }
+
+    /// Whether `instruction` may be moved into a stub.
+    fn may_move(&self, instruction: &Instruction) -> bool {
+        let bytes = instruction.ip()..instruction.next_ip();
+        movable(instruction) && !self.reserved.iter().any(|r| r.start < bytes.end && bytes.start < r.end)
     }
 
     /// Block `block`'s instructions.
@@ -104,7 +137,7 @@ impl FunctionCode {
         (0..instructions.len()).find_map(|start| {
             let mut len = 0;
             for (i, instruction) in instructions.iter().enumerate().skip(start) {
-                if !movable(instruction) {
+                if !self.may_move(instruction) {
                     return None;
                 }
                 len += instruction.len();
@@ -121,7 +154,7 @@ impl FunctionCode {
         let instructions = self.instructions(block);
         let mut len = 0;
         for (i, instruction) in instructions.iter().enumerate().rev() {
-            if !movable(instruction) {
+            if !self.may_move(instruction) {
                 return None;
             }
             len += instruction.len();
@@ -258,8 +291,11 @@ pub fn cost(cfg: &Cfg, code: &FunctionCode, quantity: Quantity) -> Cost {
         Quantity::Edge(e) => {
             let Some(edge) = cfg.edges().get(e) else { return Cost::NoCounter };
             let jcc = matches!(edge.kind, EdgeKind::Taken { .. } | EdgeKind::NotTaken { .. });
+            let after_call = code.is_counted_return(edge);
             match edge.from {
-                Node::Block(b) if jcc && code.last_window(b).is_some() => Cost::Counter(EDGE_COST + flags(code.live_at(edge.to))),
+                Node::Block(b) if (jcc || after_call) && code.last_window(b).is_some() => {
+                    Cost::Counter(EDGE_COST + flags(code.live_at(edge.to)))
+                }
                 _ => Cost::NoCounter,
             }
         }
@@ -281,6 +317,9 @@ pub enum Place {
     Taken,
     /// After the moved `jcc`, when it does not jump.
     NotTaken,
+    /// After the moved call, when it returns (the callee returns into the
+    /// stub: see [`FunctionCode::let_calls_return_to_stubs`]).
+    AfterCall,
 }
 
 /// One counter of a site.
@@ -344,7 +383,7 @@ impl Site {
 }
 
 /// The block that counts `quantity`, and where in its window.
-fn counted_at(cfg: &Cfg, quantity: Quantity) -> Result<(usize, Place), Error> {
+fn counted_at(cfg: &Cfg, code: &FunctionCode, quantity: Quantity) -> Result<(usize, Place), Error> {
     let none = Error::NoSite { quantity };
     match quantity {
         Quantity::Block(b) if b < cfg.blocks().len() => Ok((b, Place::Start)),
@@ -355,6 +394,7 @@ fn counted_at(cfg: &Cfg, quantity: Quantity) -> Result<(usize, Place), Error> {
             match edge.kind {
                 EdgeKind::Taken { .. } => Ok((b, Place::Taken)),
                 EdgeKind::NotTaken { .. } => Ok((b, Place::NotTaken)),
+                _ if code.is_counted_return(edge) => Ok((b, Place::AfterCall)),
                 // The block's only way out runs as often as the block.
                 _ if cfg.edges().iter().filter(|o| o.from == edge.from).count() == 1 => Ok((b, Place::Start)),
                 _ => Err(none),
@@ -372,7 +412,7 @@ pub fn plan_sites(cfg: &Cfg, code: &FunctionCode, placement: &CounterPlacement) 
         if placement.needs_probe().contains(&quantity) {
             continue;
         }
-        let (block, place) = counted_at(cfg, quantity)?;
+        let (block, place) = counted_at(cfg, code, quantity)?;
         by_block.entry(block).or_default().push((quantity, index, place));
     }
     by_block.into_iter().map(|(block, counters)| site(cfg, code, block, &counters)).collect()

@@ -10,8 +10,10 @@
 //! <the replaced instructions> ; a final jcc jumps to `taken:` if its
 //!                             ; taken edge is counted; a final call
 //!                             ; pushes its original return address
-//!                             ; and jumps
+//!                             ; and jumps, unless what follows it is
+//!                             ; counted: then it returns here
 //! <not-taken counter>         ; as above, if counted
+//! <after-call counter>        ; as above, if counted
 //! jmp <end of the window>     ; unless the last one was a jmp or ret
 //! taken: <taken counter>; jmp <the jcc's target>
 //! ```
@@ -82,15 +84,26 @@ fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Inst
         Ok(code)
     };
     let jcc = last.flow_control() == FlowControl::ConditionalBranch;
-    if !jcc && site.counters.iter().any(|c| c.place != Place::Start) {
+    let call = last.is_call_near() || last.code() == Code::Call_rm64;
+    let after_call = site.counters.iter().any(|c| c.place == Place::AfterCall);
+    if site.counters.iter().any(|c| matches!(c.place, Place::Taken | Place::NotTaken)) && !jcc {
         return Err(fail("an edge counted at a window that does not end with its jcc".into()));
+    }
+    if after_call && !call {
+        return Err(fail("a return counted at a window that does not end with its call".into()));
     }
     let mut code = counting(Place::Start)?;
     let moved_from = code.len();
     code.extend(site.replaced.iter().map(|&i| without_address(i)));
-    if last.is_call_near() || last.code() == Code::Call_rm64 {
+    if call && !after_call {
         code.pop();
         code.extend(call_from_original(&last).map_err(iced)?);
+    }
+    if after_call {
+        // The callee returns into the stub, which counts and goes back.
+        code.extend(counting(Place::AfterCall)?);
+        code.push(jump(site.end()).map_err(iced)?);
+        return Ok((code, moved_from));
     }
     let mut taken = counting(Place::Taken)?;
     if let (Some(first), Some(moved_jcc)) = (taken.first_mut(), code.last_mut()) {

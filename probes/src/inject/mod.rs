@@ -14,6 +14,7 @@
 
 pub mod children;
 pub mod clock;
+pub mod counting;
 pub mod hooks;
 pub mod patch;
 pub mod patched;

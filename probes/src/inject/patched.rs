@@ -4,6 +4,7 @@
 //! [`super::reading`]). Here: patching, and taking the patches out again.
 
 use super::children::Children;
+use super::counting::{self, Counting};
 use super::hooks::{self, Hook, HookSite};
 use super::patch::Site;
 use super::patcher::{self, Applied, Refused, Target};
@@ -36,7 +37,14 @@ pub struct Recording<'a> {
     /// Finished calls each thread's trace ring holds until proftap reads
     /// them (a power of two), 0: calls are only added up.
     pub trace_slots: u64,
+    /// Per function: count its edges (see [`counting`]); empty: none.
+    pub count_edges: &'a [bool],
+    /// What edge counting may do to the code.
+    pub counting: counting::Choices,
 }
+
+/// Why a function whose entry holds an edge counter is not patched.
+pub const ENTRY_COUNTED: &str = "its entry counts its first block (lines are counted)";
 
 /// A process whose functions' entries jump to proftap's runtime.
 pub struct Patched {
@@ -60,26 +68,18 @@ pub struct Patched {
     ever_applied: Vec<Applied>,
     /// Forked children whose code could not be restored, and why.
     children_not_restored: Vec<(i32, String)>,
+    /// Edge counters, when asked for.
+    counting: Option<Counting>,
+    /// Functions whose edges cannot be counted, and why.
+    uncounted: Refused,
 }
 
 impl Patched {
     /// The functions that cannot be patched, and why, judged from their
     /// files alone (before the program runs).
     pub fn refusals(functions: &[ProbedFunction]) -> Refused {
-        let mut modules: Vec<procfs::LoadedModule> = Vec::new();
-        for f in functions {
-            if !modules.iter().any(|m| m.path.as_os_str() == f.info.module.as_str()) {
-                modules.push(procfs::LoadedModule {
-                    path: f.info.module.clone().into(),
-                    open_path: f.open_path.clone(),
-                    bias: crate::addr::LoadBias(0),
-                    text: Vec::new(),
-                    is_main: modules.is_empty(),
-                });
-            }
-        }
         let targets: Vec<Target> = functions.iter().map(Target::of).collect();
-        patcher::plans(&modules, &targets).1
+        patcher::plans(&patcher::as_in_files(functions), &targets).1
     }
 
     /// Patches the entries of `functions` in process `pid`, and the entries
@@ -126,6 +126,13 @@ impl Patched {
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
         let (mut groups, mut refused) = patcher::plans(&modules, &targets);
+        let counting_plan = how.count_edges.contains(&true).then(|| counting::plan(&modules, &targets, how.count_edges, how.counting));
+        // Functions whose entry a counter takes are not patched.
+        for &taken in counting_plan.iter().flat_map(|p| &p.entries_taken) {
+            groups.iter_mut().for_each(|g| g.plans.retain(|(i, _)| *i != taken));
+            refused.push((taken, ENTRY_COUNTED.into()));
+        }
+        groups.retain(|g| !g.plans.is_empty());
         if let Some(wanted) = wanted {
             let keep = |i: usize| i >= functions.len() || wanted.get(i).copied().unwrap_or(false);
             groups.iter_mut().for_each(|g| g.plans.retain(|(i, _)| keep(*i)));
@@ -147,8 +154,10 @@ impl Patched {
             children: None,
             ever_applied: Vec::new(),
             children_not_restored: Vec::new(),
+            counting: None,
+            uncounted: Vec::new(),
         };
-        if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) {
+        if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) && counting_plan.is_none() {
             patched.split_refusals(refused, functions.len(), &hook_sites);
             return Ok(patched);
         }
@@ -190,6 +199,12 @@ impl Patched {
             patched.ever_applied.extend(applied.iter().cloned());
             patched.applied.extend(applied);
             patched.code.push(code);
+        }
+        if let Some(plan) = counting_plan {
+            let (counting, uncounted) = counting::apply(&remote, plan)?;
+            patched.code.extend(counting.code().iter().cloned());
+            patched.counting = Some(counting);
+            patched.uncounted = uncounted;
         }
         // Recording starts with the threads still held.
         remote.write(memory.live, &totals::LIVE_RECORDING.to_ne_bytes())?;
@@ -234,6 +249,16 @@ impl Patched {
     /// Functions it was asked to patch (their indexes in the runtime).
     pub fn functions(&self) -> usize {
         self.geometry.functions as usize
+    }
+
+    /// The edge counters, when asked for.
+    pub fn counting(&self) -> Option<&Counting> {
+        self.counting.as_ref()
+    }
+
+    /// The functions whose edges could not be counted, and why.
+    pub fn uncounted(&self) -> &[(usize, String)] {
+        &self.uncounted
     }
 
     /// The process.
@@ -308,6 +333,9 @@ impl Patched {
         }
         let remote = self.hold()?;
         patcher::restore(&remote, &mut self.applied, |_| true)?;
+        if let Some(counting) = &mut self.counting {
+            counting.restore(&remote)?;
+        }
         let Some(memory) = self.memory.take() else { return Ok(()) };
         remote.write(memory.live, &totals::LIVE_STOPPED.to_ne_bytes())?;
         if self.release(&remote, memory)? {
@@ -383,6 +411,9 @@ impl Patched {
         unmap(memory.live, 4096)?;
         for code in &self.code {
             unmap(code.start, code.end - code.start)?;
+        }
+        if let Some(counting) = &self.counting {
+            counting.unmap_counters(remote)?;
         }
         Ok(true)
     }

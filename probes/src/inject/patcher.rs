@@ -3,9 +3,10 @@
 
 use super::patch::{self, PatchPlan, Site};
 use super::remote::{Remote, RemoteError};
+use crate::addr::VirtAddr;
 use crate::plan::ProbedFunction;
 use crate::procfs::LoadedModule;
-use crate::symbols::ElfImage;
+use crate::symbols::{ElfImage, Segment, file_offset};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -76,43 +77,110 @@ fn same_module(module: &Path, open_path: &Path, loaded: &LoadedModule) -> bool {
     }
 }
 
+/// The modules of `functions` as if loaded at their link-time addresses:
+/// to plan from the files alone, before the program runs.
+pub fn as_in_files(functions: &[ProbedFunction]) -> Vec<LoadedModule> {
+    let mut modules: Vec<LoadedModule> = Vec::new();
+    for f in functions {
+        if !modules.iter().any(|m| m.path.as_os_str() == f.info.module.as_str()) {
+            modules.push(LoadedModule {
+                path: f.info.module.clone().into(),
+                open_path: f.open_path.clone(),
+                bias: crate::addr::LoadBias(0),
+                text: Vec::new(),
+                is_main: modules.is_empty(),
+            });
+        }
+    }
+    modules
+}
+
+/// The code of targets in a running process's modules, each module's
+/// file read once.
+pub struct CodeSource<'a> {
+    modules: &'a [LoadedModule],
+    images: HashMap<PathBuf, Result<(ElfImage, Vec<Segment>), String>>,
+    module_of: HashMap<PathBuf, Option<&'a LoadedModule>>,
+}
+
+/// A target's code, as its file holds it.
+pub struct Code<'s> {
+    /// The module, as the process names it.
+    pub module: PathBuf,
+    /// Its runtime address.
+    pub at: u64,
+    /// Its bytes.
+    pub bytes: &'s [u8],
+    /// Runtime address less link-time address.
+    pub bias: u64,
+    image: &'s ElfImage,
+    segments: &'s [Segment],
+}
+
+impl Code<'_> {
+    /// `len` bytes of the module's file at runtime address `address`, if
+    /// the file holds them (its data, for jump tables).
+    pub fn read(&self, address: u64, len: usize) -> Option<Vec<u8>> {
+        let offset = file_offset(self.segments, VirtAddr(address.wrapping_sub(self.bias)))?.0 as usize;
+        self.image.data().get(offset..offset.checked_add(len)?).map(<[u8]>::to_vec)
+    }
+}
+
+impl<'a> CodeSource<'a> {
+    /// The code of the process whose modules are `modules`.
+    pub fn new(modules: &'a [LoadedModule]) -> CodeSource<'a> {
+        CodeSource { modules, images: HashMap::new(), module_of: HashMap::new() }
+    }
+
+    /// The module `target` is in, its runtime address and its code as in
+    /// the file; or why not.
+    pub fn code(&mut self, target: &Target) -> Result<Code<'_>, String> {
+        let modules = self.modules;
+        let found = *self
+            .module_of
+            .entry(target.module.clone())
+            .or_insert_with(|| modules.iter().find(|m| same_module(&target.module, &target.open_path, m)));
+        let Some(loaded) = found else { return Err(format!("{} is not loaded", target.module.display())) };
+        let image = self.images.entry(loaded.path.clone()).or_insert_with(|| {
+            let image = ElfImage::open(&loaded.open_path).map_err(|e| e.to_string())?;
+            let segments = image.segments().map_err(|e| e.to_string())?;
+            Ok((image, segments))
+        });
+        let (image, segments) = match image {
+            Ok((image, segments)) => (&*image, segments.as_slice()),
+            Err(e) => return Err(e.clone()),
+        };
+        if target.size == 0 {
+            return Err("its size is unknown".to_string());
+        }
+        let bytes =
+            image.data().get(target.offset as usize..(target.offset + target.size) as usize).ok_or("its code is not in the file")?;
+        let at = loaded.bias.to_runtime(VirtAddr(target.address)).0;
+        Ok(Code { module: loaded.path.clone(), at, bytes, bias: at.wrapping_sub(target.address), image, segments })
+    }
+}
+
 /// The patch plans of `targets` (by index) in the process whose modules are
 /// `modules`, grouped by module, and the targets that cannot be patched
 /// with the reason.
 pub fn plans(modules: &[LoadedModule], targets: &[Target]) -> (Vec<ModulePlans>, Refused) {
     let mut groups: Vec<ModulePlans> = Vec::new();
-    let mut images: HashMap<PathBuf, Result<ElfImage, String>> = HashMap::new();
+    let mut source = CodeSource::new(modules);
     let mut refused = Vec::new();
-    // Targets come many to a module: each module is looked up once.
-    let mut module_of: HashMap<&Path, Option<&LoadedModule>> = HashMap::new();
     for (i, target) in targets.iter().enumerate() {
-        let found =
-            *module_of.entry(&target.module).or_insert_with(|| modules.iter().find(|m| same_module(&target.module, &target.open_path, m)));
-        let Some(loaded) = found else {
-            refused.push((i, format!("{} is not loaded", target.module.display())));
-            continue;
-        };
-        let image = images.entry(loaded.path.clone()).or_insert_with(|| ElfImage::open(&loaded.open_path).map_err(|e| e.to_string()));
-        let planned = match image {
-            Err(e) => Err(e.clone()),
-            Ok(_) if target.size == 0 => Err("its size is unknown".to_string()),
-            Ok(image) => match image.data().get(target.offset as usize..(target.offset + target.size) as usize) {
-                None => Err("its code is not in the file".to_string()),
-                Some(code) => {
-                    let at = loaded.bias.to_runtime(crate::addr::VirtAddr(target.address)).0;
-                    match target.site {
-                        Site::Entry => patch::plan(at, code).map(|p| vec![p]),
-                        Site::Return => patch::plan_returns(at, code),
-                    }
-                }
-            },
-        };
+        let planned = source.code(target).and_then(|code| {
+            let plans = match target.site {
+                Site::Entry => patch::plan(code.at, code.bytes).map(|p| vec![p]),
+                Site::Return => patch::plan_returns(code.at, code.bytes),
+            };
+            plans.map(|p| (code.module, p))
+        });
         match planned {
-            Ok(planned) => {
-                let group = match groups.iter().position(|g| g.module == loaded.path) {
+            Ok((module, planned)) => {
+                let group = match groups.iter().position(|g| g.module == module) {
                     Some(g) => g,
                     None => {
-                        groups.push(ModulePlans { module: loaded.path.clone(), plans: Vec::new() });
+                        groups.push(ModulePlans { module, plans: Vec::new() });
                         groups.len() - 1
                     }
                 };

@@ -5,11 +5,13 @@
 
 use crate::error::RecordError;
 use crate::trace::TraceKeeper;
+use proftap_probes::arcs;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::Patched;
 use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, ThreadTotals, TotalsView};
 use proftap_probes::inject::threads::{Conversion, Cost, thread_profile};
 use proftap_probes::inject::watch::{CallTrace, Judge, Unpatched, Watch, Watched};
+use proftap_probes::lines::LinePlan;
 use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::ProbedFunction;
 use proftap_profile::{Finding, Note, TRACED_CALL_BYTES, ThreadProfile};
@@ -38,6 +40,9 @@ pub struct InjectEnding {
     pub notes: Vec<Note>,
     /// The calls its threads finished one by one, when they were traced.
     pub trace: Option<TraceKeeper>,
+    /// Per line id, its entries, when its edge counters counted lines
+    /// (`None`: a function on it was not counted).
+    pub line_counts: Option<Vec<Option<u64>>>,
 }
 
 impl InjectSource {
@@ -97,6 +102,7 @@ impl InjectSource {
         end_ns: u64,
         metrics: usize,
         compensation: Option<[Cost; 2]>,
+        lines: Option<(&LinePlan, &[ProbedFunction])>,
         names: &dyn Fn(u32) -> String,
     ) -> Result<InjectEnding, RecordError> {
         let mut notes = Vec::new();
@@ -109,10 +115,17 @@ impl InjectSource {
             trace.read(view);
         }
         let trace = trace.zip(self.trace_bytes).map(|(trace, bytes)| kept_calls(trace, bytes, &self.clock, self.pid));
+        let line_counts = lines.map(|(plan, functions)| {
+            let (counts, not_counted) = line_counts(&patched, plan, functions);
+            if !not_counted.is_empty() {
+                notes.push(Finding::LinesNotCounted { functions: not_counted }.into());
+            }
+            counts
+        });
         for (pid, error) in patched.children_not_restored() {
             notes.push(Finding::RestoreFailed { pid: *pid, error: error.clone() }.into());
         }
-        let Some(view) = &self.view else { return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes, trace }) };
+        let Some(view) = &self.view else { return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes, trace, line_counts }) };
         let end_tsc = self.clock.tsc_at(end_ns);
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
         let mut read = Read::default();
@@ -143,8 +156,43 @@ impl InjectSource {
             notes.push(Finding::CpuIsWall.into());
         }
         let Read { threads, calls, .. } = read;
-        Ok(InjectEnding { threads, calls, notes, trace })
+        Ok(InjectEnding { threads, calls, notes, trace, line_counts })
     }
+}
+
+/// Per line id of `plan`, its entries from the edge counters of `patched`
+/// (`None` for the lines of a function that was not counted), and those
+/// functions ("name: why").
+fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction]) -> (Vec<Option<u64>>, Vec<String>) {
+    let mut counts = vec![Some(0u64); plan.lines.len()];
+    let name = |i: usize| functions.get(i).map_or_else(|| format!("function {i}"), |f| f.info.name.clone());
+    let mut not_counted: Vec<(usize, String)> = patched.uncounted().to_vec();
+    if let Some(counting) = patched.counting() {
+        for counted in counting.functions() {
+            let mut lines = plan.function_lines(counted.function as u32);
+            for row in &mut lines.rows {
+                row.0 = row.0.wrapping_add(counted.bias);
+            }
+            match counting.counts(counted).and_then(|c| arcs::line_entries(counted.cfg(), &c, &lines)) {
+                Ok(entered) => {
+                    for (line, n) in entered {
+                        if let Some(Some(total)) = counts.get_mut(line as usize) {
+                            *total = total.saturating_add(n);
+                        }
+                    }
+                }
+                Err(e) => not_counted.push((counted.function, e.to_string())),
+            }
+        }
+    }
+    for (function, _) in &not_counted {
+        for line in plan.lines_of(*function as u32) {
+            if let Some(count) = counts.get_mut(line as usize) {
+                *count = None;
+            }
+        }
+    }
+    (counts, not_counted.into_iter().map(|(i, why)| format!("{}: {why}", name(i))).collect())
 }
 
 /// The calls `trace` read from process `pid`, with CLOCK_MONOTONIC times, within `bytes`.

@@ -1,0 +1,249 @@
+//! Line counts from a function's block and edge counts, with the meaning
+//! gcov gives them and [`crate::lines`] follows with probes: a line counts
+//! each time its frame enters it from a different line.
+//!
+//! Inside a block the line a frame is on changes only at the rows of the
+//! line table, in order, so every row but the block's first enters its
+//! lines as often as the block runs. The first row's first line depends on
+//! where the frame came from: on each incoming edge, the line the
+//! predecessor left it on. A predecessor without rows passes on the line
+//! it was entered with; when such a chain makes one edge arrive sometimes on
+//! the line and sometimes not, edge counts cannot tell how often, and the
+//! function's lines are refused (they need a probe).
+
+use super::Error;
+use super::cfg::{Cfg, Node};
+use super::solve::Counts;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A frame on no line yet.
+pub const NO_LINE: u32 = u32::MAX;
+
+/// What a function's frames do with lines, by line id.
+#[derive(Clone, Debug, Default)]
+pub struct FunctionLines {
+    /// The line a frame starts on at the entry (not counted), or [`NO_LINE`].
+    pub entry_line: u32,
+    /// Lines the entry also enters, in order (counted at each call).
+    pub entry_also: Vec<u32>,
+    /// The declaration line, counted once per call.
+    pub decl_line: Option<u32>,
+    /// The statement rows after the entry: an address and the lines it
+    /// enters, in order.
+    pub rows: Vec<(u64, Vec<u32>)>,
+}
+
+/// The times each line of `lines` was entered, given the function's
+/// `counts` over `cfg`: `(line id, count)`, a line once. Rows on code the
+/// graph does not reach never ran. Fails when a row is inside an
+/// instruction, or when a line's entries depend on the path taken to it.
+pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result<Vec<(u32, u64)>, Error> {
+    let mut entered: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut add = |line: u32, n: u64| {
+        if n > 0 {
+            let total = entered.entry(line).or_default();
+            *total = total.saturating_add(n);
+        }
+    };
+    let calls = counts.calls();
+    if let Some(decl) = lines.decl_line {
+        add(decl, calls);
+    }
+    let mut at_entry = lines.entry_line;
+    for &also in &lines.entry_also {
+        if also != at_entry {
+            add(also, calls);
+            at_entry = also;
+        }
+    }
+
+    let rows = rows_by_block(cfg, &lines.rows)?;
+    let arriving = arriving_lines(cfg, &rows, at_entry);
+    for (block, block_rows) in rows.iter().enumerate() {
+        let Some((first, _)) = block_rows.first() else { continue };
+        let runs = counts.block(block);
+        // The first line: counted on each edge that arrives from another line.
+        let first_line = first[0];
+        for (id, edge) in cfg.edges().iter().enumerate().filter(|(_, e)| e.to == Node::Block(block)) {
+            let n = u64::try_from(counts.edge(id)).unwrap_or(0);
+            let from = match edge.from {
+                Node::Block(b) => &arriving.leaving[b],
+                _ => &arriving.entry,
+            };
+            match (from.contains(&first_line), from.len()) {
+                (false, _) => add(first_line, n),
+                (true, 1) => {}
+                (true, _) if n == 0 => {}
+                (true, _) => return Err(Error::PathDependentLine { address: block_rows[0].1 }),
+            }
+        }
+        let mut on = first_line;
+        for line in block_rows.iter().flat_map(|(ls, _)| ls.iter()).skip(1) {
+            if *line != on {
+                add(*line, runs);
+                on = *line;
+            }
+        }
+    }
+    Ok(entered.into_iter().collect())
+}
+
+/// Per block, its rows in address order: the lines each enters, and its address.
+type BlockRows<'a> = Vec<Vec<(&'a [u32], u64)>>;
+
+fn rows_by_block<'a>(cfg: &Cfg, rows: &'a [(u64, Vec<u32>)]) -> Result<BlockRows<'a>, Error> {
+    let mut by_block: BlockRows<'a> = vec![Vec::new(); cfg.blocks().len()];
+    for (address, lines) in rows.iter().filter(|(_, l)| !l.is_empty()) {
+        let after = cfg.blocks().partition_point(|b| b.start <= *address);
+        let Some(block) = after.checked_sub(1).filter(|&b| *address < cfg.blocks()[b].end()) else {
+            // Code the graph does not reach.
+            continue;
+        };
+        if cfg.block_holding(*address) != Some(block) {
+            return Err(Error::RowInsideInstruction { address: *address });
+        }
+        by_block[block].push((lines.as_slice(), *address));
+    }
+    for block in &mut by_block {
+        block.sort_by_key(|(_, address)| *address);
+    }
+    Ok(by_block)
+}
+
+/// The lines a frame may be on as it leaves each block, and as it leaves
+/// the entry.
+struct Arriving {
+    leaving: Vec<BTreeSet<u32>>,
+    entry: BTreeSet<u32>,
+}
+
+/// Blocks with rows leave on their last row's last line; those without
+/// pass on what arrives, found by iterating to a fixed point (sets only
+/// grow, bounded by the function's lines).
+fn arriving_lines(cfg: &Cfg, rows: &BlockRows<'_>, at_entry: u32) -> Arriving {
+    let entry = BTreeSet::from([at_entry]);
+    let mut leaving: Vec<BTreeSet<u32>> =
+        rows.iter().map(|r| r.last().and_then(|(lines, _)| lines.last()).map(|&l| BTreeSet::from([l])).unwrap_or_default()).collect();
+    let transparent: Vec<bool> = rows.iter().map(Vec::is_empty).collect();
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for edge in cfg.edges() {
+            let Node::Block(to) = edge.to else { continue };
+            if !transparent[to] {
+                continue;
+            }
+            let from = match edge.from {
+                Node::Block(b) => leaving[b].clone(),
+                _ => entry.clone(),
+            };
+            let before = leaving[to].len();
+            leaving[to].extend(from);
+            changed |= leaving[to].len() != before;
+        }
+    }
+    Arriving { leaving, entry }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arcs::{CodeRange, EdgeKind, default_costs, place, solve};
+
+    /// `test edi,edi; jne +5; mov eax,1; ret` at 0x1000: blocks at 0x1000,
+    /// 0x1004 (the mov) and 0x1009 (the ret).
+    fn if_without_else() -> Cfg {
+        let code = [0x85, 0xff, 0x75, 0x05, 0xb8, 0x01, 0, 0, 0, 0xc3];
+        Cfg::build(&[CodeRange { address: 0x1000, bytes: &code }]).unwrap()
+    }
+
+    /// 10 calls, 3 of them skipping the mov.
+    fn counts(cfg: &Cfg) -> Counts {
+        let placement = place(cfg, &default_costs(cfg));
+        solve(cfg, &placement, &[7, 10]).unwrap()
+    }
+
+    #[test]
+    fn lines_count_entries_from_other_lines() {
+        let cfg = if_without_else();
+        // Line 1: the test; line 2: the mov; line 3: the ret.
+        let lines = FunctionLines {
+            entry_line: 0,
+            entry_also: vec![],
+            decl_line: Some(9),
+            rows: vec![(0x1002, vec![1]), (0x1004, vec![2]), (0x1009, vec![3])],
+        };
+        let got = line_entries(&cfg, &counts(&cfg), &lines).unwrap();
+        assert_eq!(got, [(1, 10), (2, 7), (3, 10), (9, 10)]);
+    }
+
+    #[test]
+    fn a_block_without_rows_passes_its_line_on() {
+        let cfg = if_without_else();
+        // The mov has no row: the ret is reached on line 1 either way, and
+        // entered from it each time.
+        let lines = FunctionLines { entry_line: 1, rows: vec![(0x1009, vec![3])], ..FunctionLines::default() };
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap(), [(3, 10)]);
+        // The same line as the entry's: never entered from another.
+        let lines = FunctionLines { entry_line: 3, rows: vec![(0x1009, vec![3])], ..FunctionLines::default() };
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap(), []);
+    }
+
+    #[test]
+    fn a_line_reached_both_from_itself_and_from_another_is_refused() {
+        let cfg = if_without_else();
+        // The ret on line 2 comes from line 2 after the mov (7 times) and
+        // from line 1 when it jumps (3): the edge into the ret says 10.
+        let lines = FunctionLines { entry_line: 1, rows: vec![(0x1004, vec![2]), (0x1009, vec![2])], ..FunctionLines::default() };
+        // Both edges are known apart: 3 entries from line 1, none from 2.
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap(), [(2, 10)]);
+        // A row mid-instruction is refused.
+        let lines = FunctionLines { entry_line: 1, rows: vec![(0x1005, vec![2])], ..FunctionLines::default() };
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines), Err(Error::RowInsideInstruction { address: 0x1005 }));
+    }
+
+    /// Two ifs in a row: the second's block has no row, so the `ret` after
+    /// it arrives on line 1 (the first jne taken) or on line 2 (the mov).
+    #[test]
+    fn a_line_whose_entries_depend_on_the_path_is_refused() {
+        #[rustfmt::skip]
+        let code = [
+            0x85, 0xff, 0x75, 0x05, 0xb8, 0x01, 0, 0, 0, // test edi,edi; jne 0x1009; mov eax,1
+            0x85, 0xf6, 0x74, 0x00, 0xc3,                // test esi,esi; je 0x100d; ret
+        ];
+        let cfg = Cfg::build(&[CodeRange { address: 0x1000, bytes: &code }]).unwrap();
+        let placement = place(&cfg, &default_costs(&cfg));
+        // 10 calls; the first jne taken 3 times, the je 4 times.
+        let truth = |e: &crate::arcs::Edge| match e.kind {
+            EdgeKind::Taken { jcc: 0x1002 } => 3,
+            EdgeKind::NotTaken { jcc: 0x1002 } | EdgeKind::FallThrough => 7,
+            EdgeKind::Taken { .. } => 4,
+            EdgeKind::NotTaken { .. } => 6,
+            _ => 10,
+        };
+        let counted: Vec<u64> = placement.counted().iter().map(|&e| truth(&cfg.edges()[e])).collect();
+        let counts = solve(&cfg, &placement, &counted).unwrap();
+        let lines = FunctionLines {
+            entry_line: 0,
+            rows: vec![(0x1002, vec![1]), (0x1004, vec![2]), (0x100d, vec![2])],
+            ..FunctionLines::default()
+        };
+        assert_eq!(line_entries(&cfg, &counts, &lines), Err(Error::PathDependentLine { address: 0x100d }));
+        // On a third line, every arrival enters it.
+        let lines = FunctionLines {
+            entry_line: 0,
+            rows: vec![(0x1002, vec![1]), (0x1004, vec![2]), (0x100d, vec![3])],
+            ..FunctionLines::default()
+        };
+        assert_eq!(line_entries(&cfg, &counts, &lines).unwrap(), [(1, 10), (2, 7), (3, 10)]);
+    }
+
+    #[test]
+    fn entry_lines_count_per_call() {
+        let cfg = if_without_else();
+        let lines = FunctionLines { entry_line: 4, entry_also: vec![5, 6], decl_line: None, rows: vec![(0x1009, vec![6])] };
+        // 5 and 6 at each call; the ret is on 6 already when it arrives
+        // from the jne (3), and from 6 through the mov (no row) as well.
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap(), [(5, 10), (6, 10)]);
+    }
+}

@@ -1,0 +1,262 @@
+//! Jump tables: where an indirect jump inside a function can go, read from
+//! the tables its code indexes, the way compilers lay them out on x86-64:
+//!
+//! - a `switch` in position-independent code: `lea r, [rip+T]`, a 4-byte
+//!   load from `T + index*4`, the entry added to `T` (entries relative to
+//!   the table), bounded by a `cmp index, N; ja default` before it;
+//! - a computed `goto *table[i]` (or a `switch` in fixed-address code):
+//!   `lea r, [rip+T]` and an 8-byte load, or `jmp [T + index*8]`; entries
+//!   are addresses (the file holds their link-time values).
+//!
+//! A table without a bound is read while its entries land inside the
+//! function. What a table holds comes from the binary, so it is hostile
+//! input: at most [`MOST_ENTRIES`] entries are read, and a target that is
+//! not an instruction of the function makes the graph fail to build; a
+//! target missed makes the counts fail to add up. Neither gives a wrong
+//! count.
+
+use iced_x86::{Code, ConditionCode, Instruction, OpKind, Register};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The most entries read from one table.
+pub const MOST_ENTRIES: u64 = 4096;
+
+/// Instructions looked at around a `lea` of a table for its load, and
+/// before it for its bound.
+const NEAR: usize = 8;
+
+/// Reads the program's data for jump tables.
+pub struct Data<'a> {
+    /// `len` bytes at a runtime address, if the binary has them.
+    pub read: &'a dyn Fn(u64, usize) -> Option<Vec<u8>>,
+    /// Runtime address less link-time address, added to addresses read.
+    pub bias: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entries {
+    /// 4-byte offsets from the table's address.
+    Relative,
+    /// 8-byte addresses.
+    Absolute,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Table {
+    /// Where the code refers to it.
+    used_at: u64,
+    at: u64,
+    entries: Entries,
+    /// How many entries, when a bound check says.
+    count: Option<u64>,
+}
+
+/// The targets of each indirect jump among `instructions` (by address,
+/// all decoded so far), from the tables the code refers to: a jump takes
+/// the tables used within a few instructions before it, or else those no
+/// other jump takes. `inside` says whether an address is in the function.
+pub(super) fn targets(
+    instructions: &BTreeMap<u64, Instruction>,
+    jumps: &BTreeSet<u64>,
+    data: &Data<'_>,
+    inside: &dyn Fn(u64) -> bool,
+) -> BTreeMap<u64, BTreeSet<u64>> {
+    let tables = find(instructions);
+    let order: Vec<u64> = instructions.keys().copied().collect();
+    let near_before = |jump: u64, used: u64| {
+        let j = order.partition_point(|&a| a < jump);
+        let u = order.partition_point(|&a| a < used);
+        u <= j && j - u <= NEAR
+    };
+    let own = |jump: u64| -> Vec<usize> { (0..tables.len()).filter(|&t| near_before(jump, tables[t].used_at)).collect() };
+    let claimed: BTreeSet<usize> = jumps.iter().flat_map(|&j| own(j)).collect();
+    let mut by_jump = BTreeMap::new();
+    for &jump in jumps {
+        let own = own(jump);
+        let chosen: Vec<usize> = if own.is_empty() { (0..tables.len()).filter(|t| !claimed.contains(t)).collect() } else { own };
+        let reached: BTreeSet<u64> = chosen.iter().flat_map(|&t| read(&tables[t], data, inside)).collect();
+        by_jump.insert(jump, reached);
+    }
+    by_jump
+}
+
+/// The tables the code refers to.
+fn find(instructions: &BTreeMap<u64, Instruction>) -> Vec<Table> {
+    let list: Vec<&Instruction> = instructions.values().collect();
+    let mut tables = Vec::new();
+    for (i, instruction) in list.iter().enumerate() {
+        if let Some(at) = fixed_table(instruction) {
+            tables.push(Table { used_at: instruction.ip(), at, entries: Entries::Absolute, count: bound(&list[..i]) });
+            continue;
+        }
+        if instruction.code() != Code::Lea_r64_m || instruction.memory_base() != Register::RIP {
+            continue;
+        }
+        let register = instruction.op0_register();
+        let load = list[i + 1..].iter().take(NEAR).find(|l| {
+            l.op_count() == 2
+                && l.op1_kind() == OpKind::Memory
+                && l.memory_index() != Register::None
+                && (l.memory_base() == register || l.memory_index() == register)
+        });
+        let entries = match load.map(|l| l.memory_size().size()) {
+            Some(4) => Entries::Relative,
+            Some(8) => Entries::Absolute,
+            _ => continue,
+        };
+        let at = instruction.memory_displacement64();
+        tables.push(Table { used_at: instruction.ip(), at, entries, count: bound(&list[..i]) });
+    }
+    tables
+}
+
+/// `jmp [T + index*8]`: a table at a fixed address.
+fn fixed_table(instruction: &Instruction) -> Option<u64> {
+    let fixed = instruction.code() == Code::Jmp_rm64
+        && instruction.op0_kind() == OpKind::Memory
+        && instruction.memory_base() == Register::None
+        && instruction.memory_index() != Register::None
+        && instruction.memory_index_scale() == 8;
+    fixed.then(|| instruction.memory_displacement64())
+}
+
+/// The number of entries a `cmp index, N` and `ja`/`jae` shortly before
+/// say, if they are there.
+fn bound(before: &[&Instruction]) -> Option<u64> {
+    let recent = &before[before.len().saturating_sub(NEAR)..];
+    recent.windows(2).rev().find_map(|pair| {
+        let (cmp, jump) = (pair[0], pair[1]);
+        let compares = cmp.mnemonic() == iced_x86::Mnemonic::Cmp && cmp.op1_kind() != OpKind::Register && cmp.op1_kind() != OpKind::Memory;
+        if !compares {
+            return None;
+        }
+        let limit = cmp.immediate(1);
+        match jump.condition_code() {
+            ConditionCode::a => Some(limit.saturating_add(1)),
+            ConditionCode::ae => Some(limit),
+            _ => None,
+        }
+    })
+}
+
+/// The targets in `table` that land inside the function: all of its
+/// entries when bounded, else those up to the first that does not.
+fn read(table: &Table, data: &Data<'_>, inside: &dyn Fn(u64) -> bool) -> Vec<u64> {
+    let size = match table.entries {
+        Entries::Relative => 4,
+        Entries::Absolute => 8,
+    };
+    let most = table.count.unwrap_or(MOST_ENTRIES).min(MOST_ENTRIES);
+    let mut targets = Vec::new();
+    for k in 0..most {
+        let Some(bytes) = (data.read)(table.at + k * size, size as usize) else { break };
+        let target = match table.entries {
+            Entries::Relative => table.at.wrapping_add(i32::from_le_bytes(bytes[..4].try_into().unwrap_or_default()) as i64 as u64),
+            Entries::Absolute => u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default()).wrapping_add(data.bias),
+        };
+        if !inside(target) {
+            if table.count.is_some() {
+                // A bounded table that leads out is not a table of this function.
+                return Vec::new();
+            }
+            break;
+        }
+        targets.push(target);
+    }
+    targets
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::arcs::{Cfg, CodeRange, Data, EdgeKind, Error, Node};
+    use std::collections::BTreeMap;
+
+    /// `switch (x) { case 0: return 10; case 1: return 20; case 2: return 30; } return 0;`
+    /// as gcc -O0 -fPIE lays it out at 0x1000, its table at 0x2000.
+    #[rustfmt::skip]
+    const SWITCH: [u8; 0x3c] = [
+        0x83, 0xff, 0x02,                               // cmp edi,2
+        0x77, 0x34,                                     // ja 0x1039
+        0x89, 0xf8,                                     // mov eax,edi
+        0x48, 0x8d, 0x14, 0x85, 0, 0, 0, 0,             // lea rdx,[rax*4]
+        0x48, 0x8d, 0x05, 0xea, 0x0f, 0, 0,             // lea rax,[rip+0xfea] (0x2000)
+        0x8b, 0x04, 0x02,                               // mov eax,[rdx+rax]
+        0x48, 0x98,                                     // cdqe
+        0x48, 0x8d, 0x15, 0xde, 0x0f, 0, 0,             // lea rdx,[rip+0xfde] (0x2000)
+        0x48, 0x01, 0xd0,                               // add rax,rdx
+        0xff, 0xe0,                                     // jmp rax (0x1025)
+        0xb8, 10, 0, 0, 0, 0xc3,                        // 0x1027
+        0xb8, 20, 0, 0, 0, 0xc3,                        // 0x102d
+        0xb8, 30, 0, 0, 0, 0xc3,                        // 0x1033
+        0x31, 0xc0, 0xc3,                               // 0x1039
+    ];
+
+    fn reader(memory: BTreeMap<u64, Vec<u8>>) -> impl Fn(u64, usize) -> Option<Vec<u8>> {
+        move |address, len| {
+            let (start, bytes) = memory.range(..=address).next_back()?;
+            let offset = (address - start) as usize;
+            bytes.get(offset..offset + len).map(<[u8]>::to_vec)
+        }
+    }
+
+    fn relative(targets: &[i64]) -> Vec<u8> {
+        targets.iter().flat_map(|t| ((t - 0x2000) as i32).to_le_bytes()).collect()
+    }
+
+    fn targets_of(cfg: &Cfg, jump: u64) -> Vec<u64> {
+        let from = Node::Block(cfg.block_holding(jump).unwrap());
+        cfg.edges()
+            .iter()
+            .filter(|e| e.from == from && e.kind == EdgeKind::Jump { at: jump })
+            .map(|e| match e.to {
+                Node::Block(b) => cfg.blocks()[b].start,
+                _ => 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_bounded_relative_table_gives_its_entries_and_no_more() {
+        // A fourth entry past the bound, inside an instruction: not read.
+        let read = reader(BTreeMap::from([(0x2000, relative(&[0x1027, 0x102d, 0x1033, 0x1028]))]));
+        let data = Data { read: &read, bias: 0 };
+        let parts = [CodeRange { address: 0x1000, bytes: &SWITCH }];
+        let cfg = Cfg::build_reading(&parts, Some(&data)).unwrap();
+        assert_eq!(targets_of(&cfg, 0x1025), [0x1027, 0x102d, 0x1033]);
+        // Without the data, the jump is refused.
+        assert!(matches!(Cfg::build(&parts), Err(Error::IndirectJump { address: 0x1025, .. })));
+    }
+
+    #[test]
+    fn a_table_that_leads_out_of_the_function_is_refused() {
+        let read = reader(BTreeMap::from([(0x2000, relative(&[0x1027, 0x9000, 0x1033]))]));
+        let data = Data { read: &read, bias: 0 };
+        let parts = [CodeRange { address: 0x1000, bytes: &SWITCH }];
+        assert!(matches!(Cfg::build_reading(&parts, Some(&data)), Err(Error::IndirectJump { address: 0x1025, .. })));
+        // Nor is a table the file does not hold.
+        let nothing = |_: u64, _: usize| None;
+        let data = Data { read: &nothing, bias: 0 };
+        assert!(matches!(Cfg::build_reading(&parts, Some(&data)), Err(Error::IndirectJump { .. })));
+    }
+
+    #[test]
+    fn an_unbounded_table_of_addresses_is_read_while_it_lands_inside() {
+        #[rustfmt::skip]
+        let code = [
+            0x89, 0xf8,                                 // mov eax,edi
+            0x48, 0x8d, 0x14, 0xc5, 0, 0, 0, 0,         // lea rdx,[rax*8]
+            0x48, 0x8d, 0x05, 0xef, 0x0f, 0, 0,         // lea rax,[rip+0xfef] (0x2000)
+            0x48, 0x8b, 0x04, 0x02,                     // mov rax,[rdx+rax]
+            0xff, 0xe0,                                 // jmp rax (0x1015)
+            0xb8, 1, 0, 0, 0, 0xc3,                     // 0x1017
+            0xb8, 2, 0, 0, 0, 0xc3,                     // 0x101d
+        ];
+        // Link-time addresses in the file, 0x100 below where the code runs;
+        // the third entry is some other data.
+        let table: Vec<u8> = [0xf17u64, 0xf1d, 0xf17, 0x5_0000].iter().flat_map(|a| a.to_le_bytes()).collect();
+        let read = reader(BTreeMap::from([(0x2000, table)]));
+        let data = Data { read: &read, bias: 0x100 };
+        let cfg = Cfg::build_reading(&[CodeRange { address: 0x1000, bytes: &code }], Some(&data)).unwrap();
+        assert_eq!(targets_of(&cfg, 0x1015), [0x1017, 0x101d]);
+    }
+}

@@ -1,0 +1,296 @@
+//! Edge counters patched into a held process, the way a `--coverage` build
+//! counts (see [`crate::arcs`]): each counted function's graph is read from
+//! its file, its counters placed off a spanning tree, a 5-byte jump patched
+//! over each counter's window to a stub that increments the counter and
+//! runs the moved instructions. Counters live in memory shared with
+//! proftap, so they are read after the process is gone.
+
+use super::patcher::{CodeSource, Refused, Target};
+use super::remote::{Remote, RemoteError, Shared};
+use crate::arcs::{self, Cfg, CodeRange, CounterPlacement, Counts, FunctionCode, Site};
+use crate::plan::ProbedFunction;
+use crate::procfs::LoadedModule;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+
+/// The most a stub takes: counters, saved flags, the moved instructions
+/// (a few bytes more each once re-encoded) and the jump back.
+const STUB_ROOM: usize = 192;
+
+/// Bytes at each function's entry left to the function engine's jump.
+const ENTRY_RESERVED: u64 = 5;
+
+/// A function whose counters are planned.
+struct Planned {
+    function: usize,
+    /// Runtime address less link-time address.
+    bias: u64,
+    cfg: Cfg,
+    placement: CounterPlacement,
+    sites: Vec<Site>,
+}
+
+/// What edge counting may do to the code.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Choices {
+    /// Calls may return into stubs (see
+    /// [`FunctionCode::let_calls_return_to_stubs`]): the program never
+    /// unwinds its stack through them.
+    pub returns_into_stubs: bool,
+    /// A counter may take a function's entry, where the function engine's
+    /// jump would go, when nothing else counts its first block.
+    pub may_take_entries: bool,
+}
+
+/// The counters to patch into a process, and the functions that cannot be
+/// counted.
+pub struct Plan {
+    modules: Vec<Vec<Planned>>,
+    /// Functions that cannot be counted, and why.
+    pub refused: Refused,
+    /// Functions counted at their entry: the function engine must leave them.
+    pub entries_taken: Vec<usize>,
+}
+
+/// The counter plans of the `targets` that `wanted` picks (by index) in
+/// the process whose modules are `modules`, grouped by module.
+pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choices: Choices) -> Plan {
+    let mut source = CodeSource::new(modules);
+    let mut by_module: Vec<(PathBuf, Vec<Planned>)> = Vec::new();
+    let mut plan = Plan { modules: Vec::new(), refused: Vec::new(), entries_taken: Vec::new() };
+    for (i, target) in targets.iter().enumerate().filter(|(i, _)| wanted.get(*i).copied().unwrap_or(false)) {
+        let planned = source.code(target).and_then(|code| {
+            let read = |address: u64, len: usize| code.read(address, len);
+            let data = arcs::Data { read: &read, bias: code.bias };
+            let parts = [CodeRange { address: code.at, bytes: code.bytes }];
+            let cfg = Cfg::build_reading(&parts, Some(&data)).map_err(|e| e.to_string())?;
+            let planned = plan_function(cfg.clone(), &parts, choices, true).or_else(|why| {
+                if !choices.may_take_entries {
+                    return Err(why);
+                }
+                plan.entries_taken.push(i);
+                plan_function(cfg, &parts, choices, false)
+            });
+            planned.map(|(cfg, placement, sites)| (code.module.clone(), Planned { function: i, bias: code.bias, cfg, placement, sites }))
+        });
+        match planned {
+            Ok((module, p)) => match by_module.iter_mut().find(|(m, _)| *m == module) {
+                Some((_, group)) => group.push(p),
+                None => by_module.push((module, vec![p])),
+            },
+            Err(why) => {
+                plan.entries_taken.retain(|&f| f != i);
+                plan.refused.push((i, why));
+            }
+        }
+    }
+    plan.modules = by_module.into_iter().map(|(_, g)| g).collect();
+    plan
+}
+
+/// The plan of the functions `wanted` picks, judged from their files alone
+/// (before the program runs): which cannot be counted, and which are
+/// counted at their entry.
+pub fn plan_in_files(functions: &[ProbedFunction], wanted: &[bool], choices: Choices) -> Plan {
+    let targets: Vec<Target> = functions.iter().map(Target::of).collect();
+    plan(&super::patcher::as_in_files(functions), &targets, wanted, choices)
+}
+
+/// The counters and sites of a function whose graph is `cfg`, built from
+/// `parts`, its entry's first bytes left to the function engine if
+/// `spare_entry`.
+fn plan_function(
+    cfg: Cfg,
+    parts: &[CodeRange<'_>],
+    choices: Choices,
+    spare_entry: bool,
+) -> Result<(Cfg, CounterPlacement, Vec<Site>), String> {
+    let mut decoded = FunctionCode::new(&cfg, parts).map_err(|e| e.to_string())?;
+    if spare_entry {
+        let at = parts[0].address;
+        decoded.reserve(at..at + ENTRY_RESERVED);
+    }
+    if choices.returns_into_stubs {
+        decoded.let_calls_return_to_stubs();
+    }
+    let placement = arcs::place_counters(&cfg, &arcs::counter_costs(&cfg, &decoded));
+    if let Some(q) = placement.needs_probe().first() {
+        return Err(format!("{} of its counts have no place for a counter (the first: {q:?})", placement.needs_probe().len()));
+    }
+    let sites = arcs::plan_sites(&cfg, &decoded, &placement).map_err(|e| e.to_string())?;
+    Ok((cfg, placement, sites))
+}
+
+/// A counted function: its graph and its counters' place in the shared memory.
+pub struct Counted {
+    /// Its index among the targets.
+    pub function: usize,
+    /// Runtime address less link-time address: the graph is at runtime addresses.
+    pub bias: u64,
+    cfg: Cfg,
+    placement: CounterPlacement,
+    /// Its first counter's offset in its module's shared memory.
+    offset: usize,
+    memory: usize,
+}
+
+impl Counted {
+    /// Its graph, at runtime addresses.
+    pub fn cfg(&self) -> &Cfg {
+        &self.cfg
+    }
+}
+
+/// A window patched with a jump to its stub.
+struct Applied {
+    at: u64,
+    original: Vec<u8>,
+    jump: Vec<u8>,
+}
+
+/// Counters patched into a process.
+pub struct Counting {
+    functions: Vec<Counted>,
+    memory: Vec<Shared>,
+    applied: Vec<Applied>,
+    code: Vec<Range<u64>>,
+}
+
+/// Patches the planned counters into the held process: per module, stubs
+/// near its code and counters within their reach, then threads inside a
+/// window move to their stub, then the jumps. Returns them, and the
+/// functions not counted: the plan's refusals, and those whose code in
+/// memory is not the file's or whose stubs cannot be built.
+pub fn apply(remote: &Remote, plan: Plan) -> Result<(Counting, Refused), RemoteError> {
+    let Plan { modules, mut refused, .. } = plan;
+    let refused = &mut refused;
+    let mut counting = Counting { functions: Vec::new(), memory: Vec::new(), applied: Vec::new(), code: Vec::new() };
+    let mut moves: HashMap<u64, u64> = HashMap::new();
+    let mut jumps: Vec<Applied> = Vec::new();
+    for module in modules {
+        let mut functions: Vec<Planned> = Vec::new();
+        for p in module {
+            // Code in memory must be the file's: no breakpoint or other patch there.
+            match p.sites.iter().map(|s| remote.read(s.at, s.len()).map(|b| b == s.original)).find(|same| !matches!(same, Ok(true))) {
+                Some(Err(e)) => refused.push((p.function, e.to_string())),
+                Some(Ok(_)) => {
+                    refused.push((p.function, "its code in memory differs from the file (a breakpoint or another tool's patch)".into()))
+                }
+                None => functions.push(p),
+            }
+        }
+        let sites: usize = functions.iter().map(|p| p.sites.len()).sum();
+        let counters: usize = functions.iter().map(|p| p.placement.counted().len()).sum();
+        if sites == 0 {
+            continue;
+        }
+        let lowest = functions.iter().flat_map(|p| p.sites.iter().map(|s| s.at)).min().unwrap_or(0);
+        let highest = functions.iter().flat_map(|p| p.sites.iter().map(Site::end)).max().unwrap_or(0);
+        let span = lowest..highest;
+        let room = sites * STUB_ROOM;
+        let region = remote.map_near(span, room)?;
+        let shared = remote.share((counters * 8).max(8), Some(region..region + room as u64))?;
+        let mut code: Vec<u8> = Vec::with_capacity(room);
+        let mut offset = 0usize;
+        for p in functions {
+            let addresses: Vec<u64> = (0..p.placement.counted().len()).map(|k| shared.remote + (offset + 8 * k) as u64).collect();
+            match stubs(&p.sites, region, code.len(), &addresses) {
+                Ok(built) => {
+                    for (site, (stub_code, moved)) in p.sites.iter().zip(built) {
+                        let at = region + code.len() as u64;
+                        code.extend_from_slice(&stub_code);
+                        code.resize(code.len().next_multiple_of(16), 0xcc);
+                        moves.extend(moved.into_iter().filter(|&(from, _)| from != site.at));
+                        let jump = site.jump_to(at).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+                        jumps.push(Applied { at: site.at, original: site.original.clone(), jump });
+                    }
+                    counting.functions.push(Counted {
+                        function: p.function,
+                        bias: p.bias,
+                        offset,
+                        memory: counting.memory.len(),
+                        cfg: p.cfg,
+                        placement: p.placement,
+                    });
+                    offset += 8 * addresses.len();
+                }
+                Err(why) => refused.push((p.function, why)),
+            }
+        }
+        remote.write(region, &code)?;
+        remote.seal_code(region, room)?;
+        counting.code.push(region..region + room as u64);
+        counting.memory.push(shared);
+    }
+    for tid in remote.threads() {
+        let mut regs = remote.regs(tid)?;
+        if let Some(&to) = moves.get(&regs.rip) {
+            regs.rip = to;
+            remote.set_regs(tid, regs)?;
+        }
+    }
+    for jump in jumps {
+        remote.write(jump.at, &jump.jump)?;
+        counting.applied.push(jump);
+    }
+    Ok((counting, std::mem::take(refused)))
+}
+
+/// The stubs of a function's `sites`, the first at `region + start`, each
+/// rounded up to 16 bytes, with where each moved instruction went.
+type BuiltStub = (Vec<u8>, Vec<(u64, u64)>);
+fn stubs(sites: &[Site], region: u64, start: usize, counters: &[u64]) -> Result<Vec<BuiltStub>, String> {
+    let mut at = start;
+    let mut built = Vec::with_capacity(sites.len());
+    for site in sites {
+        let stub = arcs::stub(site, region + at as u64, counters).map_err(|e| e.to_string())?;
+        if stub.code.len() > STUB_ROOM {
+            return Err(format!("the counter at {:#x} needs a stub of {} bytes", site.at, stub.code.len()));
+        }
+        at = (at + stub.code.len()).next_multiple_of(16);
+        built.push((stub.code, stub.moved));
+    }
+    Ok(built)
+}
+
+impl Counting {
+    /// The counted functions.
+    pub fn functions(&self) -> &[Counted] {
+        &self.functions
+    }
+
+    /// proftap's code in the process: the stubs.
+    pub fn code(&self) -> &[Range<u64>] {
+        &self.code
+    }
+
+    /// Every edge and block count of `counted`, from its counters now.
+    /// The counters are the target's to write: counts that do not add up
+    /// are an error, not numbers.
+    pub fn counts(&self, counted: &Counted) -> Result<Counts, arcs::Error> {
+        let memory = &self.memory[counted.memory];
+        let values: Vec<u64> = (0..counted.placement.counted().len()).map(|k| memory.load(counted.offset + 8 * k)).collect();
+        arcs::solve_counters(&counted.cfg, &counted.placement, &values)
+    }
+
+    /// Puts the original bytes back where the jumps still are. A thread in
+    /// a stub goes on to the instruction after its window, as it would have.
+    pub fn restore(&mut self, remote: &Remote) -> Result<(), RemoteError> {
+        for a in self.applied.drain(..) {
+            if remote.read(a.at, a.jump.len())? == a.jump {
+                remote.write(a.at, &a.original)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmaps the counters from the held process (its stubs are among
+    /// the code the caller unmaps, when no thread is in them).
+    pub fn unmap_counters(&self, remote: &Remote) -> Result<(), RemoteError> {
+        for memory in &self.memory {
+            remote.syscall("munmap", libc::SYS_munmap, [memory.remote, memory.len() as u64, 0, 0, 0, 0])?;
+        }
+        Ok(())
+    }
+}
