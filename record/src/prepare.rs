@@ -412,6 +412,7 @@ fn choose(
     let counting = counting::Choices {
         returns_into_stubs: self::exit_mode(ExitsChoice::Auto, &indexes[0], modules) == ExitMode::Uretprobe,
         may_take_entries: request.is_hybrid(),
+        one_thread: !counts_at_once(modules, cache),
     };
     let (uncountable, entries_counted) = match &lines {
         Some(plan) => {
@@ -426,6 +427,20 @@ fn choose(
     let cancels_unhooked = main.imports.iter().any(|i| i == "pthread_cancel")
         && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
     Ok(Chosen { functions, build_id: main.build_id.clone(), exit_mode, lines, uncountable, counting, entries_counted, cancels_unhooked })
+}
+
+/// Whether two threads, or two processes sharing the counters, may count
+/// at once: the executable or a library it needs imports what starts a
+/// thread or a process, or loads code that could.
+fn counts_at_once(modules: &[(PathBuf, PathBuf)], cache: &SymbolCache) -> bool {
+    const STARTS: &[&str] = &["pthread_create", "thrd_create", "clone", "clone3", "fork", "vfork", "_Fork", "dlopen", "dlmopen"];
+    modules.iter().any(|(display, open)| {
+        // What cannot be read may do anything.
+        cache
+            .image(display, open)
+            .and_then(|image| image.imports())
+            .map_or(true, |imports| imports.iter().any(|i| STARTS.contains(&i.as_str())))
+    })
 }
 
 /// How returns are seen: as asked, or at return instructions for programs

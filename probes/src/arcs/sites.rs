@@ -55,6 +55,8 @@ pub struct FunctionCode {
     reserved: Vec<Range<u64>>,
     /// A call may return into a stub, which counts its return.
     calls_return_to_stubs: bool,
+    /// Only one thread counts: increments need no `lock`.
+    one_thread: bool,
 }
 
 impl FunctionCode {
@@ -75,7 +77,8 @@ impl FunctionCode {
             instructions.push(decoded);
             bytes.push(raw);
         }
-        let mut code = FunctionCode { instructions, live: Vec::new(), bytes, reserved: Vec::new(), calls_return_to_stubs: false };
+        let mut code =
+            FunctionCode { instructions, live: Vec::new(), bytes, reserved: Vec::new(), calls_return_to_stubs: false, one_thread: false };
         code.live = code.liveness(cfg);
         Ok(code)
     }
@@ -92,6 +95,14 @@ impl FunctionCode {
     /// unwind information; proftap's own sampler maps it back.
     pub fn let_calls_return_to_stubs(&mut self) {
         self.calls_return_to_stubs = true;
+    }
+
+    /// Counts without `lock`, for a program that never runs two threads
+    /// (or two processes sharing the counters) at once: as a `--coverage`
+    /// build without `-pthread` does. A signal handler interrupts the
+    /// increment only between instructions, so it loses none.
+    pub fn count_in_one_thread(&mut self) {
+        self.one_thread = true;
     }
 
     /// Whether the edge `edge` is the return of a call that ends its block,
@@ -334,6 +345,9 @@ pub struct SiteCounter {
     /// Whether flags that `lock inc` writes are live there: the stub then
     /// saves them around the increment.
     pub flags_live: bool,
+    /// Whether the increment is atomic (`lock`): other threads, or other
+    /// processes sharing the counters, may count at the same time.
+    pub atomic: bool,
 }
 
 /// A patch site: a window of whole instructions inside one block, and the
@@ -441,7 +455,7 @@ fn site(cfg: &Cfg, code: &FunctionCode, block: usize, counters: &[(Quantity, usi
         original: code.bytes[block].get(offset..offset + len).ok_or(Error::NoSite { quantity: first })?.to_vec(),
         counters: counters
             .iter()
-            .map(|c| SiteCounter { quantity: c.0, index: c.1, place: c.2, flags_live: live(c) & INC_WRITES != 0 })
+            .map(|c| SiteCounter { quantity: c.0, index: c.1, place: c.2, flags_live: live(c) & INC_WRITES != 0, atomic: !code.one_thread })
             .collect(),
     })
 }

@@ -2,10 +2,10 @@
 //! jump replaced, moved, then back to the code after the window.
 //!
 //! ```text
-//! lea rsp, [rsp-128]          ; a leaf function's red zone survives
-//! pushfq                      ; only if the flags are live there
-//! lock inc qword [rip+counter]
-//! popfq
+//! lea rsp, [rsp-128]          ; only if the flags are live there:
+//! pushfq                      ; a leaf function's red zone survives
+//! lock inc qword [rip+counter]; no lock if one thread counts
+//! popfq                       ; as pushfq
 //! lea rsp, [rsp+128]
 //! <the replaced instructions> ; a final jcc jumps to `taken:` if its
 //!                             ; taken edge is counted; a final call
@@ -158,21 +158,17 @@ fn jump(target: u64) -> Result<Instruction, IcedError> {
     Instruction::with_branch(Code::Jmp_rel32_64, target)
 }
 
-/// `lea rsp,[rsp-128]`, `pushfq` if the flags are live, `lock inc qword
-/// [rip+counter]`, `popfq`, `lea rsp,[rsp+128]`: no register or flag
-/// changes, and what a leaf function keeps below rsp stays.
+/// `lock inc qword [rip+counter]` (without `lock` where only one thread
+/// counts), and if the flags are live, around it `lea rsp,[rsp-128]`,
+/// `pushfq` ... `popfq`, `lea rsp,[rsp+128]`: no register or flag changes,
+/// and what a leaf function keeps below rsp stays.
 fn count(at: u64, counter: &SiteCounter) -> Result<Vec<Instruction>, IcedError> {
     let rsp = |offset: i64| Instruction::with2(Code::Lea_r64_m, Register::RSP, MemoryOperand::with_base_displ(Register::RSP, offset));
     let mut inc = Instruction::with1(Code::Inc_rm64, MemoryOperand::with_base_displ(Register::RIP, at as i64))?;
-    inc.set_has_lock_prefix(true);
-    let mut code = vec![rsp(-RED_ZONE)?];
-    if counter.flags_live {
-        code.push(Instruction::with(Code::Pushfq));
+    inc.set_has_lock_prefix(counter.atomic);
+    if !counter.flags_live {
+        // Nothing touches the stack.
+        return Ok(vec![inc]);
     }
-    code.push(inc);
-    if counter.flags_live {
-        code.push(Instruction::with(Code::Popfq));
-    }
-    code.push(rsp(RED_ZONE)?);
-    Ok(code)
+    Ok(vec![rsp(-RED_ZONE)?, Instruction::with(Code::Pushfq), inc, Instruction::with(Code::Popfq), rsp(RED_ZONE)?])
 }

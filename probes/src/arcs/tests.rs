@@ -3,6 +3,7 @@
 
 use super::*;
 use iced_x86::code_asm::*;
+use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, Register};
 
 const BASE: u64 = 0x1000;
 /// Outside every function assembled here: a callee, a tail-call target.
@@ -719,4 +720,39 @@ fn arcs_windows_leave_endbr64_in_place_and_stubs_say_where_threads_go() {
     // from the stub (and above the 2 GiB an absolute address reaches).
     assert!(matches!(entry.jump_to(BASE + (4 << 30)), Err(Error::Stub { .. })));
     assert!(matches!(stub(entry, 0x10_0000, &[0x7f00_0000_0000; 4]), Err(Error::Stub { .. })));
+}
+
+/// A counter's increment is `lock inc` unless only one thread counts, and
+/// leaves the stack alone unless the flags must be saved.
+#[test]
+fn arcs_stubs_lock_only_where_threads_may_count_at_once() {
+    let code = assemble(|a| {
+        a.push(rbx)?;
+        a.mov(ebx, edi)?;
+        a.pop(rbx)?;
+        a.ret()
+    });
+    let parts = [CodeRange { address: BASE, bytes: &code }];
+    let cfg = graph(&code);
+    let increments = |one_thread: bool| -> Vec<(bool, usize)> {
+        let mut function = FunctionCode::new(&cfg, &parts).unwrap();
+        if one_thread {
+            function.count_in_one_thread();
+        }
+        let placement = place_counters(&cfg, &counter_costs(&cfg, &function));
+        let sites = plan_sites(&cfg, &function, &placement).unwrap();
+        let counters: Vec<u64> = (0..placement.counted().len() as u64).map(|i| 0x20_0000 + 8 * i).collect();
+        sites
+            .iter()
+            .map(|site| {
+                let made = stub(site, 0x10_0000, &counters).unwrap();
+                let decoded: Vec<Instruction> = Decoder::with_ip(64, &made.code, 0x10_0000, DecoderOptions::NONE).into_iter().collect();
+                let inc = decoded.iter().find(|i| i.mnemonic() == Mnemonic::Inc).unwrap();
+                let stack = decoded.iter().filter(|i| i.op0_register() == Register::RSP || i.mnemonic() == Mnemonic::Pushfq).count();
+                (inc.has_lock_prefix(), stack)
+            })
+            .collect()
+    };
+    assert_eq!(increments(false), [(true, 0)]);
+    assert_eq!(increments(true), [(false, 0)]);
 }

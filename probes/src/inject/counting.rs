@@ -41,6 +41,9 @@ pub struct Choices {
     /// A counter may take a function's entry, where the function engine's
     /// jump would go, when nothing else counts its first block.
     pub may_take_entries: bool,
+    /// The program never runs two threads or processes that count at once:
+    /// increments need no `lock` (see [`FunctionCode::count_in_one_thread`]).
+    pub one_thread: bool,
 }
 
 /// The counters to patch into a process, and the functions that cannot be
@@ -113,6 +116,9 @@ fn plan_function(
     }
     if choices.returns_into_stubs {
         decoded.let_calls_return_to_stubs();
+    }
+    if choices.one_thread {
+        decoded.count_in_one_thread();
     }
     let placement = arcs::place_counters(&cfg, &arcs::counter_costs(&cfg, &decoded));
     if let Some(q) = placement.needs_probe().first() {

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use memmap2::Mmap;
 use object::elf;
 use object::read::elf::{Dyn as _, ElfFile64, FileHeader as _, ProgramHeader as _};
-use object::{Endianness, Object, ObjectSegment};
+use object::{Endianness, Object, ObjectSegment, ObjectSymbol};
 use serde::Serialize;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -105,6 +105,16 @@ impl ElfImage {
             };
             Error::NotElf { path: self.path.clone(), reason }
         })
+    }
+
+    /// The functions it imports from shared libraries (undefined dynamic symbols).
+    pub fn imports(&self) -> Result<Vec<String>> {
+        Ok(self
+            .parse()?
+            .dynamic_symbols()
+            .filter(|s| s.is_undefined())
+            .filter_map(|s| s.name().ok().filter(|n| !n.is_empty()).map(str::to_string))
+            .collect())
     }
 
     /// Loadable segments in file order.

@@ -179,11 +179,7 @@ impl SymbolIndex {
         let mut symbols = BTreeMap::new();
         let mut origin = SymbolOrigin::Symtab;
         let elf = image.parse()?;
-        let imports = elf
-            .dynamic_symbols()
-            .filter(|s| s.is_undefined())
-            .filter_map(|s| s.name().ok().filter(|n| !n.is_empty()).map(str::to_string))
-            .collect();
+        let imports = image.imports()?;
         collect_symbols(elf.symbols(), &mut symbols);
         if symbols.is_empty()
             && let Some(debug_image) = debug_image.filter(|d| !std::ptr::eq(*d, image))
