@@ -1,12 +1,27 @@
 /* Loops for line-count benchmarks: N iterations of a loop of a few lines,
- * a branch and a call, about 6 line entries each.
+ * a branch and a call, about 6 line entries each; then a loop of N turns
+ * in spin(), which burst() calls last (its call is followed by nothing but
+ * its return: a counter there can only count in the call's stub).
  * Usage: lineloop [N]   default 10000000. */
 #include <stdio.h>
 #include <stdlib.h>
 
+static volatile long sink;
+
 static long step(long x)
 {
     return x * 3 + 1;
+}
+
+static void spin(long n)
+{
+    for (long k = 0; k < n; k++)
+        sink += k;
+}
+
+static void burst(long n)
+{
+    spin(n);
 }
 
 int main(int argc, char **argv)
@@ -20,6 +35,7 @@ int main(int argc, char **argv)
             total -= i;
         total ^= i;
     }
+    burst(n);
     printf("%ld\n", total);
     return 0;
 }

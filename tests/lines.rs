@@ -144,8 +144,9 @@ fn report_lines(report: &Value) -> BTreeMap<(String, u64), u64> {
 #[test]
 fn counted_lines_equal_probed_lines() {
     require_probes();
-    let cases: [(&str, &[&str]); 5] = [
+    let cases: [(&str, &[&str]); 6] = [
         ("coverage.c", &["12"]),
+        ("lineloop.c", &["300"]),
         ("branches.c", &["200"]),
         ("jumps.c", &["20", "4"]),
         ("threads.c", &["3", "200"]),
@@ -185,6 +186,38 @@ fn counted_lines_equal_probed_lines() {
             assert_eq!((source, differ.len()), ("jumps.c", 1), "{what}");
         }
     }
+}
+
+/// Sampled stacks through counting stubs unwind as through the original
+/// code: spin()'s caller burst() calls it last, so its call returns into
+/// the stub that counts burst()'s return.
+#[test]
+fn stacks_sampled_while_lines_are_counted_unwind_through_the_stubs() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = Build::c("lineloop.c", "-O0").build();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().arg("run").arg("--lines").args(["-F", "2000", "-o"]).arg(&file).arg("--").arg(&binary).arg("30000000"));
+    let folded = dir.path().join("stacks.folded");
+    run_ok(proftap().args(["export", "--format", "folded"]).arg(&file).arg("-o").arg(&folded));
+    let (mut in_spin, mut through_burst, mut unknown, mut all) = (0u64, 0u64, 0u64, 0u64);
+    for line in std::fs::read_to_string(&folded).unwrap().lines() {
+        let (stack, count) = line.rsplit_once(' ').unwrap();
+        let count: u64 = count.parse().unwrap();
+        all += count;
+        if stack.contains("[unknown") {
+            unknown += count;
+        }
+        if stack.ends_with(";spin") {
+            in_spin += count;
+            if stack.ends_with("main;burst;spin") {
+                through_burst += count;
+            }
+        }
+    }
+    assert!(in_spin >= 20, "{in_spin} samples in spin of {all}");
+    assert!(through_burst * 100 >= in_spin * 95, "{through_burst} of {in_spin} samples in spin under main;burst");
+    assert!(unknown * 100 <= all, "{unknown} of {all} samples unnamed");
 }
 
 #[test]

@@ -126,6 +126,9 @@ struct Process {
     trampoline: Option<(u64, u64)>,
     /// Where the in-process engine's code is.
     engine_code: Vec<std::ops::Range<u64>>,
+    /// From each address of its counting stubs on, the original address it
+    /// stands for (0: none), by address.
+    origins: Vec<(u64, u64)>,
     unwinder: UnwinderX86_64<Vec<u8>>,
     cache: Option<Box<CacheX86_64>>,
     /// Mappings already given to the unwinder.
@@ -136,6 +139,12 @@ struct Process {
 /// page of the 47-bit user address space. Its mmap record may never come
 /// (the page appears at the first probe hit).
 pub const DEFAULT_PROBE_AREA: std::ops::Range<u64> = 0x7fff_ffff_e000..0x7fff_ffff_f000;
+
+/// The original address that `address`, in a counting stub, stands for.
+fn origin_of(origins: &[(u64, u64)], address: u64) -> Option<u64> {
+    let i = origins.partition_point(|o| o.0 <= address).checked_sub(1)?;
+    Some(origins[i].1).filter(|&o| o != 0)
+}
 
 impl Process {
     /// The `[uprobes]` page: return-probe trampolines and the slots where
@@ -229,6 +238,16 @@ impl StackResolver {
         self.processes.entry(pid).or_default().engine_code.push(range);
     }
 
+    /// The in-process engine's counting stubs in process `pid`: from each
+    /// of their addresses on, the original address it stands for (0:
+    /// none). A sample in a stub, or a call that returns into one, unwinds
+    /// as from the original code.
+    pub fn origins(&mut self, pid: u32, origins: Vec<(u64, u64)>) {
+        let process = self.processes.entry(pid).or_default();
+        process.origins.extend(origins);
+        process.origins.sort_unstable();
+    }
+
     /// A process executed a new program: its old mappings are gone.
     pub fn exec(&mut self, pid: u32) {
         self.processes.remove(&pid);
@@ -281,6 +300,7 @@ impl StackResolver {
             return Vec::new();
         }
         let Some(process) = self.processes.get_mut(&pid) else { return vec![ip] };
+        let ip = origin_of(&process.origins, ip).unwrap_or(ip);
         if process.in_probe_area(ip) {
             return Vec::new();
         }
@@ -308,18 +328,21 @@ impl StackResolver {
             process.cache = Some(Box::new(CacheX86_64::new()));
         }
         let trampoline = process.probe_area();
+        let origins = &process.origins;
         let cache = process.cache.get_or_insert_with(|| Box::new(CacheX86_64::new()));
         let mut read_stack = |address: u64| -> Result<u64, ()> {
             let offset = address.checked_sub(sp).ok_or(())? as usize;
             let bytes = stack.get(offset..offset + 8).ok_or(())?;
             let value = u64::from_ne_bytes(bytes.try_into().map_err(|_| ())?);
             // A return probe's trampoline (or the in-process engine's) stands
-            // for the return address proftap saw at the entry.
-            match returns.iter().find(|r| r.0 == address) {
-                Some(r) if r.1 != value => Ok(r.1),
-                _ if trampoline.contains(&value) => Err(()),
-                _ => Ok(value),
-            }
+            // for the return address proftap saw at the entry; a counting
+            // stub that a call returns into, for the code after the call.
+            let value = match returns.iter().find(|r| r.0 == address) {
+                Some(r) if r.1 != value => r.1,
+                _ if trampoline.contains(&value) => return Err(()),
+                _ => value,
+            };
+            Ok(origin_of(origins, value).unwrap_or(value))
         };
         let mut frames = process.unwinder.iter_frames(ip, UnwindRegsX86_64::new(ip, sp, bp), cache, &mut read_stack);
         let mut addresses = Vec::new();

@@ -124,7 +124,10 @@ impl Consumer {
             match &event {
                 Event::Mmap { pid, start, len, pgoff, path, .. } => sampler.mapped(*pid, *start, *len, *pgoff, path),
                 Event::Comm { pid, tid, exec: true, .. } if pid == tid => sampler.exec(*pid),
-                Event::CodeAdded { pid, ranges, .. } => ranges.iter().for_each(|r| sampler.engine_code(*pid, r.clone())),
+                Event::CodeAdded { pid, ranges, origins, .. } => {
+                    ranges.iter().for_each(|r| sampler.engine_code(*pid, r.clone()));
+                    sampler.origins(*pid, origins.clone());
+                }
                 Event::ProbesReplaced { removed, .. } => sampler.throttle(removed.clone()),
                 _ => {}
             }
@@ -435,9 +438,9 @@ impl<'a> Driver<'a> {
     }
 
     /// proftap's code is now at `ranges` in process `pid`.
-    pub fn code_added(&mut self, pid: i32, ranges: Vec<std::ops::Range<u64>>) {
+    pub fn code_added(&mut self, pid: i32, ranges: Vec<std::ops::Range<u64>>, origins: Vec<(u64, u64)>) {
         if !ranges.is_empty() {
-            self.queue.push(Event::CodeAdded { time: monotonic_ns(), pid: pid as u32, ranges });
+            self.queue.push(Event::CodeAdded { time: monotonic_ns(), pid: pid as u32, ranges, origins });
         }
     }
 
@@ -452,7 +455,7 @@ impl<'a> Driver<'a> {
         for &f in to_patch {
             self.patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);
         }
-        self.code_added(pid, engine.code());
+        self.code_added(pid, engine.code(), engine.origins());
         self.consumer.engine = engine.view();
         self.inject = Some(InjectSource::start(engine, self.run.judge(), clock, self.off_cpu.clone(), self.run.options.trace_bytes));
         self.engine_attached = true;

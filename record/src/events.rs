@@ -201,6 +201,10 @@ pub enum Event {
         pid: u32,
         /// Where.
         ranges: Vec<std::ops::Range<u64>>,
+        /// From each address of its counting stubs on, the address of the
+        /// original code it stands for (0: none), for unwinders.
+        #[serde(default)]
+        origins: Vec<(u64, u64)>,
     },
 }
 

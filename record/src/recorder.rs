@@ -117,6 +117,7 @@ pub fn record(
     notes.extend(started.notes);
     let run = Run { all: &all, measured, options, injected, pid: started.pid, started_ns: started.started_ns, attached: started.attached };
     let code = started.tracing.as_ref().map(Patched::code).unwrap_or_default();
+    let origins = started.tracing.as_ref().map(Patched::origins).unwrap_or_default();
     let mut patched = run.injected.clone();
     match &started.tracing {
         Some(engine) => engine.refused().iter().for_each(|&(i, _)| patched[i] = false),
@@ -144,7 +145,7 @@ pub fn record(
     let mut driver = Driver::new(&run, sources, consumer, started.child, notes);
     // In time order: after the program's exec, which the sampler sees as
     // the end of its earlier mappings.
-    driver.code_added(run.pid, code);
+    driver.code_added(run.pid, code, origins);
     let named = started.threads.into_iter().map(|(tid, name)| Event::Comm {
         time: run.started_ns,
         pid: run.pid as u32,

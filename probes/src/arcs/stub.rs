@@ -48,13 +48,18 @@ pub struct Stub {
     /// where a thread stopped there goes on in the stub (the first: the
     /// stub's start, so that its block still counts).
     pub moved: Vec<(u64, u64)>,
+    /// From each address of the stub on (by address), the address in the
+    /// original code a thread there stands for: where an unwinder finds the
+    /// same stack. A call that returns into the stub returns to the second
+    /// of these after it.
+    pub origins: Vec<(u64, u64)>,
 }
 
 /// Builds the stub of `site` at `address`, counter `i` of the placement
 /// being the 8 bytes at `counters[i]`. Fails if a counter or something a
 /// moved instruction refers to is out of a rel32's reach of `address`.
 pub fn stub(site: &Site, address: u64, counters: &[u64]) -> Result<Stub, Error> {
-    let (code, moved_from) = instructions(site, address, counters)?;
+    let (code, origins, moved_from) = instructions(site, address, counters)?;
     let encoded = BlockEncoder::encode(64, InstructionBlock::new(&code, address), BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
         .map_err(|e| Error::Stub { at: site.at, reason: format!("the stub cannot be encoded: {e}") })?;
     let offsets = &encoded.new_instruction_offsets;
@@ -67,11 +72,13 @@ pub fn stub(site: &Site, address: u64, counters: &[u64]) -> Result<Stub, Error> 
     if let Some(first) = moved.first_mut() {
         first.1 = address;
     }
-    Ok(Stub { code: encoded.code_buffer, moved })
+    let origins = offsets.iter().zip(origins).map(|(&offset, origin)| (address + u64::from(offset), origin)).collect();
+    Ok(Stub { code: encoded.code_buffer, moved, origins })
 }
 
-/// The stub's instructions, and the index of the first moved one.
-fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Instruction>, usize), Error> {
+/// The stub's instructions, the original address each stands for, and
+/// the index of the first moved one.
+fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Instruction>, Vec<u64>, usize), Error> {
     let fail = |reason: String| Error::Stub { at: site.at, reason };
     let iced = |e: IcedError| fail(e.to_string());
     let Some(&last) = site.replaced.last() else { return Err(fail("the site replaces nothing".into())) };
@@ -93,17 +100,24 @@ fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Inst
         return Err(fail("a return counted at a window that does not end with its call".into()));
     }
     let mut code = counting(Place::Start)?;
+    let mut origins = vec![site.at; code.len()];
     let moved_from = code.len();
     code.extend(site.replaced.iter().map(|&i| without_address(i)));
+    origins.extend(site.replaced.iter().map(Instruction::ip));
     if call && !after_call {
         code.pop();
-        code.extend(call_from_original(&last).map_err(iced)?);
+        origins.pop();
+        let made = call_from_original(&last).map_err(iced)?;
+        origins.extend([last.ip(); 3]);
+        code.extend(made);
     }
     if after_call {
         // The callee returns into the stub, which counts and goes back.
-        code.extend(counting(Place::AfterCall)?);
+        let after = counting(Place::AfterCall)?;
+        origins.extend(std::iter::repeat_n(site.end(), after.len() + 1));
+        code.extend(after);
         code.push(jump(site.end()).map_err(iced)?);
-        return Ok((code, moved_from));
+        return Ok((code, origins, moved_from));
     }
     let mut taken = counting(Place::Taken)?;
     if let (Some(first), Some(moved_jcc)) = (taken.first_mut(), code.last_mut()) {
@@ -116,14 +130,17 @@ fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Inst
         moved_jcc.set_near_branch64(address);
     }
     if matches!(last.flow_control(), FlowControl::Next | FlowControl::ConditionalBranch) {
-        code.extend(counting(Place::NotTaken)?);
+        let not_taken = counting(Place::NotTaken)?;
+        origins.extend(std::iter::repeat_n(site.end(), not_taken.len() + 1));
+        code.extend(not_taken);
         code.push(jump(site.end()).map_err(iced)?);
     }
     if !taken.is_empty() {
+        origins.extend(std::iter::repeat_n(last.near_branch_target(), taken.len() + 1));
         code.append(&mut taken);
         code.push(jump(last.near_branch_target()).map_err(iced)?);
     }
-    Ok((code, moved_from))
+    Ok((code, origins, moved_from))
 }
 
 /// A call made as if from its original address: push the return address

@@ -158,6 +158,8 @@ struct Applied {
 /// Counters patched into a process.
 pub struct Counting {
     functions: Vec<Counted>,
+    /// From each stub address on, the original address it stands for.
+    origins: Vec<(u64, u64)>,
     memory: Vec<Shared>,
     applied: Vec<Applied>,
     code: Vec<Range<u64>>,
@@ -171,7 +173,7 @@ pub struct Counting {
 pub fn apply(remote: &Remote, plan: Plan) -> Result<(Counting, Refused), RemoteError> {
     let Plan { modules, mut refused, .. } = plan;
     let refused = &mut refused;
-    let mut counting = Counting { functions: Vec::new(), memory: Vec::new(), applied: Vec::new(), code: Vec::new() };
+    let mut counting = Counting { functions: Vec::new(), origins: Vec::new(), memory: Vec::new(), applied: Vec::new(), code: Vec::new() };
     let mut moves: HashMap<u64, u64> = HashMap::new();
     let mut jumps: Vec<Applied> = Vec::new();
     for module in modules {
@@ -203,11 +205,14 @@ pub fn apply(remote: &Remote, plan: Plan) -> Result<(Counting, Refused), RemoteE
             let addresses: Vec<u64> = (0..p.placement.counted().len()).map(|k| shared.remote + (offset + 8 * k) as u64).collect();
             match stubs(&p.sites, region, code.len(), &addresses) {
                 Ok(built) => {
-                    for (site, (stub_code, moved)) in p.sites.iter().zip(built) {
+                    for (site, stub) in p.sites.iter().zip(built) {
                         let at = region + code.len() as u64;
-                        code.extend_from_slice(&stub_code);
+                        code.extend_from_slice(&stub.code);
                         code.resize(code.len().next_multiple_of(16), 0xcc);
-                        moves.extend(moved.into_iter().filter(|&(from, _)| from != site.at));
+                        moves.extend(stub.moved.into_iter().filter(|&(from, _)| from != site.at));
+                        counting.origins.extend(stub.origins);
+                        // Past the stub, nothing stands for original code.
+                        counting.origins.push((at + stub.code.len() as u64, 0));
                         let jump = site.jump_to(at).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
                         jumps.push(Applied { at: site.at, original: site.original.clone(), jump });
                     }
@@ -240,13 +245,13 @@ pub fn apply(remote: &Remote, plan: Plan) -> Result<(Counting, Refused), RemoteE
         remote.write(jump.at, &jump.jump)?;
         counting.applied.push(jump);
     }
+    counting.origins.sort_unstable();
     Ok((counting, std::mem::take(refused)))
 }
 
 /// The stubs of a function's `sites`, the first at `region + start`, each
-/// rounded up to 16 bytes, with where each moved instruction went.
-type BuiltStub = (Vec<u8>, Vec<(u64, u64)>);
-fn stubs(sites: &[Site], region: u64, start: usize, counters: &[u64]) -> Result<Vec<BuiltStub>, String> {
+/// rounded up to 16 bytes.
+fn stubs(sites: &[Site], region: u64, start: usize, counters: &[u64]) -> Result<Vec<arcs::Stub>, String> {
     let mut at = start;
     let mut built = Vec::with_capacity(sites.len());
     for site in sites {
@@ -255,7 +260,7 @@ fn stubs(sites: &[Site], region: u64, start: usize, counters: &[u64]) -> Result<
             return Err(format!("the counter at {:#x} needs a stub of {} bytes", site.at, stub.code.len()));
         }
         at = (at + stub.code.len()).next_multiple_of(16);
-        built.push((stub.code, stub.moved));
+        built.push(stub);
     }
     Ok(built)
 }
@@ -269,6 +274,13 @@ impl Counting {
     /// proftap's code in the process: the stubs.
     pub fn code(&self) -> &[Range<u64>] {
         &self.code
+    }
+
+    /// From each address of the stubs on, by address, the address of the
+    /// original code it stands for (see [`arcs::Stub::origins`]); 0 past
+    /// each stub's end.
+    pub fn origins(&self) -> &[(u64, u64)] {
+        &self.origins
     }
 
     /// Every edge and block count of `counted`, from its counters now.

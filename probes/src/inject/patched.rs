@@ -256,6 +256,12 @@ impl Patched {
         self.counting.as_ref()
     }
 
+    /// From each address of the counting stubs on, the address of the
+    /// original code it stands for (0: none), for unwinders.
+    pub fn origins(&self) -> Vec<(u64, u64)> {
+        self.counting.as_ref().map(|c| c.origins().to_vec()).unwrap_or_default()
+    }
+
     /// The functions whose edges could not be counted, and why.
     pub fn uncounted(&self) -> &[(usize, String)] {
         &self.uncounted

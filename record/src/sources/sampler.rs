@@ -14,6 +14,7 @@ enum Input {
     Mapped { pid: u32, start: u64, len: u64, pgoff: u64, path: String },
     Exec(u32),
     EngineCode(u32, std::ops::Range<u64>),
+    Origins(u32, Vec<(u64, u64)>),
     Throttle(Vec<u32>),
     Sample(Box<StackSample>, Vec<(u64, u64)>),
     Hottest(Sender<Vec<(String, String, u64)>>),
@@ -55,6 +56,7 @@ impl SamplerThread {
                     Input::Mapped { pid, start, len, pgoff, path } => resolver.mapped(pid, start, len, pgoff, &path),
                     Input::Exec(pid) => resolver.exec(pid),
                     Input::EngineCode(pid, range) => resolver.engine_code(pid, range),
+                    Input::Origins(pid, origins) => resolver.origins(pid, origins),
                     Input::Throttle(functions) => samples.throttle(&functions),
                     Input::Sample(sample, returns) => {
                         let stack = resolver.resolve(&sample, &returns);
@@ -87,6 +89,13 @@ impl SamplerThread {
     /// See [`StackResolver::engine_code`].
     pub fn engine_code(&self, pid: u32, range: std::ops::Range<u64>) {
         let _ = self.input.send(Input::EngineCode(pid, range));
+    }
+
+    /// See [`StackResolver::origins`].
+    pub fn origins(&self, pid: u32, origins: Vec<(u64, u64)>) {
+        if !origins.is_empty() {
+            let _ = self.input.send(Input::Origins(pid, origins));
+        }
     }
 
     /// See [`SampleAggregator::throttle`].
