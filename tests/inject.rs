@@ -219,8 +219,10 @@ fn the_default_engine_is_this_one_unless_the_recording_needs_uprobes() {
     assert_eq!(engine(&["-f", "leaf"], &[calls, "10", "3"]), ("inject".into(), String::new()));
     let (chosen, why) = engine(&["-f", "leaf", "--metric", "wall,page-faults"], &[calls, "10", "3"]);
     assert!(chosen == "uprobe" && why.contains("wall and CPU time only"), "{chosen}: {why}");
-    let (chosen, why) = engine(&["--lines"], &[calls, "10", "3"]);
-    assert!(chosen == "uprobe" && why.contains("line counts"), "{chosen}: {why}");
+    // Line counts come from counters patched in; line times need probes.
+    assert_eq!(engine(&["--lines"], &[calls, "10", "3"]), ("inject".into(), String::new()));
+    let (chosen, why) = engine(&["--lines", "--line-times"], &[calls, "10", "3"]);
+    assert!(chosen == "uprobe" && why.contains("line times"), "{chosen}: {why}");
     // A cancelled thread is unwound by libgcc_s, which glibc loads only then.
     let cancel = Build::c("cancel.c", "-O2").build();
     let (chosen, why) = engine(&["-f", "wait_here"], &[cancel.to_str().unwrap()]);

@@ -84,13 +84,18 @@ fn an_ordinary_user_records_their_own_programs_in_process_and_by_sampling() {
     // Sampling alone, as perf record.
     let report = user.record(&["--no-instrument"], "sampled.profile", &["few"]);
     assert!(report["samples"]["total"].as_u64().unwrap() > 0);
+    // Line counts, from counters patched in the process.
+    let report = user.record(&["--lines"], "lines.profile", &["few"]);
+    assert_eq!(report["recording"]["engine"], "inject", "{}", report["recording"]);
+    let lines = report["lines"].as_array().unwrap();
+    assert!(lines.len() >= 5 && lines.iter().any(|l| l["count"].as_u64() > Some(0)), "{lines:?}");
 }
 
 #[test]
 fn what_needs_root_is_refused_with_its_cause_and_its_remedy() {
     let user = AsUser::new(&Build::c("regress.c", "-O2").build());
     let program = user.program.to_str().unwrap().to_string();
-    for options in [&["--engine", "uprobe"][..], &["--lines"], &["-e", "wall,page-faults"]] {
+    for options in [&["--engine", "uprobe"][..], &["--lines", "--line-times"], &["-e", "wall,page-faults"]] {
         let mut args = vec!["run"];
         args.extend_from_slice(options);
         args.extend_from_slice(&["-o", "x.profile", "--", &program, "few"]);

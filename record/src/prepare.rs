@@ -207,6 +207,13 @@ fn attached_modules(pid: i32) -> Result<Vec<(PathBuf, PathBuf)>, PrepareError> {
 fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> RecordOptions {
     let (engine, engine_note) = choose_engine(request, &metrics, chosen);
     let count_lines = engine == Engine::Inject && chosen.lines.is_some() && counts_lines(request, chosen);
+    // The lines of functions whose edges cannot be counted are followed by
+    // uprobes where this user may place them; elsewhere they are not
+    // counted, and the profile says so.
+    let line_probed: Vec<usize> = match count_lines && proftap_probes::perf::may_define_uprobes() {
+        true => chosen.uncountable.iter().map(|(i, _)| *i).collect(),
+        false => Vec::new(),
+    };
     let (duration, auto_instrument) = match request.target {
         RecordTarget::Attach { duration, auto_instrument, .. } => (duration, auto_instrument.map(|a| (a.count, a.warmup))),
         RecordTarget::Launch { .. } => (None, None),
@@ -219,13 +226,13 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         lines: chosen.lines.clone(),
         count_lines,
         probed_lines: match (&chosen.lines, count_lines) {
-            (Some(plan), true) if !chosen.uncountable.is_empty() => {
-                Some(plan.for_functions(|f| chosen.uncountable.iter().any(|(i, _)| *i == f as usize)))
+            (Some(plan), true) if !line_probed.is_empty() => {
+                Some(plan.for_functions(|f| line_probed.contains(&(f as usize))))
             }
             (_, true) => None,
             (lines, false) => lines.clone(),
         },
-        line_probed: if count_lines { chosen.uncountable.iter().map(|(i, _)| *i).collect() } else { Vec::new() },
+        line_probed: line_probed.clone(),
         counting: chosen.counting,
         entries_counted: if count_lines { chosen.entries_counted.clone() } else { Vec::new() },
         sample: request.sample_settings(),
@@ -260,7 +267,8 @@ fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -
         (EngineChoice::Auto, None) => (Engine::Inject, None),
         (EngineChoice::Auto, Some(reason)) => (Engine::Uprobe, Some(Finding::UprobesChosen { reason }.into())),
     };
-    if engine.0 == Engine::Inject && chosen.lines.is_some() && counts_lines(request, chosen) && !chosen.uncountable.is_empty() {
+    let probes_follow = proftap_probes::perf::may_define_uprobes();
+    if engine.0 == Engine::Inject && counts_lines(request, chosen) && !chosen.uncountable.is_empty() && probes_follow {
         let functions = chosen.uncountable.iter().map(|(_, f)| f.clone()).collect();
         return (engine.0, Some(Finding::LinesUncountable { functions }.into()));
     }
