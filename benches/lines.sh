@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Line counts beside a --coverage build of the same source: the bare -O0
+# program, the same built with --coverage (gcov's own way), and
+# `proftap run --lines` on the bare one, in the same minute.
+#
+#   benches/lines.sh [RUNS]     default 5; the median of each is printed
+#
+# Programs: examples/lineloop.c (20 M iterations, about 100 M line entries
+# and 20 M turns of a one-line loop), and Lua 5.4 built from its published
+# sources at -O0 running benches/realprogs/bench.lua (downloaded once into
+# $PROFTAP_REALPROGS, default ~/.cache/proftap-realprogs, as
+# benches/realprogs.sh does). "recorded" is the time the profile says the
+# program ran under proftap; "whole" adds proftap's start-up and end.
+set -euo pipefail
+runs=${1:-5}
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${PROFTAP_REALPROGS:-$HOME/.cache/proftap-realprogs}
+proftap=$root/target/release/proftap
+cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p proftap-cli
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+seconds() { /usr/bin/time -f %e "$@" 2>&1 >/dev/null | tail -1; }
+# The program's own time under proftap, from the profile, in seconds.
+recorded() {
+    "$proftap" report --format json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["recording"]["duration_ns"] / 1e9)'
+}
+
+compare() {
+    local name=$1 bare=$2 cov=$3; shift 3
+    local b c w r
+    b=$(for _ in $(seq "$runs"); do seconds "$bare" "$@"; done | median)
+    c=$(for _ in $(seq "$runs"); do seconds "$cov" "$@"; done | median)
+    w=$(for i in $(seq "$runs"); do seconds "$proftap" run --lines -o "$work/$name.$i.profile" -- "$bare" "$@"; done | median)
+    r=$(for i in $(seq "$runs"); do recorded "$work/$name.$i.profile"; done | median)
+    printf '%-9s bare %.3f s, --coverage %.3f s (%.2fx), proftap run --lines %.3f s recorded (%.2fx), %.3f s whole (%.2fx)\n' \
+        "$name" "$b" "$c" "$(echo "$c / $b" | bc -l)" "$r" "$(echo "$r / $b" | bc -l)" "$w" "$(echo "$w / $b" | bc -l)"
+}
+
+gcc -O0 -g -o "$work/loop" "$root/examples/lineloop.c"
+(cd "$work" && gcc -O0 -g --coverage -o "$work/loop-cov" "$root/examples/lineloop.c")
+compare lineloop "$work/loop" "$work/loop-cov" 20000000
+
+pool=http://deb.debian.org/debian/pool/main
+mkdir -p "$dir"
+[ -d "$dir/lua-5.4.4-src" ] || { mkdir -p "$dir/lua-5.4.4-src" && curl -fsSL "$pool/l/lua5.4/lua5.4_5.4.4.orig.tar.gz" | tar xz -C "$dir/lua-5.4.4-src" --strip-components=1; }
+for variant in O0 cov; do
+    if [ ! -x "$dir/lua-$variant/src/lua" ]; then
+        rm -rf "$dir/lua-$variant" && cp -r "$dir/lua-5.4.4-src" "$dir/lua-$variant"
+        flags="-O0 -g -std=gnu99 -DLUA_COMPAT_5_3 -DLUA_USE_LINUX"
+        [ "$variant" = cov ] && flags="$flags --coverage"
+        make -s -C "$dir/lua-$variant/src" linux CFLAGS="$flags" MYLDFLAGS="$([ "$variant" = cov ] && echo --coverage)" >/dev/null 2>&1
+    fi
+done
+compare lua "$dir/lua-O0/src/lua" "$dir/lua-cov/src/lua" "$root/benches/realprogs/bench.lua" 1
