@@ -71,17 +71,40 @@ pub struct LinePlan {
     pub decl_lines: Vec<Option<u32>>,
 }
 
+impl FunctionLines {
+    /// The line ids it enters.
+    pub fn ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> =
+            self.rows.iter().flat_map(|(_, l)| l.iter().copied()).chain(self.entry_also.iter().copied()).chain(self.decl_line).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+}
+
 impl LinePlan {
-    /// What the frames of function `function` (an index into the probed
-    /// functions) do with lines: rows at link-time addresses.
-    pub fn function_lines(&self, function: u32) -> FunctionLines {
-        let index = function as usize;
-        FunctionLines {
-            entry_line: self.entry_lines.get(index).copied().flatten().unwrap_or(NO_LINE),
-            entry_also: self.entry_also.get(index).cloned().unwrap_or_default(),
-            decl_line: self.decl_lines.get(index).copied().flatten(),
-            rows: self.probes.iter().filter(|p| p.function == function).map(|p| (p.address, p.lines.clone())).collect(),
+    /// What the frames of each probed function do with lines, by function
+    /// index: rows at link-time addresses.
+    pub fn by_function(&self) -> Vec<FunctionLines> {
+        let mut all: Vec<FunctionLines> = (0..self.entry_lines.len())
+            .map(|i| FunctionLines {
+                entry_line: self.entry_lines[i].unwrap_or(NO_LINE),
+                entry_also: self.entry_also.get(i).cloned().unwrap_or_default(),
+                decl_line: self.decl_lines.get(i).copied().flatten(),
+                rows: Vec::new(),
+            })
+            .collect();
+        for probe in &self.probes {
+            if let Some(f) = all.get_mut(probe.function as usize) {
+                f.rows.push((probe.address, probe.lines.clone()));
+            }
         }
+        all
+    }
+
+    /// Per probed function: whether it has a line of its own or a row.
+    pub fn with_lines(&self) -> Vec<bool> {
+        self.by_function().iter().map(|f| f.decl_line.is_some() || !f.entry_also.is_empty() || !f.rows.is_empty()).collect()
     }
 
     /// The same lines, probed in the functions `keep` picks only (by index).
@@ -94,23 +117,6 @@ impl LinePlan {
             entry_also: self.entry_also.iter().enumerate().map(|(i, a)| if kept(i) { a.clone() } else { Vec::new() }).collect(),
             decl_lines: self.decl_lines.iter().enumerate().map(|(i, l)| l.filter(|_| kept(i))).collect(),
         }
-    }
-
-    /// The line ids function `function` enters.
-    pub fn lines_of(&self, function: u32) -> Vec<u32> {
-        let own = self.function_lines(function);
-        let mut ids: Vec<u32> = own.rows.into_iter().flat_map(|(_, l)| l).chain(own.entry_also).chain(own.decl_line).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
-    }
-
-    /// Whether function `function` has a line of its own or a row.
-    pub fn has_lines(&self, function: u32) -> bool {
-        let index = function as usize;
-        self.decl_lines.get(index).copied().flatten().is_some()
-            || self.entry_also.get(index).is_some_and(|a| !a.is_empty())
-            || self.probes.iter().any(|p| p.function == function)
     }
 
     /// The id of a (file, line), if it has code.

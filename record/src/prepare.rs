@@ -226,9 +226,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         lines: chosen.lines.clone(),
         count_lines,
         probed_lines: match (&chosen.lines, count_lines) {
-            (Some(plan), true) if !line_probed.is_empty() => {
-                Some(plan.for_functions(|f| line_probed.contains(&(f as usize))))
-            }
+            (Some(plan), true) if !line_probed.is_empty() => Some(plan.for_functions(|f| line_probed.contains(&(f as usize)))),
             (_, true) => None,
             (lines, false) => lines.clone(),
         },
@@ -424,7 +422,7 @@ fn choose(
     };
     let (uncountable, entries_counted) = match &lines {
         Some(plan) => {
-            let with_lines: Vec<bool> = (0..measured.len()).map(|i| plan.has_lines(i as u32)).collect();
+            let with_lines = plan.with_lines();
             let plan = counting::plan_in_files(&measured, &with_lines, counting);
             (plan.refused, plan.entries_taken)
         }

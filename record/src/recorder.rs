@@ -108,7 +108,12 @@ pub fn record(
     });
     let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
     let count_edges: Vec<bool> = match (&options.lines, options.count_lines) {
-        (Some(plan), true) => (0..measured).map(|i| plan.has_lines(i as u32) && !options.line_probed.contains(&i)).collect(),
+        (Some(plan), true) => {
+            let mut with_lines = plan.with_lines();
+            with_lines.resize(measured, false);
+            options.line_probed.iter().for_each(|&i| with_lines[i] = false);
+            with_lines
+        }
         _ => Vec::new(),
     };
     let how = Recording { count_edges: &count_edges, ..options.engine_recording(off_cpu.as_deref()) };

@@ -167,9 +167,11 @@ fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction])
     let mut counts = vec![Some(0u64); plan.lines.len()];
     let name = |i: usize| functions.get(i).map_or_else(|| format!("function {i}"), |f| f.info.name.clone());
     let mut not_counted: Vec<(usize, String)> = patched.uncounted().to_vec();
+    let by_function = plan.by_function();
+    let lines_of = |f: usize| by_function.get(f).cloned().unwrap_or_default();
     if let Some(counting) = patched.counting() {
         for counted in counting.functions() {
-            let mut lines = plan.function_lines(counted.function as u32);
+            let mut lines = lines_of(counted.function);
             for row in &mut lines.rows {
                 row.0 = row.0.wrapping_add(counted.bias);
             }
@@ -186,7 +188,7 @@ fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction])
         }
     }
     for (function, _) in &not_counted {
-        for line in plan.lines_of(*function as u32) {
+        for line in lines_of(*function).ids() {
             if let Some(count) = counts.get_mut(line as usize) {
                 *count = None;
             }
