@@ -107,7 +107,7 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
     let file = dir.path().join("p.profile");
     let calls = Build::c("calls.c", "-O0").build();
     let stripped = dir.path().join("stripped");
-    std::fs::copy(&calls, &stripped).unwrap();
+    copy_executable(&calls, &stripped);
     run_ok(Command::new("strip").arg("--strip-all").arg(&stripped));
     let stripped_lib = dir.path().join("libcounter.so");
     run_ok(Command::new("gcc").args(["-O2", "-shared", "-fPIC", "-o"]).arg(&stripped_lib).arg(examples().join("libcounter/counter.c")));

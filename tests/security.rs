@@ -30,8 +30,7 @@ impl Shared {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let copy = |from: &Path| {
             let to = dir.path().join(from.file_name().unwrap());
-            std::fs::copy(from, &to).unwrap();
-            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            copy_executable(from, &to);
             to
         };
         let (proftap, calls) = (copy(&binary("proftap")), copy(&Build::c("calls.c", "-O0").build()));
@@ -157,7 +156,7 @@ fn a_users_session_is_recorded_by_a_process_with_their_ids_and_two_capabilities(
     let shared = Shared::new();
     let daemon = daemon_in(&shared);
     let wait = shared.path("wait");
-    std::fs::copy(Build::c("wait.c", "-O2").build(), &wait).unwrap();
+    copy_executable(&Build::c("wait.c", "-O2").build(), &wait);
     for engine in ["inject", "uprobe"] {
         let mut waiter = Waiter::start_as(&wait, shared.uid, shared.gid);
         let id = started(&shared.session(&daemon, &["start", "--engine", engine, "--pid", &waiter.pid.to_string(), "-f", "tick"]));
@@ -304,7 +303,7 @@ fn a_target_that_scribbles_on_shared_memory_ends_its_recording_and_nothing_else(
     require_probes();
     let shared = Shared::new();
     let scribble = shared.path("scribble");
-    std::fs::copy(Build::c("scribble.c", "-O2").build(), &scribble).unwrap();
+    copy_executable(&Build::c("scribble.c", "-O2").build(), &scribble);
     let modes = ["header", "nodes", "parents", "counts", "noise"];
     for mode in modes {
         let started_at = Instant::now();

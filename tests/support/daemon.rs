@@ -108,8 +108,7 @@ pub fn shared_copies(files: &[&Path]) -> (tempfile::TempDir, Vec<PathBuf>) {
         .iter()
         .map(|f| {
             let to = dir.path().join(f.file_name().unwrap());
-            std::fs::copy(f, &to).unwrap();
-            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            crate::copy_executable(f, &to);
             to
         })
         .collect();

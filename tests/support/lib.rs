@@ -19,6 +19,17 @@ pub fn examples() -> PathBuf {
     repo().join("examples")
 }
 
+/// Copies the executable `from` to `to`, mode 0755, with `cp`: a copy this
+/// process wrote could be inherited, still open for writing, by a child
+/// another test thread forks at that moment, and running the copy would
+/// then fail with ETXTBSY until that child executes.
+pub fn copy_executable(from: &Path, to: &Path) {
+    let status = Command::new("cp").arg(from).arg(to).status();
+    assert!(status.is_ok_and(|s| s.success()), "cannot copy {} to {}", from.display(), to.display());
+    let status = Command::new("chmod").arg("0755").arg(to).status();
+    assert!(status.is_ok_and(|s| s.success()), "cannot make {} executable", to.display());
+}
+
 /// Path of a workspace binary, built once per test process so that a plain
 /// `cargo test` never runs a stale one.
 pub fn binary(name: &str) -> PathBuf {

@@ -302,13 +302,4 @@ impl Counting {
         }
         Ok(())
     }
-
-    /// Unmaps the counters from the held process (its stubs are among
-    /// the code the caller unmaps, when no thread is in them).
-    pub fn unmap_counters(&self, remote: &Remote) -> Result<(), RemoteError> {
-        for memory in &self.memory {
-            remote.syscall("munmap", libc::SYS_munmap, [memory.remote, memory.len() as u64, 0, 0, 0, 0])?;
-        }
-        Ok(())
-    }
 }

@@ -326,8 +326,9 @@ impl Patched {
     /// Puts the original bytes back and stops adding up; then, unless a
     /// thread is inside proftap's code at that moment, gives every call in
     /// progress its return address back and unmaps everything proftap
-    /// mapped in the process (so that attaching again finds room). The
-    /// totals read so far stay readable here.
+    /// mapped in the process (so that attaching again finds room) but the
+    /// edge counters and their stubs, which calls in progress may return
+    /// into. The totals read so far stay readable here.
     pub fn detach(&mut self) -> Result<(), RemoteError> {
         let failed = self.detach_children();
         self.children_not_restored.extend(failed.into_iter().map(|(pid, e)| (pid, e.to_string())));
@@ -415,11 +416,11 @@ impl Patched {
         unmap(view.remote_address(), self.geometry.shared_bytes())?;
         unmap(memory.private, self.geometry.private_bytes())?;
         unmap(memory.live, 4096)?;
-        for code in &self.code {
+        // Counting stubs and their counters stay: a call in progress may
+        // return into a stub, which then counts.
+        let counting = self.counting.as_ref().map_or(&[][..], Counting::code);
+        for code in self.code.iter().filter(|c| !counting.contains(c)) {
             unmap(code.start, code.end - code.start)?;
-        }
-        if let Some(counting) = &self.counting {
-            counting.unmap_counters(remote)?;
         }
         Ok(true)
     }
