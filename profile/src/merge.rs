@@ -106,6 +106,10 @@ impl Profile {
                 Some(&i) => {
                     let mine = &mut self.lines[i];
                     mine.count = mine.count.saturating_add(line.count);
+                    // Timed in either run: the times add up (untimed adds none).
+                    if mine.cost.is_empty() {
+                        mine.cost = vec![0; line.cost.len()];
+                    }
                     for (a, b) in mine.cost.iter_mut().zip(&line.cost) {
                         *a = a.saturating_add(*b);
                     }

@@ -271,7 +271,8 @@ pub struct LineRecord {
     /// for a function's declaration line, its calls.
     pub count: u64,
     /// Time from entering the line until its frame entered another line or
-    /// returned, calls made from it included; per metric, as `Profile::metrics`.
+    /// returned, calls made from it included; per metric, as
+    /// `Profile::metrics`; empty when the line was counted, not timed.
     pub cost: Vec<u64>,
 }
 

@@ -76,7 +76,9 @@ impl Profile {
     fn check_lines(&self, metrics: usize) -> Check {
         for l in &self.lines {
             line_in_range(l.line, || format!("a line record of {}", l.file))?;
-            lengths(l.cost.len(), metrics, || format!("the line record of {} line {}", l.file, l.line))?;
+            if !l.cost.is_empty() {
+                lengths(l.cost.len(), metrics, || format!("the line record of {} line {}", l.file, l.line))?;
+            }
         }
         for r in &self.regions {
             line_in_range(r.start.max(r.end), || format!("region {}", r.name))?;
@@ -316,8 +318,12 @@ mod tests {
         p.threads[0].tree.nodes[2].exclusive.push(0);
         assert!(reason(&p).contains("node 2 has 2 values per metric"), "{}", reason(&p));
         let mut p = valid();
-        p.lines[0].cost.clear();
+        p.lines[0].cost.push(1);
         assert!(reason(&p).contains("the line record of a.c line 3"), "{}", reason(&p));
+        // Counted, not timed.
+        let mut p = valid();
+        p.lines[0].cost.clear();
+        assert!(p.validate().is_ok());
         let mut p = valid();
         p.regions.push(crate::model::RegionRecord { name: "r".into(), inclusive: vec![Stat::default(); 3], ..Default::default() });
         assert!(reason(&p).starts_with("region r has 3 values"), "{}", reason(&p));

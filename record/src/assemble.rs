@@ -313,12 +313,15 @@ fn line_records(
         .enumerate()
         .map(|(i, (file, line))| {
             let (probed, cost) = probed.get(i).copied().unwrap_or_default();
-            let count = match counted.map(|c| c.get(i).copied().flatten()) {
+            let timed = cost.iter().copied().take(metrics).collect();
+            let (count, cost) = match counted.map(|c| c.get(i).copied().flatten()) {
                 Some(None) => return None,
-                Some(Some(n)) => n.saturating_add(probed),
-                None => probed,
+                // Counted by edge counters: not timed, unless probes followed it too.
+                Some(Some(n)) if probed == 0 => (n, Vec::new()),
+                Some(Some(n)) => (n.saturating_add(probed), timed),
+                None => (probed, timed),
             };
-            Some(LineRecord { file: file.clone(), line: *line, count, cost: cost.iter().copied().take(metrics).collect() })
+            Some(LineRecord { file: file.clone(), line: *line, count, cost })
         })
         .collect();
     for (function, decl) in table.decl_lines.iter().enumerate() {

@@ -103,7 +103,8 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
                     let _ = write!(row, "{:>9} {:>12} ", "#####", "");
                 }
                 Some(l) => {
-                    let _ = write!(row, "{:>9} {:>12} ", group_digits(l.count), format_value(key, l.cost.first().copied().unwrap_or(0)));
+                    let time = l.cost.first().map_or(String::new(), |&v| format_value(key, v));
+                    let _ = write!(row, "{:>9} {time:>12} ", group_digits(l.count));
                 }
             }
         }

@@ -490,12 +490,11 @@ fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
     for file in super::coverage::by_file(profile) {
         let source = crate::sources::read_source(file.path).ok();
         let text: Vec<&str> = source.as_deref().map(|s| s.lines().collect()).unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "\nSource {} (count, then {} per line)",
-            file.path,
-            metrics.iter().map(|&m| metric_label(&profile.metrics[m])).collect::<Vec<_>>().join(", ")
-        );
+        // Lines counted by edge counters have no time: no time columns.
+        let metrics = if file.lines.values().any(|l| !l.cost.is_empty()) { metrics } else { &[][..] };
+        let times = metrics.iter().map(|&m| metric_label(&profile.metrics[m])).collect::<Vec<_>>().join(", ");
+        let what = if metrics.is_empty() { "count per line".to_string() } else { format!("count, then {times} per line") };
+        let _ = writeln!(out, "\nSource {} ({what})", file.path);
         for number in super::coverage::shown_lines(&file, text.len()) {
             let source_line = text.get(number as usize - 1).copied().unwrap_or("");
             match file.lines.get(&number) {
@@ -504,10 +503,8 @@ fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
                 }
                 Some(record) => {
                     let count = if record.count == 0 { "#####".to_string() } else { group_digits(record.count) };
-                    let costs: String = metrics
-                        .iter()
-                        .map(|&m| format!("{:>12}", format_value(&profile.metrics[m], record.cost.get(m).copied().unwrap_or(0))))
-                        .collect();
+                    let cost = |m: usize| record.cost.get(m).map_or(String::new(), |&v| format_value(&profile.metrics[m], v));
+                    let costs: String = metrics.iter().map(|&m| format!("{:>12}", cost(m))).collect();
                     let _ = writeln!(out, "{count:>9} {costs} {number:>5}: {source_line}");
                 }
             }
