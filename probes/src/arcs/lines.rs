@@ -88,6 +88,31 @@ pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result
     Ok(entered.into_iter().collect())
 }
 
+/// Where a line's entries would depend on the path taken to it (the
+/// first row of the block, see [`line_entries`]) whatever the counts, if
+/// anywhere: such a function's lines need probes.
+pub fn path_dependent(cfg: &Cfg, lines: &FunctionLines) -> Result<Option<u64>, Error> {
+    let mut at_entry = lines.entry_line;
+    for &also in &lines.entry_also {
+        at_entry = also;
+    }
+    let rows = rows_by_block(cfg, &lines.rows)?;
+    let arriving = arriving_lines(cfg, &rows, at_entry);
+    for (block, block_rows) in rows.iter().enumerate() {
+        let Some((first, address)) = block_rows.first() else { continue };
+        for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block)) {
+            let from = match edge.from {
+                Node::Block(b) => &arriving.leaving[b],
+                _ => &arriving.entry,
+            };
+            if from.contains(&first[0]) && from.len() > 1 {
+                return Ok(Some(*address));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Per block, its rows in address order: the lines each enters, and its address.
 type BlockRows<'a> = Vec<Vec<(&'a [u32], u64)>>;
 
@@ -229,6 +254,7 @@ mod tests {
             ..FunctionLines::default()
         };
         assert_eq!(line_entries(&cfg, &counts, &lines), Err(Error::PathDependentLine { address: 0x100d }));
+        assert_eq!(path_dependent(&cfg, &lines), Ok(Some(0x100d)));
         // On a third line, every arrival enters it.
         let lines = FunctionLines {
             entry_line: 0,
@@ -236,6 +262,7 @@ mod tests {
             ..FunctionLines::default()
         };
         assert_eq!(line_entries(&cfg, &counts, &lines).unwrap(), [(1, 10), (2, 7), (3, 10)]);
+        assert_eq!(path_dependent(&cfg, &lines), Ok(None));
     }
 
     #[test]

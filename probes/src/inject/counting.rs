@@ -92,6 +92,14 @@ pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choic
     plan
 }
 
+impl Plan {
+    /// Each planned function (its index among the targets), its graph at
+    /// runtime addresses, and its runtime address less its link-time one.
+    pub fn graphs(&self) -> impl Iterator<Item = (usize, &Cfg, u64)> {
+        self.modules.iter().flatten().map(|p| (p.function, &p.cfg, p.bias))
+    }
+}
+
 /// The plan of the functions `wanted` picks, judged from their files alone
 /// (before the program runs): which cannot be counted, and which are
 /// counted at their entry.
