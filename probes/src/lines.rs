@@ -104,7 +104,15 @@ impl LinePlan {
 
     /// Per probed function: whether it has a line of its own or a row.
     pub fn with_lines(&self) -> Vec<bool> {
-        self.by_function().iter().map(|f| f.decl_line.is_some() || !f.entry_also.is_empty() || !f.rows.is_empty()).collect()
+        let mut with: Vec<bool> = (0..self.entry_lines.len())
+            .map(|i| self.decl_lines.get(i).is_some_and(Option::is_some) || self.entry_also.get(i).is_some_and(|a| !a.is_empty()))
+            .collect();
+        for probe in &self.probes {
+            if let Some(w) = with.get_mut(probe.function as usize) {
+                *w = true;
+            }
+        }
+        with
     }
 
     /// The same lines, probed in the functions `keep` picks only (by index).

@@ -85,7 +85,7 @@ pub struct LineSetup {
 }
 
 /// A frame on no counted line yet.
-pub const NO_LINE: u32 = u32::MAX;
+pub use proftap_probes::arcs::lines::NO_LINE;
 
 #[derive(Clone, Copy, Default)]
 struct LineAcc {
