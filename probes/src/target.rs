@@ -230,13 +230,40 @@ impl Ended {
     }
 }
 
+/// How children ended whose end a wait for a ptrace stop took (the
+/// launched command can exit while its threads are being stopped), kept
+/// for `try_reap`.
+static ENDED_WHILE_TRACED: std::sync::Mutex<Vec<(i32, Ended)>> = std::sync::Mutex::new(Vec::new());
+
+fn ended_of(status: &WaitStatus) -> Option<(i32, Ended)> {
+    match *status {
+        WaitStatus::Exited(pid, code) => Some((pid.as_raw(), Ended::Exited(code))),
+        WaitStatus::Signaled(pid, signal, _) => Some((pid.as_raw(), Ended::Signaled(signal as i32))),
+        _ => None,
+    }
+}
+
+/// Waits for a state change of a traced thread (`__WALL`). When that change
+/// is the end of a child proftap launched, the wait reaps it: its status is
+/// kept for `try_reap`, which would otherwise find no child.
+pub(crate) fn wait_traced(tid: Pid) -> nix::Result<WaitStatus> {
+    let status = waitpid(tid, Some(WaitPidFlag::__WALL))?;
+    if let Some(ended) = ended_of(&status) {
+        ENDED_WHILE_TRACED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(ended);
+    }
+    Ok(status)
+}
+
 /// Reaps a child if it has ended.
 pub fn try_reap(pid: i32) -> Result<Option<Ended>, TargetError> {
-    match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).map_err(system("cannot wait for the command"))? {
-        WaitStatus::Exited(_, code) => Ok(Some(Ended::Exited(code))),
-        WaitStatus::Signaled(_, signal, _) => Ok(Some(Ended::Signaled(signal as i32))),
-        _ => Ok(None),
+    {
+        let mut ended = ENDED_WHILE_TRACED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = ended.iter().position(|(p, _)| *p == pid) {
+            return Ok(Some(ended.swap_remove(at).1));
+        }
     }
+    let status = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).map_err(system("cannot wait for the command"))?;
+    Ok(ended_of(&status).map(|(_, ended)| ended))
 }
 
 /// A file descriptor that becomes readable when a process ends (any
@@ -350,11 +377,11 @@ impl Frozen {
     /// arrive stopped (TRACECLONE) and are added.
     fn wait_stopped(&mut self, tid: Pid) {
         loop {
-            match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+            match wait_traced(tid) {
                 Ok(WaitStatus::PtraceEvent(_, _, event)) if event == libc::PTRACE_EVENT_CLONE => {
                     if let Ok(new) = ptrace::getevent(tid) {
                         let new = Pid::from_raw(new as i32);
-                        let _ = waitpid(new, Some(WaitPidFlag::__WALL));
+                        let _ = wait_traced(new);
                         self.stopped.push(new);
                     }
                     // The cloning thread is in an event stop: it counts as stopped.
@@ -393,5 +420,21 @@ pub fn raise_open_files_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_end_taken_by_a_wait_for_a_ptrace_stop_is_still_reaped() {
+        let child = std::process::Command::new("sh").args(["-c", "exit 3"]).spawn().expect("sh runs");
+        let pid = child.id() as i32;
+        // As when the command exits while its threads are being stopped:
+        // the wait meant for a ptrace stop reaps it.
+        let status = wait_traced(Pid::from_raw(pid)).expect("the child can be waited for");
+        assert_eq!(status, WaitStatus::Exited(Pid::from_raw(pid), 3));
+        assert_eq!(try_reap(pid).expect("no error"), Some(Ended::Exited(3)));
     }
 }

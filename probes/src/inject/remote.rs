@@ -3,9 +3,10 @@
 //! near its code, and memory shared with proftap.
 
 use crate::procfs::{self, Mapping};
+use crate::target::wait_traced;
 use crate::target::{Frozen, TargetError};
 use nix::sys::ptrace;
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 use std::fs::File;
 use std::io;
@@ -105,7 +106,7 @@ impl Remote {
     pub fn at_start(pid: i32) -> Result<Remote, RemoteError> {
         let tid = Pid::from_raw(pid);
         loop {
-            match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+            match wait_traced(tid) {
                 Ok(WaitStatus::PtraceEvent(_, _, event)) if event == libc::PTRACE_EVENT_EXEC => break,
                 // A signal before the exec: delivered, and wait on.
                 Ok(WaitStatus::Stopped(_, signal)) => ptrace::cont(tid, signal).map_err(errno("cannot let the program go on"))?,
@@ -132,7 +133,7 @@ impl Remote {
                 }
                 // Not yet (libraries being added): past this call, and on.
                 ptrace::step(tid, None).map_err(errno("cannot step the loader"))?;
-                match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+                match wait_traced(tid) {
                     Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => {}
                     other => return Err(RemoteError::Unsupported(format!("process {pid} did not step in its loader: {other:?}"))),
                 }
@@ -238,7 +239,7 @@ impl Remote {
     fn step_over_syscall(&self) -> Result<(), RemoteError> {
         ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
         loop {
-            match waitpid(self.caller, Some(WaitPidFlag::__WALL)) {
+            match wait_traced(self.caller) {
                 Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => return Ok(()),
                 // Another signal arrived first; it stays pending and the step goes on.
                 Ok(WaitStatus::Stopped(_, _)) | Ok(WaitStatus::PtraceEvent(..)) => {
@@ -481,7 +482,7 @@ fn run_to(pid: i32, mem: &File, address: u64) -> Result<libc::user_regs_struct, 
     let mut signal = None;
     loop {
         ptrace::cont(tid, signal).map_err(errno("cannot let the program start"))?;
-        match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+        match wait_traced(tid) {
             Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => break,
             Ok(WaitStatus::Stopped(_, other)) => signal = Some(other),
             Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
