@@ -30,6 +30,12 @@ fn parse_gcov(text: &str) -> BTreeMap<u32, Option<u64>> {
 
 /// gcov's counts for `source` built with `opt` and run with `args`.
 fn gcov_counts(source: &str, opt: &str, args: &[&str]) -> BTreeMap<u32, Option<u64>> {
+    parse_gcov(&gcov_file(source, opt, args, &[]))
+}
+
+/// The `.gcov` file gcov (with `flags`) writes for `source` built with
+/// `opt` and run with `args`.
+fn gcov_file(source: &str, opt: &str, args: &[&str], flags: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let binary = dir.path().join("cov");
     run_ok(Command::new("gcc").arg(opt).args(["-g", "--coverage", "-o"]).arg(&binary).arg(examples().join(source)).current_dir(dir.path()));
@@ -40,9 +46,28 @@ fn gcov_counts(source: &str, opt: &str, args: &[&str]) -> BTreeMap<u32, Option<u
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "gcda"))
         .unwrap();
-    run_ok(Command::new("gcov").arg(&gcda).current_dir(dir.path()));
+    run_ok(Command::new("gcov").args(flags).arg(&gcda).current_dir(dir.path()));
     let name = Path::new(source).file_name().unwrap().to_str().unwrap();
-    parse_gcov(&std::fs::read_to_string(dir.path().join(format!("{name}.gcov"))).unwrap())
+    std::fs::read_to_string(dir.path().join(format!("{name}.gcov"))).unwrap()
+}
+
+/// Line -> the counts of its `branch N taken COUNT` lines (`gcov -b -c`),
+/// sorted; a branch never executed counts 0.
+fn parse_gcov_branches(text: &str) -> BTreeMap<u32, Vec<u64>> {
+    let mut branches: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    let mut line = 0;
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("branch") {
+            let count = rest.split_whitespace().nth(2).and_then(|c| c.parse().ok()).unwrap_or(0);
+            branches.entry(line).or_default().push(count);
+        } else if let Some(number) = l.split(':').nth(1).and_then(|n| n.trim().parse().ok()) {
+            line = number;
+        }
+    }
+    for counts in branches.values_mut() {
+        counts.sort_unstable();
+    }
+    branches
 }
 
 /// proftap's counts: `run --lines`, then `proftap gcov`. Returns the counts, the .gcov text and the profile.
@@ -331,6 +356,173 @@ fn lcov_and_gcov_json_are_read_by_genhtml_and_gcovr() {
     for line in file["lines"].as_array().unwrap() {
         let n = line["line_number"].as_u64().unwrap() as u32;
         assert_eq!(Some(line["count"].as_u64().unwrap()), ours[&n], "gcovr line {n}");
+    }
+}
+
+/// Per source line of `binary`, its conditional jumps that jumped, in
+/// address order: (jumped, fell through), as callgrind saw every jump
+/// (`--collect-jumps=yes`; a `jcnd=JUMPED/EXECUTED` line is followed by the
+/// jump's position, `address line`).
+fn callgrind_branches(binary: &Path, args: &[&str], dir: &Path) -> BTreeMap<u32, Vec<(u64, u64)>> {
+    require("valgrind", "for callgrind, which sees every jump");
+    let out = dir.join("callgrind.out");
+    run_ok(
+        Command::new("valgrind")
+            .args(["--tool=callgrind", "--collect-jumps=yes", "--dump-instr=yes", "--dump-line=yes"])
+            .args(["--compress-pos=no", "--compress-strings=no"])
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(binary)
+            .args(args),
+    );
+    let mut ours = false;
+    let mut pending: Option<(u64, u64)> = None;
+    let mut by_address: BTreeMap<u64, (u32, u64, u64)> = BTreeMap::new();
+    for line in std::fs::read_to_string(out).unwrap().lines() {
+        if let Some(object) = line.strip_prefix("ob=") {
+            ours = Path::new(object) == binary;
+        } else if let Some(rest) = line.strip_prefix("jcnd=") {
+            let (jumped, executed) = rest.split_whitespace().next().unwrap().split_once('/').unwrap();
+            pending = Some((jumped.parse().unwrap(), executed.parse().unwrap()));
+        } else if line.starts_with("0x") {
+            let Some((jumped, executed)) = pending.take() else { continue };
+            let mut fields = line.split_whitespace();
+            let address = u64::from_str_radix(fields.next().unwrap().trim_start_matches("0x"), 16).unwrap();
+            let number: u32 = fields.next().unwrap().parse().unwrap();
+            if ours {
+                let seen = by_address.entry(address).or_insert((number, 0, 0));
+                seen.1 += jumped;
+                seen.2 += executed;
+            }
+        } else if !line.starts_with("jump=") {
+            pending = None;
+        }
+    }
+    let mut by_line: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
+    // Line 0: code without a line (the C runtime's).
+    for (number, jumped, executed) in by_address.into_values().filter(|(number, _, _)| *number != 0) {
+        by_line.entry(number).or_default().push((jumped, executed - jumped));
+    }
+    by_line
+}
+
+/// Branch counts on the machine code equal callgrind's count of every
+/// conditional jump, line by line; genhtml draws them from the lcov
+/// export, gcovr reads them from the gcov JSON export.
+#[test]
+fn branch_counts_equal_callgrinds_jumps() {
+    require_probes();
+    require("genhtml", "to read lcov tracefiles");
+    require("gcovr", "to read gcov JSON");
+    for (source, opt, args) in [("branches.c", "-O0", &["300"][..]), ("branches.c", "-O2", &["300"]), ("coverage.c", "-O0", &["12"])] {
+        let dir = tempfile::tempdir().unwrap();
+        let build = Build::c(source, opt);
+        let binary = build.build();
+        let profile = dir.path().join("p.profile");
+        run_ok(proftap().arg("run").arg("--lines").arg("-o").arg(&profile).arg("--").arg(&binary).args(args));
+        let report = report_json(&profile);
+        let all: BTreeMap<u32, Vec<(u64, u64)>> = report["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["file"].as_str().unwrap().ends_with(source))
+            .map(|l| {
+                let jumps =
+                    l["branches"].as_array().unwrap().iter().map(|b| (b["taken"].as_u64().unwrap(), b["not_taken"].as_u64().unwrap()));
+                (l["line"].as_u64().unwrap() as u32, jumps.collect::<Vec<_>>())
+            })
+            .collect();
+        // callgrind records a jump that jumped; one that only fell through is not seen.
+        let ours: BTreeMap<u32, Vec<(u64, u64)>> = all
+            .iter()
+            .map(|(&line, jumps)| (line, jumps.iter().copied().filter(|&(taken, _)| taken > 0).collect::<Vec<_>>()))
+            .filter(|(_, jumped)| !jumped.is_empty())
+            .collect();
+        let theirs = callgrind_branches(&binary, args, dir.path());
+        assert!(theirs.len() >= 5, "{source} {opt}: callgrind saw jumps on {} lines only", theirs.len());
+        if opt == "-O0" {
+            assert_eq!(ours, theirs, "{source} {opt}: (taken, not taken) per line, proftap against callgrind");
+        } else {
+            // Optimised: callgrind takes a jump into a `.cold` part for a
+            // call, and functions whose lines probes follow have no branch
+            // counts; every line both count agrees.
+            let both: Vec<u32> = ours.keys().filter(|l| theirs.contains_key(l)).copied().collect();
+            assert!(both.len() >= 2, "{source} {opt}: only lines {both:?} have jumps both count: {ours:?} against {theirs:?}");
+            for line in both {
+                assert_eq!(ours[&line], theirs[&line], "{source} {opt} line {line}: (taken, not taken), proftap against callgrind");
+            }
+        }
+
+        let info = dir.path().join("p.info");
+        run_ok(proftap().arg("export").arg(&profile).args(["--format", "lcov", "-o"]).arg(&info));
+        let lcov = std::fs::read_to_string(&info).unwrap();
+        let arcs: usize = all.values().map(|jumps| 2 * jumps.len()).sum();
+        let found: usize = lcov.lines().filter_map(|l| l.strip_prefix("BRF:")).map(|n| n.parse::<usize>().unwrap()).sum();
+        assert_eq!(found, arcs, "{source} {opt}: lcov's BRF against the profile's jumps, two arcs each");
+        let html = dir.path().join("html");
+        run_ok(Command::new("genhtml").args(["-q", "--branch-coverage", "-o"]).arg(&html).arg(&info));
+        let page = std::fs::read_dir(&html).unwrap().flatten().map(|e| e.path()).find(|p| {
+            p.is_dir() && std::fs::read_dir(p).unwrap().flatten().any(|f| f.file_name().to_string_lossy().ends_with(".gcov.html"))
+        });
+        let page = page.unwrap_or_else(|| panic!("genhtml wrote no source page in {}", html.display()));
+        let listing =
+            std::fs::read_dir(&page).unwrap().flatten().find(|f| f.file_name().to_string_lossy() == format!("{source}.gcov.html"));
+        let listing = std::fs::read_to_string(listing.unwrap().path()).unwrap();
+        assert!(listing.contains("Branch"), "genhtml's page of {source} shows no branch");
+
+        let json_dir = dir.path().join("json");
+        std::fs::create_dir(&json_dir).unwrap();
+        run_ok(
+            proftap()
+                .arg("export")
+                .arg(&profile)
+                .args(["--format", "gcov-json", "-o"])
+                .arg(json_dir.join(format!("{source}.gcov.json.gz"))),
+        );
+        let out = run_ok(
+            Command::new("gcovr")
+                .arg("--gcov-use-existing-files")
+                .arg("-r")
+                .arg(examples())
+                .arg(&json_dir)
+                .arg("--json")
+                .current_dir(&json_dir),
+        );
+        let json: Value = serde_json::from_str(&out).unwrap();
+        let file = json["files"].as_array().unwrap().iter().find(|f| f["file"].as_str().unwrap().ends_with(source)).unwrap();
+        for line in file["lines"].as_array().unwrap() {
+            let n = line["line_number"].as_u64().unwrap() as u32;
+            let counts: Vec<u64> = line["branches"].as_array().unwrap().iter().map(|b| b["count"].as_u64().unwrap()).collect();
+            let expected: Vec<u64> = all.get(&n).map(|jumps| jumps.iter().flat_map(|&(t, n)| [n, t]).collect()).unwrap_or_default();
+            assert_eq!(counts, expected, "{source} {opt}: gcovr's branches of line {n} (fall-through, then jump)");
+        }
+    }
+}
+
+/// `proftap gcov -b -c` lists the arcs of each line's conditional jumps;
+/// at -O0 those are the source's conditions and loops, and their counts
+/// equal real `gcov -b -c`'s on every line but a `switch` (gcc counts each
+/// case, the machine jumps through a table).
+#[test]
+fn gcov_branch_listing_equals_gcovs_on_conditions_and_loops() {
+    require_probes();
+    require("gcov", "to compare branch counts");
+    for (source, args) in [("coverage.c", &["12"][..]), ("branches.c", &["300"])] {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, text, profile) = proftap_counts(&Build::c(source, "-O0"), args, dir.path());
+        assert!(!text.contains("\nbranch"), "branches listed without -b");
+        let listed = dir.path().join("b");
+        run_ok(proftap().arg("gcov").args(["-b", "-c"]).arg(&profile).arg("-o").arg(&listed));
+        let ours = parse_gcov_branches(&std::fs::read_to_string(listed.join(format!("{source}.gcov"))).unwrap());
+        let theirs = parse_gcov_branches(&gcov_file(source, "-O0", args, &["-b", "-c"]));
+        let text = std::fs::read_to_string(examples().join(source)).unwrap();
+        let switch = |line: u32| text.lines().nth(line as usize - 1).is_some_and(|l| l.contains("switch"));
+        let compared: Vec<u32> = theirs.keys().copied().filter(|&l| !switch(l)).collect();
+        assert!(compared.len() >= 6, "{source}: gcov lists branches on {} lines only", compared.len());
+        for line in compared {
+            assert_eq!(ours.get(&line), theirs.get(&line), "{source} line {line}: branch counts, proftap gcov -b -c against gcov -b -c");
+        }
+        let extra: Vec<&u32> = ours.keys().filter(|l| !theirs.contains_key(l)).collect();
+        assert!(extra.is_empty(), "{source}: proftap lists branches on lines {extra:?} where gcov lists none");
     }
 }
 

@@ -69,6 +69,10 @@ pub struct LinePlan {
     pub entry_also: Vec<Vec<u32>>,
     /// Per probed function: its declaration line, counted once per call.
     pub decl_lines: Vec<Option<u32>>,
+    /// Per probed function: the line each row of the line table starts
+    /// (statement or not, in address order; `NO_LINE` for line 0 or a
+    /// file not chosen), where its conditional jumps are placed.
+    pub located: Vec<Vec<(u64, u32)>>,
 }
 
 impl FunctionLines {
@@ -92,6 +96,7 @@ impl LinePlan {
                 entry_also: self.entry_also.get(i).cloned().unwrap_or_default(),
                 decl_line: self.decl_lines.get(i).copied().flatten(),
                 rows: Vec::new(),
+                located: self.located.get(i).cloned().unwrap_or_default(),
             })
             .collect();
         for probe in &self.probes {
@@ -124,6 +129,7 @@ impl LinePlan {
             entry_lines: self.entry_lines.iter().enumerate().map(|(i, l)| l.filter(|_| kept(i))).collect(),
             entry_also: self.entry_also.iter().enumerate().map(|(i, a)| if kept(i) { a.clone() } else { Vec::new() }).collect(),
             decl_lines: self.decl_lines.iter().enumerate().map(|(i, l)| l.filter(|_| kept(i))).collect(),
+            located: self.located.iter().enumerate().map(|(i, l)| if kept(i) { l.clone() } else { Vec::new() }).collect(),
         }
     }
 
@@ -164,6 +170,16 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
             starts.push((row.file, row.line));
         }
     }
+    // The line of each address range, statement or not, as addr2line reads it.
+    let mut located_at: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
+    for row in &index.line_rows {
+        if row.end_sequence {
+            // No line past a sequence's end, unless another sequence starts there.
+            located_at.entry(row.address.0).or_insert((row.file, 0));
+        } else {
+            located_at.insert(row.address.0, (row.file, row.line));
+        }
+    }
     let mut sources: HashMap<u32, Option<Vec<String>>> = HashMap::new();
     let mut source = |file: u32| -> Option<Vec<String>> {
         sources
@@ -177,6 +193,7 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
     let mut probes: Vec<Planned> = Vec::new();
     let mut entry_rows: Vec<Vec<(u32, u32)>> = vec![Vec::new(); functions.len()];
     let mut decls: Vec<Option<(u32, u32)>> = vec![None; functions.len()];
+    let mut located: Vec<Vec<(u64, (u32, u32))>> = vec![Vec::new(); functions.len()];
     for (fi, probed) in functions.iter().enumerate() {
         let Some(f) = index.functions.iter().find(|f| f.address.0 == probed.info.address) else { continue };
         let (Some(decl_file), true) = (f.decl_file, f.decl_line != 0) else { continue };
@@ -185,6 +202,7 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
         }
         decls[fi] = Some((decl_file, f.decl_line));
         let range = f.address.0..f.address.0 + f.size.max(1);
+        located[fi] = located_at.range(range.clone()).map(|(&a, &row)| (a, row)).collect();
         let body: Vec<(u64, &Vec<(u32, u32)>)> = by_address.range(range).map(|(&a, starts)| (a, starts)).collect();
         let closing = closing_line(f, &body, decl_file, &mut source);
         let keep = |&(file, line): &(u32, u32)| files.contains(index.files.path(file)) && (file, line) != (decl_file, closing.unwrap_or(0));
@@ -236,6 +254,18 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
     // The prologue line is where a frame starts; it has an id only if it also has code.
     plan.entry_lines = entry_rows.iter().map(|e| e.first().and_then(|&(file, line)| plan.line_id(index.files.path(file), line))).collect();
     plan.entry_also = entry_rows.iter().map(|e| ids(&plan, e.get(1..).unwrap_or(&[]))).collect();
+    plan.located = located
+        .iter()
+        .map(|rows| {
+            let id = |&(file, line): &(u32, u32)| {
+                (line != 0 && files.contains(index.files.path(file)))
+                    .then(|| plan.line_id(index.files.path(file), line))
+                    .flatten()
+                    .unwrap_or(NO_LINE)
+            };
+            rows.iter().map(|(address, row)| (*address, id(row))).collect()
+        })
+        .collect();
     plan
 }
 

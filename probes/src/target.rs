@@ -428,6 +428,8 @@ mod tests {
     use super::*;
 
     #[test]
+    // Reaped by wait_traced, not by the Child.
+    #[allow(clippy::zombie_processes)]
     fn an_end_taken_by_a_wait_for_a_ptrace_stop_is_still_reaped() {
         let child = std::process::Command::new("sh").args(["-c", "exit 3"]).spawn().expect("sh runs");
         let pid = child.id() as i32;

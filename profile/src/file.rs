@@ -260,7 +260,13 @@ mod tests {
     #[test]
     fn reasons_quoting_the_file_stay_one_short_line() {
         let mut bad = sample();
-        bad.lines.push(crate::model::LineRecord { file: format!("a\nb{}", "x".repeat(1000)), line: u32::MAX, count: 0, cost: vec![0] });
+        bad.lines.push(crate::model::LineRecord {
+            file: format!("a\nb{}", "x".repeat(1000)),
+            line: u32::MAX,
+            count: 0,
+            cost: vec![0],
+            branches: Vec::new(),
+        });
         let err = decode(&file_of(&serde_json::to_vec(&bad).expect("json"), 6)).expect_err("invalid").to_string();
         assert!(err.starts_with("the profile is damaged or truncated (a line record of a\\nbxxx"), "{err}");
         assert!(err.ends_with("xxx...); record it again") && err.len() < 400, "{err}");

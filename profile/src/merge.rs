@@ -1,6 +1,6 @@
 //! Adding profiles together: runs of the same build of a program.
 
-use crate::model::{FunctionId, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack, Throttled};
+use crate::model::{BranchRecord, FunctionId, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack, Throttled};
 use crate::notes::Note;
 use std::collections::{HashMap, HashSet};
 
@@ -28,6 +28,18 @@ pub enum MergeError {
         /// The other.
         theirs: String,
     },
+}
+
+/// Branches of one line add up in order: runs of one binary list the same
+/// jumps; a run whose line lists more adds its extra ones.
+fn add_branches(mine: &mut Vec<BranchRecord>, theirs: &[BranchRecord]) {
+    for (a, b) in mine.iter_mut().zip(theirs) {
+        a.taken = a.taken.saturating_add(b.taken);
+        a.not_taken = a.not_taken.saturating_add(b.not_taken);
+    }
+    if theirs.len() > mine.len() {
+        mine.extend_from_slice(&theirs[mine.len()..]);
+    }
 }
 
 impl Profile {
@@ -113,6 +125,7 @@ impl Profile {
                     for (a, b) in mine.cost.iter_mut().zip(&line.cost) {
                         *a = a.saturating_add(*b);
                     }
+                    add_branches(&mut mine.branches, &line.branches);
                 }
                 None => {
                     lines.insert((line.file.clone(), line.line), self.lines.len());
@@ -274,7 +287,7 @@ mod tests {
             metrics: vec!["wall_ns".into()],
             functions: vec![FunctionInfo { name: function.into(), module: "/bin/prog".into(), ..FunctionInfo::default() }],
             threads: vec![ThreadProfile { pid: 1, tid: 1, name: "prog".into(), functions: vec![stats], tree: CallTree::new(1) }],
-            lines: vec![LineRecord { file: "a.c".into(), line: 3, count: line_count, cost: vec![5] }],
+            lines: vec![LineRecord { file: "a.c".into(), line: 3, count: line_count, cost: vec![5], branches: Vec::new() }],
             runs: 1,
             ..Profile::default()
         }
@@ -291,7 +304,20 @@ mod tests {
         assert_eq!(merged[0].calls, 5);
         assert_eq!(merged[0].inclusive[0], Stat { total: 50, min: 10, max: 10 });
         assert_eq!(merged[1].calls, 1);
-        assert_eq!(a.lines, vec![LineRecord { file: "a.c".into(), line: 3, count: 8, cost: vec![15] }]);
+        assert_eq!(a.lines, vec![LineRecord { file: "a.c".into(), line: 3, count: 8, cost: vec![15], branches: Vec::new() }]);
+    }
+
+    #[test]
+    fn branches_of_a_line_add_up_in_order() {
+        let jump = |taken, not_taken| BranchRecord { taken, not_taken };
+        let mut a = profile("abc", "f", 1, 1);
+        a.lines[0].branches = vec![jump(1, 2)];
+        let mut b = profile("abc", "f", 1, 1);
+        b.lines[0].branches = vec![jump(10, 20), jump(u64::MAX, 5)];
+        a.merge(&b, false).expect("same build");
+        assert_eq!(a.lines[0].branches, [jump(11, 22), jump(u64::MAX, 5)]);
+        a.merge(&b, false).expect("same build");
+        assert_eq!(a.lines[0].branches, [jump(21, 42), jump(u64::MAX, 10)]);
     }
 
     #[test]

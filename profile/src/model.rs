@@ -274,6 +274,27 @@ pub struct LineRecord {
     /// returned, calls made from it included; per metric, as
     /// `Profile::metrics`; empty when the line was counted, not timed.
     pub cost: Vec<u64>,
+    /// The conditional jumps of the machine code on the line, in address
+    /// order (function by function): how often each jumped and went on.
+    /// Empty when the line's branches were not counted (line probes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches: Vec<BranchRecord>,
+}
+
+/// How often one conditional jump jumped and went on to the next instruction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchRecord {
+    /// Times it jumped.
+    pub taken: u64,
+    /// Times it fell through.
+    pub not_taken: u64,
+}
+
+impl BranchRecord {
+    /// Times the jump ran.
+    pub fn executed(&self) -> u64 {
+        self.taken.saturating_add(self.not_taken)
+    }
 }
 
 /// A region: a range of lines of one file, timed like a function.

@@ -10,7 +10,7 @@ use crate::request::RegionSpec;
 use crate::trace::TraceKeeper;
 use proftap_probes::entry::EntryKind;
 use proftap_profile::{
-    Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord, SampleProfile, Target,
+    BranchRecord, Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord, SampleProfile, Target,
     ThreadProfile, Throttled, TreeNode,
 };
 use serde::{Deserialize, Serialize};
@@ -103,6 +103,9 @@ pub struct Ending {
     /// line is left out).
     #[serde(default)]
     pub line_counts: Option<Vec<Option<u64>>>,
+    /// Per line id, the conditional jumps the edge counters counted on it.
+    #[serde(default)]
+    pub line_branches: Vec<Vec<BranchRecord>>,
 }
 
 /// The profile of a recording.
@@ -143,7 +146,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
         },
         metrics: setup.metrics.clone(),
         functions: functions(setup, &aggregate.throttled, ending),
-        lines: line_records(setup.lines.as_ref(), &aggregate.lines, ending.line_counts.as_deref(), &calls, metrics),
+        lines: line_records(setup.lines.as_ref(), &aggregate.lines, ending, &calls, metrics),
         regions: region_records(&setup.regions, &aggregate, metrics),
         threads: aggregate.threads,
         lost: aggregate.lost,
@@ -299,14 +302,9 @@ fn comm_of(path: &str) -> String {
 
 /// Line counts: entries of each line, plus a function's calls on its
 /// declaration line.
-fn line_records(
-    table: Option<&LineTable>,
-    probed: &[(u64, Values)],
-    counted: Option<&[Option<u64>]>,
-    calls: &[u64],
-    metrics: usize,
-) -> Vec<LineRecord> {
+fn line_records(table: Option<&LineTable>, probed: &[(u64, Values)], ending: &Ending, calls: &[u64], metrics: usize) -> Vec<LineRecord> {
     let Some(table) = table else { return Vec::new() };
+    let counted = ending.line_counts.as_deref();
     let mut records: Vec<Option<LineRecord>> = table
         .lines
         .iter()
@@ -321,7 +319,8 @@ fn line_records(
                 Some(Some(n)) => (n.saturating_add(probed), timed),
                 None => (probed, timed),
             };
-            Some(LineRecord { file: file.clone(), line: *line, count, cost })
+            let branches = ending.line_branches.get(i).cloned().unwrap_or_default();
+            Some(LineRecord { file: file.clone(), line: *line, count, cost, branches })
         })
         .collect();
     for (function, decl) in table.decl_lines.iter().enumerate() {

@@ -507,12 +507,12 @@ impl<'a> Driver<'a> {
         drop(uprobes.withdrawn);
         drop(self.child);
         let engine = inject.transpose()?;
-        let (engine_threads, engine_calls, engine_trace, line_counts) = match engine {
+        let (engine_threads, engine_calls, engine_trace, line_counts, line_branches) = match engine {
             Some(mut ending) => {
                 self.notes.append(&mut ending.notes);
-                (ending.threads, ending.calls, ending.trace, ending.line_counts)
+                (ending.threads, ending.calls, ending.trace, ending.line_counts, ending.line_branches)
             }
-            None => (Vec::new(), 0, None, None),
+            None => (Vec::new(), 0, None, None, Vec::new()),
         };
         let ending = Ending {
             exit_code: match self.ended {
@@ -537,6 +537,7 @@ impl<'a> Driver<'a> {
             throttled: Default::default(),
             engine_trace,
             line_counts,
+            line_branches,
         };
         Ok(Finished { consumer: self.consumer, ending, ended: self.ended })
     }

@@ -1,6 +1,6 @@
 //! `proftap gcov`: line counts as gcov's own `.gcov` text files.
 
-use crate::report::coverage::{by_file, gcov_file_names, gcov_text};
+use crate::report::coverage::{BranchOutput, by_file, gcov_file_names, gcov_text};
 use crate::sources::read_source;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -14,6 +14,13 @@ pub struct Args {
     /// Where to write the .gcov files (created if missing).
     #[arg(short = 'o', long = "output-dir", value_name = "DIR", default_value = ".")]
     dir: PathBuf,
+    /// List each line's branches (its conditional jumps' arcs) with how
+    /// often each was taken, in percent, as `gcov -b` does.
+    #[arg(short = 'b', long = "branch-probabilities")]
+    branch_probabilities: bool,
+    /// With -b, counts instead of percentages (`gcov -c`).
+    #[arg(short = 'c', long = "branch-counts", requires = "branch_probabilities")]
+    branch_counts: bool,
 }
 
 /// Runs the command. Each source's `.gcov` file is named after it but
@@ -27,6 +34,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     output_dir(&args.dir)?;
     let files = by_file(&profile);
     let data_name = args.file.display().to_string();
+    let branches = match (args.branch_probabilities, args.branch_counts) {
+        (false, _) => BranchOutput::Hidden,
+        (true, false) => BranchOutput::Percent,
+        (true, true) => BranchOutput::Counts,
+    };
     let mut unnamed = Vec::new();
     for (file, name) in files.iter().zip(gcov_file_names(&files)) {
         let Some(name) = name else {
@@ -36,7 +48,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let source = read_source(file.path)
             .map_err(|e| eprintln!("proftap: warning: cannot read {:?} ({e}); its .gcov file has counts without source", file.path))
             .ok();
-        let text = gcov_text(&profile, file, source.as_deref(), &data_name);
+        let text = gcov_text(&profile, file, source.as_deref(), &data_name, branches);
         let name = format!("{name}.gcov");
         proftap_profile::write_in_dir(&args.dir, name.as_ref(), |w| w.write_all(text.as_bytes()))?;
         println!("{}", args.dir.join(name).display());

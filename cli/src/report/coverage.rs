@@ -86,9 +86,36 @@ fn mangled(path: &str) -> String {
     parts.join("#")
 }
 
+/// Whether a `.gcov` file lists each line's branches, as `gcov -b` (with
+/// `-c`: counts instead of percentages) does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BranchOutput {
+    /// Lines only.
+    Hidden,
+    /// `branch N taken P%`.
+    Percent,
+    /// `branch N taken COUNT`.
+    Counts,
+}
+
+/// The arcs of a line's conditional jumps as gcov lists them: per jump, its
+/// fall-through arc, then its jump, with the jump's executions.
+fn branch_arcs(record: &LineRecord) -> impl Iterator<Item = (u64, u64, bool)> + '_ {
+    record.branches.iter().flat_map(|b| [(b.not_taken, b.executed(), true), (b.taken, b.executed(), false)])
+}
+
+/// `top` of `bottom` as gcov prints a percentage: no decimals, and a
+/// nonzero share below half a percent shown as 1%.
+fn gcov_percent(top: u64, bottom: u64) -> String {
+    let ratio = if bottom == 0 { 0.0 } else { 100.0 * top as f32 / bottom as f32 };
+    let ratio = if ratio > 0.0 && ratio < 0.5 { 1.0 } else { ratio };
+    format!("{ratio:.0}%")
+}
+
 /// A `.gcov` file in gcov's text format: `count:line:source`, `-` for lines
-/// without code, `#####` for lines with code that never ran.
-pub fn gcov_text(profile: &Profile, file: &FileCoverage<'_>, source: Option<&str>, data_name: &str) -> String {
+/// without code, `#####` for lines with code that never ran; with
+/// `branches`, each line's branch arcs after it as `gcov -b` shows them.
+pub fn gcov_text(profile: &Profile, file: &FileCoverage<'_>, source: Option<&str>, data_name: &str, branches: BranchOutput) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{:>9}:{:>5}:Source:{}", "-", 0, file.path);
     let _ = writeln!(out, "{:>9}:{:>5}:Graph:{}", "-", 0, profile.target.exe);
@@ -103,6 +130,16 @@ pub fn gcov_text(profile: &Profile, file: &FileCoverage<'_>, source: Option<&str
         };
         let text = source_lines.get(number as usize - 1).copied().unwrap_or(if source.is_none() { "/*EOF*/" } else { "" });
         let _ = writeln!(out, "{count:>9}:{number:>5}:{text}");
+        if let (Some(record), false) = (file.lines.get(&number), branches == BranchOutput::Hidden) {
+            for (i, (arc, executed, fallthrough)) in branch_arcs(record).enumerate() {
+                let suffix = if fallthrough { " (fallthrough)" } else { "" };
+                let _ = match (executed, branches) {
+                    (0, _) => writeln!(out, "branch {i:>2} never executed{suffix}"),
+                    (_, BranchOutput::Counts) => writeln!(out, "branch {i:>2} taken {arc}{suffix}"),
+                    _ => writeln!(out, "branch {i:>2} taken {}{suffix}", gcov_percent(arc, executed)),
+                };
+            }
+        }
     }
     out
 }
@@ -116,7 +153,10 @@ pub fn shown_lines<'a>(file: &'a FileCoverage<'_>, source_lines: usize) -> impl 
     (1..=in_source).chain(file.lines.range(in_source.saturating_add(1)..).map(|(&n, _)| n))
 }
 
-/// An lcov tracefile (`TN`, `SF`, `FN`/`FNDA`, `FNF`/`FNH`, `DA`, `LF`/`LH`).
+/// An lcov tracefile (`TN`, `SF`, `FN`/`FNDA`, `FNF`/`FNH`, `BRDA`,
+/// `BRF`/`BRH`, `DA`, `LF`/`LH`). A line's conditional jumps are its
+/// blocks, numbered from 0; branch 0 of each is its fall-through, 1 its
+/// jump; `-` for a jump that never ran.
 pub fn lcov(profile: &Profile) -> String {
     let mut out = String::new();
     for file in by_file(profile) {
@@ -130,6 +170,19 @@ pub fn lcov(profile: &Profile) -> String {
         }
         let _ = writeln!(out, "FNF:{}", file.functions.len());
         let _ = writeln!(out, "FNH:{}", file.functions.iter().filter(|f| f.2 > 0).count());
+        let (mut found, mut hit) = (0usize, 0usize);
+        for (line, record) in &file.lines {
+            for (i, (arc, executed, fallthrough)) in branch_arcs(record).enumerate() {
+                let taken = if executed == 0 { "-".to_string() } else { arc.to_string() };
+                let _ = writeln!(out, "BRDA:{line},{},{},{taken}", i / 2, u8::from(!fallthrough));
+                found += 1;
+                hit += usize::from(arc > 0);
+            }
+        }
+        if found > 0 {
+            let _ = writeln!(out, "BRF:{found}");
+            let _ = writeln!(out, "BRH:{hit}");
+        }
         for (line, record) in &file.lines {
             let _ = writeln!(out, "DA:{line},{}", record.count);
         }
@@ -188,7 +241,7 @@ pub fn gcov_json(profile: &Profile, data_name: &str) -> serde_json::Value {
                         "unexecuted_block": record.count == 0,
                         "function_name": function_of(*line),
                         "block_ids": [],
-                        "branches": [],
+                        "branches": json_branches(record),
                         "calls": [],
                     })
                 })
@@ -205,6 +258,23 @@ pub fn gcov_json(profile: &Profile, data_name: &str) -> serde_json::Value {
     })
 }
 
+/// A line's branch arcs in gcov's JSON: each conditional jump is a block
+/// (numbered on the line), its fall-through and jump two destinations.
+fn json_branches(record: &LineRecord) -> Vec<serde_json::Value> {
+    branch_arcs(record)
+        .enumerate()
+        .map(|(i, (arc, _, fallthrough))| {
+            json!({
+                "count": arc,
+                "throw": false,
+                "fallthrough": fallthrough,
+                "source_block_id": i / 2,
+                "destination_block_id": i,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,7 +282,10 @@ mod tests {
 
     fn profile(lines: &[u32], functions: &[(&str, u32)]) -> Profile {
         Profile {
-            lines: lines.iter().map(|&line| LineRecord { file: "a.c".into(), line, count: 1, cost: Vec::new() }).collect(),
+            lines: lines
+                .iter()
+                .map(|&line| LineRecord { file: "a.c".into(), line, count: 1, cost: Vec::new(), branches: Vec::new() })
+                .collect(),
             functions: functions
                 .iter()
                 .map(|&(name, line)| FunctionInfo { name: name.into(), file: Some("a.c".into()), line, ..FunctionInfo::default() })
@@ -225,10 +298,10 @@ mod tests {
     fn gcov_lists_the_source_then_counted_lines_past_it() {
         let p = profile(&[2, 10_000_000], &[]);
         let files = by_file(&p);
-        let text = gcov_text(&p, &files[0], Some("one\ntwo\nthree\n"), "d");
+        let text = gcov_text(&p, &files[0], Some("one\ntwo\nthree\n"), "d", BranchOutput::Hidden);
         let numbered: Vec<&str> = text.lines().skip(4).map(|l| l.split(':').nth(1).unwrap_or("").trim()).collect();
         assert_eq!(numbered, vec!["1", "2", "3", "10000000"]);
-        let text = gcov_text(&p, &files[0], None, "d");
+        let text = gcov_text(&p, &files[0], None, "d", BranchOutput::Hidden);
         assert_eq!(text.lines().count(), 4 + 2, "{text}");
         assert!(text.ends_with("        1:10000000:/*EOF*/\n"), "{text}");
     }

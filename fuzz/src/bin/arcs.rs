@@ -10,7 +10,8 @@
 //! bytes also give the counters' values.
 
 use proftap_probes::arcs::{
-    Cfg, CodeRange, Data, FunctionCode, FunctionLines, counter_costs, line_entries, place_counters, plan_sites, solve_counters, stub,
+    Cfg, CodeRange, Data, FunctionCode, FunctionLines, counter_costs, line_branches, line_entries, place_counters, plan_sites,
+    solve_counters, stub,
 };
 
 proftap_fuzz::target!(run);
@@ -62,6 +63,8 @@ fn run(input: &[u8]) {
         .enumerate()
         .flat_map(|(b, block)| [(block.start, vec![line(b)]), (block.start + 1, vec![line(b + 1), line(b + 2)])])
         .collect();
-    let lines = FunctionLines { entry_line: line(0), entry_also: vec![line(1)], decl_line: Some(9), rows };
+    let located = cfg.blocks().iter().enumerate().map(|(b, block)| (block.start, line(b))).collect();
+    let lines = FunctionLines { entry_line: line(0), entry_also: vec![line(1)], decl_line: Some(9), rows, located };
     let _ = line_entries(&cfg, &counts, &lines);
+    let _ = line_branches(&cfg, &counts, &lines);
 }

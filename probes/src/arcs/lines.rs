@@ -13,7 +13,7 @@
 
 use super::Error;
 use super::cfg::{Cfg, Node};
-use super::solve::Counts;
+use super::solve::{BranchCount, Counts};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A frame on no line yet.
@@ -31,6 +31,24 @@ pub struct FunctionLines {
     /// The statement rows after the entry: an address and the lines it
     /// enters, in order.
     pub rows: Vec<(u64, Vec<u32>)>,
+    /// Every row of the line table, in address order: where the code of a
+    /// line (or of none, [`NO_LINE`]) starts. Places the conditional jumps.
+    pub located: Vec<(u64, u32)>,
+}
+
+/// Each conditional jump of `counts` with the line its instruction is on
+/// (in `lines.located`), in address order; jumps on no chosen line are left
+/// out.
+pub fn line_branches(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Vec<(u32, BranchCount)> {
+    counts
+        .branches(cfg)
+        .into_iter()
+        .filter_map(|branch| {
+            let after = lines.located.partition_point(|(address, _)| *address <= branch.jcc);
+            let line = lines.located.get(after.checked_sub(1)?)?.1;
+            (line != NO_LINE).then_some((line, branch))
+        })
+        .collect()
 }
 
 /// The times each line of `lines` was entered, given the function's
@@ -197,9 +215,24 @@ mod tests {
             entry_also: vec![],
             decl_line: Some(9),
             rows: vec![(0x1002, vec![1]), (0x1004, vec![2]), (0x1009, vec![3])],
+            located: Vec::new(),
         };
         let got = line_entries(&cfg, &counts(&cfg), &lines).unwrap();
         assert_eq!(got, [(1, 10), (2, 7), (3, 10), (9, 10)]);
+    }
+
+    #[test]
+    fn a_jump_is_on_the_line_its_instruction_is_on() {
+        let cfg = if_without_else();
+        let jne = BranchCount { jcc: 0x1002, taken: 3, not_taken: 7 };
+        // The jne in a row of line 1 that starts at the test.
+        let lines = FunctionLines { located: vec![(0x1000, 1), (0x1004, 2)], ..FunctionLines::default() };
+        assert_eq!(line_branches(&cfg, &counts(&cfg), &lines), [(1, jne)]);
+        // Its own row, of a line not chosen: left out; before any row: too.
+        let lines = FunctionLines { located: vec![(0x1000, 1), (0x1002, NO_LINE)], ..FunctionLines::default() };
+        assert_eq!(line_branches(&cfg, &counts(&cfg), &lines), []);
+        let lines = FunctionLines { located: vec![(0x1004, 2)], ..FunctionLines::default() };
+        assert_eq!(line_branches(&cfg, &counts(&cfg), &lines), []);
     }
 
     #[test]
@@ -268,7 +301,7 @@ mod tests {
     #[test]
     fn entry_lines_count_per_call() {
         let cfg = if_without_else();
-        let lines = FunctionLines { entry_line: 4, entry_also: vec![5, 6], decl_line: None, rows: vec![(0x1009, vec![6])] };
+        let lines = FunctionLines { entry_line: 4, entry_also: vec![5, 6], rows: vec![(0x1009, vec![6])], ..FunctionLines::default() };
         // 5 and 6 at each call; the ret is on 6 already when it arrives
         // from the jne (3), and from 6 through the mov (no row) as well.
         assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap(), [(5, 10), (6, 10)]);

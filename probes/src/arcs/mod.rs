@@ -43,7 +43,7 @@ pub mod tables;
 
 pub use cfg::{Block, Cfg, CodeRange, Edge, EdgeKind, Node};
 pub use counters::{Cost, CounterPlacement, Quantity, place_counters, quantities, solve_counters};
-pub use lines::{FunctionLines, line_entries};
+pub use lines::{FunctionLines, line_branches, line_entries};
 pub use placement::{Placement, default_costs, place};
 pub use sites::{FunctionCode, Place, Site, SiteCounter, counter_costs, plan_sites};
 pub use solve::{BranchCount, Counts, solve};

@@ -14,7 +14,7 @@ use proftap_probes::inject::watch::{CallTrace, Judge, Unpatched, Watch, Watched}
 use proftap_probes::lines::LinePlan;
 use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::ProbedFunction;
-use proftap_profile::{Finding, Note, TRACED_CALL_BYTES, ThreadProfile};
+use proftap_profile::{BranchRecord, Finding, Note, TRACED_CALL_BYTES, ThreadProfile};
 use std::sync::Arc;
 
 /// A patched process, watched while it runs.
@@ -43,6 +43,8 @@ pub struct InjectEnding {
     /// Per line id, its entries, when its edge counters counted lines
     /// (`None`: a function on it was not counted).
     pub line_counts: Option<Vec<Option<u64>>>,
+    /// Per line id, the conditional jumps counted on it.
+    pub line_branches: Vec<Vec<BranchRecord>>,
 }
 
 impl InjectSource {
@@ -115,17 +117,21 @@ impl InjectSource {
             trace.read(view);
         }
         let trace = trace.zip(self.trace_bytes).map(|(trace, bytes)| kept_calls(trace, bytes, &self.clock, self.pid));
+        let mut line_branches = Vec::new();
         let line_counts = lines.map(|(plan, functions)| {
-            let (counts, not_counted) = line_counts(&patched, plan, functions);
-            if !not_counted.is_empty() {
-                notes.push(Finding::LinesNotCounted { functions: not_counted }.into());
+            let counted = line_counts(&patched, plan, functions);
+            if !counted.not_counted.is_empty() {
+                notes.push(Finding::LinesNotCounted { functions: counted.not_counted }.into());
             }
-            counts
+            line_branches = counted.branches;
+            counted.entries
         });
         for (pid, error) in patched.children_not_restored() {
             notes.push(Finding::RestoreFailed { pid: *pid, error: error.clone() }.into());
         }
-        let Some(view) = &self.view else { return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes, trace, line_counts }) };
+        let Some(view) = &self.view else {
+            return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes, trace, line_counts, line_branches });
+        };
         let end_tsc = self.clock.tsc_at(end_ns);
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
         let mut read = Read::default();
@@ -156,15 +162,25 @@ impl InjectSource {
             notes.push(Finding::CpuIsWall.into());
         }
         let Read { threads, calls, .. } = read;
-        Ok(InjectEnding { threads, calls, notes, trace, line_counts })
+        Ok(InjectEnding { threads, calls, notes, trace, line_counts, line_branches })
     }
 }
 
-/// Per line id of `plan`, its entries from the edge counters of `patched`
-/// (`None` for the lines of a function that was not counted), and those
-/// functions ("name: why").
-fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction]) -> (Vec<Option<u64>>, Vec<String>) {
+/// What the edge counters found on the lines of a plan.
+struct CountedLines {
+    /// Per line id, its entries (`None` for the lines of a function that
+    /// was not counted).
+    entries: Vec<Option<u64>>,
+    /// Per line id, its conditional jumps.
+    branches: Vec<Vec<BranchRecord>>,
+    /// The functions not counted ("name: why").
+    not_counted: Vec<String>,
+}
+
+/// The lines of `plan` as the edge counters of `patched` counted them.
+fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction]) -> CountedLines {
     let mut counts = vec![Some(0u64); plan.lines.len()];
+    let mut branches: Vec<Vec<BranchRecord>> = vec![Vec::new(); plan.lines.len()];
     let name = |i: usize| functions.get(i).map_or_else(|| format!("function {i}"), |f| f.info.name.clone());
     let mut not_counted: Vec<(usize, String)> = patched.uncounted().to_vec();
     let by_function = plan.by_function();
@@ -175,11 +191,23 @@ fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction])
             for row in &mut lines.rows {
                 row.0 = row.0.wrapping_add(counted.bias);
             }
-            match counting.counts(counted).and_then(|c| arcs::line_entries(counted.cfg(), &c, &lines)) {
-                Ok(entered) => {
+            for row in &mut lines.located {
+                row.0 = row.0.wrapping_add(counted.bias);
+            }
+            let counted_lines = counting.counts(counted).and_then(|c| {
+                let entered = arcs::line_entries(counted.cfg(), &c, &lines)?;
+                Ok((entered, arcs::line_branches(counted.cfg(), &c, &lines)))
+            });
+            match counted_lines {
+                Ok((entered, jumps)) => {
                     for (line, n) in entered {
                         if let Some(Some(total)) = counts.get_mut(line as usize) {
                             *total = total.saturating_add(n);
+                        }
+                    }
+                    for (line, jump) in jumps {
+                        if let Some(on_line) = branches.get_mut(line as usize) {
+                            on_line.push(BranchRecord { taken: jump.taken, not_taken: jump.not_taken });
                         }
                     }
                 }
@@ -194,7 +222,8 @@ fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction])
             }
         }
     }
-    (counts, not_counted.into_iter().map(|(i, why)| format!("{}: {why}", name(i))).collect())
+    let not_counted = not_counted.into_iter().map(|(i, why)| format!("{}: {why}", name(i))).collect();
+    CountedLines { entries: counts, branches, not_counted }
 }
 
 /// The calls `trace` read from process `pid`, with CLOCK_MONOTONIC times, within `bytes`.
