@@ -75,7 +75,7 @@ impl CounterPlacement {
 }
 
 /// The quantity's arc in the split graph.
-fn arc_of(cfg: &Cfg, quantity: Quantity) -> Option<usize> {
+pub(crate) fn arc_of(cfg: &Cfg, quantity: Quantity) -> Option<usize> {
     match quantity {
         Quantity::Edge(e) => (e < cfg.edges().len()).then_some(e),
         Quantity::Block(b) => (b < cfg.blocks().len()).then_some(cfg.edges().len() + b),

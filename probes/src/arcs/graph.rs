@@ -74,6 +74,12 @@ impl Graph {
     /// Every arc's count from those of `counted` (`values` in the same
     /// order), by flow conservation, checked as [`super::solve`] says.
     pub(crate) fn solve(&self, counted: &[usize], values: &[u64]) -> Result<Vec<i128>, Error> {
+        self.solve_with(counted, values, &[])
+    }
+
+    /// The same, with `extra` flows besides the arcs' (from node, to node,
+    /// count): frames that appeared or vanished inside the graph.
+    pub(crate) fn solve_with(&self, counted: &[usize], values: &[u64], extra: &[(usize, usize, i128)]) -> Result<Vec<i128>, Error> {
         if counted.len() != values.len() {
             return Err(Error::CountNumber { expected: counted.len(), given: values.len() });
         }
@@ -88,6 +94,10 @@ impl Graph {
             known[arc] = Some(i128::from(count));
         }
         let mut flow = Flow::new(self, &known);
+        for &(from, to, count) in extra.iter().filter(|(from, to, _)| *from < self.nodes && *to < self.nodes) {
+            flow.balance[to] += count;
+            flow.balance[from] -= count;
+        }
         self.propagate(&mut known, &mut flow)?;
         let left = known.iter().filter(|k| k.is_none()).count();
         if left > 0 {

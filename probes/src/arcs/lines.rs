@@ -103,7 +103,81 @@ pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result
             }
         }
     }
+    for placed in &counts.frames {
+        let sign: i128 = if placed.frame.at_start { 1 } else { -1 };
+        for (line, address) in entered_after(cfg, &rows, &arriving, placed.block, placed.frame.pc)? {
+            let total = entered.entry(line).or_default();
+            *total = u64::try_from(i128::from(*total) + sign).map_err(|_| Error::LineBelowZero { address })?;
+        }
+    }
+    entered.retain(|_, n| *n > 0);
     Ok(entered.into_iter().collect())
+}
+
+/// Where a frame's line cannot be told from the counts: from the start of
+/// a block that several lines lead into, up to and including its first
+/// row, when that row enters one of them. A thread there when counting
+/// starts or ends is moved on (see [`super::flight`]) until it is past.
+pub fn unsettled(cfg: &Cfg, lines: &FunctionLines) -> Result<Vec<std::ops::Range<u64>>, Error> {
+    let mut at_entry = lines.entry_line;
+    for &also in &lines.entry_also {
+        at_entry = also;
+    }
+    let rows = rows_by_block(cfg, &lines.rows)?;
+    let arriving = arriving_lines(cfg, &rows, at_entry);
+    let mut ranges = Vec::new();
+    for (block, block_rows) in rows.iter().enumerate() {
+        let Some((first, address)) = block_rows.first() else { continue };
+        let arrived = arrived_lines(cfg, &arriving, block);
+        if arrived.len() > 1 && arrived.contains(&first[0]) {
+            ranges.push(cfg.blocks()[block].start..address + 1);
+        }
+    }
+    Ok(ranges)
+}
+
+/// The lines a frame may be on as it enters `block`.
+fn arrived_lines(cfg: &Cfg, arriving: &Arriving, block: usize) -> BTreeSet<u32> {
+    let mut arrived = BTreeSet::new();
+    for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block)) {
+        arrived.extend(match edge.from {
+            Node::Block(b) => &arriving.leaving[b],
+            _ => &arriving.entry,
+        });
+    }
+    arrived
+}
+
+/// The lines a frame at `pc` in `block` enters as it runs the rest of the
+/// block (with the row that enters each): every line of the rows at `pc`
+/// and after that differs from the one before.
+fn entered_after(cfg: &Cfg, rows: &BlockRows<'_>, arriving: &Arriving, block: usize, pc: u64) -> Result<Vec<(u32, u64)>, Error> {
+    let block_rows = &rows[block];
+    let ahead = block_rows.partition_point(|(_, address)| *address < pc);
+    let Some((first_ahead, address)) = block_rows.get(ahead) else { return Ok(Vec::new()) };
+    let on = match ahead.checked_sub(1) {
+        Some(before) => block_rows[before].0.last().copied(),
+        None => {
+            // On the line the frame arrived with: unknown when it may have arrived on several.
+            let arrived = arrived_lines(cfg, arriving, block);
+            match (arrived.len(), arrived.contains(&first_ahead[0])) {
+                (1, _) => arrived.first().copied(),
+                (_, false) => None,
+                (_, true) => return Err(Error::PathDependentLine { address: *address }),
+            }
+        }
+    };
+    let mut on = on.unwrap_or(NO_LINE);
+    let mut changes = Vec::new();
+    for (lines, address) in &block_rows[ahead..] {
+        for &line in lines.iter() {
+            if line != on {
+                changes.push((line, *address));
+                on = line;
+            }
+        }
+    }
+    Ok(changes)
 }
 
 /// Where a line's entries would depend on the path taken to it (the

@@ -33,6 +33,7 @@
 
 pub mod cfg;
 pub mod counters;
+pub mod flight;
 mod graph;
 pub mod lines;
 pub mod placement;
@@ -43,7 +44,8 @@ pub mod tables;
 
 pub use cfg::{Block, Cfg, CodeRange, Edge, EdgeKind, Node};
 pub use counters::{Cost, CounterPlacement, Quantity, place_counters, quantities, solve_counters};
-pub use lines::{FunctionLines, line_branches, line_entries};
+pub use flight::{Frame, solve_with_frames};
+pub use lines::{FunctionLines, line_branches, line_entries, unsettled};
 pub use placement::{Placement, default_costs, place};
 pub use sites::{FunctionCode, Place, Site, SiteCounter, counter_costs, plan_sites};
 pub use solve::{BranchCount, Counts, solve};
@@ -156,6 +158,20 @@ pub enum Error {
     #[error("how often the line at {address:#x} is entered depends on the path taken to it")]
     PathDependentLine {
         /// The line's first row in its block.
+        address: u64,
+    },
+    /// A thread was in the function's code at an address inside an
+    /// instruction when counting started or ended.
+    #[error("a thread was at {pc:#x}, inside an instruction")]
+    FrameInsideInstruction {
+        /// Its address.
+        pc: u64,
+    },
+    /// A frame counting ended in the middle of a block leaves a line there
+    /// entered fewer times than none: the counts are not one execution's.
+    #[error("the counts are inconsistent: the line at {address:#x} would be entered fewer than 0 times")]
+    LineBelowZero {
+        /// The line's row.
         address: u64,
     },
     /// Flow is not conserved at a node once every count is known.

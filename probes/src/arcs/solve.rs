@@ -10,6 +10,7 @@
 
 use super::Error;
 use super::cfg::{Cfg, EdgeKind, Node};
+use super::flight::Placed;
 use super::graph::Graph;
 use super::placement::Placement;
 
@@ -19,6 +20,9 @@ pub struct Counts {
     edges: Vec<i64>,
     blocks: Vec<u64>,
     entry_edge: usize,
+    /// Threads in the function's code when counting started or ended (see
+    /// [`super::flight`]): its lines' counts take them into account.
+    pub(crate) frames: Vec<Placed>,
 }
 
 /// How often a conditional jump was taken and not taken (what `gcov -b`
@@ -104,6 +108,6 @@ impl Counts {
         // Every count was checked to fit 63 bits when it became known.
         let edges_out = (0..edges.len()).map(|id| value(id) as i64).collect();
         let entry_edge = edges.iter().position(|e| e.kind == EdgeKind::Entry).unwrap_or(0);
-        Ok(Counts { edges: edges_out, blocks, entry_edge })
+        Ok(Counts { edges: edges_out, blocks, entry_edge, frames: Vec::new() })
     }
 }

@@ -4,6 +4,7 @@
 use super::*;
 use iced_x86::code_asm::*;
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, Register};
+use std::collections::BTreeMap;
 
 const BASE: u64 = 0x1000;
 /// Outside every function assembled here: a callee, a tail-call target.
@@ -755,4 +756,162 @@ fn arcs_stubs_lock_only_where_threads_may_count_at_once() {
     };
     assert_eq!(increments(false), [(true, 0)]);
     assert_eq!(increments(true), [(false, 0)]);
+}
+
+/// One run of a block in a simulated execution: the block, the edge it
+/// left by, and whether a call starts with it.
+struct Run {
+    block: usize,
+    out: usize,
+    call_starts: bool,
+}
+
+/// `calls` random walks, run by run (as [`execute`], with fewer calls
+/// that do not return).
+fn walk(cfg: &Cfg, calls: usize, random: &mut Random) -> Vec<Run> {
+    let mut runs = Vec::new();
+    for _ in 0..calls {
+        let mut block = cfg.entry_block();
+        let mut call_starts = true;
+        loop {
+            let out: Vec<usize> = (0..cfg.edges().len()).filter(|&e| cfg.edges()[e].from == Node::Block(block)).collect();
+            let real: Vec<usize> = out.iter().copied().filter(|&e| cfg.edges()[e].kind != EdgeKind::Fake).collect();
+            let fake = out.iter().copied().find(|&e| cfg.edges()[e].kind == EdgeKind::Fake);
+            let edge = match fake {
+                Some(fake) if real.is_empty() || random.below(20) == 0 => fake,
+                _ => real[random.below(real.len())],
+            };
+            runs.push(Run { block, out: edge, call_starts });
+            call_starts = false;
+            match cfg.edges()[edge].to {
+                Node::Block(next) if runs.len() < 10_000 => block = next,
+                _ => break,
+            }
+        }
+    }
+    runs
+}
+
+/// Counting that starts and ends in the middle of blocks, with a thread
+/// there or in a call, gives every real edge's count and every line's
+/// entries between the two moments exactly: counters are simulated at
+/// their sites' addresses, and lines from a row on every instruction.
+#[test]
+fn arcs_counting_between_two_moments_counts_what_ran_between_them() {
+    let mut random = Random(0x5eed);
+    let (mut checked, mut unsettled_seen, mut leaving_counters) = (0, 0, 0);
+    // Counters where they cost least, and counters on a block's only way
+    // out where one fits (its window's counter then counts the edge).
+    for (code, edges_first) in test_functions().into_iter().flat_map(|c| [(c.clone(), false), (c, true)]) {
+        let cfg = graph(&code);
+        let function = FunctionCode::new(&cfg, &[CodeRange { address: BASE, bytes: &code }]).unwrap();
+        let mut costs = counter_costs(&cfg, &function);
+        if edges_first {
+            for (q, cost) in quantities(&cfg).into_iter().zip(&mut costs) {
+                match q {
+                    Quantity::Block(_) if *cost != Cost::NoCounter => *cost = Cost::Counter(100),
+                    Quantity::Edge(e) => {
+                        let Node::Block(b) = cfg.edges()[e].from else { continue };
+                        let only_way_out = cfg.edges().iter().filter(|o| o.from == Node::Block(b)).count() == 1;
+                        if only_way_out && function.first_window(b).is_some() {
+                            *cost = Cost::Counter(1);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let placement = place_counters(&cfg, &costs);
+        if !placement.needs_probe().is_empty() {
+            continue;
+        }
+        let sites = plan_sites(&cfg, &function, &placement).unwrap();
+        leaving_counters +=
+            sites.iter().flat_map(|s| &s.counters).filter(|c| c.place == Place::Start && matches!(c.quantity, Quantity::Edge(_))).count();
+        let line_of = |address: u64| (address.wrapping_mul(2_654_435_761) >> 7) as u32 % 4 + 1;
+        let rows: Vec<(u64, Vec<u32>)> =
+            cfg.blocks().iter().flat_map(|b| b.instructions.iter()).filter(|&&a| a != BASE).map(|&a| (a, vec![line_of(a)])).collect();
+        let lines = FunctionLines { entry_line: 0, rows: rows.clone(), ..FunctionLines::default() };
+        let row_line = |address: u64| rows.iter().find(|r| r.0 == address).map(|r| r.1[0]);
+        for _ in 0..200 {
+            let runs = walk(&cfg, 6, &mut random);
+            let len = |r: usize| cfg.blocks()[runs[r].block].instructions.len() as i64;
+            let after_call = |r: usize| cfg.edges().iter().any(|e| e.from == Node::Block(runs[r].block) && e.kind == EdgeKind::Fake);
+            // A moment: before instruction `i` of run `r`; past the last
+            // one only in a call's block (the thread is in the callee).
+            let moment = |random: &mut Random| {
+                let r = random.below(runs.len());
+                let i = random.below(len(r) as usize + usize::from(after_call(r))) as i64;
+                (r, i)
+            };
+            // A thread where its line cannot be told is moved on (stepped) past that.
+            let ranges = unsettled(&cfg, &lines).unwrap();
+            unsettled_seen += usize::from(!ranges.is_empty());
+            let settle = |(mut r, mut i): (usize, i64)| {
+                let address = |r: usize, i: i64| cfg.blocks()[runs[r].block].instructions.get(i as usize).copied();
+                while address(r, i).is_some_and(|pc| ranges.iter().any(|u| u.contains(&pc))) {
+                    (r, i) =
+                        if i + 1 < len(r) || (i + 1 == len(r) && after_call(r)) || r + 1 == runs.len() { (r, i + 1) } else { (r + 1, 0) };
+                }
+                (r, i)
+            };
+            let (a, b) = (settle(moment(&mut random)), settle(moment(&mut random)));
+            let (start, end) = (a.min(b), a.max(b));
+            let inside = |position: (usize, i64)| position >= start && position < end;
+            let mut truth = vec![0i64; cfg.edges().len()];
+            let mut counters = vec![0u64; placement.counted().len()];
+            let mut entered: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut on = 0;
+            for (r, run) in runs.iter().enumerate() {
+                let block = &cfg.blocks()[run.block];
+                let last = len(r) - 1;
+                if run.call_starts {
+                    on = 0;
+                    if inside((r, -1)) {
+                        truth[cfg.edges().iter().position(|e| e.kind == EdgeKind::Entry).unwrap()] += 1;
+                    }
+                }
+                for (i, &address) in block.instructions.iter().enumerate() {
+                    if let Some(line) = row_line(address) {
+                        if line != on && inside((r, i as i64)) {
+                            *entered.entry(line).or_default() += 1;
+                        }
+                        on = line;
+                    }
+                }
+                let edge = &cfg.edges()[run.out];
+                let left_at = if edge.kind == EdgeKind::FallThrough && after_call(r) { last + 1 } else { last };
+                if edge.kind != EdgeKind::Fake && inside((r, left_at)) {
+                    truth[run.out] += 1;
+                }
+                for site in sites.iter().filter(|s| s.block == run.block) {
+                    let at = block.instructions.iter().position(|&a| a == site.at).unwrap() as i64;
+                    for c in &site.counters {
+                        let fires = match c.place {
+                            Place::Start => inside((r, at)),
+                            _ => c.quantity == Quantity::Edge(run.out) && inside((r, last)),
+                        };
+                        counters[c.index] += u64::from(fires);
+                    }
+                }
+            }
+            let frame = |(r, i): (usize, i64), at_start: bool| {
+                let instructions = &cfg.blocks()[runs[r].block].instructions;
+                instructions.get(i as usize).map(|&pc| Frame { pc, at_start })
+            };
+            let frames: Vec<Frame> = [frame(start, true), frame(end, false)].into_iter().flatten().collect();
+            let counts = solve_with_frames(&cfg, &placement, &sites, &counters, &frames)
+                .unwrap_or_else(|e| panic!("{e} from {start:?} to {end:?}, frames {frames:?}, {:?}", arcs(&cfg)));
+            for (e, edge) in cfg.edges().iter().enumerate().filter(|(_, e)| !e.kind.is_artificial()) {
+                assert_eq!(counts.edge(e), truth[e], "edge {e} {edge:?} from {start:?} to {end:?}: {:?}", arcs(&cfg));
+            }
+            let got: BTreeMap<u32, u64> = line_entries(&cfg, &counts, &lines).unwrap().into_iter().collect();
+            assert_eq!(got, entered, "lines from {start:?} to {end:?}, frames {frames:?}: {:?}", arcs(&cfg));
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 1600 && unsettled_seen > 0 && leaving_counters > 0,
+        "{checked} checked, {unsettled_seen} with unsettled places, {leaving_counters} counters on a way out"
+    );
 }
