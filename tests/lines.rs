@@ -526,6 +526,55 @@ fn gcov_branch_listing_equals_gcovs_on_conditions_and_loops() {
     }
 }
 
+/// Attached three times in a row to a program busy in its own loop (its
+/// thread is in the counted code when counting starts and ends): each time
+/// the loop's lines count one window of turns, consistent with each other
+/// to the turn in progress, and the program runs on and ends correctly.
+#[test]
+fn lines_of_a_busy_loop_count_from_attach_to_detach() {
+    require_probes();
+    let binary = Build::c("spin.c", "-O0").build();
+    let spinner = Waiter::start(&binary);
+    let line = |text: &str| line_of("spin.c", text);
+    let mut counted = 0;
+    for round in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.profile");
+        run_ok(proftap().args(["attach", "--lines", "--duration", "200ms", "-o"]).arg(&file).arg(spinner.pid.to_string()));
+        let report = report_json(&file);
+        let count = |n: u32| {
+            report["lines"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["line"] == n)
+                .and_then(|l| l["count"].as_u64())
+                .unwrap_or_else(|| panic!("no count of line {n}: {}", report["lines"]))
+        };
+        let (test, turn, parity, odd, even) = (
+            count(line("while (!stop)")),
+            count(line("turns++;")),
+            count(line("if (turns & 1)")),
+            count(line("odd++;")),
+            count(line("even++;")),
+        );
+        let near = |a: u64, b: u64| a.abs_diff(b) <= 1;
+        assert!(turn > 1000, "round {round}: {turn} turns counted");
+        assert!(
+            near(test, turn) && near(parity, turn) && near(odd + even, parity) && near(odd, even),
+            "round {round}: while {test}, turns++ {turn}, if {parity}, odd {odd}, even {even}"
+        );
+        let notes = report["notes"].to_string();
+        assert!(!notes.contains("not counted"), "round {round}: {notes}");
+        counted += turn;
+    }
+    run_ok(Command::new("kill").arg("-TERM").arg(spinner.pid.to_string()));
+    let (out, status) = spinner.finish();
+    assert!(status.success(), "the program's own check failed after detaching: {out}");
+    let turns: u64 = out.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("unexpected: {out}"));
+    assert!(counted < turns, "{counted} turns counted while attached, {turns} in all");
+}
+
 /// The number (1-based) of the first line of `examples/FILE` containing `text`.
 fn line_of(file: &str, text: &str) -> u32 {
     std::fs::read_to_string(examples().join(file))

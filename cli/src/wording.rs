@@ -156,7 +156,7 @@ fn examples(items: &[String]) -> String {
 fn uprobe_reason(reason: UprobeReason) -> &'static str {
     match reason {
         UprobeReason::Metrics => "the in-process engine measures wall and CPU time only",
-        UprobeReason::Lines => "line times, regions and the lines of a running process are seen by uprobes on lines",
+        UprobeReason::Lines => "line times and regions are seen by uprobes on lines",
         UprobeReason::Forks => {
             "the program calls fork, and the in-process engine does not record forked processes (--no-follow-fork lets it)"
         }

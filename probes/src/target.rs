@@ -399,6 +399,12 @@ impl Frozen {
         }
     }
 
+    /// Keeps `signal`, which arrived at `tid` while proftap ran it, for
+    /// delivery when the threads are released.
+    pub fn defer(&mut self, tid: Pid, signal: Signal) {
+        self.pending.push((tid, signal));
+    }
+
     /// The stopped threads.
     pub fn threads(&self) -> Vec<i32> {
         self.stopped.iter().map(|p| p.as_raw()).collect()

@@ -274,12 +274,11 @@ fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -
 }
 
 /// Whether the in-process engine can count the lines asked for, with
-/// counters on edges: in a launched program (an attached one has calls in
-/// progress, which edge counts cannot tell apart), without line times or
-/// regions (they are timed). Functions whose control flow cannot be read
-/// have their lines followed by probes.
+/// counters on edges: without line times or regions (they are timed).
+/// Functions whose control flow cannot be read have their lines followed
+/// by probes.
 fn counts_lines(request: &RecordRequest, chosen: &Chosen) -> bool {
-    matches!(request.target, RecordTarget::Launch { .. }) && request.regions.is_empty() && !request.line_times && chosen.lines.is_some()
+    request.regions.is_empty() && !request.line_times && chosen.lines.is_some()
 }
 
 /// The index of an executable without a symbol: no function, its
@@ -416,7 +415,9 @@ fn choose(
     // programs that never unwind their stack. A counter takes a function's
     // entry only where what is not patched is sampled.
     let counting = counting::Choices {
-        returns_into_stubs: self::exit_mode(ExitsChoice::Auto, &indexes[0], modules) == ExitMode::Uretprobe,
+        // Calls in progress when counting starts return past the stubs.
+        returns_into_stubs: matches!(request.target, RecordTarget::Launch { .. })
+            && self::exit_mode(ExitsChoice::Auto, &indexes[0], modules) == ExitMode::Uretprobe,
         may_take_entries: request.is_hybrid(),
         one_thread: !counts_at_once(modules, cache),
     };

@@ -17,6 +17,7 @@ use crate::sources::inject::{InjectSource, check_unwinders};
 use crate::sources::monotonic_ns;
 use crate::sources::sampler::{SamplerThread, sampling_event};
 use crate::sources::uprobes::UprobeSource;
+use proftap_probes::arcs::FunctionLines;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::{ENTRY_COUNTED, Patched, Recording};
 use proftap_probes::lines::LinePlan;
@@ -72,7 +73,8 @@ pub fn record(
     if measured == 0 && options.sample.is_none() {
         return Err(RecordError::NothingToProbe);
     }
-    let patching = patching(&all[..measured], spec, options)?;
+    let counted = CountedLines::of(options, measured);
+    let patching = patching(&all[..measured], spec, options, &counted)?;
     let enabled = probed_by_uprobes(&all, &patching.injected, options);
     let stacks = options.sample.map(|s| (s.frequency_hz, s.stack_bytes));
     // With the in-process engine CPU time is wall time minus the time off
@@ -107,16 +109,7 @@ pub fn record(
         SamplerThread::spawn(resolver, samples, saver.is_some())
     });
     let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
-    let count_edges: Vec<bool> = match (&options.lines, options.count_lines) {
-        (Some(plan), true) => {
-            let mut with_lines = plan.with_lines();
-            with_lines.resize(measured, false);
-            options.line_probed.iter().for_each(|&i| with_lines[i] = false);
-            with_lines
-        }
-        _ => Vec::new(),
-    };
-    let how = Recording { count_edges: &count_edges, ..options.engine_recording(off_cpu.as_deref()) };
+    let how = Recording { count_edges: &counted.edges, lines: &counted.lines, ..options.engine_recording(off_cpu.as_deref()) };
     let patch = Patch { functions: &all[..measured], injected: &injected, how };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
@@ -191,7 +184,34 @@ pub fn record(
 /// (held still until the driver runs), a launched one when it executes the
 /// program; with automatic instrumentation, the hottest functions after the
 /// warm-up. Uprobes take what it cannot patch.
-fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOptions) -> Result<Patching, RecordError> {
+/// The functions whose lines edge counters count, and their lines.
+struct CountedLines {
+    /// Per measured function, whether its edges are counted.
+    edges: Vec<bool>,
+    /// Per measured function, its lines.
+    lines: Vec<FunctionLines>,
+}
+
+impl CountedLines {
+    fn of(options: &RecordOptions, measured: usize) -> CountedLines {
+        match (&options.lines, options.count_lines) {
+            (Some(plan), true) => {
+                let mut edges = plan.with_lines();
+                edges.resize(measured, false);
+                options.line_probed.iter().for_each(|&i| edges[i] = false);
+                CountedLines { edges, lines: plan.by_function() }
+            }
+            _ => CountedLines { edges: Vec::new(), lines: Vec::new() },
+        }
+    }
+}
+
+fn patching(
+    functions: &[ProbedFunction],
+    spec: &TargetSpec,
+    options: &RecordOptions,
+    counted: &CountedLines,
+) -> Result<Patching, RecordError> {
     let mut notes = options.notes.clone();
     let mut tracing = None;
     // Sampling only, nothing is patched.
@@ -205,7 +225,7 @@ fn patching(functions: &[ProbedFunction], spec: &TargetSpec, options: &RecordOpt
     let off_cpu = options.metrics.contains(&Metric::Cpu).then(proftap_probes::offcpu::obtain).flatten().map(Arc::new);
     let refused = match spec {
         TargetSpec::Attach { pid } if options.auto_instrument.is_none() => {
-            let how = options.engine_recording(off_cpu.as_deref());
+            let how = Recording { count_edges: &counted.edges, lines: &counted.lines, ..options.engine_recording(off_cpu.as_deref()) };
             let engine = Patched::attach_held(*pid, functions, None, how).map_err(|source| RecordError::Inject { pid: *pid, source })?;
             check_unwinders(&engine, functions)?;
             let refused = engine.refused().to_vec();

@@ -7,7 +7,7 @@
 
 use super::patcher::{CodeSource, Refused, Target};
 use super::remote::{Remote, RemoteError, Shared};
-use crate::arcs::{self, Cfg, CodeRange, CounterPlacement, Counts, FunctionCode, Site};
+use crate::arcs::{self, Cfg, CodeRange, CounterPlacement, Counts, Frame, FunctionCode, FunctionLines, Site};
 use crate::plan::ProbedFunction;
 use crate::procfs::LoadedModule;
 use std::collections::HashMap;
@@ -21,6 +21,10 @@ const STUB_ROOM: usize = 192;
 /// Bytes at each function's entry left to the function engine's jump.
 const ENTRY_RESERVED: u64 = 5;
 
+/// The most instructions a thread is stepped to leave a stub or a place
+/// where its line cannot be told, when counting starts or ends.
+const MOST_STEPS: usize = 256;
+
 /// A function whose counters are planned.
 struct Planned {
     function: usize,
@@ -29,6 +33,8 @@ struct Planned {
     cfg: Cfg,
     placement: CounterPlacement,
     sites: Vec<Site>,
+    /// Where a thread's line cannot be told (see [`arcs::unsettled`]).
+    unsettled: Vec<Range<u64>>,
 }
 
 /// What edge counting may do to the code.
@@ -57,8 +63,10 @@ pub struct Plan {
 }
 
 /// The counter plans of the `targets` that `wanted` picks (by index) in
-/// the process whose modules are `modules`, grouped by module.
-pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choices: Choices) -> Plan {
+/// the process whose modules are `modules`, grouped by module; `lines`
+/// (by target, at link-time addresses; empty: unknown) tells where a
+/// thread's line could not be told when counting starts or ends.
+pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choices: Choices, lines: &[FunctionLines]) -> Plan {
     let mut source = CodeSource::new(modules);
     let mut by_module: Vec<(PathBuf, Vec<Planned>)> = Vec::new();
     let mut plan = Plan { modules: Vec::new(), refused: Vec::new(), entries_taken: Vec::new() };
@@ -75,7 +83,10 @@ pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choic
                 plan.entries_taken.push(i);
                 plan_function(cfg, &parts, choices, false)
             });
-            planned.map(|(cfg, placement, sites)| (code.module.clone(), Planned { function: i, bias: code.bias, cfg, placement, sites }))
+            planned.map(|(cfg, placement, sites)| {
+                let unsettled = lines.get(i).map(|own| unsettled(&cfg, own, code.bias)).unwrap_or_default();
+                (code.module.clone(), Planned { function: i, bias: code.bias, cfg, placement, sites, unsettled })
+            })
         });
         match planned {
             Ok((module, p)) => match by_module.iter_mut().find(|(m, _)| *m == module) {
@@ -92,7 +103,22 @@ pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choic
     plan
 }
 
+/// Where in `cfg` (at runtime addresses, `bias` past the link-time ones
+/// of `lines`) a thread's line cannot be told; none when the lines do not
+/// fit the graph (they are refused when counted).
+fn unsettled(cfg: &Cfg, lines: &FunctionLines, bias: u64) -> Vec<Range<u64>> {
+    let mut own = lines.clone();
+    own.rows.iter_mut().for_each(|row| row.0 = row.0.wrapping_add(bias));
+    arcs::unsettled(cfg, &own).unwrap_or_default()
+}
+
 impl Plan {
+    /// Where a thread's line cannot be told, in every planned function:
+    /// threads there are moved on before counting starts.
+    pub fn unsettled(&self) -> Vec<Range<u64>> {
+        self.modules.iter().flatten().flat_map(|p| p.unsettled.iter().cloned()).collect()
+    }
+
     /// Each planned function (its index among the targets), its graph at
     /// runtime addresses, and its runtime address less its link-time one.
     pub fn graphs(&self) -> impl Iterator<Item = (usize, &Cfg, u64)> {
@@ -105,7 +131,7 @@ impl Plan {
 /// counted at their entry.
 pub fn plan_in_files(functions: &[ProbedFunction], wanted: &[bool], choices: Choices) -> Plan {
     let targets: Vec<Target> = functions.iter().map(Target::of).collect();
-    plan(&super::patcher::as_in_files(functions), &targets, wanted, choices)
+    plan(&super::patcher::as_in_files(functions), &targets, wanted, choices, &[])
 }
 
 /// The counters and sites of a function whose graph is `cfg`, built from
@@ -144,6 +170,7 @@ pub struct Counted {
     pub bias: u64,
     cfg: Cfg,
     placement: CounterPlacement,
+    sites: Vec<Site>,
     /// Its first counter's offset in its module's shared memory.
     offset: usize,
     memory: usize,
@@ -171,17 +198,43 @@ pub struct Counting {
     memory: Vec<Shared>,
     applied: Vec<Applied>,
     code: Vec<Range<u64>>,
+    /// Where threads were in the code when counting started and ended.
+    frames: Vec<Frame>,
+    unsettled: Vec<Range<u64>>,
+}
+
+/// Moves every thread of the held process past the places of `plan` where
+/// its line could not be told, before anything is patched; returns where
+/// each thread is then, for [`apply`].
+pub fn settle_threads(remote: &mut Remote, plan: &Plan) -> Result<Vec<u64>, RemoteError> {
+    let unsettled = plan.unsettled();
+    let mut at = Vec::new();
+    for tid in remote.threads() {
+        at.push(remote.step_while(tid, |pc| unsettled.iter().any(|u| u.contains(&pc)), MOST_STEPS)?);
+    }
+    Ok(at)
 }
 
 /// Patches the planned counters into the held process: per module, stubs
 /// near its code and counters within their reach, then threads inside a
-/// window move to their stub, then the jumps. Returns them, and the
-/// functions not counted: the plan's refusals, and those whose code in
-/// memory is not the file's or whose stubs cannot be built.
-pub fn apply(remote: &Remote, plan: Plan) -> Result<(Counting, Refused), RemoteError> {
+/// window move to their stub, then the jumps. `threads_at` is where the
+/// threads were before anything was patched (see [`settle_threads`]).
+/// Returns them, and the functions not counted: the plan's refusals, and
+/// those whose code in memory is not the file's or whose stubs cannot be
+/// built.
+pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64]) -> Result<(Counting, Refused), RemoteError> {
+    let unsettled = plan.unsettled();
     let Plan { modules, mut refused, .. } = plan;
     let refused = &mut refused;
-    let mut counting = Counting { functions: Vec::new(), origins: Vec::new(), memory: Vec::new(), applied: Vec::new(), code: Vec::new() };
+    let mut counting = Counting {
+        functions: Vec::new(),
+        origins: Vec::new(),
+        memory: Vec::new(),
+        applied: Vec::new(),
+        code: Vec::new(),
+        frames: threads_at.iter().map(|&pc| Frame { pc, at_start: true }).collect(),
+        unsettled,
+    };
     let mut moves: HashMap<u64, u64> = HashMap::new();
     let mut jumps: Vec<Applied> = Vec::new();
     for module in modules {
@@ -231,6 +284,7 @@ pub fn apply(remote: &Remote, plan: Plan) -> Result<(Counting, Refused), RemoteE
                         memory: counting.memory.len(),
                         cfg: p.cfg,
                         placement: p.placement,
+                        sites: p.sites,
                     });
                     offset += 8 * addresses.len();
                 }
@@ -297,12 +351,21 @@ impl Counting {
     pub fn counts(&self, counted: &Counted) -> Result<Counts, arcs::Error> {
         let memory = &self.memory[counted.memory];
         let values: Vec<u64> = (0..counted.placement.counted().len()).map(|k| memory.load(counted.offset + 8 * k)).collect();
-        arcs::solve_counters(&counted.cfg, &counted.placement, &values)
+        arcs::solve_with_frames(&counted.cfg, &counted.placement, &counted.sites, &values, &self.frames)
     }
 
-    /// Puts the original bytes back where the jumps still are. A thread in
-    /// a stub goes on to the instruction after its window, as it would have.
-    pub fn restore(&mut self, remote: &Remote) -> Result<(), RemoteError> {
+    /// Puts the original bytes back where the jumps still are. Threads in
+    /// a stub, or where their line could not be told, are stepped on first,
+    /// and where they are is kept for the counts.
+    pub fn restore(&mut self, remote: &mut Remote) -> Result<(), RemoteError> {
+        if self.applied.is_empty() {
+            return Ok(());
+        }
+        let inside = |pc: u64| self.code.iter().chain(&self.unsettled).any(|r| r.contains(&pc));
+        for tid in remote.threads() {
+            let pc = remote.step_while(tid, inside, MOST_STEPS)?;
+            self.frames.push(Frame { pc, at_start: false });
+        }
         for a in self.applied.drain(..) {
             if remote.read(a.at, a.jump.len())? == a.jump {
                 remote.write(a.at, &a.original)?;

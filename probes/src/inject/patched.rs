@@ -41,6 +41,10 @@ pub struct Recording<'a> {
     pub count_edges: &'a [bool],
     /// What edge counting may do to the code.
     pub counting: counting::Choices,
+    /// Per function, its lines (link-time addresses; empty: unknown): where
+    /// a thread's line cannot be told, it is stepped on when counting
+    /// starts or ends.
+    pub lines: &'a [crate::arcs::FunctionLines],
 }
 
 /// Why a function whose entry holds an edge counter is not patched.
@@ -126,7 +130,8 @@ impl Patched {
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
         let (mut groups, mut refused) = patcher::plans(&modules, &targets);
-        let counting_plan = how.count_edges.contains(&true).then(|| counting::plan(&modules, &targets, how.count_edges, how.counting));
+        let counting_plan =
+            how.count_edges.contains(&true).then(|| counting::plan(&modules, &targets, how.count_edges, how.counting, how.lines));
         // Functions whose entry a counter takes are not patched.
         for &taken in counting_plan.iter().flat_map(|p| &p.entries_taken) {
             groups.iter_mut().for_each(|g| g.plans.retain(|(i, _)| *i != taken));
@@ -161,9 +166,14 @@ impl Patched {
             patched.split_refusals(refused, functions.len(), &hook_sites);
             return Ok(patched);
         }
-        let remote = match at_start {
+        let mut remote = match at_start {
             Some(remote) => remote,
             None => Remote::attach(pid)?,
+        };
+        // Where the threads are before anything moves them: frames counting starts in.
+        let threads_at = match &counting_plan {
+            Some(plan) => counting::settle_threads(&mut remote, plan)?,
+            None => Vec::new(),
         };
         let (shared, memory, mut config) = set_up_memory(&remote, geometry, how.off_cpu)?;
         if how.follow_forks {
@@ -201,7 +211,7 @@ impl Patched {
             patched.code.push(code);
         }
         if let Some(plan) = counting_plan {
-            let (counting, uncounted) = counting::apply(&remote, plan)?;
+            let (counting, uncounted) = counting::apply(&remote, plan, &threads_at)?;
             patched.code.extend(counting.code().iter().cloned());
             patched.counting = Some(counting);
             patched.uncounted = uncounted;
@@ -338,10 +348,10 @@ impl Patched {
             self.memory = None;
             return Ok(());
         }
-        let remote = self.hold()?;
+        let mut remote = self.hold()?;
         patcher::restore(&remote, &mut self.applied, |_| true)?;
         if let Some(counting) = &mut self.counting {
-            counting.restore(&remote)?;
+            counting.restore(&mut remote)?;
         }
         let Some(memory) = self.memory.take() else { return Ok(()) };
         remote.write(memory.live, &totals::LIVE_STOPPED.to_ne_bytes())?;

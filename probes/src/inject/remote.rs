@@ -175,6 +175,38 @@ impl Remote {
         ptrace::setregs(Pid::from_raw(tid), regs).map_err(errno(format!("cannot set the registers of thread {tid}")))
     }
 
+    /// Runs stopped thread `tid` an instruction at a time while `keep`
+    /// holds for its next instruction's address, at most `most` times;
+    /// returns where it stops. A system call instruction is not stepped
+    /// over (it could block); signals that arrive meanwhile are delivered
+    /// when the threads are released.
+    pub fn step_while(&mut self, tid: i32, keep: impl Fn(u64) -> bool, most: usize) -> Result<u64, RemoteError> {
+        let thread = Pid::from_raw(tid);
+        for _ in 0..most {
+            let rip = self.regs(tid)?.rip;
+            let system_call = |b: &[u8]| b == [0x0f, 0x05] || b == [0x0f, 0x34] || b == [0xcd, 0x80];
+            if !keep(rip) || self.read(rip, 2).is_ok_and(|b| system_call(&b)) {
+                return Ok(rip);
+            }
+            ptrace::step(thread, None).map_err(errno(format!("cannot step thread {tid}")))?;
+            loop {
+                match wait_traced(thread) {
+                    Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => break,
+                    Ok(WaitStatus::Stopped(_, signal)) => {
+                        self.frozen.defer(thread, signal);
+                        ptrace::step(thread, None).map_err(errno(format!("cannot step thread {tid}")))?;
+                    }
+                    Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+                        return Err(RemoteError::Unsupported(format!("thread {tid} ended while it was stepped")));
+                    }
+                    Ok(_) => continue,
+                    Err(e) => return Err(errno(format!("cannot wait for thread {tid}"))(e)),
+                }
+            }
+        }
+        Ok(self.regs(tid)?.rip)
+    }
+
     fn find_syscall_site(&self, maps: &[Mapping]) -> Result<u64, RemoteError> {
         let vdso = maps
             .iter()
