@@ -63,6 +63,12 @@ fn finding_sentence(finding: &Finding) -> String {
             counted(functions.len() as u64, "function", "functions"),
             examples(functions)
         ),
+        Finding::LinesUndetermined { lines } => format!(
+            "{} show no count: how often a frame entered {} depends on the path it took there through code without a line, which edge counters cannot tell (--line-times follows every line with uprobes): {}",
+            counted(lines.len() as u64, "line", "lines"),
+            if lines.len() == 1 { "it" } else { "them" },
+            examples(lines)
+        ),
         Finding::Throttled { after_ms, functions, budget_percent } => format!(
             "after {after_ms} ms, removed the probes of {}: over the {budget_percent}% overhead budget; sampled from then on",
             with_calls(functions)

@@ -57,6 +57,13 @@ pub enum Finding {
         /// Their names, each with why.
         functions: Vec<String>,
     },
+    /// These lines ("file:line") show no count: how often a frame entered
+    /// them depends on the path it took there (through code without a
+    /// line), which edge counts do not tell.
+    LinesUndetermined {
+        /// The lines.
+        lines: Vec<String>,
+    },
     /// The overhead governor removed functions' probes; they were sampled after.
     Throttled {
         /// When, in milliseconds from the start.

@@ -424,8 +424,7 @@ fn choose(
     let (uncountable, entries_counted) = match &lines {
         Some(lines) => {
             let plan = counting::plan_in_files(&measured, &lines.with_lines(), counting);
-            let mut refused = plan.refused.clone();
-            refused.extend(path_dependent_lines(&plan, lines));
+            let refused = plan.refused.clone();
             // A function refused takes no entry.
             let taken = plan.entries_taken.into_iter().filter(|f| !refused.iter().any(|(r, _)| r == f)).collect();
             (refused, taken)
@@ -437,23 +436,6 @@ fn choose(
     let cancels_unhooked = main.imports.iter().any(|i| i == "pthread_cancel")
         && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
     Ok(Chosen { functions, build_id: main.build_id.clone(), exit_mode, lines, uncountable, counting, entries_counted, cancels_unhooked })
-}
-
-/// The counted functions of `plan` with a line whose entries depend on the
-/// path taken to it, which edge counts cannot tell: their lines need probes.
-fn path_dependent_lines(plan: &counting::Plan, lines: &LinePlan) -> Vec<(usize, String)> {
-    let by_function = lines.by_function();
-    plan.graphs()
-        .filter_map(|(function, cfg, bias)| {
-            let mut own = by_function.get(function).cloned().unwrap_or_default();
-            own.rows.iter_mut().for_each(|row| row.0 = row.0.wrapping_add(bias));
-            match proftap_probes::arcs::lines::path_dependent(cfg, &own) {
-                Ok(None) => None,
-                Ok(Some(at)) => Some((function, format!("how often the line at {at:#x} is entered depends on the path taken to it"))),
-                Err(e) => Some((function, e.to_string())),
-            }
-        })
-        .collect()
 }
 
 /// Whether two threads, or two processes sharing the counters, may count

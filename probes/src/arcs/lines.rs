@@ -51,12 +51,27 @@ pub fn line_branches(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Vec<(
         .collect()
 }
 
+/// The lines of a function as its counts tell them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LineEntries {
+    /// `(line id, times entered)`, a line once, in line order; lines that
+    /// never ran are left out.
+    pub entered: Vec<(u32, u64)>,
+    /// Lines whose entries depend on the path taken to them, which edge
+    /// counts do not tell (see [`line_entries`]): `(line id, the row's
+    /// address)`, left out of `entered`.
+    pub undetermined: Vec<(u32, u64)>,
+}
+
 /// The times each line of `lines` was entered, given the function's
-/// `counts` over `cfg`: `(line id, count)`, a line once. Rows on code the
-/// graph does not reach never ran. Fails when a row is inside an
-/// instruction, or when a line's entries depend on the path taken to it.
-pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result<Vec<(u32, u64)>, Error> {
+/// `counts` over `cfg`. Rows on code the graph does not reach never ran.
+/// A line entered along an edge from a block without rows that some paths
+/// leave on that line and others on another is undetermined: how often
+/// the frame arrived on it, no edge count says. Fails when a row is inside
+/// an instruction.
+pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result<LineEntries, Error> {
     let mut entered: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut undetermined: Vec<(u32, u64)> = Vec::new();
     let mut add = |line: u32, n: u64| {
         if n > 0 {
             let total = entered.entry(line).or_default();
@@ -92,7 +107,7 @@ pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result
                 (false, _) => add(first_line, n),
                 (true, 1) => {}
                 (true, _) if n == 0 => {}
-                (true, _) => return Err(Error::PathDependentLine { address: block_rows[0].1 }),
+                (true, _) => undetermined.push((first_line, block_rows[0].1)),
             }
         }
         let mut on = first_line;
@@ -105,13 +120,17 @@ pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result
     }
     for placed in &counts.frames {
         let sign: i128 = if placed.frame.at_start { 1 } else { -1 };
-        for (line, address) in entered_after(cfg, &rows, &arriving, placed.block, placed.frame.pc)? {
+        let (changes, unknown) = entered_after(cfg, &rows, &arriving, placed.block, placed.frame.pc);
+        undetermined.extend(unknown);
+        for (line, address) in changes {
             let total = entered.entry(line).or_default();
             *total = u64::try_from(i128::from(*total) + sign).map_err(|_| Error::LineBelowZero { address })?;
         }
     }
-    entered.retain(|_, n| *n > 0);
-    Ok(entered.into_iter().collect())
+    undetermined.sort_unstable();
+    undetermined.dedup_by_key(|(line, _)| *line);
+    entered.retain(|line, n| *n > 0 && undetermined.binary_search_by_key(line, |(l, _)| *l).is_err());
+    Ok(LineEntries { entered: entered.into_iter().collect(), undetermined })
 }
 
 /// Where a frame's line cannot be told from the counts: from the start of
@@ -150,11 +169,13 @@ fn arrived_lines(cfg: &Cfg, arriving: &Arriving, block: usize) -> BTreeSet<u32> 
 
 /// The lines a frame at `pc` in `block` enters as it runs the rest of the
 /// block (with the row that enters each): every line of the rows at `pc`
-/// and after that differs from the one before.
-fn entered_after(cfg: &Cfg, rows: &BlockRows<'_>, arriving: &Arriving, block: usize, pc: u64) -> Result<Vec<(u32, u64)>, Error> {
+/// and after that differs from the one before. The first is undetermined
+/// (returned apart) when the frame may have arrived on it or on another.
+fn entered_after(cfg: &Cfg, rows: &BlockRows<'_>, arriving: &Arriving, block: usize, pc: u64) -> (Vec<LineAt>, Option<LineAt>) {
     let block_rows = &rows[block];
     let ahead = block_rows.partition_point(|(_, address)| *address < pc);
-    let Some((first_ahead, address)) = block_rows.get(ahead) else { return Ok(Vec::new()) };
+    let Some((first_ahead, address)) = block_rows.get(ahead) else { return (Vec::new(), None) };
+    let mut unknown = None;
     let on = match ahead.checked_sub(1) {
         Some(before) => block_rows[before].0.last().copied(),
         None => {
@@ -163,7 +184,10 @@ fn entered_after(cfg: &Cfg, rows: &BlockRows<'_>, arriving: &Arriving, block: us
             match (arrived.len(), arrived.contains(&first_ahead[0])) {
                 (1, _) => arrived.first().copied(),
                 (_, false) => None,
-                (_, true) => return Err(Error::PathDependentLine { address: *address }),
+                (_, true) => {
+                    unknown = Some((first_ahead[0], *address));
+                    None
+                }
             }
         }
     };
@@ -177,33 +201,11 @@ fn entered_after(cfg: &Cfg, rows: &BlockRows<'_>, arriving: &Arriving, block: us
             }
         }
     }
-    Ok(changes)
+    (changes, unknown)
 }
 
-/// Where a line's entries would depend on the path taken to it (the
-/// first row of the block, see [`line_entries`]) whatever the counts, if
-/// anywhere: such a function's lines need probes.
-pub fn path_dependent(cfg: &Cfg, lines: &FunctionLines) -> Result<Option<u64>, Error> {
-    let mut at_entry = lines.entry_line;
-    for &also in &lines.entry_also {
-        at_entry = also;
-    }
-    let rows = rows_by_block(cfg, &lines.rows)?;
-    let arriving = arriving_lines(cfg, &rows, at_entry);
-    for (block, block_rows) in rows.iter().enumerate() {
-        let Some((first, address)) = block_rows.first() else { continue };
-        for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block)) {
-            let from = match edge.from {
-                Node::Block(b) => &arriving.leaving[b],
-                _ => &arriving.entry,
-            };
-            if from.contains(&first[0]) && from.len() > 1 {
-                return Ok(Some(*address));
-            }
-        }
-    }
-    Ok(None)
-}
+/// A line id and the address of the row that enters it.
+type LineAt = (u32, u64);
 
 /// Per block, its rows in address order: the lines each enters, and its address.
 type BlockRows<'a> = Vec<Vec<(&'a [u32], u64)>>;
@@ -291,7 +293,7 @@ mod tests {
             rows: vec![(0x1002, vec![1]), (0x1004, vec![2]), (0x1009, vec![3])],
             located: Vec::new(),
         };
-        let got = line_entries(&cfg, &counts(&cfg), &lines).unwrap();
+        let got = line_entries(&cfg, &counts(&cfg), &lines).unwrap().entered;
         assert_eq!(got, [(1, 10), (2, 7), (3, 10), (9, 10)]);
     }
 
@@ -315,10 +317,10 @@ mod tests {
         // The mov has no row: the ret is reached on line 1 either way, and
         // entered from it each time.
         let lines = FunctionLines { entry_line: 1, rows: vec![(0x1009, vec![3])], ..FunctionLines::default() };
-        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap(), [(3, 10)]);
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap().entered, [(3, 10)]);
         // The same line as the entry's: never entered from another.
         let lines = FunctionLines { entry_line: 3, rows: vec![(0x1009, vec![3])], ..FunctionLines::default() };
-        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap(), []);
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap().entered, []);
     }
 
     #[test]
@@ -328,10 +330,10 @@ mod tests {
         // from line 1 when it jumps (3): the edge into the ret says 10.
         let lines = FunctionLines { entry_line: 1, rows: vec![(0x1004, vec![2]), (0x1009, vec![2])], ..FunctionLines::default() };
         // Both edges are known apart: 3 entries from line 1, none from 2.
-        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap(), [(2, 10)]);
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap().entered, [(2, 10)]);
         // A row mid-instruction is refused.
         let lines = FunctionLines { entry_line: 1, rows: vec![(0x1005, vec![2])], ..FunctionLines::default() };
-        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines), Err(Error::RowInsideInstruction { address: 0x1005 }));
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).map(|e| e.entered), Err(Error::RowInsideInstruction { address: 0x1005 }));
     }
 
     /// Two ifs in a row: the second's block has no row, so the `ret` after
@@ -360,16 +362,17 @@ mod tests {
             rows: vec![(0x1002, vec![1]), (0x1004, vec![2]), (0x100d, vec![2])],
             ..FunctionLines::default()
         };
-        assert_eq!(line_entries(&cfg, &counts, &lines), Err(Error::PathDependentLine { address: 0x100d }));
-        assert_eq!(path_dependent(&cfg, &lines), Ok(Some(0x100d)));
+        // Line 2 is left out, the others counted.
+        let entries = line_entries(&cfg, &counts, &lines).unwrap();
+        assert_eq!((entries.entered, entries.undetermined), (vec![(1, 10)], vec![(2, 0x100d)]));
         // On a third line, every arrival enters it.
         let lines = FunctionLines {
             entry_line: 0,
             rows: vec![(0x1002, vec![1]), (0x1004, vec![2]), (0x100d, vec![3])],
             ..FunctionLines::default()
         };
-        assert_eq!(line_entries(&cfg, &counts, &lines).unwrap(), [(1, 10), (2, 7), (3, 10)]);
-        assert_eq!(path_dependent(&cfg, &lines), Ok(None));
+        let entries = line_entries(&cfg, &counts, &lines).unwrap();
+        assert_eq!((entries.entered, entries.undetermined), (vec![(1, 10), (2, 7), (3, 10)], vec![]));
     }
 
     #[test]
@@ -378,6 +381,6 @@ mod tests {
         let lines = FunctionLines { entry_line: 4, entry_also: vec![5, 6], rows: vec![(0x1009, vec![6])], ..FunctionLines::default() };
         // 5 and 6 at each call; the ret is on 6 already when it arrives
         // from the jne (3), and from 6 through the mov (no row) as well.
-        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap(), [(5, 10), (6, 10)]);
+        assert_eq!(line_entries(&cfg, &counts(&cfg), &lines).unwrap().entered, [(5, 10), (6, 10)]);
     }
 }

@@ -45,7 +45,7 @@ pub mod tables;
 pub use cfg::{Block, Cfg, CodeRange, Edge, EdgeKind, Node};
 pub use counters::{Cost, CounterPlacement, Quantity, place_counters, quantities, solve_counters};
 pub use flight::{Frame, solve_with_frames};
-pub use lines::{FunctionLines, line_branches, line_entries, unsettled};
+pub use lines::{FunctionLines, LineEntries, line_branches, line_entries, unsettled};
 pub use placement::{Placement, default_costs, place};
 pub use sites::{FunctionCode, Place, Site, SiteCounter, counter_costs, plan_sites};
 pub use solve::{BranchCount, Counts, solve};
@@ -151,13 +151,6 @@ pub enum Error {
     #[error("a line starts at {address:#x}, inside an instruction")]
     RowInsideInstruction {
         /// The row's address.
-        address: u64,
-    },
-    /// How often a frame enters a line from another depends on the path it
-    /// took there, which edge counts do not tell.
-    #[error("how often the line at {address:#x} is entered depends on the path taken to it")]
-    PathDependentLine {
-        /// The line's first row in its block.
         address: u64,
     },
     /// A thread was in the function's code at an address inside an

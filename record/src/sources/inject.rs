@@ -123,6 +123,9 @@ impl InjectSource {
             if !counted.not_counted.is_empty() {
                 notes.push(Finding::LinesNotCounted { functions: counted.not_counted }.into());
             }
+            if !counted.undetermined.is_empty() {
+                notes.push(Finding::LinesUndetermined { lines: counted.undetermined }.into());
+            }
             line_branches = counted.branches;
             counted.entries
         });
@@ -175,12 +178,15 @@ struct CountedLines {
     branches: Vec<Vec<BranchRecord>>,
     /// The functions not counted ("name: why").
     not_counted: Vec<String>,
+    /// The lines whose entries the counts do not tell ("file:line").
+    undetermined: Vec<String>,
 }
 
 /// The lines of `plan` as the edge counters of `patched` counted them.
 fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction]) -> CountedLines {
     let mut counts = vec![Some(0u64); plan.lines.len()];
     let mut branches: Vec<Vec<BranchRecord>> = vec![Vec::new(); plan.lines.len()];
+    let mut undetermined: Vec<u32> = Vec::new();
     let name = |i: usize| functions.get(i).map_or_else(|| format!("function {i}"), |f| f.info.name.clone());
     let mut not_counted: Vec<(usize, String)> = patched.uncounted().to_vec();
     let by_function = plan.by_function();
@@ -199,8 +205,14 @@ fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction])
                 Ok((entered, arcs::line_branches(counted.cfg(), &c, &lines)))
             });
             match counted_lines {
-                Ok((entered, jumps)) => {
-                    for (line, n) in entered {
+                Ok((entries, jumps)) => {
+                    for &(line, _) in &entries.undetermined {
+                        if let Some(count) = counts.get_mut(line as usize) {
+                            *count = None;
+                        }
+                        undetermined.push(line);
+                    }
+                    for (line, n) in entries.entered {
                         if let Some(Some(total)) = counts.get_mut(line as usize) {
                             *total = total.saturating_add(n);
                         }
@@ -223,7 +235,11 @@ fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction])
         }
     }
     let not_counted = not_counted.into_iter().map(|(i, why)| format!("{}: {why}", name(i))).collect();
-    CountedLines { entries: counts, branches, not_counted }
+    undetermined.sort_unstable();
+    undetermined.dedup();
+    let undetermined =
+        undetermined.iter().filter_map(|&l| plan.lines.get(l as usize)).map(|(file, line)| format!("{file}:{line}")).collect();
+    CountedLines { entries: counts, branches, not_counted, undetermined }
 }
 
 /// The calls `trace` read from process `pid`, with CLOCK_MONOTONIC times, within `bytes`.
