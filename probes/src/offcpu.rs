@@ -23,7 +23,18 @@ pub struct OffCpu {
     view: std::sync::OnceLock<Option<View>>,
     /// The program and its tracepoint's events, one per CPU, when loaded
     /// here: the program runs while they are open.
-    _loaded: Option<(OwnedFd, Vec<OwnedFd>)>,
+    loaded: Option<(OwnedFd, Vec<OwnedFd>)>,
+}
+
+impl Drop for OffCpu {
+    fn drop(&mut self) {
+        // Each tracepoint event waits for a grace period as it closes: in
+        // parallel, then the program.
+        if let Some((program, events)) = self.loaded.take() {
+            crate::perf::close_in_parallel(events.into_iter().map(|e| Box::new(e) as Box<dyn Send>).collect());
+            drop(program);
+        }
+    }
 }
 
 const BPF_MAP_CREATE: i32 = 0;
@@ -133,12 +144,12 @@ impl OffCpu {
         attr[2] = license.as_ptr() as u64;
         let program = bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| context("cannot load the off-CPU time program", e))?;
         let events = attach(tracepoint, &program)?;
-        Ok(OffCpu { map, entries, view: std::sync::OnceLock::new(), _loaded: Some((program, events)) })
+        Ok(OffCpu { map, entries, view: std::sync::OnceLock::new(), loaded: Some((program, events)) })
     }
 
     /// The array another process loaded (and keeps running), covering `entries` thread ids.
     pub fn lent(map: OwnedFd, entries: u64) -> OffCpu {
-        OffCpu { map, entries: entries.min(1 << 22), view: std::sync::OnceLock::new(), _loaded: None }
+        OffCpu { map, entries: entries.min(1 << 22), view: std::sync::OnceLock::new(), loaded: None }
     }
 
     /// The array, to map read-only (`MAP_SHARED`, [`OffCpu::bytes`] long).

@@ -328,8 +328,9 @@ impl DefinedGroup for UprobeGroup {
 
 impl Drop for UprobeGroup {
     fn drop(&mut self) {
-        // The kernel refuses to remove a uprobe an event still uses.
-        self.keepers.clear();
+        // The kernel refuses to remove a uprobe an event still uses; each
+        // unregisters its uprobe as it closes, after a grace period.
+        crate::perf::close_in_parallel(std::mem::take(&mut self.keepers).into_iter().map(|k| Box::new(k) as Box<dyn Send>).collect());
         // Removing an event removes every probe defined under it.
         for event in &self.events {
             let _ = self.tracefs.write_events(&format!("-:{}/{event}\n", self.group));

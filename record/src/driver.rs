@@ -13,6 +13,7 @@ use crate::observer::{Observer, RecordEvent};
 use crate::options::RecordOptions;
 use crate::queue::{EventQueue, ORDERING_MARGIN_NS};
 use crate::saved::Saver;
+use crate::sources::Closing;
 use crate::sources::inject::{InjectSource, check_unwinders};
 use crate::sources::monotonic_ns;
 use crate::sources::sampler::SamplerThread;
@@ -214,6 +215,8 @@ pub(crate) struct Finished {
     pub consumer: Consumer,
     pub ending: Ending,
     pub ended: Option<Ended>,
+    /// The uprobes and kernel events of the recording, closing.
+    pub closing: Closing,
 }
 
 impl<'a> Driver<'a> {
@@ -504,7 +507,9 @@ impl<'a> Driver<'a> {
         let inject =
             self.inject.take().map(|source| source.finish(ended_monotonic_ns, options.metrics.len(), compensation, counted_lines, &names));
         let uprobes = self.uprobes.finish();
-        drop(uprobes.withdrawn);
+        // The engine has read the off-CPU times: the last user of the array.
+        let off_cpu = self.off_cpu.take().map(|o| Box::new(o) as Box<dyn Send>);
+        let closing = Closing::start(std::iter::once(Box::new(uprobes.withdrawn) as Box<dyn Send>).chain(off_cpu).collect());
         drop(self.child);
         let engine = inject.transpose()?;
         let (engine_threads, engine_calls, engine_trace, line_counts, line_branches) = match engine {
@@ -539,7 +544,7 @@ impl<'a> Driver<'a> {
             line_counts,
             line_branches,
         };
-        Ok(Finished { consumer: self.consumer, ending, ended: self.ended })
+        Ok(Finished { consumer: self.consumer, ending, ended: self.ended, closing })
     }
 }
 

@@ -161,4 +161,8 @@ pub struct Recorded {
     pub profile: Profile,
     /// How a launched program ended (None for attach while it runs on).
     pub ended: Option<Ended>,
+    /// The recording's uprobes and kernel events, still closing (each after
+    /// a grace period): kept while the profile is written, dropped (which
+    /// waits until they are closed and the uprobes removed) after.
+    pub closing: crate::sources::Closing,
 }

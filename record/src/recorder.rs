@@ -177,7 +177,7 @@ pub fn record(
     {
         options.observer.event(RecordEvent::Warning(Warning::EventsNotSaved { reason: e.to_string() }));
     }
-    Ok(Recorded { profile, ended: finished.ended })
+    Ok(Recorded { profile, ended: finished.ended, closing: finished.closing })
 }
 
 /// Decides what the in-process engine patches: a running process now

@@ -166,7 +166,9 @@ impl UprobeSource {
     pub fn finish(mut self) -> UprobesEnding {
         let lost_samples = self.events.lost_samples();
         let malformed = self.reader.as_ref().map_or(0, |r| r.malformed);
-        drop(self.reader.take());
+        let mut closing = self.reader.take().map(RingReader::into_open).unwrap_or_default();
+        closing.extend(self.events.take_open());
+        proftap_probes::perf::close_in_parallel(closing);
         self.unregistering.push(self.events.withdraw());
         UprobesEnding { lost_samples, malformed, withdrawn: Withdrawn { _sets: std::mem::take(&mut self.unregistering) } }
     }

@@ -220,6 +220,15 @@ impl PerfEvents {
         Retired { probes: std::mem::take(&mut self.probes), group: self.group.take() }.withdraw()
     }
 
+    /// Its counters, sideband events and rings, to close; the probe events
+    /// stay, for [`PerfEvents::withdraw`].
+    pub fn take_open(&mut self) -> Vec<Box<dyn Send>> {
+        let counters = std::mem::take(&mut self.counters).into_iter().map(|c| Box::new(c) as Box<dyn Send>);
+        let sidebands = std::mem::take(&mut self.sidebands).into_iter().map(|c| Box::new(c) as Box<dyn Send>);
+        let buffers = self.buffers.iter_mut().filter_map(Option::take).map(|b| Box::new(b) as Box<dyn Send>);
+        counters.chain(sidebands).chain(buffers).collect()
+    }
+
     /// Stops every probe.
     pub fn disable(&self) {
         for event in self.probes.iter().chain(&self.counters) {

@@ -60,6 +60,11 @@ pub struct RingReader {
 }
 
 impl RingReader {
+    /// Its rings, to close.
+    pub fn into_open(self) -> Vec<Box<dyn Send>> {
+        self.buffers.into_iter().map(|b| Box::new(b) as Box<dyn Send>).collect()
+    }
+
     /// A reader over `buffers` (one per CPU); each sample carries `counters`
     /// counter values after wall time.
     pub fn new(buffers: Vec<RingBuffer>, counters: usize) -> Self {
