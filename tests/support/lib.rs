@@ -359,7 +359,8 @@ impl Waiter {
         Waiter::start_command(command)
     }
 
-    fn start_command(mut command: Command) -> Self {
+    /// Started as `command` says.
+    pub fn start_command(mut command: Command) -> Self {
         use std::io::BufRead;
         let mut child = command.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
         let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
