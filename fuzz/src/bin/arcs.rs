@@ -3,15 +3,17 @@
 //! sites, stubs, counts from hostile counter values and line counts from
 //! them, as `run --lines` does with every function of a program it is
 //! given (the binary, and the counters in the target's memory, are the
-//! user's to write).
+//! user's to write); and the same counts with threads found anywhere in the
+//! code when counting started or ended (`attach --lines`: where the
+//! target's threads stand is the target's to choose).
 //!
 //! The input: a byte of choices, the code's length (2 bytes, little
 //! endian), the code (at 0x1000), then the data (at 0x2000), whose first
 //! bytes also give the counters' values.
 
 use proftap_probes::arcs::{
-    Cfg, CodeRange, Data, FunctionCode, FunctionLines, counter_costs, line_branches, line_entries, place_counters, plan_sites,
-    solve_counters, stub,
+    Cfg, CodeRange, Data, Frame, FunctionCode, FunctionLines, counter_costs, line_branches, line_entries, place_counters, plan_sites,
+    solve_counters, solve_with_frames, stub, unsettled,
 };
 
 proftap_fuzz::target!(run);
@@ -41,12 +43,11 @@ fn run(input: &[u8]) {
         function.reserve(CODE..CODE + 5);
     }
     let placement = place_counters(&cfg, &counter_costs(&cfg, &function));
-    if let Ok(sites) = plan_sites(&cfg, &function, &placement) {
-        let counters: Vec<u64> = (0..placement.counted().len() as u64).map(|i| 0x20_0000 + 8 * i).collect();
-        for site in &sites {
-            let _ = site.jump_to(0x10_0000);
-            let _ = stub(site, 0x10_0000, &counters);
-        }
+    let sites = plan_sites(&cfg, &function, &placement).unwrap_or_default();
+    let counters: Vec<u64> = (0..placement.counted().len() as u64).map(|i| 0x20_0000 + 8 * i).collect();
+    for site in &sites {
+        let _ = site.jump_to(0x10_0000);
+        let _ = stub(site, 0x10_0000, &counters);
     }
     let values: Vec<u64> = placement
         .counted()
@@ -67,4 +68,14 @@ fn run(input: &[u8]) {
     let lines = FunctionLines { entry_line: line(0), entry_also: vec![line(1)], decl_line: Some(9), rows, located };
     let _ = line_entries(&cfg, &counts, &lines);
     let _ = line_branches(&cfg, &counts, &lines);
+    let _ = unsettled(&cfg, &lines);
+    // Threads at addresses from the data, inside the code or not, inside instructions or not.
+    let frames: Vec<Frame> = data
+        .chunks_exact(3)
+        .take(8)
+        .map(|c| Frame { pc: CODE.wrapping_add(u64::from(u16::from_le_bytes([c[0], c[1]]))) % (CODE + 0x1000), at_start: c[2] & 1 == 0 })
+        .collect();
+    if let Ok(counts) = solve_with_frames(&cfg, &placement, &sites, &values, &frames) {
+        let _ = line_entries(&cfg, &counts, &lines);
+    }
 }
