@@ -338,25 +338,25 @@ fn lcov_and_gcov_json_are_read_by_genhtml_and_gcovr() {
     run_ok(Command::new("genhtml").arg("-q").arg("-o").arg(dir.path().join("html")).arg(&info));
     assert!(dir.path().join("html/index.html").exists());
 
-    let json_dir = dir.path().join("json");
-    std::fs::create_dir(&json_dir).unwrap();
-    run_ok(proftap().arg("export").arg(&profile).args(["--format", "gcov-json", "-o"]).arg(json_dir.join("coverage.c.gcov.json.gz")));
-    let out = run_ok(
-        Command::new("gcovr")
-            .arg("--gcov-use-existing-files")
-            .arg("-r")
-            .arg(examples())
-            .arg(&json_dir)
-            .arg("--json")
-            .current_dir(&json_dir),
-    );
-    let json: Value = serde_json::from_str(&out).unwrap();
-    let file = &json["files"][0];
-    assert!(file["file"].as_str().unwrap().ends_with("coverage.c"));
+    let file = gcovr_file(&profile, dir.path(), "coverage.c");
     for line in file["lines"].as_array().unwrap() {
         let n = line["line_number"].as_u64().unwrap() as u32;
         assert_eq!(Some(line["count"].as_u64().unwrap()), ours[&n], "gcovr line {n}");
     }
+}
+
+/// What gcovr reads of `source` in the gcov JSON export of `profile`
+/// (written under `dir`).
+fn gcovr_file(profile: &Path, dir: &Path, source: &str) -> Value {
+    let json_dir = dir.join("json");
+    std::fs::create_dir(&json_dir).unwrap();
+    run_ok(proftap().arg("export").arg(profile).args(["--format", "gcov-json", "-o"]).arg(json_dir.join(format!("{source}.gcov.json.gz"))));
+    let mut gcovr = Command::new("gcovr");
+    gcovr.arg("--gcov-use-existing-files").arg("-r").arg(examples()).arg(&json_dir).arg("--json").current_dir(&json_dir);
+    let json: Value = serde_json::from_str(&run_ok(&mut gcovr)).unwrap();
+    let files = json["files"].as_array().unwrap();
+    let file = files.iter().find(|f| f["file"].as_str().is_some_and(|f| f.ends_with(source)));
+    file.unwrap_or_else(|| panic!("gcovr read no {source}: {json}")).clone()
 }
 
 /// Per source line of `binary`, its conditional jumps that jumped, in
@@ -469,26 +469,7 @@ fn branch_counts_equal_callgrinds_jumps() {
         let listing = std::fs::read_to_string(listing.unwrap().path()).unwrap();
         assert!(listing.contains("Branch"), "genhtml's page of {source} shows no branch");
 
-        let json_dir = dir.path().join("json");
-        std::fs::create_dir(&json_dir).unwrap();
-        run_ok(
-            proftap()
-                .arg("export")
-                .arg(&profile)
-                .args(["--format", "gcov-json", "-o"])
-                .arg(json_dir.join(format!("{source}.gcov.json.gz"))),
-        );
-        let out = run_ok(
-            Command::new("gcovr")
-                .arg("--gcov-use-existing-files")
-                .arg("-r")
-                .arg(examples())
-                .arg(&json_dir)
-                .arg("--json")
-                .current_dir(&json_dir),
-        );
-        let json: Value = serde_json::from_str(&out).unwrap();
-        let file = json["files"].as_array().unwrap().iter().find(|f| f["file"].as_str().unwrap().ends_with(source)).unwrap();
+        let file = gcovr_file(&profile, dir.path(), source);
         for line in file["lines"].as_array().unwrap() {
             let n = line["line_number"].as_u64().unwrap() as u32;
             let counts: Vec<u64> = line["branches"].as_array().unwrap().iter().map(|b| b["count"].as_u64().unwrap()).collect();
