@@ -36,6 +36,18 @@ pub struct FunctionLines {
     pub located: Vec<(u64, u32)>,
 }
 
+impl FunctionLines {
+    /// The same lines with every address `bias` further on: at runtime
+    /// addresses, for a graph read from a module loaded `bias` past its
+    /// link-time addresses.
+    pub fn moved_by(&self, bias: u64) -> FunctionLines {
+        let mut moved = self.clone();
+        moved.rows.iter_mut().for_each(|row| row.0 = row.0.wrapping_add(bias));
+        moved.located.iter_mut().for_each(|row| row.0 = row.0.wrapping_add(bias));
+        moved
+    }
+}
+
 /// Each conditional jump of `counts` with the line its instruction is on
 /// (in `lines.located`), in address order; jumps on no chosen line are left
 /// out.

@@ -107,9 +107,7 @@ pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choic
 /// of `lines`) a thread's line cannot be told; none when the lines do not
 /// fit the graph (they are refused when counted).
 fn unsettled(cfg: &Cfg, lines: &FunctionLines, bias: u64) -> Vec<Range<u64>> {
-    let mut own = lines.clone();
-    own.rows.iter_mut().for_each(|row| row.0 = row.0.wrapping_add(bias));
-    arcs::unsettled(cfg, &own).unwrap_or_default()
+    arcs::unsettled(cfg, &lines.moved_by(bias)).unwrap_or_default()
 }
 
 impl Plan {

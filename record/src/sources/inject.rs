@@ -193,13 +193,7 @@ fn line_counts(patched: &Patched, plan: &LinePlan, functions: &[ProbedFunction])
     let lines_of = |f: usize| by_function.get(f).cloned().unwrap_or_default();
     if let Some(counting) = patched.counting() {
         for counted in counting.functions() {
-            let mut lines = lines_of(counted.function);
-            for row in &mut lines.rows {
-                row.0 = row.0.wrapping_add(counted.bias);
-            }
-            for row in &mut lines.located {
-                row.0 = row.0.wrapping_add(counted.bias);
-            }
+            let lines = lines_of(counted.function).moved_by(counted.bias);
             let counted_lines = counting.counts(counted).and_then(|c| {
                 let entered = arcs::line_entries(counted.cfg(), &c, &lines)?;
                 Ok((entered, arcs::line_branches(counted.cfg(), &c, &lines)))
