@@ -231,9 +231,15 @@ impl Ended {
 }
 
 /// How children ended whose end a wait for a ptrace stop took (the
-/// launched command can exit while its threads are being stopped), kept
-/// for `try_reap`.
+/// launched command can exit while its threads are being stopped, by any
+/// thread of proftap), kept for `try_reap`; told when one is kept.
 static ENDED_WHILE_TRACED: std::sync::Mutex<Vec<(i32, Ended)>> = std::sync::Mutex::new(Vec::new());
+static ENDED_KEPT: std::sync::Condvar = std::sync::Condvar::new();
+
+/// How long `try_reap` waits, when its child was reaped by a wait for a
+/// ptrace stop on another thread, for that wait to keep the status: it
+/// does so right after, so this is a bound, not a delay.
+const KEEPING: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn ended_of(status: &WaitStatus) -> Option<(i32, Ended)> {
     match *status {
@@ -250,20 +256,33 @@ pub(crate) fn wait_traced(tid: Pid) -> nix::Result<WaitStatus> {
     let status = waitpid(tid, Some(WaitPidFlag::__WALL))?;
     if let Some(ended) = ended_of(&status) {
         ENDED_WHILE_TRACED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(ended);
+        ENDED_KEPT.notify_all();
     }
     Ok(status)
 }
 
+/// Takes the status `wait_traced` kept for `pid`, waiting up to `most` for
+/// it to be kept.
+fn kept_end(pid: i32, most: std::time::Duration) -> Option<Ended> {
+    let ended = ENDED_WHILE_TRACED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (mut ended, _) = ENDED_KEPT
+        .wait_timeout_while(ended, most, |ended| !ended.iter().any(|(p, _)| *p == pid))
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let at = ended.iter().position(|(p, _)| *p == pid)?;
+    Some(ended.swap_remove(at).1)
+}
+
 /// Reaps a child if it has ended.
 pub fn try_reap(pid: i32) -> Result<Option<Ended>, TargetError> {
-    {
-        let mut ended = ENDED_WHILE_TRACED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(at) = ended.iter().position(|(p, _)| *p == pid) {
-            return Ok(Some(ended.swap_remove(at).1));
-        }
+    if let Some(ended) = kept_end(pid, std::time::Duration::ZERO) {
+        return Ok(Some(ended));
     }
-    let status = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).map_err(system("cannot wait for the command"))?;
-    Ok(ended_of(&status).map(|(_, ended)| ended))
+    match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+        Ok(status) => Ok(ended_of(&status).map(|(_, ended)| ended)),
+        // Reaped meanwhile by a wait for a ptrace stop, which keeps its status.
+        Err(Errno::ECHILD) => kept_end(pid, KEEPING).map(Some).ok_or_else(|| system("cannot wait for the command")(Errno::ECHILD)),
+        Err(e) => Err(system("cannot wait for the command")(e)),
+    }
 }
 
 /// A file descriptor that becomes readable when a process ends (any
@@ -444,5 +463,24 @@ mod tests {
         let status = wait_traced(Pid::from_raw(pid)).expect("the child can be waited for");
         assert_eq!(status, WaitStatus::Exited(Pid::from_raw(pid), 3));
         assert_eq!(try_reap(pid).expect("no error"), Some(Ended::Exited(3)));
+    }
+
+    #[test]
+    #[allow(clippy::zombie_processes)]
+    fn an_end_taken_by_another_thread_is_reaped_whenever_it_is_asked_for() {
+        for _ in 0..20 {
+            let child = std::process::Command::new("sh").args(["-c", "exit 5"]).spawn().expect("sh runs");
+            let pid = child.id() as i32;
+            let waiter = std::thread::spawn(move || wait_traced(Pid::from_raw(pid)));
+            // Asked while, before or after the other thread reaps it: the end, never an error.
+            let ended = loop {
+                if let Some(ended) = try_reap(pid).expect("no error") {
+                    break ended;
+                }
+                std::thread::yield_now();
+            };
+            assert_eq!(ended, Ended::Exited(5));
+            let _ = waiter.join();
+        }
     }
 }
