@@ -338,7 +338,7 @@ pub fn command_line(pid: i32) -> Vec<String> {
 pub struct Frozen {
     stopped: Vec<Pid>,
     /// Signals that arrived while stopping, delivered on release.
-    pending: Vec<(Pid, Signal)>,
+    pending: std::sync::Mutex<Vec<(Pid, Signal)>>,
 }
 
 /// Why tracing `pid` was refused, and what allows it: root, or a process
@@ -359,7 +359,7 @@ fn ptrace_refused(pid: i32) -> String {
 impl Frozen {
     /// Stops every thread of `pid`, including threads created while stopping.
     pub fn freeze(pid: i32) -> Result<Frozen, TargetError> {
-        let mut frozen = Frozen { stopped: Vec::new(), pending: Vec::new() };
+        let mut frozen = Frozen { stopped: Vec::new(), pending: Default::default() };
         let options = ptrace::Options::PTRACE_O_TRACECLONE;
         loop {
             let tids =
@@ -389,7 +389,7 @@ impl Frozen {
 
     /// Threads proftap traces already, stopped: released like the others.
     pub fn adopt(tids: Vec<i32>) -> Frozen {
-        Frozen { stopped: tids.into_iter().map(Pid::from_raw).collect(), pending: Vec::new() }
+        Frozen { stopped: tids.into_iter().map(Pid::from_raw).collect(), pending: Default::default() }
     }
 
     /// Waits for the interrupt stop of `tid`; threads it created meanwhile
@@ -409,7 +409,7 @@ impl Frozen {
                 Ok(WaitStatus::PtraceEvent(..)) => return,
                 // A signal arrived first: the thread is stopped; pass the signal on at release.
                 Ok(WaitStatus::Stopped(_, sig)) => {
-                    self.pending.push((tid, sig));
+                    self.defer(tid, sig);
                     return;
                 }
                 Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => return,
@@ -420,8 +420,8 @@ impl Frozen {
 
     /// Keeps `signal`, which arrived at `tid` while proftap ran it, for
     /// delivery when the threads are released.
-    pub fn defer(&mut self, tid: Pid, signal: Signal) {
-        self.pending.push((tid, signal));
+    pub fn defer(&self, tid: Pid, signal: Signal) {
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((tid, signal));
     }
 
     /// The stopped threads.
@@ -433,7 +433,9 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         for tid in &self.stopped {
-            let sig = self.pending.iter().find(|(t, _)| t == tid).map(|(_, s)| *s);
+            let pending = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let sig = pending.iter().find(|(t, _)| t == tid).map(|(_, s)| *s);
+            drop(pending);
             let _ = ptrace::detach(*tid, sig);
         }
     }

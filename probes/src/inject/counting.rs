@@ -204,7 +204,7 @@ pub struct Counting {
 /// Moves every thread of the held process past the places of `plan` where
 /// its line could not be told, before anything is patched; returns where
 /// each thread is then, for [`apply`].
-pub fn settle_threads(remote: &mut Remote, plan: &Plan) -> Result<Vec<u64>, RemoteError> {
+pub fn settle_threads(remote: &Remote, plan: &Plan) -> Result<Vec<u64>, RemoteError> {
     let unsettled = plan.unsettled();
     let mut at = Vec::new();
     for tid in remote.threads() {
@@ -355,7 +355,7 @@ impl Counting {
     /// Puts the original bytes back where the jumps still are. Threads in
     /// a stub, or where their line could not be told, are stepped on first,
     /// and where they are is kept for the counts.
-    pub fn restore(&mut self, remote: &mut Remote) -> Result<(), RemoteError> {
+    pub fn restore(&mut self, remote: &Remote) -> Result<(), RemoteError> {
         if self.applied.is_empty() {
             return Ok(());
         }

@@ -166,13 +166,13 @@ impl Patched {
             patched.split_refusals(refused, functions.len(), &hook_sites);
             return Ok(patched);
         }
-        let mut remote = match at_start {
+        let remote = match at_start {
             Some(remote) => remote,
             None => Remote::attach(pid)?,
         };
         // Where the threads are before anything moves them: frames counting starts in.
         let threads_at = match &counting_plan {
-            Some(plan) => counting::settle_threads(&mut remote, plan)?,
+            Some(plan) => counting::settle_threads(&remote, plan)?,
             None => Vec::new(),
         };
         let (shared, memory, mut config) = set_up_memory(&remote, geometry, how.off_cpu)?;
@@ -348,10 +348,10 @@ impl Patched {
             self.memory = None;
             return Ok(());
         }
-        let mut remote = self.hold()?;
+        let remote = self.hold()?;
         patcher::restore(&remote, &mut self.applied, |_| true)?;
         if let Some(counting) = &mut self.counting {
-            counting.restore(&mut remote)?;
+            counting.restore(&remote)?;
         }
         let Some(memory) = self.memory.take() else { return Ok(()) };
         remote.write(memory.live, &totals::LIVE_STOPPED.to_ne_bytes())?;

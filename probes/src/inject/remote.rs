@@ -180,7 +180,7 @@ impl Remote {
     /// returns where it stops. A system call instruction is not stepped
     /// over (it could block); signals that arrive meanwhile are delivered
     /// when the threads are released.
-    pub fn step_while(&mut self, tid: i32, keep: impl Fn(u64) -> bool, most: usize) -> Result<u64, RemoteError> {
+    pub fn step_while(&self, tid: i32, keep: impl Fn(u64) -> bool, most: usize) -> Result<u64, RemoteError> {
         let thread = Pid::from_raw(tid);
         for _ in 0..most {
             let rip = self.regs(tid)?.rip;
@@ -273,8 +273,12 @@ impl Remote {
         loop {
             match wait_traced(self.caller) {
                 Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => return Ok(()),
-                // Another signal arrived first; it stays pending and the step goes on.
-                Ok(WaitStatus::Stopped(_, _)) | Ok(WaitStatus::PtraceEvent(..)) => {
+                // Another signal arrived first: delivered when the threads are released; the step goes on.
+                Ok(WaitStatus::Stopped(_, signal)) => {
+                    self.frozen.defer(self.caller, signal);
+                    ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
+                }
+                Ok(WaitStatus::PtraceEvent(..)) => {
                     ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
                 }
                 Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
