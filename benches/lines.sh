@@ -42,9 +42,8 @@ gcc -O0 -g -o "$work/loop" "$root/examples/lineloop.c"
 (cd "$work" && gcc -O0 -g --coverage -o "$work/loop-cov" "$root/examples/lineloop.c")
 compare lineloop "$work/loop" "$work/loop-cov" 20000000
 
-pool=http://deb.debian.org/debian/pool/main
 mkdir -p "$dir"
-[ -d "$dir/lua-5.4.4-src" ] || { mkdir -p "$dir/lua-5.4.4-src" && curl -fsSL "$pool/l/lua5.4/lua5.4_5.4.4.orig.tar.gz" | tar xz -C "$dir/lua-5.4.4-src" --strip-components=1; }
+"$root/scripts/lua-sources.sh" "$dir/lua-5.4.4-src"
 for variant in O0 cov; do
     if [ ! -x "$dir/lua-$variant/src/lua" ]; then
         rm -rf "$dir/lua-$variant" && cp -r "$dir/lua-5.4.4-src" "$dir/lua-$variant"

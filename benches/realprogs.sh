@@ -29,7 +29,8 @@ done
 pool=http://deb.debian.org/debian/pool/main
 lua=$dir/lua-5.4.4/src/lua
 if [ ! -x "$lua" ]; then
-    curl -fsSL "$pool/l/lua5.4/lua5.4_5.4.4.orig.tar.gz" | tar xz -C "$dir"
+    "$root/scripts/lua-sources.sh" "$dir/lua-5.4.4-src"
+    rm -rf "$dir/lua-5.4.4" && cp -r "$dir/lua-5.4.4-src" "$dir/lua-5.4.4"
     make -s -C "$dir/lua-5.4.4" linux MYCFLAGS=-g MYLDFLAGS=-g >/dev/null
 fi
 sqlite=$dir/sqlite/build/sqlite3

@@ -3,8 +3,8 @@
 # Ubuntu machine may lack: C and C++ compilers, binutils, and the peer tools
 # the tests compare against or feed (valgrind, gcov, genhtml, gcovr, perf,
 # go tool pprof, a debuginfod server, and speedscope in a headless Chromium
-# for the timeline exports). Safe to run again: it installs only what is
-# missing.
+# for the timeline exports), and a real program's sources (Lua 5.4). Safe to
+# run again: it installs only what is missing.
 set -euo pipefail
 
 # command -> Debian package
@@ -28,6 +28,7 @@ declare -A needs=(
   [chromium]=chromium
   [node]=nodejs
   [npm]=npm
+  [curl]=curl
 )
 
 missing=()
@@ -80,6 +81,15 @@ if ((${#npm_missing[@]})); then
   echo "setup: installing ${npm_missing[*]} into $npm_dir"
   mkdir -p "$npm_dir"
   npm install --prefix "$npm_dir" --no-audit --no-fund --loglevel=error "${npm_packages[@]}" >/dev/null
+fi
+
+# Lua 5.4.4's published sources, which tests/lines.rs builds to compare line
+# counts with gcov's on a real program, into PROFTAP_REALPROGS (by default
+# ~/.cache/proftap-realprogs), where the tests and the benchmarks look.
+lua_dir=${PROFTAP_REALPROGS:-$HOME/.cache/proftap-realprogs}/lua-5.4.4-src
+if [[ ! -f $lua_dir/src/lvm.c ]]; then
+  echo "setup: fetching Lua 5.4.4's sources into $lua_dir"
+  "$(dirname "$0")/lua-sources.sh" "$lua_dir"
 fi
 
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo is missing; install Rust from https://rustup.rs" >&2; exit 1; }

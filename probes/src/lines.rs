@@ -2,9 +2,11 @@
 //! and which lines count as having code.
 //!
 //! A line's count is the number of times execution enters it from a
-//! different line of the same frame (gcov's meaning). proftap probes the
-//! statement rows of each function's line table, follows each frame's current
-//! line, and counts a function's entry on its declaration line. Two lines
+//! different line of the same frame, plus the turns of loops that stay on
+//! it (gcov's meaning). proftap probes the statement rows of each
+//! function's line table, follows each frame's current line (a row reached
+//! again, or one before it, without leaving the line is a turn), and counts
+//! a function's entry on its declaration line. Two lines
 //! gcov leaves without a count are left out the same way: the opening brace
 //! (the prologue row at the function's entry), and the closing brace when
 //! the function has a `return` statement (GCC then gives the closing brace

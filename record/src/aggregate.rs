@@ -72,6 +72,10 @@ pub struct Compensation {
 pub struct LineSetup {
     /// Per line probe: its function and the lines it enters, in order.
     pub probes: Vec<(u32, Vec<u32>)>,
+    /// Per line probe: its address (none in streams saved before turns of
+    /// loops on one line were counted).
+    #[serde(default)]
+    pub probe_addresses: Vec<u64>,
     /// Per function: the line its frames start on (`NO_LINE`: none with code).
     pub entry_lines: Vec<u32>,
     /// Per function: lines its entry also enters, counted.
@@ -128,6 +132,8 @@ struct Frame {
     /// The line the frame is on, and since when.
     line: u32,
     line_since: Values,
+    /// The address of the last row it reached on that line.
+    line_row: u64,
     /// Regions the frame is in, and since when.
     regions: Vec<(u32, Values)>,
 }
@@ -146,6 +152,7 @@ impl Frame {
             orphaned: false,
             line: NO_LINE,
             line_since: values,
+            line_row: 0,
             regions: Vec::new(),
         }
     }
@@ -592,11 +599,20 @@ impl Aggregator {
         }
         let Some(setup) = self.lines.as_ref() else { return };
         let Some(mut frame) = thread.stack.pop() else { return };
-        for &line in &setup.probes[hit.probe.index() as usize].1 {
+        let probe = hit.probe.index() as usize;
+        let lines = &setup.probes[probe].1;
+        let address = setup.probe_addresses.get(probe).copied();
+        if lines.first() == Some(&frame.line) && address.is_some_and(|a| a <= frame.line_row) {
+            // Back at or before the last row reached on the line without
+            // leaving it: a turn of a loop on one line, which gcov counts.
+            count_turn(thread, frame.line);
+        }
+        for &line in lines {
             if frame.line != line {
                 move_to_line(thread, &mut frame, line, &hit.values, true, setup, self.metrics);
             }
         }
+        frame.line_row = address.unwrap_or(0);
         thread.stack.push(frame);
     }
 
@@ -801,6 +817,12 @@ impl Aggregator {
             regions,
             trace: self.trace,
         }
+    }
+}
+
+fn count_turn(thread: &mut ThreadState, line: u32) {
+    if let Some(acc) = thread.lines.get_mut(line as usize) {
+        acc.count += 1;
     }
 }
 

@@ -437,6 +437,7 @@ fn setup(
 fn line_setup(plan: &LinePlan, regions: &[RegionSpec]) -> LineSetup {
     LineSetup {
         probes: plan.probes.iter().map(|p| (p.function, p.lines.clone())).collect(),
+        probe_addresses: plan.probes.iter().map(|p| p.address).collect(),
         entry_lines: plan.entry_lines.iter().map(|l| l.unwrap_or(NO_LINE)).collect(),
         entry_also: plan.entry_also.clone(),
         lines: plan.lines.len(),

@@ -1,6 +1,7 @@
 //! Line counts from a function's block and edge counts, with the meaning
 //! gcov gives them and [`crate::lines`] follows with probes: a line counts
-//! each time its frame enters it from a different line.
+//! each time its frame enters it from a different line, and each turn of a
+//! loop that stays on it ([`super::turns`]).
 //!
 //! Inside a block the line a frame is on changes only at the rows of the
 //! line table, in order, so every row but the block's first enters its
@@ -14,6 +15,7 @@
 use super::Error;
 use super::cfg::{Cfg, Node};
 use super::solve::{BranchCount, Counts};
+use super::turns::{BlockLine, loop_turns};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A frame on no line yet.
@@ -129,6 +131,10 @@ pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result
                 on = *line;
             }
         }
+    }
+    match loop_turns(cfg, counts, &lines_of_blocks(&rows), &arriving.single()) {
+        Ok(turns) => turns.into_iter().for_each(|(line, n)| add(line, n)),
+        Err(too_many) => undetermined.extend(too_many),
     }
     for placed in &counts.frames {
         let sign: i128 = if placed.frame.at_start { 1 } else { -1 };
@@ -246,6 +252,27 @@ fn rows_by_block<'a>(cfg: &Cfg, rows: &'a [(u64, Vec<u32>)]) -> Result<BlockRows
 struct Arriving {
     leaving: Vec<BTreeSet<u32>>,
     entry: BTreeSet<u32>,
+}
+
+impl Arriving {
+    /// Per block, the one line a frame may leave it on, if one.
+    fn single(&self) -> Vec<Option<u32>> {
+        self.leaving.iter().map(|lines| if lines.len() == 1 { lines.first().copied().filter(|&l| l != NO_LINE) } else { None }).collect()
+    }
+}
+
+/// What each block does with lines, for loops on one line.
+fn lines_of_blocks(rows: &BlockRows<'_>) -> Vec<BlockLine> {
+    rows.iter()
+        .map(|block_rows| {
+            let mut lines = block_rows.iter().flat_map(|(lines, _)| lines.iter());
+            match lines.next() {
+                None => BlockLine::Passes,
+                Some(&first) if first != NO_LINE && lines.all(|&l| l == first) => BlockLine::On(first),
+                Some(_) => BlockLine::Other,
+            }
+        })
+        .collect()
 }
 
 /// Blocks with rows leave on their last row's last line; those without
@@ -385,6 +412,40 @@ mod tests {
         };
         let entries = line_entries(&cfg, &counts, &lines).unwrap();
         assert_eq!((entries.entered, entries.undetermined), (vec![(1, 10), (2, 7), (3, 10)], vec![]));
+    }
+
+    /// `xor eax,eax; inc eax; cmp eax,edi; jl (the inc); ret` at 0x1000,
+    /// called 10 times, its loop turning 50 times (the jl taken 40 times).
+    fn one_loop() -> (Cfg, Counts) {
+        let code = [0x31, 0xc0, 0xff, 0xc0, 0x39, 0xf8, 0x7c, 0xfa, 0xc3];
+        let cfg = Cfg::build(&[CodeRange { address: 0x1000, bytes: &code }]).unwrap();
+        let placement = place(&cfg, &default_costs(&cfg));
+        let truth = |e: &crate::arcs::Edge| match e.kind {
+            EdgeKind::Taken { .. } => 40,
+            _ => 10,
+        };
+        let counted: Vec<u64> = placement.counted().iter().map(|&e| truth(&cfg.edges()[e])).collect();
+        let counts = solve(&cfg, &placement, &counted).unwrap();
+        (cfg, counts)
+    }
+
+    #[test]
+    fn a_loop_on_one_line_counts_its_turns() {
+        let (cfg, counts) = one_loop();
+        // The whole loop on line 2: entered 10 times, turned 40 more.
+        let lines = FunctionLines { entry_line: 1, rows: vec![(0x1002, vec![2]), (0x1008, vec![3])], ..FunctionLines::default() };
+        assert_eq!(line_entries(&cfg, &counts, &lines).unwrap().entered, [(2, 50), (3, 10)]);
+        // The compare on a line of its own: each turn leaves line 2 and
+        // enters it again, and no loop stays on one line.
+        let lines = FunctionLines {
+            entry_line: 1,
+            rows: vec![(0x1002, vec![2]), (0x1004, vec![4]), (0x1008, vec![3])],
+            ..FunctionLines::default()
+        };
+        assert_eq!(line_entries(&cfg, &counts, &lines).unwrap().entered, [(2, 50), (3, 10), (4, 50)]);
+        // The loop without a row of its own stays on the line it came from.
+        let lines = FunctionLines { entry_line: 1, rows: vec![(0x1000, vec![2]), (0x1008, vec![3])], ..FunctionLines::default() };
+        assert_eq!(line_entries(&cfg, &counts, &lines).unwrap().entered, [(2, 50), (3, 10)]);
     }
 
     #[test]

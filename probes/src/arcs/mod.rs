@@ -41,6 +41,7 @@ pub mod sites;
 pub mod solve;
 pub mod stub;
 pub mod tables;
+mod turns;
 
 pub use cfg::{Block, Cfg, CodeRange, Edge, EdgeKind, Node};
 pub use counters::{Cost, CounterPlacement, Quantity, place_counters, quantities, solve_counters};
