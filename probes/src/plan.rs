@@ -6,6 +6,7 @@ use crate::exits::{ExitMode, emulated_entry, exit_offsets};
 use crate::select::Selected;
 use crate::symbols::{ElfImage, SymbolIndex};
 use proftap_profile::FunctionInfo;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// Why a function is probed.
@@ -56,6 +57,8 @@ pub fn plan(
     warnings: &mut Vec<String>,
 ) -> Vec<ProbedFunction> {
     let mut planned = Vec::with_capacity(selected.len());
+    // A scan of every function for each would take a second in a large program.
+    let mut cold_by_module: HashMap<usize, ColdParts<'_>> = HashMap::new();
     for s in selected {
         let index = modules[s.module];
         let f = &index.functions[s.function];
@@ -68,7 +71,7 @@ pub fn plan(
         let exit_sites = match exits {
             ExitMode::Uretprobe => None,
             ExitMode::ReturnSites => {
-                let cold = cold_parts(index, &f.raw_name);
+                let cold = cold_by_module.entry(s.module).or_insert_with(|| cold_parts(index)).get(f.raw_name.as_str()).cloned().unwrap_or_default();
                 let sites = exit_offsets(file, f.address, offset, f.size, &cold);
                 if f.size == 0 {
                     warnings.push(format!("{}: its size is unknown, so its returns cannot be found; only its calls are counted", f.name));
@@ -120,14 +123,20 @@ pub fn plan(
     planned
 }
 
-/// Address ranges of the cold parts the compiler split off a function (`f.cold`).
-fn cold_parts(index: &SymbolIndex, raw_name: &str) -> Vec<(u64, u64)> {
-    index
-        .functions
-        .iter()
-        .filter(|c| c.raw_name.strip_prefix(raw_name).is_some_and(|rest| rest.starts_with(".cold")))
-        .map(|c| (c.address.0, c.address.0 + c.size))
-        .collect()
+/// Address ranges of cold parts by the raw name of their function.
+type ColdParts<'a> = HashMap<&'a str, Vec<(u64, u64)>>;
+
+/// The address ranges of the cold parts the compiler split off functions
+/// (`f.cold`, `f.cold.1`), by the raw name of the function they belong to:
+/// every name a cold part's name starts with, up to a `.cold`.
+fn cold_parts(index: &SymbolIndex) -> ColdParts<'_> {
+    let mut parts = ColdParts::new();
+    for c in index.functions.iter().filter(|c| c.is_cold_part()) {
+        for (at, _) in c.raw_name.match_indices(".cold") {
+            parts.entry(&c.raw_name[..at]).or_default().push((c.address.0, c.address.0 + c.size));
+        }
+    }
+    parts
 }
 
 /// The catch marker for a process that uses the C++ runtime `libstdcxx`
