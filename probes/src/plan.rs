@@ -71,7 +71,12 @@ pub fn plan(
         let exit_sites = match exits {
             ExitMode::Uretprobe => None,
             ExitMode::ReturnSites => {
-                let cold = cold_by_module.entry(s.module).or_insert_with(|| cold_parts(index)).get(f.raw_name.as_str()).cloned().unwrap_or_default();
+                let cold = cold_by_module
+                    .entry(s.module)
+                    .or_insert_with(|| cold_parts(index))
+                    .get(f.raw_name.as_str())
+                    .cloned()
+                    .unwrap_or_default();
                 let sites = exit_offsets(file, f.address, offset, f.size, &cold);
                 if f.size == 0 {
                     warnings.push(format!("{}: its size is unknown, so its returns cannot be found; only its calls are counted", f.name));

@@ -92,6 +92,18 @@ pub(crate) struct DwarfInfo {
 
 /// Reads the DWARF of `image` (the binary or its separate debug file).
 pub(crate) fn read(image: &ElfImage, files: &mut FileTable, want_lines: bool, warnings: &mut Vec<String>) -> Result<DwarfInfo> {
+    read_in_parts(image, files, want_lines, warnings, |total| if total < SMALL_INFO { 1 } else { WORKERS })
+}
+
+/// [`read`], its units split into as many parts as `parts` says for their
+/// total size, each read on a thread of its own.
+fn read_in_parts(
+    image: &ElfImage,
+    files: &mut FileTable,
+    want_lines: bool,
+    warnings: &mut Vec<String>,
+    parts: impl Fn(usize) -> usize,
+) -> Result<DwarfInfo> {
     let bad = |e: &dyn std::fmt::Display| Error::BadDwarf { path: image.path().into(), reason: e.to_string() };
     let elf = image.parse()?;
     let sections = load_sections(&elf).map_err(|e| bad(&e))?;
@@ -108,32 +120,147 @@ pub(crate) fn read(image: &ElfImage, files: &mut FileTable, want_lines: bool, wa
     // Units often share one abbreviation table: parsed once, not once per unit.
     dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
 
+    let mut headers = Vec::new();
+    let mut units = dwarf.units();
+    while let Some(header) = units.next().map_err(|e| bad(&e))? {
+        headers.push(header);
+    }
+    let line_section = gimli::Reader::len(gimli::Section::reader(&dwarf.debug_line));
+    let read_part = |part: &[UnitHeader<'_>]| {
+        let mut read = PartRead::default();
+        read_units(&dwarf, part, want_lines, line_section, image.path(), &mut read);
+        read
+    };
+    // Units are independent: a large file's are read on several threads
+    // (the target is held meanwhile, its CPUs idle), each with its own
+    // files, then joined in order.
+    let parts = split_units(&headers, parts(headers.iter().map(UnitHeader::length_including_self).sum()));
+    let read: Vec<PartRead> = if parts.len() > 1 {
+        std::thread::scope(|scope| {
+            let reading: Vec<_> = parts.iter().map(|part| scope.spawn(|| read_part(part))).collect();
+            reading.into_iter().map(|r| r.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        })
+    } else {
+        parts.iter().map(|part| read_part(part)).collect()
+    };
     let mut info = DwarfInfo::default();
+    let mut tables_read = std::collections::HashSet::new();
+    for part in read {
+        part.join_into(&mut info, files, &mut tables_read, warnings);
+    }
+    Ok(info)
+}
+
+type UnitHeader<'a> = gimli::UnitHeader<Reader<'a>>;
+
+/// Threads that read a large file's units.
+const WORKERS: usize = 2;
+
+/// Debug info below this is read on one thread: a thread costs more.
+const SMALL_INFO: usize = 4 << 20;
+
+/// `headers` in at most `parts` runs of units of about equal size, in order.
+fn split_units<'h, 'a>(headers: &'h [UnitHeader<'a>], parts: usize) -> Vec<&'h [UnitHeader<'a>]> {
+    let total: usize = headers.iter().map(UnitHeader::length_including_self).sum();
+    if parts < 2 {
+        return vec![headers];
+    }
+    let mut split = Vec::with_capacity(parts);
+    let (mut start, mut size) = (0, 0);
+    for (i, header) in headers.iter().enumerate() {
+        size += header.length_including_self();
+        if size * parts >= total * (split.len() + 1) && split.len() + 1 < parts {
+            split.push(&headers[start..=i]);
+            start = i + 1;
+        }
+    }
+    split.push(&headers[start..]);
+    split
+}
+
+/// What one thread read from its run of units, with file ids of its own.
+#[derive(Default)]
+struct PartRead {
+    info: DwarfInfo,
+    files: FileTable,
+    /// Per unit with rows (as `info.units`), the offset of its line table.
+    tables: Vec<usize>,
+    warnings: Vec<String>,
+}
+
+impl PartRead {
+    /// Adds this part after what `info` holds: its file ids interned in
+    /// `files`, its units' rows left out where an earlier part read the
+    /// same line table.
+    fn join_into(
+        self,
+        info: &mut DwarfInfo,
+        files: &mut FileTable,
+        tables_read: &mut std::collections::HashSet<usize>,
+        warnings: &mut Vec<String>,
+    ) {
+        let ids: Vec<u32> = self.files.paths.into_iter().map(|p| files.intern(p)).collect();
+        let global = |id: u32| ids.get(id as usize).copied().unwrap_or(id);
+        info.subprograms.extend(self.info.subprograms.into_iter().map(|mut sub| {
+            sub.decl_file = sub.decl_file.map(global);
+            sub
+        }));
+        let mut add_rows = |rows: &[LineRow]| {
+            let start = info.rows.len();
+            info.rows.extend(rows.iter().map(|row| LineRow { file: global(row.file), ..*row }));
+            start..info.rows.len()
+        };
+        // Rows outside every unit (a table that failed part way) are kept too.
+        let mut copied = 0;
+        for (unit, table) in self.info.units.into_iter().zip(self.tables) {
+            add_rows(&self.info.rows[copied..unit.rows.start]);
+            copied = unit.rows.end;
+            if tables_read.insert(table) {
+                let rows = add_rows(&self.info.rows[unit.rows.clone()]);
+                info.units.push(CompileUnit { rows, ..unit });
+            }
+        }
+        add_rows(&self.info.rows[copied..]);
+        warnings.extend(self.warnings);
+    }
+}
+
+/// Reads the units of `headers` into `read`.
+fn read_units(
+    dwarf: &gimli::Dwarf<Reader<'_>>,
+    headers: &[UnitHeader<'_>],
+    want_lines: bool,
+    line_section: usize,
+    path: &Path,
+    read: &mut PartRead,
+) {
     let mut tables = HashMap::new();
-    let mut budget = HeaderBudget::new(gimli::Reader::len(gimli::Section::reader(&dwarf.debug_line)));
-    let mut headers = dwarf.units();
-    while let Some(header) = headers.next().map_err(|e| bad(&e))? {
+    let mut budget = HeaderBudget::new(line_section);
+    for header in headers {
         if budget.spent() {
-            warnings.push(format!(
+            read.warnings.push(format!(
                 "stopped reading the debug info of {} part way: its compilation units parse the same line tables over and over (a damaged or hostile file)",
-                image.path().display()
+                path.display()
             ));
             break;
         }
-        let unit = match dwarf.unit(header) {
+        let unit = match dwarf.unit(*header) {
             Ok(unit) => unit,
             Err(e) => {
-                warnings.push(format!("skipped a damaged compilation unit in {}: {e}", image.path().display()));
+                read.warnings.push(format!("skipped a damaged compilation unit in {}: {e}", path.display()));
                 continue;
             }
         };
         budget.charge(&unit);
-        let mut reading = Reading { files, want_lines, info: &mut info, tables: &mut tables };
-        if let Err(e) = read_unit(&dwarf, &unit, &mut reading) {
-            warnings.push(format!("skipped part of a compilation unit in {}: {e}", image.path().display()));
+        let units_before = read.info.units.len();
+        let mut reading = Reading { files: &mut read.files, want_lines, info: &mut read.info, tables: &mut tables };
+        if let Err(e) = read_unit(dwarf, &unit, &mut reading) {
+            read.warnings.push(format!("skipped part of a compilation unit in {}: {e}", path.display()));
+        }
+        if read.info.units.len() > units_before {
+            read.tables.push(unit.line_program.as_ref().map_or(usize::MAX, |p| p.header().offset().0));
         }
     }
-    Ok(info)
 }
 
 /// Bytes of line-table headers parsed, against a bound. gimli parses the
@@ -446,6 +573,31 @@ mod tests {
     fn paths_are_normalized() {
         assert_eq!(normalize(Path::new("/src/a/./b/../c.c")), "/src/a/c.c");
         assert_eq!(normalize(Path::new("../x.c")), "../x.c");
+    }
+
+    /// Every function and row, with file paths for ids.
+    fn described(info: &DwarfInfo, files: &FileTable) -> (Vec<String>, Vec<String>) {
+        let path = |id: Option<u32>| id.map(|i| files.path(i).to_string());
+        let subprograms =
+            info.subprograms.iter().map(|s| format!("{:?} {:?} {:?} {}", s.ranges, s.name, path(s.decl_file), s.decl_line)).collect();
+        let rows = info.rows.iter().map(|r| format!("{:?} {:?} {}", r.address, path(Some(r.file)), r.line)).collect();
+        (subprograms, rows)
+    }
+
+    #[test]
+    fn units_read_in_parts_read_as_in_one() {
+        // This test's own executable: hundreds of units, shared file names.
+        let image = ElfImage::open(&std::env::current_exe().unwrap()).unwrap();
+        let read = |parts: usize| {
+            let (mut files, mut warnings) = (FileTable::default(), Vec::new());
+            let info = read_in_parts(&image, &mut files, true, &mut warnings, |_| parts).unwrap();
+            (described(&info, &files), info.units.iter().map(|u| (u.name.clone(), u.rows.len())).collect::<Vec<_>>(), warnings)
+        };
+        let whole = read(1);
+        assert!(whole.0.0.len() > 1000 && whole.0.1.len() > 10_000, "{} functions, {} rows", whole.0.0.len(), whole.0.1.len());
+        for parts in [2, 3, 7] {
+            assert!(read(parts) == whole, "read in {parts} parts");
+        }
     }
 
     #[test]
