@@ -201,7 +201,9 @@ fn counted_lines_equal_probed_lines() {
             let binary = Build::c(source, opt).build();
             let mut command = vec![binary.to_str().unwrap()];
             command.extend_from_slice(args);
-            let counted = profile_run(&["--lines"], &command);
+            // Every probe kept (functions named: no overhead budget), the
+            // lines the engine cannot count are followed by uprobes.
+            let counted = profile_run(&["--lines", "-f", "main"], &command);
             let probed = profile_run(&["--lines", "--line-times"], &command);
             let what = format!("{source} {opt}");
             assert!(counted["recording"]["engine"] == "inject", "{what}: {}", counted["recording"]);
@@ -230,6 +232,31 @@ fn counted_lines_equal_probed_lines() {
             assert_eq!((source, differ.len()), ("jumps.c", 1), "{what}");
         }
     }
+}
+
+/// A function whose edges cannot all be counted (-O2 `dispatch`: a jump
+/// table's cases too short for a counter) has its lines followed by
+/// uprobes only when every probe is kept: under the default overhead
+/// budget a uprobe per line entry could make the run thousands of times
+/// slower, so its lines are left out and named, the others counted.
+#[test]
+fn lines_the_engine_cannot_count_are_probed_only_when_every_probe_is_kept() {
+    require_probes();
+    let binary = Build::c("branches.c", "-O2").build();
+    let command = [binary.to_str().unwrap(), "300"];
+    let dispatch = line_of("branches.c", "return x * 3;");
+    let has_line = |report: &Value, line: u32| report["lines"].as_array().unwrap().iter().any(|l| l["line"] == line);
+
+    let budgeted = profile_run(&["--lines"], &command);
+    let notes = budgeted["notes"].to_string();
+    assert!(notes.contains("the lines of") && notes.contains("dispatch: ") && notes.contains("5% overhead budget"), "{notes}");
+    assert!(!has_line(&budgeted, dispatch), "{}", budgeted["lines"]);
+    assert!(has_line(&budgeted, line_of("branches.c", "total += dispatch(i % 9, i);")));
+
+    let exact = profile_run(&["--lines", "--overhead-budget", "0"], &command);
+    let notes = exact["notes"].to_string();
+    assert!(notes.contains("followed by uprobes") && notes.contains("dispatch: "), "{notes}");
+    assert!(has_line(&exact, dispatch), "{}", exact["lines"]);
 }
 
 /// Sampled stacks through counting stubs unwind as through the original

@@ -58,9 +58,12 @@ fn finding_sentence(finding: &Finding) -> String {
             counted(functions.len() as u64, "function", "functions"),
             examples(functions)
         ),
-        Finding::LinesNotCounted { functions } => format!(
-            "the lines of {} are not counted, and show no count: {}",
+        Finding::LinesNotCounted { functions, budget_percent } => format!(
+            "the lines of {} are not counted, and show no count{}: {}",
             counted(functions.len() as u64, "function", "functions"),
+            budget_percent.map_or(String::new(), |percent| format!(
+                " (where their control flow cannot be read, a uprobe on every line entry would follow them, far over the {percent}% overhead budget; --overhead-budget 0 keeps every probe)"
+            )),
             examples(functions)
         ),
         Finding::LinesUndetermined { lines } => format!(

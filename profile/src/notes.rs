@@ -52,10 +52,16 @@ pub enum Finding {
         functions: Vec<String>,
     },
     /// The lines of these functions ("name: why") were not counted: their
-    /// edge counters could not be patched in, or their counts did not add up.
+    /// edge counters could not be patched in, or their counts did not add
+    /// up, or their control flow cannot be read and the overhead budget
+    /// kept uprobes from following them (`budget_percent`).
     LinesNotCounted {
         /// Their names, each with why.
         functions: Vec<String>,
+        /// The overhead budget (in percent) that kept uprobes from
+        /// following the lines of those whose control flow cannot be read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        budget_percent: Option<f64>,
     },
     /// These lines ("file:line") show no count: how often a frame entered
     /// them depends on the path it took there (through code without a

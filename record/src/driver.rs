@@ -504,8 +504,13 @@ impl<'a> Driver<'a> {
         let aggregator = &self.consumer.aggregator;
         let names = |tid| aggregator.thread_name(tid);
         let counted_lines = options.lines.as_ref().filter(|_| options.count_lines).map(|plan| (plan, self.run.all));
-        let inject =
-            self.inject.take().map(|source| source.finish(ended_monotonic_ns, options.metrics.len(), compensation, counted_lines, &names));
+        // Uprobes did not follow the lines the engine cannot count: the budget held them back.
+        let held_back =
+            options.overhead_budget.filter(|_| options.count_lines && proftap_probes::perf::may_define_uprobes()).map(|b| b * 100.0);
+        let inject = self
+            .inject
+            .take()
+            .map(|source| source.finish(ended_monotonic_ns, options.metrics.len(), compensation, counted_lines, held_back, &names));
         let uprobes = self.uprobes.finish();
         // The engine has read the off-CPU times: the last user of the array.
         let off_cpu = self.off_cpu.take().map(|o| Box::new(o) as Box<dyn Send>);

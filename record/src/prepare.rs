@@ -208,9 +208,9 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
     let (engine, engine_note) = choose_engine(request, &metrics, chosen);
     let count_lines = engine == Engine::Inject && chosen.lines.is_some() && counts_lines(request, chosen);
     // The lines of functions whose edges cannot be counted are followed by
-    // uprobes where this user may place them; elsewhere they are not
-    // counted, and the profile says so.
-    let line_probed: Vec<usize> = match count_lines && proftap_probes::perf::may_define_uprobes() {
+    // uprobes where this user may place them and every probe is kept;
+    // elsewhere they are not counted, and the profile says so.
+    let line_probed: Vec<usize> = match count_lines && follows_uncountable_lines(request) {
         true => chosen.uncountable.iter().map(|(i, _)| *i).collect(),
         false => Vec::new(),
     };
@@ -265,12 +265,20 @@ fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -
         (EngineChoice::Auto, None) => (Engine::Inject, None),
         (EngineChoice::Auto, Some(reason)) => (Engine::Uprobe, Some(Finding::UprobesChosen { reason }.into())),
     };
-    let probes_follow = proftap_probes::perf::may_define_uprobes();
-    if engine.0 == Engine::Inject && counts_lines(request, chosen) && !chosen.uncountable.is_empty() && probes_follow {
+    if engine.0 == Engine::Inject && counts_lines(request, chosen) && !chosen.uncountable.is_empty() && follows_uncountable_lines(request) {
         let functions = chosen.uncountable.iter().map(|(_, f)| f.clone()).collect();
         return (engine.0, Some(Finding::LinesUncountable { functions }.into()));
     }
     engine
+}
+
+/// Whether the lines the in-process engine cannot count are followed by
+/// uprobes: where this user may place them, and only when every probe is
+/// kept. A uprobe hit costs what a hundred counted lines do, and one hot
+/// function (an interpreter's loop) would make the run thousands of times
+/// slower: under an overhead budget they are left out and named instead.
+fn follows_uncountable_lines(request: &RecordRequest) -> bool {
+    proftap_probes::perf::may_define_uprobes() && request.overhead_budget(false).is_none()
 }
 
 /// Whether the in-process engine can count the lines asked for, with

@@ -105,6 +105,7 @@ impl InjectSource {
         metrics: usize,
         compensation: Option<[Cost; 2]>,
         lines: Option<(&LinePlan, &[ProbedFunction])>,
+        uprobes_held_back: Option<f64>,
         names: &dyn Fn(u32) -> String,
     ) -> Result<InjectEnding, RecordError> {
         let mut notes = Vec::new();
@@ -121,7 +122,7 @@ impl InjectSource {
         let line_counts = lines.map(|(plan, functions)| {
             let counted = line_counts(&patched, plan, functions);
             if !counted.not_counted.is_empty() {
-                notes.push(Finding::LinesNotCounted { functions: counted.not_counted }.into());
+                notes.push(Finding::LinesNotCounted { functions: counted.not_counted, budget_percent: uprobes_held_back }.into());
             }
             if !counted.undetermined.is_empty() {
                 notes.push(Finding::LinesUndetermined { lines: counted.undetermined }.into());
