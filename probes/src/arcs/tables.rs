@@ -6,8 +6,13 @@
 //!   the table), bounded by a `cmp index, N; ja default` before it;
 //! - a computed `goto *table[i]` (or a `switch` in fixed-address code):
 //!   `lea r, [rip+T]` and an 8-byte load, or `jmp [T + index*8]`; entries
-//!   are addresses (the file holds their link-time values).
+//!   are addresses (the file holds their link-time values);
+//! - an interpreter's dispatch at -O2: `lea r, [rip+T]` once, into a
+//!   register calls preserve and nothing else in the function writes, and
+//!   a load through it before each of the many jumps that dispatch.
 //!
+//! The load follows the `lea` within a few instructions (the bound check may
+//! sit between them) before anything else writes the register.
 //! A table without a bound is read while its entries land inside the
 //! function. What a table holds comes from the binary, so it is hostile
 //! input: at most [`MOST_ENTRIES`] entries are read, and a target that is
@@ -15,7 +20,7 @@
 //! target missed makes the counts fail to add up. Neither gives a wrong
 //! count.
 
-use iced_x86::{Code, ConditionCode, Instruction, OpKind, Register};
+use iced_x86::{Code, ConditionCode, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The most entries read from one table.
@@ -43,7 +48,7 @@ enum Entries {
 
 #[derive(Clone, Copy, Debug)]
 struct Table {
-    /// Where the code refers to it.
+    /// Where the code reads an entry of it.
     used_at: u64,
     at: u64,
     entries: Entries,
@@ -83,6 +88,7 @@ pub(super) fn targets(
 /// The tables the code refers to.
 fn find(instructions: &BTreeMap<u64, Instruction>) -> Vec<Table> {
     let list: Vec<&Instruction> = instructions.values().collect();
+    let mut factory = InstructionInfoFactory::new();
     let mut tables = Vec::new();
     for (i, instruction) in list.iter().enumerate() {
         if let Some(at) = fixed_table(instruction) {
@@ -93,21 +99,81 @@ fn find(instructions: &BTreeMap<u64, Instruction>) -> Vec<Table> {
             continue;
         }
         let register = instruction.op0_register();
-        let load = list[i + 1..].iter().take(NEAR).find(|l| {
-            l.op_count() == 2
-                && l.op1_kind() == OpKind::Memory
-                && l.memory_index() != Register::None
-                && (l.memory_base() == register || l.memory_index() == register)
-        });
-        let entries = match load.map(|l| l.memory_size().size()) {
-            Some(4) => Entries::Relative,
-            Some(8) => Entries::Absolute,
-            _ => continue,
-        };
         let at = instruction.memory_displacement64();
-        tables.push(Table { used_at: instruction.ip(), at, entries, count: bound(&list[..i]) });
+        if kept_for_the_function(&list, i, &mut factory) {
+            // An interpreter's dispatch table, its address loaded once into a
+            // register the function keeps: each load through it uses the table.
+            for (j, load) in list.iter().enumerate().filter(|(_, l)| loads_through(l, register)) {
+                if let Some(entries) = entries_of(load) {
+                    tables.push(Table { used_at: load.ip(), at, entries, count: bound(&list[..j]) });
+                }
+            }
+        } else if let Some(load) = load_after(&list, i, &mut factory)
+            && let Some(entries) = entries_of(list[load])
+        {
+            // The bound is checked before the load, or before the `lea`.
+            let count = bound(&list[..load]).or_else(|| bound(&list[..i]));
+            tables.push(Table { used_at: list[load].ip(), at, entries, count });
+        }
     }
     tables
+}
+
+/// Instructions looked at after a `lea` of a table for its load: compilers
+/// put the bound check between them.
+const LOAD_WITHIN: usize = 16;
+
+/// The load of an entry through the register `list[lea]` sets, shortly
+/// after it and before anything else writes that register.
+fn load_after(list: &[&Instruction], lea: usize, factory: &mut InstructionInfoFactory) -> Option<usize> {
+    let register = list[lea].op0_register();
+    for (i, instruction) in list.iter().enumerate().skip(lea + 1).take(LOAD_WITHIN) {
+        if loads_through(instruction, register) {
+            return Some(i);
+        }
+        if writes(factory, instruction, register) {
+            return None;
+        }
+    }
+    None
+}
+
+/// Whether `instruction` writes `register` (or part of it).
+fn writes(factory: &mut InstructionInfoFactory, instruction: &Instruction, register: Register) -> bool {
+    factory.info(instruction).used_registers().iter().any(|used| {
+        used.register().full_register() == register
+            && matches!(used.access(), OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite)
+    })
+}
+
+/// Whether `load` reads an indexed entry of the table `register` points to.
+fn loads_through(load: &Instruction, register: Register) -> bool {
+    load.op_count() == 2
+        && load.op1_kind() == OpKind::Memory
+        && load.memory_index() != Register::None
+        && (load.memory_base() == register || load.memory_index() == register)
+}
+
+/// What a load of a table's entry reads: 4-byte offsets or 8-byte addresses.
+fn entries_of(load: &Instruction) -> Option<Entries> {
+    match load.memory_size().size() {
+        4 => Some(Entries::Relative),
+        8 => Some(Entries::Absolute),
+        _ => None,
+    }
+}
+
+/// Whether the register `list[lea]` writes is one calls preserve and that
+/// nothing else in the function writes but the `pop` that restores it
+/// before a return: it holds what the `lea` put there wherever it is used.
+fn kept_for_the_function(list: &[&Instruction], lea: usize, factory: &mut InstructionInfoFactory) -> bool {
+    const PRESERVED: [Register; 6] = [Register::RBX, Register::RBP, Register::R12, Register::R13, Register::R14, Register::R15];
+    let register = list[lea].op0_register();
+    PRESERVED.contains(&register)
+        && list
+            .iter()
+            .enumerate()
+            .all(|(i, instruction)| i == lea || instruction.mnemonic() == Mnemonic::Pop || !writes(factory, instruction, register))
 }
 
 /// `jmp [T + index*8]`: a table at a fixed address.
@@ -237,6 +303,42 @@ mod tests {
         let nothing = |_: u64, _: usize| None;
         let data = Data { read: &nothing, bias: 0 };
         assert!(matches!(Cfg::build_reading(&parts, Some(&data)), Err(Error::IndirectJump { .. })));
+    }
+
+    /// An interpreter's dispatch: the table's address loaded once into r14
+    /// (which calls preserve), every handler ending in a load through it and
+    /// a jump: each jump takes the table, however far from the `lea`.
+    #[rustfmt::skip]
+    const DISPATCH: [u8; 0x2a] = [
+        0x41, 0x56,                                 // push r14
+        0x4c, 0x8d, 0x35, 0xf7, 0x0f, 0, 0,         // lea r14,[rip+0xff7] (0x2000)
+        0x89, 0xf8,                                 // mov eax,edi
+        0x49, 0x8b, 0x04, 0xc6,                     // mov rax,[r14+rax*8]
+        0xff, 0xe0,                                 // jmp rax (0x100f)
+        0x83, 0xc7, 0x01,                           // 0x1011: add edi,1
+        0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, // nop x 8
+        0x89, 0xf8,                                 // mov eax,edi
+        0x83, 0xe0, 0x01,                           // and eax,1
+        0x49, 0x8b, 0x04, 0xc6,                     // mov rax,[r14+rax*8]
+        0xff, 0xe0,                                 // jmp rax (0x1025)
+        0x41, 0x5e,                                 // 0x1027: pop r14
+        0xc3,                                       // ret
+    ];
+
+    #[test]
+    fn a_table_a_kept_register_points_to_serves_every_jump_through_it() {
+        let table: Vec<u8> = [0x1011u64, 0x1027, 0x5_0000].iter().flat_map(|a| a.to_le_bytes()).collect();
+        let read = reader(BTreeMap::from([(0x2000, table)]));
+        let data = Data { read: &read, bias: 0 };
+        let cfg = Cfg::build_reading(&[CodeRange { address: 0x1000, bytes: &DISPATCH }], Some(&data)).unwrap();
+        assert_eq!(targets_of(&cfg, 0x100f), [0x1011, 0x1027]);
+        assert_eq!(targets_of(&cfg, 0x1025), [0x1011, 0x1027]);
+        // r14 written again in a handler (xor r14d,r14d for the add): what
+        // the second jump reads is not known, and the graph is refused.
+        let mut rewritten = DISPATCH;
+        rewritten[0x11..0x14].copy_from_slice(&[0x45, 0x31, 0xf6]);
+        let built = Cfg::build_reading(&[CodeRange { address: 0x1000, bytes: &rewritten }], Some(&data));
+        assert!(matches!(built, Err(Error::IndirectJump { .. })), "{built:?}");
     }
 
     #[test]
