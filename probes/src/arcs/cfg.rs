@@ -75,6 +75,9 @@ pub enum EdgeKind {
         /// The return's address.
         at: u64,
     },
+    /// From a dispatch hub to one of the targets its jumps share (see
+    /// [`Cfg::build_reading`]).
+    Dispatch,
     /// From a block ending in a call or a trap to EXIT: the times it did
     /// not go on. Never counted: it has no code to put a counter on.
     Fake,
@@ -347,13 +350,29 @@ impl Cfg {
 
     /// The same, following indirect jumps through the jump tables `data`
     /// holds (see [`super::tables`]).
+    ///
+    /// Indirect jumps that share their targets (an interpreter's dispatch,
+    /// copied at the end of every handler) go through a *hub*: a block
+    /// without code after the function's blocks, one edge from each jump
+    /// into it and one out to each target. Each jump's edge then runs as
+    /// often as its block, each target's as its block is entered that way,
+    /// where a jump to each target would be an edge no counter can hold.
     pub fn build_reading(parts: &[CodeRange<'_>], data: Option<&Data<'_>>) -> Result<Cfg, Error> {
         let reached = reach(parts, data)?;
-        let blocks = split(&reached);
+        let mut blocks = split(&reached);
+        let hubs = hubs(&reached.tables);
+        for (i, _) in hubs.iter().enumerate() {
+            blocks.push(Block { start: HUB_ADDRESSES + i as u64, len: 0, instructions: Vec::new() });
+        }
         let mut cfg = Cfg { blocks, edges: Vec::new(), entry: 0 };
         cfg.entry = cfg.block_at(parts[0].address).ok_or(Error::NoCode)?;
-        cfg.connect(&reached)?;
+        cfg.connect(&reached, &hubs)?;
         Ok(cfg)
+    }
+
+    /// Whether `block` is a hub (no code; see [`Cfg::build_reading`]).
+    pub fn is_hub(&self, block: usize) -> bool {
+        self.blocks.get(block).is_some_and(|b| b.start >= HUB_ADDRESSES)
     }
 
     /// Its basic blocks, by address.
@@ -421,14 +440,24 @@ impl Cfg {
     }
 
     /// Adds the edges out of every block, then ENTRY's and the virtual one.
-    fn connect(&mut self, reached: &Reached) -> Result<(), Error> {
+    fn connect(&mut self, reached: &Reached, hubs: &[Hub]) -> Result<(), Error> {
         self.push(Node::Entry, Node::Block(self.entry), EdgeKind::Entry);
-        for b in 0..self.blocks.len() {
+        let code_blocks = self.blocks.len() - hubs.len();
+        for (i, hub) in hubs.iter().enumerate() {
+            for &target in &hub.targets {
+                self.push(Node::Block(code_blocks + i), self.target(target), EdgeKind::Dispatch);
+            }
+        }
+        for b in 0..code_blocks {
             let from = Node::Block(b);
             let last = self.blocks[b].instructions.last().copied().unwrap_or(self.blocks[b].start);
             let instruction = &reached.instructions[&last];
             let next = instruction.next_ip();
             let after = self.block_at(next).map(Node::Block);
+            if let Some(hub) = hubs.iter().position(|h| h.jumps.contains(&last)) {
+                self.push(from, Node::Block(code_blocks + hub), EdgeKind::Jump { at: last });
+                continue;
+            }
             if let Some(targets) = reached.tables.get(&last) {
                 for &target in targets {
                     self.push(from, self.target(target), EdgeKind::Jump { at: last });
@@ -459,6 +488,25 @@ impl Cfg {
         self.push(Node::Exit, Node::Entry, EdgeKind::Virtual);
         Ok(())
     }
+}
+
+/// Where hubs are numbered from: past any code.
+const HUB_ADDRESSES: u64 = u64::MAX - (1 << 32);
+
+/// Indirect jumps that share their targets.
+struct Hub {
+    jumps: BTreeSet<u64>,
+    targets: BTreeSet<u64>,
+}
+
+/// The jumps of `tables` grouped by the targets they go to, where several
+/// go to the same ones, in the order of their targets.
+fn hubs(tables: &BTreeMap<u64, BTreeSet<u64>>) -> Vec<Hub> {
+    let mut by_targets: BTreeMap<&BTreeSet<u64>, BTreeSet<u64>> = BTreeMap::new();
+    for (jump, targets) in tables.iter().filter(|(_, t)| t.len() > 1) {
+        by_targets.entry(targets).or_default().insert(*jump);
+    }
+    by_targets.into_iter().filter(|(_, jumps)| jumps.len() > 1).map(|(targets, jumps)| Hub { jumps, targets: targets.clone() }).collect()
 }
 
 /// Cuts the reached instructions into blocks: a block starts at a leader

@@ -269,16 +269,23 @@ mod tests {
         targets.iter().flat_map(|t| ((t - 0x2000) as i32).to_le_bytes()).collect()
     }
 
+    /// Where the jump at `jump` goes, through its hub if it has one.
     fn targets_of(cfg: &Cfg, jump: u64) -> Vec<u64> {
         let from = Node::Block(cfg.block_holding(jump).unwrap());
-        cfg.edges()
-            .iter()
-            .filter(|e| e.from == from && e.kind == EdgeKind::Jump { at: jump })
-            .map(|e| match e.to {
-                Node::Block(b) => cfg.blocks()[b].start,
-                _ => 0,
-            })
-            .collect()
+        let start = |node: Node| match node {
+            Node::Block(b) => cfg.blocks()[b].start,
+            _ => 0,
+        };
+        let mut targets = Vec::new();
+        for edge in cfg.edges().iter().filter(|e| e.from == from && e.kind == EdgeKind::Jump { at: jump }) {
+            match edge.to {
+                Node::Block(hub) if cfg.is_hub(hub) => {
+                    targets.extend(cfg.edges().iter().filter(|e| e.from == edge.to).map(|e| start(e.to)));
+                }
+                to => targets.push(start(to)),
+            }
+        }
+        targets
     }
 
     #[test]
@@ -339,6 +346,41 @@ mod tests {
         rewritten[0x11..0x14].copy_from_slice(&[0x45, 0x31, 0xf6]);
         let built = Cfg::build_reading(&[CodeRange { address: 0x1000, bytes: &rewritten }], Some(&data));
         assert!(matches!(built, Err(Error::IndirectJump { .. })), "{built:?}");
+    }
+
+    /// Jumps that share their targets meet in a hub: every edge is then
+    /// countable from block counters, and the counts come out whole.
+    #[test]
+    fn jumps_that_share_their_targets_go_through_a_hub() {
+        use crate::arcs::{FunctionCode, counter_costs, place_counters, solve_counters};
+        let table: Vec<u8> = [0x1011u64, 0x1027, 0x5_0000].iter().flat_map(|a| a.to_le_bytes()).collect();
+        let read = reader(BTreeMap::from([(0x2000, table)]));
+        let data = Data { read: &read, bias: 0 };
+        let parts = [CodeRange { address: 0x1000, bytes: &DISPATCH }];
+        let cfg = Cfg::build_reading(&parts, Some(&data)).unwrap();
+        // Three blocks of code and the hub after them.
+        assert_eq!(cfg.blocks().len(), 4);
+        assert!(cfg.is_hub(3) && !cfg.is_hub(2));
+        let into_hub: Vec<_> = cfg.edges().iter().filter(|e| e.to == Node::Block(3)).map(|e| e.kind).collect();
+        assert_eq!(into_hub, [EdgeKind::Jump { at: 0x100f }, EdgeKind::Jump { at: 0x1025 }]);
+        let out: Vec<_> = cfg.edges().iter().filter(|e| e.from == Node::Block(3)).map(|e| (e.to, e.kind)).collect();
+        assert_eq!(out, [(Node::Block(1), EdgeKind::Dispatch), (Node::Block(2), EdgeKind::Dispatch)]);
+        // Every quantity has a counter or is derived.
+        let code = FunctionCode::new(&cfg, &parts).unwrap();
+        let placement = place_counters(&cfg, &counter_costs(&cfg, &code));
+        assert!(placement.needs_probe().is_empty(), "{:?}", placement.needs_probe());
+        // 4 calls; the handler at 0x1011 runs 10 times in all: 10 blocks
+        // 1, 14 jumps into the hub, 4 returns.
+        let truth = |q: &crate::arcs::Quantity| match q {
+            crate::arcs::Quantity::Block(0) | crate::arcs::Quantity::Block(2) => 4,
+            crate::arcs::Quantity::Block(1) => 10,
+            crate::arcs::Quantity::Block(_) => 14,
+            crate::arcs::Quantity::Edge(_) => unreachable!("only blocks have counters here"),
+        };
+        let values: Vec<u64> = placement.counted().iter().map(truth).collect();
+        let counts = solve_counters(&cfg, &placement, &values).unwrap();
+        assert_eq!(counts.blocks(), [4, 10, 4, 14]);
+        assert_eq!(counts.calls(), 4);
     }
 
     #[test]
