@@ -146,18 +146,19 @@ fn writes(factory: &mut InstructionInfoFactory, instruction: &Instruction, regis
     })
 }
 
-/// Whether `load` reads an indexed entry of the table `register` points to.
+/// Whether `load` reads an indexed entry of the table `register` points
+/// to: into a register, or as the target of a jump (`jmp [r + i*8]`).
 fn loads_through(load: &Instruction, register: Register) -> bool {
-    load.op_count() == 2
-        && load.op1_kind() == OpKind::Memory
-        && load.memory_index() != Register::None
-        && (load.memory_base() == register || load.memory_index() == register)
+    let reads =
+        (load.op_count() == 2 && load.op1_kind() == OpKind::Memory) || (load.code() == Code::Jmp_rm64 && load.op0_kind() == OpKind::Memory);
+    reads && load.memory_index() != Register::None && (load.memory_base() == register || load.memory_index() == register)
 }
 
-/// What a load of a table's entry reads: 4-byte offsets or 8-byte addresses.
+/// What a load of a table's entry reads: 4-byte offsets or 8-byte
+/// addresses (a jump through the table reads an address).
 fn entries_of(load: &Instruction) -> Option<Entries> {
     match load.memory_size().size() {
-        4 => Some(Entries::Relative),
+        4 if load.code() != Code::Jmp_rm64 => Some(Entries::Relative),
         8 => Some(Entries::Absolute),
         _ => None,
     }
