@@ -263,6 +263,22 @@ fn lines_the_engine_cannot_count_are_probed_only_when_every_probe_is_kept() {
     assert!(has_line(&exact, dispatch), "{}", exact["lines"]);
 }
 
+/// The code -O2 moves into a function's `.cold` part is the function's:
+/// its jumps there and back are edges of its graph, and its lines count
+/// in its frames, as gcov counts them.
+#[test]
+fn lines_of_a_cold_part_count_as_the_functions() {
+    require_probes();
+    require("gcov", "as the line-count oracle");
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = gcov_counts("branches.c", "-O2", &["300"]);
+    let (ours, text, _) = proftap_counts(&Build::c("branches.c", "-O2"), &["300"], dir.path());
+    let complain = line_of("branches.c", "complain(x);");
+    // 96, 193 and 290 of 0..300 take the unlikely path.
+    assert_eq!(theirs.get(&complain).copied().flatten(), Some(3));
+    assert_eq!(ours.get(&complain).copied().flatten(), Some(3), "{text}");
+}
+
 /// Sampled stacks through counting stubs unwind as through the original
 /// code: spin()'s caller burst() calls it last, so its call returns into
 /// the stub that counts burst()'s return.

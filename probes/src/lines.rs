@@ -220,6 +220,17 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
                 probes.push((fi as u32, address, lines));
             }
         }
+        // Rows of its cold parts are its own: they run in its frames.
+        for &(lo, hi) in &probed.cold {
+            located[fi].extend(located_at.range(lo..hi).map(|(&a, &row)| (a, row)));
+            for (&address, starts) in by_address.range(lo..hi) {
+                let lines: Vec<(u32, u32)> = starts.iter().filter(|s| keep(s)).copied().collect();
+                if !lines.is_empty() {
+                    probes.push((fi as u32, address, lines));
+                }
+            }
+        }
+        located[fi].sort_unstable_by_key(|&(address, _)| address);
         if let Some((first, rest)) = entry_rows[fi].split_first() {
             let rest: Vec<(u32, u32)> = rest.iter().filter(|s| keep(s)).copied().collect();
             entry_rows[fi] = std::iter::once(*first).chain(rest).collect();

@@ -42,6 +42,9 @@ pub struct ProbedFunction {
     /// Where its entry is seen, when not at `offset`: a cheaper instruction
     /// of the entry block, and how far the stack pointer has moved down there.
     pub entry_probe: Option<(FileOffset, u64)>,
+    /// The link-time address ranges of the cold parts the compiler split
+    /// off it (`f.cold`): code of the function, jumped to, never called.
+    pub cold: Vec<(u64, u64)>,
 }
 
 /// The probes for `selected` functions of `modules`; `images[m]` is module
@@ -68,15 +71,11 @@ pub fn plan(
         };
         let file = images.get(s.module).copied().flatten().map_or(&[][..], |i| i.data());
         let code = file.get(offset.0 as usize..).unwrap_or(&[]);
+        let cold =
+            cold_by_module.entry(s.module).or_insert_with(|| cold_parts(index)).get(f.raw_name.as_str()).cloned().unwrap_or_default();
         let exit_sites = match exits {
             ExitMode::Uretprobe => None,
             ExitMode::ReturnSites => {
-                let cold = cold_by_module
-                    .entry(s.module)
-                    .or_insert_with(|| cold_parts(index))
-                    .get(f.raw_name.as_str())
-                    .cloned()
-                    .unwrap_or_default();
                 let sites = exit_offsets(file, f.address, offset, f.size, &cold);
                 if f.size == 0 {
                     warnings.push(format!("{}: its size is unknown, so its returns cannot be found; only its calls are counted", f.name));
@@ -123,6 +122,7 @@ pub fn plan(
             role: Role::Measured,
             exit_sites,
             entry_probe,
+            cold,
         });
     }
     planned
@@ -168,5 +168,6 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, image: &ElfImage, open_path: &std::
         role: Role::CatchMarker,
         exit_sites: None,
         entry_probe: None,
+        cold: Vec::new(),
     })
 }

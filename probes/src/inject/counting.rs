@@ -74,7 +74,10 @@ pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choic
         let planned = source.code(target).and_then(|code| {
             let read = |address: u64, len: usize| code.read(address, len);
             let data = arcs::Data { read: &read, bias: code.bias };
-            let parts = [CodeRange { address: code.at, bytes: code.bytes }];
+            // The function's cold parts are its code too: its jumps go there.
+            let parts: Vec<CodeRange<'_>> = std::iter::once(CodeRange { address: code.at, bytes: code.bytes })
+                .chain(code.cold.iter().map(|&(address, bytes)| CodeRange { address, bytes }))
+                .collect();
             let cfg = Cfg::build_reading(&parts, Some(&data)).map_err(|e| e.to_string())?;
             let planned = plan_function(cfg.clone(), &parts, choices, true).or_else(|why| {
                 if !choices.may_take_entries {

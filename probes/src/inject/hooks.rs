@@ -88,6 +88,7 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
                     offset: offset.0,
                     size: symbol.size(),
                     site: Site::Entry,
+                    cold: Vec::new(),
                 };
                 sites.push(HookSite { name, hook, target });
             }

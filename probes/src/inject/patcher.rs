@@ -44,6 +44,8 @@ pub struct Target {
     pub size: u64,
     /// Its entry, or all its returns.
     pub site: Site,
+    /// Its cold parts' link-time address ranges (see [`ProbedFunction::cold`]).
+    pub cold: Vec<(u64, u64)>,
 }
 
 impl Target {
@@ -56,6 +58,7 @@ impl Target {
             offset: f.offset.0,
             size: f.size,
             site: Site::Entry,
+            cold: f.cold.clone(),
         }
     }
 }
@@ -113,6 +116,8 @@ pub struct Code<'s> {
     pub bytes: &'s [u8],
     /// Runtime address less link-time address.
     pub bias: u64,
+    /// Its cold parts: runtime address and bytes.
+    pub cold: Vec<(u64, &'s [u8])>,
     image: &'s ElfImage,
     segments: &'s [Segment],
 }
@@ -156,7 +161,16 @@ impl<'a> CodeSource<'a> {
         let bytes =
             image.data().get(target.offset as usize..(target.offset + target.size) as usize).ok_or("its code is not in the file")?;
         let at = loaded.bias.to_runtime(VirtAddr(target.address)).0;
-        Ok(Code { module: loaded.path.clone(), at, bytes, bias: at.wrapping_sub(target.address), image, segments })
+        let bias = at.wrapping_sub(target.address);
+        let cold = target
+            .cold
+            .iter()
+            .filter_map(|&(lo, hi)| {
+                let offset = file_offset(segments, VirtAddr(lo))?.0 as usize;
+                Some((lo.wrapping_add(bias), image.data().get(offset..offset.checked_add(hi.checked_sub(lo)? as usize)?)?))
+            })
+            .collect();
+        Ok(Code { module: loaded.path.clone(), at, bytes, bias, cold, image, segments })
     }
 }
 
