@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Line counts beside a --coverage build of the same source: the bare -O0
+# Line counts beside a --coverage build of the same source: the bare
 # program, the same built with --coverage (gcov's own way), and
 # `proftap run --lines` on the bare one, in the same minute.
 #
@@ -7,8 +7,9 @@
 #
 # Programs: examples/lineloop.c (20 M iterations, about 100 M line entries
 # and 20 M turns of a one-line loop), and Lua 5.4 built from its published
-# sources at -O0 running benches/realprogs/bench.lua (downloaded once into
-# $PROFTAP_REALPROGS, default ~/.cache/proftap-realprogs, as
+# sources at -O0 and at -O2 running benches/realprogs/bench.lua
+# (downloaded once into $PROFTAP_REALPROGS, default
+# ~/.cache/proftap-realprogs, as
 # benches/realprogs.sh does). "recorded" is the time the profile says the
 # program ran under proftap; "whole" adds proftap's start-up and end.
 set -euo pipefail
@@ -44,12 +45,14 @@ compare lineloop "$work/loop" "$work/loop-cov" 20000000
 
 mkdir -p "$dir"
 "$root/scripts/lua-sources.sh" "$dir/lua-5.4.4-src"
-for variant in O0 cov; do
-    if [ ! -x "$dir/lua-$variant/src/lua" ]; then
-        rm -rf "$dir/lua-$variant" && cp -r "$dir/lua-5.4.4-src" "$dir/lua-$variant"
-        flags="-O0 -g -std=gnu99 -DLUA_COMPAT_5_3 -DLUA_USE_LINUX"
-        [ "$variant" = cov ] && flags="$flags --coverage"
-        make -s -C "$dir/lua-$variant/src" linux CFLAGS="$flags" MYLDFLAGS="$([ "$variant" = cov ] && echo --coverage)" >/dev/null 2>&1
+# Builds by directory name: lua-NAME, with these flags.
+for variant in "O0:-O0" "cov:-O0 --coverage" "O2:-O2" "O2-cov:-O2 --coverage"; do
+    name=${variant%%:*} flags=${variant#*:}
+    if [ ! -x "$dir/lua-$name/src/lua" ]; then
+        rm -rf "$dir/lua-$name" && cp -r "$dir/lua-5.4.4-src" "$dir/lua-$name"
+        ldflags=$([[ $flags == *--coverage* ]] && echo --coverage || true)
+        make -s -C "$dir/lua-$name/src" linux CFLAGS="$flags -g -std=gnu99 -DLUA_COMPAT_5_3 -DLUA_USE_LINUX" MYLDFLAGS="$ldflags" >/dev/null 2>&1
     fi
 done
 compare lua "$dir/lua-O0/src/lua" "$dir/lua-cov/src/lua" "$root/benches/realprogs/bench.lua" 1
+compare lua-O2 "$dir/lua-O2/src/lua" "$dir/lua-O2-cov/src/lua" "$root/benches/realprogs/bench.lua" 1

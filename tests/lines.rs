@@ -146,8 +146,7 @@ fn loops_on_one_line_count_their_turns_as_gcov_does() {
     assert!(only_ours.is_empty(), "{only_ours:?}\n{text}");
     assert_eq!(agree, both, "{text}");
     // The loops' lines count their turns: 30 entries and 30 x 32 turns.
-    let source = std::fs::read_to_string(examples().join("loops.c")).unwrap();
-    let reset = source.lines().position(|l| l.contains("nums[i] = 0;")).unwrap() as u32 + 1;
+    let reset = line_of("loops.c", "nums[i] = 0;");
     assert_eq!(ours[&reset], Some(30 * 33), "{text}");
 }
 

@@ -443,7 +443,9 @@ impl Cfg {
     fn connect(&mut self, reached: &Reached, hubs: &[Hub]) -> Result<(), Error> {
         self.push(Node::Entry, Node::Block(self.entry), EdgeKind::Entry);
         let code_blocks = self.blocks.len() - hubs.len();
+        let mut hub_of: BTreeMap<u64, usize> = BTreeMap::new();
         for (i, hub) in hubs.iter().enumerate() {
+            hub_of.extend(hub.jumps.iter().map(|&jump| (jump, code_blocks + i)));
             for &target in &hub.targets {
                 self.push(Node::Block(code_blocks + i), self.target(target), EdgeKind::Dispatch);
             }
@@ -454,8 +456,8 @@ impl Cfg {
             let instruction = &reached.instructions[&last];
             let next = instruction.next_ip();
             let after = self.block_at(next).map(Node::Block);
-            if let Some(hub) = hubs.iter().position(|h| h.jumps.contains(&last)) {
-                self.push(from, Node::Block(code_blocks + hub), EdgeKind::Jump { at: last });
+            if let Some(&hub) = hub_of.get(&last) {
+                self.push(from, Node::Block(hub), EdgeKind::Jump { at: last });
                 continue;
             }
             if let Some(targets) = reached.tables.get(&last) {

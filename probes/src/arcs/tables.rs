@@ -89,6 +89,7 @@ pub(super) fn targets(
 fn find(instructions: &BTreeMap<u64, Instruction>) -> Vec<Table> {
     let list: Vec<&Instruction> = instructions.values().collect();
     let mut factory = InstructionInfoFactory::new();
+    let writers = writers(&list, &mut factory);
     let mut tables = Vec::new();
     for (i, instruction) in list.iter().enumerate() {
         if let Some(at) = fixed_table(instruction) {
@@ -100,7 +101,7 @@ fn find(instructions: &BTreeMap<u64, Instruction>) -> Vec<Table> {
         }
         let register = instruction.op0_register();
         let at = instruction.memory_displacement64();
-        if kept_for_the_function(&list, i, &mut factory) {
+        if kept_for_the_function(register, &writers) {
             // An interpreter's dispatch table, its address loaded once into a
             // register the function keeps: each load through it uses the table.
             for (j, load) in list.iter().enumerate().filter(|(_, l)| loads_through(l, register)) {
@@ -140,10 +141,12 @@ fn load_after(list: &[&Instruction], lea: usize, factory: &mut InstructionInfoFa
 
 /// Whether `instruction` writes `register` (or part of it).
 fn writes(factory: &mut InstructionInfoFactory, instruction: &Instruction, register: Register) -> bool {
-    factory.info(instruction).used_registers().iter().any(|used| {
-        used.register().full_register() == register
-            && matches!(used.access(), OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite)
-    })
+    factory.info(instruction).used_registers().iter().any(|used| used.register().full_register() == register && is_write(used.access()))
+}
+
+/// Whether an access may change the register.
+fn is_write(access: OpAccess) -> bool {
+    matches!(access, OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite)
 }
 
 /// Whether `load` reads an indexed entry of the table `register` points
@@ -164,17 +167,28 @@ fn entries_of(load: &Instruction) -> Option<Entries> {
     }
 }
 
-/// Whether the register `list[lea]` writes is one calls preserve and that
-/// nothing else in the function writes but the `pop` that restores it
-/// before a return: it holds what the `lea` put there wherever it is used.
-fn kept_for_the_function(list: &[&Instruction], lea: usize, factory: &mut InstructionInfoFactory) -> bool {
-    const PRESERVED: [Register; 6] = [Register::RBX, Register::RBP, Register::R12, Register::R13, Register::R14, Register::R15];
-    let register = list[lea].op0_register();
-    PRESERVED.contains(&register)
-        && list
-            .iter()
-            .enumerate()
-            .all(|(i, instruction)| i == lea || instruction.mnemonic() == Mnemonic::Pop || !writes(factory, instruction, register))
+/// The registers calls preserve.
+const PRESERVED: [Register; 6] = [Register::RBX, Register::RBP, Register::R12, Register::R13, Register::R14, Register::R15];
+
+/// How many instructions of `list` write each register calls preserve,
+/// leaving out the `pop`s that restore them before a return.
+fn writers(list: &[&Instruction], factory: &mut InstructionInfoFactory) -> [usize; PRESERVED.len()] {
+    let mut writers = [0; PRESERVED.len()];
+    for instruction in list.iter().filter(|i| i.mnemonic() != Mnemonic::Pop) {
+        for used in factory.info(instruction).used_registers().iter().filter(|used| is_write(used.access())) {
+            if let Some(k) = PRESERVED.iter().position(|&r| r == used.register().full_register()) {
+                writers[k] += 1;
+            }
+        }
+    }
+    writers
+}
+
+/// Whether `register`, which a `lea` of a table writes, is one calls
+/// preserve and that nothing else in the function writes (`writers`): it
+/// holds the table's address wherever it is used.
+fn kept_for_the_function(register: Register, writers: &[usize; PRESERVED.len()]) -> bool {
+    PRESERVED.iter().position(|&r| r == register).is_some_and(|k| writers[k] == 1)
 }
 
 /// `jmp [T + index*8]`: a table at a fixed address.
