@@ -358,6 +358,11 @@ impl Cfg {
     /// often as its block, each target's as its block is entered that way,
     /// where a jump to each target would be an edge no counter can hold.
     pub fn build_reading(parts: &[CodeRange<'_>], data: Option<&Data<'_>>) -> Result<Cfg, Error> {
+        // Hubs are numbered past any code: code up there (a made-up binary's
+        // addresses) would be taken for one.
+        if let Some(part) = parts.iter().find(|p| p.address.saturating_add(p.bytes.len() as u64) > HUB_ADDRESSES) {
+            return Err(Error::RunsOff { address: part.address });
+        }
         let reached = reach(parts, data)?;
         let mut blocks = split(&reached);
         let hubs = hubs(&reached.tables);

@@ -396,6 +396,9 @@ mod tests {
         let counts = solve_counters(&cfg, &placement, &values).unwrap();
         assert_eq!(counts.blocks(), [4, 10, 4, 14]);
         assert_eq!(counts.calls(), 4);
+        // Code where hubs are numbered is refused, not mistaken for one.
+        let high = [CodeRange { address: u64::MAX - 0x1000, bytes: &DISPATCH }];
+        assert!(matches!(Cfg::build_reading(&high, Some(&data)), Err(Error::RunsOff { .. })));
     }
 
     #[test]
