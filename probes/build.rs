@@ -7,8 +7,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The runtime's functions and data that proftap needs the offset of.
-const SYMBOLS: &[&str] =
-    &["proftap_entry", "proftap_exit", "proftap_unhook", "proftap_rehook", "proftap_resume", "proftap_config", "proftap_layout"];
+const SYMBOLS: &[&str] = &[
+    "proftap_entry",
+    "proftap_exit",
+    "proftap_unhook",
+    "proftap_rehook",
+    "proftap_resume",
+    "proftap_region",
+    "proftap_config",
+    "proftap_layout",
+];
 
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));

@@ -52,6 +52,9 @@ __attribute__((used)) const u64 proftap_layout[] = {
     __builtin_offsetof(struct private_block, ret),
     sizeof(struct traced),
     __builtin_offsetof(struct block, traced),
+    sizeof(struct regions),
+    sizeof(struct region_total),
+    OPEN_REGIONS,
 };
 
 static inline u64 rdtsc(void)
@@ -727,4 +730,114 @@ void proftap_resume(u64 *slot)
     if (!p->unhooked)
         return;
     proftap_rehook(slot);
+}
+
+/* Regions. A region's hooks are patched where a frame moves onto one of
+ * its lines from outside it (enter) and where it moves off them or
+ * returns from them (leave); `sp` is the frame's stack pointer there.
+ * Hooks nest as frames do, but a frame may leave one region while in
+ * another it entered later: a leave closes the newest entry of its region,
+ * and entries above it from deeper stack (frames a longjmp or an exception
+ * left) end unwound. */
+
+static inline struct regions *regions_of(const struct config *c, struct block *b)
+{
+    return (struct regions *)((char *)b + c->regions_offset);
+}
+
+static inline struct region_total *region_totals(const struct config *c, struct block *b)
+{
+    return (struct region_total *)(regions_of(c, b) + 1);
+}
+
+static inline void observe_timed(struct stat *s, u64 v, int first)
+{
+    s->total += v;
+    if (first || v < s->min)
+        s->min = v;
+    if (v > s->max)
+        s->max = v;
+}
+
+static void leave_region(const struct config *c, struct block *b, u64 region, u64 now, u64 off)
+{
+    struct regions *r = regions_of(c, b);
+    struct region_total *totals = region_totals(c, b);
+    if (r->overflow) {
+        r->overflow--;
+        totals[region].untimed++;
+        return;
+    }
+    u64 open = r->open < OPEN_REGIONS ? r->open : OPEN_REGIONS;
+    u64 i = open;
+    while (i && r->stack[i - 1].region != region)
+        i--;
+    if (!i) {
+        totals[region].unpaired++;
+        return;
+    }
+    struct open_region *o = &r->stack[i - 1];
+    u64 wall = now > o->entry_tsc ? now - o->entry_tsc : 0;
+    u64 off_since = off > o->entry_off ? off - o->entry_off : 0;
+    u64 cpu = wall > off_since ? wall - off_since : 0;
+    struct region_total *t = &totals[region];
+    observe_timed(&t->wall, wall, t->timed == 0);
+    observe_timed(&t->cpu, cpu, t->timed == 0);
+    t->timed++;
+    /* Keep what is above it, but entries of deeper frames: those ended. */
+    u64 kept = i - 1;
+    for (u64 j = i; j < open; j++) {
+        struct open_region *above = &r->stack[j];
+        if (above->sp < o->sp && near(above->sp, o->sp)) {
+            if (above->region < c->regions)
+                totals[above->region].unwound++;
+            continue;
+        }
+        r->stack[kept++] = *above;
+        NOT_A_MEMCPY();
+    }
+    r->open = kept;
+}
+
+/* A region hook: `code` is the region's index times two, plus one for a
+ * leave. */
+void proftap_region(u64 code, u64 sp)
+{
+    const struct config *c = config();
+    u32 early_tid = library_tid(c);
+    u64 early_off;
+    u64 now = now_and_off(c, early_tid, &early_off);
+    adopt_if_forked(c);
+    u64 region = code >> 1;
+    if (region >= c->regions || !live(c))
+        return;
+    struct seat *s = seat_of(c, 1);
+    if (!s) {
+        __atomic_fetch_add(&header(c)->unseated_hooks, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    struct private_block *p = private_block(c, s->block - 1);
+    struct block *b = shared_block(c, s->block - 1);
+    struct regions *r = regions_of(c, b);
+    if (__atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE)) {
+        __atomic_fetch_add(&r->busy, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    u64 off = early_tid && early_tid == b->tid ? early_off : off_cpu(c, (u32)b->tid);
+    if (code & 1) {
+        leave_region(c, b, region, now, off);
+    } else {
+        region_totals(c, b)[region].entries++;
+        if (r->open < OPEN_REGIONS) {
+            struct open_region *o = &r->stack[r->open];
+            o->region = region;
+            o->sp = sp;
+            o->entry_tsc = now;
+            o->entry_off = off;
+            r->open++;
+        } else {
+            r->overflow++;
+        }
+    }
+    __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }

@@ -69,6 +69,8 @@ struct config {
     /* Abstract socket proftap takes forked children's memory on (its
      * first byte is 0: no socket). */
     char fork_socket[FORK_SOCKET_NAME];
+    u64 regions;        /* regions timed (their hooks pass an index below) */
+    u64 regions_offset; /* where a block's struct regions is in it */
 };
 
 struct header {
@@ -77,7 +79,8 @@ struct header {
     u64 ns_to_tsc_shift;
     u64 blocks_taken;    /* blocks handed out so far */
     u64 unseated;        /* calls of threads that found no block */
-    u64 reserved[3];
+    u64 unseated_hooks;  /* region hooks of threads that found no block */
+    u64 reserved[2];
 };
 
 struct stat {
@@ -101,6 +104,35 @@ struct frame {
      * calling the same function finds its node without the hash. */
     u32 last_function, last_child;
     u32 function;
+};
+
+/* Regions a thread has open at once; more are counted, not timed. */
+#define OPEN_REGIONS 64
+
+/* A region a thread is in: since when, and where its frame's stack was. */
+struct open_region {
+    u64 region, sp, entry_tsc, entry_off;
+};
+
+/* One region's totals in a thread. */
+struct region_total {
+    u64 entries;
+    u64 timed;    /* entries left and timed */
+    u64 untimed;  /* entries left past OPEN_REGIONS open at once */
+    u64 unwound;  /* entries whose frame a longjmp or an exception left */
+    u64 unpaired; /* leaves with no entry (the hook ran while the thread was busy, or before recording) */
+    u64 reserved;
+    struct stat wall, cpu;
+};
+
+/* A thread's regions, at config.regions_offset in its block: those open,
+ * then a struct region_total per region. */
+struct regions {
+    u64 open;     /* entries in use of `stack` */
+    u64 overflow; /* entries past OPEN_REGIONS, not timed */
+    u64 busy;     /* hooks that ran while the runtime was busy on the thread: not seen */
+    u64 reserved;
+    struct open_region stack[OPEN_REGIONS];
 };
 
 /* A finished call in a block's trace ring. */
@@ -145,7 +177,9 @@ struct block {
     struct node node[NODES];
     /* then u64 calls by function, at config.entries_offset, then as many
      * made while the block was busy; then, at config.trace_offset, the
-     * trace ring: struct traced[config.trace_slots] */
+     * trace ring: struct traced[config.trace_slots]; then, at
+     * config.regions_offset, struct regions and config.regions struct
+     * region_total */
 };
 
 #endif

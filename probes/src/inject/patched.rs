@@ -45,6 +45,10 @@ pub struct Recording<'a> {
     /// a thread's line cannot be told, it is stepped on when counting
     /// starts or ends.
     pub lines: &'a [crate::arcs::FunctionLines],
+    /// Regions timed: their hooks go with the edge counters.
+    pub regions: u64,
+    /// Per line id of `lines`, the regions that hold it.
+    pub regions_of: &'a [Vec<u32>],
 }
 
 /// Why a function whose entry holds an edge counter is not patched.
@@ -144,7 +148,8 @@ impl Patched {
             groups.retain(|g| !g.plans.is_empty());
             refused.retain(|(i, _)| keep(*i));
         }
-        let geometry = Geometry { functions: functions.len() as u64, blocks: totals::BLOCKS, trace_slots: how.trace_slots };
+        let geometry =
+            Geometry { functions: functions.len() as u64, blocks: totals::BLOCKS, trace_slots: how.trace_slots, regions: how.regions };
         let mut patched = Patched {
             pid,
             view: None,
@@ -515,6 +520,8 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         shared_bytes: geometry.shared_bytes(),
         trace_slots: geometry.trace_slots,
         trace_offset: geometry.trace_offset(),
+        regions: geometry.regions,
+        regions_offset: geometry.regions_offset(),
         off_cpu: off_cpu_address,
         off_cpu_entries: off_cpu.map_or(0, OffCpu::entries),
         ..Config::default()

@@ -6,7 +6,7 @@
 //! with why.
 
 use super::remote::Shared;
-use super::totals::{self, BlockHeader, Frame, Geometry, Header, Node, Traced};
+use super::totals::{self, BlockHeader, Frame, Geometry, Header, Node, RegionTotal, RegionsHeader, Traced};
 use std::sync::Arc;
 
 /// Larger counts than this (over a trillion calls) are lies.
@@ -34,6 +34,11 @@ pub struct ThreadTotals {
     /// deeper than the runtime's stack, or a signal handler made them
     /// while the runtime ran.
     pub untimed: u64,
+    /// Per region, its totals in the thread.
+    pub regions: Vec<RegionTotal>,
+    /// Region hooks that ran while the runtime was busy on the thread
+    /// (a signal handler interrupted it): not seen.
+    pub hooks_missed: u64,
 }
 
 /// Every thread's totals.
@@ -46,6 +51,8 @@ pub struct Totals {
     /// Threads whose contexts were not read, to keep a reading within its
     /// budget: their calls are counted, not timed.
     pub over_budget: u64,
+    /// Region hooks of threads beyond the runtime's blocks: not seen.
+    pub unseated_hooks: u64,
 }
 
 /// Why the shared memory cannot be believed.
@@ -107,7 +114,8 @@ impl TotalsView {
         }
         let taken = header.blocks_taken.min(self.geometry.blocks);
         let unseated = checked_count("calls without a block", header.unseated)?;
-        let mut all = Totals { threads: Vec::new(), unseated, over_budget: 0 };
+        let unseated_hooks = checked_count("region hooks without a block", header.unseated_hooks)?;
+        let mut all = Totals { threads: Vec::new(), unseated, over_budget: 0, unseated_hooks };
         for block in 0..taken {
             if let Some((thread, read_whole)) = self.thread_totals(shared, block, &mut budget)? {
                 all.over_budget += u64::from(!read_whole);
@@ -135,11 +143,14 @@ impl TotalsView {
             return Err(corrupted(format!("thread {} reports {lie} calls of a function", h.tid)));
         }
         let calls: Vec<u64> = timed.iter().zip(&busy).map(|(a, b)| a + b).collect();
+        let (regions, hooks_missed) = self.region_totals(shared, at, h.tid)?;
         let wanted = h.nodes * size_of::<Node>() as u64 + h.depth * size_of::<Frame>() as u64;
         if wanted > *budget {
             *budget = 0;
             let untimed = calls.iter().sum();
-            return Ok(Some((ThreadTotals { tid: h.tid as u32, nodes: vec![Node::default()], calls, open: Vec::new(), untimed }, false)));
+            let thread =
+                ThreadTotals { tid: h.tid as u32, nodes: vec![Node::default()], calls, open: Vec::new(), untimed, regions, hooks_missed };
+            return Ok(Some((thread, false)));
         }
         *budget -= wanted;
         let nodes: Vec<Node> = read_array(shared, at + Geometry::NODES as usize, h.nodes as usize);
@@ -153,7 +164,26 @@ impl TotalsView {
         let untimed = [("calls out of context", h.untimed), ("calls too deep", h.too_deep), ("calls while busy", untimed_busy)]
             .into_iter()
             .try_fold(0u64, |sum, (what, n)| checked_count(what, n).map(|n| sum.saturating_add(n)))?;
-        Ok(Some((ThreadTotals { tid: h.tid as u32, nodes, calls, open, untimed }, true)))
+        Ok(Some((ThreadTotals { tid: h.tid as u32, nodes, calls, open, untimed, regions, hooks_missed }, true)))
+    }
+
+    /// The totals of the regions of the thread whose block is at `at`, and
+    /// its hooks the runtime did not see, checked.
+    fn region_totals(&self, shared: &Shared, at: usize, tid: u64) -> Result<(Vec<RegionTotal>, u64), String> {
+        if self.geometry.regions == 0 {
+            return Ok((Vec::new(), 0));
+        }
+        let header: RegionsHeader = read_struct(shared, at + self.geometry.regions_offset() as usize);
+        let regions: Vec<RegionTotal> =
+            read_array(shared, at + self.geometry.region_totals_offset() as usize, self.geometry.regions as usize);
+        for r in &regions {
+            let counts = [r.entries, r.timed, r.untimed, r.unwound, r.unpaired];
+            let timed_lie = r.timed > 0 && (r.wall.min > r.wall.max || r.cpu.min > r.cpu.max || r.cpu.total > r.wall.total);
+            if counts.iter().any(|&c| c > MOST_COUNT) || timed_lie {
+                return Err(corrupted(format!("thread {tid} reports a region entered {} times, timed {} times", r.entries, r.timed)));
+            }
+        }
+        Ok((regions, checked_count("region hooks missed", header.busy)?))
     }
 
     /// Hands `keep` the calls each thread finished since `cursor` (where
@@ -392,7 +422,7 @@ mod tests {
     }
 
     fn traced_view(slots: u64) -> TotalsView {
-        let geometry = Geometry { functions: 2, blocks: 1, trace_slots: slots };
+        let geometry = Geometry { functions: 2, blocks: 1, trace_slots: slots, regions: 0 };
         let shared = Shared::anonymous(geometry.shared_bytes() as usize).expect("memory");
         shared.store(0, totals::MAGIC);
         shared.store(HEADER_BLOCKS_TAKEN, 1);

@@ -19,8 +19,9 @@ mod symbols {
 /// The runtime, compiled: code, constants, then its configuration.
 const IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/runtime.bin"));
 
-/// Bytes set aside for the runtime's code: its image and the return trampoline.
-pub const CODE_ROOM: usize = (IMAGE.len() + 64).next_multiple_of(64) + 128;
+/// Bytes set aside for the runtime's code: its image, the return trampoline
+/// and the region trampoline.
+pub const CODE_ROOM: usize = (IMAGE.len() + 64).next_multiple_of(64) + 256;
 
 /// Threads with a block at once (`SEATS` in runtime.h: the seat table's size).
 pub const SEATS: u64 = 1 << 12;
@@ -75,6 +76,10 @@ pub struct Config {
     pub trace_offset: u64,
     /// The abstract socket forked children send their memory to (all zero: none).
     pub fork_socket: [u8; 32],
+    /// Regions timed.
+    pub regions: u64,
+    /// Where a block's regions are in it.
+    pub regions_offset: u64,
 }
 
 /// The live word while calls are recorded (`LIVE_RECORDING` in runtime.h);
@@ -97,7 +102,9 @@ pub struct Header {
     pub blocks_taken: u64,
     /// Calls of threads that found no block.
     pub unseated: u64,
-    reserved: [u64; 3],
+    /// Region hooks of threads that found no block.
+    pub unseated_hooks: u64,
+    reserved: [u64; 2],
 }
 
 /// `struct stat` of runtime.h: total, min and max, in TSC cycles.
@@ -206,6 +213,54 @@ pub struct BlockHeader {
     reserved: [u64; 6],
 }
 
+/// Regions a thread has open at once (`OPEN_REGIONS`); more are counted, not timed.
+pub const OPEN_REGIONS: u64 = 64;
+
+/// `struct open_region` of runtime.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct OpenRegion {
+    region: u64,
+    sp: u64,
+    entry_tsc: u64,
+    entry_off: u64,
+}
+
+/// The counters at the start of `struct regions` of runtime.h, before the
+/// regions open.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RegionsHeader {
+    /// Regions open.
+    pub open: u64,
+    /// Entries past [`OPEN_REGIONS`] open at once, not timed.
+    pub overflow: u64,
+    /// Hooks that ran while the runtime was busy on the thread: not seen.
+    pub busy: u64,
+    reserved: u64,
+}
+
+/// `struct region_total` of runtime.h: one region's totals in a thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegionTotal {
+    /// Times a frame entered it.
+    pub entries: u64,
+    /// Entries left and timed (`wall` and `cpu` are of these).
+    pub timed: u64,
+    /// Entries left past [`OPEN_REGIONS`] open at once.
+    pub untimed: u64,
+    /// Entries whose frame a longjmp or an exception left.
+    pub unwound: u64,
+    /// Leaves with no entry.
+    pub unpaired: u64,
+    reserved: u64,
+    /// Wall time per timed entry (TSC cycles).
+    pub wall: Stat,
+    /// CPU time per timed entry (TSC cycles).
+    pub cpu: Stat,
+}
+
 /// `struct seat` of runtime.h.
 #[repr(C)]
 struct Seat {
@@ -237,6 +292,8 @@ pub struct Geometry {
     pub blocks: u64,
     /// Calls each block's trace ring holds (a power of two), 0: no trace.
     pub trace_slots: u64,
+    /// Regions timed.
+    pub regions: u64,
 }
 
 const fn page(bytes: u64) -> u64 {
@@ -270,9 +327,22 @@ impl Geometry {
     pub const fn trace_offset(&self) -> u64 {
         page(Self::BLOCK + 16 * self.functions)
     }
+    /// Where a block's regions are in it.
+    pub const fn regions_offset(&self) -> u64 {
+        page(self.trace_offset() + self.trace_slots * size_of::<Traced>() as u64)
+    }
+    /// Where a block's totals of its regions are in it.
+    pub const fn region_totals_offset(&self) -> u64 {
+        self.regions_offset() + Self::REGIONS
+    }
+    /// Bytes of a block's `struct regions`.
+    pub const REGIONS: u64 = size_of::<RegionsHeader>() as u64 + OPEN_REGIONS * size_of::<OpenRegion>() as u64;
     /// Bytes from one block to the next.
     pub const fn block_bytes(&self) -> u64 {
-        page(self.trace_offset() + self.trace_slots * size_of::<Traced>() as u64)
+        if self.regions == 0 {
+            return self.regions_offset();
+        }
+        page(self.region_totals_offset() + self.regions * size_of::<RegionTotal>() as u64)
     }
     /// Bytes of shared memory.
     pub const fn shared_bytes(&self) -> u64 {
@@ -314,6 +384,8 @@ pub struct Runtime {
     /// Where `resume` is: called where a stack walker returns, it hijacks
     /// the return addresses it had put back.
     pub resume: u64,
+    /// Where the region trampoline is (see [`region_hook`]).
+    pub region_trampoline: u64,
 }
 
 fn asm_error(e: IcedError) -> String {
@@ -329,6 +401,9 @@ pub fn assemble(address: u64, config: &Config, return_trampoline: Option<u64>) -
     let own_trampoline = address + code.len() as u64;
     let trampoline = return_trampoline_code(own_trampoline, address + symbols::PROFTAP_EXIT).map_err(asm_error)?;
     code.extend_from_slice(&trampoline);
+    code.resize(code.len().next_multiple_of(16), 0xcc);
+    let region_trampoline = address + code.len() as u64;
+    code.extend_from_slice(&region_trampoline_code(region_trampoline, address + symbols::PROFTAP_REGION).map_err(asm_error)?);
     let config = Config { return_trampoline: return_trampoline.unwrap_or(own_trampoline), ..*config };
     let at = symbols::PROFTAP_CONFIG as usize;
     // SAFETY: Config is plain old data of u64s.
@@ -341,6 +416,7 @@ pub fn assemble(address: u64, config: &Config, return_trampoline: Option<u64>) -
         unhook: address + symbols::PROFTAP_UNHOOK,
         rehook: address + symbols::PROFTAP_REHOOK,
         resume: address + symbols::PROFTAP_RESUME,
+        region_trampoline,
     })
 }
 
@@ -360,6 +436,50 @@ fn return_trampoline_code(address: u64, exit: u64) -> Result<Vec<u8>, IcedError>
     }
     a.ret()?;
     a.assemble(address)
+}
+
+/// Bytes of the stack a region hook steps over before it pushes anything:
+/// the red zone a leaf function may keep below rsp.
+pub const RED_ZONE: i32 = 128;
+
+/// The region trampoline, which a region hook calls (see [`region_hook`])
+/// with its code pushed: with the flags and every register the C code may
+/// change saved, and the stack aligned for it, `region(rdi = code, rsi =
+/// the frame's stack pointer at the hook)`.
+fn region_trampoline_code(address: u64, region: u64) -> Result<Vec<u8>, IcedError> {
+    let mut a = CodeAssembler::new(64)?;
+    a.pushfq()?;
+    for r in SAVED {
+        a.push(r)?;
+    }
+    a.push(rbx)?;
+    a.mov(rbx, rsp)?;
+    a.and(rsp, -16)?;
+    // Above rbx: rbx, the saved registers, the flags, the return address, the code.
+    let code_at = 8 * (SAVED.len() as i32 + 3);
+    a.mov(rdi, qword_ptr(rbx + code_at))?;
+    a.lea(rsi, qword_ptr(rbx + (code_at + 8 + RED_ZONE)))?;
+    a.call(region)?;
+    a.mov(rsp, rbx)?;
+    a.pop(rbx)?;
+    for r in SAVED.iter().rev() {
+        a.pop(*r)?;
+    }
+    a.popfq()?;
+    a.ret()?;
+    a.assemble(address)
+}
+
+/// The instructions of a region hook for `region` (`leave`: its leave,
+/// else its entry), the region trampoline's address being the 8 bytes at
+/// `slot`: `lea rsp,[rsp-128]; push code; call [rip+slot];
+/// lea rsp,[rsp+136]`. Nothing changes but memory below the red zone.
+pub fn region_hook(region: u32, leave: bool, slot: u64) -> Result<Vec<iced_x86::Instruction>, IcedError> {
+    use iced_x86::{Code, Instruction, MemoryOperand, Register};
+    let code = (i64::from(region) << 1 | i64::from(leave)) as i32;
+    let step = |offset: i64| Instruction::with2(Code::Lea_r64_m, Register::RSP, MemoryOperand::with_base_displ(Register::RSP, offset));
+    let call = Instruction::with1(Code::Call_rm64, MemoryOperand::with_base_displ(Register::RIP, slot as i64))?;
+    Ok(vec![step(-i64::from(RED_ZONE))?, Instruction::with1(Code::Pushq_imm32, code)?, call, step(i64::from(RED_ZONE) + 8)?])
 }
 
 /// The registers a trampoline saves: those a call may pass arguments or

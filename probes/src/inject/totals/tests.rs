@@ -32,6 +32,9 @@ fn the_c_and_rust_views_of_the_memory_agree() {
         size_of::<PrivateHeader>() as u64,
         size_of::<Traced>() as u64,
         std::mem::offset_of!(BlockHeader, traced) as u64,
+        Geometry::REGIONS,
+        size_of::<RegionTotal>() as u64,
+        OPEN_REGIONS,
     ];
     for (i, &value) in expected.iter().enumerate() {
         assert_eq!(layout_word(i), value, "layout word {i}");
@@ -72,7 +75,7 @@ impl Local {
     }
 
     fn with_fork_socket(functions: u64, blocks: u64, fork_socket: [u8; 32]) -> Local {
-        Local::with(Geometry { functions, blocks, trace_slots: 0 }, fork_socket)
+        Local::with(Geometry { functions, blocks, trace_slots: 0, regions: 2 }, fork_socket)
     }
 
     fn with(geometry: Geometry, fork_socket: [u8; 32]) -> Local {
@@ -94,6 +97,8 @@ impl Local {
             shared_bytes: geometry.shared_bytes(),
             trace_slots: geometry.trace_slots,
             trace_offset: geometry.trace_offset(),
+            regions: geometry.regions,
+            regions_offset: geometry.regions_offset(),
             fork_socket,
             ..Config::default()
         };
@@ -119,6 +124,18 @@ impl Local {
         // SAFETY: the runtime's exit, found from the image's symbols.
         let exit: extern "C" fn(*mut u64) = unsafe { std::mem::transmute(self.code as usize + symbols::PROFTAP_EXIT as usize) };
         exit(slot);
+    }
+
+    fn region(&self, code: u64, stack: u64) {
+        // SAFETY: the runtime's region hook, found from the image's symbols.
+        let region: extern "C" fn(u64, u64) = unsafe { std::mem::transmute(self.code as usize + symbols::PROFTAP_REGION as usize) };
+        region(code, stack);
+    }
+
+    fn regions(&self, index: u64) -> Vec<RegionTotal> {
+        let at = self.geometry.block(index) + self.geometry.region_totals_offset();
+        // SAFETY: in bounds.
+        unsafe { std::slice::from_raw_parts(self.shared.add(at as usize).cast::<RegionTotal>(), self.geometry.regions as usize).to_vec() }
     }
 
     fn header(&self) -> Header {
@@ -201,7 +218,7 @@ fn calls_add_up_per_context_and_return_where_they_came_from() {
 
 #[test]
 fn with_a_trace_every_finished_call_is_written_with_its_function_depth_and_times() {
-    let rt = Local::with(Geometry { functions: 3, blocks: 1, trace_slots: 4 }, [0; 32]);
+    let rt = Local::with(Geometry { functions: 3, blocks: 1, trace_slots: 4, regions: 0 }, [0; 32]);
     let mut stack = Stack::new();
     rt.entry(&mut stack.0[60], 0);
     rt.entry(&mut stack.0[50], 1);
@@ -296,7 +313,7 @@ fn a_forked_child_not_followed_runs_unrecorded_and_returns_right() {
 
 #[test]
 fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
-    let geometry = Geometry { functions: 1, blocks: 4, ..Geometry::default() };
+    let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
     // SAFETY: getuid has no preconditions.
     let mut children = Children::listen(unsafe { libc::getuid() }, geometry.shared_bytes()).expect("a socket");
     let mut rt = Local::with_fork_socket(1, 4, children.name());
@@ -423,4 +440,83 @@ fn calls_taking_turns_on_one_thread_pointer_return_right_and_go_untimed() {
     let block = rt.block(0);
     assert_eq!((block.depth, block.mixed), (0, 1));
     assert_eq!(rt.entries(0), [2, 1], "every call is still counted");
+}
+
+const ENTER: u64 = 0;
+const LEAVE: u64 = 1;
+
+#[test]
+fn regions_are_timed_from_entry_to_leave_and_overlap_within_a_frame() {
+    let rt = Local::new(1, 2);
+    let frame = 0x7000_0000;
+    // Region 0 entered, region 1 entered, 0 left while in 1, 1 left.
+    rt.region(ENTER, frame);
+    rt.region(2 | ENTER, frame);
+    rt.region(LEAVE, frame);
+    rt.region(2 | LEAVE, frame);
+    // Region 1 again, then a deeper frame enters it too (recursion) and
+    // both leave, the deeper first.
+    rt.region(2 | ENTER, frame);
+    rt.region(2 | ENTER, frame - 0x100);
+    rt.region(2 | LEAVE, frame - 0x100);
+    rt.region(2 | LEAVE, frame);
+    let regions = rt.regions(0);
+    assert_eq!((regions[0].entries, regions[0].timed), (1, 1));
+    assert_eq!((regions[1].entries, regions[1].timed), (3, 3));
+    assert!(regions[1].wall.min <= regions[1].wall.max && regions[1].wall.max <= regions[1].wall.total);
+    assert_eq!(regions[1].cpu, regions[1].wall, "no off-CPU map: CPU time is wall time");
+    assert!([regions[0].unpaired, regions[1].unpaired, regions[0].unwound, regions[1].unwound].iter().all(|&n| n == 0));
+}
+
+#[test]
+fn a_region_left_by_a_longjmp_ends_unwound_and_a_stray_leave_is_counted() {
+    let rt = Local::new(1, 2);
+    let frame = 0x7000_0000;
+    rt.region(ENTER, frame);
+    // A deeper frame enters region 1 and is left by a longjmp: never leaves it.
+    rt.region(2 | ENTER, frame - 0x100);
+    rt.region(LEAVE, frame + 8);
+    // A leave with no entry (recording started inside the region).
+    rt.region(2 | LEAVE, frame);
+    let regions = rt.regions(0);
+    assert_eq!((regions[0].entries, regions[0].timed, regions[0].unwound), (1, 1, 0));
+    assert_eq!((regions[1].entries, regions[1].timed, regions[1].unwound, regions[1].unpaired), (1, 0, 1, 1));
+}
+
+#[test]
+fn regions_open_past_the_stack_are_counted_untimed_and_pair_in_order() {
+    let rt = Local::new(1, 2);
+    let depth = OPEN_REGIONS + 3;
+    for d in 0..depth {
+        rt.region(ENTER, 0x7000_0000 - 0x100 * d);
+    }
+    for d in (0..depth).rev() {
+        rt.region(LEAVE, 0x7000_0000 - 0x100 * d);
+    }
+    let r = rt.regions(0)[0];
+    assert_eq!((r.entries, r.timed, r.untimed, r.unpaired, r.unwound), (depth, OPEN_REGIONS, 3, 0, 0));
+}
+
+#[test]
+fn a_region_hook_calls_the_runtime_through_its_trampoline() {
+    use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock};
+    let rt = Local::new(1, 2);
+    let page = map(4096);
+    let at = page as u64;
+    let slot = at + 2048;
+    let mut hook = region_hook(1, false, slot).unwrap();
+    hook.extend(region_hook(1, true, slot).unwrap());
+    hook.push(Instruction::with(Code::Retnq));
+    let code = BlockEncoder::encode(64, InstructionBlock::new(&hook, at), BlockEncoderOptions::NONE).unwrap().code_buffer;
+    // SAFETY: code and the slot written into a fresh page, then made executable and run.
+    unsafe {
+        std::ptr::copy_nonoverlapping(code.as_ptr(), page, code.len());
+        *(page.add(2048).cast::<u64>()) = rt.runtime.region_trampoline;
+        assert_eq!(libc::mprotect(page.cast(), 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+        let run: extern "C" fn() = std::mem::transmute(page as usize);
+        run();
+        libc::munmap(page.cast(), 4096);
+    }
+    let r = rt.regions(0)[1];
+    assert_eq!((r.entries, r.timed, r.unpaired), (1, 1, 0));
 }
