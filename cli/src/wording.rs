@@ -58,6 +58,11 @@ fn finding_sentence(finding: &Finding) -> String {
             counted(functions.len() as u64, "function", "functions"),
             examples(functions)
         ),
+        Finding::RegionsUnhooked { functions } => format!(
+            "calls are seen by uprobes and regions timed by uprobes on lines: the in-process engine cannot hook {} holding lines of a region ({})",
+            counted(functions.len() as u64, "function", "functions"),
+            examples(functions)
+        ),
         Finding::LinesNotCounted { functions, budget_percent } => format!(
             "the lines of {} are not counted, and show no count{}: {}",
             counted(functions.len() as u64, "function", "functions"),
@@ -106,6 +111,12 @@ fn finding_sentence(finding: &Finding) -> String {
         Finding::CallsUntimed { calls, unseated } => format!(
             "{} counted but not timed by the in-process engine, {unseated} of them in threads beyond those it times at once (their functions unknown); the times of the functions involved are low",
             counted(*calls, "call was", "calls were")
+        ),
+        Finding::RegionsIncomplete { untimed, unpaired, missed } => format!(
+            "regions: {} counted but not timed (still open at the end, left by a longjmp or an exception, or more open at once than a thread keeps), {} without an entry seen, {} not seen (made while the in-process engine was busy on their thread, or by threads beyond those it times at once); the regions' times are low",
+            counted(*untimed, "entry", "entries"),
+            counted(*unpaired, "leave", "leaves"),
+            counted(*missed, "hook", "hooks")
         ),
         Finding::ContextsOverBudget { threads, budget_bytes } => format!(
             "the calling contexts of {} were not read: with the others they take more than the {} MiB one reading copies; their calls are counted, not timed",
@@ -165,7 +176,7 @@ fn examples(items: &[String]) -> String {
 fn uprobe_reason(reason: UprobeReason) -> &'static str {
     match reason {
         UprobeReason::Metrics => "the in-process engine measures wall and CPU time only",
-        UprobeReason::Lines => "line times and regions are seen by uprobes on lines",
+        UprobeReason::Lines => "line times, and regions in functions the in-process engine cannot hook, are seen by uprobes on lines",
         UprobeReason::Forks => {
             "the program calls fork, and the in-process engine does not record forked processes (--no-follow-fork lets it)"
         }

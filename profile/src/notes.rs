@@ -51,6 +51,13 @@ pub enum Finding {
         /// Their names, each with why.
         functions: Vec<String>,
     },
+    /// The regions are timed by uprobes on lines, and calls seen by uprobes:
+    /// the in-process engine cannot hook these functions ("name: why"),
+    /// which hold lines of a region.
+    RegionsUnhooked {
+        /// Their names, each with why.
+        functions: Vec<String>,
+    },
     /// The lines of these functions ("name: why") were not counted: their
     /// edge counters could not be patched in, or their counts did not add
     /// up, or their control flow cannot be read and the overhead budget
@@ -135,6 +142,18 @@ pub enum Finding {
         calls: u64,
         /// Of them, in threads beyond those it times at once (function unknown).
         unseated: u64,
+    },
+    /// Region entries the in-process engine counted but could not time, or
+    /// hooks it could not pair or did not see.
+    RegionsIncomplete {
+        /// Entries not timed: still open at the end, left by a longjmp or
+        /// an exception, or past the regions a thread keeps open at once.
+        untimed: u64,
+        /// Leaves with no entry seen (recording started inside the region).
+        unpaired: u64,
+        /// Hooks not seen: made while the runtime was busy on their thread
+        /// (a signal handler) or by threads beyond those it times at once.
+        missed: u64,
     },
     /// Threads whose calling contexts the in-process engine did not read:
     /// together they claimed more than one reading copies. Their calls are

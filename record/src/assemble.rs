@@ -10,8 +10,8 @@ use crate::request::RegionSpec;
 use crate::trace::TraceKeeper;
 use proftap_probes::entry::EntryKind;
 use proftap_profile::{
-    BranchRecord, Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord, SampleProfile, Target,
-    ThreadProfile, Throttled, TreeNode,
+    BranchRecord, Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord, SampleProfile, Stat,
+    Target, ThreadProfile, Throttled, TreeNode,
 };
 use serde::{Deserialize, Serialize};
 
@@ -106,6 +106,11 @@ pub struct Ending {
     /// Per line id, the conditional jumps the edge counters counted on it.
     #[serde(default)]
     pub line_branches: Vec<Vec<BranchRecord>>,
+    /// Per region, its entries and cost per entry (per metric) as the
+    /// in-process engine's hooks added them up, besides what line probes
+    /// saw.
+    #[serde(default)]
+    pub engine_regions: Vec<(u64, Vec<Stat>)>,
 }
 
 /// The profile of a recording.
@@ -147,7 +152,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
         metrics: setup.metrics.clone(),
         functions: functions(setup, &aggregate.throttled, ending),
         lines: line_records(setup.lines.as_ref(), &aggregate.lines, ending, &calls, metrics),
-        regions: region_records(&setup.regions, &aggregate, metrics),
+        regions: region_records(&setup.regions, &aggregate, &ending.engine_regions, metrics),
         threads: aggregate.threads,
         lost: aggregate.lost,
         overhead,
@@ -331,17 +336,24 @@ fn line_records(table: Option<&LineTable>, probed: &[(u64, Values)], ending: &En
     records.into_iter().flatten().collect()
 }
 
-fn region_records(regions: &[RegionSpec], aggregate: &Aggregate, metrics: usize) -> Vec<RegionRecord> {
+/// Each region with what the line probes saw of it and what the in-process
+/// engine's hooks did (each frame is seen by one or the other).
+fn region_records(regions: &[RegionSpec], aggregate: &Aggregate, engine: &[(u64, Vec<Stat>)], metrics: usize) -> Vec<RegionRecord> {
     regions
         .iter()
-        .zip(&aggregate.regions)
-        .map(|(spec, (entries, stats))| RegionRecord {
-            name: spec.name.clone(),
-            file: spec.file.clone(),
-            start: spec.start,
-            end: spec.end,
-            entries: *entries,
-            inclusive: stats.iter().copied().take(metrics).collect(),
+        .enumerate()
+        .map(|(i, spec)| {
+            let mut entries = 0u64;
+            let mut inclusive = vec![Stat::default(); metrics];
+            if let Some((n, stats)) = aggregate.regions.get(i) {
+                entries = entries.saturating_add(*n);
+                inclusive.iter_mut().zip(stats).for_each(|(sum, s)| sum.merge(s));
+            }
+            if let Some((n, stats)) = engine.get(i) {
+                entries = entries.saturating_add(*n);
+                inclusive.iter_mut().zip(stats).for_each(|(sum, s)| sum.merge(s));
+            }
+            RegionRecord { name: spec.name.clone(), file: spec.file.clone(), start: spec.start, end: spec.end, entries, inclusive }
         })
         .collect()
 }

@@ -517,12 +517,13 @@ impl<'a> Driver<'a> {
         let closing = Closing::start(std::iter::once(Box::new(uprobes.withdrawn) as Box<dyn Send>).chain(off_cpu).collect());
         drop(self.child);
         let engine = inject.transpose()?;
-        let (engine_threads, engine_calls, engine_trace, line_counts, line_branches) = match engine {
+        let (engine_threads, engine_calls, engine_trace, line_counts, line_branches, engine_regions) = match engine {
             Some(mut ending) => {
                 self.notes.append(&mut ending.notes);
-                (ending.threads, ending.calls, ending.trace, ending.line_counts, ending.line_branches)
+                let regions = ending.regions.into_iter().map(|r| (r.entries, r.inclusive)).collect();
+                (ending.threads, ending.calls, ending.trace, ending.line_counts, ending.line_branches, regions)
             }
-            None => (Vec::new(), 0, None, None, Vec::new()),
+            None => (Vec::new(), 0, None, None, Vec::new(), Vec::new()),
         };
         let ending = Ending {
             exit_code: match self.ended {
@@ -548,6 +549,7 @@ impl<'a> Driver<'a> {
             engine_trace,
             line_counts,
             line_branches,
+            engine_regions,
         };
         Ok(Finished { consumer: self.consumer, ending, ended: self.ended, closing })
     }

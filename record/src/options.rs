@@ -146,7 +146,16 @@ impl RecordOptions {
     /// How the in-process engine records, reading CPU time from `off_cpu`.
     pub fn engine_recording<'a>(&self, off_cpu: Option<&'a OffCpu>) -> Recording<'a> {
         let trace_slots = if self.trace_bytes.is_some() { TRACE_SLOTS } else { 0 };
-        Recording { off_cpu, follow_forks: self.follow_forks, trace_slots, count_edges: &[], counting: self.counting, lines: &[] }
+        Recording {
+            off_cpu,
+            follow_forks: self.follow_forks,
+            trace_slots,
+            count_edges: &[],
+            counting: self.counting,
+            lines: &[],
+            regions: if self.count_lines { self.regions.len() as u64 } else { 0 },
+            regions_of: &[],
+        }
     }
 }
 

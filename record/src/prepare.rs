@@ -8,7 +8,7 @@ use crate::error::RecordError;
 use crate::observer::{ObservedDownloads, Observer, RecordEvent, Step, Warning};
 use crate::options::{Control, RecordOptions, Recorded, TargetSpec};
 use crate::recorder::record;
-use crate::request::{EngineChoice, ExitsChoice, RecordRequest, RecordTarget, RegionSpec};
+use crate::request::{EngineChoice, ExitsChoice, RecordRequest, RecordTarget, RegionSpec, regions_of_lines};
 use crate::saved::Saver;
 use proftap_probes::exits::{ExitMode, unwinds};
 use proftap_probes::inject::counting;
@@ -263,6 +263,9 @@ fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -
         (EngineChoice::Uprobe, _) => (Engine::Uprobe, None),
         (EngineChoice::Inject, _) => (Engine::Inject, None),
         (EngineChoice::Auto, None) => (Engine::Inject, None),
+        (EngineChoice::Auto, Some(UprobeReason::Lines)) if !request.line_times && !chosen.regions_unhooked.is_empty() => {
+            (Engine::Uprobe, Some(Finding::RegionsUnhooked { functions: chosen.regions_unhooked.clone() }.into()))
+        }
         (EngineChoice::Auto, Some(reason)) => (Engine::Uprobe, Some(Finding::UprobesChosen { reason }.into())),
     };
     if engine.0 == Engine::Inject && counts_lines(request, chosen) && !chosen.uncountable.is_empty() && follows_uncountable_lines(request) {
@@ -282,11 +285,12 @@ fn follows_uncountable_lines(request: &RecordRequest) -> bool {
 }
 
 /// Whether the in-process engine can count the lines asked for, with
-/// counters on edges: without line times or regions (they are timed).
-/// Functions whose control flow cannot be read have their lines followed
-/// by probes.
+/// counters on edges, and time the regions with hooks: without line times
+/// (a clock read per line entry), and only if every function with a line
+/// of a region can be hooked. Other functions whose control flow cannot be
+/// read have their lines followed by probes.
 fn counts_lines(request: &RecordRequest, chosen: &Chosen) -> bool {
-    request.regions.is_empty() && !request.line_times && chosen.lines.is_some()
+    !request.line_times && chosen.regions_unhooked.is_empty() && chosen.lines.is_some()
 }
 
 /// The index of an executable without a symbol: no function, its
@@ -323,6 +327,10 @@ struct Chosen {
     /// The executable calls `pthread_cancel` and no module loaded from the
     /// start unwinds a cancelled thread (glibc loads libgcc_s on demand).
     cancels_unhooked: bool,
+    /// Functions with a line of a region that cannot be counted or hooked
+    /// in process ("name: why"): the regions are then timed by uprobes on
+    /// lines.
+    regions_unhooked: Vec<String>,
 }
 
 /// The modules whose symbols a recording reads: the executable's, and those
@@ -429,9 +437,12 @@ fn choose(
         may_take_entries: request.is_hybrid(),
         one_thread: !counts_at_once(modules, cache),
     };
+    let regions_of = lines.as_ref().map(|l| regions_of_lines(&l.lines, &request.regions)).unwrap_or_default();
+    let by_function = lines.as_ref().map(LinePlan::by_function).unwrap_or_default();
     let (uncountable, entries_counted) = match &lines {
         Some(lines) => {
-            let plan = counting::plan_in_files(&measured, &lines.with_lines(), counting);
+            let regions = counting::Regions { of_lines: &regions_of };
+            let plan = counting::plan_in_files(&measured, &lines.with_lines(), counting, &by_function, regions);
             let refused = plan.refused.clone();
             // A function refused takes no entry.
             let taken = plan.entries_taken.into_iter().filter(|f| !refused.iter().any(|(r, _)| r == f)).collect();
@@ -439,11 +450,25 @@ fn choose(
         }
         None => (Vec::new(), Vec::new()),
     };
-    let uncountable = uncountable.into_iter().map(|(i, why)| (i, format!("{}: {why}", measured[i].info.name))).collect();
+    let in_region = |line: &u32| regions_of.get(*line as usize).is_some_and(|r| !r.is_empty());
+    let holds_region = |f: usize| by_function.get(f).is_some_and(|l| l.rows.iter().flat_map(|(_, ls)| ls).any(in_region));
+    let uncountable: Vec<(usize, String)> =
+        uncountable.into_iter().map(|(i, why)| (i, format!("{}: {why}", measured[i].info.name))).collect();
+    let regions_unhooked = uncountable.iter().filter(|(i, _)| holds_region(*i)).map(|(_, why)| why.clone()).collect();
     let main = &indexes[0];
     let cancels_unhooked = main.imports.iter().any(|i| i == "pthread_cancel")
         && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
-    Ok(Chosen { functions, build_id: main.build_id.clone(), exit_mode, lines, uncountable, counting, entries_counted, cancels_unhooked })
+    Ok(Chosen {
+        functions,
+        build_id: main.build_id.clone(),
+        exit_mode,
+        lines,
+        uncountable,
+        counting,
+        entries_counted,
+        cancels_unhooked,
+        regions_unhooked,
+    })
 }
 
 /// Whether two threads, or two processes sharing the counters, may count

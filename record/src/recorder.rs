@@ -10,7 +10,7 @@ use crate::error::RecordError;
 use crate::events::Event;
 use crate::observer::{RecordEvent, Step, Warning};
 use crate::options::{RecordOptions, Recorded, TargetSpec};
-use crate::request::RegionSpec;
+use crate::request::{RegionSpec, regions_of_lines};
 use crate::samples::SampleAggregator;
 use crate::saved::Saver;
 use crate::sources::inject::{InjectSource, check_unwinders};
@@ -109,7 +109,7 @@ pub fn record(
         SamplerThread::spawn(resolver, samples, saver.is_some())
     });
     let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
-    let how = Recording { count_edges: &counted.edges, lines: &counted.lines, ..options.engine_recording(off_cpu.as_deref()) };
+    let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
     let patch = Patch { functions: &all[..measured], injected: &injected, how };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
@@ -190,18 +190,26 @@ struct CountedLines {
     edges: Vec<bool>,
     /// Per measured function, its lines.
     lines: Vec<FunctionLines>,
+    /// Per line id, the regions that hold it (their hooks go with the counters).
+    regions_of: Vec<Vec<u32>>,
 }
 
 impl CountedLines {
+    /// `how`, with these lines counted and their regions hooked.
+    fn recording<'a>(&'a self, how: Recording<'a>) -> Recording<'a> {
+        let regions = if self.regions_of.iter().any(|r| !r.is_empty()) { how.regions } else { 0 };
+        Recording { count_edges: &self.edges, lines: &self.lines, regions_of: &self.regions_of, regions, ..how }
+    }
+
     fn of(options: &RecordOptions, measured: usize) -> CountedLines {
         match (&options.lines, options.count_lines) {
             (Some(plan), true) => {
                 let mut edges = plan.with_lines();
                 edges.resize(measured, false);
                 options.line_probed.iter().for_each(|&i| edges[i] = false);
-                CountedLines { edges, lines: plan.by_function() }
+                CountedLines { edges, lines: plan.by_function(), regions_of: regions_of_lines(&plan.lines, &options.regions) }
             }
-            _ => CountedLines { edges: Vec::new(), lines: Vec::new() },
+            _ => CountedLines { edges: Vec::new(), lines: Vec::new(), regions_of: Vec::new() },
         }
     }
 }
@@ -225,7 +233,7 @@ fn patching(
     let off_cpu = options.metrics.contains(&Metric::Cpu).then(proftap_probes::offcpu::obtain).flatten().map(Arc::new);
     let refused = match spec {
         TargetSpec::Attach { pid } if options.auto_instrument.is_none() => {
-            let how = Recording { count_edges: &counted.edges, lines: &counted.lines, ..options.engine_recording(off_cpu.as_deref()) };
+            let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
             let engine = Patched::attach_held(*pid, functions, None, how).map_err(|source| RecordError::Inject { pid: *pid, source })?;
             check_unwinders(&engine, functions)?;
             let refused = engine.refused().to_vec();
@@ -441,11 +449,7 @@ fn line_setup(plan: &LinePlan, regions: &[RegionSpec]) -> LineSetup {
         entry_lines: plan.entry_lines.iter().map(|l| l.unwrap_or(NO_LINE)).collect(),
         entry_also: plan.entry_also.clone(),
         lines: plan.lines.len(),
-        regions_of: plan
-            .lines
-            .iter()
-            .map(|(file, line)| regions.iter().enumerate().filter(|(_, r)| r.contains(file, *line)).map(|(i, _)| i as u32).collect())
-            .collect(),
+        regions_of: regions_of_lines(&plan.lines, regions),
         regions: regions.len(),
     }
 }

@@ -309,6 +309,15 @@ pub struct RegionSpec {
     pub end: u32,
 }
 
+/// Per line of `lines` (file and line number), the indexes of the
+/// `regions` that hold it.
+pub fn regions_of_lines(lines: &[(String, u32)], regions: &[RegionSpec]) -> Vec<Vec<u32>> {
+    lines
+        .iter()
+        .map(|(file, line)| regions.iter().enumerate().filter(|(_, r)| r.contains(file, *line)).map(|(i, _)| i as u32).collect())
+        .collect()
+}
+
 impl RegionSpec {
     /// Parses `NAME=FILE:START-END`.
     pub fn parse(text: &str) -> Result<Self, RequestError> {

@@ -156,12 +156,8 @@ pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result
 /// row, when that row enters one of them. A thread there when counting
 /// starts or ends is moved on (see [`super::flight`]) until it is past.
 pub fn unsettled(cfg: &Cfg, lines: &FunctionLines) -> Result<Vec<std::ops::Range<u64>>, Error> {
-    let mut at_entry = lines.entry_line;
-    for &also in &lines.entry_also {
-        at_entry = also;
-    }
     let rows = rows_by_block(cfg, &lines.rows)?;
-    let arriving = arriving_lines(cfg, &rows, at_entry);
+    let arriving = arriving_lines(cfg, &rows, entry_line(lines));
     let mut ranges = Vec::new();
     for (block, block_rows) in rows.iter().enumerate() {
         let Some((first, address)) = block_rows.first() else { continue };
@@ -173,8 +169,14 @@ pub fn unsettled(cfg: &Cfg, lines: &FunctionLines) -> Result<Vec<std::ops::Range
     Ok(ranges)
 }
 
+/// The line a frame is on once its function's entry has entered every
+/// line it enters.
+pub(super) fn entry_line(lines: &FunctionLines) -> u32 {
+    lines.entry_also.last().copied().unwrap_or(lines.entry_line)
+}
+
 /// The lines a frame may be on as it enters `block`.
-fn arrived_lines(cfg: &Cfg, arriving: &Arriving, block: usize) -> BTreeSet<u32> {
+pub(super) fn arrived_lines(cfg: &Cfg, arriving: &Arriving, block: usize) -> BTreeSet<u32> {
     let mut arrived = BTreeSet::new();
     for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block)) {
         arrived.extend(match edge.from {
@@ -226,9 +228,9 @@ fn entered_after(cfg: &Cfg, rows: &BlockRows<'_>, arriving: &Arriving, block: us
 type LineAt = (u32, u64);
 
 /// Per block, its rows in address order: the lines each enters, and its address.
-type BlockRows<'a> = Vec<Vec<(&'a [u32], u64)>>;
+pub(super) type BlockRows<'a> = Vec<Vec<(&'a [u32], u64)>>;
 
-fn rows_by_block<'a>(cfg: &Cfg, rows: &'a [(u64, Vec<u32>)]) -> Result<BlockRows<'a>, Error> {
+pub(super) fn rows_by_block<'a>(cfg: &Cfg, rows: &'a [(u64, Vec<u32>)]) -> Result<BlockRows<'a>, Error> {
     let mut by_block: BlockRows<'a> = vec![Vec::new(); cfg.blocks().len()];
     for (address, lines) in rows.iter().filter(|(_, l)| !l.is_empty()) {
         let after = cfg.blocks().partition_point(|b| b.start <= *address);
@@ -249,8 +251,8 @@ fn rows_by_block<'a>(cfg: &Cfg, rows: &'a [(u64, Vec<u32>)]) -> Result<BlockRows
 
 /// The lines a frame may be on as it leaves each block, and as it leaves
 /// the entry.
-struct Arriving {
-    leaving: Vec<BTreeSet<u32>>,
+pub(super) struct Arriving {
+    pub(super) leaving: Vec<BTreeSet<u32>>,
     entry: BTreeSet<u32>,
 }
 
@@ -278,7 +280,7 @@ fn lines_of_blocks(rows: &BlockRows<'_>) -> Vec<BlockLine> {
 /// Blocks with rows leave on their last row's last line; those without
 /// pass on what arrives, found by iterating to a fixed point (sets only
 /// grow, bounded by the function's lines).
-fn arriving_lines(cfg: &Cfg, rows: &BlockRows<'_>, at_entry: u32) -> Arriving {
+pub(super) fn arriving_lines(cfg: &Cfg, rows: &BlockRows<'_>, at_entry: u32) -> Arriving {
     let entry = BTreeSet::from([at_entry]);
     let mut leaving: Vec<BTreeSet<u32>> =
         rows.iter().map(|r| r.last().and_then(|(lines, _)| lines.last()).map(|&l| BTreeSet::from([l])).unwrap_or_default()).collect();

@@ -37,6 +37,7 @@ pub mod flight;
 mod graph;
 pub mod lines;
 pub mod placement;
+pub mod regions;
 pub mod sites;
 pub mod solve;
 pub mod stub;
@@ -48,9 +49,10 @@ pub use counters::{Cost, CounterPlacement, Quantity, place_counters, quantities,
 pub use flight::{Frame, solve_with_frames};
 pub use lines::{FunctionLines, LineEntries, line_branches, line_entries, unsettled};
 pub use placement::{Placement, default_costs, place};
-pub use sites::{FunctionCode, Place, Site, SiteCounter, counter_costs, plan_sites};
+pub use regions::{RegionHook, region_hooks};
+pub use sites::{FunctionCode, Place, Site, SiteCounter, add_region_hooks, counter_costs, plan_sites};
 pub use solve::{BranchCount, Counts, solve};
-pub use stub::{Stub, stub};
+pub use stub::{Stub, stub, stub_with_hooks};
 pub use tables::Data;
 
 /// Why a function's graph cannot be built, or its counts not derived.
@@ -166,6 +168,20 @@ pub enum Error {
     #[error("the counts are inconsistent: the line at {address:#x} would be entered fewer than 0 times")]
     LineBelowZero {
         /// The line's row.
+        address: u64,
+    },
+    /// A frame may arrive at a place both inside a region and outside it,
+    /// or leave a region there on one way out of a block and not another:
+    /// no hook there can tell whether it enters or leaves.
+    #[error("whether a frame enters or leaves a region at {address:#x} depends on the path it took there")]
+    RegionUndetermined {
+        /// The place.
+        address: u64,
+    },
+    /// No window of the code can hold a region's hook.
+    #[error("no region hook can be patched in at {address:#x}")]
+    NoHookSite {
+        /// The instruction it runs before.
         address: u64,
     },
     /// Flow is not conserved at a node once every count is known.

@@ -144,8 +144,14 @@ impl FunctionCode {
     /// The first window of block `block` that holds a 5-byte jump: whole
     /// instructions, all movable, by index.
     pub fn first_window(&self, block: usize) -> Option<Range<usize>> {
+        self.window_from(block, 0)
+    }
+
+    /// The first window of block `block` that starts at instruction `from`
+    /// or after it.
+    pub fn window_from(&self, block: usize, from: usize) -> Option<Range<usize>> {
         let instructions = self.instructions(block);
-        (0..instructions.len()).find_map(|start| {
+        (from..instructions.len()).find_map(|start| {
             let mut len = 0;
             for (i, instruction) in instructions.iter().enumerate().skip(start) {
                 if !self.may_move(instruction) {
@@ -364,6 +370,9 @@ pub struct Site {
     pub original: Vec<u8>,
     /// Its counters.
     pub counters: Vec<SiteCounter>,
+    /// Its region hooks, `(region, leave, where)`: each runs after the
+    /// counters of its place, in order.
+    pub hooks: Vec<(u32, bool, Place)>,
 }
 
 impl Site {
@@ -438,24 +447,164 @@ fn site(cfg: &Cfg, code: &FunctionCode, block: usize, counters: &[(Quantity, usi
     let at_jcc = counters.iter().any(|c| c.2 != Place::Start);
     let window = if at_jcc { code.last_window(block) } else { code.first_window(block) };
     let window = window.ok_or(Error::NoSite { quantity: first })?;
-    let instructions = &code.instructions(block)[window.clone()];
-    let start = instructions.first().map_or(0, Instruction::ip);
-    // Checked: `code` may have been made from another graph.
-    let offset = start.checked_sub(cfg.blocks()[block].start).ok_or(Error::NoSite { quantity: first })? as usize;
-    let len: usize = instructions.iter().map(Instruction::len).sum();
+    let mut site = window_site(cfg, code, block, window.clone()).ok_or(Error::NoSite { quantity: first })?;
     let live = |&(quantity, _, place): &(Quantity, usize, Place)| match (place, quantity) {
         (Place::Start, _) => code.live_flags(block, window.start),
         (_, Quantity::Edge(e)) => cfg.edges().get(e).map_or(STATUS, |edge| code.live_at(edge.to)),
         (_, Quantity::Block(_)) => STATUS,
     };
-    Ok(Site {
+    site.counters = counters
+        .iter()
+        .map(|c| SiteCounter { quantity: c.0, index: c.1, place: c.2, flags_live: live(c) & INC_WRITES != 0, atomic: !code.one_thread })
+        .collect();
+    Ok(site)
+}
+
+/// A site over instructions `window` of block `block`, with nothing in it
+/// yet; `None` if `code` was not made from `cfg`.
+fn window_site(cfg: &Cfg, code: &FunctionCode, block: usize, window: Range<usize>) -> Option<Site> {
+    let instructions = code.instructions(block).get(window)?;
+    let start = instructions.first()?.ip();
+    let offset = start.checked_sub(cfg.blocks().get(block)?.start)? as usize;
+    let len: usize = instructions.iter().map(Instruction::len).sum();
+    Some(Site {
         block,
         at: start,
         replaced: instructions.to_vec(),
-        original: code.bytes[block].get(offset..offset + len).ok_or(Error::NoSite { quantity: first })?.to_vec(),
-        counters: counters
-            .iter()
-            .map(|c| SiteCounter { quantity: c.0, index: c.1, place: c.2, flags_live: live(c) & INC_WRITES != 0, atomic: !code.one_thread })
-            .collect(),
+        original: code.bytes.get(block)?.get(offset..offset + len)?.to_vec(),
+        counters: Vec::new(),
+        hooks: Vec::new(),
     })
+}
+
+/// Adds region `hooks` (in block and instruction order) to `sites`: each
+/// runs at the start of a window, in the window holding its instruction,
+/// else the first one after it in its block, else the one ending its block
+/// (a return is one byte): a hook may run a few instructions early or late,
+/// never out of order with the other hooks, and never on another path.
+/// Fails, naming the place, where no window can take a hook.
+pub fn add_region_hooks(cfg: &Cfg, code: &FunctionCode, sites: &mut Vec<Site>, hooks: &[super::RegionHook]) -> Result<(), Error> {
+    let mut last_start: Option<(usize, u64)> = None;
+    for hook in hooks {
+        let instructions = code.instructions(hook.block);
+        let address = instructions.get(hook.index).map(Instruction::ip).ok_or(Error::NoHookSite { address: 0 })?;
+        let no_site = Error::NoHookSite { address };
+        let mut place = hook.place;
+        let mut block = hook.block;
+        let chosen = if place == Place::Start {
+            hook_window(cfg, code, sites, block, hook.index).or_else(|| {
+                // A block too short for a window, entered only from a call's
+                // return: the hook runs as the callee returns into a stub.
+                let caller = (hook.index == 0).then(|| returned_into(cfg, code, block)).flatten()?;
+                (place, block) = (Place::AfterCall, caller);
+                last_window_site(cfg, code, sites, caller)
+            })
+        } else {
+            last_window_site(cfg, code, sites, block)
+        };
+        let chosen = chosen.ok_or(no_site.clone())?;
+        let at = match chosen {
+            Chosen::Existing(i) => sites[i].at,
+            Chosen::New(ref site) | Chosen::Replace(_, ref site) => site.at,
+        };
+        if place == Place::Start {
+            if last_start.is_some_and(|(b, start)| b == block && start > at) {
+                return Err(no_site);
+            }
+            last_start = Some((block, at));
+        }
+        let i = match chosen {
+            Chosen::Existing(i) => i,
+            Chosen::New(site) => {
+                sites.push(site);
+                sites.len() - 1
+            }
+            Chosen::Replace(i, site) => {
+                sites[i] = site;
+                i
+            }
+        };
+        sites[i].hooks.push((hook.region, hook.leave, place));
+    }
+    sites.sort_by_key(|s| s.at);
+    Ok(())
+}
+
+/// The block whose call returns into `block`, its only way in, when calls
+/// may return into stubs.
+fn returned_into(cfg: &Cfg, code: &FunctionCode, block: usize) -> Option<usize> {
+    let mut into = cfg.edges().iter().filter(|e| e.to == Node::Block(block) && e.kind != EdgeKind::Fake);
+    let (Some(edge), None) = (into.next(), into.next()) else { return None };
+    code.is_counted_return(edge).then_some(()).and(match edge.from {
+        Node::Block(caller) => Some(caller),
+        _ => None,
+    })
+}
+
+/// The window that ends block `block` (its `jcc`, or its call), for a hook
+/// on one of its edges: the site there already, or a new one where no
+/// other is.
+fn last_window_site(cfg: &Cfg, code: &FunctionCode, sites: &[Site], block: usize) -> Option<Chosen> {
+    let last = code.last_window(block)?;
+    let instructions = code.instructions(block);
+    let bytes = instructions[last.start].ip()..instructions[last.end - 1].next_ip();
+    if let Some(i) = sites.iter().position(|s| s.block == block && s.at == bytes.start && s.end() == bytes.end) {
+        return Some(Chosen::Existing(i));
+    }
+    let mut overlapping = sites.iter().enumerate().filter(|(_, s)| s.block == block && s.at < bytes.end && bytes.start < s.end());
+    match (overlapping.next(), overlapping.next()) {
+        (None, _) => window_site(cfg, code, block, last).map(Chosen::New),
+        // Counters of the block run anywhere in it: their site moves to
+        // the last window, which then takes the hook too.
+        (Some((i, site)), None) if site.hooks.is_empty() && site.counters.iter().all(|c| c.place == Place::Start) => {
+            let mut moved = window_site(cfg, code, block, last.clone())?;
+            let flags_live = code.live_flags(block, last.start) & INC_WRITES != 0;
+            moved.counters = site.counters.iter().map(|c| SiteCounter { flags_live, ..*c }).collect();
+            Some(Chosen::Replace(i, moved))
+        }
+        _ => None,
+    }
+}
+
+/// A window for a hook: a site's already, a new one, or a new one in
+/// place of a site.
+enum Chosen {
+    Existing(usize),
+    New(Site),
+    Replace(usize, Site),
+}
+
+/// The window that takes a hook before instruction `index` of `block`.
+fn hook_window(cfg: &Cfg, code: &FunctionCode, sites: &[Site], block: usize, index: usize) -> Option<Chosen> {
+    let instructions = code.instructions(block);
+    let address = instructions.get(index)?.ip();
+    let range_of = |site: &Site| site.at..site.end();
+    let holding = sites.iter().position(|s| s.block == block && range_of(s).contains(&address));
+    if let Some(i) = holding {
+        return Some(Chosen::Existing(i));
+    }
+    let overlaps = |window: &Range<usize>| {
+        let bytes = instructions[window.start].ip()..instructions[window.end - 1].next_ip();
+        sites.iter().any(|s| s.block == block && s.at < bytes.end && bytes.start < s.end())
+    };
+    // The first site of the block after the hook's place.
+    let next_site = sites.iter().enumerate().filter(|(_, s)| s.block == block && s.at > address).min_by_key(|(_, s)| s.at);
+    if let Some(window) = code.window_from(block, index) {
+        let start = instructions[window.start].ip();
+        match next_site {
+            Some((i, s)) if s.at <= start => return Some(Chosen::Existing(i)),
+            _ if !overlaps(&window) => return window_site(cfg, code, block, window).map(Chosen::New),
+            _ => {}
+        }
+    }
+    if let Some((i, _)) = next_site {
+        return Some(Chosen::Existing(i));
+    }
+    if let Some(last) = code.last_window(block).filter(|last| !overlaps(last)) {
+        return window_site(cfg, code, block, last).map(Chosen::New);
+    }
+    // The block's last site before the place: a few straight-line
+    // instructions early.
+    let previous = sites.iter().enumerate().filter(|(_, s)| s.block == block && s.at < address).max_by_key(|(_, s)| s.at);
+    previous.map(|(i, _)| Chosen::Existing(i))
 }

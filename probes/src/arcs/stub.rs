@@ -7,6 +7,8 @@
 //! lock inc qword [rip+counter]; no lock if one thread counts
 //! popfq                       ; as pushfq
 //! lea rsp, [rsp+128]
+//! <region hooks>              ; each a call to the runtime (see
+//!                             ; `inject::totals::region_hook`)
 //! <the replaced instructions> ; a final jcc jumps to `taken:` if its
 //!                             ; taken edge is counted; a final call
 //!                             ; pushes its original return address
@@ -59,7 +61,15 @@ pub struct Stub {
 /// being the 8 bytes at `counters[i]`. Fails if a counter or something a
 /// moved instruction refers to is out of a rel32's reach of `address`.
 pub fn stub(site: &Site, address: u64, counters: &[u64]) -> Result<Stub, Error> {
-    let (code, origins, moved_from) = instructions(site, address, counters)?;
+    stub_with_hooks(site, address, counters, None)
+}
+
+/// [`stub`], with the site's region hooks calling the region trampoline
+/// whose address is the 8 bytes at `hook_slot` (see
+/// [`crate::inject::totals::region_hook`]). Fails if the site has hooks and
+/// there is no slot.
+pub fn stub_with_hooks(site: &Site, address: u64, counters: &[u64], hook_slot: Option<u64>) -> Result<Stub, Error> {
+    let (code, origins, moved_from) = instructions(site, address, counters, hook_slot)?;
     let encoded = BlockEncoder::encode(64, InstructionBlock::new(&code, address), BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
         .map_err(|e| Error::Stub { at: site.at, reason: format!("the stub cannot be encoded: {e}") })?;
     let offsets = &encoded.new_instruction_offsets;
@@ -78,7 +88,7 @@ pub fn stub(site: &Site, address: u64, counters: &[u64]) -> Result<Stub, Error> 
 
 /// The stub's instructions, the original address each stands for, and
 /// the index of the first moved one.
-fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Instruction>, Vec<u64>, usize), Error> {
+fn instructions(site: &Site, address: u64, counters: &[u64], hook_slot: Option<u64>) -> Result<(Vec<Instruction>, Vec<u64>, usize), Error> {
     let fail = |reason: String| Error::Stub { at: site.at, reason };
     let iced = |e: IcedError| fail(e.to_string());
     let Some(&last) = site.replaced.last() else { return Err(fail("the site replaces nothing".into())) };
@@ -88,12 +98,17 @@ fn instructions(site: &Site, address: u64, counters: &[u64]) -> Result<(Vec<Inst
             let at = counters.get(counter.index).copied().ok_or_else(|| fail(format!("no address for counter {}", counter.index)))?;
             code.extend(count(at, counter).map_err(iced)?);
         }
+        for &(region, leave, _) in site.hooks.iter().filter(|h| h.2 == place) {
+            let slot = hook_slot.ok_or_else(|| fail("region hooks with no runtime to call".into()))?;
+            code.extend(crate::inject::totals::region_hook(region, leave, slot).map_err(iced)?);
+        }
         Ok(code)
     };
     let jcc = last.flow_control() == FlowControl::ConditionalBranch;
     let call = last.is_call_near() || last.code() == Code::Call_rm64;
-    let after_call = site.counters.iter().any(|c| c.place == Place::AfterCall);
-    if site.counters.iter().any(|c| matches!(c.place, Place::Taken | Place::NotTaken)) && !jcc {
+    let places = || site.counters.iter().map(|c| c.place).chain(site.hooks.iter().map(|h| h.2));
+    let after_call = places().any(|p| p == Place::AfterCall);
+    if places().any(|p| matches!(p, Place::Taken | Place::NotTaken)) && !jcc {
         return Err(fail("an edge counted at a window that does not end with its jcc".into()));
     }
     if after_call && !call {

@@ -18,6 +18,12 @@ use std::path::PathBuf;
 /// (a few bytes more each once re-encoded) and the jump back.
 const STUB_ROOM: usize = 192;
 
+/// What a region hook adds to a stub: `lea`, `push`, `call [rip+slot]`, `lea`.
+const HOOK_ROOM: usize = 32;
+
+/// Bytes before the stubs: the region trampoline's address.
+const SLOT_ROOM: usize = 16;
+
 /// Bytes at each function's entry left to the function engine's jump.
 const ENTRY_RESERVED: u64 = 5;
 
@@ -62,11 +68,26 @@ pub struct Plan {
     pub entries_taken: Vec<usize>,
 }
 
+/// Regions to hook with the counters (see [`arcs::regions`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Regions<'a> {
+    /// Per line id, the regions that hold it.
+    pub of_lines: &'a [Vec<u32>],
+}
+
 /// The counter plans of the `targets` that `wanted` picks (by index) in
 /// the process whose modules are `modules`, grouped by module; `lines`
 /// (by target, at link-time addresses; empty: unknown) tells where a
-/// thread's line could not be told when counting starts or ends.
-pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choices: Choices, lines: &[FunctionLines]) -> Plan {
+/// thread's line could not be told when counting starts or ends, and
+/// where the hooks of `regions` go.
+pub fn plan(
+    modules: &[LoadedModule],
+    targets: &[Target],
+    wanted: &[bool],
+    choices: Choices,
+    lines: &[FunctionLines],
+    regions: Regions<'_>,
+) -> Plan {
     let mut source = CodeSource::new(modules);
     let mut by_module: Vec<(PathBuf, Vec<Planned>)> = Vec::new();
     let mut plan = Plan { modules: Vec::new(), refused: Vec::new(), entries_taken: Vec::new() };
@@ -79,12 +100,14 @@ pub fn plan(modules: &[LoadedModule], targets: &[Target], wanted: &[bool], choic
                 .chain(code.cold.iter().map(|&(address, bytes)| CodeRange { address, bytes }))
                 .collect();
             let cfg = Cfg::build_reading(&parts, Some(&data)).map_err(|e| e.to_string())?;
-            let planned = plan_function(cfg.clone(), &parts, choices, true).or_else(|why| {
+            let own_lines = lines.get(i).map(|l| l.moved_by(code.bias));
+            let hooked = own_lines.as_ref().filter(|_| !regions.of_lines.is_empty()).map(|l| (l, regions.of_lines));
+            let planned = plan_function(cfg.clone(), &parts, choices, true, hooked).or_else(|why| {
                 if !choices.may_take_entries {
                     return Err(why);
                 }
                 plan.entries_taken.push(i);
-                plan_function(cfg, &parts, choices, false)
+                plan_function(cfg, &parts, choices, false, hooked)
             });
             planned.map(|(cfg, placement, sites)| {
                 let unsettled = lines.get(i).map(|own| unsettled(&cfg, own, code.bias)).unwrap_or_default();
@@ -128,21 +151,29 @@ impl Plan {
 }
 
 /// The plan of the functions `wanted` picks, judged from their files alone
-/// (before the program runs): which cannot be counted, and which are
-/// counted at their entry.
-pub fn plan_in_files(functions: &[ProbedFunction], wanted: &[bool], choices: Choices) -> Plan {
+/// (before the program runs): which cannot be counted (or hooked, with
+/// `regions`), and which are counted at their entry.
+pub fn plan_in_files(
+    functions: &[ProbedFunction],
+    wanted: &[bool],
+    choices: Choices,
+    lines: &[FunctionLines],
+    regions: Regions<'_>,
+) -> Plan {
     let targets: Vec<Target> = functions.iter().map(Target::of).collect();
-    plan(&super::patcher::as_in_files(functions), &targets, wanted, choices, &[])
+    plan(&super::patcher::as_in_files(functions), &targets, wanted, choices, lines, regions)
 }
 
 /// The counters and sites of a function whose graph is `cfg`, built from
 /// `parts`, its entry's first bytes left to the function engine if
-/// `spare_entry`.
+/// `spare_entry`; with the hooks of the regions `hooked` gives for its lines
+/// (at the graph's addresses).
 fn plan_function(
     cfg: Cfg,
     parts: &[CodeRange<'_>],
     choices: Choices,
     spare_entry: bool,
+    hooked: Option<(&FunctionLines, &[Vec<u32>])>,
 ) -> Result<(Cfg, CounterPlacement, Vec<Site>), String> {
     let mut decoded = FunctionCode::new(&cfg, parts).map_err(|e| e.to_string())?;
     if spare_entry {
@@ -159,7 +190,11 @@ fn plan_function(
     if let Some(q) = placement.needs_probe().first() {
         return Err(format!("{} of its counts have no place for a counter (the first: {q:?})", placement.needs_probe().len()));
     }
-    let sites = arcs::plan_sites(&cfg, &decoded, &placement).map_err(|e| e.to_string())?;
+    let mut sites = arcs::plan_sites(&cfg, &decoded, &placement).map_err(|e| e.to_string())?;
+    if let Some((lines, regions_of)) = hooked {
+        let hooks = arcs::region_hooks(&cfg, &decoded, lines, regions_of).map_err(|e| e.to_string())?;
+        arcs::add_region_hooks(&cfg, &decoded, &mut sites, &hooks).map_err(|e| e.to_string())?;
+    }
     Ok((cfg, placement, sites))
 }
 
@@ -223,7 +258,10 @@ pub fn settle_threads(remote: &Remote, plan: &Plan) -> Result<Vec<u64>, RemoteEr
 /// Returns them, and the functions not counted: the plan's refusals, and
 /// those whose code in memory is not the file's or whose stubs cannot be
 /// built.
-pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64]) -> Result<(Counting, Refused), RemoteError> {
+/// Region hooks call the region trampoline at `region_trampoline` (none:
+/// the runtime is not in the process, and functions with hooks are not
+/// counted).
+pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64], region_trampoline: Option<u64>) -> Result<(Counting, Refused), RemoteError> {
     let unsettled = plan.unsettled();
     let Plan { modules, mut refused, .. } = plan;
     let refused = &mut refused;
@@ -258,14 +296,19 @@ pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64]) -> Result<(Countin
         let lowest = functions.iter().flat_map(|p| p.sites.iter().map(|s| s.at)).min().unwrap_or(0);
         let highest = functions.iter().flat_map(|p| p.sites.iter().map(Site::end)).max().unwrap_or(0);
         let span = lowest..highest;
-        let room = sites * STUB_ROOM;
+        let hooks: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.hooks.len()).sum();
+        let room = SLOT_ROOM + sites * STUB_ROOM + hooks * HOOK_ROOM;
         let region = remote.map_near(span, room)?;
         let shared = remote.share((counters * 8).max(8), Some(region..region + room as u64))?;
         let mut code: Vec<u8> = Vec::with_capacity(room);
+        // The region trampoline's address, which hooks call through.
+        code.extend_from_slice(&region_trampoline.unwrap_or(0).to_ne_bytes());
+        code.resize(SLOT_ROOM, 0xcc);
+        let slot = region_trampoline.map(|_| region);
         let mut offset = 0usize;
         for p in functions {
             let addresses: Vec<u64> = (0..p.placement.counted().len()).map(|k| shared.remote + (offset + 8 * k) as u64).collect();
-            match stubs(&p.sites, region, code.len(), &addresses) {
+            match stubs(&p.sites, region, code.len(), &addresses, slot) {
                 Ok(built) => {
                     for (site, stub) in p.sites.iter().zip(built) {
                         let at = region + code.len() as u64;
@@ -313,13 +356,13 @@ pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64]) -> Result<(Countin
 }
 
 /// The stubs of a function's `sites`, the first at `region + start`, each
-/// rounded up to 16 bytes.
-fn stubs(sites: &[Site], region: u64, start: usize, counters: &[u64]) -> Result<Vec<arcs::Stub>, String> {
+/// rounded up to 16 bytes; their hooks call through `hook_slot`.
+fn stubs(sites: &[Site], region: u64, start: usize, counters: &[u64], hook_slot: Option<u64>) -> Result<Vec<arcs::Stub>, String> {
     let mut at = start;
     let mut built = Vec::with_capacity(sites.len());
     for site in sites {
-        let stub = arcs::stub(site, region + at as u64, counters).map_err(|e| e.to_string())?;
-        if stub.code.len() > STUB_ROOM {
+        let stub = arcs::stub_with_hooks(site, region + at as u64, counters, hook_slot).map_err(|e| e.to_string())?;
+        if stub.code.len() > STUB_ROOM + site.hooks.len() * HOOK_ROOM {
             return Err(format!("the counter at {:#x} needs a stub of {} bytes", site.at, stub.code.len()));
         }
         at = (at + stub.code.len()).next_multiple_of(16);

@@ -134,8 +134,10 @@ impl Patched {
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
         let (mut groups, mut refused) = patcher::plans(&modules, &targets);
-        let counting_plan =
-            how.count_edges.contains(&true).then(|| counting::plan(&modules, &targets, how.count_edges, how.counting, how.lines));
+        let counting_plan = how.count_edges.contains(&true).then(|| {
+            let regions = counting::Regions { of_lines: how.regions_of };
+            counting::plan(&modules, &targets, how.count_edges, how.counting, how.lines, regions)
+        });
         // Functions whose entry a counter takes are not patched.
         for &taken in counting_plan.iter().flat_map(|p| &p.entries_taken) {
             groups.iter_mut().for_each(|g| g.plans.retain(|(i, _)| *i != taken));
@@ -187,6 +189,7 @@ impl Patched {
             config.fork_socket = children.name();
             patched.children = Some(children);
         }
+        let mut region_trampoline = None;
         for group in groups {
             let runtime = std::cell::Cell::new(None::<totals::Runtime>);
             let shared_trampoline = patched.return_trampoline;
@@ -210,13 +213,14 @@ impl Patched {
             )?;
             if let Some(rt) = runtime.take() {
                 patched.return_trampoline.get_or_insert(rt.return_trampoline);
+                region_trampoline.get_or_insert(rt.region_trampoline);
             }
             patched.ever_applied.extend(applied.iter().cloned());
             patched.applied.extend(applied);
             patched.code.push(code);
         }
         if let Some(plan) = counting_plan {
-            let (counting, uncounted) = counting::apply(&remote, plan, &threads_at)?;
+            let (counting, uncounted) = counting::apply(&remote, plan, &threads_at, region_trampoline)?;
             patched.code.extend(counting.code().iter().cloned());
             patched.counting = Some(counting);
             patched.uncounted = uncounted;

@@ -59,6 +59,39 @@ pub fn thread_profile(pid: i32, name: String, thread: &ThreadTotals, off_cpu_now
     ThreadProfile { pid, tid: thread.tid as i32, name, functions, tree: CallTree { nodes: tree } }
 }
 
+/// One region's totals over threads, in the profile's units.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegionSum {
+    /// Times a frame entered it.
+    pub entries: u64,
+    /// Cost per timed entry, per metric.
+    pub inclusive: Vec<Stat>,
+    /// Entries not timed: left past the runtime's open regions, left by a
+    /// longjmp or an exception, or still open at the end.
+    pub untimed: u64,
+    /// Leaves the runtime saw no entry for.
+    pub unpaired: u64,
+}
+
+/// Adds `thread`'s region totals to `into` (one per region).
+pub fn add_regions(into: &mut Vec<RegionSum>, thread: &ThreadTotals, how: &Conversion<'_>) {
+    if into.len() < thread.regions.len() {
+        into.resize(thread.regions.len(), RegionSum { inclusive: vec![Stat::default(); how.metrics], ..RegionSum::default() });
+    }
+    let stat = |raw: &RawStat, timed: u64| match timed {
+        0 => Stat::default(),
+        _ => Stat { total: how.clock.duration_ns(raw.total), min: how.clock.duration_ns(raw.min), max: how.clock.duration_ns(raw.max) },
+    };
+    for (sum, r) in into.iter_mut().zip(&thread.regions) {
+        sum.entries = sum.entries.saturating_add(r.entries);
+        for (total, raw) in sum.inclusive.iter_mut().zip([&r.wall, &r.cpu]) {
+            total.merge(&stat(raw, r.timed));
+        }
+        sum.untimed = sum.untimed.saturating_add(r.entries.saturating_sub(r.timed));
+        sum.unpaired = sum.unpaired.saturating_add(r.unpaired);
+    }
+}
+
 /// Takes what the probes cost out of each node's inclusive totals: its
 /// calls' own cost, and what each call made below it cost it.
 fn compensate(tree: &mut [TreeNode], costs: &[Cost; 2]) {

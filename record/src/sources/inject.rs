@@ -9,7 +9,7 @@ use proftap_probes::arcs;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::Patched;
 use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, ThreadTotals, TotalsView};
-use proftap_probes::inject::threads::{Conversion, Cost, thread_profile};
+use proftap_probes::inject::threads::{Conversion, Cost, RegionSum, add_regions, thread_profile};
 use proftap_probes::inject::watch::{CallTrace, Judge, Unpatched, Watch, Watched};
 use proftap_probes::lines::LinePlan;
 use proftap_probes::offcpu::OffCpu;
@@ -45,6 +45,8 @@ pub struct InjectEnding {
     pub line_counts: Option<Vec<Option<u64>>>,
     /// Per line id, the conditional jumps counted on it.
     pub line_branches: Vec<Vec<BranchRecord>>,
+    /// Per region, what its hooks added up.
+    pub regions: Vec<RegionSum>,
 }
 
 impl InjectSource {
@@ -134,7 +136,7 @@ impl InjectSource {
             notes.push(Finding::RestoreFailed { pid: *pid, error: error.clone() }.into());
         }
         let Some(view) = &self.view else {
-            return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes, trace, line_counts, line_branches });
+            return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes, trace, line_counts, line_branches, regions: Vec::new() });
         };
         let end_tsc = self.clock.tsc_at(end_ns);
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
@@ -165,8 +167,13 @@ impl InjectSource {
         if self.off_cpu.is_none() && metrics > 1 {
             notes.push(Finding::CpuIsWall.into());
         }
-        let Read { threads, calls, .. } = read;
-        Ok(InjectEnding { threads, calls, notes, trace, line_counts, line_branches })
+        let untimed: u64 = read.regions.iter().map(|r| r.untimed).sum();
+        let unpaired: u64 = read.regions.iter().map(|r| r.unpaired).sum();
+        if untimed + unpaired + read.hooks_missed > 0 {
+            notes.push(Finding::RegionsIncomplete { untimed, unpaired, missed: read.hooks_missed }.into());
+        }
+        let Read { threads, calls, regions, .. } = read;
+        Ok(InjectEnding { threads, calls, notes, trace, line_counts, line_branches, regions })
     }
 }
 
@@ -260,6 +267,9 @@ struct Read {
     untimed: u64,
     unseated: u64,
     over_budget: u64,
+    regions: Vec<RegionSum>,
+    /// Region hooks the runtime did not see.
+    hooks_missed: u64,
 }
 
 impl Read {
@@ -269,6 +279,14 @@ impl Read {
         self.threads.extend(threads.iter().map(|t| thread_profile(pid, names(t.tid), t, None, how)));
         self.calls = threads.iter().flat_map(|t| &t.calls).fold(self.calls, |sum, c| sum.saturating_add(*c));
         self.untimed = threads.iter().fold(self.untimed, |sum, t| sum.saturating_add(t.untimed));
+        self.add_regions(threads, how);
+    }
+
+    fn add_regions(&mut self, threads: &[ThreadTotals], how: &Conversion<'_>) {
+        for thread in threads {
+            add_regions(&mut self.regions, thread, how);
+            self.hooks_missed = self.hooks_missed.saturating_add(thread.hooks_missed);
+        }
     }
 
     /// Adds process `pid`'s totals, read through `view`, with each thread's
@@ -289,6 +307,8 @@ impl Read {
         self.untimed = totals.threads.iter().fold(self.untimed.saturating_add(totals.unseated), |sum, t| sum.saturating_add(t.untimed));
         self.unseated = self.unseated.saturating_add(totals.unseated);
         self.over_budget += totals.over_budget;
+        self.add_regions(&totals.threads, how);
+        self.hooks_missed = self.hooks_missed.saturating_add(totals.unseated_hooks);
         Ok(())
     }
 }
