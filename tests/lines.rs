@@ -632,6 +632,7 @@ fn regions_and_line_times() {
     let binary = Build::c("coverage.c", "-O0").build();
     let region = format!("body=coverage.c:{first}-{last}");
     let report = profile_run(&["--region", &region], &[binary.to_str().unwrap(), "12"]);
+    assert_eq!(report["recording"]["engine"], "inject", "regions are timed in process: {}", report["notes"]);
     let r = &report["regions"][0];
     assert_eq!(r["name"], "body");
     assert_eq!(r["entries"], 12);
@@ -661,6 +662,55 @@ fn regions_and_line_times() {
     assert!(burn["cpu_ns"].as_u64().unwrap() >= 38 * ms, "{burn}");
     assert!(nap["wall_ns"].as_u64().unwrap() >= 38 * ms, "{nap}");
     assert!(nap["cpu_ns"].as_u64().unwrap() < 5 * ms, "{nap}");
+}
+
+/// Regions timed by the in-process engine's hooks are entered as often as
+/// the line probes see frames enter them: regions on loops, on one line, on
+/// a call's return, on a whole function (left before its return), nested
+/// and overlapping, recursion, threads, at -O0 and -O2.
+#[test]
+fn regions_in_process_are_entered_as_the_probes_see_them() {
+    require_probes();
+    // Source, optimisation, arguments, regions from the line holding the
+    // first text to the next line holding the second.
+    type Case<'a> = (&'a str, &'a str, &'a [&'a str], &'a [(&'a str, &'a str)]);
+    let cases: [Case<'_>; 4] = [
+        ("coverage.c", "-O0", &["30"], &[("total += classify(i);", "early(i);"), ("bump(i % 3);", "bump(i % 3);"), ("{", "}")]),
+        ("loops.c", "-O0", &["40"], &[("for (i = 0; i < 32; i++)", "}"), ("reset();", "sink += nested(k % 20);"), ("{", "return 0;")]),
+        ("loops.c", "-O2", &["40"], &[("while (*q) q++;", "return q - p;"), ("reset();", "sink += length(")]),
+        ("deep.c", "-O0", &["40", "3"], &[("if (n == 0)", "}"), ("long below = down(n - 1);", "return below + 1;")]),
+    ];
+    for (file, opt, args, spans) in cases {
+        let binary = Build::c(file, opt).build();
+        let mut flags = Vec::new();
+        for (i, (first, last)) in spans.iter().enumerate() {
+            let (first, last) = (line_of(file, first), line_of_from(file, last, line_of(file, first)));
+            flags.extend(["--region".to_string(), format!("r{i}={file}:{first}-{last}")]);
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let mut command = vec![binary.to_str().unwrap()];
+        command.extend(args);
+        let hooked = profile_run(&flags, &command);
+        assert_eq!(hooked["recording"]["engine"], "inject", "{file} {opt}: {}", hooked["notes"]);
+        let probed = profile_run(&[&flags[..], &["--engine", "uprobe"]].concat(), &command);
+        let entries = |report: &serde_json::Value| -> Vec<u64> {
+            report["regions"].as_array().unwrap().iter().map(|r| r["entries"].as_u64().unwrap()).collect()
+        };
+        assert_eq!(entries(&hooked), entries(&probed), "{file} {opt}: entries by region, hooked and probed");
+        assert!(entries(&hooked).iter().all(|&n| n > 0), "{file} {opt}: {:?}", entries(&hooked));
+        for region in hooked["regions"].as_array().unwrap() {
+            let wall = &region["inclusive"]["wall_ns"];
+            assert!(wall["min"].as_u64() <= wall["max"].as_u64() && wall["total"].as_u64() > Some(0), "{file} {opt}: {region}");
+        }
+    }
+}
+
+/// The number (1-based) of the first line of `examples/FILE` at or after
+/// line `from` containing `text`.
+fn line_of_from(file: &str, text: &str, from: u32) -> u32 {
+    let source = std::fs::read_to_string(examples().join(file)).unwrap();
+    let at = source.lines().skip(from as usize - 1).position(|l| l.contains(text)).unwrap_or_else(|| panic!("{text} not in {file}"));
+    from + at as u32
 }
 
 #[test]

@@ -763,8 +763,9 @@ static void leave_region(const struct config *c, struct block *b, u64 region, u6
 {
     struct regions *r = regions_of(c, b);
     struct region_total *totals = region_totals(c, b);
-    if (r->overflow) {
-        r->overflow--;
+    /* The region's newest entries are the ones past the stack, if any. */
+    if (totals[region].overflow) {
+        totals[region].overflow--;
         totals[region].untimed++;
         return;
     }
@@ -836,7 +837,7 @@ void proftap_region(u64 code, u64 sp)
             o->entry_off = off;
             r->open++;
         } else {
-            r->overflow++;
+            region_totals(c, b)[region].overflow++;
         }
     }
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);

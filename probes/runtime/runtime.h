@@ -107,7 +107,7 @@ struct frame {
 };
 
 /* Regions a thread has open at once; more are counted, not timed. */
-#define OPEN_REGIONS 64
+#define OPEN_REGIONS 4096
 
 /* A region a thread is in: since when, and where its frame's stack was. */
 struct open_region {
@@ -121,7 +121,7 @@ struct region_total {
     u64 untimed;  /* entries left past OPEN_REGIONS open at once */
     u64 unwound;  /* entries whose frame a longjmp or an exception left */
     u64 unpaired; /* leaves with no entry (the hook ran while the thread was busy, or before recording) */
-    u64 reserved;
+    u64 overflow; /* entries open now past OPEN_REGIONS, not timed */
     struct stat wall, cpu;
 };
 
@@ -129,9 +129,8 @@ struct region_total {
  * then a struct region_total per region. */
 struct regions {
     u64 open;     /* entries in use of `stack` */
-    u64 overflow; /* entries past OPEN_REGIONS, not timed */
     u64 busy;     /* hooks that ran while the runtime was busy on the thread: not seen */
-    u64 reserved;
+    u64 reserved[2];
     struct open_region stack[OPEN_REGIONS];
 };
 

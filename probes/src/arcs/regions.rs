@@ -74,6 +74,7 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
                 continue;
             }
             let mut on = if arrived.len() == 1 { arrived.first().copied() } else { None };
+            let mut first = true;
             for (row_lines, address) in block_rows {
                 for &line in row_lines.iter() {
                     let now = inside(line);
@@ -81,7 +82,18 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
                         Some(was) if was == now => {}
                         Some(_) => {
                             let index = index_of(block, *address).ok_or(Error::RowInsideInstruction { address: *address })?;
-                            hooks.push(RegionHook { block, index, region, leave: !now, place: Place::Start });
+                            let no_window = code.window_from(block, index).is_none() && code.last_window(block).is_none();
+                            if first && no_window {
+                                // Too short for a window: on every way in (all
+                                // arrive on the other side), a few instructions early.
+                                let left_inside = |node| left_inside(&arriving, at_entry, &inside, node);
+                                for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block) && e.kind != EdgeKind::Fake) {
+                                    let on = on_edge(cfg, code, edge, region, !now, &left_inside, 0);
+                                    hooks.extend(on.ok_or(Error::NoHookSite { address: *address })?);
+                                }
+                            } else {
+                                hooks.push(RegionHook { block, index, region, leave: !now, place: Place::Start });
+                            }
                         }
                         // Arriving from both sides: on the edges that cross.
                         None => {
@@ -96,6 +108,7 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
                         }
                     }
                     on = Some(now);
+                    first = false;
                 }
             }
         }
@@ -200,25 +213,29 @@ fn exit_leaves(
         if other_ways_out {
             return Err(Error::RegionUndetermined { address: last });
         }
-        let wholly_inside = rows[block].iter().flat_map(|(lines, _)| lines.iter()).all(|&l| inside(l));
-        if code.last_window(block).is_none() && wholly_inside {
-            let left_inside = |node| left_inside(arriving, at_entry, inside, node);
-            for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block) && e.kind != EdgeKind::Fake) {
-                match left_inside(edge.from) {
-                    Some(true) => {
-                        leaves.extend(on_edge(cfg, code, edge, region, true, &left_inside, 0).ok_or(Error::NoHookSite { address: last })?)
-                    }
-                    Some(false) => return Err(Error::NoHookSite { address: last }),
-                    None => return Err(Error::RegionUndetermined { address: last }),
-                }
-            }
+        let has_window = code.last_window(block).is_some();
+        if ends_inside.len() == 1 && has_window {
+            let index = cfg.blocks()[block].instructions.len() - 1;
+            leaves.push(RegionHook { block, index, region, leave: true, place: Place::Start });
             continue;
         }
-        if ends_inside.len() > 1 {
-            return Err(Error::RegionUndetermined { address: last });
+        // Left on the ways in from inside: the block is wholly inside, or
+        // has no row and passes on the side each way in leaves it on.
+        let rowless = rows[block].is_empty();
+        if !rows[block].iter().flat_map(|(lines, _)| lines.iter()).all(|&l| inside(l)) {
+            return Err(Error::NoHookSite { address: last });
         }
-        let index = cfg.blocks()[block].instructions.len() - 1;
-        leaves.push(RegionHook { block, index, region, leave: true, place: Place::Start });
+        let left_inside = |node| left_inside(arriving, at_entry, inside, node);
+        for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block) && e.kind != EdgeKind::Fake) {
+            match left_inside(edge.from) {
+                Some(true) => {
+                    leaves.extend(on_edge(cfg, code, edge, region, true, &left_inside, 0).ok_or(Error::NoHookSite { address: last })?)
+                }
+                Some(false) if rowless => {}
+                Some(false) => return Err(Error::NoHookSite { address: last }),
+                None => return Err(Error::RegionUndetermined { address: last }),
+            }
+        }
     }
     Ok(leaves)
 }

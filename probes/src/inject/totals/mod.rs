@@ -214,7 +214,7 @@ pub struct BlockHeader {
 }
 
 /// Regions a thread has open at once (`OPEN_REGIONS`); more are counted, not timed.
-pub const OPEN_REGIONS: u64 = 64;
+pub const OPEN_REGIONS: u64 = 4096;
 
 /// `struct open_region` of runtime.h.
 #[repr(C)]
@@ -233,11 +233,9 @@ struct OpenRegion {
 pub struct RegionsHeader {
     /// Regions open.
     pub open: u64,
-    /// Entries past [`OPEN_REGIONS`] open at once, not timed.
-    pub overflow: u64,
     /// Hooks that ran while the runtime was busy on the thread: not seen.
     pub busy: u64,
-    reserved: u64,
+    reserved: [u64; 2],
 }
 
 /// `struct region_total` of runtime.h: one region's totals in a thread.
@@ -254,7 +252,8 @@ pub struct RegionTotal {
     pub unwound: u64,
     /// Leaves with no entry.
     pub unpaired: u64,
-    reserved: u64,
+    /// Entries open now past [`OPEN_REGIONS`], not timed.
+    pub overflow: u64,
     /// Wall time per timed entry (TSC cycles).
     pub wall: Stat,
     /// CPU time per timed entry (TSC cycles).

@@ -498,6 +498,26 @@ fn regions_open_past_the_stack_are_counted_untimed_and_pair_in_order() {
 }
 
 #[test]
+fn a_region_past_the_stack_leaves_the_others_paired() {
+    let rt = Local::new(1, 2);
+    let frame = |d: u64| 0x7000_0000 - 0x100 * d;
+    // Region 0 fills the stack but one; a frame enters region 0 (the last
+    // place) then region 1 (past the stack), and leaves 0 first.
+    for d in 0..OPEN_REGIONS {
+        rt.region(ENTER, frame(d));
+    }
+    rt.region(2 | ENTER, frame(OPEN_REGIONS - 1));
+    rt.region(LEAVE, frame(OPEN_REGIONS - 1));
+    rt.region(2 | LEAVE, frame(OPEN_REGIONS - 1));
+    for d in (0..OPEN_REGIONS - 1).rev() {
+        rt.region(LEAVE, frame(d));
+    }
+    let regions = rt.regions(0);
+    assert_eq!((regions[0].entries, regions[0].timed, regions[0].unpaired), (OPEN_REGIONS, OPEN_REGIONS, 0));
+    assert_eq!((regions[1].entries, regions[1].timed, regions[1].untimed, regions[1].unpaired), (1, 0, 1, 0));
+}
+
+#[test]
 fn a_region_hook_calls_the_runtime_through_its_trampoline() {
     use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock};
     let rt = Local::new(1, 2);
