@@ -141,13 +141,14 @@ impl RecordRequest {
     }
 
     /// The governor's budget per function as a share of the elapsed time
-    /// (0.05: 5%), defaults resolved; `None` keeps every probe. Lines seen
-    /// by probes (`line_probes`) need every probe.
+    /// (0.05: 5%), defaults resolved; `None` keeps every probe. Lines and
+    /// regions seen by probes (`line_probes`) need every probe; those the
+    /// in-process engine counts and hooks do not.
     pub fn overhead_budget(&self, line_probes: bool) -> Option<f64> {
         match self.governor {
             Governor::Budget { percent } => (percent > 0.0).then_some(percent / 100.0),
             Governor::Off => None,
-            Governor::Default => (self.is_hybrid() && !line_probes && self.regions.is_empty() && self.instrument).then_some(DEFAULT_BUDGET),
+            Governor::Default => (self.is_hybrid() && !line_probes && self.instrument).then_some(DEFAULT_BUDGET),
         }
     }
 

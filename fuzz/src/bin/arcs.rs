@@ -5,15 +5,16 @@
 //! given (the binary, and the counters in the target's memory, are the
 //! user's to write); and the same counts with threads found anywhere in the
 //! code when counting started or ended (`attach --lines`: where the
-//! target's threads stand is the target's to choose).
+//! target's threads stand is the target's to choose); and the hooks of
+//! regions over those lines, beside the counters (`run --region`).
 //!
 //! The input: a byte of choices, the code's length (2 bytes, little
 //! endian), the code (at 0x1000), then the data (at 0x2000), whose first
 //! bytes also give the counters' values.
 
 use proftap_probes::arcs::{
-    Cfg, CodeRange, Data, Frame, FunctionCode, FunctionLines, counter_costs, line_branches, line_entries, place_counters, plan_sites,
-    solve_counters, solve_with_frames, stub, unsettled,
+    Cfg, CodeRange, Data, Frame, FunctionCode, FunctionLines, add_region_hooks, counter_costs, line_branches, line_entries, place_counters,
+    plan_sites, region_hooks, solve_counters, solve_with_frames, stub, stub_with_hooks, unsettled,
 };
 
 proftap_fuzz::target!(run);
@@ -69,6 +70,17 @@ fn run(input: &[u8]) {
     let _ = line_entries(&cfg, &counts, &lines);
     let _ = line_branches(&cfg, &counts, &lines);
     let _ = unsettled(&cfg, &lines);
+    // Two regions over the lines, from the choices: hooks beside the counters.
+    let regions_of: Vec<Vec<u32>> =
+        (0..10u32).map(|l| (0..2u32).filter(|r| u32::from(*choices) >> (l % 4 + 4 * r) & 1 != 0).collect()).collect();
+    if let Ok(hooks) = region_hooks(&cfg, &function, &lines, &regions_of) {
+        let mut hooked = sites.clone();
+        if add_region_hooks(&cfg, &function, &mut hooked, &hooks).is_ok() {
+            for site in &hooked {
+                let _ = stub_with_hooks(site, 0x10_0000, &counters, Some(0x10_8000));
+            }
+        }
+    }
     // Threads at addresses from the data, inside the code or not, inside instructions or not.
     let frames: Vec<Frame> = data
         .chunks_exact(3)

@@ -62,7 +62,8 @@ fn run(data: &[u8]) {
     let settings: Vec<u64> = (0..SETTINGS).map(|_| next()).collect();
     let (end_tsc, off_cpu_now, flags) = (settings[0], settings[1], settings[2]);
     let trace_slots = if flags & 128 != 0 { TRACE_SLOTS } else { 0 };
-    let geometry = Geometry { functions: (flags % MOST_FUNCTIONS as u64) + 1, blocks: 1 + (flags >> 3 & 1), trace_slots, regions: flags >> 4 & 3 };
+    let geometry =
+        Geometry { functions: (flags % MOST_FUNCTIONS as u64) + 1, blocks: 1 + (flags >> 3 & 1), trace_slots, regions: flags >> 4 & 3 };
     let shared = Shared::anonymous(geometry.shared_bytes() as usize).expect("memory for the totals");
     // `count` words of the input, the first `keep` written where the
     // runtime would have: a field is at the same place in every input.
