@@ -12,6 +12,9 @@
 # ~/.cache/proftap-realprogs, as
 # benches/realprogs.sh does). "recorded" is the time the profile says the
 # program ran under proftap; "whole" adds proftap's start-up and end.
+# Then regions on Lua -O0 (its string table and table lookups): timed in
+# process on bench.lua beside --lines alone, and on strings.lua (short)
+# beside the same regions timed by uprobes on lines (--engine uprobe).
 set -euo pipefail
 runs=${1:-5}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,3 +59,14 @@ for variant in "O0:-O0" "cov:-O0 --coverage" "O2:-O2" "O2-cov:-O2 --coverage"; d
 done
 compare lua "$dir/lua-O0/src/lua" "$dir/lua-cov/src/lua" "$root/benches/realprogs/bench.lua" 1
 compare lua-O2 "$dir/lua-O2/src/lua" "$dir/lua-O2-cov/src/lua" "$root/benches/realprogs/bench.lua" 1
+
+regions=(--region intern=lstring.c:188-215 --region search=lstring.c:195-202 --region create=lstring.c:204-214 --region getshort=ltable.c:756-769)
+lua=$dir/lua-O0/src/lua
+b=$(for _ in $(seq "$runs"); do seconds "$lua" "$root/benches/realprogs/bench.lua" 1; done | median)
+l=$(for i in $(seq "$runs"); do seconds "$proftap" run --lines=lstring.c --lines=ltable.c -o "$work/l.$i.profile" -- "$lua" "$root/benches/realprogs/bench.lua" 1; done | median)
+r=$(for i in $(seq "$runs"); do seconds "$proftap" run "${regions[@]}" -o "$work/r.$i.profile" -- "$lua" "$root/benches/realprogs/bench.lua" 1; done | median)
+printf 'regions   lua bench.lua: bare %.3f s, --lines (2 files) %.3f s whole (%.2fx), 4 regions in process %.3f s whole (%.2fx)\n' \
+    "$b" "$l" "$(echo "$l / $b" | bc -l)" "$r" "$(echo "$r / $b" | bc -l)"
+i=$(seconds "$proftap" run "${regions[@]}" -o "$work/ri.profile" -- "$lua" "$root/benches/realprogs/strings.lua")
+u=$(seconds "$proftap" run "${regions[@]}" --engine uprobe -o "$work/ru.profile" -- "$lua" "$root/benches/realprogs/strings.lua")
+printf 'regions   lua strings.lua: 4 regions in process %.3f s whole, by uprobes on lines %.3f s whole (%.0fx)\n' "$i" "$u" "$(echo "$u / $i" | bc -l)"
