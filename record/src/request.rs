@@ -112,6 +112,9 @@ impl RecordRequest {
         if let Some(bytes) = self.trace_bytes.filter(|b| !(MIN_TRACE_BYTES..=MAX_TRACE_BYTES).contains(b)) {
             return Err(RequestError::TraceSize { bytes });
         }
+        if self.regions.len() > MOST_REGIONS {
+            return Err(RequestError::TooManyRegions { count: self.regions.len() });
+        }
         for region in &self.regions {
             region.validate()?;
         }
@@ -310,6 +313,10 @@ pub struct RegionSpec {
     pub end: u32,
 }
 
+/// The most regions one recording times: each thread keeps their totals in
+/// the memory it shares with proftap.
+pub const MOST_REGIONS: usize = 1024;
+
 /// Per line of `lines` (file and line number), the indexes of the
 /// `regions` that hold it.
 pub fn regions_of_lines(lines: &[(String, u32)], regions: &[RegionSpec]) -> Vec<Vec<u32>> {
@@ -393,6 +400,12 @@ pub enum RequestError {
         /// As given.
         text: String,
     },
+    /// More regions than one recording times.
+    #[error("{count} regions were asked for; one recording times at most {MOST_REGIONS}")]
+    TooManyRegions {
+        /// As given.
+        count: usize,
+    },
 }
 
 /// Argument vectors as JSON strings where they are UTF-8, else as their bytes.
@@ -469,6 +482,9 @@ mod tests {
         request.governor = Governor::Budget { percent: 150.0 };
         assert!(request.validate().is_err_and(|e| e.to_string().contains("between 0 and 100")));
         assert!(RegionSpec::parse("x=a.c:9-3").is_err());
+        let mut many = RecordRequest::new(RecordTarget::Launch { command: vec!["/bin/true".into()], cwd: None, env: None });
+        many.regions = vec![RegionSpec::parse("r=a.c:1-2").expect("region"); MOST_REGIONS + 1];
+        assert_eq!(many.validate(), Err(RequestError::TooManyRegions { count: MOST_REGIONS + 1 }));
         // A deadline the clock cannot count (Instant + it panicked), a
         // warm-up past u64 nanoseconds.
         let wait = |duration, warmup| {
