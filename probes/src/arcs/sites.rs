@@ -477,12 +477,16 @@ fn window_site(cfg: &Cfg, code: &FunctionCode, block: usize, window: Range<usize
     })
 }
 
-/// Adds region `hooks` (in block and instruction order) to `sites`: each
-/// runs at the start of a window, in the window holding its instruction,
-/// else the first one after it in its block, else the one ending its block
-/// (a return is one byte): a hook may run a few instructions early or late,
-/// never out of order with the other hooks, and never on another path.
-/// Fails, naming the place, where no window can take a hook.
+/// Adds region `hooks` (in block and instruction order) to `sites`. One
+/// before an instruction runs at the start of a window: the one holding
+/// the instruction, else the first after it in its block, else the one
+/// ending its block, else the block's last before it; in a block too short
+/// for any, entered only from a call, as the callee returns into the
+/// call's stub. One on a `jcc`'s edge runs on that exit of the window
+/// ending with the `jcc` (a site of the block's counters there moves to
+/// it). A hook may run a few straight-line instructions early or late,
+/// never out of order with the other hooks of its block, and never on
+/// another path. Fails, naming the place, where no window can take a hook.
 pub fn add_region_hooks(cfg: &Cfg, code: &FunctionCode, sites: &mut Vec<Site>, hooks: &[super::RegionHook]) -> Result<(), Error> {
     let mut last_start: Option<(usize, u64)> = None;
     for hook in hooks {
