@@ -18,6 +18,11 @@ use super::cfg::{Cfg, Edge, EdgeKind, Node};
 use super::sites::{FunctionCode, Place};
 use iced_x86::FlowControl;
 
+/// When a hook runs among those before the same instruction.
+const ON_WAY_IN: u8 = 0;
+const AT_ROW: u8 = 1;
+const ON_WAY_OUT: u8 = 2;
+
 /// How many blocks too short for a window a hook is passed back through.
 const MOST_HOISTS: usize = 4;
 use super::lines::{FunctionLines, NO_LINE, arrived_lines, arriving_lines, entry_line, rows_by_block};
@@ -55,7 +60,11 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
         touched.extend(regions_of.get(*line as usize).into_iter().flatten());
     }
     let index_of = |block: usize, address: u64| cfg.blocks()[block].instructions.iter().position(|&a| a == address);
-    let mut hooks = Vec::new();
+    // Each hook with when it runs among those before the same instruction:
+    // those on the way in first (the entry's, an edge's at its target's
+    // start), then a row's, then those on the way out of the block.
+    let when_on = |edge: &Edge, hook: &RegionHook| if edge.to == Node::Block(hook.block) { ON_WAY_IN } else { ON_WAY_OUT };
+    let mut hooks: Vec<(u8, RegionHook)> = Vec::new();
     for region in touched {
         let inside = |line: u32| in_region(line, region);
         if inside(at_entry) {
@@ -65,7 +74,7 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
             if also_entered {
                 return Err(Error::RegionUndetermined { address: cfg.blocks()[block].start });
             }
-            hooks.push(RegionHook { block, index: 0, region, leave: false, place: Place::Start });
+            hooks.push((ON_WAY_IN, RegionHook { block, index: 0, region, leave: false, place: Place::Start }));
         }
         for (block, block_rows) in rows.iter().enumerate() {
             let arrived: BTreeSet<bool> = arrived_lines(cfg, &arriving, block).into_iter().map(inside).collect();
@@ -89,10 +98,11 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
                                 let left_inside = |node| left_inside(&arriving, at_entry, &inside, node);
                                 for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block) && e.kind != EdgeKind::Fake) {
                                     let on = on_edge(cfg, code, edge, region, !now, &left_inside, 0);
-                                    hooks.extend(on.ok_or(Error::NoHookSite { address: *address })?);
+                                    let on = on.ok_or(Error::NoHookSite { address: *address })?;
+                                    hooks.extend(on.into_iter().map(|h| (when_on(edge, &h), h)));
                                 }
                             } else {
-                                hooks.push(RegionHook { block, index, region, leave: !now, place: Place::Start });
+                                hooks.push((AT_ROW, RegionHook { block, index, region, leave: !now, place: Place::Start }));
                             }
                         }
                         // Arriving from both sides: on the edges that cross.
@@ -102,7 +112,8 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
                                 let left = left_inside(edge.from).ok_or(Error::RegionUndetermined { address: *address })?;
                                 if left != now {
                                     let on = on_edge(cfg, code, edge, region, !now, &left_inside, 0);
-                                    hooks.extend(on.ok_or(Error::RegionUndetermined { address: *address })?);
+                                    let on = on.ok_or(Error::RegionUndetermined { address: *address })?;
+                                    hooks.extend(on.into_iter().map(|h| (when_on(edge, &h), h)));
                                 }
                             }
                         }
@@ -112,10 +123,10 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
                 }
             }
         }
-        hooks.extend(exit_leaves(cfg, code, &rows, &arriving, region, at_entry, &inside)?);
+        hooks.extend(exit_leaves(cfg, code, &rows, &arriving, region, at_entry, &inside)?.into_iter().map(|h| (ON_WAY_OUT, h)));
     }
-    hooks.sort_by_key(|h| (h.block, h.index));
-    Ok(hooks)
+    hooks.sort_by_key(|(order, h)| (h.block, h.index, *order));
+    Ok(hooks.into_iter().map(|(_, h)| h).collect())
 }
 
 /// Whether frames leave `node` inside the region; `None`: on either side.
