@@ -48,11 +48,18 @@ __attribute__((noinline)) void middle(long slice)
     work_b(slice * 3);
 }
 
+/* Slices of varying length, so that no sampling period can keep meeting
+ * the same phase of the alternation (a fixed slice near a multiple of the
+ * period would be sampled unevenly). */
 __attribute__((noinline)) void run(long total)
 {
-    long slice = 100000;
-    for (long done = 0; done < total; done += slice * 10)
+    unsigned long seed = 12345;
+    long slice;
+    for (long done = 0; done < total; done += slice * 10) {
+        seed = seed * 6364136223846793005UL + 1442695040888963407UL;
+        slice = 5000 + (long)(seed >> 33) % 10000;
         middle(slice);
+    }
 }
 
 int main(int argc, char **argv)
