@@ -67,6 +67,19 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
     let mut hooks: Vec<(u8, RegionHook)> = Vec::new();
     for region in touched {
         let inside = |line: u32| in_region(line, region);
+        let left_inside = |node| left_inside(&arriving, at_entry, &inside, node);
+        // The hooks on the ways into `block` that arrive on the other side
+        // of the region than its row at `address` (`now`: inside).
+        let crossing = |block: usize, now: bool, address: u64| -> Result<Vec<(u8, RegionHook)>, Error> {
+            let mut hooks = Vec::new();
+            for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block) && e.kind != EdgeKind::Fake) {
+                if left_inside(edge.from).ok_or(Error::RegionUndetermined { address })? != now {
+                    let on = on_edge(cfg, code, edge, region, !now, &left_inside, 0).ok_or(Error::NoHookSite { address })?;
+                    hooks.extend(on.into_iter().map(|h| (when_on(edge, &h), h)));
+                }
+            }
+            Ok(hooks)
+        };
         if inside(at_entry) {
             let block = cfg.entry_block();
             let also_entered =
@@ -95,28 +108,13 @@ pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regio
                             if first && no_window {
                                 // Too short for a window: on every way in (all
                                 // arrive on the other side), a few instructions early.
-                                let left_inside = |node| left_inside(&arriving, at_entry, &inside, node);
-                                for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block) && e.kind != EdgeKind::Fake) {
-                                    let on = on_edge(cfg, code, edge, region, !now, &left_inside, 0);
-                                    let on = on.ok_or(Error::NoHookSite { address: *address })?;
-                                    hooks.extend(on.into_iter().map(|h| (when_on(edge, &h), h)));
-                                }
+                                hooks.extend(crossing(block, now, *address)?);
                             } else {
                                 hooks.push((AT_ROW, RegionHook { block, index, region, leave: !now, place: Place::Start }));
                             }
                         }
                         // Arriving from both sides: on the edges that cross.
-                        None => {
-                            let left_inside = |node| left_inside(&arriving, at_entry, &inside, node);
-                            for edge in cfg.edges().iter().filter(|e| e.to == Node::Block(block) && e.kind != EdgeKind::Fake) {
-                                let left = left_inside(edge.from).ok_or(Error::RegionUndetermined { address: *address })?;
-                                if left != now {
-                                    let on = on_edge(cfg, code, edge, region, !now, &left_inside, 0);
-                                    let on = on.ok_or(Error::RegionUndetermined { address: *address })?;
-                                    hooks.extend(on.into_iter().map(|h| (when_on(edge, &h), h)));
-                                }
-                            }
-                        }
+                        None => hooks.extend(crossing(block, now, *address)?),
                     }
                     on = Some(now);
                     first = false;
