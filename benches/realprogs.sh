@@ -35,7 +35,10 @@ if [ ! -x "$lua" ]; then
 fi
 sqlite=$dir/sqlite/build/sqlite3
 if [ ! -x "$sqlite" ]; then
+    # The release tarball unpacks into sqlite3-3.40.1/.
+    rm -rf "$dir/sqlite" "$dir/sqlite3-3.40.1"
     curl -fsSL "$pool/s/sqlite3/sqlite3_3.40.1.orig.tar.xz" | tar xJ -C "$dir"
+    mv "$dir/sqlite3-3.40.1" "$dir/sqlite"
     mkdir -p "$dir/sqlite/build"
     (cd "$dir/sqlite/build" && ../configure --disable-tcl --enable-shared=no CFLAGS="-O2 -g" >/dev/null && make -s sqlite3 >/dev/null)
 fi
