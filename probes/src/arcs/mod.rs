@@ -36,6 +36,7 @@ pub mod counters;
 pub mod flight;
 mod graph;
 pub mod lines;
+pub mod loops;
 pub mod placement;
 pub mod regions;
 pub mod sites;

@@ -23,6 +23,7 @@
 use super::Error;
 use super::cfg::{Cfg, CodeRange, EdgeKind, Node, decode_at};
 use super::counters::{Cost, CounterPlacement, Quantity, quantities};
+use super::loops::Loops;
 use crate::inject::patch::{JUMP_LEN, in_reach};
 use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register, RflagsBits};
 use std::collections::BTreeMap;
@@ -320,9 +321,18 @@ pub fn cost(cfg: &Cfg, code: &FunctionCode, quantity: Quantity) -> Cost {
 }
 
 /// The cost of every quantity of `cfg`, indexed as [`quantities`] lists
-/// them, for [`super::place_counters`].
+/// them, for [`super::place_counters`]: what a counter costs each time it
+/// runs, times how often it is likely to run (see [`super::loops`]).
 pub fn counter_costs(cfg: &Cfg, code: &FunctionCode) -> Vec<Cost> {
-    quantities(cfg).into_iter().map(|q| cost(cfg, code, q)).collect()
+    let loops = Loops::of(cfg);
+    quantities(cfg)
+        .into_iter()
+        .map(|q| match cost(cfg, code, q) {
+            // A counter's cost is paid each time it runs.
+            Cost::Counter(each) => Cost::Counter(each.saturating_mul(loops.weight(cfg, q))),
+            Cost::NoCounter => Cost::NoCounter,
+        })
+        .collect()
 }
 
 /// Where in its window's stub a counter runs.

@@ -917,3 +917,85 @@ fn arcs_counting_between_two_moments_counts_what_ran_between_them() {
         "{checked} checked, {unsettled_seen} with unsettled places, {leaving_counters} counters on a way out"
     );
 }
+
+/// A loop laid out as `gcc -O0` lays out a `for` (entered at its test, at
+/// the bottom), a branch in it whose sides take several instructions each
+/// (so that each can hold a counter), a nested loop on one side; a branch
+/// after the loop.
+fn branches_around_loops() -> Vec<u8> {
+    assemble(|a| {
+        let (mut body, mut even, mut next, mut inner, mut test, mut skip) =
+            (a.create_label(), a.create_label(), a.create_label(), a.create_label(), a.create_label(), a.create_label());
+        a.push(rbx)?;
+        a.mov(ebx, edi)?;
+        a.jmp(test)?;
+        a.set_label(&mut body)?;
+        a.test(ebx, 1)?;
+        a.je(even)?;
+        a.add(eax, 0x1234_5678)?;
+        a.add(eax, ebx)?;
+        a.jmp(next)?;
+        a.set_label(&mut even)?;
+        a.mov(edx, 0x1234_5678)?;
+        a.set_label(&mut inner)?;
+        a.sub(eax, 0x1234_5678)?;
+        a.dec(edx)?;
+        a.jne(inner)?;
+        a.set_label(&mut next)?;
+        a.mov(ecx, 0x1234_5678)?;
+        a.dec(ebx)?;
+        a.set_label(&mut test)?;
+        a.cmp(ebx, 0)?;
+        a.jg(body)?;
+        a.test(esi, esi)?;
+        a.je(skip)?;
+        a.mov(eax, 0x1234_5678)?;
+        a.add(eax, esi)?;
+        a.set_label(&mut skip)?;
+        a.pop(rbx)?;
+        a.ret()
+    })
+}
+
+/// Natural loops: the outer loop holds its branch's sides and the inner
+/// loop, the inner loop only itself; code before and after is in none.
+#[test]
+fn arcs_loops_are_found_nested() {
+    let code = branches_around_loops();
+    let cfg = graph(&code);
+    let loops = loops::Loops::of(&cfg);
+    let depth_at = |address: u64| loops.depth(cfg.block_holding(address).unwrap());
+    assert_eq!(depth_at(block_after(&code, Mnemonic::Sub)), 2);
+    assert_eq!(depth_at(block_after(&code, Mnemonic::Cmp)), 1);
+    assert_eq!(depth_at(BASE), 0);
+    assert_eq!(depth_at(block_after(&code, Mnemonic::Pop)), 0);
+    let depths: Vec<u32> = (0..cfg.blocks().len()).map(|b| loops.depth(b)).collect();
+    assert_eq!(depths.iter().filter(|&&d| d == 2).count(), 1, "{depths:?}");
+    assert_eq!(depths.iter().filter(|&&d| d == 1).count(), 5, "{depths:?}");
+}
+
+/// The first instruction with mnemonic `mnemonic` in `code`, by address.
+fn block_after(code: &[u8], mnemonic: Mnemonic) -> u64 {
+    let mut decoder = Decoder::with_ip(64, code, BASE, DecoderOptions::NONE);
+    decoder.iter().find(|i| i.mnemonic() == mnemonic).unwrap().ip()
+}
+
+/// Counters go where they run least: a loop holds only as many as its
+/// cycles need (one per independent cycle inside it), the inner loop one,
+/// and the counts still come out right.
+#[test]
+fn arcs_counters_stay_out_of_loops_where_they_can() {
+    let code = branches_around_loops();
+    let cfg = graph(&code);
+    let parts = [CodeRange { address: BASE, bytes: &code }];
+    let function = FunctionCode::new(&cfg, &parts).unwrap();
+    let placement = check_counters(&cfg, &counter_costs(&cfg, &function));
+    let loops = loops::Loops::of(&cfg);
+    let depth = |q: &Quantity| match *q {
+        Quantity::Block(b) => loops.depth(b),
+        Quantity::Edge(e) => loops.edge_depth(cfg.edges()[e].from, cfg.edges()[e].to),
+    };
+    let depths: Vec<u32> = placement.counted().iter().map(depth).collect();
+    assert_eq!(depths.iter().filter(|&&d| d == 2).count(), 1, "{depths:?}");
+    assert_eq!(depths.iter().filter(|&&d| d == 1).count(), 2, "{depths:?}");
+}
