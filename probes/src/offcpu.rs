@@ -39,8 +39,10 @@ impl Drop for OffCpu {
 
 const BPF_MAP_CREATE: i32 = 0;
 const BPF_PROG_LOAD: i32 = 5;
+const BPF_RAW_TRACEPOINT_OPEN: i32 = 17;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_PROG_TYPE_TRACEPOINT: u32 = 5;
+const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 fn bpf(command: i32, attr: &mut [u64; 16]) -> io::Result<OwnedFd> {
@@ -58,9 +60,21 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
     u64::from(code) | u64::from(dst | (src << 4)) << 8 | u64::from(off as u16) << 16 | u64::from(imm as u32) << 32
 }
 
-/// The program: r6 = tracepoint record; at each switch, the thread leaving
+/// Where the program finds the threads of a switch.
+#[derive(Clone, Copy, Debug)]
+enum Switch {
+    /// In a `sched_switch` tracepoint record: both pids at these offsets.
+    Record { prev_pid: i16, next_pid: i16 },
+    /// In the raw tracepoint's arguments (`preempt, prev, next`): the
+    /// thread leaving is the current one; the one arriving keeps its pid
+    /// at this offset of its `task_struct`, read with
+    /// `bpf_probe_read_kernel`.
+    Raw { pid_in_task: i32 },
+}
+
+/// The program: r6 = its context; at each switch, the thread leaving
 /// notes when; the thread arriving adds how long it was away.
-fn program(map: i32, prev_pid: i16, next_pid: i16) -> Vec<u64> {
+fn program(map: i32, switch: Switch) -> Vec<u64> {
     const LDX_W: u8 = 0x61;
     const LDX_DW: u8 = 0x79;
     const STX_W: u8 = 0x63;
@@ -71,6 +85,7 @@ fn program(map: i32, prev_pid: i16, next_pid: i16) -> Vec<u64> {
     const ADD_K: u8 = 0x07;
     const SUB_X: u8 = 0x1f;
     const JEQ_K: u8 = 0x15;
+    const JNE_K: u8 = 0x55;
     const CALL: u8 = 0x85;
     const EXIT: u8 = 0x95;
     const LD_DW_IMM: u8 = 0x18;
@@ -78,22 +93,41 @@ fn program(map: i32, prev_pid: i16, next_pid: i16) -> Vec<u64> {
     const PSEUDO_MAP_FD: u8 = 1;
     const KTIME_GET_NS: i32 = 5;
     const MAP_LOOKUP_ELEM: i32 = 1;
+    const GET_CURRENT_PID_TGID: i32 = 14;
+    const PROBE_READ_KERNEL: i32 = 113;
     const ATOMIC_ADD: i32 = 0;
-    let lookup = |pid_offset: i16| {
-        [
-            insn(LDX_W, 1, 6, pid_offset, 0),
-            insn(STX_W, 10, 1, -4, 0),
-            insn(LD_DW_IMM, 1, PSEUDO_MAP_FD, 0, map),
-            0,
-            insn(MOV_X, 2, 10, 0, 0),
-            insn(ADD_K, 2, 0, 0, -4),
-            insn(CALL, 0, 0, 0, MAP_LOOKUP_ELEM),
-        ]
+    // r0 = the entry of the pid at fp-4, or 0.
+    let lookup = [
+        insn(LD_DW_IMM, 1, PSEUDO_MAP_FD, 0, map),
+        0,
+        insn(MOV_X, 2, 10, 0, 0),
+        insn(ADD_K, 2, 0, 0, -4),
+        insn(CALL, 0, 0, 0, MAP_LOOKUP_ELEM),
+    ];
+    // From the second lookup on, to the end.
+    const TO_EXIT: i16 = 12;
+    let from_record = |offset: i16| vec![insn(LDX_W, 1, 6, offset, 0), insn(STX_W, 10, 1, -4, 0)];
+    let (leaving, arriving) = match switch {
+        Switch::Record { prev_pid, next_pid } => (from_record(prev_pid), from_record(next_pid)),
+        Switch::Raw { pid_in_task } => (
+            vec![insn(CALL, 0, 0, 0, GET_CURRENT_PID_TGID), insn(STX_W, 10, 0, -4, 0)],
+            vec![
+                insn(LDX_DW, 3, 6, 16, 0),
+                insn(ADD_K, 3, 0, 0, pid_in_task),
+                insn(MOV_X, 1, 10, 0, 0),
+                insn(ADD_K, 1, 0, 0, -4),
+                insn(MOV_K, 2, 0, 0, 4),
+                insn(CALL, 0, 0, 0, PROBE_READ_KERNEL),
+                insn(JNE_K, 0, 0, TO_EXIT, 0),
+            ],
+        ),
     };
     let mut p = vec![insn(MOV_X, 6, 1, 0, 0), insn(CALL, 0, 0, 0, KTIME_GET_NS), insn(MOV_X, 7, 0, 0, 0)];
-    p.extend(lookup(prev_pid));
+    p.extend(leaving);
+    p.extend(lookup);
     p.extend([insn(JEQ_K, 0, 0, 1, 0), insn(STX_DW, 0, 7, 8, 0)]);
-    p.extend(lookup(next_pid));
+    p.extend(arriving);
+    p.extend(lookup);
     p.extend([
         insn(JEQ_K, 0, 0, 6, 0),
         insn(LDX_DW, 1, 0, 8, 0),
@@ -109,7 +143,7 @@ fn program(map: i32, prev_pid: i16, next_pid: i16) -> Vec<u64> {
 }
 
 /// `sched_switch`'s tracepoint id and where `prev_pid` and `next_pid` are in its record.
-fn tracepoint() -> io::Result<(u64, i16, i16)> {
+fn tracepoint() -> io::Result<(u64, Switch)> {
     let tracefs = crate::tracefs::Tracefs::open().map_err(io::Error::other)?;
     let dir = tracefs.root().join("events/sched/sched_switch");
     let id = std::fs::read_to_string(dir.join("id"))?.trim().parse().map_err(io::Error::other)?;
@@ -119,13 +153,21 @@ fn tracepoint() -> io::Result<(u64, i16, i16)> {
             .and_then(|o| i16::try_from(o).ok())
             .ok_or_else(|| io::Error::other(format!("sched_switch has no {name} field")))
     };
-    Ok((id, offset("prev_pid")?, offset("next_pid")?))
+    Ok((id, Switch::Record { prev_pid: offset("prev_pid")?, next_pid: offset("next_pid")? }))
+}
+
+/// Where a task keeps its pid, from the kernel's BTF.
+fn pid_in_task() -> Option<i32> {
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
+    crate::btf::member_offset(&btf, "task_struct", "pid").and_then(|o| i32::try_from(o).ok())
 }
 
 impl OffCpu {
-    /// Loads the program and opens its tracepoint on every CPU.
+    /// Loads the program on `sched_switch`: as a raw tracepoint where the
+    /// kernel's BTF says where a task's pid is (one link, closed at once),
+    /// else through the tracepoint's perf event on every CPU (each closes
+    /// only after an RCU grace period).
     pub fn load() -> io::Result<OffCpu> {
-        let (tracepoint, prev_pid, next_pid) = tracepoint()?;
         let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(1 << 22);
         let entries = pid_max.clamp(1024, 1 << 22);
         let mut attr = [0u64; 16];
@@ -136,15 +178,21 @@ impl OffCpu {
         // the descriptor itself stays with proftap.
         attr[2] = u64::from(BPF_F_MMAPABLE);
         let map = bpf(BPF_MAP_CREATE, &mut attr).map_err(|e| context("cannot create the off-CPU time array", e))?;
-        let code = program(map.as_raw_fd(), prev_pid, next_pid);
-        let license = c"GPL";
-        let mut attr = [0u64; 16];
-        attr[0] = u64::from(BPF_PROG_TYPE_TRACEPOINT) | ((code.len() as u64) << 32);
-        attr[1] = code.as_ptr() as u64;
-        attr[2] = license.as_ptr() as u64;
-        let program = bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| context("cannot load the off-CPU time program", e))?;
-        let events = attach(tracepoint, &program)?;
-        Ok(OffCpu { map, entries, view: std::sync::OnceLock::new(), loaded: Some((program, events)) })
+        let raw = pid_in_task().and_then(|pid_in_task| {
+            let program = load_program(BPF_PROG_TYPE_RAW_TRACEPOINT, &program(map.as_raw_fd(), Switch::Raw { pid_in_task })).ok()?;
+            let link = attach_raw(&program).ok()?;
+            Some((program, vec![link]))
+        });
+        let loaded = match raw {
+            Some(loaded) => loaded,
+            None => {
+                let (tracepoint, switch) = tracepoint()?;
+                let program = load_program(BPF_PROG_TYPE_TRACEPOINT, &program(map.as_raw_fd(), switch))?;
+                let events = attach(tracepoint, &program)?;
+                (program, events)
+            }
+        };
+        Ok(OffCpu { map, entries, view: std::sync::OnceLock::new(), loaded: Some(loaded) })
     }
 
     /// The array another process loaded (and keeps running), covering `entries` thread ids.
@@ -225,6 +273,25 @@ pub fn obtain() -> Option<OffCpu> {
     }
 }
 
+fn load_program(kind: u32, code: &[u64]) -> io::Result<OwnedFd> {
+    let license = c"GPL";
+    let mut attr = [0u64; 16];
+    attr[0] = u64::from(kind) | ((code.len() as u64) << 32);
+    attr[1] = code.as_ptr() as u64;
+    attr[2] = license.as_ptr() as u64;
+    bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| context("cannot load the off-CPU time program", e))
+}
+
+/// Attaches the program to `sched_switch` as a raw tracepoint: it runs on
+/// every CPU while the link is open.
+fn attach_raw(program: &OwnedFd) -> io::Result<OwnedFd> {
+    let name = c"sched_switch";
+    let mut attr = [0u64; 16];
+    attr[0] = name.as_ptr() as u64;
+    attr[1] = program.as_raw_fd() as u64;
+    bpf(BPF_RAW_TRACEPOINT_OPEN, &mut attr).map_err(|e| context("cannot attach the off-CPU time program to sched_switch", e))
+}
+
 fn context(what: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
@@ -286,5 +353,24 @@ mod tests {
         assert!((45_000_000..500_000_000).contains(&slept), "{slept} ns off CPU over a 50 ms sleep");
         // SAFETY: unmapping it.
         unsafe { libc::munmap(base, off.bytes() as usize) };
+    }
+
+    /// Where the kernel publishes its BTF, the program runs as a raw
+    /// tracepoint: one link for every CPU (whose closing waits for no
+    /// grace period), not one perf event per CPU.
+    #[test]
+    fn with_btf_the_program_is_one_raw_tracepoint() {
+        let Ok(off) = OffCpu::load() else {
+            assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none() || !nix::unistd::geteuid().is_root(), "BPF works as root here");
+            eprintln!("skipped: BPF needs CAP_BPF and CAP_PERFMON");
+            return;
+        };
+        if pid_in_task().is_none() {
+            assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "this kernel publishes no BTF");
+            eprintln!("skipped: this kernel publishes no BTF");
+            return;
+        }
+        let (_, links) = off.loaded.as_ref().expect("loaded here");
+        assert_eq!(links.len(), 1);
     }
 }
