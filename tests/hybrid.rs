@@ -81,6 +81,32 @@ fn check_hot_function_throttled(engine: &[&str]) {
     assert!(recorded < bare * 3 + Duration::from_millis(300), "recorded {recorded:?}, bare run {bare:?}");
 }
 
+/// A forked child's calls count toward the budget, and a function the
+/// governor throttles is unpatched in the children too: the child here
+/// makes 20 million calls of `work`, its parent 10.
+#[test]
+fn a_function_hot_in_a_forked_child_is_throttled_there() {
+    require_probes();
+    let binary = Build::c("forks.c", "-O2").build();
+    let report = profile_run(&[], &[binary.to_str().unwrap(), "10", "20000000"]);
+    assert_eq!(report["recording"]["engine"], "inject");
+    let work = function(&report["functions"], "work");
+    assert_eq!(work["mode"], "throttled", "{work}");
+    let calls = work["calls"].as_u64().unwrap();
+    assert!((10..20_000_000).contains(&calls), "work counted {calls} calls before its probes went");
+    let notes: Vec<&str> = report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    assert!(notes.iter().any(|n| n.contains("removed the probes of work")), "{notes:?}");
+    // Both processes were recorded, the parent's 10 calls exact.
+    let mut by_pid: std::collections::HashMap<i64, u64> = std::collections::HashMap::new();
+    for thread in report["threads"].as_array().unwrap() {
+        let calls: u64 =
+            thread["functions"].as_array().unwrap().iter().filter(|f| f["name"] == "work").map(|f| f["calls"].as_u64().unwrap()).sum();
+        *by_pid.entry(thread["pid"].as_i64().unwrap()).or_default() += calls;
+    }
+    assert_eq!(by_pid.len(), 2, "{by_pid:?}");
+    assert_eq!(by_pid.get(&report["target"]["pid"].as_i64().unwrap()), Some(&10), "{by_pid:?}");
+}
+
 #[test]
 fn a_zero_budget_keeps_every_probe() {
     require_probes();

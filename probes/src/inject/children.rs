@@ -103,10 +103,16 @@ impl Children {
     /// parent's (`geometry`, at `remote` in the process), and how many were
     /// refused or past the limit.
     pub fn views(&self, geometry: Geometry, remote: u64) -> (Vec<(i32, io::Result<TotalsView>)>, u64) {
+        self.views_from(0, geometry, remote)
+    }
+
+    /// [`Children::views`] of the children after the first `first`.
+    pub fn views_from(&self, first: usize, geometry: Geometry, remote: u64) -> (Vec<(i32, io::Result<TotalsView>)>, u64) {
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         let views = received
             .children
             .iter()
+            .skip(first)
             .map(|child| {
                 let view = child
                     .memory

@@ -76,6 +76,12 @@ pub struct Patched {
     ever_applied: Vec<Applied>,
     /// Forked children whose code could not be restored, and why.
     children_not_restored: Vec<(i32, String)>,
+    /// The forked children's memory mapped so far (of the first
+    /// `children_seen`), for their calls while they run.
+    children_views: Vec<TotalsView>,
+    children_seen: usize,
+    /// Functions unpatched while the process ran, in it and its children.
+    unpatched: Vec<usize>,
     /// Edge counters, when asked for.
     counting: Option<Counting>,
     /// Functions whose edges cannot be counted, and why.
@@ -166,6 +172,9 @@ impl Patched {
             children: None,
             ever_applied: Vec::new(),
             children_not_restored: Vec::new(),
+            children_views: Vec::new(),
+            children_seen: 0,
+            unpatched: Vec::new(),
             counting: None,
             uncounted: Vec::new(),
         };
@@ -332,14 +341,60 @@ impl Patched {
     }
 
     /// Puts the original bytes of `functions` back while the process runs
-    /// on: their calls in progress still return through the trampoline and
-    /// are added up; new calls are not.
+    /// on, in it and in its forked children: their calls in progress still
+    /// return through the trampoline and are added up; new calls are not.
     pub fn unpatch(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
-        if !self.applied.iter().any(|a| functions.contains(&a.function)) {
-            return Ok(());
+        if self.applied.iter().any(|a| functions.contains(&a.function)) {
+            let remote = self.hold()?;
+            patcher::restore(&remote, &mut self.applied, |f| functions.contains(&f))?;
         }
-        let remote = self.hold()?;
-        patcher::restore(&remote, &mut self.applied, |f| functions.contains(&f))
+        self.unpatched.extend_from_slice(functions);
+        self.unpatched.sort_unstable();
+        self.unpatched.dedup();
+        if let Some(children) = &self.children {
+            for (pid, process) in children.running() {
+                self.unpatch_child(pid, &process, functions);
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts the original bytes of `functions` back in forked child `pid`,
+    /// which inherited the patches of its fork's moment. A child that
+    /// cannot be held keeps them: its calls stay exact, only dearer.
+    fn unpatch_child(&self, pid: i32, process: &std::os::fd::OwnedFd, functions: &[usize]) {
+        let mut applied: Vec<Applied> = self.ever_applied.iter().filter(|a| functions.contains(&a.function)).cloned().collect();
+        if applied.is_empty() {
+            return;
+        }
+        let _ = Remote::attach(pid).and_then(|remote| {
+            // Held, and still the child: its pid cannot have been reused.
+            if crate::target::has_exited(process) {
+                return Ok(());
+            }
+            patcher::restore(&remote, &mut applied, |_| true)
+        });
+    }
+
+    /// Adds the calls of the forked children so far, running or ended, to
+    /// `into` (by function): the governor judges every process's calls. A
+    /// child seen for the first time has the functions unpatched so far
+    /// unpatched in it too (it may have forked before they were).
+    pub fn add_children_calls(&mut self, into: &mut [u64]) {
+        let (Some(children), Some(view)) = (&self.children, &self.view) else { return };
+        let (new, _) = children.views_from(self.children_seen, self.geometry, view.remote_address());
+        self.children_seen += new.len();
+        let running = if new.is_empty() || self.unpatched.is_empty() { Vec::new() } else { children.running() };
+        for (pid, child) in new {
+            if let Some((_, process)) = running.iter().find(|(p, _)| *p == pid) {
+                self.unpatch_child(pid, process, &self.unpatched);
+            }
+            // A child whose memory cannot be mapped is read (or named) at the end.
+            self.children_views.extend(child.ok());
+        }
+        for child in &self.children_views {
+            child.calls(into);
+        }
     }
 
     /// Puts the original bytes back and stops adding up; then, unless a

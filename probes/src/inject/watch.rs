@@ -150,6 +150,7 @@ impl Watch {
                 if let (Some(judge), Some(view)) = (judge.as_mut(), patched.view()) {
                     calls.iter_mut().for_each(|c| *c = 0);
                     view.calls(&mut calls);
+                    patched.add_children_calls(&mut calls);
                     pending.extend(judge(&calls));
                     if !pending.is_empty() {
                         let outcome = patched.unpatch(&pending);
