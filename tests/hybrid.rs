@@ -75,6 +75,16 @@ fn check_hot_function_throttled(engine: &[&str]) {
         assert!(exclusive <= inclusive.saturating_sub(main_held), "{metric}: main {exclusive} of {inclusive}, held {main_held}");
     }
     assert!(notes.iter().any(|n| n.contains("exclude what their throttled callees took")), "{notes:?}");
+    // The call tree holds that time too, as tiny's estimated node under
+    // main: main's inclusive time is its own and its callees' again.
+    let main_node = report["tree"]["children"].as_array().unwrap().iter().find(|c| c["name"] == "main").unwrap();
+    let callees = main_node["children"].as_array().unwrap();
+    let estimated = callees.iter().find(|c| c["name"] == "tiny" && c["estimated"] == true).unwrap_or_else(|| panic!("{callees:?}"));
+    let wall = |node: &serde_json::Value, which: &str| node[which]["wall_ns"].as_u64().unwrap();
+    assert_eq!((estimated["calls"].as_u64(), wall(estimated, "inclusive")), (Some(0), wall(estimated, "exclusive")));
+    assert!(wall(estimated, "inclusive") > 0, "{estimated}");
+    let below: u64 = callees.iter().map(|c| wall(c, "inclusive")).sum();
+    assert_eq!(wall(main_node, "exclusive") + below, wall(main_node, "inclusive"), "{main_node}");
     // A small factor of the bare run (plus the probes of the first calls
     // and proftap's own start), where full instrumentation is hundreds.
     let recorded = Duration::from_nanos(report["recording"]["duration_ns"].as_u64().unwrap());

@@ -259,12 +259,14 @@ impl Throttled {
                 }
             }
         }
-        let mut held: HashMap<(i32, String), usize> = self.held.iter().enumerate().map(|(i, h)| ((h.tid, h.name.clone()), i)).collect();
+        let mut held: HashMap<(i32, String, String), usize> =
+            self.held.iter().enumerate().map(|(i, h)| ((h.tid, h.name.clone(), h.callee.clone()), i)).collect();
         for theirs in &other.held {
-            match held.get(&(theirs.tid, theirs.name.clone())) {
+            let key = (theirs.tid, theirs.name.clone(), theirs.callee.clone());
+            match held.get(&key) {
                 Some(&i) => self.held[i].samples = self.held[i].samples.saturating_add(theirs.samples),
                 None => {
-                    held.insert((theirs.tid, theirs.name.clone()), self.held.len());
+                    held.insert(key, self.held.len());
                     self.held.push(theirs.clone());
                 }
             }

@@ -173,6 +173,10 @@ pub struct HeldSamples {
     pub tid: i32,
     /// The caller, still instrumented.
     pub name: String,
+    /// The throttled function the samples were in ("" in files written
+    /// before it was kept).
+    #[serde(default)]
+    pub callee: String,
     /// How many.
     pub samples: u64,
 }
@@ -513,13 +517,25 @@ pub struct TreeNode {
     pub inclusive: Vec<u64>,
     /// Exclusive cost per metric, summed over those calls.
     pub exclusive: Vec<u64>,
+    /// The time of a throttled function after its probes were removed, as
+    /// the samples estimate it (no calls counted): the part of its
+    /// caller's measured exclusive time it took.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 impl CallTree {
     /// A tree with only the root.
     pub fn new(metrics: usize) -> Self {
         CallTree {
-            nodes: vec![TreeNode { function: ROOT, parent: ROOT, calls: 0, inclusive: vec![0; metrics], exclusive: vec![0; metrics] }],
+            nodes: vec![TreeNode {
+                function: ROOT,
+                parent: ROOT,
+                calls: 0,
+                inclusive: vec![0; metrics],
+                exclusive: vec![0; metrics],
+                estimated: false,
+            }],
         }
     }
 
@@ -559,15 +575,15 @@ impl CallTree {
 
     /// Adds the paths of `other` into this tree, summing the nodes they share.
     pub fn merge(&mut self, other: &CallTree) {
-        let mut index: HashMap<(u32, FunctionId), u32> =
-            self.nodes.iter().enumerate().skip(1).map(|(i, n)| ((n.parent, n.function), i as u32)).collect();
+        let mut index: HashMap<(u32, FunctionId, bool), u32> =
+            self.nodes.iter().enumerate().skip(1).map(|(i, n)| ((n.parent, n.function, n.estimated), i as u32)).collect();
         let mut mapped = vec![0u32; other.nodes.len()];
         for (i, node) in other.nodes.iter().enumerate() {
             let target = if i == 0 {
                 0
             } else {
                 let parent = mapped[node.parent as usize];
-                *index.entry((parent, node.function)).or_insert_with(|| {
+                *index.entry((parent, node.function, node.estimated)).or_insert_with(|| {
                     let metrics = node.inclusive.len();
                     self.nodes.push(TreeNode {
                         function: node.function,
@@ -575,6 +591,7 @@ impl CallTree {
                         calls: 0,
                         inclusive: vec![0; metrics],
                         exclusive: vec![0; metrics],
+                        estimated: node.estimated,
                     });
                     (self.nodes.len() - 1) as u32
                 })
@@ -713,7 +730,7 @@ mod tests {
     use super::*;
 
     fn node(function: u32, parent: u32, calls: u64, incl: u64) -> TreeNode {
-        TreeNode { function, parent, calls, inclusive: vec![incl], exclusive: vec![incl] }
+        TreeNode { function, parent, calls, inclusive: vec![incl], exclusive: vec![incl], estimated: false }
     }
 
     #[test]

@@ -214,7 +214,7 @@ mod tests {
     use crate::stats::Stat;
 
     fn node(function: u32, parent: u32) -> TreeNode {
-        TreeNode { function, parent, calls: 1, inclusive: vec![1], exclusive: vec![1] }
+        TreeNode { function, parent, calls: 1, inclusive: vec![1], exclusive: vec![1], estimated: false }
     }
 
     /// main -> f, one thread, one metric, a line and a sampled stack.

@@ -797,6 +797,7 @@ impl Aggregator {
                         calls: n.calls,
                         inclusive: n.inclusive[..metrics].to_vec(),
                         exclusive: n.exclusive[..metrics].to_vec(),
+                        estimated: false,
                     })
                     .collect();
                 ThreadProfile { pid: t.pid as i32, tid: t.tid as i32, name: t.name, functions, tree: CallTree { nodes } }

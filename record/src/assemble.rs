@@ -10,8 +10,8 @@ use crate::request::RegionSpec;
 use crate::trace::TraceKeeper;
 use proftap_probes::entry::EntryKind;
 use proftap_profile::{
-    BranchRecord, Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord, SampleProfile, Stat,
-    Target, ThreadProfile, Throttled, TreeNode,
+    BranchRecord, CallTree, Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord,
+    SampleProfile, Stat, Target, ThreadProfile, Throttled, TreeNode,
 };
 use serde::{Deserialize, Serialize};
 
@@ -194,32 +194,59 @@ fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: &[ThreadProfile]) {
 /// its throttled callees took after their probes were removed, as the
 /// samples estimate it (per thread; its calling contexts in proportion to
 /// their exclusive time), so that exclusive times add up to what the
-/// samples say. Returns how many functions gave time back.
+/// samples say; and puts that time in the call tree as an estimated node
+/// of the callee under each calling context that gave it, so that the tree
+/// adds up too. Returns how many functions gave time back.
 fn release_held_time(setup: &Setup, threads: &mut [ThreadProfile], samples: &SampleProfile) -> u64 {
     let times: Vec<usize> =
         setup.metrics.iter().enumerate().filter(|(_, m)| m.as_str() == "wall_ns" || m.as_str() == "cpu_ns").map(|(i, _)| i).collect();
+    let index_of = |name: &str| setup.functions.iter().position(|f| f.name == name).map(|i| i as u32);
     let mut released = 0;
     for held in &samples.throttled.held {
-        let Some(function) = setup.functions.iter().position(|f| f.name == held.name) else { continue };
+        let Some(function) = index_of(&held.name) else { continue };
         let Some(thread) = threads.iter_mut().find(|t| t.tid == held.tid) else { continue };
         let ns = samples.estimated_ns(held.samples);
-        let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function as u32) else { continue };
+        let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function) else { continue };
+        let nodes = &mut thread.tree.nodes;
+        let holders: Vec<usize> = (1..nodes.len()).filter(|&i| nodes[i].function == function && !nodes[i].estimated).collect();
+        // What each holding context gives back, per metric.
+        let mut given = vec![vec![0u64; setup.metrics.len()]; holders.len()];
         for &m in &times {
             let Some(exclusive) = stats.exclusive.get_mut(m) else { continue };
             let taken = ns.min(exclusive.total);
             exclusive.total -= taken;
-            let nodes: Vec<&mut TreeNode> = thread.tree.nodes.iter_mut().skip(1).filter(|n| n.function == function as u32).collect();
-            let all: u64 = nodes.iter().map(|n| n.exclusive.get(m).copied().unwrap_or(0)).sum();
-            for node in nodes {
-                if let Some(v) = node.exclusive.get_mut(m) {
+            let all: u64 = holders.iter().map(|&i| nodes[i].exclusive.get(m).copied().unwrap_or(0)).sum();
+            for (k, &i) in holders.iter().enumerate() {
+                if let Some(v) = nodes[i].exclusive.get_mut(m) {
                     let share = (u128::from(taken) * u128::from(*v)).checked_div(u128::from(all)).unwrap_or(0) as u64;
                     *v = v.saturating_sub(share);
+                    given[k][m] = share;
                 }
+            }
+        }
+        if let Some(callee) = index_of(&held.callee) {
+            for (&i, time) in holders.iter().zip(&given).filter(|(_, t)| t.iter().any(|&v| v > 0)) {
+                add_estimated(&mut thread.tree, i as u32, callee, time);
             }
         }
         released += 1;
     }
     released
+}
+
+/// Adds `time` to the estimated node of `callee` under node `parent`,
+/// made when there is none.
+fn add_estimated(tree: &mut CallTree, parent: u32, callee: u32, time: &[u64]) {
+    let found = tree.nodes.iter().position(|n| n.estimated && n.parent == parent && n.function == callee);
+    let at = found.unwrap_or_else(|| {
+        let zero = vec![0; time.len()];
+        tree.nodes.push(TreeNode { function: callee, parent, calls: 0, inclusive: zero.clone(), exclusive: zero, estimated: true });
+        tree.nodes.len() - 1
+    });
+    let node = &mut tree.nodes[at];
+    for (values, &t) in [&mut node.inclusive, &mut node.exclusive].into_iter().flat_map(|v| v.iter_mut().zip(time)) {
+        *values = values.saturating_add(t);
+    }
 }
 
 /// `flags` as long as `n`, what it lacks false.

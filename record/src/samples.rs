@@ -23,7 +23,7 @@ pub struct SampleAggregator {
     /// By throttled function: (self, total) samples since.
     after_throttle: HashMap<String, (u64, u64)>,
     /// By (thread, caller still instrumented): samples its exclusive time holds.
-    held: HashMap<(i32, String), u64>,
+    held: HashMap<(i32, String, String), u64>,
     /// Each sample's process, thread, time and frames, for a timeline.
     timed: Option<Vec<(SampleTime, Vec<u32>)>>,
 }
@@ -131,7 +131,7 @@ impl SampleAggregator {
         if self.throttled.contains(&innermost.name) {
             self.after_throttle.entry(innermost.name.clone()).or_default().0 += 1;
             if let Some(holder) = holder {
-                *self.held.entry((tid, holder.clone())).or_default() += 1;
+                *self.held.entry((tid, holder.clone(), innermost.name.clone())).or_default() += 1;
             }
         }
     }
@@ -165,9 +165,12 @@ impl SampleAggregator {
             .map(|(name, &(self_samples, total_samples))| ThrottledSamples { name: name.clone(), self_samples, total_samples })
             .collect();
         functions.sort_by(|a, b| b.total_samples.cmp(&a.total_samples).then(a.name.cmp(&b.name)));
-        let mut held: Vec<HeldSamples> =
-            self.held.iter().map(|((tid, name), &samples)| HeldSamples { tid: *tid, name: name.clone(), samples }).collect();
-        held.sort_by(|a, b| (a.tid, &a.name).cmp(&(b.tid, &b.name)));
+        let mut held: Vec<HeldSamples> = self
+            .held
+            .iter()
+            .map(|((tid, name, callee), &samples)| HeldSamples { tid: *tid, name: name.clone(), callee: callee.clone(), samples })
+            .collect();
+        held.sort_by(|a, b| (a.tid, &a.name, &a.callee).cmp(&(b.tid, &b.name, &b.callee)));
         SampleProfile {
             event: self.event.clone(),
             frequency_hz: self.frequency_hz,
@@ -221,6 +224,7 @@ mod tests {
         let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.self_samples, t.total_samples));
         assert_eq!(of("tiny"), Some((1, 1)));
         assert_eq!(of("outer"), Some((1, 2)));
-        assert_eq!(throttled.held, vec![HeldSamples { tid: 7, name: "main".into(), samples: 2 }]);
+        let held = |callee: &str| HeldSamples { tid: 7, name: "main".into(), callee: callee.into(), samples: 1 };
+        assert_eq!(throttled.held, vec![held("outer"), held("tiny")]);
     }
 }

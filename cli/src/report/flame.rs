@@ -137,8 +137,8 @@ mod tests {
 
     fn profile() -> Profile {
         let mut tree = CallTree::new(1);
-        tree.nodes.push(TreeNode { function: 0, parent: 0, calls: 1, inclusive: vec![100], exclusive: vec![40] });
-        tree.nodes.push(TreeNode { function: 1, parent: 1, calls: 3, inclusive: vec![60], exclusive: vec![60] });
+        tree.nodes.push(TreeNode { function: 0, parent: 0, calls: 1, inclusive: vec![100], exclusive: vec![40], estimated: false });
+        tree.nodes.push(TreeNode { function: 1, parent: 1, calls: 3, inclusive: vec![60], exclusive: vec![60], estimated: false });
         let frame = |name: &str| SampledFrame { name: name.into(), module: String::new(), inlined: false };
         Profile {
             metrics: vec!["wall_ns".into()],
@@ -181,7 +181,7 @@ mod tests {
         p.functions[0].name = "x".repeat(4096);
         let tree = &mut p.threads[0].tree;
         for parent in 2..602 {
-            tree.nodes.push(TreeNode { function: 0, parent, calls: 1, inclusive: vec![1], exclusive: vec![1] });
+            tree.nodes.push(TreeNode { function: 0, parent, calls: 1, inclusive: vec![1], exclusive: vec![1], estimated: false });
         }
         let err = folded_calls(&p, 0).expect_err("too large");
         assert!(err.to_string().contains("more than the 512 MiB proftap builds"), "{err}");

@@ -216,6 +216,9 @@ pub fn tree(profile: &Profile, tree: &CallTree) -> Value {
             "inclusive": totals(profile, &n.inclusive),
             "exclusive": totals(profile, &n.exclusive),
         });
+        if n.estimated {
+            value["estimated"] = json!(true);
+        }
         if depth < TREE_DEPTH {
             value["children"] = children[i as usize].iter().map(|&c| node(profile, tree, children, c, depth + 1)).collect();
         } else {

@@ -337,6 +337,7 @@ mod tests {
             calls,
             inclusive: vec![excl, excl],
             exclusive: vec![excl, excl],
+            estimated: false,
         };
         let mut tree = CallTree::new(2);
         tree.nodes.push(node(0, 0, 1, 100)); // main
@@ -388,7 +389,7 @@ mod tests {
         // A chain 12,000 calls deep: its paths hold 72 million frames.
         let mut tree = CallTree::new(1);
         for parent in 0..12_000 {
-            tree.nodes.push(TreeNode { function: 0, parent, calls: 1, inclusive: vec![1], exclusive: vec![1] });
+            tree.nodes.push(TreeNode { function: 0, parent, calls: 1, inclusive: vec![1], exclusive: vec![1], estimated: false });
         }
         let profile = Profile {
             metrics: vec!["wall_ns".into()],

@@ -565,6 +565,19 @@ fn tree(profile: &Profile, tree: &CallTree, m: usize, options: &TextOptions, out
             String::new()
         };
         let deep = if level >= TREE_INDENT_LEVELS { format!("[depth {}] ", level + 1) } else { String::new() };
+        if n.estimated {
+            let _ = writeln!(
+                out,
+                "{:indent$}{deep}{} ~  ~{} / ~{}{}  [estimated from samples after its probes were removed]",
+                "",
+                function_name(profile, n.function),
+                value(&n.inclusive),
+                value(&n.exclusive),
+                share(&n.inclusive),
+                indent = 2 * level.min(TREE_INDENT_LEVELS) + 2
+            );
+            continue;
+        }
         let _ = writeln!(
             out,
             "{:indent$}{deep}{} {}x  {} / {}{}{folded}",
@@ -602,7 +615,7 @@ mod tests {
         let mut tree = CallTree::new(1);
         for parent in 0..1000u32 {
             let function = if alternating { parent % 2 } else { 0 };
-            tree.nodes.push(TreeNode { function, parent, calls: 1, inclusive: vec![1], exclusive: vec![1] });
+            tree.nodes.push(TreeNode { function, parent, calls: 1, inclusive: vec![1], exclusive: vec![1], estimated: false });
         }
         Profile {
             metrics: vec!["wall_ns".into()],

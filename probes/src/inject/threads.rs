@@ -49,6 +49,7 @@ pub fn thread_profile(pid: i32, name: String, thread: &ThreadTotals, off_cpu_now
             calls: if i == 0 { 0 } else { n.calls },
             inclusive: pick(n.incl_wall.total, n.incl_cpu.total),
             exclusive: vec![0; how.metrics],
+            estimated: false,
         })
         .collect();
     if let Some(costs) = &how.compensation {
