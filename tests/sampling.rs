@@ -202,3 +202,31 @@ while [ $i -lt 100000 ]; do i=$((i+1)); done
     // Named functions that cannot be probed are still an error.
     assert_clean_failure(&run(proftap().args(["run", "-f", "nothing_like_this", "--", "ls"])), "matches no function");
 }
+
+/// A forked child's samples are named with the mappings it inherited and
+/// unwind through the return addresses its own copy of the in-process
+/// engine took (main's, patched since before the fork), as the parent's
+/// do: the child's 50 million calls of `work` (throttled early, then
+/// sampled) all sit on stacks that reach `_start`.
+#[test]
+fn a_forked_childs_stacks_unwind_through_patched_returns() {
+    require_probes();
+    let binary = Build::c("forks.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().arg("run").args(["--sample", "2000", "-o"]).arg(&file).arg("--").arg(&binary).args(["10", "50000000"]));
+    let folded_path = dir.path().join("folded");
+    run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded_path));
+    let folded = std::fs::read_to_string(&folded_path).unwrap();
+    let samples = |keep: &dyn Fn(&str) -> bool| -> u64 {
+        folded.lines().filter(|l| keep(l)).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum()
+    };
+    let in_work = samples(&|l| l.contains(";work "));
+    assert!(in_work > 20, "{folded}");
+    assert_eq!(samples(&|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main;work ")), in_work, "{folded}");
+    // (The loader's first instructions, before the program is mapped, are the loader's business.)
+    assert_eq!(samples(&|l| !l.contains("_dl_start") && l.contains("[unknown")), 0, "{folded}");
+    let report = report_json(&file);
+    let pids: std::collections::HashSet<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "the child was recorded: {pids:?}");
+}

@@ -248,6 +248,22 @@ impl StackResolver {
         process.origins.sort_unstable();
     }
 
+    /// Process `child` was forked from `parent`: until it maps or executes
+    /// anything else it has its parent's mappings, proftap's code among them.
+    pub fn forked(&mut self, parent: u32, child: u32) {
+        let Some(from) = self.processes.get(&parent) else { return };
+        let copy = Process {
+            mappings: from.mappings.clone(),
+            trampoline: from.trampoline,
+            engine_code: from.engine_code.clone(),
+            origins: from.origins.clone(),
+            // Its unwinder is built at its first sample.
+            added: usize::MAX,
+            ..Process::default()
+        };
+        self.processes.insert(child, copy);
+    }
+
     /// A process executed a new program: its old mappings are gone.
     pub fn exec(&mut self, pid: u32) {
         self.processes.remove(&pid);

@@ -19,6 +19,7 @@ use crate::sources::monotonic_ns;
 use crate::sources::sampler::SamplerThread;
 use crate::sources::uprobes::UprobeSource;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use proftap_probes::inject::children::ChildMemories;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::Patched;
 use proftap_probes::inject::reading::TotalsView;
@@ -28,6 +29,7 @@ use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::ProbedFunction;
 use proftap_probes::target::{self, Ended, HeldChild};
 use proftap_profile::{Engine, Finding, FunctionCalls, Note};
+use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
@@ -89,11 +91,60 @@ impl Run<'_> {
     }
 }
 
+/// The in-process engine's memory in the target and in each forked child
+/// that handed its own over: where the return addresses it took are.
+#[derive(Default)]
+pub(crate) struct EngineMemory {
+    parent: Option<(i32, TotalsView)>,
+    children: Option<ChildMemories>,
+    child_views: HashMap<i32, TotalsView>,
+}
+
+impl EngineMemory {
+    /// The memory of the engine that patched process `pid`.
+    pub fn of(pid: i32, engine: &Patched) -> EngineMemory {
+        EngineMemory { parent: engine.view().map(|v| (pid, v)), children: engine.child_memories(), child_views: HashMap::new() }
+    }
+
+    /// Thread `tid` of process `pid`: each stack slot whose return address
+    /// the engine took, and that address.
+    pub fn return_addresses(&mut self, pid: u32, tid: u32) -> Vec<(u64, u64)> {
+        let pid = pid as i32;
+        if let Some((parent, view)) = &self.parent
+            && *parent == pid
+        {
+            return view.return_addresses(tid);
+        }
+        if !self.child_views.contains_key(&pid) {
+            // A child not handed over yet is looked for again at its next sample.
+            let Some(view) = self.children.as_ref().and_then(|c| c.view(pid)) else { return Vec::new() };
+            self.child_views.insert(pid, view);
+        }
+        self.child_views.get(&pid).map(|v| v.return_addresses(tid)).unwrap_or_default()
+    }
+}
+
+/// The code the in-process engine put in a process, and when: a moment
+/// the process was held after its exec, so that in time order it comes
+/// after the exec (which the sampler sees as the end of earlier mappings)
+/// and before anything the process did next (a fork, which copies it).
+pub(crate) struct CodeAdded {
+    ranges: Vec<std::ops::Range<u64>>,
+    origins: Vec<(u64, u64)>,
+    time: u64,
+}
+
+impl CodeAdded {
+    pub fn of(engine: &Patched) -> CodeAdded {
+        CodeAdded { ranges: engine.code(), origins: engine.origins(), time: engine.code_since_ns() }
+    }
+}
+
 /// Where ordered events go: the aggregator, the sampler, the saved stream.
 pub(crate) struct Consumer {
     pub aggregator: Aggregator,
     /// What the in-process engine added up: the return addresses it holds.
-    pub engine: Option<TotalsView>,
+    pub engine: EngineMemory,
     pub sampler: Option<SamplerThread>,
     pub saver: Option<Saver>,
     /// The target's pid and whether its forked children count.
@@ -112,10 +163,10 @@ impl Consumer {
             {
                 let mut returns = self.aggregator.return_addresses(sample.tid);
                 // Read as the sample was drained (and saved with it), or now.
-                match &self.engine {
-                    _ if !sample.returns.is_empty() => returns.extend_from_slice(&sample.returns),
-                    Some(engine) => returns.extend(engine.return_addresses(sample.tid)),
-                    None => {}
+                if sample.returns.is_empty() {
+                    returns.extend(self.engine.return_addresses(sample.pid, sample.tid));
+                } else {
+                    returns.extend_from_slice(&sample.returns);
                 }
                 sampler.sample(sample, returns);
             }
@@ -125,6 +176,7 @@ impl Consumer {
             match &event {
                 Event::Mmap { pid, start, len, pgoff, path, .. } => sampler.mapped(*pid, *start, *len, *pgoff, path),
                 Event::Comm { pid, tid, exec: true, .. } if pid == tid => sampler.exec(*pid),
+                Event::Fork { pid, ppid, tid, .. } if pid == tid && pid != ppid => sampler.forked(*ppid, *pid),
                 Event::CodeAdded { pid, ranges, origins, .. } => {
                     ranges.iter().for_each(|r| sampler.engine_code(*pid, r.clone()));
                     sampler.origins(*pid, origins.clone());
@@ -283,11 +335,9 @@ impl<'a> Driver<'a> {
         let watermark = monotonic_ns().saturating_sub(ORDERING_MARGIN_NS);
         let before = self.queue.pending().len();
         self.uprobes.drain(self.queue.pending());
-        if let Some(engine) = &self.consumer.engine {
-            for event in &mut self.queue.pending()[before..] {
-                if let Event::Sample(sample) = event {
-                    sample.returns = engine.return_addresses(sample.tid);
-                }
+        for event in &mut self.queue.pending()[before..] {
+            if let Event::Sample(sample) = event {
+                sample.returns = self.consumer.engine.return_addresses(sample.pid, sample.tid);
             }
         }
         for unpatched in self.inject.as_ref().map(InjectSource::unpatched).unwrap_or_default() {
@@ -441,9 +491,9 @@ impl<'a> Driver<'a> {
     }
 
     /// proftap's code is now at `ranges` in process `pid`.
-    pub fn code_added(&mut self, pid: i32, ranges: Vec<std::ops::Range<u64>>, origins: Vec<(u64, u64)>) {
-        if !ranges.is_empty() {
-            self.queue.push(Event::CodeAdded { time: monotonic_ns(), pid: pid as u32, ranges, origins });
+    pub fn code_added(&mut self, pid: i32, added: Option<CodeAdded>) {
+        if let Some(CodeAdded { ranges, origins, time }) = added.filter(|a| !a.ranges.is_empty()) {
+            self.queue.push(Event::CodeAdded { time, pid: pid as u32, ranges, origins });
         }
     }
 
@@ -458,8 +508,8 @@ impl<'a> Driver<'a> {
         for &f in to_patch {
             self.patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);
         }
-        self.code_added(pid, engine.code(), engine.origins());
-        self.consumer.engine = engine.view();
+        self.code_added(pid, Some(CodeAdded::of(&engine)));
+        self.consumer.engine = EngineMemory::of(pid, &engine);
         self.inject = Some(InjectSource::start(engine, self.run.judge(), clock, self.off_cpu.clone(), self.run.options.trace_bytes));
         self.engine_attached = true;
         Ok(())

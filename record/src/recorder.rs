@@ -5,7 +5,7 @@
 use crate::aggregate::{Aggregator, AggregatorConfig, LineSetup, NO_LINE};
 use crate::assemble::{LineTable, Setup, assemble};
 use crate::cost::compensation;
-use crate::driver::{Consumer, Driver, Run, Sources};
+use crate::driver::{CodeAdded, Consumer, Driver, EngineMemory, Run, Sources};
 use crate::error::RecordError;
 use crate::events::Event;
 use crate::observer::{RecordEvent, Step, Warning};
@@ -115,7 +115,7 @@ pub fn record(
     notes.extend(started.notes);
     let run = Run { all: &all, measured, options, injected, pid: started.pid, started_ns: started.started_ns, attached: started.attached };
     let code = started.tracing.as_ref().map(Patched::code).unwrap_or_default();
-    let origins = started.tracing.as_ref().map(Patched::origins).unwrap_or_default();
+    let code_added = started.tracing.as_ref().map(CodeAdded::of);
     let mut patched = run.injected.clone();
     match &started.tracing {
         Some(engine) => engine.refused().iter().for_each(|&(i, _)| patched[i] = false),
@@ -128,7 +128,7 @@ pub fn record(
     }
     let consumer = Consumer {
         aggregator: Aggregator::new(setup.aggregation.clone()),
-        engine: started.tracing.as_ref().and_then(Patched::view),
+        engine: started.tracing.as_ref().map(|engine| EngineMemory::of(run.pid, engine)).unwrap_or_default(),
         sampler,
         saver,
         pid: run.pid,
@@ -141,9 +141,7 @@ pub fn record(
         .map(|(engine, clock)| InjectSource::start(engine, run.judge(), clock, off_cpu.clone(), options.trace_bytes));
     let sources = Sources { uprobes, inject, clock, off_cpu, enabled, patched };
     let mut driver = Driver::new(&run, sources, consumer, started.child, notes);
-    // In time order: after the program's exec, which the sampler sees as
-    // the end of its earlier mappings.
-    driver.code_added(run.pid, code, origins);
+    driver.code_added(run.pid, code_added);
     let named = started.threads.into_iter().map(|(tid, name)| Event::Comm {
         time: run.started_ns,
         pid: run.pid as u32,

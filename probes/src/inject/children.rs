@@ -106,23 +106,41 @@ impl Children {
         self.views_from(0, geometry, remote)
     }
 
+    /// A handle that finds a child's memory by its process id, for
+    /// another thread (the memory of those to come included).
+    pub fn memories(&self, geometry: Geometry, remote: u64) -> ChildMemories {
+        ChildMemories { received: self.received.clone(), geometry, remote }
+    }
+
     /// [`Children::views`] of the children after the first `first`.
     pub fn views_from(&self, first: usize, geometry: Geometry, remote: u64) -> (Vec<(i32, io::Result<TotalsView>)>, u64) {
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        let views = received
-            .children
-            .iter()
-            .skip(first)
-            .map(|child| {
-                let view = child
-                    .memory
-                    .try_clone()
-                    .and_then(|fd| Shared::map(fd, geometry.shared_bytes() as usize, remote))
-                    .map(|shared| TotalsView::new(shared, geometry));
-                (child.pid, view)
-            })
-            .collect();
+        let views = received.children.iter().skip(first).map(|child| (child.pid, child.view(geometry, remote))).collect();
         (views, received.refused)
+    }
+}
+
+/// The memory of each forked child, by process id (see [`Children::memories`]).
+#[derive(Clone)]
+pub struct ChildMemories {
+    received: Arc<Mutex<Received>>,
+    geometry: Geometry,
+    remote: u64,
+}
+
+impl ChildMemories {
+    /// A view of child `pid`'s memory, if it handed it over.
+    pub fn view(&self, pid: i32) -> Option<TotalsView> {
+        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        received.children.iter().find(|c| c.pid == pid)?.view(self.geometry, self.remote).ok()
+    }
+}
+
+impl Child {
+    /// A view of its memory, laid out as `geometry` says, at `remote` in it.
+    fn view(&self, geometry: Geometry, remote: u64) -> io::Result<TotalsView> {
+        let shared = Shared::map(self.memory.try_clone()?, geometry.shared_bytes() as usize, remote)?;
+        Ok(TotalsView::new(shared, geometry))
     }
 }
 

@@ -3,7 +3,7 @@
 //! every call up in memory shared with proftap (read through
 //! [`super::reading`]). Here: patching, and taking the patches out again.
 
-use super::children::Children;
+use super::children::{ChildMemories, Children};
 use super::counting::{self, Counting};
 use super::hooks::{self, Hook, HookSite};
 use super::patch::Site;
@@ -86,6 +86,9 @@ pub struct Patched {
     counting: Option<Counting>,
     /// Functions whose edges cannot be counted, and why.
     uncounted: Refused,
+    /// When proftap's code went in (CLOCK_MONOTONIC): a moment the process
+    /// was held, after its exec, before anything it did since (a fork).
+    code_since_ns: u64,
 }
 
 impl Patched {
@@ -177,6 +180,7 @@ impl Patched {
             unpatched: Vec::new(),
             counting: None,
             uncounted: Vec::new(),
+            code_since_ns: super::clock::monotonic_ns(),
         };
         if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) && counting_plan.is_none() {
             patched.split_refusals(refused, functions.len(), &hook_sites);
@@ -329,6 +333,18 @@ impl Patched {
     /// process runs and after it is detached or gone.
     pub fn view(&self) -> Option<TotalsView> {
         self.view.clone()
+    }
+
+    /// When proftap's code went into the process (see [`Patched::code`]):
+    /// a moment it was held, so that whatever it did after (a fork) came later.
+    pub fn code_since_ns(&self) -> u64 {
+        self.code_since_ns
+    }
+
+    /// The forked children's memory, by process id, as they hand it over.
+    pub fn child_memories(&self) -> Option<ChildMemories> {
+        let (Some(children), Some(view)) = (&self.children, &self.view) else { return None };
+        Some(children.memories(self.geometry, view.remote_address()))
     }
 
     /// Stops taking forked children, and gives a view of each one's memory

@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 enum Input {
     Mapped { pid: u32, start: u64, len: u64, pgoff: u64, path: String },
     Exec(u32),
+    Forked { parent: u32, child: u32 },
     EngineCode(u32, std::ops::Range<u64>),
     Origins(u32, Vec<(u64, u64)>),
     Throttle(Vec<u32>),
@@ -55,6 +56,7 @@ impl SamplerThread {
                 match input {
                     Input::Mapped { pid, start, len, pgoff, path } => resolver.mapped(pid, start, len, pgoff, &path),
                     Input::Exec(pid) => resolver.exec(pid),
+                    Input::Forked { parent, child } => resolver.forked(parent, child),
                     Input::EngineCode(pid, range) => resolver.engine_code(pid, range),
                     Input::Origins(pid, origins) => resolver.origins(pid, origins),
                     Input::Throttle(functions) => samples.throttle(&functions),
@@ -79,6 +81,11 @@ impl SamplerThread {
     /// See [`StackResolver::mapped`].
     pub fn mapped(&self, pid: u32, start: u64, len: u64, pgoff: u64, path: &str) {
         let _ = self.input.send(Input::Mapped { pid, start, len, pgoff, path: path.to_string() });
+    }
+
+    /// See [`StackResolver::forked`].
+    pub fn forked(&self, parent: u32, child: u32) {
+        let _ = self.input.send(Input::Forked { parent, child });
     }
 
     /// See [`StackResolver::exec`].
