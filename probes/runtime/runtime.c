@@ -84,6 +84,11 @@ static inline long syscall6(long number, long a, long b, long c, long d, long e,
     return result;
 }
 
+/* futex(2), on memory shared with proftap (not private to the process). */
+#define SYS_FUTEX 202
+#define FUTEX_WAIT 0
+#define FUTEX_WAKE 1
+
 static inline u64 gettid(void)
 {
     return (u64)syscall6(186, 0, 0, 0, 0, 0, 0);
@@ -365,6 +370,31 @@ static u64 take_block(const struct config *c)
     return c->blocks;
 }
 
+/* Every block taken: proftap hands back those of threads that ended as it
+ * reads them, every few milliseconds. A thread that finds none asks it to
+ * look now and waits for its answer, a little: a program that makes threads
+ * faster than proftap looks loses no thread's calls, one with more threads
+ * than blocks at once waits at most BLOCK_WAITS times. */
+#define BLOCK_WAITS 2
+#define BLOCK_WAIT_NS 10000000
+static u64 wait_for_block(const struct config *c)
+{
+    struct header *h = header(c);
+    for (int tries = 0; tries < BLOCK_WAITS; tries++) {
+        u32 answered = __atomic_load_n(&h->blocks_answered, __ATOMIC_ACQUIRE);
+        u64 index = take_block(c);
+        if (index < c->blocks)
+            return index;
+        __atomic_fetch_add(&h->blocks_wanted, 1, __ATOMIC_RELEASE);
+        syscall6(SYS_FUTEX, (long)&h->blocks_wanted, FUTEX_WAKE, 1, 0, 0, 0);
+        struct {
+            long seconds, nanoseconds;
+        } timeout = {0, BLOCK_WAIT_NS};
+        syscall6(SYS_FUTEX, (long)&h->blocks_answered, FUTEX_WAIT, answered, (long)&timeout, 0, 0);
+    }
+    return take_block(c);
+}
+
 /* The thread's seat: its block, found by its thread pointer. A thread the
  * C library gave the thread control block of one that ended (same pointer,
  * another tid) takes a new block: the old one's totals are the old
@@ -401,6 +431,8 @@ static struct seat *seat_of(const struct config *c, int claim)
             continue;
         }
         u64 index = take_block(c);
+        if (index >= c->blocks)
+            index = wait_for_block(c);
         if (index >= c->blocks) {
             __atomic_store_n(&s->block, 0, __ATOMIC_RELEASE);
             return 0;

@@ -80,7 +80,9 @@ struct header {
     u64 blocks_taken;    /* blocks handed out so far */
     u64 unseated;        /* calls of threads that found no block */
     u64 unseated_hooks;  /* region hooks of threads that found no block */
-    u64 reserved[2];
+    u32 blocks_wanted;   /* bumped (and woken) by a thread that found no block */
+    u32 blocks_answered; /* bumped (and woken) by proftap after it looked for ended threads' blocks */
+    u64 reserved[1];
 };
 
 struct stat {

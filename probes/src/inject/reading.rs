@@ -239,6 +239,23 @@ impl TotalsView {
         calls
     }
 
+    /// How many times threads that found no block asked for one.
+    pub fn blocks_wanted(&self) -> u32 {
+        self.shared.load_u32(HEADER_BLOCKS_WANTED)
+    }
+
+    /// Tells the threads waiting for a block that proftap looked (see
+    /// `wait_for_block` in runtime.c).
+    pub fn answer_block_requests(&self) {
+        self.shared.bump_and_wake(HEADER_BLOCKS_ANSWERED);
+    }
+
+    /// Waits at most `timeout` for a thread to ask for a block, unless one
+    /// asked since [`Self::blocks_wanted`] said `seen`.
+    pub fn wait_for_block_request(&self, seen: u32, timeout: std::time::Duration) {
+        self.shared.wait_while(HEADER_BLOCKS_WANTED, seen, timeout);
+    }
+
     /// Whether three quarters of the blocks have been handed out.
     pub fn blocks_mostly_taken(&self) -> bool {
         self.shared.load(HEADER_BLOCKS_TAKEN) >= self.geometry.blocks / 4 * 3
@@ -301,7 +318,9 @@ impl TotalsView {
 }
 
 /// Offset of `blocks_taken` in the shared header.
-const HEADER_BLOCKS_TAKEN: usize = 24;
+const HEADER_BLOCKS_TAKEN: usize = std::mem::offset_of!(totals::Header, blocks_taken);
+const HEADER_BLOCKS_WANTED: usize = std::mem::offset_of!(totals::Header, blocks_wanted);
+const HEADER_BLOCKS_ANSWERED: usize = std::mem::offset_of!(totals::Header, blocks_answered);
 /// Offset of `traced` in a block.
 const BLOCK_TRACED: usize = std::mem::offset_of!(BlockHeader, traced);
 

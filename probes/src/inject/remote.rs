@@ -651,6 +651,38 @@ impl Shared {
         }
     }
 
+    /// The `u32` at byte `offset`, read atomically.
+    pub fn load_u32(&self, offset: usize) -> u32 {
+        // SAFETY: in bounds and aligned (checked); an atomic view of shared memory.
+        unsafe { (*self.u32_at(offset)).load(std::sync::atomic::Ordering::Acquire) }
+    }
+
+    /// Adds one to the `u32` at byte `offset` and wakes every thread of any
+    /// process waiting on it (`futex(2)` on shared memory).
+    pub fn bump_and_wake(&self, offset: usize) {
+        let word = self.u32_at(offset);
+        // SAFETY: in bounds and aligned (checked); futex on a shared word.
+        unsafe {
+            (*word).fetch_add(1, std::sync::atomic::Ordering::Release);
+            libc::syscall(libc::SYS_futex, word, libc::FUTEX_WAKE, i32::MAX, 0, 0, 0);
+        }
+    }
+
+    /// Waits at most `timeout` for the `u32` at byte `offset` to be woken,
+    /// unless it no longer holds `seen`.
+    pub fn wait_while(&self, offset: usize, seen: u32, timeout: std::time::Duration) {
+        let word = self.u32_at(offset);
+        let timeout = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos().into() };
+        // SAFETY: futex on a shared word in bounds (checked), with a timeout.
+        unsafe { libc::syscall(libc::SYS_futex, word, libc::FUTEX_WAIT, seen, &timeout as *const libc::timespec, 0, 0) };
+    }
+
+    fn u32_at(&self, offset: usize) -> *const std::sync::atomic::AtomicU32 {
+        assert!(offset % 4 == 0 && offset + 4 <= self.len, "offset {offset} outside the shared memory");
+        // SAFETY: in bounds, checked above.
+        unsafe { self.local.add(offset).cast::<std::sync::atomic::AtomicU32>() }
+    }
+
     /// Stores `value` at byte `offset`, atomically.
     pub fn store(&self, offset: usize, value: u64) {
         assert!(offset % 8 == 0 && offset + 8 <= self.len, "offset {offset} outside the shared memory");

@@ -142,11 +142,17 @@ impl Watch {
             let mut tries = 0;
             let mut retired = Retired::default();
             let mut cursor = TraceCursor::default();
+            let mut answered = 0;
             while !flag.load(Ordering::Relaxed) {
+                let wanted = patched.view().map_or(0, |v| v.blocks_wanted());
                 if let (Some(trace), Some(view)) = (trace.as_mut(), patched.view()) {
                     trace.read(&view);
                 }
                 retired.look(&patched, trace.as_mut().map_or(&mut cursor, |t| &mut t.cursor));
+                if let Some(view) = patched.view().filter(|_| wanted != answered) {
+                    view.answer_block_requests();
+                    answered = wanted;
+                }
                 if let (Some(judge), Some(view)) = (judge.as_mut(), patched.view()) {
                     calls.iter_mut().for_each(|c| *c = 0);
                     view.calls(&mut calls);
@@ -166,7 +172,11 @@ impl Watch {
                         }
                     }
                 }
-                std::thread::sleep(PERIOD);
+                // A thread that finds no block wakes this at once.
+                match patched.view() {
+                    Some(view) => view.wait_for_block_request(wanted, PERIOD),
+                    None => std::thread::sleep(PERIOD),
+                }
             }
             Watched { patched, retired, trace }
         });

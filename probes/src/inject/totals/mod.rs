@@ -104,7 +104,12 @@ pub struct Header {
     pub unseated: u64,
     /// Region hooks of threads that found no block.
     pub unseated_hooks: u64,
-    reserved: [u64; 2],
+    /// Bumped (and woken) by a thread that found no block.
+    pub blocks_wanted: u32,
+    /// Bumped (and woken) by proftap after it looked for ended threads'
+    /// blocks to hand back.
+    pub blocks_answered: u32,
+    reserved: [u64; 1],
 }
 
 /// `struct stat` of runtime.h: total, min and max, in TSC cycles.
