@@ -54,6 +54,10 @@ pub struct Recording<'a> {
 /// Why a function whose entry holds an edge counter is not patched.
 pub const ENTRY_COUNTED: &str = "its entry counts its first block (lines are counted)";
 
+/// How often the forked children's calls are read for the governor: every
+/// this many of its looks.
+const CHILDREN_READ_EVERY: u32 = 4;
+
 /// A process whose functions' entries jump to proftap's runtime.
 pub struct Patched {
     pid: i32,
@@ -80,6 +84,10 @@ pub struct Patched {
     /// `children_seen`), for their calls while they run.
     children_views: Vec<TotalsView>,
     children_seen: usize,
+    /// Their calls by function at the last reading, and readings asked for
+    /// since it: reading every block of every child is done every few asks.
+    children_calls: Vec<u64>,
+    children_asks: u32,
     /// Functions unpatched while the process ran, in it and its children.
     unpatched: Vec<usize>,
     /// Edge counters, when asked for.
@@ -177,6 +185,8 @@ impl Patched {
             children_not_restored: Vec::new(),
             children_views: Vec::new(),
             children_seen: 0,
+            children_calls: Vec::new(),
+            children_asks: 0,
             unpatched: Vec::new(),
             counting: None,
             uncounted: Vec::new(),
@@ -393,10 +403,22 @@ impl Patched {
     }
 
     /// Adds the calls of the forked children so far, running or ended, to
-    /// `into` (by function): the governor judges every process's calls. A
+    /// `into` (by function): the governor judges every process's calls.
+    /// They are read afresh every [`CHILDREN_READ_EVERY`] asks (a program
+    /// with hundreds of children has hundreds of memories to read). A
     /// child seen for the first time has the functions unpatched so far
     /// unpatched in it too (it may have forked before they were).
     pub fn add_children_calls(&mut self, into: &mut [u64]) {
+        self.children_asks = self.children_asks.wrapping_add(1);
+        if self.children_asks % CHILDREN_READ_EVERY == 1 {
+            self.read_children_calls(into.len());
+        }
+        for (total, calls) in into.iter_mut().zip(&self.children_calls) {
+            *total = total.saturating_add(*calls);
+        }
+    }
+
+    fn read_children_calls(&mut self, functions: usize) {
         let (Some(children), Some(view)) = (&self.children, &self.view) else { return };
         let (new, _) = children.views_from(self.children_seen, self.geometry, view.remote_address());
         self.children_seen += new.len();
@@ -408,8 +430,9 @@ impl Patched {
             // A child whose memory cannot be mapped is read (or named) at the end.
             self.children_views.extend(child.ok());
         }
+        self.children_calls = vec![0; functions];
         for child in &self.children_views {
-            child.calls(into);
+            child.calls(&mut self.children_calls);
         }
     }
 
