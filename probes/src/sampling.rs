@@ -344,7 +344,10 @@ impl StackResolver {
             process.cache = Some(Box::new(CacheX86_64::new()));
         }
         let trampoline = process.probe_area();
-        let origins = &process.origins;
+        let (origins, engine_code) = (&process.origins, &process.engine_code);
+        // Only an address of proftap's (a trampoline, a stub) stands for
+        // another: a slot that held one earlier may hold a real one now.
+        let taken = |value: u64| trampoline.contains(&value) || engine_code.iter().any(|c| c.contains(&value));
         let cache = process.cache.get_or_insert_with(|| Box::new(CacheX86_64::new()));
         let mut read_stack = |address: u64| -> Result<u64, ()> {
             let offset = address.checked_sub(sp).ok_or(())? as usize;
@@ -354,7 +357,7 @@ impl StackResolver {
             // for the return address proftap saw at the entry; a counting
             // stub that a call returns into, for the code after the call.
             let value = match returns.iter().find(|r| r.0 == address) {
-                Some(r) if r.1 != value => r.1,
+                Some(r) if r.1 != value && taken(value) => r.1,
                 _ if trampoline.contains(&value) => return Err(()),
                 _ => value,
             };
