@@ -201,8 +201,8 @@ fn counted_lines_equal_probed_lines() {
             let binary = Build::c(source, opt).build();
             let mut command = vec![binary.to_str().unwrap()];
             command.extend_from_slice(args);
-            // Every probe kept (functions named: no overhead budget), the
-            // lines the engine cannot count are followed by uprobes.
+            // A function named: the lines the engine cannot count are
+            // followed by uprobes, every one of their probes kept.
             let counted = profile_run(&["--lines", "-f", "main"], &command);
             let probed = profile_run(&["--lines", "--line-times"], &command);
             let what = format!("{source} {opt}");
@@ -242,6 +242,32 @@ fn counted_lines_equal_probed_lines() {
 /// uprobes only when every probe is kept: under the default overhead
 /// budget a uprobe per line entry could make the run thousands of times
 /// slower, so its lines are left out and named, the others counted.
+/// Functions recorded only for their lines beside a named one are under
+/// the overhead governor; the named one never is; line counts are exact
+/// either way. lineloop 3000000: `step` called 1,000,000 times, its
+/// `return` line entered as often.
+#[test]
+fn functions_recorded_for_their_lines_are_governed_and_named_ones_kept() {
+    require_probes();
+    let binary = Build::c("lineloop.c", "-O0").build();
+    let command = [binary.to_str().unwrap(), "3000000"];
+    let step_line = line_of("lineloop.c", "return x * 3 + 1;");
+    let step_count = |report: &Value| report_lines(report).iter().find(|((_, l), _)| *l == u64::from(step_line)).map(|(_, &c)| c);
+    let main_named = profile_run(&["--lines", "-f", "main"], &command);
+    let step = function(&main_named["functions"], "step");
+    assert_eq!(step["mode"], "throttled", "{step}");
+    assert!(step["calls"].as_u64().unwrap() < 1_000_000, "{step}");
+    let main = function(&main_named["functions"], "main");
+    assert_eq!((main["mode"].as_str(), main["calls"].as_u64()), (Some("instrumented"), Some(1)));
+    let notes = main_named["notes"].to_string();
+    assert!(notes.contains("removed the probes of step") && notes.contains("not timed from then on"), "{notes}");
+    assert_eq!(step_count(&main_named), Some(1_000_000));
+    let step_named = profile_run(&["--lines", "-f", "step"], &command);
+    let step = function(&step_named["functions"], "step");
+    assert_eq!((step["mode"].as_str(), step["calls"].as_u64()), (Some("instrumented"), Some(1_000_000)));
+    assert_eq!(step_count(&step_named), Some(1_000_000));
+}
+
 #[test]
 fn lines_the_engine_cannot_count_are_probed_only_when_every_probe_is_kept() {
     require_probes();

@@ -77,9 +77,10 @@ fn finding_sentence(finding: &Finding) -> String {
             if lines.len() == 1 { "it" } else { "them" },
             examples(lines)
         ),
-        Finding::Throttled { after_ms, functions, budget_percent } => format!(
-            "after {after_ms} ms, removed the probes of {}: over the {budget_percent}% overhead budget; sampled from then on",
-            with_calls(functions)
+        Finding::Throttled { after_ms, functions, budget_percent, sampled } => format!(
+            "after {after_ms} ms, removed the probes of {}: over the {budget_percent}% overhead budget; {} from then on",
+            with_calls(functions),
+            if *sampled { "sampled" } else { "not timed" }
         ),
         Finding::UnpatchFailed { functions, error } => {
             format!("could not unpatch {}, over the overhead budget: {error}", with_calls(functions))

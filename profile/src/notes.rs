@@ -85,6 +85,9 @@ pub enum Finding {
         functions: Vec<FunctionCalls>,
         /// The budget, in percent of the elapsed time.
         budget_percent: f64,
+        /// Whether the recording sampled them after.
+        #[serde(default = "sampled_by_default")]
+        sampled: bool,
     },
     /// Functions over the overhead budget could not be unpatched.
     UnpatchFailed {
@@ -253,6 +256,11 @@ pub struct FunctionCalls {
     pub name: String,
     /// Calls.
     pub calls: u64,
+}
+
+/// Throttled functions were sampled after, in files from before it was said.
+fn sampled_by_default() -> bool {
+    true
 }
 
 #[cfg(test)]

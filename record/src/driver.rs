@@ -71,9 +71,9 @@ impl Run<'_> {
     /// are functions whose lines probes follow).
     pub fn call_ns(&self, patched: bool) -> Vec<u64> {
         let cost = self.options.cost.unwrap_or(crate::cost::ProbeCost::ESTIMATE);
-        let line_probed = |i: usize| self.options.line_probed.contains(&i);
+        let kept = |i: usize| self.options.line_probed.contains(&i) || self.options.kept.contains(&i);
         let call_ns = |(i, (f, &injected)): (usize, (&ProbedFunction, &bool))| {
-            if injected == patched && !line_probed(i) { cost.of(f.entry, injected).call_ns.max(1) } else { 0 }
+            if injected == patched && !kept(i) { cost.of(f.entry, injected).call_ns.max(1) } else { 0 }
         };
         self.functions().iter().zip(&self.injected).enumerate().map(call_ns).collect()
     }
@@ -414,7 +414,8 @@ impl<'a> Driver<'a> {
     /// What the governor did to functions over budget.
     fn over_budget(&self, elapsed_ns: u64, functions: Vec<FunctionCalls>) -> Note {
         let budget_percent = self.run.options.overhead_budget.unwrap_or_default() * 100.0;
-        Finding::Throttled { after_ms: elapsed_ns / 1_000_000, functions, budget_percent }.into()
+        let sampled = self.run.options.sample.is_some();
+        Finding::Throttled { after_ms: elapsed_ns / 1_000_000, functions, budget_percent, sampled }.into()
     }
 
     fn change_probes(&mut self) {

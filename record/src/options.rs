@@ -82,6 +82,9 @@ pub struct RecordOptions {
     /// Functions a counter takes the entry of, when lines are counted: the
     /// in-process engine leaves them (they are sampled).
     pub entries_counted: Vec<usize>,
+    /// Functions the governor never throttles (named ones, when others are
+    /// recorded only for their lines).
+    pub kept: Vec<usize>,
     /// Stack sampling.
     pub sample: Option<SampleSettings>,
     /// The overhead governor's budget per function, as a share of the
@@ -126,6 +129,7 @@ impl Default for RecordOptions {
             line_probed: Vec::new(),
             counting: Choices::default(),
             entries_counted: Vec::new(),
+            kept: Vec::new(),
             sample: None,
             overhead_budget: None,
             auto_instrument: None,

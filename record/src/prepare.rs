@@ -8,7 +8,7 @@ use crate::error::RecordError;
 use crate::observer::{ObservedDownloads, Observer, RecordEvent, Step, Warning};
 use crate::options::{Control, RecordOptions, Recorded, TargetSpec};
 use crate::recorder::record;
-use crate::request::{EngineChoice, ExitsChoice, RecordRequest, RecordTarget, RegionSpec, regions_of_lines};
+use crate::request::{DEFAULT_BUDGET, EngineChoice, ExitsChoice, Governor, RecordRequest, RecordTarget, RegionSpec, regions_of_lines};
 use crate::saved::Saver;
 use proftap_probes::exits::{ExitMode, unwinds};
 use proftap_probes::inject::counting;
@@ -234,7 +234,14 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         counting: chosen.counting,
         entries_counted: if count_lines { chosen.entries_counted.clone() } else { Vec::new() },
         sample: request.sample_settings(),
-        overhead_budget: request.overhead_budget(chosen.lines.is_some() && !count_lines),
+        overhead_budget: request.overhead_budget(chosen.lines.is_some() && !count_lines).or_else(|| {
+            // Functions recorded only for lines counted in process, beside
+            // named ones: those are governed.
+            let measured = chosen.functions.iter().filter(|f| f.role == Role::Measured).count();
+            let only_for_lines = count_lines && !chosen.kept.is_empty() && chosen.kept.len() < measured;
+            (only_for_lines && request.governor == Governor::Default).then_some(DEFAULT_BUDGET)
+        }),
+        kept: if count_lines { chosen.kept.clone() } else { Vec::new() },
         auto_instrument,
         sample_only: !request.instrument || chosen.functions.iter().all(|f| f.role != Role::Measured),
         regions: request.regions.clone(),
@@ -314,6 +321,9 @@ fn unnamed(display: &Path, image: &ElfImage) -> Result<SymbolIndex, proftap_prob
 /// What to probe in a target.
 struct Chosen {
     functions: Vec<ProbedFunction>,
+    /// Measured functions named beside others recorded for their lines
+    /// only (by index among the measured; empty otherwise).
+    kept: Vec<usize>,
     build_id: Option<String>,
     exit_mode: ExitMode,
     lines: Option<LinePlan>,
@@ -391,6 +401,7 @@ fn choose(
     let refs: Vec<&SymbolIndex> = indexes.iter().map(Arc::as_ref).collect();
     // An error says what matters in one sentence; warnings only when it works.
     let mut selected = selection.select(&refs)?;
+    let named = selected.clone();
     if let Some(files) = &line_files {
         // Following a frame's lines needs its function's entry and return.
         let with_lines = functions_with_lines(&indexes[0], files);
@@ -426,6 +437,17 @@ fn choose(
         }
     }
     let measured: Vec<ProbedFunction> = functions.iter().filter(|f| f.role == Role::Measured).cloned().collect();
+    // Functions named (-f) beside others recorded for their lines: the
+    // governor may take the others' probes, never theirs.
+    let kept = match line_files.is_some() && !request.is_hybrid() {
+        true => {
+            let key =
+                |s: &Selected| Some((refs.get(s.module)?.path.display().to_string(), refs[s.module].functions.get(s.function)?.address.0));
+            let named: std::collections::HashSet<(String, u64)> = named.iter().filter_map(key).collect();
+            (0..measured.len()).filter(|&i| named.contains(&(measured[i].info.module.clone(), measured[i].info.address))).collect()
+        }
+        false => Vec::new(),
+    };
     let lines = line_files.as_ref().map(|files| plan_lines(&indexes[0], &open_paths[0], &measured, files));
     // A stub has no unwind information: calls return into one only in
     // programs that never unwind their stack. A counter takes a function's
@@ -468,6 +490,7 @@ fn choose(
         entries_counted,
         cancels_unhooked,
         regions_unhooked,
+        kept,
     })
 }
 

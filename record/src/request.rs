@@ -183,7 +183,7 @@ pub const MIN_TRACE_BYTES: u64 = 4096;
 pub const DEFAULT_TRACE_BYTES: u64 = 64 << 20;
 
 /// The governor's budget unless one is given: 5% of the elapsed time per function.
-const DEFAULT_BUDGET: f64 = 0.05;
+pub(crate) const DEFAULT_BUDGET: f64 = 0.05;
 /// The highest sampling frequency asked for that is honoured.
 const MAX_FREQUENCY_HZ: u64 = 100_000;
 
@@ -272,7 +272,9 @@ pub enum Sampling {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Governor {
-    /// 5% in hybrid mode without line probes or regions, else off.
+    /// 5% in hybrid mode without line probes or regions, and for the
+    /// functions recorded only for their lines beside named ones (lines
+    /// counted in process); else off.
     #[default]
     Default,
     /// Every probe stays to the end.
