@@ -28,6 +28,8 @@ pub struct Unpatched {
 
 /// How often the calls are read.
 const PERIOD: Duration = Duration::from_millis(5);
+/// The shortest time between two looks, when a thread asks for a block.
+const SOONEST: Duration = Duration::from_millis(1);
 /// Looks in a row at which unpatching may fail before the failure is told.
 const TRIES: u32 = 40;
 
@@ -143,17 +145,19 @@ impl Watch {
             let mut retired = Retired::default();
             let mut cursor = TraceCursor::default();
             let mut answered = 0;
+            let view = patched.view();
             while !flag.load(Ordering::Relaxed) {
-                let wanted = patched.view().map_or(0, |v| v.blocks_wanted());
-                if let (Some(trace), Some(view)) = (trace.as_mut(), patched.view()) {
-                    trace.read(&view);
+                let looked = std::time::Instant::now();
+                let wanted = view.as_ref().map_or(0, TotalsView::blocks_wanted);
+                if let (Some(trace), Some(view)) = (trace.as_mut(), &view) {
+                    trace.read(view);
                 }
                 retired.look(&patched, trace.as_mut().map_or(&mut cursor, |t| &mut t.cursor));
-                if let Some(view) = patched.view().filter(|_| wanted != answered) {
+                if let Some(view) = view.as_ref().filter(|_| wanted != answered) {
                     view.answer_block_requests();
                     answered = wanted;
                 }
-                if let (Some(judge), Some(view)) = (judge.as_mut(), patched.view()) {
+                if let (Some(judge), Some(view)) = (judge.as_mut(), &view) {
                     calls.iter_mut().for_each(|c| *c = 0);
                     view.calls(&mut calls);
                     patched.add_children_calls(&mut calls);
@@ -172,11 +176,14 @@ impl Watch {
                         }
                     }
                 }
-                // A thread that finds no block wakes this at once.
-                match patched.view() {
+                // A thread that finds no block wakes this at once; the
+                // word is the target's to write, so however often it
+                // changes, looks are at least SOONEST apart.
+                match &view {
                     Some(view) => view.wait_for_block_request(wanted, PERIOD),
                     None => std::thread::sleep(PERIOD),
                 }
+                std::thread::sleep(SOONEST.saturating_sub(looked.elapsed()));
             }
             Watched { patched, retired, trace }
         });
