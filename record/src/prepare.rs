@@ -214,6 +214,11 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         true => chosen.uncountable.iter().map(|(i, _)| *i).collect(),
         false => Vec::new(),
     };
+    // Beside functions named, those recorded only for lines counted in
+    // process are governed by default; the named ones keep their probes.
+    let measured = chosen.functions.iter().filter(|f| f.role == Role::Measured).count();
+    let governs_lines_only =
+        count_lines && request.governor == Governor::Default && !chosen.kept.is_empty() && chosen.kept.len() < measured;
     let (duration, auto_instrument) = match request.target {
         RecordTarget::Attach { duration, auto_instrument, .. } => (duration, auto_instrument.map(|a| (a.count, a.warmup))),
         RecordTarget::Launch { .. } => (None, None),
@@ -234,14 +239,8 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         counting: chosen.counting,
         entries_counted: if count_lines { chosen.entries_counted.clone() } else { Vec::new() },
         sample: request.sample_settings(),
-        overhead_budget: request.overhead_budget(chosen.lines.is_some() && !count_lines).or_else(|| {
-            // Functions recorded only for lines counted in process, beside
-            // named ones: those are governed.
-            let measured = chosen.functions.iter().filter(|f| f.role == Role::Measured).count();
-            let only_for_lines = count_lines && !chosen.kept.is_empty() && chosen.kept.len() < measured;
-            (only_for_lines && request.governor == Governor::Default).then_some(DEFAULT_BUDGET)
-        }),
-        kept: if count_lines { chosen.kept.clone() } else { Vec::new() },
+        overhead_budget: request.overhead_budget(chosen.lines.is_some() && !count_lines).or(governs_lines_only.then_some(DEFAULT_BUDGET)),
+        kept: if governs_lines_only { chosen.kept.clone() } else { Vec::new() },
         auto_instrument,
         sample_only: !request.instrument || chosen.functions.iter().all(|f| f.role != Role::Measured),
         regions: request.regions.clone(),
