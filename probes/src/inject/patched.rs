@@ -80,10 +80,10 @@ pub struct Patched {
     ever_applied: Vec<Applied>,
     /// Forked children whose code could not be restored, and why.
     children_not_restored: Vec<(i32, String)>,
-    /// The forked children's memory mapped so far (of the first
-    /// `children_seen`), for their calls while they run.
-    children_views: Vec<TotalsView>,
-    children_seen: usize,
+    /// Each forked child's memory so far, in the order they came (`None`:
+    /// it could not be mapped; it is read, or named, at the end), for their
+    /// calls while they run.
+    children_views: Vec<Option<TotalsView>>,
     /// Their calls by function at the last reading, and readings asked for
     /// since it: reading every block of every child is done every few asks.
     children_calls: Vec<u64>,
@@ -184,7 +184,6 @@ impl Patched {
             ever_applied: Vec::new(),
             children_not_restored: Vec::new(),
             children_views: Vec::new(),
-            children_seen: 0,
             children_calls: Vec::new(),
             children_asks: 0,
             unpatched: Vec::new(),
@@ -420,18 +419,16 @@ impl Patched {
 
     fn read_children_calls(&mut self, functions: usize) {
         let (Some(children), Some(view)) = (&self.children, &self.view) else { return };
-        let (new, _) = children.views_from(self.children_seen, self.geometry, view.remote_address());
-        self.children_seen += new.len();
+        let (new, _) = children.views_from(self.children_views.len(), self.geometry, view.remote_address());
         let running = if new.is_empty() || self.unpatched.is_empty() { Vec::new() } else { children.running() };
         for (pid, child) in new {
             if let Some((_, process)) = running.iter().find(|(p, _)| *p == pid) {
                 self.unpatch_child(pid, process, &self.unpatched);
             }
-            // A child whose memory cannot be mapped is read (or named) at the end.
-            self.children_views.extend(child.ok());
+            self.children_views.push(child.ok());
         }
         self.children_calls = vec![0; functions];
-        for child in &self.children_views {
+        for child in self.children_views.iter().flatten() {
             child.calls(&mut self.children_calls);
         }
     }
