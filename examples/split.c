@@ -2,7 +2,8 @@
  * alternating slices, both reached through main -> run -> middle. mix() is
  * inlined into both; clear() spends time in libc's memset.
  *
- * Usage: split [MILLIONS]   default 200 (iterations in millions, in all). */
+ * Usage: split [MILLIONS [CLEARS]]   default 200 (iterations in millions, in
+ * all) and 3000 (rounds of clear). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +66,9 @@ __attribute__((noinline)) void run(long total)
 int main(int argc, char **argv)
 {
     long millions = argc > 1 ? atol(argv[1]) : 200;
+    int clears = argc > 2 ? atoi(argv[2]) : 3000;
     run(millions * 1000000);
-    clear(3000);
+    clear(clears);
     printf("%u\n", sink);
     return 0;
 }

@@ -130,26 +130,28 @@ pub struct SampleProfile {
     pub stacks: Vec<SampledStack>,
     /// Samples by the source line they were taken on.
     pub lines: Vec<SampledLine>,
-    /// In hybrid recordings, what the samples say of the time after a
-    /// function's probes were removed: by throttled function, and the
-    /// share of it its instrumented callers' exclusive time held.
+    /// What the samples say of the time of functions not instrumented: by
+    /// throttled function after its probes were removed, and the share of
+    /// that time and of the time of functions never instrumented (a
+    /// library's) that their instrumented callers' exclusive time held.
     #[serde(default, skip_serializing_if = "Throttled::is_empty")]
     pub throttled: Throttled,
 }
 
-/// Samples taken after functions were throttled (their probes removed).
+/// Samples of functions not instrumented, under instrumented callers.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Throttled {
     /// By throttled function.
     pub functions: Vec<ThrottledSamples>,
-    /// Samples in throttled functions whose nearest caller still
+    /// Samples in throttled functions, or at the top of the stack in a
+    /// function never instrumented, whose nearest caller still
     /// instrumented was timed: by thread and caller, what that caller's
-    /// measured exclusive time holds of its throttled callees' time.
+    /// measured exclusive time holds of its callees' time.
     pub held: Vec<HeldSamples>,
 }
 
 impl Throttled {
-    /// Nothing was throttled while sampling.
+    /// No sample was of a function not instrumented under one that was.
     pub fn is_empty(&self) -> bool {
         self.functions.is_empty() && self.held.is_empty()
     }
@@ -166,15 +168,15 @@ pub struct ThrottledSamples {
     pub total_samples: u64,
 }
 
-/// Samples spent in throttled callees that a caller's exclusive time holds.
+/// Samples spent in callees not instrumented that a caller's exclusive time holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldSamples {
     /// The thread.
     pub tid: i32,
     /// The caller, still instrumented.
     pub name: String,
-    /// The throttled function the samples were in ("" in files written
-    /// before it was kept).
+    /// The function the samples were in, throttled or never instrumented
+    /// ("" in files written before it was kept).
     #[serde(default)]
     pub callee: String,
     /// How many.

@@ -202,10 +202,11 @@ pub enum Finding {
         /// Their pids.
         pids: Vec<i32>,
     },
-    /// Still-instrumented functions whose exclusive time had their throttled
-    /// callees' time after the throttle taken out, as estimated from samples.
+    /// Still-instrumented functions whose exclusive time had the time of
+    /// their callees not instrumented (throttled ones after the throttle,
+    /// libraries') taken out, as estimated from samples.
     ThrottledTimeReleased {
-        /// How many (per thread).
+        /// How many.
         functions: u64,
     },
     /// A forked child handed its memory to proftap, which could not read it.

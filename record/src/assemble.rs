@@ -14,6 +14,7 @@ use proftap_profile::{
     SampleProfile, Stat, Target, ThreadProfile, Throttled, TreeNode,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 
 /// What is known of a recording once its target runs: how to aggregate it
 /// and what its profile says of the target and the functions.
@@ -121,7 +122,8 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
     let known = ending.lost_samples.saturating_add(ending.engine_lost);
     aggregate.lost.events = aggregate.lost.events.max(known);
     merge_threads(&mut aggregate.threads, &ending.engine_threads);
-    let released = samples.as_ref().map_or(0, |samples| release_held_time(setup, &mut aggregate.threads, samples));
+    let mut functions = functions(setup, &aggregate.throttled, ending);
+    let released = samples.as_ref().map_or(0, |samples| release_held_time(&setup.metrics, &mut functions, &mut aggregate.threads, samples));
     // An entry and a return each, as a probe would have reported them.
     aggregate.hits = aggregate.hits.saturating_add(ending.engine_calls.saturating_mul(2));
     let mut notes = notes(setup, &aggregate, ending);
@@ -150,7 +152,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
             proftap_version: setup.proftap_version.clone(),
         },
         metrics: setup.metrics.clone(),
-        functions: functions(setup, &aggregate.throttled, ending),
+        functions,
         lines: line_records(setup.lines.as_ref(), &aggregate.lines, ending, &calls, metrics),
         regions: region_records(&setup.regions, &aggregate, &ending.engine_regions, metrics),
         threads: aggregate.threads,
@@ -191,26 +193,31 @@ fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: &[ThreadProfile]) {
 }
 
 /// Takes out of each still-instrumented function's exclusive time what
-/// its throttled callees took after their probes were removed, as the
-/// samples estimate it (per thread; its calling contexts in proportion to
-/// their exclusive time), so that exclusive times add up to what the
-/// samples say; and puts that time in the call tree as an estimated node
-/// of the callee under each calling context that gave it, so that the tree
-/// adds up too. Returns how many functions gave time back.
-fn release_held_time(setup: &Setup, threads: &mut [ThreadProfile], samples: &SampleProfile) -> u64 {
+/// its throttled callees took after their probes were removed, and what
+/// the functions it called that were never instrumented took (a library's),
+/// as the samples estimate it (per thread; its calling contexts in
+/// proportion to their exclusive time), so that exclusive times add up to
+/// what the samples say; and puts that time in the call tree as an
+/// estimated node of the callee under each calling context that gave it
+/// (a function never instrumented is added to `functions`, sampled), so
+/// that the tree adds up too. Returns how many functions gave time back.
+fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, threads: &mut [ThreadProfile], samples: &SampleProfile) -> u64 {
     let times: Vec<usize> =
-        setup.metrics.iter().enumerate().filter(|(_, m)| m.as_str() == "wall_ns" || m.as_str() == "cpu_ns").map(|(i, _)| i).collect();
-    let index_of = |name: &str| setup.functions.iter().position(|f| f.name == name).map(|i| i as u32);
-    let mut released = 0;
+        metrics.iter().enumerate().filter(|(_, m)| m.as_str() == "wall_ns" || m.as_str() == "cpu_ns").map(|(i, _)| i).collect();
+    let mut ids: HashMap<String, u32> = HashMap::new();
+    for (i, f) in functions.iter().enumerate() {
+        ids.entry(f.name.clone()).or_insert(i as u32);
+    }
+    let mut givers = HashSet::new();
     for held in &samples.throttled.held {
-        let Some(function) = index_of(&held.name) else { continue };
+        let Some(&function) = ids.get(&held.name) else { continue };
         let Some(thread) = threads.iter_mut().find(|t| t.tid == held.tid) else { continue };
         let ns = samples.estimated_ns(held.samples);
         let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function) else { continue };
         let nodes = &mut thread.tree.nodes;
         let holders: Vec<usize> = (1..nodes.len()).filter(|&i| nodes[i].function == function && !nodes[i].estimated).collect();
         // What each holding context gives back, per metric.
-        let mut given = vec![vec![0u64; setup.metrics.len()]; holders.len()];
+        let mut given = vec![vec![0u64; metrics.len()]; holders.len()];
         for &m in &times {
             let Some(exclusive) = stats.exclusive.get_mut(m) else { continue };
             let taken = ns.min(exclusive.total);
@@ -224,14 +231,30 @@ fn release_held_time(setup: &Setup, threads: &mut [ThreadProfile], samples: &Sam
                 }
             }
         }
-        if let Some(callee) = index_of(&held.callee) {
+        if let Some(callee) = callee_id(&held.callee, &mut ids, functions, samples) {
             for (&i, time) in holders.iter().zip(&given).filter(|(_, t)| t.iter().any(|&v| v > 0)) {
                 add_estimated(&mut thread.tree, i as u32, callee, time);
             }
         }
-        released += 1;
+        givers.insert(function);
     }
-    released
+    givers.len() as u64
+}
+
+/// The function `name`'s id, a sampled function added to `functions`
+/// (in the module its samples name) when it is not there yet.
+fn callee_id(name: &str, ids: &mut HashMap<String, u32>, functions: &mut Vec<FunctionInfo>, samples: &SampleProfile) -> Option<u32> {
+    if name.is_empty() {
+        return None;
+    }
+    if let Some(&id) = ids.get(name) {
+        return Some(id);
+    }
+    let frame = samples.frames.iter().find(|f| !f.inlined && f.name == name)?;
+    let id = functions.len() as u32;
+    functions.push(FunctionInfo { name: name.into(), module: frame.module.clone(), mode: Mode::Sampled, ..FunctionInfo::default() });
+    ids.insert(name.into(), id);
+    Some(id)
 }
 
 /// Adds `time` to the estimated node of `callee` under node `parent`,

@@ -69,7 +69,7 @@ impl SampleAggregator {
 
     /// The instrumented functions' names, by index: what throttling refers to.
     pub fn measuring(mut self, names: Vec<String>) -> Self {
-        self.measured_names = names.iter().cloned().collect();
+        self.measured_names = names.iter().filter(|n| !n.is_empty()).cloned().collect();
         self.measured = names;
         self
     }
@@ -88,8 +88,8 @@ impl SampleAggregator {
     /// Takes in one sample of thread `tid` of process `pid` taken at `time`.
     pub fn add_at(&mut self, pid: i32, tid: i32, time: u64, stack: &ResolvedStack) {
         self.total += 1;
-        if !self.throttled.is_empty() {
-            self.count_throttled(tid, stack);
+        if !self.measured_names.is_empty() {
+            self.count_held(tid, stack);
         }
         let ids: Vec<u32> = stack.frames.iter().map(|frame| self.frame_id(frame)).collect();
         if let Some(timed) = self.timed.as_mut() {
@@ -110,14 +110,16 @@ impl SampleAggregator {
         timed.filter_map(|(at, ids)| Some(SampleTime { stack: *index.get(ids.as_slice())?, ..*at })).collect()
     }
 
-    /// A sample whose innermost measured function is throttled: its time
-    /// is that function's, and the nearest caller still instrumented holds
-    /// it in its measured exclusive time; every throttled function on the
-    /// stack has it in its total.
-    fn count_throttled(&mut self, tid: i32, stack: &ResolvedStack) {
-        let measured: Vec<&SampledFrame> =
-            stack.frames.iter().rev().filter(|f| !f.inlined && self.measured_names.contains(&f.name)).collect();
-        let Some(innermost) = measured.first() else { return };
+    /// Whose time a sample is, when the nearest caller still instrumented
+    /// holds it in its measured exclusive time: that of a throttled
+    /// function innermost among the measured ones, or that of a function
+    /// never instrumented (a library's, one left unpatched) at the top of
+    /// the stack. The holder gives it back at the end; every throttled
+    /// function on the stack has the sample in its total.
+    fn count_held(&mut self, tid: i32, stack: &ResolvedStack) {
+        let physical: Vec<&SampledFrame> = stack.frames.iter().rev().filter(|f| !f.inlined).collect();
+        let Some(leaf) = physical.first() else { return };
+        let measured: Vec<&&SampledFrame> = physical.iter().filter(|f| self.measured_names.contains(&f.name)).collect();
         let mut seen: Vec<&str> = Vec::new();
         let mut holder = None;
         for frame in &measured {
@@ -128,11 +130,19 @@ impl SampleAggregator {
                 self.after_throttle.entry(frame.name.clone()).or_default().1 += 1;
             }
         }
-        if self.throttled.contains(&innermost.name) {
-            self.after_throttle.entry(innermost.name.clone()).or_default().0 += 1;
-            if let Some(holder) = holder {
-                *self.held.entry((tid, holder.clone(), innermost.name.clone())).or_default() += 1;
+        // A pseudo-frame (`[unknown: ...]`, `[probe overhead]`) names no
+        // function to give the time to: it stays with the measured one.
+        let unmeasured = !self.measured_names.contains(&leaf.name) && !leaf.name.starts_with('[');
+        let owner = match measured.first() {
+            _ if unmeasured => &leaf.name,
+            Some(innermost) if self.throttled.contains(&innermost.name) => {
+                self.after_throttle.entry(innermost.name.clone()).or_default().0 += 1;
+                &innermost.name
             }
+            _ => return,
+        };
+        if let Some(holder) = holder {
+            *self.held.entry((tid, holder.clone(), owner.clone())).or_default() += 1;
         }
     }
 
@@ -212,7 +222,7 @@ mod tests {
         let names = ["main", "outer", "tiny"].map(String::from).to_vec();
         let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
         let stack = |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None };
-        let in_tiny = stack(&["main", "outer", "tiny", "memset"]);
+        let in_tiny = stack(&["main", "outer", "tiny"]);
         samples.add(7, &in_tiny);
         assert!(samples.profile().throttled.is_empty(), "before the throttle, tiny's calls were timed");
         // tiny and outer throttled: main holds their time.
@@ -226,5 +236,28 @@ mod tests {
         assert_eq!(of("outer"), Some((1, 2)));
         let held = |callee: &str| HeldSamples { tid: 7, name: "main".into(), callee: callee.into(), samples: 1 };
         assert_eq!(throttled.held, vec![held("outer"), held("tiny")]);
+    }
+
+    #[test]
+    fn a_library_functions_time_is_held_by_the_nearest_caller_still_instrumented() {
+        let names = ["main", "clear", ""].map(String::from).to_vec();
+        let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
+        let stack = |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None };
+        let in_memset = stack(&["main", "clear", "memset"]);
+        samples.add(7, &in_memset);
+        samples.add(7, &stack(&["main", "clear"]));
+        samples.add(7, &stack(&["main", "clear", "[unknown: unmapped]"]));
+        samples.add(7, &stack(&["_start", "__libc_start_main"]));
+        let held = |name: &str, callee: &str, samples: u64| HeldSamples { tid: 7, name: name.into(), callee: callee.into(), samples };
+        let throttled = samples.profile().throttled;
+        assert_eq!(throttled.held, vec![held("clear", "memset", 1)], "only memset's own sample is clear's to give back");
+        assert!(throttled.functions.is_empty());
+        // clear throttled: main holds memset's time, clear has it in its total only.
+        samples.throttle(&[1]);
+        samples.add(7, &in_memset);
+        let throttled = samples.profile().throttled;
+        assert_eq!(throttled.held, vec![held("clear", "memset", 1), held("main", "memset", 1)]);
+        let clear = &throttled.functions[0];
+        assert_eq!((clear.name.as_str(), clear.self_samples, clear.total_samples), ("clear", 0, 1));
     }
 }

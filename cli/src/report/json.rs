@@ -150,6 +150,7 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
         json!({
             "tid": h.tid,
             "name": h.name,
+            "callee": h.callee,
             "samples": h.samples,
             "ns": samples.estimated_ns(h.samples),
         })

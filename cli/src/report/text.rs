@@ -566,9 +566,11 @@ fn tree(profile: &Profile, tree: &CallTree, m: usize, options: &TextOptions, out
         };
         let deep = if level >= TREE_INDENT_LEVELS { format!("[depth {}] ", level + 1) } else { String::new() };
         if n.estimated {
+            let never = profile.functions.get(n.function as usize).is_some_and(|f| f.mode == Mode::Sampled);
+            let why = if never { "not instrumented" } else { "after its probes were removed" };
             let _ = writeln!(
                 out,
-                "{:indent$}{deep}{} ~  ~{} / ~{}{}  [estimated from samples after its probes were removed]",
+                "{:indent$}{deep}{} ~  ~{} / ~{}{}  [estimated from samples {why}]",
                 "",
                 function_name(profile, n.function),
                 value(&n.inclusive),
