@@ -42,8 +42,8 @@ int main(int argc, char **argv)
     for (long i = 0; i < 1000; i++)
         work(i);
     unsigned char *base = shared_memory();
-    /* The first block, a page in: where this thread's totals are. */
-    struct block *block = (struct block *)(base + 4096);
+    /* The first block, at the page after the header: where this thread's totals are. */
+    struct block *block = (struct block *)(base + ((sizeof(struct header) + 4095) & ~4095UL));
     if (base) {
         if (!strcmp(mode, "header")) {
             ((struct header *)base)->magic = 0;

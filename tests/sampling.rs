@@ -203,6 +203,31 @@ while [ $i -lt 100000 ]; do i=$((i+1)); done
     assert_clean_failure(&run(proftap().args(["run", "-f", "nothing_like_this", "--", "ls"])), "matches no function");
 }
 
+/// Samples in `work_a`, whose call the engine hijacked, name all their
+/// frames even when `work_a` returned and `work_b`'s call took its depth
+/// before proftap read the sample (every slice, in this program): the
+/// trampoline on the stack is its return site's own, and says where the
+/// call returns to however late it is read.
+#[test]
+fn stacks_through_patched_returns_are_named_after_their_calls_ended() {
+    require_probes();
+    let binary = split().build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().arg("run").args(["--engine", "inject", "--sample", "2000", "-o"]).arg(&file).arg("--").arg(&binary).arg("100"));
+    let folded_path = dir.path().join("folded");
+    run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded_path));
+    let folded = std::fs::read_to_string(&folded_path).unwrap();
+    let samples = |keep: &dyn Fn(&str) -> bool| -> u64 {
+        folded.lines().filter(|l| keep(l)).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum()
+    };
+    let in_work_a = samples(&|l| l.contains(";work_a"));
+    assert!(in_work_a > 50, "{folded}");
+    let whole = samples(&|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main;run;middle;work_a"));
+    assert_eq!(whole, in_work_a, "{folded}");
+    assert_eq!(samples(&|l| !l.contains("_dl_start") && l.contains("[unknown")), 0, "{folded}");
+}
+
 /// A forked child's samples are named with the mappings it inherited and
 /// unwind through the return addresses its own copy of the in-process
 /// engine took (main's, patched since before the fork), as the parent's

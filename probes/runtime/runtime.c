@@ -55,6 +55,8 @@ __attribute__((used)) const u64 proftap_layout[] = {
     sizeof(struct regions),
     sizeof(struct region_total),
     OPEN_REGIONS,
+    SITES,
+    SITE_BYTES,
 };
 
 static inline u64 rdtsc(void)
@@ -321,6 +323,10 @@ static __attribute__((noinline)) void adopt(const struct config *c)
             to->magic = from->magic;
             to->ns_to_tsc_mult = from->ns_to_tsc_mult;
             to->ns_to_tsc_shift = from->ns_to_tsc_shift;
+            /* Frames hijacked before the fork stand for their return sites
+             * by the parent's table: the child's starts as a copy. */
+            for (u64 i = 0; i < SITES; i++)
+                to->sites[i] = from->sites[i];
             u64 taken = from->blocks_taken < c->blocks ? from->blocks_taken : c->blocks;
             if (own) {
                 u64 index = own->block - 1;
@@ -585,18 +591,48 @@ static void remove_frame(struct private_block *p, struct block *b, u64 i)
     }
 }
 
-/* Writes `to` over every live frame's return address that holds `from`
- * (0: the frame's original), above `slot`. */
+/* Whether `value` is one of the return trampolines: a return hijacked. */
+static inline int is_trampoline(const struct config *c, u64 value)
+{
+    return value == c->return_trampoline || (c->site_trampolines && value - c->site_trampolines < SITES * SITE_BYTES);
+}
+
+/* The trampoline a return to `ret` goes through: the one of its return
+ * site, the same for every call that returns there, so that an unwinder
+ * reading a sampled stack finds the return address from the trampoline
+ * alone (header.sites) even after the call ended and another took its
+ * depth; the shared one when the site finds no slot. A slot is taken
+ * with a compare-and-swap before its trampoline is ever written to a
+ * stack, and never changes after. */
+static inline u64 trampoline_for(const struct config *c, u64 ret)
+{
+    if (!c->site_trampolines)
+        return c->return_trampoline;
+    u64 *sites = header(c)->sites;
+    u64 i = (ret * 0x9e3779b97f4a7c15UL) >> (64 - SITES_BITS);
+    for (u64 n = 0; n < SITE_PROBES; n++, i = (i + 1) & (SITES - 1)) {
+        u64 seen = __atomic_load_n(&sites[i], __ATOMIC_RELAXED);
+        if (!seen && !__atomic_compare_exchange_n(&sites[i], &seen, ret, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED) && seen != ret)
+            continue;
+        if (!seen || seen == ret)
+            return c->site_trampolines + i * SITE_BYTES;
+    }
+    return c->return_trampoline;
+}
+
+/* Over every live frame's return address above `slot`: hijacks it again
+ * (`hijack`), or puts the original back where a trampoline is. */
 static void rewrite(const struct config *c, struct private_block *p, u64 slot, int hijack)
 {
     for (u64 d = 0; d < p->depth; d++) {
         u64 *where = (u64 *)p->ret[d].slot;
         if ((u64)where <= slot)
             continue;
-        u64 from = hijack ? p->ret[d].ret : c->return_trampoline;
-        u64 to = hijack ? c->return_trampoline : p->ret[d].ret;
-        if (*where == from)
-            *where = to;
+        u64 ret = p->ret[d].ret;
+        if (hijack && *where == ret)
+            *where = trampoline_for(c, ret);
+        else if (!hijack && is_trampoline(c, *where))
+            *where = ret;
     }
 }
 
@@ -632,8 +668,9 @@ void proftap_entry(u64 *slot, u32 function)
      * and one in this very slot unless the slot still holds the return
      * trampoline (then this is its tail call, and it lives on). */
     u64 d = p->depth;
-    if (d && (p->ret[d - 1].slot < (u64)slot || (p->ret[d - 1].slot == (u64)slot && *slot != c->return_trampoline)))
-        drop_below(c, p, b, (u64)slot, *slot != c->return_trampoline);
+    int hijacked = is_trampoline(c, *slot);
+    if (d && (p->ret[d - 1].slot < (u64)slot || (p->ret[d - 1].slot == (u64)slot && !hijacked)))
+        drop_below(c, p, b, (u64)slot, !hijacked);
     d = p->depth;
     if (!b)
         goto out;
@@ -664,7 +701,9 @@ void proftap_entry(u64 *slot, u32 function)
     b->returns[d] = p->ret[d];
     p->depth = d + 1;
     __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);
-    *slot = c->return_trampoline;
+    /* A tail call's slot holds its caller's trampoline already: it stays. */
+    if (!is_trampoline(c, *slot))
+        *slot = trampoline_for(c, *slot);
     f->entry_tsc = now_and_off(c, (u32)b->tid, &f->entry_off);
 out:
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);

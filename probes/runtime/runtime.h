@@ -30,6 +30,14 @@ typedef unsigned int u32;
 #define HASH_SLOTS (1UL << HASH_BITS)
 /* Frames farther apart than this are on different stacks. */
 #define NEAR_STACK (8UL << 20)
+/* Return sites with a trampoline of their own (a power of two), and the
+ * bytes of each site trampoline's code; a return site past them (or past
+ * SITE_PROBES slots of the table from where its hash points) returns
+ * through the shared one. */
+#define SITES_BITS 14
+#define SITES (1UL << SITES_BITS)
+#define SITE_BYTES 8
+#define SITE_PROBES 8
 /* A frame with no node: its context did not fit. */
 #define NO_NODE 0xffffffffU
 
@@ -54,7 +62,8 @@ struct config {
     u64 shared;            /* address of the shared memory */
     u64 private_base;      /* address of the private memory */
     u64 live;              /* the live word: LIVE_RECORDING, ... */
-    u64 return_trampoline; /* where hijacked returns go */
+    u64 return_trampoline; /* where hijacked returns go when their site has no trampoline of its own */
+    u64 site_trampolines;  /* SITES trampolines, SITE_BYTES apart, each for the return site header.sites names, or 0 */
     u64 tcb_tid;           /* offset of the C library's thread id from fs:0, or 0 */
     u64 off_cpu;           /* time off CPU by thread id (ns, every other word), or 0 */
     u64 off_cpu_entries;   /* thread ids it covers */
@@ -83,6 +92,10 @@ struct header {
     u32 blocks_wanted;   /* bumped (and woken) by a thread that found no block */
     u32 blocks_answered; /* bumped (and woken) by proftap after it looked for ended threads' blocks */
     u64 reserved[1];
+    /* The return address each site trampoline stands for, 0 while free:
+     * set once, never changed, so that an unwinder reading a sampled stack
+     * names a frame from its trampoline alone, after the call has ended. */
+    u64 sites[SITES];
 };
 
 struct stat {

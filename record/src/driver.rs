@@ -24,9 +24,11 @@ use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::Patched;
 use proftap_probes::inject::reading::TotalsView;
 use proftap_probes::inject::threads::Cost;
+use proftap_probes::inject::totals::Trampolines;
 use proftap_probes::inject::watch::{Judge, Unpatched};
 use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::ProbedFunction;
+use proftap_probes::sampling::StackSample;
 use proftap_probes::target::{self, Ended, HeldChild};
 use proftap_profile::{Engine, Finding, FunctionCalls, Note};
 use std::collections::HashMap;
@@ -98,29 +100,46 @@ pub(crate) struct EngineMemory {
     parent: Option<(i32, TotalsView)>,
     children: Option<ChildMemories>,
     child_views: HashMap<i32, TotalsView>,
+    trampolines: Option<Trampolines>,
 }
 
 impl EngineMemory {
     /// The memory of the engine that patched process `pid`.
     pub fn of(pid: i32, engine: &Patched) -> EngineMemory {
-        EngineMemory { parent: engine.view().map(|v| (pid, v)), children: engine.child_memories(), child_views: HashMap::new() }
+        EngineMemory {
+            parent: engine.view().map(|v| (pid, v)),
+            children: engine.child_memories(),
+            child_views: HashMap::new(),
+            trampolines: engine.trampolines(),
+        }
     }
 
-    /// Thread `tid` of process `pid`: each stack slot whose return address
-    /// the engine took, and that address.
-    pub fn return_addresses(&mut self, pid: u32, tid: u32) -> Vec<(u64, u64)> {
-        let pid = pid as i32;
+    /// The return addresses a sample's stack holds as trampolines, by the
+    /// stack slot each is in: first those its site trampolines stand for,
+    /// then those the engine still keeps for its thread.
+    pub fn return_addresses(&mut self, sample: &StackSample) -> Vec<(u64, u64)> {
+        let trampolines = self.trampolines;
+        let Some(view) = self.view(sample.pid as i32) else { return Vec::new() };
+        let mut returns = match &trampolines {
+            Some(trampolines) => view.site_returns(trampolines, sample.regs[1], &sample.stack),
+            None => Vec::new(),
+        };
+        returns.extend(view.return_addresses(sample.tid));
+        returns
+    }
+
+    fn view(&mut self, pid: i32) -> Option<&TotalsView> {
         if let Some((parent, view)) = &self.parent
             && *parent == pid
         {
-            return view.return_addresses(tid);
+            return Some(view);
         }
         if !self.child_views.contains_key(&pid) {
             // A child not handed over yet is looked for again at its next sample.
-            let Some(view) = self.children.as_ref().and_then(|c| c.view(pid)) else { return Vec::new() };
+            let view = self.children.as_ref().and_then(|c| c.view(pid))?;
             self.child_views.insert(pid, view);
         }
-        self.child_views.get(&pid).map(|v| v.return_addresses(tid)).unwrap_or_default()
+        self.child_views.get(&pid)
     }
 }
 
@@ -164,7 +183,7 @@ impl Consumer {
                 let mut returns = self.aggregator.return_addresses(sample.tid);
                 // Read as the sample was drained (and saved with it), or now.
                 if sample.returns.is_empty() {
-                    returns.extend(self.engine.return_addresses(sample.pid, sample.tid));
+                    returns.extend(self.engine.return_addresses(&sample));
                 } else {
                     returns.extend_from_slice(&sample.returns);
                 }
@@ -337,7 +356,7 @@ impl<'a> Driver<'a> {
         self.uprobes.drain(self.queue.pending());
         for event in &mut self.queue.pending()[before..] {
             if let Event::Sample(sample) = event {
-                sample.returns = self.consumer.engine.return_addresses(sample.pid, sample.tid);
+                sample.returns = self.consumer.engine.return_addresses(sample);
             }
         }
         for unpatched in self.inject.as_ref().map(InjectSource::unpatched).unwrap_or_default() {

@@ -20,7 +20,10 @@
 //!   function (timed, then made while busy: 8 words each, the first
 //!   `functions` used), its first [`NODES`] nodes, its first [`FRAMES`]
 //!   frames, its first [`RETURNS`] return addresses, its trace ring (when
-//!   there is one).
+//!   there is one);
+//! - the first [`SITES_GIVEN`] entries of the return sites' table, then a
+//!   sampled stack: its stack pointer and [`STACK_WORDS`] words, read for
+//!   the site trampolines on it (at [`SITE_TRAMPOLINES`]).
 //!
 //! The trace rings are read twice, then the blocks retired (as if every
 //! thread had ended): what is read must be what the runtime writes.
@@ -32,7 +35,7 @@ use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, TotalsView, TraceCursor};
 use proftap_probes::inject::remote::Shared;
 use proftap_probes::inject::threads::{Conversion, Cost, thread_profile};
-use proftap_probes::inject::totals::{BlockHeader, Frame, Geometry, Header, Node, Ret, STACK_DEPTH, Traced};
+use proftap_probes::inject::totals::{BlockHeader, Frame, Geometry, Header, Node, Ret, STACK_DEPTH, Traced, Trampolines};
 use proftap_profile::{FunctionInfo, Profile};
 
 proftap_fuzz::target!(run);
@@ -47,6 +50,12 @@ const TRACE_SLOTS: u64 = 4;
 const MOST_FUNCTIONS: usize = 8;
 /// Words of the conversion's settings.
 const SETTINGS: usize = 7;
+/// Entries of the return sites' table the input gives.
+const SITES_GIVEN: usize = 8;
+/// Words of a sampled stack.
+const STACK_WORDS: usize = 16;
+/// Where the made-up site trampolines are, and the shared one.
+const SITE_TRAMPOLINES: Trampolines = Trampolines { shared: 0x7000_0000, sites: 0x7000_0040 };
 
 fn words<T>() -> usize {
     size_of::<T>() / 8
@@ -89,12 +98,21 @@ fn run(data: &[u8]) {
         fill(&shared, at + Geometry::RETURNS, RETURNS * words::<Ret>(), usize::MAX);
         fill(&shared, at + geometry.trace_offset(), trace_slots as usize * words::<Traced>(), usize::MAX);
     }
+    fill(&shared, Geometry::SITES, SITES_GIVEN, usize::MAX);
+    let sp = next();
+    let stack: Vec<u8> = (0..STACK_WORDS).flat_map(|_| next().to_le_bytes()).collect();
 
     let view = TotalsView::new(shared, geometry);
     let mut calls = vec![0u64; geometry.functions as usize];
     view.calls(&mut calls);
     for tid in tids {
         let _ = view.return_addresses(tid);
+    }
+    for (slot, ret) in view.site_returns(&SITE_TRAMPOLINES, sp, &stack) {
+        let offset = slot.wrapping_sub(sp) as usize;
+        assert!(slot % 8 == 0 && offset + 8 <= stack.len() && ret != 0, "slot {slot:#x} of a stack at {sp:#x}");
+        let value = u64::from_le_bytes(stack[offset..offset + 8].try_into().expect("eight bytes"));
+        assert!(SITE_TRAMPOLINES.site(value).is_some(), "{value:#x} is no site trampoline");
     }
     // A small budget reads some threads' contexts and leaves the others'.
     let budget = if flags & 64 != 0 { (flags >> 8) % 8192 } else { MOST_CONTEXT_BYTES };

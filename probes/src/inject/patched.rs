@@ -71,7 +71,7 @@ pub struct Patched {
     /// proftap's code in the process: the runtime and the trampolines, per module.
     code: Vec<std::ops::Range<u64>>,
     /// Where hijacked returns go.
-    return_trampoline: Option<u64>,
+    trampolines: Option<totals::Trampolines>,
     /// The process, held still since it was patched, until taken.
     held: Option<Remote>,
     /// Forked children's memory, when they are followed.
@@ -178,7 +178,7 @@ impl Patched {
             refused: Vec::new(),
             unhooked: Vec::new(),
             code: Vec::new(),
-            return_trampoline: None,
+            trampolines: None,
             held: None,
             children: None,
             ever_applied: Vec::new(),
@@ -214,13 +214,13 @@ impl Patched {
         let mut region_trampoline = None;
         for group in groups {
             let runtime = std::cell::Cell::new(None::<totals::Runtime>);
-            let shared_trampoline = patched.return_trampoline;
+            let shared_trampolines = patched.trampolines;
             let (applied, code) = patcher::apply(
                 &remote,
                 group.plans,
                 totals::CODE_ROOM,
                 |address| {
-                    let rt = totals::assemble(address, &config, shared_trampoline)?;
+                    let rt = totals::assemble(address, &config, shared_trampolines)?;
                     let code = rt.code.clone();
                     runtime.set(Some(rt));
                     Ok(code)
@@ -234,7 +234,7 @@ impl Patched {
                 &mut refused,
             )?;
             if let Some(rt) = runtime.take() {
-                patched.return_trampoline.get_or_insert(rt.return_trampoline);
+                patched.trampolines.get_or_insert(rt.trampolines);
                 region_trampoline.get_or_insert(rt.region_trampoline);
             }
             patched.ever_applied.extend(applied.iter().cloned());
@@ -329,8 +329,8 @@ impl Patched {
     }
 
     /// Where hijacked returns go, if anything was patched.
-    pub fn return_trampoline(&self) -> Option<u64> {
-        self.return_trampoline
+    pub fn trampolines(&self) -> Option<totals::Trampolines> {
+        self.trampolines
     }
 
     /// Whether anything was patched.
@@ -501,7 +501,7 @@ impl Patched {
     /// through it, as they would without this). Returns whether it unmapped.
     fn release(&self, remote: &Remote, memory: Memory) -> Result<bool, RemoteError> {
         let inside = |tid: i32| remote.regs(tid).map_or(true, |r| self.code.iter().any(|c| c.contains(&r.rip)));
-        let (Some(trampoline), Some(view)) = (self.return_trampoline, &self.view) else { return Ok(false) };
+        let (Some(trampolines), Some(view)) = (self.trampolines, &self.view) else { return Ok(false) };
         if remote.threads().into_iter().any(inside) {
             return Ok(false);
         }
@@ -517,7 +517,8 @@ impl Patched {
             for frame in frames.chunks_exact(16) {
                 let ret = u64::from_ne_bytes(frame[..8].try_into().unwrap_or_default());
                 let slot = u64::from_ne_bytes(frame[8..].try_into().unwrap_or_default());
-                if remote.read(slot, 8).is_ok_and(|v| v == trampoline.to_ne_bytes()) {
+                let hijacked = remote.read(slot, 8).is_ok_and(|v| v.try_into().is_ok_and(|v| trampolines.contains(u64::from_ne_bytes(v))));
+                if hijacked {
                     remote.write(slot, &ret.to_ne_bytes())?;
                 }
             }

@@ -317,6 +317,30 @@ impl TotalsView {
     }
 }
 
+impl TotalsView {
+    /// The return addresses the site trampolines on a sampled stack stand
+    /// for (`stack`: its copy from `sp` up), by the stack slot each is in:
+    /// what an unwinder reads in their place. A site's entry is set before
+    /// its trampoline is ever written to a stack and never changes after,
+    /// so that these hold however long ago the sample was taken; a slot
+    /// whose entry is 0 (what a lying process could leave) is left out.
+    pub fn site_returns(&self, trampolines: &totals::Trampolines, sp: u64, stack: &[u8]) -> Vec<(u64, u64)> {
+        // Return addresses are in 8-byte-aligned slots.
+        let skip = (sp.wrapping_neg() & 7) as usize;
+        let words = stack.get(skip..).unwrap_or_default().chunks_exact(8);
+        let mut returns = Vec::new();
+        for (i, word) in words.enumerate() {
+            let value = u64::from_ne_bytes(word.try_into().unwrap_or_default());
+            let Some(site) = trampolines.site(value) else { continue };
+            let ret = self.shared.load((Geometry::SITES + 8 * site) as usize);
+            if ret != 0 {
+                returns.push((sp.wrapping_add((skip + 8 * i) as u64), ret));
+            }
+        }
+        returns
+    }
+}
+
 /// Offset of `blocks_taken` in the shared header.
 const HEADER_BLOCKS_TAKEN: usize = std::mem::offset_of!(totals::Header, blocks_taken);
 const HEADER_BLOCKS_WANTED: usize = std::mem::offset_of!(totals::Header, blocks_wanted);

@@ -19,9 +19,14 @@ mod symbols {
 /// The runtime, compiled: code, constants, then its configuration.
 const IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/runtime.bin"));
 
-/// Bytes set aside for the runtime's code: its image, the return trampoline
-/// and the region trampoline.
-pub const CODE_ROOM: usize = (IMAGE.len() + 64).next_multiple_of(64) + 256;
+/// Bytes set aside for the runtime's code: its image, the return trampoline,
+/// the return sites' trampolines and the region trampoline.
+pub const CODE_ROOM: usize = (IMAGE.len() + 64).next_multiple_of(64) + 128 + (SITES * SITE_BYTES) as usize + 128;
+
+/// Return sites with a trampoline of their own (`SITES` in runtime.h).
+pub const SITES: u64 = 1 << 14;
+/// Bytes of each return site's trampoline (`SITE_BYTES`).
+pub const SITE_BYTES: u64 = 8;
 
 /// Threads with a block at once (`SEATS` in runtime.h: the seat table's size).
 pub const SEATS: u64 = 1 << 12;
@@ -50,8 +55,10 @@ pub struct Config {
     pub private_base: u64,
     /// The live word ([`LIVE_RECORDING`], ...).
     pub live: u64,
-    /// Where hijacked returns go.
+    /// Where hijacked returns go when their site has no trampoline of its own.
     pub return_trampoline: u64,
+    /// The return sites' trampolines (see [`Trampolines`]), or 0.
+    pub site_trampolines: u64,
     /// Offset of the C library's thread id from the thread pointer, or 0.
     pub tcb_tid: u64,
     /// Time off CPU by thread id (ns, every other word), or 0.
@@ -88,7 +95,8 @@ pub const LIVE_RECORDING: u64 = 1;
 /// The live word once recording stopped (`LIVE_STOPPED`).
 pub const LIVE_STOPPED: u64 = 2;
 
-/// `struct header` of runtime.h.
+/// `struct header` of runtime.h, up to its table of return sites
+/// ([`Geometry::SITES`]: `u64 sites[SITES]`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Header {
@@ -315,9 +323,15 @@ impl Geometry {
     const BLOCK: u64 = Self::NODES + NODES * size_of::<Node>() as u64;
     const PRIVATE_BLOCK: u64 = size_of::<PrivateHeader>() as u64 + STACK_DEPTH * size_of::<Ret>() as u64;
 
+    /// Where the return sites' table is in the shared memory: the return
+    /// address each site trampoline stands for, 0 while free.
+    pub const SITES: u64 = size_of::<Header>() as u64;
+    /// Bytes of `struct header`.
+    pub const HEADER: u64 = Self::SITES + SITES * 8;
+
     /// Where the first block is in the shared memory.
     pub const fn blocks_offset(&self) -> u64 {
-        page(size_of::<Header>() as u64)
+        page(Self::HEADER)
     }
     /// Where a block's calls by function are in it.
     pub const fn entries_offset(&self) -> u64 {
@@ -377,8 +391,8 @@ pub struct Runtime {
     pub code: Vec<u8>,
     /// Where `entry` is.
     pub entry: u64,
-    /// Where the return trampoline is.
-    pub return_trampoline: u64,
+    /// Where hijacked returns go.
+    pub trampolines: Trampolines,
     /// Where `unhook` is: called where an unwinder starts, it puts the
     /// thread's original return addresses back.
     pub unhook: u64,
@@ -396,19 +410,51 @@ fn asm_error(e: IcedError) -> String {
     format!("cannot assemble the runtime: {e}")
 }
 
-/// The runtime at `address` with `config`, whose `return_trampoline` is
-/// filled in: the one given (shared by every copy in the process, the one
-/// address unwinders are kept from) or this copy's own.
-pub fn assemble(address: u64, config: &Config, return_trampoline: Option<u64>) -> Result<Runtime, String> {
+/// Where hijacked returns go: the return trampoline, and the return
+/// sites' own trampolines, each a jump to it. A return site (the address a
+/// call returns to) takes one of those the first time a call returning
+/// there is hijacked and keeps it: the runtime's table in the shared
+/// memory ([`Geometry::SITES`]) says which site each stands for, so that a
+/// sampled stack names its frames from the trampolines on it, without the
+/// frames' state, which has changed by the time proftap reads the sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trampolines {
+    /// The one a return goes through when its site found no trampoline.
+    pub shared: u64,
+    /// The first of [`SITES`] site trampolines, [`SITE_BYTES`] apart.
+    pub sites: u64,
+}
+
+impl Trampolines {
+    /// Whether `address` is one of them: a return hijacked.
+    pub fn contains(&self, address: u64) -> bool {
+        address == self.shared || self.site(address).is_some()
+    }
+
+    /// The index in the table of the site trampoline at `address`.
+    pub fn site(&self, address: u64) -> Option<u64> {
+        let offset = address.checked_sub(self.sites)?;
+        (offset < SITES * SITE_BYTES && offset % SITE_BYTES == 0).then_some(offset / SITE_BYTES)
+    }
+}
+
+/// The runtime at `address` with `config`, whose trampolines are filled
+/// in: those given (shared by every copy in the process: the addresses
+/// unwinders are kept from, the table's indexes) or this copy's own.
+pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> Result<Runtime, String> {
     let mut code = IMAGE.to_vec();
     code.resize(IMAGE.len().next_multiple_of(64), 0xcc);
     let own_trampoline = address + code.len() as u64;
     let trampoline = return_trampoline_code(own_trampoline, address + symbols::PROFTAP_EXIT).map_err(asm_error)?;
     code.extend_from_slice(&trampoline);
+    code.resize(code.len().next_multiple_of(64), 0xcc);
+    let own = Trampolines { shared: own_trampoline, sites: address + code.len() as u64 };
+    code.extend_from_slice(&site_trampolines(own));
     code.resize(code.len().next_multiple_of(16), 0xcc);
     let region_trampoline = address + code.len() as u64;
     code.extend_from_slice(&region_trampoline_code(region_trampoline, address + symbols::PROFTAP_REGION).map_err(asm_error)?);
-    let config = Config { return_trampoline: return_trampoline.unwrap_or(own_trampoline), ..*config };
+    let trampolines = shared.unwrap_or(own);
+    let config = Config { return_trampoline: trampolines.shared, site_trampolines: trampolines.sites, ..*config };
     let at = symbols::PROFTAP_CONFIG as usize;
     // SAFETY: Config is plain old data of u64s.
     let bytes = unsafe { std::slice::from_raw_parts((&raw const config).cast::<u8>(), size_of::<Config>()) };
@@ -416,12 +462,25 @@ pub fn assemble(address: u64, config: &Config, return_trampoline: Option<u64>) -
     Ok(Runtime {
         code,
         entry: address + symbols::PROFTAP_ENTRY,
-        return_trampoline: config.return_trampoline,
+        trampolines,
         unhook: address + symbols::PROFTAP_UNHOOK,
         rehook: address + symbols::PROFTAP_REHOOK,
         resume: address + symbols::PROFTAP_RESUME,
         region_trampoline,
     })
+}
+
+/// The site trampolines at `at.sites`: each `jmp` to `at.shared`, padded.
+fn site_trampolines(at: Trampolines) -> Vec<u8> {
+    let mut code = Vec::with_capacity((SITES * SITE_BYTES) as usize);
+    for i in 0..SITES {
+        let next = at.sites + i * SITE_BYTES + 5;
+        let rel = at.shared.wrapping_sub(next) as i64 as i32;
+        code.push(0xe9);
+        code.extend_from_slice(&rel.to_le_bytes());
+        code.resize(((i + 1) * SITE_BYTES) as usize, 0xcc);
+    }
+    code
 }
 
 /// A hijacked return lands here: with the registers the return may carry

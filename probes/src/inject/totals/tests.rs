@@ -14,7 +14,7 @@ fn the_c_and_rust_views_of_the_memory_agree() {
     let expected = [
         0x7072_6f66_7461_7032,
         size_of::<Config>() as u64,
-        size_of::<Header>() as u64,
+        Geometry::HEADER,
         Geometry::BLOCK,
         size_of::<Frame>() as u64,
         size_of::<Node>() as u64,
@@ -35,6 +35,8 @@ fn the_c_and_rust_views_of_the_memory_agree() {
         Geometry::REGIONS,
         size_of::<RegionTotal>() as u64,
         OPEN_REGIONS,
+        SITES,
+        SITE_BYTES,
     ];
     for (i, &value) in expected.iter().enumerate() {
         assert_eq!(layout_word(i), value, "layout word {i}");
@@ -143,6 +145,13 @@ impl Local {
         unsafe { *self.shared.cast::<Header>() }
     }
 
+    /// The return address site trampoline `index` stands for.
+    fn site(&self, index: u64) -> u64 {
+        assert!(index < SITES);
+        // SAFETY: in bounds of the shared mapping's table.
+        unsafe { *self.shared.add((Geometry::SITES + 8 * index) as usize).cast::<u64>() }
+    }
+
     fn block(&self, index: u64) -> BlockHeader {
         // SAFETY: in bounds of the shared mapping.
         unsafe { *self.shared.add(self.geometry.block(index) as usize).cast::<BlockHeader>() }
@@ -189,7 +198,8 @@ fn calls_add_up_per_context_and_return_where_they_came_from() {
     let mut stack = Stack::new();
     // f0 calls f1 twice; f1 calls f2 the second time.
     rt.entry(&mut stack.0[60], 0);
-    assert_eq!(stack.0[60], rt.runtime.return_trampoline, "the return goes through the trampoline");
+    let site = rt.runtime.trampolines.site(stack.0[60]).expect("the return goes through its site's trampoline");
+    assert_eq!(rt.site(site), 0x1000 + 60, "the table names the site");
     rt.entry(&mut stack.0[50], 1);
     rt.exit(&mut stack.0[50]);
     assert_eq!(stack.0[50], 0x1000 + 50, "the original return address is back");
@@ -242,6 +252,45 @@ fn with_a_trace_every_finished_call_is_written_with_its_function_depth_and_times
     assert!(outer.entry_tsc <= inner.entry_tsc && inner.exit_tsc <= outer.exit_tsc, "a callee within its caller");
 }
 
+/// Each return site keeps its trampoline: a frame on a sampled stack is
+/// named from it after its call ended and another took its depth; past
+/// the table's room, returns go through the shared trampoline.
+#[test]
+fn return_sites_keep_their_trampolines_and_the_table_names_them() {
+    let rt = Local::new(1, 1);
+    let trampolines = rt.runtime.trampolines;
+    let hijacked = |ret: u64| {
+        let mut slot = ret;
+        rt.entry(&mut slot, 0);
+        let trampoline = slot;
+        rt.exit(&mut slot);
+        assert_eq!(slot, ret, "the return address is back");
+        trampoline
+    };
+    let first = hijacked(0x40_1000);
+    assert_eq!(hijacked(0x40_1000), first, "the same site, the same trampoline");
+    let other = hijacked(0x40_2000);
+    assert_ne!(other, first);
+    assert_eq!(rt.site(trampolines.site(first).unwrap()), 0x40_1000);
+    assert_eq!(rt.site(trampolines.site(other).unwrap()), 0x40_2000);
+    let (mut own, mut shared) = (0, 0);
+    for i in 0..SITES + 1000 {
+        let ret = 0x50_0000 + 16 * i;
+        let trampoline = hijacked(ret);
+        match trampolines.site(trampoline) {
+            Some(site) => {
+                assert_eq!(rt.site(site), ret);
+                own += 1;
+            }
+            None => {
+                assert_eq!(trampoline, trampolines.shared);
+                shared += 1;
+            }
+        }
+    }
+    assert!(own > SITES * 3 / 4 && shared >= 1000, "{own} sites with their own trampoline, {shared} through the shared one");
+}
+
 #[test]
 fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
     let rt = Local::new(3, 4);
@@ -255,9 +304,11 @@ fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
     rt.exit(&mut stack.0[55]);
     // A tail call from f0 reuses its slot, still holding the trampoline:
     // its return goes through the trampoline twice, once per frame.
+    let hijacked = stack.0[60];
     rt.entry(&mut stack.0[60], 2);
+    assert_eq!(stack.0[60], hijacked, "the tail call leaves its caller's trampoline");
     rt.exit(&mut stack.0[60]);
-    assert_eq!(stack.0[60], rt.runtime.return_trampoline);
+    assert_eq!(stack.0[60], hijacked);
     rt.exit(&mut stack.0[60]);
     assert_eq!(stack.0[60], 0x1000 + 60);
     let block = rt.block(0);
