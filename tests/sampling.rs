@@ -203,6 +203,27 @@ while [ $i -lt 100000 ]; do i=$((i+1)); done
     assert_clean_failure(&run(proftap().args(["run", "-f", "nothing_like_this", "--", "ls"])), "matches no function");
 }
 
+/// A Rust program as rustc links it (lld: the code's segment starts
+/// mid-page, its first page shared with the read-only data before it):
+/// every sample unwinds to the program's start.
+#[test]
+fn a_rust_programs_stacks_unwind_to_its_start() {
+    require_probes();
+    let binary = Build::rust("calls.rs", "-O").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().arg("run").args(["--no-instrument", "--sample", "2000", "-o"]).arg(&file).arg("--").arg(&binary).arg("100000000"));
+    let folded_path = dir.path().join("folded");
+    run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded_path));
+    let folded = std::fs::read_to_string(&folded_path).unwrap();
+    let samples = |keep: &dyn Fn(&str) -> bool| -> u64 {
+        folded.lines().filter(|l| keep(l)).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum()
+    };
+    let in_main = samples(&|l| l.contains("calls::main"));
+    assert!(in_main > 50, "{folded}");
+    assert_eq!(samples(&|l| l.starts_with("_start;") && l.contains("calls::main")), in_main, "{folded}");
+}
+
 /// Samples in `work_a`, whose call the engine hijacked, name all their
 /// frames even when `work_a` returned and `work_b`'s call took its depth
 /// before proftap read the sample (every slice, in this program): the

@@ -2,7 +2,7 @@
 
 compare.py top REPORT.json
     the five functions with the most exclusive CPU time (those never
-    instrumented by their self samples), the five with the
+    instrumented: what their samples took out of their callers'), the five with the
     most self samples in the same recording, and the events lost;
 compare.py calls CALLGRIND.OUT F1,F2,... REPORT.json
     each function's calls by proftap and by callgrind.
@@ -19,13 +19,15 @@ def top(report):
     # Exclusive time: measured while instrumented, estimated from the
     # samples after a function was throttled.
     own = {f["name"]: f["exclusive"][metric]["total"] for f in p["functions"]}
+    held = {}
     for t in samples.get("throttled", []):
         own[t["name"]] = own.get(t["name"], 0) + t["self_ns"]
-    # Functions never instrumented (a library's): their self samples,
-    # taken out of their instrumented callers' exclusive time.
-    for f in samples.get("functions", []):
-        if f["name"] not in own and not f["inlined"] and not f["name"].startswith("["):
-            own[f["name"]] = f["self_ns"]
+    # Functions never instrumented (a library's): the time their samples
+    # took out of their instrumented callers' exclusive time.
+    for h in samples.get("held_by_callers", []):
+        if h.get("callee") and h["callee"] not in own:
+            held[h["callee"]] = held.get(h["callee"], 0) + h["ns"]
+    own.update(held)
     for name, ns in sorted(own.items(), key=lambda kv: -kv[1])[:5]:
         print(f"    {ns / 1e6:9.1f} ms  {name}")
     total = max(1, samples.get("total", 0))

@@ -3,7 +3,7 @@
 //! stack with framehop, and symbols with inlined frames and lines. Counting
 //! the stacks is the recorder's.
 
-use crate::symbols::{DebugSource, ElfImage, SymbolCache, SymbolIndex, demangle_name};
+use crate::symbols::{DebugSource, ElfImage, Segment, SymbolCache, SymbolIndex, demangle_name};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection};
@@ -38,6 +38,8 @@ pub struct StackSample {
 
 /// The deepest stack followed.
 const MAX_DEPTH: usize = 512;
+/// Bytes of a page: mappings start on one.
+const PAGE_BYTES: u64 = 4096;
 
 /// An executable mapping of a process.
 #[derive(Clone, Debug)]
@@ -98,6 +100,22 @@ impl ModuleInfo {
         let segments = &self.unwind.as_ref()?.segments;
         let s = segments.iter().find(|s| offset >= s.offset.0 && offset < s.offset.0 + s.file_size)?;
         Some(offset - s.offset.0 + s.vaddr.0)
+    }
+
+    /// The ELF virtual address where a mapping of the file from page
+    /// offset `pgoff` starts: that of the segment the kernel mapped there.
+    /// A segment may start mid-page, its first page shared with the end of
+    /// the one before (lld lays out Rust programs so): the mapping of its
+    /// first page is its own, not the earlier segment's that also holds
+    /// that file offset.
+    fn mapping_vaddr(&self, pgoff: u64) -> Option<u64> {
+        let segments = &self.unwind.as_ref()?.segments;
+        let first_page = |s: &&Segment| s.offset.0 & !(PAGE_BYTES - 1) == pgoff;
+        let starting = segments.iter().filter(first_page).max_by_key(|s| s.executable);
+        match starting {
+            Some(s) => Some(pgoff.wrapping_sub(s.offset.0).wrapping_add(s.vaddr.0)),
+            None => self.vaddr(pgoff),
+        }
     }
 }
 
@@ -324,7 +342,7 @@ impl StackResolver {
             process.unwinder = UnwinderX86_64::new();
             for m in &process.mappings {
                 let info = &self.modules[m.module];
-                let (Some(unwind), Some(vaddr)) = (&info.unwind, info.vaddr(m.pgoff)) else { continue };
+                let (Some(unwind), Some(vaddr)) = (&info.unwind, info.mapping_vaddr(m.pgoff)) else { continue };
                 let bias = m.start.wrapping_sub(vaddr);
                 let section_info = ExplicitModuleSectionInfo {
                     base_svma: 0,
