@@ -120,6 +120,22 @@ fn a_library_callees_time_is_taken_out_of_its_callers_exclusive_time() {
     assert_eq!(cpu(clear_node, "exclusive") + below, cpu(clear_node, "inclusive"), "{clear_node}");
 }
 
+/// The default mode takes the probes' measured cost out of the times (a
+/// caller's exclusive time would hold its callees' probes); naming
+/// functions, or `--no-compensate`, keeps the times as measured.
+#[test]
+fn the_default_mode_compensates_and_named_functions_keep_measured_times() {
+    require_probes();
+    let binary = Build::c("split.c", "-O2").build();
+    let program = [binary.to_str().unwrap(), "1", "10"];
+    let compensated = |args: &[&str]| profile_run(args, &program)["overhead"]["compensated"].as_bool().unwrap();
+    assert!(compensated(&[]), "the default mode compensates");
+    assert!(!compensated(&["--no-compensate"]));
+    assert!(!compensated(&["-f", "work_a"]));
+    assert!(!compensated(&["--overhead-budget", "10"]));
+    assert!(compensated(&["-f", "work_a", "--compensate"]));
+}
+
 /// A forked child's calls count toward the budget, and a function the
 /// governor throttles is unpatched in the children too: the child here
 /// makes 20 million calls of `work`, its parent 10.

@@ -47,9 +47,15 @@ pub struct RecordArgs {
     /// Do not record forked child processes.
     #[arg(long)]
     no_follow_fork: bool,
-    /// Subtract the measured cost of the probes from the times.
-    #[arg(long)]
+    /// Subtract the measured cost of the probes from the times (the
+    /// default when no function is named and the overhead budget is the
+    /// default one: the hybrid's exclusive times are then each function's
+    /// own code's, as perf's self samples count it).
+    #[arg(long, overrides_with = "no_compensate")]
     compensate: bool,
+    /// Keep the probes' cost in the times, as measured.
+    #[arg(long)]
+    no_compensate: bool,
     /// How returns are seen: `uretprobe` (return probes: cheapest, but a C++
     /// exception, Rust panic, backtrace() or pthread_cancel that unwinds
     /// through an instrumented function terminates the program), `ret`
@@ -157,7 +163,7 @@ impl RecordArgs {
                 Exits::Ret => ExitsChoice::ReturnSites,
             },
             follow_forks: !self.no_follow_fork,
-            compensate: self.compensate,
+            compensate: self.compensate || (!self.no_compensate && self.functions.is_empty() && self.overhead_budget.is_none()),
             sampling: match (self.sample, self.no_sample) {
                 (Some(hz), _) => Sampling::Frequency { hz },
                 (None, true) => Sampling::Off,
