@@ -243,3 +243,18 @@ fn threads_past_the_engines_blocks_are_all_timed() {
     let notes = report["notes"].to_string();
     assert!(!notes.contains("not timed"), "{notes}");
 }
+
+#[test]
+fn thousands_of_threads_alive_at_once_are_all_timed() {
+    require_probes();
+    // 2,000 threads, every one alive while any calls: a block each.
+    let report = profile_like_bare(&Build::c("threads.c", "-O2").build(), &["-f", "work"], &["2000", "100", "together"]);
+    assert_eq!(report["recording"]["engine"], "inject");
+    assert_eq!(calls_by_name(&report)["work"], 2_000 * 100 + 100);
+    let threads = report["threads"].as_array().unwrap();
+    let with_work = threads.iter().filter(|t| t["functions"].as_array().is_some_and(|f| !f.is_empty())).count();
+    assert_eq!(with_work, 2_001, "every thread's calls, timed, in a thread of its own");
+    assert_eq!(report["lost_events"], 0);
+    let notes = report["notes"].to_string();
+    assert!(!notes.contains("not timed"), "{notes}");
+}

@@ -20,7 +20,7 @@ typedef unsigned int u32;
 #define LAYOUT_MAGIC 0x70726f6674617032UL
 
 /* Threads with a block at once (a power of two). */
-#define SEATS_BITS 12
+#define SEATS_BITS 14
 #define SEATS (1UL << SEATS_BITS)
 /* Calls deep a thread's frames go; deeper calls are counted, not timed. */
 #define STACK_DEPTH (1UL << 18)

@@ -29,7 +29,7 @@ pub const SITES: u64 = 1 << 14;
 pub const SITE_BYTES: u64 = 8;
 
 /// Threads with a block at once (`SEATS` in runtime.h: the seat table's size).
-pub const SEATS: u64 = 1 << 12;
+pub const SEATS: u64 = 1 << 14;
 /// Calls deep a thread's frames go; deeper calls are counted, not timed.
 pub const STACK_DEPTH: u64 = 1 << 18;
 /// Calling contexts per thread; calls in more are counted, not timed.
@@ -43,7 +43,7 @@ pub const BLOCK_USED: u64 = 1;
 /// A block proftap read and emptied after its thread ended, free to take again.
 pub const BLOCK_RETIRED: u64 = 2;
 /// Blocks (threads timed at once) in the shared memory.
-pub const BLOCKS: u64 = 1024;
+pub const BLOCKS: u64 = 4096;
 
 /// `struct config` of runtime.h.
 #[repr(C)]
