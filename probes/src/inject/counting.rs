@@ -278,9 +278,13 @@ pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64], region_trampoline:
     let mut jumps: Vec<Applied> = Vec::new();
     for module in modules {
         let mut functions: Vec<Planned> = Vec::new();
+        let sites: Vec<(u64, usize)> = module.iter().flat_map(|p| p.sites.iter().map(|s| (s.at, s.len()))).collect();
+        let mut now = remote.read_pieces(&sites).into_iter();
         for p in module {
             // Code in memory must be the file's: no breakpoint or other patch there.
-            match p.sites.iter().map(|s| remote.read(s.at, s.len()).map(|b| b == s.original)).find(|same| !matches!(same, Ok(true))) {
+            let same: Vec<Result<bool, RemoteError>> =
+                p.sites.iter().zip(now.by_ref()).map(|(s, bytes)| bytes.map(|b| b == s.original)).collect();
+            match same.into_iter().find(|same| !matches!(same, Ok(true))) {
                 Some(Err(e)) => refused.push((p.function, e.to_string())),
                 Some(Ok(_)) => {
                     refused.push((p.function, "its code in memory differs from the file (a breakpoint or another tool's patch)".into()))
@@ -347,10 +351,8 @@ pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64], region_trampoline:
             remote.set_regs(tid, regs)?;
         }
     }
-    for jump in jumps {
-        remote.write(jump.at, &jump.jump)?;
-        counting.applied.push(jump);
-    }
+    remote.write_pieces(&jumps.iter().map(|j| (j.at, j.jump.as_slice())).collect::<Vec<_>>())?;
+    counting.applied.extend(jumps);
     counting.origins.sort_unstable();
     Ok((counting, std::mem::take(refused)))
 }
@@ -410,11 +412,14 @@ impl Counting {
             let pc = remote.step_while(tid, inside, MOST_STEPS)?;
             self.frames.push(Frame { pc, at_start: false });
         }
-        for a in self.applied.drain(..) {
-            if remote.read(a.at, a.jump.len())? == a.jump {
-                remote.write(a.at, &a.original)?;
+        let applied = std::mem::take(&mut self.applied);
+        let now = remote.read_pieces(&applied.iter().map(|a| (a.at, a.jump.len())).collect::<Vec<_>>());
+        let mut pieces = Vec::new();
+        for (a, now) in applied.iter().zip(now) {
+            if now? == a.jump {
+                pieces.push((a.at, a.original.as_slice()));
             }
         }
-        Ok(())
+        remote.write_pieces(&pieces)
     }
 }

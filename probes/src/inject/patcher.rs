@@ -227,13 +227,15 @@ pub fn apply(
     refused: &mut Refused,
 ) -> Result<(Vec<Applied>, std::ops::Range<u64>), RemoteError> {
     // Code in memory must be the file's: no breakpoint or other patch there.
-    plans.retain(|(i, p)| match remote.read(p.at, p.len()) {
-        Ok(bytes) if bytes == p.original => true,
-        Ok(_) => {
+    let now = remote.read_pieces(&plans.iter().map(|(_, p)| (p.at, p.len())).collect::<Vec<_>>());
+    let mut now = now.into_iter();
+    plans.retain(|(i, p)| match now.next() {
+        Some(Ok(bytes)) if bytes == p.original => true,
+        Some(Ok(_)) | None => {
             refused.push((*i, "its code in memory differs from the file (a breakpoint or another tool's patch)".into()));
             false
         }
-        Err(e) => {
+        Some(Err(e)) => {
             refused.push((*i, e.to_string()));
             false
         }
@@ -283,12 +285,11 @@ pub fn apply(
             remote.set_regs(tid, regs)?;
         }
     }
-    let mut applied = Vec::new();
-    for (function, p, _, address) in built {
-        let jump = p.jump_to(address);
-        remote.write(p.at, &jump)?;
-        applied.push(Applied { function, at: p.at, original: p.original, jump });
-    }
+    let applied: Vec<Applied> = built
+        .into_iter()
+        .map(|(function, p, _, address)| Applied { function, at: p.at, jump: p.jump_to(address), original: p.original })
+        .collect();
+    remote.write_pieces(&applied.iter().map(|a| (a.at, a.jump.as_slice())).collect::<Vec<_>>())?;
     Ok((applied, region..region + room as u64))
 }
 
@@ -297,14 +298,22 @@ pub fn apply(
 /// thread in a trampoline goes on into the original code after the bytes
 /// the jump replaced, which is an instruction boundary either way.
 pub fn restore(remote: &Remote, applied: &mut Vec<Applied>, which: impl Fn(usize) -> bool) -> Result<(), RemoteError> {
-    let mut kept = Vec::with_capacity(applied.len());
-    for a in applied.drain(..) {
-        if !which(a.function) {
-            kept.push(a);
-        } else if remote.read(a.at, a.jump.len())? == a.jump {
-            remote.write(a.at, &a.original)?;
+    let (restored, kept): (Vec<Applied>, Vec<Applied>) = applied.drain(..).partition(|a| which(a.function));
+    *applied = kept;
+    let now = remote.read_pieces(&restored.iter().map(|a| (a.at, a.jump.len())).collect::<Vec<_>>());
+    let mut pieces = Vec::new();
+    let mut unread = None;
+    for (a, now) in restored.iter().zip(now) {
+        match now {
+            Ok(bytes) if bytes == a.jump => pieces.push((a.at, a.original.as_slice())),
+            Ok(_) => {}
+            // Still patched as far as anyone knows: kept, to restore later.
+            Err(e) => {
+                applied.push(a.clone());
+                unread = Some(e);
+            }
         }
     }
-    *applied = kept;
-    Ok(())
+    remote.write_pieces(&pieces)?;
+    unread.map_or(Ok(()), Err)
 }

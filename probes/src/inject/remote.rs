@@ -240,6 +240,48 @@ impl Remote {
         )))
     }
 
+    /// Reads many small pieces (`(address, len)`), a run of nearby pieces
+    /// with one system call: what each piece holds, or why it could not be
+    /// read (then read alone).
+    pub fn read_pieces(&self, pieces: &[(u64, usize)]) -> Vec<Result<Vec<u8>, RemoteError>> {
+        let mut read: Vec<Option<Result<Vec<u8>, RemoteError>>> = (0..pieces.len()).map(|_| None).collect();
+        for run in nearby_runs(pieces) {
+            let (start, end) = run_span(pieces, &run);
+            if let Ok(bytes) = self.read(start, (end - start) as usize) {
+                for &i in &run {
+                    let (at, len) = pieces[i];
+                    let from = (at - start) as usize;
+                    read[i] = Some(Ok(bytes[from..from + len].to_vec()));
+                }
+            }
+        }
+        read.into_iter().zip(pieces).map(|(r, &(at, len))| r.unwrap_or_else(|| self.read(at, len))).collect()
+    }
+
+    /// Writes many small pieces of code (`(address, bytes)`, not
+    /// overlapping), a run of nearby pieces with one read and one write of
+    /// what spans them: the bytes between them are written back as they
+    /// were read. Only while the process is held, which keeps them so.
+    pub fn write_pieces(&self, pieces: &[(u64, &[u8])]) -> Result<(), RemoteError> {
+        let spans: Vec<(u64, usize)> = pieces.iter().map(|(at, bytes)| (*at, bytes.len())).collect();
+        for run in nearby_runs(&spans) {
+            let (start, end) = run_span(&spans, &run);
+            let Ok(mut bytes) = self.read(start, (end - start) as usize) else {
+                for &i in &run {
+                    self.write(pieces[i].0, pieces[i].1)?;
+                }
+                continue;
+            };
+            for &i in &run {
+                let (at, piece) = pieces[i];
+                let from = (at - start) as usize;
+                bytes[from..from + piece.len()].copy_from_slice(piece);
+            }
+            self.write(start, &bytes)?;
+        }
+        Ok(())
+    }
+
     /// Makes system call `nr` with `args` in the target; returns its result
     /// or the error it gave. The calling thread's registers are restored
     /// after, so a system call it was blocked in restarts as it would have.
@@ -698,9 +740,66 @@ impl Drop for Shared {
     }
 }
 
+/// Pieces farther apart than this are read and written apart.
+const NEARBY_BYTES: u64 = 4096;
+/// The most bytes one read or write of a run of pieces spans.
+const RUN_BYTES: u64 = 64 * 1024;
+
+/// The pieces (`(address, len)`) in runs of nearby ones, by index, each run
+/// in address order and at most [`RUN_BYTES`] wide.
+fn nearby_runs(pieces: &[(u64, usize)]) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..pieces.len()).collect();
+    order.sort_by_key(|&i| pieces[i].0);
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    let mut span = (0u64, 0u64);
+    for i in order {
+        let (at, len) = pieces[i];
+        let end = at.saturating_add(len as u64);
+        match runs.last_mut() {
+            Some(run) if at >= span.1 && at - span.1 <= NEARBY_BYTES && end - span.0 <= RUN_BYTES => {
+                run.push(i);
+                span.1 = end;
+            }
+            _ => {
+                runs.push(vec![i]);
+                span = (at, end);
+            }
+        }
+    }
+    runs
+}
+
+/// The addresses a run of pieces spans.
+fn run_span(pieces: &[(u64, usize)], run: &[usize]) -> (u64, u64) {
+    let start = run.iter().map(|&i| pieces[i].0).min().unwrap_or(0);
+    let end = run.iter().map(|&i| pieces[i].0 + pieces[i].1 as u64).max().unwrap_or(start);
+    (start, end)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nearby_pieces_are_read_and_written_in_runs() {
+        // Out of order; two near each other, one a page and more away, one
+        // past a run's width from the first.
+        let pieces = [(0x1010, 5), (0x1000, 5), (0x3000, 5), (0x1000 + RUN_BYTES, 5)];
+        assert_eq!(nearby_runs(&pieces), vec![vec![1, 0], vec![2], vec![3]]);
+        assert_eq!(run_span(&pieces, &[1, 0]), (0x1000, 0x1015));
+        // Pieces a page apart join; a run never grows past its width.
+        let chain: Vec<(u64, usize)> = (0..40).map(|i| (0x10_0000 + i * 4096, 5)).collect();
+        let runs = nearby_runs(&chain);
+        assert!(
+            runs.len() > 1
+                && runs.iter().all(|r| {
+                    let (a, b) = run_span(&chain, r);
+                    b - a <= RUN_BYTES
+                }),
+            "{runs:?}"
+        );
+        assert_eq!(runs.iter().map(Vec::len).sum::<usize>(), 40);
+    }
     use crate::addr::{FileOffset, RuntimeAddr};
 
     fn map(start: u64, end: u64) -> Mapping {
