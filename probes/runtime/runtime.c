@@ -606,7 +606,9 @@ static inline int is_trampoline(const struct config *c, u64 value)
  * stack, and never changes after. */
 static inline u64 trampoline_for(const struct config *c, u64 ret)
 {
-    if (!c->site_trampolines)
+    /* A site is a return address of the program's: not 0 (a frame made
+     * up as a stack's outermost), not a trampoline (a tail call's). */
+    if (!c->site_trampolines || !ret || is_trampoline(c, ret))
         return c->return_trampoline;
     u64 *sites = header(c)->sites;
     u64 i = (ret * 0x9e3779b97f4a7c15UL) >> (64 - SITES_BITS);
@@ -629,7 +631,9 @@ static void rewrite(const struct config *c, struct private_block *p, u64 slot, i
         if ((u64)where <= slot)
             continue;
         u64 ret = p->ret[d].ret;
-        if (hijack && *where == ret)
+        /* A tail call's frame shares its caller's slot, whose trampoline
+         * the caller's frame puts back. */
+        if (hijack && *where == ret && !is_trampoline(c, ret))
             *where = trampoline_for(c, ret);
         else if (!hijack && is_trampoline(c, *where))
             *where = ret;

@@ -412,14 +412,8 @@ impl Counting {
             let pc = remote.step_while(tid, inside, MOST_STEPS)?;
             self.frames.push(Frame { pc, at_start: false });
         }
-        let applied = std::mem::take(&mut self.applied);
-        let now = remote.read_pieces(&applied.iter().map(|a| (a.at, a.jump.len())).collect::<Vec<_>>());
-        let mut pieces = Vec::new();
-        for (a, now) in applied.iter().zip(now) {
-            if now? == a.jump {
-                pieces.push((a.at, a.original.as_slice()));
-            }
-        }
-        remote.write_pieces(&pieces)
+        let (unread, result) = super::patcher::put_back(remote, std::mem::take(&mut self.applied), |a| (a.at, &a.jump, &a.original));
+        self.applied = unread;
+        result
     }
 }

@@ -298,22 +298,30 @@ pub fn apply(
 /// thread in a trampoline goes on into the original code after the bytes
 /// the jump replaced, which is an instruction boundary either way.
 pub fn restore(remote: &Remote, applied: &mut Vec<Applied>, which: impl Fn(usize) -> bool) -> Result<(), RemoteError> {
-    let (restored, kept): (Vec<Applied>, Vec<Applied>) = applied.drain(..).partition(|a| which(a.function));
+    let (chosen, kept): (Vec<Applied>, Vec<Applied>) = applied.drain(..).partition(|a| which(a.function));
     *applied = kept;
-    let now = remote.read_pieces(&restored.iter().map(|a| (a.at, a.jump.len())).collect::<Vec<_>>());
-    let mut pieces = Vec::new();
-    let mut unread = None;
-    for (a, now) in restored.iter().zip(now) {
+    let (unread, result) = put_back(remote, chosen, |a| (a.at, &a.jump, &a.original));
+    applied.extend(unread);
+    result
+}
+
+/// Puts each patch's original bytes back where its jump still is (`piece`:
+/// where, the jump, the original), the process held. Returns the patches
+/// whose bytes could not be read, still patched as far as anyone knows, to
+/// restore later, and the first error met.
+pub fn put_back<T>(remote: &Remote, patches: Vec<T>, piece: impl Fn(&T) -> (u64, &[u8], &[u8])) -> (Vec<T>, Result<(), RemoteError>) {
+    let now = remote.read_pieces(&patches.iter().map(|p| (piece(p).0, piece(p).1.len())).collect::<Vec<_>>());
+    let (mut written, mut unread, mut error) = (Vec::new(), Vec::new(), None);
+    for (p, now) in patches.into_iter().zip(now) {
         match now {
-            Ok(bytes) if bytes == a.jump => pieces.push((a.at, a.original.as_slice())),
+            Ok(bytes) if bytes == piece(&p).1 => written.push(p),
             Ok(_) => {}
-            // Still patched as far as anyone knows: kept, to restore later.
             Err(e) => {
-                applied.push(a.clone());
-                unread = Some(e);
+                unread.push(p);
+                error = error.or(Some(e));
             }
         }
     }
-    remote.write_pieces(&pieces)?;
-    unread.map_or(Ok(()), Err)
+    let result = remote.write_pieces(&written.iter().map(|p| (piece(p).0, piece(p).2)).collect::<Vec<_>>());
+    (unread, result.and(error.map_or(Ok(()), Err)))
 }

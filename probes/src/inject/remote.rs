@@ -258,28 +258,12 @@ impl Remote {
         read.into_iter().zip(pieces).map(|(r, &(at, len))| r.unwrap_or_else(|| self.read(at, len))).collect()
     }
 
-    /// Writes many small pieces of code (`(address, bytes)`, not
-    /// overlapping), a run of nearby pieces with one read and one write of
-    /// what spans them: the bytes between them are written back as they
-    /// were read. Only while the process is held, which keeps them so.
+    /// Writes many small pieces of code (`(address, bytes)`), each alone:
+    /// never the bytes between them, which the kernel may change even in a
+    /// held process (a uprobe of another tool's, placed or removed, writes
+    /// its breakpoint into every process mapping the file).
     pub fn write_pieces(&self, pieces: &[(u64, &[u8])]) -> Result<(), RemoteError> {
-        let spans: Vec<(u64, usize)> = pieces.iter().map(|(at, bytes)| (*at, bytes.len())).collect();
-        for run in nearby_runs(&spans) {
-            let (start, end) = run_span(&spans, &run);
-            let Ok(mut bytes) = self.read(start, (end - start) as usize) else {
-                for &i in &run {
-                    self.write(pieces[i].0, pieces[i].1)?;
-                }
-                continue;
-            };
-            for &i in &run {
-                let (at, piece) = pieces[i];
-                let from = (at - start) as usize;
-                bytes[from..from + piece.len()].copy_from_slice(piece);
-            }
-            self.write(start, &bytes)?;
-        }
-        Ok(())
+        pieces.iter().try_for_each(|(at, bytes)| self.write(*at, bytes))
     }
 
     /// Makes system call `nr` with `args` in the target; returns its result

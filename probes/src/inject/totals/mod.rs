@@ -449,7 +449,10 @@ pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> R
     code.extend_from_slice(&trampoline);
     code.resize(code.len().next_multiple_of(64), 0xcc);
     let own = Trampolines { shared: own_trampoline, sites: address + code.len() as u64 };
-    code.extend_from_slice(&site_trampolines(own));
+    // Only the first copy's site trampolines are used: the others have none.
+    if shared.is_none() {
+        code.extend_from_slice(&site_trampolines(own));
+    }
     code.resize(code.len().next_multiple_of(16), 0xcc);
     let region_trampoline = address + code.len() as u64;
     code.extend_from_slice(&region_trampoline_code(region_trampoline, address + symbols::PROFTAP_REGION).map_err(asm_error)?);

@@ -128,6 +128,13 @@ impl Local {
         exit(slot);
     }
 
+    /// The runtime's hook at an unwinder's start (`unhook`) or at a catch (`rehook`).
+    fn hook(&self, address: u64, slot: &mut u64) {
+        // SAFETY: one of the runtime's hooks, with the C calling convention.
+        let hook: extern "C" fn(*mut u64) = unsafe { std::mem::transmute(address as usize) };
+        hook(slot);
+    }
+
     fn region(&self, code: u64, stack: u64) {
         // SAFETY: the runtime's region hook, found from the image's symbols.
         let region: extern "C" fn(u64, u64) = unsafe { std::mem::transmute(self.code as usize + symbols::PROFTAP_REGION as usize) };
@@ -289,6 +296,38 @@ fn return_sites_keep_their_trampolines_and_the_table_names_them() {
         }
     }
     assert!(own > SITES * 3 / 4 && shared >= 1000, "{own} sites with their own trampoline, {shared} through the shared one");
+}
+
+/// A tail call's frame shares its caller's slot: an unwinder's unhook and
+/// a catch's rehook put the caller's trampoline back there, and the table
+/// only ever holds the program's return addresses (not a trampoline's, not
+/// the 0 of a made-up outermost frame).
+#[test]
+fn a_tail_call_survives_unhook_and_rehook_and_the_table_holds_only_return_addresses() {
+    let rt = Local::new(3, 1);
+    let trampolines = rt.runtime.trampolines;
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    let hijacked = stack.0[60];
+    rt.entry(&mut stack.0[60], 1);
+    // The tail-called function calls backtrace(): from a deeper slot, the
+    // frames above get their return addresses back, then are hijacked again.
+    rt.hook(rt.runtime.unhook, &mut stack.0[40]);
+    assert_eq!(stack.0[60], 0x1000 + 60);
+    rt.hook(rt.runtime.rehook, &mut stack.0[40]);
+    assert_eq!(stack.0[60], hijacked);
+    let mut outermost = 0u64;
+    rt.entry(&mut outermost, 2);
+    assert_eq!(outermost, trampolines.shared, "a return address of 0 takes no site");
+    rt.exit(&mut outermost);
+    for i in 0..SITES {
+        let ret = rt.site(i);
+        assert!(ret == 0 || ret == 0x1000 + 60, "site {i} stands for {ret:#x}");
+    }
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], hijacked, "the tail call returns through its caller's trampoline");
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], 0x1000 + 60);
 }
 
 #[test]
