@@ -197,7 +197,8 @@ fn cpu_time_per_call_leaves_out_time_off_cpu() {
     let pid = held.pid();
     nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
     held.release().unwrap();
-    let mut patched = Patched::attach_at_start(pid, &functions, Recording { off_cpu: Some(&off_cpu), ..Recording::default() }).unwrap();
+    let mut patched =
+        Patched::attach_at_start(pid, &functions, &[], Recording { off_cpu: Some(&off_cpu), ..Recording::default() }).unwrap();
     drop(patched.take_hold());
     let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
     assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{status:?}");
@@ -230,7 +231,7 @@ fn run_patched(binary: &Path, args: &[&str]) -> (String, proftap_probes::inject:
     let pid = held.pid();
     nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
     held.release().unwrap();
-    let mut patched = Patched::attach_at_start(pid, &functions, Recording::default()).unwrap();
+    let mut patched = Patched::attach_at_start(pid, &functions, &[], Recording::default()).unwrap();
     drop(patched.take_hold());
     let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
     assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{} {args:?}: {status:?}", binary.display());

@@ -339,7 +339,8 @@ fn start(
 /// none of their code has run.
 fn patch_at_start(pid: i32, patch: &Patch<'_>) -> Result<(Option<Patched>, Vec<Note>), RecordError> {
     let functions = patch.functions;
-    let engine = Patched::attach_at_start(pid, functions, patch.how).map_err(|source| RecordError::Inject { pid, source })?;
+    let engine =
+        Patched::attach_at_start(pid, functions, patch.injected, patch.how).map_err(|source| RecordError::Inject { pid, source })?;
     check_unwinders(&engine, functions)?;
     let missed: Vec<String> = engine
         .refused()

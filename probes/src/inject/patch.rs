@@ -130,7 +130,24 @@ pub fn plan_returns(entry: u64, code: &[u8]) -> Result<Vec<PatchPlan>, String> {
 /// Plans the patch of the function at `entry` whose code is `code` (its
 /// whole body, `code.len()` its size), or says why it cannot be patched.
 pub fn plan(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
-    let body = decode(entry, code);
+    plan_entry(entry, code, true)
+}
+
+/// [`plan`] for a function whose whole code was found patchable already,
+/// at another address (the verdict is the same at any): only its first
+/// instructions are decoded, not the body a branch back into them would
+/// be looked for in.
+pub fn plan_checked(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
+    plan_entry(entry, code, false)
+}
+
+/// Bytes that hold a function's first instructions the jump replaces: an
+/// `endbr64`, then instructions up to the jump's length, the last as long
+/// as an instruction may be.
+const FIRST_BYTES: usize = 4 + JUMP_LEN + 15;
+
+fn plan_entry(entry: u64, code: &[u8], whole: bool) -> Result<PatchPlan, String> {
+    let body = decode(entry, if whole { code } else { &code[..code.len().min(FIRST_BYTES)] });
     let mut at = entry;
     let mut first = 0;
     if body.first().is_some_and(|i| i.code() == Code::Endbr64) {
@@ -168,7 +185,7 @@ pub fn plan(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
     }
     // A branch of its own into the replaced bytes (other than to their
     // start) would land in the middle of the jump.
-    if branches_into(&body, at, at + covered as u64) {
+    if whole && branches_into(&body, at, at + covered as u64) {
         return Err(format!("it jumps back into its first {covered} bytes"));
     }
     let offset = (at - entry) as usize;
@@ -270,6 +287,22 @@ mod tests {
         assert_eq!(jump[0], 0xe9);
         assert_eq!(i32::from_le_bytes(jump[1..5].try_into().expect("4 bytes")), 0x2000 - 0x1009);
         assert_eq!(&jump[5..], &[0xcc; 4]);
+    }
+
+    #[test]
+    fn a_checked_function_is_planned_from_its_first_instructions_alone() {
+        // endbr64; push rbp; mov rbp,rsp; mov eax,1; then 100 bytes of nops; pop rbp; ret
+        let mut code = vec![0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0xb8, 0x01, 0, 0, 0];
+        code.extend([0x90; 100]);
+        code.extend([0x5d, 0xc3]);
+        let (whole, first) = (plan(0x1000, &code).expect("patchable"), plan_checked(0x1000, &code).expect("patchable"));
+        assert_eq!((whole.at, &whole.original, whole.replaced.len()), (first.at, &first.original, first.replaced.len()));
+        assert!(whole.replaced.iter().zip(&first.replaced).all(|(a, b)| a == b && a.ip() == b.ip()));
+        // What only the whole body shows is the earlier check's to see.
+        // xor eax,eax; inc eax; cmp eax,10; jne -> inc; ret
+        let looping = [0x31, 0xc0, 0xff, 0xc0, 0x83, 0xf8, 0x0a, 0x75, 0xf9, 0xc3];
+        assert!(plan(0x1000, &looping).is_err());
+        assert!(plan_checked(0x1000, &looping).is_ok());
     }
 
     #[test]

@@ -104,14 +104,14 @@ impl Patched {
     /// files alone (before the program runs).
     pub fn refusals(functions: &[ProbedFunction]) -> Refused {
         let targets: Vec<Target> = functions.iter().map(Target::of).collect();
-        patcher::plans(&patcher::as_in_files(functions), &targets).1
+        patcher::plans(&patcher::as_in_files(functions), &targets, &[]).1
     }
 
     /// Patches the entries of `functions` in process `pid`, and the entries
     /// of its unwinders (see [`super::hooks`]); those that cannot be patched
     /// are listed by [`Patched::refused`] and [`Patched::unhooked`].
     pub fn attach(pid: i32, functions: &[ProbedFunction], how: Recording<'_>) -> Result<Patched, RemoteError> {
-        let mut patched = Patched::patch(pid, functions, None, None, how)?;
+        let mut patched = Patched::patch(pid, functions, None, None, &[], how)?;
         drop(patched.take_hold());
         Ok(patched)
     }
@@ -124,15 +124,18 @@ impl Patched {
         wanted: Option<&[bool]>,
         how: Recording<'_>,
     ) -> Result<Patched, RemoteError> {
-        Patched::patch(pid, functions, wanted, None, how)
+        Patched::patch(pid, functions, wanted, None, &[], how)
     }
 
     /// The same for a process proftap launched and traces, from its exec
     /// to the moment its libraries are loaded and none of their
     /// constructors has run (see [`Remote::at_start`]); held as well.
-    pub fn attach_at_start(pid: i32, functions: &[ProbedFunction], how: Recording<'_>) -> Result<Patched, RemoteError> {
+    /// `checked[i]`: function `i` was found patchable in its file already
+    /// ([`Patched::refusals`]), only its first instructions are planned
+    /// again: the process is held for less.
+    pub fn attach_at_start(pid: i32, functions: &[ProbedFunction], checked: &[bool], how: Recording<'_>) -> Result<Patched, RemoteError> {
         let remote = Remote::at_start(pid)?;
-        Patched::patch(pid, functions, None, Some(remote), how)
+        Patched::patch(pid, functions, None, Some(remote), checked, how)
     }
 
     /// Patches with `remote` holding a launched process at its start, or
@@ -143,6 +146,7 @@ impl Patched {
         functions: &[ProbedFunction],
         wanted: Option<&[bool]>,
         at_start: Option<Remote>,
+        checked: &[bool],
         how: Recording<'_>,
     ) -> Result<Patched, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
@@ -150,7 +154,7 @@ impl Patched {
         let hook_sites = hook_sites(&modules);
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
-        let (mut groups, mut refused) = patcher::plans(&modules, &targets);
+        let (mut groups, mut refused) = patcher::plans(&modules, &targets, checked);
         let counting_plan = how.count_edges.contains(&true).then(|| {
             let regions = counting::Regions { of_lines: how.regions_of };
             counting::plan(&modules, &targets, how.count_edges, how.counting, how.lines, regions)

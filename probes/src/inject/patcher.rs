@@ -176,14 +176,16 @@ impl<'a> CodeSource<'a> {
 
 /// The patch plans of `targets` (by index) in the process whose modules are
 /// `modules`, grouped by module, and the targets that cannot be patched
-/// with the reason.
-pub fn plans(modules: &[LoadedModule], targets: &[Target]) -> (Vec<ModulePlans>, Refused) {
+/// with the reason. `checked[i]`: target `i`'s code was found patchable in
+/// its file already, only its first instructions are planned again.
+pub fn plans(modules: &[LoadedModule], targets: &[Target], checked: &[bool]) -> (Vec<ModulePlans>, Refused) {
     let mut groups: Vec<ModulePlans> = Vec::new();
     let mut source = CodeSource::new(modules);
     let mut refused = Vec::new();
     for (i, target) in targets.iter().enumerate() {
         let planned = source.code(target).and_then(|code| {
             let plans = match target.site {
+                Site::Entry if checked.get(i).copied().unwrap_or(false) => patch::plan_checked(code.at, code.bytes).map(|p| vec![p]),
                 Site::Entry => patch::plan(code.at, code.bytes).map(|p| vec![p]),
                 Site::Return => patch::plan_returns(code.at, code.bytes),
             };
