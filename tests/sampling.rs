@@ -203,6 +203,31 @@ while [ $i -lt 100000 ]; do i=$((i+1)); done
     assert_clean_failure(&run(proftap().args(["run", "-f", "nothing_like_this", "--", "ls"])), "matches no function");
 }
 
+/// A recording of `program` with `proftap run ARGS`, as folded stacks: the
+/// profile, and its stacks (`frame;frame;... count` per line).
+struct Folded {
+    _dir: tempfile::TempDir,
+    profile: std::path::PathBuf,
+    text: String,
+}
+
+impl Folded {
+    fn record(args: &[&str], program: &std::path::Path, program_args: &[&str]) -> Folded {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = dir.path().join("p.profile");
+        run_ok(proftap().arg("run").args(args).arg("-o").arg(&profile).arg("--").arg(program).args(program_args));
+        let folded = dir.path().join("folded");
+        run_ok(proftap().arg("export").arg(&profile).args(["--format", "folded", "-o"]).arg(&folded));
+        let text = std::fs::read_to_string(&folded).unwrap();
+        Folded { _dir: dir, profile, text }
+    }
+
+    /// Samples on the stacks `keep` keeps.
+    fn samples(&self, keep: impl Fn(&str) -> bool) -> u64 {
+        self.text.lines().filter(|l| keep(l)).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum()
+    }
+}
+
 /// A Rust program as rustc links it (lld: the code's segment starts
 /// mid-page, its first page shared with the read-only data before it):
 /// every sample unwinds to the program's start.
@@ -210,18 +235,10 @@ while [ $i -lt 100000 ]; do i=$((i+1)); done
 fn a_rust_programs_stacks_unwind_to_its_start() {
     require_probes();
     let binary = Build::rust("calls.rs", "-O").build();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    run_ok(proftap().arg("run").args(["--no-instrument", "--sample", "2000", "-o"]).arg(&file).arg("--").arg(&binary).arg("100000000"));
-    let folded_path = dir.path().join("folded");
-    run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded_path));
-    let folded = std::fs::read_to_string(&folded_path).unwrap();
-    let samples = |keep: &dyn Fn(&str) -> bool| -> u64 {
-        folded.lines().filter(|l| keep(l)).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum()
-    };
-    let in_main = samples(&|l| l.contains("calls::main"));
-    assert!(in_main > 50, "{folded}");
-    assert_eq!(samples(&|l| l.starts_with("_start;") && l.contains("calls::main")), in_main, "{folded}");
+    let folded = Folded::record(&["--no-instrument", "--sample", "2000"], &binary, &["100000000"]);
+    let in_main = folded.samples(|l| l.contains("calls::main"));
+    assert!(in_main > 50, "{}", folded.text);
+    assert_eq!(folded.samples(|l| l.starts_with("_start;") && l.contains("calls::main")), in_main, "{}", folded.text);
 }
 
 /// Samples in `work_a`, whose call the engine hijacked, name all their
@@ -233,20 +250,12 @@ fn a_rust_programs_stacks_unwind_to_its_start() {
 fn stacks_through_patched_returns_are_named_after_their_calls_ended() {
     require_probes();
     let binary = split().build();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    run_ok(proftap().arg("run").args(["--engine", "inject", "--sample", "2000", "-o"]).arg(&file).arg("--").arg(&binary).arg("100"));
-    let folded_path = dir.path().join("folded");
-    run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded_path));
-    let folded = std::fs::read_to_string(&folded_path).unwrap();
-    let samples = |keep: &dyn Fn(&str) -> bool| -> u64 {
-        folded.lines().filter(|l| keep(l)).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum()
-    };
-    let in_work_a = samples(&|l| l.contains(";work_a"));
-    assert!(in_work_a > 50, "{folded}");
-    let whole = samples(&|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main;run;middle;work_a"));
-    assert_eq!(whole, in_work_a, "{folded}");
-    assert_eq!(samples(&|l| !l.contains("_dl_start") && l.contains("[unknown")), 0, "{folded}");
+    let folded = Folded::record(&["--engine", "inject", "--sample", "2000"], &binary, &["100"]);
+    let in_work_a = folded.samples(|l| l.contains(";work_a"));
+    assert!(in_work_a > 50, "{}", folded.text);
+    let whole = folded.samples(|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main;run;middle;work_a"));
+    assert_eq!(whole, in_work_a, "{}", folded.text);
+    assert_eq!(folded.samples(|l| !l.contains("_dl_start") && l.contains("[unknown")), 0, "{}", folded.text);
 }
 
 /// A forked child's samples are named with the mappings it inherited and
@@ -258,21 +267,14 @@ fn stacks_through_patched_returns_are_named_after_their_calls_ended() {
 fn a_forked_childs_stacks_unwind_through_patched_returns() {
     require_probes();
     let binary = Build::c("forks.c", "-O2").build();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    run_ok(proftap().arg("run").args(["--sample", "2000", "-o"]).arg(&file).arg("--").arg(&binary).args(["10", "50000000"]));
-    let folded_path = dir.path().join("folded");
-    run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded_path));
-    let folded = std::fs::read_to_string(&folded_path).unwrap();
-    let samples = |keep: &dyn Fn(&str) -> bool| -> u64 {
-        folded.lines().filter(|l| keep(l)).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum()
-    };
-    let in_work = samples(&|l| l.contains(";work "));
-    assert!(in_work > 20, "{folded}");
-    assert_eq!(samples(&|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main;work ")), in_work, "{folded}");
+    let folded = Folded::record(&["--sample", "2000"], &binary, &["10", "50000000"]);
+    let in_work = folded.samples(|l| l.contains(";work "));
+    assert!(in_work > 20, "{}", folded.text);
+    let whole = folded.samples(|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main;work "));
+    assert_eq!(whole, in_work, "{}", folded.text);
     // (The loader's first instructions, before the program is mapped, are the loader's business.)
-    assert_eq!(samples(&|l| !l.contains("_dl_start") && l.contains("[unknown")), 0, "{folded}");
-    let report = report_json(&file);
+    assert_eq!(folded.samples(|l| !l.contains("_dl_start") && l.contains("[unknown")), 0, "{}", folded.text);
+    let report = report_json(&folded.profile);
     let pids: std::collections::HashSet<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
     assert_eq!(pids.len(), 2, "the child was recorded: {pids:?}");
 }
