@@ -258,6 +258,21 @@ fn stacks_through_patched_returns_are_named_after_their_calls_ended() {
     assert_eq!(folded.samples(|l| !l.contains("_dl_start") && l.contains("[unknown")), 0, "{}", folded.text);
 }
 
+/// Samples taken inside the in-process engine's code (its probes' cost)
+/// sit under the call they were timing's callers, as the rest of the
+/// stack would: `tiny` is called 5 million times, every call timed, and
+/// most samples are in its probes, under `main`.
+#[test]
+fn samples_in_the_probes_unwind_to_the_calls_callers() {
+    require_probes();
+    let binary = Build::c("hot.c", "-O2").build();
+    let folded = Folded::record(&["--engine", "inject", "--overhead-budget", "0", "-f", "tiny", "--sample", "2000"], &binary, &["5"]);
+    let in_probes = folded.samples(|l| l.contains("[probe overhead]"));
+    assert!(in_probes > 100, "{}", folded.text);
+    let under_main = folded.samples(|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main;[probe overhead] "));
+    assert!(under_main * 10 >= in_probes * 9, "{under_main} of {in_probes} under main:\n{}", folded.text);
+}
+
 /// A forked child's samples are named with the mappings it inherited and
 /// unwind through the return addresses its own copy of the in-process
 /// engine took (main's, patched since before the fork), as the parent's

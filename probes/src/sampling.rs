@@ -40,6 +40,13 @@ pub struct StackSample {
 const MAX_DEPTH: usize = 512;
 /// Bytes of a page: mappings start on one.
 const PAGE_BYTES: u64 = 4096;
+/// Bytes of the registers a trampoline of the in-process engine saves
+/// before it calls the runtime (nine), between that call's return address
+/// and the slot of the patched call's.
+const SAVED_REGISTER_BYTES: usize = 72;
+/// Bytes of stack the runtime's frames take at most, from a sample's stack
+/// pointer to the return address of its routine.
+const RUNTIME_FRAME_BYTES: usize = 1024;
 
 /// An executable mapping of a process.
 #[derive(Clone, Debug)]
@@ -147,6 +154,9 @@ struct Process {
     /// From each address of its counting stubs on, the original address it
     /// stands for (0: none), by address.
     origins: Vec<(u64, u64)>,
+    /// Where the in-process engine's routines return to in its code, by
+    /// address (see [`StackResolver::probe_returns`]).
+    probe_returns: Vec<u64>,
     unwinder: UnwinderX86_64<Vec<u8>>,
     cache: Option<Box<CacheX86_64>>,
     /// Mappings already given to the unwinder.
@@ -256,6 +266,16 @@ impl StackResolver {
         self.processes.entry(pid).or_default().engine_code.push(range);
     }
 
+    /// Where the in-process engine's routines return to in its code in
+    /// process `pid` (`Patched::probe_returns`): a sample taken inside the
+    /// runtime finds the call it was timing from such a return address on
+    /// its stack, and unwinds from that call's own return address.
+    pub fn probe_returns(&mut self, pid: u32, returns: Vec<u64>) {
+        let process = self.processes.entry(pid).or_default();
+        process.probe_returns.extend(returns);
+        process.probe_returns.sort_unstable();
+    }
+
     /// The in-process engine's counting stubs in process `pid`: from each
     /// of their addresses on, the original address it stands for (0:
     /// none). A sample in a stub, or a call that returns into one, unwinds
@@ -275,6 +295,7 @@ impl StackResolver {
             trampoline: from.trampoline,
             engine_code: from.engine_code.clone(),
             origins: from.origins.clone(),
+            probe_returns: from.probe_returns.clone(),
             // Its unwinder is built at its first sample.
             added: usize::MAX,
             ..Process::default()
@@ -304,6 +325,16 @@ impl StackResolver {
         if mid_probe {
             addresses.clear();
         }
+        // Inside the engine's runtime, which has no unwind tables: its time
+        // is the probes' of a call whose own frame is found from the
+        // routine's return address on the stack, and the stack goes on
+        // from there.
+        let in_runtime = addresses.is_empty() && !mid_probe;
+        let callers = if in_runtime { self.unwind_from_probe(sample, returns) } else { Vec::new() };
+        let probe_leaf = !callers.is_empty();
+        if probe_leaf {
+            addresses = callers;
+        }
         let mut frames: Vec<SampledFrame> = Vec::with_capacity(addresses.len() * 2);
         let mut line = None;
         for (depth, address) in addresses.iter().enumerate() {
@@ -325,8 +356,52 @@ impl StackResolver {
             };
             frames.push(frame(reason, "", false));
         }
+        if probe_leaf {
+            frames.insert(0, frame("[probe overhead]", "", false));
+            line = None;
+        }
         frames.reverse();
         ResolvedStack { frames, line }
+    }
+
+    /// The return addresses of the stack of a sample taken inside the
+    /// engine's runtime, from the patched call it was timing on: the first
+    /// word on the stack that is a routine's return address into the
+    /// engine's code has, nine saved registers above it, the slot of that
+    /// call's return address (its original, or a trampoline that
+    /// `returns` or the site table names). Empty when there is none.
+    fn unwind_from_probe(&mut self, sample: &StackSample, returns: &[(u64, u64)]) -> Vec<u64> {
+        let [ip, sp, bp] = sample.regs;
+        let Some(process) = self.processes.get(&sample.pid) else { return Vec::new() };
+        if process.probe_returns.is_empty() || !process.engine_code.iter().any(|c| c.contains(&ip)) {
+            return Vec::new();
+        }
+        let skip = (sp.wrapping_neg() & 7) as usize;
+        let word = |offset: usize| sample.stack.get(offset..offset + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+        // The runtime's own frames are small: a word farther up could be a
+        // stale copy in a frame of the program's.
+        let window = sample.stack.len().min(RUNTIME_FRAME_BYTES);
+        let found = (skip..window).step_by(8).find(|&o| word(o).is_some_and(|w| process.probe_returns.binary_search(&w).is_ok()));
+        let Some(at) = found else { return Vec::new() };
+        let slot = at + 8 + SAVED_REGISTER_BYTES;
+        let Some(value) = word(slot) else { return Vec::new() };
+        let slot_address = sp.wrapping_add(slot as u64);
+        let ret = returns
+            .iter()
+            .find(|r| r.0 == slot_address)
+            .filter(|_| process.engine_code.iter().any(|c| c.contains(&value)))
+            .map_or(value, |r| r.1);
+        if !self.is_mapped(sample.pid, ret) {
+            return Vec::new();
+        }
+        // The caller, from just after its call: its stack as it was then.
+        let above = &sample.stack[slot + 8..];
+        // Unwound as from inside its call instruction, whose unwind row is the caller's.
+        let mut addresses = self.unwind(sample.pid, ret - 1, slot_address.wrapping_add(8), bp, above, returns);
+        while addresses.len() > 1 && addresses.last().is_some_and(|&a| !self.is_mapped(sample.pid, a)) {
+            addresses.pop();
+        }
+        addresses
     }
 
     fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8], returns: &[(u64, u64)]) -> Vec<u64> {

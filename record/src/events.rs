@@ -205,6 +205,10 @@ pub enum Event {
         /// original code it stands for (0: none), for unwinders.
         #[serde(default)]
         origins: Vec<(u64, u64)>,
+        /// Where the runtime's routines return to in it (see
+        /// `Patched::probe_returns`), for unwinders of stacks sampled there.
+        #[serde(default)]
+        probe_returns: Vec<u64>,
     },
 }
 

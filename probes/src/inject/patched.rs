@@ -72,6 +72,9 @@ pub struct Patched {
     code: Vec<std::ops::Range<u64>>,
     /// Where hijacked returns go.
     trampolines: Option<totals::Trampolines>,
+    /// Where the runtime's routines return to in proftap's code (see
+    /// [`Patched::probe_returns`]).
+    probe_returns: Vec<u64>,
     /// The process, held still since it was patched, until taken.
     held: Option<Remote>,
     /// Forked children's memory, when they are followed.
@@ -183,6 +186,7 @@ impl Patched {
             unhooked: Vec::new(),
             code: Vec::new(),
             trampolines: None,
+            probe_returns: Vec::new(),
             held: None,
             children: None,
             ever_applied: Vec::new(),
@@ -216,6 +220,7 @@ impl Patched {
             patched.children = Some(children);
         }
         let mut region_trampoline = None;
+        let routine_returns = std::cell::RefCell::new(Vec::new());
         for group in groups {
             let runtime = std::cell::Cell::new(None::<totals::Runtime>);
             let shared_trampolines = patched.trampolines;
@@ -233,6 +238,9 @@ impl Patched {
                     let rt = runtime.take().ok_or("the runtime is not in place")?;
                     let own = prologue(&rt, hook_sites.get(i.wrapping_sub(functions.len())).map(|h| h.hook), i, site, address);
                     runtime.set(Some(rt));
+                    if own.is_ok() {
+                        routine_returns.borrow_mut().push(address + totals::call_routine_return_offset());
+                    }
                     own
                 },
                 &mut refused,
@@ -245,6 +253,9 @@ impl Patched {
             patched.applied.extend(applied);
             patched.code.push(code);
         }
+        patched.probe_returns = routine_returns.into_inner();
+        patched.probe_returns.extend(patched.trampolines.map(|t| t.shared + totals::return_trampoline_return_offset()));
+        patched.probe_returns.sort_unstable();
         if let Some(plan) = counting_plan {
             let (counting, uncounted) = counting::apply(&remote, plan, &threads_at, region_trampoline)?;
             patched.code.extend(counting.code().iter().cloned());
@@ -330,6 +341,15 @@ impl Patched {
     /// proftap's code in the process (runtime and trampolines).
     pub fn code(&self) -> Vec<std::ops::Range<u64>> {
         self.code.clone()
+    }
+
+    /// Where the runtime's routines return to in proftap's code: each
+    /// trampoline's call into the runtime, the return trampoline's among
+    /// them, by address. Nine saved registers (72 bytes) above such a
+    /// return address is the slot of the patched call's own return
+    /// address: a stack sampled inside the runtime unwinds from there.
+    pub fn probe_returns(&self) -> Vec<u64> {
+        self.probe_returns.clone()
     }
 
     /// Where hijacked returns go, if anything was patched.

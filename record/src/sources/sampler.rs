@@ -16,6 +16,7 @@ enum Input {
     Forked { parent: u32, child: u32 },
     EngineCode(u32, std::ops::Range<u64>),
     Origins(u32, Vec<(u64, u64)>),
+    ProbeReturns(u32, Vec<u64>),
     Throttle(Vec<u32>),
     Sample(Box<StackSample>, Vec<(u64, u64)>),
     Hottest(Sender<Vec<(String, String, u64)>>),
@@ -59,6 +60,7 @@ impl SamplerThread {
                     Input::Forked { parent, child } => resolver.forked(parent, child),
                     Input::EngineCode(pid, range) => resolver.engine_code(pid, range),
                     Input::Origins(pid, origins) => resolver.origins(pid, origins),
+                    Input::ProbeReturns(pid, returns) => resolver.probe_returns(pid, returns),
                     Input::Throttle(functions) => samples.throttle(&functions),
                     Input::Sample(sample, returns) => {
                         let stack = resolver.resolve(&sample, &returns);
@@ -102,6 +104,13 @@ impl SamplerThread {
     pub fn origins(&self, pid: u32, origins: Vec<(u64, u64)>) {
         if !origins.is_empty() {
             let _ = self.input.send(Input::Origins(pid, origins));
+        }
+    }
+
+    /// See [`StackResolver::probe_returns`].
+    pub fn probe_returns(&self, pid: u32, returns: Vec<u64>) {
+        if !returns.is_empty() {
+            let _ = self.input.send(Input::ProbeReturns(pid, returns));
         }
     }
 

@@ -573,6 +573,32 @@ pub fn call_routine(address: u64, routine: u64, function: u32) -> Result<Vec<u8>
     build().map_err(asm_error)
 }
 
+/// Bytes from the start of [`call_routine`]'s code to the instruction
+/// after its call: where the routine returns to, for an unwinder of a
+/// stack sampled inside it.
+pub fn call_routine_return_offset() -> u64 {
+    let whole = call_routine(0, 0x1_0000, 0).map_or(0, |c| c.len());
+    (whole - restore_len()) as u64
+}
+
+/// The same in the return trampoline.
+pub fn return_trampoline_return_offset() -> u64 {
+    let whole = return_trampoline_code(0, 0x1_0000).map_or(0, |c| c.len());
+    (whole - restore_len() - 1) as u64
+}
+
+/// Bytes of the code that restores the [`SAVED`] registers.
+fn restore_len() -> usize {
+    let pops = || -> Result<Vec<u8>, IcedError> {
+        let mut a = CodeAssembler::new(64)?;
+        for r in SAVED.iter().rev() {
+            a.pop(*r)?;
+        }
+        a.assemble(0)
+    };
+    pops().map_or(0, |c| c.len())
+}
+
 /// The code that ends a trampoline over a return: save registers (the
 /// return value among them), call `routine` with the return-address slot,
 /// restore, return.

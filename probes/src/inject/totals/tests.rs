@@ -630,3 +630,21 @@ fn a_region_hook_calls_the_runtime_through_its_trampoline() {
     let r = rt.regions(0)[1];
     assert_eq!((r.entries, r.timed, r.unpaired), (1, 1, 0));
 }
+
+/// An unwinder of a stack sampled inside the runtime finds the call it
+/// was timing from where the runtime returns to: right after the call
+/// instruction of each trampoline.
+#[test]
+fn routines_return_right_after_their_trampolines_calls() {
+    let (address, routine) = (0x40_0000u64, 0x40_8000u64);
+    let code = call_routine(address, routine, 7).unwrap();
+    let at = call_routine_return_offset() as usize;
+    assert_eq!(code[at - 5], 0xe8, "{code:x?}");
+    let rel = i32::from_le_bytes(code[at - 4..at].try_into().unwrap());
+    assert_eq!((address + at as u64).wrapping_add(rel as i64 as u64), routine);
+    let trampoline = return_trampoline_code(address, routine).unwrap();
+    let at = return_trampoline_return_offset() as usize;
+    assert_eq!(trampoline[at - 5], 0xe8, "{trampoline:x?}");
+    let rel = i32::from_le_bytes(trampoline[at - 4..at].try_into().unwrap());
+    assert_eq!((address + at as u64).wrapping_add(rel as i64 as u64), routine);
+}
