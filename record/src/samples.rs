@@ -6,6 +6,9 @@ use proftap_profile::{HeldSamples, SampleProfile, SampledFrame, SampledLine, Sam
 use rustc_hash::FxHashMap;
 use std::collections::{HashMap, HashSet};
 
+/// The frame a sample taken in the probes' own code ends with.
+const PROBE_OVERHEAD: &str = "[probe overhead]";
+
 /// Counts resolved stacks.
 pub struct SampleAggregator {
     event: String,
@@ -130,10 +133,13 @@ impl SampleAggregator {
                 self.after_throttle.entry(frame.name.clone()).or_default().1 += 1;
             }
         }
-        // A pseudo-frame (`[unknown: ...]`, `[probe overhead]`) names no
-        // function to give the time to: it stays with the measured one.
+        // A pseudo-frame (`[unknown: ...]`) names no function to give the
+        // time to: it stays with the measured one. The probes' own time
+        // (`[probe overhead]`) is the compensation's to take out, not a
+        // throttled caller's.
         let unmeasured = !self.measured_names.contains(&leaf.name) && !leaf.name.starts_with('[');
         let owner = match measured.first() {
+            _ if leaf.name == PROBE_OVERHEAD => return,
             _ if unmeasured => &leaf.name,
             Some(innermost) if self.throttled.contains(&innermost.name) => {
                 self.after_throttle.entry(innermost.name.clone()).or_default().0 += 1;
@@ -247,6 +253,7 @@ mod tests {
         samples.add(7, &in_memset);
         samples.add(7, &stack(&["main", "clear"]));
         samples.add(7, &stack(&["main", "clear", "[unknown: unmapped]"]));
+        samples.add(7, &stack(&["main", "clear", "[probe overhead]"]));
         samples.add(7, &stack(&["_start", "__libc_start_main"]));
         let held = |name: &str, callee: &str, samples: u64| HeldSamples { tid: 7, name: name.into(), callee: callee.into(), samples };
         let throttled = samples.profile().throttled;
@@ -255,9 +262,11 @@ mod tests {
         // clear throttled: main holds memset's time, clear has it in its total only.
         samples.throttle(&[1]);
         samples.add(7, &in_memset);
+        // The probes' own time under clear is nobody's to give back.
+        samples.add(7, &stack(&["main", "clear", "[probe overhead]"]));
         let throttled = samples.profile().throttled;
         assert_eq!(throttled.held, vec![held("clear", "memset", 1), held("main", "memset", 1)]);
         let clear = &throttled.functions[0];
-        assert_eq!((clear.name.as_str(), clear.self_samples, clear.total_samples), ("clear", 0, 1));
+        assert_eq!((clear.name.as_str(), clear.self_samples, clear.total_samples), ("clear", 0, 2));
     }
 }
