@@ -38,6 +38,9 @@ pub struct StackSample {
 
 /// The deepest stack followed.
 const MAX_DEPTH: usize = 512;
+/// The frame a sample taken in the probes' own code ends with (the kernel's
+/// uprobe area, or the in-process engine's code).
+pub const PROBE_OVERHEAD_FRAME: &str = "[probe overhead]";
 /// Bytes of a page: mappings start on one.
 const PAGE_BYTES: u64 = 4096;
 /// Bytes of the registers a trampoline of the in-process engine saves
@@ -351,13 +354,13 @@ impl StackResolver {
             let reason = match (ip, in_probe) {
                 (0, _) => "[unknown: no user stack]",
                 // The kernel's probe area: time the probes themselves took.
-                (_, true) => "[probe overhead]",
+                (_, true) => PROBE_OVERHEAD_FRAME,
                 _ => "[unknown: unmapped]",
             };
             frames.push(frame(reason, "", false));
         }
         if probe_leaf {
-            frames.insert(0, frame("[probe overhead]", "", false));
+            frames.insert(0, frame(PROBE_OVERHEAD_FRAME, "", false));
             line = None;
         }
         frames.reverse();

@@ -1,13 +1,10 @@
 //! Resolved stack samples in, a [`SampleProfile`] out: frames, stacks and
 //! source lines counted, each kept once.
 
-use proftap_probes::sampling::ResolvedStack;
+use proftap_probes::sampling::{PROBE_OVERHEAD_FRAME, ResolvedStack};
 use proftap_profile::{HeldSamples, SampleProfile, SampledFrame, SampledLine, SampledStack, Throttled, ThrottledSamples};
 use rustc_hash::FxHashMap;
 use std::collections::{HashMap, HashSet};
-
-/// The frame a sample taken in the probes' own code ends with.
-const PROBE_OVERHEAD: &str = "[probe overhead]";
 
 /// Counts resolved stacks.
 pub struct SampleAggregator {
@@ -139,7 +136,7 @@ impl SampleAggregator {
         // throttled caller's.
         let unmeasured = !self.measured_names.contains(&leaf.name) && !leaf.name.starts_with('[');
         let owner = match measured.first() {
-            _ if leaf.name == PROBE_OVERHEAD => return,
+            _ if leaf.name == PROBE_OVERHEAD_FRAME => return,
             _ if unmeasured => &leaf.name,
             Some(innermost) if self.throttled.contains(&innermost.name) => {
                 self.after_throttle.entry(innermost.name.clone()).or_default().0 += 1;

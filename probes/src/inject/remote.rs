@@ -724,9 +724,9 @@ impl Drop for Shared {
     }
 }
 
-/// Pieces farther apart than this are read and written apart.
+/// Pieces farther apart than this are read apart.
 const NEARBY_BYTES: u64 = 4096;
-/// The most bytes one read or write of a run of pieces spans.
+/// The most bytes one read of a run of pieces spans.
 const RUN_BYTES: u64 = 64 * 1024;
 
 /// The pieces (`(address, len)`) in runs of nearby ones, by index, each run
@@ -765,7 +765,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nearby_pieces_are_read_and_written_in_runs() {
+    fn nearby_pieces_are_read_in_runs() {
         // Out of order; two near each other, one a page and more away, one
         // past a run's width from the first.
         let pieces = [(0x1010, 5), (0x1000, 5), (0x3000, 5), (0x1000 + RUN_BYTES, 5)];
