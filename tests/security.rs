@@ -307,8 +307,14 @@ fn a_target_that_scribbles_on_shared_memory_ends_its_recording_and_nothing_else(
     let modes = ["header", "nodes", "parents", "counts", "noise"];
     for mode in modes {
         let started_at = Instant::now();
-        let out = run(proftap().args(["run", "--engine", "inject", "-f", "work", "--"]).arg(&scribble).arg(mode));
+        let out = run(proftap()
+            .args(["run", "--engine", "inject", "-f", "work", "-o"])
+            .arg(shared.path("p.profile"))
+            .arg("--")
+            .arg(&scribble)
+            .arg(mode));
         assert_clean_failure(&out, "the target corrupted proftap's buffers");
+        assert!(!shared.path("p.profile").exists(), "{mode}: a profile was written");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done", "{mode}: the program runs on unharmed");
         assert!(started_at.elapsed() < Duration::from_secs(30), "{mode}: took {:?}", started_at.elapsed());
     }
