@@ -227,6 +227,10 @@ fn patching(
     if options.metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
         return Err(RecordError::InjectMetrics);
     }
+    // The clock's first perf event can take the kernel tens of
+    // milliseconds (it switches perf's scheduling hooks on): measured
+    // while the functions are planned.
+    let clock = std::thread::spawn(TscClock::new);
     // CPU time per call needs the kernel's off-CPU time (BPF); without it, wall time.
     let off_cpu = options.metrics.contains(&Metric::Cpu).then(proftap_probes::offcpu::obtain).flatten().map(Arc::new);
     let refused = match spec {
@@ -260,7 +264,10 @@ fn patching(
             *flag = false;
         }
     }
-    let clock = TscClock::new().map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?;
+    let clock = clock
+        .join()
+        .map_err(|_| RecordError::Unsupported("the in-process engine's clock could not be measured".into()))?
+        .map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?;
     Ok(Patching { injected, tracing, clock: Some(clock), off_cpu, notes })
 }
 
