@@ -244,11 +244,17 @@ pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Resu
         jump.set_ip(call.ip() + 2);
         instructions.push(jump);
     }
-    let block = InstructionBlock::new(&instructions, relocated_at);
-    let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-        .map_err(|e| format!("its first instructions cannot be moved: {e}"))?;
-    let moved = patch.replaced.iter().zip(&encoded.new_instruction_offsets).map(|(i, &o)| (i.ip(), relocated_at + u64::from(o))).collect();
-    code.extend_from_slice(&encoded.code_buffer);
+    let moved = if call.is_none() && instructions.iter().all(moves_as_it_is) {
+        // Nothing in them depends on where they are: their bytes, as they are.
+        code.extend_from_slice(&patch.original[..instructions.iter().map(Instruction::len).sum::<usize>()]);
+        instructions.iter().map(|i| (i.ip(), relocated_at + (i.ip() - patch.at))).collect()
+    } else {
+        let block = InstructionBlock::new(&instructions, relocated_at);
+        let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+            .map_err(|e| format!("its first instructions cannot be moved: {e}"))?;
+        code.extend_from_slice(&encoded.code_buffer);
+        patch.replaced.iter().zip(&encoded.new_instruction_offsets).map(|(i, &o)| (i.ip(), relocated_at + u64::from(o))).collect()
+    };
     if call.is_some() {
         return Ok(Trampoline { code, moved });
     }
@@ -260,6 +266,13 @@ pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Resu
     code.push(0xe9);
     code.extend_from_slice(&rel32(jump_at + JUMP_LEN as u64, back).to_le_bytes());
     Ok(Trampoline { code, moved })
+}
+
+/// Whether `instruction` does the same wherever it is: no operand relative
+/// to the instruction pointer, no branch (most prologues: pushes, moves,
+/// `sub rsp`), so that its bytes need no re-encoding.
+fn moves_as_it_is(instruction: &Instruction) -> bool {
+    !instruction.is_ip_rel_memory_operand() && instruction.flow_control() == iced_x86::FlowControl::Next
 }
 
 /// `lock inc qword [rip + counter]`: counts a call in memory at `counter`,
@@ -303,6 +316,24 @@ mod tests {
         let looping = [0x31, 0xc0, 0xff, 0xc0, 0x83, 0xf8, 0x0a, 0x75, 0xf9, 0xc3];
         assert!(plan(0x1000, &looping).is_err());
         assert!(plan_checked(0x1000, &looping).is_ok());
+    }
+
+    #[test]
+    fn instructions_that_depend_on_nothing_move_as_the_encoder_would_move_them() {
+        // endbr64; push rbp; mov rbp,rsp; push r15; sub rsp,0x18; mov eax,1; pop rbp; ret
+        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0x41, 0x57, 0x48, 0x83, 0xec, 0x18, 0xb8, 1, 0, 0, 0, 0x5d, 0xc3];
+        let patch = plan(0x40_1000, &code).expect("patchable");
+        assert!(patch.replaced.iter().all(moves_as_it_is));
+        let t = trampoline(&patch, 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).expect("movable");
+        let block = InstructionBlock::new(&patch.replaced, 0x40_5008);
+        let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS).expect("encodable");
+        assert_eq!(&t.code[8..8 + encoded.code_buffer.len()], encoded.code_buffer.as_slice());
+        let by_encoder: Vec<(u64, u64)> =
+            patch.replaced.iter().zip(&encoded.new_instruction_offsets).map(|(i, &o)| (i.ip(), 0x40_5008 + u64::from(o))).collect();
+        assert_eq!(t.moved, by_encoder);
+        // Then the jump back to the instruction after the patch.
+        let back = Decoder::with_ip(64, &t.code[8 + encoded.code_buffer.len()..], 0, DecoderOptions::NONE).decode();
+        assert!(back.is_jmp_short_or_near());
     }
 
     #[test]

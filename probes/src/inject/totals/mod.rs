@@ -557,28 +557,76 @@ const SAVED: [AsmRegister64; 9] = [rax, rcx, rdx, rsi, rdi, r8, r9, r10, r11];
 /// (`entry`, `unhook` or `rehook`) with the return-address slot and
 /// `function`, restore.
 pub fn call_routine(address: u64, routine: u64, function: u32) -> Result<Vec<u8>, String> {
-    let build = || -> Result<Vec<u8>, IcedError> {
-        let mut a = CodeAssembler::new(64)?;
-        for r in SAVED {
-            a.push(r)?;
+    let template = CallTemplate::get()?;
+    let mut code = template.code.clone();
+    code[template.function_at..template.function_at + 4].copy_from_slice(&function.to_le_bytes());
+    let next = address.wrapping_add(template.return_offset() as u64);
+    let rel = i32::try_from(routine.wrapping_sub(next) as i64).map_err(|_| "the runtime is out of reach of the trampoline".to_string())?;
+    code[template.call_at..template.call_at + 4].copy_from_slice(&rel.to_le_bytes());
+    Ok(code)
+}
+
+/// [`call_routine`]'s code assembled once, with where its function number
+/// and its call's displacement go: a program's thousands of trampolines
+/// differ only there, and assembling each took most of a held start.
+struct CallTemplate {
+    code: Vec<u8>,
+    /// The `mov esi, imm32`'s immediate.
+    function_at: usize,
+    /// The `call rel32`'s displacement.
+    call_at: usize,
+}
+
+impl CallTemplate {
+    fn get() -> Result<&'static CallTemplate, String> {
+        static TEMPLATE: std::sync::OnceLock<Result<CallTemplate, String>> = std::sync::OnceLock::new();
+        TEMPLATE.get_or_init(CallTemplate::assemble).as_ref().map_err(Clone::clone)
+    }
+
+    fn assemble() -> Result<CallTemplate, String> {
+        let code = assemble_call_routine(0, 0x1_0000, 0).map_err(asm_error)?;
+        let (mut function_at, mut call_at) = (None, None);
+        for instruction in iced_x86::Decoder::with_ip(64, &code, 0, iced_x86::DecoderOptions::NONE) {
+            // Both end in their 4-byte immediate.
+            let immediate_at = || instruction.next_ip() as usize - 4;
+            match instruction.code() {
+                iced_x86::Code::Mov_r32_imm32 => function_at = Some(immediate_at()),
+                iced_x86::Code::Call_rel32_64 => call_at = Some(immediate_at()),
+                _ => {}
+            }
         }
-        a.lea(rdi, qword_ptr(rsp + 8 * SAVED.len() as i32))?;
-        a.mov(esi, function)?;
-        a.call(routine)?;
-        for r in SAVED.iter().rev() {
-            a.pop(*r)?;
+        match (function_at, call_at) {
+            (Some(function_at), Some(call_at)) => Ok(CallTemplate { code, function_at, call_at }),
+            _ => Err("cannot assemble the runtime: the trampoline's call has no immediate operands".into()),
         }
-        a.assemble(address)
-    };
-    build().map_err(asm_error)
+    }
+
+    /// Bytes from the start to the instruction after the call.
+    fn return_offset(&self) -> usize {
+        self.call_at + 4
+    }
+}
+
+/// [`call_routine`], instruction by instruction.
+fn assemble_call_routine(address: u64, routine: u64, function: u32) -> Result<Vec<u8>, IcedError> {
+    let mut a = CodeAssembler::new(64)?;
+    for r in SAVED {
+        a.push(r)?;
+    }
+    a.lea(rdi, qword_ptr(rsp + 8 * SAVED.len() as i32))?;
+    a.mov(esi, function)?;
+    a.call(routine)?;
+    for r in SAVED.iter().rev() {
+        a.pop(*r)?;
+    }
+    a.assemble(address)
 }
 
 /// Bytes from the start of [`call_routine`]'s code to the instruction
 /// after its call: where the routine returns to, for an unwinder of a
 /// stack sampled inside it.
 pub fn call_routine_return_offset() -> u64 {
-    let whole = call_routine(0, 0x1_0000, 0).map_or(0, |c| c.len());
-    (whole - restore_len()) as u64
+    CallTemplate::get().map_or(0, |t| t.return_offset() as u64)
 }
 
 /// The same in the return trampoline.

@@ -631,6 +631,19 @@ fn a_region_hook_calls_the_runtime_through_its_trampoline() {
     assert_eq!((r.entries, r.timed, r.unpaired), (1, 1, 0));
 }
 
+/// A trampoline's start filled in from the template is what the
+/// assembler makes of it, wherever it is and whatever function it counts.
+#[test]
+fn trampolines_from_the_template_are_the_assemblers() {
+    for (address, routine, function) in
+        [(0x40_0000u64, 0x40_8000u64, 7u32), (0x7f00_1234_5678, 0x7f00_0000_0010, 65_535), (0x1000, 0x7fff_0000, u32::MAX)]
+    {
+        let expected = assemble_call_routine(address, routine, function).unwrap();
+        assert_eq!(call_routine(address, routine, function).unwrap(), expected, "{address:#x} -> {routine:#x}");
+    }
+    assert!(call_routine(0x1000, 0x1_0000_1000, 0).is_err(), "a routine beyond 2 GiB has no rel32 call");
+}
+
 /// An unwinder of a stack sampled inside the runtime finds the call it
 /// was timing from where the runtime returns to: right after the call
 /// instruction of each trampoline.
