@@ -231,16 +231,19 @@ fn patching(
     // milliseconds (it switches perf's scheduling hooks on): measured
     // while the functions are planned.
     let clock = std::thread::spawn(TscClock::new);
-    // CPU time per call needs the kernel's off-CPU time (BPF); without it, wall time.
-    let off_cpu = options.metrics.contains(&Metric::Cpu).then(proftap_probes::offcpu::obtain).flatten().map(Arc::new);
-    let refused = match spec {
+    // CPU time per call needs the kernel's off-CPU time (BPF); without it,
+    // wall time. Loading it reads the kernel's BTF: also while planning.
+    let wants_cpu = options.metrics.contains(&Metric::Cpu);
+    let off_cpu = std::thread::spawn(move || wants_cpu.then(proftap_probes::offcpu::obtain).flatten().map(Arc::new));
+    let (refused, off_cpu) = match spec {
         TargetSpec::Attach { pid } if options.auto_instrument.is_none() => {
+            let off_cpu = finished(off_cpu, "the off-CPU time")?;
             let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
             let engine = Patched::attach_held(*pid, functions, None, how).map_err(|source| RecordError::Inject { pid: *pid, source })?;
             check_unwinders(&engine, functions)?;
             let refused = engine.refused().to_vec();
             tracing = Some(engine);
-            refused
+            (refused, off_cpu)
         }
         _ => {
             let mut refused = Patched::refusals(functions);
@@ -248,7 +251,7 @@ fn patching(
             taken.extend(options.line_probed.iter().map(|&i| (i, LINES_PROBED.to_string())));
             taken.retain(|(i, _)| !refused.iter().any(|(r, _)| r == i));
             refused.extend(taken);
-            refused
+            (refused, finished(off_cpu, "the off-CPU time")?)
         }
     };
     if !refused.is_empty() && !hybrid(options) && !proftap_probes::perf::may_define_uprobes() {
@@ -264,11 +267,21 @@ fn patching(
             *flag = false;
         }
     }
-    let clock = clock
-        .join()
-        .map_err(|_| RecordError::Unsupported("the in-process engine's clock could not be measured".into()))?
+    let clock = finished(clock, "the in-process engine's clock")?
         .map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?;
     Ok(Patching { injected, tracing, clock: Some(clock), off_cpu, notes })
+}
+
+/// What a thread preparing `what` came to.
+fn finished<T>(thread: std::thread::JoinHandle<T>, what: &str) -> Result<T, RecordError> {
+    thread.join().map_err(|_| RecordError::Unsupported(format!("{what} could not be prepared")))
+}
+
+/// Frees `value` on a thread of its own: the symbols and unwind tables of a
+/// program and its libraries take milliseconds to free, which the end of
+/// a recording need not wait for.
+pub(crate) fn drop_aside<T: Send + 'static>(value: T) {
+    std::thread::spawn(move || drop(value));
 }
 
 /// Which of `all` uprobes see: what the engine does not record (it records
