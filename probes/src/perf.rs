@@ -163,6 +163,21 @@ fn open_group(mut builder: Builder<'_>, target: EventTarget, metrics: &[Metric])
     Ok(CounterGroup { leader, _members: members })
 }
 
+/// Has the kernel switch its perf scheduling hooks on, on a thread of its
+/// own. The first per-task event on a machine switches them on and waits
+/// for an RCU grace period before its `perf_event_open` returns (13 to 20
+/// ms, see BENCHMARKS.md); they stay on for a second after the last one
+/// closes. Called as a recording starts, the wait overlaps with reading
+/// symbols instead of holding up the first event the recording needs.
+pub fn switch_on_scheduling_hooks() {
+    std::thread::spawn(|| {
+        let mut builder = Builder::new(Software::DUMMY);
+        builder.observe_self().any_cpu();
+        // Closed at once: switching the hooks on is all it is for.
+        drop(builder.build());
+    });
+}
+
 /// Opens a sideband event: no samples, only the fork, exit, comm (thread
 /// name, exec) and executable mmap records of the task and its descendants.
 /// The first one on a CPU owns that CPU's ring buffer, of `buffer_bytes`:

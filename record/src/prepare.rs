@@ -7,7 +7,7 @@ use crate::cost::ProbeCost;
 use crate::error::RecordError;
 use crate::observer::{ObservedDownloads, Observer, RecordEvent, Step, Warning};
 use crate::options::{Control, RecordOptions, Recorded, TargetSpec};
-use crate::recorder::record;
+use crate::recorder::{drop_aside, record};
 use crate::request::{DEFAULT_BUDGET, EngineChoice, ExitsChoice, Governor, RecordRequest, RecordTarget, RegionSpec, regions_of_lines};
 use crate::saved::Saver;
 use proftap_probes::exits::{ExitMode, unwinds};
@@ -109,7 +109,11 @@ impl Prepared {
     pub fn record(mut self, control: Control, observer: Arc<dyn Observer>) -> Result<Recorded, RecordError> {
         self.options.control = control;
         self.options.observer = observer;
-        record(&self.functions, &self.spec, &self.options, self.saver)
+        let symbols = self.options.symbols.clone();
+        let recorded = record(&self.functions, &self.spec, &self.options, self.saver);
+        drop(self.options);
+        drop_aside(symbols);
+        recorded
     }
 }
 
@@ -117,6 +121,7 @@ impl Prepared {
 /// the engine and the lines, and gets the probe cost from `costs`.
 pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn ProbeCostSource) -> Result<Prepared, PrepareError> {
     request.validate()?;
+    proftap_probes::perf::switch_on_scheduling_hooks();
     let selection = Selection::parse(&request.functions)?;
     let metrics = parse_metrics(&request.metrics)?;
     let (modules, spec) = match &request.target {
