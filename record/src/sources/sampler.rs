@@ -74,6 +74,7 @@ impl SamplerThread {
                     }
                 }
             }
+            crate::recorder::drop_aside(resolver);
             let profile = samples.profile();
             Sampled { timeline: samples.timeline(&profile), profile, stacks }
         });
