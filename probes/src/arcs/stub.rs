@@ -72,17 +72,14 @@ pub fn stub_with_hooks(site: &Site, address: u64, counters: &[u64], hook_slot: O
     let (code, origins, moved_from) = instructions(site, address, counters, hook_slot)?;
     let encoded = BlockEncoder::encode(64, InstructionBlock::new(&code, address), BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
         .map_err(|e| Error::Stub { at: site.at, reason: format!("the stub cannot be encoded: {e}") })?;
-    let offsets = &encoded.new_instruction_offsets;
-    let mut moved: Vec<(u64, u64)> = site
-        .replaced
-        .iter()
-        .enumerate()
-        .map(|(k, i)| (i.ip(), address + u64::from(offsets.get(moved_from + k).copied().unwrap_or(0))))
-        .collect();
+    let starts = crate::inject::patch::encoded_starts(&encoded.code_buffer, address, &encoded.new_instruction_offsets)
+        .map_err(|reason| Error::Stub { at: site.at, reason: format!("the stub cannot be encoded: {reason}") })?;
+    let mut moved: Vec<(u64, u64)> =
+        site.replaced.iter().enumerate().map(|(k, i)| (i.ip(), starts.get(moved_from + k).copied().unwrap_or(address))).collect();
     if let Some(first) = moved.first_mut() {
         first.1 = address;
     }
-    let origins = offsets.iter().zip(origins).map(|(&offset, origin)| (address + u64::from(offset), origin)).collect();
+    let origins = starts.into_iter().zip(origins).collect();
     Ok(Stub { code: encoded.code_buffer, moved, origins })
 }
 

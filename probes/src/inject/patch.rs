@@ -217,11 +217,12 @@ pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Resu
         let block = InstructionBlock::new(&patch.replaced, address);
         let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
             .map_err(|e| format!("its last instructions cannot be moved: {e}"))?;
+        let mut moved = relocated(&patch.replaced, &encoded.code_buffer, address, &encoded.new_instruction_offsets)?;
         let mut code = encoded.code_buffer;
-        let mut moved: Vec<(u64, u64)> =
-            patch.replaced.iter().zip(&encoded.new_instruction_offsets).map(|(i, &o)| (i.ip(), address + u64::from(o))).collect();
-        // A thread stopped at the `ret` goes on from proftap's code.
-        let ret = patch.at + patch.len() as u64 - 1;
+        // A thread stopped at the `ret` goes on from proftap's code. It
+        // follows the replaced instructions: a `ret` may be longer than
+        // its one byte (`rep ret`).
+        let ret = patch.replaced.last().map_or(patch.at, Instruction::next_ip);
         moved.push((ret, address + code.len() as u64));
         code.extend(own(address + code.len() as u64)?);
         return Ok(Trampoline { code, moved });
@@ -244,16 +245,17 @@ pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Resu
         jump.set_ip(call.ip() + 2);
         instructions.push(jump);
     }
-    let moved = if call.is_none() && instructions.iter().all(moves_as_it_is) {
+    let as_they_are = patch.original.get(..instructions.iter().map(Instruction::len).sum::<usize>());
+    let moved = if let Some(bytes) = as_they_are.filter(|_| call.is_none() && instructions.iter().all(moves_as_it_is)) {
         // Nothing in them depends on where they are: their bytes, as they are.
-        code.extend_from_slice(&patch.original[..instructions.iter().map(Instruction::len).sum::<usize>()]);
+        code.extend_from_slice(bytes);
         instructions.iter().map(|i| (i.ip(), relocated_at + (i.ip() - patch.at))).collect()
     } else {
         let block = InstructionBlock::new(&instructions, relocated_at);
         let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
             .map_err(|e| format!("its first instructions cannot be moved: {e}"))?;
         code.extend_from_slice(&encoded.code_buffer);
-        patch.replaced.iter().zip(&encoded.new_instruction_offsets).map(|(i, &o)| (i.ip(), relocated_at + u64::from(o))).collect()
+        relocated(&patch.replaced, &encoded.code_buffer, relocated_at, &encoded.new_instruction_offsets)?
     };
     if call.is_some() {
         return Ok(Trampoline { code, moved });
@@ -266,6 +268,40 @@ pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Resu
     code.push(0xe9);
     code.extend_from_slice(&rel32(jump_at + JUMP_LEN as u64, back).to_le_bytes());
     Ok(Trampoline { code, moved })
+}
+
+/// Where each of `replaced` went in `code`, which the block encoder made
+/// at `at` with `offsets`: a thread stopped at a replaced instruction goes
+/// on from there.
+fn relocated(replaced: &[Instruction], code: &[u8], at: u64, offsets: &[u32]) -> Result<Vec<(u64, u64)>, String> {
+    let starts = encoded_starts(code, at, offsets)?;
+    Ok(replaced.iter().zip(starts).map(|(i, start)| (i.ip(), start)).collect())
+}
+
+/// Where each instruction of a block starts in `code`, which the block
+/// encoder made at `at` with `offsets` (`RETURN_NEW_INSTRUCTION_OFFSETS`).
+/// It gives no offset for an instruction it rewrote (a short branch made
+/// near, a branch out of reach made indirect): such an instruction starts
+/// where the one before it ends.
+pub fn encoded_starts(code: &[u8], at: u64, offsets: &[u32]) -> Result<Vec<u64>, String> {
+    let mut starts = Vec::with_capacity(offsets.len());
+    // Where the next instruction starts, when the one before it was not rewritten.
+    let mut follows = Some(0u64);
+    for &offset in offsets {
+        let start = match offset {
+            u32::MAX => follows.ok_or("two branches in a row are rewritten: where the second went is unknown")?,
+            offset => u64::from(offset),
+        };
+        follows = match offset {
+            u32::MAX => None,
+            _ => {
+                let rest = code.get(start as usize..).ok_or("an instruction was encoded outside its code")?;
+                Some(start + Decoder::with_ip(64, rest, at + start, DecoderOptions::NONE).decode().len() as u64)
+            }
+        };
+        starts.push(at + start);
+    }
+    Ok(starts)
 }
 
 /// Whether `instruction` does the same wherever it is: no operand relative
@@ -334,6 +370,38 @@ mod tests {
         // Then the jump back to the instruction after the patch.
         let back = Decoder::with_ip(64, &t.code[8 + encoded.code_buffer.len()..], 0, DecoderOptions::NONE).decode();
         assert!(back.is_jmp_short_or_near());
+    }
+
+    #[test]
+    fn a_short_branch_made_near_is_where_a_thread_stopped_at_it_goes_on() {
+        // test edi,edi; je +0x10; mov eax,1; ...: the `je` is rewritten (rel8 -> rel32).
+        let mut code = vec![0x85, 0xff, 0x74, 0x10, 0xb8, 1, 0, 0, 0];
+        code.extend([0x90; 16]);
+        code.push(0xc3);
+        let patch = plan_checked(0x40_1000, &code).expect("patchable");
+        assert_eq!(patch.replaced.len(), 3);
+        let t = trampoline(&patch, 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).expect("movable");
+        for (&(from, to), original) in t.moved.iter().zip(&patch.replaced) {
+            assert_eq!(from, original.ip());
+            let offset = (to - 0x40_5000) as usize;
+            assert!(offset < t.code.len(), "{from:#x} moved to {to:#x}, outside the trampoline");
+            let landed = Decoder::with_ip(64, &t.code[offset..], to, DecoderOptions::NONE).decode();
+            assert_eq!(landed.mnemonic(), original.mnemonic(), "{from:#x}");
+            if original.is_jcc_short_or_near() {
+                assert_eq!(landed.near_branch_target(), original.near_branch_target());
+            }
+        }
+    }
+
+    #[test]
+    fn a_thread_stopped_at_a_prefixed_return_goes_on_from_proftaps_code() {
+        // push rbp; mov rbp,rsp; mov eax,1; pop rbp; rep ret
+        let code = [0x55, 0x48, 0x89, 0xe5, 0xb8, 1, 0, 0, 0, 0x5d, 0xf3, 0xc3];
+        let plans = plan_returns(0x40_1000, &code).expect("patchable");
+        let t = trampoline(&plans[0], 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).expect("movable");
+        let (ret, to) = *t.moved.last().expect("the return moves");
+        assert_eq!(ret, 0x40_100a, "the `rep ret` starts after `pop rbp`");
+        assert_eq!(to - 0x40_5000, t.code.len() as u64 - 8, "it goes on from proftap's code");
     }
 
     #[test]
