@@ -1,0 +1,51 @@
+//! The in-process engine's patches of any bytes as a function's code: the
+//! plans of its entry (checked whole, or from its first instructions alone)
+//! and of its returns, and the trampolines their instructions move to, as
+//! `proftap run` makes them for every function of a program it is given
+//! (the binary is the user's to write). A plan's instructions must land in
+//! its trampoline where the trampoline says (a thread stopped at one goes
+//! on from there), and those that depend on no address must land as the
+//! same instructions.
+//!
+//! The input: the code, at 0x40_1000.
+
+use iced_x86::{Decoder, DecoderOptions, FlowControl};
+use proftap_probes::inject::patch::{PatchPlan, count_call, plan, plan_checked, plan_returns, trampoline};
+
+proftap_fuzz::target!(run);
+
+const CODE: u64 = 0x40_1000;
+/// Trampolines near the code, and out of a 32-bit displacement's reach.
+const PLACES: [u64; 2] = [0x40_8000, 0x7fff_0000_0000];
+
+fn run(code: &[u8]) {
+    let mut plans: Vec<PatchPlan> = plan(CODE, code).into_iter().chain(plan_checked(CODE, code)).collect();
+    plans.extend(plan_returns(CODE, code).unwrap_or_default());
+    for patch in &plans {
+        check(code, patch);
+    }
+}
+
+fn check(code: &[u8], patch: &PatchPlan) {
+    let start = (patch.at - CODE) as usize;
+    assert_eq!(code.get(start..start + patch.len()), Some(patch.original.as_slice()), "a plan's bytes are the code's");
+    assert_eq!(patch.jump_to(PLACES[0]).len(), patch.len(), "the jump and its padding cover the patch exactly");
+    for address in PLACES {
+        let Ok(moved) = trampoline(patch, address, |own| Ok(count_call(own, own + 0x1000))) else { continue };
+        for &(from, to) in &moved.moved {
+            let Some(original) = patch.replaced.iter().find(|i| i.ip() == from) else {
+                // A return's own address: it goes on in proftap's code.
+                assert_eq!(patch.replaced.last().map_or(patch.at, |i| i.next_ip()), from, "{from:#x} is no moved instruction");
+                continue;
+            };
+            let offset = to.checked_sub(address).map(|o| o as usize).filter(|&o| o < moved.code.len());
+            let offset = offset.unwrap_or_else(|| panic!("{from:#x} moved to {to:#x}, outside its trampoline at {address:#x}"));
+            if original.is_ip_rel_memory_operand() || original.flow_control() != FlowControl::Next {
+                continue;
+            }
+            // The same instruction, if not the same bytes (the encoder drops redundant prefixes).
+            let landed = Decoder::with_ip(64, &moved.code[offset..], to, DecoderOptions::NONE).decode();
+            assert!(landed == *original, "{from:#x} ({:?}) landed as {:?} at {to:#x}", original.code(), landed.code());
+        }
+    }
+}
