@@ -18,6 +18,7 @@ use crate::plan::ProbedFunction;
 use crate::symbols::{Function, SymbolIndex, file_offset};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::rc::Rc;
 
 /// Which source files to count lines of: path suffixes or globs, or (empty)
 /// every source file of the executable outside the system and the runtimes.
@@ -182,8 +183,9 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
             located_at.insert(row.address.0, (row.file, row.line));
         }
     }
-    let mut sources: HashMap<u32, Option<Vec<String>>> = HashMap::new();
-    let mut source = |file: u32| -> Option<Vec<String>> {
+    // Each file read once, and shared by its functions rather than copied for each.
+    let mut sources: HashMap<u32, Option<Rc<[String]>>> = HashMap::new();
+    let mut source = |file: u32| -> Option<Rc<[String]>> {
         sources
             .entry(file)
             .or_insert_with(|| std::fs::read_to_string(index.files.path(file)).ok().map(|t| t.lines().map(str::to_string).collect()))
@@ -196,8 +198,9 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
     let mut entry_rows: Vec<Vec<(u32, u32)>> = vec![Vec::new(); functions.len()];
     let mut decls: Vec<Option<(u32, u32)>> = vec![None; functions.len()];
     let mut located: Vec<Vec<(u64, (u32, u32))>> = vec![Vec::new(); functions.len()];
+    let by_entry: HashMap<u64, &Function> = index.functions.iter().rev().map(|f| (f.address.0, f)).collect();
     for (fi, probed) in functions.iter().enumerate() {
-        let Some(f) = index.functions.iter().find(|f| f.address.0 == probed.info.address) else { continue };
+        let Some(&f) = by_entry.get(&probed.info.address) else { continue };
         let (Some(decl_file), true) = (f.decl_file, f.decl_line != 0) else { continue };
         if !files.contains(index.files.path(decl_file)) {
             continue;
@@ -288,7 +291,7 @@ fn closing_line(
     f: &Function,
     body: &[(u64, &Vec<(u32, u32)>)],
     decl_file: u32,
-    source: &mut impl FnMut(u32) -> Option<Vec<String>>,
+    source: &mut impl FnMut(u32) -> Option<Rc<[String]>>,
 ) -> Option<u32> {
     let &(file, last) = body.last()?.1.last()?;
     if file != decl_file || last <= f.decl_line {
