@@ -88,11 +88,61 @@ pub fn plan(
     lines: &[FunctionLines],
     regions: Regions<'_>,
 ) -> Plan {
-    let mut source = CodeSource::new(modules);
+    let chosen: Vec<usize> = (0..targets.len()).filter(|&i| wanted.get(i).copied().unwrap_or(false)).collect();
+    // Each function is planned alone: every CPU takes every so many (a
+    // program's few large functions fall to different ones); then in order.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
+    let mut planned: Vec<Outcome> = std::thread::scope(|scope| {
+        let planning: Vec<_> = (0..threads)
+            .map(|first| {
+                let share: Vec<usize> = chosen.iter().skip(first).step_by(threads).copied().collect();
+                scope.spawn(move || plan_functions(modules, targets, &share, choices, lines, regions))
+            })
+            .collect();
+        planning.into_iter().flat_map(|p| p.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    planned.sort_by_key(|outcome| match outcome {
+        Ok((_, p, _)) => p.function,
+        Err((i, _)) => *i,
+    });
     let mut by_module: Vec<(PathBuf, Vec<Planned>)> = Vec::new();
     let mut plan = Plan { modules: Vec::new(), refused: Vec::new(), entries_taken: Vec::new() };
-    for (i, target) in targets.iter().enumerate().filter(|(i, _)| wanted.get(*i).copied().unwrap_or(false)) {
-        let planned = source.code(target).and_then(|code| {
+    for outcome in planned {
+        match outcome {
+            Ok((module, p, entry_taken)) => {
+                if entry_taken {
+                    plan.entries_taken.push(p.function);
+                }
+                match by_module.iter_mut().find(|(m, _)| *m == module) {
+                    Some((_, group)) => group.push(p),
+                    None => by_module.push((module, vec![p])),
+                }
+            }
+            Err(refused) => plan.refused.push(refused),
+        }
+    }
+    plan.modules = by_module.into_iter().map(|(_, g)| g).collect();
+    plan
+}
+
+/// A function's counter plan, with its module and whether a counter takes
+/// its entry; or why it has none.
+type Outcome = Result<(PathBuf, Planned, bool), (usize, String)>;
+
+/// The counter plans of the targets `chosen` names, in order.
+fn plan_functions(
+    modules: &[LoadedModule],
+    targets: &[Target],
+    chosen: &[usize],
+    choices: Choices,
+    lines: &[FunctionLines],
+    regions: Regions<'_>,
+) -> Vec<Outcome> {
+    let mut source = CodeSource::new(modules);
+    let mut planned = Vec::with_capacity(chosen.len());
+    for &i in chosen {
+        let Some(target) = targets.get(i) else { continue };
+        let outcome = source.code(target).and_then(|code| {
             let read = |address: u64, len: usize| code.read(address, len);
             let data = arcs::Data { read: &read, bias: code.bias };
             // The function's cold parts are its code too: its jumps go there.
@@ -102,31 +152,22 @@ pub fn plan(
             let cfg = Cfg::build_reading(&parts, Some(&data)).map_err(|e| e.to_string())?;
             let own_lines = lines.get(i).map(|l| l.moved_by(code.bias));
             let hooked = own_lines.as_ref().filter(|_| !regions.of_lines.is_empty()).map(|l| (l, regions.of_lines));
+            let mut entry_taken = false;
             let planned = plan_function(cfg.clone(), &parts, choices, true, hooked).or_else(|why| {
                 if !choices.may_take_entries {
                     return Err(why);
                 }
-                plan.entries_taken.push(i);
+                entry_taken = true;
                 plan_function(cfg, &parts, choices, false, hooked)
             });
             planned.map(|(cfg, placement, sites)| {
                 let unsettled = lines.get(i).map(|own| unsettled(&cfg, own, code.bias)).unwrap_or_default();
-                (code.module.clone(), Planned { function: i, bias: code.bias, cfg, placement, sites, unsettled })
+                (code.module.clone(), Planned { function: i, bias: code.bias, cfg, placement, sites, unsettled }, entry_taken)
             })
         });
-        match planned {
-            Ok((module, p)) => match by_module.iter_mut().find(|(m, _)| *m == module) {
-                Some((_, group)) => group.push(p),
-                None => by_module.push((module, vec![p])),
-            },
-            Err(why) => {
-                plan.entries_taken.retain(|&f| f != i);
-                plan.refused.push((i, why));
-            }
-        }
+        planned.push(outcome.map_err(|why| (i, why)));
     }
-    plan.modules = by_module.into_iter().map(|(_, g)| g).collect();
-    plan
+    planned
 }
 
 /// Where in `cfg` (at runtime addresses, `bias` past the link-time ones
