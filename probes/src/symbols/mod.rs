@@ -284,8 +284,14 @@ impl SymbolIndex {
     pub fn function_at(&self, addr: VirtAddr) -> Option<&Function> {
         let i = self.functions.partition_point(|f| f.address <= addr).checked_sub(1)?;
         let f = &self.functions[i];
-        // Sizes come from the file: one may reach past the end of the address space.
-        (addr.0 < f.address.0.saturating_add(f.size.max(1))).then_some(f)
+        // A symbol of no size (crtstuff's `__do_global_dtors_aux`, hand-written
+        // assembly) reaches the next one, as perf names such frames. Sizes
+        // come from the file: one may reach past the end of the address space.
+        let end = match f.size {
+            0 => self.functions.get(i + 1).map_or(f.address.0.saturating_add(1), |next| next.address.0),
+            size => f.address.0.saturating_add(size),
+        };
+        (addr.0 < end).then_some(f)
     }
 
     /// Whether this is a position-independent executable.

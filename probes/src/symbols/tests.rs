@@ -103,3 +103,19 @@ fn units_that_make_the_line_table_header_parse_quadratic_are_cut_short() {
     eprintln!("{:?} {:?}", started.elapsed(), index.warnings);
     assert!(index.warnings.iter().any(|w| w.contains("parse the same line tables over and over")), "{:?}", index.warnings);
 }
+
+/// A function symbol of no size (crtstuff's, in every C and Rust program)
+/// names the addresses up to the next one, as perf names them: a sample
+/// taken in `__do_global_dtors_aux` at a program's exit had no name.
+#[test]
+fn a_function_of_no_size_reaches_the_next_one() {
+    let exe = std::env::current_exe().expect("this test's program");
+    let options = LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true };
+    let index = SymbolIndex::load(&exe, &options).expect("its symbols");
+    let f = index.functions.iter().find(|f| f.raw_name == "__do_global_dtors_aux").expect("crtstuff's __do_global_dtors_aux");
+    assert_eq!(f.size, 0, "the symbol table gives it no size");
+    let next = index.functions.iter().find(|n| n.address > f.address).expect("a function after it");
+    assert_eq!(index.function_at(VirtAddr(f.address.0 + 4)).map(|g| &g.raw_name), Some(&f.raw_name));
+    assert_eq!(index.function_at(VirtAddr(next.address.0 - 1)).map(|g| &g.raw_name), Some(&f.raw_name));
+    assert_eq!(index.function_at(next.address).map(|g| g.address), Some(next.address));
+}
