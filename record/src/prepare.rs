@@ -365,7 +365,7 @@ fn load_symbols(
     selection: &Selection,
     modules: &[(PathBuf, PathBuf)],
     cache: &SymbolCache,
-    (lines, unnamed_ok): (bool, bool),
+    (lines, unnamed_ok, names_only): (bool, bool, bool),
     observer: &dyn Observer,
 ) -> Result<Loaded, PrepareError> {
     let mut loaded = Loaded { indexes: Vec::new(), images: Vec::new(), open_paths: Vec::new() };
@@ -374,7 +374,10 @@ fn load_symbols(
             continue;
         }
         observer.event(RecordEvent::Step(Step::ReadingSymbols { module: display.display().to_string() }));
-        let index = cache.index_fetching(display, open, i == 0 && lines, &ObservedDownloads(observer));
+        let index = match names_only {
+            true => cache.names_fetching(display, open, &ObservedDownloads(observer)),
+            false => cache.index_fetching(display, open, i == 0 && lines, &ObservedDownloads(observer)),
+        };
         observer.event(RecordEvent::StepEnded);
         let index = match index {
             Err(proftap_probes::Error::NoSymbols { .. }) if i == 0 && unnamed_ok => match cache.image(display, open) {
@@ -401,7 +404,12 @@ fn choose(
 ) -> Result<Chosen, PrepareError> {
     let line_files = line_files(request.lines.as_deref(), &request.regions);
     let unnamed_ok = request.sample_settings().is_some() && (!request.instrument || request.functions.is_empty());
-    let Loaded { indexes, images, open_paths } = load_symbols(selection, modules, cache, (line_files.is_some(), unnamed_ok), observer)?;
+    // Sampling alone names frames from the symbol tables, as for libraries
+    // (inlined frames and lines are read where samples fell): a large
+    // program's DWARF is not walked before it starts.
+    let names_only = !request.instrument && request.functions.is_empty() && line_files.is_none();
+    let Loaded { indexes, images, open_paths } =
+        load_symbols(selection, modules, cache, (line_files.is_some(), unnamed_ok, names_only), observer)?;
     let refs: Vec<&SymbolIndex> = indexes.iter().map(Arc::as_ref).collect();
     // An error says what matters in one sentence; warnings only when it works.
     let mut selected = selection.select(&refs)?;

@@ -76,6 +76,13 @@ impl SymbolCache {
         self.index_with(module, open, (false, false), cache_only, &super::Unheard)
     }
 
+    /// [`SymbolCache::names`], downloading debug info from debuginfod
+    /// servers when the files have no symbol table and the disk no debug
+    /// file, and telling `progress`.
+    pub fn names_fetching(&self, module: &Path, open: &Path, progress: &dyn FetchProgress) -> Result<Arc<SymbolIndex>> {
+        self.index_with(module, open, (false, false), self.debuginfod.clone(), progress)
+    }
+
     /// The same, downloading debug info from debuginfod servers when
     /// neither the disk nor the cache has it, and telling `progress`.
     pub fn index_fetching(&self, module: &Path, open: &Path, lines: bool, progress: &dyn FetchProgress) -> Result<Arc<SymbolIndex>> {
