@@ -89,25 +89,11 @@ pub fn plan(
     regions: Regions<'_>,
 ) -> Plan {
     let chosen: Vec<usize> = (0..targets.len()).filter(|&i| wanted.get(i).copied().unwrap_or(false)).collect();
-    // Each function is planned alone: every CPU takes every so many (a
-    // program's few large functions fall to different ones); then in order.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
-    let mut planned: Vec<Outcome> = std::thread::scope(|scope| {
-        let planning: Vec<_> = (0..threads)
-            .map(|first| {
-                let share: Vec<usize> = chosen.iter().skip(first).step_by(threads).copied().collect();
-                scope.spawn(move || plan_functions(modules, targets, &share, choices, lines, regions))
-            })
-            .collect();
-        planning.into_iter().flat_map(|p| p.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
-    });
-    planned.sort_by_key(|outcome| match outcome {
-        Ok((_, p, _)) => p.function,
-        Err((i, _)) => *i,
-    });
+    // Each function is planned alone.
+    let planned = super::patcher::on_every_cpu(&chosen, |share| plan_functions(modules, targets, share, choices, lines, regions));
     let mut by_module: Vec<(PathBuf, Vec<Planned>)> = Vec::new();
     let mut plan = Plan { modules: Vec::new(), refused: Vec::new(), entries_taken: Vec::new() };
-    for outcome in planned {
+    for (_, outcome) in planned {
         match outcome {
             Ok((module, p, entry_taken)) => {
                 if entry_taken {
@@ -129,7 +115,7 @@ pub fn plan(
 /// its entry; or why it has none.
 type Outcome = Result<(PathBuf, Planned, bool), (usize, String)>;
 
-/// The counter plans of the targets `chosen` names, in order.
+/// The counter plans of the targets `chosen` names, by index.
 fn plan_functions(
     modules: &[LoadedModule],
     targets: &[Target],
@@ -137,7 +123,7 @@ fn plan_functions(
     choices: Choices,
     lines: &[FunctionLines],
     regions: Regions<'_>,
-) -> Vec<Outcome> {
+) -> Vec<(usize, Outcome)> {
     let mut source = CodeSource::new(modules);
     let mut planned = Vec::with_capacity(chosen.len());
     for &i in chosen {
@@ -165,7 +151,7 @@ fn plan_functions(
                 (code.module.clone(), Planned { function: i, bias: code.bias, cfg, placement, sites, unsettled }, entry_taken)
             })
         });
-        planned.push(outcome.map_err(|why| (i, why)));
+        planned.push((i, outcome.map_err(|why| (i, why))));
     }
     planned
 }

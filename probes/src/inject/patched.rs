@@ -108,21 +108,11 @@ impl Patched {
     pub fn refusals(functions: &[ProbedFunction]) -> Refused {
         let modules = patcher::as_in_files(functions);
         let targets: Vec<Target> = functions.iter().map(Target::of).collect();
-        // Each function is judged alone: a share of them on each CPU.
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
-        let share = targets.len().div_ceil(threads).max(1);
-        std::thread::scope(|scope| {
-            let judged: Vec<_> = targets
-                .chunks(share)
-                .enumerate()
-                .map(|(n, chunk)| (n * share, scope.spawn(|| patcher::plans(&modules, chunk, &[]).1)))
-                .collect();
-            let mut refused = Vec::new();
-            for (first, judging) in judged {
-                let chunk_refused = judging.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                refused.extend(chunk_refused.into_iter().map(|(i, why)| (first + i, why)));
-            }
-            refused
+        // Each function is judged alone.
+        let all: Vec<usize> = (0..targets.len()).collect();
+        patcher::on_every_cpu(&all, |share| {
+            let chosen: Vec<Target> = share.iter().map(|&i| targets[i].clone()).collect();
+            patcher::plans(&modules, &chosen, &[]).1.into_iter().map(|(k, why)| (share[k], why)).collect()
         })
     }
 

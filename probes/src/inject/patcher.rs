@@ -174,6 +174,26 @@ impl<'a> CodeSource<'a> {
     }
 }
 
+/// `work` over every one of `indices`, on every CPU, each thread taking
+/// every so many (a program's few large functions fall to different
+/// ones); `work` returns what it made of its share, by index, and all of
+/// it comes back in index order.
+pub fn on_every_cpu<R: Send>(indices: &[usize], work: impl Fn(&[usize]) -> Vec<(usize, R)> + Sync) -> Vec<(usize, R)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
+    let work = &work;
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let shares: Vec<_> = (0..threads)
+            .map(|first| {
+                let share: Vec<usize> = indices.iter().skip(first).step_by(threads).copied().collect();
+                scope.spawn(move || work(&share))
+            })
+            .collect();
+        shares.into_iter().flat_map(|s| s.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done
+}
+
 /// The patch plans of `targets` (by index) in the process whose modules are
 /// `modules`, grouped by module, and the targets that cannot be patched
 /// with the reason. `checked[i]`: target `i`'s code was found patchable in
@@ -326,4 +346,24 @@ pub fn put_back<T>(remote: &Remote, patches: Vec<T>, piece: impl Fn(&T) -> (u64,
     }
     let result = remote.write_pieces(&written.iter().map(|p| (piece(p).0, piece(p).2)).collect::<Vec<_>>());
     (unread, result.and(error.map_or(Ok(()), Err)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_on_every_cpu_comes_back_whole_and_in_order() {
+        let indices: Vec<usize> = (0..1000).map(|i| i * 3).collect();
+        let seen = std::sync::Mutex::new(Vec::new());
+        let done = on_every_cpu(&indices, |share| {
+            seen.lock().expect("not poisoned").push(share.len());
+            // Some of each share made nothing, as refused functions are not all.
+            share.iter().filter(|&&i| i % 2 == 0).map(|&i| (i, i * 10)).collect()
+        });
+        let expected: Vec<(usize, usize)> = indices.iter().filter(|&&i| i % 2 == 0).map(|&i| (i, i * 10)).collect();
+        assert_eq!(done, expected);
+        assert_eq!(seen.into_inner().expect("not poisoned").iter().sum::<usize>(), indices.len());
+        assert!(on_every_cpu(&[], |share: &[usize]| share.iter().map(|&i| (i, ())).collect()).is_empty());
+    }
 }
