@@ -91,7 +91,7 @@ struct header {
     u64 unseated_hooks;  /* region hooks of threads that found no block */
     u32 blocks_wanted;   /* bumped (and woken) by a thread that found no block */
     u32 blocks_answered; /* bumped (and woken) by proftap after it looked for ended threads' blocks */
-    u64 reserved[1];
+    u64 lock_table;      /* increments to make atomic as a thread or process starts (counting.rs LockTable), 0: none */
     /* The return address each site trampoline stands for, 0 while free:
      * set once, never changed, so that an unwinder reading a sampled stack
      * names a frame from its trampoline alone, after the call has ended. */

@@ -469,7 +469,8 @@ fn choose(
         returns_into_stubs: matches!(request.target, RecordTarget::Launch { .. })
             && self::exit_mode(ExitsChoice::Auto, &indexes[0], modules) == ExitMode::Uretprobe,
         may_take_entries: request.is_hybrid(),
-        one_thread: !counts_at_once(modules, cache),
+        // Made atomic in place when a second thread or process may start.
+        one_thread: true,
     };
     let regions_of = lines.as_ref().map(|l| regions_of_lines(&l.lines, &request.regions)).unwrap_or_default();
     let by_function = lines.as_ref().map(LinePlan::by_function).unwrap_or_default();
@@ -503,20 +504,6 @@ fn choose(
         cancels_unhooked,
         regions_unhooked,
         kept,
-    })
-}
-
-/// Whether two threads, or two processes sharing the counters, may count
-/// at once: the executable or a library it needs imports what starts a
-/// thread or a process, or loads code that could.
-fn counts_at_once(modules: &[(PathBuf, PathBuf)], cache: &SymbolCache) -> bool {
-    const STARTS: &[&str] = &["pthread_create", "thrd_create", "clone", "clone3", "fork", "vfork", "_Fork", "dlopen", "dlmopen"];
-    modules.iter().any(|(display, open)| {
-        // What cannot be read may do anything.
-        cache
-            .image(display, open)
-            .and_then(|image| image.imports())
-            .map_or(true, |imports| imports.iter().any(|i| STARTS.contains(&i.as_str())))
     })
 }
 

@@ -98,10 +98,11 @@ impl FunctionCode {
         self.calls_return_to_stubs = true;
     }
 
-    /// Counts without `lock`, for a program that never runs two threads
-    /// (or two processes sharing the counters) at once: as a `--coverage`
-    /// build without `-pthread` does. A signal handler interrupts the
-    /// increment only between instructions, so it loses none.
+    /// Counts without `lock` (a `nop` before each increment, where the
+    /// prefix goes if a second thread may start), for a program that runs
+    /// one thread (or one process sharing the counters) at a time: as a
+    /// `--coverage` build without `-pthread` does. A signal handler
+    /// interrupts the increment only between instructions, so it loses none.
     pub fn count_in_one_thread(&mut self) {
         self.one_thread = true;
     }

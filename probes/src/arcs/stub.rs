@@ -4,7 +4,7 @@
 //! ```text
 //! lea rsp, [rsp-128]          ; only if the flags are live there:
 //! pushfq                      ; a leaf function's red zone survives
-//! lock inc qword [rip+counter]; no lock if one thread counts
+//! lock inc qword [rip+counter]; `nop; inc` while one thread counts
 //! popfq                       ; as pushfq
 //! lea rsp, [rsp+128]
 //! <region hooks>              ; each a call to the runtime (see
@@ -55,7 +55,16 @@ pub struct Stub {
     /// same stack. A call that returns into the stub returns to the second
     /// of these after it.
     pub origins: Vec<(u64, u64)>,
+    /// Where an increment without `lock` has a `nop` before it: writing a
+    /// `lock` prefix (0xf0) there makes it atomic, in place (see
+    /// [`LOCK_PREFIX`]).
+    pub lockable: Vec<u64>,
 }
+
+/// The `lock` prefix, written over the `nop` before an increment when a
+/// second thread may start counting: the increment's end, and so its
+/// rip-relative counter, stay where they were.
+pub const LOCK_PREFIX: u8 = 0xf0;
 
 /// Builds the stub of `site` at `address`, counter `i` of the placement
 /// being the 8 bytes at `counters[i]`. Fails if a counter or something a
@@ -79,8 +88,18 @@ pub fn stub_with_hooks(site: &Site, address: u64, counters: &[u64], hook_slot: O
     if let Some(first) = moved.first_mut() {
         first.1 = address;
     }
+    let lockable =
+        (1..code.len()).filter(|&k| code[k - 1].code() == Code::Nopd && increments(&code[k], counters)).map(|k| starts[k - 1]).collect();
     let origins = starts.into_iter().zip(origins).collect();
-    Ok(Stub { code: encoded.code_buffer, moved, origins })
+    Ok(Stub { code: encoded.code_buffer, moved, origins, lockable })
+}
+
+/// Whether `instruction` increments one of `counters` (the moved
+/// instructions never do: the counters are proftap's own memory).
+fn increments(instruction: &Instruction, counters: &[u64]) -> bool {
+    instruction.code() == Code::Inc_rm64
+        && instruction.memory_base() == Register::RIP
+        && counters.contains(&instruction.memory_displacement64())
 }
 
 /// The stub's instructions, the original address each stands for, and
@@ -187,17 +206,24 @@ fn jump(target: u64) -> Result<Instruction, IcedError> {
     Instruction::with_branch(Code::Jmp_rel32_64, target)
 }
 
-/// `lock inc qword [rip+counter]` (without `lock` where only one thread
-/// counts), and if the flags are live, around it `lea rsp,[rsp-128]`,
-/// `pushfq` ... `popfq`, `lea rsp,[rsp+128]`: no register or flag changes,
-/// and what a leaf function keeps below rsp stays.
+/// `lock inc qword [rip+counter]` (`nop; inc qword [rip+counter]` while
+/// only one thread counts, the `nop` to become `lock` when that changes),
+/// and if the flags are live, around it `lea rsp,[rsp-128]`, `pushfq` ...
+/// `popfq`, `lea rsp,[rsp+128]`: no register or flag changes, and what a
+/// leaf function keeps below rsp stays.
 fn count(at: u64, counter: &SiteCounter) -> Result<Vec<Instruction>, IcedError> {
     let rsp = |offset: i64| Instruction::with2(Code::Lea_r64_m, Register::RSP, MemoryOperand::with_base_displ(Register::RSP, offset));
-    let mut inc = Instruction::with1(Code::Inc_rm64, MemoryOperand::with_base_displ(Register::RIP, at as i64))?;
-    inc.set_has_lock_prefix(counter.atomic);
+    let mut inc = vec![Instruction::with1(Code::Inc_rm64, MemoryOperand::with_base_displ(Register::RIP, at as i64))?];
+    match counter.atomic {
+        true => inc[0].set_has_lock_prefix(true),
+        false => inc.insert(0, Instruction::with(Code::Nopd)),
+    }
     if !counter.flags_live {
         // Nothing touches the stack.
-        return Ok(vec![inc]);
+        return Ok(inc);
     }
-    Ok(vec![rsp(-RED_ZONE)?, Instruction::with(Code::Pushfq), inc, Instruction::with(Code::Popfq), rsp(RED_ZONE)?])
+    let mut code = vec![rsp(-RED_ZONE)?, Instruction::with(Code::Pushfq)];
+    code.extend(inc);
+    code.extend([Instruction::with(Code::Popfq), rsp(RED_ZONE)?]);
+    Ok(code)
 }

@@ -724,7 +724,9 @@ fn arcs_windows_leave_endbr64_in_place_and_stubs_say_where_threads_go() {
 }
 
 /// A counter's increment is `lock inc` unless only one thread counts, and
-/// leaves the stack alone unless the flags must be saved.
+/// leaves the stack alone unless the flags must be saved. Without `lock`,
+/// a `nop` before it is where the prefix goes when a thread starts: the
+/// increment then is `lock inc` of the same counter.
 #[test]
 fn arcs_stubs_lock_only_where_threads_may_count_at_once() {
     let code = assemble(|a| {
@@ -747,9 +749,21 @@ fn arcs_stubs_lock_only_where_threads_may_count_at_once() {
             .iter()
             .map(|site| {
                 let made = stub(site, 0x10_0000, &counters).unwrap();
-                let decoded: Vec<Instruction> = Decoder::with_ip(64, &made.code, 0x10_0000, DecoderOptions::NONE).into_iter().collect();
+                let decode =
+                    |code: &[u8]| -> Vec<Instruction> { Decoder::with_ip(64, code, 0x10_0000, DecoderOptions::NONE).into_iter().collect() };
+                let decoded = decode(&made.code);
                 let inc = decoded.iter().find(|i| i.mnemonic() == Mnemonic::Inc).unwrap();
                 let stack = decoded.iter().filter(|i| i.op0_register() == Register::RSP || i.mnemonic() == Mnemonic::Pushfq).count();
+                assert_eq!(made.lockable.len(), usize::from(!inc.has_lock_prefix()), "{decoded:?}");
+                let mut locked = made.code.clone();
+                for &at in &made.lockable {
+                    assert_eq!(locked[(at - 0x10_0000) as usize], 0x90);
+                    locked[(at - 0x10_0000) as usize] = crate::arcs::stub::LOCK_PREFIX;
+                }
+                let relocked = decode(&locked);
+                let locked_inc = relocked.iter().find(|i| i.mnemonic() == Mnemonic::Inc).unwrap();
+                assert!(locked_inc.has_lock_prefix() && locked_inc.memory_displacement64() == inc.memory_displacement64());
+                assert_eq!(relocked.len() + made.lockable.len(), decoded.len());
                 (inc.has_lock_prefix(), stack)
             })
             .collect()

@@ -53,8 +53,9 @@ pub struct Choices {
     /// A counter may take a function's entry, where the function engine's
     /// jump would go, when nothing else counts its first block.
     pub may_take_entries: bool,
-    /// The program never runs two threads or processes that count at once:
-    /// increments need no `lock` (see [`FunctionCode::count_in_one_thread`]).
+    /// Increments may go without `lock` (see
+    /// [`FunctionCode::count_in_one_thread`]) where [`apply`] finds one
+    /// thread and every thread start hooked.
     pub one_thread: bool,
 }
 
@@ -264,6 +265,29 @@ pub struct Counting {
     /// Where threads were in the code when counting started and ended.
     frames: Vec<Frame>,
     unsettled: Vec<Range<u64>>,
+    /// The first of the tables of increments still without `lock` (see
+    /// [`LockTable`]), 0 if none.
+    lock_table: u64,
+}
+
+/// Where the runtime finds, when a thread or a process is about to start,
+/// the increments to make atomic (`proftap_lock_counters` in
+/// `probes/runtime/runtime.c`): one table per module's stubs, after them,
+/// `next, region, region_bytes, count`, then `count` addresses of a `nop`
+/// to become [`arcs::stub::LOCK_PREFIX`].
+struct LockTable;
+
+impl LockTable {
+    const HEADER: usize = 4;
+
+    fn bytes(increments: usize) -> usize {
+        8 * (Self::HEADER + increments)
+    }
+
+    fn write(next: u64, region: &Range<u64>, lockable: &[u64]) -> Vec<u8> {
+        let header = [next, region.start, region.end - region.start, lockable.len() as u64];
+        header.iter().chain(lockable).flat_map(|w| w.to_ne_bytes()).collect()
+    }
 }
 
 /// Moves every thread of the held process past the places of `plan` where
@@ -288,7 +312,17 @@ pub fn settle_threads(remote: &Remote, plan: &Plan) -> Result<Vec<u64>, RemoteEr
 /// Region hooks call the region trampoline at `region_trampoline` (none:
 /// the runtime is not in the process, and functions with hooks are not
 /// counted).
-pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64], region_trampoline: Option<u64>) -> Result<(Counting, Refused), RemoteError> {
+///
+/// With `atomic`, every increment is `lock`ed from the start; else those
+/// planned without `lock` stay so until the runtime is told a second
+/// thread or process may count ([`Counting::lock_table`]).
+pub fn apply(
+    remote: &Remote,
+    plan: Plan,
+    threads_at: &[u64],
+    region_trampoline: Option<u64>,
+    atomic: bool,
+) -> Result<(Counting, Refused), RemoteError> {
     let unsettled = plan.unsettled();
     let Plan { modules, mut refused, .. } = plan;
     let refused = &mut refused;
@@ -300,10 +334,15 @@ pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64], region_trampoline:
         code: Vec::new(),
         frames: threads_at.iter().map(|&pc| Frame { pc, at_start: true }).collect(),
         unsettled,
+        lock_table: 0,
     };
     let mut moves: HashMap<u64, u64> = HashMap::new();
     let mut jumps: Vec<Applied> = Vec::new();
     for module in modules {
+        let mut module = module;
+        if atomic {
+            module.iter_mut().flat_map(|p| &mut p.sites).flat_map(|s| &mut s.counters).for_each(|c| c.atomic = true);
+        }
         let mut functions: Vec<Planned> = Vec::new();
         let sites: Vec<(u64, usize)> = module.iter().flat_map(|p| p.sites.iter().map(|s| (s.at, s.len()))).collect();
         let mut now = remote.read_pieces(&sites).into_iter();
@@ -328,7 +367,9 @@ pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64], region_trampoline:
         let highest = functions.iter().flat_map(|p| p.sites.iter().map(Site::end)).max().unwrap_or(0);
         let span = lowest..highest;
         let hooks: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.hooks.len()).sum();
-        let room = SLOT_ROOM + sites * STUB_ROOM + hooks * HOOK_ROOM;
+        let increments: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.counters.len()).sum();
+        let table_at = SLOT_ROOM + sites * STUB_ROOM + hooks * HOOK_ROOM;
+        let room = table_at + LockTable::bytes(increments);
         let region = remote.map_near(span, room)?;
         let shared = remote.share((counters * 8).max(8), Some(region..region + room as u64))?;
         let mut code: Vec<u8> = Vec::with_capacity(room);
@@ -337,6 +378,7 @@ pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64], region_trampoline:
         code.resize(SLOT_ROOM, 0xcc);
         let slot = region_trampoline.map(|_| region);
         let mut offset = 0usize;
+        let mut lockable = Vec::new();
         for p in functions {
             let addresses: Vec<u64> = (0..p.placement.counted().len()).map(|k| shared.remote + (offset + 8 * k) as u64).collect();
             match stubs(&p.sites, region, code.len(), &addresses, slot) {
@@ -346,6 +388,7 @@ pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64], region_trampoline:
                         code.extend_from_slice(&stub.code);
                         code.resize(code.len().next_multiple_of(16), 0xcc);
                         moves.extend(stub.moved.into_iter().filter(|&(from, _)| from != site.at));
+                        lockable.extend(stub.lockable);
                         counting.origins.extend(stub.origins);
                         // Past the stub, nothing stands for original code.
                         counting.origins.push((at + stub.code.len() as u64, 0));
@@ -366,9 +409,15 @@ pub fn apply(remote: &Remote, plan: Plan, threads_at: &[u64], region_trampoline:
                 Err(why) => refused.push((p.function, why)),
             }
         }
+        let code_range = region..region + room as u64;
+        if !lockable.is_empty() {
+            code.resize(table_at, 0xcc);
+            code.extend(LockTable::write(counting.lock_table, &code_range, &lockable));
+            counting.lock_table = region + table_at as u64;
+        }
         remote.write(region, &code)?;
         remote.seal_code(region, room)?;
-        counting.code.push(region..region + room as u64);
+        counting.code.push(code_range);
         counting.memory.push(shared);
     }
     for tid in remote.threads() {
@@ -404,6 +453,12 @@ impl Counting {
     /// The counted functions.
     pub fn functions(&self) -> &[Counted] {
         &self.functions
+    }
+
+    /// The first of the tables of increments the runtime makes atomic
+    /// when a thread or a process starts, 0 if every increment is atomic.
+    pub fn lock_table(&self) -> u64 {
+        self.lock_table
     }
 
     /// proftap's code in the process: the stubs.

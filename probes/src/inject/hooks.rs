@@ -25,10 +25,20 @@ pub enum Hook {
     /// An unwinder that only reads the stack (`backtrace()`): unhooked at
     /// its entry, the live frames are hijacked again at its returns.
     Walk,
+    /// A thread or a process is about to start: edge counters counting
+    /// without `lock` until then are made atomic.
+    ThreadStart,
 }
 
-/// The entry points, by symbol name.
-const HOOKS: [(&str, Hook); 9] = [
+/// The entry points, by symbol name. A thread starts in `pthread_create`
+/// (which `thrd_create` calls at the same code) or `clone`, a process
+/// that shares the counters in `fork` or `_Fork`; `vfork` and
+/// `posix_spawn` suspend the parent until the child executes.
+const HOOKS: [(&str, Hook); 13] = [
+    ("pthread_create", Hook::ThreadStart),
+    ("clone", Hook::ThreadStart),
+    ("fork", Hook::ThreadStart),
+    ("_Fork", Hook::ThreadStart),
     ("_Unwind_RaiseException", Hook::Unhook),
     ("_Unwind_Resume", Hook::Unhook),
     ("_Unwind_Resume_or_Rethrow", Hook::Unhook),

@@ -263,7 +263,15 @@ impl Patched {
         patched.probe_returns.extend(patched.trampolines.map(|t| t.shared + totals::return_trampoline_return_offset()));
         patched.probe_returns.sort_unstable();
         if let Some(plan) = counting_plan {
-            let (counting, uncounted) = counting::apply(&remote, plan, &threads_at, region_trampoline)?;
+            // Increments go without `lock` while one thread counts and every
+            // place a second could start from is hooked.
+            let unhooked_start = hook_sites
+                .iter()
+                .enumerate()
+                .any(|(h, site)| site.hook == Hook::ThreadStart && refused.iter().any(|(i, _)| *i == functions.len() + h));
+            let atomic = unhooked_start || remote.threads().len() > 1;
+            let (counting, uncounted) = counting::apply(&remote, plan, &threads_at, region_trampoline, atomic)?;
+            shared.store(std::mem::offset_of!(totals::Header, lock_table), counting.lock_table());
             patched.code.extend(counting.code().iter().cloned());
             patched.counting = Some(counting);
             patched.uncounted = uncounted;
@@ -301,7 +309,8 @@ impl Patched {
     fn split_refusals(&mut self, refused: Refused, functions: usize, hook_sites: &[HookSite]) {
         for (i, why) in refused {
             match i.checked_sub(functions).and_then(|h| hook_sites.get(h)) {
-                Some(site) if site.target.site == Site::Return => {}
+                // Without its hook, a thread start finds the counters atomic already.
+                Some(site) if site.target.site == Site::Return || site.hook == Hook::ThreadStart => {}
                 Some(site) => self.unhooked.push(format!("{} in {} ({why})", site.name, site.target.module.display())),
                 None => self.refused.push((i, why)),
             }
@@ -603,7 +612,8 @@ fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Sit
         (Some(Hook::Unhook | Hook::Walk), Site::Entry) => call_routine(address, rt.unhook, 0),
         (Some(Hook::Walk), Site::Return) => call_routine_and_return(address, rt.resume),
         (Some(Hook::Rehook), _) => call_routine(address, rt.rehook, 0),
-        (Some(Hook::Unhook), Site::Return) => Err("no code for this site".to_string()),
+        (Some(Hook::ThreadStart), Site::Entry) => call_routine(address, rt.lock_counters, 0),
+        (Some(Hook::Unhook | Hook::ThreadStart), Site::Return) => Err("no code for this site".to_string()),
     }
 }
 

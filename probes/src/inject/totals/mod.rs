@@ -117,7 +117,10 @@ pub struct Header {
     /// Bumped (and woken) by proftap after it looked for ended threads'
     /// blocks to hand back.
     pub blocks_answered: u32,
-    reserved: [u64; 1],
+    /// The first table of increments to make atomic when a thread or a
+    /// process starts; the runtime empties it as it does so (see
+    /// `counting::LockTable`).
+    pub lock_table: u64,
 }
 
 /// `struct stat` of runtime.h: total, min and max, in TSC cycles.
@@ -404,6 +407,9 @@ pub struct Runtime {
     pub resume: u64,
     /// Where the region trampoline is (see [`region_hook`]).
     pub region_trampoline: u64,
+    /// Where `lock_counters` is: called where a thread or a process
+    /// starts, it makes the edge counters' increments atomic.
+    pub lock_counters: u64,
 }
 
 fn asm_error(e: IcedError) -> String {
@@ -470,6 +476,7 @@ pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> R
         rehook: address + symbols::PROFTAP_REHOOK,
         resume: address + symbols::PROFTAP_RESUME,
         region_trampoline,
+        lock_counters: address + symbols::PROFTAP_LOCK_COUNTERS,
     })
 }
 
