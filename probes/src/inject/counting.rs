@@ -372,42 +372,50 @@ pub fn apply(
         let room = table_at + LockTable::bytes(increments);
         let region = remote.map_near(span, room)?;
         let shared = remote.share((counters * 8).max(8), Some(region..region + room as u64))?;
-        let mut code: Vec<u8> = Vec::with_capacity(room);
-        // The region trampoline's address, which hooks call through.
-        code.extend_from_slice(&region_trampoline.unwrap_or(0).to_ne_bytes());
-        code.resize(SLOT_ROOM, 0xcc);
         let slot = region_trampoline.map(|_| region);
-        let mut offset = 0usize;
+        // Each function's counters, one after the other in the shared memory.
+        let offsets: Vec<usize> = functions
+            .iter()
+            .scan(0, |next, p| {
+                let at = *next;
+                *next += 8 * p.placement.counted().len();
+                Some(at)
+            })
+            .collect();
+        let (mut code, built) = lay_out_halves(&functions, |from, to, start| {
+            let counters =
+                |i: usize| (0..functions[i].placement.counted().len()).map(|k| shared.remote + (offsets[i] + 8 * k) as u64).collect();
+            lay_out(&functions[from..to], (from..to).map(counters), region, start, slot)
+        });
+        // The region trampoline's address, which hooks call through.
+        code[..8].copy_from_slice(&region_trampoline.unwrap_or(0).to_ne_bytes());
         let mut lockable = Vec::new();
-        for p in functions {
-            let addresses: Vec<u64> = (0..p.placement.counted().len()).map(|k| shared.remote + (offset + 8 * k) as u64).collect();
-            match stubs(&p.sites, region, code.len(), &addresses, slot) {
-                Ok(built) => {
-                    for (site, stub) in p.sites.iter().zip(built) {
-                        let at = region + code.len() as u64;
-                        code.extend_from_slice(&stub.code);
-                        code.resize(code.len().next_multiple_of(16), 0xcc);
-                        moves.extend(stub.moved.into_iter().filter(|&(from, _)| from != site.at));
-                        lockable.extend(stub.lockable);
-                        counting.origins.extend(stub.origins);
-                        // Past the stub, nothing stands for original code.
-                        counting.origins.push((at + stub.code.len() as u64, 0));
-                        let jump = site.jump_to(at).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-                        jumps.push(Applied { at: site.at, original: site.original.clone(), jump });
-                    }
-                    counting.functions.push(Counted {
-                        function: p.function,
-                        bias: p.bias,
-                        offset,
-                        memory: counting.memory.len(),
-                        cfg: p.cfg,
-                        placement: p.placement,
-                        sites: p.sites,
-                    });
-                    offset += 8 * addresses.len();
+        for ((p, offset), built) in functions.into_iter().zip(offsets).zip(built) {
+            let stubs = match built {
+                Ok(stubs) => stubs,
+                Err(why) => {
+                    refused.push((p.function, why));
+                    continue;
                 }
-                Err(why) => refused.push((p.function, why)),
+            };
+            for (site, (at, stub)) in p.sites.iter().zip(stubs) {
+                moves.extend(stub.moved.into_iter().filter(|&(from, _)| from != site.at));
+                lockable.extend(stub.lockable);
+                counting.origins.extend(stub.origins);
+                // Past the stub, nothing stands for original code.
+                counting.origins.push((at + stub.code.len() as u64, 0));
+                let jump = site.jump_to(at).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+                jumps.push(Applied { at: site.at, original: site.original.clone(), jump });
             }
+            counting.functions.push(Counted {
+                function: p.function,
+                bias: p.bias,
+                offset,
+                memory: counting.memory.len(),
+                cfg: p.cfg,
+                placement: p.placement,
+                sites: p.sites,
+            });
         }
         let code_range = region..region + room as u64;
         if !lockable.is_empty() {
@@ -440,13 +448,81 @@ fn stubs(sites: &[Site], region: u64, start: usize, counters: &[u64], hook_slot:
     let mut built = Vec::with_capacity(sites.len());
     for site in sites {
         let stub = arcs::stub_with_hooks(site, region + at as u64, counters, hook_slot).map_err(|e| e.to_string())?;
-        if stub.code.len() > STUB_ROOM + site.hooks.len() * HOOK_ROOM {
+        if stub.code.len() > site_room(site) {
             return Err(format!("the counter at {:#x} needs a stub of {} bytes", site.at, stub.code.len()));
         }
         at = (at + stub.code.len()).next_multiple_of(16);
         built.push(stub);
     }
     Ok(built)
+}
+
+/// The most a site's stub takes, rounded up to 16 bytes as laid out.
+fn site_room(site: &Site) -> usize {
+    STUB_ROOM + site.hooks.len() * HOOK_ROOM
+}
+
+/// A function's stubs, each at its address, or why it has none.
+type Built = Result<Vec<(u64, arcs::Stub)>, String>;
+
+/// The stubs of `functions` (`counters`: each one's counters' addresses),
+/// one after the other from `start` bytes into `region`: the region's
+/// bytes up to their end, and each function's stubs.
+fn lay_out(
+    functions: &[Planned],
+    counters: impl Iterator<Item = Vec<u64>>,
+    region: u64,
+    start: usize,
+    hook_slot: Option<u64>,
+) -> (Vec<u8>, Vec<Built>) {
+    let mut code = vec![0xcc; start];
+    let built = functions
+        .iter()
+        .zip(counters)
+        .map(|(p, counters)| {
+            let stubs = stubs(&p.sites, region, code.len(), &counters, hook_slot)?;
+            Ok(stubs
+                .into_iter()
+                .map(|stub| {
+                    let at = region + code.len() as u64;
+                    code.extend_from_slice(&stub.code);
+                    code.resize(code.len().next_multiple_of(16), 0xcc);
+                    (at, stub)
+                })
+                .collect())
+        })
+        .collect();
+    (code, built)
+}
+
+/// The region's stubs built in two halves, on two CPUs where they are
+/// many (a large program's take tens of milliseconds to encode): the
+/// second half from where the first would end if every stub took its
+/// whole room, so that neither waits for the other. `lay_out(from, to,
+/// start)` lays out `functions[from..to]` from `start`.
+fn lay_out_halves(functions: &[Planned], lay_out: impl Fn(usize, usize, usize) -> (Vec<u8>, Vec<Built>) + Sync) -> (Vec<u8>, Vec<Built>) {
+    const FEW_SITES: usize = 512;
+    let rooms: Vec<usize> = functions.iter().map(|p| p.sites.iter().map(site_room).sum()).collect();
+    let total: usize = rooms.iter().sum();
+    let halfway = rooms.iter().scan(0, |sum, r| {
+        *sum += r;
+        Some(*sum)
+    });
+    let split = halfway.take_while(|&sum| sum < total / 2).count();
+    let sites: usize = functions.iter().map(|p| p.sites.len()).sum();
+    if sites < FEW_SITES || split == 0 {
+        return lay_out(0, functions.len(), SLOT_ROOM);
+    }
+    let second_start = SLOT_ROOM + rooms[..split].iter().sum::<usize>();
+    let ((mut code, mut built), (second, second_built)) = std::thread::scope(|scope| {
+        let second = scope.spawn(|| lay_out(split, functions.len(), second_start));
+        let first = lay_out(0, split, SLOT_ROOM);
+        (first, second.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    });
+    code.resize(second_start, 0xcc);
+    code.extend_from_slice(&second[second_start..]);
+    built.extend(second_built);
+    (code, built)
 }
 
 impl Counting {

@@ -374,8 +374,8 @@ fn read_unit(dwarf: &gimli::Dwarf<Reader<'_>>, unit: &gimli::Unit<Reader<'_>>, r
         let depth = entries.next_depth();
         let Some(abbreviation) = entries.read_abbreviation()? else { continue };
         let tag = abbreviation.tag();
-        let wanted = tag == gimli::DW_TAG_subprogram
-            || (depth == 0 && matches!(tag, gimli::DW_TAG_compile_unit | gimli::DW_TAG_partial_unit));
+        let wanted =
+            tag == gimli::DW_TAG_subprogram || (depth == 0 && matches!(tag, gimli::DW_TAG_compile_unit | gimli::DW_TAG_partial_unit));
         if !wanted {
             entries.skip_attributes(abbreviation.attributes())?;
             continue;
