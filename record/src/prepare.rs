@@ -286,6 +286,18 @@ fn choose_engine(request: &RecordRequest, metrics: &[Metric], chosen: &Chosen) -
     engine
 }
 
+/// Whether something decided before the launch depends on which functions'
+/// edges can be counted: lines followed by uprobes, regions (timed by
+/// uprobes if a function of theirs cannot be hooked), functions refused
+/// and not sampled (then probed). Otherwise the plan made in the held
+/// process decides, and the functions whose entry it takes are sampled.
+fn counting_decides_before_launch(request: &RecordRequest) -> bool {
+    follows_uncountable_lines(request)
+        || !request.regions.is_empty()
+        || request.overhead_budget(false).is_none()
+        || request.sample_settings().is_none()
+}
+
 /// Whether the lines the in-process engine cannot count are followed by
 /// uprobes: where this user may place them, and only when every probe is
 /// kept. A uprobe hit costs what a hundred counted lines do, and one hot
@@ -475,7 +487,7 @@ fn choose(
     let regions_of = lines.as_ref().map(|l| regions_of_lines(&l.lines, &request.regions)).unwrap_or_default();
     let by_function = lines.as_ref().map(LinePlan::by_function).unwrap_or_default();
     let (uncountable, entries_counted) = match &lines {
-        Some(lines) => {
+        Some(lines) if counting_decides_before_launch(request) => {
             let regions = counting::Regions { of_lines: &regions_of };
             let plan = counting::plan_in_files(&measured, &lines.with_lines(), counting, &by_function, regions);
             let refused = plan.refused.clone();
@@ -483,7 +495,7 @@ fn choose(
             let taken = plan.entries_taken.into_iter().filter(|f| !refused.iter().any(|(r, _)| r == f)).collect();
             (refused, taken)
         }
-        None => (Vec::new(), Vec::new()),
+        _ => (Vec::new(), Vec::new()),
     };
     let in_region = |line: &u32| regions_of.get(*line as usize).is_some_and(|r| !r.is_empty());
     let holds_region = |f: usize| by_function.get(f).is_some_and(|l| l.rows.iter().flat_map(|(_, ls)| ls).any(in_region));

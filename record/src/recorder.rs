@@ -20,6 +20,7 @@ use crate::sources::uprobes::UprobeSource;
 use proftap_probes::arcs::FunctionLines;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::{ENTRY_COUNTED, Patched, Recording};
+use proftap_probes::inject::patcher::Refused;
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
 use proftap_probes::offcpu::OffCpu;
@@ -42,6 +43,8 @@ struct Patching {
     /// What the runtime reads CPU time from, when the kernel lends it.
     off_cpu: Option<Arc<OffCpu>>,
     notes: Vec<Note>,
+    /// The functions the engine will not patch, and why.
+    refused: Refused,
 }
 
 /// The target, running with its events open.
@@ -55,6 +58,9 @@ struct Started {
     threads: Vec<(i32, String)>,
     tracing: Option<Patched>,
     notes: Vec<Note>,
+    /// Functions the engine found it could not patch once the program was
+    /// in place (their entry counts lines), and why.
+    refused: Refused,
 }
 
 /// Records `functions` in `spec`'s target until it ends (or, attached,
@@ -108,11 +114,15 @@ pub fn record(
         let samples = if options.trace_bytes.is_some() { samples.timed() } else { samples };
         SamplerThread::spawn(resolver, samples, saver.is_some())
     });
-    let Patching { injected, tracing, clock, off_cpu, mut notes } = patching;
+    let Patching { injected, tracing, clock, off_cpu, mut notes, refused } = patching;
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
     let patch = Patch { functions: &all[..measured], injected: &injected, how };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
+    let refused: Refused = refused.into_iter().chain(started.refused).collect();
+    if !refused.is_empty() {
+        notes.push(refusals_note(&all[..measured], &refused, hybrid(options)).into());
+    }
     let run = Run { all: &all, measured, options, injected, pid: started.pid, started_ns: started.started_ns, attached: started.attached };
     let code = started.tracing.as_ref().map(Patched::code).unwrap_or_default();
     let code_added = started.tracing.as_ref().map(CodeAdded::of);
@@ -218,11 +228,11 @@ fn patching(
     options: &RecordOptions,
     counted: &CountedLines,
 ) -> Result<Patching, RecordError> {
-    let mut notes = options.notes.clone();
+    let notes = options.notes.clone();
     let mut tracing = None;
     // Sampling only, nothing is patched.
     if options.engine != Engine::Inject || options.sample_only {
-        return Ok(Patching { injected: vec![false; functions.len()], tracing, clock: None, off_cpu: None, notes });
+        return Ok(Patching { injected: vec![false; functions.len()], tracing, clock: None, off_cpu: None, notes, refused: Vec::new() });
     }
     if options.metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
         return Err(RecordError::InjectMetrics);
@@ -258,9 +268,6 @@ fn patching(
         let names: Vec<String> = refused.iter().take(3).map(|(i, why)| format!("{}: {why}", functions[*i].info.name)).collect();
         return Err(RecordError::UprobesNeedRoot { count: refused.len(), names: names.join("; ") });
     }
-    if !refused.is_empty() {
-        notes.push(refusals_note(functions, &refused, hybrid(options)).into());
-    }
     let mut injected = vec![true; functions.len()];
     for (i, _) in &refused {
         if let Some(flag) = injected.get_mut(*i) {
@@ -269,7 +276,7 @@ fn patching(
     }
     let clock = finished(clock, "the in-process engine's clock")?
         .map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?;
-    Ok(Patching { injected, tracing, clock: Some(clock), off_cpu, notes })
+    Ok(Patching { injected, tracing, clock: Some(clock), off_cpu, notes, refused })
 }
 
 /// What a thread preparing `what` came to.
@@ -347,29 +354,31 @@ fn start(
             // Before the program goes: it may run a while before proftap does.
             let started_ns = monotonic_ns();
             child.release()?;
-            let (tracing, notes) = if inject { patch_at_start(pid, patch)? } else { (None, Vec::new()) };
+            let (tracing, notes, refused) = if inject { patch_at_start(pid, patch)? } else { (None, Vec::new(), Vec::new()) };
             let command = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-            Ok(Started { pid, child: Some(child), command, attached: false, started_ns, threads: Vec::new(), tracing, notes })
+            Ok(Started { pid, child: Some(child), command, attached: false, started_ns, threads: Vec::new(), tracing, notes, refused })
         }
         TargetSpec::Attach { pid } => attach(*pid, uprobes, tracing, sampler, functions.len(), options),
     }
 }
 
 /// Patches a launched program when it and its libraries are in place and
-/// none of their code has run.
-fn patch_at_start(pid: i32, patch: &Patch<'_>) -> Result<(Option<Patched>, Vec<Note>), RecordError> {
+/// none of their code has run; says which functions it could not patch:
+/// those whose entry counts their lines, and those whose code differs.
+fn patch_at_start(pid: i32, patch: &Patch<'_>) -> Result<(Option<Patched>, Vec<Note>, Refused), RecordError> {
     let functions = patch.functions;
     let engine =
         Patched::attach_at_start(pid, functions, patch.injected, patch.how).map_err(|source| RecordError::Inject { pid, source })?;
     check_unwinders(&engine, functions)?;
-    let missed: Vec<String> = engine
+    let (entries_counted, missed): (Refused, Refused) = engine
         .refused()
         .iter()
         .filter(|(i, _)| patch.injected.get(*i).copied().unwrap_or(false))
-        .map(|(i, _)| functions[*i].info.name.clone())
-        .collect();
+        .cloned()
+        .partition(|(_, why)| why == ENTRY_COUNTED);
+    let missed: Vec<String> = missed.iter().map(|(i, _)| functions[*i].info.name.clone()).collect();
     let notes = if missed.is_empty() { Vec::new() } else { vec![Finding::CodeDiffers { functions: missed }.into()] };
-    Ok((Some(engine), notes))
+    Ok((Some(engine), notes, entries_counted))
 }
 
 /// Opens the events on a running process's threads, held still (by the
@@ -397,7 +406,17 @@ fn attach(
     let started_ns = monotonic_ns();
     drop(frozen);
     options.observer.event(RecordEvent::Started { pid, functions: functions as u64, attached: true });
-    Ok(Started { pid, child: None, command: target::command_line(pid), attached: true, started_ns, threads, tracing, notes: Vec::new() })
+    Ok(Started {
+        pid,
+        child: None,
+        command: target::command_line(pid),
+        attached: true,
+        started_ns,
+        threads,
+        tracing,
+        notes: Vec::new(),
+        refused: Vec::new(),
+    })
 }
 
 /// What the aggregator and the assembly know once the target runs.
