@@ -262,8 +262,20 @@ impl Remote {
     /// never the bytes between them, which the kernel may change even in a
     /// held process (a uprobe of another tool's, placed or removed, writes
     /// its breakpoint into every process mapping the file).
+    /// A large program's pieces (tens of thousands of edge counters' jumps,
+    /// a system call each) are written by two threads, half each.
     pub fn write_pieces(&self, pieces: &[(u64, &[u8])]) -> Result<(), RemoteError> {
-        pieces.iter().try_for_each(|(at, bytes)| self.write(*at, bytes))
+        const MANY: usize = 2048;
+        let write = |pieces: &[(u64, &[u8])]| pieces.iter().try_for_each(|(at, bytes)| self.write(*at, bytes));
+        if pieces.len() < MANY {
+            return write(pieces);
+        }
+        let (first, second) = pieces.split_at(pieces.len() / 2);
+        std::thread::scope(|scope| {
+            let second = scope.spawn(|| write(second));
+            let first = write(first);
+            first.and(second.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        })
     }
 
     /// Makes system call `nr` with `args` in the target; returns its result
