@@ -191,7 +191,6 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
 #define SYS_close 3
 #define SYS_mmap 9
 #define SYS_mprotect 10
-#define SYS_rt_sigprocmask 14
 #define SYS_munmap 11
 #define SYS_mremap 25
 #define SYS_getpid 39
@@ -813,28 +812,25 @@ void proftap_resume(u64 *slot)
  * `clone`, `fork`): the edge counters' increments that went without `lock`
  * while one thread counted get it, the `nop` before each becoming the
  * prefix. The one thread of the process runs here, the first time only: the
- * table is emptied as it is taken. Signals wait meanwhile: a handler that
- * ran counted code would find its stubs not executable. */
+ * table is emptied as it is taken. The stubs stay executable while they are
+ * written (a signal handler, or a thread started some way not hooked, may
+ * run them; each byte written leaves whole instructions either way); where
+ * that is refused the increments stay as they are. */
 void proftap_lock_counters(u64 *slot)
 {
     (void)slot;
     struct header *h = header(config());
     u64 table = __atomic_exchange_n(&h->lock_table, 0, __ATOMIC_ACQ_REL);
-    if (!table)
-        return;
-    u64 all = ~0ull, saved = 0;
-    syscall6(SYS_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&all, (long)&saved, sizeof all, 0, 0);
     while (table) {
         const u64 *t = (const u64 *)table;
         u64 region = t[1], bytes = t[2], count = t[3];
-        if (syscall6(SYS_mprotect, region, bytes, 3 /* PROT_READ|PROT_WRITE */, 0, 0, 0) == 0) {
+        if (syscall6(SYS_mprotect, region, bytes, 7 /* PROT_READ|PROT_WRITE|PROT_EXEC */, 0, 0, 0) == 0) {
             for (u64 i = 0; i < count; i++)
                 *(volatile unsigned char *)t[4 + i] = 0xf0;
             syscall6(SYS_mprotect, region, bytes, 5 /* PROT_READ|PROT_EXEC */, 0, 0, 0);
         }
         table = t[0];
     }
-    syscall6(SYS_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&saved, 0, sizeof saved, 0, 0);
 }
 
 /* Regions. A region's hooks are patched where a frame moves onto one of

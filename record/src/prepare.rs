@@ -481,8 +481,6 @@ fn choose(
         returns_into_stubs: matches!(request.target, RecordTarget::Launch { .. })
             && self::exit_mode(ExitsChoice::Auto, &indexes[0], modules) == ExitMode::Uretprobe,
         may_take_entries: request.is_hybrid(),
-        // Made atomic in place when a second thread or process may start.
-        one_thread: true,
     };
     let regions_of = lines.as_ref().map(|l| regions_of_lines(&l.lines, &request.regions)).unwrap_or_default();
     let by_function = lines.as_ref().map(LinePlan::by_function).unwrap_or_default();

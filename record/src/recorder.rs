@@ -114,11 +114,12 @@ pub fn record(
         let samples = if options.trace_bytes.is_some() { samples.timed() } else { samples };
         SamplerThread::spawn(resolver, samples, saver.is_some())
     });
-    let Patching { injected, tracing, clock, off_cpu, mut notes, refused } = patching;
+    let Patching { mut injected, tracing, clock, off_cpu, mut notes, refused } = patching;
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
     let patch = Patch { functions: &all[..measured], injected: &injected, how };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
+    left_out(&mut injected, &started.refused);
     let refused: Refused = refused.into_iter().chain(started.refused).collect();
     if !refused.is_empty() {
         notes.push(refusals_note(&all[..measured], &refused, hybrid(options)).into());
@@ -269,14 +270,19 @@ fn patching(
         return Err(RecordError::UprobesNeedRoot { count: refused.len(), names: names.join("; ") });
     }
     let mut injected = vec![true; functions.len()];
-    for (i, _) in &refused {
+    left_out(&mut injected, &refused);
+    let clock = finished(clock, "the in-process engine's clock")?
+        .map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?;
+    Ok(Patching { injected, tracing, clock: Some(clock), off_cpu, notes, refused })
+}
+
+/// `injected` without the functions `refused`.
+fn left_out(injected: &mut [bool], refused: &Refused) {
+    for (i, _) in refused {
         if let Some(flag) = injected.get_mut(*i) {
             *flag = false;
         }
     }
-    let clock = finished(clock, "the in-process engine's clock")?
-        .map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?;
-    Ok(Patching { injected, tracing, clock: Some(clock), off_cpu, notes, refused })
 }
 
 /// What a thread preparing `what` came to.

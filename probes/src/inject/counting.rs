@@ -53,10 +53,6 @@ pub struct Choices {
     /// A counter may take a function's entry, where the function engine's
     /// jump would go, when nothing else counts its first block.
     pub may_take_entries: bool,
-    /// Increments may go without `lock` (see
-    /// [`FunctionCode::count_in_one_thread`]) where [`apply`] finds one
-    /// thread and every thread start hooked.
-    pub one_thread: bool,
 }
 
 /// The counters to patch into a process, and the functions that cannot be
@@ -211,9 +207,8 @@ fn plan_function(
     if choices.returns_into_stubs {
         decoded.let_calls_return_to_stubs();
     }
-    if choices.one_thread {
-        decoded.count_in_one_thread();
-    }
+    // Without `lock` as planned; [`apply`] adds it where threads may count at once.
+    decoded.count_in_one_thread();
     let placement = arcs::place_counters(&cfg, &arcs::counter_costs(&cfg, &decoded));
     if let Some(q) = placement.needs_probe().first() {
         return Err(format!("{} of its counts have no place for a counter (the first: {q:?})", placement.needs_probe().len()));
@@ -514,11 +509,8 @@ fn lay_out_halves(functions: &[Planned], lay_out: impl Fn(usize, usize, usize) -
         return lay_out(0, functions.len(), SLOT_ROOM);
     }
     let second_start = SLOT_ROOM + rooms[..split].iter().sum::<usize>();
-    let ((mut code, mut built), (second, second_built)) = std::thread::scope(|scope| {
-        let second = scope.spawn(|| lay_out(split, functions.len(), second_start));
-        let first = lay_out(0, split, SLOT_ROOM);
-        (first, second.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-    });
+    let ((mut code, mut built), (second, second_built)) =
+        super::patcher::both(|| lay_out(0, split, SLOT_ROOM), || lay_out(split, functions.len(), second_start));
     code.resize(second_start, 0xcc);
     code.extend_from_slice(&second[second_start..]);
     built.extend(second_built);

@@ -86,6 +86,10 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
             }
             let Ok(name) = symbol.name() else { continue };
             let Some((name, hook)) = hook_of(name) else { continue };
+            // A program's own static `fork` or `clone` starts nothing.
+            if hook == Hook::ThreadStart && symbol.is_local() {
+                continue;
+            }
             let Some(offset) = crate::symbols::file_offset(&segments, crate::addr::VirtAddr(symbol.address())) else {
                 continue;
             };
@@ -105,4 +109,20 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
         }
     }
     sites
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where this process (linked with the C library) starts threads and
+    /// processes: the C library's exported entries.
+    #[test]
+    fn thread_and_process_starts_are_found_in_the_c_library() {
+        let modules = crate::procfs::loaded_modules(std::process::id() as i32).expect("this process's modules");
+        let starts: Vec<&str> = find(&modules).iter().filter(|s| s.hook == Hook::ThreadStart).map(|s| s.name).collect();
+        for name in ["pthread_create", "clone", "fork"] {
+            assert!(starts.contains(&name), "{name} not among {starts:?}");
+        }
+    }
 }

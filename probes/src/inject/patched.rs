@@ -160,7 +160,7 @@ impl Patched {
     ) -> Result<Patched, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         refuse_shadow_stacks(pid)?;
-        let hook_sites = hook_sites(&modules);
+        let hook_sites = hook_sites(&modules, how.count_edges.contains(&true));
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
         let (mut groups, mut refused) = patcher::plans(&modules, &targets, checked);
@@ -209,6 +209,7 @@ impl Patched {
             patched.split_refusals(refused, functions.len(), &hook_sites);
             return Ok(patched);
         }
+        let launched = at_start.is_some();
         let remote = match at_start {
             Some(remote) => remote,
             None => Remote::attach(pid)?,
@@ -263,13 +264,8 @@ impl Patched {
         patched.probe_returns.extend(patched.trampolines.map(|t| t.shared + totals::return_trampoline_return_offset()));
         patched.probe_returns.sort_unstable();
         if let Some(plan) = counting_plan {
-            // Increments go without `lock` while one thread counts and every
-            // place a second could start from is hooked.
-            let unhooked_start = hook_sites
-                .iter()
-                .enumerate()
-                .any(|(h, site)| site.hook == Hook::ThreadStart && refused.iter().any(|(i, _)| *i == functions.len() + h));
-            let atomic = unhooked_start || remote.threads().len() > 1;
+            let hooked = |h: usize| !refused.iter().any(|(i, _)| *i == functions.len() + h);
+            let atomic = !launched || remote.threads().len() > 1 || !thread_starts_hooked(&hook_sites, hooked);
             let (counting, uncounted) = counting::apply(&remote, plan, &threads_at, region_trampoline, atomic)?;
             shared.store(std::mem::offset_of!(totals::Header, lock_table), counting.lock_table());
             patched.code.extend(counting.code().iter().cloned());
@@ -593,9 +589,11 @@ fn refuse_shadow_stacks(pid: i32) -> Result<(), RemoteError> {
 }
 
 /// The unwinder entries to hook, and their walkers' returns: optional,
-/// without them a thread's next call hijacks its frames again.
-fn hook_sites(modules: &[procfs::LoadedModule]) -> Vec<HookSite> {
+/// without them a thread's next call hijacks its frames again. With edges
+/// counted, where threads and processes start too.
+fn hook_sites(modules: &[procfs::LoadedModule], count_edges: bool) -> Vec<HookSite> {
     let mut sites = hooks::find(modules);
+    sites.retain(|h| count_edges || h.hook != Hook::ThreadStart);
     let walkers: Vec<HookSite> = sites
         .iter()
         .filter(|h| h.hook == Hook::Walk)
@@ -603,6 +601,16 @@ fn hook_sites(modules: &[procfs::LoadedModule]) -> Vec<HookSite> {
         .collect();
     sites.extend(walkers);
     sites
+}
+
+/// Whether the edge counters may count without `lock` until the runtime
+/// is told a thread or process starts: every place one starts from was
+/// found and hooked (`hooked(h)`: site `h` of `sites` is in place). A
+/// process launched has run none of its code yet; one attached may be
+/// inside `pthread_create`, past its entry, and counts with `lock`.
+fn thread_starts_hooked(sites: &[HookSite], hooked: impl Fn(usize) -> bool) -> bool {
+    let starts: Vec<usize> = (0..sites.len()).filter(|&h| sites[h].hook == Hook::ThreadStart).collect();
+    !starts.is_empty() && starts.into_iter().all(hooked)
 }
 
 /// The code a trampoline starts with: the runtime's routine for what is patched.

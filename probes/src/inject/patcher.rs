@@ -174,6 +174,15 @@ impl<'a> CodeSource<'a> {
     }
 }
 
+/// `first` here and `second` on a thread of its own, at the same time.
+pub fn both<A, B: Send>(first: impl FnOnce() -> A, second: impl FnOnce() -> B + Send) -> (A, B) {
+    std::thread::scope(|scope| {
+        let second = scope.spawn(second);
+        let first = first();
+        (first, second.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    })
+}
+
 /// `work` over every one of `indices`, on every CPU, each thread taking
 /// every so many (a program's few large functions fall to different
 /// ones); `work` returns what it made of its share, by index, and all of

@@ -263,19 +263,26 @@ impl Remote {
     /// held process (a uprobe of another tool's, placed or removed, writes
     /// its breakpoint into every process mapping the file).
     /// A large program's pieces (tens of thousands of edge counters' jumps,
-    /// a system call each) are written by two threads, half each.
+    /// a system call each) are written by two threads, half each; both stop
+    /// at the first piece that cannot be written.
     pub fn write_pieces(&self, pieces: &[(u64, &[u8])]) -> Result<(), RemoteError> {
         const MANY: usize = 2048;
-        let write = |pieces: &[(u64, &[u8])]| pieces.iter().try_for_each(|(at, bytes)| self.write(*at, bytes));
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let write = |pieces: &[(u64, &[u8])]| -> Result<(), RemoteError> {
+            for (at, bytes) in pieces {
+                if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                self.write(*at, bytes).inspect_err(|_| failed.store(true, std::sync::atomic::Ordering::Relaxed))?;
+            }
+            Ok(())
+        };
         if pieces.len() < MANY {
             return write(pieces);
         }
         let (first, second) = pieces.split_at(pieces.len() / 2);
-        std::thread::scope(|scope| {
-            let second = scope.spawn(|| write(second));
-            let first = write(first);
-            first.and(second.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-        })
+        let (first, second) = super::patcher::both(|| write(first), || write(second));
+        first.and(second)
     }
 
     /// Makes system call `nr` with `args` in the target; returns its result
