@@ -333,95 +333,16 @@ pub fn apply(
     };
     let mut moves: HashMap<u64, u64> = HashMap::new();
     let mut jumps: Vec<Applied> = Vec::new();
-    for module in modules {
-        let mut module = module;
+    for mut module in modules {
         if atomic {
             module.iter_mut().flat_map(|p| &mut p.sites).flat_map(|s| &mut s.counters).for_each(|c| c.atomic = true);
         }
-        let mut functions: Vec<Planned> = Vec::new();
-        let sites: Vec<(u64, usize)> = module.iter().flat_map(|p| p.sites.iter().map(|s| (s.at, s.len()))).collect();
-        let mut now = remote.read_pieces(&sites).into_iter();
-        for p in module {
-            // Code in memory must be the file's: no breakpoint or other patch there.
-            let same: Vec<Result<bool, RemoteError>> =
-                p.sites.iter().zip(now.by_ref()).map(|(s, bytes)| bytes.map(|b| b == s.original)).collect();
-            match same.into_iter().find(|same| !matches!(same, Ok(true))) {
-                Some(Err(e)) => refused.push((p.function, e.to_string())),
-                Some(Ok(_)) => {
-                    refused.push((p.function, "its code in memory differs from the file (a breakpoint or another tool's patch)".into()))
-                }
-                None => functions.push(p),
-            }
-        }
-        let sites: usize = functions.iter().map(|p| p.sites.len()).sum();
-        let counters: usize = functions.iter().map(|p| p.placement.counted().len()).sum();
-        if sites == 0 {
+        let functions = unchanged_in_memory(remote, module, refused);
+        if functions.iter().all(|p| p.sites.is_empty()) {
             continue;
         }
-        let lowest = functions.iter().flat_map(|p| p.sites.iter().map(|s| s.at)).min().unwrap_or(0);
-        let highest = functions.iter().flat_map(|p| p.sites.iter().map(Site::end)).max().unwrap_or(0);
-        let span = lowest..highest;
-        let hooks: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.hooks.len()).sum();
-        let increments: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.counters.len()).sum();
-        let table_at = SLOT_ROOM + sites * STUB_ROOM + hooks * HOOK_ROOM;
-        let room = table_at + LockTable::bytes(increments);
-        let region = remote.map_near(span, room)?;
-        let shared = remote.share((counters * 8).max(8), Some(region..region + room as u64))?;
-        let slot = region_trampoline.map(|_| region);
-        // Each function's counters, one after the other in the shared memory.
-        let offsets: Vec<usize> = functions
-            .iter()
-            .scan(0, |next, p| {
-                let at = *next;
-                *next += 8 * p.placement.counted().len();
-                Some(at)
-            })
-            .collect();
-        let (mut code, built) = lay_out_halves(&functions, |from, to, start| {
-            let counters =
-                |i: usize| (0..functions[i].placement.counted().len()).map(|k| shared.remote + (offsets[i] + 8 * k) as u64).collect();
-            lay_out(&functions[from..to], (from..to).map(counters), region, start, slot)
-        });
-        // The region trampoline's address, which hooks call through.
-        code[..8].copy_from_slice(&region_trampoline.unwrap_or(0).to_ne_bytes());
-        let mut lockable = Vec::new();
-        for ((p, offset), built) in functions.into_iter().zip(offsets).zip(built) {
-            let stubs = match built {
-                Ok(stubs) => stubs,
-                Err(why) => {
-                    refused.push((p.function, why));
-                    continue;
-                }
-            };
-            for (site, (at, stub)) in p.sites.iter().zip(stubs) {
-                moves.extend(stub.moved.into_iter().filter(|&(from, _)| from != site.at));
-                lockable.extend(stub.lockable);
-                counting.origins.extend(stub.origins);
-                // Past the stub, nothing stands for original code.
-                counting.origins.push((at + stub.code.len() as u64, 0));
-                let jump = site.jump_to(at).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-                jumps.push(Applied { at: site.at, original: site.original.clone(), jump });
-            }
-            counting.functions.push(Counted {
-                function: p.function,
-                bias: p.bias,
-                offset,
-                memory: counting.memory.len(),
-                cfg: p.cfg,
-                placement: p.placement,
-                sites: p.sites,
-            });
-        }
-        let code_range = region..region + room as u64;
-        if !lockable.is_empty() {
-            code.resize(table_at, 0xcc);
-            code.extend(LockTable::write(counting.lock_table, &code_range, &lockable));
-            counting.lock_table = region + table_at as u64;
-        }
-        remote.write(region, &code)?;
-        remote.seal_code(region, room)?;
-        counting.code.push(code_range);
-        counting.memory.push(shared);
+        let applying = Applying { counting: &mut counting, moves: &mut moves, jumps: &mut jumps, refused };
+        apply_module(remote, functions, region_trampoline, applying)?;
     }
     for tid in remote.threads() {
         let mut regs = remote.regs(tid)?;
@@ -434,6 +355,113 @@ pub fn apply(
     counting.applied.extend(jumps);
     counting.origins.sort_unstable();
     Ok((counting, std::mem::take(refused)))
+}
+
+/// The functions of `module` whose code in memory is the file's (no
+/// breakpoint or other patch where their jumps go); the others refused.
+fn unchanged_in_memory(remote: &Remote, module: Vec<Planned>, refused: &mut Refused) -> Vec<Planned> {
+    let sites: Vec<(u64, usize)> = module.iter().flat_map(|p| p.sites.iter().map(|s| (s.at, s.len()))).collect();
+    let mut now = remote.read_pieces(&sites).into_iter();
+    let mut functions = Vec::with_capacity(module.len());
+    for p in module {
+        let same: Vec<Result<bool, RemoteError>> =
+            p.sites.iter().zip(now.by_ref()).map(|(s, bytes)| bytes.map(|b| b == s.original)).collect();
+        match same.into_iter().find(|same| !matches!(same, Ok(true))) {
+            Some(Err(e)) => refused.push((p.function, e.to_string())),
+            Some(Ok(_)) => {
+                refused.push((p.function, "its code in memory differs from the file (a breakpoint or another tool's patch)".into()))
+            }
+            None => functions.push(p),
+        }
+    }
+    functions
+}
+
+/// What applying the modules' counters adds to, module after module.
+struct Applying<'a> {
+    counting: &'a mut Counting,
+    /// Where a thread stopped in replaced code goes on in a stub.
+    moves: &'a mut HashMap<u64, u64>,
+    /// The jumps to the stubs, written last.
+    jumps: &'a mut Vec<Applied>,
+    refused: &'a mut Refused,
+}
+
+/// One module's `functions` counted: their stubs near their code, their
+/// counters within the stubs' reach, the table of increments to lock after
+/// the stubs; the jumps to write are added to `to.jumps`.
+fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Option<u64>, to: Applying<'_>) -> Result<(), RemoteError> {
+    let sites: usize = functions.iter().map(|p| p.sites.len()).sum();
+    let lowest = functions.iter().flat_map(|p| p.sites.iter().map(|s| s.at)).min().unwrap_or(0);
+    let highest = functions.iter().flat_map(|p| p.sites.iter().map(Site::end)).max().unwrap_or(0);
+    let hooks: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.hooks.len()).sum();
+    let increments: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.counters.len()).sum();
+    let table_at = SLOT_ROOM + sites * STUB_ROOM + hooks * HOOK_ROOM;
+    let room = table_at + LockTable::bytes(increments);
+    let region = remote.map_near(lowest..highest, room)?;
+    // Each function's counters, one after the other in the shared memory.
+    let offsets = starts(functions.iter().map(|p| 8 * p.placement.counted().len()));
+    let counters: usize = functions.iter().map(|p| p.placement.counted().len()).sum();
+    let shared = remote.share((counters * 8).max(8), Some(region..region + room as u64))?;
+    let slot = region_trampoline.map(|_| region);
+    let (mut code, built) = lay_out_halves(&functions, |from, to, start| {
+        let counters =
+            |i: usize| (0..functions[i].placement.counted().len()).map(|k| shared.remote + (offsets[i] + 8 * k) as u64).collect();
+        lay_out(&functions[from..to], (from..to).map(counters), region, start, slot)
+    });
+    // The region trampoline's address, which hooks call through.
+    code[..8].copy_from_slice(&region_trampoline.unwrap_or(0).to_ne_bytes());
+    let mut lockable = Vec::new();
+    for ((p, offset), built) in functions.into_iter().zip(offsets).zip(built) {
+        let stubs = match built {
+            Ok(stubs) => stubs,
+            Err(why) => {
+                to.refused.push((p.function, why));
+                continue;
+            }
+        };
+        for (site, (at, stub)) in p.sites.iter().zip(stubs) {
+            to.moves.extend(stub.moved.into_iter().filter(|&(from, _)| from != site.at));
+            lockable.extend(stub.lockable);
+            to.counting.origins.extend(stub.origins);
+            // Past the stub, nothing stands for original code.
+            to.counting.origins.push((at + stub.code.len() as u64, 0));
+            let jump = site.jump_to(at).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+            to.jumps.push(Applied { at: site.at, original: site.original.clone(), jump });
+        }
+        let memory = to.counting.memory.len();
+        to.counting.functions.push(Counted {
+            function: p.function,
+            bias: p.bias,
+            offset,
+            memory,
+            cfg: p.cfg,
+            placement: p.placement,
+            sites: p.sites,
+        });
+    }
+    let code_range = region..region + room as u64;
+    if !lockable.is_empty() {
+        code.resize(table_at, 0xcc);
+        code.extend(LockTable::write(to.counting.lock_table, &code_range, &lockable));
+        to.counting.lock_table = region + table_at as u64;
+    }
+    remote.write(region, &code)?;
+    remote.seal_code(region, room)?;
+    to.counting.code.push(code_range);
+    to.counting.memory.push(shared);
+    Ok(())
+}
+
+/// Where each of things of `sizes`, one after the other, starts.
+fn starts(sizes: impl Iterator<Item = usize>) -> Vec<usize> {
+    sizes
+        .scan(0, |next, size| {
+            let at = *next;
+            *next += size;
+            Some(at)
+        })
+        .collect()
 }
 
 /// The stubs of a function's `sites`, the first at `region + start`, each
@@ -499,11 +527,8 @@ fn lay_out_halves(functions: &[Planned], lay_out: impl Fn(usize, usize, usize) -
     const FEW_SITES: usize = 512;
     let rooms: Vec<usize> = functions.iter().map(|p| p.sites.iter().map(site_room).sum()).collect();
     let total: usize = rooms.iter().sum();
-    let halfway = rooms.iter().scan(0, |sum, r| {
-        *sum += r;
-        Some(*sum)
-    });
-    let split = halfway.take_while(|&sum| sum < total / 2).count();
+    // The first function that ends past half the room starts the second half.
+    let split = starts(rooms.iter().copied()).iter().zip(&rooms).take_while(|&(start, room)| start + room < total / 2).count();
     let sites: usize = functions.iter().map(|p| p.sites.len()).sum();
     if sites < FEW_SITES || split == 0 {
         return lay_out(0, functions.len(), SLOT_ROOM);
