@@ -37,14 +37,13 @@ fn run(input: &[u8]) {
     if choices & 1 != 0 {
         function.let_calls_return_to_stubs();
     }
-    if choices & 2 != 0 {
-        function.count_in_one_thread();
-    }
     if choices & 4 != 0 {
         function.reserve(CODE..CODE + 5);
     }
     let placement = place_counters(&cfg, &counter_costs(&cfg, &function));
-    let sites = plan_sites(&cfg, &function, &placement).unwrap_or_default();
+    let mut sites = plan_sites(&cfg, &function, &placement).unwrap_or_default();
+    // Locked from the start, or a `nop` where the lock goes.
+    sites.iter_mut().flat_map(|s| &mut s.counters).for_each(|c| c.atomic = choices & 2 == 0);
     let counters: Vec<u64> = (0..placement.counted().len() as u64).map(|i| 0x20_0000 + 8 * i).collect();
     for site in &sites {
         let _ = site.jump_to(0x10_0000);

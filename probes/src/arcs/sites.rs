@@ -36,7 +36,7 @@ const STATUS: u32 = RflagsBits::OF | RflagsBits::SF | RflagsBits::ZF | RflagsBit
 pub const INC_WRITES: u32 = STATUS & !RflagsBits::CF;
 
 /// Relative costs of counters, for [`counter_costs`]: a jump to a stub and
-/// a locked increment; a jump more for an edge's counter after the moved
+/// an increment; a jump more for an edge's counter after the moved
 /// `jcc`; `pushfq` and `popfq` (slow: `popfq` serializes flags) where the
 /// flags are live.
 const BLOCK_COST: u32 = 2;
@@ -56,8 +56,6 @@ pub struct FunctionCode {
     reserved: Vec<Range<u64>>,
     /// A call may return into a stub, which counts its return.
     calls_return_to_stubs: bool,
-    /// Only one thread counts: increments need no `lock`.
-    one_thread: bool,
 }
 
 impl FunctionCode {
@@ -78,8 +76,7 @@ impl FunctionCode {
             instructions.push(decoded);
             bytes.push(raw);
         }
-        let mut code =
-            FunctionCode { instructions, live: Vec::new(), bytes, reserved: Vec::new(), calls_return_to_stubs: false, one_thread: false };
+        let mut code = FunctionCode { instructions, live: Vec::new(), bytes, reserved: Vec::new(), calls_return_to_stubs: false };
         code.live = code.liveness(cfg);
         Ok(code)
     }
@@ -96,15 +93,6 @@ impl FunctionCode {
     /// unwind information; proftap's own sampler maps it back.
     pub fn let_calls_return_to_stubs(&mut self) {
         self.calls_return_to_stubs = true;
-    }
-
-    /// Counts without `lock` (a `nop` before each increment, where the
-    /// prefix goes if a second thread may start), for a program that runs
-    /// one thread (or one process sharing the counters) at a time: as a
-    /// `--coverage` build without `-pthread` does. A signal handler
-    /// interrupts the increment only between instructions, so it loses none.
-    pub fn count_in_one_thread(&mut self) {
-        self.one_thread = true;
     }
 
     /// Whether the edge `edge` is the return of a call that ends its block,
@@ -363,7 +351,11 @@ pub struct SiteCounter {
     /// saves them around the increment.
     pub flags_live: bool,
     /// Whether the increment is atomic (`lock`): other threads, or other
-    /// processes sharing the counters, may count at the same time.
+    /// processes sharing the counters, may count at the same time. Planned
+    /// without: a `nop` then goes before the increment, where the prefix
+    /// is written if a second thread may start (as a `--coverage` build
+    /// without `-pthread`, one thread loses no increment: a signal handler
+    /// interrupts it only between instructions).
     pub atomic: bool,
 }
 
@@ -466,7 +458,7 @@ fn site(cfg: &Cfg, code: &FunctionCode, block: usize, counters: &[(Quantity, usi
     };
     site.counters = counters
         .iter()
-        .map(|c| SiteCounter { quantity: c.0, index: c.1, place: c.2, flags_live: live(c) & INC_WRITES != 0, atomic: !code.one_thread })
+        .map(|c| SiteCounter { quantity: c.0, index: c.1, place: c.2, flags_live: live(c) & INC_WRITES != 0, atomic: false })
         .collect();
     Ok(site)
 }

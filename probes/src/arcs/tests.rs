@@ -738,12 +738,10 @@ fn arcs_stubs_lock_only_where_threads_may_count_at_once() {
     let parts = [CodeRange { address: BASE, bytes: &code }];
     let cfg = graph(&code);
     let increments = |one_thread: bool| -> Vec<(bool, usize)> {
-        let mut function = FunctionCode::new(&cfg, &parts).unwrap();
-        if one_thread {
-            function.count_in_one_thread();
-        }
+        let function = FunctionCode::new(&cfg, &parts).unwrap();
         let placement = place_counters(&cfg, &counter_costs(&cfg, &function));
-        let sites = plan_sites(&cfg, &function, &placement).unwrap();
+        let mut sites = plan_sites(&cfg, &function, &placement).unwrap();
+        sites.iter_mut().flat_map(|s| &mut s.counters).for_each(|c| c.atomic = !one_thread);
         let counters: Vec<u64> = (0..placement.counted().len() as u64).map(|i| 0x20_0000 + 8 * i).collect();
         sites
             .iter()

@@ -207,8 +207,6 @@ fn plan_function(
     if choices.returns_into_stubs {
         decoded.let_calls_return_to_stubs();
     }
-    // Without `lock` as planned; [`apply`] adds it where threads may count at once.
-    decoded.count_in_one_thread();
     let placement = arcs::place_counters(&cfg, &arcs::counter_costs(&cfg, &decoded));
     if let Some(q) = placement.needs_probe().first() {
         return Err(format!("{} of its counts have no place for a counter (the first: {q:?})", placement.needs_probe().len()));
