@@ -352,8 +352,8 @@ pub struct SiteCounter {
     pub flags_live: bool,
     /// Whether the increment is atomic (`lock`): other threads, or other
     /// processes sharing the counters, may count at the same time. Planned
-    /// without: a `nop` then goes before the increment, where the prefix
-    /// is written if a second thread may start (as a `--coverage` build
+    /// so; without it, a `nop` goes before the increment, where the prefix
+    /// is written if a second thread may start (as in a `--coverage` build
     /// without `-pthread`, one thread loses no increment: a signal handler
     /// interrupts it only between instructions).
     pub atomic: bool,
@@ -458,7 +458,7 @@ fn site(cfg: &Cfg, code: &FunctionCode, block: usize, counters: &[(Quantity, usi
     };
     site.counters = counters
         .iter()
-        .map(|c| SiteCounter { quantity: c.0, index: c.1, place: c.2, flags_live: live(c) & INC_WRITES != 0, atomic: false })
+        .map(|c| SiteCounter { quantity: c.0, index: c.1, place: c.2, flags_live: live(c) & INC_WRITES != 0, atomic: true })
         .collect();
     Ok(site)
 }

@@ -332,9 +332,7 @@ pub fn apply(
     let mut moves: HashMap<u64, u64> = HashMap::new();
     let mut jumps: Vec<Applied> = Vec::new();
     for mut module in modules {
-        if atomic {
-            module.iter_mut().flat_map(|p| &mut p.sites).flat_map(|s| &mut s.counters).for_each(|c| c.atomic = true);
-        }
+        module.iter_mut().flat_map(|p| &mut p.sites).flat_map(|s| &mut s.counters).for_each(|c| c.atomic = atomic);
         let functions = unchanged_in_memory(remote, module, refused);
         if functions.iter().all(|p| p.sites.is_empty()) {
             continue;
