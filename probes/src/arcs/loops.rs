@@ -1,11 +1,15 @@
-//! How often each part of a function is likely to run, from its loops
+//! How often each part of a function is likely to run, from its shape
 //! alone. The counters go on the edges off a spanning tree; Knuth's rule
 //! (as gcc's `-fprofile-arcs` applies it with its estimated frequencies)
 //! is to build the tree from the edges that run most, so that the counted
-//! ones run least. Without a profile, code inside `k` nested loops is taken
-//! to run [`TRIPS`]`^k` times as often as code outside them: a loop's body
+//! ones run least. Without a profile, a loop is taken to turn [`TRIPS`]
+//! times each time it is entered, a branch to split its flow evenly between
+//! its sides, and a branch that leaves a loop to leave it once in
+//! [`TRIPS`] (the estimates of Wu and Larus, "Static branch frequency and
+//! program profile analysis", 1994, reduced to these two): a loop's body
 //! then counts once per turn only where the loop cannot be counted from
-//! outside it.
+//! outside it, and a branch inside it on both its sides rather than on one
+//! side and the loop's test.
 //!
 //! The loops are the natural loops of the graph: an edge into a block that
 //! dominates its source closes one, whose body is what reaches the source
@@ -17,6 +21,7 @@ use super::cfg::{Cfg, Node};
 use super::counters::Quantity;
 use petgraph::algo::dominators;
 use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::DfsPostOrder;
 
 /// Turns a loop is taken to make for each time it is entered.
 pub const TRIPS: u32 = 8;
@@ -25,11 +30,19 @@ pub const TRIPS: u32 = 8;
 /// well within a `u32` times any counter's cost.
 const DEEPEST: u32 = 6;
 
+/// A weight's units per run of the function's entry: fine enough that the
+/// sides of a few nested branches still weigh apart.
+const SCALE: f64 = 64.0;
+
 /// The loops each block of a graph lies in.
 #[derive(Clone, Debug)]
 pub struct Loops {
     /// Per block, the headers of the loops holding it, in increasing order.
     of_block: Vec<Vec<usize>>,
+    /// Per block, how often it is taken to run per run of the entry.
+    frequency: Vec<f64>,
+    /// Per edge, the share of its source's runs that take it.
+    share: Vec<f64>,
 }
 
 impl Loops {
@@ -56,10 +69,12 @@ impl Loops {
         }
         let dominance = dominators::simple_fast(&graph, entry);
         let mut of_block: Vec<Vec<usize>> = vec![Vec::new(); blocks];
-        for edge in cfg.edges() {
+        let mut closing = vec![false; cfg.edges().len()];
+        for (id, edge) in cfg.edges().iter().enumerate() {
             let (Node::Block(source), Node::Block(header)) = (edge.from, edge.to) else { continue };
             let closes = dominance.dominators(NodeIndex::new(source)).is_some_and(|mut d| d.any(|n| n.index() == header));
-            if closes {
+            if closes && !edge.kind.is_artificial() {
+                closing[id] = true;
                 for block in body(header, source, &predecessors) {
                     if let Err(at) = of_block[block].binary_search(&header) {
                         of_block[block].insert(at, header);
@@ -67,7 +82,77 @@ impl Loops {
                 }
             }
         }
-        Loops { of_block }
+        let mut loops = Loops { of_block, frequency: vec![0.0; blocks], share: vec![0.0; cfg.edges().len()] };
+        loops.share = loops.shares(cfg);
+        loops.frequency = loops.frequencies(cfg, &graph, entry, &closing);
+        loops
+    }
+
+    /// Each edge's share of its source's runs: even between the sides of a
+    /// branch, except that the sides leaving a loop take one run in
+    /// [`TRIPS`] between them.
+    fn shares(&self, cfg: &Cfg) -> Vec<f64> {
+        let mut out: Vec<Vec<usize>> = vec![Vec::new(); self.of_block.len()];
+        for (id, edge) in cfg.edges().iter().enumerate() {
+            if let (Node::Block(from), false) = (edge.from, edge.kind.is_artificial()) {
+                out[from].push(id);
+            }
+        }
+        let mut share = vec![0.0; cfg.edges().len()];
+        for (from, edges) in out.iter().enumerate() {
+            let leaves = |id: &usize| match cfg.edges()[*id].to {
+                Node::Block(to) => self.of_block[from].iter().any(|h| self.of_block[to].binary_search(h).is_err()),
+                Node::Entry | Node::Exit => self.depth(from) > 0,
+            };
+            let leaving = edges.iter().filter(|id| leaves(id)).count();
+            let staying = edges.len() - leaving;
+            for &id in edges {
+                share[id] = match (leaving, staying) {
+                    (0, n) | (n, 0) => 1.0 / n as f64,
+                    (l, _) if leaves(&id) => 1.0 / (TRIPS as f64 * l as f64),
+                    (_, s) => (1.0 - 1.0 / TRIPS as f64) / s as f64,
+                };
+            }
+        }
+        share
+    }
+
+    /// Each block's runs per run of the entry: what flows into it along
+    /// edges that close no loop, in reverse postorder (a block's sources
+    /// come first, but for the edges closing loops and those of cycles with
+    /// no header, which add nothing), times [`TRIPS`] at a loop's header.
+    fn frequencies(&self, cfg: &Cfg, graph: &DiGraph<(), ()>, entry: NodeIndex, closing: &[bool]) -> Vec<f64> {
+        let blocks = self.of_block.len();
+        let mut into: Vec<Vec<usize>> = vec![Vec::new(); blocks];
+        let mut headers = vec![false; blocks];
+        for (id, edge) in cfg.edges().iter().enumerate() {
+            if let (Node::Block(to), false) = (edge.to, edge.kind.is_artificial()) {
+                into[to].push(id);
+                headers[to] |= closing[id];
+            }
+        }
+        let mut frequency = vec![0.0; blocks];
+        let mut done = vec![false; blocks];
+        let mut order = Vec::with_capacity(blocks);
+        let mut dfs = DfsPostOrder::new(graph, entry);
+        while let Some(node) = dfs.next(graph) {
+            order.push(node.index());
+        }
+        for &block in order.iter().rev().filter(|&&b| b < blocks) {
+            let inflow: f64 = into[block]
+                .iter()
+                .filter(|&&id| !closing[id])
+                .map(|&id| match cfg.edges()[id].from {
+                    Node::Entry => 1.0,
+                    Node::Block(from) if done[from] => frequency[from] * self.share[id],
+                    _ => 0.0,
+                })
+                .sum();
+            let most = (TRIPS as f64).powi(DEEPEST as i32);
+            frequency[block] = (if headers[block] { inflow * TRIPS as f64 } else { inflow }).min(most);
+            done[block] = true;
+        }
+        frequency
     }
 
     /// How many loops hold block `block`.
@@ -84,13 +169,17 @@ impl Loops {
     }
 
     /// How often quantity `quantity` of `cfg` is taken to run, relative to
-    /// the function's calls.
+    /// the function's calls, in units of 1/[`SCALE`] of a call (at least 1).
     pub fn weight(&self, cfg: &Cfg, quantity: Quantity) -> u32 {
-        let depth = match quantity {
-            Quantity::Block(b) => self.depth(b),
-            Quantity::Edge(e) => cfg.edges().get(e).map_or(0, |edge| self.edge_depth(edge.from, edge.to)),
+        let runs = match quantity {
+            Quantity::Block(b) => self.frequency.get(b).copied().unwrap_or(0.0),
+            Quantity::Edge(e) => match cfg.edges().get(e).map(|edge| edge.from) {
+                Some(Node::Block(from)) => self.frequency[from] * self.share[e],
+                Some(Node::Entry) => 1.0,
+                Some(Node::Exit) | None => 0.0,
+            },
         };
-        TRIPS.pow(depth.min(DEEPEST))
+        (runs * SCALE).round().max(1.0) as u32
     }
 }
 

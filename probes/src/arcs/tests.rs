@@ -1011,3 +1011,45 @@ fn arcs_counters_stay_out_of_loops_where_they_can() {
     assert_eq!(depths.iter().filter(|&&d| d == 2).count(), 1, "{depths:?}");
     assert_eq!(depths.iter().filter(|&&d| d == 1).count(), 2, "{depths:?}");
 }
+
+/// A loop whose body branches to one of two sides, as `gcc -O0` lays out
+/// `for (...) { if (...) a; else b; }`: one counter a turn, on each side,
+/// rather than one on a side and one on the loop's test.
+#[test]
+fn arcs_a_branch_in_a_loop_is_counted_on_its_sides() {
+    let code = assemble(|a| {
+        let (mut body, mut other, mut join, mut test) = (a.create_label(), a.create_label(), a.create_label(), a.create_label());
+        a.xor(eax, eax)?;
+        a.jmp(test)?;
+        a.set_label(&mut body)?;
+        a.test(edi, 3)?;
+        a.je(other)?;
+        a.add(eax, 0x1234_5678)?;
+        a.jmp(join)?;
+        a.set_label(&mut other)?;
+        a.sub(eax, 0x1234_5678)?;
+        a.set_label(&mut join)?;
+        a.dec(edi)?;
+        a.set_label(&mut test)?;
+        a.cmp(edi, 0)?;
+        a.jg(body)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    let parts = [CodeRange { address: BASE, bytes: &code }];
+    let function = FunctionCode::new(&cfg, &parts).unwrap();
+    let placement = check_counters(&cfg, &counter_costs(&cfg, &function));
+    let loops = loops::Loops::of(&cfg);
+    let in_loop: Vec<Quantity> = placement
+        .counted()
+        .iter()
+        .copied()
+        .filter(|q| match *q {
+            Quantity::Block(b) => loops.depth(b) > 0,
+            Quantity::Edge(e) => loops.edge_depth(cfg.edges()[e].from, cfg.edges()[e].to) > 0,
+        })
+        .collect();
+    let side = |mnemonic| Quantity::Block(cfg.block_holding(block_after(&code, mnemonic)).unwrap());
+    assert_eq!(in_loop.len(), 2, "{in_loop:?}");
+    assert!(in_loop.contains(&side(Mnemonic::Add)) && in_loop.contains(&side(Mnemonic::Sub)), "{in_loop:?}");
+}
