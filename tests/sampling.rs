@@ -100,6 +100,32 @@ fn stacks_unwind_without_frame_pointers_through_libraries_and_inlined_code() {
     assert!(lines.iter().any(|l| l["file"].as_str().unwrap().ends_with("split.c") && l["self"].as_u64().unwrap() > 10), "{lines:?}");
 }
 
+/// Samples in the vDSO (`clock_gettime`'s code, which no file holds) are
+/// named from the kernel's image, as perf names them, and unwind to `main`.
+#[test]
+fn samples_in_the_vdso_are_named() {
+    require_probes();
+    let binary = Build::c("clock.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().args(["run", "--no-instrument", "--sample", "2000", "-o"]).arg(&file).arg("--").arg(&binary).arg("3000000"));
+    let report = report_json(&file);
+    let functions = report["samples"]["functions"].as_array().unwrap();
+    let in_vdso: Vec<&Value> = functions.iter().filter(|f| f["module"] == "[vdso]").collect();
+    assert!(in_vdso.iter().any(|f| f["name"].as_str().unwrap().contains("clock_gettime")), "{functions:?}");
+    let folded_path = dir.path().join("folded");
+    run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded_path));
+    let folded = std::fs::read_to_string(&folded_path).unwrap();
+    let samples = |keep: &dyn Fn(&str) -> bool| -> u64 {
+        folded.lines().filter(|l| keep(l)).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum()
+    };
+    let total = samples(&|_| true);
+    let unnamed = samples(&|l| l.contains("[unknown"));
+    let through_main = samples(&|l| l.contains(";main;clock_gettime;") && l.contains("vdso"));
+    assert!(through_main * 2 > total, "{through_main} of {total} samples in the vDSO under main:\n{folded}");
+    assert!(unnamed * 100 <= total, "{unnamed} of {total} samples unnamed:\n{folded}");
+}
+
 /// Parses an SVG as XML (Python's parser: a checker we did not write).
 fn assert_valid_xml(path: &std::path::Path) {
     run_ok(Command::new("python3").arg("-c").arg("import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])").arg(path));

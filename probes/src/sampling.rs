@@ -214,6 +214,47 @@ pub struct StackResolver {
     symbolized: FxHashMap<(usize, u64), Named>,
     /// Kernel probes may be hit: a sample in the kernel may be mid-probe.
     kernel_probes: bool,
+    /// A copy of proftap's own vDSO, made at the first `[vdso]` mapping.
+    vdso: Option<Option<OwnVdso>>,
+}
+
+/// The vDSO the kernel maps into every process (`[vdso]`, the code of
+/// `clock_gettime` and the like), copied from proftap's own memory into a
+/// memory file: the kernel maps the same image into every process, and
+/// the file can be read as any module's.
+struct OwnVdso {
+    /// Keeps the copy open, so that `path` names it.
+    _file: std::fs::File,
+    path: PathBuf,
+    len: u64,
+}
+
+impl OwnVdso {
+    /// Module name of the vDSO, as the kernel names its mapping.
+    const NAME: &str = "[vdso]";
+
+    fn copy() -> Option<OwnVdso> {
+        use std::io::{Read, Seek, Write};
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let line = maps.lines().find(|l| l.split_whitespace().nth(5) == Some(OwnVdso::NAME))?;
+        let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+        let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+        let len = end.checked_sub(start).filter(|&l| l > 0 && l <= 1 << 20)?;
+        let mut image = vec![0u8; len as usize];
+        let mut memory = std::fs::File::open("/proc/self/mem").ok()?;
+        memory.seek(std::io::SeekFrom::Start(start)).ok()?;
+        memory.read_exact(&mut image).ok()?;
+        let name = c"proftap-vdso";
+        // SAFETY: memfd_create with a valid C string and flags; the result is checked.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fd was just returned by memfd_create and is owned here alone.
+        let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        file.write_all(&image).ok()?;
+        Some(OwnVdso { path: PathBuf::from(format!("/proc/self/fd/{fd}")), _file: file, len })
+    }
 }
 
 impl StackResolver {
@@ -226,6 +267,7 @@ impl StackResolver {
             module_ids: HashMap::new(),
             symbolized: FxHashMap::default(),
             kernel_probes: true,
+            vdso: None,
         }
     }
 
@@ -242,14 +284,21 @@ impl StackResolver {
             self.processes.entry(pid).or_default().trampoline = Some((start, start + len));
             return;
         }
-        if !path.starts_with('/') {
+        let open = if path == OwnVdso::NAME {
+            // Another image than proftap's (a 32-bit process's) stays unnamed.
+            match self.vdso.get_or_insert_with(OwnVdso::copy) {
+                Some(own) if own.len == len => own.path.clone(),
+                _ => return,
+            }
+        } else if path.starts_with('/') {
+            let open = PathBuf::from(path);
+            if open.exists() { open } else { PathBuf::from(format!("/proc/{pid}/root{path}")) }
+        } else {
             return;
-        }
+        };
         let module = match self.module_ids.get(path) {
             Some(&id) => id,
             None => {
-                let open = PathBuf::from(path);
-                let open = if open.exists() { open } else { PathBuf::from(format!("/proc/{pid}/root{path}")) };
                 self.modules.push(ModuleInfo::load(path, &open, &self.symbols));
                 self.module_ids.insert(path.to_string(), self.modules.len() - 1);
                 self.modules.len() - 1
