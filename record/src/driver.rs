@@ -8,7 +8,7 @@ use crate::aggregate::Aggregator;
 use crate::assemble::Ending;
 use crate::error::RecordError;
 use crate::events::Event;
-use crate::governor::{Governor, hottest_functions};
+use crate::governor::{Governor, SampledOverhead, hottest_functions};
 use crate::observer::{Observer, RecordEvent};
 use crate::options::RecordOptions;
 use crate::queue::{EventQueue, ORDERING_MARGIN_NS};
@@ -55,6 +55,9 @@ pub(crate) struct Run<'a> {
     pub started_ns: u64,
     /// Whether it was running already.
     pub attached: bool,
+    /// The stack samples' measure of the probes' cost, and the CPU time
+    /// each sample stands for (without sampling, none).
+    pub sampled: Option<(Arc<SampledOverhead>, u64)>,
 }
 
 impl Run<'_> {
@@ -85,6 +88,9 @@ impl Run<'_> {
         let started = self.started_ns;
         self.options.overhead_budget.map(|budget| {
             let mut governor = Governor::new(budget, self.call_ns(true));
+            if let Some((sampled, ns_per_sample)) = &self.sampled {
+                governor = governor.with_samples(sampled.clone(), *ns_per_sample);
+            }
             Box::new(move |entries: &[u64]| {
                 let elapsed_ns = monotonic_ns().saturating_sub(started);
                 governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()

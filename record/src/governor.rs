@@ -5,20 +5,58 @@
 //! sampling only, the hottest functions sampled get probes.
 
 use proftap_probes::plan::ProbedFunction;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How long the program must have run before costs are judged: the first
 /// milliseconds of a run say little.
 const SETTLE_NS: u64 = 2_000_000;
+
+/// Samples in the probes' own code before they are believed over the
+/// estimate: five milliseconds of the probes' time at 1 kHz.
+const TRUSTED_PROBE_SAMPLES: u64 = 5;
+
+/// The most the samples may multiply the estimated cost of a call by.
+const MOST_SCALE: f64 = 20.0;
+
+/// Stack samples of the target, and those taken in the probes' own code
+/// (`[probe overhead]`): what the probes cost, measured. A call's cost is
+/// calibrated on a loop whose every access hits the caches; in a real
+/// program's calls the runtime misses them too, and costs up to twice the
+/// calibration.
+#[derive(Default, Debug)]
+pub struct SampledOverhead {
+    samples: AtomicU64,
+    in_probes: AtomicU64,
+}
+
+impl SampledOverhead {
+    /// One sample more, taken in the probes' code or not.
+    pub fn count(&self, in_probes: bool) {
+        self.samples.fetch_add(1, Ordering::Relaxed);
+        if in_probes {
+            self.in_probes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Samples taken in the probes' code so far.
+    pub fn in_probes(&self) -> u64 {
+        self.in_probes.load(Ordering::Relaxed)
+    }
+}
 
 /// Decides which functions to stop instrumenting: the probes of all
 /// functions together may cost the target `budget` of the elapsed time.
 /// When they cost more, by their recent rate or over the whole run, the
 /// functions costing the most lately lose their probes first, until the
 /// rest fit (half the budget while the run's total is over it, to win back
-/// what was spent).
+/// what was spent). Where stack samples say the probes cost more than
+/// that estimate, each call's cost is scaled up to what they say.
 pub struct Governor {
     budget: f64,
     call_ns: Vec<u64>,
+    /// The samples, and the nanoseconds of CPU time each stands for.
+    sampled: Option<(Arc<SampledOverhead>, u64)>,
     throttled: Vec<bool>,
     /// Calls by function and the time at the last judgement.
     last: Vec<u64>,
@@ -32,7 +70,25 @@ impl Governor {
     pub fn new(budget: f64, call_ns: Vec<u64>) -> Self {
         let throttled = vec![false; call_ns.len()];
         let last = vec![0; call_ns.len()];
-        Governor { budget, call_ns, throttled, last, last_ns: 0 }
+        Governor { budget, call_ns, sampled: None, throttled, last, last_ns: 0 }
+    }
+
+    /// The same, believing `sampled` where it says the probes cost more
+    /// than estimated, each sample standing for `ns_per_sample` of CPU time.
+    pub fn with_samples(mut self, sampled: Arc<SampledOverhead>, ns_per_sample: u64) -> Self {
+        self.sampled = Some((sampled, ns_per_sample));
+        self
+    }
+
+    /// How much more the probes cost than `estimated_ns` over the run, by
+    /// the samples (1 until enough were taken in the probes' code).
+    fn scale(&self, estimated_ns: f64) -> f64 {
+        let Some((sampled, ns_per_sample)) = &self.sampled else { return 1.0 };
+        let in_probes = sampled.in_probes();
+        if in_probes < TRUSTED_PROBE_SAMPLES || estimated_ns <= 0.0 {
+            return 1.0;
+        }
+        (in_probes as f64 * *ns_per_sample as f64 / estimated_ns).clamp(1.0, MOST_SCALE)
     }
 
     /// Functions to throttle now, given the `calls` so far by function after
@@ -42,8 +98,11 @@ impl Governor {
             return Vec::new();
         }
         let window = (elapsed_ns - self.last_ns) as f64;
-        let cost = |f: usize, n: u64| n as f64 * self.call_ns.get(f).copied().unwrap_or(0) as f64;
-        let spent: f64 = calls.iter().enumerate().map(|(f, &n)| cost(f, n)).sum();
+        let estimate = |f: usize, n: u64| n as f64 * self.call_ns.get(f).copied().unwrap_or(0) as f64;
+        let estimated: f64 = calls.iter().enumerate().map(|(f, &n)| estimate(f, n)).sum();
+        let scale = self.scale(estimated);
+        let cost = |f: usize, n: u64| estimate(f, n) * scale;
+        let spent = estimated * scale;
         // What each function still instrumented cost lately, per ns of run.
         let mut rates: Vec<(f64, usize)> = calls
             .iter()
@@ -120,6 +179,28 @@ mod tests {
         assert!(g.over_budget(&[1_000, 2_000, 3_000], 100_000_000).is_empty());
         assert!(g.over_budget(&[2_000, 4_000, 6_000], 200_000_000).is_empty());
         assert_eq!(g.enabled(), vec![true; 3]);
+    }
+
+    #[test]
+    fn samples_in_the_probes_scale_the_estimate_up() {
+        let ms = 1_000_000;
+        // Three functions at 100 ns a call: 4% of 100 ms by the estimate.
+        let calls = [10_000u64, 15_000, 15_000];
+        let sampled = Arc::new(SampledOverhead::default());
+        let mut trusting = Governor::new(0.05, vec![100; 3]).with_samples(sampled.clone(), ms);
+        let mut estimating = Governor::new(0.05, vec![100; 3]);
+        // 125 samples of 1 ms, 10 in the probes: 10 ms, 2.5 times the estimate.
+        for i in 0..125 {
+            sampled.count(i % 25 < 2);
+        }
+        assert!(estimating.over_budget(&calls, 100 * ms).is_empty());
+        let over = trusting.over_budget(&calls, 100 * ms);
+        assert!(!over.is_empty(), "10% of the run by the samples");
+        assert!(!over.contains(&0), "the costliest go first: {over:?}");
+        // Samples saying less than the estimate (12 of 0.1 ms): the estimate holds.
+        let few = Arc::new(SampledOverhead::default());
+        (0..1000).for_each(|i| few.count(i < 12));
+        assert!(Governor::new(0.05, vec![100; 3]).with_samples(few, ms / 10).over_budget(&calls, 100 * ms).is_empty());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::cost::compensation;
 use crate::driver::{CodeAdded, Consumer, Driver, EngineMemory, Run, Sources};
 use crate::error::RecordError;
 use crate::events::Event;
+use crate::governor::SampledOverhead;
 use crate::observer::{RecordEvent, Step, Warning};
 use crate::options::{RecordOptions, Recorded, TargetSpec};
 use crate::request::{RegionSpec, regions_of_lines};
@@ -99,6 +100,8 @@ pub fn record(
     )?;
     let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let sampling = options.sample.map(|s| (sampling_event().to_string(), s.frequency_hz));
+    // Sampled at a frequency, each sample stands for a period of CPU time.
+    let sampled = sampling.as_ref().map(|(_, hz)| (Arc::new(SampledOverhead::default()), 1_000_000_000 / (*hz).max(1)));
     let sampler = sampling.as_ref().map(|(event, hz)| {
         // The named stacks are kept only to be saved.
         let resolver = StackResolver::new(options.symbols.clone());
@@ -112,7 +115,8 @@ pub fn record(
         let names = all[..measured].iter().enumerate().map(|(i, f)| if instrumented(i) { f.info.name.clone() } else { String::new() });
         let samples = SampleAggregator::new(event, *hz).measuring(names.collect());
         let samples = if options.trace_bytes.is_some() { samples.timed() } else { samples };
-        SamplerThread::spawn(resolver, samples, saver.is_some())
+        let overhead = sampled.as_ref().map(|(overhead, _)| overhead.clone()).unwrap_or_default();
+        SamplerThread::spawn(resolver, samples, overhead, saver.is_some())
     });
     let Patching { mut injected, tracing, clock, off_cpu, mut notes, refused } = patching;
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
@@ -124,7 +128,16 @@ pub fn record(
     if !refused.is_empty() {
         notes.push(refusals_note(&all[..measured], &refused, hybrid(options)).into());
     }
-    let run = Run { all: &all, measured, options, injected, pid: started.pid, started_ns: started.started_ns, attached: started.attached };
+    let run = Run {
+        all: &all,
+        measured,
+        options,
+        injected,
+        pid: started.pid,
+        started_ns: started.started_ns,
+        attached: started.attached,
+        sampled,
+    };
     let code = started.tracing.as_ref().map(Patched::code).unwrap_or_default();
     let code_added = started.tracing.as_ref().map(CodeAdded::of);
     let mut patched = run.injected.clone();

@@ -3,10 +3,12 @@
 //! which decides when probes change, cannot wait for. Inputs are taken in
 //! the order given.
 
+use crate::governor::SampledOverhead;
 use crate::samples::{SampleAggregator, SampleTime};
 use proftap_probes::metrics::Metric;
-use proftap_probes::sampling::{ResolvedStack, StackResolver, StackSample};
+use proftap_probes::sampling::{PROBE_OVERHEAD_FRAME, ResolvedStack, StackResolver, StackSample};
 use proftap_profile::SampleProfile;
+use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
 use std::thread::JoinHandle;
 
@@ -47,9 +49,10 @@ pub fn sampling_event() -> &'static str {
 }
 
 impl SamplerThread {
-    /// Names samples with `resolver` and counts them with `samples`;
-    /// `keep` keeps the named stacks too.
-    pub fn spawn(mut resolver: StackResolver, mut samples: SampleAggregator, keep: bool) -> Self {
+    /// Names samples with `resolver` and counts them with `samples`, and
+    /// in `overhead` those taken in the probes' code; `keep` keeps the
+    /// named stacks too.
+    pub fn spawn(mut resolver: StackResolver, mut samples: SampleAggregator, overhead: Arc<SampledOverhead>, keep: bool) -> Self {
         let (input, inputs) = channel();
         let worker = std::thread::spawn(move || {
             let mut stacks = Vec::new();
@@ -64,6 +67,7 @@ impl SamplerThread {
                     Input::Throttle(functions) => samples.throttle(&functions),
                     Input::Sample(sample, returns) => {
                         let stack = resolver.resolve(&sample, &returns);
+                        overhead.count(stack.frames.last().is_some_and(|leaf| leaf.name == PROBE_OVERHEAD_FRAME));
                         samples.add_at(sample.pid as i32, sample.tid as i32, sample.time, &stack);
                         if keep {
                             stacks.push(stack);
