@@ -126,6 +126,39 @@ fn samples_in_the_vdso_are_named() {
     assert!(unnamed * 100 <= total, "{unnamed} of {total} samples unnamed:\n{folded}");
 }
 
+/// Inlined frames and lines come from the modules whose functions are
+/// measured; a library's frames otherwise are named from its symbol table,
+/// as `perf report` names them by default.
+#[test]
+fn a_library_shows_inlined_frames_and_lines_when_its_functions_are_measured() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    // -O2 -g: `clamp` is inlined into `counter_add`.
+    let library = dir.path().join("libcounter.so");
+    run_ok(Command::new("gcc").args(["-O2", "-g", "-shared", "-fPIC", "-o"]).arg(&library).arg(examples().join("libcounter/counter.c")));
+    let uselib = build_uselib(dir.path());
+    let sampled = |functions: &[&str]| -> Value {
+        let file = dir.path().join("p.profile");
+        let patterns = functions.iter().flat_map(|f| ["-f", f]);
+        run_ok(proftap().args(["run", "--sample", "2000"]).args(patterns).arg("-o").arg(&file).arg("--").arg(&uselib).arg("100000000"));
+        report_json(&file)["samples"].clone()
+    };
+    let in_library = |samples: &Value| -> (u64, bool, bool) {
+        let functions = samples["functions"].as_array().unwrap();
+        let of = |name: &str| functions.iter().find(|f| f["name"] == name).cloned();
+        let adds = of("counter_add").map_or(0, |f| f["total"].as_u64().unwrap());
+        let clamp_inlined = of("clamp").is_some_and(|f| f["inlined"] == true);
+        let lines = samples["lines"].as_array().unwrap().iter().any(|l| l["file"].as_str().unwrap().ends_with("counter.c"));
+        (adds, clamp_inlined, lines)
+    };
+    let (adds, clamp, lines) = in_library(&sampled(&["main"]));
+    assert!(adds > 50, "{adds} samples in counter_add");
+    assert!(!clamp && !lines, "the library's debug info was read: clamp {clamp}, lines {lines}");
+    let (adds, clamp, lines) = in_library(&sampled(&["main", "libcounter.so:counter_*"]));
+    assert!(adds > 50, "{adds} samples in counter_add");
+    assert!(clamp && lines, "the measured library's debug info was not read: clamp {clamp}, lines {lines}");
+}
+
 /// Parses an SVG as XML (Python's parser: a checker we did not write).
 fn assert_valid_xml(path: &std::path::Path) {
     run_ok(Command::new("python3").arg("-c").arg("import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])").arg(path));

@@ -104,7 +104,10 @@ pub fn record(
     let sampled = sampling.as_ref().map(|(_, hz)| (Arc::new(SampledOverhead::default()), 1_000_000_000 / (*hz).max(1)));
     let sampler = sampling.as_ref().map(|(event, hz)| {
         // The named stacks are kept only to be saved.
-        let resolver = StackResolver::new(options.symbols.clone());
+        let mut measured_modules: Vec<&std::path::Path> = all[..measured].iter().map(|f| f.open_path.as_path()).collect();
+        measured_modules.sort_unstable();
+        measured_modules.dedup();
+        let resolver = StackResolver::new(options.symbols.clone()).lines_only_of(measured_modules);
         // Uprobes are placed only on what `enabled` picks, or when they may be
         // added later (automatic instrumentation), or for lines.
         let later = options.auto_instrument.is_some();
