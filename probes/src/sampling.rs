@@ -11,8 +11,7 @@ use proftap_profile::SampledFrame;
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 /// A stack sample.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -65,92 +64,14 @@ struct Mapping {
 struct ModuleInfo {
     path: String,
     symbols: Option<Arc<SymbolIndex>>,
-    /// Its debug info, for inlined frames and lines (none without a debug file).
-    lines: Option<Arc<LinesReader>>,
+    /// Its debug info, for inlined frames and lines: read at the first
+    /// sample in the module.
+    lines: std::cell::OnceCell<Option<addr2line::Loader>>,
+    /// Where its debug info is, when it is read.
+    debug: Option<PathBuf>,
     unwind: Option<Arc<UnwindSections>>,
     /// Why its frames cannot be named, when they cannot.
     unknown: Option<String>,
-}
-
-/// A module's debug info reader ([`addr2line::Loader`]), built once: ahead
-/// of the samples that need it by [`ReadAhead`], or by the first that does.
-struct LinesReader {
-    debug: PathBuf,
-    /// `None` until built; then the reader, or `None` when the file cannot be read.
-    reader: Mutex<Option<Option<addr2line::Loader>>>,
-}
-
-impl LinesReader {
-    fn lock(&self) -> MutexGuard<'_, Option<Option<addr2line::Loader>>> {
-        self.reader.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The reader, built now if it was not built ahead.
-    fn reader(&self) -> MutexGuard<'_, Option<Option<addr2line::Loader>>> {
-        let mut reader = self.lock();
-        if reader.is_none() {
-            *reader = Some(addr2line::Loader::new(&self.debug).ok());
-        }
-        reader
-    }
-
-    /// Builds the reader unless it is built or being built, without holding
-    /// the lock meanwhile: a sample that needs it first builds its own
-    /// rather than wait for a thread that runs only when a CPU is idle.
-    fn build_ahead(&self) {
-        if !matches!(self.reader.try_lock().as_deref(), Ok(None)) {
-            return;
-        }
-        let built = addr2line::Loader::new(&self.debug).ok();
-        if let Ok(mut reader) = self.reader.try_lock()
-            && reader.is_none()
-        {
-            *reader = Some(built);
-        }
-    }
-}
-
-/// Debug info readers built ahead, in the order modules are mapped, on a
-/// thread of their own that runs only when a CPU is idle (`SCHED_IDLE`). A
-/// C library's debug info takes 50 to 80 ms to read (its sections are
-/// compressed): read at its first sample, as the program ends, it held up
-/// the end of the recording that long.
-struct ReadAhead {
-    to_read: Option<Sender<Arc<LinesReader>>>,
-    /// Modules handed over so far.
-    handed: usize,
-}
-
-impl ReadAhead {
-    /// Modules read ahead at most: the first ones mapped (the program, the
-    /// C library, what they link); the others are read when first sampled.
-    const MODULES: usize = 16;
-
-    fn new() -> ReadAhead {
-        ReadAhead { to_read: None, handed: 0 }
-    }
-
-    fn read(&mut self, lines: &Arc<LinesReader>) {
-        if self.handed >= ReadAhead::MODULES {
-            return;
-        }
-        self.handed += 1;
-        if self.to_read.is_none() {
-            let (to_read, requests) = channel::<Arc<LinesReader>>();
-            let spawned = std::thread::Builder::new().name("proftap-lines".into()).spawn(move || {
-                let idle = libc::sched_param { sched_priority: 0 };
-                // SAFETY: sets the calling thread's policy from a valid parameter; failing leaves it as it was.
-                unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) };
-                for lines in requests {
-                    lines.build_ahead();
-                }
-            });
-            self.to_read = spawned.is_ok().then_some(to_read);
-        }
-        if let Some(to_read) = &self.to_read {
-            let _ = to_read.send(lines.clone());
-        }
-    }
 }
 
 /// The device and inode of the file at `path`: one file, under any name.
@@ -184,8 +105,13 @@ impl ModuleInfo {
             DebugSource::Missing => None,
         });
         let unwind = cache.image(Path::new(path), open).ok().and_then(|image| unwind_sections(&image)).map(Arc::new);
-        let lines = debug.filter(|_| with_lines).map(|debug| Arc::new(LinesReader { debug, reader: Mutex::new(None) }));
-        ModuleInfo { path: path.to_string(), symbols, lines, unwind, unknown }
+        let debug = debug.filter(|_| with_lines);
+        ModuleInfo { path: path.to_string(), symbols, lines: std::cell::OnceCell::new(), debug, unwind, unknown }
+    }
+
+    /// Its debug info's reader, loaded the first time it is asked for.
+    fn lines(&self) -> Option<&addr2line::Loader> {
+        self.lines.get_or_init(|| self.debug.as_ref().and_then(|debug| addr2line::Loader::new(debug).ok())).as_ref()
     }
 
     /// The ELF virtual address of file offset `offset`.
@@ -299,7 +225,6 @@ pub struct StackResolver {
     kernel_probes: bool,
     /// A copy of proftap's own vDSO, made at the first `[vdso]` mapping.
     vdso: Option<Option<OwnVdso>>,
-    read_ahead: ReadAhead,
     /// The modules whose debug info is read for inlined frames and lines
     /// (files identified by device and inode); `None`: every module's.
     lines_of: Option<Vec<(u64, u64)>>,
@@ -355,7 +280,6 @@ impl StackResolver {
             symbolized: FxHashMap::default(),
             kernel_probes: true,
             vdso: None,
-            read_ahead: ReadAhead::new(),
             lines_of: None,
         }
     }
@@ -403,11 +327,7 @@ impl StackResolver {
                     (Some(modules), Some(file)) => modules.contains(&file),
                     (Some(_), None) => false,
                 };
-                let module = ModuleInfo::load(path, &open, &self.symbols, with_lines);
-                if let Some(lines) = &module.lines {
-                    self.read_ahead.read(lines);
-                }
-                self.modules.push(module);
+                self.modules.push(ModuleInfo::load(path, &open, &self.symbols, with_lines));
                 self.module_ids.insert(path.to_string(), self.modules.len() - 1);
                 self.modules.len() - 1
             }
@@ -658,8 +578,7 @@ impl StackResolver {
         let function = info.symbols.as_ref().and_then(|s| s.function_at(crate::addr::VirtAddr(vaddr))).map(|f| f.name.clone());
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut line = None;
-        let reader = info.lines.as_ref().map(|lines| lines.reader());
-        if let Some(Some(loader)) = reader.as_deref().and_then(Option::as_ref)
+        if let Some(loader) = info.lines()
             && let Ok(mut frames) = loader.find_frames(vaddr)
         {
             let mut found = Vec::new();
@@ -693,29 +612,4 @@ impl StackResolver {
 
 fn frame(name: &str, module: &str, inlined: bool) -> SampledFrame {
     SampledFrame { name: name.into(), module: module.into(), inlined }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::{Duration, Instant};
-
-    /// A module's debug info is read as soon as it is handed over, before
-    /// any sample asks for it (here a file that is no ELF: read, and found
-    /// unreadable).
-    #[test]
-    fn debug_info_is_read_before_a_sample_asks() {
-        let dir = tempfile::tempdir().unwrap();
-        let debug = dir.path().join("not-elf.debug");
-        std::fs::write(&debug, b"not an ELF file").unwrap();
-        let lines = Arc::new(LinesReader { debug, reader: Mutex::new(None) });
-        let mut ahead = ReadAhead::new();
-        ahead.read(&lines);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while lines.reader.try_lock().map_or(true, |reader| reader.is_none()) {
-            assert!(Instant::now() < deadline, "not read ahead within 30 s");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert!(matches!(*lines.lock(), Some(None)));
-    }
 }
