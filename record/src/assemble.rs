@@ -214,14 +214,14 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
         let Some(thread) = threads.iter_mut().find(|t| t.tid == held.tid) else { continue };
         let ns = samples.estimated_ns(held.samples);
         let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function) else { continue };
+        let calls = stats.calls;
         let nodes = &mut thread.tree.nodes;
         let holders: Vec<usize> = (1..nodes.len()).filter(|&i| nodes[i].function == function && !nodes[i].estimated).collect();
         // What each holding context gives back, per metric.
         let mut given = vec![vec![0u64; metrics.len()]; holders.len()];
         for &m in &times {
             let Some(exclusive) = stats.exclusive.get_mut(m) else { continue };
-            let taken = ns.min(exclusive.total);
-            exclusive.total -= taken;
+            let taken = take_out(exclusive, calls, ns);
             let all: u64 = holders.iter().map(|&i| nodes[i].exclusive.get(m).copied().unwrap_or(0)).sum();
             for (k, &i) in holders.iter().enumerate() {
                 if let Some(v) = nodes[i].exclusive.get_mut(m) {
@@ -239,6 +239,22 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
         givers.insert(function);
     }
     givers.len() as u64
+}
+
+/// Takes up to `ns` out of the exclusive cost `stat` of `calls` calls;
+/// returns what it took. The calls' least and largest values stay within
+/// what is left: no call is more than all of them, the least no more than
+/// their average (with one call, both are the total).
+fn take_out(stat: &mut Stat, calls: u64, ns: u64) -> u64 {
+    let taken = ns.min(stat.total);
+    stat.total -= taken;
+    if taken > 0 {
+        stat.max = stat.max.min(stat.total);
+        if let Some(average) = stat.total.checked_div(calls) {
+            stat.min = stat.min.min(average);
+        }
+    }
+    taken
 }
 
 /// The function `name`'s id, a sampled function added to `functions`
@@ -412,6 +428,28 @@ fn region_records(regions: &[RegionSpec], aggregate: &Aggregate, engine: &[(u64,
 mod tests {
     use super::*;
     use crate::aggregate::Aggregator;
+
+    /// Time taken out of a function's exclusive cost leaves its least and
+    /// largest call within what is left.
+    #[test]
+    fn time_taken_out_keeps_min_and_max_within_the_total() {
+        // One call of 211 ms, 204 ms of it estimated in a throttled callee.
+        let mut one = Stat { total: 211, min: 211, max: 211 };
+        assert_eq!(take_out(&mut one, 1, 204), 204);
+        assert_eq!(one, Stat { total: 7, min: 7, max: 7 });
+        // Four calls, 10 to 40: 60 taken leaves 40, none over it, the least at most 10.
+        let mut four = Stat { total: 100, min: 10, max: 40 };
+        take_out(&mut four, 4, 60);
+        assert_eq!(four, Stat { total: 40, min: 10, max: 40 });
+        // More than there is: all of it, and the rest stays.
+        let mut small = Stat { total: 5, min: 2, max: 3 };
+        assert_eq!(take_out(&mut small, 2, 9), 5);
+        assert_eq!(small, Stat { total: 0, min: 0, max: 0 });
+        // Nothing taken: nothing changes.
+        let mut kept = Stat { total: 5, min: 2, max: 3 };
+        assert_eq!(take_out(&mut kept, 2, 0), 0);
+        assert_eq!(kept, Stat { total: 5, min: 2, max: 3 });
+    }
 
     fn setup() -> Setup {
         let function = |name: &str| FunctionInfo { name: name.into(), module: "/bin/prog".into(), ..FunctionInfo::default() };
