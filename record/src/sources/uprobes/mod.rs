@@ -44,7 +44,17 @@ pub struct UprobesEnding {
 /// waits for grace periods, each set for its own, in parallel: best once
 /// the targets are gone).
 pub struct Withdrawn {
-    _sets: Vec<Unregistering>,
+    sets: Vec<Unregistering>,
+}
+
+impl Drop for Withdrawn {
+    fn drop(&mut self) {
+        // Each set (one per change of the probes) waits two grace periods,
+        // one as its events close and one as its definitions go: the sets
+        // wait them together rather than one after another.
+        let sets = std::mem::take(&mut self.sets).into_iter().map(|set| Box::new(set) as Box<dyn Send>).collect();
+        proftap_probes::perf::close_in_parallel(sets);
+    }
 }
 
 impl UprobeSource {
@@ -170,6 +180,6 @@ impl UprobeSource {
         closing.extend(self.events.take_open());
         proftap_probes::perf::close_in_parallel(closing);
         self.unregistering.push(self.events.withdraw());
-        UprobesEnding { lost_samples, malformed, withdrawn: Withdrawn { _sets: std::mem::take(&mut self.unregistering) } }
+        UprobesEnding { lost_samples, malformed, withdrawn: Withdrawn { sets: std::mem::take(&mut self.unregistering) } }
     }
 }
