@@ -120,7 +120,8 @@ impl Loops {
     /// Each block's runs per run of the entry: what flows into it along
     /// edges that close no loop, in reverse postorder (a block's sources
     /// come first, but for the edges closing loops and those of cycles with
-    /// no header, which add nothing), times [`TRIPS`] at a loop's header.
+    /// no header, which add nothing), times [`TRIPS`] at a loop's header,
+    /// and at most [`TRIPS`] to the power of its loops' depth.
     fn frequencies(&self, cfg: &Cfg, graph: &DiGraph<(), ()>, entry: NodeIndex, closing: &[bool]) -> Vec<f64> {
         let blocks = self.of_block.len();
         let mut into: Vec<Vec<usize>> = vec![Vec::new(); blocks];
@@ -148,7 +149,11 @@ impl Loops {
                     _ => 0.0,
                 })
                 .sum();
-            let most = (TRIPS as f64).powi(DEEPEST as i32);
+            // A loop left from its body as well as its test sends out more
+            // than came in (the estimate does not conserve flow): a block is
+            // taken to run no more than its loops' turns, so that the excess
+            // does not compound from one loop to the next.
+            let most = (TRIPS as f64).powi(self.depth(block).min(DEEPEST) as i32);
             frequency[block] = (if headers[block] { inflow * TRIPS as f64 } else { inflow }).min(most);
             done[block] = true;
         }

@@ -1053,3 +1053,30 @@ fn arcs_a_branch_in_a_loop_is_counted_on_its_sides() {
     assert_eq!(in_loop.len(), 2, "{in_loop:?}");
     assert!(in_loop.contains(&side(Mnemonic::Add)) && in_loop.contains(&side(Mnemonic::Sub)), "{in_loop:?}");
 }
+
+/// Loops one after another, each left from its body as well as its test:
+/// what follows them is weighed as running once a call, not more with each
+/// loop passed.
+#[test]
+fn arcs_loop_weights_do_not_compound_from_loop_to_loop() {
+    let code = assemble(|a| {
+        for _ in 0..10 {
+            let (mut top, mut out) = (a.create_label(), a.create_label());
+            a.mov(ecx, edi)?;
+            a.set_label(&mut top)?;
+            a.cmp(byte_ptr(rsi), 0)?;
+            a.je(out)?;
+            a.inc(rsi)?;
+            a.dec(ecx)?;
+            a.jne(top)?;
+            a.set_label(&mut out)?;
+        }
+        a.mov(eax, 0x1234_5678)?;
+        a.ret()
+    });
+    let cfg = graph(&code);
+    let loops = loops::Loops::of(&cfg);
+    let last = cfg.block_holding(block_after(&code, Mnemonic::Ret)).unwrap();
+    let first = cfg.block_holding(BASE).unwrap();
+    assert_eq!(loops.weight(&cfg, Quantity::Block(last)), loops.weight(&cfg, Quantity::Block(first)));
+}
