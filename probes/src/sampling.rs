@@ -41,6 +41,9 @@ const MAX_DEPTH: usize = 512;
 /// The frame a sample taken in the probes' own code ends with (the kernel's
 /// uprobe area, or the in-process engine's code).
 pub const PROBE_OVERHEAD_FRAME: &str = "[probe overhead]";
+/// The module of that frame in the in-process engine's code (in the
+/// kernel's probe area, it has none).
+pub const ENGINE_MODULE: &str = "[proftap]";
 /// Bytes of a page: mappings start on one.
 const PAGE_BYTES: u64 = 4096;
 /// Bytes of the registers a trampoline of the in-process engine saves
@@ -307,21 +310,23 @@ impl StackResolver {
             self.processes.entry(pid).or_default().trampoline = Some((start, start + len));
             return;
         }
-        let open = if path == OwnVdso::NAME {
-            // Another image than proftap's (a 32-bit process's) stays unnamed.
-            match self.vdso.get_or_insert_with(OwnVdso::copy) {
-                Some(own) if own.len == len => own.path.clone(),
-                _ => return,
-            }
-        } else if path.starts_with('/') {
-            let open = PathBuf::from(path);
-            if open.exists() { open } else { PathBuf::from(format!("/proc/{pid}/root{path}")) }
-        } else {
+        // Another vDSO than proftap's (a 32-bit process's) stays unnamed.
+        let own_vdso = (path == OwnVdso::NAME).then(|| self.vdso.get_or_insert_with(OwnVdso::copy).as_ref().filter(|own| own.len == len));
+        if own_vdso.as_ref().is_some_and(Option::is_none) {
             return;
-        };
+        }
+        let own_vdso = own_vdso.flatten().map(|own| own.path.clone());
         let module = match self.module_ids.get(path) {
             Some(&id) => id,
             None => {
+                let open = if let Some(own) = own_vdso {
+                    own
+                } else if path.starts_with('/') {
+                    let open = PathBuf::from(path);
+                    if open.exists() { open } else { PathBuf::from(format!("/proc/{pid}/root{path}")) }
+                } else {
+                    return;
+                };
                 let with_lines = match (&self.lines_of, file_identity(&open)) {
                     (None, _) => true,
                     (Some(modules), Some(file)) => modules.contains(&file),
@@ -437,7 +442,7 @@ impl StackResolver {
             frames.push(frame(reason, "", false));
         }
         if probe_leaf {
-            frames.insert(0, frame(PROBE_OVERHEAD_FRAME, "", false));
+            frames.insert(0, frame(PROBE_OVERHEAD_FRAME, ENGINE_MODULE, false));
             line = None;
         }
         frames.reverse();

@@ -6,7 +6,7 @@
 use crate::governor::SampledOverhead;
 use crate::samples::{SampleAggregator, SampleTime};
 use proftap_probes::metrics::Metric;
-use proftap_probes::sampling::{PROBE_OVERHEAD_FRAME, ResolvedStack, StackResolver, StackSample};
+use proftap_probes::sampling::{ENGINE_MODULE, PROBE_OVERHEAD_FRAME, ResolvedStack, StackResolver, StackSample};
 use proftap_profile::SampleProfile;
 use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
@@ -67,7 +67,9 @@ impl SamplerThread {
                     Input::Throttle(functions) => samples.throttle(&functions),
                     Input::Sample(sample, returns) => {
                         let stack = resolver.resolve(&sample, &returns);
-                        overhead.count(stack.frames.last().is_some_and(|leaf| leaf.name == PROBE_OVERHEAD_FRAME));
+                        let in_engine =
+                            stack.frames.last().is_some_and(|leaf| leaf.name == PROBE_OVERHEAD_FRAME && leaf.module == ENGINE_MODULE);
+                        overhead.count(in_engine);
                         samples.add_at(sample.pid as i32, sample.tid as i32, sample.time, &stack);
                         if keep {
                             stacks.push(stack);
