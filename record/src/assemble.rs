@@ -242,17 +242,16 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
 }
 
 /// Takes up to `ns` out of the exclusive cost `stat` of `calls` calls;
-/// returns what it took. The calls' least and largest values stay within
-/// what is left: no call is more than all of them, the least no more than
-/// their average (with one call, both are the total).
+/// returns what it took. The calls' least and largest values stay possible
+/// for what is left: the least no more than their average, the largest no
+/// more than what the others leave at the least each (with one call, both
+/// are the total).
 fn take_out(stat: &mut Stat, calls: u64, ns: u64) -> u64 {
     let taken = ns.min(stat.total);
     stat.total -= taken;
-    if taken > 0 {
-        stat.max = stat.max.min(stat.total);
-        if let Some(average) = stat.total.checked_div(calls) {
-            stat.min = stat.min.min(average);
-        }
+    if taken > 0 && calls > 0 {
+        stat.min = stat.min.min(stat.total / calls);
+        stat.max = stat.max.min(stat.total.saturating_sub((calls - 1).saturating_mul(stat.min)));
     }
     taken
 }
@@ -437,10 +436,14 @@ mod tests {
         let mut one = Stat { total: 211, min: 211, max: 211 };
         assert_eq!(take_out(&mut one, 1, 204), 204);
         assert_eq!(one, Stat { total: 7, min: 7, max: 7 });
-        // Four calls, 10 to 40: 60 taken leaves 40, none over it, the least at most 10.
+        // Four calls, 10 to 40: 60 taken leaves 40, four calls of 10.
         let mut four = Stat { total: 100, min: 10, max: 40 };
         take_out(&mut four, 4, 60);
-        assert_eq!(four, Stat { total: 40, min: 10, max: 40 });
+        assert_eq!(four, Stat { total: 40, min: 10, max: 10 });
+        // 40 taken leaves 60: the least stays 10, the largest at most 60 - 3 x 10.
+        let mut more = Stat { total: 100, min: 10, max: 40 };
+        take_out(&mut more, 4, 40);
+        assert_eq!(more, Stat { total: 60, min: 10, max: 30 });
         // More than there is: all of it, and the rest stays.
         let mut small = Stat { total: 5, min: 2, max: 3 };
         assert_eq!(take_out(&mut small, 2, 9), 5);
