@@ -25,7 +25,15 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-seconds() { /usr/bin/time -f %e "$@" 2>&1 >/dev/null | tail -1; }
+# Seconds a command takes, to the millisecond (`time`'s 10 ms steps moved
+# lineloop's ratios by a fifth).
+seconds() {
+    local start end
+    start=$(date +%s%N)
+    "$@" >/dev/null 2>&1
+    end=$(date +%s%N)
+    echo "$(( (end - start) / 1000000 ))" | awk '{ printf "%.3f\n", $1 / 1000 }'
+}
 # The program's own time under proftap, from the profile, in seconds.
 recorded() {
     "$proftap" report --format json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["recording"]["duration_ns"] / 1e9)'
@@ -33,10 +41,16 @@ recorded() {
 
 compare() {
     local name=$1 bare=$2 cov=$3; shift 3
-    local b c w r
-    b=$(for _ in $(seq "$runs"); do seconds "$bare" "$@"; done | median)
-    c=$(for _ in $(seq "$runs"); do seconds "$cov" "$@"; done | median)
-    w=$(for i in $(seq "$runs"); do seconds "$proftap" run --lines -o "$work/$name.$i.profile" -- "$bare" "$@"; done | median)
+    local b c w r i
+    # In turns, so that the machine's drift from minute to minute falls on all three.
+    for i in $(seq "$runs"); do
+        seconds "$bare" "$@" >>"$work/$name.bare"
+        seconds "$cov" "$@" >>"$work/$name.cov"
+        seconds "$proftap" run --lines -o "$work/$name.$i.profile" -- "$bare" "$@" >>"$work/$name.whole"
+    done
+    b=$(median <"$work/$name.bare")
+    c=$(median <"$work/$name.cov")
+    w=$(median <"$work/$name.whole")
     r=$(for i in $(seq "$runs"); do recorded "$work/$name.$i.profile"; done | median)
     printf '%-9s bare %.3f s, --coverage %.3f s (%.2fx), proftap run --lines %.3f s recorded (%.2fx), %.3f s whole (%.2fx)\n' \
         "$name" "$b" "$c" "$(echo "$c / $b" | bc -l)" "$r" "$(echo "$r / $b" | bc -l)" "$w" "$(echo "$w / $b" | bc -l)"
