@@ -29,6 +29,7 @@ use proftap_probes::plan::{ProbedFunction, Role};
 use proftap_probes::sampling::{DEFAULT_PROBE_AREA, StackResolver};
 use proftap_probes::target::{self, Frozen, HeldChild};
 use proftap_profile::{Engine, ExitMode, Finding, Note, Refusal, Target};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Why a function whose lines probes follow is not patched.
@@ -103,11 +104,18 @@ pub fn record(
     // Sampled at a frequency, each sample stands for a period of CPU time.
     let sampled = sampling.as_ref().map(|(_, hz)| (Arc::new(SampledOverhead::default()), 1_000_000_000 / (*hz).max(1)));
     let sampler = sampling.as_ref().map(|(event, hz)| {
+        // Inlined frames and lines: the program's, and those of the modules
+        // whose functions are measured.
+        let executable = match spec {
+            TargetSpec::Launch { path, .. } => path.clone(),
+            TargetSpec::Attach { pid } => PathBuf::from(format!("/proc/{pid}/exe")),
+        };
+        let mut with_lines: Vec<&Path> = all[..measured].iter().map(|f| f.open_path.as_path()).collect();
+        with_lines.push(&executable);
+        with_lines.sort_unstable();
+        with_lines.dedup();
         // The named stacks are kept only to be saved.
-        let mut measured_modules: Vec<&std::path::Path> = all[..measured].iter().map(|f| f.open_path.as_path()).collect();
-        measured_modules.sort_unstable();
-        measured_modules.dedup();
-        let resolver = StackResolver::new(options.symbols.clone()).lines_only_of(measured_modules);
+        let resolver = StackResolver::new(options.symbols.clone()).lines_only_of(with_lines);
         // Uprobes are placed only on what `enabled` picks, or when they may be
         // added later (automatic instrumentation), or for lines.
         let later = options.auto_instrument.is_some();
