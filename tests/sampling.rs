@@ -143,20 +143,26 @@ fn a_library_shows_inlined_frames_and_lines_when_its_functions_are_measured() {
         run_ok(proftap().args(["run", "--sample", "2000"]).args(patterns).arg("-o").arg(&file).arg("--").arg(&uselib).arg("100000000"));
         report_json(&file)["samples"].clone()
     };
+    let has_lines =
+        |samples: &Value, file: &str| samples["lines"].as_array().unwrap().iter().any(|l| l["file"].as_str().unwrap().ends_with(file));
     let in_library = |samples: &Value| -> (u64, bool, bool) {
         let functions = samples["functions"].as_array().unwrap();
         let of = |name: &str| functions.iter().find(|f| f["name"] == name).cloned();
         let adds = of("counter_add").map_or(0, |f| f["total"].as_u64().unwrap());
         let clamp_inlined = of("clamp").is_some_and(|f| f["inlined"] == true);
-        let lines = samples["lines"].as_array().unwrap().iter().any(|l| l["file"].as_str().unwrap().ends_with("counter.c"));
-        (adds, clamp_inlined, lines)
+        (adds, clamp_inlined, has_lines(samples, "counter.c"))
     };
-    let (adds, clamp, lines) = in_library(&sampled(&["main"]));
+    let samples = sampled(&["main"]);
+    let (adds, clamp, lines) = in_library(&samples);
     assert!(adds > 50, "{adds} samples in counter_add");
     assert!(!clamp && !lines, "the library's debug info was read: clamp {clamp}, lines {lines}");
-    let (adds, clamp, lines) = in_library(&sampled(&["main", "libcounter.so:counter_*"]));
+    assert!(has_lines(&samples, "main.c"), "no line of the program sampled");
+    // Only the library's functions measured: the program's lines still come.
+    let samples = sampled(&["libcounter.so:counter_*"]);
+    let (adds, clamp, lines) = in_library(&samples);
     assert!(adds > 50, "{adds} samples in counter_add");
     assert!(clamp && lines, "the measured library's debug info was not read: clamp {clamp}, lines {lines}");
+    assert!(has_lines(&samples, "main.c"), "no line of the program sampled");
 }
 
 /// Parses an SVG as XML (Python's parser: a checker we did not write).
