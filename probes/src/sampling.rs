@@ -77,6 +77,15 @@ struct ModuleInfo {
     unknown: Option<String>,
 }
 
+/// Whether process `pid` runs a 64-bit executable (its vDSO is then the
+/// kernel's 64-bit one, proftap's own).
+fn runs_64_bit_code(pid: u32) -> bool {
+    use std::io::Read;
+    let mut ident = [0u8; 5];
+    std::fs::File::open(format!("/proc/{pid}/exe")).and_then(|mut exe| exe.read_exact(&mut ident)).is_ok()
+        && ident == [0x7f, b'E', b'L', b'F', 2]
+}
+
 /// The device and inode of the file at `path`: one file, under any name.
 fn file_identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
@@ -311,7 +320,10 @@ impl StackResolver {
             return;
         }
         // Another vDSO than proftap's (a 32-bit process's) stays unnamed.
-        let own_vdso = (path == OwnVdso::NAME).then(|| self.vdso.get_or_insert_with(OwnVdso::copy).as_ref().filter(|own| own.len == len));
+        let own_vdso = (path == OwnVdso::NAME).then(|| {
+            let own = self.vdso.get_or_insert_with(OwnVdso::copy).as_ref();
+            own.filter(|own| own.len == len && runs_64_bit_code(pid))
+        });
         if own_vdso.as_ref().is_some_and(Option::is_none) {
             return;
         }
@@ -617,4 +629,16 @@ impl StackResolver {
 
 fn frame(name: &str, module: &str, inlined: bool) -> SampledFrame {
     SampledFrame { name: name.into(), module: module.into(), inlined }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_64_bit_process_is_told_from_one_that_cannot_be_read() {
+        assert!(runs_64_bit_code(std::process::id()));
+        // No such process (above the kernel's largest pid).
+        assert!(!runs_64_bit_code(u32::MAX));
+    }
 }
