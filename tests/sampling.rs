@@ -58,10 +58,15 @@ fn a_known_split_is_sampled_as_it_is_and_as_perf_sees_it() {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("{name} not in perf report:\n{text}"))
     };
-    // perf's self share of a function includes what the compiler inlined into it.
+    // perf's self share of a function includes what the compiler inlined
+    // into it. Each share is a count of about 1,200 samples: its standard
+    // deviation is 1.3 points, that of the two runs' difference 1.9; six
+    // points is over three of those (5 failed one run in about 60: proftap
+    // 73.1%, perf 68.0%, where ten runs here gave 68.2 to 71.3 and 67.8 to
+    // 70.8).
     for (name, share) in [("work_a", a), ("work_b", b)] {
         let theirs = perf_share(name);
-        assert!((share - theirs).abs() <= 5.0, "{name}: proftap {share:.1}%, perf {theirs:.1}%");
+        assert!((share - theirs).abs() <= 6.0, "{name}: proftap {share:.1}%, perf {theirs:.1}%");
     }
 }
 
