@@ -62,7 +62,7 @@ fn a_known_split_is_sampled_as_it_is_and_as_perf_sees_it() {
     // into it. Each share is a count of about 1,200 samples: its standard
     // deviation is 1.3 points, that of the two runs' difference 1.9; six
     // points is over three of those (5 failed one run in about 60: proftap
-    // 73.1%, perf 68.0%, where ten runs here gave 68.2 to 71.3 and 67.8 to
+    // 73.1%, perf 68.0%, where five runs here gave 68.2 to 71.3 and 67.8 to
     // 70.8).
     for (name, share) in [("work_a", a), ("work_b", b)] {
         let theirs = perf_share(name);
