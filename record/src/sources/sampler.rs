@@ -69,7 +69,9 @@ impl SamplerThread {
                         let stack = resolver.resolve(&sample, &returns);
                         let in_engine =
                             stack.frames.last().is_some_and(|leaf| leaf.name == PROBE_OVERHEAD_FRAME && leaf.module == ENGINE_MODULE);
-                        overhead.count(in_engine);
+                        if in_engine {
+                            overhead.count();
+                        }
                         samples.add_at(sample.pid as i32, sample.tid as i32, sample.time, &stack);
                         if keep {
                             stacks.push(stack);
