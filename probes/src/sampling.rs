@@ -94,12 +94,38 @@ fn file_identity(path: &Path) -> Option<(u64, u64)> {
 
 /// The sections framehop unwinds with.
 struct UnwindSections {
-    text: Option<(std::ops::Range<u64>, Vec<u8>)>,
-    eh_frame: Option<(std::ops::Range<u64>, Vec<u8>)>,
-    eh_frame_hdr: Option<(std::ops::Range<u64>, Vec<u8>)>,
+    text: Option<(std::ops::Range<u64>, SectionBytes)>,
+    eh_frame: Option<(std::ops::Range<u64>, SectionBytes)>,
+    eh_frame_hdr: Option<(std::ops::Range<u64>, SectionBytes)>,
     got: Option<std::ops::Range<u64>>,
-    debug_frame: Option<Vec<u8>>,
+    debug_frame: Option<SectionBytes>,
     segments: Vec<crate::symbols::Segment>,
+}
+
+/// A section's bytes, in the module's mapped file (or decompressed): the
+/// unwinder is rebuilt with every module at each new mapping, and a copy
+/// of a large program's code each time cost more than its samples.
+#[derive(Clone)]
+enum SectionBytes {
+    InFile(Arc<ElfImage>, std::ops::Range<usize>),
+    Decompressed(Arc<[u8]>),
+}
+
+/// No bytes (what framehop fills the sections a module lacks with).
+impl Default for SectionBytes {
+    fn default() -> Self {
+        SectionBytes::Decompressed(Arc::from([]))
+    }
+}
+
+impl std::ops::Deref for SectionBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            SectionBytes::InFile(image, range) => image.data().get(range.clone()).unwrap_or_default(),
+            SectionBytes::Decompressed(bytes) => bytes,
+        }
+    }
 }
 
 impl ModuleInfo {
@@ -150,11 +176,19 @@ impl ModuleInfo {
     }
 }
 
-fn unwind_sections(image: &ElfImage) -> Option<UnwindSections> {
+fn unwind_sections(image: &Arc<ElfImage>) -> Option<UnwindSections> {
     let elf = image.parse().ok()?;
-    let section = |name: &str| -> Option<(std::ops::Range<u64>, Vec<u8>)> {
+    let section = |name: &str| -> Option<(std::ops::Range<u64>, SectionBytes)> {
         let s = elf.section_by_name(name)?;
-        let data = s.uncompressed_data().ok()?.into_owned();
+        let data = match (s.compressed_data().ok()?.format, s.file_range()) {
+            (object::CompressionFormat::None, Some((offset, size))) => {
+                let start = usize::try_from(offset).ok()?;
+                let end = start.checked_add(usize::try_from(size).ok()?)?;
+                image.data().get(start..end)?;
+                SectionBytes::InFile(image.clone(), start..end)
+            }
+            _ => SectionBytes::Decompressed(s.uncompressed_data().ok()?.into_owned().into()),
+        };
         Some((s.address()..s.address() + s.size(), data))
     };
     Some(UnwindSections {
@@ -181,7 +215,7 @@ struct Process {
     /// Where the in-process engine's routines return to in its code, by
     /// address (see [`StackResolver::probe_returns`]).
     probe_returns: Vec<u64>,
-    unwinder: UnwinderX86_64<Vec<u8>>,
+    unwinder: UnwinderX86_64<SectionBytes>,
     cache: Option<Box<CacheX86_64>>,
     /// Mappings already given to the unwinder.
     added: usize,
