@@ -79,10 +79,11 @@ fn decode(entry: u64, code: &[u8]) -> Vec<Instruction> {
     body
 }
 
-/// Whether a branch of `body` lands strictly inside `(start, end)`: in the
-/// middle of a jump written over `[start, end)`.
-fn branches_into(body: &[Instruction], start: u64, end: u64) -> bool {
-    body.iter().any(|i| {
+/// Whether a branch among `instructions` (up to an invalid one) lands
+/// strictly inside `(start, end)`: in the middle of a jump written over
+/// `[start, end)`.
+fn branches_into(instructions: impl IntoIterator<Item = Instruction>, start: u64, end: u64) -> bool {
+    instructions.into_iter().take_while(|i| !i.is_invalid()).any(|i| {
         matches!(i.flow_control(), FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch)
             && i.near_branch_target() > start
             && i.near_branch_target() < end
@@ -110,7 +111,7 @@ pub fn plan_returns(entry: u64, code: &[u8]) -> Result<Vec<PatchPlan>, String> {
             first = previous;
         }
         let (start, end) = (body[first].ip(), ret.next_ip());
-        if branches_into(&body, start, end) {
+        if branches_into(body.iter().copied(), start, end) {
             return Err("it branches into the instructions before a return".into());
         }
         let offset = (start - entry) as usize;
@@ -147,7 +148,7 @@ pub fn plan_checked(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
 const FIRST_BYTES: usize = 4 + JUMP_LEN + 15;
 
 fn plan_entry(entry: u64, code: &[u8], whole: bool) -> Result<PatchPlan, String> {
-    let body = decode(entry, if whole { code } else { &code[..code.len().min(FIRST_BYTES)] });
+    let body = decode(entry, &code[..code.len().min(FIRST_BYTES)]);
     let mut at = entry;
     let mut first = 0;
     if body.first().is_some_and(|i| i.code() == Code::Endbr64) {
@@ -185,7 +186,8 @@ fn plan_entry(entry: u64, code: &[u8], whole: bool) -> Result<PatchPlan, String>
     }
     // A branch of its own into the replaced bytes (other than to their
     // start) would land in the middle of the jump.
-    if whole && branches_into(&body, at, at + covered as u64) {
+    // Decoded as it goes, kept nowhere: a large program's functions are megabytes.
+    if whole && branches_into(Decoder::with_ip(64, code, entry, DecoderOptions::NONE), at, at + covered as u64) {
         return Err(format!("it jumps back into its first {covered} bytes"));
     }
     let offset = (at - entry) as usize;
