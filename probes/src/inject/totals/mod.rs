@@ -495,7 +495,13 @@ fn site_trampolines(at: Trampolines) -> Vec<u8> {
 
 /// A hijacked return lands here: with the registers the return may carry
 /// saved, `exit(rdi = where the return address was)` puts it back there,
-/// and the return goes on.
+/// and the return goes on with a jump, not a `ret`: the hijacked return
+/// consumed the processor's prediction of this return, and a `ret` would
+/// take the caller's, so that each return up the stack would mispredict in
+/// turn. The jump reads the address from below the stack pointer, in the
+/// red zone no signal frame is written over; it changes no register and no
+/// flag, which a caller compiled to rely on what its callee leaves alone
+/// may need.
 fn return_trampoline_code(address: u64, exit: u64) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     a.sub(rsp, 8)?;
@@ -507,7 +513,8 @@ fn return_trampoline_code(address: u64, exit: u64) -> Result<Vec<u8>, IcedError>
     for r in SAVED.iter().rev() {
         a.pop(*r)?;
     }
-    a.ret()?;
+    a.lea(rsp, qword_ptr(rsp + 8))?;
+    a.jmp(qword_ptr(rsp - 8))?;
     a.assemble(address)
 }
 
@@ -638,20 +645,9 @@ pub fn call_routine_return_offset() -> u64 {
 
 /// The same in the return trampoline.
 pub fn return_trampoline_return_offset() -> u64 {
-    let whole = return_trampoline_code(0, 0x1_0000).map_or(0, |c| c.len());
-    (whole - restore_len() - 1) as u64
-}
-
-/// Bytes of the code that restores the [`SAVED`] registers.
-fn restore_len() -> usize {
-    let pops = || -> Result<Vec<u8>, IcedError> {
-        let mut a = CodeAssembler::new(64)?;
-        for r in SAVED.iter().rev() {
-            a.pop(*r)?;
-        }
-        a.assemble(0)
-    };
-    pops().map_or(0, |c| c.len())
+    let code = return_trampoline_code(0, 0x1_0000).unwrap_or_default();
+    let decoder = iced_x86::Decoder::with_ip(64, &code, 0, iced_x86::DecoderOptions::NONE);
+    decoder.into_iter().find(|i| i.code() == iced_x86::Code::Call_rel32_64).map_or(0, |call| call.next_ip())
 }
 
 /// The code that ends a trampoline over a return: save registers (the

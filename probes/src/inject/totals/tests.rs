@@ -661,3 +661,17 @@ fn routines_return_right_after_their_trampolines_calls() {
     let rel = i32::from_le_bytes(trampoline[at - 4..at].try_into().unwrap());
     assert_eq!((address + at as u64).wrapping_add(rel as i64 as u64), routine);
 }
+
+/// The return trampoline goes on to the caller with a jump: a `ret` there
+/// would take the processor's prediction of the caller's own return (the
+/// hijacked return consumed the one of this call), and each return up the
+/// stack would then mispredict in turn.
+#[test]
+fn the_return_trampoline_jumps_to_the_caller_without_a_ret() {
+    let code = return_trampoline_code(0x40_0000, 0x40_8000).unwrap();
+    let instructions: Vec<_> = iced_x86::Decoder::with_ip(64, &code, 0x40_0000, iced_x86::DecoderOptions::NONE).into_iter().collect();
+    assert!(instructions.iter().all(|i| i.flow_control() != iced_x86::FlowControl::Return), "{instructions:?}");
+    let last = instructions.last().unwrap();
+    assert_eq!(last.code(), iced_x86::Code::Jmp_rm64, "{last:?}");
+    assert_eq!((last.memory_base(), last.memory_displacement64() as i64), (iced_x86::Register::RSP, -8));
+}
