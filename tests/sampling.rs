@@ -298,6 +298,19 @@ impl Folded {
     }
 }
 
+/// Samples in code under a label of no type (hand-written assembly: the
+/// dynamic loader's `_start`) are named by the label, as perf names them,
+/// not left unknown.
+#[test]
+fn samples_under_a_label_of_no_type_are_named_by_it() {
+    require_probes();
+    let binary = Build::c("label.c", "-O2").build();
+    let folded = Folded::record(&["--no-instrument", "--sample", "2000"], &binary, &["300"]);
+    let in_label = folded.samples(|l| l.rsplit_once(' ').is_some_and(|(stack, _)| stack.ends_with(";spin_label") || stack == "spin_label"));
+    assert!(in_label > 50, "{}", folded.text);
+    assert_eq!(folded.samples(|l| l.contains("[unknown: no symbol in") && l.contains("label")), 0, "{}", folded.text);
+}
+
 /// A Rust program as rustc links it (lld: the code's segment starts
 /// mid-page, its first page shared with the read-only data before it):
 /// every sample unwinds to the program's start.

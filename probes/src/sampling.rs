@@ -626,7 +626,7 @@ impl StackResolver {
         }
         let info = &self.modules[mapping.module];
         let module = info.path.clone();
-        let function = info.symbols.as_ref().and_then(|s| s.function_at(crate::addr::VirtAddr(vaddr))).map(|f| f.name.clone());
+        let function = info.symbols.as_ref().and_then(|s| s.name_at(crate::addr::VirtAddr(vaddr))).map(str::to_string);
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut line = None;
         if let Some(loader) = info.lines()

@@ -330,6 +330,7 @@ fn unnamed(display: &Path, image: &ElfImage) -> Result<SymbolIndex, proftap_prob
         line_rows: Vec::new(),
         segments: image.segments()?,
         imports: Vec::new(),
+        labels: Vec::new(),
         warnings: vec![format!("{} has no symbols at all: its samples are named by module", display.display())],
     })
 }

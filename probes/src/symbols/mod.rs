@@ -138,6 +138,10 @@ pub struct SymbolIndex {
     pub segments: Vec<Segment>,
     /// Functions the binary imports from shared libraries (undefined dynamic symbols).
     pub imports: Vec<String>,
+    /// Labels of code that no function symbol covers (symbols of no type in
+    /// executable segments, as hand-written assembly leaves: the dynamic
+    /// loader's `_start`), by address: names for samples, never probed.
+    pub labels: Vec<(VirtAddr, String)>,
     /// Things the user should know: stripped file, rejected debug files, damaged units.
     pub warnings: Vec<String>,
 }
@@ -177,15 +181,19 @@ impl SymbolIndex {
         };
 
         let mut symbols = BTreeMap::new();
+        let mut labels = BTreeMap::new();
         let mut origin = SymbolOrigin::Symtab;
         let elf = image.parse()?;
         let imports = image.imports()?;
         collect_symbols(elf.symbols(), &mut symbols);
+        collect_labels(elf.symbols(), &segments, &mut labels);
         if symbols.is_empty()
             && let Some(debug_image) = debug_image.filter(|d| !std::ptr::eq(*d, image))
         {
             // `objcopy --only-keep-debug` leaves the full symbol table in the debug file.
-            collect_symbols(debug_image.parse()?.symbols(), &mut symbols);
+            let debug_elf = debug_image.parse()?;
+            collect_symbols(debug_elf.symbols(), &mut symbols);
+            collect_labels(debug_elf.symbols(), &segments, &mut labels);
         }
         if symbols.is_empty() {
             collect_symbols(elf.dynamic_symbols(), &mut symbols);
@@ -271,6 +279,7 @@ impl SymbolIndex {
             line_rows: info.rows,
             segments,
             imports,
+            labels: labels.into_iter().map(|(address, name)| (VirtAddr(address), name)).collect(),
             warnings,
         })
     }
@@ -292,6 +301,22 @@ impl SymbolIndex {
             size => f.address.0.saturating_add(size),
         };
         (addr.0 < end).then_some(f)
+    }
+
+    /// The name of the code at `addr`: its function's, else the label
+    /// before it when no function starts between them (a function of no
+    /// size reaches only as far as the next label).
+    pub fn name_at(&self, addr: VirtAddr) -> Option<&str> {
+        let function = self.function_at(addr);
+        let label = self.labels.partition_point(|(at, _)| *at <= addr).checked_sub(1).map(|i| &self.labels[i]).filter(|(at, _)| {
+            let next_function = self.functions.partition_point(|f| f.address <= *at);
+            self.functions.get(next_function).is_none_or(|f| f.address > addr)
+        });
+        match (function, label) {
+            (Some(f), Some((at, name))) if f.size == 0 && *at > f.address => Some(name),
+            (Some(f), _) => Some(&f.name),
+            (None, label) => label.map(|(_, name)| name.as_str()),
+        }
     }
 
     /// Whether this is a position-independent executable.
@@ -355,6 +380,28 @@ fn collect_symbols<'d: 'f, 'f>(table: impl Iterator<Item = object::read::elf::El
         let group = out.entry(symbol.address()).or_default();
         group.size = group.size.max(symbol.size());
         group.names.push(((binding, name.starts_with('_'), name.len()), name.to_string()));
+    }
+}
+
+/// Symbols of no type defined in executable segments (labels in
+/// hand-written assembly), by address, the first name kept.
+fn collect_labels<'d: 'f, 'f>(
+    table: impl Iterator<Item = object::read::elf::ElfSymbol64<'d, 'f>>,
+    segments: &[Segment],
+    out: &mut BTreeMap<u64, String>,
+) {
+    for symbol in table {
+        let address = symbol.address();
+        let in_code = segments.iter().any(|s| s.executable && (s.vaddr.0..s.vaddr.0.saturating_add(s.mem_size)).contains(&address));
+        let no_type = object::read::elf::Sym::st_type(symbol.elf_symbol()) == object::elf::STT_NOTYPE;
+        if !no_type || !symbol.is_definition() || address == 0 || !in_code {
+            continue;
+        }
+        if let Ok(name) = symbol.name()
+            && !name.is_empty()
+        {
+            out.entry(address).or_insert_with(|| name.to_string());
+        }
     }
 }
 
