@@ -162,24 +162,6 @@ fn a_function_hot_in_a_forked_child_is_throttled_there() {
     assert_eq!(by_pid.get(&report["target"]["pid"].as_i64().unwrap()), Some(&10), "{by_pid:?}");
 }
 
-/// Uprobes the governor withdrew while the program runs are unregistered
-/// while it runs, not all at the end: the kernel unregisters one event at
-/// a time, two grace periods each (tens of milliseconds), and a run whose
-/// probes changed a few times waited for all of them after the program
-/// had ended. The program waits for its recorder's groups in tracefs to
-/// come down to the one in use.
-#[test]
-fn probes_withdrawn_while_the_program_runs_are_unregistered_while_it_runs() {
-    require_probes();
-    let binary = Build::c("withdrawn.c", "-O2").build();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    let out = run_ok(proftap().args(["run", "--engine", "uprobe", "-o"]).arg(&file).arg("--").arg(&binary).arg("20"));
-    let tiny = function(&report_json(&file)["functions"], "tiny").clone();
-    assert_eq!(tiny["mode"], "throttled", "{tiny}");
-    assert_eq!(out.trim(), "1", "the recorder's uprobe groups in tracefs when the program ended");
-}
-
 #[test]
 fn a_zero_budget_keeps_every_probe() {
     require_probes();

@@ -9,8 +9,8 @@ mod reader;
 
 use crate::error::RecordError;
 use crate::events::Event;
-use crate::sources::{Closing, monotonic_ns};
-use perf_events::{PerfEvents, ProbeSet};
+use crate::sources::monotonic_ns;
+use perf_events::{PerfEvents, ProbeSet, Unregistering};
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
 use proftap_probes::plan::ProbedFunction;
@@ -26,8 +26,8 @@ pub struct UprobeSource {
     /// The first probe set's ids, until the reader takes them.
     first_taps: Vec<reader::Tap>,
     counters: usize,
-    /// Replaced probe sets, out of the targets, being unregistered.
-    unregistering: Vec<Closing>,
+    /// Replaced probe sets, out of the targets, unregistered at the end.
+    unregistering: Vec<Unregistering>,
 }
 
 /// What reading the rings left to tell once they are closed.
@@ -40,13 +40,24 @@ pub struct UprobesEnding {
     pub withdrawn: Withdrawn,
 }
 
-/// Uprobes out of every target, being unregistered; dropping this waits
-/// until they are. Each set (one per change of the probes) waits two grace
-/// periods, one as its events close and one as its definitions go, and the
-/// kernel takes the sets one at a time: a set replaced while the program
-/// runs starts at once, so that the end waits for the last set alone.
+/// Uprobes out of every target, unregistered when this is dropped (which
+/// waits for grace periods, each set for its own, in parallel: best once
+/// the targets are gone). Not while they run: the kernel holds its event
+/// mutex through those grace periods, and a target's thread that starts
+/// or ends copies or frees its inherited probe events under that mutex,
+/// stalled for as long (200 ms seen).
 pub struct Withdrawn {
-    _sets: Vec<Closing>,
+    sets: Vec<Unregistering>,
+}
+
+impl Drop for Withdrawn {
+    fn drop(&mut self) {
+        // Each set (one per change of the probes) waits two grace periods,
+        // one as its events close and one as its definitions go: the sets
+        // wait them together rather than one after another.
+        let sets = std::mem::take(&mut self.sets).into_iter().map(|set| Box::new(set) as Box<dyn Send>).collect();
+        proftap_probes::perf::close_in_parallel(sets);
+    }
 }
 
 impl UprobeSource {
@@ -154,7 +165,7 @@ impl UprobeSource {
         reader.add_generation(self.events.generation(), set.taps);
         reader.add_sources(self.events.take_sources());
         into.push(Event::ProbesReplaced { time: at, generation: self.events.generation(), removed });
-        self.unregistering.push(Closing::start(vec![Box::new(retired.withdraw())]));
+        self.unregistering.push(retired.withdraw());
         Ok(())
     }
 
@@ -171,7 +182,7 @@ impl UprobeSource {
         let mut closing = self.reader.take().map(RingReader::into_open).unwrap_or_default();
         closing.extend(self.events.take_open());
         proftap_probes::perf::close_in_parallel(closing);
-        self.unregistering.push(Closing::start(vec![Box::new(self.events.withdraw())]));
-        UprobesEnding { lost_samples, malformed, withdrawn: Withdrawn { _sets: std::mem::take(&mut self.unregistering) } }
+        self.unregistering.push(self.events.withdraw());
+        UprobesEnding { lost_samples, malformed, withdrawn: Withdrawn { sets: std::mem::take(&mut self.unregistering) } }
     }
 }
