@@ -104,7 +104,9 @@ struct UnwindSections {
 
 /// A section's bytes, in the module's mapped file (or decompressed): the
 /// unwinder is rebuilt with every module at each new mapping, and a copy
-/// of a large program's code each time cost more than its samples.
+/// of a large program's code each time cost more than its samples. The
+/// file stays mapped, as the debug readers' files do: one overwritten in
+/// place (not replaced) while mapped faults here, as it does in the program.
 #[derive(Clone)]
 enum SectionBytes {
     InFile(Arc<ElfImage>, std::ops::Range<usize>),
