@@ -499,9 +499,10 @@ fn site_trampolines(at: Trampolines) -> Vec<u8> {
 /// consumed the processor's prediction of this return, and a `ret` would
 /// take the caller's, so that each return up the stack would mispredict in
 /// turn. The jump reads the address from below the stack pointer, in the
-/// red zone no signal frame is written over; neither it nor the step over
-/// the slot changes a register (a caller compiled to rely on what its
-/// callee leaves alone may need every one restored).
+/// red zone no signal frame is written over; the `lea` before it moves the
+/// stack pointer alone, and neither touches another register or a flag (a
+/// caller compiled to rely on what its callee leaves alone may need every
+/// register restored).
 fn return_trampoline_code(address: u64, exit: u64) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     a.sub(rsp, 8)?;
