@@ -226,6 +226,15 @@ pub struct SampledFunction {
 }
 
 impl SampleProfile {
+    /// The share of the samples whose innermost frame is named `name`
+    /// (none without samples).
+    pub fn leaf_share(&self, name: &str) -> Option<f64> {
+        let total: u64 = self.stacks.iter().map(|s| s.count).sum();
+        let named = |s: &&SampledStack| s.frames.last().and_then(|&f| self.frames.get(f as usize)).is_some_and(|f| f.name == name);
+        let in_leaf: u64 = self.stacks.iter().filter(named).map(|s| s.count).sum();
+        (total > 0).then(|| in_leaf as f64 / total as f64)
+    }
+
     /// Self and total samples per frame, most total first.
     pub fn functions(&self) -> Vec<SampledFunction> {
         let mut own = vec![0u64; self.frames.len()];
@@ -730,6 +739,20 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_share_of_samples_is_counted_by_their_innermost_frame() {
+        let frame = |name: &str| SampledFrame { name: name.into(), ..SampledFrame::default() };
+        let stack = |frames: Vec<u32>, count| SampledStack { frames, count };
+        let samples = SampleProfile {
+            frames: vec![frame("main"), frame("work"), frame("[probe overhead]")],
+            stacks: vec![stack(vec![0, 2], 3), stack(vec![0, 1], 1), stack(vec![2, 1], 4)],
+            ..SampleProfile::default()
+        };
+        assert_eq!(samples.leaf_share("[probe overhead]"), Some(3.0 / 8.0));
+        assert_eq!(samples.leaf_share("work"), Some(5.0 / 8.0));
+        assert_eq!(SampleProfile::default().leaf_share("work"), None);
+    }
 
     fn node(function: u32, parent: u32, calls: u64, incl: u64) -> TreeNode {
         TreeNode { function, parent, calls, inclusive: vec![incl], exclusive: vec![incl], estimated: false }

@@ -2,6 +2,7 @@
 //! call tree and per-thread profiles on request.
 
 use super::{SortKey, function_name, sort_functions};
+use proftap_probes::sampling::PROBE_OVERHEAD_FRAME;
 use proftap_profile::{CallTree, Engine, ExitMode, FunctionStats, Mode, Profile, Unit};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -247,9 +248,13 @@ fn header(profile: &Profile, out: &mut String) {
     let o = &profile.overhead;
     if o.estimated_ns > 0 || o.call_ns_stepped > 0 {
         let share = if r.duration_ns > 0 { 100.0 * o.estimated_ns as f64 / r.duration_ns as f64 } else { 0.0 };
+        // What the samples measured beside the estimate: a call's cost is
+        // calibrated on a loop, and a real program's calls can cost more.
+        let sampled = profile.samples.as_ref().and_then(|s| s.leaf_share(PROBE_OVERHEAD_FRAME));
+        let sampled = sampled.map(|s| format!("; {:.1}% of the samples in the probes", 100.0 * s)).unwrap_or_default();
         let _ = writeln!(
             out,
-            "  overhead    {} per probe hit, about {} of the run ({share:.1}%); times {}",
+            "  overhead    {} per probe hit, about {} of the run ({share:.1}%{sampled}); times {}",
             format_ns(o.per_hit_ns),
             format_ns(o.estimated_ns),
             if o.compensated { "compensated" } else { "not compensated (--compensate subtracts it)" }
