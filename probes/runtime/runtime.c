@@ -402,6 +402,20 @@ static u64 wait_for_block(const struct config *c)
     return take_block(c);
 }
 
+/* Whether seat s, whose key is this thread's pointer, holds its block:
+ * one proftap has not retired (a thread that ended had it), taken by the
+ * thread with this C library thread id. */
+static inline int seated_here(const struct config *c, struct seat *s, u64 seated, u32 tid)
+{
+    int own = __atomic_load_n(&shared_block(c, seated - 1)->state, __ATOMIC_ACQUIRE) == BLOCK_USED;
+    return own && (!tid || s->tid == tid);
+}
+
+static inline u64 home_of(u64 key)
+{
+    return (key >> 8) * 0x9e3779b97f4a7c15ULL >> (64 - SEATS_BITS);
+}
+
 /* The thread's seat: its block, found by its thread pointer. A thread the
  * C library gave the thread control block of one that ended (same pointer,
  * another tid) takes a new block: the old one's totals are the old
@@ -411,7 +425,7 @@ static struct seat *seat_of(const struct config *c, int claim)
     u64 key = thread_pointer();
     u32 tid = library_tid(c);
     struct seat *seats = (struct seat *)c->private_base;
-    u64 i = (key >> 8) * 0x9e3779b97f4a7c15ULL >> (64 - SEATS_BITS);
+    u64 i = home_of(key);
     for (u64 n = 0; n < SEATS; n++, i = (i + 1) & (SEATS - 1)) {
         struct seat *s = &seats[i];
         u64 k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
@@ -419,9 +433,7 @@ static struct seat *seat_of(const struct config *c, int claim)
             u64 seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE);
             if (!seated)
                 return 0;
-            /* A block proftap retired belonged to a thread that ended. */
-            int own = __atomic_load_n(&shared_block(c, seated - 1)->state, __ATOMIC_ACQUIRE) == BLOCK_USED;
-            if (own && (!tid || s->tid == tid))
+            if (seated_here(c, s, seated, tid))
                 return s;
             if (!claim || !live(c))
                 return 0;
@@ -459,6 +471,19 @@ static struct seat *seat_of(const struct config *c, int claim)
         return s;
     }
     return 0;
+}
+
+/* seat_of, inline for a thread at its home place in the table: most. */
+static inline struct seat *seat_of_fast(const struct config *c, int claim)
+{
+    u64 key = thread_pointer();
+    struct seat *s = &((struct seat *)c->private_base)[home_of(key)];
+    if (__builtin_expect(__atomic_load_n(&s->key, __ATOMIC_ACQUIRE) == key, 1)) {
+        u64 seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE);
+        if (seated && seated_here(c, s, seated, library_tid(c)))
+            return s;
+    }
+    return seat_of(c, claim);
 }
 
 /* The child node of `parent` for `function`, made if new; NO_NODE when
@@ -645,7 +670,7 @@ void proftap_entry(u64 *slot, u32 function)
 {
     const struct config *c = config();
     adopt_if_forked(c);
-    struct seat *s = seat_of(c, 1);
+    struct seat *s = seat_of_fast(c, 1);
     if (!s) {
         if (live(c))
             __atomic_fetch_add(&header(c)->unseated, 1, __ATOMIC_RELAXED);
@@ -725,7 +750,7 @@ void proftap_exit(u64 *slot)
     u64 early_off;
     u64 now = now_and_off(c, early_tid, &early_off);
     adopt_if_forked(c);
-    struct seat *s = seat_of(c, 0);
+    struct seat *s = seat_of_fast(c, 0);
     if (!s)
         __builtin_trap();
     struct private_block *p = private_block(c, s->block - 1);
