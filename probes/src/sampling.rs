@@ -68,8 +68,10 @@ struct ModuleInfo {
     path: String,
     symbols: Option<Arc<SymbolIndex>>,
     /// Its debug info, for inlined frames and lines: read at the first
-    /// sample in the module.
+    /// sample in the module, or taken from `ahead`.
     lines: std::cell::OnceCell<Option<addr2line::Loader>>,
+    /// Its debug info's reader being built ahead of the samples.
+    ahead: std::cell::Cell<Option<LinesAhead>>,
     /// Where its debug info is, when it is read.
     debug: Option<PathBuf>,
     unwind: Option<Arc<UnwindSections>>,
@@ -130,28 +132,63 @@ impl std::ops::Deref for SectionBytes {
     }
 }
 
+/// The file that holds the debug info of module `index`, opened at `open`.
+fn debug_file(index: &SymbolIndex, open: &Path) -> Option<PathBuf> {
+    match &index.debug {
+        DebugSource::Embedded { .. } => Some(open.to_path_buf()),
+        DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. } => Some(path.clone()),
+        DebugSource::Missing => None,
+    }
+}
+
+/// A module's debug info reader, built on a thread of its own before the
+/// program runs: the program's is needed from its first samples, and a
+/// large program's took tens of milliseconds of the sampler's time while
+/// the program ran (or after it ended, for a short one).
+pub struct LinesAhead {
+    debug: PathBuf,
+    reader: std::thread::JoinHandle<Option<addr2line::Loader>>,
+}
+
+impl LinesAhead {
+    /// Starts building the reader of the debug info of the program at
+    /// `path`, as `symbols` found it; `None` when it has none.
+    pub fn start(symbols: &SymbolCache, path: &Path) -> Option<LinesAhead> {
+        let debug = debug_file(&*symbols.names(path, path).ok()?, path)?;
+        let file = debug.clone();
+        let builder = std::thread::Builder::new().name("proftap-lines".into());
+        let reader = builder.spawn(move || addr2line::Loader::new(&file).ok()).ok()?;
+        Some(LinesAhead { debug, reader })
+    }
+}
+
 impl ModuleInfo {
     /// What proftap knows of module `path`, opened at `open`; its debug info
-    /// read for inlined frames and lines when `with_lines`.
-    fn load(path: &str, open: &Path, cache: &SymbolCache, with_lines: bool) -> ModuleInfo {
+    /// read for inlined frames and lines when `with_lines` (by the reader
+    /// in `ahead` that reads its file, if one does).
+    fn load(path: &str, open: &Path, cache: &SymbolCache, with_lines: bool, ahead: &mut Vec<LinesAhead>) -> ModuleInfo {
         let symbols = cache.names(Path::new(path), open).ok();
         let unknown = match &symbols {
             None => Some(format!("no symbols in {path}")),
             Some(_) => None,
         };
-        let debug = symbols.as_ref().and_then(|index| match &index.debug {
-            DebugSource::Embedded { .. } => Some(open.to_path_buf()),
-            DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. } => Some(path.clone()),
-            DebugSource::Missing => None,
-        });
+        let debug = symbols.as_ref().and_then(|index| debug_file(index, open));
         let unwind = cache.image(Path::new(path), open).ok().and_then(|image| unwind_sections(&image)).map(Arc::new);
         let debug = debug.filter(|_| with_lines);
-        ModuleInfo { path: path.to_string(), symbols, lines: std::cell::OnceCell::new(), debug, unwind, unknown }
+        let built = ahead.iter().position(|a| Some(&a.debug) == debug.as_ref()).map(|i| ahead.swap_remove(i));
+        let (lines, ahead) = (std::cell::OnceCell::new(), std::cell::Cell::new(built));
+        ModuleInfo { path: path.to_string(), symbols, lines, ahead, debug, unwind, unknown }
     }
 
-    /// Its debug info's reader, loaded the first time it is asked for.
+    /// Its debug info's reader, loaded the first time it is asked for
+    /// (waiting for the one built ahead, if one is).
     fn lines(&self) -> Option<&addr2line::Loader> {
-        self.lines.get_or_init(|| self.debug.as_ref().and_then(|debug| addr2line::Loader::new(debug).ok())).as_ref()
+        self.lines
+            .get_or_init(|| match self.ahead.take() {
+                Some(ahead) => ahead.reader.join().ok().flatten(),
+                None => self.debug.as_ref().and_then(|debug| addr2line::Loader::new(debug).ok()),
+            })
+            .as_ref()
     }
 
     /// The ELF virtual address of file offset `offset`.
@@ -276,6 +313,8 @@ pub struct StackResolver {
     /// The modules whose debug info is read for inlined frames and lines
     /// (files identified by device and inode); `None`: every module's.
     lines_of: Option<Vec<(u64, u64)>>,
+    /// Debug info readers built ahead, for the modules not mapped yet.
+    ahead: Vec<LinesAhead>,
 }
 
 /// The vDSO the kernel maps into every process (`[vdso]`, the code of
@@ -329,7 +368,15 @@ impl StackResolver {
             kernel_probes: true,
             vdso: None,
             lines_of: None,
+            ahead: Vec::new(),
         }
+    }
+
+    /// The debug info reader `ahead` builds serves the module whose debug
+    /// file it reads, when that module is mapped.
+    pub fn lines_read_ahead(mut self, ahead: Option<LinesAhead>) -> Self {
+        self.ahead.extend(ahead);
+        self
     }
 
     /// No kernel probe is placed in the recording: a sample in the kernel
@@ -380,7 +427,7 @@ impl StackResolver {
                     (Some(modules), Some(file)) => modules.contains(&file),
                     (Some(_), None) => false,
                 };
-                self.modules.push(ModuleInfo::load(path, &open, &self.symbols, with_lines));
+                self.modules.push(ModuleInfo::load(path, &open, &self.symbols, with_lines, &mut self.ahead));
                 self.module_ids.insert(path.to_string(), self.modules.len() - 1);
                 self.modules.len() - 1
             }

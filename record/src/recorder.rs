@@ -26,7 +26,7 @@ use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
 use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::{ProbedFunction, Role};
-use proftap_probes::sampling::{DEFAULT_PROBE_AREA, StackResolver};
+use proftap_probes::sampling::{DEFAULT_PROBE_AREA, LinesAhead, StackResolver};
 use proftap_probes::target::{self, Frozen, HeldChild};
 use proftap_profile::{Engine, ExitMode, Finding, Note, Refusal, Target};
 use std::path::{Path, PathBuf};
@@ -81,6 +81,13 @@ pub fn record(
     if measured == 0 && options.sample.is_none() {
         return Err(RecordError::NothingToProbe);
     }
+    // A launched program's debug info for its samples' inlined frames and
+    // lines, read while the probes are planned and placed (the symbols of
+    // its path were read already).
+    let lines_ahead = match spec {
+        TargetSpec::Launch { path, .. } if options.sample.is_some() => LinesAhead::start(&options.symbols, path),
+        _ => None,
+    };
     let counted = CountedLines::of(options, measured);
     let patching = patching(&all[..measured], spec, options, &counted)?;
     let enabled = probed_by_uprobes(&all, &patching.injected, options);
@@ -115,7 +122,7 @@ pub fn record(
         with_lines.sort_unstable();
         with_lines.dedup();
         // The named stacks are kept only to be saved.
-        let resolver = StackResolver::new(options.symbols.clone()).lines_only_of(with_lines);
+        let resolver = StackResolver::new(options.symbols.clone()).lines_only_of(with_lines).lines_read_ahead(lines_ahead);
         // Uprobes are placed only on what `enabled` picks, or when they may be
         // added later (automatic instrumentation), or for lines.
         let later = options.auto_instrument.is_some();
