@@ -42,6 +42,19 @@ impl Stat {
         self.max = self.max.max(other.max);
     }
 
+    /// Keeps the least and largest values of `calls` calls possible for
+    /// what the total says once something was taken out of it (probe
+    /// costs, callees' estimated time): the least no more than the
+    /// average, the largest no more than what the others leave at the
+    /// least each (with one call, both are the total).
+    pub fn keep_extremes_within(&mut self, calls: u64) {
+        if calls == 0 || self.min == u64::MAX {
+            return;
+        }
+        self.min = self.min.min(self.total / calls);
+        self.max = self.max.min(self.total.saturating_sub((calls - 1).saturating_mul(self.min)));
+    }
+
     /// The smallest value, or 0 when no call was seen.
     pub fn min_or_zero(&self) -> u64 {
         if self.min == u64::MAX { 0 } else { self.min }

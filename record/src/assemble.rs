@@ -249,9 +249,8 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
 fn take_out(stat: &mut Stat, calls: u64, ns: u64) -> u64 {
     let taken = ns.min(stat.total);
     stat.total -= taken;
-    if taken > 0 && calls > 0 {
-        stat.min = stat.min.min(stat.total / calls);
-        stat.max = stat.max.min(stat.total.saturating_sub((calls - 1).saturating_mul(stat.min)));
+    if taken > 0 {
+        stat.keep_extremes_within(calls);
     }
     taken
 }

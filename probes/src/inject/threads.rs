@@ -188,11 +188,18 @@ fn function_stats(
         if node.calls == 0 {
             continue;
         }
-        let incl = [extremes(&node.incl_wall, 0), extremes(&node.incl_cpu, 1)];
-        let excl = [extremes(&node.excl_wall, 0), extremes(&node.excl_cpu, 1)];
+        // A call's extremes lose only its own probes' cost, the totals also
+        // its callees' probes': the extremes are kept within the totals.
+        let within = |raw: &RawStat, m: usize, total: u64| {
+            let mut stat = Stat { total, ..extremes(raw, m) };
+            stat.keep_extremes_within(node.calls);
+            stat
+        };
         for m in 0..how.metrics {
-            f.inclusive[m].merge(&Stat { total: if outermost[i] { counted.inclusive[m] } else { 0 }, ..incl[m] });
-            f.exclusive[m].merge(&Stat { total: counted.exclusive[m], ..excl[m] });
+            let (incl_raw, excl_raw) = if m == 0 { (&node.incl_wall, &node.excl_wall) } else { (&node.incl_cpu, &node.excl_cpu) };
+            let incl = within(incl_raw, m, counted.inclusive[m]);
+            f.inclusive[m].merge(&Stat { total: if outermost[i] { incl.total } else { 0 }, ..incl });
+            f.exclusive[m].merge(&within(excl_raw, m, counted.exclusive[m]));
         }
     }
     for (function, calls) in thread.calls.iter().enumerate() {
@@ -282,6 +289,29 @@ mod tests {
         assert!(near(main.inclusive[0].total, 5000) && near(main.exclusive[0].total, 4000), "{main:?}");
         assert!(near(profile.tree.nodes[0].inclusive[0], 5000));
         assert_eq!(profile.tree.nodes[0].function, ROOT);
+    }
+
+    /// A call of `f` that made a thousand patched calls: compensation takes
+    /// their probes' cost out of its total, and its one call's least and
+    /// largest values with it (they kept only its own probes' cost out and
+    /// stood above the average).
+    #[test]
+    fn compensated_extremes_stay_within_the_total() {
+        let clock = TscClock::with_rate(1, 1);
+        let nodes = vec![Node::default(), node(0, 0, 1, 100_000, 50_000), node(1, 1, 1000, 50_000, 0)];
+        let thread =
+            ThreadTotals { tid: 7, nodes, calls: vec![1, 1000], open: Vec::new(), untimed: 0, regions: Vec::new(), hooks_missed: 0 };
+        let cost = Cost { own: 10, call: 20 };
+        let how = Conversion { clock: &clock, metrics: 1, end_tsc: 200_000, compensation: Some([cost, cost]) };
+        let profile = thread_profile(1, "t".into(), &thread, None, &how);
+        let f = profile.functions.iter().find(|f| f.function == 0).expect("f");
+        let incl = &f.inclusive[0];
+        assert_eq!(incl.total, 100_000 - 10 - 1000 * 20);
+        assert_eq!((incl.min, incl.max), (incl.total, incl.total), "{incl:?}");
+        let excl = &f.exclusive[0];
+        assert_eq!((excl.min, excl.max), (excl.total, excl.total), "{excl:?}");
+        let g = profile.functions.iter().find(|f| f.function == 1).expect("g");
+        assert!(g.inclusive[0].min <= g.inclusive[0].total / 1000 && g.inclusive[0].max >= g.inclusive[0].min, "{:?}", g.inclusive[0]);
     }
 
     /// Found by the `totals` fuzz target: a call in progress that named
