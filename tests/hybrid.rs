@@ -162,6 +162,24 @@ fn a_function_hot_in_a_forked_child_is_throttled_there() {
     assert_eq!(by_pid.get(&report["target"]["pid"].as_i64().unwrap()), Some(&10), "{by_pid:?}");
 }
 
+/// A throttled function where the program spends its time is the one the
+/// report's first line names, with its time after the throttle from its
+/// samples: its exact part alone (its first few thousand calls) would
+/// leave it far down, as perf would not.
+#[test]
+fn the_hottest_function_counts_its_time_after_a_throttle() {
+    require_probes();
+    let binary = Build::c("busy.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(&binary).arg("3"));
+    let step = function(&report_json(&file)["functions"], "step").clone();
+    assert_eq!(step["mode"], "throttled", "{step}");
+    let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
+    let hottest = text.lines().nth(1).unwrap();
+    assert!(hottest.starts_with("  hottest     step: about ") && hottest.contains("estimated from samples"), "{text}");
+}
+
 #[test]
 fn a_zero_budget_keeps_every_probe() {
     require_probes();

@@ -155,30 +155,38 @@ fn wrap(text: &str, width: usize) -> String {
 }
 
 /// The function to look at first: the most exclusive time (the first
-/// metric), or with only samples, the most samples in itself.
+/// metric; a throttled function's with its time after the throttle, from
+/// its samples), or with only samples, the most samples in itself.
 fn hottest(profile: &Profile, out: &mut String) {
     let duration = profile.recording.duration_ns.max(1) as f64;
+    let key = profile.metrics.first().map_or("", String::as_str);
+    let timed = Unit::of(key) == Unit::Nanoseconds;
+    let after_throttle = |function: u32| -> u64 {
+        let (Some(samples), Some(info), true) = (&profile.samples, profile.functions.get(function as usize), timed) else { return 0 };
+        samples.throttled.functions.iter().filter(|t| t.name == info.name).map(|t| samples.estimated_ns(t.self_samples)).sum()
+    };
     let instrumented = profile
         .merged_functions()
         .into_iter()
         .filter(|f| profile.functions.get(f.function as usize).is_some_and(|i| i.mode != Mode::Sampled))
-        .max_by_key(|f| f.exclusive.first().map_or(0, |s| s.total));
-    if let Some(f) = instrumented.filter(|f| f.calls > 0) {
-        let key = profile.metrics.first().map_or("", String::as_str);
-        let total = f.exclusive.first().map_or(0, |s| s.total);
-        let share = if Unit::of(key) == Unit::Nanoseconds {
-            format!(", {:.1}% of the run", 100.0 * total as f64 / duration)
-        } else {
-            String::new()
+        .map(|f| {
+            let measured = f.exclusive.first().map_or(0, |s| s.total);
+            let estimated = after_throttle(f.function);
+            (f, measured.saturating_add(estimated), estimated)
+        })
+        .max_by_key(|(_, total, _)| *total);
+    if let Some((f, total, estimated)) = instrumented.filter(|(f, _, _)| f.calls > 0) {
+        let share = if timed { format!(", {:.1}% of the run", 100.0 * total as f64 / duration) } else { String::new() };
+        let (about, calls) = match estimated {
+            0 => ("", format!("{} call{}", group_digits(f.calls), if f.calls == 1 { "" } else { "s" })),
+            _ => ("about ", format!("{} calls counted, then estimated from samples after its probes were removed", group_digits(f.calls))),
         };
         let _ = writeln!(
             out,
-            "  hottest     {}: {} {} in itself{share}, {} call{}",
+            "  hottest     {}: {about}{} {} in itself{share}, {calls}",
             function_name(profile, f.function),
             format_value(key, total),
             metric_label(key),
-            group_digits(f.calls),
-            if f.calls == 1 { "" } else { "s" }
         );
     } else if let Some(samples) = &profile.samples
         && let Some(f) = samples.functions().into_iter().max_by_key(|f| f.self_samples).filter(|f| f.self_samples > 0)
