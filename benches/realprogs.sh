@@ -3,7 +3,8 @@
 # proftap beside perf and callgrind in the same run: an interpreter (Lua
 # 5.4.4 running benches/realprogs/bench.lua), a database engine (SQLite
 # 3.40.1's shell running benches/realprogs/bench-sql.sh's 100 000 inserts and
-# queries) and a multi-threaded Rust program (ripgrep searching a source tree,
+# queries), a compressor (gzip 1.13 on SQLite's C source) and a
+# multi-threaded Rust program (ripgrep searching a source tree,
 # then a larger part of the machine).
 #
 # Usage: benches/realprogs.sh [RUNS]     (root; perf and valgrind installed)
@@ -42,6 +43,12 @@ if [ ! -x "$sqlite" ]; then
     mv "$dir/sqlite3-3.40.1" "$dir/sqlite"
     mkdir -p "$dir/sqlite/build"
     (cd "$dir/sqlite/build" && ../configure --disable-tcl --enable-shared=no CFLAGS="-O2 -g" >/dev/null && make -s sqlite3 >/dev/null)
+fi
+gzip=$dir/gzip-1.13/gzip
+if [ ! -x "$gzip" ]; then
+    rm -rf "$dir/gzip-1.13"
+    curl -fsSL "$pool/g/gzip/gzip_1.13.orig.tar.xz" | tar xJ -C "$dir"
+    (cd "$dir/gzip-1.13" && ./configure CFLAGS="-O2 -g" >/dev/null && make -s >/dev/null)
 fi
 rg=$dir/rg/bin/rg
 if [ ! -x "$rg" ]; then
@@ -108,6 +115,13 @@ exact lua luaH_getshortstr,luaS_new,luaV_execute,luaD_precall,luaH_newkey,luaC_s
 compare sqlite "$sqlite" :memory: -init "$sql" .quit
 exact sqlite sqlite3VdbeExec,sqlite3_step,sqlite3BtreeInsert,sqlite3VdbeHalt,sqlite3Malloc,sqlite3GetToken \
     "$sqlite" :memory: -init "$sql" .quit
+# What gzip compresses: SQLite's amalgamation (C source, 8 MB) five times.
+text=$dir/gzip-input
+[ -s "$text" ] || for _ in 1 2 3 4 5; do cat "$dir/sqlite/build/sqlite3.c"; done >"$text"
+compare gzip "$gzip" -6 -c "$text"
+head -c 3000000 "$text" >"$text.small"
+exact gzip longest_match,send_bits,bi_reverse,updcrc,flush_block,fill_window,ct_tally,pqdownheap \
+    "$gzip" -6 -c "$text.small"
 compare rg "$rg" -c 'fn [a-z_]+\(' "$tree"
 # The same search over more of the machine, long enough that proftap's
 # start and end (reading ripgrep's DWARF, patching its functions) weigh
