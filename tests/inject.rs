@@ -130,8 +130,7 @@ fn other_metrics_are_refused_with_a_reason() {
 fn shared_library_functions_are_patched_too() {
     require_probes();
     let dir = tempfile::tempdir().unwrap();
-    let lib = dir.path().join("libcounter.so");
-    run_ok(Command::new("gcc").args(["-O2", "-g", "-shared", "-fPIC", "-o"]).arg(&lib).arg(examples().join("libcounter/counter.c")));
+    build_libcounter(dir.path());
     let uselib = build_uselib(dir.path());
     let report = profile_like_bare(&uselib, &["-f", "libcounter.so:counter_*", "-f", "main"], &["1000"]);
     let add = function(&report["functions"], "counter_add");

@@ -139,8 +139,7 @@ fn a_library_shows_inlined_frames_and_lines_when_its_functions_are_measured() {
     require_probes();
     let dir = tempfile::tempdir().unwrap();
     // -O2 -g: `clamp` is inlined into `counter_add`.
-    let library = dir.path().join("libcounter.so");
-    run_ok(Command::new("gcc").args(["-O2", "-g", "-shared", "-fPIC", "-o"]).arg(&library).arg(examples().join("libcounter/counter.c")));
+    build_libcounter(dir.path());
     let uselib = build_uselib(dir.path());
     let sampled = |functions: &[&str]| -> Value {
         let file = dir.path().join("p.profile");

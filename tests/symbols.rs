@@ -379,8 +379,7 @@ fn compressed_debug_sections_read_like_plain_ones() {
 #[test]
 fn stripped_binaries_fall_back_to_dynsym_or_fail_clearly() {
     let dir = tempfile::tempdir().unwrap();
-    let lib = dir.path().join("libcounter.so");
-    run_ok(Command::new("gcc").args(["-O2", "-g", "-shared", "-fPIC", "-o"]).arg(&lib).arg(examples().join("libcounter/counter.c")));
+    let lib = build_libcounter(dir.path());
     let full = symbols_json(&[lib.to_str().unwrap(), "-f", "*"]);
     assert!(functions(&full).iter().any(|f| f["name"] == "clamp" || f["name"] == "counter_add"));
     tool(&["strip", "--strip-all", lib.to_str().unwrap()]);

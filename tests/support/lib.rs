@@ -320,6 +320,13 @@ pub fn check_throws_are_counted_and_stopped(args: &[&str]) -> Vec<serde_json::Va
     reports
 }
 
+/// `examples/libcounter/counter.c` built at -O2 -g as `DIR/libcounter.so`.
+pub fn build_libcounter(dir: &Path) -> PathBuf {
+    let library = dir.join("libcounter.so");
+    run_ok(Command::new("gcc").args(["-O2", "-g", "-shared", "-fPIC", "-o"]).arg(&library).arg(examples().join("libcounter/counter.c")));
+    library
+}
+
 /// Builds `uselib` (`examples/libcounter/main.c`) in `dir`, linked against
 /// the `libcounter.so` already there; returns its path.
 pub fn build_uselib(dir: &Path) -> PathBuf {
