@@ -180,6 +180,29 @@ fn the_hottest_function_counts_its_time_after_a_throttle() {
     assert!(hottest.starts_with("  hottest     step: about ") && hottest.contains("estimated from samples"), "{text}");
 }
 
+/// Sampling off, under the governor: a function the engine cannot patch
+/// gets no kernel probe (microseconds a call, and a grace period per probe
+/// to take it out at the end), and the report says it is not measured; the
+/// first line says the hottest function's own time holds that of callees
+/// whose probes were removed, since no sample tells them apart.
+#[test]
+fn without_samples_the_governor_gives_what_it_cannot_patch_no_kernel_probe() {
+    require_probes();
+    let binary = Build::c("short.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().args(["run", "--no-sample", "-o"]).arg(&file).arg("--").arg(&binary).arg("3"));
+    let report = report_json(&file);
+    let functions = report["functions"].as_array().unwrap();
+    assert_eq!(function(&report["functions"], "step")["mode"], "throttled", "{}", report["functions"]);
+    assert!(functions.iter().all(|f| f["name"] != "twice"), "twice was probed: {}", report["functions"]);
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("1 function could not be patched and is not measured") && notes.contains("twice"), "{notes}");
+    let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
+    let hottest = text.lines().nth(1).unwrap();
+    assert!(hottest.contains("with the time of callees whose probes were removed"), "{text}");
+}
+
 #[test]
 fn a_zero_budget_keeps_every_probe() {
     require_probes();

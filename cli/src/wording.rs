@@ -41,14 +41,19 @@ pub fn note(note: &Note) -> String {
 fn finding_sentence(finding: &Finding) -> String {
     match finding {
         Finding::UprobesChosen { reason } => format!("calls are seen by uprobes, not the in-process engine: {}", uprobe_reason(*reason)),
-        Finding::NotPatched { functions, reasons, sampled } => {
+        Finding::NotPatched { functions, reasons, sampled, unmeasured } => {
             let parts: Vec<String> = reasons.iter().map(refusal).collect();
+            let is = if *functions == 1 { "is" } else { "are" };
             let how = if *sampled {
-                "are sampled only (a kernel probe costs a hundred patched calls; --overhead-budget 0 probes them)"
+                format!("{is} sampled only (a kernel probe costs a hundred patched calls; --overhead-budget 0 probes them)")
+            } else if *unmeasured {
+                format!(
+                    "{is} not measured, their time their callers' own (a kernel probe costs a hundred patched calls; --overhead-budget 0 probes them, sampling would see them)"
+                )
             } else {
-                "are probed by uprobes"
+                format!("{is} probed by uprobes")
             };
-            format!("{functions} functions could not be patched and {how}: {}", parts.join("; "))
+            format!("{} could not be patched and {how}: {}", counted(*functions, "function", "functions"), parts.join("; "))
         }
         Finding::CodeDiffers { functions } => {
             format!("not recorded: {} (their code in memory was not what the file holds)", functions.join(", "))

@@ -29,7 +29,7 @@ pub enum Finding {
         reason: UprobeReason,
     },
     /// The in-process engine could not patch some functions; uprobes saw
-    /// them, or (`sampled`) only sampling did.
+    /// them, or (`sampled`) only sampling did, or (`unmeasured`) nothing.
     NotPatched {
         /// How many.
         functions: u64,
@@ -39,6 +39,9 @@ pub enum Finding {
         /// a hundred times a patched call.
         #[serde(default)]
         sampled: bool,
+        /// Neither probed nor sampled: the same, with sampling off.
+        #[serde(default)]
+        unmeasured: bool,
     },
     /// Functions not recorded: their code in memory was not what the file holds.
     CodeDiffers {

@@ -144,7 +144,14 @@ pub fn record(
     left_out(&mut injected, &started.refused);
     let refused: Refused = refused.into_iter().chain(started.refused).collect();
     if !refused.is_empty() {
-        notes.push(refusals_note(&all[..measured], &refused, hybrid(options)).into());
+        let left_to = if !governed(options) {
+            UnpatchedLeftTo::Uprobes
+        } else if options.sample.is_some() {
+            UnpatchedLeftTo::Samples
+        } else {
+            UnpatchedLeftTo::Nothing
+        };
+        notes.push(refusals_note(&all[..measured], &refused, left_to).into());
     }
     let run = Run {
         all: &all,
@@ -296,7 +303,7 @@ fn patching(
             (refused, finished(off_cpu, "the off-CPU time")?)
         }
     };
-    if !refused.is_empty() && !hybrid(options) && !proftap_probes::perf::may_define_uprobes() {
+    if !refused.is_empty() && !governed(options) && !proftap_probes::perf::may_define_uprobes() {
         let names: Vec<String> = refused.iter().take(3).map(|(i, why)| format!("{}: {why}", functions[*i].info.name)).collect();
         return Err(RecordError::UprobesNeedRoot { count: refused.len(), names: names.join("; ") });
     }
@@ -337,20 +344,27 @@ fn probed_by_uprobes(all: &[ProbedFunction], injected: &[bool], options: &Record
         .enumerate()
         .map(|(i, f)| {
             let recorded = injected.get(i).copied().unwrap_or(false) || (inject && f.role == Role::CatchMarker);
-            let sampled_only = hybrid(options) && f.role == Role::Measured && !options.line_probed.contains(&i);
-            !recorded && !sampled_only && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)
+            let left_out = governed(options) && f.role == Role::Measured && !options.line_probed.contains(&i);
+            !recorded && !left_out && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)
         })
         .collect()
 }
 
-/// Whether the in-process engine records in hybrid mode (a governor, and
-/// sampling): there, what it cannot patch is sampled only, since a kernel
-/// probe would cost it a hundred times what the governor allows a patched call.
-fn hybrid(options: &RecordOptions) -> bool {
-    options.engine == Engine::Inject
-        && !options.sample_only
-        && options.overhead_budget.is_some_and(|budget| budget > 0.0)
-        && options.sample.is_some()
+/// Whether the in-process engine records under a governor: there, what it
+/// cannot patch gets no uprobe (sampling sees it, if on), since a kernel
+/// probe would cost a hundred times what the governor allows a patched
+/// call, and removing the probes it throttled would keep the end of the
+/// recording waiting a grace period per probe.
+fn governed(options: &RecordOptions) -> bool {
+    options.engine == Engine::Inject && !options.sample_only && options.overhead_budget.is_some_and(|budget| budget > 0.0)
+}
+
+/// What covers the functions the in-process engine could not patch.
+#[derive(Clone, Copy, PartialEq)]
+enum UnpatchedLeftTo {
+    Uprobes,
+    Samples,
+    Nothing,
 }
 
 /// What the in-process engine patches in a launched program.
@@ -531,7 +545,7 @@ fn line_setup(plan: &LinePlan, regions: &[RegionSpec]) -> LineSetup {
 
 /// Which functions the in-process engine left to uprobes, by reason, with
 /// a few names each (a large program has hundreds).
-fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)], sampled: bool) -> Finding {
+fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)], left_to: UnpatchedLeftTo) -> Finding {
     const NAMED: usize = 3;
     let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
     for (i, why) in refused {
@@ -551,5 +565,11 @@ fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)], samp
             Refusal { reason: why.to_string(), count, examples: names.iter().take(NAMED).map(|n| n.to_string()).collect() }
         })
         .collect();
-    Finding::NotPatched { functions: refused.len() as u64, reasons, sampled }
+    let functions = refused.len() as u64;
+    Finding::NotPatched {
+        functions,
+        reasons,
+        sampled: left_to == UnpatchedLeftTo::Samples,
+        unmeasured: left_to == UnpatchedLeftTo::Nothing,
+    }
 }

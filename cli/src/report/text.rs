@@ -177,13 +177,20 @@ fn hottest(profile: &Profile, out: &mut String) {
         .max_by_key(|(_, total, _)| *total);
     if let Some((f, total, estimated)) = instrumented.filter(|(f, _, _)| f.calls > 0) {
         let share = if timed { format!(", {:.1}% of the run", 100.0 * total as f64 / duration) } else { String::new() };
+        // Without samples, time in callees after their probes were removed
+        // stays in this function's own: say so rather than name it hottest bare.
+        let unseen = if profile.samples.is_none() && timed && calls_throttled(profile, f.function) {
+            " (with the time of callees whose probes were removed, which sampling would tell apart)"
+        } else {
+            ""
+        };
         let (about, calls) = match estimated {
             0 => ("", format!("{} call{}", group_digits(f.calls), if f.calls == 1 { "" } else { "s" })),
             _ => ("about ", format!("{} calls counted, then estimated from samples after its probes were removed", group_digits(f.calls))),
         };
         let _ = writeln!(
             out,
-            "  hottest     {}: {about}{} {} in itself{share}, {calls}",
+            "  hottest     {}: {about}{} {} in itself{unseen}{share}, {calls}",
             function_name(profile, f.function),
             format_value(key, total),
             metric_label(key),
@@ -198,6 +205,16 @@ fn hottest(profile: &Profile, out: &mut String) {
             100.0 * f.self_samples as f64 / samples.total.max(1) as f64
         );
     }
+}
+
+/// Whether `function` calls, on some path, a function whose probes the
+/// governor removed.
+fn calls_throttled(profile: &Profile, function: u32) -> bool {
+    let throttled = |f: u32| profile.functions.get(f as usize).is_some_and(|i| i.mode == Mode::Throttled);
+    profile.threads.iter().any(|thread| {
+        let nodes = &thread.tree.nodes;
+        nodes.iter().any(|n| throttled(n.function) && nodes.get(n.parent as usize).is_some_and(|p| p.function == function))
+    })
 }
 
 /// Whether any function was instrumented (not a sampling-only recording).
