@@ -83,9 +83,13 @@ impl Run<'_> {
         self.functions().iter().zip(&self.injected).enumerate().map(call_ns).collect()
     }
 
-    /// The governor of patched functions, run by the engine's watch.
+    /// The governor of patched functions, run by the engine's watch. Made
+    /// once the probes are in and the program runs: the budget is a share
+    /// of the program's time from then on, not of a held start (a program
+    /// held 20 ms while it was patched would otherwise spend its first
+    /// milliseconds at five times the budget before a judgement).
     pub fn judge(&self) -> Option<Judge> {
-        let started = self.started_ns;
+        let started = monotonic_ns();
         self.options.overhead_budget.map(|budget| {
             let mut governor = Governor::new(budget, self.call_ns(true));
             if let Some((sampled, ns_per_sample)) = &self.sampled {
