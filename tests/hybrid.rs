@@ -173,8 +173,14 @@ fn the_hottest_function_counts_its_time_after_a_throttle() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
     run_ok(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(&binary).arg("3"));
-    let step = function(&report_json(&file)["functions"], "step").clone();
+    let report = report_json(&file);
+    let step = function(&report["functions"], "step").clone();
     assert_eq!(step["mode"], "throttled", "{step}");
+    // The JSON report carries the same estimate: with it, step's own time
+    // passes main's, as the samples have it.
+    let own = |f: &serde_json::Value| f["exclusive"]["wall_ns"]["total"].as_u64().unwrap() + f["own_ns_after_throttle"].as_u64().unwrap();
+    let main = function(&report["functions"], "main");
+    assert!(step["own_ns_after_throttle"].as_u64().unwrap() > 0 && own(&step) > own(main), "step {step}, main {main}");
     let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
     let hottest = text.lines().nth(1).unwrap();
     assert!(hottest.starts_with("  hottest     step: about ") && hottest.contains("estimated from samples"), "{text}");

@@ -18,10 +18,8 @@ def top(report):
     samples = p.get("samples") or {}
     # Exclusive time: measured while instrumented, estimated from the
     # samples after a function was throttled.
-    own = {f["name"]: f["exclusive"][metric]["total"] for f in p["functions"]}
+    own = {f["name"]: f["exclusive"][metric]["total"] + f["own_ns_after_throttle"] for f in p["functions"]}
     held = {}
-    for t in samples.get("throttled", []):
-        own[t["name"]] = own.get(t["name"], 0) + t["self_ns"]
     # Functions never instrumented (a library's): the time their samples
     # took out of their instrumented callers' exclusive time.
     for h in samples.get("held_by_callers", []):

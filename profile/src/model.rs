@@ -730,6 +730,18 @@ impl Profile {
         tree
     }
 
+    /// The own CPU time of throttled `function` after its probes were
+    /// removed, as its samples estimate it (0 when not throttled or not
+    /// sampled): what its exact part leaves out.
+    pub fn own_time_after_throttle(&self, function: FunctionId) -> u64 {
+        let (Some(samples), Some(info)) = (&self.samples, self.functions.get(function as usize)) else { return 0 };
+        if info.mode != Mode::Throttled {
+            return 0;
+        }
+        let own = samples.throttled.functions.iter().filter(|t| t.name == info.name).map(|t| t.self_samples).sum();
+        samples.estimated_ns(own)
+    }
+
     /// Total calls over all functions and threads.
     pub fn total_calls(&self) -> u64 {
         self.threads.iter().flat_map(|t| &t.functions).fold(0u64, |sum, f| sum.saturating_add(f.calls))

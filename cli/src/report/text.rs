@@ -161,10 +161,7 @@ fn hottest(profile: &Profile, out: &mut String) {
     let duration = profile.recording.duration_ns.max(1) as f64;
     let key = profile.metrics.first().map_or("", String::as_str);
     let timed = Unit::of(key) == Unit::Nanoseconds;
-    let after_throttle = |function: u32| -> u64 {
-        let (Some(samples), Some(info), true) = (&profile.samples, profile.functions.get(function as usize), timed) else { return 0 };
-        samples.throttled.functions.iter().filter(|t| t.name == info.name).map(|t| samples.estimated_ns(t.self_samples)).sum()
-    };
+    let after_throttle = |function: u32| if timed { profile.own_time_after_throttle(function) } else { 0 };
     let instrumented = profile
         .merged_functions()
         .into_iter()
