@@ -34,7 +34,7 @@ pub struct RecordArgs {
     /// How calls are seen: `inject` (jumps patched over function entries to
     /// code proftap puts in the process: about 45 ns a call; wall and CPU
     /// time; functions it cannot patch get uprobes where every probe is
-    /// kept, else sampling sees them), `uprobe` (kernel probes
+    /// kept, else only sampling sees them), `uprobe` (kernel probes
     /// on entries and returns: microseconds a call; any metric, line times,
     /// regions), or `auto`: inject unless the recording needs what only
     /// uprobes do (other metrics, --line-times, --region, lines of a running
