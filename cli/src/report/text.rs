@@ -154,12 +154,16 @@ fn wrap(text: &str, width: usize) -> String {
     out
 }
 
-/// The function to look at first: the most exclusive time (the first
-/// metric; a throttled function's with its time after the throttle, from
-/// its samples), or with only samples, the most samples in itself.
+/// The function to look at first: the most exclusive time (CPU time, else
+/// the first metric; a throttled function's with its time after the
+/// throttle, from its samples), or with only samples, the most samples in
+/// itself.
 fn hottest(profile: &Profile, out: &mut String) {
     let duration = profile.recording.duration_ns.max(1) as f64;
-    let key = profile.metrics.first().map_or("", String::as_str);
+    // CPU time where recorded, as perf's samples count: a thread waiting
+    // for others spends wall time in itself and does nothing.
+    let metric = profile.metric_index("cpu_ns").unwrap_or(0);
+    let key = profile.metrics.get(metric).map_or("", String::as_str);
     let timed = Unit::of(key) == Unit::Nanoseconds;
     let after_throttle = |function: u32| if timed { profile.own_time_after_throttle(function) } else { 0 };
     let instrumented = profile
@@ -167,7 +171,7 @@ fn hottest(profile: &Profile, out: &mut String) {
         .into_iter()
         .filter(|f| profile.functions.get(f.function as usize).is_some_and(|i| i.mode != Mode::Sampled))
         .map(|f| {
-            let measured = f.exclusive.first().map_or(0, |s| s.total);
+            let measured = f.exclusive.get(metric).map_or(0, |s| s.total);
             let estimated = after_throttle(f.function);
             (f, measured.saturating_add(estimated), estimated)
         })
