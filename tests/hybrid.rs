@@ -186,6 +186,27 @@ fn the_hottest_function_counts_its_time_after_a_throttle() {
     assert!(hottest.starts_with("  hottest     step: about ") && hottest.contains("estimated from samples"), "{text}");
 }
 
+/// A throttled function's call under way when its probes were removed is
+/// timed to its end: what the calls below it took after the throttle is
+/// in its measured exclusive time, and the samples give it back to where
+/// it was spent (the calls of `walk` below the outermost one, and `leaf`).
+/// Given back to `main` instead, it stayed `walk`'s.
+#[test]
+fn a_call_timed_past_its_functions_throttle_gives_back_its_callees_time() {
+    require_probes();
+    let binary = Build::c("nested.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(&binary));
+    let report = report_json(&file);
+    let (walk, leaf) = (function(&report["functions"], "walk"), function(&report["functions"], "leaf"));
+    assert_eq!((walk["mode"].as_str(), leaf["mode"].as_str()), (Some("throttled"), Some("throttled")), "{walk} {leaf}");
+    let own = |f: &serde_json::Value| f["exclusive"]["cpu_ns"]["total"].as_u64().unwrap() + f["own_ns_after_throttle"].as_u64().unwrap();
+    assert!(own(leaf) > 2 * own(walk), "leaf {leaf}, walk {walk}");
+    let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
+    assert!(text.lines().nth(1).unwrap().starts_with("  hottest     leaf: "), "{text}");
+}
+
 /// Sampling off, under the governor: a function the engine cannot patch
 /// gets no kernel probe (microseconds a call, and a grace period per probe
 /// to take it out at the end), and the report says it is not measured; the

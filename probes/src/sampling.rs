@@ -292,6 +292,12 @@ pub struct ResolvedStack {
     pub frames: Vec<SampledFrame>,
     /// The innermost frame's source file and line, when known.
     pub line: Option<(String, u32)>,
+    /// The frames (indices into `frames`) of calls a probe was timing: a
+    /// trampoline (the in-process engine's, or a return probe's) held
+    /// their return address. A throttled function's call that was under
+    /// way when its probes were removed is timed to its end, and is here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timed_calls: Vec<u32>,
 }
 
 /// Frames (innermost first) and the line of one address.
@@ -496,12 +502,12 @@ impl StackResolver {
         let mut addresses = self.unwind(sample.pid, ip, sp, bp, &sample.stack, returns);
         // Past a stack's outermost frame the unwinder reads whatever the
         // thread's creator left there: an address in no mapping ends it.
-        while addresses.len() > 1 && addresses.last().is_some_and(|&a| !self.is_mapped(sample.pid, a)) {
+        while addresses.len() > 1 && addresses.last().is_some_and(|&(a, _)| !self.is_mapped(sample.pid, a)) {
             addresses.pop();
         }
         // In the kernel with a stack that does not unwind: the thread was
         // taken while a probe was handled, its registers half updated.
-        let mid_probe = self.kernel_probes && sample.in_kernel && addresses.iter().skip(1).any(|&a| !self.is_mapped(sample.pid, a));
+        let mid_probe = self.kernel_probes && sample.in_kernel && addresses.iter().skip(1).any(|&(a, _)| !self.is_mapped(sample.pid, a));
         if mid_probe {
             addresses.clear();
         }
@@ -516,17 +522,24 @@ impl StackResolver {
             addresses = callers;
         }
         let mut frames: Vec<SampledFrame> = Vec::with_capacity(addresses.len() * 2);
+        // Innermost first, as `frames` is built: whether each is a timed call.
+        let mut timed: Vec<bool> = Vec::with_capacity(addresses.len() * 2);
         let mut line = None;
-        for (depth, address) in addresses.iter().enumerate() {
+        for (depth, &(address, _)) in addresses.iter().enumerate() {
             // A return address points after the call: look up the call.
-            let lookup = if depth == 0 { *address } else { address.saturating_sub(1) };
+            let lookup = if depth == 0 { address } else { address.saturating_sub(1) };
             let (named, at) = self.symbolize(sample.pid, lookup);
             if depth == 0 {
                 line = at;
             }
+            // The function itself comes after its inlined frames; its call
+            // is timed when a trampoline stood for the address it returns to.
+            let returns_through_probe = addresses.get(depth + 1).is_some_and(|&(_, taken)| taken);
+            timed.extend((0..named.len()).map(|i| returns_through_probe && i + 1 == named.len()));
             frames.extend(named);
         }
         if frames.is_empty() {
+            timed.push(false);
             let in_probe = mid_probe || self.processes.get(&sample.pid).is_some_and(|p| p.in_probe_area(ip));
             let reason = match (ip, in_probe) {
                 (0, _) => "[unknown: no user stack]",
@@ -538,10 +551,13 @@ impl StackResolver {
         }
         if probe_leaf {
             frames.insert(0, frame(PROBE_OVERHEAD_FRAME, ENGINE_MODULE, false));
+            timed.insert(0, false);
             line = None;
         }
         frames.reverse();
-        ResolvedStack { frames, line }
+        timed.reverse();
+        let timed_calls = timed.iter().enumerate().filter(|&(_, &t)| t).map(|(i, _)| i as u32).collect();
+        ResolvedStack { frames, line, timed_calls }
     }
 
     /// The return addresses of the stack of a sample taken inside the
@@ -550,7 +566,7 @@ impl StackResolver {
     /// engine's code has, nine saved registers above it, the slot of that
     /// call's return address (its original, or a trampoline that
     /// `returns` or the site table names). Empty when there is none.
-    fn unwind_from_probe(&mut self, sample: &StackSample, returns: &[(u64, u64)]) -> Vec<u64> {
+    fn unwind_from_probe(&mut self, sample: &StackSample, returns: &[(u64, u64)]) -> Vec<(u64, bool)> {
         let [ip, sp, bp] = sample.regs;
         let Some(process) = self.processes.get(&sample.pid) else { return Vec::new() };
         if process.probe_returns.is_empty() || !process.engine_code.iter().any(|c| c.contains(&ip)) {
@@ -578,17 +594,19 @@ impl StackResolver {
         let above = &sample.stack[slot + 8..];
         // Unwound as from inside its call instruction, whose unwind row is the caller's.
         let mut addresses = self.unwind(sample.pid, ret - 1, slot_address.wrapping_add(8), bp, above, returns);
-        while addresses.len() > 1 && addresses.last().is_some_and(|&a| !self.is_mapped(sample.pid, a)) {
+        while addresses.len() > 1 && addresses.last().is_some_and(|&(a, _)| !self.is_mapped(sample.pid, a)) {
             addresses.pop();
         }
         addresses
     }
 
-    fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8], returns: &[(u64, u64)]) -> Vec<u64> {
+    /// The addresses of a stack, innermost first, each with whether a
+    /// trampoline stood for it (the call it returns from is timed).
+    fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8], returns: &[(u64, u64)]) -> Vec<(u64, bool)> {
         if ip == 0 {
             return Vec::new();
         }
-        let Some(process) = self.processes.get_mut(&pid) else { return vec![ip] };
+        let Some(process) = self.processes.get_mut(&pid) else { return vec![(ip, false)] };
         let ip = origin_of(&process.origins, ip).unwrap_or(ip);
         if process.in_probe_area(ip) {
             return Vec::new();
@@ -622,6 +640,9 @@ impl StackResolver {
         // another: a slot that held one earlier may hold a real one now.
         let taken = |value: u64| trampoline.contains(&value) || engine_code.iter().any(|c| c.contains(&value));
         let cache = process.cache.get_or_insert_with(|| Box::new(CacheX86_64::new()));
+        // The address a trampoline stood for, in the unwinding step under
+        // way: only a return-address slot holds one.
+        let stood_for = std::cell::Cell::new(None);
         let mut read_stack = |address: u64| -> Result<u64, ()> {
             let offset = address.checked_sub(sp).ok_or(())? as usize;
             let bytes = stack.get(offset..offset + 8).ok_or(())?;
@@ -630,7 +651,11 @@ impl StackResolver {
             // for the return address proftap saw at the entry; a counting
             // stub that a call returns into, for the code after the call.
             let value = match returns.iter().find(|r| r.0 == address) {
-                Some(r) if r.1 != value && taken(value) => r.1,
+                Some(r) if r.1 != value && taken(value) => {
+                    let original = origin_of(origins, r.1).unwrap_or(r.1);
+                    stood_for.set(Some(original));
+                    return Ok(original);
+                }
                 _ if trampoline.contains(&value) => return Err(()),
                 _ => value,
             };
@@ -640,9 +665,10 @@ impl StackResolver {
         let mut addresses = Vec::new();
         while let Ok(Some(frame)) = frames.next() {
             let address = match frame {
-                FrameAddress::InstructionPointer(a) => a,
-                FrameAddress::ReturnAddress(a) => a.get(),
+                FrameAddress::InstructionPointer(a) => (a, false),
+                FrameAddress::ReturnAddress(a) => (a.get(), stood_for.take() == Some(a.get())),
             };
+            stood_for.set(None);
             addresses.push(address);
             if addresses.len() >= MAX_DEPTH {
                 break;

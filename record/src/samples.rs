@@ -110,20 +110,32 @@ impl SampleAggregator {
         timed.filter_map(|(at, ids)| Some(SampleTime { stack: *index.get(ids.as_slice())?, ..*at })).collect()
     }
 
-    /// Whose time a sample is, when the nearest caller still instrumented
-    /// holds it in its measured exclusive time: that of a throttled
-    /// function innermost among the measured ones, or that of a function
-    /// never instrumented (a library's, one left unpatched) at the top of
-    /// the stack. The holder gives it back at the end; every throttled
-    /// function on the stack has the sample in its total.
+    /// Whose time a sample is, when the nearest call being timed holds it
+    /// in its measured exclusive time: that of a throttled function
+    /// innermost among the measured ones and not timed, or that of a
+    /// function never instrumented (a library's, one left unpatched) at
+    /// the top of the stack. A call is timed when a probe was timing it (a
+    /// trampoline held its return address: a throttled function's call
+    /// under way when its probes were removed is timed to its end), or
+    /// when its function is instrumented and not throttled. The holder
+    /// gives the time back at the end; every throttled function on the
+    /// stack not timed there has the sample in its total.
     fn count_held(&mut self, tid: i32, stack: &ResolvedStack) {
-        let physical: Vec<&SampledFrame> = stack.frames.iter().rev().filter(|f| !f.inlined).collect();
-        let Some(leaf) = physical.first() else { return };
-        let measured: Vec<&&SampledFrame> = physical.iter().filter(|f| self.measured_names.contains(&f.name)).collect();
+        let physical: Vec<(&SampledFrame, bool)> = stack
+            .frames
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, f)| !f.inlined)
+            .map(|(i, f)| (f, stack.timed_calls.contains(&(i as u32))))
+            .collect();
+        let Some(&(leaf, _)) = physical.first() else { return };
+        let measured: Vec<(&SampledFrame, bool)> = physical.iter().filter(|(f, _)| self.measured_names.contains(&f.name)).copied().collect();
+        let timed = |frame: &SampledFrame, through_probe: bool| through_probe || !self.throttled.contains(&frame.name);
         let mut seen: Vec<&str> = Vec::new();
         let mut holder = None;
-        for frame in &measured {
-            if !self.throttled.contains(&frame.name) {
+        for &(frame, through_probe) in &measured {
+            if timed(frame, through_probe) {
                 holder = holder.or(Some(&frame.name));
             } else if !seen.contains(&frame.name.as_str()) {
                 seen.push(&frame.name);
@@ -138,7 +150,7 @@ impl SampleAggregator {
         let owner = match measured.first() {
             _ if leaf.name == PROBE_OVERHEAD_FRAME => return,
             _ if unmeasured => &leaf.name,
-            Some(innermost) if self.throttled.contains(&innermost.name) => {
+            Some(&(innermost, through_probe)) if !timed(innermost, through_probe) => {
                 self.after_throttle.entry(innermost.name.clone()).or_default().0 += 1;
                 &innermost.name
             }
@@ -207,8 +219,8 @@ mod tests {
     #[test]
     fn stacks_frames_and_lines_are_counted_once_each() {
         let mut samples = SampleAggregator::new("cpu-clock", 1000);
-        let deep = ResolvedStack { frames: vec![frame("main"), frame("f")], line: Some(("p.c".into(), 3)) };
-        let shallow = ResolvedStack { frames: vec![frame("main")], line: None };
+        let deep = ResolvedStack { frames: vec![frame("main"), frame("f")], line: Some(("p.c".into(), 3)), timed_calls: Vec::new() };
+        let shallow = ResolvedStack { frames: vec![frame("main")], line: None, timed_calls: Vec::new() };
         for stack in [&deep, &shallow, &deep] {
             samples.add(1, stack);
         }
@@ -224,7 +236,7 @@ mod tests {
     fn after_a_throttle_samples_tell_the_functions_time_and_which_caller_held_it() {
         let names = ["main", "outer", "tiny"].map(String::from).to_vec();
         let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
-        let stack = |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None };
+        let stack = |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None, timed_calls: Vec::new() };
         let in_tiny = stack(&["main", "outer", "tiny"]);
         samples.add(7, &in_tiny);
         assert!(samples.profile().throttled.is_empty(), "before the throttle, tiny's calls were timed");
@@ -242,10 +254,35 @@ mod tests {
     }
 
     #[test]
+    fn a_throttled_functions_call_still_timed_holds_what_its_callees_took_after_the_throttle() {
+        // emit recurses; throttled while its outermost call was under way,
+        // which the probes time to its end (its return still goes through
+        // a trampoline): that call, not main, holds the time of the calls
+        // below it, and only the untimed ones count as emit's estimate.
+        let names = ["main", "emit", "match"].map(String::from).to_vec();
+        let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
+        samples.throttle(&[1, 2]);
+        let frames = |names: &[&str]| names.iter().map(|n| frame(n)).collect::<Vec<_>>();
+        // Frame 1, the outer emit, is a timed call; frame 2 is not.
+        let in_match = ResolvedStack { frames: frames(&["main", "emit", "emit", "match"]), line: None, timed_calls: vec![1] };
+        let in_inner_emit = ResolvedStack { frames: frames(&["main", "emit", "emit"]), line: None, timed_calls: vec![1] };
+        let in_outer_emit = ResolvedStack { frames: frames(&["main", "emit"]), line: None, timed_calls: vec![1] };
+        samples.add(7, &in_match);
+        samples.add(7, &in_inner_emit);
+        samples.add(7, &in_outer_emit);
+        let throttled = samples.profile().throttled;
+        let held = |callee: &str| HeldSamples { tid: 7, name: "emit".into(), callee: callee.into(), samples: 1 };
+        assert_eq!(throttled.held, vec![held("emit"), held("match")]);
+        let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.self_samples, t.total_samples));
+        assert_eq!(of("match"), Some((1, 1)));
+        assert_eq!(of("emit"), Some((1, 2)), "the outer call's own sample is measured, not estimated");
+    }
+
+    #[test]
     fn a_library_functions_time_is_held_by_the_nearest_caller_still_instrumented() {
         let names = ["main", "clear", ""].map(String::from).to_vec();
         let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
-        let stack = |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None };
+        let stack = |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None, timed_calls: Vec::new() };
         let in_memset = stack(&["main", "clear", "memset"]);
         samples.add(7, &in_memset);
         samples.add(7, &stack(&["main", "clear"]));
