@@ -3,11 +3,12 @@
 # proftap beside perf and callgrind in the same run: an interpreter (Lua
 # 5.4.4 running benches/realprogs/bench.lua), a database engine (SQLite
 # 3.40.1's shell running benches/realprogs/bench-sql.sh's 100 000 inserts and
-# queries), a compressor (gzip 1.13 on SQLite's C source) and a
-# multi-threaded Rust program (ripgrep searching a source tree,
+# queries), a compressor (gzip 1.13 on SQLite's C source), a C++ parser
+# (yaml-cpp 0.6.3's parse tool reading and writing back a YAML document)
+# and a multi-threaded Rust program (ripgrep searching a source tree,
 # then a larger part of the machine).
 #
-# Usage: benches/realprogs.sh [RUNS]     (root; perf and valgrind installed)
+# Usage: benches/realprogs.sh [RUNS]     (root; perf, valgrind and cmake installed)
 # Sources and builds go to $PROFTAP_REALPROGS (default ~/.cache/proftap-realprogs).
 #
 # Prints, per program: the median of RUNS whole-command times of the bare
@@ -24,8 +25,8 @@ dir=${PROFTAP_REALPROGS:-$HOME/.cache/proftap-realprogs}
 proftap=$root/target/release/proftap
 mkdir -p "$dir"
 cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p proftap-cli
-for tool in perf valgrind callgrind_annotate; do
-    command -v "$tool" >/dev/null || { echo "$tool is missing: apt-get install linux-perf valgrind" >&2; exit 1; }
+for tool in perf valgrind callgrind_annotate cmake; do
+    command -v "$tool" >/dev/null || { echo "$tool is missing: apt-get install linux-perf valgrind cmake" >&2; exit 1; }
 done
 
 pool=http://deb.debian.org/debian/pool/main
@@ -49,6 +50,16 @@ if [ ! -x "$gzip" ]; then
     rm -rf "$dir/gzip-1.13"
     curl -fsSL "$pool/g/gzip/gzip_1.13.orig.tar.xz" | tar xJ -C "$dir"
     (cd "$dir/gzip-1.13" && ./configure CFLAGS="-O2 -g" >/dev/null && make -s >/dev/null)
+fi
+yaml=$dir/yaml-cpp/build/util/parse
+if [ ! -x "$yaml" ]; then
+    # The release tarball unpacks into yaml-cpp-yaml-cpp-0.6.3/.
+    rm -rf "$dir/yaml-cpp" "$dir/yaml-cpp-yaml-cpp-0.6.3"
+    curl -fsSL "$pool/y/yaml-cpp/yaml-cpp_0.6.3.orig.tar.gz" | tar xz -C "$dir"
+    mv "$dir/yaml-cpp-yaml-cpp-0.6.3" "$dir/yaml-cpp"
+    cmake -S "$dir/yaml-cpp" -B "$dir/yaml-cpp/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-O2 -g" \
+        -DYAML_CPP_BUILD_TESTS=OFF -DYAML_CPP_BUILD_TOOLS=ON >/dev/null
+    make -s -C "$dir/yaml-cpp/build" parse >/dev/null
 fi
 rg=$dir/rg/bin/rg
 if [ ! -x "$rg" ]; then
@@ -122,6 +133,13 @@ compare gzip "$gzip" -6 -c "$text"
 head -c 3000000 "$text" >"$text.small"
 exact gzip longest_match,send_bits,bi_reverse,updcrc,flush_block,fill_window,ct_tally,pqdownheap \
     "$gzip" -6 -c "$text.small"
+yaml_input=$dir/yaml-input
+[ -s "$yaml_input" ] || python3 "$root/benches/realprogs/yaml-input.py" 6000 >"$yaml_input"
+[ -s "$yaml_input.small" ] || python3 "$root/benches/realprogs/yaml-input.py" 600 >"$yaml_input.small"
+compare yaml "$yaml" "$yaml_input"
+exact yaml "YAML::Scanner::ScanNextToken(),YAML::Scanner::EnsureTokensInQueue(),YAML::Stream::eat(int),YAML::Stream::get(),\
+YAML::detail::memory::create_node(),YAML::NodeBuilder::Pop(),YAML::Scanner::ScanPlainScalar(),YAML::Exp::Break()" \
+    "$yaml" "$yaml_input.small"
 compare rg "$rg" -c 'fn [a-z_]+\(' "$tree"
 # The same search over more of the machine, long enough that proftap's
 # start and end (reading ripgrep's DWARF, patching its functions) weigh
