@@ -121,14 +121,15 @@ impl SampleAggregator {
     /// gives the time back at the end; every throttled function on the
     /// stack not timed there has the sample in its total.
     fn count_held(&mut self, tid: i32, stack: &ResolvedStack) {
-        let physical: Vec<(&SampledFrame, bool)> = stack
-            .frames
-            .iter()
-            .enumerate()
-            .rev()
-            .filter(|(_, f)| !f.inlined)
-            .map(|(i, f)| (f, stack.timed_calls.contains(&(i as u32))))
-            .collect();
+        // Indices from a saved recording may be anything: out of range, they name no frame.
+        let mut timed_call = vec![false; stack.frames.len()];
+        for &i in &stack.timed_calls {
+            if let Some(flag) = timed_call.get_mut(i as usize) {
+                *flag = true;
+            }
+        }
+        let physical: Vec<(&SampledFrame, bool)> =
+            stack.frames.iter().zip(timed_call).rev().filter(|(f, _)| !f.inlined).collect();
         let Some(&(leaf, _)) = physical.first() else { return };
         let measured: Vec<(&SampledFrame, bool)> = physical.iter().filter(|(f, _)| self.measured_names.contains(&f.name)).copied().collect();
         let timed = |frame: &SampledFrame, through_probe: bool| through_probe || !self.throttled.contains(&frame.name);
