@@ -43,12 +43,12 @@ fn finding_sentence(finding: &Finding) -> String {
         Finding::UprobesChosen { reason } => format!("calls are seen by uprobes, not the in-process engine: {}", uprobe_reason(*reason)),
         Finding::NotPatched { functions, reasons, sampled, unmeasured } => {
             let parts: Vec<String> = reasons.iter().map(refusal).collect();
-            let is = if *functions == 1 { "is" } else { "are" };
+            let (is, it, its) = if *functions == 1 { ("is", "it", "its") } else { ("are", "them", "their") };
             let how = if *sampled {
-                format!("{is} sampled only (a kernel probe costs a hundred patched calls; --overhead-budget 0 probes them)")
+                format!("{is} sampled only (a kernel probe costs a hundred patched calls; --overhead-budget 0 probes {it})")
             } else if *unmeasured {
                 format!(
-                    "{is} not measured, their time their callers' own (a kernel probe costs a hundred patched calls; --overhead-budget 0 probes them, sampling would see them)"
+                    "{is} not measured: {its} time counts in {its} callers' own (a kernel probe costs a hundred patched calls; --overhead-budget 0 probes {it}, sampling would see {it})"
                 )
             } else {
                 format!("{is} probed by uprobes")

@@ -85,6 +85,9 @@ pub struct RecordOptions {
     /// Functions the governor never throttles (named ones, when others are
     /// recorded only for their lines).
     pub kept: Vec<usize>,
+    /// The functions were named (`-f`): those the in-process engine cannot
+    /// patch keep a uprobe under the governor, as asked.
+    pub functions_named: bool,
     /// Stack sampling.
     pub sample: Option<SampleSettings>,
     /// The overhead governor's budget per function, as a share of the
@@ -130,6 +133,7 @@ impl Default for RecordOptions {
             counting: Choices::default(),
             entries_counted: Vec::new(),
             kept: Vec::new(),
+            functions_named: false,
             sample: None,
             overhead_budget: None,
             auto_instrument: None,

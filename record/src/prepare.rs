@@ -246,6 +246,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         sample: request.sample_settings(),
         overhead_budget: request.overhead_budget(chosen.lines.is_some() && !count_lines).or(governs_lines_only.then_some(DEFAULT_BUDGET)),
         kept: if governs_lines_only { chosen.kept.clone() } else { Vec::new() },
+        functions_named: !request.is_hybrid(),
         auto_instrument,
         sample_only: !request.instrument || chosen.functions.iter().all(|f| f.role != Role::Measured),
         regions: request.regions.clone(),

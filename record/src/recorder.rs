@@ -144,7 +144,7 @@ pub fn record(
     left_out(&mut injected, &started.refused);
     let refused: Refused = refused.into_iter().chain(started.refused).collect();
     if !refused.is_empty() {
-        let left_to = if !governed(options) {
+        let left_to = if !leaves_unpatched_unprobed(options) {
             UnpatchedLeftTo::Uprobes
         } else if options.sample.is_some() {
             UnpatchedLeftTo::Samples
@@ -303,7 +303,7 @@ fn patching(
             (refused, finished(off_cpu, "the off-CPU time")?)
         }
     };
-    if !refused.is_empty() && !governed(options) && !proftap_probes::perf::may_define_uprobes() {
+    if !refused.is_empty() && !leaves_unpatched_unprobed(options) && !proftap_probes::perf::may_define_uprobes() {
         let names: Vec<String> = refused.iter().take(3).map(|(i, why)| format!("{}: {why}", functions[*i].info.name)).collect();
         return Err(RecordError::UprobesNeedRoot { count: refused.len(), names: names.join("; ") });
     }
@@ -344,19 +344,22 @@ fn probed_by_uprobes(all: &[ProbedFunction], injected: &[bool], options: &Record
         .enumerate()
         .map(|(i, f)| {
             let recorded = injected.get(i).copied().unwrap_or(false) || (inject && f.role == Role::CatchMarker);
-            let left_out = governed(options) && f.role == Role::Measured && !options.line_probed.contains(&i);
+            let left_out = leaves_unpatched_unprobed(options) && f.role == Role::Measured && !options.line_probed.contains(&i);
             !recorded && !left_out && !options.sample_only && (options.auto_instrument.is_none() || f.role != Role::Measured)
         })
         .collect()
 }
 
-/// Whether the in-process engine records under a governor: there, what it
-/// cannot patch gets no uprobe (sampling sees it, if on), since a kernel
-/// probe would cost a hundred times what the governor allows a patched
-/// call, and removing the probes it throttled would keep the end of the
-/// recording waiting a grace period per probe.
-fn governed(options: &RecordOptions) -> bool {
-    options.engine == Engine::Inject && !options.sample_only && options.overhead_budget.is_some_and(|budget| budget > 0.0)
+/// Whether what the in-process engine cannot patch gets no uprobe
+/// (sampling sees it, if on): under a governor, of functions proftap chose
+/// (none named), since a kernel probe would cost a hundred times what the
+/// governor allows a patched call, and removing the probes it throttled
+/// would keep the end of the recording waiting a grace period per probe.
+fn leaves_unpatched_unprobed(options: &RecordOptions) -> bool {
+    options.engine == Engine::Inject
+        && !options.sample_only
+        && !options.functions_named
+        && options.overhead_budget.is_some_and(|budget| budget > 0.0)
 }
 
 /// What covers the functions the in-process engine could not patch.

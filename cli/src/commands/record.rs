@@ -33,8 +33,8 @@ pub struct RecordArgs {
     metrics: Vec<String>,
     /// How calls are seen: `inject` (jumps patched over function entries to
     /// code proftap puts in the process: about 45 ns a call; wall and CPU
-    /// time; functions it cannot patch get uprobes where every probe is
-    /// kept, else only sampling sees them), `uprobe` (kernel probes
+    /// time; functions it cannot patch get uprobes where named or where
+    /// every probe is kept, else only sampling sees them), `uprobe` (kernel probes
     /// on entries and returns: microseconds a call; any metric, line times,
     /// regions), or `auto`: inject unless the recording needs what only
     /// uprobes do (other metrics, --line-times, --region, lines of a running
