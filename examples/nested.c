@@ -17,6 +17,17 @@ __attribute__((noinline)) unsigned long leaf(unsigned long x)
     return x;
 }
 
+unsigned long walk(int depth, long fan, unsigned long x);
+
+/* Inlined into walk: the return addresses of walk's calls below sit in it,
+ * so a sampled stack names it, inlined, beside each walk frame. */
+static inline __attribute__((always_inline)) unsigned long descend(int depth, long fan, unsigned long x)
+{
+    for (long i = 0; i < fan; i++)
+        x = walk(depth - 1, fan, x);
+    return x;
+}
+
 __attribute__((noinline)) unsigned long walk(int depth, long fan, unsigned long x)
 {
     if (depth == 0) {
@@ -24,8 +35,7 @@ __attribute__((noinline)) unsigned long walk(int depth, long fan, unsigned long 
             x = leaf(x);
         return x;
     }
-    for (long i = 0; i < fan; i++)
-        x = walk(depth - 1, fan, x);
+    x = descend(depth, fan, x);
     sink += x; /* not a tail call */
     return x;
 }

@@ -292,10 +292,10 @@ pub struct ResolvedStack {
     pub frames: Vec<SampledFrame>,
     /// The innermost frame's source file and line, when known.
     pub line: Option<(String, u32)>,
-    /// The frames (indices into `frames`) of calls a probe was timing: a
-    /// trampoline (the in-process engine's, or a return probe's) held
-    /// their return address. A throttled function's call that was under
-    /// way when its probes were removed is timed to its end, and is here.
+    /// The frames (indices into `frames`) of calls the in-process engine
+    /// was timing: its trampoline held their return address. A throttled
+    /// function's call that was under way when its probes were removed is
+    /// timed to its end, and is here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timed_calls: Vec<u32>,
 }
@@ -640,8 +640,11 @@ impl StackResolver {
         // another: a slot that held one earlier may hold a real one now.
         let taken = |value: u64| trampoline.contains(&value) || engine_code.iter().any(|c| c.contains(&value));
         let cache = process.cache.get_or_insert_with(|| Box::new(CacheX86_64::new()));
-        // The address a trampoline stood for, in the unwinding step under
-        // way: only a return-address slot holds one.
+        // The address the in-process engine's trampoline stood for, in the
+        // unwinding step under way (only a return-address slot holds one):
+        // a call it is timing. Not a return probe's: the kernel's
+        // trampoline stays in the slot of a call the governor stopped
+        // timing.
         let stood_for = std::cell::Cell::new(None);
         let mut read_stack = |address: u64| -> Result<u64, ()> {
             let offset = address.checked_sub(sp).ok_or(())? as usize;
@@ -653,7 +656,9 @@ impl StackResolver {
             let value = match returns.iter().find(|r| r.0 == address) {
                 Some(r) if r.1 != value && taken(value) => {
                     let original = origin_of(origins, r.1).unwrap_or(r.1);
-                    stood_for.set(Some(original));
+                    if !trampoline.contains(&value) {
+                        stood_for.set(Some(original));
+                    }
                     return Ok(original);
                 }
                 _ if trampoline.contains(&value) => return Err(()),
