@@ -33,9 +33,10 @@ pub struct Unpatched {
 const PERIOD: Duration = Duration::from_millis(1);
 /// Looks are at least this many times their own duration apart: reading
 /// the calls of thousands of threads' blocks takes time, and the watch
-/// shares the machine with the target. Unpatching does not count: spacing
-/// looks by it (a millisecond to four, holding the target's threads) left
-/// ripgrep's hot functions patched for 10 to 30 ms more after each round.
+/// shares the machine with the target. Unpatching (a millisecond to four,
+/// holding the target's threads) counts once, not four times: spaced by
+/// four, ripgrep's hot functions stayed patched 10 to 30 ms more after each
+/// round; not at all, rounds in a row could hold the target most of the time.
 const LOOKS_APART: u32 = 4;
 /// The shortest time between two looks, when a thread asks for a block.
 const SOONEST: Duration = Duration::from_millis(1);
@@ -157,9 +158,10 @@ impl Watch {
             let view = patched.view();
             while !flag.load(Ordering::Relaxed) {
                 let looked = std::time::Instant::now();
-                // How long looking took, unpatching left out: functions
+                // How long looking took, and unpatching after it: functions
                 // over the budget cost the target until the next look.
                 let mut looking = None;
+                let mut unpatching = Duration::ZERO;
                 let wanted = view.as_ref().map_or(0, TotalsView::blocks_wanted);
                 if let (Some(trace), Some(view)) = (trace.as_mut(), &view) {
                     trace.read(view);
@@ -176,7 +178,9 @@ impl Watch {
                     pending.extend(judge(&calls));
                     if !pending.is_empty() {
                         looking = Some(looked.elapsed());
+                        let unpatch_started = std::time::Instant::now();
                         let outcome = patched.unpatch(&pending);
+                        unpatching = unpatch_started.elapsed();
                         tries += 1;
                         // Holding the process can fail for a moment (another
                         // holder letting go): tried again at the next look.
@@ -192,7 +196,7 @@ impl Watch {
                 // A thread that finds no block wakes this at once; the
                 // word is the target's to write, so however often it
                 // changes, looks are at least SOONEST apart.
-                let period = PERIOD.max(looking.unwrap_or_else(|| looked.elapsed()) * LOOKS_APART);
+                let period = PERIOD.max(looking.unwrap_or_else(|| looked.elapsed()) * LOOKS_APART).max(unpatching);
                 match &view {
                     Some(view) => view.wait_for_block_request(wanted, period),
                     None => std::thread::sleep(period),
