@@ -18,7 +18,7 @@ def top(report):
     samples = p.get("samples") or {}
     # Exclusive time: measured while instrumented, estimated from the
     # samples after a function was throttled.
-    own = {f["name"]: f["exclusive"][metric]["total"] + f["own_ns_after_throttle"] for f in p["functions"]}
+    own = {f["name"]: f["exclusive"][metric]["total"] + f["own_cpu_ns_after_throttle"] for f in p["functions"]}
     held = {}
     # Functions never instrumented (a library's): the time their samples
     # took out of their instrumented callers' exclusive time.

@@ -731,8 +731,8 @@ impl Profile {
     }
 
     /// The own CPU time of throttled `function` after its probes were
-    /// removed, as its samples estimate it (0 when not throttled or not
-    /// sampled): what its exact part leaves out.
+    /// removed, as its samples (of CPU time) estimate it (0 when not
+    /// throttled or not sampled): what its exact part leaves out.
     pub fn own_time_after_throttle(&self, function: FunctionId) -> u64 {
         let (Some(samples), Some(info)) = (&self.samples, self.functions.get(function as usize)) else { return 0 };
         if info.mode != Mode::Throttled {

@@ -31,11 +31,11 @@ impl Order {
 
 /// [`report`], its function lists in `order`.
 pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
-    // The whole process's: a throttled function's time after its probes
+    // The whole process's: a throttled function's CPU time after its probes
     // were removed, from its samples, which are not kept by thread.
     let with_estimate = |f: &FunctionStats| {
         let mut value = function(profile, f);
-        value["own_ns_after_throttle"] = json!(profile.own_time_after_throttle(f.function));
+        value["own_cpu_ns_after_throttle"] = json!(profile.own_time_after_throttle(f.function));
         value
     };
     let functions: Vec<Value> = order.apply(profile, profile.merged_functions()).iter().map(with_estimate).collect();
