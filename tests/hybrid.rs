@@ -178,7 +178,8 @@ fn the_hottest_function_counts_its_time_after_a_throttle() {
     assert_eq!(step["mode"], "throttled", "{step}");
     // The JSON report carries the same estimate: with it, step's own time
     // passes main's, as the samples have it.
-    let own = |f: &serde_json::Value| f["exclusive"]["cpu_ns"]["total"].as_u64().unwrap() + f["own_cpu_ns_after_throttle"].as_u64().unwrap();
+    let own =
+        |f: &serde_json::Value| f["exclusive"]["cpu_ns"]["total"].as_u64().unwrap() + f["own_cpu_ns_after_throttle"].as_u64().unwrap();
     let main = function(&report["functions"], "main");
     assert!(step["own_cpu_ns_after_throttle"].as_u64().unwrap() > 0 && own(&step) > own(main), "step {step}, main {main}");
     let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
@@ -201,7 +202,8 @@ fn a_call_timed_past_its_functions_throttle_gives_back_its_callees_time() {
     let report = report_json(&file);
     let (walk, leaf) = (function(&report["functions"], "walk"), function(&report["functions"], "leaf"));
     assert_eq!((walk["mode"].as_str(), leaf["mode"].as_str()), (Some("throttled"), Some("throttled")), "{walk} {leaf}");
-    let own = |f: &serde_json::Value| f["exclusive"]["cpu_ns"]["total"].as_u64().unwrap() + f["own_cpu_ns_after_throttle"].as_u64().unwrap();
+    let own =
+        |f: &serde_json::Value| f["exclusive"]["cpu_ns"]["total"].as_u64().unwrap() + f["own_cpu_ns_after_throttle"].as_u64().unwrap();
     assert!(own(leaf) > 2 * own(walk), "leaf {leaf}, walk {walk}");
     let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
     assert!(text.lines().nth(1).unwrap().starts_with("  hottest     leaf: "), "{text}");
@@ -224,7 +226,10 @@ fn without_samples_the_governor_gives_what_it_cannot_patch_no_kernel_probe() {
     assert_eq!(function(&report["functions"], "step")["mode"], "throttled", "{}", report["functions"]);
     assert!(functions.iter().all(|f| f["name"] != "twice"), "twice was probed: {}", report["functions"]);
     let notes = report["notes"].to_string();
-    assert!(notes.contains("1 function could not be patched and is not measured: its time counts in its callers'") && notes.contains("twice"), "{notes}");
+    assert!(
+        notes.contains("1 function could not be patched and is not measured: its time counts in its callers'") && notes.contains("twice"),
+        "{notes}"
+    );
     let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
     let hottest = text.lines().nth(1).unwrap();
     assert!(hottest.contains("with the time of callees whose probes were removed"), "{text}");

@@ -128,10 +128,10 @@ impl SampleAggregator {
                 *flag = true;
             }
         }
-        let physical: Vec<(&SampledFrame, bool)> =
-            stack.frames.iter().zip(timed_call).rev().filter(|(f, _)| !f.inlined).collect();
+        let physical: Vec<(&SampledFrame, bool)> = stack.frames.iter().zip(timed_call).rev().filter(|(f, _)| !f.inlined).collect();
         let Some(&(leaf, _)) = physical.first() else { return };
-        let measured: Vec<(&SampledFrame, bool)> = physical.iter().filter(|(f, _)| self.measured_names.contains(&f.name)).copied().collect();
+        let measured: Vec<(&SampledFrame, bool)> =
+            physical.iter().filter(|(f, _)| self.measured_names.contains(&f.name)).copied().collect();
         let timed = |frame: &SampledFrame, through_probe: bool| through_probe || !self.throttled.contains(&frame.name);
         let mut seen: Vec<&str> = Vec::new();
         let mut holder = None;
@@ -237,7 +237,8 @@ mod tests {
     fn after_a_throttle_samples_tell_the_functions_time_and_which_caller_held_it() {
         let names = ["main", "outer", "tiny"].map(String::from).to_vec();
         let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
-        let stack = |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None, timed_calls: Vec::new() };
+        let stack =
+            |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None, timed_calls: Vec::new() };
         let in_tiny = stack(&["main", "outer", "tiny"]);
         samples.add(7, &in_tiny);
         assert!(samples.profile().throttled.is_empty(), "before the throttle, tiny's calls were timed");
@@ -283,7 +284,8 @@ mod tests {
     fn a_library_functions_time_is_held_by_the_nearest_caller_still_instrumented() {
         let names = ["main", "clear", ""].map(String::from).to_vec();
         let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
-        let stack = |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None, timed_calls: Vec::new() };
+        let stack =
+            |names: &[&str]| ResolvedStack { frames: names.iter().map(|n| frame(n)).collect(), line: None, timed_calls: Vec::new() };
         let in_memset = stack(&["main", "clear", "memset"]);
         samples.add(7, &in_memset);
         samples.add(7, &stack(&["main", "clear"]));
