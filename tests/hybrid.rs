@@ -169,22 +169,28 @@ fn a_function_hot_in_a_forked_child_is_throttled_there() {
 #[test]
 fn the_hottest_function_counts_its_time_after_a_throttle() {
     require_probes();
-    let binary = Build::c("busy.c", "-O2").build();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    run_ok(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(&binary).arg("3"));
-    let report = report_json(&file);
-    let step = function(&report["functions"], "step").clone();
+    let (report, text) = recorded(&[], &Build::c("busy.c", "-O2").build(), &["3"]);
+    let step = function(&report["functions"], "step");
     assert_eq!(step["mode"], "throttled", "{step}");
     // The JSON report carries the same estimate: with it, step's own time
     // passes main's, as the samples have it.
-    let own =
-        |f: &serde_json::Value| f["exclusive"]["cpu_ns"]["total"].as_u64().unwrap() + f["own_cpu_ns_after_throttle"].as_u64().unwrap();
     let main = function(&report["functions"], "main");
-    assert!(step["own_cpu_ns_after_throttle"].as_u64().unwrap() > 0 && own(&step) > own(main), "step {step}, main {main}");
-    let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
+    assert!(step["own_cpu_ns_after_throttle"].as_u64().unwrap() > 0 && own_cpu(step) > own_cpu(main), "step {step}, main {main}");
     let hottest = text.lines().nth(1).unwrap();
     assert!(hottest.starts_with("  hottest     step: about ") && hottest.contains("estimated from samples"), "{text}");
+}
+
+/// `proftap run ARGS -- BINARY BINARY_ARGS`: its JSON report and its text report.
+fn recorded(args: &[&str], binary: &std::path::Path, binary_args: &[&str]) -> (serde_json::Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().arg("run").args(args).arg("-o").arg(&file).arg("--").arg(binary).args(binary_args));
+    (report_json(&file), run_ok(proftap().arg("report").arg(&file).arg("--no-pager")))
+}
+
+/// A function's exclusive CPU time, measured and estimated after a throttle.
+fn own_cpu(f: &serde_json::Value) -> u64 {
+    f["exclusive"]["cpu_ns"]["total"].as_u64().unwrap() + f["own_cpu_ns_after_throttle"].as_u64().unwrap()
 }
 
 /// A throttled function's call under way when its probes were removed is
@@ -195,17 +201,10 @@ fn the_hottest_function_counts_its_time_after_a_throttle() {
 #[test]
 fn a_call_timed_past_its_functions_throttle_gives_back_its_callees_time() {
     require_probes();
-    let binary = Build::c("nested.c", "-O2").build();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    run_ok(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(&binary));
-    let report = report_json(&file);
+    let (report, text) = recorded(&[], &Build::c("nested.c", "-O2").build(), &[]);
     let (walk, leaf) = (function(&report["functions"], "walk"), function(&report["functions"], "leaf"));
     assert_eq!((walk["mode"].as_str(), leaf["mode"].as_str()), (Some("throttled"), Some("throttled")), "{walk} {leaf}");
-    let own =
-        |f: &serde_json::Value| f["exclusive"]["cpu_ns"]["total"].as_u64().unwrap() + f["own_cpu_ns_after_throttle"].as_u64().unwrap();
-    assert!(own(leaf) > 2 * own(walk), "leaf {leaf}, walk {walk}");
-    let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
+    assert!(own_cpu(leaf) > 2 * own_cpu(walk), "leaf {leaf}, walk {walk}");
     assert!(text.lines().nth(1).unwrap().starts_with("  hottest     leaf: "), "{text}");
 }
 
@@ -218,10 +217,7 @@ fn a_call_timed_past_its_functions_throttle_gives_back_its_callees_time() {
 fn without_samples_the_governor_gives_what_it_cannot_patch_no_kernel_probe() {
     require_probes();
     let binary = Build::c("short.c", "-O2").build();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    run_ok(proftap().args(["run", "--no-sample", "-o"]).arg(&file).arg("--").arg(&binary).arg("3"));
-    let report = report_json(&file);
+    let (report, text) = recorded(&["--no-sample"], &binary, &["3"]);
     let functions = report["functions"].as_array().unwrap();
     assert_eq!(function(&report["functions"], "step")["mode"], "throttled", "{}", report["functions"]);
     assert!(functions.iter().all(|f| f["name"] != "twice"), "twice was probed: {}", report["functions"]);
@@ -230,14 +226,10 @@ fn without_samples_the_governor_gives_what_it_cannot_patch_no_kernel_probe() {
         notes.contains("1 function could not be patched and is not measured: its time counts in its callers'") && notes.contains("twice"),
         "{notes}"
     );
-    let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
     let hottest = text.lines().nth(1).unwrap();
     assert!(hottest.contains("with the time of callees whose probes were removed"), "{text}");
     // Named, under a budget asked for: it keeps the uprobe it was asked for.
-    let named = dir.path().join("named.profile");
-    let args = ["run", "-f", "twice", "-f", "step", "--overhead-budget", "5", "--no-sample", "-o"];
-    run_ok(proftap().args(args).arg(&named).arg("--").arg(&binary).arg("0.01"));
-    let report = report_json(&named);
+    let (report, _) = recorded(&["-f", "twice", "-f", "step", "--overhead-budget", "5", "--no-sample"], &binary, &["0.01"]);
     assert!(function(&report["functions"], "twice")["calls"].as_u64().unwrap() > 0, "{}", report["functions"]);
     assert!(report["notes"].to_string().contains("1 function could not be patched and is probed by uprobes"), "{}", report["notes"]);
 }
