@@ -234,6 +234,22 @@ fn without_samples_the_governor_gives_what_it_cannot_patch_no_kernel_probe() {
     assert!(report["notes"].to_string().contains("1 function could not be patched and is probed by uprobes"), "{}", report["notes"]);
 }
 
+/// A replacement of the uprobes that the kernel refuses part way (a
+/// segment-prefixed instruction, which it skipped without a word when the
+/// probes went in before the launch) leaves the probes as they were: every
+/// call still counted, and the note says the governor gave up. The old set
+/// was gone and `work` stopped being counted at the first throttle.
+#[test]
+fn a_uprobe_replacement_the_kernel_refuses_keeps_every_probe() {
+    require_probes();
+    let binary = Build::c("segprefix.c", "-O2").build();
+    let args = ["--engine", "uprobe", "--no-sample", "-f", "odd", "-f", "work", "--overhead-budget", "5"];
+    let (report, _) = recorded(&args, &binary, &["100000"]);
+    let work = function(&report["functions"], "work");
+    assert_eq!((work["mode"].as_str(), work["calls"].as_u64()), (Some("instrumented"), Some(100_000)), "{work}");
+    assert!(report["notes"].to_string().contains("every probe was kept from then on"), "{}", report["notes"]);
+}
+
 #[test]
 fn a_zero_budget_keeps_every_probe() {
     require_probes();

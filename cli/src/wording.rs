@@ -90,7 +90,9 @@ fn finding_sentence(finding: &Finding) -> String {
         Finding::UnpatchFailed { functions, error } => {
             format!("could not unpatch {}, over the overhead budget: {error}", with_calls(functions))
         }
-        Finding::ThrottleFailed { error } => format!("could not remove the probes of functions over the overhead budget: {error}"),
+        Finding::ThrottleFailed { error } => {
+            format!("could not remove the probes of functions over the overhead budget ({error}): every probe was kept from then on")
+        }
         Finding::AutoInstrumented { warmup_ms, functions } if functions.is_empty() => {
             format!("sampled for {warmup_ms} ms and saw no function to instrument")
         }

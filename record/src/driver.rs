@@ -481,13 +481,18 @@ impl<'a> Driver<'a> {
             .map(|&f| FunctionCalls { name: functions[f as usize].info.name.clone(), calls: entries.get(f as usize).copied().unwrap_or(0) })
             .collect();
         let lines = self.run.options.probed_lines.as_ref();
-        match self.uprobes.replace(self.run.all, lines, processes, &self.enabled, over, self.queue.pending()) {
+        match self.uprobes.replace(self.run.all, lines, processes, &self.enabled, over.clone(), self.queue.pending()) {
             Ok(()) => {
                 let note = self.over_budget(elapsed_ns, names);
                 self.tell(note);
             }
             Err(e) => {
-                self.notes.push(Finding::ThrottleFailed { error: e.to_string() }.into());
+                // The probes stay as they were: every call is still seen, at
+                // their cost, and the user hears of it now.
+                for &f in &over {
+                    self.enabled[f as usize] = true;
+                }
+                self.tell(Finding::ThrottleFailed { error: e.to_string() }.into());
                 self.governor = None;
             }
         }

@@ -84,6 +84,9 @@ pub enum RecordError {
     Corrupted(String),
 }
 
+/// The kernel's "operation not supported" of uprobes on an instruction.
+const ENOTSUPP: i32 = 524;
+
 pub(crate) fn perf_error(what: String, source: std::io::Error, descriptors: usize) -> RecordError {
     let hint = match source.raw_os_error() {
         Some(libc::EMFILE) | Some(libc::ENFILE) => {
@@ -100,6 +103,8 @@ pub(crate) fn perf_error(what: String, source: std::io::Error, descriptors: usiz
             }
         }
         Some(libc::ESRCH) => "; the process is gone".into(),
+        // ENOTSUPP, which the C library has no text for.
+        Some(ENOTSUPP) => "; the kernel cannot place a uprobe on one of the probed instructions".into(),
         _ => String::new(),
     };
     RecordError::Perf { what, source, hint }

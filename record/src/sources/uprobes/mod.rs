@@ -156,7 +156,14 @@ impl UprobeSource {
             match self.events.open_probes(tid, &owners) {
                 Ok(()) => {}
                 Err(RecordError::Perf { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // The old set stays, whole, while the threads are still
+                    // held: no call goes unseen. (A probe the kernel refuses on
+                    // a running process, it skipped in silence at the launch.)
+                    drop(owners);
+                    self.events.restore(retired);
+                    return Err(e);
+                }
             }
         }
         drop(owners);

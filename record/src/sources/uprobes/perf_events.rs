@@ -74,6 +74,7 @@ impl ProbeSet {
 pub(crate) struct Retired {
     probes: Vec<CounterGroup>,
     group: Option<Box<dyn DefinedGroup>>,
+    tracepoints: Vec<proftap_probes::tracefs::ProbeEvent>,
 }
 
 impl Retired {
@@ -154,8 +155,23 @@ impl PerfEvents {
             (Some(group), tracepoints)
         };
         self.generation += 1;
-        self.tracepoints = tracepoints;
-        Ok(Retired { probes: std::mem::take(&mut self.probes), group: std::mem::replace(&mut self.group, group) })
+        Ok(Retired {
+            probes: std::mem::take(&mut self.probes),
+            group: std::mem::replace(&mut self.group, group),
+            tracepoints: std::mem::replace(&mut self.tracepoints, tracepoints),
+        })
+    }
+
+    /// Makes `retired` the current probe set again, closing what was
+    /// opened of the set defined since: a replacement that could not be
+    /// opened everywhere leaves the probes as they were.
+    pub fn restore(&mut self, retired: Retired) {
+        drop(std::mem::replace(&mut self.probes, retired.probes));
+        drop(std::mem::replace(&mut self.group, retired.group));
+        self.tracepoints = retired.tracepoints;
+        let new = self.generation;
+        self.sources.retain(|_, source| !matches!(source, Source::Probe { generation, .. } if *generation == new));
+        self.generation -= 1;
     }
 
     fn descriptors_per_task(&self) -> usize {
@@ -216,8 +232,8 @@ impl PerfEvents {
 
     /// Takes every probe out of the targets at once (see [`Retired::withdraw`]).
     pub fn withdraw(&mut self) -> Unregistering {
-        self.tracepoints.clear();
-        Retired { probes: std::mem::take(&mut self.probes), group: self.group.take() }.withdraw()
+        Retired { probes: std::mem::take(&mut self.probes), group: self.group.take(), tracepoints: std::mem::take(&mut self.tracepoints) }
+            .withdraw()
     }
 
     /// Its counters, sideband events and rings, to close; the probe events
