@@ -55,6 +55,11 @@ fn finding_sentence(finding: &Finding) -> String {
             };
             format!("{} could not be patched and {how}: {}", counted(*functions, "function", "functions"), parts.join("; "))
         }
+        Finding::UprobesRefused { functions } => format!(
+            "not measured: {} (the kernel refuses a uprobe on {} first instruction, which has a lock or segment prefix)",
+            examples(functions),
+            if functions.len() == 1 { "its" } else { "their" }
+        ),
         Finding::CodeDiffers { functions } => {
             format!("not recorded: {} (their code in memory was not what the file holds)", functions.join(", "))
         }

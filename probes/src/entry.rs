@@ -13,6 +13,19 @@ pub enum EntryKind {
     Stepped,
 }
 
+/// Whether the kernel refuses a uprobe on the instruction `code` starts
+/// with: one with a lock prefix or an ES, CS, SS or DS segment prefix
+/// (`is_prefix_bad` in its x86 uprobes), such as a barrier's `lock or` or
+/// a `notrack` jump. Placed before the program starts, such a probe is
+/// skipped without a word; placed in a running program, it fails.
+pub fn uprobe_refuses(code: &[u8]) -> bool {
+    // The legacy prefixes, in any order before the opcode.
+    const LOCK: u8 = 0xf0;
+    const REFUSED: [u8; 5] = [LOCK, 0x26, 0x2e, 0x36, 0x3e];
+    const OTHERS: [u8; 6] = [0xf2, 0xf3, 0x64, 0x65, 0x66, 0x67];
+    cfg!(target_arch = "x86_64") && code.iter().take_while(|b| REFUSED.contains(b) || OTHERS.contains(b)).any(|b| REFUSED.contains(b))
+}
+
 /// Classifies the first instruction of a function (x86-64 encodings; other
 /// architectures count as stepped).
 pub fn classify_entry(code: &[u8]) -> EntryKind {
@@ -44,5 +57,16 @@ mod tests {
         assert_eq!(classify_entry(&[0x48, 0x8d, 0x04, 0x3f]), EntryKind::Stepped); // lea
         assert_eq!(classify_entry(&[0x48, 0x83, 0xec, 0x08]), EntryKind::Stepped); // sub $8,%rsp
         assert_eq!(classify_entry(&[]), EntryKind::Stepped);
+    }
+
+    #[test]
+    fn the_kernel_refuses_lock_and_segment_prefixed_instructions() {
+        assert!(uprobe_refuses(&[0xf0, 0x48, 0x83, 0x0c, 0x24, 0x00])); // lock orq $0,(%rsp)
+        assert!(uprobe_refuses(&[0x2e, 0x90])); // cs nop
+        assert!(uprobe_refuses(&[0x66, 0x3e, 0xff, 0xe0])); // notrack jmp, after an operand-size prefix
+        assert!(!uprobe_refuses(&[0x64, 0x48, 0x8b, 0x04, 0x25, 0x28, 0, 0, 0])); // mov %fs:0x28,%rax
+        assert!(!uprobe_refuses(&[0xf3, 0x0f, 0x1e, 0xfa])); // endbr64
+        assert!(!uprobe_refuses(&[0x55, 0xf0])); // push %rbp: a byte after the opcode is not a prefix
+        assert!(!uprobe_refuses(&[]));
     }
 }

@@ -1,7 +1,7 @@
 //! From selected functions to the probes a recording places.
 
 use crate::addr::FileOffset;
-use crate::entry::{EntryKind, classify_entry};
+use crate::entry::{EntryKind, classify_entry, uprobe_refuses};
 use crate::exits::{ExitMode, emulated_entry, exit_offsets};
 use crate::select::Selected;
 use crate::symbols::{ElfImage, SymbolIndex};
@@ -45,6 +45,9 @@ pub struct ProbedFunction {
     /// The link-time address ranges of the cold parts the compiler split
     /// off it (`f.cold`): code of the function, jumped to, never called.
     pub cold: Vec<(u64, u64)>,
+    /// The kernel refuses a uprobe on its entry instruction
+    /// ([`crate::entry::uprobe_refuses`]).
+    pub uprobe_refused: bool,
 }
 
 /// The probes for `selected` functions of `modules`; `images[m]` is module
@@ -121,6 +124,7 @@ pub fn plan(
             entry: if entry_probe.is_some() { EntryKind::Emulated } else { classify_entry(code) },
             role: Role::Measured,
             exit_sites,
+            uprobe_refused: uprobe_refuses(entry_probe.map_or(code, |(at, _)| file.get(at.0 as usize..).unwrap_or(&[]))),
             entry_probe,
             cold,
         });
@@ -169,5 +173,6 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, image: &ElfImage, open_path: &std::
         exit_sites: None,
         entry_probe: None,
         cold: Vec::new(),
+        uprobe_refused: uprobe_refuses(code.as_deref().unwrap_or(&[])),
     })
 }

@@ -48,6 +48,12 @@ pub enum Finding {
         /// Their names.
         functions: Vec<String>,
     },
+    /// Functions uprobes would have seen, left unprobed: the kernel refuses
+    /// a uprobe on their first instruction (a lock or segment prefix).
+    UprobesRefused {
+        /// Their names.
+        functions: Vec<String>,
+    },
     /// The lines of these functions ("name: why") are followed by uprobes:
     /// their control flow cannot be read to count their edges in process.
     LinesUncountable {

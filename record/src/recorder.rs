@@ -90,7 +90,12 @@ pub fn record(
     };
     let counted = CountedLines::of(options, measured);
     let patching = patching(&all[..measured], spec, options, &counted)?;
-    let enabled = probed_by_uprobes(&all, &patching.injected, options);
+    // A probe the kernel refuses would be skipped without a word at the
+    // launch, and fail a replacement of the probes later.
+    let wanted = probed_by_uprobes(&all, &patching.injected, options);
+    let refused_by_kernel: Vec<String> =
+        all[..measured].iter().zip(&wanted).filter(|(f, wanted)| **wanted && f.uprobe_refused).map(|(f, _)| f.info.name.clone()).collect();
+    let enabled: Vec<bool> = all.iter().zip(wanted).map(|(f, wanted)| wanted && !f.uprobe_refused).collect();
     let stacks = options.sample.map(|s| (s.frequency_hz, s.stack_bytes));
     // With the in-process engine CPU time is wall time minus the time off
     // every CPU, from context switches: perf events count wall time only.
@@ -137,6 +142,9 @@ pub fn record(
         SamplerThread::spawn(resolver, samples, overhead, saver.is_some())
     });
     let Patching { mut injected, tracing, clock, off_cpu, mut notes, refused } = patching;
+    if !refused_by_kernel.is_empty() {
+        notes.push(Finding::UprobesRefused { functions: refused_by_kernel }.into());
+    }
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
     let patch = Patch { functions: &all[..measured], injected: &injected, how };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
