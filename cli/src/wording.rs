@@ -56,7 +56,7 @@ fn finding_sentence(finding: &Finding) -> String {
             format!("{} could not be patched and {how}: {}", counted(*functions, "function", "functions"), parts.join("; "))
         }
         Finding::UprobesRefused { functions } => format!(
-            "not measured: {} (the kernel refuses a uprobe on {} first instruction, which has a lock or segment prefix)",
+            "not measured: {} (the kernel refuses a uprobe on {} first instruction: a lock or segment prefix, or one it cannot run out of line)",
             examples(functions),
             if functions.len() == 1 { "its" } else { "their" }
         ),

@@ -14,16 +14,35 @@ pub enum EntryKind {
 }
 
 /// Whether the kernel refuses a uprobe on the instruction `code` starts
-/// with: one with a lock prefix or an ES, CS, SS or DS segment prefix
-/// (`is_prefix_bad` in its x86 uprobes), such as a barrier's `lock or` or
-/// a `notrack` jump. Placed before the program starts, such a probe is
+/// with, as its x86 uprobes do (`uprobe_init_insn`): one with a lock prefix
+/// or an ES, CS, SS or DS segment prefix (a barrier's `lock or`, a
+/// `notrack` jump), and the commonest of the opcodes it will not run out
+/// of line (AVX-512's EVEX, `int3`, `int`, `hlt`, `syscall`, `ud2`, the
+/// fences and `rdtscp`). Placed before the program starts, such a probe is
 /// skipped without a word; placed in a running program, it fails.
 pub fn uprobe_refuses(code: &[u8]) -> bool {
     // The legacy prefixes, in any order before the opcode.
     const LOCK: u8 = 0xf0;
     const REFUSED: [u8; 5] = [LOCK, 0x26, 0x2e, 0x36, 0x3e];
     const OTHERS: [u8; 6] = [0xf2, 0xf3, 0x64, 0x65, 0x66, 0x67];
-    cfg!(target_arch = "x86_64") && code.iter().take_while(|b| REFUSED.contains(b) || OTHERS.contains(b)).any(|b| REFUSED.contains(b))
+    if !cfg!(target_arch = "x86_64") {
+        return false;
+    }
+    let prefixes = code.iter().take_while(|b| REFUSED.contains(b) || OTHERS.contains(b)).count();
+    if code[..prefixes].iter().any(|b| REFUSED.contains(b)) {
+        return true;
+    }
+    let rest = match &code[prefixes..] {
+        [0x40..=0x4f, tail @ ..] => tail, // REX
+        rest => rest,
+    };
+    matches!(
+        rest,
+        // EVEX, int3, int N, hlt
+        [0x62 | 0xcc | 0xcd | 0xf4, ..]
+        // rdtscp, xgetbv and the rest of 0f 01; syscall; ud2; the fences, ldmxcsr, xsave and the rest of 0f ae
+            | [0x0f, 0x01 | 0x05 | 0x0b | 0xae, ..]
+    )
 }
 
 /// Classifies the first instruction of a function (x86-64 encodings; other
@@ -68,5 +87,10 @@ mod tests {
         assert!(!uprobe_refuses(&[0xf3, 0x0f, 0x1e, 0xfa])); // endbr64
         assert!(!uprobe_refuses(&[0x55, 0xf0])); // push %rbp: a byte after the opcode is not a prefix
         assert!(!uprobe_refuses(&[]));
+        assert!(uprobe_refuses(&[0x0f, 0xae, 0xf0])); // mfence
+        assert!(uprobe_refuses(&[0x0f, 0x01, 0xf9])); // rdtscp
+        assert!(uprobe_refuses(&[0x62, 0xf1, 0x7d, 0x48, 0x6f, 0x06])); // vmovdqa32 (EVEX)
+        assert!(!uprobe_refuses(&[0x48, 0x0f, 0xaf, 0xc1])); // imul %rcx,%rax
+        assert!(!uprobe_refuses(&[0xc5, 0xf9, 0x6f, 0x06])); // vmovdqa (VEX)
     }
 }

@@ -49,7 +49,7 @@ pub enum Finding {
         functions: Vec<String>,
     },
     /// Functions uprobes would have seen, left unprobed: the kernel refuses
-    /// a uprobe on their first instruction (a lock or segment prefix).
+    /// a uprobe on their first instruction.
     UprobesRefused {
         /// Their names.
         functions: Vec<String>,

@@ -503,7 +503,10 @@ impl<'a> Driver<'a> {
     fn auto_instrument(&mut self, count: usize, warmup: Duration, processes: &[i32]) {
         let hot = self.consumer.sampler.as_ref().map(SamplerThread::hottest).unwrap_or_default();
         let chosen = hottest_functions(&hot, self.run.functions(), count);
+        // A function whose entry the kernel will not probe would fail the new set.
+        let chosen: Vec<usize> = chosen.into_iter().filter(|&f| self.run.injected[f] || !self.run.functions()[f].uprobe_refused).collect();
         let (to_patch, to_probe): (Vec<usize>, Vec<usize>) = chosen.iter().partition(|&&f| self.run.injected[f]);
+        let was_enabled = self.enabled.clone();
         for &f in &to_probe {
             self.enabled[f] = true;
         }
@@ -522,7 +525,10 @@ impl<'a> Driver<'a> {
                 let functions = chosen.iter().map(|&f| self.run.functions()[f].info.name.clone()).collect();
                 Finding::AutoInstrumented { warmup_ms, functions }
             }
-            Some(Err(e)) => Finding::AutoInstrumentFailed { error: e.to_string() },
+            Some(Err(e)) => {
+                self.enabled = was_enabled;
+                Finding::AutoInstrumentFailed { error: e.to_string() }
+            }
         };
         self.tell(note.into());
     }
