@@ -251,12 +251,50 @@ fn a_function_the_kernel_cannot_probe_is_named_and_the_others_governed() {
     let notes = report["notes"].to_string();
     assert!(notes.contains("not measured: odd (the kernel refuses a uprobe on its first instruction"), "{notes}");
     assert!(!notes.contains("could not remove the probes"), "{notes}");
-    // A line of main's starts with a lock-prefixed instruction, and line
-    // probes are not checked yet: the new set fails on it, and the old one
-    // stays, whole. Before, it went with the failure and `work` stopped
-    // being counted at the first throttle, still marked exact.
+    // A line of main's is one lock-prefixed instruction: it is named and
+    // shows no count (not 0), and the new probe sets leave it out. Before,
+    // its probe failed the governor's new set. (The loop's line starts at
+    // the same address when there are no threads, so it is named too.)
     let lines = ["--engine", "uprobe", "--no-sample", "--lines", "--line-times", "-f", "main", "-f", "work", "--overhead-budget", "5"];
     let (report, _) = recorded(&lines, &binary, &["100000"]);
+    let work = function(&report["functions"], "work");
+    assert_eq!(work["mode"], "throttled", "{work}");
+    let source = std::fs::read_to_string(examples().join("segprefix.c")).unwrap();
+    let atomic = 1 + source.lines().position(|l| l.trim_start().starts_with("__atomic_fetch_add")).unwrap() as u64;
+    let counted = |line: u64| report["lines"].as_array().unwrap().iter().find(|l| l["line"] == line).map(|l| l["count"].as_u64().unwrap());
+    assert_eq!((counted(atomic), counted(atomic + 1)), (None, Some(1)), "{}", report["lines"]);
+    let notes = report["notes"].to_string();
+    assert!(notes.contains(&format!("segprefix.c:{atomic}")) && notes.contains("show no count: the kernel refuses a uprobe"), "{notes}");
+}
+
+/// A new probe set that cannot be opened on every thread (here for want
+/// of file descriptors: 60 threads wait while the main one calls) leaves
+/// the old one in place, whole: before, it went with the failure, and
+/// `work` stopped being counted at the first throttle, still marked exact.
+#[test]
+fn a_probe_set_that_cannot_be_opened_leaves_the_old_one_whole() {
+    require_probes();
+    let binary = Build::c("segprefix.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let mut run = proftap();
+    run.args(["run", "--engine", "uprobe", "--no-sample", "-f", "main", "-f", "work", "--overhead-budget", "5", "-o"])
+        .arg(&file)
+        .arg("--")
+        .arg(&binary)
+        .args(["100000", "60"]);
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut run, || {
+            let limit = libc::rlimit { rlim_cur: 128, rlim_max: 128 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        });
+    }
+    let out = run.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("Too many open files") && stderr.contains("raise `ulimit -n`"), "{stderr}");
+    let report = report_json(&file);
     let work = function(&report["functions"], "work");
     assert_eq!((work["mode"].as_str(), work["calls"].as_u64()), (Some("instrumented"), Some(100_000)), "{work}");
     assert!(report["notes"].to_string().contains("every probe was kept from then on"), "{}", report["notes"]);

@@ -87,6 +87,12 @@ fn finding_sentence(finding: &Finding) -> String {
             if lines.len() == 1 { "it" } else { "them" },
             examples(lines)
         ),
+        Finding::LinesUnprobed { lines } => format!(
+            "{} no count: the kernel refuses a uprobe on the first instruction of {} (a lock prefix) and on every instruction after it that a run through the line surely reaches: {}",
+            if lines.len() == 1 { "1 line shows".to_string() } else { format!("{} lines show", lines.len()) },
+            if lines.len() == 1 { "it" } else { "each" },
+            examples(lines)
+        ),
         Finding::Throttled { after_ms, functions, budget_percent, sampled } => format!(
             "after {after_ms} ms, removed the probes of {}: over the {budget_percent}% overhead budget; {} from then on",
             with_calls(functions),

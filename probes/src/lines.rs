@@ -14,6 +14,7 @@
 
 use crate::addr::FileOffset;
 use crate::arcs::lines::{FunctionLines, NO_LINE};
+use crate::entry::uprobe_refuses;
 use crate::plan::ProbedFunction;
 use crate::symbols::{Function, SymbolIndex, file_offset};
 use std::collections::{BTreeMap, HashMap};
@@ -48,6 +49,11 @@ pub struct LineProbe {
     pub open_path: PathBuf,
     /// Where.
     pub offset: FileOffset,
+    /// Where its uprobe goes: at `offset`, or, when the kernel refuses a
+    /// uprobe on the instruction there, on the first later one of the same
+    /// row that every run through it reaches; none when there is no such
+    /// instruction (its lines are then not counted by uprobes).
+    pub uprobe_at: Option<FileOffset>,
     /// Its link-time address.
     pub address: u64,
     /// The function it is in (index into the probed functions).
@@ -136,6 +142,15 @@ impl LinePlan {
         }
     }
 
+    /// The lines (ids) a uprobe cannot follow: a probe of theirs has
+    /// nowhere the kernel accepts a uprobe.
+    pub fn unprobed_lines(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.probes.iter().filter(|p| p.uprobe_at.is_none()).flat_map(|p| p.lines.iter().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// The id of a (file, line), if it has code.
     pub fn line_id(&self, file: &str, line: u32) -> Option<u32> {
         self.lines.binary_search_by(|(f, l)| (f.as_str(), *l).cmp(&(file, line))).ok().map(|i| i as u32)
@@ -162,8 +177,15 @@ pub fn functions_with_lines(index: &SymbolIndex, files: &LineFiles) -> Vec<usize
 }
 
 /// Plans the line probes of `functions` (already planned for entry and
-/// return) in `index` (loaded with lines), for the chosen files.
-pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &[ProbedFunction], files: &LineFiles) -> LinePlan {
+/// return) in `index` (loaded with lines, the file `image` holds), for the
+/// chosen files.
+pub fn plan_lines(
+    index: &SymbolIndex,
+    image: &[u8],
+    open_path: &std::path::Path,
+    functions: &[ProbedFunction],
+    files: &LineFiles,
+) -> LinePlan {
     // The statements each address starts, in order: optimised code often
     // starts several at one address (views); -O0 code one.
     let mut by_address: BTreeMap<u64, Vec<(u32, u32)>> = BTreeMap::new();
@@ -257,9 +279,11 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
         .iter()
         .filter_map(|(function, address, starts)| {
             let offset = file_offset(&index.segments, crate::addr::VirtAddr(*address))?;
+            let row_end = located_at.range(address + 1..).next().map_or(*address, |(&end, _)| end);
             Some(LineProbe {
                 open_path: open_path.to_path_buf(),
                 offset,
+                uprobe_at: uprobe_place(image, *address, offset, row_end),
                 address: *address,
                 function: *function,
                 lines: ids(&plan, starts),
@@ -283,6 +307,30 @@ pub fn plan_lines(index: &SymbolIndex, open_path: &std::path::Path, functions: &
         })
         .collect();
     plan
+}
+
+/// Where a uprobe for a row at `address` (`offset` in `image`) ending at
+/// `row_end` can go: the row's first instruction the kernel accepts a
+/// uprobe on, if every instruction before it in the row goes on to the
+/// next. A lock-prefixed first instruction (an atomic statement) is
+/// common; the kernel skips such a probe without a word at a launch and
+/// refuses it in a running program.
+/// (Without the row's code at hand, the probe stays at its start.)
+fn uprobe_place(image: &[u8], address: u64, offset: FileOffset, row_end: u64) -> Option<FileOffset> {
+    let start = usize::try_from(offset.0).unwrap_or(usize::MAX);
+    let len = usize::try_from(row_end.saturating_sub(address)).unwrap_or(usize::MAX);
+    let Some(code) = image.get(start..start.saturating_add(len)).filter(|c| !c.is_empty()) else { return Some(offset) };
+    let decoder = iced_x86::Decoder::with_ip(64, code, address, iced_x86::DecoderOptions::NONE);
+    for instruction in decoder {
+        let at = instruction.ip() - address;
+        if !uprobe_refuses(&code[at as usize..]) {
+            return Some(FileOffset(offset.0 + at));
+        }
+        if instruction.is_invalid() || instruction.flow_control() != iced_x86::FlowControl::Next {
+            return None;
+        }
+    }
+    None
 }
 
 /// The line of a function's closing brace when gcov gives it no count: the
@@ -320,6 +368,22 @@ fn contains_word(text: &str, word: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn a_line_probe_the_kernel_refuses_moves_to_the_rows_next_instruction_or_nowhere() {
+        // lock addq $1,0x10(%rip); mov $5,%eax; ud2; nop
+        let code = [0xf0, 0x48, 0x83, 0x05, 0x10, 0, 0, 0, 0x01, 0xb8, 5, 0, 0, 0, 0x0f, 0x0b, 0x90];
+        let mut image = vec![0xcc; 0x100];
+        image.extend_from_slice(&code);
+        let at =
+            |start: usize, end: usize| uprobe_place(&image, 0x1000 + start as u64, FileOffset(0x100 + start as u64), 0x1000 + end as u64);
+        assert_eq!(at(0, 14), Some(FileOffset(0x109)), "after the lock, the mov");
+        assert_eq!(at(9, 14), Some(FileOffset(0x109)), "the mov itself");
+        assert_eq!(at(0, 9), None, "a row of the lock alone");
+        assert_eq!(at(14, 17), None, "nothing goes on from ud2");
+        assert_eq!(uprobe_place(&[], 0x1000, FileOffset(0x100), 0x1009), Some(FileOffset(0x100)), "no code at hand: where it was");
+    }
 
     #[test]
     fn files_are_chosen_by_suffix_or_by_default_outside_the_system() {

@@ -86,6 +86,13 @@ pub enum Finding {
         /// The lines.
         lines: Vec<String>,
     },
+    /// These lines ("file:line") show no count: the kernel refuses a uprobe
+    /// on their first instruction (a lock prefix), and on every later one
+    /// of theirs that a run through them surely reaches.
+    LinesUnprobed {
+        /// The lines.
+        lines: Vec<String>,
+    },
     /// The overhead governor removed functions' probes; they were sampled after.
     Throttled {
         /// When, in milliseconds from the start.

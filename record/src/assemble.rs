@@ -59,6 +59,10 @@ pub struct LineTable {
     pub lines: Vec<(String, u32)>,
     /// Per function: its declaration line, counted once per call.
     pub decl_lines: Vec<Option<u32>>,
+    /// Lines followed by uprobes that no uprobe could be placed on: they
+    /// show no count.
+    #[serde(default)]
+    pub unprobed: Vec<u32>,
 }
 
 /// What a recording told as it ended.
@@ -379,6 +383,9 @@ fn line_records(table: Option<&LineTable>, probed: &[(u64, Values)], ending: &En
         .iter()
         .enumerate()
         .map(|(i, (file, line))| {
+            if table.unprobed.binary_search(&(i as u32)).is_ok() {
+                return None;
+            }
             let (probed, cost) = probed.get(i).copied().unwrap_or_default();
             let timed = cost.iter().copied().take(metrics).collect();
             let (count, cost) = match counted.map(|c| c.get(i).copied().flatten()) {

@@ -228,6 +228,19 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         RecordTarget::Attach { duration, auto_instrument, .. } => (duration, auto_instrument.map(|a| (a.count, a.warmup))),
         RecordTarget::Launch { .. } => (None, None),
     };
+    let probed_lines = match (&chosen.lines, count_lines) {
+        (Some(plan), true) if !line_probed.is_empty() => Some(plan.for_functions(|f| line_probed.contains(&(f as usize)))),
+        (_, true) => None,
+        (lines, false) => lines.clone(),
+    };
+    let mut notes: Vec<Note> = engine_note.into_iter().collect();
+    if let Some(plan) = &probed_lines {
+        let unprobed: Vec<String> =
+            plan.unprobed_lines().iter().map(|&id| format!("{}:{}", plan.lines[id as usize].0, plan.lines[id as usize].1)).collect();
+        if !unprobed.is_empty() {
+            notes.push(Finding::LinesUnprobed { lines: unprobed }.into());
+        }
+    }
     RecordOptions {
         metrics,
         follow_forks: request.follow_forks,
@@ -235,11 +248,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         duration,
         lines: chosen.lines.clone(),
         count_lines,
-        probed_lines: match (&chosen.lines, count_lines) {
-            (Some(plan), true) if !line_probed.is_empty() => Some(plan.for_functions(|f| line_probed.contains(&(f as usize)))),
-            (_, true) => None,
-            (lines, false) => lines.clone(),
-        },
+        probed_lines,
         line_probed: line_probed.clone(),
         counting: chosen.counting,
         entries_counted: if count_lines { chosen.entries_counted.clone() } else { Vec::new() },
@@ -254,7 +263,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         live_calls: request.live_calls,
         trace_bytes: request.trace_bytes,
         engine,
-        notes: engine_note.into_iter().collect(),
+        notes,
         ..RecordOptions::default()
     }
 }
@@ -474,7 +483,8 @@ fn choose(
         }
         false => Vec::new(),
     };
-    let lines = line_files.as_ref().map(|files| plan_lines(&indexes[0], &open_paths[0], &measured, files));
+    let main_image = images.first().copied().flatten().map_or(&[][..], |i| i.data());
+    let lines = line_files.as_ref().map(|files| plan_lines(&indexes[0], main_image, &open_paths[0], &measured, files));
     // A stub has no unwind information: calls return into one only in
     // programs that never unwind their stack. A counter takes a function's
     // entry only where what is not patched is sampled.

@@ -528,6 +528,7 @@ fn setup(
             // Counted on edges, a declaration line's count is its function's
             // entries; probed, its calls.
             decl_lines: options.probed_lines.as_ref().map(|p| p.decl_lines.clone()).unwrap_or_default(),
+            unprobed: options.probed_lines.as_ref().map(LinePlan::unprobed_lines).unwrap_or_default(),
         }),
         regions: options.regions.clone(),
         cost: options.cost,

@@ -151,9 +151,11 @@ impl UprobeSource {
         let retired = self.events.define(&set)?;
         let frozen: Vec<Frozen> = processes.iter().filter_map(|&pid| Frozen::freeze(pid).ok()).collect();
         let owners = reader.owners();
+        // Beside the old set, open until the new one is.
+        let tasks = 2 * frozen.iter().map(|f| f.threads().len()).sum::<usize>();
         for tid in frozen.iter().flat_map(Frozen::threads) {
             // A thread that ended meanwhile has nothing to probe.
-            match self.events.open_probes(tid, &owners) {
+            match self.events.open_probes(tid, tasks, &owners) {
                 Ok(()) => {}
                 Err(RecordError::Perf { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => {

@@ -57,10 +57,10 @@ impl ProbeSet {
             let taken: HashSet<(&Path, u64)> = specs.iter().map(|s| (s.path.as_path(), s.offset.0)).collect();
             let mut line_specs = Vec::new();
             for (i, probe) in plan.probes.iter().enumerate() {
-                if enabled.get(probe.function as usize).copied().unwrap_or(true)
-                    && !taken.contains(&(probe.open_path.as_path(), probe.offset.0))
-                {
-                    line_specs.push(UprobeSpec { path: probe.open_path.clone(), offset: probe.offset, kind: ProbeKind::At });
+                // A line the kernel refuses a uprobe on is not counted, and said so.
+                let Some(at) = probe.uprobe_at else { continue };
+                if enabled.get(probe.function as usize).copied().unwrap_or(true) && !taken.contains(&(probe.open_path.as_path(), at.0)) {
+                    line_specs.push(UprobeSpec { path: probe.open_path.clone(), offset: at, kind: ProbeKind::At });
                     taps.push(Tap { probe: ProbeId::line(i as u32), sp_adjust: 0 });
                 }
             }
@@ -198,16 +198,18 @@ impl PerfEvents {
             }
         }
         let owners: Vec<&Counter> = self.buffers.iter().flatten().map(RingBuffer::owner).collect();
-        let opened =
-            open_on(&self.cpus, &self.tracepoints, &self.metrics, self.sampling, true, self.generation, pid, enable_on_exec, &owners)?;
+        let target = Task { pid, enable_on_exec, of_tasks: 1 };
+        let opened = open_on(&self.cpus, &self.tracepoints, &self.metrics, self.sampling, true, self.generation, target, &owners)?;
         self.take_opened(opened);
         Ok(())
     }
 
     /// Opens the current probe set on task `pid` (running, enabled now),
-    /// writing into the buffers `owners` own, one per CPU.
-    pub fn open_probes(&mut self, pid: i32, owners: &[&Counter]) -> Result<(), RecordError> {
-        let opened = open_on(&self.cpus, &self.tracepoints, &self.metrics, None, false, self.generation, pid, false, owners)?;
+    /// one of `of_tasks` it is opened on, writing into the buffers `owners`
+    /// own, one per CPU.
+    pub fn open_probes(&mut self, pid: i32, of_tasks: usize, owners: &[&Counter]) -> Result<(), RecordError> {
+        let target = Task { pid, enable_on_exec: false, of_tasks };
+        let opened = open_on(&self.cpus, &self.tracepoints, &self.metrics, None, false, self.generation, target, owners)?;
         self.probes.extend(opened.probes);
         self.sources.extend(opened.sources);
         Ok(())
@@ -265,6 +267,14 @@ struct Opened {
     sources: FxHashMap<u64, Source>,
 }
 
+/// A task to open events on, one of `of_tasks` opened on together (what
+/// they all need is what a lack of descriptors is told with).
+struct Task {
+    pid: i32,
+    enable_on_exec: bool,
+    of_tasks: usize,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn open_on(
     cpus: &[usize],
@@ -273,11 +283,10 @@ fn open_on(
     sampling: Option<(u64, u32)>,
     counters: bool,
     generation: u32,
-    pid: i32,
-    enable_on_exec: bool,
+    Task { pid, enable_on_exec, of_tasks }: Task,
     owners: &[&Counter],
 ) -> Result<Opened, RecordError> {
-    let need = cpus.len() * (3 + (tracepoints.len() + 1) * metrics.len());
+    let need = cpus.len() * (3 + (tracepoints.len() + 1) * metrics.len()) * of_tasks.max(1);
     let err = |e| perf_error(format!("thread {pid}"), e, need);
     let mut opened = Opened { probes: Vec::new(), counters: Vec::new(), samplers: Vec::new(), sources: FxHashMap::default() };
     for (slot, &cpu) in cpus.iter().enumerate() {
