@@ -258,6 +258,8 @@ pub(crate) struct Driver<'a> {
     consumer: Consumer,
     /// Per function: probed by uprobes now.
     enabled: Vec<bool>,
+    /// The functions whose probes a new probe set, being defined, removes.
+    throttling: Vec<u32>,
     /// Per function: patched by the in-process engine.
     patched: Vec<bool>,
     /// Whether the in-process engine patched the process at all.
@@ -317,6 +319,7 @@ impl<'a> Driver<'a> {
             queue: EventQueue::default(),
             consumer,
             enabled: sources.enabled,
+            throttling: Vec::new(),
             patched: sources.patched,
             governor: options.overhead_budget.map(|budget| Governor::new(budget, run.call_ns(false))),
             auto_pending: options.auto_instrument,
@@ -451,50 +454,69 @@ impl<'a> Driver<'a> {
 
     fn change_probes(&mut self) {
         let elapsed_ns = monotonic_ns().saturating_sub(self.run.started_ns);
-        let over = self.governor.as_mut().map(|g| g.over_budget(self.uprobes.entries(), elapsed_ns)).unwrap_or_default();
-        let warmed_up = self.auto_pending.filter(|(_, warmup)| elapsed_ns >= warmup.as_nanos() as u64);
-        if over.is_empty() && warmed_up.is_none() {
+        // Nothing more is decided until the last change is in.
+        if self.uprobes.replacing() {
+            let processes = self.live_processes();
+            if let Some(result) = self.uprobes.install_replacement(&processes, false, self.queue.pending()) {
+                self.throttled(result, elapsed_ns);
+            }
             return;
         }
-        // Processes forked in the last ordering margin are not known yet:
-        // they keep the probes they inherited.
-        let processes: Vec<i32> =
-            self.consumer.aggregator.processes().iter().map(|p| p.pid).filter(|p| Path::new(&format!("/proc/{p}")).exists()).collect();
+        let over = self.governor.as_mut().map(|g| g.over_budget(self.uprobes.entries(), elapsed_ns)).unwrap_or_default();
+        let warmed_up = self.auto_pending.filter(|(_, warmup)| elapsed_ns >= warmup.as_nanos() as u64);
         if !over.is_empty() {
-            self.throttle(over, elapsed_ns, &processes);
+            self.throttle(over);
         }
-        if let Some((count, warmup)) = warmed_up {
+        if let Some((count, warmup)) = warmed_up.filter(|_| !self.uprobes.replacing()) {
             self.auto_pending = None;
+            let processes = self.live_processes();
             self.auto_instrument(count, warmup, &processes);
         }
     }
 
-    /// Removes the uprobes of the functions `over` budget.
-    fn throttle(&mut self, over: Vec<u32>, elapsed_ns: u64, processes: &[i32]) {
-        let functions = self.run.functions();
+    /// The recorded processes still running. Processes forked in the last
+    /// ordering margin are not known yet: they keep the probes they inherited.
+    fn live_processes(&self) -> Vec<i32> {
+        self.consumer.aggregator.processes().iter().map(|p| p.pid).filter(|p| Path::new(&format!("/proc/{p}")).exists()).collect()
+    }
+
+    /// Starts removing the uprobes of the functions `over` budget: the new
+    /// probe set is defined while the rings are read.
+    fn throttle(&mut self, over: Vec<u32>) {
         for &f in &over {
             self.enabled[f as usize] = false;
         }
-        let entries = self.uprobes.entries();
-        let names = over
-            .iter()
-            .map(|&f| FunctionCalls { name: functions[f as usize].info.name.clone(), calls: entries.get(f as usize).copied().unwrap_or(0) })
-            .collect();
         let lines = self.run.options.probed_lines.as_ref();
-        match self.uprobes.replace(self.run.all, lines, processes, &self.enabled, over.clone(), self.queue.pending()) {
+        self.uprobes.begin_replacement(self.run.all, lines, &self.enabled, over.clone());
+        self.throttling = over;
+    }
+
+    /// The probe set without the functions over budget is in, or could
+    /// not be put in.
+    fn throttled(&mut self, result: Result<(), RecordError>, elapsed_ns: u64) {
+        let over = std::mem::take(&mut self.throttling);
+        match result {
             Ok(()) => {
+                let (functions, entries) = (self.run.functions(), self.uprobes.entries());
+                let calls = |f: u32| entries.get(f as usize).copied().unwrap_or(0);
+                let names =
+                    over.iter().map(|&f| FunctionCalls { name: functions[f as usize].info.name.clone(), calls: calls(f) }).collect();
                 let note = self.over_budget(elapsed_ns, names);
                 self.tell(note);
             }
             Err(e) => {
                 // The probes stay as they were: every call is still seen, at
                 // their cost, and the user hears of it now.
-                for &f in &over {
-                    self.enabled[f as usize] = true;
-                }
+                self.keep_probes(&over);
                 self.tell(Finding::ThrottleFailed { error: e.to_string() }.into());
                 self.governor = None;
             }
+        }
+    }
+
+    fn keep_probes(&mut self, functions: &[u32]) {
+        for &f in functions {
+            self.enabled[f as usize] = true;
         }
     }
 
@@ -516,7 +538,7 @@ impl<'a> Driver<'a> {
                 return Ok(());
             }
             let lines = self.run.options.probed_lines.as_ref();
-            self.uprobes.replace(self.run.all, lines, processes, &self.enabled, Vec::new(), self.queue.pending())
+            self.uprobes.replace(self.run.all, lines, processes, &self.enabled, self.queue.pending())
         });
         let warmup_ms = warmup.as_millis() as u64;
         let note = match changed {
@@ -582,6 +604,9 @@ impl<'a> Driver<'a> {
 
     /// Stops every source, aggregates what is left, and takes the probes out.
     fn finish(mut self) -> Result<Finished, RecordError> {
+        // A throttle still being defined is not put in: those functions kept their probes.
+        let throttling = std::mem::take(&mut self.throttling);
+        self.keep_probes(&throttling);
         self.uprobes.stop(self.queue.pending());
         let consumer = &mut self.consumer;
         self.queue.release(None, |e| consumer.consume(e));

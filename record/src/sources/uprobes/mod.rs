@@ -10,7 +10,7 @@ mod reader;
 use crate::error::RecordError;
 use crate::events::Event;
 use crate::sources::monotonic_ns;
-use perf_events::{PerfEvents, ProbeSet, Unregistering};
+use perf_events::{Defined, PerfEvents, ProbeSet, Unregistering};
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
 use proftap_probes::plan::ProbedFunction;
@@ -28,6 +28,18 @@ pub struct UprobeSource {
     counters: usize,
     /// Replaced probe sets, out of the targets, unregistered at the end.
     unregistering: Vec<Unregistering>,
+    /// The probe set to replace the current one, being defined.
+    replacement: Option<Replacement>,
+}
+
+/// A probe set defined on a thread of its own, to replace the current one
+/// once defined: meanwhile the rings are read, where a definition made on
+/// the reading thread (a second or more with thousands of uprobes defined)
+/// let them overflow.
+struct Replacement {
+    taps: Vec<reader::Tap>,
+    removed: Vec<u32>,
+    defining: std::thread::JoinHandle<Result<Defined, RecordError>>,
 }
 
 /// What reading the rings left to tell once they are closed.
@@ -77,7 +89,14 @@ impl UprobeSource {
         events.switches = switches;
         let first = ProbeSet::new(all, enabled, lines);
         drop(events.define(&first)?);
-        Ok(UprobeSource { events, reader: None, first_taps: first.taps, counters: metrics.len() - 1, unregistering: Vec::new() })
+        Ok(UprobeSource {
+            events,
+            reader: None,
+            first_taps: first.taps,
+            counters: metrics.len() - 1,
+            unregistering: Vec::new(),
+            replacement: None,
+        })
     }
 
     /// Opens the events on a launched program, held before its `exec`: they
@@ -131,24 +150,64 @@ impl UprobeSource {
     }
 
     /// Replaces the probe set by the probes of the `enabled` functions of
-    /// `all` while the threads of `processes` are held still, so no call is
-    /// missed or seen twice; the functions in `removed` are no longer
-    /// instrumented (`into` gets the event that says so). The old set goes
-    /// while the threads are still held: removing a uprobe waits for a
-    /// grace period that a thread hitting probes all the time delays.
+    /// `all` while the threads of `processes` are held still (see
+    /// [`UprobeSource::install_replacement`]), waiting for its definition.
     pub fn replace(
         &mut self,
         all: &[ProbedFunction],
         lines: Option<&LinePlan>,
         processes: &[i32],
         enabled: &[bool],
+        into: &mut Vec<Event>,
+    ) -> Result<(), RecordError> {
+        self.begin_replacement(all, lines, enabled, Vec::new());
+        self.install_replacement(processes, true, into).unwrap_or(Ok(()))
+    }
+
+    /// Starts defining the probes of the `enabled` functions of `all`, to
+    /// replace the current set; the functions in `removed` will no longer
+    /// be instrumented. A replacement already under way is dropped.
+    pub fn begin_replacement(&mut self, all: &[ProbedFunction], lines: Option<&LinePlan>, enabled: &[bool], removed: Vec<u32>) {
+        self.drop_replacement();
+        let ProbeSet { specs, taps } = ProbeSet::new(all, enabled, lines);
+        let defining = std::thread::spawn(move || Defined::new(&specs));
+        self.replacement = Some(Replacement { taps, removed, defining });
+    }
+
+    /// Whether a replacement is being defined.
+    pub fn replacing(&self) -> bool {
+        self.replacement.is_some()
+    }
+
+    /// Puts in the probe set [`UprobeSource::begin_replacement`] started,
+    /// once it is defined (`wait`: waiting for that), while the threads of
+    /// `processes` are held still, so no call is missed or seen twice;
+    /// `into` gets the event that says which functions are no longer
+    /// instrumented. None while it is still being defined, or when none is
+    /// under way. The old set goes while the threads are still held:
+    /// removing a uprobe waits for a grace period that a thread hitting
+    /// probes all the time delays.
+    pub fn install_replacement(&mut self, processes: &[i32], wait: bool, into: &mut Vec<Event>) -> Option<Result<(), RecordError>> {
+        if !wait && !self.replacement.as_ref()?.defining.is_finished() {
+            return None;
+        }
+        let Replacement { taps, removed, defining } = self.replacement.take()?;
+        // A panic there is proftap's bug, as it would have been here.
+        let defined = defining.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        Some(defined.and_then(|defined| self.install(defined, taps, removed, processes, into)))
+    }
+
+    fn install(
+        &mut self,
+        defined: Defined,
+        taps: Vec<reader::Tap>,
         removed: Vec<u32>,
+        processes: &[i32],
         into: &mut Vec<Event>,
     ) -> Result<(), RecordError> {
         let Some(reader) = self.reader.as_mut() else { return Ok(()) };
-        let set = ProbeSet::new(all, enabled, lines);
         let old = self.events.generation();
-        let retired = self.events.define(&set)?;
+        let retired = self.events.adopt(defined);
         let frozen: Vec<Frozen> = processes.iter().filter_map(|&pid| Frozen::freeze(pid).ok()).collect();
         let owners = reader.owners();
         // Beside the old set, open until the new one is.
@@ -160,8 +219,7 @@ impl UprobeSource {
                 Err(RecordError::Perf { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => {
                     // The old set stays, whole, while the threads are still
-                    // held: no call goes unseen. (A probe the kernel refuses on
-                    // a running process, it skipped in silence at the launch.)
+                    // held: no call goes unseen.
                     drop(owners);
                     self.events.restore(retired);
                     return Err(e);
@@ -171,15 +229,24 @@ impl UprobeSource {
         drop(owners);
         let at = monotonic_ns();
         reader.retire(old, at);
-        reader.add_generation(self.events.generation(), set.taps);
+        reader.add_generation(self.events.generation(), taps);
         reader.add_sources(self.events.take_sources());
         into.push(Event::ProbesReplaced { time: at, generation: self.events.generation(), removed });
         self.unregistering.push(retired.withdraw());
         Ok(())
     }
 
-    /// Stops every probe and reads what is left into `into`.
+    /// Drops a replacement under way: its definitions go once defined.
+    fn drop_replacement(&mut self) {
+        if let Some(replacement) = self.replacement.take() {
+            drop(replacement.defining.join());
+        }
+    }
+
+    /// Stops every probe and reads what is left into `into`; a replacement
+    /// still being defined is not put in.
     pub fn stop(&mut self, into: &mut Vec<Event>) {
+        self.drop_replacement();
         self.events.disable();
         self.drain(into);
     }

@@ -18,7 +18,7 @@ use std::path::Path;
 
 /// The uprobes of a probe set and what each one's id stands for.
 pub(crate) struct ProbeSet {
-    specs: Vec<UprobeSpec>,
+    pub specs: Vec<UprobeSpec>,
     /// By probe id (index into `specs`).
     pub taps: Vec<Tap>,
 }
@@ -67,6 +67,25 @@ impl ProbeSet {
             specs.extend(line_specs);
         }
         ProbeSet { specs, taps }
+    }
+}
+
+/// A probe set's uprobes, defined in tracefs: a definition takes longer
+/// the more uprobes the system has defined (the kernel compares each new
+/// one with every other), so it may be made away from the rings' reader.
+pub(crate) struct Defined {
+    group: Option<Box<dyn DefinedGroup>>,
+    tracepoints: Vec<proftap_probes::tracefs::ProbeEvent>,
+}
+
+impl Defined {
+    /// Defines the uprobes of `specs` (none: nothing to define).
+    pub fn new(specs: &[UprobeSpec]) -> Result<Self, RecordError> {
+        if specs.is_empty() {
+            return Ok(Defined { group: None, tracepoints: Vec::new() });
+        }
+        let (group, tracepoints) = proftap_probes::tracefs::host().define(specs)?;
+        Ok(Defined { group: Some(group), tracepoints })
     }
 }
 
@@ -148,18 +167,18 @@ impl PerfEvents {
     /// on any task); returns the previous one, to be dropped once the new
     /// one is open everywhere.
     pub fn define(&mut self, set: &ProbeSet) -> Result<Retired, RecordError> {
-        let (group, tracepoints) = if set.specs.is_empty() {
-            (None, Vec::new())
-        } else {
-            let (group, tracepoints) = proftap_probes::tracefs::host().define(&set.specs)?;
-            (Some(group), tracepoints)
-        };
+        Ok(self.adopt(Defined::new(&set.specs)?))
+    }
+
+    /// Makes a probe set defined (by [`Defined::new`]) the current one, as
+    /// [`PerfEvents::define`] does.
+    pub fn adopt(&mut self, defined: Defined) -> Retired {
         self.generation += 1;
-        Ok(Retired {
+        Retired {
             probes: std::mem::take(&mut self.probes),
-            group: std::mem::replace(&mut self.group, group),
-            tracepoints: std::mem::replace(&mut self.tracepoints, tracepoints),
-        })
+            group: std::mem::replace(&mut self.group, defined.group),
+            tracepoints: std::mem::replace(&mut self.tracepoints, defined.tracepoints),
+        }
     }
 
     /// Makes `retired` the current probe set again, closing what was
