@@ -300,6 +300,26 @@ fn a_probe_set_that_cannot_be_opened_leaves_the_old_one_whole() {
     assert!(report["notes"].to_string().contains("every probe was kept from then on"), "{}", report["notes"]);
 }
 
+/// The uprobe engine keeps its probes in parts and defines again only the
+/// part of a function it throttles: the other functions' counts stay
+/// exact, and a call under way in another part (`main`'s, which GCC
+/// places before the others) keeps its return probe, so it is not cut
+/// short as unfinished.
+#[test]
+fn a_throttle_defines_again_only_the_part_of_the_probes_it_changes() {
+    require_probes();
+    let binary = Build::c("parts.c", "-O2").build();
+    let (report, _) = recorded(&["--engine", "uprobe", "--no-sample", "--overhead-budget", "5"], &binary, &[]);
+    let functions = &report["functions"];
+    assert_eq!(function(functions, "hot")["mode"], "throttled", "{}", function(functions, "hot"));
+    for name in (1..=8).flat_map(|tens| (0..8).map(move |units| format!("f{tens}{units}"))).chain(["each".to_string()]) {
+        let f = function(functions, &name);
+        assert_eq!((f["mode"].as_str(), f["calls"].as_u64()), (Some("instrumented"), Some(3)), "{f}");
+    }
+    let main = function(functions, "main");
+    assert_eq!((main["calls"].as_u64(), main["unfinished"].as_u64()), (Some(1), Some(0)), "{main}");
+}
+
 #[test]
 fn a_zero_budget_keeps_every_probe() {
     require_probes();

@@ -358,11 +358,12 @@ impl Aggregator {
         aggregator
     }
 
-    /// The probe set changed at `time`: threads existing then get the base
-    /// of the new set's counters, and the removed functions' open frames end
-    /// there, unfinished. Frames whose returns a return probe was to see
-    /// lose it with the old set: they end when seen gone, as unfinished.
-    fn probes_replaced(&mut self, time: u64, generation: u32, removed: &[u32]) {
+    /// The probes changed at `time`: threads existing then get the base of
+    /// the new sets' counters, and the removed functions' open frames end
+    /// there, unfinished. Frames of `redefined` functions whose returns a
+    /// return probe was to see lose it with the old set: they end when seen
+    /// gone, as unfinished.
+    fn probes_replaced(&mut self, time: u64, generations: &[u32], removed: &[u32], redefined: &[u32]) {
         for &f in removed {
             if let Some(t) = self.throttled.get_mut(f as usize) {
                 *t = true;
@@ -372,8 +373,10 @@ impl Aggregator {
         threads.sort_unstable();
         for tid in threads {
             let Some(mut thread) = self.threads.remove(&tid) else { continue };
-            if !thread.bases.iter().any(|b| b.0 == generation) {
-                thread.bases.push((generation, thread.on_cpu.clone()));
+            for &generation in generations {
+                if !thread.bases.iter().any(|b| b.0 == generation) {
+                    thread.bases.push((generation, thread.on_cpu.clone()));
+                }
             }
             let mut at = thread.last;
             at[0] = at[0].max(time);
@@ -386,7 +389,8 @@ impl Aggregator {
                 }
                 self.close_at(&mut thread, index, &at, Ending::Unfinished);
             }
-            for frame in thread.stack.iter_mut().filter(|f| !f.pseudo && !f.orphaned && !outlives(f.function)) {
+            let lost_return = |f: &Frame| !f.pseudo && !f.orphaned && !outlives(f.function) && redefined.contains(&f.function);
+            for frame in thread.stack.iter_mut().filter(|f| lost_return(f)) {
                 if !self.exit_sites.get(frame.function as usize).copied().unwrap_or(false) {
                     frame.orphaned = true;
                     self.orphaned_frames += 1;
@@ -491,7 +495,7 @@ impl Aggregator {
                     .or_insert_with(|| ThreadState::new(*pid, *tid, names.remove(tid).unwrap_or_default(), functions));
                 thread.observe(*cpu, values, metrics, None);
             }
-            Event::ProbesReplaced { time, generation, removed } => self.probes_replaced(*time, *generation, removed),
+            Event::ProbesReplaced { time, generations, removed, redefined } => self.probes_replaced(*time, generations, removed, redefined),
             // Samples and mappings are the sampler's.
             Event::Sample(_) | Event::Mmap { .. } => {}
             Event::CodeAdded { ranges, .. } => self.trampolines.extend(ranges.iter().cloned()),
@@ -1135,7 +1139,7 @@ mod tests {
         switched[0] = 40;
         switched[1] = 30;
         agg.push(&Event::Switch { pid: 1, tid: 1, cpu: 0, values: switched });
-        agg.push(&Event::ProbesReplaced { time: 40, generation: 2, removed: vec![1] });
+        agg.push(&Event::ProbesReplaced { time: 40, generations: vec![2], removed: vec![1], redefined: vec![0, 1] });
         agg.push(&at(0, true, 100, 5, 2, 1008));
         let result = agg.finish();
         let thread = &result.threads[0];
@@ -1158,7 +1162,7 @@ mod tests {
         };
         agg.push(&at(0, false, 0, 1000));
         agg.push(&at(1, false, 10, 992));
-        agg.push(&Event::ProbesReplaced { time: 40, generation: 1, removed: vec![1] });
+        agg.push(&Event::ProbesReplaced { time: 40, generations: Vec::new(), removed: vec![1], redefined: Vec::new() });
         agg.push(&at(1, true, 50, 1000));
         agg.push(&at(0, true, 100, 1008));
         assert_eq!(agg.throttled(), &[false, true]);
@@ -1184,7 +1188,7 @@ mod tests {
         agg.push(&enter(0, 0, 1000, 0xa0));
         agg.push(&enter(1, 10, 992, 0xb0));
         agg.push(&enter(2, 20, 984, 0xc0));
-        agg.push(&Event::ProbesReplaced { time: 30, generation: 2, removed: vec![2] });
+        agg.push(&Event::ProbesReplaced { time: 30, generations: vec![2], removed: vec![2], redefined: vec![0, 1, 2] });
         // The kernel's trampoline still stands in hot's slot: the unwinder needs its address.
         let mut returns = agg.return_addresses(1);
         returns.sort_unstable();
@@ -1199,6 +1203,29 @@ mod tests {
         let run = result.threads[0].functions.iter().find(|s| s.function == 1).expect("run");
         assert_eq!((run.calls, run.unfinished, run.unwound), (2, 2, 0));
         assert_eq!(run.inclusive[0].total, 30);
+    }
+
+    #[test]
+    fn a_frame_whose_probes_were_not_defined_again_keeps_its_return_probe() {
+        // main(0) calls run(1); run's probes are in a part defined again,
+        // main's are not: main's return is still seen, run's is not.
+        let mut agg = aggregator(2, 1);
+        let at = |f: u32, ret: bool, time: u64, sp: u64| {
+            let mut values = [0; MAX_METRICS];
+            values[0] = time;
+            Event::Hit(Hit { pid: 1, tid: 1, probe: probe(f, ret), sp, ret: 0, cpu: 0, generation: 1, values })
+        };
+        agg.push(&at(0, false, 0, 1000));
+        agg.push(&at(1, false, 10, 992));
+        agg.push(&Event::ProbesReplaced { time: 30, generations: vec![2], removed: Vec::new(), redefined: vec![1] });
+        agg.push(&at(1, false, 40, 992));
+        agg.push(&at(1, true, 50, 1000));
+        agg.push(&at(0, true, 100, 1008));
+        let result = agg.finish();
+        assert_eq!(result.orphaned_frames, 1);
+        let stats = |f: u32| result.threads[0].functions.iter().find(|s| s.function == f).expect("function");
+        assert_eq!((stats(0).calls, stats(0).unfinished, stats(0).inclusive[0].total), (1, 0, 100));
+        assert_eq!((stats(1).calls, stats(1).unfinished), (2, 1));
     }
 
     #[test]

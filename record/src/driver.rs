@@ -437,7 +437,8 @@ impl<'a> Driver<'a> {
         let note = match unpatched.error {
             None => {
                 let removed = unpatched.functions.iter().map(|&(f, _)| f as u32).collect();
-                self.queue.push(Event::ProbesReplaced { time: unpatched.time, generation: self.uprobes.generation(), removed });
+                // The uprobes stay as they are.
+                self.queue.push(Event::ProbesReplaced { time: unpatched.time, generations: Vec::new(), removed, redefined: Vec::new() });
                 self.over_budget(unpatched.time.saturating_sub(self.run.started_ns), names)
             }
             Some(error) => Finding::UnpatchFailed { functions: names, error }.into(),

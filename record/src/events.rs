@@ -163,16 +163,19 @@ pub enum Event {
     },
     /// A stack sample: a thread's registers and the top of its stack.
     Sample(Box<StackSample>),
-    /// proftap replaced the probe set at `time`, the target held still: the
-    /// functions in `removed` are no longer instrumented; the new set's
-    /// counters start from zero for the threads that exist.
+    /// proftap replaced probes at `time`, the target held still: the
+    /// functions in `removed` are no longer instrumented; the counters of
+    /// the new probe sets start from zero for the threads that exist.
     ProbesReplaced {
         /// When.
         time: u64,
-        /// The new set.
-        generation: u32,
+        /// The new probe sets.
+        generations: Vec<u32>,
         /// Functions whose probes were removed.
         removed: Vec<u32>,
+        /// Functions whose probes were defined again: the return probes of
+        /// their calls under way went with the old ones.
+        redefined: Vec<u32>,
     },
     /// A thread ended.
     Exit {

@@ -23,13 +23,18 @@ pub struct UprobeSource {
     events: PerfEvents,
     /// Once the events are open on the target.
     reader: Option<RingReader>,
-    /// The first probe set's ids, until the reader takes them.
-    first_taps: Vec<reader::Tap>,
+    /// The first parts' probe ids by generation, until the reader takes them.
+    first_taps: Vec<(u32, Vec<reader::Tap>)>,
     counters: usize,
     /// Replaced probe sets, out of the targets, unregistered at the end.
     unregistering: Vec<Unregistering>,
     /// The probe set to replace the current one, being defined.
     replacement: Option<Replacement>,
+    /// Per function: the part of the probes its own are in (see
+    /// [`perf_events::Part`]).
+    part_of: Vec<usize>,
+    /// Per function: probed now.
+    enabled: Vec<bool>,
 }
 
 /// A probe set defined on a thread of its own, to replace the current one
@@ -37,9 +42,37 @@ pub struct UprobeSource {
 /// the reading thread (a second or more with thousands of uprobes defined)
 /// let them overflow.
 struct Replacement {
-    taps: Vec<reader::Tap>,
+    changes: Changes,
+    defining: std::thread::JoinHandle<Result<Vec<DefinedPart>, RecordError>>,
+}
+
+/// What a replacement changes once it is in.
+struct Changes {
+    /// Functions no longer probed.
     removed: Vec<u32>,
-    defining: std::thread::JoinHandle<Result<Defined, RecordError>>,
+    /// Functions probed before whose parts are defined again.
+    redefined: Vec<u32>,
+    /// Per function: probed once it is in.
+    enabled: Vec<bool>,
+}
+
+/// A part of the probes, defined: its number, its uprobes and their ids.
+type DefinedPart = (usize, Defined, Vec<reader::Tap>);
+
+/// Defines the probes of the `enabled` functions of `all` in the parts
+/// `numbers` (each function's part: `part_of`).
+fn define_parts(
+    all: &[ProbedFunction],
+    lines: Option<&LinePlan>,
+    enabled: &[bool],
+    part_of: &[usize],
+    numbers: &[usize],
+) -> Vec<(usize, ProbeSet)> {
+    numbers.iter().map(|&n| (n, ProbeSet::new(all, enabled, lines, |f| part_of.get(f) == Some(&n)))).collect()
+}
+
+fn define_each(sets: Vec<(usize, ProbeSet)>) -> Result<Vec<DefinedPart>, RecordError> {
+    sets.into_iter().map(|(n, set)| Ok((n, Defined::new(&set.specs)?, set.taps))).collect()
 }
 
 /// What reading the rings left to tell once they are closed.
@@ -87,15 +120,24 @@ impl UprobeSource {
     ) -> Result<Self, RecordError> {
         let mut events = PerfEvents::new(metrics, sampling, buffer_bytes);
         events.switches = switches;
-        let first = ProbeSet::new(all, enabled, lines);
-        drop(events.define(&first)?);
+        // A few dozen functions to a part at least: a replacement defines
+        // the probes of a few functions' parts, and withdraws the old
+        // parts, each of which takes grace periods to unregister at the end.
+        const FEWEST_FUNCTIONS_PER_PART: usize = 32;
+        let parts = events.most_parts().min(all.len().div_ceil(FEWEST_FUNCTIONS_PER_PART)).max(1);
+        let part_of: Vec<usize> = (0..all.len()).map(|f| f * parts / all.len().max(1)).collect();
+        let numbers: Vec<usize> = (0..parts).collect();
+        let (_, first_taps) = events.adopt(define_each(define_parts(all, lines, enabled, &part_of, &numbers))?);
+        let enabled = (0..all.len()).map(|f| enabled.get(f).copied().unwrap_or(true)).collect();
         Ok(UprobeSource {
             events,
             reader: None,
-            first_taps: first.taps,
+            first_taps,
             counters: metrics.len() - 1,
             unregistering: Vec::new(),
             replacement: None,
+            part_of,
+            enabled,
         })
     }
 
@@ -119,13 +161,10 @@ impl UprobeSource {
     fn start_reading(&mut self) {
         let mut reader = RingReader::new(self.events.take_buffers(), self.counters);
         reader.add_sources(self.events.take_sources());
-        reader.add_generation(self.events.generation(), std::mem::take(&mut self.first_taps));
+        for (generation, taps) in std::mem::take(&mut self.first_taps) {
+            reader.add_generation(generation, taps);
+        }
         self.reader = Some(reader);
-    }
-
-    /// The current probe set.
-    pub fn generation(&self) -> u32 {
-        self.events.generation()
     }
 
     /// The descriptors that become readable when the rings have records.
@@ -166,12 +205,18 @@ impl UprobeSource {
 
     /// Starts defining the probes of the `enabled` functions of `all`, to
     /// replace the current set; the functions in `removed` will no longer
-    /// be instrumented. A replacement already under way is dropped.
+    /// be instrumented. Only the parts of the functions whose probes change
+    /// are defined again. A replacement already under way is dropped.
     pub fn begin_replacement(&mut self, all: &[ProbedFunction], lines: Option<&LinePlan>, enabled: &[bool], removed: Vec<u32>) {
         self.drop_replacement();
-        let ProbeSet { specs, taps } = ProbeSet::new(all, enabled, lines);
-        let defining = std::thread::spawn(move || Defined::new(&specs));
-        self.replacement = Some(Replacement { taps, removed, defining });
+        let enabled: Vec<bool> = (0..all.len()).map(|f| enabled.get(f).copied().unwrap_or(true)).collect();
+        let mut numbers: Vec<usize> = (0..all.len()).filter(|&f| enabled[f] != self.enabled[f]).map(|f| self.part_of[f]).collect();
+        numbers.sort_unstable();
+        numbers.dedup();
+        let redefined = (0..all.len()).filter(|&f| self.enabled[f] && numbers.contains(&self.part_of[f])).map(|f| f as u32).collect();
+        let sets = define_parts(all, lines, &enabled, &self.part_of, &numbers);
+        let defining = std::thread::spawn(move || define_each(sets));
+        self.replacement = Some(Replacement { changes: Changes { removed, redefined, enabled }, defining });
     }
 
     /// Whether a replacement is being defined.
@@ -191,30 +236,29 @@ impl UprobeSource {
         if !wait && !self.replacement.as_ref()?.defining.is_finished() {
             return None;
         }
-        let Replacement { taps, removed, defining } = self.replacement.take()?;
+        let replacement = self.replacement.take()?;
         // A panic there is proftap's bug, as it would have been here.
-        let defined = defining.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        Some(defined.and_then(|defined| self.install(defined, taps, removed, processes, into)))
+        let defined = replacement.defining.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        Some(defined.and_then(|defined| self.install(defined, replacement.changes, processes, into)))
     }
 
     fn install(
         &mut self,
-        defined: Defined,
-        taps: Vec<reader::Tap>,
-        removed: Vec<u32>,
+        defined: Vec<DefinedPart>,
+        changes: Changes,
         processes: &[i32],
         into: &mut Vec<Event>,
     ) -> Result<(), RecordError> {
         let Some(reader) = self.reader.as_mut() else { return Ok(()) };
-        let old = self.events.generation();
-        let retired = self.events.adopt(defined);
+        let numbers: Vec<usize> = defined.iter().map(|(n, _, _)| *n).collect();
+        let (retired, generations) = self.events.adopt(defined);
         let frozen: Vec<Frozen> = processes.iter().filter_map(|&pid| Frozen::freeze(pid).ok()).collect();
         let owners = reader.owners();
         // Beside the old set, open until the new one is.
         let tasks = 2 * frozen.iter().map(|f| f.threads().len()).sum::<usize>();
         for tid in frozen.iter().flat_map(Frozen::threads) {
             // A thread that ended meanwhile has nothing to probe.
-            match self.events.open_probes(tid, tasks, &owners) {
+            match self.events.open_probes(tid, &numbers, tasks, &owners) {
                 Ok(()) => {}
                 Err(RecordError::Perf { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => {
@@ -228,11 +272,18 @@ impl UprobeSource {
         }
         drop(owners);
         let at = monotonic_ns();
-        reader.retire(old, at);
-        reader.add_generation(self.events.generation(), taps);
+        for old in retired.generations() {
+            reader.retire(old, at);
+        }
+        let new = generations.iter().map(|(generation, _)| *generation).collect();
+        for (generation, taps) in generations {
+            reader.add_generation(generation, taps);
+        }
         reader.add_sources(self.events.take_sources());
-        into.push(Event::ProbesReplaced { time: at, generation: self.events.generation(), removed });
-        self.unregistering.push(retired.withdraw());
+        let Changes { removed, redefined, enabled } = changes;
+        into.push(Event::ProbesReplaced { time: at, generations: new, removed, redefined });
+        self.enabled = enabled;
+        self.unregistering.extend(retired.withdraw());
         Ok(())
     }
 
@@ -258,7 +309,7 @@ impl UprobeSource {
         let mut closing = self.reader.take().map(RingReader::into_open).unwrap_or_default();
         closing.extend(self.events.take_open());
         proftap_probes::perf::close_in_parallel(closing);
-        self.unregistering.push(self.events.withdraw());
+        self.unregistering.extend(self.events.withdraw());
         UprobesEnding { lost_samples, malformed, withdrawn: Withdrawn { sets: std::mem::take(&mut self.unregistering) } }
     }
 }

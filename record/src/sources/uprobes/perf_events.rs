@@ -24,12 +24,13 @@ pub(crate) struct ProbeSet {
 }
 
 impl ProbeSet {
-    /// The probes of the `enabled` functions (and their lines).
-    pub fn new(functions: &[ProbedFunction], enabled: &[bool], lines: Option<&LinePlan>) -> Self {
+    /// The probes of the `enabled` functions (and their lines) that `in_part`.
+    pub fn new(functions: &[ProbedFunction], enabled: &[bool], lines: Option<&LinePlan>, in_part: impl Fn(usize) -> bool) -> Self {
+        let enabled = |i: usize| enabled.get(i).copied().unwrap_or(true) && in_part(i);
         let mut specs = Vec::new();
         let mut taps = Vec::new();
         for (i, f) in functions.iter().enumerate() {
-            if !enabled.get(i).copied().unwrap_or(true) {
+            if !enabled(i) {
                 continue;
             }
             let (entry, sp_adjust) = f.entry_probe.unwrap_or((f.offset, 0));
@@ -59,7 +60,7 @@ impl ProbeSet {
             for (i, probe) in plan.probes.iter().enumerate() {
                 // A line the kernel refuses a uprobe on is not counted, and said so.
                 let Some(at) = probe.uprobe_at else { continue };
-                if enabled.get(probe.function as usize).copied().unwrap_or(true) && !taken.contains(&(probe.open_path.as_path(), at.0)) {
+                if enabled(probe.function as usize) && !taken.contains(&(probe.open_path.as_path(), at.0)) {
                     line_specs.push(UprobeSpec { path: probe.open_path.clone(), offset: at, kind: ProbeKind::At });
                     taps.push(Tap { probe: ProbeId::line(i as u32), sp_adjust: 0 });
                 }
@@ -89,14 +90,19 @@ impl Defined {
     }
 }
 
-/// A replaced probe set: its events close first, then its uprobes go.
-pub(crate) struct Retired {
+/// One part of the probes: the probes of some of the functions, defined as
+/// a group of their own, so that a change to a few functions defines again
+/// only their parts. Field order is drop order: events close before the
+/// uprobes they use are removed.
+pub(crate) struct Part {
     probes: Vec<CounterGroup>,
     group: Option<Box<dyn DefinedGroup>>,
     tracepoints: Vec<proftap_probes::tracefs::ProbeEvent>,
+    /// Names its events' samples to the reader.
+    generation: u32,
 }
 
-impl Retired {
+impl Part {
     /// Takes the probes out of the targets at once: closes the targets'
     /// events with a keeper holding each uprobe registered (see
     /// [`perf::open_keeper`]). What is returned unregisters the uprobes when
@@ -110,6 +116,24 @@ impl Retired {
     }
 }
 
+/// Replaced parts (by part number), to be withdrawn once the new ones are
+/// open everywhere, or restored.
+pub(crate) struct Retired {
+    parts: Vec<(usize, Part)>,
+}
+
+impl Retired {
+    /// Takes the probes out of the targets at once (see [`Part::withdraw`]).
+    pub fn withdraw(self) -> Vec<Unregistering> {
+        self.parts.into_iter().map(|(_, part)| part.withdraw()).collect()
+    }
+
+    /// The generations the replaced parts had.
+    pub fn generations(&self) -> Vec<u32> {
+        self.parts.iter().map(|(_, part)| part.generation).collect()
+    }
+}
+
 /// Uprobes out of every target, still registered until this is dropped.
 pub(crate) struct Unregistering {
     _group: Option<Box<dyn DefinedGroup>>,
@@ -118,19 +142,18 @@ pub(crate) struct Unregistering {
 /// The perf events of a recording. Field order is drop order: events close
 /// before the uprobes they use are removed.
 pub(crate) struct PerfEvents {
-    probes: Vec<CounterGroup>,
+    parts: Vec<Part>,
     counters: Vec<CounterGroup>,
     sidebands: Vec<Counter>,
     buffers: Vec<Option<RingBuffer>>,
     /// Events opened since the reader last took them: what their samples are.
     sources: FxHashMap<u64, Source>,
+    /// The generation of the part defined last.
     generation: u32,
-    tracepoints: Vec<proftap_probes::tracefs::ProbeEvent>,
     cpus: Vec<usize>,
     metrics: Vec<Metric>,
     sampling: Option<(u64, u32)>,
     buffer_bytes: usize,
-    group: Option<Box<dyn DefinedGroup>>,
     /// Sideband events also report every context switch.
     pub switches: bool,
 }
@@ -141,60 +164,70 @@ impl PerfEvents {
         proftap_probes::target::raise_open_files_limit();
         let cpus = online_cpus();
         PerfEvents {
-            probes: Vec::new(),
+            parts: Vec::new(),
             counters: Vec::new(),
             sidebands: Vec::new(),
             buffers: (0..cpus.len()).map(|_| None).collect(),
             sources: FxHashMap::default(),
             generation: 0,
-            tracepoints: Vec::new(),
             cpus,
             metrics: metrics.to_vec(),
             sampling,
             // An unprivileged user's rings fit their share of locked memory.
             buffer_bytes: proftap_probes::perf::unprivileged_ring_bytes().map_or(buffer_bytes, |most| buffer_bytes.min(most)),
-            group: None,
             switches: false,
         }
     }
 
-    /// The generation of the current probe set.
-    pub fn generation(&self) -> u32 {
-        self.generation
+    /// How many parts the probes may take: each is a set of events per
+    /// task and CPU (copied to every thread a task makes), so there are a
+    /// few hundred descriptors' worth per task.
+    pub fn most_parts(&self) -> usize {
+        const MOST_DESCRIPTORS_PER_TASK: usize = 256;
+        let per_part = 2 * self.cpus.len().max(1) * (1 + self.metrics.len());
+        (MOST_DESCRIPTORS_PER_TASK / per_part).max(1)
     }
 
-    /// Makes `set` the current probe set (defined in tracefs, not yet opened
-    /// on any task); returns the previous one, to be dropped once the new
-    /// one is open everywhere.
-    pub fn define(&mut self, set: &ProbeSet) -> Result<Retired, RecordError> {
-        Ok(self.adopt(Defined::new(&set.specs)?))
+    /// Makes the probe sets defined (by [`Defined::new`]), each with its
+    /// part number, the current ones (not yet opened on any task); returns
+    /// the parts they replace, to be withdrawn once the new ones are open
+    /// everywhere, and the new parts' generations.
+    pub fn adopt(&mut self, defined: Vec<(usize, Defined, Vec<Tap>)>) -> (Retired, Vec<(u32, Vec<Tap>)>) {
+        let mut retired = Vec::new();
+        let mut generations = Vec::new();
+        for (number, defined, taps) in defined {
+            self.generation += 1;
+            let part = Part { probes: Vec::new(), group: defined.group, tracepoints: defined.tracepoints, generation: self.generation };
+            generations.push((self.generation, taps));
+            if self.parts.len() <= number {
+                self.parts.resize_with(number + 1, || Part { probes: Vec::new(), group: None, tracepoints: Vec::new(), generation: 0 });
+            }
+            retired.push((number, std::mem::replace(&mut self.parts[number], part)));
+        }
+        (Retired { parts: retired }, generations)
     }
 
-    /// Makes a probe set defined (by [`Defined::new`]) the current one, as
-    /// [`PerfEvents::define`] does.
-    pub fn adopt(&mut self, defined: Defined) -> Retired {
-        self.generation += 1;
-        Retired {
-            probes: std::mem::take(&mut self.probes),
-            group: std::mem::replace(&mut self.group, defined.group),
-            tracepoints: std::mem::replace(&mut self.tracepoints, defined.tracepoints),
+    /// Makes `retired` current again, closing what was opened of the parts
+    /// that replaced them: a replacement that could not be opened
+    /// everywhere leaves the probes as they were.
+    pub fn restore(&mut self, retired: Retired) {
+        for (number, part) in retired.parts {
+            let new = std::mem::replace(&mut self.parts[number], part);
+            self.sources.retain(|_, source| !matches!(source, Source::Probe { generation, .. } if *generation == new.generation));
         }
     }
 
-    /// Makes `retired` the current probe set again, closing what was
-    /// opened of the set defined since: a replacement that could not be
-    /// opened everywhere leaves the probes as they were.
-    pub fn restore(&mut self, retired: Retired) {
-        drop(std::mem::replace(&mut self.probes, retired.probes));
-        drop(std::mem::replace(&mut self.group, retired.group));
-        self.tracepoints = retired.tracepoints;
-        let new = self.generation;
-        self.sources.retain(|_, source| !matches!(source, Source::Probe { generation, .. } if *generation == new));
-        self.generation -= 1;
+    /// The probe events of the parts `numbers` (every part: `None`) with
+    /// their generations.
+    fn probe_events(&self, numbers: Option<&[usize]>) -> Vec<(proftap_probes::tracefs::ProbeEvent, u32)> {
+        let chosen = |n: &usize| numbers.is_none_or(|numbers| numbers.contains(n));
+        let parts = self.parts.iter().enumerate().filter(|(n, _)| chosen(n));
+        parts.flat_map(|(_, part)| part.tracepoints.iter().map(|&t| (t, part.generation))).collect()
     }
 
     fn descriptors_per_task(&self) -> usize {
-        self.cpus.len() * (3 + (self.tracepoints.len() + 1) * self.metrics.len())
+        let tracepoints: usize = self.parts.iter().map(|p| p.tracepoints.len()).sum();
+        self.cpus.len() * (3 + (tracepoints + 1) * self.metrics.len())
     }
 
     /// Opens every event on task `pid` (and, through inherit, what it
@@ -218,24 +251,35 @@ impl PerfEvents {
         }
         let owners: Vec<&Counter> = self.buffers.iter().flatten().map(RingBuffer::owner).collect();
         let target = Task { pid, enable_on_exec, of_tasks: 1 };
-        let opened = open_on(&self.cpus, &self.tracepoints, &self.metrics, self.sampling, true, self.generation, target, &owners)?;
+        let probes = self.probe_events(None);
+        let opened = open_on(&self.cpus, &probes, &self.metrics, self.sampling, true, target, &owners)?;
         self.take_opened(opened);
         Ok(())
     }
 
-    /// Opens the current probe set on task `pid` (running, enabled now),
-    /// one of `of_tasks` it is opened on, writing into the buffers `owners`
-    /// own, one per CPU.
-    pub fn open_probes(&mut self, pid: i32, of_tasks: usize, owners: &[&Counter]) -> Result<(), RecordError> {
+    /// Opens the probes of parts `numbers` on task `pid` (running, enabled
+    /// now), one of `of_tasks` they are opened on, writing into the buffers
+    /// `owners` own, one per CPU.
+    pub fn open_probes(&mut self, pid: i32, numbers: &[usize], of_tasks: usize, owners: &[&Counter]) -> Result<(), RecordError> {
         let target = Task { pid, enable_on_exec: false, of_tasks };
-        let opened = open_on(&self.cpus, &self.tracepoints, &self.metrics, None, false, self.generation, target, owners)?;
-        self.probes.extend(opened.probes);
+        let probes = self.probe_events(Some(numbers));
+        let opened = open_on(&self.cpus, &probes, &self.metrics, None, false, target, owners)?;
+        self.keep_probes(opened.probes);
         self.sources.extend(opened.sources);
         Ok(())
     }
 
+    /// Each probe event with its part, by generation.
+    fn keep_probes(&mut self, probes: Vec<(u32, CounterGroup)>) {
+        for (generation, event) in probes {
+            if let Some(part) = self.parts.iter_mut().find(|p| p.generation == generation) {
+                part.probes.push(event);
+            }
+        }
+    }
+
     fn take_opened(&mut self, opened: Opened) {
-        self.probes.extend(opened.probes);
+        self.keep_probes(opened.probes);
         self.counters.extend(opened.counters);
         self.sidebands.extend(opened.samplers);
         self.sources.extend(opened.sources);
@@ -251,10 +295,9 @@ impl PerfEvents {
         std::mem::take(&mut self.sources)
     }
 
-    /// Takes every probe out of the targets at once (see [`Retired::withdraw`]).
-    pub fn withdraw(&mut self) -> Unregistering {
-        Retired { probes: std::mem::take(&mut self.probes), group: self.group.take(), tracepoints: std::mem::take(&mut self.tracepoints) }
-            .withdraw()
+    /// Takes every probe out of the targets at once (see [`Part::withdraw`]).
+    pub fn withdraw(&mut self) -> Vec<Unregistering> {
+        std::mem::take(&mut self.parts).into_iter().map(Part::withdraw).collect()
     }
 
     /// Its counters, sideband events and rings, to close; the probe events
@@ -268,19 +311,20 @@ impl PerfEvents {
 
     /// Stops every probe.
     pub fn disable(&self) {
-        for event in self.probes.iter().chain(&self.counters) {
+        for event in self.parts.iter().flat_map(|p| &p.probes).chain(&self.counters) {
             let _ = perf::disable(&event.leader);
         }
     }
 
     /// Samples lost on the current probe events, as the events count them.
     pub fn lost_samples(&self) -> u64 {
-        self.probes.iter().map(|e| perf::lost_samples(&e.leader)).sum()
+        self.parts.iter().flat_map(|p| &p.probes).map(|e| perf::lost_samples(&e.leader)).sum()
     }
 }
 
 struct Opened {
-    probes: Vec<CounterGroup>,
+    /// With their parts' generations.
+    probes: Vec<(u32, CounterGroup)>,
     counters: Vec<CounterGroup>,
     samplers: Vec<Counter>,
     sources: FxHashMap<u64, Source>,
@@ -297,11 +341,10 @@ struct Task {
 #[allow(clippy::too_many_arguments)]
 fn open_on(
     cpus: &[usize],
-    tracepoints: &[proftap_probes::tracefs::ProbeEvent],
+    tracepoints: &[(proftap_probes::tracefs::ProbeEvent, u32)],
     metrics: &[Metric],
     sampling: Option<(u64, u32)>,
     counters: bool,
-    generation: u32,
     Task { pid, enable_on_exec, of_tasks }: Task,
     owners: &[&Counter],
 ) -> Result<Opened, RecordError> {
@@ -311,14 +354,14 @@ fn open_on(
     for (slot, &cpu) in cpus.iter().enumerate() {
         let target = EventTarget { pid, cpu, enable_on_exec };
         let Some(owner) = owners.get(slot) else { continue };
-        for tracepoint in tracepoints {
+        for &(tracepoint, generation) in tracepoints {
             let event = perf::open_probe(tracepoint.tracepoint, target, metrics).map_err(err)?;
             perf::set_output(&event.leader, owner).map_err(err)?;
             opened.sources.insert(
                 event.leader.id(),
                 Source::Probe { id_offset: tracepoint.id_offset, top_offset: tracepoint.top_offset, generation },
             );
-            opened.probes.push(event);
+            opened.probes.push((generation, event));
         }
         if let Some((frequency, stack_bytes)) = sampling {
             let sampler = perf::open_stack_sampler(target, frequency, stack_bytes).map_err(err)?;
