@@ -312,7 +312,7 @@ fn a_throttle_defines_again_only_the_part_of_the_probes_it_changes() {
     let (report, _) = recorded(&["--engine", "uprobe", "--no-sample", "--overhead-budget", "5"], &binary, &[]);
     let functions = &report["functions"];
     assert_eq!(function(functions, "hot")["mode"], "throttled", "{}", function(functions, "hot"));
-    for name in (1..=8).flat_map(|tens| (0..8).map(move |units| format!("f{tens}{units}"))).chain(["each".to_string()]) {
+    for name in (1..=16).flat_map(|tens| (0..8).map(move |units| format!("f{tens}{units}"))).chain(["each".to_string()]) {
         let f = function(functions, &name);
         assert_eq!((f["mode"].as_str(), f["calls"].as_u64()), (Some("instrumented"), Some(3)), "{f}");
     }

@@ -120,10 +120,11 @@ impl UprobeSource {
     ) -> Result<Self, RecordError> {
         let mut events = PerfEvents::new(metrics, sampling, buffer_bytes);
         events.switches = switches;
-        // A few dozen functions to a part at least: a replacement defines
-        // the probes of a few functions' parts, and withdraws the old
-        // parts, each of which takes grace periods to unregister at the end.
-        const FEWEST_FUNCTIONS_PER_PART: usize = 32;
+        // A hundred-odd functions to a part at least: a replacement defines
+        // again the parts of the functions it changes, which takes longer
+        // the larger they are, and each part it withdraws waits grace
+        // periods to be unregistered at the end, one after another.
+        const FEWEST_FUNCTIONS_PER_PART: usize = 128;
         let parts = events.most_parts().min(all.len().div_ceil(FEWEST_FUNCTIONS_PER_PART)).max(1);
         let part_of: Vec<usize> = (0..all.len()).map(|f| f * parts / all.len().max(1)).collect();
         let numbers: Vec<usize> = (0..parts).collect();
