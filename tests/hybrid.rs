@@ -268,7 +268,7 @@ fn a_function_the_kernel_cannot_probe_is_named_and_the_others_governed() {
 }
 
 /// A new probe set that cannot be opened on every thread (here for want
-/// of file descriptors: 60 threads wait while the main one calls) leaves
+/// of file descriptors: 100 threads wait while the main one calls) leaves
 /// the old one in place, whole: before, it went with the failure, and
 /// `work` stopped being counted at the first throttle, still marked exact.
 #[test]
@@ -282,11 +282,15 @@ fn a_probe_set_that_cannot_be_opened_leaves_the_old_one_whole() {
         .arg(&file)
         .arg("--")
         .arg(&binary)
-        .args(["100000", "60"]);
+        .args(["100000", "100"]);
+    // Enough for the start (about a dozen a CPU), not for the new set on
+    // every thread (a few a CPU each).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let most = 64 + 16 * cpus;
     // SAFETY: setrlimit is async-signal-safe.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut run, || {
-            let limit = libc::rlimit { rlim_cur: 128, rlim_max: 128 };
+        std::os::unix::process::CommandExt::pre_exec(&mut run, move || {
+            let limit = libc::rlimit { rlim_cur: most, rlim_max: most };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
         });
     }
@@ -298,6 +302,25 @@ fn a_probe_set_that_cannot_be_opened_leaves_the_old_one_whole() {
     let work = function(&report["functions"], "work");
     assert_eq!((work["mode"].as_str(), work["calls"].as_u64()), (Some("instrumented"), Some(100_000)), "{work}");
     assert!(report["notes"].to_string().contains("every probe was kept from then on"), "{}", report["notes"]);
+}
+
+/// A program another tracer holds (here a process of its own, as a
+/// debugger or strace would) cannot be held still to change its probes:
+/// the probes stay, every call is counted, and the note says why. Before,
+/// the new probes were opened on none of its threads: the functions still
+/// probed lost theirs without a word (`main`'s return went unseen).
+#[test]
+fn a_program_another_tracer_holds_keeps_its_probes() {
+    require_probes();
+    let binary = Build::c("traced.c", "-O2").build();
+    let args = ["--engine", "uprobe", "--no-sample", "-f", "work", "-f", "main", "--overhead-budget", "5"];
+    let (report, _) = recorded(&args, &binary, &["100000"]);
+    let work = function(&report["functions"], "work");
+    assert_eq!((work["mode"].as_str(), work["calls"].as_u64()), (Some("instrumented"), Some(100_000)), "{work}");
+    let main = function(&report["functions"], "main");
+    assert_eq!((main["calls"].as_u64(), main["unfinished"].as_u64()), (Some(1), Some(0)), "{main}");
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("traces it already") && notes.contains("every probe was kept from then on"), "{notes}");
 }
 
 /// The uprobe engine keeps its probes in parts and defines again only the

@@ -341,9 +341,14 @@ pub struct Frozen {
     pending: std::sync::Mutex<Vec<(Pid, Signal)>>,
 }
 
-/// Why tracing `pid` was refused, and what allows it: root, or a process
-/// of one's own where Yama's `ptrace_scope` permits.
+/// Why tracing `pid` was refused, and what allows it: no other tracer, and
+/// root, or a process of one's own where Yama's `ptrace_scope` permits.
 fn ptrace_refused(pid: i32) -> String {
+    if let Some(tracer) = tracer_of(pid) {
+        return format!(
+            "cannot hold process {pid} still: process {tracer} traces it already (a debugger or strace?), and a process has one tracer at a time"
+        );
+    }
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().and_then(|s| s.trim().parse::<u32>().ok());
     let why = match scope {
         Some(1) => {
@@ -353,7 +358,14 @@ fn ptrace_refused(pid: i32) -> String {
         Some(3) => "kernel.yama.ptrace_scope is 3, which forbids tracing until reboot",
         _ => "tracing another user's process needs root or CAP_SYS_PTRACE",
     };
-    format!("cannot trace process {pid} to patch it: {why}")
+    format!("cannot trace process {pid} to hold it still: {why}")
+}
+
+/// The process tracing `pid`, if one does.
+fn tracer_of(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse::<i32>().ok()?;
+    (tracer != 0).then_some(tracer)
 }
 
 impl Frozen {

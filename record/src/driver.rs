@@ -457,6 +457,9 @@ impl<'a> Driver<'a> {
         let elapsed_ns = monotonic_ns().saturating_sub(self.run.started_ns);
         // Nothing more is decided until the last change is in.
         if self.uprobes.replacing() {
+            if !self.uprobes.defined() {
+                return;
+            }
             let processes = self.live_processes();
             if let Some(result) = self.uprobes.install_replacement(&processes, false, self.queue.pending()) {
                 self.throttled(result, elapsed_ns);

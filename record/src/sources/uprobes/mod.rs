@@ -46,6 +46,13 @@ struct Replacement {
     defining: std::thread::JoinHandle<Result<Vec<DefinedPart>, RecordError>>,
 }
 
+impl Drop for UprobeSource {
+    fn drop(&mut self) {
+        // Its definitions go once defined, not left behind by a thread.
+        self.drop_replacement();
+    }
+}
+
 /// What a replacement changes once it is in.
 struct Changes {
     /// Functions no longer probed.
@@ -225,6 +232,11 @@ impl UprobeSource {
         self.replacement.is_some()
     }
 
+    /// Whether a replacement is defined, ready to be put in.
+    pub fn defined(&self) -> bool {
+        self.replacement.as_ref().is_some_and(|r| r.defining.is_finished())
+    }
+
     /// Puts in the probe set [`UprobeSource::begin_replacement`] started,
     /// once it is defined (`wait`: waiting for that), while the threads of
     /// `processes` are held still, so no call is missed or seen twice;
@@ -234,7 +246,7 @@ impl UprobeSource {
     /// removing a uprobe waits for a grace period that a thread hitting
     /// probes all the time delays.
     pub fn install_replacement(&mut self, processes: &[i32], wait: bool, into: &mut Vec<Event>) -> Option<Result<(), RecordError>> {
-        if !wait && !self.replacement.as_ref()?.defining.is_finished() {
+        if !wait && !self.defined() {
             return None;
         }
         let replacement = self.replacement.take()?;
@@ -253,7 +265,19 @@ impl UprobeSource {
         let Some(reader) = self.reader.as_mut() else { return Ok(()) };
         let numbers: Vec<usize> = defined.iter().map(|(n, _, _)| *n).collect();
         let (retired, generations) = self.events.adopt(defined);
-        let frozen: Vec<Frozen> = processes.iter().filter_map(|&pid| Frozen::freeze(pid).ok()).collect();
+        let mut frozen: Vec<Frozen> = Vec::new();
+        for &pid in processes {
+            match Frozen::freeze(pid) {
+                Ok(held) => frozen.push(held),
+                // A process that ended meanwhile has nothing to probe.
+                Err(_) if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {}
+                // Not held, its threads would get none of the new probes.
+                Err(e) => {
+                    self.events.restore(retired);
+                    return Err(e.into());
+                }
+            }
+        }
         let owners = reader.owners();
         // Beside the old set, open until the new one is.
         let tasks = 2 * frozen.iter().map(|f| f.threads().len()).sum::<usize>();

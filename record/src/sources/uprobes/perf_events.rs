@@ -183,7 +183,7 @@ impl PerfEvents {
     /// task and CPU (copied to every thread a task makes), so there are a
     /// few hundred descriptors' worth per task.
     pub fn most_parts(&self) -> usize {
-        const MOST_DESCRIPTORS_PER_TASK: usize = 256;
+        const MOST_DESCRIPTORS_PER_TASK: usize = 512;
         let per_part = 2 * self.cpus.len().max(1) * (1 + self.metrics.len());
         (MOST_DESCRIPTORS_PER_TASK / per_part).max(1)
     }
