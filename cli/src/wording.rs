@@ -88,7 +88,7 @@ fn finding_sentence(finding: &Finding) -> String {
             examples(lines)
         ),
         Finding::LinesUnprobed { lines } => format!(
-            "{} no count: the kernel refuses a uprobe on the first instruction of {} (a lock prefix) and on every instruction after it that a run through the line surely reaches: {}",
+            "{} no count: the kernel refuses a uprobe where {} starts (on a lock or segment prefix, ud2, int3, syscall, a fence) and on the instructions after it that a run through the line surely reaches: {}",
             if lines.len() == 1 { "1 line shows".to_string() } else { format!("{} lines show", lines.len()) },
             if lines.len() == 1 { "it" } else { "each" },
             examples(lines)

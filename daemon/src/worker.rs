@@ -75,6 +75,43 @@ impl Observer for Daemon {
     }
 }
 
+/// Forwards what the recording tells to proftapd from a thread of its
+/// own, in order: the recording's reading thread must not wait while
+/// another holds the channel for an exchange (defining a new probe set
+/// takes seconds with thousands of uprobes), or its rings overflow.
+struct Forwarder {
+    queue: Mutex<Option<std::sync::mpsc::Sender<RecordEvent>>>,
+    sending: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Forwarder {
+    fn start(daemon: Daemon) -> Self {
+        let (queue, events) = std::sync::mpsc::channel::<RecordEvent>();
+        let sending = std::thread::spawn(move || {
+            for event in events {
+                let _ = daemon.report(&Report::Event(event), &[]);
+            }
+        });
+        Forwarder { queue: Mutex::new(Some(queue)), sending: Mutex::new(Some(sending)) }
+    }
+
+    /// Waits until everything told so far is sent.
+    fn finish(&self) {
+        drop(self.queue.lock().ok().and_then(|mut q| q.take()));
+        if let Some(sending) = self.sending.lock().ok().and_then(|mut s| s.take()) {
+            let _ = sending.join();
+        }
+    }
+}
+
+impl Observer for Forwarder {
+    fn event(&self, event: RecordEvent) {
+        if let Some(queue) = self.queue.lock().ok().as_ref().and_then(|q| q.as_ref()) {
+            let _ = queue.send(event);
+        }
+    }
+}
+
 /// Uprobes defined by proftapd for this process.
 struct RemoteHost(Daemon);
 
@@ -197,8 +234,10 @@ fn record(assignment: &Assignment, daemon: &Daemon) -> Result<proftap_profile::P
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(signal, control.detach.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;
     }
-    let recorded = prepared.record(control, Arc::new(daemon.clone())).map_err(|e| sentence(&e))?;
-    Ok(recorded.profile)
+    let forwarder = Arc::new(Forwarder::start(daemon.clone()));
+    let recorded = prepared.record(control, forwarder.clone());
+    forwarder.finish();
+    Ok(recorded.map_err(|e| sentence(&e))?.profile)
 }
 
 /// The limits proftapd sets on users other than root, on what the request asks.

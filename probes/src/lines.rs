@@ -272,6 +272,11 @@ pub fn plan_lines(
     lines.sort();
     lines.dedup();
     let mut plan = LinePlan { lines, ..LinePlan::default() };
+    // A function's code, its cold parts included: where its jumps are.
+    let body_of = |f: &ProbedFunction| -> Vec<(u64, FileOffset, u64)> {
+        let cold = f.cold.iter().filter_map(|&(lo, hi)| Some((lo, file_offset(&index.segments, crate::addr::VirtAddr(lo))?, hi - lo)));
+        std::iter::once((f.info.address, f.offset, f.size)).chain(cold).collect()
+    };
     let ids = |plan: &LinePlan, starts: &[(u32, u32)]| -> Vec<u32> {
         starts.iter().filter_map(|&(file, line)| plan.line_id(index.files.path(file), line)).collect()
     };
@@ -279,11 +284,11 @@ pub fn plan_lines(
         .iter()
         .filter_map(|(function, address, starts)| {
             let offset = file_offset(&index.segments, crate::addr::VirtAddr(*address))?;
-            let row_end = located_at.range(address + 1..).next().map_or(*address, |(&end, _)| end);
+            let row_end = located_at.range(address.saturating_add(1)..).next().map_or(*address, |(&end, _)| end);
             Some(LineProbe {
                 open_path: open_path.to_path_buf(),
                 offset,
-                uprobe_at: uprobe_place(image, *address, offset, row_end),
+                uprobe_at: uprobe_place(image, *address..row_end, offset, &body_of(&functions[*function as usize])),
                 address: *address,
                 function: *function,
                 lines: ids(&plan, starts),
@@ -309,28 +314,51 @@ pub fn plan_lines(
     plan
 }
 
-/// Where a uprobe for a row at `address` (`offset` in `image`) ending at
-/// `row_end` can go: the row's first instruction the kernel accepts a
-/// uprobe on, if every instruction before it in the row goes on to the
-/// next. A lock-prefixed first instruction (an atomic statement) is
-/// common; the kernel skips such a probe without a word at a launch and
-/// refuses it in a running program.
-/// (Without the row's code at hand, the probe stays at its start.)
-fn uprobe_place(image: &[u8], address: u64, offset: FileOffset, row_end: u64) -> Option<FileOffset> {
-    let start = usize::try_from(offset.0).unwrap_or(usize::MAX);
-    let len = usize::try_from(row_end.saturating_sub(address)).unwrap_or(usize::MAX);
-    let Some(code) = image.get(start..start.saturating_add(len)).filter(|c| !c.is_empty()) else { return Some(offset) };
-    let decoder = iced_x86::Decoder::with_ip(64, code, address, iced_x86::DecoderOptions::NONE);
-    for instruction in decoder {
-        let at = instruction.ip() - address;
-        if !uprobe_refuses(&code[at as usize..]) {
-            return Some(FileOffset(offset.0 + at));
+/// Where a uprobe for the row at addresses `row` (its start at `offset` in
+/// `image`) can go: at its start, or, when the kernel refuses a uprobe on
+/// the instruction there, on the row's first instruction it accepts, if
+/// every instruction before it in the row goes on to the next and no jump
+/// of the function's `body` (address, file offset, size of each range)
+/// lands past the row's start up to it: then exactly the runs through the
+/// row reach it. A lock-prefixed first instruction (an atomic statement)
+/// is common; the kernel skips such a probe without a word at a launch and
+/// refuses it in a running program. (Without the row's code at hand, the
+/// probe stays at its start.)
+fn uprobe_place(image: &[u8], row: std::ops::Range<u64>, offset: FileOffset, body: &[(u64, FileOffset, u64)]) -> Option<FileOffset> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl};
+    let code_at = |offset: FileOffset, len: u64| -> Option<&[u8]> {
+        let start = usize::try_from(offset.0).ok()?;
+        image.get(start..start.checked_add(usize::try_from(len).ok()?)?)
+    };
+    let Some(code) = code_at(offset, row.end.saturating_sub(row.start)).filter(|c| !c.is_empty()) else { return Some(offset) };
+    if !uprobe_refuses(code) {
+        return Some(offset);
+    }
+    let mut placed = None;
+    for instruction in Decoder::with_ip(64, code, row.start, DecoderOptions::NONE) {
+        if instruction.is_invalid() || instruction.next_ip() > row.end {
+            return None;
         }
-        if instruction.is_invalid() || instruction.flow_control() != iced_x86::FlowControl::Next {
+        let at = instruction.ip().wrapping_sub(row.start) as usize;
+        if !uprobe_refuses(code.get(at..)?) {
+            placed = Some(instruction.ip());
+            break;
+        }
+        if instruction.flow_control() != FlowControl::Next {
             return None;
         }
     }
-    None
+    let placed = placed?;
+    let lands_inside = |target: u64| row.start < target && target <= placed;
+    let jumped_into = body.iter().any(|&(address, offset, size)| {
+        code_at(offset, size).is_some_and(|code| {
+            Decoder::with_ip(64, code, address, DecoderOptions::NONE).into_iter().any(|i| {
+                matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch)
+                    && lands_inside(i.near_branch_target())
+            })
+        })
+    });
+    (!jumped_into).then(|| FileOffset(offset.0 + (placed - row.start)))
 }
 
 /// The line of a function's closing brace when gcov gives it no count: the
@@ -376,13 +404,20 @@ mod tests {
         let code = [0xf0, 0x48, 0x83, 0x05, 0x10, 0, 0, 0, 0x01, 0xb8, 5, 0, 0, 0, 0x0f, 0x0b, 0x90];
         let mut image = vec![0xcc; 0x100];
         image.extend_from_slice(&code);
+        // jmp 0x1009 (to the mov), at 0x2000
+        image.extend_from_slice(&[0xe9, 0x04, 0xf0, 0xff, 0xff]);
+        let jump = [(0x2000, FileOffset(0x111), 5)];
+        let row = |start: u64, end: u64| 0x1000 + start..0x1000 + end;
         let at =
-            |start: usize, end: usize| uprobe_place(&image, 0x1000 + start as u64, FileOffset(0x100 + start as u64), 0x1000 + end as u64);
-        assert_eq!(at(0, 14), Some(FileOffset(0x109)), "after the lock, the mov");
-        assert_eq!(at(9, 14), Some(FileOffset(0x109)), "the mov itself");
-        assert_eq!(at(0, 9), None, "a row of the lock alone");
-        assert_eq!(at(14, 17), None, "nothing goes on from ud2");
-        assert_eq!(uprobe_place(&[], 0x1000, FileOffset(0x100), 0x1009), Some(FileOffset(0x100)), "no code at hand: where it was");
+            |start: u64, end: u64, body: &[(u64, FileOffset, u64)]| uprobe_place(&image, row(start, end), FileOffset(0x100 + start), body);
+        assert_eq!(at(0, 14, &[]), Some(FileOffset(0x109)), "after the lock, the mov");
+        assert_eq!(at(9, 14, &[]), Some(FileOffset(0x109)), "the mov itself");
+        assert_eq!(at(0, 9, &[]), None, "a row of the lock alone");
+        assert_eq!(at(0, 12, &[]), None, "the mov would end past the row");
+        assert_eq!(at(14, 17, &[]), None, "nothing goes on from ud2");
+        assert_eq!(uprobe_place(&image, 0x1ff9..0x2002, FileOffset(0x10a), &[]), Some(FileOffset(0x10a)), "a row the kernel accepts");
+        assert_eq!(at(0, 14, &jump), None, "a jump lands on the mov: it would count runs that skip the lock");
+        assert_eq!(uprobe_place(&[], 0x1000..0x1009, FileOffset(0x100), &[]), Some(FileOffset(0x100)), "no code at hand: where it was");
     }
 
     #[test]

@@ -87,8 +87,8 @@ pub enum Finding {
         lines: Vec<String>,
     },
     /// These lines ("file:line") show no count: the kernel refuses a uprobe
-    /// on their first instruction (a lock prefix), and on every later one
-    /// of theirs that a run through them surely reaches.
+    /// where one of their rows starts (a lock prefix, say), and on every
+    /// later instruction of it that a run through it surely reaches.
     LinesUnprobed {
         /// The lines.
         lines: Vec<String>,
