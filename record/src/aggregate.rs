@@ -1210,17 +1210,12 @@ mod tests {
         // main(0) calls run(1); run's probes are in a part defined again,
         // main's are not: main's return is still seen, run's is not.
         let mut agg = aggregator(2, 1);
-        let at = |f: u32, ret: bool, time: u64, sp: u64| {
-            let mut values = [0; MAX_METRICS];
-            values[0] = time;
-            Event::Hit(Hit { pid: 1, tid: 1, probe: probe(f, ret), sp, ret: 0, cpu: 0, generation: 1, values })
-        };
-        agg.push(&at(0, false, 0, 1000));
-        agg.push(&at(1, false, 10, 992));
+        agg.push(&hit(1, 0, false, 0, 1000));
+        agg.push(&hit(1, 1, false, 10, 992));
         agg.push(&Event::ProbesReplaced { time: 30, generations: vec![2], removed: Vec::new(), redefined: vec![1] });
-        agg.push(&at(1, false, 40, 992));
-        agg.push(&at(1, true, 50, 1000));
-        agg.push(&at(0, true, 100, 1008));
+        agg.push(&hit(1, 1, false, 40, 992));
+        agg.push(&hit(1, 1, true, 50, 1000));
+        agg.push(&hit(1, 0, true, 100, 1008));
         let result = agg.finish();
         assert_eq!(result.orphaned_frames, 1);
         let stats = |f: u32| result.threads[0].functions.iter().find(|s| s.function == f).expect("function");
