@@ -213,7 +213,7 @@ fn refusal(refusal: &Refusal) -> String {
 
 /// "f (12 calls), g (3 calls)"
 fn with_calls(functions: &[FunctionCalls]) -> String {
-    functions.iter().map(|f| format!("{} ({} calls)", f.name, f.calls)).collect::<Vec<_>>().join(", ")
+    functions.iter().map(|f| format!("{} ({})", f.name, counted(f.calls, "call", "calls"))).collect::<Vec<_>>().join(", ")
 }
 
 /// "1 call was", "2 calls were".

@@ -74,8 +74,9 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
         "proftap annotate: {name} ({file}:{first}){}",
         match stats {
             Some(s) if info.mode != Mode::Sampled => format!(
-                ", {} calls, {} {} inclusive",
+                ", {} {}, {} {} inclusive",
                 group_digits(s.calls),
+                if s.calls == 1 { "call" } else { "calls" },
                 format_value(key, s.inclusive.first().map_or(0, |x| x.total)),
                 metric_label(key)
             ),
