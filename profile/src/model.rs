@@ -229,9 +229,10 @@ impl SampleProfile {
     /// The share of the samples whose innermost frame is named `name`
     /// (none without samples).
     pub fn leaf_share(&self, name: &str) -> Option<f64> {
-        let total: u64 = self.stacks.iter().map(|s| s.count).sum();
+        // A profile file is anyone's: its counts may add up past u64.
+        let total = self.stacks.iter().fold(0u64, |n, s| n.saturating_add(s.count));
         let named = |s: &&SampledStack| s.frames.last().and_then(|&f| self.frames.get(f as usize)).is_some_and(|f| f.name == name);
-        let in_leaf: u64 = self.stacks.iter().filter(named).map(|s| s.count).sum();
+        let in_leaf = self.stacks.iter().filter(named).fold(0u64, |n, s| n.saturating_add(s.count));
         (total > 0).then(|| in_leaf as f64 / total as f64)
     }
 
@@ -738,7 +739,7 @@ impl Profile {
         if info.mode != Mode::Throttled {
             return 0;
         }
-        let own = samples.throttled.functions.iter().filter(|t| t.name == info.name).map(|t| t.self_samples).sum();
+        let own = samples.throttled.functions.iter().filter(|t| t.name == info.name).fold(0u64, |n, t| n.saturating_add(t.self_samples));
         samples.estimated_ns(own)
     }
 
@@ -764,6 +765,9 @@ mod tests {
         assert_eq!(samples.leaf_share("[probe overhead]"), Some(3.0 / 8.0));
         assert_eq!(samples.leaf_share("work"), Some(5.0 / 8.0));
         assert_eq!(SampleProfile::default().leaf_share("work"), None);
+        // A file's counts may add up past u64: the share is still a number.
+        let huge = SampleProfile { stacks: vec![stack(vec![1], u64::MAX), stack(vec![1], 5)], ..samples };
+        assert_eq!(huge.leaf_share("work"), Some(1.0));
     }
 
     fn node(function: u32, parent: u32, calls: u64, incl: u64) -> TreeNode {

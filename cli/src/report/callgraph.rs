@@ -27,7 +27,7 @@ pub fn render(profile: &Profile, name: &str, side: Side, m: usize) -> Result<Str
     let key = profile.metrics.get(m).map_or("", String::as_str);
     let tree = profile.merged_tree();
     let rows = rows(&tree, &ids, side, m);
-    let all: u64 = rows.iter().map(|r| r.1).sum::<u64>().max(1);
+    let all = rows.iter().fold(0u64, |n, r| n.saturating_add(r.1)).max(1);
     let mut out = String::new();
     let (title, column) = match side {
         Side::Callers => ("Callers of", "caller"),
