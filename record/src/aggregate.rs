@@ -363,7 +363,7 @@ impl Aggregator {
     /// there, unfinished. Frames of `redefined` functions whose returns a
     /// return probe was to see lose it with the old set: they end when seen
     /// gone, as unfinished.
-    fn probes_replaced(&mut self, time: u64, generations: &[u32], removed: &[u32], redefined: &[u32]) {
+    fn probes_replaced(&mut self, time: u64, generations: &[u32], removed: &[u32], redefined: Option<&[u32]>) {
         for &f in removed {
             if let Some(t) = self.throttled.get_mut(f as usize) {
                 *t = true;
@@ -389,7 +389,8 @@ impl Aggregator {
                 }
                 self.close_at(&mut thread, index, &at, Ending::Unfinished);
             }
-            let lost_return = |f: &Frame| !f.pseudo && !f.orphaned && !outlives(f.function) && redefined.contains(&f.function);
+            let lost_return =
+                |f: &Frame| !f.pseudo && !f.orphaned && !outlives(f.function) && redefined.is_none_or(|r| r.contains(&f.function));
             for frame in thread.stack.iter_mut().filter(|f| lost_return(f)) {
                 if !self.exit_sites.get(frame.function as usize).copied().unwrap_or(false) {
                     frame.orphaned = true;
@@ -495,7 +496,9 @@ impl Aggregator {
                     .or_insert_with(|| ThreadState::new(*pid, *tid, names.remove(tid).unwrap_or_default(), functions));
                 thread.observe(*cpu, values, metrics, None);
             }
-            Event::ProbesReplaced { time, generations, removed, redefined } => self.probes_replaced(*time, generations, removed, redefined),
+            Event::ProbesReplaced { time, generations, removed, redefined } => {
+                self.probes_replaced(*time, generations, removed, redefined.as_deref())
+            }
             // Samples and mappings are the sampler's.
             Event::Sample(_) | Event::Mmap { .. } => {}
             Event::CodeAdded { ranges, .. } => self.trampolines.extend(ranges.iter().cloned()),
@@ -1139,7 +1142,7 @@ mod tests {
         switched[0] = 40;
         switched[1] = 30;
         agg.push(&Event::Switch { pid: 1, tid: 1, cpu: 0, values: switched });
-        agg.push(&Event::ProbesReplaced { time: 40, generations: vec![2], removed: vec![1], redefined: vec![0, 1] });
+        agg.push(&Event::ProbesReplaced { time: 40, generations: vec![2], removed: vec![1], redefined: Some(vec![0, 1]) });
         agg.push(&at(0, true, 100, 5, 2, 1008));
         let result = agg.finish();
         let thread = &result.threads[0];
@@ -1162,7 +1165,7 @@ mod tests {
         };
         agg.push(&at(0, false, 0, 1000));
         agg.push(&at(1, false, 10, 992));
-        agg.push(&Event::ProbesReplaced { time: 40, generations: Vec::new(), removed: vec![1], redefined: Vec::new() });
+        agg.push(&Event::ProbesReplaced { time: 40, generations: Vec::new(), removed: vec![1], redefined: Some(Vec::new()) });
         agg.push(&at(1, true, 50, 1000));
         agg.push(&at(0, true, 100, 1008));
         assert_eq!(agg.throttled(), &[false, true]);
@@ -1188,7 +1191,7 @@ mod tests {
         agg.push(&enter(0, 0, 1000, 0xa0));
         agg.push(&enter(1, 10, 992, 0xb0));
         agg.push(&enter(2, 20, 984, 0xc0));
-        agg.push(&Event::ProbesReplaced { time: 30, generations: vec![2], removed: vec![2], redefined: vec![0, 1, 2] });
+        agg.push(&Event::ProbesReplaced { time: 30, generations: vec![2], removed: vec![2], redefined: Some(vec![0, 1, 2]) });
         // The kernel's trampoline still stands in hot's slot: the unwinder needs its address.
         let mut returns = agg.return_addresses(1);
         returns.sort_unstable();
@@ -1212,7 +1215,7 @@ mod tests {
         let mut agg = aggregator(2, 1);
         agg.push(&hit(1, 0, false, 0, 1000));
         agg.push(&hit(1, 1, false, 10, 992));
-        agg.push(&Event::ProbesReplaced { time: 30, generations: vec![2], removed: Vec::new(), redefined: vec![1] });
+        agg.push(&Event::ProbesReplaced { time: 30, generations: vec![2], removed: Vec::new(), redefined: Some(vec![1]) });
         agg.push(&hit(1, 1, false, 40, 992));
         agg.push(&hit(1, 1, true, 50, 1000));
         agg.push(&hit(1, 0, true, 100, 1008));

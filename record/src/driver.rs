@@ -438,7 +438,12 @@ impl<'a> Driver<'a> {
             None => {
                 let removed = unpatched.functions.iter().map(|&(f, _)| f as u32).collect();
                 // The uprobes stay as they are.
-                self.queue.push(Event::ProbesReplaced { time: unpatched.time, generations: Vec::new(), removed, redefined: Vec::new() });
+                self.queue.push(Event::ProbesReplaced {
+                    time: unpatched.time,
+                    generations: Vec::new(),
+                    removed,
+                    redefined: Some(Vec::new()),
+                });
                 self.over_budget(unpatched.time.saturating_sub(self.run.started_ns), names)
             }
             Some(error) => Finding::UnpatchFailed { functions: names, error }.into(),

@@ -169,13 +169,17 @@ pub enum Event {
     ProbesReplaced {
         /// When.
         time: u64,
-        /// The new probe sets.
+        /// The new probe sets (one, `generation`, in streams saved before
+        /// the probes were kept in parts).
+        #[serde(alias = "generation", deserialize_with = "one_or_many")]
         generations: Vec<u32>,
         /// Functions whose probes were removed.
         removed: Vec<u32>,
         /// Functions whose probes were defined again: the return probes of
-        /// their calls under way went with the old ones.
-        redefined: Vec<u32>,
+        /// their calls under way went with the old ones. Every function's,
+        /// when none are named (streams saved before parts).
+        #[serde(default)]
+        redefined: Option<Vec<u32>>,
     },
     /// A thread ended.
     Exit {
@@ -231,5 +235,32 @@ impl Event {
             | Event::CodeAdded { time, .. }
             | Event::ProbesReplaced { time, .. } => *time,
         }
+    }
+}
+
+/// A list of numbers, or one number alone.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(input: D) -> Result<Vec<u32>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(u32),
+        Many(Vec<u32>),
+    }
+    Ok(match OneOrMany::deserialize(input)? {
+        OneOrMany::One(one) => vec![one],
+        OneOrMany::Many(many) => many,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_change_saved_before_the_probes_were_in_parts_still_reads() {
+        let old: Event = serde_json::from_str(r#"{"probes_replaced":{"time":5,"generation":2,"removed":[1]}}"#).unwrap();
+        assert_eq!(old, Event::ProbesReplaced { time: 5, generations: vec![2], removed: vec![1], redefined: None });
+        let new = Event::ProbesReplaced { time: 5, generations: vec![2, 3], removed: vec![1], redefined: Some(vec![0]) };
+        assert_eq!(serde_json::from_str::<Event>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
     }
 }
