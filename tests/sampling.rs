@@ -377,3 +377,45 @@ fn a_forked_childs_stacks_unwind_through_patched_returns() {
     let pids: std::collections::HashSet<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
     assert_eq!(pids.len(), 2, "the child was recorded: {pids:?}");
 }
+
+/// The kernel's work on a function's behalf (its page faults) is sampled as
+/// the kernel's, as perf shows it: kernel functions above the function's
+/// frame, their time taken out of its exclusive time and shown as theirs.
+#[test]
+fn the_kernels_work_for_a_function_is_sampled_as_the_kernels() {
+    require_probes();
+    let binary = Build::c("faults.c", "-O2").build();
+    let binary = binary.to_str().unwrap();
+    let report = profile_run(&["--sample", "1000", "-f", "fault_in", "-f", "spin", "-f", "main"], &[binary, "64", "10"]);
+    let samples = &report["samples"];
+    let total = samples["total"].as_f64().unwrap();
+    assert!(total > 300.0, "{total} samples");
+    let functions = samples["functions"].as_array().unwrap();
+    let in_kernel = |f: &&Value| f["module"] == "[kernel.kallsyms]";
+    let kernel_share = 100.0 * functions.iter().filter(in_kernel).map(|f| f["self"].as_f64().unwrap()).sum::<f64>() / total;
+    let ours = shares(&report);
+    let (fault_in, spin) = (ours["fault_in"], ours["spin"]);
+    // Most of fault_in's samples are the kernel clearing pages for it.
+    assert!(kernel_share > fault_in.1 / 2.0, "kernel {kernel_share:.1}% of fault_in's {:.1}%:\n{functions:?}", fault_in.1);
+    assert!(fault_in.0 < fault_in.1 / 3.0, "fault_in's own share {:.1}% of its {:.1}%", fault_in.0, fault_in.1);
+
+    // Its exclusive CPU time gives the kernel's back, by kernel function.
+    let measured = report["functions"].as_array().unwrap().iter().find(|f| f["name"] == "fault_in").unwrap();
+    let (exclusive, inclusive) = (&measured["exclusive"]["cpu_ns"]["total"], &measured["inclusive"]["cpu_ns"]["total"]);
+    assert!(exclusive.as_u64().unwrap() * 3 < inclusive.as_u64().unwrap(), "fault_in: {exclusive} ns of {inclusive} exclusive");
+    let held = samples["held_by_callers"].as_array().unwrap();
+    assert!(held.iter().any(|h| h["name"] == "fault_in" && h["callee_module"] == "[kernel.kallsyms]"), "{held:?}");
+
+    require("perf", "to compare the kernel's share");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("perf.data");
+    let out = run(Command::new("perf").args(["record", "-q", "-F", "1000", "-g", "-o"]).arg(&data).args(["--", binary, "64", "10"]));
+    assert!(out.status.success(), "perf record: {}", String::from_utf8_lossy(&out.stderr));
+    let text = run_ok(Command::new("perf").args(["report", "--no-children", "--sort", "sym", "--stdio", "-i"]).arg(&data));
+    let share = |line: &str| line.trim_start().split('%').next().and_then(|p| p.parse::<f64>().ok());
+    let perf_kernel: f64 = text.lines().filter(|l| l.contains("[k] ")).filter_map(share).sum();
+    let perf_spin = text.lines().find(|l| l.trim_end().ends_with("[.] spin")).and_then(share).unwrap();
+    // Shares of about 600 samples: a standard deviation near 2 points each.
+    assert!((kernel_share - perf_kernel).abs() <= 10.0, "kernel: proftap {kernel_share:.1}%, perf {perf_kernel:.1}%\n{text}");
+    assert!((spin.0 - perf_spin).abs() <= 10.0, "spin: proftap {:.1}%, perf {perf_spin:.1}%", spin.0);
+}

@@ -205,8 +205,12 @@ const UNWIND_REGS: u64 = (1 << 6) | (1 << 7) | (1 << 8);
 const UNWIND_REGS: u64 = 1 << REG_SP;
 
 /// The sample layout of [`open_stack_sampler`].
-const STACK_SAMPLE_FLAGS: SampleFlag =
-    SampleFlag::IDENTIFIER.union(SampleFlag::TID).union(SampleFlag::TIME).union(SampleFlag::REGS_USER).union(SampleFlag::STACK_USER);
+const STACK_SAMPLE_FLAGS: SampleFlag = SampleFlag::IDENTIFIER
+    .union(SampleFlag::IP)
+    .union(SampleFlag::TID)
+    .union(SampleFlag::TIME)
+    .union(SampleFlag::REGS_USER)
+    .union(SampleFlag::STACK_USER);
 
 /// Opens a sampling event: `frequency` samples per second of the task's
 /// CPU time (hardware cycles where the machine counts them, else the
@@ -228,6 +232,11 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
         // Time in the kernel counts too (the user stack says for whom),
         // where the kernel may be observed.
         .exclude_kernel(!kernel_observable());
+    if kernel_observable() {
+        // Its functions' names, read ahead of the first sample taken there.
+        static READ_AHEAD: std::sync::Once = std::sync::Once::new();
+        READ_AHEAD.call_once(|| drop(std::thread::spawn(crate::symbols::KernelSymbols::running)));
+    }
     builder.build()
 }
 
@@ -236,6 +245,8 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
 pub struct RawStackSample<'a> {
     /// Event id.
     pub id: u64,
+    /// Where the CPU was: in the kernel's code when the sample was taken there.
+    pub ip: u64,
     /// Process id.
     pub pid: u32,
     /// Thread id.
@@ -256,11 +267,12 @@ pub const MISC_KERNEL: u16 = 1;
 /// Parses a sample of [`open_stack_sampler`]'s layout.
 pub fn parse_stack_sample(body: &[u8]) -> Option<RawStackSample<'_>> {
     let id = read_u64(body, 0)?;
-    let pid = read_u32(body, 8)?;
-    let tid = read_u32(body, 12)?;
-    let time = read_u64(body, 16)?;
-    let abi = read_u64(body, 24)?;
-    let mut at = 32;
+    let ip = read_u64(body, 8)?;
+    let pid = read_u32(body, 16)?;
+    let tid = read_u32(body, 20)?;
+    let time = read_u64(body, 24)?;
+    let abi = read_u64(body, 32)?;
+    let mut at = 40;
     let mut regs = [0u64; 3];
     if abi != 0 {
         let count = UNWIND_REGS.count_ones() as usize;
@@ -281,7 +293,7 @@ pub fn parse_stack_sample(body: &[u8]) -> Option<RawStackSample<'_>> {
     } else {
         &[]
     };
-    Some(RawStackSample { id, pid, tid, time, regs, stack })
+    Some(RawStackSample { id, ip, pid, tid, time, regs, stack })
 }
 
 /// `PERF_RECORD_MMAP2`: pid, start, length, file offset, path.
@@ -521,6 +533,30 @@ mod tests {
         assert_eq!(raw_u32(s.raw, 16), Some(42));
         // Truncated: no panic, no sample.
         assert!(parse_sample(&body[..30]).is_none());
+    }
+
+    #[test]
+    fn a_stack_sample_says_where_the_cpu_was() {
+        let mut body = Vec::new();
+        push(&mut body, 9); // identifier
+        push(&mut body, 0xffff_ffff_8100_1234); // ip: in the kernel
+        body.extend_from_slice(&10u32.to_ne_bytes());
+        body.extend_from_slice(&11u32.to_ne_bytes());
+        push(&mut body, 5_000); // time
+        push(&mut body, 2); // abi
+        for register in [0x7ffd_0100, 0x7ffd_0000, 0x40_1000] {
+            push(&mut body, register); // bp, sp, ip: the user's
+        }
+        push(&mut body, 16); // stack bytes copied
+        body.extend_from_slice(&[7; 16]);
+        push(&mut body, 8); // of which valid
+        let s = parse_stack_sample(&body).expect("parses");
+        assert_eq!((s.id, s.ip, s.pid, s.tid, s.time), (9, 0xffff_ffff_8100_1234, 10, 11, 5_000));
+        assert_eq!(s.regs, [0x40_1000, 0x7ffd_0000, 0x7ffd_0100]);
+        assert_eq!(s.stack, &[7; 8]);
+        for cut in 0..body.len() {
+            assert!(parse_stack_sample(&body[..cut]).is_none(), "cut at {cut}");
+        }
     }
 
     #[test]

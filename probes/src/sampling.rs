@@ -3,7 +3,7 @@
 //! stack with framehop, and symbols with inlined frames and lines. Counting
 //! the stacks is the recorder's.
 
-use crate::symbols::{DebugSource, ElfImage, Segment, SymbolCache, SymbolIndex, demangle_name};
+use crate::symbols::{DebugSource, ElfImage, KERNEL_IMAGE, Segment, SymbolCache, SymbolIndex, demangle_name};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection};
@@ -29,6 +29,10 @@ pub struct StackSample {
     /// Taken while the thread was in the kernel (a system call, a fault, or
     /// a probe being handled); the registers are the user's at that moment.
     pub in_kernel: bool,
+    /// The kernel function it was taken in, when the kernel shows this
+    /// process its symbols (never its address: the reader may not see it).
+    #[serde(default)]
+    pub kernel_function: Option<String>,
     /// The in-process engine's return addresses of the thread by stack
     /// slot, read as soon as the sample was (the closer to when it was
     /// taken, the more of its frames they still describe).
@@ -44,6 +48,8 @@ pub const PROBE_OVERHEAD_FRAME: &str = "[probe overhead]";
 /// The module of that frame in the in-process engine's code (in the
 /// kernel's probe area, it has none).
 pub const ENGINE_MODULE: &str = "[proftap]";
+/// The frame of a sample taken in the kernel when its functions cannot be named.
+pub const KERNEL_FRAME: &str = "[kernel]";
 /// Bytes of a page: mappings start on one.
 const PAGE_BYTES: u64 = 4096;
 /// Bytes of the registers a trampoline of the in-process engine saves
@@ -553,6 +559,14 @@ impl StackResolver {
             frames.insert(0, frame(PROBE_OVERHEAD_FRAME, ENGINE_MODULE, false));
             timed.insert(0, false);
             line = None;
+        } else if sample.in_kernel && !self.kernel_probes {
+            // The kernel's work for the user frame below (a system call, a
+            // page fault) is the kernel's own, as perf shows it. Not where
+            // kernel probes are defined: there, the kernel's time at a
+            // probed instruction is the probe's, which the probes' cost
+            // per call takes out already.
+            frames.insert(0, kernel_frame(sample.kernel_function.as_deref()));
+            timed.insert(0, false);
         }
         frames.reverse();
         timed.reverse();
@@ -743,6 +757,12 @@ impl StackResolver {
 
 fn frame(name: &str, module: &str, inlined: bool) -> SampledFrame {
     SampledFrame { name: name.into(), module: module.into(), inlined }
+}
+
+/// The frame of a sample taken in the kernel: its function, or the kernel
+/// unnamed where its symbols are hidden.
+fn kernel_frame(function: Option<&str>) -> SampledFrame {
+    frame(function.unwrap_or(KERNEL_FRAME), KERNEL_IMAGE, false)
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Adding profiles together: runs of the same build of a program.
 
-use crate::model::{BranchRecord, FunctionId, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack, Throttled};
+use crate::model::{
+    BranchRecord, FunctionId, HeldSamples, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack, Throttled,
+};
 use crate::notes::Note;
 use std::collections::{HashMap, HashSet};
 
@@ -259,10 +261,10 @@ impl Throttled {
                 }
             }
         }
-        let mut held: HashMap<(i32, String, String), usize> =
-            self.held.iter().enumerate().map(|(i, h)| ((h.tid, h.name.clone(), h.callee.clone()), i)).collect();
+        let key = |h: &HeldSamples| (h.tid, h.name.clone(), h.callee.clone(), h.callee_module.clone());
+        let mut held: HashMap<(i32, String, String, String), usize> = self.held.iter().enumerate().map(|(i, h)| (key(h), i)).collect();
         for theirs in &other.held {
-            let key = (theirs.tid, theirs.name.clone(), theirs.callee.clone());
+            let key = key(theirs);
             match held.get(&key) {
                 Some(&i) => self.held[i].samples = self.held[i].samples.saturating_add(theirs.samples),
                 None => {

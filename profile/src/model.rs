@@ -179,6 +179,10 @@ pub struct HeldSamples {
     /// ("" in files written before it was kept).
     #[serde(default)]
     pub callee: String,
+    /// The callee's module: a kernel function and a library's of the same
+    /// name (`memcpy`) are two ("" in files written before it was kept).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub callee_module: String,
     /// How many.
     pub samples: u64,
 }

@@ -9,9 +9,10 @@ use crate::events::Values;
 use crate::request::RegionSpec;
 use crate::trace::TraceKeeper;
 use proftap_probes::entry::EntryKind;
+use proftap_probes::symbols::KERNEL_IMAGE;
 use proftap_profile::{
-    BranchRecord, CallTree, Engine, ExitMode, Finding, FunctionInfo, LineRecord, Mode, Note, Profile, Recording, RegionRecord,
-    SampleProfile, Stat, Target, ThreadProfile, Throttled, TreeNode,
+    BranchRecord, CallTree, Engine, ExitMode, Finding, FunctionInfo, HeldSamples, LineRecord, Mode, Note, Profile, Recording, RegionRecord,
+    SampleProfile, SampledFrame, Stat, Target, ThreadProfile, Throttled, TreeNode,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -208,13 +209,14 @@ fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: &[ThreadProfile]) {
 fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, threads: &mut [ThreadProfile], samples: &SampleProfile) -> u64 {
     let times: Vec<usize> =
         metrics.iter().enumerate().filter(|(_, m)| m.as_str() == "wall_ns" || m.as_str() == "cpu_ns").map(|(i, _)| i).collect();
-    let mut ids: HashMap<String, u32> = HashMap::new();
+    // By name and whether the kernel's: its `memcpy` is not a library's.
+    let mut ids: HashMap<(String, bool), u32> = HashMap::new();
     for (i, f) in functions.iter().enumerate() {
-        ids.entry(f.name.clone()).or_insert(i as u32);
+        ids.entry((f.name.clone(), f.module == KERNEL_IMAGE)).or_insert(i as u32);
     }
     let mut givers = HashSet::new();
     for held in &samples.throttled.held {
-        let Some(&function) = ids.get(&held.name) else { continue };
+        let Some(&function) = ids.get(&(held.name.clone(), false)) else { continue };
         let Some(thread) = threads.iter_mut().find(|t| t.tid == held.tid) else { continue };
         let ns = samples.estimated_ns(held.samples);
         let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function) else { continue };
@@ -235,7 +237,7 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
                 }
             }
         }
-        if let Some(callee) = callee_id(&held.callee, &mut ids, functions, samples) {
+        if let Some(callee) = callee_id(held, &mut ids, functions, samples) {
             for (&i, time) in holders.iter().zip(&given).filter(|(_, t)| t.iter().any(|&v| v > 0)) {
                 add_estimated(&mut thread.tree, i as u32, callee, time);
             }
@@ -261,17 +263,25 @@ fn take_out(stat: &mut Stat, calls: u64, ns: u64) -> u64 {
 
 /// The function `name`'s id, a sampled function added to `functions`
 /// (in the module its samples name) when it is not there yet.
-fn callee_id(name: &str, ids: &mut HashMap<String, u32>, functions: &mut Vec<FunctionInfo>, samples: &SampleProfile) -> Option<u32> {
+fn callee_id(
+    held: &HeldSamples,
+    ids: &mut HashMap<(String, bool), u32>,
+    functions: &mut Vec<FunctionInfo>,
+    samples: &SampleProfile,
+) -> Option<u32> {
+    let name = &held.callee;
     if name.is_empty() {
         return None;
     }
-    if let Some(&id) = ids.get(name) {
+    let key = (name.clone(), held.callee_module == KERNEL_IMAGE);
+    if let Some(&id) = ids.get(&key) {
         return Some(id);
     }
-    let frame = samples.frames.iter().find(|f| !f.inlined && f.name == name)?;
+    let of_callee = |f: &&SampledFrame| held.callee_module.is_empty() || f.module == held.callee_module;
+    let frame = samples.frames.iter().filter(|f| !f.inlined && &f.name == name).find(of_callee)?;
     let id = functions.len() as u32;
-    functions.push(FunctionInfo { name: name.into(), module: frame.module.clone(), mode: Mode::Sampled, ..FunctionInfo::default() });
-    ids.insert(name.into(), id);
+    functions.push(FunctionInfo { name: name.clone(), module: frame.module.clone(), mode: Mode::Sampled, ..FunctionInfo::default() });
+    ids.insert(key, id);
     Some(id)
 }
 

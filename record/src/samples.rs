@@ -2,6 +2,7 @@
 //! source lines counted, each kept once.
 
 use proftap_probes::sampling::{PROBE_OVERHEAD_FRAME, ResolvedStack};
+use proftap_probes::symbols::KERNEL_IMAGE;
 use proftap_profile::{HeldSamples, SampleProfile, SampledFrame, SampledLine, SampledStack, Throttled, ThrottledSamples};
 use rustc_hash::FxHashMap;
 use std::collections::{HashMap, HashSet};
@@ -22,8 +23,9 @@ pub struct SampleAggregator {
     throttled: HashSet<String>,
     /// By throttled function: (self, total) samples since.
     after_throttle: HashMap<String, (u64, u64)>,
-    /// By (thread, caller still instrumented): samples its exclusive time holds.
-    held: HashMap<(i32, String, String), u64>,
+    /// By (thread, caller still instrumented, callee and its module):
+    /// samples the caller's exclusive time holds.
+    held: HashMap<(i32, String, (String, String)), u64>,
     /// Each sample's process, thread, time and frames, for a timeline.
     timed: Option<Vec<(SampleTime, Vec<u32>)>>,
 }
@@ -146,19 +148,19 @@ impl SampleAggregator {
         // A pseudo-frame (`[unknown: ...]`) names no function to give the
         // time to: it stays with the measured one. The probes' own time
         // (`[probe overhead]`) is the compensation's to take out, not a
-        // throttled caller's.
-        let unmeasured = !self.measured_names.contains(&leaf.name) && !leaf.name.starts_with('[');
+        // throttled caller's. The kernel's, named or not, is its own.
+        let unmeasured = leaf.module == KERNEL_IMAGE || !self.measured_names.contains(&leaf.name) && !leaf.name.starts_with('[');
         let owner = match measured.first() {
             _ if leaf.name == PROBE_OVERHEAD_FRAME => return,
-            _ if unmeasured => &leaf.name,
+            _ if unmeasured => leaf,
             Some(&(innermost, through_probe)) if !timed(innermost, through_probe) => {
                 self.after_throttle.entry(innermost.name.clone()).or_default().0 += 1;
-                &innermost.name
+                innermost
             }
             _ => return,
         };
         if let Some(holder) = holder {
-            *self.held.entry((tid, holder.clone(), owner.clone())).or_default() += 1;
+            *self.held.entry((tid, holder.clone(), (owner.name.clone(), owner.module.clone()))).or_default() += 1;
         }
     }
 
@@ -194,9 +196,15 @@ impl SampleAggregator {
         let mut held: Vec<HeldSamples> = self
             .held
             .iter()
-            .map(|((tid, name, callee), &samples)| HeldSamples { tid: *tid, name: name.clone(), callee: callee.clone(), samples })
+            .map(|((tid, name, (callee, callee_module)), &samples)| HeldSamples {
+                tid: *tid,
+                name: name.clone(),
+                callee: callee.clone(),
+                callee_module: callee_module.clone(),
+                samples,
+            })
             .collect();
-        held.sort_by(|a, b| (a.tid, &a.name, &a.callee).cmp(&(b.tid, &b.name, &b.callee)));
+        held.sort_by(|a, b| (a.tid, &a.name, &a.callee, &a.callee_module).cmp(&(b.tid, &b.name, &b.callee, &b.callee_module)));
         SampleProfile {
             event: self.event.clone(),
             frequency_hz: self.frequency_hz,
@@ -251,7 +259,8 @@ mod tests {
         let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.self_samples, t.total_samples));
         assert_eq!(of("tiny"), Some((1, 1)));
         assert_eq!(of("outer"), Some((1, 2)));
-        let held = |callee: &str| HeldSamples { tid: 7, name: "main".into(), callee: callee.into(), samples: 1 };
+        let held =
+            |callee: &str| HeldSamples { tid: 7, name: "main".into(), callee: callee.into(), callee_module: "/bin/p".into(), samples: 1 };
         assert_eq!(throttled.held, vec![held("outer"), held("tiny")]);
     }
 
@@ -273,11 +282,38 @@ mod tests {
         samples.add(7, &in_inner_emit);
         samples.add(7, &in_outer_emit);
         let throttled = samples.profile().throttled;
-        let held = |callee: &str| HeldSamples { tid: 7, name: "emit".into(), callee: callee.into(), samples: 1 };
+        let held =
+            |callee: &str| HeldSamples { tid: 7, name: "emit".into(), callee: callee.into(), callee_module: "/bin/p".into(), samples: 1 };
         assert_eq!(throttled.held, vec![held("emit"), held("match")]);
         let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.self_samples, t.total_samples));
         assert_eq!(of("match"), Some((1, 1)));
         assert_eq!(of("emit"), Some((1, 2)), "the outer call's own sample is measured, not estimated");
+    }
+
+    #[test]
+    fn the_kernels_time_is_its_own_even_under_a_name_a_library_has() {
+        let names = ["main", "copy"].map(String::from).to_vec();
+        let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
+        let kernel = |name: &str| SampledFrame { name: name.into(), module: KERNEL_IMAGE.into(), inlined: false };
+        let stack = |frames: Vec<SampledFrame>| ResolvedStack { frames, line: None, timed_calls: Vec::new() };
+        // copy calls the library's memcpy, which faults: the kernel's memcpy
+        // (and its unnamed time, where its symbols are hidden) is not the
+        // library's, nor copy's.
+        samples.add(7, &stack(vec![frame("main"), frame("copy"), frame("memcpy"), kernel("memcpy")]));
+        samples.add(7, &stack(vec![frame("main"), frame("copy"), frame("memcpy"), kernel("memcpy")]));
+        samples.add(7, &stack(vec![frame("main"), frame("copy"), kernel("[kernel]")]));
+        samples.add(7, &stack(vec![frame("main"), frame("copy"), frame("memcpy")]));
+        let held = |callee: &str, module: &str, samples| HeldSamples {
+            tid: 7,
+            name: "copy".into(),
+            callee: callee.into(),
+            callee_module: module.into(),
+            samples,
+        };
+        assert_eq!(
+            samples.profile().throttled.held,
+            vec![held("[kernel]", KERNEL_IMAGE, 1), held("memcpy", "/bin/p", 1), held("memcpy", KERNEL_IMAGE, 2)]
+        );
     }
 
     #[test]
@@ -292,7 +328,13 @@ mod tests {
         samples.add(7, &stack(&["main", "clear", "[unknown: unmapped]"]));
         samples.add(7, &stack(&["main", "clear", "[probe overhead]"]));
         samples.add(7, &stack(&["_start", "__libc_start_main"]));
-        let held = |name: &str, callee: &str, samples: u64| HeldSamples { tid: 7, name: name.into(), callee: callee.into(), samples };
+        let held = |name: &str, callee: &str, samples: u64| HeldSamples {
+            tid: 7,
+            name: name.into(),
+            callee: callee.into(),
+            callee_module: "/bin/p".into(),
+            samples,
+        };
         let throttled = samples.profile().throttled;
         assert_eq!(throttled.held, vec![held("clear", "memset", 1)], "only memset's own sample is clear's to give back");
         assert!(throttled.functions.is_empty());

@@ -158,6 +158,7 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
             "tid": h.tid,
             "name": h.name,
             "callee": h.callee,
+            "callee_module": h.callee_module,
             "samples": h.samples,
             "ns": samples.estimated_ns(h.samples),
         })

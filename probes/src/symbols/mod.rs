@@ -7,12 +7,14 @@ mod debuginfod;
 mod demangle;
 mod dwarf;
 mod elf;
+mod kernel;
 
 pub use cache::SymbolCache;
 pub use debuginfo::{DebugDirs, DebugSource};
 pub use debuginfod::{Debuginfod, FetchProgress, MAX_DOWNLOAD, Unheard};
 pub use dwarf::{CompileUnit, FileTable, LineRow};
 pub use elf::{ElfImage, ElfKind, Segment, file_offset, hex};
+pub use kernel::{KERNEL_IMAGE, KernelSymbols};
 
 /// The demangled form of a symbol name (C++, Rust), or the name itself.
 pub fn demangle_name(raw: &str) -> String {

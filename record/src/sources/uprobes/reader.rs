@@ -5,6 +5,7 @@ use crate::events::{Event, Hit, HitKind, ProbeId, Values};
 use proftap_probes::metrics::MAX_METRICS;
 use proftap_probes::perf::{self, RingBuffer, record_type};
 use proftap_probes::sampling::StackSample;
+use proftap_probes::symbols::KernelSymbols;
 use rustc_hash::FxHashMap;
 
 /// What an event id stands for.
@@ -158,13 +159,15 @@ fn decode(
                 == Some(&Source::Stacks) =>
         {
             let Some(s) = perf::parse_stack_sample(body) else { return Decoded::Malformed };
+            let in_kernel = misc & perf::MISC_CPUMODE_MASK == perf::MISC_KERNEL;
             Decoded::Event(Event::Sample(Box::new(StackSample {
                 time: s.time,
                 pid: s.pid,
                 tid: s.tid,
                 regs: s.regs,
                 stack: s.stack.to_vec(),
-                in_kernel: misc & perf::MISC_CPUMODE_MASK == perf::MISC_KERNEL,
+                in_kernel,
+                kernel_function: if in_kernel { KernelSymbols::running().function_at(s.ip).map(str::to_string) } else { None },
                 returns: Vec::new(),
             })))
         }
