@@ -12,6 +12,11 @@ import re
 import sys
 
 
+def named(name, module):
+    """A function's name, marked `[k]` as perf marks the kernel's."""
+    return f"[k] {name}" if name and module == "[kernel.kallsyms]" else name
+
+
 def top(report):
     p = json.load(open(report))
     metric = "cpu_ns" if "cpu_ns" in p["metrics"] else p["metrics"][0]
@@ -23,15 +28,16 @@ def top(report):
     # Functions never instrumented (a library's): the time their samples
     # took out of their instrumented callers' exclusive time.
     for h in samples.get("held_by_callers", []):
-        if h.get("callee") and h["callee"] not in own:
-            held[h["callee"]] = held.get(h["callee"], 0) + h["ns"]
+        callee = named(h.get("callee"), h.get("callee_module"))
+        if callee and callee not in own:
+            held[callee] = held.get(callee, 0) + h["ns"]
     own.update(held)
     for name, ns in sorted(own.items(), key=lambda kv: -kv[1])[:5]:
         print(f"    {ns / 1e6:9.1f} ms  {name}")
     total = max(1, samples.get("total", 0))
     print("  proftap, self samples:")
     for f in sorted(samples.get("functions", []), key=lambda f: -f["self"])[:5]:
-        print(f"    {100 * f['self'] / total:8.2f}%  {f['name']}")
+        print(f"    {100 * f['self'] / total:8.2f}%  {named(f['name'], f['module'])}")
     print("  lost events:", p["lost"]["events"])
 
 
