@@ -82,6 +82,9 @@ compare_py=$root/benches/realprogs/compare.py
 proftap_top() {
     "$proftap" report "$1" --format json >"$1.json"
     python3 "$compare_py" top "$1.json"
+    # The flame graph's stacks with a frame that names no function.
+    "$proftap" export "$1" --format folded -o "$1.folded"
+    awk '{n = $NF; all += n} /\[unknown/ {unnamed += n} END {printf "  flame graph: %.2f%% of %d samples under an unnamed frame\n", all ? 100 * unnamed / all : 0, all}' "$1.folded"
 }
 
 perf_top() {
