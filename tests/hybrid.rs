@@ -267,6 +267,37 @@ fn a_function_the_kernel_cannot_probe_is_named_and_the_others_governed() {
     assert!(notes.contains(&format!("segprefix.c:{atomic}")) && notes.contains("show no count: the kernel refuses a uprobe"), "{notes}");
 }
 
+/// Under a budget, the uprobes on a function's lines count as its cost:
+/// `main`, called once, hits its loop's lines hundreds of thousands of
+/// times, and loses its probes with them. Its lines' counts are then what
+/// was seen until then, and say so; the overhead estimate counts each line
+/// hit. Before, the governor judged calls alone: `main` kept every line
+/// probe, the run took seconds, and the estimate said 36 ns a hit.
+#[test]
+fn a_functions_line_probes_count_against_the_budget_and_its_lines_say_what_they_lack() {
+    require_probes();
+    let binary = Build::c("lineloop.c", "-O0").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let args = ["--engine", "uprobe", "--no-sample", "--lines", "--line-times", "--overhead-budget", "5"];
+    run_ok(proftap().arg("run").args(args).arg("-o").arg(&file).arg("--").arg(&binary).arg("100000"));
+    let report = report_json(&file);
+    let main = function(&report["functions"], "main");
+    assert_eq!(main["mode"], "throttled", "{main}");
+    let source = std::fs::read_to_string(examples().join("lineloop.c")).unwrap();
+    let xor = 1 + source.lines().position(|l| l.trim() == "total ^= i;").unwrap() as u64;
+    let line = report["lines"].as_array().unwrap().iter().find(|l| l["line"] == xor).unwrap_or_else(|| panic!("{}", report["lines"]));
+    assert_eq!(line["throttled"], true, "{line}");
+    assert!(line["count"].as_u64().unwrap() < 100_000, "{line}");
+    let overhead = &report["overhead"];
+    let (per_hit, emulated) = (overhead["per_hit_ns"].as_u64().unwrap(), overhead["call_ns_emulated"].as_u64().unwrap());
+    assert!(per_hit >= emulated / 2, "{overhead}: every hit is at least one emulated probe");
+    let annotated = run_ok(proftap().args(["annotate", "main", "--no-pager"]).arg(&file));
+    assert!(annotated.contains("a count with + is a lower bound"), "{annotated}");
+    let row = annotated.lines().find(|l| l.contains(&format!(" {xor}:"))).unwrap();
+    assert!(row.split_whitespace().next().unwrap().ends_with('+'), "{annotated}");
+}
+
 /// A new probe set that cannot be opened on every thread (here for want
 /// of file descriptors: 100 threads wait while the main one calls) leaves
 /// the old one in place, whole: before, it went with the failure, and

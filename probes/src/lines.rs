@@ -14,7 +14,7 @@
 
 use crate::addr::FileOffset;
 use crate::arcs::lines::{FunctionLines, NO_LINE};
-use crate::entry::uprobe_refuses;
+use crate::entry::{EntryKind, classify_entry, uprobe_refuses};
 use crate::plan::ProbedFunction;
 use crate::symbols::{Function, SymbolIndex, file_offset};
 use std::collections::{BTreeMap, HashMap};
@@ -54,6 +54,8 @@ pub struct LineProbe {
     /// row that every run through it reaches; none when there is no such
     /// instruction (its lines are then not counted by uprobes).
     pub uprobe_at: Option<FileOffset>,
+    /// How the kernel runs the instruction its uprobe is on: what a hit costs.
+    pub kind: EntryKind,
     /// Its link-time address.
     pub address: u64,
     /// The function it is in (index into the probed functions).
@@ -285,10 +287,13 @@ pub fn plan_lines(
         .filter_map(|(function, address, starts)| {
             let offset = file_offset(&index.segments, crate::addr::VirtAddr(*address))?;
             let row_end = located_at.range(address.saturating_add(1)..).next().map_or(*address, |(&end, _)| end);
+            let uprobe_at = uprobe_place(image, *address..row_end, offset, &body_of(&functions[*function as usize]));
+            let code = uprobe_at.and_then(|at| image.get(usize::try_from(at.0).ok()?..)).unwrap_or_default();
             Some(LineProbe {
                 open_path: open_path.to_path_buf(),
                 offset,
-                uprobe_at: uprobe_place(image, *address..row_end, offset, &body_of(&functions[*function as usize])),
+                uprobe_at,
+                kind: classify_entry(code),
                 address: *address,
                 function: *function,
                 lines: ids(&plan, starts),

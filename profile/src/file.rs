@@ -268,6 +268,7 @@ mod tests {
             count: 0,
             cost: vec![0],
             branches: Vec::new(),
+            throttled: false,
         });
         let err = decode(&file_of(&serde_json::to_vec(&bad).expect("json"), 6)).expect_err("invalid").to_string();
         assert!(err.starts_with("the profile is damaged or truncated (a line record of a\\nbxxx"), "{err}");

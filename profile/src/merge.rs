@@ -128,6 +128,7 @@ impl Profile {
                         *a = a.saturating_add(*b);
                     }
                     add_branches(&mut mine.branches, &line.branches);
+                    mine.throttled |= line.throttled;
                 }
                 None => {
                     lines.insert((line.file.clone(), line.line), self.lines.len());
@@ -291,7 +292,14 @@ mod tests {
             metrics: vec!["wall_ns".into()],
             functions: vec![FunctionInfo { name: function.into(), module: "/bin/prog".into(), ..FunctionInfo::default() }],
             threads: vec![ThreadProfile { pid: 1, tid: 1, name: "prog".into(), functions: vec![stats], tree: CallTree::new(1) }],
-            lines: vec![LineRecord { file: "a.c".into(), line: 3, count: line_count, cost: vec![5], branches: Vec::new() }],
+            lines: vec![LineRecord {
+                file: "a.c".into(),
+                line: 3,
+                count: line_count,
+                cost: vec![5],
+                branches: Vec::new(),
+                throttled: false,
+            }],
             runs: 1,
             ..Profile::default()
         }
@@ -308,7 +316,10 @@ mod tests {
         assert_eq!(merged[0].calls, 5);
         assert_eq!(merged[0].inclusive[0], Stat { total: 50, min: 10, max: 10 });
         assert_eq!(merged[1].calls, 1);
-        assert_eq!(a.lines, vec![LineRecord { file: "a.c".into(), line: 3, count: 8, cost: vec![15], branches: Vec::new() }]);
+        assert_eq!(
+            a.lines,
+            vec![LineRecord { file: "a.c".into(), line: 3, count: 8, cost: vec![15], branches: Vec::new(), throttled: false }]
+        );
     }
 
     #[test]

@@ -299,6 +299,11 @@ pub struct LineRecord {
     /// Empty when the line's branches were not counted (line probes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub branches: Vec<BranchRecord>,
+    /// Counted by probes of a function that the overhead governor took
+    /// out during the recording: the count and times are what was seen
+    /// until then, a lower bound.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub throttled: bool,
 }
 
 /// How often one conditional jump jumped and went on to the next instruction.

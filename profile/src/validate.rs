@@ -230,7 +230,7 @@ mod tests {
                 FunctionInfo { name: "f".into(), ..FunctionInfo::default() },
             ],
             threads: vec![ThreadProfile { pid: 1, tid: 7, name: String::new(), functions: vec![FunctionStats::new(1, 1)], tree }],
-            lines: vec![LineRecord { file: "a.c".into(), line: 3, count: 1, cost: vec![2], branches: Vec::new() }],
+            lines: vec![LineRecord { file: "a.c".into(), line: 3, count: 1, cost: vec![2], branches: Vec::new(), throttled: false }],
             samples: Some(SampleProfile {
                 frames: vec![frame],
                 stacks: vec![SampledStack { frames: vec![0, 0], count: 1 }],

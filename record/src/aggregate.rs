@@ -312,6 +312,8 @@ pub struct Aggregator {
     returns_outlive_probes: Vec<bool>,
     /// Line and region following, when lines are recorded.
     lines: Option<LineSetup>,
+    /// Per line probe: its hits (what it cost).
+    line_probe_hits: Vec<u64>,
     /// Functions whose probes were removed during the recording.
     throttled: Vec<bool>,
     /// Where return trampolines are: a return address slot holding one at
@@ -346,6 +348,7 @@ impl Aggregator {
             orphaned_frames: 0,
             exit_sites: fit(config.exit_sites),
             returns_outlive_probes: fit(config.returns_outlive_probes),
+            line_probe_hits: vec![0; config.lines.as_ref().map_or(0, |l| l.probes.len())],
             lines: config.lines,
             throttled: vec![false; functions],
             trampolines: config.trampolines,
@@ -588,6 +591,9 @@ impl Aggregator {
 
     /// A line row was reached: the frame of its function moves onto it.
     fn line(&mut self, thread: &mut ThreadState, hit: &Hit) {
+        if let Some(hits) = self.line_probe_hits.get_mut(hit.probe.index() as usize) {
+            *hits += 1;
+        }
         let Some(function) = self.lines.as_ref().and_then(|s| s.probes.get(hit.probe.index() as usize)).map(|p| p.0) else { return };
         if thread.stack.last().is_none_or(|f| f.function != function) {
             match thread.stack.iter().rposition(|f| f.function == function) {
@@ -819,6 +825,7 @@ impl Aggregator {
             throttled: self.throttled,
             processes: self.processes,
             hits: self.hits,
+            line_probe_hits: self.line_probe_hits,
             unwound_frames: self.unwound_frames,
             orphaned_frames: self.orphaned_frames,
             lines,
@@ -895,6 +902,8 @@ pub struct Aggregate {
     pub processes: Vec<ProcessInfo>,
     /// Probe hits.
     pub hits: u64,
+    /// Per line probe: its hits.
+    pub line_probe_hits: Vec<u64>,
     /// Frames that ended without their own return.
     pub unwound_frames: u64,
     /// Frames in progress when the probe set changed, whose return probes

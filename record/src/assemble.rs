@@ -64,6 +64,10 @@ pub struct LineTable {
     /// show no count.
     #[serde(default)]
     pub unprobed: Vec<u32>,
+    /// Per line probe: how the kernel runs the instruction it is on (what
+    /// a hit costs).
+    #[serde(default)]
+    pub probe_kinds: Vec<EntryKind>,
 }
 
 /// What a recording told as it ended.
@@ -142,7 +146,9 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
         }
     }
     let patched = fitted(&ending.patched, setup.functions.len());
-    let overhead = overhead(&setup.entries, &patched, &calls, aggregate.hits, setup.cost, setup.compensate);
+    let line_probes = setup.lines.as_ref().map(|t| t.probe_kinds.as_slice()).unwrap_or_default();
+    let line_hits: Vec<(EntryKind, u64)> = line_probes.iter().copied().zip(aggregate.line_probe_hits.iter().copied()).collect();
+    let overhead = overhead(&setup.entries, &patched, &calls, &line_hits, aggregate.hits, setup.cost, setup.compensate);
     Profile {
         target: Target { exit_code: ending.exit_code, signal: ending.signal, ..setup.target.clone() },
         recording: Recording {
@@ -158,7 +164,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
         },
         metrics: setup.metrics.clone(),
         functions,
-        lines: line_records(setup.lines.as_ref(), &aggregate.lines, ending, &calls, metrics),
+        lines: line_records(setup.lines.as_ref(), &aggregate.lines, ending, &calls, metrics, &throttled_lines(setup, &aggregate.throttled)),
         regions: region_records(&setup.regions, &aggregate, &ending.engine_regions, metrics),
         threads: aggregate.threads,
         lost: aggregate.lost,
@@ -385,7 +391,14 @@ fn comm_of(path: &str) -> String {
 
 /// Line counts: entries of each line, plus a function's calls on its
 /// declaration line.
-fn line_records(table: Option<&LineTable>, probed: &[(u64, Values)], ending: &Ending, calls: &[u64], metrics: usize) -> Vec<LineRecord> {
+fn line_records(
+    table: Option<&LineTable>,
+    probed: &[(u64, Values)],
+    ending: &Ending,
+    calls: &[u64],
+    metrics: usize,
+    throttled: &[bool],
+) -> Vec<LineRecord> {
     let Some(table) = table else { return Vec::new() };
     let counted = ending.line_counts.as_deref();
     let mut records: Vec<Option<LineRecord>> = table
@@ -406,7 +419,8 @@ fn line_records(table: Option<&LineTable>, probed: &[(u64, Values)], ending: &En
                 None => (probed, timed),
             };
             let branches = ending.line_branches.get(i).cloned().unwrap_or_default();
-            Some(LineRecord { file: file.clone(), line: *line, count, cost, branches })
+            let throttled = throttled.get(i).copied().unwrap_or(false);
+            Some(LineRecord { file: file.clone(), line: *line, count, cost, branches, throttled })
         })
         .collect();
     for (function, decl) in table.decl_lines.iter().enumerate() {
@@ -415,6 +429,26 @@ fn line_records(table: Option<&LineTable>, probed: &[(u64, Values)], ending: &En
         }
     }
     records.into_iter().flatten().collect()
+}
+
+/// By line id, whether probes of a function the governor took out counted
+/// it: its entries, its lines and its declaration line (its calls).
+fn throttled_lines(setup: &Setup, throttled: &[bool]) -> Vec<bool> {
+    let (Some(table), Some(probed)) = (&setup.lines, &setup.aggregation.lines) else { return Vec::new() };
+    let mut marked = vec![false; table.lines.len()];
+    let gone = |f: u32| throttled.get(f as usize).copied().unwrap_or(false);
+    let of_probes = probed.probes.iter().filter(|(f, _)| gone(*f)).flat_map(|(_, lines)| lines.iter().copied());
+    let of_entries = (0..probed.entry_lines.len() as u32).filter(|&f| gone(f)).flat_map(|f| {
+        let also = probed.entry_also.get(f as usize).into_iter().flatten().copied();
+        probed.entry_lines.get(f as usize).copied().into_iter().chain(also)
+    });
+    let of_calls = table.decl_lines.iter().enumerate().filter(|&(f, _)| gone(f as u32)).filter_map(|(_, &line)| line);
+    for line in of_probes.chain(of_entries).chain(of_calls) {
+        if let Some(mark) = marked.get_mut(line as usize) {
+            *mark = true;
+        }
+    }
+    marked
 }
 
 /// Each region with what the line probes saw of it and what the in-process

@@ -54,6 +54,32 @@ impl ProbeCost {
     }
 }
 
+/// What each function's uprobes cost the target per hit, for the governor:
+/// a call's entry and return, and a hit of each line probe, which is one
+/// probe of the two a call has.
+#[derive(Clone, Debug, Default)]
+pub struct UprobeCosts {
+    /// Per function (0: not the governor's to judge).
+    pub call_ns: Vec<u64>,
+    /// Per line probe: its function and what a hit costs.
+    pub line_ns: Vec<(u32, u64)>,
+}
+
+impl UprobeCosts {
+    /// Per function, what its probes cost so far: `entries` calls (by
+    /// function) and `line_hits` (by line probe).
+    pub fn spent(&self, entries: &[u64], line_hits: &[u64]) -> Vec<u64> {
+        let calls = |f: usize| entries.get(f).copied().unwrap_or(0);
+        let mut spent: Vec<u64> = self.call_ns.iter().enumerate().map(|(f, &ns)| calls(f).saturating_mul(ns)).collect();
+        for (&(function, ns), &hits) in self.line_ns.iter().zip(line_hits) {
+            if let Some(total) = spent.get_mut(function as usize) {
+                *total = total.saturating_add(hits.saturating_mul(ns));
+            }
+        }
+        spent
+    }
+}
+
 /// What to subtract per call of each function (entries of kind
 /// `entries[f]`, patched when `injected[f]`), for the recording's metrics.
 pub fn compensation(entries: &[EntryKind], injected: &[bool], metrics: &[Metric], cost: ProbeCost) -> Compensation {
@@ -76,22 +102,23 @@ pub fn compensation(entries: &[EntryKind], injected: &[bool], metrics: &[Metric]
 }
 
 /// What the instrumentation cost the target: `calls[f]` calls of each
-/// function, `hits` probe hits in all.
+/// function, the hits of each line probe (on an instruction of its kind),
+/// `hits` probe hits in all.
 pub fn overhead(
     entries: &[EntryKind],
     injected: &[bool],
     calls: &[u64],
+    line_hits: &[(EntryKind, u64)],
     hits: u64,
     cost: Option<ProbeCost>,
     compensated: bool,
 ) -> Overhead {
     let Some(cost) = cost else { return Overhead { hits, ..Overhead::default() } };
-    let estimated: u64 = entries
-        .iter()
-        .zip(injected)
-        .zip(calls)
-        .map(|((&entry, &injected), &n)| n.saturating_mul(cost.of(entry, injected).call_ns))
-        .fold(0, u64::saturating_add);
+    let of_calls =
+        entries.iter().zip(injected).zip(calls).map(|((&entry, &injected), &n)| n.saturating_mul(cost.of(entry, injected).call_ns));
+    // A line probe is one probe, where a call has two.
+    let of_lines = line_hits.iter().map(|&(kind, n)| n.saturating_mul(cost.of(kind, false).call_ns / 2));
+    let estimated: u64 = of_calls.chain(of_lines).fold(0, u64::saturating_add);
     Overhead {
         per_hit_ns: estimated.checked_div(hits).unwrap_or(0),
         hits,

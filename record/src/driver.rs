@@ -6,6 +6,7 @@
 
 use crate::aggregate::Aggregator;
 use crate::assemble::Ending;
+use crate::cost::UprobeCosts;
 use crate::error::RecordError;
 use crate::events::Event;
 use crate::governor::{Governor, SampledOverhead, hottest_functions};
@@ -81,6 +82,13 @@ impl Run<'_> {
             if injected == patched && !kept(i) { cost.of(f.entry, injected).call_ns.max(1) } else { 0 }
         };
         self.functions().iter().zip(&self.injected).enumerate().map(call_ns).collect()
+    }
+
+    /// What the uprobes of each function cost per hit, for the governor.
+    pub fn uprobe_costs(&self) -> UprobeCosts {
+        let cost = self.options.cost.unwrap_or(crate::cost::ProbeCost::ESTIMATE);
+        let probes = self.options.probed_lines.iter().flat_map(|plan| &plan.probes);
+        UprobeCosts { call_ns: self.call_ns(false), line_ns: probes.map(|p| (p.function, cost.of(p.kind, false).call_ns / 2)).collect() }
     }
 
     /// The governor of patched functions, run by the engine's watch. Made
@@ -265,6 +273,7 @@ pub(crate) struct Driver<'a> {
     /// Whether the in-process engine patched the process at all.
     engine_attached: bool,
     governor: Option<Governor>,
+    uprobe_costs: UprobeCosts,
     auto_pending: Option<(usize, Duration)>,
     notes: Vec<Note>,
     child: Option<HeldChild>,
@@ -322,6 +331,7 @@ impl<'a> Driver<'a> {
             throttling: Vec::new(),
             patched: sources.patched,
             governor: options.overhead_budget.map(|budget| Governor::new(budget, run.call_ns(false))),
+            uprobe_costs: run.uprobe_costs(),
             auto_pending: options.auto_instrument,
             notes,
             child,
@@ -471,7 +481,11 @@ impl<'a> Driver<'a> {
             }
             return;
         }
-        let over = self.governor.as_mut().map(|g| g.over_budget(self.uprobes.entries(), elapsed_ns)).unwrap_or_default();
+        let spent = || self.uprobe_costs.spent(self.uprobes.entries(), self.uprobes.line_hits());
+        let over = match self.governor.as_mut() {
+            Some(governor) => governor.over_budget_spent(&spent(), elapsed_ns),
+            None => Vec::new(),
+        };
         let warmed_up = self.auto_pending.filter(|(_, warmup)| elapsed_ns >= warmup.as_nanos() as u64);
         if !over.is_empty() {
             self.throttle(over);

@@ -94,27 +94,33 @@ impl Governor {
     /// Functions to throttle now, given the `calls` so far by function after
     /// `elapsed_ns`; they count as throttled from now on.
     pub fn over_budget(&mut self, calls: &[u64], elapsed_ns: u64) -> Vec<u32> {
+        let spent: Vec<u64> = calls.iter().enumerate().map(|(f, &n)| n.saturating_mul(self.call_ns(f))).collect();
+        self.over_budget_spent(&spent, elapsed_ns)
+    }
+
+    /// The same, given what each function's probes cost so far by the
+    /// estimate (ns): its calls' and, where probes follow its lines,
+    /// theirs. Functions whose call costs nothing are not judged.
+    pub fn over_budget_spent(&mut self, spent: &[u64], elapsed_ns: u64) -> Vec<u32> {
         if elapsed_ns < SETTLE_NS || elapsed_ns <= self.last_ns {
             return Vec::new();
         }
         let window = (elapsed_ns - self.last_ns) as f64;
-        let estimate = |f: usize, n: u64| n as f64 * self.call_ns.get(f).copied().unwrap_or(0) as f64;
-        let estimated: f64 = calls.iter().enumerate().map(|(f, &n)| estimate(f, n)).sum();
+        let judged = |f: usize| self.call_ns(f) > 0;
+        let estimated: f64 = spent.iter().enumerate().filter(|&(f, _)| judged(f)).map(|(_, &ns)| ns as f64).sum();
         let scale = self.scale(estimated);
-        let cost = |f: usize, n: u64| estimate(f, n) * scale;
-        let spent = estimated * scale;
         // What each function still instrumented cost lately, per ns of run.
-        let mut rates: Vec<(f64, usize)> = calls
+        let mut rates: Vec<(f64, usize)> = spent
             .iter()
             .enumerate()
-            .filter(|&(f, _)| !self.throttled.get(f).copied().unwrap_or(true))
-            .map(|(f, &n)| (cost(f, n.saturating_sub(self.last.get(f).copied().unwrap_or(0))) / window, f))
+            .filter(|&(f, _)| judged(f) && !self.throttled.get(f).copied().unwrap_or(true))
+            .map(|(f, &ns)| (ns.saturating_sub(self.last.get(f).copied().unwrap_or(0)) as f64 * scale / window, f))
             .filter(|&(rate, _)| rate > 0.0)
             .collect();
-        self.last = calls.to_vec();
+        self.last = spent.to_vec();
         self.last.resize(self.call_ns.len(), 0);
         self.last_ns = elapsed_ns;
-        let overspent = spent > self.budget * elapsed_ns as f64;
+        let overspent = estimated * scale > self.budget * elapsed_ns as f64;
         let target = if overspent { self.budget / 2.0 } else { self.budget };
         let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
         if rate <= self.budget && !overspent {
@@ -132,6 +138,10 @@ impl Governor {
         }
         over.sort_unstable();
         over
+    }
+
+    fn call_ns(&self, f: usize) -> u64 {
+        self.call_ns.get(f).copied().unwrap_or(0)
     }
 
     /// Whether `f` was throttled.
@@ -218,6 +228,19 @@ mod tests {
         // Twice that estimate, the samples the same: 6%, over it.
         let calls = [20_000u64];
         assert_eq!(Governor::new(0.05, vec![100]).with_samples(sampled(100), ms).over_budget(&calls, 100 * ms), vec![0]);
+    }
+
+    #[test]
+    fn what_a_functions_line_probes_cost_counts_against_the_budget() {
+        let ms = 1_000_000;
+        let costs = crate::cost::UprobeCosts { call_ns: vec![3_000, 3_000], line_ns: vec![(0, 1_500), (0, 1_500), (1, 1_500)] };
+        // main (0), called once, hits its two line probes 10,000 times each
+        // in 100 ms: 30 ms of probes; f (1), ten calls, one line probe.
+        let spent = costs.spent(&[1, 10], &[10_000, 10_000, 10]);
+        assert_eq!(spent, vec![3_000 + 30_000_000, 30_000 + 15_000]);
+        assert_eq!(Governor::new(0.05, costs.call_ns.clone()).over_budget_spent(&spent, 100 * ms), vec![0]);
+        // By its calls alone, main costs nothing worth judging.
+        assert!(Governor::new(0.05, costs.call_ns.clone()).over_budget(&[1, 10], 100 * ms).is_empty());
     }
 
     #[test]

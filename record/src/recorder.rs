@@ -529,6 +529,7 @@ fn setup(
             // entries; probed, its calls.
             decl_lines: options.probed_lines.as_ref().map(|p| p.decl_lines.clone()).unwrap_or_default(),
             unprobed: options.probed_lines.as_ref().map(LinePlan::unprobed_lines).unwrap_or_default(),
+            probe_kinds: options.probed_lines.iter().flat_map(|p| &p.probes).map(|p| p.kind).collect(),
         }),
         regions: options.regions.clone(),
         cost: options.cost,

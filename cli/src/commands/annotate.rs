@@ -3,6 +3,7 @@
 //! `--lines`) and the share of stack samples taken on it (as `perf
 //! annotate` and `callgrind_annotate` show).
 
+use crate::report::coverage::{LOWER_BOUND_LEGEND, count_text};
 use crate::report::text::{format_value, group_digits, metric_label};
 use anyhow::{Context, Result, bail};
 use proftap_profile::{Mode, Profile};
@@ -92,6 +93,9 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
     if with_samples {
         let _ = write!(heading, "{:>6} ", "%smp");
     }
+    if counts.values().any(|l| l.throttled) {
+        let _ = writeln!(out, "({LOWER_BOUND_LEGEND})");
+    }
     let _ = writeln!(out, "{heading}{:>5}  source", "line");
     for number in first..=last {
         let mut row = String::new();
@@ -100,12 +104,9 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
                 None => {
                     let _ = write!(row, "{:>9} {:>12} ", "-", "");
                 }
-                Some(l) if l.count == 0 => {
-                    let _ = write!(row, "{:>9} {:>12} ", "#####", "");
-                }
                 Some(l) => {
                     let time = l.cost.first().map_or(String::new(), |&v| format_value(key, v));
-                    let _ = write!(row, "{:>9} {time:>12} ", group_digits(l.count));
+                    let _ = write!(row, "{:>9} {time:>12} ", count_text(l));
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! `proftap export`: a profile in the formats other tools read.
 
-use crate::report::coverage::{gcov_json, lcov};
+use crate::report::coverage::{gcov_json, lcov, lower_bounds_warning};
 use crate::report::{chrome_trace, firefox, json, speedscope};
 use anyhow::{Context, Result, bail};
 use flate2::Compression;
@@ -69,6 +69,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     // leaves no file.
     let bytes = render(&profile, args.format, &data_name).with_context(|| format!("cannot export {}", args.file.display()))?;
     crate::output::write_output(&args.output, |out| out.write_all(&bytes))?;
+    if let Some(warning) = lower_bounds_warning(&profile).filter(|_| matches!(args.format, Format::Lcov | Format::GcovJson)) {
+        eprintln!("{warning}");
+    }
     if let Some(trace) = profile.trace.as_ref().filter(|t| args.format.needs_trace() && t.cut > 0) {
         eprintln!(
             "proftap: warning: the trace of {} lacks {} of the calls the profile counts (it was full, or they were overwritten before proftap read them); a larger --trace-size keeps more",

@@ -1,6 +1,6 @@
 //! `proftap gcov`: line counts as gcov's own `.gcov` text files.
 
-use crate::report::coverage::{BranchOutput, by_file, gcov_file_names, gcov_text};
+use crate::report::coverage::{BranchOutput, by_file, gcov_file_names, gcov_text, lower_bounds_warning};
 use crate::sources::read_source;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -52,6 +52,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let name = format!("{name}.gcov");
         proftap_profile::write_in_dir(&args.dir, name.as_ref(), |w| w.write_all(text.as_bytes()))?;
         println!("{}", args.dir.join(name).display());
+    }
+    if let Some(warning) = lower_bounds_warning(&profile) {
+        eprintln!("{warning}");
     }
     if unnamed.len() == files.len() {
         bail!("no source file of {} has a name a .gcov file can take (empty, too long, or taken by another)", args.file.display());

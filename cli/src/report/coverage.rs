@@ -1,6 +1,7 @@
 //! Line coverage outputs: gcov's text files, lcov tracefiles and gcov's JSON
 //! format, all from a profile's line counts.
 
+use super::text::group_digits;
 use proftap_profile::{LineRecord, Profile};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -97,6 +98,38 @@ pub enum BranchOutput {
     /// `branch N taken COUNT`.
     Counts,
 }
+
+/// A line's count as proftap's listings show it: gcov's (`#####`: never
+/// run), with a `+` when it is a lower bound (see [`LOWER_BOUND_LEGEND`]).
+pub fn count_text(record: &LineRecord) -> String {
+    match (record.count, record.throttled) {
+        (0, false) => "#####".to_string(),
+        (n, false) => group_digits(n),
+        (n, true) => format!("{}+", group_digits(n)),
+    }
+}
+
+/// The warning an export of counts in a format with no room for a lower
+/// bound gives, when some are: which lines, and how to keep them whole.
+pub fn lower_bounds_warning(profile: &Profile) -> Option<String> {
+    let lines: Vec<&LineRecord> = profile.lines.iter().filter(|l| l.throttled).collect();
+    let first = lines.first()?;
+    Some(format!(
+        "proftap: warning: the {} of {} {} ({}:{}{}) {} lower {}: the overhead governor took out the probes of {} during the run; --overhead-budget 0 keeps every probe",
+        if lines.len() == 1 { "count" } else { "counts" },
+        lines.len(),
+        if lines.len() == 1 { "line" } else { "lines" },
+        first.file,
+        first.line,
+        if lines.len() > 1 { ", ..." } else { "" },
+        if lines.len() == 1 { "is a" } else { "are" },
+        if lines.len() == 1 { "bound" } else { "bounds" },
+        if lines.len() == 1 { "its function" } else { "their functions" },
+    ))
+}
+
+/// What a `+` after a line's count says.
+pub const LOWER_BOUND_LEGEND: &str = "a count with + is a lower bound: the probes of its function were taken out during the run";
 
 /// The arcs of a line's conditional jumps as gcov lists them: per jump, its
 /// fall-through arc, then its jump, with the jump's executions.
@@ -284,7 +317,7 @@ mod tests {
         Profile {
             lines: lines
                 .iter()
-                .map(|&line| LineRecord { file: "a.c".into(), line, count: 1, cost: Vec::new(), branches: Vec::new() })
+                .map(|&line| LineRecord { file: "a.c".into(), line, count: 1, cost: Vec::new(), branches: Vec::new(), throttled: false })
                 .collect(),
             functions: functions
                 .iter()

@@ -97,7 +97,15 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
         "lines": profile.lines.iter().map(|l| {
             let metric = |key: &str| profile.metric_index(key).and_then(|i| l.cost.get(i).copied());
             let branches: Vec<serde_json::Value> = l.branches.iter().map(|b| json!({ "taken": b.taken, "not_taken": b.not_taken })).collect();
-            json!({ "file": l.file, "line": l.line, "count": l.count, "wall_ns": metric("wall_ns"), "cpu_ns": metric("cpu_ns"), "branches": branches })
+            json!({
+                "file": l.file,
+                "line": l.line,
+                "count": l.count,
+                "wall_ns": metric("wall_ns"),
+                "cpu_ns": metric("cpu_ns"),
+                "branches": branches,
+                "throttled": l.throttled,
+            })
         }).collect::<Vec<_>>(),
         "regions": profile.regions.iter().map(|r| json!({
             "name": r.name,

@@ -524,7 +524,10 @@ fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
         // Lines counted by edge counters have no time: no time columns.
         let metrics = if file.lines.values().any(|l| !l.cost.is_empty()) { metrics } else { &[][..] };
         let times = metrics.iter().map(|&m| metric_label(&profile.metrics[m])).collect::<Vec<_>>().join(", ");
-        let what = if metrics.is_empty() { "count per line".to_string() } else { format!("count, then {times} per line") };
+        let mut what = if metrics.is_empty() { "count per line".to_string() } else { format!("count, then {times} per line") };
+        if file.lines.values().any(|l| l.throttled) {
+            what = format!("{what}; {}", super::coverage::LOWER_BOUND_LEGEND);
+        }
         let _ = writeln!(out, "\nSource {} ({what})", file.path);
         for number in super::coverage::shown_lines(&file, text.len()) {
             let source_line = text.get(number as usize - 1).copied().unwrap_or("");
@@ -533,7 +536,7 @@ fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
                     let _ = writeln!(out, "{:>9} {:>width$} {number:>5}: {source_line}", "-", "", width = 12 * metrics.len());
                 }
                 Some(record) => {
-                    let count = if record.count == 0 { "#####".to_string() } else { group_digits(record.count) };
+                    let count = super::coverage::count_text(record);
                     let cost = |m: usize| record.cost.get(m).map_or(String::new(), |&v| format_value(&profile.metrics[m], v));
                     let costs: String = metrics.iter().map(|&m| format!("{:>12}", cost(m))).collect();
                     let _ = writeln!(out, "{count:>9} {costs} {number:>5}: {source_line}");

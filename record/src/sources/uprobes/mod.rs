@@ -196,6 +196,11 @@ impl UprobeSource {
         self.reader.as_ref().map_or(&[], |r| r.entries())
     }
 
+    /// Line probe hits read so far, by line probe (see [`Self::entries`]).
+    pub fn line_hits(&self) -> &[u64] {
+        self.reader.as_ref().map_or(&[], |r| r.line_hits())
+    }
+
     /// Replaces the probe set by the probes of the `enabled` functions of
     /// `all` while the threads of `processes` are held still (see
     /// [`UprobeSource::install_replacement`]), waiting for its definition.

@@ -56,6 +56,8 @@ pub struct RingReader {
     /// Entry hits read so far, by function: what the overhead governor
     /// judges, as soon as they are read rather than once ordered.
     entries: Vec<u64>,
+    /// Line probe hits read so far, by line probe: the governor judges them too.
+    line_hits: Vec<u64>,
     /// Records the reader could not parse (a kernel or proftap bug; counted, not hidden).
     pub malformed: u64,
 }
@@ -75,6 +77,7 @@ impl RingReader {
             generations: FxHashMap::default(),
             counters: counters.min(MAX_METRICS - 1),
             entries: Vec::new(),
+            line_hits: Vec::new(),
             malformed: 0,
         }
     }
@@ -110,16 +113,18 @@ impl RingReader {
     /// Moves every record out of the buffers into `pending`, as events.
     pub fn drain(&mut self, pending: &mut Vec<Event>) -> usize {
         let before = pending.len();
-        let (events, generations, counters, entries, malformed) =
-            (&self.events, &self.generations, self.counters, &mut self.entries, &mut self.malformed);
+        let (events, generations, counters, malformed) = (&self.events, &self.generations, self.counters, &mut self.malformed);
+        let (entries, line_hits) = (&mut self.entries, &mut self.line_hits);
         for (cpu, buffer) in self.buffers.iter_mut().enumerate() {
             let cpu = cpu as u16;
             buffer.drain(|kind, misc, body| match decode(kind, misc, body, cpu, events, generations, counters) {
                 Decoded::Event(e) => {
-                    if let Event::Hit(hit) = &e
-                        && hit.probe.kind() == HitKind::Entry
-                    {
-                        count_entry(entries, hit.probe.function());
+                    if let Event::Hit(hit) = &e {
+                        match hit.probe.kind() {
+                            HitKind::Entry => count_hit(entries, hit.probe.function()),
+                            HitKind::Line => count_hit(line_hits, hit.probe.index()),
+                            HitKind::Exit => {}
+                        }
                     }
                     pending.push(e)
                 }
@@ -135,6 +140,12 @@ impl RingReader {
     /// entries are counted by its drainer.
     pub fn entries(&self) -> &[u64] {
         &self.entries
+    }
+
+    /// Line probe hits read so far, by line probe (shorter when the last
+    /// probes had none).
+    pub fn line_hits(&self) -> &[u64] {
+        &self.line_hits
     }
 }
 
@@ -237,10 +248,11 @@ fn decode(
     }
 }
 
-fn count_entry(entries: &mut Vec<u64>, function: u32) {
-    let f = function as usize;
-    if entries.len() <= f {
-        entries.resize(f + 1, 0);
+/// One hit more at `index` of `hits`, which grows to hold it.
+fn count_hit(hits: &mut Vec<u64>, index: u32) {
+    let i = index as usize;
+    if hits.len() <= i {
+        hits.resize(i + 1, 0);
     }
-    entries[f] += 1;
+    hits[i] += 1;
 }
