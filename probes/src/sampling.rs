@@ -3,7 +3,7 @@
 //! stack with framehop, and symbols with inlined frames and lines. Counting
 //! the stacks is the recorder's.
 
-use crate::symbols::{DebugSource, ElfImage, KERNEL_IMAGE, Segment, SymbolCache, SymbolIndex, demangle_name};
+use crate::symbols::{DebugSource, ElfImage, KERNEL_IMAGE, KernelSymbols, Segment, SymbolCache, SymbolIndex, demangle_name};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection};
@@ -29,10 +29,11 @@ pub struct StackSample {
     /// Taken while the thread was in the kernel (a system call, a fault, or
     /// a probe being handled); the registers are the user's at that moment.
     pub in_kernel: bool,
-    /// The kernel function it was taken in, when the kernel shows this
-    /// process its symbols (never its address: the reader may not see it).
+    /// Where in the kernel it was taken (0: in user code, or unknown).
+    /// Only the function's name goes on into the profile, named here
+    /// from the kernel's symbols as this process may see them.
     #[serde(default)]
-    pub kernel_function: Option<String>,
+    pub kernel_ip: u64,
     /// The in-process engine's return addresses of the thread by stack
     /// slot, read as soon as the sample was (the closer to when it was
     /// taken, the more of its frames they still describe).
@@ -565,7 +566,7 @@ impl StackResolver {
             // kernel probes are defined: there, the kernel's time at a
             // probed instruction is the probe's, which the probes' cost
             // per call takes out already.
-            frames.insert(0, kernel_frame(sample.kernel_function.as_deref()));
+            frames.insert(0, kernel_frame(KernelSymbols::running().function_at(sample.kernel_ip)));
             timed.insert(0, false);
         }
         frames.reverse();

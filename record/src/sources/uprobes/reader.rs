@@ -5,7 +5,6 @@ use crate::events::{Event, Hit, HitKind, ProbeId, Values};
 use proftap_probes::metrics::MAX_METRICS;
 use proftap_probes::perf::{self, RingBuffer, record_type};
 use proftap_probes::sampling::StackSample;
-use proftap_probes::symbols::KernelSymbols;
 use rustc_hash::FxHashMap;
 
 /// What an event id stands for.
@@ -178,7 +177,7 @@ fn decode(
                 regs: s.regs,
                 stack: s.stack.to_vec(),
                 in_kernel,
-                kernel_function: if in_kernel { KernelSymbols::running().function_at(s.ip).map(str::to_string) } else { None },
+                kernel_ip: if in_kernel { s.ip } else { 0 },
                 returns: Vec::new(),
             })))
         }
