@@ -13,8 +13,12 @@ import sys
 
 
 def named(name, module):
-    """A function's name, marked `[k]` as perf marks the kernel's."""
-    return f"[k] {name}" if name and module == "[kernel.kallsyms]" else name
+    """A function's name, a kernel function's marked `[k] ` before it as
+    perf's report marks it (proftap's frames end with `_[k]`, as perf's
+    folded stacks do)."""
+    if name and module == "[kernel.kallsyms]":
+        return f"[k] {name.removesuffix('_[k]')}"
+    return name
 
 
 def top(report):

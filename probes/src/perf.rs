@@ -235,7 +235,8 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
     if kernel_observable() {
         // Its functions' names, read ahead of the first sample taken there.
         static READ_AHEAD: std::sync::Once = std::sync::Once::new();
-        READ_AHEAD.call_once(|| drop(std::thread::spawn(crate::symbols::KernelSymbols::running)));
+        // Without a thread, the first sample in the kernel reads them.
+        READ_AHEAD.call_once(|| drop(std::thread::Builder::new().spawn(crate::symbols::KernelSymbols::running)));
     }
     builder.build()
 }

@@ -51,6 +51,8 @@ pub const PROBE_OVERHEAD_FRAME: &str = "[probe overhead]";
 pub const ENGINE_MODULE: &str = "[proftap]";
 /// The frame of a sample taken in the kernel when its functions cannot be named.
 pub const KERNEL_FRAME: &str = "[kernel]";
+/// What ends the name of a kernel function's frame.
+pub const KERNEL_SUFFIX: &str = "_[k]";
 /// Bytes of a page: mappings start on one.
 const PAGE_BYTES: u64 = 4096;
 /// Bytes of the registers a trampoline of the in-process engine saves
@@ -560,7 +562,7 @@ impl StackResolver {
             frames.insert(0, frame(PROBE_OVERHEAD_FRAME, ENGINE_MODULE, false));
             timed.insert(0, false);
             line = None;
-        } else if sample.in_kernel && !self.kernel_probes {
+        } else if sample.in_kernel && !self.kernel_probes && frames.first().is_none_or(|leaf| leaf.name != PROBE_OVERHEAD_FRAME) {
             // The kernel's work for the user frame below (a system call, a
             // page fault) is the kernel's own, as perf shows it. Not where
             // kernel probes are defined: there, the kernel's time at a
@@ -760,10 +762,15 @@ fn frame(name: &str, module: &str, inlined: bool) -> SampledFrame {
     SampledFrame { name: name.into(), module: module.into(), inlined }
 }
 
-/// The frame of a sample taken in the kernel: its function, or the kernel
-/// unnamed where its symbols are hidden.
+/// The frame of a sample taken in the kernel: its function, marked `_[k]`
+/// as perf's folded stacks mark the kernel's (so that no function of the
+/// program's is taken for the kernel's `memcpy`, whatever looks frames up
+/// by name), or the kernel unnamed where its symbols are hidden.
 fn kernel_frame(function: Option<&str>) -> SampledFrame {
-    frame(function.unwrap_or(KERNEL_FRAME), KERNEL_IMAGE, false)
+    match function {
+        Some(name) => frame(&format!("{name}{KERNEL_SUFFIX}"), KERNEL_IMAGE, false),
+        None => frame(KERNEL_FRAME, KERNEL_IMAGE, false),
+    }
 }
 
 #[cfg(test)]

@@ -43,6 +43,14 @@ impl ProbeCost {
         injected: CallCost { call_ns: 30, call_cpu_ns: 30, self_ns: 15, self_cpu_ns: 15 },
     };
 
+    /// What one uprobe hit on a line costs, on an instruction of `kind`: a
+    /// call's entry probe, which is its cost less its return probe's (taken
+    /// as half an emulated call's, the two probes of one costing alike).
+    pub fn line_hit_ns(&self, kind: EntryKind) -> u64 {
+        let return_probe = self.emulated.call_ns / 2;
+        self.of(kind, false).call_ns.saturating_sub(return_probe).max(return_probe)
+    }
+
     /// What a call costs: patched by the in-process engine (`injected`), or
     /// probed by uprobes on an entry of kind `entry`.
     pub fn of(&self, entry: EntryKind, injected: bool) -> &CallCost {
@@ -116,8 +124,7 @@ pub fn overhead(
     let Some(cost) = cost else { return Overhead { hits, ..Overhead::default() } };
     let of_calls =
         entries.iter().zip(injected).zip(calls).map(|((&entry, &injected), &n)| n.saturating_mul(cost.of(entry, injected).call_ns));
-    // A line probe is one probe, where a call has two.
-    let of_lines = line_hits.iter().map(|&(kind, n)| n.saturating_mul(cost.of(kind, false).call_ns / 2));
+    let of_lines = line_hits.iter().map(|&(kind, n)| n.saturating_mul(cost.line_hit_ns(kind)));
     let estimated: u64 = of_calls.chain(of_lines).fold(0, u64::saturating_add);
     Overhead {
         per_hit_ns: estimated.checked_div(hits).unwrap_or(0),
@@ -129,5 +136,29 @@ pub fn overhead(
         call_ns_injected: cost.injected.call_ns,
         call_cpu_ns: cost.stepped.call_cpu_ns,
         self_ns: cost.stepped.self_ns,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_hit_costs_a_calls_entry_probe() {
+        let cost = ProbeCost::ESTIMATE;
+        // An emulated call is two probes alike; a stepped one steps its entry only.
+        assert_eq!(cost.line_hit_ns(EntryKind::Emulated), 1_000);
+        assert_eq!(cost.line_hit_ns(EntryKind::Stepped), 11_000);
+        let calls = overhead(
+            &[EntryKind::Stepped],
+            &[false],
+            &[10],
+            &[(EntryKind::Stepped, 100), (EntryKind::Emulated, 1_000)],
+            1_220,
+            Some(cost),
+            false,
+        );
+        assert_eq!(calls.estimated_ns, 10 * 12_000 + 100 * 11_000 + 1_000 * 1_000);
+        assert_eq!(calls.per_hit_ns, calls.estimated_ns / 1_220);
     }
 }

@@ -88,7 +88,7 @@ impl Run<'_> {
     pub fn uprobe_costs(&self) -> UprobeCosts {
         let cost = self.options.cost.unwrap_or(crate::cost::ProbeCost::ESTIMATE);
         let probes = self.options.probed_lines.iter().flat_map(|plan| &plan.probes);
-        UprobeCosts { call_ns: self.call_ns(false), line_ns: probes.map(|p| (p.function, cost.of(p.kind, false).call_ns / 2)).collect() }
+        UprobeCosts { call_ns: self.call_ns(false), line_ns: probes.map(|p| (p.function, cost.line_hit_ns(p.kind))).collect() }
     }
 
     /// The governor of patched functions, run by the engine's watch. Made

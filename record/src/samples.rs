@@ -133,7 +133,7 @@ impl SampleAggregator {
         let physical: Vec<(&SampledFrame, bool)> = stack.frames.iter().zip(timed_call).rev().filter(|(f, _)| !f.inlined).collect();
         let Some(&(leaf, _)) = physical.first() else { return };
         let measured: Vec<(&SampledFrame, bool)> =
-            physical.iter().filter(|(f, _)| self.measured_names.contains(&f.name)).copied().collect();
+            physical.iter().filter(|(f, _)| f.module != KERNEL_IMAGE && self.measured_names.contains(&f.name)).copied().collect();
         let timed = |frame: &SampledFrame, through_probe: bool| through_probe || !self.throttled.contains(&frame.name);
         let mut seen: Vec<&str> = Vec::new();
         let mut holder = None;

@@ -57,7 +57,8 @@ impl KernelSymbols {
     pub fn function_at(&self, address: u64) -> Option<&str> {
         let after = self.starts.partition_point(|&(start, _)| start <= address);
         let &(_, index) = self.starts.get(after.checked_sub(1)?)?;
-        self.names.get(index as usize).map(String::as_str)
+        // Past the end of the kernel's code (before the modules'): none.
+        self.names.get(index as usize).map(String::as_str).filter(|&name| name != "_etext")
     }
 
     /// Whether no function could be read.
@@ -78,6 +79,7 @@ mod tests {
              ffffffff81001000 t clear_page_erms\n\
              ffffffff81002000 D some_data\n\
              ffffffff81003000 T copy_to_user\n\
+             ffffffff81004000 T _etext\n\
              garbage line\n\
              ffffffffc0001000 t snd_open\t[snd]\n",
         );
@@ -87,6 +89,7 @@ mod tests {
         assert_eq!(at(0xffffffff81001fff), Some("clear_page_erms"));
         // Data is not a function: the function before it goes on.
         assert_eq!(at(0xffffffff81002010), Some("clear_page_erms"));
+        assert_eq!(at(0xffffffff81004010), None, "past the kernel's code");
         assert_eq!(at(0xffffffffc0001234), Some("snd_open"));
     }
 
