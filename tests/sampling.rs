@@ -386,7 +386,11 @@ fn the_kernels_work_for_a_function_is_sampled_as_the_kernels() {
     require_probes();
     let binary = Build::c("faults.c", "-O2").build();
     let binary = binary.to_str().unwrap();
-    let report = profile_run(&["--sample", "1000", "-f", "fault_in", "-f", "spin", "-f", "main"], &[binary, "64", "10"]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let args = ["--sample", "1000", "-f", "fault_in", "-f", "spin", "-f", "main", "-o"];
+    run_ok(proftap().arg("run").args(args).arg(&file).args(["--", binary, "64", "10"]));
+    let report = report_json(&file);
     let samples = &report["samples"];
     let total = samples["total"].as_f64().unwrap();
     assert!(total > 300.0, "{total} samples");
@@ -398,6 +402,22 @@ fn the_kernels_work_for_a_function_is_sampled_as_the_kernels() {
     if addresses_shown {
         let named = |f: &&Value| in_kernel(f) && f["name"].as_str().unwrap().ends_with("_[k]") && f["self"].as_u64().unwrap() > 0;
         assert!(functions.iter().filter(named).count() >= 3, "{functions:?}");
+        // The flame graph shows them in orange (no blue), the program's
+        // functions in red (as much blue as green), as perf's do.
+        let svg_path = dir.path().join("p.svg");
+        run_ok(proftap().arg("flamegraph").arg(&file).arg("-o").arg(&svg_path));
+        let svg = std::fs::read_to_string(&svg_path).unwrap();
+        let fill = |name: &str| -> (u32, u32, u32) {
+            let at = svg.find(&format!("<title>{name} (")).unwrap_or_else(|| panic!("no {name} in the flame graph"));
+            let rgb = svg[at..].split("fill=\"rgb(").nth(1).unwrap().split(')').next().unwrap();
+            let c: Vec<u32> = rgb.split(',').map(|v| v.trim().parse().unwrap()).collect();
+            (c[0], c[1], c[2])
+        };
+        let kernel = functions.iter().filter(named).max_by_key(|f| f["self"].as_u64().unwrap()).unwrap();
+        let (_, _, blue) = fill(kernel["name"].as_str().unwrap().trim_end_matches("_[k]"));
+        assert_eq!(blue, 0, "{kernel}");
+        let (_, green, blue) = fill("spin");
+        assert_eq!(green, blue, "spin");
     }
     let kernel_share = 100.0 * functions.iter().filter(in_kernel).map(|f| f["self"].as_f64().unwrap()).sum::<f64>() / total;
     let ours = shares(&report);

@@ -2,6 +2,7 @@
 //! the exact calling-context tree.
 
 use anyhow::Result;
+use proftap_probes::sampling::KERNEL_SUFFIX;
 use proftap_profile::Profile;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -111,6 +112,11 @@ pub fn svg(lines: &[String], title: &str, count_name: &str) -> std::io::Result<V
     options.title = title.to_string();
     options.count_name = count_name.to_string();
     options.deterministic = true;
+    // The kernel's frames in orange, apart from the program's, as perf's
+    // flame graphs colour them (frames named `_[k]`).
+    if lines.iter().any(|l| l.contains(KERNEL_SUFFIX)) {
+        options.colors = inferno::flamegraph::color::Palette::Multi(inferno::flamegraph::color::MultiPalette::Perl);
+    }
     let mut out = Vec::new();
     inferno::flamegraph::from_lines(&mut options, fit_counts(lines).iter().map(String::as_str), &mut out)?;
     Ok(out)
