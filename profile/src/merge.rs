@@ -323,6 +323,15 @@ mod tests {
     }
 
     #[test]
+    fn a_line_counted_short_in_either_run_stays_marked() {
+        let mut a = profile("abc", "f", 1, 1);
+        let mut b = profile("abc", "f", 1, 2);
+        b.lines[0].throttled = true;
+        a.merge(&b, false).expect("same build");
+        assert!(a.lines[0].throttled && a.lines[0].count == 3, "{:?}", a.lines);
+    }
+
+    #[test]
     fn branches_of_a_line_add_up_in_order() {
         let jump = |taken, not_taken| BranchRecord { taken, not_taken };
         let mut a = profile("abc", "f", 1, 1);

@@ -526,6 +526,27 @@ mod tests {
     }
 
     #[test]
+    fn the_lines_a_throttled_functions_probes_counted_are_marked() {
+        let mut setup = setup();
+        // Lines 0 to 5: main's entry on 0 (also entering 1), its probes on
+        // 2 and 3, its declaration 4; f's probe on 3 and 5.
+        setup.aggregation.lines = Some(crate::aggregate::LineSetup {
+            probes: vec![(0, vec![2]), (0, vec![3]), (1, vec![3, 5])],
+            entry_lines: vec![0, crate::aggregate::NO_LINE],
+            entry_also: vec![vec![1], Vec::new()],
+            lines: 6,
+            ..crate::aggregate::LineSetup::default()
+        });
+        let lines = (0..6).map(|l| ("a.c".to_string(), l)).collect();
+        setup.lines = Some(LineTable { lines, decl_lines: vec![Some(4), None], ..LineTable::default() });
+        assert_eq!(throttled_lines(&setup, &[true, false]), vec![true, true, true, true, true, false]);
+        assert_eq!(throttled_lines(&setup, &[false, true]), vec![false, false, false, true, false, true]);
+        assert_eq!(throttled_lines(&setup, &[false, false]), vec![false; 6]);
+        // Flags from a hostile saved stream name no line they do not have.
+        assert_eq!(throttled_lines(&setup, &[true]), vec![true, true, true, true, true, false]);
+    }
+
+    #[test]
     fn modes_engines_and_losses_come_from_the_ending() {
         let setup = setup();
         let aggregate = Aggregator::new(setup.aggregation.clone()).finish();
