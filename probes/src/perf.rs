@@ -229,8 +229,9 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
         // Each sample wakes the reader: the in-process engine's return
         // addresses it unwinds with are read at once, before its calls move on.
         .wakeup_events(1)
-        // Time in the kernel counts too (the user stack says for whom),
-        // where the kernel may be observed.
+        // Time in the kernel counts too (the user stack says for whom, the
+        // sample's address in which kernel function), where the kernel may
+        // be observed.
         .exclude_kernel(!kernel_observable());
     if kernel_observable() {
         // Its functions' names, read ahead of the first sample taken there.
