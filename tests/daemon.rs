@@ -173,3 +173,45 @@ fn a_users_forked_children_are_recorded_by_the_in_process_engine() {
     let pids: std::collections::HashSet<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
     assert_eq!(pids.len(), 2, "{pids:?}");
 }
+
+/// A user's worker samples the kernel's time for them (its `CAP_PERFMON`),
+/// but names the kernel's functions only as far as the user may see them:
+/// `/proc/kallsyms` read with their ids. Where it hides the addresses from
+/// them, every kernel frame is `[kernel]`, and no kernel address is in the
+/// profile.
+#[test]
+fn a_users_samples_name_the_kernel_only_as_far_as_they_may_see_it() {
+    require_probes();
+    let (uid, gid) = test_user();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let daemon = Daemon::start(dir.path());
+    let (_shared, copies) = shared_copies(&[&binary("proftap"), &Build::c("faults.c", "-O2").build()]);
+    use std::os::unix::process::CommandExt;
+    let out = run(Command::new(&copies[0])
+        .uid(uid)
+        .gid(gid)
+        .current_dir(dir.path())
+        .args(["session", "--socket"])
+        .arg(&daemon.socket)
+        .args(["start", "--sample", "1000", "-f", "fault_in", "--"])
+        .arg(&copies[1])
+        .args(["64", "20"]));
+    let id = started(&out);
+    ok(&daemon.session(&["stop", &id]));
+    let file = dir.path().join("faults.profile");
+    ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
+    let report = report_json(&file);
+    let functions = report["samples"]["functions"].as_array().unwrap();
+    let kernel: Vec<&str> = functions.iter().filter(|f| f["module"] == "[kernel.kallsyms]").map(|f| f["name"].as_str().unwrap()).collect();
+    assert!(!kernel.is_empty(), "no sample in the kernel: {functions:?}");
+    let first = run_ok(Command::new("head").args(["-1", "/proc/kallsyms"]).uid(uid).gid(gid));
+    let hidden = first.starts_with("0000000000000000");
+    if hidden {
+        assert!(kernel.iter().all(|&name| name == "[kernel]"), "named though hidden from the user: {kernel:?}");
+    } else {
+        assert!(kernel.iter().any(|name| name.ends_with("_[k]")), "{kernel:?}");
+    }
+    let text = report.to_string();
+    assert!(!text.contains("ffffffff8") && !text.contains("0xffff"), "a kernel address in the profile");
+}
