@@ -277,6 +277,15 @@ pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Resu
 /// on from there.
 fn relocated(replaced: &[Instruction], code: &[u8], at: u64, offsets: &[u32]) -> Result<Vec<(u64, u64)>, String> {
     let starts = encoded_starts(code, at, offsets)?;
+    // An instruction that depends on no address must land as itself: the
+    // encoder re-encodes it, and some it does not encode back (a 3DNow!
+    // instruction loses the REX prefix of its base register).
+    for (instruction, &start) in replaced.iter().zip(&starts).filter(|(i, _)| moves_as_it_is(i)) {
+        let rest = code.get((start - at) as usize..).unwrap_or_default();
+        if Decoder::with_ip(64, rest, start, DecoderOptions::NONE).decode() != *instruction {
+            return Err(format!("{:?} cannot be moved: encoded again, it would not be the same instruction", instruction.code()));
+        }
+    }
     Ok(replaced.iter().zip(starts).map(|(i, start)| (i.ip(), start)).collect())
 }
 
@@ -325,6 +334,20 @@ pub fn count_call(address: u64, counter: u64) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instruction_the_encoder_would_change_is_not_moved() {
+        // `pi2fw mm1, [r9 - 0x13071621]` then `ret`: encoded again, the
+        // 3DNow! instruction loses its REX.B and reads [rcx - 0x13071621].
+        let code = [0x47, 0x0f, 0x0f, 0x89, 0xdf, 0xe9, 0xf8, 0xec, 0x0c, 0xc3];
+        let plans = plan_returns(0x40_1000, &code).expect("a return");
+        let err = trampoline(&plans[0], 0x40_8000, |_| Ok(Vec::new())).expect_err("refused");
+        assert!(err.contains("D3NOW_Pi2fw_mm_mmm64 cannot be moved"), "{err}");
+        // The same with rcx as base moves.
+        let plain = [0x0f, 0x0f, 0x89, 0xdf, 0xe9, 0xf8, 0xec, 0x0c, 0xc3];
+        let plans = plan_returns(0x40_1000, &plain).expect("a return");
+        assert!(trampoline(&plans[0], 0x40_8000, |_| Ok(Vec::new())).is_ok());
+    }
 
     #[test]
     fn a_frame_pointer_prologue_is_patched_after_endbr64() {
