@@ -145,14 +145,15 @@ fn sigterm_leaves_the_program_running_and_the_profile_kept() {
     assert_eq!(calls_by_name(&report_json(&file))["tick"], 77);
 }
 
-#[test]
-fn a_users_forked_children_are_recorded_by_the_in_process_engine() {
-    require_probes();
+/// Launches `program` (built from an example) with `program_args` through
+/// a session a user starts with `start_args`, in a directory of theirs;
+/// stops it and returns its profile's JSON report, fetched by root.
+fn users_launched_session(program: Build, start_args: &[&str], program_args: &[&str]) -> serde_json::Value {
     let (uid, gid) = test_user();
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let daemon = Daemon::start(dir.path());
-    let (_shared, copies) = shared_copies(&[&binary("proftap"), &Build::c("forks.c", "-O2").build()]);
+    let (_shared, copies) = shared_copies(&[&binary("proftap"), &program.build()]);
     use std::os::unix::process::CommandExt;
     let out = run(Command::new(&copies[0])
         .uid(uid)
@@ -160,14 +161,22 @@ fn a_users_forked_children_are_recorded_by_the_in_process_engine() {
         .current_dir(dir.path())
         .args(["session", "--socket"])
         .arg(&daemon.socket)
-        .args(["start", "-f", "work", "--"])
+        .arg("start")
+        .args(start_args)
+        .arg("--")
         .arg(&copies[1])
-        .args(["300", "70"]));
+        .args(program_args));
     let id = started(&out);
     ok(&daemon.session(&["stop", &id]));
-    let file = dir.path().join("forks.profile");
+    let file = dir.path().join("session.profile");
     ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
-    let report = report_json(&file);
+    report_json(&file)
+}
+
+#[test]
+fn a_users_forked_children_are_recorded_by_the_in_process_engine() {
+    require_probes();
+    let report = users_launched_session(Build::c("forks.c", "-O2"), &["-f", "work"], &["300", "70"]);
     assert_eq!(report["recording"]["engine"], "inject");
     assert_eq!(calls_by_name(&report)["work"], 370, "the parent's 300 calls and the child's 70");
     let pids: std::collections::HashSet<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
@@ -182,29 +191,12 @@ fn a_users_forked_children_are_recorded_by_the_in_process_engine() {
 #[test]
 fn a_users_samples_name_the_kernel_only_as_far_as_they_may_see_it() {
     require_probes();
-    let (uid, gid) = test_user();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let daemon = Daemon::start(dir.path());
-    let (_shared, copies) = shared_copies(&[&binary("proftap"), &Build::c("faults.c", "-O2").build()]);
-    use std::os::unix::process::CommandExt;
-    let out = run(Command::new(&copies[0])
-        .uid(uid)
-        .gid(gid)
-        .current_dir(dir.path())
-        .args(["session", "--socket"])
-        .arg(&daemon.socket)
-        .args(["start", "--sample", "1000", "-f", "fault_in", "--"])
-        .arg(&copies[1])
-        .args(["64", "20"]));
-    let id = started(&out);
-    ok(&daemon.session(&["stop", &id]));
-    let file = dir.path().join("faults.profile");
-    ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
-    let report = report_json(&file);
+    let report = users_launched_session(Build::c("faults.c", "-O2"), &["--sample", "1000", "-f", "fault_in"], &["64", "20"]);
     let functions = report["samples"]["functions"].as_array().unwrap();
     let kernel: Vec<&str> = functions.iter().filter(|f| f["module"] == "[kernel.kallsyms]").map(|f| f["name"].as_str().unwrap()).collect();
     assert!(!kernel.is_empty(), "no sample in the kernel: {functions:?}");
+    let (uid, gid) = test_user();
+    use std::os::unix::process::CommandExt;
     let first = run_ok(Command::new("head").args(["-1", "/proc/kallsyms"]).uid(uid).gid(gid));
     let hidden = first.starts_with("0000000000000000");
     if hidden {
