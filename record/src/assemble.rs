@@ -9,7 +9,6 @@ use crate::events::Values;
 use crate::request::RegionSpec;
 use crate::trace::TraceKeeper;
 use proftap_probes::entry::EntryKind;
-use proftap_probes::symbols::KERNEL_IMAGE;
 use proftap_profile::{
     BranchRecord, CallTree, Engine, ExitMode, Finding, FunctionInfo, HeldSamples, LineRecord, Mode, Note, Profile, Recording, RegionRecord,
     SampleProfile, SampledFrame, Stat, Target, ThreadProfile, Throttled, TreeNode,
@@ -215,14 +214,14 @@ fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: &[ThreadProfile]) {
 fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, threads: &mut [ThreadProfile], samples: &SampleProfile) -> u64 {
     let times: Vec<usize> =
         metrics.iter().enumerate().filter(|(_, m)| m.as_str() == "wall_ns" || m.as_str() == "cpu_ns").map(|(i, _)| i).collect();
-    // By name and whether the kernel's: its `memcpy` is not a library's.
-    let mut ids: HashMap<(String, bool), u32> = HashMap::new();
+    // By name: a kernel function's ends in `_[k]`, no program's does.
+    let mut ids: HashMap<String, u32> = HashMap::new();
     for (i, f) in functions.iter().enumerate() {
-        ids.entry((f.name.clone(), f.module == KERNEL_IMAGE)).or_insert(i as u32);
+        ids.entry(f.name.clone()).or_insert(i as u32);
     }
     let mut givers = HashSet::new();
     for held in &samples.throttled.held {
-        let Some(&function) = ids.get(&(held.name.clone(), false)) else { continue };
+        let Some(&function) = ids.get(&held.name) else { continue };
         let Some(thread) = threads.iter_mut().find(|t| t.tid == held.tid) else { continue };
         let ns = samples.estimated_ns(held.samples);
         let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function) else { continue };
@@ -271,7 +270,7 @@ fn take_out(stat: &mut Stat, calls: u64, ns: u64) -> u64 {
 /// (in the module its samples name) when it is not there yet.
 fn callee_id(
     held: &HeldSamples,
-    ids: &mut HashMap<(String, bool), u32>,
+    ids: &mut HashMap<String, u32>,
     functions: &mut Vec<FunctionInfo>,
     samples: &SampleProfile,
 ) -> Option<u32> {
@@ -279,15 +278,14 @@ fn callee_id(
     if name.is_empty() {
         return None;
     }
-    let key = (name.clone(), held.callee_module == KERNEL_IMAGE);
-    if let Some(&id) = ids.get(&key) {
+    if let Some(&id) = ids.get(name) {
         return Some(id);
     }
     let of_callee = |f: &&SampledFrame| held.callee_module.is_empty() || f.module == held.callee_module;
     let frame = samples.frames.iter().filter(|f| !f.inlined && &f.name == name).find(of_callee)?;
     let id = functions.len() as u32;
     functions.push(FunctionInfo { name: name.clone(), module: frame.module.clone(), mode: Mode::Sampled, ..FunctionInfo::default() });
-    ids.insert(key, id);
+    ids.insert(name.clone(), id);
     Some(id)
 }
 
