@@ -3,7 +3,7 @@
 //! `--lines`) and the share of stack samples taken on it (as `perf
 //! annotate` and `callgrind_annotate` show).
 
-use crate::report::coverage::{LOWER_BOUND_LEGEND, count_text};
+use crate::report::coverage::{LOWER_BOUND_LEGEND, count_text, count_width};
 use crate::report::text::{format_value, group_digits, metric_label};
 use anyhow::{Context, Result, bail};
 use proftap_profile::{Mode, Profile};
@@ -86,9 +86,10 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
     );
     let sample_total = samples.map_or(0, |s| s.total.max(1));
     let (with_counts, with_samples) = (!counts.is_empty(), !sampled.is_empty());
+    let width = count_width(counts.values().copied());
     let mut heading = String::new();
     if with_counts {
-        let _ = write!(heading, "{:>9} {:>12} ", "count", metric_label(key));
+        let _ = write!(heading, "{:>width$} {:>12} ", "count", metric_label(key));
     }
     if with_samples {
         let _ = write!(heading, "{:>6} ", "%smp");
@@ -102,11 +103,11 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
         if with_counts {
             match counts.get(&number) {
                 None => {
-                    let _ = write!(row, "{:>9} {:>12} ", "-", "");
+                    let _ = write!(row, "{:>width$} {:>12} ", "-", "");
                 }
                 Some(l) => {
                     let time = l.cost.first().map_or(String::new(), |&v| format_value(key, v));
-                    let _ = write!(row, "{:>9} {time:>12} ", count_text(l));
+                    let _ = write!(row, "{:>width$} {time:>12} ", count_text(l));
                 }
             }
         }

@@ -109,6 +109,15 @@ pub fn count_text(record: &LineRecord) -> String {
     }
 }
 
+/// The width of a column of counts as [`count_text`] writes them: gcov's
+/// nine characters, or the widest count's.
+pub fn count_width<'a>(records: impl IntoIterator<Item = &'a LineRecord>) -> usize {
+    records.into_iter().map(|r| count_text(r).len()).fold(COUNT_WIDTH, usize::max)
+}
+
+/// gcov's width of its count column.
+pub const COUNT_WIDTH: usize = 9;
+
 /// The warning an export of counts in a format with no room for a lower
 /// bound gives, when some are: which lines, and how to keep them whole.
 pub fn lower_bounds_warning(profile: &Profile) -> Option<String> {
@@ -325,6 +334,16 @@ mod tests {
                 .collect(),
             ..Profile::default()
         }
+    }
+
+    #[test]
+    fn a_column_of_counts_is_as_wide_as_its_widest_count() {
+        let mut p = profile(&[1, 2], &[]);
+        assert_eq!(count_width(&p.lines), COUNT_WIDTH);
+        p.lines[1].count = 123_456_789;
+        p.lines[1].throttled = true;
+        assert_eq!(count_text(&p.lines[1]), "123,456,789+");
+        assert_eq!(count_width(&p.lines), "123,456,789+".len());
     }
 
     #[test]

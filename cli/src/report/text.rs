@@ -529,17 +529,18 @@ fn listing(profile: &Profile, metrics: &[usize], out: &mut String) {
             what = format!("{what}; {}", super::coverage::LOWER_BOUND_LEGEND);
         }
         let _ = writeln!(out, "\nSource {} ({what})", file.path);
+        let count_width = super::coverage::count_width(file.lines.values().copied());
         for number in super::coverage::shown_lines(&file, text.len()) {
             let source_line = text.get(number as usize - 1).copied().unwrap_or("");
             match file.lines.get(&number) {
                 None => {
-                    let _ = writeln!(out, "{:>9} {:>width$} {number:>5}: {source_line}", "-", "", width = 12 * metrics.len());
+                    let _ = writeln!(out, "{:>count_width$} {:>width$} {number:>5}: {source_line}", "-", "", width = 12 * metrics.len());
                 }
                 Some(record) => {
                     let count = super::coverage::count_text(record);
                     let cost = |m: usize| record.cost.get(m).map_or(String::new(), |&v| format_value(&profile.metrics[m], v));
                     let costs: String = metrics.iter().map(|&m| format!("{:>12}", cost(m))).collect();
-                    let _ = writeln!(out, "{count:>9} {costs} {number:>5}: {source_line}");
+                    let _ = writeln!(out, "{count:>count_width$} {costs} {number:>5}: {source_line}");
                 }
             }
         }
