@@ -145,6 +145,24 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
 }
 
 #[test]
+fn an_output_that_cannot_be_written_is_refused_before_the_program_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let program = ["--", "sh", "-c", "touch \"$0\""];
+    let missing = dir.path().join("missing").join("p.profile");
+    for (output, expect) in [(missing.as_path(), "cannot make a file in"), (dir.path(), "it is a directory")] {
+        let out = run(proftap().args(["run", "--no-sample", "-o"]).arg(output).args(program).arg(&ran));
+        assert_clean_failure(&out, expect);
+        assert!(!ran.exists(), "the program ran before {} was refused", output.display());
+    }
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = run(proftap().args(["attach", &sleeper.id().to_string(), "--duration", "1s", "-o"]).arg(&missing));
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert_clean_failure(&out, "cannot make a file in");
+}
+
+#[test]
 fn report_renders_text_with_tree_and_threads() {
     require_probes();
     let binary = Build::c("threads.c", "-O0").build();

@@ -34,4 +34,4 @@ pub use notes::{Finding, FunctionCalls, Note, Refusal, UprobeReason};
 pub use ranks::Ratio;
 pub use stats::Stat;
 pub use validate::{InvalidProfile, MAX_LINE, MAX_METRICS, MAX_NAME_REFERENCES, MAX_TREE_DEPTH};
-pub use write::{write_atomically, write_in_dir, write_private};
+pub use write::{check_writable, write_atomically, write_in_dir, write_private};

@@ -43,6 +43,18 @@ pub fn write_private(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io:
     write_file(path, PRIVATE, write)
 }
 
+/// Checks that [`write_atomically`] could write `path` now: that a
+/// temporary file can be made beside what it would replace. Checked before
+/// a recording starts, so that a profile is not lost to a path that could
+/// never take it. A device or a FIFO is opened only when written.
+pub fn check_writable(path: &Path) -> Result<(), FileError> {
+    let io = |source| FileError::Io { action: "write", path: path.into(), source };
+    match destination(path).map_err(io)? {
+        Destination::Through => Ok(()),
+        Destination::Replace(target) => temporary_beside(&target, PUBLIC).map(drop).map_err(io),
+    }
+}
+
 /// Writes the file `name` in `dir` atomically (0644 less the umask),
 /// replacing whatever entry has that name, a link or a FIFO included,
 /// without ever writing through it: for files whose names come from
@@ -119,17 +131,28 @@ fn write_through(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Res
     out.flush()
 }
 
-fn replace(target: &Path, mode: u32, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<()> {
+/// A new temporary file (`mode` less the umask) in the directory of
+/// `target`, named after it; removed when dropped.
+fn temporary_beside(target: &Path, mode: u32) -> std::io::Result<tempfile::NamedTempFile> {
     let dir = match target.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     let name = target.file_name().ok_or_else(|| std::io::Error::other("the path names no file"))?;
-    let tmp = tempfile::Builder::new()
-        .prefix(&temporary_prefix(name))
-        .suffix(".tmp")
-        .permissions(std::fs::Permissions::from_mode(mode))
-        .tempfile_in(dir)?;
+    let prefix = temporary_prefix(name);
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp").permissions(std::fs::Permissions::from_mode(mode));
+    builder.tempfile_in(dir).map_err(|e| {
+        // The error names the temporary file, a random name the user never
+        // gave: name the directory instead.
+        let text = e.to_string();
+        let why = text.split(" at path ").next().unwrap_or_default();
+        std::io::Error::new(e.kind(), format!("cannot make a file in {}: {why}", dir.display()))
+    })
+}
+
+fn replace(target: &Path, mode: u32, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<()> {
+    let tmp = temporary_beside(target, mode)?;
     let mut out = BufWriter::new(tmp.as_file());
     write(&mut out)?;
     out.flush()?;
@@ -240,6 +263,22 @@ mod tests {
 
         let err = write(dir.path(), "x").expect_err("a directory");
         assert!(err.to_string().ends_with("it is a directory"), "{err}");
+        assert_eq!(entries(dir.path()), vec!["out"]);
+    }
+
+    #[test]
+    fn a_path_is_checked_as_it_would_be_written_and_left_as_it_was() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        check_writable(&dir.path().join("new.profile")).expect("a new file in a directory");
+        assert_eq!(entries(dir.path()), Vec::<String>::new());
+        let err = check_writable(&dir.path().join("missing/x.profile")).expect_err("no such directory");
+        assert!(err.to_string().contains("missing/x.profile"), "{err}");
+        let err = check_writable(dir.path()).expect_err("a directory");
+        assert!(err.to_string().ends_with("it is a directory"), "{err}");
+        check_writable(Path::new("/dev/null")).expect("a device");
+        let link = dir.path().join("out");
+        symlink(dir.path().join("nowhere/real"), &link).expect("link");
+        check_writable(&link).expect_err("a link into no directory");
         assert_eq!(entries(dir.path()), vec!["out"]);
     }
 

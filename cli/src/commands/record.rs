@@ -312,6 +312,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         let dir = args.record.output.clone().unwrap_or_else(|| PathBuf::from("proftap.runs"));
         return repeat(&request, runs, &dir);
     }
+    proftap_profile::check_writable(&args.record.output())?;
     // The program's output shares the terminal: no live line, only a
     // spinner while probes are placed.
     let recorded = record(&request, args.record.save_events.as_deref(), false, control()?)?;
@@ -351,6 +352,7 @@ fn repeat(request: &RecordRequest, runs: u32, dir: &Path) -> Result<ExitCode> {
 /// Runs `proftap attach`.
 pub fn attach(args: AttachArgs) -> Result<ExitCode> {
     let request = args.record.request(args.attach.target(args.pid()))?;
+    proftap_profile::check_writable(&args.record.output())?;
     let recorded = record(&request, args.record.save_events.as_deref(), true, control()?)?;
     finish(recorded.profile, &args.record.output())?;
     Ok(ExitCode::SUCCESS)

@@ -49,6 +49,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     request.debuginfod = super::symbols::debuginfod_from_env();
     // Exact counts for every function while watched: no governor, no sampler.
     (request.engine, request.sampling, request.governor, request.live_calls) = (EngineChoice::Auto, Sampling::Off, Governor::Off, true);
+    if let Some(output) = &args.output {
+        proftap_profile::check_writable(output)?;
+    }
     let terminal = Arc::new(Terminal::start(false));
     let screen = Arc::new(Screen { terminal: terminal.clone(), view: Mutex::new(View::new(args.top)) });
     let prepared = proftap_record::prepare::prepare(&request, terminal.as_ref(), &OwnHelper)?;
