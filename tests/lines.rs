@@ -657,6 +657,26 @@ fn lines_of_busy_threads_count_from_attach_to_detach() {
     assert!(counted < turns, "{counted} turns counted while attached, {turns} in all");
 }
 
+/// A statement that runs code inlined from a header counts as often
+/// whether the header's lines are counted too or not: the frame leaves its
+/// line for the header's either way. Before, with the header left out, the
+/// turns of a loop inlined into a call counted as the call's line's.
+#[test]
+fn a_lines_count_does_not_depend_on_which_other_files_are_chosen() {
+    require_probes();
+    let binary = Build::c("inlined.c", "-O2").build();
+    let counts = |lines: &str| -> BTreeMap<u64, u64> {
+        let report = profile_run(&["--no-sample", lines], &[binary.to_str().unwrap(), "20000"]);
+        assert_eq!(report["recording"]["engine"], "inject", "{}", report["notes"]);
+        report_lines(&report).into_iter().filter(|((file, _), _)| file.ends_with("/inlined.c")).map(|((_, line), n)| (line, n)).collect()
+    };
+    let (every_file, this_file) = (counts("--lines"), counts("--lines=inlined.c"));
+    let (turns, call) = (line_of("inlined.c", "for (unsigned i = 1;"), line_of("inlined.c", "total += count_equal("));
+    assert_eq!(this_file, every_file);
+    let (turns, call) = (every_file[&u64::from(turns)], every_file[&u64::from(call)]);
+    assert!(call < 2 * turns, "{call} entries of the call's line in {turns} turns: the inlined loop's turns counted as its own");
+}
+
 /// The number (1-based) of the first line of `examples/FILE` containing `text`.
 fn line_of(file: &str, text: &str) -> u32 {
     std::fs::read_to_string(examples().join(file))

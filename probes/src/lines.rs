@@ -13,7 +13,7 @@
 //! no block of its own; without one, the implicit return sits there).
 
 use crate::addr::FileOffset;
-use crate::arcs::lines::{FunctionLines, NO_LINE};
+use crate::arcs::lines::{ELSEWHERE, FunctionLines, NO_LINE};
 use crate::entry::{EntryKind, classify_entry, uprobe_refuses};
 use crate::plan::ProbedFunction;
 use crate::symbols::{Function, SymbolIndex, file_offset};
@@ -84,6 +84,13 @@ pub struct LinePlan {
     /// (statement or not, in address order; `NO_LINE` for line 0 or a
     /// file not chosen), where its conditional jumps are placed.
     pub located: Vec<Vec<(u64, u32)>>,
+    /// The statement rows that start a line of a file not chosen (code
+    /// inlined from a header), as counting from edges follows them:
+    /// (function, address, the lines it enters in order, [`ELSEWHERE`] for
+    /// those of files not chosen). A frame there has left the chosen lines,
+    /// so that a line's count is the same whichever other files are
+    /// chosen. Probes do not follow a frame there.
+    pub elsewhere: Vec<(u32, u64, Vec<u32>)>,
 }
 
 impl FunctionLines {
@@ -115,6 +122,15 @@ impl LinePlan {
                 f.rows.push((probe.address, probe.lines.clone()));
             }
         }
+        all.iter_mut().for_each(|f| f.rows.sort_by_key(|&(address, _)| address));
+        for (function, address, lines) in &self.elsewhere {
+            if let Some(f) = all.get_mut(*function as usize) {
+                match f.rows.binary_search_by_key(address, |&(at, _)| at) {
+                    Ok(at) => f.rows[at].1.clone_from(lines),
+                    Err(at) => f.rows.insert(at, (*address, lines.clone())),
+                }
+            }
+        }
         all
     }
 
@@ -141,6 +157,7 @@ impl LinePlan {
             entry_also: self.entry_also.iter().enumerate().map(|(i, a)| if kept(i) { a.clone() } else { Vec::new() }).collect(),
             decl_lines: self.decl_lines.iter().enumerate().map(|(i, l)| l.filter(|_| kept(i))).collect(),
             located: self.located.iter().enumerate().map(|(i, l)| if kept(i) { l.clone() } else { Vec::new() }).collect(),
+            elsewhere: self.elsewhere.iter().filter(|(f, _, _)| keep(*f)).cloned().collect(),
         }
     }
 
@@ -219,6 +236,9 @@ pub fn plan_lines(
     // (function, address, the (file, line) statements it starts)
     type Planned = (u32, u64, Vec<(u32, u32)>);
     let mut probes: Vec<Planned> = Vec::new();
+    // (function, address, the (file, line) statements it starts, None for one of a file not chosen)
+    type Followed = (u32, u64, Vec<Option<(u32, u32)>>);
+    let mut elsewhere: Vec<Followed> = Vec::new();
     let mut entry_rows: Vec<Vec<(u32, u32)>> = vec![Vec::new(); functions.len()];
     let mut decls: Vec<Option<(u32, u32)>> = vec![None; functions.len()];
     let mut located: Vec<Vec<(u64, (u32, u32))>> = vec![Vec::new(); functions.len()];
@@ -235,6 +255,23 @@ pub fn plan_lines(
         let body: Vec<(u64, &Vec<(u32, u32)>)> = by_address.range(range).map(|(&a, starts)| (a, starts)).collect();
         let closing = closing_line(f, &body, decl_file, &mut source);
         let keep = |&(file, line): &(u32, u32)| files.contains(index.files.path(file)) && (file, line) != (decl_file, closing.unwrap_or(0));
+        let not_chosen = |&(file, line): &(u32, u32)| line != 0 && !files.contains(index.files.path(file));
+        let mut place = |address: u64, starts: &[(u32, u32)]| {
+            let lines: Vec<(u32, u32)> = starts.iter().filter(|s| keep(s)).copied().collect();
+            if !lines.is_empty() {
+                probes.push((fi as u32, address, lines));
+            }
+            if starts.iter().any(not_chosen) {
+                let mut followed: Vec<Option<(u32, u32)>> = Vec::new();
+                for start in starts.iter().filter(|s| keep(s) || not_chosen(s)) {
+                    let line = (!not_chosen(start)).then_some(*start);
+                    if followed.last() != Some(&line) {
+                        followed.push(line);
+                    }
+                }
+                elsewhere.push((fi as u32, address, followed));
+            }
+        };
         for &(address, starts) in &body {
             if address == f.address.0 {
                 // The first statement at the entry is the prologue's line (the
@@ -242,19 +279,13 @@ pub fn plan_lines(
                 entry_rows[fi] = starts.clone();
                 continue;
             }
-            let lines: Vec<(u32, u32)> = starts.iter().filter(|s| keep(s)).copied().collect();
-            if !lines.is_empty() {
-                probes.push((fi as u32, address, lines));
-            }
+            place(address, starts);
         }
         // Rows of its cold parts are its own: they run in its frames.
         for &(lo, hi) in &probed.cold {
             located[fi].extend(located_at.range(lo..hi).map(|(&a, &row)| (a, row)));
             for (&address, starts) in by_address.range(lo..hi) {
-                let lines: Vec<(u32, u32)> = starts.iter().filter(|s| keep(s)).copied().collect();
-                if !lines.is_empty() {
-                    probes.push((fi as u32, address, lines));
-                }
+                place(address, starts);
             }
         }
         located[fi].sort_unstable_by_key(|&(address, _)| address);
@@ -282,6 +313,16 @@ pub fn plan_lines(
     let ids = |plan: &LinePlan, starts: &[(u32, u32)]| -> Vec<u32> {
         starts.iter().filter_map(|&(file, line)| plan.line_id(index.files.path(file), line)).collect()
     };
+    plan.elsewhere = elsewhere
+        .iter()
+        .map(|(function, address, followed)| {
+            let id = |line: &Option<(u32, u32)>| match line {
+                None => Some(ELSEWHERE),
+                Some((file, line)) => plan.line_id(index.files.path(*file), *line),
+            };
+            (*function, *address, followed.iter().filter_map(id).collect())
+        })
+        .collect();
     plan.probes = probes
         .iter()
         .filter_map(|(function, address, starts)| {

@@ -21,6 +21,12 @@ use std::collections::{BTreeMap, BTreeSet};
 /// A frame on no line yet.
 pub const NO_LINE: u32 = u32::MAX;
 
+/// A frame on a line of a file not chosen (code inlined from a header):
+/// a line like any other, whose counts are not kept, so that a frame
+/// coming back from it to a chosen line enters that line again, whichever
+/// files were chosen.
+pub const ELSEWHERE: u32 = u32::MAX - 1;
+
 /// What a function's frames do with lines, by line id.
 #[derive(Clone, Debug, Default)]
 pub struct FunctionLines {
