@@ -71,6 +71,42 @@ fn a_killed_profiler_leaves_the_program_running() {
     assert!(!file.exists());
 }
 
+/// A second proftap asked to patch a process one records is told so, and
+/// leaves it alone; once the first has detached, the process can be
+/// recorded again.
+#[test]
+fn a_process_is_patched_by_one_recording_at_a_time() {
+    require_probes();
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second, third) = (dir.path().join("1.profile"), dir.path().join("2.profile"), dir.path().join("3.profile"));
+    let mut profiler = attach(waiter.pid, &["--engine", "inject", "-f", "tick"], &first);
+    assert_eq!(waiter.tick(1000), 1000);
+    let out = run(proftap()
+        .args(["attach", "--engine", "inject", "-f", "tick", "--duration", "1s", "-o"])
+        .arg(&second)
+        .arg(waiter.pid.to_string()));
+    assert_clean_failure(&out, &format!("process {} is being recorded by another proftap already", waiter.pid));
+    assert!(!second.exists());
+    assert_eq!(waiter.tick(1000), 2000);
+    interrupt(&mut profiler);
+    assert_eq!(function(&report_json(&first)["functions"], "tick")["calls"].as_u64(), Some(2000));
+    let mut again = attach(waiter.pid, &["--engine", "inject", "-f", "tick"], &third);
+    assert_eq!(waiter.tick(500), 2500);
+    interrupt(&mut again);
+    assert_eq!(function(&report_json(&third)["functions"], "tick")["calls"].as_u64(), Some(500));
+    let (rest, status) = waiter.finish();
+    assert_eq!(rest, "done 2500\n");
+    assert!(status.success());
+}
+
+/// Stops a `proftap attach` as Ctrl-C would, and waits for it to write its profile.
+fn interrupt(profiler: &mut std::process::Child) {
+    // SAFETY: kill(2) on a child this test started and has not waited for.
+    assert_eq!(unsafe { libc::kill(profiler.id() as i32, libc::SIGINT) }, 0);
+    assert!(profiler.wait().unwrap().success());
+}
+
 /// Runs `binary ARGS` bare and under `proftap run --engine inject EXTRA`:
 /// the same output and status; the profile's report.
 fn profile_like_bare(binary: &std::path::Path, extra: &[&str], args: &[&str]) -> serde_json::Value {

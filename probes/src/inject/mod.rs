@@ -3,6 +3,7 @@
 //! shared with proftap. Cheaper per call than any kernel probe, nothing
 //! lost on the way, and it attaches to a running process.
 //!
+//! [`claim`] keeps a second proftap from patching a process one records;
 //! [`remote`] stops a process and makes system calls in it, maps memory near
 //! its code and memory shared with proftap; [`patch`] decides which entries
 //! take a jump and builds the trampolines, [`patcher`] puts them in place;
@@ -13,6 +14,7 @@
 //! working; [`clock`] converts the TSC.
 
 pub mod children;
+pub mod claim;
 pub mod clock;
 pub mod counting;
 pub mod hooks;

@@ -4,6 +4,7 @@
 //! [`super::reading`]). Here: patching, and taking the patches out again.
 
 use super::children::{ChildMemories, Children};
+use super::claim::RecordingClaim;
 use super::counting::{self, Counting};
 use super::hooks::{self, Hook, HookSite};
 use super::patch::Site;
@@ -61,6 +62,8 @@ const CHILDREN_READ_EVERY: u32 = 4;
 /// A process whose functions' entries jump to proftap's runtime.
 pub struct Patched {
     pid: i32,
+    /// Held until the patches are gone: no other proftap patches the process meanwhile.
+    _claim: RecordingClaim,
     view: Option<TotalsView>,
     memory: Option<Memory>,
     geometry: Geometry,
@@ -160,6 +163,7 @@ impl Patched {
     ) -> Result<Patched, RemoteError> {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         refuse_shadow_stacks(pid)?;
+        let claim = RecordingClaim::take(pid)?;
         let hook_sites = hook_sites(&modules, how.count_edges.contains(&true));
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
@@ -184,6 +188,7 @@ impl Patched {
             Geometry { functions: functions.len() as u64, blocks: totals::BLOCKS, trace_slots: how.trace_slots, regions: how.regions };
         let mut patched = Patched {
             pid,
+            _claim: claim,
             view: None,
             memory: None,
             geometry,

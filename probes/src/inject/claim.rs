@@ -1,0 +1,123 @@
+//! One in-process recording of a process at a time. A second proftap would
+//! find the first one's jumps where the file has the function's code, and
+//! could only refuse function after function; and its detaching must not
+//! take out the other's patches. A recording claims the process by binding
+//! an abstract Unix socket named after it (its pid and start time, so that
+//! a pid used again is another name): the kernel refuses the name to a
+//! second proftap, and frees it when the first one closes it or dies.
+//!
+//! Any local user may bind any abstract name: a claim another user holds
+//! (neither root nor the process's owner, so not a proftap allowed to
+//! patch it) is a squatter's, and does not stop the recording.
+
+use super::remote::RemoteError;
+use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, connect, getsockopt, listen, socket, sockopt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+
+/// A claimed process; the claim ends when this is dropped.
+#[derive(Debug)]
+pub struct RecordingClaim {
+    /// None when a squatter holds the name.
+    _socket: Option<OwnedFd>,
+}
+
+impl RecordingClaim {
+    /// Claims process `pid`, or says that another proftap records it.
+    pub fn take(pid: i32) -> Result<RecordingClaim, RemoteError> {
+        let started = start_time(pid).ok_or_else(|| RemoteError::Unsupported(format!("no process with PID {pid} exists")))?;
+        let name = format!("proftap-recording-{pid}-{started}");
+        let failed = |what: &str, e: nix::errno::Errno| RemoteError::Io {
+            what: format!("cannot {what} a socket to claim process {pid}"),
+            source: e.into(),
+        };
+        let socket = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).map_err(|e| failed("make", e))?;
+        let address = UnixAddr::new_abstract(name.as_bytes()).map_err(|e| failed("name", e))?;
+        match bind(socket.as_raw_fd(), &address) {
+            Ok(()) => {
+                listen(&socket, Backlog::new(1).unwrap_or(Backlog::MAXCONN)).map_err(|e| failed("listen on", e))?;
+                Ok(RecordingClaim { _socket: Some(socket) })
+            }
+            Err(nix::errno::Errno::EADDRINUSE) if held_by_a_stranger(pid, &address) => Ok(RecordingClaim { _socket: None }),
+            Err(nix::errno::Errno::EADDRINUSE) => Err(RemoteError::Unsupported(format!(
+                "process {pid} is being recorded by another proftap already, and its code holds that recording's patches; \
+                 wait for that recording to end, or record it with the uprobe engine (--engine uprobe)"
+            ))),
+            Err(e) => Err(failed("bind", e)),
+        }
+    }
+}
+
+/// Whether the claim at `address` is held by a user who may not patch
+/// process `pid`: neither root nor its owner. A holder that cannot be
+/// asked counts as a proftap.
+fn held_by_a_stranger(pid: i32, address: &UnixAddr) -> bool {
+    let Ok(owner) = std::fs::metadata(format!("/proc/{pid}")).map(|m| m.uid()) else { return false };
+    let Ok(asking) = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None) else {
+        return false;
+    };
+    if connect(asking.as_raw_fd(), address).is_err() {
+        return false;
+    }
+    getsockopt(&asking, sockopt::PeerCredentials).is_ok_and(|holder| holder.uid() != 0 && holder.uid() != owner)
+}
+
+/// When process `pid` started (clock ticks after boot, `/proc/PID/stat`'s
+/// 22nd field), or None when there is no such process.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: the
+    // fields after it follow the last `)`.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_claimed_by_one_recording_at_a_time() {
+        let pid = std::process::id() as i32;
+        let first = RecordingClaim::take(pid).expect("the first claim");
+        let second = RecordingClaim::take(pid).expect_err("a second claim while the first holds");
+        assert!(second.to_string().contains("being recorded by another proftap"), "{second}");
+        drop(first);
+        RecordingClaim::take(pid).expect("claimed again once the first ended");
+        assert!(RecordingClaim::take(i32::MAX).is_err(), "no such process");
+    }
+
+    #[test]
+    fn a_claim_another_user_holds_does_not_stop_a_recording() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: holding a socket as another user needs root");
+            return;
+        }
+        let mut ours = std::process::Command::new("sleep").arg("60").spawn().expect("sleep");
+        let pid = ours.id() as i32;
+        let name = format!("proftap-recording-{pid}-{}", start_time(pid).expect("started"));
+        // A squatter: a thread of another user (the raw system call changes
+        // this thread's ids alone) listening on the claim's name.
+        let squatter = std::thread::spawn(move || {
+            // SAFETY: setresuid(2) on the calling thread only.
+            assert_eq!(unsafe { libc::syscall(libc::SYS_setresuid, -1i64, 65534i64, -1i64) }, 0);
+            let socket = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).expect("socket");
+            bind(socket.as_raw_fd(), &UnixAddr::new_abstract(name.as_bytes()).expect("name")).expect("bind");
+            listen(&socket, Backlog::new(1).expect("backlog")).expect("listen");
+            socket
+        })
+        .join()
+        .expect("squatter");
+        let taken = RecordingClaim::take(pid);
+        let _ = ours.kill();
+        let _ = ours.wait();
+        drop(squatter);
+        taken.expect("a stranger's claim is not a recording's");
+    }
+
+    #[test]
+    fn the_start_time_is_read_past_a_name_with_parentheses() {
+        assert!(start_time(std::process::id() as i32).is_some_and(|t| t > 0));
+        assert_eq!(start_time(i32::MAX), None);
+    }
+}
