@@ -129,6 +129,11 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
         // Stripped of every symbol: sampled when nothing is named, refused when a function is.
         (vec!["run".into(), "-f".into(), "main".into(), "--".into(), stripped.display().to_string()], "has no symbols"),
         (vec!["run".into(), "--metric".into(), "bogus".into(), "--".into(), calls.display().to_string()], "unknown metric 'bogus'"),
+        // A shell has no symbols, and the functions are in the program it runs.
+        (
+            vec!["run".into(), "-f".into(), "main".into(), "--".into(), "sh".into(), "-c".into(), calls.display().to_string()],
+            "has no symbols, and it is a launcher",
+        ),
         (vec!["run".into(), "--metric".into(), "cycles,cpu".into(), "--".into(), calls.display().to_string()], "cycles"),
     ];
     for (args, expect) in cases {

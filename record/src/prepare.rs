@@ -41,6 +41,15 @@ pub enum PrepareError {
     /// The command could not be found.
     #[error(transparent)]
     Target(#[from] TargetError),
+    /// Functions were named in a launcher (a shell, `env`, `time`), which
+    /// has no symbols: they are in a program it starts.
+    #[error(
+        "{module} has no symbols, and it is a launcher: the functions named with -f are looked up in the program proftap starts, not in the ones it runs; start the program itself (proftap run -f NAME -- PROGRAM ARGS)"
+    )]
+    Launcher {
+        /// The launcher.
+        module: String,
+    },
     /// A module's symbols could not be read.
     #[error("cannot read the symbols of {module}: {source}")]
     Symbols {
@@ -409,6 +418,9 @@ fn load_symbols(
                 ),
                 Err(source) => return Err(PrepareError::Symbols { module: display.display().to_string(), source }),
             },
+            Err(proftap_probes::Error::NoSymbols { .. }) if i == 0 && is_launcher(display) => {
+                return Err(PrepareError::Launcher { module: display.display().to_string() });
+            }
             other => other.map_err(|source| PrepareError::Symbols { module: display.display().to_string(), source })?,
         };
         loaded.indexes.push(index);
@@ -416,6 +428,15 @@ fn load_symbols(
         loaded.open_paths.push(open.clone());
     }
     Ok(loaded)
+}
+
+/// Whether `program` is one that runs others: a shell or a command's wrapper.
+fn is_launcher(program: &Path) -> bool {
+    const LAUNCHERS: &[&str] = &[
+        "sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "env", "time", "timeout", "nice", "nohup", "xargs", "stdbuf", "taskset",
+        "chrt", "ionice", "setpriv",
+    ];
+    program.file_name().and_then(|n| n.to_str()).is_some_and(|name| LAUNCHERS.contains(&name))
 }
 
 fn choose(
