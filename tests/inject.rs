@@ -100,6 +100,34 @@ fn a_process_is_patched_by_one_recording_at_a_time() {
     assert!(status.success());
 }
 
+/// A process that ends while proftap is attached to it: the recording
+/// ends with it, and the profile says it ended (how is its parent's to
+/// know); one that outlives the recording does not.
+#[test]
+fn an_attached_process_that_ends_is_said_to_have_ended() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = Build::c("wait.c", "-O2").build();
+    let (ends, lives) = (dir.path().join("ends.profile"), dir.path().join("lives.profile"));
+    let mut waiter = Waiter::start(&binary);
+    let mut profiler = attach(waiter.pid, &["--engine", "inject", "-f", "tick"], &ends);
+    assert_eq!(waiter.tick(100), 100);
+    let (rest, status) = waiter.finish();
+    assert_eq!((rest.as_str(), status.success()), ("done 100\n", true));
+    assert!(profiler.wait().unwrap().success());
+    let report = report_json(&ends);
+    assert_eq!(report["target"]["ended"], true, "{}", report["target"]);
+    let text = run_ok(proftap().arg("report").arg(&ends));
+    assert!(text.lines().next().unwrap().ends_with("ended while recorded)"), "{text}");
+
+    let mut waiter = Waiter::start(&binary);
+    let mut profiler = attach(waiter.pid, &["--engine", "inject", "-f", "tick"], &lives);
+    assert_eq!(waiter.tick(100), 100);
+    interrupt(&mut profiler);
+    assert_eq!(report_json(&lives)["target"]["ended"], false);
+    assert!(waiter.finish().1.success());
+}
+
 /// Stops a `proftap attach` as Ctrl-C would, and waits for it to write its profile.
 fn interrupt(profiler: &mut std::process::Child) {
     // SAFETY: kill(2) on a child this test started and has not waited for.

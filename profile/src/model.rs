@@ -354,6 +354,10 @@ pub struct Target {
     pub exit_code: Option<i32>,
     /// Signal that ended it, if one did.
     pub signal: Option<i32>,
+    /// Whether it ended while recorded: how, only its parent may know when
+    /// proftap attached to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ended: bool,
     /// Whether proftap launched it (`run`) or attached to it.
     pub attached: bool,
 }

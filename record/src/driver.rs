@@ -280,6 +280,8 @@ pub(crate) struct Driver<'a> {
     pidfd: Option<OwnedFd>,
     deadline: Option<Instant>,
     ended: Option<Ended>,
+    /// The process proftap attached to ended (its status is its parent's).
+    attached_gone: bool,
     terminated_sent: bool,
     rate: Rate,
     counters: (u64, u64),
@@ -338,6 +340,7 @@ impl<'a> Driver<'a> {
             pidfd: target::pidfd(run.pid).ok(),
             deadline: options.duration.map(|d| Instant::now() + d),
             ended: None,
+            attached_gone: false,
             terminated_sent: false,
             rate: Rate { since: Instant::now(), events: 0, peak: 0 },
             counters: (0, 0),
@@ -610,6 +613,7 @@ impl<'a> Driver<'a> {
         let control = &self.run.options.control;
         if self.child.is_none() {
             let asked = [&control.interrupt, &control.terminate, &control.detach].iter().any(|f| f.load(Ordering::Relaxed));
+            self.attached_gone |= gone;
             return Ok(asked || gone || self.deadline.is_some_and(|d| Instant::now() >= d));
         }
         if control.detach.load(Ordering::Relaxed) {
@@ -675,6 +679,7 @@ impl<'a> Driver<'a> {
                 Some(Ended::Signaled(signal)) => Some(signal),
                 _ => None,
             },
+            ended: self.ended.is_some() || self.attached_gone,
             ended_monotonic_ns,
             peak_events_per_second: self.rate.peak,
             engine: if self.engine_attached { Engine::Inject } else { Engine::Uprobe },
