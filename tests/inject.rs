@@ -86,7 +86,7 @@ fn a_process_is_patched_by_one_recording_at_a_time() {
         .args(["attach", "--engine", "inject", "-f", "tick", "--duration", "1s", "-o"])
         .arg(&second)
         .arg(waiter.pid.to_string()));
-    assert_clean_failure(&out, &format!("process {} is being recorded by another proftap already", waiter.pid));
+    assert_clean_failure(&out, &format!("cannot patch process {}: another proftap is recording it already", waiter.pid));
     assert!(!second.exists());
     assert_eq!(waiter.tick(1000), 2000);
     interrupt(&mut profiler);

@@ -6,9 +6,12 @@
 //! a pid used again is another name): the kernel refuses the name to a
 //! second proftap, and frees it when the first one closes it or dies.
 //!
-//! Any local user may bind any abstract name: a claim another user holds
-//! (neither root nor the process's owner, so not a proftap allowed to
-//! patch it) is a squatter's, and does not stop the recording.
+//! Any local user may bind any abstract name. The claim is proftap's only
+//! when the holder answers as root or as the process's owner (asked with
+//! `SO_PEERCRED`, so the holder must listen, as a claim does); any other
+//! holder is a squatter's and stops nothing. The claim is there to say so
+//! in one sentence: what keeps two recordings' patches apart is that
+//! proftap patches only code that is still the file's.
 
 use super::remote::RemoteError;
 use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, connect, getsockopt, listen, socket, sockopt};
@@ -22,10 +25,16 @@ pub struct RecordingClaim {
     _socket: Option<OwnedFd>,
 }
 
+/// Connections a claim lets wait: each proftap that asks who holds it
+/// leaves one, never accepted, while it lives.
+const ASKING: i32 = 64;
+
 impl RecordingClaim {
     /// Claims process `pid`, or says that another proftap records it.
     pub fn take(pid: i32) -> Result<RecordingClaim, RemoteError> {
-        let started = start_time(pid).ok_or_else(|| RemoteError::Unsupported(format!("no process with PID {pid} exists")))?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+        let started =
+            stat.as_deref().and_then(start_time).ok_or_else(|| RemoteError::Unsupported(format!("no process with PID {pid} exists")))?;
         let name = format!("proftap-recording-{pid}-{started}");
         let failed = |what: &str, e: nix::errno::Errno| RemoteError::Io {
             what: format!("cannot {what} a socket to claim process {pid}"),
@@ -35,23 +44,22 @@ impl RecordingClaim {
         let address = UnixAddr::new_abstract(name.as_bytes()).map_err(|e| failed("name", e))?;
         match bind(socket.as_raw_fd(), &address) {
             Ok(()) => {
-                listen(&socket, Backlog::new(1).unwrap_or(Backlog::MAXCONN)).map_err(|e| failed("listen on", e))?;
+                listen(&socket, Backlog::new(ASKING).unwrap_or(Backlog::MAXCONN)).map_err(|e| failed("listen on", e))?;
                 Ok(RecordingClaim { _socket: Some(socket) })
             }
-            Err(nix::errno::Errno::EADDRINUSE) if held_by_a_stranger(pid, &address) => Ok(RecordingClaim { _socket: None }),
-            Err(nix::errno::Errno::EADDRINUSE) => Err(RemoteError::Unsupported(format!(
-                "process {pid} is being recorded by another proftap already, and its code holds that recording's patches; \
-                 wait for that recording to end, or record it with the uprobe engine (--engine uprobe)"
-            ))),
+            Err(nix::errno::Errno::EADDRINUSE) if held_by_proftap(pid, &address) => Err(RemoteError::Unsupported(
+                "another proftap is recording it already, and its code holds that recording's patches; wait for that recording to end"
+                    .into(),
+            )),
+            Err(nix::errno::Errno::EADDRINUSE) => Ok(RecordingClaim { _socket: None }),
             Err(e) => Err(failed("bind", e)),
         }
     }
 }
 
-/// Whether the claim at `address` is held by a user who may not patch
-/// process `pid`: neither root nor its owner. A holder that cannot be
-/// asked counts as a proftap.
-fn held_by_a_stranger(pid: i32, address: &UnixAddr) -> bool {
+/// Whether the claim at `address` is held by a user who may patch process
+/// `pid`: root or its owner. A holder that does not answer is not.
+fn held_by_proftap(pid: i32, address: &UnixAddr) -> bool {
     let Ok(owner) = std::fs::metadata(format!("/proc/{pid}")).map(|m| m.uid()) else { return false };
     let Ok(asking) = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None) else {
         return false;
@@ -59,13 +67,12 @@ fn held_by_a_stranger(pid: i32, address: &UnixAddr) -> bool {
     if connect(asking.as_raw_fd(), address).is_err() {
         return false;
     }
-    getsockopt(&asking, sockopt::PeerCredentials).is_ok_and(|holder| holder.uid() != 0 && holder.uid() != owner)
+    getsockopt(&asking, sockopt::PeerCredentials).is_ok_and(|holder| holder.uid() == 0 || holder.uid() == owner)
 }
 
-/// When process `pid` started (clock ticks after boot, `/proc/PID/stat`'s
-/// 22nd field), or None when there is no such process.
-fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// When a process started (clock ticks after boot, the 22nd field), from
+/// the text of its `/proc/PID/stat`.
+fn start_time(stat: &str) -> Option<u64> {
     // The command name (field 2) may hold spaces and parentheses: the
     // fields after it follow the last `)`.
     let after_name = &stat[stat.rfind(')')? + 1..];
@@ -81,7 +88,7 @@ mod tests {
         let pid = std::process::id() as i32;
         let first = RecordingClaim::take(pid).expect("the first claim");
         let second = RecordingClaim::take(pid).expect_err("a second claim while the first holds");
-        assert!(second.to_string().contains("being recorded by another proftap"), "{second}");
+        assert!(second.to_string().contains("another proftap is recording it already"), "{second}");
         drop(first);
         RecordingClaim::take(pid).expect("claimed again once the first ended");
         assert!(RecordingClaim::take(i32::MAX).is_err(), "no such process");
@@ -96,7 +103,9 @@ mod tests {
         }
         let mut ours = std::process::Command::new("sleep").arg("60").spawn().expect("sleep");
         let pid = ours.id() as i32;
-        let name = format!("proftap-recording-{pid}-{}", start_time(pid).expect("started"));
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let name = format!("proftap-recording-{pid}-{}", start_time(&stat).expect("started"));
+        let name_again = name.clone();
         // A squatter: a thread of another user (the raw system call changes
         // this thread's ids alone) listening on the claim's name.
         let squatter = std::thread::spawn(move || {
@@ -110,15 +119,23 @@ mod tests {
         .join()
         .expect("squatter");
         let taken = RecordingClaim::take(pid);
+        drop(squatter);
+        // A squatter that binds the name and never answers, as root.
+        let silent = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).expect("socket");
+        bind(silent.as_raw_fd(), &UnixAddr::new_abstract(name_again.as_bytes()).expect("name")).expect("bind");
+        let taken_beside_silent = RecordingClaim::take(pid);
         let _ = ours.kill();
         let _ = ours.wait();
-        drop(squatter);
         taken.expect("a stranger's claim is not a recording's");
+        taken_beside_silent.expect("a name no one answers on is not a recording's");
     }
 
     #[test]
     fn the_start_time_is_read_past_a_name_with_parentheses() {
-        assert!(start_time(std::process::id() as i32).is_some_and(|t| t > 0));
-        assert_eq!(start_time(i32::MAX), None);
+        let fields = "S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242 19 20";
+        assert_eq!(start_time(&format!("77 (a) b) c) {fields}")), Some(4242));
+        assert_eq!(start_time(&format!("77 (sh) {fields}")), Some(4242));
+        assert_eq!(start_time("77 (sh) S 1 2"), None);
+        assert_eq!(start_time("77 no name"), None);
     }
 }
