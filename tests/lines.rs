@@ -659,8 +659,8 @@ fn lines_of_busy_threads_count_from_attach_to_detach() {
 
 /// A statement that runs code inlined from a header counts as often
 /// whether the header's lines are counted too or not: the frame leaves its
-/// line for the header's either way. Before, with the header left out, the
-/// turns of a loop inlined into a call counted as the call's line's.
+/// line for the header's either way, so that the turns of a loop inlined
+/// into a call are never the call's line's.
 #[test]
 fn a_lines_count_does_not_depend_on_which_other_files_are_chosen() {
     require_probes();
@@ -738,11 +738,18 @@ fn regions_in_process_are_entered_as_the_probes_see_them() {
     // Source, optimisation, arguments, regions from the line holding the
     // first text to the next line holding the second.
     type Case<'a> = (&'a str, &'a str, &'a [&'a str], &'a [(&'a str, &'a str)]);
-    let cases: [Case<'_>; 4] = [
+    let cases: [Case<'_>; 5] = [
         ("coverage.c", "-O0", &["30"], &[("total += classify(i);", "early(i);"), ("bump(i % 3);", "bump(i % 3);"), ("{", "}")]),
         ("loops.c", "-O0", &["40"], &[("for (i = 0; i < 32; i++)", "}"), ("reset();", "sink += nested(k % 20);"), ("{", "return 0;")]),
         ("loops.c", "-O2", &["40"], &[("while (*q) q++;", "return q - p;"), ("reset();", "sink += length(")]),
         ("deep.c", "-O0", &["40", "3"], &[("if (n == 0)", "}"), ("long below = down(n - 1);", "return below + 1;")]),
+        // Code inlined from a header (not a region's file) inside a region.
+        (
+            "inlined.c",
+            "-O2",
+            &["2000"],
+            &[("unsigned c = cached;", "h[(c >> 8) & 0xff]++;"), ("total += count_equal(", "total += count_equal(")],
+        ),
     ];
     for (file, opt, args, spans) in cases {
         let binary = Build::c(file, opt).build();

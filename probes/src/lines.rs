@@ -94,10 +94,16 @@ pub struct LinePlan {
 }
 
 impl FunctionLines {
-    /// The line ids it enters.
+    /// The ids of the chosen lines it enters.
     pub fn ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> =
-            self.rows.iter().flat_map(|(_, l)| l.iter().copied()).chain(self.entry_also.iter().copied()).chain(self.decl_line).collect();
+        let mut ids: Vec<u32> = self
+            .rows
+            .iter()
+            .flat_map(|(_, l)| l.iter().copied())
+            .chain(self.entry_also.iter().copied())
+            .chain(self.decl_line)
+            .filter(|&l| l != ELSEWHERE)
+            .collect();
         ids.sort_unstable();
         ids.dedup();
         ids

@@ -45,6 +45,15 @@ pub struct FunctionLines {
 }
 
 impl FunctionLines {
+    /// The same lines with the frame staying on its line through code of
+    /// files not chosen ([`ELSEWHERE`] taken out).
+    pub fn without_elsewhere(&self) -> FunctionLines {
+        let mut kept = self.clone();
+        kept.rows.iter_mut().for_each(|(_, lines)| lines.retain(|&l| l != ELSEWHERE));
+        kept.rows.retain(|(_, lines)| !lines.is_empty());
+        kept
+    }
+
     /// The same lines with every address `bias` further on: at runtime
     /// addresses, for a graph read from a module loaded `bias` past its
     /// link-time addresses.
@@ -153,7 +162,8 @@ pub fn line_entries(cfg: &Cfg, counts: &Counts, lines: &FunctionLines) -> Result
     }
     undetermined.sort_unstable();
     undetermined.dedup_by_key(|(line, _)| *line);
-    entered.retain(|line, n| *n > 0 && undetermined.binary_search_by_key(line, |(l, _)| *l).is_err());
+    undetermined.retain(|(line, _)| *line != ELSEWHERE);
+    entered.retain(|line, n| *line != ELSEWHERE && *n > 0 && undetermined.binary_search_by_key(line, |(l, _)| *l).is_err());
     Ok(LineEntries { entered: entered.into_iter().collect(), undetermined })
 }
 
@@ -265,7 +275,10 @@ pub(super) struct Arriving {
 impl Arriving {
     /// Per block, the one line a frame may leave it on, if one.
     fn single(&self) -> Vec<Option<u32>> {
-        self.leaving.iter().map(|lines| if lines.len() == 1 { lines.first().copied().filter(|&l| l != NO_LINE) } else { None }).collect()
+        self.leaving
+            .iter()
+            .map(|lines| if lines.len() == 1 { lines.first().copied().filter(|&l| l != NO_LINE && l != ELSEWHERE) } else { None })
+            .collect()
     }
 }
 
@@ -276,7 +289,8 @@ fn lines_of_blocks(rows: &BlockRows<'_>) -> Vec<BlockLine> {
             let mut lines = block_rows.iter().flat_map(|(lines, _)| lines.iter());
             match lines.next() {
                 None => BlockLine::Passes,
-                Some(&first) if first != NO_LINE && lines.all(|&l| l == first) => BlockLine::On(first),
+                // Loops in code of files not chosen are not followed: their turns count for no line.
+                Some(&first) if first != NO_LINE && first != ELSEWHERE && lines.all(|&l| l == first) => BlockLine::On(first),
                 Some(_) => BlockLine::Other,
             }
         })

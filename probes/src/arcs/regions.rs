@@ -51,6 +51,9 @@ pub struct RegionHook {
 /// arrive at a row both inside and outside a region, or where a leave
 /// before a return would also run on another way out of its block.
 pub fn region_hooks(cfg: &Cfg, code: &FunctionCode, lines: &FunctionLines, regions_of: &[Vec<u32>]) -> Result<Vec<RegionHook>, Error> {
+    // Code inlined from another file runs inside the region whose line it
+    // interrupts, as the line probes see it.
+    let lines = &lines.without_elsewhere();
     let in_region = |line: u32, region: u32| line != NO_LINE && regions_of.get(line as usize).is_some_and(|r| r.contains(&region));
     let at_entry = entry_line(lines);
     let rows = rows_by_block(cfg, &lines.rows)?;
