@@ -91,6 +91,22 @@ fn an_ordinary_user_records_their_own_programs_in_process_and_by_sampling() {
     assert!(lines.len() >= 5 && lines.iter().any(|l| l["count"].as_u64() > Some(0)), "{lines:?}");
 }
 
+/// A profile another user's file stands in the way of, in a directory
+/// like /tmp whose sticky bit keeps it theirs, is refused before the
+/// program runs, not lost after it.
+#[test]
+fn a_profile_that_could_not_replace_another_users_file_is_refused_first() {
+    let user = AsUser::new(&Build::c("regress.c", "-O2").build());
+    std::fs::set_permissions(user.work.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let theirs = user.work.path().join("theirs.profile");
+    std::fs::write(&theirs, "root's").unwrap();
+    let ran = user.work.path().join("ran");
+    let out = user.proftap(&["run", "-o", "theirs.profile", "--", "sh", "-c", "touch \"$0\"", ran.to_str().unwrap()]);
+    assert_clean_failure(&out, "cannot write theirs.profile: it belongs to another user, in a directory whose sticky bit");
+    assert!(!ran.exists(), "the program ran before the output was refused");
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "root's");
+}
+
 #[test]
 fn what_needs_root_is_refused_with_its_cause_and_its_remedy() {
     let user = AsUser::new(&Build::c("regress.c", "-O2").build());

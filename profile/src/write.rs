@@ -51,8 +51,38 @@ pub fn check_writable(path: &Path) -> Result<(), FileError> {
     let io = |source| FileError::Io { action: "write", path: path.into(), source };
     match destination(path).map_err(io)? {
         Destination::Through => Ok(()),
-        Destination::Replace(target) => temporary_beside(&target, PUBLIC).map(drop).map_err(io),
+        Destination::Replace(target) => {
+            temporary_beside(&target, PUBLIC).map(drop).map_err(io)?;
+            replaceable(&target).map_err(io)
+        }
     }
+}
+
+/// The directory `target` is in.
+fn directory_of(target: &Path) -> &Path {
+    match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Whether the rename over `target` would be allowed: in a directory with
+/// the sticky bit (`/tmp`), a file of another user may be replaced by the
+/// directory's owner or root only.
+fn replaceable(target: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(file) = target.symlink_metadata() else { return Ok(()) };
+    let dir = directory_of(target).metadata()?;
+    // SAFETY: geteuid(2) cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let sticky = dir.mode() & libc::S_ISVTX != 0;
+    if sticky && me != 0 && file.uid() != me && dir.uid() != me {
+        return Err(std::io::Error::new(
+            ErrorKind::PermissionDenied,
+            "it belongs to another user, in a directory whose sticky bit lets only its owner replace it",
+        ));
+    }
+    Ok(())
 }
 
 /// Writes the file `name` in `dir` atomically (0644 less the umask),
@@ -134,10 +164,7 @@ fn write_through(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Res
 /// A new temporary file (`mode` less the umask) in the directory of
 /// `target`, named after it; removed when dropped.
 fn temporary_beside(target: &Path, mode: u32) -> std::io::Result<tempfile::NamedTempFile> {
-    let dir = match target.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = directory_of(target);
     let name = target.file_name().ok_or_else(|| std::io::Error::other("the path names no file"))?;
     let prefix = temporary_prefix(name);
     let mut builder = tempfile::Builder::new();
