@@ -109,6 +109,8 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
     let stripped = dir.path().join("stripped");
     copy_executable(&calls, &stripped);
     run_ok(Command::new("strip").arg("--strip-all").arg(&stripped));
+    let launcher = dir.path().join("sh");
+    copy_executable(&stripped, &launcher);
     let stripped_lib = dir.path().join("libcounter.so");
     run_ok(Command::new("gcc").args(["-O2", "-shared", "-fPIC", "-o"]).arg(&stripped_lib).arg(examples().join("libcounter/counter.c")));
     run_ok(Command::new("strip").arg("--strip-all").arg(&stripped_lib));
@@ -129,9 +131,10 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
         // Stripped of every symbol: sampled when nothing is named, refused when a function is.
         (vec!["run".into(), "-f".into(), "main".into(), "--".into(), stripped.display().to_string()], "has no symbols"),
         (vec!["run".into(), "--metric".into(), "bogus".into(), "--".into(), calls.display().to_string()], "unknown metric 'bogus'"),
-        // A shell has no symbols, and the functions are in the program it runs.
+        // A launcher without symbols (a stripped program named as a shell
+        // is): the functions are in the program it runs.
         (
-            vec!["run".into(), "-f".into(), "main".into(), "--".into(), "sh".into(), "-c".into(), calls.display().to_string()],
+            vec!["run".into(), "-f".into(), "main".into(), "--".into(), launcher.display().to_string(), calls.display().to_string()],
             "has no symbols, and it is a launcher",
         ),
         (vec!["run".into(), "--metric".into(), "cycles,cpu".into(), "--".into(), calls.display().to_string()], "cycles"),

@@ -362,6 +362,14 @@ pub struct Target {
     pub attached: bool,
 }
 
+impl Target {
+    /// Whether it ended while recorded: said, or told by its status (a
+    /// profile written before `ended` was).
+    pub fn has_ended(&self) -> bool {
+        self.ended || self.exit_code.is_some() || self.signal.is_some()
+    }
+}
+
 /// How the recording was made.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Recording {

@@ -152,13 +152,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
     let line_hits: Vec<(EntryKind, u64)> = line_probes.iter().copied().zip(aggregate.line_probe_hits.iter().copied()).collect();
     let overhead = overhead(&setup.entries, &patched, &calls, &line_hits, aggregate.hits, setup.cost, setup.compensate);
     Profile {
-        target: Target {
-            exit_code: ending.exit_code,
-            signal: ending.signal,
-            // Streams saved before `ended` say it with a status alone.
-            ended: ending.ended || ending.exit_code.is_some() || ending.signal.is_some(),
-            ..setup.target.clone()
-        },
+        target: Target { exit_code: ending.exit_code, signal: ending.signal, ended: ending.ended, ..setup.target.clone() },
         recording: Recording {
             engine: ending.engine,
             exits: setup.exits,

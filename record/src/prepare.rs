@@ -44,7 +44,7 @@ pub enum PrepareError {
     /// Functions were named in a launcher (a shell, `env`, `time`), which
     /// has no symbols: they are in a program it starts.
     #[error(
-        "{module} has no symbols, and it is a launcher: the functions named with -f are looked up in the program proftap starts, not in the ones it runs; start the program itself (proftap run -f NAME -- PROGRAM ARGS)"
+        "{module} has no symbols, and it is a launcher: the functions named with -f are looked up in the program proftap starts, not in the programs {module} runs; start the program itself (proftap run -f NAME -- PROGRAM ARGS)"
     )]
     Launcher {
         /// The launcher.

@@ -61,7 +61,7 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
             "build_id": profile.target.build_id,
             "exit_code": profile.target.exit_code,
             "signal": profile.target.signal,
-            "ended": profile.target.ended,
+            "ended": profile.target.has_ended(),
             "attached": profile.target.attached,
         },
         "recording": {

@@ -229,7 +229,7 @@ fn header(profile: &Profile, out: &mut String) {
     let ended = match (t.exit_code, t.signal) {
         (Some(code), _) => format!(", exited {code}"),
         (_, Some(sig)) => format!(", killed by signal {sig}"),
-        _ if t.ended => ", ended while recorded".to_string(),
+        _ if t.has_ended() => ", ended while recorded".to_string(),
         _ => String::new(),
     };
     let _ = writeln!(out, "proftap profile: {how} {} (pid {}{ended})", t.command.join(" "), t.pid);
