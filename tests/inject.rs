@@ -42,6 +42,35 @@ fn the_program_keeps_its_output_and_status() {
     assert_eq!((dive["calls"].as_u64(), dive["unwound"].as_u64()), (Some(250), Some(250)));
 }
 
+/// A function entered without a return address (the program's entry
+/// point, whose word on the stack is the argument count) is given neither
+/// a return trampoline nor a return probe: `calls` would see another
+/// argument count and print another line.
+#[test]
+fn the_entry_point_is_not_taken_for_a_called_function() {
+    require_probes();
+    let binary = Build::c("calls.c", "-O2").build();
+    let bare = run(Command::new(&binary).args(["1000", "3"]));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    for engine in ["inject", "uprobe"] {
+        let out = run(proftap()
+            .args(["run", "--engine", engine, "--no-sample", "-f", "_start", "-f", "run", "-o"])
+            .arg(&file)
+            .arg("--")
+            .arg(&binary)
+            .args(["1000", "3"]));
+        let seen = |o: &std::process::Output| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned());
+        assert_eq!(seen(&out), seen(&bare), "{engine}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = report_json(&file);
+        assert_eq!(function(&report["functions"], "run")["calls"].as_u64(), Some(1), "{engine}");
+        assert_eq!(function(&report["functions"], "_start")["calls"].as_u64(), Some(1), "{engine}");
+        if engine == "inject" {
+            assert!(report["notes"].to_string().contains("entered without a return address"), "{}", report["notes"]);
+        }
+    }
+}
+
 /// Starts `proftap attach ARGS PID` and waits until its probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
     let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();

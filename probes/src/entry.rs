@@ -45,6 +45,17 @@ pub fn uprobe_refuses(code: &[u8]) -> bool {
     )
 }
 
+/// Whether the function `name` is entered with something other than a
+/// return address on top of the stack: a program's entry point (its
+/// argument count), the return from a signal handler into `rt_sigreturn`
+/// (the signal frame), the dynamic linker's lazy binding and TLS
+/// descriptor resolvers (the words the PLT pushed), split-stack growth.
+pub fn entered_without_return_address(name: &str) -> bool {
+    const EXACT: &[&str] = &["_start", "__start", "_dl_start_user", "__restore_rt", "__morestack"];
+    const PREFIXES: &[&str] = &["_dl_runtime_resolve", "_dl_runtime_profile", "_dl_tlsdesc_"];
+    EXACT.contains(&name) || PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 /// Classifies the first instruction of a function (x86-64 encodings; other
 /// architectures count as stepped).
 pub fn classify_entry(code: &[u8]) -> EntryKind {

@@ -103,6 +103,7 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
                     size: symbol.size(),
                     site: Site::Entry,
                     cold: Vec::new(),
+                    called: true,
                 };
                 sites.push(HookSite { name, hook, target });
             }
