@@ -24,7 +24,7 @@ pub fn demangle_name(raw: &str) -> String {
 use crate::addr::{FileOffset, VirtAddr};
 use crate::error::{Error, Result};
 use object::{Object, ObjectSymbol, SymbolKind};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 /// What to load besides functions.
@@ -81,6 +81,25 @@ pub struct Function {
     pub has_dwarf: bool,
     /// Where the function was found.
     pub origin: SymbolOrigin,
+}
+
+/// Gives functions of one name at different addresses names of their own
+/// (`name #2`, `name #3`, in address order after the first): a Rust
+/// generic's instances, C `static` functions of one name in several files.
+/// A profile keys functions by name, so namesakes would share their
+/// numbers, and time sampled in one would be taken out of another's. The
+/// plain name stays one of its names (an alias), which patterns match.
+fn distinguish_namesakes(functions: &mut [Function]) {
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    for f in functions.iter_mut() {
+        let copies = seen.entry(f.name.clone()).or_insert(0);
+        *copies += 1;
+        if *copies > 1 {
+            let plain = std::mem::take(&mut f.name);
+            f.name = format!("{plain} #{copies}");
+            f.aliases.insert(0, plain);
+        }
+    }
 }
 
 /// Names of C runtime scaffolding that no user wants in a profile.
@@ -270,12 +289,14 @@ impl SymbolIndex {
             }
         }
 
+        let mut functions: Vec<Function> = functions.into_values().collect();
+        distinguish_namesakes(&mut functions);
         Ok(SymbolIndex {
             path: path.into(),
             build_id,
             kind,
             debug,
-            functions: functions.into_values().collect(),
+            functions,
             files,
             units: info.units,
             line_rows: info.rows,

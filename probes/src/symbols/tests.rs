@@ -119,3 +119,21 @@ fn a_function_of_no_size_reaches_the_next_one() {
     assert_eq!(index.function_at(VirtAddr(next.address.0 - 1)).map(|g| &g.raw_name), Some(&f.raw_name));
     assert_eq!(index.function_at(next.address).map(|g| g.address), Some(next.address));
 }
+
+#[test]
+fn namesakes_get_names_of_their_own_and_keep_the_plain_one_for_patterns() {
+    // A Rust program: a generic's instances demangle to one name.
+    let exe = std::env::current_exe().expect("this test's program");
+    let options = LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true };
+    let index = SymbolIndex::load(&exe, &options).expect("its symbols");
+    let mut names: Vec<&str> = index.functions.iter().map(|f| f.name.as_str()).collect();
+    names.sort_unstable();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(names.len(), before, "two functions share a name");
+    let second = index.functions.iter().find(|f| f.name.ends_with(" #2")).expect("a generic with two instances");
+    let plain = second.name.trim_end_matches(" #2");
+    let first = index.functions.iter().find(|f| f.name == plain).expect("the first instance keeps the plain name");
+    assert!(first.address < second.address);
+    assert!(second.names().any(|n| n == plain), "a pattern on the plain name matches every instance");
+}
