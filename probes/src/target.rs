@@ -339,14 +339,66 @@ pub struct Frozen {
     stopped: Vec<Pid>,
     /// Signals that arrived while stopping, delivered on release.
     pending: std::sync::Mutex<Vec<(Pid, Signal)>>,
+    /// The process whose turn this is (see [`HoldTurns`]).
+    turn: Option<i32>,
+}
+
+/// Processes one of proftap's threads holds still. A process has one
+/// tracer thread at a time: a thread that would hold one another thread
+/// holds (the in-process engine unpatching while the uprobes of another
+/// part go in) waits for its turn rather than being refused. Holds are
+/// short; a turn that does not come in [`TURN_WAIT`] (two threads each
+/// holding a process the other waits for) is taken anyway, and ptrace
+/// refuses it with a reason rather than proftap hanging.
+struct HoldTurns {
+    held: std::sync::Mutex<Vec<i32>>,
+    released: std::sync::Condvar,
+    /// Threads waiting for their turn now.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+/// How long a thread waits for its turn to hold a process.
+const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+static HOLD_TURNS: HoldTurns = HoldTurns {
+    held: std::sync::Mutex::new(Vec::new()),
+    released: std::sync::Condvar::new(),
+    waiting: std::sync::atomic::AtomicUsize::new(0),
+};
+
+impl HoldTurns {
+    fn take(&self, pid: i32) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.waiting.fetch_add(1, SeqCst);
+        let (mut held, _) = self
+            .released
+            .wait_timeout_while(held, TURN_WAIT, |held| held.contains(&pid))
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.waiting.fetch_sub(1, SeqCst);
+        held.push(pid);
+    }
+
+    fn give_back(&self, pid: i32) {
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = held.iter().position(|&p| p == pid) {
+            held.swap_remove(at);
+        }
+        drop(held);
+        self.released.notify_all();
+    }
 }
 
 /// Why tracing `pid` was refused, and what allows it: no other tracer, and
 /// root, or a process of one's own where Yama's `ptrace_scope` permits.
 fn ptrace_refused(pid: i32) -> String {
-    if let Some(tracer) = tracer_of(pid) {
+    if let Some(tracer) = tracer_of(&pid.to_string()) {
+        if std::fs::metadata(format!("/proc/self/task/{tracer}")).is_ok() {
+            return format!("cannot hold process {pid} still: proftap's own thread {tracer} traces it still, which is a bug of proftap's");
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{tracer}/comm")).map(|c| format!(" ({})", c.trim_end())).unwrap_or_default();
         return format!(
-            "cannot hold process {pid} still: process {tracer} traces it already (a debugger or strace?), and a process has one tracer at a time"
+            "cannot hold process {pid} still: process {tracer}{comm} traces it already (a debugger or strace?), and a process has one tracer at a time"
         );
     }
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().and_then(|s| s.trim().parse::<u32>().ok());
@@ -362,8 +414,8 @@ fn ptrace_refused(pid: i32) -> String {
 }
 
 /// The process tracing `pid`, if one does.
-fn tracer_of(pid: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+fn tracer_of(task: &str) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{task}/status")).ok()?;
     let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse::<i32>().ok()?;
     (tracer != 0).then_some(tracer)
 }
@@ -371,7 +423,8 @@ fn tracer_of(pid: i32) -> Option<i32> {
 impl Frozen {
     /// Stops every thread of `pid`, including threads created while stopping.
     pub fn freeze(pid: i32) -> Result<Frozen, TargetError> {
-        let mut frozen = Frozen { stopped: Vec::new(), pending: Default::default() };
+        HOLD_TURNS.take(pid);
+        let mut frozen = Frozen { stopped: Vec::new(), pending: Default::default(), turn: Some(pid) };
         let options = ptrace::Options::PTRACE_O_TRACECLONE;
         loop {
             let tids =
@@ -386,6 +439,10 @@ impl Frozen {
                     Ok(()) => {}
                     // The thread ended meanwhile.
                     Err(Errno::ESRCH) => continue,
+                    // Traced by this thread already: a thread it took as it was
+                    // made (PTRACE_O_TRACECLONE) that an earlier hold could not
+                    // let go of. Held with the others, and let go with them.
+                    Err(Errno::EPERM) if tracer_of(&format!("{pid}/task/{tid}")) == Some(nix::unistd::gettid().as_raw()) => {}
                     Err(Errno::EPERM) => return Err(TargetError::System { what: ptrace_refused(pid), source: Errno::EPERM.into() }),
                     Err(e) => return Err(system(format!("cannot stop thread {tid} of process {pid} with ptrace"))(e)),
                 }
@@ -399,9 +456,11 @@ impl Frozen {
         Ok(frozen)
     }
 
-    /// Threads proftap traces already, stopped: released like the others.
-    pub fn adopt(tids: Vec<i32>) -> Frozen {
-        Frozen { stopped: tids.into_iter().map(Pid::from_raw).collect(), pending: Default::default() }
+    /// Process `pid`, whose threads `tids` proftap traces already, stopped:
+    /// released like the others.
+    pub fn adopt(pid: i32, tids: Vec<i32>) -> Frozen {
+        HOLD_TURNS.take(pid);
+        Frozen { stopped: tids.into_iter().map(Pid::from_raw).collect(), pending: Default::default(), turn: Some(pid) }
     }
 
     /// Waits for the interrupt stop of `tid`; threads it created meanwhile
@@ -448,7 +507,15 @@ impl Drop for Frozen {
             let pending = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let sig = pending.iter().find(|(t, _)| t == tid).map(|(_, s)| *s);
             drop(pending);
-            let _ = ptrace::detach(*tid, sig);
+            // A thread taken as it was made and never seen stopped is
+            // running: it can be let go of only once stopped.
+            if ptrace::detach(*tid, sig) == Err(Errno::ESRCH) && ptrace::interrupt(*tid).is_ok() {
+                let _ = wait_traced(*tid);
+                let _ = ptrace::detach(*tid, sig);
+            }
+        }
+        if let Some(pid) = self.turn {
+            HOLD_TURNS.give_back(pid);
         }
     }
 }
@@ -465,6 +532,24 @@ pub fn raise_open_files_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_that_would_hold_a_process_another_holds_waits_for_its_turn() {
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().expect("sleep runs");
+        let pid = child.id() as i32;
+        let first = Frozen::freeze(pid).expect("held");
+        let waiting_before = HOLD_TURNS.waiting.load(std::sync::atomic::Ordering::SeqCst);
+        let second = std::thread::spawn(move || Frozen::freeze(pid).map(|f| f.threads()));
+        // Until the second thread waits for its turn (or ends, refused).
+        while HOLD_TURNS.waiting.load(std::sync::atomic::Ordering::SeqCst) == waiting_before && !second.is_finished() {
+            std::thread::yield_now();
+        }
+        drop(first);
+        let threads = second.join().expect("joined").expect("held in its turn, not refused");
+        assert_eq!(threads, vec![pid]);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 
     #[test]
     // Reaped by wait_traced, not by the Child.

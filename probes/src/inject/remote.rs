@@ -147,7 +147,7 @@ impl Remote {
         let threads = crate::target::threads(pid).map_err(io_error(format!("cannot list the threads of process {pid}")))?;
         let remote_threads = threads.len();
         let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-        let mut remote = Remote { pid, frozen: Frozen::adopt(vec![pid]), caller: tid, syscall_site: 0, mem };
+        let mut remote = Remote { pid, frozen: Frozen::adopt(pid, vec![pid]), caller: tid, syscall_site: 0, mem };
         if remote_threads > 1 {
             return Err(RemoteError::Unsupported(format!("process {pid} started threads before its libraries were initialized")));
         }
