@@ -66,8 +66,34 @@ fn the_entry_point_is_not_taken_for_a_called_function() {
         assert_eq!(function(&report["functions"], "run")["calls"].as_u64(), Some(1), "{engine}");
         assert_eq!(function(&report["functions"], "_start")["calls"].as_u64(), Some(1), "{engine}");
         if engine == "inject" {
-            assert!(report["notes"].to_string().contains("entered without a return address"), "{}", report["notes"]);
+            assert!(report["notes"].to_string().contains("its return address must stay as it is"), "{}", report["notes"]);
         }
+    }
+}
+
+/// A function that returns twice (`setjmp`: once as called, once from a
+/// `longjmp`) keeps its return address: the jump goes back to where it
+/// saved it, and a trampoline there would find no call of its own to end.
+#[test]
+fn a_function_that_returns_twice_keeps_its_return_address() {
+    require_probes();
+    let binary = Build::c("jumps.c", "-O2").build();
+    let bare = run(Command::new(&binary).args(["300", "3"]));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    for engine in ["inject", "uprobe"] {
+        let out = run(proftap()
+            .args(["run", "--engine", engine, "--no-sample", "-f", "libc.so.6:_setjmp", "-f", "surface", "-o"])
+            .arg(&file)
+            .arg("--")
+            .arg(&binary)
+            .args(["300", "3"]));
+        let seen = |o: &std::process::Output| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned());
+        assert_eq!(seen(&out), seen(&bare), "{engine}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = report_json(&file);
+        // Once a round, and once where the C library starts main.
+        assert_eq!(function(&report["functions"], "_setjmp")["calls"].as_u64(), Some(301), "{engine}");
+        assert_eq!(function(&report["functions"], "surface")["calls"].as_u64(), Some(300), "{engine}");
     }
 }
 

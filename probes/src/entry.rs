@@ -45,14 +45,42 @@ pub fn uprobe_refuses(code: &[u8]) -> bool {
     )
 }
 
-/// Whether the function `name` is entered with something other than a
-/// return address on top of the stack: a program's entry point (its
-/// argument count), the return from a signal handler into `rt_sigreturn`
-/// (the signal frame), the dynamic linker's lazy binding and TLS
-/// descriptor resolvers (the words the PLT pushed), split-stack growth.
-pub fn entered_without_return_address(name: &str) -> bool {
-    const EXACT: &[&str] = &["_start", "__start", "_dl_start_user", "__restore_rt", "__morestack"];
+/// Whether the return address of a call to `name` must be left as it is,
+/// neither replaced by a trampoline nor probed on return:
+/// - functions entered with something else on top of the stack: a
+///   program's entry point (its argument count), the return from a signal
+///   handler into `rt_sigreturn` (the signal frame), the dynamic linker's
+///   lazy binding and TLS descriptor resolvers (the words the PLT
+///   pushed), split-stack growth;
+/// - functions that return twice (`setjmp`, `getcontext`, `vfork`), whose
+///   second return would find the trampoline's frame gone;
+/// - functions that read their own return address to know their caller
+///   (`dlsym` with `RTLD_NEXT`, `dlopen`).
+///
+/// `name` as the symbol index gives it (`name #2` for a namesake).
+pub fn return_address_untouchable(name: &str) -> bool {
+    const EXACT: &[&str] = &[
+        "_start",
+        "__start",
+        "_dl_start_user",
+        "__restore_rt",
+        "__morestack",
+        "setjmp",
+        "_setjmp",
+        "__sigsetjmp",
+        "sigsetjmp",
+        "getcontext",
+        "swapcontext",
+        "savectx",
+        "vfork",
+        "__vfork",
+        "dlsym",
+        "dlvsym",
+        "dlopen",
+        "dlmopen",
+    ];
     const PREFIXES: &[&str] = &["_dl_runtime_resolve", "_dl_runtime_profile", "_dl_tlsdesc_"];
+    let name = name.split_once(" #").map_or(name, |(plain, _)| plain);
     EXACT.contains(&name) || PREFIXES.iter().any(|p| name.starts_with(p))
 }
 

@@ -77,9 +77,8 @@ pub fn plan(
         let cold =
             cold_by_module.entry(s.module).or_insert_with(|| cold_parts(index)).get(f.raw_name.as_str()).cloned().unwrap_or_default();
         let exit_sites = match exits {
-            // A return probe would take the word on top of its stack for a
-            // return address and write over it.
-            _ if crate::entry::entered_without_return_address(&f.name) => Some(Vec::new()),
+            // A return probe replaces the return address as a trampoline does.
+            _ if crate::entry::return_address_untouchable(&f.name) => Some(Vec::new()),
             ExitMode::Uretprobe => None,
             ExitMode::ReturnSites => {
                 let sites = exit_offsets(file, f.address, offset, f.size, &cold);

@@ -103,7 +103,7 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
                     size: symbol.size(),
                     site: Site::Entry,
                     cold: Vec::new(),
-                    called: true,
+                    return_replaceable: true,
                 };
                 sites.push(HookSite { name, hook, target });
             }

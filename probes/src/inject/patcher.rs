@@ -46,9 +46,9 @@ pub struct Target {
     pub site: Site,
     /// Its cold parts' link-time address ranges (see [`ProbedFunction::cold`]).
     pub cold: Vec<(u64, u64)>,
-    /// Whether its callers leave a return address where a call does (not
-    /// so for [`crate::entry::entered_without_return_address`]).
-    pub called: bool,
+    /// Whether its return address may be replaced (not so for
+    /// [`crate::entry::return_address_untouchable`]).
+    pub return_replaceable: bool,
 }
 
 impl Target {
@@ -62,7 +62,7 @@ impl Target {
             size: f.size,
             site: Site::Entry,
             cold: f.cold.clone(),
-            called: !crate::entry::entered_without_return_address(&f.info.name),
+            return_replaceable: !crate::entry::return_address_untouchable(&f.info.name),
         }
     }
 }
@@ -207,8 +207,8 @@ pub fn on_every_cpu<R: Send>(indices: &[usize], work: impl Fn(&[usize]) -> Vec<(
     done
 }
 
-/// Why a function entered without a return address is not patched.
-pub const NOT_CALLED: &str = "it is entered without a return address (a program's entry point, a signal's return, the dynamic linker's lazy binding), so it has no call to time";
+/// Why a function whose return address must stay is not patched.
+pub const RETURN_UNTOUCHABLE: &str = "its return address must stay as it is (a program's entry point, a signal's return, the dynamic linker's lazy binding, a function that returns twice or reads its own return address)";
 
 /// The patch plans of `targets` (by index) in the process whose modules are
 /// `modules`, grouped by module, and the targets that cannot be patched
@@ -221,9 +221,9 @@ pub fn plans(modules: &[LoadedModule], targets: &[Target], checked: &[bool]) -> 
     for (i, target) in targets.iter().enumerate() {
         let planned = source.code(target).and_then(|code| {
             let plans = match target.site {
-                // Its entry's word on the stack is no return address: taking it for one
-                // would write over the program's arguments or a signal frame.
-                Site::Entry if !target.called => Err(NOT_CALLED.to_string()),
+                // Replaced, its return address would write over the program's
+                // arguments or a signal frame, or be returned to twice.
+                Site::Entry if !target.return_replaceable => Err(RETURN_UNTOUCHABLE.to_string()),
                 Site::Entry if checked.get(i).copied().unwrap_or(false) => patch::plan_checked(code.at, code.bytes).map(|p| vec![p]),
                 Site::Entry => patch::plan(code.at, code.bytes).map(|p| vec![p]),
                 Site::Return => patch::plan_returns(code.at, code.bytes),
