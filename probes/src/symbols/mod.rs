@@ -89,12 +89,15 @@ pub struct Function {
 /// A profile keys functions by name, so namesakes would share their
 /// numbers, and time sampled in one would be taken out of another's. The
 /// plain name stays one of its names (an alias), which patterns match.
+/// Versions of one symbol of a library without debug info (`memcpy`'s
+/// `GLIBC_2.2.5` and `GLIBC_2.14`: one raw name) keep their name.
 fn distinguish_namesakes(functions: &mut [Function]) {
-    let mut seen: HashMap<String, u32> = HashMap::new();
+    // By name: how many so far, and the first one's raw name.
+    let mut seen: HashMap<String, (u32, String)> = HashMap::new();
     for f in functions.iter_mut() {
-        let copies = seen.entry(f.name.clone()).or_insert(0);
+        let (copies, first_raw) = seen.entry(f.name.clone()).or_insert_with(|| (0, f.raw_name.clone()));
         *copies += 1;
-        if *copies > 1 {
+        if *copies > 1 && (f.raw_name != *first_raw || f.has_dwarf) {
             let plain = std::mem::take(&mut f.name);
             f.name = format!("{plain} #{copies}");
             f.aliases.insert(0, plain);
