@@ -110,9 +110,13 @@ fn measure(profile: &Profile, budget: &Budget) -> Result<f64, Missing> {
     })
 }
 
-/// Calls and inclusive cost over every instrumented function named `name`.
+/// Calls and inclusive cost over every instrumented function named `name`,
+/// its namesakes (`name #2`, ...) included: which instance is which can
+/// change from one build to the next.
 fn function_cost(profile: &Profile, name: &str, metric: Option<usize>) -> Result<(u64, Stat), Missing> {
-    let ids: Vec<usize> = profile.functions.iter().enumerate().filter(|(_, f)| f.name == name).map(|(i, _)| i).collect();
+    let named =
+        |f: &str| f == name || f.strip_prefix(name).and_then(|rest| rest.strip_prefix(" #")).is_some_and(|n| n.parse::<u32>().is_ok());
+    let ids: Vec<usize> = profile.functions.iter().enumerate().filter(|(_, f)| named(&f.name)).map(|(i, _)| i).collect();
     let instrumented: Vec<usize> = ids.iter().copied().filter(|&i| profile.functions[i].mode != crate::model::Mode::Sampled).collect();
     if instrumented.is_empty() {
         return Err(Missing::NotRecorded);
@@ -182,6 +186,20 @@ mod tests {
         );
         let values: Vec<(f64, bool)> = outcomes.iter().map(|o| (*o.value.as_ref().expect("measured"), o.held())).collect();
         assert_eq!(values, [(150_000.0, true), (300_000.0, false), (4.0, true), (0.5, true), (1_000_000.0, true)]);
+    }
+
+    #[test]
+    fn a_budget_on_a_name_covers_its_namesakes() {
+        let mut p = profile();
+        p.functions.push(FunctionInfo { name: "parse #2".into(), module: "/bin/prog".into(), ..FunctionInfo::default() });
+        p.functions.push(FunctionInfo { name: "parse #2x".into(), module: "/bin/prog".into(), ..FunctionInfo::default() });
+        let mut second = FunctionStats::new(3, 1);
+        second.calls = 6;
+        let mut other = FunctionStats::new(4, 1);
+        other.calls = 100;
+        p.threads[0].functions.extend([second, other]);
+        let outcomes = check(&p, &[budget("parse", Measure::Calls, 10.0)]);
+        assert_eq!(outcomes[0].value.as_ref().ok(), Some(&10.0));
     }
 
     #[test]
