@@ -545,10 +545,12 @@ mod tests {
             std::thread::yield_now();
         }
         drop(first);
-        let threads = second.join().expect("joined").expect("held in its turn, not refused");
-        assert_eq!(threads, vec![pid]);
+        let started = std::time::Instant::now();
+        let held = second.join().expect("joined");
         let _ = child.kill();
         let _ = child.wait();
+        assert_eq!(held.expect("held in its turn, not refused"), vec![pid]);
+        assert!(started.elapsed() < TURN_WAIT / 2, "the turn came when the first hold ended, not at the wait's end");
     }
 
     #[test]

@@ -76,7 +76,9 @@ impl Remote {
     pub fn attach(pid: i32) -> Result<Remote, RemoteError> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(io_error(format!("cannot read /proc/{pid}/status")))?;
         let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:")).map_or(0, |v| v.trim().parse::<i32>().unwrap_or(0));
-        if tracer != 0 {
+        // One of proftap's own threads holding it: the hold below waits for its turn.
+        let ours = std::path::Path::new(&format!("/proc/self/task/{tracer}")).exists();
+        if tracer != 0 && !ours {
             return Err(RemoteError::Unsupported(format!("process {pid} is traced by process {tracer} (a debugger?); detach it first")));
         }
         let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
