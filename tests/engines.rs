@@ -47,6 +47,7 @@ for_each_engine!(
     a_cpp_function_left_by_a_throw_is_counted_and_stopped,
     attach_then_detach_restores_the_program,
     the_probe_cost_is_measured_reported_and_compensated,
+    coroutines_that_switch_stacks_run_unharmed_and_are_counted,
 );
 
 fn call_counts_equal_callgrind(engine: &Engine) {
@@ -63,6 +64,35 @@ fn call_counts_equal_callgrind(engine: &Engine) {
         // C++ (templates, virtual calls, a throw through two frames) and Rust.
         check(&Build::cxx("shapes.cpp", opt), &["30"]);
         check(&Build::rust("calls.rs", opt), &["200"]);
+    }
+}
+
+/// Calls that return on another stack than the one the thread made its
+/// last call on (coroutines switching with `swapcontext`) go back where
+/// they were called from: the program prints what it prints alone, and
+/// every call is counted. (callgrind's counts are no oracle here: its own
+/// shadow stack takes a switch for returns.)
+fn coroutines_that_switch_stacks_run_unharmed_and_are_counted(engine: &Engine) {
+    require_probes();
+    for opt in ["-O0", "-O2"] {
+        let binary = Build::c("coroutines.c", opt).build();
+        let bare = run_ok(Command::new(&binary).arg("300"));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.profile");
+        let out = run(proftap().args(["run", "--no-sample", "-o"]).arg(&file).args(engine.exact).arg("--").arg(&binary).arg("300"));
+        assert!(out.status.success(), "{opt}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), bare, "{opt}");
+        let report = report_json(&file);
+        assert_eq!(report["recording"]["engine"], engine.name, "{opt}");
+        let calls = |name: &str| function(&report["functions"], name)["calls"].as_u64();
+        // Each coroutine yields 300 times; every yield calls leaf before it
+        // switches and after it comes back, but for B's last, never resumed.
+        let counted = [calls("body_a"), calls("body_b"), calls("yield_to"), calls("leaf")];
+        assert_eq!(counted, [Some(1), Some(1), Some(600), Some(1199)], "{opt}");
+        if engine.name == "inject" {
+            let notes = report["notes"].to_string();
+            assert!(notes.contains("switched stacks"), "{opt}: {notes}");
+        }
     }
 }
 

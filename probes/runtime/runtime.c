@@ -739,6 +739,24 @@ out:
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
 
+/* A return with no frame of its own (its frame was taken for one a longjmp
+ * left when the program switched stacks: coroutines, swapcontext, a
+ * coroutine resumed on another thread) goes back to its call site: the
+ * site trampoline it came through, still in its slot, names it in the
+ * table. Returns 0 when it came through the shared trampoline, which
+ * names no site. */
+static int back_to_site(const struct config *c, u64 *slot)
+{
+    u64 offset = *slot - c->site_trampolines;
+    if (!c->site_trampolines || offset >= SITES * SITE_BYTES || offset % SITE_BYTES)
+        return 0;
+    u64 ret = __atomic_load_n(&header(c)->sites[offset / SITE_BYTES], __ATOMIC_RELAXED);
+    if (!ret)
+        return 0;
+    *slot = ret;
+    return 1;
+}
+
 /* `slot` is where the return address was and is to be put back. */
 void proftap_exit(u64 *slot)
 {
@@ -751,8 +769,13 @@ void proftap_exit(u64 *slot)
     u64 now = now_and_off(c, early_tid, &early_off);
     adopt_if_forked(c);
     struct seat *s = seat_of_fast(c, 0);
-    if (!s)
-        __builtin_trap();
+    if (!s) {
+        if (!back_to_site(c, slot))
+            __builtin_trap(); /* nowhere known to return to: nothing to do but stop */
+        if (live(c))
+            __atomic_fetch_add(&header(c)->unseated_returns, 1, __ATOMIC_RELAXED);
+        return;
+    }
     struct private_block *p = private_block(c, s->block - 1);
     /* A return cannot be skipped: wait for another thread on this thread
      * pointer (a signal handler's calls are not hijacked while busy). */
@@ -766,8 +789,14 @@ void proftap_exit(u64 *slot)
     u64 i = d;
     while (i && p->ret[i - 1].slot != (u64)slot)
         i--;
-    if (!i)
-        __builtin_trap(); /* no frame to return to: nothing to do but stop */
+    if (!i) {
+        if (!back_to_site(c, slot))
+            __builtin_trap(); /* nowhere known to return to: nothing to do but stop */
+        if (b)
+            b->unpaired++;
+        __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
+        return;
+    }
     while (d > i && p->ret[d - 1].slot < (u64)slot && near(p->ret[d - 1].slot, (u64)slot)) {
         d--;
         if (b && !p->mixed)

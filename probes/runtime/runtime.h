@@ -92,6 +92,7 @@ struct header {
     u32 blocks_wanted;   /* bumped (and woken) by a thread that found no block */
     u32 blocks_answered; /* bumped (and woken) by proftap after it looked for ended threads' blocks */
     u64 lock_table;      /* increments to make atomic as a thread or process starts (counting.rs LockTable), 0: none */
+    u64 unseated_returns; /* returns of threads that found no block, sent back to their call site */
     /* The return address each site trampoline stands for, 0 while free:
      * set once, never changed, so that an unwinder reading a sampled stack
      * names a frame from its trampoline alone, after the call has ended. */
@@ -180,7 +181,7 @@ struct block {
     u64 nodes;      /* nodes made (node 0 is the thread) */
     u64 untimed;    /* calls whose context did not fit */
     u64 too_deep;   /* calls deeper than STACK_DEPTH */
-    u64 reentered;  /* unused */
+    u64 unpaired;   /* returns that found no frame of their own, sent back to their call site */
     u32 root_last_function, root_last_child; /* as in struct frame, for calls at depth 0 */
     u64 mixed;      /* see struct private_block */
     u64 traced;     /* calls written to the trace ring, ever (slot: traced % trace_slots) */

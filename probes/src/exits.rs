@@ -27,12 +27,19 @@ const UNWINDING: &[&str] = &[
     "pthread_exit",
 ];
 
-/// Whether a module may unwind the stack: a runtime library that does, or
-/// a module that imports or defines an unwinding entry point.
+/// Names whose presence means the program may switch stacks within a
+/// thread (coroutines, fibers): the kernel keeps one chain of return
+/// probes per thread, and a return on another stack than the chain's
+/// takes another call's return address.
+const STACK_SWITCHING: &[&str] = &["swapcontext", "setcontext", "jump_fcontext", "ontop_fcontext"];
+
+/// Whether a module may unwind the stack or switch stacks: a runtime
+/// library that does, or a module that imports or defines an unwinding or
+/// stack-switching entry point.
 pub fn unwinds(path: &std::path::Path, symbols: impl IntoIterator<Item = impl AsRef<str>>) -> bool {
     let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     ["libstdc++", "libgcc_s", "libunwind", "libc++"].iter().any(|p| file_name.starts_with(p))
-        || symbols.into_iter().any(|s| UNWINDING.contains(&s.as_ref()))
+        || symbols.into_iter().any(|s| UNWINDING.contains(&s.as_ref()) || STACK_SWITCHING.contains(&s.as_ref()))
 }
 
 /// The exit instructions of the code at `address` (`code` holds its bytes):

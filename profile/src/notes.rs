@@ -174,6 +174,17 @@ pub enum Finding {
         /// (a signal handler) or by threads beyond those it times at once.
         missed: u64,
     },
+    /// Returns the in-process engine found no frame of their own for: the
+    /// program switched stacks (coroutines, `swapcontext`, a fiber resumed
+    /// on another thread). Each went back to its call site; every call is
+    /// counted, the times of calls across a switch are approximate.
+    StacksSwitched {
+        /// How many returns.
+        returns: u64,
+        /// Threads whose calls of two stacks interleaved: their later
+        /// calls are counted, not timed.
+        threads_untimed: u64,
+    },
     /// Threads whose calling contexts the in-process engine did not read:
     /// together they claimed more than one reading copies. Their calls are
     /// counted (and in `CallsUntimed`), not timed.

@@ -39,6 +39,13 @@ pub struct ThreadTotals {
     /// Region hooks that ran while the runtime was busy on the thread
     /// (a signal handler interrupted it): not seen.
     pub hooks_missed: u64,
+    /// Returns that found no frame of their own (the program switched
+    /// stacks), sent back to their call sites.
+    pub unpaired: u64,
+    /// Calls of two stacks interleaved on the thread (threads sharing a
+    /// thread pointer, or stacks switched): its later calls are counted,
+    /// not timed.
+    pub mixed: bool,
 }
 
 /// Every thread's totals.
@@ -53,6 +60,9 @@ pub struct Totals {
     pub over_budget: u64,
     /// Region hooks of threads beyond the runtime's blocks: not seen.
     pub unseated_hooks: u64,
+    /// Returns of threads beyond the runtime's blocks, sent back to their
+    /// call sites.
+    pub unseated_returns: u64,
 }
 
 /// Why the shared memory cannot be believed.
@@ -115,7 +125,8 @@ impl TotalsView {
         let taken = header.blocks_taken.min(self.geometry.blocks);
         let unseated = checked_count("calls without a block", header.unseated)?;
         let unseated_hooks = checked_count("region hooks without a block", header.unseated_hooks)?;
-        let mut all = Totals { threads: Vec::new(), unseated, over_budget: 0, unseated_hooks };
+        let unseated_returns = checked_count("returns without a block", header.unseated_returns)?;
+        let mut all = Totals { threads: Vec::new(), unseated, over_budget: 0, unseated_hooks, unseated_returns };
         for block in 0..taken {
             if let Some((thread, read_whole)) = self.thread_totals(shared, block, &mut budget)? {
                 all.over_budget += u64::from(!read_whole);
@@ -144,12 +155,17 @@ impl TotalsView {
         }
         let calls: Vec<u64> = timed.iter().zip(&busy).map(|(a, b)| a + b).collect();
         let (regions, hooks_missed) = self.region_totals(shared, at, h.tid)?;
+        let stacks = ThreadTotals {
+            tid: h.tid as u32,
+            unpaired: checked_count("returns without a frame", h.unpaired)?,
+            mixed: h.mixed != 0,
+            ..ThreadTotals::default()
+        };
         let wanted = h.nodes * size_of::<Node>() as u64 + h.depth * size_of::<Frame>() as u64;
         if wanted > *budget {
             *budget = 0;
             let untimed = calls.iter().sum();
-            let thread =
-                ThreadTotals { tid: h.tid as u32, nodes: vec![Node::default()], calls, open: Vec::new(), untimed, regions, hooks_missed };
+            let thread = ThreadTotals { nodes: vec![Node::default()], calls, untimed, regions, hooks_missed, ..stacks };
             return Ok(Some((thread, false)));
         }
         *budget -= wanted;
@@ -164,7 +180,7 @@ impl TotalsView {
         let untimed = [("calls out of context", h.untimed), ("calls too deep", h.too_deep), ("calls while busy", untimed_busy)]
             .into_iter()
             .try_fold(0u64, |sum, (what, n)| checked_count(what, n).map(|n| sum.saturating_add(n)))?;
-        Ok(Some((ThreadTotals { tid: h.tid as u32, nodes, calls, open, untimed, regions, hooks_missed }, true)))
+        Ok(Some((ThreadTotals { nodes, calls, open, untimed, regions, hooks_missed, ..stacks }, true)))
     }
 
     /// The totals of the regions of the thread whose block is at `at`, and

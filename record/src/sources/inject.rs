@@ -161,6 +161,9 @@ impl InjectSource {
         if read.untimed > 0 {
             notes.push(Finding::CallsUntimed { calls: read.untimed, unseated: read.unseated }.into());
         }
+        if read.unpaired_returns + read.mixed_threads > 0 {
+            notes.push(Finding::StacksSwitched { returns: read.unpaired_returns, threads_untimed: read.mixed_threads }.into());
+        }
         if read.over_budget > 0 {
             notes.push(Finding::ContextsOverBudget { threads: read.over_budget, budget_bytes: MOST_CONTEXT_BYTES }.into());
         }
@@ -270,6 +273,10 @@ struct Read {
     regions: Vec<RegionSum>,
     /// Region hooks the runtime did not see.
     hooks_missed: u64,
+    /// Returns that found no frame of their own, sent back to their call sites.
+    unpaired_returns: u64,
+    /// Threads whose calls interleaved on two stacks: later calls untimed.
+    mixed_threads: u64,
 }
 
 impl Read {
@@ -279,13 +286,17 @@ impl Read {
         self.threads.extend(threads.iter().map(|t| thread_profile(pid, names(t.tid), t, None, how)));
         self.calls = threads.iter().flat_map(|t| &t.calls).fold(self.calls, |sum, c| sum.saturating_add(*c));
         self.untimed = threads.iter().fold(self.untimed, |sum, t| sum.saturating_add(t.untimed));
-        self.add_regions(threads, how);
+        self.add_incomplete(threads, how);
     }
 
-    fn add_regions(&mut self, threads: &[ThreadTotals], how: &Conversion<'_>) {
+    /// Adds what `threads` left untimed besides their calls: regions, and
+    /// returns of stacks the program switched.
+    fn add_incomplete(&mut self, threads: &[ThreadTotals], how: &Conversion<'_>) {
         for thread in threads {
             add_regions(&mut self.regions, thread, how);
             self.hooks_missed = self.hooks_missed.saturating_add(thread.hooks_missed);
+            self.unpaired_returns = self.unpaired_returns.saturating_add(thread.unpaired);
+            self.mixed_threads += u64::from(thread.mixed);
         }
     }
 
@@ -307,8 +318,9 @@ impl Read {
         self.untimed = totals.threads.iter().fold(self.untimed.saturating_add(totals.unseated), |sum, t| sum.saturating_add(t.untimed));
         self.unseated = self.unseated.saturating_add(totals.unseated);
         self.over_budget += totals.over_budget;
-        self.add_regions(&totals.threads, how);
+        self.add_incomplete(&totals.threads, how);
         self.hooks_missed = self.hooks_missed.saturating_add(totals.unseated_hooks);
+        self.unpaired_returns = self.unpaired_returns.saturating_add(totals.unseated_returns);
         Ok(())
     }
 }

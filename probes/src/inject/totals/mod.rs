@@ -121,6 +121,9 @@ pub struct Header {
     /// process starts; the runtime empties it as it does so (see
     /// `counting::LockTable`).
     pub lock_table: u64,
+    /// Returns of threads that found no block, sent back to their call
+    /// site by the site trampoline they came through.
+    pub unseated_returns: u64,
 }
 
 /// `struct stat` of runtime.h: total, min and max, in TSC cycles.
@@ -218,7 +221,10 @@ pub struct BlockHeader {
     pub untimed: u64,
     /// Calls deeper than [`STACK_DEPTH`].
     pub too_deep: u64,
-    reentered: u64,
+    /// Returns that found no frame of their own (the program switched
+    /// stacks), sent back to their call site by the site trampoline they
+    /// came through.
+    pub unpaired: u64,
     root_last_function: u32,
     root_last_child: u32,
     /// Threads sharing a thread pointer took turns on this block: its

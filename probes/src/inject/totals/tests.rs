@@ -362,6 +362,26 @@ fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
 }
 
 #[test]
+fn a_return_whose_frame_is_gone_goes_back_to_its_call_site() {
+    let rt = Local::new(2, 4);
+    let mut stack = Stack::new();
+    // A coroutine's call at slot 40 switches to another coroutine whose
+    // stack lies just above; its call at slot 50 looks like the first
+    // frame's caller after a longjmp, and the first frame ends unwound.
+    rt.entry(&mut stack.0[40], 0);
+    rt.entry(&mut stack.0[50], 1);
+    rt.exit(&mut stack.0[50]);
+    assert_eq!(stack.0[50], 0x1000 + 50);
+    // Back on the first coroutine, the call at slot 40 returns: no frame
+    // of the thread's is its, and its site's trampoline names its return.
+    rt.exit(&mut stack.0[40]);
+    assert_eq!(stack.0[40], 0x1000 + 40, "back at its call site");
+    let block = rt.block(0);
+    assert_eq!((block.depth, block.unpaired), (0, 1));
+    assert_eq!(rt.entries(0), [1, 1], "every call is counted");
+}
+
+#[test]
 fn each_thread_has_its_own_block() {
     let rt = std::sync::Arc::new(Local::new(1, 8));
     let threads: Vec<_> = (0..3)
