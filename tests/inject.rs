@@ -97,6 +97,33 @@ fn a_function_that_returns_twice_keeps_its_return_address() {
     }
 }
 
+/// A function whose first bytes other code jumps into (hand-written
+/// assembly: glibc's `mempcpy` goes on at `memcpy`+3) is not patched: the
+/// jump would land in the middle of proftap's. Its calls are counted by
+/// uprobes, and the program runs as it does alone.
+#[test]
+fn a_function_entered_past_its_start_is_left_unpatched() {
+    require_probes();
+    let binary = Build::c("entered.c", "-O2").build();
+    let bare = run(Command::new(&binary).arg("1000"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let out = run(proftap()
+        .args(["run", "--engine", "inject", "--no-sample", "-f", "inner_target", "-f", "entry_skipper", "-o"])
+        .arg(&file)
+        .arg("--")
+        .arg(&binary)
+        .arg("1000"));
+    let seen = |o: &std::process::Output| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned());
+    assert_eq!(seen(&out), seen(&bare), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = report_json(&file);
+    let inner = function(&report["functions"], "inner_target");
+    assert_eq!((inner["calls"].as_u64(), inner["engine"].as_str()), (Some(1000), Some("uprobe")), "{inner}");
+    let skipper = function(&report["functions"], "entry_skipper");
+    assert_eq!((skipper["calls"].as_u64(), skipper["engine"].as_str()), (Some(1000), Some("inject")), "{skipper}");
+    assert!(report["notes"].to_string().contains("code elsewhere jumps to its byte 3"), "{}", report["notes"]);
+}
+
 /// Starts `proftap attach ARGS PID` and waits until its probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
     let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();

@@ -48,6 +48,10 @@ pub struct ProbedFunction {
     /// The kernel refuses a uprobe on its entry instruction
     /// ([`crate::entry::uprobe_refuses`]).
     pub uprobe_refused: bool,
+    /// Offsets from its entry, within its first bytes, that other code of
+    /// its module branches to ([`entered_inside`]): a jump written over
+    /// them would be landed in the middle of.
+    pub entered_inside: Vec<u32>,
 }
 
 /// The probes for `selected` functions of `modules`; `images[m]` is module
@@ -65,6 +69,7 @@ pub fn plan(
     let mut planned = Vec::with_capacity(selected.len());
     // A scan of every function for each would take a second in a large program.
     let mut cold_by_module: HashMap<usize, ColdParts<'_>> = HashMap::new();
+    let mut entered_by_module: HashMap<usize, EnteredInside> = HashMap::new();
     for s in selected {
         let index = modules[s.module];
         let f = &index.functions[s.function];
@@ -76,6 +81,8 @@ pub fn plan(
         let code = file.get(offset.0 as usize..).unwrap_or(&[]);
         let cold =
             cold_by_module.entry(s.module).or_insert_with(|| cold_parts(index)).get(f.raw_name.as_str()).cloned().unwrap_or_default();
+        let entered_inside =
+            entered_by_module.entry(s.module).or_insert_with(|| entered_inside(index, file)).get(&f.address.0).cloned().unwrap_or_default();
         let exit_sites = match exits {
             // A return probe replaces the return address as a trampoline does.
             _ if crate::entry::return_address_untouchable(&f.name) => Some(Vec::new()),
@@ -129,9 +136,56 @@ pub fn plan(
             uprobe_refused: uprobe_refuses(entry_probe.map_or(code, |(at, _)| file.get(at.0 as usize..).unwrap_or(&[]))),
             entry_probe,
             cold,
+            entered_inside,
         });
     }
     planned
+}
+
+/// By function address, the offsets within its first bytes that code of
+/// other functions branches to.
+type EnteredInside = HashMap<u64, Vec<u32>>;
+
+/// Bytes from a function's entry in which a branch from elsewhere matters:
+/// an `endbr64` and the instructions a jump replaces.
+const ENTRY_BYTES: u64 = 24;
+
+/// Where code of `index`'s module (`file` its bytes) branches into the
+/// first bytes of a function other than its own, past their start. The
+/// code that does so is hand-written assembly (glibc's `mempcpy` goes on
+/// at `memcpy`+3), which DWARF describes without a declaring file, or the
+/// cold parts a compiler splits off; a compiler's own functions are
+/// entered at their start alone, so only those are decoded.
+pub fn entered_inside(index: &SymbolIndex, file: &[u8]) -> EnteredInside {
+    let mut starts: Vec<u64> = index.functions.iter().filter(|f| f.size > 0).map(|f| f.address.0).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let mut entered = EnteredInside::new();
+    let sources = index.functions.iter().filter(|f| f.size > 0 && (f.decl_file.is_none() || f.is_cold_part()));
+    for source in sources {
+        let Some(offset) = source.file_offset else { continue };
+        let Some(code) = offset.0.checked_add(source.size).and_then(|end| file.get(offset.0 as usize..end as usize)) else { continue };
+        let own = source.address.0..source.address.0 + source.size;
+        let decoder = iced_x86::Decoder::with_ip(64, code, source.address.0, iced_x86::DecoderOptions::NONE);
+        for instruction in decoder {
+            if instruction.op0_kind() != iced_x86::OpKind::NearBranch64 {
+                continue;
+            }
+            let target = instruction.near_branch_target();
+            let start = match starts.binary_search(&target) {
+                Ok(_) => continue,
+                Err(0) => continue,
+                Err(i) => starts[i - 1],
+            };
+            if !own.contains(&target) && target - start < ENTRY_BYTES {
+                let offsets = entered.entry(start).or_default();
+                if !offsets.contains(&((target - start) as u32)) {
+                    offsets.push((target - start) as u32);
+                }
+            }
+        }
+    }
+    entered
 }
 
 /// Address ranges of cold parts by the raw name of their function.
@@ -176,5 +230,6 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, image: &ElfImage, open_path: &std::
         entry_probe: None,
         cold: Vec::new(),
         uprobe_refused: uprobe_refuses(code.as_deref().unwrap_or(&[])),
+        entered_inside: Vec::new(),
     })
 }

@@ -104,6 +104,7 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
                     site: Site::Entry,
                     cold: Vec::new(),
                     return_replaceable: true,
+                    entered_inside: Vec::new(),
                 };
                 sites.push(HookSite { name, hook, target });
             }

@@ -195,6 +195,17 @@ fn plan_entry(entry: u64, code: &[u8], whole: bool) -> Result<PatchPlan, String>
     Ok(PatchPlan { site: Site::Entry, at, replaced, original })
 }
 
+/// Refuses `plan`, the patch of the function entered at `entry`, when code
+/// elsewhere branches into the bytes its jump replaces, past their start
+/// (`entered_inside`: offsets from `entry`).
+pub fn not_entered_inside(plan: &PatchPlan, entry: u64, entered_inside: &[u32]) -> Result<(), String> {
+    let inside = |&offset: &u32| (plan.at + 1..plan.at + plan.len() as u64).contains(&(entry + u64::from(offset)));
+    match entered_inside.iter().find(|o| inside(o)) {
+        Some(offset) => Err(format!("code elsewhere jumps to its byte {offset}, within the {} bytes a jump would replace", plan.len())),
+        None => Ok(()),
+    }
+}
+
 /// A trampoline: `prologue` (position-independent code of proftap's, given
 /// its own address), the replaced instructions relocated after it, and a
 /// jump back to the instruction after the patch.
@@ -485,6 +496,16 @@ mod tests {
         let mut bad = code;
         bad[7] = 0x11; // jle -> 0x1019 (pop rbp), inside the second plan
         assert!(plan_returns(0x1000, &bad).expect_err("entered").contains("branches into"));
+    }
+
+    #[test]
+    fn a_patch_over_bytes_code_elsewhere_jumps_into_is_refused() {
+        // mov rax,rdi (3); add rax,1 (4); ret
+        let code = [0x48, 0x89, 0xf8, 0x48, 0x83, 0xc0, 0x01, 0xc3];
+        let patch = plan(0x1000, &code).expect("patchable");
+        assert!(not_entered_inside(&patch, 0x1000, &[3]).expect_err("entered at 3").contains("byte 3"));
+        // At its start, or past the replaced bytes, a jump lands as it should.
+        assert!(not_entered_inside(&patch, 0x1000, &[0, 7]).is_ok());
     }
 
     #[test]

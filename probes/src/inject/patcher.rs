@@ -49,6 +49,9 @@ pub struct Target {
     /// Whether its return address may be replaced (not so for
     /// [`crate::entry::return_address_untouchable`]).
     pub return_replaceable: bool,
+    /// Offsets within its first bytes that other code branches to (see
+    /// [`ProbedFunction::entered_inside`]).
+    pub entered_inside: Vec<u32>,
 }
 
 impl Target {
@@ -63,6 +66,7 @@ impl Target {
             site: Site::Entry,
             cold: f.cold.clone(),
             return_replaceable: !crate::entry::return_address_untouchable(&f.info.name),
+            entered_inside: f.entered_inside.clone(),
         }
     }
 }
@@ -225,7 +229,8 @@ pub fn plans(modules: &[LoadedModule], targets: &[Target], checked: &[bool]) -> 
                 // arguments or a signal frame, or be returned to twice.
                 Site::Entry if !target.return_replaceable => Err(RETURN_UNTOUCHABLE.to_string()),
                 Site::Entry if checked.get(i).copied().unwrap_or(false) => patch::plan_checked(code.at, code.bytes).map(|p| vec![p]),
-                Site::Entry => patch::plan(code.at, code.bytes).map(|p| vec![p]),
+                Site::Entry => patch::plan(code.at, code.bytes)
+                    .and_then(|p| patch::not_entered_inside(&p, code.at, &target.entered_inside).map(|()| vec![p])),
                 Site::Return => patch::plan_returns(code.at, code.bytes),
             };
             plans.map(|p| (code.module, p))
