@@ -124,6 +124,19 @@ fn a_function_entered_past_its_start_is_left_unpatched() {
     assert!(report["notes"].to_string().contains("code elsewhere jumps to its byte 3"), "{}", report["notes"]);
 }
 
+/// A patched function the unwinder calls as it walks the stack (the C++
+/// personality routine, at every frame a throw crosses) does not hijack
+/// the return addresses the unwinder put back for its walk: the throws are
+/// caught, and every call is counted as callgrind counts it.
+#[test]
+fn a_function_the_unwinder_calls_as_it_walks_leaves_the_stack_to_it() {
+    require_probes();
+    require("valgrind", "as the call-count oracle");
+    let args = [INJECT, &["--no-sample", "-f", "libstdc++.so.6:__gxx_personality_v0", "-f", "checks::*", "-f", "main"]].concat();
+    let report = proftap_tests::check_calls_against_callgrind(&args, &Build::cxx("shapes.cpp", "-O2"), &["300"]);
+    assert!(function(&report["functions"], "__gxx_personality_v0")["calls"].as_u64() > Some(0));
+}
+
 /// Starts `proftap attach ARGS PID` and waits until its probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
     let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();

@@ -124,7 +124,7 @@ fn finding_sentence(finding: &Finding) -> String {
             counted(too_deep + without_slot, "call was", "calls were"),
         ),
         Finding::CallsUntimed { calls, unseated: 0 } => format!(
-            "{} counted but not timed by the in-process engine (deeper than it keeps, beyond the calling contexts it keeps per thread, or made by a signal handler while it was busy); the times of the functions involved are low",
+            "{} counted but not timed by the in-process engine (deeper than it keeps, beyond the calling contexts it keeps per thread, made by a signal handler while it was busy, or by an unwinder as it walked the stack); the times of the functions involved are low",
             counted(*calls, "call was", "calls were")
         ),
         Finding::CallsUntimed { calls, unseated } => format!(

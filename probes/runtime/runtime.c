@@ -690,6 +690,17 @@ void proftap_entry(u64 *slot, u32 function)
     if (b && function < c->functions)
         entries_of(c, b)[function]++;
     if (p->unhooked) {
+        /* Called by the unwinder as it walks the stack (its personality
+         * routines, its own functions, a backtrace's callback), below
+         * where it was entered: it would meet the trampolines again, so
+         * nothing is hijacked until it is done; the call goes untimed. */
+        if ((u64)slot < p->unhooked && near((u64)slot, p->unhooked)) {
+            if (b)
+                b->untimed++;
+            goto out;
+        }
+        /* Past it (a cleanup or a catch runs, or the walk returned): the
+         * frames it left are gone, the others are hijacked again. */
         p->unhooked = 0;
         drop_below(c, p, b, (u64)slot, 0);
         rewrite(c, p, (u64)slot, 1);
@@ -830,7 +841,7 @@ void proftap_unhook(u64 *slot)
     struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
     drop_below(c, p, b, (u64)slot, 1);
     rewrite(c, p, (u64)slot, 0);
-    p->unhooked = 1;
+    p->unhooked = (u64)slot;
 }
 
 /* Where a handler catches (its call's return-address slot): frames below it

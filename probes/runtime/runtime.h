@@ -169,7 +169,8 @@ struct seat {
 };
 
 struct private_block {
-    u64 depth, busy, unhooked;
+    u64 depth, busy;
+    u64 unhooked; /* where an unwinder that put the return addresses back was entered (its slot), 0: none */
     u64 mixed; /* threads sharing a thread pointer took turns: times no longer kept */
     struct ret ret[STACK_DEPTH];
 };

@@ -153,9 +153,10 @@ pub enum Finding {
         slots: u64,
     },
     /// Calls the in-process engine counted but could not time (their
-    /// calling context did not fit, they went deeper than it keeps, or a
+    /// calling context did not fit, they went deeper than it keeps, a
     /// signal handler or a thread sharing another's thread pointer made them
-    /// while it was busy), or counted without knowing the function.
+    /// while it was busy, or an unwinder made them as it walked the stack),
+    /// or counted without knowing the function.
     CallsUntimed {
         /// How many.
         calls: u64,

@@ -331,6 +331,30 @@ fn a_tail_call_survives_unhook_and_rehook_and_the_table_holds_only_return_addres
 }
 
 #[test]
+fn calls_the_unwinder_makes_as_it_walks_leave_its_frames_alone() {
+    let rt = Local::new(3, 1);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 1);
+    // A throw: the unwinder, entered at slot 45, puts the return addresses
+    // back and calls the personality routine (patched) from deeper slots.
+    rt.hook(rt.runtime.unhook, &mut stack.0[45]);
+    assert_eq!((stack.0[60], stack.0[50]), (0x1000 + 60, 0x1000 + 50));
+    rt.entry(&mut stack.0[40], 2);
+    assert_eq!(stack.0[40], 0x1000 + 40, "its own return is left alone");
+    assert_eq!((stack.0[60], stack.0[50]), (0x1000 + 60, 0x1000 + 50), "the walked frames are left alone");
+    // The catch in the first frame: the frame the throw left is gone.
+    rt.hook(rt.runtime.rehook, &mut stack.0[55]);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], 0x1000 + 60);
+    let block = rt.block(0);
+    assert_eq!((block.depth, block.untimed), (0, 1));
+    assert_eq!(rt.entries(0), [1, 1, 1], "every call is counted");
+    let unwound: u64 = rt.nodes(0).iter().map(|n| n.unwound).sum();
+    assert_eq!(unwound, 1);
+}
+
+#[test]
 fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
     let rt = Local::new(3, 4);
     let mut stack = Stack::new();
