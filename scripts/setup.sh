@@ -17,6 +17,7 @@ declare -A needs=(
   [readelf]=binutils
   [objcopy]=binutils
   [strip]=binutils
+  [musl-gcc]=musl-tools
   [valgrind]=valgrind
   [gcov]=gcc
   [genhtml]=lcov

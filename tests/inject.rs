@@ -137,6 +137,37 @@ fn a_function_the_unwinder_calls_as_it_walks_leaves_the_stack_to_it() {
     assert!(function(&report["functions"], "__gxx_personality_v0")["calls"].as_u64() > Some(0));
 }
 
+/// A static program (no loader to say when its libraries are ready) is
+/// patched where its C library calls `_init`, its thread-local storage set
+/// up and no constructor run, with glibc and with musl; glibc's `_init`
+/// itself, which the engine leaves to a uprobe, is stopped at all the same.
+#[test]
+fn a_static_program_is_patched_once_its_thread_local_storage_is_set_up() {
+    require_probes();
+    require("valgrind", "as the call-count oracle");
+    require("musl-gcc", "to build a static program on musl");
+    let args = [INJECT, &["-f", "calls.c:*"]].concat();
+    let builds = [
+        Build::c("calls.c", "-O2").flag("-static").no_pie(),
+        Build::c("calls.c", "-O2").flag("-static-pie"),
+        Build::musl("calls.c", "-O2").flag("-static").no_pie(),
+    ];
+    for build in builds {
+        let report = proftap_tests::check_calls_against_callgrind(&args, &build, &["100", "3"]);
+        assert_eq!(function(&report["functions"], "run")["engine"], "inject", "{}", build.label());
+        // glibc's `_init`, a function (musl's is a bare label), whose
+        // probe is where proftap stops the program too. callgrind does not
+        // see its call: one, as the C library makes it.
+        if build.lang == Lang::MuslC {
+            continue;
+        }
+        let binary = build.build();
+        let report = profile_run(&[INJECT, &["-f", "_init", "-f", "run"]].concat(), &[binary.to_str().unwrap(), "100", "3"]);
+        assert_eq!(function(&report["functions"], "_init")["calls"].as_u64(), Some(1), "{}", build.label());
+        assert_eq!(function(&report["functions"], "run")["calls"].as_u64(), Some(1), "{}", build.label());
+    }
+}
+
 /// Starts `proftap attach ARGS PID` and waits until its probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
     let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();

@@ -85,6 +85,8 @@ pub fn require(tool: &str, why: &str) {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Lang {
     C,
+    /// C against musl, with `musl-gcc`.
+    MuslC,
     Cxx,
     Rust,
 }
@@ -112,6 +114,9 @@ impl Build {
     pub fn rust(source: &'static str, opt: &'static str) -> Self {
         Build { lang: Lang::Rust, ..Build::c(source, opt) }
     }
+    pub fn musl(source: &'static str, opt: &'static str) -> Self {
+        Build { lang: Lang::MuslC, ..Build::c(source, opt) }
+    }
     pub fn no_pie(mut self) -> Self {
         self.pie = false;
         self
@@ -129,6 +134,9 @@ impl Build {
     pub fn label(&self) -> String {
         let stem = Path::new(self.sources[0]).file_name().unwrap().to_string_lossy().replace('.', "_");
         let mut label = format!("{stem}{}{}", self.opt, if self.pie { "" } else { "-nopie" });
+        if self.lang == Lang::MuslC {
+            label.push_str("-musl");
+        }
         for f in &self.flags {
             label.push_str(&f.replace(['=', '/', ' '], "_"));
         }
@@ -153,8 +161,13 @@ impl Build {
     pub fn compile_to(&self, out: &Path) {
         let sources: Vec<PathBuf> = self.sources.iter().map(|s| examples().join(s)).collect();
         let mut cmd = match self.lang {
-            Lang::C | Lang::Cxx => {
-                let mut cmd = Command::new(if self.lang == Lang::C { "gcc" } else { "g++" });
+            Lang::C | Lang::MuslC | Lang::Cxx => {
+                let compiler = match self.lang {
+                    Lang::MuslC => "musl-gcc",
+                    Lang::Cxx => "g++",
+                    _ => "gcc",
+                };
+                let mut cmd = Command::new(compiler);
                 cmd.arg(self.opt).arg("-g").args(&self.flags);
                 cmd.arg(if self.pie { "-pie" } else { "-no-pie" });
                 if self.pie {

@@ -103,7 +103,8 @@ impl Remote {
     /// before any constructor runs: where the dynamic loader tells debuggers
     /// that the libraries are loaded and relocated (`_dl_debug_state` with
     /// `r_debug.r_state == RT_CONSISTENT`; thread-local storage is set up by
-    /// then), or for a program without a loader, at its entry point. The
+    /// then), or for a program without a loader, where its C library calls
+    /// `_init` (see [`static_init`]), else at its entry point. The
     /// process runs on, untraced, when the value is dropped.
     pub fn at_start(pid: i32) -> Result<Remote, RemoteError> {
         let tid = Pid::from_raw(pid);
@@ -143,7 +144,7 @@ impl Remote {
             None => {
                 let entry = auxv_entry(pid, libc::AT_ENTRY)?
                     .ok_or_else(|| RemoteError::Unsupported(format!("process {pid} has no entry point in its auxiliary vector")))?;
-                run_to(pid, &mem, entry)?;
+                run_to(pid, &mem, static_init(pid, entry).unwrap_or(entry))?;
             }
         }
         let threads = crate::target::threads(pid).map_err(io_error(format!("cannot list the threads of process {pid}")))?;
@@ -554,10 +555,65 @@ fn loader_notice(pid: i32) -> Result<Option<LoaderNotice>, RemoteError> {
     })
 }
 
-/// Lets traced process `pid` run to `address` (a breakpoint there, taken
-/// out again) and returns its registers there, its instruction pointer
-/// back on `address`. Its own signals on the way are delivered.
+/// Where process `pid`, a program without a loader whose entry point is at
+/// `entry`, has set up its thread-local storage and none of its
+/// constructors has run: `_init`, which its C library (glibc's or musl's)
+/// calls then. `None` when its file names no `_init`.
+fn static_init(pid: i32, entry: u64) -> Option<u64> {
+    use object::{Object, ObjectSymbol};
+    let image = crate::symbols::ElfImage::open(std::path::Path::new(&format!("/proc/{pid}/exe"))).ok()?;
+    let elf = image.parse().ok()?;
+    let init = elf.symbols().find(|s| s.name() == Ok("_init") && s.is_definition())?;
+    // A static position-independent program runs where the kernel put it.
+    Some(entry.wrapping_sub(elf.entry()).wrapping_add(init.address()))
+}
+
+/// Offset of the debug registers `u_debugreg[8]` in the kernel's `struct
+/// user` on x86-64.
+const DEBUG_REGISTERS: u64 = 848;
+
+/// Lets traced process `pid` run to `address` and returns its registers
+/// there, its instruction pointer on `address`. Its own signals on the way
+/// are delivered. A debug register stops it there, which leaves the code
+/// as it is: a kernel uprobe on that instruction (a function proftap
+/// probes that way) would take a breakpoint written there for its own.
+/// Where debug registers cannot be set, a breakpoint is written there and
+/// taken out again.
 fn run_to(pid: i32, mem: &File, address: u64) -> Result<libc::user_regs_struct, RemoteError> {
+    let tid = Pid::from_raw(pid);
+    let debug_register = |n: u64| (DEBUG_REGISTERS + 8 * n) as ptrace::AddressType;
+    // DR0 = address; DR7: local enable of DR0, on execution of one byte.
+    if ptrace::write_user(tid, debug_register(0), address as libc::c_long).is_err()
+        || ptrace::write_user(tid, debug_register(7), 1).is_err()
+    {
+        return run_to_breakpoint(pid, mem, address);
+    }
+    let mut signal = None;
+    let regs = loop {
+        ptrace::cont(tid, signal).map_err(errno("cannot let the program start"))?;
+        signal = match wait_traced(tid) {
+            Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => {
+                let regs = ptrace::getregs(tid).map_err(errno("cannot read the registers of the program"))?;
+                if regs.rip == address {
+                    break regs;
+                }
+                // The program's own.
+                Some(nix::sys::signal::Signal::SIGTRAP)
+            }
+            Ok(WaitStatus::Stopped(_, other)) => Some(other),
+            Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+                return Err(RemoteError::Unsupported(format!("process {pid} ended before its program started")));
+            }
+            Ok(_) => None,
+            Err(e) => return Err(errno("cannot wait for the program to start")(e)),
+        };
+    };
+    ptrace::write_user(tid, debug_register(7), 0).map_err(errno("cannot clear the program's debug registers"))?;
+    Ok(regs)
+}
+
+/// [`run_to`] with a breakpoint instruction written at `address`.
+fn run_to_breakpoint(pid: i32, mem: &File, address: u64) -> Result<libc::user_regs_struct, RemoteError> {
     let tid = Pid::from_raw(pid);
     let mut original = [0u8; 1];
     mem.read_exact_at(&mut original, address).map_err(io_error(format!("cannot read the code of process {pid} at {address:#x}")))?;
