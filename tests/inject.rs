@@ -168,6 +168,36 @@ fn a_static_program_is_patched_once_its_thread_local_storage_is_set_up() {
     }
 }
 
+/// Attaching to a busy program again and again: at each detach its threads
+/// are as often as not inside proftap's code, and are stepped out of it, so
+/// that everything mapped goes: ten attaches all succeed, and the program
+/// runs on unharmed with no more mappings than before.
+#[test]
+fn attaching_to_busy_threads_again_and_again_leaves_nothing_behind() {
+    require_probes();
+    let binary = Build::c("threads.c", "-O2").build();
+    let mut program = Command::new(&binary).args(["3", "4000000000", "together"]).stdout(Stdio::null()).spawn().unwrap();
+    let pid = program.id().to_string();
+    // Its threads' stacks are mappings of its own: counted once all are made.
+    while std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count() < 4 {
+        std::thread::yield_now();
+    }
+    let mappings = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
+    let before = mappings();
+    let dir = tempfile::tempdir().unwrap();
+    for round in 1..=10 {
+        let file = dir.path().join(format!("{round}.profile"));
+        let out = run(proftap().args(["attach", "--no-sample", "-f", "work", "--duration", "100ms", "-o"]).arg(&file).arg(&pid));
+        assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(calls_by_name(&report_json(&file))["work"] > 0, "round {round}");
+    }
+    let after = mappings();
+    assert!(program.try_wait().unwrap().is_none(), "the program runs on");
+    program.kill().unwrap();
+    program.wait().unwrap();
+    assert!(after <= before + 1, "{before} mappings before, {after} after");
+}
+
 /// Starts `proftap attach ARGS PID` and waits until its probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
     let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();

@@ -172,10 +172,14 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
         return rdtsc();
     }
     u64 before, now;
+    /* A thread proftap single-steps (out of this code, at a detach) is
+     * switched out at every instruction: after a few tries the pair is
+     * taken as it is. */
+    int tries = 0;
     do {
         before = off_cpu_ns(c, tid);
         now = rdtsc();
-    } while (off_cpu_ns(c, tid) != before);
+    } while (off_cpu_ns(c, tid) != before && ++tries < 4);
     *off = ns_to_tsc(c, before);
     return now;
 }

@@ -22,10 +22,16 @@ const MADV_WIPEONFORK: u64 = 18;
 /// Where the runtime's memory is in the process.
 #[derive(Clone, Copy, Debug)]
 struct Memory {
+    /// The shared memory.
+    shared: u64,
     /// Seats and return addresses.
     private: u64,
     /// The live word (see [`totals::LIVE_RECORDING`]).
     live: u64,
+    /// The off-CPU times, mapped read-only from the BPF map, and their
+    /// bytes (0: none).
+    off_cpu: u64,
+    off_cpu_bytes: u64,
 }
 
 /// What a patched process records besides its calls' wall time.
@@ -225,6 +231,8 @@ impl Patched {
             None => Vec::new(),
         };
         let (shared, memory, mut config) = set_up_memory(&remote, geometry, how.off_cpu)?;
+        // From here on a failure puts back what was patched and unmaps this.
+        patched.memory = Some(memory);
         if how.follow_forks {
             let children = Children::listen(owner(pid)?, geometry.shared_bytes())
                 .map_err(|e| RemoteError::Unsupported(format!("cannot listen for forked children: {e}")))?;
@@ -280,7 +288,6 @@ impl Patched {
         // Recording starts with the threads still held.
         remote.write(memory.live, &totals::LIVE_RECORDING.to_ne_bytes())?;
         patched.view = Some(TotalsView::new(shared, geometry));
-        patched.memory = Some(memory);
         patched.split_refusals(refused, functions.len(), &hook_sites);
         patched.held = Some(remote);
         Ok(patched)
@@ -536,37 +543,33 @@ impl Patched {
     }
 
     /// Returns every hijacked return address to its frame and unmaps the
-    /// runtime's memory and code, with the process held; nothing when a
-    /// thread is inside that code (calls in progress then still return
-    /// through it, as they would without this). Returns whether it unmapped.
+    /// runtime's memory and code, with the process held. A thread inside
+    /// that code (a busy program is, as often as not) is stepped out of it
+    /// first; when one cannot be (a system call, or a wait for a thread
+    /// held still), nothing is unmapped and calls in progress still return
+    /// through it, as they would without this. Returns whether it unmapped.
     fn release(&self, remote: &Remote, memory: Memory) -> Result<bool, RemoteError> {
-        let inside = |tid: i32| remote.regs(tid).map_or(true, |r| self.code.iter().any(|c| c.contains(&r.rip)));
-        let (Some(trampolines), Some(view)) = (self.trampolines, &self.view) else { return Ok(false) };
-        if remote.threads().into_iter().any(inside) {
-            return Ok(false);
+        let in_code = |rip: u64| self.code.iter().any(|c| c.contains(&rip));
+        for tid in remote.threads() {
+            let stopped_at = match remote.regs(tid) {
+                Ok(r) if in_code(r.rip) => remote.step_while(tid, in_code, STEPS_OUT_OF_CODE)?,
+                Ok(r) => r.rip,
+                Err(_) => return Ok(false),
+            };
+            if in_code(stopped_at) {
+                return Ok(false);
+            }
         }
-        let seats = remote.read(memory.private, (totals::SEATS * 32) as usize)?;
-        for seat in seats.chunks_exact(32) {
-            let block = u64::from_ne_bytes(seat[8..16].try_into().unwrap_or_default());
-            if block == 0 || block > self.geometry.blocks {
-                continue;
-            }
-            let at = memory.private + Geometry::private_block(block - 1);
-            let depth = u64::from_ne_bytes(remote.read(at, 8)?.try_into().unwrap_or_default()).min(totals::STACK_DEPTH);
-            let frames = remote.read(at + Geometry::PRIVATE_RETURNS, (depth * 16) as usize)?;
-            for frame in frames.chunks_exact(16) {
-                let ret = u64::from_ne_bytes(frame[..8].try_into().unwrap_or_default());
-                let slot = u64::from_ne_bytes(frame[8..].try_into().unwrap_or_default());
-                let hijacked = remote.read(slot, 8).is_ok_and(|v| v.try_into().is_ok_and(|v| trampolines.contains(u64::from_ne_bytes(v))));
-                if hijacked {
-                    remote.write(slot, &ret.to_ne_bytes())?;
-                }
-            }
+        if let Some(trampolines) = self.trampolines {
+            give_back_return_addresses(remote, memory, self.geometry, trampolines)?;
         }
         let unmap = |address: u64, len: u64| remote.syscall("munmap", libc::SYS_munmap, [address, len, 0, 0, 0, 0]).map(drop);
-        unmap(view.remote_address(), self.geometry.shared_bytes())?;
+        unmap(memory.shared, self.geometry.shared_bytes())?;
         unmap(memory.private, self.geometry.private_bytes())?;
         unmap(memory.live, 4096)?;
+        if memory.off_cpu != 0 {
+            unmap(memory.off_cpu, memory.off_cpu_bytes)?;
+        }
         // Counting stubs and their counters stay: a call in progress may
         // return into a stub, which then counts.
         let counting = self.counting.as_ref().map_or(&[][..], Counting::code);
@@ -576,6 +579,40 @@ impl Patched {
         Ok(true)
     }
 }
+
+/// Puts back the return address of every frame of process `remote` whose
+/// slot holds one of `trampolines`, as the runtime's shadow stacks in its
+/// private memory say.
+fn give_back_return_addresses(
+    remote: &Remote,
+    memory: Memory,
+    geometry: Geometry,
+    trampolines: totals::Trampolines,
+) -> Result<(), RemoteError> {
+    let seats = remote.read(memory.private, (totals::SEATS * 32) as usize)?;
+    for seat in seats.chunks_exact(32) {
+        let block = u64::from_ne_bytes(seat[8..16].try_into().unwrap_or_default());
+        if block == 0 || block > geometry.blocks {
+            continue;
+        }
+        let at = memory.private + Geometry::private_block(block - 1);
+        let depth = u64::from_ne_bytes(remote.read(at, 8)?.try_into().unwrap_or_default()).min(totals::STACK_DEPTH);
+        let frames = remote.read(at + Geometry::PRIVATE_RETURNS, (depth * 16) as usize)?;
+        for frame in frames.chunks_exact(16) {
+            let ret = u64::from_ne_bytes(frame[..8].try_into().unwrap_or_default());
+            let slot = u64::from_ne_bytes(frame[8..].try_into().unwrap_or_default());
+            let hijacked = remote.read(slot, 8).is_ok_and(|v| v.try_into().is_ok_and(|v| trampolines.contains(u64::from_ne_bytes(v))));
+            if hijacked {
+                remote.write(slot, &ret.to_ne_bytes())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Instructions a thread is stepped through at most to leave proftap's
+/// code at a detach: a call's bookkeeping is a few hundred.
+const STEPS_OUT_OF_CODE: usize = 20_000;
 
 impl Drop for Patched {
     fn drop(&mut self) {
@@ -634,12 +671,6 @@ fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Sit
 /// return addresses; a forked child gets a copy), a live word wiped in a
 /// forked child, and the shared memory with its header written.
 fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) -> Result<(Shared, Memory, Config), RemoteError> {
-    let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64;
-    let read_write = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-    let private = remote.syscall("mmap", libc::SYS_mmap, [AWAY_FROM_CODE, geometry.private_bytes(), read_write, anonymous, u64::MAX, 0])?;
-    let live = remote.syscall("mmap", libc::SYS_mmap, [0, 4096, read_write, anonymous, u64::MAX, 0])?;
-    remote.syscall("madvise", libc::SYS_madvise, [live, 4096, MADV_WIPEONFORK, 0, 0, 0])?;
-    let shared = remote.share(geometry.shared_bytes() as usize, None)?;
     for tid in remote.threads() {
         if remote.regs(tid)?.fs_base == 0 {
             return Err(RemoteError::Unsupported(format!(
@@ -648,6 +679,12 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
             )));
         }
     }
+    let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64;
+    let read_write = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let private = remote.syscall("mmap", libc::SYS_mmap, [AWAY_FROM_CODE, geometry.private_bytes(), read_write, anonymous, u64::MAX, 0])?;
+    let live = remote.syscall("mmap", libc::SYS_mmap, [0, 4096, read_write, anonymous, u64::MAX, 0])?;
+    remote.syscall("madvise", libc::SYS_madvise, [live, 4096, MADV_WIPEONFORK, 0, 0, 0])?;
+    let shared = remote.share(geometry.shared_bytes() as usize, None)?;
     let off_cpu_address = match off_cpu {
         Some(off) => remote.map_descriptor(off.map(), off.bytes() as usize)?,
         None => 0,
@@ -675,7 +712,9 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         off_cpu_entries: off_cpu.map_or(0, OffCpu::entries),
         ..Config::default()
     };
-    Ok((shared, Memory { private, live }, config))
+    let off_cpu_bytes = off_cpu.map_or(0, OffCpu::bytes);
+    let memory = Memory { shared: shared.remote, private, live, off_cpu: off_cpu_address, off_cpu_bytes };
+    Ok((shared, memory, config))
 }
 
 /// The user a process runs as.

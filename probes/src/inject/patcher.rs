@@ -292,27 +292,36 @@ pub fn apply(
     let runtime_room = runtime_room.next_multiple_of(64);
     let room = runtime_room + plans.len() * TRAMPOLINE_ROOM;
     let region = remote.map_near(span(&plans), room)?;
-    let mut code = runtime(region).map_err(RemoteError::Unsupported)?;
-    if code.len() > runtime_room {
-        return Err(RemoteError::Unsupported(format!("the runtime takes {} bytes, more than the {runtime_room} set aside", code.len())));
-    }
-    code.resize(runtime_room, 0xcc);
-
-    let mut built = Vec::new();
-    for (i, p) in plans {
-        let address = region + code.len() as u64;
-        match patch::trampoline(&p, address, |own_address| prologue(i, p.site, own_address)) {
-            Ok(t) if t.code.len() <= TRAMPOLINE_ROOM => {
-                code.extend_from_slice(&t.code);
-                code.resize(code.len().next_multiple_of(16), 0xcc);
-                built.push((i, p, t, address));
-            }
-            Ok(_) => refused.push((i, "its first instructions grow too much when moved".into())),
-            Err(why) => refused.push((i, why)),
+    let written = (|| {
+        let mut code = runtime(region).map_err(RemoteError::Unsupported)?;
+        if code.len() > runtime_room {
+            return Err(RemoteError::Unsupported(format!(
+                "the runtime takes {} bytes, more than the {runtime_room} set aside",
+                code.len()
+            )));
         }
-    }
-    remote.write(region, &code)?;
-    remote.seal_code(region, room)?;
+        code.resize(runtime_room, 0xcc);
+        let mut built = Vec::new();
+        for (i, p) in plans {
+            let address = region + code.len() as u64;
+            match patch::trampoline(&p, address, |own_address| prologue(i, p.site, own_address)) {
+                Ok(t) if t.code.len() <= TRAMPOLINE_ROOM => {
+                    code.extend_from_slice(&t.code);
+                    code.resize(code.len().next_multiple_of(16), 0xcc);
+                    built.push((i, p, t, address));
+                }
+                Ok(_) => refused.push((i, "its first instructions grow too much when moved".into())),
+                Err(why) => refused.push((i, why)),
+            }
+        }
+        remote.write(region, &code)?;
+        remote.seal_code(region, room)?;
+        Ok(built)
+    })();
+    // Nothing leads into the region yet: a failure takes it out again.
+    let built = written.inspect_err(|_| {
+        let _ = remote.syscall("munmap", libc::SYS_munmap, [region, room as u64, 0, 0, 0, 0]);
+    })?;
 
     // Threads stopped inside bytes about to be replaced go on from their
     // copies in the trampoline.
