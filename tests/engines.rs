@@ -48,6 +48,7 @@ for_each_engine!(
     attach_then_detach_restores_the_program,
     the_probe_cost_is_measured_reported_and_compensated,
     coroutines_that_switch_stacks_run_unharmed_and_are_counted,
+    a_handler_that_jumps_out_ends_the_calls_it_left,
 );
 
 fn call_counts_equal_callgrind(engine: &Engine) {
@@ -94,6 +95,29 @@ fn coroutines_that_switch_stacks_run_unharmed_and_are_counted(engine: &Engine) {
             assert!(notes.contains("switched stacks"), "{opt}: {notes}");
         }
     }
+}
+
+/// A signal handler on an alternate stack that leaves by `siglongjmp`
+/// (back into main, from the middle of a call): the calls it left end as
+/// unwound, every call is counted, and the program prints what it prints
+/// alone.
+fn a_handler_that_jumps_out_ends_the_calls_it_left(engine: &Engine) {
+    require_probes();
+    let binary = Build::c("sigjump.c", "-O2").build();
+    let bare = run_ok(Command::new(&binary).arg("500"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let out = run(proftap().args(["run", "--no-sample", "-o"]).arg(&file).args(engine.exact).arg("--").arg(&binary).arg("500"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), bare);
+    let report = report_json(&file);
+    let seen = |name: &str| {
+        let f = function(&report["functions"], name);
+        (f["calls"].as_u64(), f["unwound"].as_u64())
+    };
+    assert_eq!(seen("fail"), (Some(500), Some(500)));
+    assert_eq!(seen("handler"), (Some(500), Some(500)));
+    assert_eq!(seen("leaf"), (Some(1500), Some(0)));
 }
 
 fn inclusive_and_exclusive_add_up_on_a_known_tree(engine: &Engine) {

@@ -138,17 +138,20 @@ fn finding_sentence(finding: &Finding) -> String {
             counted(*missed, "hook", "hooks")
         ),
         Finding::StacksSwitched { returns, threads_untimed } => {
-            let mut text = format!(
-                "{} no frame of its call (the program switched stacks: coroutines, swapcontext, or a fiber resumed on another thread) and went back to its call site; every call is counted, but the times of calls across a switch are approximate",
-                counted(*returns, "return found", "returns found")
-            );
-            if *threads_untimed > 0 {
-                text += &format!(
-                    "; in {} whose calls of two stacks interleaved, later calls are counted, not timed",
-                    counted(*threads_untimed, "thread", "threads")
-                );
+            let mut parts = Vec::new();
+            if *returns > 0 {
+                parts.push(format!(
+                    "{} and went back to the call site; every call is counted, but the times of calls across a switch are approximate",
+                    counted(*returns, "return found no frame of its call", "returns found no frame of their calls")
+                ));
             }
-            text
+            if *threads_untimed > 0 {
+                parts.push(format!(
+                    "in {} whose calls on two stacks interleaved, later calls are counted, not timed",
+                    counted(*threads_untimed, "thread", "threads")
+                ));
+            }
+            format!("the program switched stacks (coroutines, swapcontext, a fiber resumed on another thread): {}", parts.join("; "))
         }
         Finding::ContextsOverBudget { threads, budget_bytes } => format!(
             "the calling contexts of {} were not read: with the others they take more than the {} MiB one reading copies; their calls are counted, not timed",

@@ -601,6 +601,42 @@ static void drop_below(const struct config *c, struct private_block *p, struct b
         __atomic_store_n(&b->depth, d, __ATOMIC_RELEASE);
 }
 
+/* How many of the thread's frames are still in progress when a call is
+ * made at `slot` (or at it too, with at_too): not those deeper on this
+ * stack, which a longjmp or an exception left; nor those of other stacks
+ * made after such a frame (a signal handler on an alternate stack that
+ * longjmp'd out, back here). A frame of another stack above the live ones
+ * (a handler running now) stays. */
+static u64 frames_still_in(const struct private_block *p, u64 slot, int at_too)
+{
+    u64 kept = p->depth;
+    for (u64 i = p->depth; i > 0; i--) {
+        u64 at = p->ret[i - 1].slot;
+        if (!near(at, slot))
+            continue;
+        if (!(at < slot || (at_too && at == slot)))
+            break;
+        kept = i - 1;
+    }
+    return kept;
+}
+
+/* Ends the frames above the first `kept` as left without a return, now. */
+static void end_unwound(const struct config *c, struct private_block *p, struct block *b, u64 kept)
+{
+    u64 now = 0, off = 0;
+    for (u64 d = p->depth; d > kept; d--) {
+        if (b && !p->mixed) {
+            if (!now)
+                now = now_and_off(c, (u32)b->tid, &off);
+            finish(c, b, d - 1, now, off, 1);
+        }
+    }
+    p->depth = kept;
+    if (b)
+        __atomic_store_n(&b->depth, kept, __ATOMIC_RELEASE);
+}
+
 /* Takes frame i out of the middle of the stack (threads sharing a thread
  * pointer took turns on it): what is above moves down, and the block's
  * times are no longer kept, since its frames no longer nest. */
@@ -714,8 +750,9 @@ void proftap_entry(u64 *slot, u32 function)
      * trampoline (then this is its tail call, and it lives on). */
     u64 d = p->depth;
     int hijacked = is_trampoline(c, *slot);
-    if (d && (p->ret[d - 1].slot < (u64)slot || (p->ret[d - 1].slot == (u64)slot && !hijacked)))
-        drop_below(c, p, b, (u64)slot, !hijacked);
+    u64 kept = frames_still_in(p, (u64)slot, !hijacked);
+    if (kept < d)
+        end_unwound(c, p, b, kept);
     d = p->depth;
     if (!b)
         goto out;

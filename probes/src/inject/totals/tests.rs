@@ -554,6 +554,29 @@ fn a_handler_on_another_stack_leaves_the_interrupted_frames_alone() {
 }
 
 #[test]
+fn a_handler_that_longjmps_out_of_its_stack_ends_with_the_frames_it_left() {
+    let rt = Local::new(3, 4);
+    let stacks = TwoStacks::new();
+    // SAFETY: distinct slots of the mapping.
+    let (f, g, h) = unsafe { (&mut *stacks.slot(0, 1), &mut *stacks.slot(0, 2), &mut *stacks.slot(1, 1)) };
+    rt.entry(f, 0);
+    rt.entry(g, 1);
+    // A signal interrupts g; its handler, on an alternate stack, calls h
+    // and longjmps back into f, which calls g again from the same slot.
+    rt.entry(h, 2);
+    *g = 0x5002;
+    rt.entry(g, 1);
+    assert_eq!(rt.block(0).depth, 2, "g's first call and the handler's call are gone");
+    rt.exit(g);
+    rt.exit(f);
+    assert_eq!((*f, *g), (0x5001, 0x5002));
+    let nodes = rt.nodes(0);
+    assert_eq!(nodes.iter().map(|n| n.unwound).sum::<u64>(), 2, "{nodes:?}");
+    assert_eq!(nodes.iter().map(|n| n.calls).sum::<u64>(), 4);
+    assert_eq!(rt.block(0).mixed, 0, "times are still kept");
+}
+
+#[test]
 fn calls_taking_turns_on_one_thread_pointer_return_right_and_go_untimed() {
     let rt = Local::new(2, 4);
     let stacks = TwoStacks::new();
