@@ -77,13 +77,7 @@ fn coroutines_that_switch_stacks_run_unharmed_and_are_counted(engine: &Engine) {
     require_probes();
     for opt in ["-O0", "-O2"] {
         let binary = Build::c("coroutines.c", opt).build();
-        let bare = run_ok(Command::new(&binary).arg("300"));
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("p.profile");
-        let out = run(proftap().args(["run", "--no-sample", "-o"]).arg(&file).args(engine.exact).arg("--").arg(&binary).arg("300"));
-        assert!(out.status.success(), "{opt}: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(String::from_utf8_lossy(&out.stdout), bare, "{opt}");
-        let report = report_json(&file);
+        let report = run_unharmed(&[engine.exact, &["--no-sample"]].concat(), &binary, &["300"]);
         assert_eq!(report["recording"]["engine"], engine.name, "{opt}");
         let calls = |name: &str| function(&report["functions"], name)["calls"].as_u64();
         // Each coroutine yields 300 times; every yield calls leaf before it
@@ -104,13 +98,7 @@ fn coroutines_that_switch_stacks_run_unharmed_and_are_counted(engine: &Engine) {
 fn a_handler_that_jumps_out_ends_the_calls_it_left(engine: &Engine) {
     require_probes();
     let binary = Build::c("sigjump.c", "-O2").build();
-    let bare = run_ok(Command::new(&binary).arg("500"));
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    let out = run(proftap().args(["run", "--no-sample", "-o"]).arg(&file).args(engine.exact).arg("--").arg(&binary).arg("500"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), bare);
-    let report = report_json(&file);
+    let report = run_unharmed(&[engine.exact, &["--no-sample"]].concat(), &binary, &["500"]);
     let seen = |name: &str| {
         let f = function(&report["functions"], name);
         (f["calls"].as_u64(), f["unwound"].as_u64())

@@ -50,19 +50,8 @@ fn the_program_keeps_its_output_and_status() {
 fn the_entry_point_is_not_taken_for_a_called_function() {
     require_probes();
     let binary = Build::c("calls.c", "-O2").build();
-    let bare = run(Command::new(&binary).args(["1000", "3"]));
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
     for engine in ["inject", "uprobe"] {
-        let out = run(proftap()
-            .args(["run", "--engine", engine, "--no-sample", "-f", "_start", "-f", "run", "-o"])
-            .arg(&file)
-            .arg("--")
-            .arg(&binary)
-            .args(["1000", "3"]));
-        let seen = |o: &std::process::Output| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned());
-        assert_eq!(seen(&out), seen(&bare), "{engine}: {}", String::from_utf8_lossy(&out.stderr));
-        let report = report_json(&file);
+        let report = run_unharmed(&["--engine", engine, "--no-sample", "-f", "_start", "-f", "run"], &binary, &["1000", "3"]);
         assert_eq!(function(&report["functions"], "run")["calls"].as_u64(), Some(1), "{engine}");
         assert_eq!(function(&report["functions"], "_start")["calls"].as_u64(), Some(1), "{engine}");
         if engine == "inject" {
@@ -78,19 +67,9 @@ fn the_entry_point_is_not_taken_for_a_called_function() {
 fn a_function_that_returns_twice_keeps_its_return_address() {
     require_probes();
     let binary = Build::c("jumps.c", "-O2").build();
-    let bare = run(Command::new(&binary).args(["300", "3"]));
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
     for engine in ["inject", "uprobe"] {
-        let out = run(proftap()
-            .args(["run", "--engine", engine, "--no-sample", "-f", "libc.so.6:_setjmp", "-f", "surface", "-o"])
-            .arg(&file)
-            .arg("--")
-            .arg(&binary)
-            .args(["300", "3"]));
-        let seen = |o: &std::process::Output| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned());
-        assert_eq!(seen(&out), seen(&bare), "{engine}: {}", String::from_utf8_lossy(&out.stderr));
-        let report = report_json(&file);
+        let args = ["--engine", engine, "--no-sample", "-f", "libc.so.6:_setjmp", "-f", "surface"];
+        let report = run_unharmed(&args, &binary, &["300", "3"]);
         // Once a round, and once where the C library starts main.
         assert_eq!(function(&report["functions"], "_setjmp")["calls"].as_u64(), Some(301), "{engine}");
         assert_eq!(function(&report["functions"], "surface")["calls"].as_u64(), Some(300), "{engine}");
@@ -105,18 +84,7 @@ fn a_function_that_returns_twice_keeps_its_return_address() {
 fn a_function_entered_past_its_start_is_left_unpatched() {
     require_probes();
     let binary = Build::c("entered.c", "-O2").build();
-    let bare = run(Command::new(&binary).arg("1000"));
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.profile");
-    let out = run(proftap()
-        .args(["run", "--engine", "inject", "--no-sample", "-f", "inner_target", "-f", "entry_skipper", "-o"])
-        .arg(&file)
-        .arg("--")
-        .arg(&binary)
-        .arg("1000"));
-    let seen = |o: &std::process::Output| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned());
-    assert_eq!(seen(&out), seen(&bare), "{}", String::from_utf8_lossy(&out.stderr));
-    let report = report_json(&file);
+    let report = run_unharmed(&["--engine", "inject", "--no-sample", "-f", "inner_target", "-f", "entry_skipper"], &binary, &["1000"]);
     let inner = function(&report["functions"], "inner_target");
     assert_eq!((inner["calls"].as_u64(), inner["engine"].as_str()), (Some(1000), Some("uprobe")), "{inner}");
     let skipper = function(&report["functions"], "entry_skipper");

@@ -448,6 +448,19 @@ fn nix_is_root() -> bool {
 }
 
 /// Runs `proftap run -o FILE ARGS -- CMD...`, asserts success, returns the JSON report.
+/// Runs `binary ARGS` alone, then under `proftap run PROFTAP_ARGS`: the
+/// program ends with the same status and prints the same output either
+/// way. Returns the profile's JSON report.
+pub fn run_unharmed(proftap_args: &[&str], binary: &Path, args: &[&str]) -> serde_json::Value {
+    let bare = run(Command::new(binary).args(args));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let out = run(proftap().arg("run").args(proftap_args).arg("-o").arg(&file).arg("--").arg(binary).args(args));
+    let seen = |o: &Output| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned());
+    assert_eq!(seen(&out), seen(&bare), "proftap run {proftap_args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    report_json(&file)
+}
+
 pub fn profile_run(proftap_args: &[&str], command: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
