@@ -320,6 +320,10 @@ impl<'a> Driver<'a> {
     /// program, `notes` what is known so far.
     pub fn new(run: &'a Run<'a>, sources: Sources, consumer: Consumer, child: Option<HeldChild>, notes: Vec<Note>) -> Self {
         let options = run.options;
+        let pidfd = target::pidfd(run.pid);
+        // A process attached to may end before the loop starts: then it has
+        // no pidfd to say so, and is gone already.
+        let gone_already = matches!(&pidfd, Err(e) if e.raw_os_error() == Some(libc::ESRCH));
         Driver {
             run,
             engine_attached: sources.inject.is_some(),
@@ -337,10 +341,10 @@ impl<'a> Driver<'a> {
             auto_pending: options.auto_instrument,
             notes,
             child,
-            pidfd: target::pidfd(run.pid).ok(),
+            pidfd: pidfd.ok(),
             deadline: options.duration.map(|d| Instant::now() + d),
             ended: None,
-            attached_gone: false,
+            attached_gone: gone_already,
             terminated_sent: false,
             rate: Rate { since: Instant::now(), events: 0, peak: 0 },
             counters: (0, 0),
@@ -614,7 +618,7 @@ impl<'a> Driver<'a> {
         if self.child.is_none() {
             let asked = [&control.interrupt, &control.terminate, &control.detach].iter().any(|f| f.load(Ordering::Relaxed));
             self.attached_gone |= gone;
-            return Ok(asked || gone || self.deadline.is_some_and(|d| Instant::now() >= d));
+            return Ok(asked || self.attached_gone || self.deadline.is_some_and(|d| Instant::now() >= d));
         }
         if control.detach.load(Ordering::Relaxed) {
             return Ok(true);
