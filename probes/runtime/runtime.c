@@ -578,27 +578,35 @@ static inline int near(u64 a, u64 b)
     return (a > b ? a - b : b - a) < NEAR_STACK;
 }
 
+/* Ends the frames above the first `kept` as left without a return, now. */
+static void end_unwound(const struct config *c, struct private_block *p, struct block *b, u64 kept)
+{
+    u64 now = 0, off = 0;
+    for (u64 d = p->depth; d > kept; d--) {
+        if (b && !p->mixed) {
+            if (!now)
+                now = now_and_off(c, (u32)b->tid, &off);
+            finish(c, b, d - 1, now, off, 1);
+        }
+    }
+    p->depth = kept;
+    if (b)
+        __atomic_store_n(&b->depth, kept, __ATOMIC_RELEASE);
+}
+
 /* Pops the frames whose return-address slot is below `slot` (or at it,
  * with at_too) on the same stack: a longjmp or an exception left them.
  * They end now. A frame on another stack stops the popping. */
 static void drop_below(const struct config *c, struct private_block *p, struct block *b, u64 slot, int at_too)
 {
-    u64 d = p->depth;
-    u64 now = 0, off = 0;
-    while (d) {
-        u64 top = p->ret[d - 1].slot;
+    u64 kept = p->depth;
+    while (kept) {
+        u64 top = p->ret[kept - 1].slot;
         if (!(top < slot || (at_too && top == slot)) || !near(top, slot))
             break;
-        d--;
-        if (b && !p->mixed) {
-            if (!now)
-                now = now_and_off(c, (u32)b->tid, &off);
-            finish(c, b, d, now, off, 1);
-        }
+        kept--;
     }
-    p->depth = d;
-    if (b)
-        __atomic_store_n(&b->depth, d, __ATOMIC_RELEASE);
+    end_unwound(c, p, b, kept);
 }
 
 /* How many of the thread's frames are still in progress when a call is
@@ -619,22 +627,6 @@ static u64 frames_still_in(const struct private_block *p, u64 slot, int at_too)
         kept = i - 1;
     }
     return kept;
-}
-
-/* Ends the frames above the first `kept` as left without a return, now. */
-static void end_unwound(const struct config *c, struct private_block *p, struct block *b, u64 kept)
-{
-    u64 now = 0, off = 0;
-    for (u64 d = p->depth; d > kept; d--) {
-        if (b && !p->mixed) {
-            if (!now)
-                now = now_and_off(c, (u32)b->tid, &off);
-            finish(c, b, d - 1, now, off, 1);
-        }
-    }
-    p->depth = kept;
-    if (b)
-        __atomic_store_n(&b->depth, kept, __ATOMIC_RELEASE);
 }
 
 /* Takes frame i out of the middle of the stack (threads sharing a thread
