@@ -45,8 +45,8 @@ fn a_session_launches_a_command_and_keeps_its_profile() {
     let daemon = Daemon::start(dir.path());
     let calls = Build::c("calls.c", "-O0").build();
     let id = started(&daemon.session(&["start", "-f", "fib", "--", calls.to_str().unwrap(), "10", "6"]));
-    // The command ends by itself; stop waits for its profile either way.
-    ok(&daemon.session(&["stop", &id]));
+    // The command ends by itself.
+    ok(&daemon.session(&["wait", &id]));
     let file = dir.path().join("calls.profile");
     ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
     // fib(6) makes 2 * fib(7) - 1 = 25 calls.
@@ -54,6 +54,7 @@ fn a_session_launches_a_command_and_keeps_its_profile() {
     // Bad options are one sentence from the daemon or the client.
     assert_clean_failure(&daemon.session(&["start", "--pid", "999999999"]), "there is no process 999999999");
     assert_clean_failure(&daemon.session(&["start", "-o", "x", "--pid", "1"]), "use `proftap session fetch ID -o FILE`");
+    assert_clean_failure(&daemon.session(&["wait", "999999"]), "there is no session 999999 of yours");
 }
 
 #[test]
@@ -116,7 +117,7 @@ fn a_users_command_runs_as_that_user_in_their_directory() {
         .args(["start", "-f", "who", "--"])
         .arg(&copies[1]));
     let id = started(&out);
-    ok(&daemon.session(&["stop", &id]));
+    ok(&daemon.session(&["wait", &id]));
     assert_eq!(std::fs::read_to_string(work.join("who")).unwrap().trim(), uid.to_string());
     let file = dir.path().join("who.profile");
     ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
@@ -147,7 +148,8 @@ fn sigterm_leaves_the_program_running_and_the_profile_kept() {
 
 /// Launches `program` (built from an example) with `program_args` through
 /// a session a user starts with `start_args`, in a directory of theirs;
-/// stops it and returns its profile's JSON report, fetched by root.
+/// waits for it to end and returns its profile's JSON report, fetched by
+/// root.
 fn users_launched_session(program: Build, start_args: &[&str], program_args: &[&str]) -> serde_json::Value {
     let (uid, gid) = test_user();
     let dir = tempfile::tempdir().unwrap();
@@ -167,7 +169,7 @@ fn users_launched_session(program: Build, start_args: &[&str], program_args: &[&
         .arg(&copies[1])
         .args(program_args));
     let id = started(&out);
-    ok(&daemon.session(&["stop", &id]));
+    ok(&daemon.session(&["wait", &id]));
     let file = dir.path().join("session.profile");
     ok(&daemon.session(&["fetch", &id, "-o", file.to_str().unwrap()]));
     report_json(&file)

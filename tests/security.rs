@@ -71,7 +71,7 @@ impl Shared {
     fn still_served(&self, daemon: &Daemon) {
         let calls = self.calls.to_str().unwrap();
         let id = started(&self.session(daemon, &["start", "-f", "fib", "--", calls, "10", "6"]));
-        ok(&self.session(daemon, &["stop", &id]));
+        ok(&self.session(daemon, &["wait", &id]));
         let file = self.home().join(format!("served-{id}.profile"));
         ok(&self.session(daemon, &["fetch", &id, "-o", file.to_str().unwrap()]));
         // fib(6) makes 25 calls.
@@ -439,14 +439,14 @@ fn state_is_root_only_and_a_users_program_writes_to_their_files_not_the_log() {
             loud.to_str().unwrap(),
         ],
     ));
-    ok(&shared.session(&daemon, &["stop", &id]));
+    ok(&shared.session(&daemon, &["wait", &id]));
     // The user's program wrote to the user's files, not into root's log.
     assert_eq!(std::fs::read_to_string(&out_file).unwrap(), "MARKER out\n");
     assert_eq!(std::fs::read_to_string(&err_file).unwrap(), "MARKER err\n");
     assert!(!daemon.log().contains("MARKER"), "{}", daemon.log());
     // Without files: nowhere (not the log either).
     let id = started(&shared.session(&daemon, &["start", "-f", "say", "--", loud.to_str().unwrap()]));
-    ok(&shared.session(&daemon, &["stop", &id]));
+    ok(&shared.session(&daemon, &["wait", &id]));
     assert!(!daemon.log().contains("MARKER"), "{}", daemon.log());
 
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;

@@ -276,16 +276,22 @@ async fn handle(request: Request, stdio: Vec<std::os::fd::OwnedFd>, peer: &Peer,
             if let Err(message) = locked().and_then(|r| r.stop(peer, id)) {
                 return error(message);
             }
-            loop {
-                match locked().and_then(|r| r.status(peer, id)) {
-                    Ok(info) if matches!(info.state, State::Finished | State::Failed) => return Response::Session(info),
-                    Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                    Err(message) => return error(message),
-                }
-            }
+            ended(id, peer, registry).await
         }
+        Request::Wait { id } => ended(id, peer, registry).await,
         Request::Fetch { id } => fetch(id, peer, registry).0,
         Request::Delete { id } => locked().and_then(|mut r| r.delete(peer, id)).map_or_else(error, |()| Response::Deleted { id }),
+    }
+}
+
+/// The session once it has ended and its profile is kept (or it failed).
+async fn ended(id: u64, peer: &Peer, registry: &Shared) -> Response {
+    loop {
+        match registry.lock().map_err(|_| "proftapd is shutting down".to_string()).and_then(|r| r.status(peer, id)) {
+            Ok(info) if matches!(info.state, State::Finished | State::Failed) => return Response::Session(info),
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(message) => return Response::Error { message },
+        }
     }
 }
 

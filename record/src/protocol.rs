@@ -57,6 +57,12 @@ pub enum Request {
         /// Its id.
         id: u64,
     },
+    /// Wait for a session to end on its own (its command exits, its
+    /// process ends or its duration is up) and for its profile.
+    Wait {
+        /// Its id.
+        id: u64,
+    },
     /// A finished session's profile: the reply is followed by its bytes.
     Fetch {
         /// Its id.

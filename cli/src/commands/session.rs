@@ -40,6 +40,12 @@ enum Command {
         /// The session.
         id: u64,
     },
+    /// Wait for a session to end on its own (its command exits, its
+    /// process ends or its duration is up) and for its profile.
+    Wait {
+        /// The session.
+        id: u64,
+    },
     /// Write a finished session's profile to a file.
     Fetch {
         /// The session.
@@ -89,6 +95,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         },
         Command::Status { id } => print_info(&session(client.request(&Request::Status { id })?)?),
         Command::Stop { id } => print_info(&session(client.request(&Request::Stop { id })?)?),
+        Command::Wait { id } => print_info(&session(client.request(&Request::Wait { id })?)?),
         Command::Fetch { id, output } => match client.request(&Request::Fetch { id })? {
             Response::Profile { bytes } => {
                 let data = client.read_bytes(bytes)?;
