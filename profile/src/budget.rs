@@ -83,7 +83,8 @@ pub fn check(profile: &Profile, budgets: &[Budget]) -> Vec<Outcome> {
 /// The value `budget` limits, in `profile`.
 fn measure(profile: &Profile, budget: &Budget) -> Result<f64, Missing> {
     let metric = profile.metrics.iter().position(|k| *k == budget.metric);
-    let (calls, cost) = match &budget.subject {
+    // Calls, those timed, and the cost of those.
+    let (calls, timed, cost) = match &budget.subject {
         Subject::Function(name) => function_cost(profile, name, metric)?,
         Subject::Region(name) => {
             let regions: Vec<_> = profile.regions.iter().filter(|r| r.name == *name).collect();
@@ -94,7 +95,8 @@ fn measure(profile: &Profile, budget: &Budget) -> Result<f64, Missing> {
             for r in &regions {
                 cost.merge(&metric.and_then(|m| r.inclusive.get(m)).copied().unwrap_or_default());
             }
-            (regions.iter().map(|r| r.entries).fold(0, u64::saturating_add), cost)
+            let entries = regions.iter().map(|r| r.entries).fold(0, u64::saturating_add);
+            (entries, entries, cost)
         }
     };
     if budget.measure == Measure::Calls {
@@ -103,17 +105,17 @@ fn measure(profile: &Profile, budget: &Budget) -> Result<f64, Missing> {
     let m = metric.ok_or_else(|| Missing::NoMetric(budget.metric.clone()))?;
     Ok(match budget.measure {
         Measure::Calls => calls as f64,
-        Measure::Average => cost.total as f64 / calls.max(1) as f64,
+        Measure::Average => cost.total as f64 / timed.max(1) as f64,
         Measure::Max => cost.max as f64,
         Measure::Total => cost.total as f64,
         Measure::Share => cost.total as f64 / whole_run(profile, m).max(1) as f64,
     })
 }
 
-/// Calls and inclusive cost over every instrumented function named `name`,
+/// Calls, calls timed and their inclusive cost over every instrumented function named `name`,
 /// its namesakes (`name #2`, ...) included: which instance is which can
 /// change from one build to the next.
-fn function_cost(profile: &Profile, name: &str, metric: Option<usize>) -> Result<(u64, Stat), Missing> {
+fn function_cost(profile: &Profile, name: &str, metric: Option<usize>) -> Result<(u64, u64, Stat), Missing> {
     let named =
         |f: &str| f == name || f.strip_prefix(name).and_then(|rest| rest.strip_prefix(" #")).is_some_and(|n| n.parse::<u32>().is_ok());
     let ids: Vec<usize> = profile.functions.iter().enumerate().filter(|(_, f)| named(&f.name)).map(|(i, _)| i).collect();
@@ -124,12 +126,13 @@ fn function_cost(profile: &Profile, name: &str, metric: Option<usize>) -> Result
     if instrumented.iter().any(|&i| profile.functions[i].mode == crate::model::Mode::Throttled) {
         return Err(Missing::Throttled);
     }
-    let (mut calls, mut cost) = (0u64, Stat::default());
+    let (mut calls, mut timed, mut cost) = (0u64, 0u64, Stat::default());
     for s in profile.merged_functions().iter().filter(|s| instrumented.contains(&(s.function as usize))) {
         calls = calls.saturating_add(s.calls);
+        timed = timed.saturating_add(s.timed_calls());
         cost.merge(&metric.and_then(|m| s.inclusive.get(m)).copied().unwrap_or_default());
     }
-    Ok((calls, cost))
+    Ok((calls, timed, cost))
 }
 
 /// What a share is of: the recording's duration for times, the sum of the

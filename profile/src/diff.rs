@@ -275,7 +275,7 @@ fn function_costs(profile: &Profile, m: usize, metric: &str) -> HashMap<String, 
             (info.mode != Mode::Sampled).then(|| {
                 let probe = probe_cost(profile, info.engine.unwrap_or(profile.recording.engine), metric);
                 let exclusive = s.exclusive.get(m).map_or(0, |x| x.total);
-                (key(profile, info), Cost::new(s.calls, s.inclusive.get(m), exclusive, probe))
+                (key(profile, info), Cost::new(s.timed_calls(), s.inclusive.get(m), exclusive, probe))
             })
         })
         .collect()

@@ -497,10 +497,20 @@ pub struct FunctionStats {
     pub unwound: u64,
     /// Calls still running when the recording ended (timed up to the end).
     pub unfinished: u64,
+    /// Calls counted but not timed: their returns could not be watched (a
+    /// function that returns twice, a program's entry point, one whose
+    /// end is unknown), or the engine had no room to time them. Their
+    /// cost is their caller's; the statistics are of the other calls.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub untimed: u64,
     /// Inclusive cost per metric.
     pub inclusive: Vec<Stat>,
     /// Exclusive cost per metric.
     pub exclusive: Vec<Stat>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl FunctionStats {
@@ -511,9 +521,15 @@ impl FunctionStats {
             calls: 0,
             unwound: 0,
             unfinished: 0,
+            untimed: 0,
             inclusive: vec![Stat::default(); metrics],
             exclusive: vec![Stat::default(); metrics],
         }
+    }
+
+    /// The calls its statistics are of: those timed.
+    pub fn timed_calls(&self) -> u64 {
+        self.calls.saturating_sub(self.untimed)
     }
 
     /// Adds another's numbers for the same function.
@@ -521,6 +537,7 @@ impl FunctionStats {
         self.calls = self.calls.saturating_add(other.calls);
         self.unwound = self.unwound.saturating_add(other.unwound);
         self.unfinished = self.unfinished.saturating_add(other.unfinished);
+        self.untimed = self.untimed.saturating_add(other.untimed);
         for (a, b) in self.inclusive.iter_mut().zip(&other.inclusive) {
             a.merge(b);
         }

@@ -34,6 +34,10 @@ pub struct AggregatorConfig {
     /// Per function: its calls in progress still report their returns
     /// after its probes go (the in-process engine's trampolines stay).
     pub returns_outlive_probes: Vec<bool>,
+    /// Per function: its returns are not watched (an entry probe only), so
+    /// its calls are counted, not timed.
+    #[serde(default)]
+    pub returns_unwatched: Vec<bool>,
     /// Line and region following, when lines are recorded.
     pub lines: Option<LineSetup>,
     /// Where return trampolines are at the start (more may come, see
@@ -164,6 +168,7 @@ struct FunctionAcc {
     calls: u64,
     unwound: u64,
     unfinished: u64,
+    untimed: u64,
     /// Frames of this function on the stack (recursion depth).
     active: u32,
     inclusive: [Stat; MAX_METRICS],
@@ -268,6 +273,7 @@ impl ThreadState {
                 calls: 0,
                 unwound: 0,
                 unfinished: 0,
+                untimed: 0,
                 active: 0,
                 inclusive: [Stat::default(); MAX_METRICS],
                 exclusive: [Stat::default(); MAX_METRICS],
@@ -310,6 +316,8 @@ pub struct Aggregator {
     /// Per function: its calls in progress still report their returns after
     /// its probes go (the in-process engine's trampolines stay).
     returns_outlive_probes: Vec<bool>,
+    /// Per function: its returns are not watched.
+    returns_unwatched: Vec<bool>,
     /// Line and region following, when lines are recorded.
     lines: Option<LineSetup>,
     /// Per line probe: its hits (what it cost).
@@ -348,6 +356,7 @@ impl Aggregator {
             orphaned_frames: 0,
             exit_sites: fit(config.exit_sites),
             returns_outlive_probes: fit(config.returns_outlive_probes),
+            returns_unwatched: fit(config.returns_unwatched),
             line_probe_hits: vec![0; config.lines.as_ref().map_or(0, |l| l.probes.len())],
             lines: config.lines,
             throttled: vec![false; functions],
@@ -573,8 +582,13 @@ impl Aggregator {
         thread.nodes[node as usize].calls += 1;
         let acc = thread.acc(function);
         acc.calls += 1;
-        acc.active += 1;
         self.calls_by_function[function as usize] += 1;
+        if self.returns_unwatched[function as usize] {
+            // No return will end a frame: its time stays its caller's.
+            acc.untimed += 1;
+            return;
+        }
+        acc.active += 1;
         let mut frame = Frame::new(function, node, hit.sp, hit.values, false);
         frame.ret = hit.ret;
         if let Some(setup) = &self.lines {
@@ -796,6 +810,7 @@ impl Aggregator {
                         calls: a.calls,
                         unwound: a.unwound,
                         unfinished: a.unfinished,
+                        untimed: a.untimed,
                         inclusive: a.inclusive[..metrics].to_vec(),
                         exclusive: a.exclusive[..metrics].to_vec(),
                     })
@@ -1053,6 +1068,35 @@ mod tests {
         let result = agg.finish();
         assert_eq!(result.unwound_frames, 0);
         assert_eq!(stats(result, 1, 0).inclusive[0].total, 30);
+    }
+
+    #[test]
+    fn a_function_whose_returns_are_unwatched_is_counted_and_its_time_left_to_its_caller() {
+        // main(0) calls setjmp(1) twice (entry probes only), then f(2),
+        // which comes back at the same depth: setjmp's calls end nothing.
+        let config =
+            AggregatorConfig { returns_unwatched: vec![false, true, false], exit_sites: vec![true; 3], ..AggregatorConfig::new(3, 1) };
+        let mut agg = Aggregator::new(config);
+        let events = [
+            hit(1, 0, false, 0, 1000),
+            hit(1, 1, false, 10, 992),
+            hit(1, 1, false, 20, 992),
+            hit(1, 2, false, 30, 992),
+            hit(1, 2, true, 50, 1000),
+            hit(1, 0, true, 100, 1008),
+        ];
+        for e in events {
+            agg.push(&e);
+        }
+        let result = agg.finish();
+        assert_eq!(result.unwound_frames, 0);
+        let thread = result.threads.iter().find(|t| t.tid == 1).unwrap();
+        let of = |f: u32| thread.functions.iter().find(|s| s.function == f).unwrap().clone();
+        let setjmp = of(1);
+        assert_eq!((setjmp.calls, setjmp.untimed, setjmp.timed_calls(), setjmp.inclusive[0].total), (2, 2, 0, 0));
+        assert_eq!((of(2).inclusive[0].total, of(2).untimed), (20, 0));
+        // main's exclusive time keeps setjmp's: 100 minus f's 20.
+        assert_eq!((of(0).inclusive[0].total, of(0).exclusive[0].total), (100, 80));
     }
 
     #[test]

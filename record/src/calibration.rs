@@ -189,7 +189,7 @@ impl Helper {
         // What the empty function showed as its own inclusive time.
         let merged = self.profile.merged_functions();
         let own = |metric: usize| -> u64 {
-            merged.iter().find(|s| Some(s.function as usize) == id).map_or(0, |s| s.inclusive[metric].avg(s.calls))
+            merged.iter().find(|s| Some(s.function as usize) == id).map_or(0, |s| s.inclusive[metric].avg(s.timed_calls()))
         };
         let ((bare_wall, bare_cpu), (wall, cpu)) = (self.loops[0], self.loops[timed]);
         // The scheduler stretches a call's wall time, never its CPU time,

@@ -500,6 +500,11 @@ fn setup(
         // or not, and calls in progress still do once their function is unpatched.
         exit_sites: functions.iter().zip(injected).map(|(f, &injected)| f.exit_sites.is_some() && !injected).collect(),
         returns_outlive_probes: injected.clone(),
+        returns_unwatched: functions
+            .iter()
+            .zip(injected)
+            .map(|(f, &injected)| !injected && f.exit_sites.as_ref().is_some_and(Vec::is_empty))
+            .collect(),
         lines: options.probed_lines.as_ref().map(|plan| line_setup(plan, &options.regions)),
         // The kernel's uretprobe trampoline page, and the engine's code.
         trampolines: std::iter::once(DEFAULT_PROBE_AREA).chain(code.iter().cloned()).collect(),

@@ -196,10 +196,11 @@ fn function(profile: &Profile, f: &FunctionStats) -> Value {
         "calls": f.calls,
         "unwound": f.unwound,
         "unfinished": f.unfinished,
+        "untimed": f.untimed,
         "mode": info.mode,
         "engine": info.engine,
-        "inclusive": stats(profile, &f.inclusive, f.calls),
-        "exclusive": stats(profile, &f.exclusive, f.calls),
+        "inclusive": stats(profile, &f.inclusive, f.timed_calls()),
+        "exclusive": stats(profile, &f.exclusive, f.timed_calls()),
     })
 }
 

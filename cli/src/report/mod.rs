@@ -56,7 +56,7 @@ pub fn sort_functions(profile: &Profile, functions: &mut [FunctionStats], key: S
             SortKey::Calls => f.calls,
             SortKey::Incl | SortKey::Name => incl.total,
             SortKey::Excl => f.exclusive.get(metric).map_or(0, |s| s.total),
-            SortKey::Avg => incl.avg(f.calls),
+            SortKey::Avg => incl.avg(f.timed_calls()),
             SortKey::Max => incl.max,
         }
     };

@@ -389,15 +389,23 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
         if f.unfinished > 0 {
             label.push_str(&format!("  [{} unfinished]", f.unfinished));
         }
+        let timed = f.timed_calls();
+        if f.untimed > 0 {
+            // Their cost is their callers': no time of theirs to show.
+            label.push_str(&if timed == 0 { "  [not timed]".to_string() } else { format!("  [{} not timed]", f.untimed) });
+        }
+        let untimed = timed == 0 && f.calls > 0;
+        let time = |value: u64| if untimed { "-".to_string() } else { format_value(key, value) };
+        let time_share = |value: u64| if untimed { "-".to_string() } else { share(value) };
         let cells = [
             group_digits(f.calls),
-            format_value(key, incl.total),
-            share(incl.total),
-            format_value(key, excl.total),
-            share(excl.total),
-            format_value(key, incl.avg(f.calls)),
-            format_value(key, incl.min_or_zero()),
-            format_value(key, incl.max),
+            time(incl.total),
+            time_share(incl.total),
+            time(excl.total),
+            time_share(excl.total),
+            time(incl.avg(timed)),
+            time(incl.min_or_zero()),
+            time(incl.max),
         ];
         let shortened = crate::output::shorten_middle(name, name_width.saturating_sub(label.chars().count()).max(12));
         let _ = writeln!(out, "{}", row(cells.each_ref().map(String::as_str), &sampled_share(name), &format!("{shortened}{label}")));
@@ -473,7 +481,7 @@ fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions,
         let id = profile.functions.iter().position(|f| f.name == name)?;
         let stats = merged.iter().find(|s| s.function == id as u32)?;
         let m = cpu?;
-        Some(stats.inclusive.get(m)?.avg(stats.calls)).filter(|&ns| ns > 0)
+        Some(stats.inclusive.get(m)?.avg(stats.timed_calls())).filter(|&ns| ns > 0)
     };
     let _ = writeln!(
         out,

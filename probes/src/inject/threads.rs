@@ -181,10 +181,12 @@ fn function_stats(
         min: if raw.min == u64::MAX { u64::MAX } else { ns(raw.min).saturating_sub(own(m)) },
         max: ns(raw.max).saturating_sub(own(m)),
     };
+    let mut timed = vec![0u64; thread.calls.len()];
     for (i, (node, counted)) in nodes.iter().zip(tree).enumerate().skip(1) {
         let Some(slot) = by_function.get_mut(node.function as usize) else { continue };
         let f = slot.get_or_insert_with(|| FunctionStats::new(node.function, how.metrics));
         f.unwound += node.unwound;
+        timed[node.function as usize] = timed[node.function as usize].saturating_add(node.calls);
         if node.calls == 0 {
             continue;
         }
@@ -214,6 +216,9 @@ fn function_stats(
             let mut f = f?;
             f.calls = thread.calls[function];
             f.unfinished = unfinished[function];
+            // Counted by the runtime, in no context: out of room, too deep,
+            // or made while the runtime was busy.
+            f.untimed = f.calls.saturating_sub(timed[function]);
             Some(f)
         })
         .collect()
