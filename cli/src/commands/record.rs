@@ -286,13 +286,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     n.checked_mul(1 << shift).ok_or_else(|| format!("'{text}' is more bytes than proftap can count"))
 }
 
-/// A duration as `30s`, `2m`, `500ms` or plain seconds.
+/// A duration as `30s`, `2m`, `500ms`, `0.3s`, `1m30s` or plain seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    if let Ok(seconds) = text.parse::<f64>() {
+    // A decimal number of one unit (`0.3s`, `1.5m`), as `sleep` takes it.
+    const UNITS: [(&str, f64); 6] = [("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9), ("s", 1.0), ("m", 60.0), ("h", 3600.0)];
+    let decimal = UNITS
+        .iter()
+        .find_map(|(unit, scale)| Some(text.strip_prefix('+').unwrap_or(text).strip_suffix(unit)?.parse::<f64>().ok()? * scale));
+    if let Some(seconds) = text.parse::<f64>().ok().or(decimal) {
         // Past 2^64 seconds, or negative, or not a number: not a duration.
         return Duration::try_from_secs_f64(seconds).map_err(|_| format!("'{text}' is not a duration proftap can wait for"));
     }
-    humantime::parse_duration(text).map_err(|e| format!("'{text}' is not a duration like 30s, 2m or 500ms ({e})"))
+    humantime::parse_duration(text).map_err(|e| format!("'{text}' is not a duration like 30s, 2m, 0.5s or 500ms ({e})"))
 }
 
 /// Catches Ctrl-C and SIGTERM so the recording ends cleanly: probes removed,
@@ -401,8 +406,12 @@ mod tests {
     fn durations_in_seconds_past_what_a_duration_holds_are_refused() {
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("0.3s"), Ok(Duration::from_millis(300)));
+        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2.5ms"), Ok(Duration::from_micros(2500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         // Duration::from_secs_f64 panicked on these.
-        for text in ["1e30", "-1", "inf", "NaN"] {
+        for text in ["1e30", "-1", "inf", "NaN", "-0.5s", "infs", "1e30h", "s", ".s"] {
             assert!(parse_duration(text).is_err(), "{text}");
         }
     }
