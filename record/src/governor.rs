@@ -12,6 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// milliseconds of a run say little.
 const SETTLE_NS: u64 = 2_000_000;
 
+/// A function whose probes have cost less than this many of its calls so
+/// far is not throttled: a burst of a few calls (a setup routine, a
+/// handful of callbacks) looks costly in a short window, but its probes
+/// cost at most that much over the run, less than the new probe set that
+/// would take them out.
+const FEWEST_JUDGED_CALLS: u64 = 16;
+
 /// Samples in the probes' own code before they are believed over the
 /// estimate: five milliseconds of the probes' time at 1 kHz.
 const TRUSTED_PROBE_SAMPLES: u64 = 5;
@@ -113,7 +120,8 @@ impl Governor {
         let mut rates: Vec<(f64, usize)> = spent
             .iter()
             .enumerate()
-            .filter(|&(f, _)| judged(f) && !self.throttled.get(f).copied().unwrap_or(true))
+            .filter(|&(f, &ns)| judged(f) && ns >= FEWEST_JUDGED_CALLS.saturating_mul(self.call_ns(f)))
+            .filter(|&(f, _)| !self.throttled.get(f).copied().unwrap_or(true))
             .map(|(f, &ns)| (ns.saturating_sub(self.last.get(f).copied().unwrap_or(0)) as f64 * scale / window, f))
             .filter(|&(rate, _)| rate > 0.0)
             .collect();
@@ -241,6 +249,23 @@ mod tests {
         assert_eq!(Governor::new(0.05, costs.call_ns.clone()).over_budget_spent(&spent, 100 * ms), vec![0]);
         // By its calls alone, main costs nothing worth judging.
         assert!(Governor::new(0.05, costs.call_ns.clone()).over_budget(&[1, 10], 100 * ms).is_empty());
+    }
+
+    #[test]
+    fn a_burst_of_a_few_calls_keeps_its_probes_past_a_throttle() {
+        let ms = 1_000_000;
+        // f0 ran hot and lost its probes; the run is over budget since.
+        let mut g = Governor::new(0.05, vec![6_000; 129]);
+        let mut calls = vec![0u64; 129];
+        calls[0] = 10_000;
+        assert_eq!(g.over_budget(&calls, 20 * ms), vec![0]);
+        // Then 128 functions called three times each in 3 ms: 77% of that
+        // window, but 18 us a function over the whole run.
+        calls[1..].fill(3);
+        assert!(g.over_budget(&calls, 23 * ms).is_empty());
+        // Called on: judged.
+        calls[1..].fill(30);
+        assert_eq!(g.over_budget(&calls, 26 * ms).len(), 128);
     }
 
     #[test]
