@@ -4,17 +4,29 @@
 #![allow(clippy::unwrap_used)]
 
 use proftap_tests::*;
+
+/// The governor's tests record one at a time: a probe set is defined and
+/// removed under one kernel lock for every tracer, and removing one waits
+/// for grace periods, so another test's probes can hold a throttle back
+/// until the program has ended (`throttle_unfinished`).
+static RECORDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_recording_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    RECORDING.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
 fn a_hot_tiny_function_is_throttled_and_the_program_runs_near_full_speed() {
+    let _serial = one_recording_at_a_time();
     check_hot_function_throttled(&["--engine", "uprobe"]);
 }
 
 #[test]
 fn a_hot_tiny_function_is_unpatched_before_its_records_fill_the_rings() {
+    let _serial = one_recording_at_a_time();
     check_hot_function_throttled(&["--engine", "inject"]);
 }
 
@@ -97,6 +109,7 @@ fn check_hot_function_throttled(engine: &[&str]) {
 /// still adds up.
 #[test]
 fn a_library_callees_time_is_taken_out_of_its_callers_exclusive_time() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("split.c", "-O2").build();
     let report = profile_run(&[], &[binary.to_str().unwrap(), "1", "300000"]);
@@ -125,6 +138,7 @@ fn a_library_callees_time_is_taken_out_of_its_callers_exclusive_time() {
 /// functions, or `--no-compensate`, keeps the times as measured.
 #[test]
 fn the_default_mode_compensates_and_named_functions_keep_measured_times() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("split.c", "-O2").build();
     let program = [binary.to_str().unwrap(), "1", "10"];
@@ -141,6 +155,7 @@ fn the_default_mode_compensates_and_named_functions_keep_measured_times() {
 /// makes 20 million calls of `work`, its parent 10.
 #[test]
 fn a_function_hot_in_a_forked_child_is_throttled_there() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("forks.c", "-O2").build();
     let report = profile_run(&[], &[binary.to_str().unwrap(), "10", "20000000"]);
@@ -168,6 +183,7 @@ fn a_function_hot_in_a_forked_child_is_throttled_there() {
 /// leave it far down, as perf would not.
 #[test]
 fn the_hottest_function_counts_its_time_after_a_throttle() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let (report, text) = recorded(&[], &Build::c("busy.c", "-O2").build(), &["3"]);
     let step = function(&report["functions"], "step");
@@ -200,6 +216,7 @@ fn own_cpu(f: &serde_json::Value) -> u64 {
 /// Given back to `main` instead, it stayed `walk`'s.
 #[test]
 fn a_call_timed_past_its_functions_throttle_gives_back_its_callees_time() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let (report, text) = recorded(&[], &Build::c("nested.c", "-O2").build(), &[]);
     let (walk, leaf) = (function(&report["functions"], "walk"), function(&report["functions"], "leaf"));
@@ -215,6 +232,7 @@ fn a_call_timed_past_its_functions_throttle_gives_back_its_callees_time() {
 /// whose probes were removed, since no sample tells them apart.
 #[test]
 fn without_samples_the_governor_gives_what_it_cannot_patch_no_kernel_probe() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("short.c", "-O2").build();
     let (report, text) = recorded(&["--no-sample"], &binary, &["3"]);
@@ -242,12 +260,13 @@ fn without_samples_the_governor_gives_what_it_cannot_patch_no_kernel_probe() {
 /// `work` stopped being counted, still marked as if exact.
 #[test]
 fn a_function_the_kernel_cannot_probe_is_named_and_the_others_governed() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("segprefix.c", "-O2").build();
     let args = ["--engine", "uprobe", "--no-sample", "-f", "odd", "-f", "work", "--overhead-budget", "5"];
     let (report, _) = recorded(&args, &binary, &["100000"]);
     let work = function(&report["functions"], "work");
-    assert_eq!(work["mode"], "throttled", "{work}");
+    assert_eq!(work["mode"], "throttled", "{work} {}", report["notes"]);
     let notes = report["notes"].to_string();
     assert!(notes.contains("not measured: odd (the kernel refuses a uprobe on its first instruction"), "{notes}");
     assert!(!notes.contains("could not remove the probes"), "{notes}");
@@ -258,7 +277,7 @@ fn a_function_the_kernel_cannot_probe_is_named_and_the_others_governed() {
     let lines = ["--engine", "uprobe", "--no-sample", "--lines", "--line-times", "-f", "main", "-f", "work", "--overhead-budget", "5"];
     let (report, _) = recorded(&lines, &binary, &["100000"]);
     let work = function(&report["functions"], "work");
-    assert_eq!(work["mode"], "throttled", "{work}");
+    assert_eq!(work["mode"], "throttled", "{work} {}", report["notes"]);
     let source = std::fs::read_to_string(examples().join("segprefix.c")).unwrap();
     let atomic = 1 + source.lines().position(|l| l.trim_start().starts_with("__atomic_fetch_add")).unwrap() as u64;
     let counted = |line: u64| report["lines"].as_array().unwrap().iter().find(|l| l["line"] == line).map(|l| l["count"].as_u64().unwrap());
@@ -275,6 +294,7 @@ fn a_function_the_kernel_cannot_probe_is_named_and_the_others_governed() {
 /// probe, the run took seconds, and the estimate said 36 ns a hit.
 #[test]
 fn a_functions_line_probes_count_against_the_budget_and_its_lines_say_what_they_lack() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("lineloop.c", "-O0").build();
     let dir = tempfile::tempdir().unwrap();
@@ -304,6 +324,7 @@ fn a_functions_line_probes_count_against_the_budget_and_its_lines_say_what_they_
 /// `work` stopped being counted at the first throttle, still marked exact.
 #[test]
 fn a_probe_set_that_cannot_be_opened_leaves_the_old_one_whole() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("segprefix.c", "-O2").build();
     let dir = tempfile::tempdir().unwrap();
@@ -339,6 +360,7 @@ fn a_probe_set_that_cannot_be_opened_leaves_the_old_one_whole() {
 /// probed lost theirs without a word (`main`'s return went unseen).
 #[test]
 fn a_program_another_tracer_holds_keeps_its_probes() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("traced.c", "-O2").build();
     let args = ["--engine", "uprobe", "--no-sample", "-f", "work", "-f", "main", "--overhead-budget", "5"];
@@ -364,6 +386,7 @@ fn assert_every_probe_kept(report: &serde_json::Value) {
 /// short as unfinished.
 #[test]
 fn a_throttle_defines_again_only_the_part_of_the_probes_it_changes() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("parts.c", "-O2").build();
     let (report, _) = recorded(&["--engine", "uprobe", "--no-sample", "--overhead-budget", "5"], &binary, &[]);
@@ -379,6 +402,7 @@ fn a_throttle_defines_again_only_the_part_of_the_probes_it_changes() {
 
 #[test]
 fn a_zero_budget_keeps_every_probe() {
+    let _serial = one_recording_at_a_time();
     require_probes();
     let binary = Build::c("hot.c", "-O2").build();
     // 100 000 calls: a second of probes, far over any budget.
@@ -390,11 +414,13 @@ fn a_zero_budget_keeps_every_probe() {
 
 #[test]
 fn attach_auto_instrument_samples_then_counts_the_hottest_functions_exactly() {
+    let _serial = one_recording_at_a_time();
     check_auto_instrument("uprobe");
 }
 
 #[test]
 fn attach_auto_instrument_patches_the_hottest_functions_after_the_warm_up() {
+    let _serial = one_recording_at_a_time();
     check_auto_instrument("inject");
 }
 

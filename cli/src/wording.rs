@@ -101,6 +101,10 @@ fn finding_sentence(finding: &Finding) -> String {
         Finding::UnpatchFailed { functions, error } => {
             format!("could not unpatch {}, over the overhead budget: {error}", with_calls(functions))
         }
+        Finding::ThrottleUnfinished { after_ms, waited_ms, functions, budget_percent } => format!(
+            "after {after_ms} ms, found {} over the {budget_percent}% overhead budget, but the kernel was still defining the probes without them {waited_ms} ms later, when the recording ended (it defines one tracer's probes at a time; another's may have held it): they kept their probes, exact and at their cost, to the end",
+            with_calls(functions)
+        ),
         Finding::ThrottleFailed { error } => {
             format!("could not remove the probes of functions over the overhead budget ({error}): every probe was kept from then on")
         }

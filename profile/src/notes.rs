@@ -112,6 +112,20 @@ pub enum Finding {
         /// Why.
         error: String,
     },
+    /// Functions found over the overhead budget kept their probes to the
+    /// end: the probe set without them was still being defined when the
+    /// recording ended (the kernel defines one probe set at a time, every
+    /// tracer's).
+    ThrottleUnfinished {
+        /// When they were found over it, in milliseconds from the start.
+        after_ms: u64,
+        /// How long the definition had taken when the recording ended, ms.
+        waited_ms: u64,
+        /// The functions, with all their calls.
+        functions: Vec<FunctionCalls>,
+        /// The budget, in percent of the elapsed time.
+        budget_percent: f64,
+    },
     /// The probes of functions over the overhead budget could not be removed.
     ThrottleFailed {
         /// Why.

@@ -266,8 +266,10 @@ pub(crate) struct Driver<'a> {
     consumer: Consumer,
     /// Per function: probed by uprobes now.
     enabled: Vec<bool>,
-    /// The functions whose probes a new probe set, being defined, removes.
+    /// The functions whose probes a new probe set, being defined, removes,
+    /// and when they were found over the budget (ns from the start).
     throttling: Vec<u32>,
+    throttling_since_ns: u64,
     /// Per function: patched by the in-process engine.
     patched: Vec<bool>,
     /// Whether the in-process engine patched the process at all.
@@ -335,6 +337,7 @@ impl<'a> Driver<'a> {
             consumer,
             enabled: sources.enabled,
             throttling: Vec::new(),
+            throttling_since_ns: 0,
             patched: sources.patched,
             governor: options.overhead_budget.map(|budget| Governor::new(budget, run.call_ns(false))),
             uprobe_costs: run.uprobe_costs(),
@@ -495,7 +498,7 @@ impl<'a> Driver<'a> {
         };
         let warmed_up = self.auto_pending.filter(|(_, warmup)| elapsed_ns >= warmup.as_nanos() as u64);
         if !over.is_empty() {
-            self.throttle(over);
+            self.throttle(over, elapsed_ns);
         }
         if let Some((count, warmup)) = warmed_up.filter(|_| !self.uprobes.replacing()) {
             self.auto_pending = None;
@@ -512,13 +515,14 @@ impl<'a> Driver<'a> {
 
     /// Starts removing the uprobes of the functions `over` budget: the new
     /// probe set is defined while the rings are read.
-    fn throttle(&mut self, over: Vec<u32>) {
+    fn throttle(&mut self, over: Vec<u32>, elapsed_ns: u64) {
         for &f in &over {
             self.enabled[f as usize] = false;
         }
         let lines = self.run.options.probed_lines.as_ref();
         self.uprobes.begin_replacement(self.run.all, lines, &self.enabled, over.clone());
         self.throttling = over;
+        self.throttling_since_ns = elapsed_ns;
     }
 
     /// The probe set without the functions over budget is in, or could
@@ -638,6 +642,20 @@ impl<'a> Driver<'a> {
         // A throttle still being defined is not put in: those functions kept their probes.
         let throttling = std::mem::take(&mut self.throttling);
         self.keep_probes(&throttling);
+        if !throttling.is_empty() {
+            let waited_ns = monotonic_ns().saturating_sub(self.run.started_ns).saturating_sub(self.throttling_since_ns);
+            let (functions, entries) = (self.run.functions(), self.uprobes.entries());
+            let names = throttling
+                .iter()
+                .map(|&f| FunctionCalls {
+                    name: functions[f as usize].info.name.clone(),
+                    calls: entries.get(f as usize).copied().unwrap_or(0),
+                })
+                .collect();
+            let budget_percent = self.run.options.overhead_budget.unwrap_or_default() * 100.0;
+            let after_ms = self.throttling_since_ns / 1_000_000;
+            self.tell(Finding::ThrottleUnfinished { after_ms, waited_ms: waited_ns / 1_000_000, functions: names, budget_percent }.into());
+        }
         self.uprobes.stop(self.queue.pending());
         let consumer = &mut self.consumer;
         self.queue.release(None, |e| consumer.consume(e));
