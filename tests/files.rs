@@ -366,6 +366,8 @@ fn counts_at_u64_max_saturate_through_merge_reports_and_exports() {
     let max = u64::MAX;
     p["threads"][0]["functions"][1]["calls"] = json!(max - 1);
     p["threads"][0]["functions"][1]["inclusive"][0]["total"] = json!(max);
+    // More calls untimed than made: a lie no renderer may divide by.
+    p["threads"][0]["functions"][1]["untimed"] = json!(max);
     p["threads"][0]["tree"]["nodes"][2]["calls"] = json!(max);
     p["threads"][0]["tree"]["nodes"][2]["exclusive"] = json!([max]);
     p["lines"][1]["count"] = json!(max);
@@ -379,6 +381,8 @@ fn counts_at_u64_max_saturate_through_merge_reports_and_exports() {
     run_bounded_ok(dir.path(), &argv!["merge", &one, &one, "-o", &sum], &[]);
     let report = report_json(&sum);
     assert_eq!(calls_by_name(&report)["f"], max);
+    let f = function(&report["functions"], "f");
+    assert_eq!((f["untimed"].as_u64(), f["inclusive"]["wall_ns"]["avg"].as_u64()), (Some(max), Some(0)), "{f}");
     assert_eq!((report["lines"][1]["count"].as_u64(), report["lost"]["events"].as_u64()), (Some(max), Some(max)));
     assert_eq!(report["runs"], u32::MAX);
     assert_eq!(report["tree"]["children"][0]["children"][0]["calls"], max);
