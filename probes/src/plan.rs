@@ -165,7 +165,8 @@ pub fn entered_inside(index: &SymbolIndex, file: &[u8]) -> EnteredInside {
     for source in sources {
         let Some(offset) = source.file_offset else { continue };
         let Some(code) = offset.0.checked_add(source.size).and_then(|end| file.get(offset.0 as usize..end as usize)) else { continue };
-        let own = source.address.0..source.address.0 + source.size;
+        // A lying symbol table's address and size may pass the end of the address space.
+        let own = source.address.0..source.address.0.saturating_add(source.size);
         let decoder = iced_x86::Decoder::with_ip(64, code, source.address.0, iced_x86::DecoderOptions::NONE);
         for instruction in decoder {
             if instruction.op0_kind() != iced_x86::OpKind::NearBranch64 {

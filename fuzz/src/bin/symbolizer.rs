@@ -1,6 +1,7 @@
 //! The ELF/DWARF symbolizer on any bytes as a program: functions, symbol
 //! tables, DWARF units, line tables, debug links, as proftapd reads every
-//! binary a target maps.
+//! binary a target maps; and the branches into functions' first bytes
+//! that planning decodes from its code.
 
 use proftap_probes::addr::VirtAddr;
 use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
@@ -23,5 +24,10 @@ fn run(data: &[u8]) {
     }
     for unit in &index.units {
         assert!(unit.rows.end <= index.line_rows.len(), "unit {} has rows past the end", unit.name);
+    }
+    // What planning decodes of the program's own code: the branches that
+    // land inside other functions' first bytes.
+    for offsets in proftap_probes::plan::entered_inside(&index, data).values() {
+        assert!(offsets.iter().all(|&o| o < 24), "an offset past the entry bytes: {offsets:?}");
     }
 }
