@@ -289,6 +289,14 @@ pub fn check_calls_against_callgrind(args: &[&str], build: &Build, run_args: &[&
     report
 }
 
+/// CPU time the hypervisor has taken from this machine's CPUs since boot
+/// (`steal` in /proc/stat, in clock ticks of 10 ms), in nanoseconds.
+fn stolen_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = stat.lines().next().unwrap_or_default();
+    cpu.split_whitespace().nth(8).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0) * 10_000_000
+}
+
 /// Profiles `shapes.cpp` (every tenth round throws through check() and
 /// validate(), main catches) at -O0 and -O2 with `proftap run ARGS`:
 /// the program's output is its own, check's calls are all counted, those
@@ -307,6 +315,7 @@ pub fn check_throws_are_counted_and_stopped(args: &[&str]) -> Vec<serde_json::Va
         // The functions the throws cross and a few others: records few enough
         // that no ring fills on a loaded machine.
         let functions = ["-f", "checks::*", "-f", "shapes::*", "-f", "main"];
+        let steal_before = stolen_ns();
         let out = run(proftap()
             .arg("run")
             .args(args)
@@ -326,7 +335,12 @@ pub fn check_throws_are_counted_and_stopped(args: &[&str]) -> Vec<serde_json::Va
         assert_eq!(function(&report["functions"], "checks::validate(int)")["unwound"], rounds / 10, "{opt}");
         let main = function(&report["functions"], "main");
         let cpu = |f: &serde_json::Value, field: &str| f["inclusive"]["cpu_ns"][field].as_u64().unwrap();
-        assert!(cpu(check, "max") < cpu(main, "total") / 5, "{opt}: check max {} vs main {}", cpu(check, "max"), cpu(main, "total"));
+        // Time the hypervisor took the machine's CPUs away is CPU time to
+        // the guest's scheduler, and to the in-process engine: one such
+        // stretch of 20 ms inside a call was seen on a loaded host.
+        let stolen = stolen_ns().saturating_sub(steal_before);
+        let (max, total) = (cpu(check, "max"), cpu(main, "total"));
+        assert!(max < total / 5 + stolen, "{opt}: check max {max} vs main {total}, {stolen} ns stolen by the hypervisor meanwhile");
         assert_eq!((main["unwound"].as_u64(), main["unfinished"].as_u64()), (Some(0), Some(0)), "{opt}");
         reports.push(report);
     }
