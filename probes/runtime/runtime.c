@@ -161,10 +161,12 @@ static inline u64 off_cpu(const struct config *c, u32 tid)
 }
 
 /* The TSC and the thread's time off CPU (TSC cycles) at one moment. The
- * time off CPU changes only when the thread comes back onto a CPU: a pair
- * read with the same time off CPU before and after is one moment's, where
- * a pair read apart could count a stretch off CPU in one and not the other
- * (a call preempted there would be off by a whole time slice). */
+ * time off CPU changes only between two of the thread's instructions (as
+ * it comes back onto a CPU, or at a tick that finds time the hypervisor
+ * took): a pair read with the same time off CPU before and after is one
+ * moment's, where a pair read apart could count a stretch off CPU in one
+ * and not the other (a call preempted there would be off by a whole time
+ * slice). */
 static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
 {
     if (!c->off_cpu) {

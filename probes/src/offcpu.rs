@@ -6,13 +6,22 @@
 //! and return: a call's CPU time is its wall time less what it spent off
 //! CPU, exact per call, with no record and no system call.
 //!
+//! In a virtual machine the hypervisor also takes CPUs away from running
+//! threads (steal), which the kernel leaves out of a task's CPU time. A
+//! second program, on `sched_stat_runtime` (raised at every tick and
+//! switch as the kernel adds to the running task's CPU time), adds what a
+//! stretch on a CPU lasted beyond what the kernel counts for it: a call's
+//! CPU time agrees with the kernel's (`task-clock`) to within a tick.
+//!
 //! Loading it needs `CAP_BPF` and `CAP_PERFMON` (root here); proftapd loads
 //! it once and lends the array to its sessions.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-/// Each entry: nanoseconds off CPU so far, then when the thread last left (0: on a CPU).
+/// Each entry: nanoseconds off CPU so far, then when the thread last left
+/// (bit 63 clear), or when it came onto a CPU or was last accounted there
+/// (bit 63 set), or 0 when not seen yet.
 pub const ENTRY_BYTES: u64 = 16;
 
 /// The kernel's per-thread off-CPU time, mappable read-only.
@@ -21,19 +30,26 @@ pub struct OffCpu {
     entries: u64,
     /// proftap's own read-only view, mapped on first use.
     view: std::sync::OnceLock<Option<View>>,
-    /// The program and its tracepoint's events, one per CPU, when loaded
-    /// here: the program runs while they are open.
-    loaded: Option<(OwnedFd, Vec<OwnedFd>)>,
+    /// The programs and what attaches them, when loaded here: kept for
+    /// its drop, which stops them.
+    #[cfg_attr(not(test), allow(dead_code))]
+    loaded: Option<Loaded>,
 }
 
-impl Drop for OffCpu {
+/// Programs and their attachments (raw tracepoint links, or a tracepoint's
+/// perf events, one per CPU): a program runs while they are open.
+#[derive(Default)]
+struct Loaded {
+    programs: Vec<OwnedFd>,
+    links: Vec<OwnedFd>,
+}
+
+impl Drop for Loaded {
     fn drop(&mut self) {
         // Each tracepoint event waits for a grace period as it closes: in
-        // parallel, then the program.
-        if let Some((program, events)) = self.loaded.take() {
-            crate::perf::close_in_parallel(events.into_iter().map(|e| Box::new(e) as Box<dyn Send>).collect());
-            drop(program);
-        }
+        // parallel, then the programs.
+        crate::perf::close_in_parallel(self.links.drain(..).map(|e| Box::new(e) as Box<dyn Send>).collect());
+        self.programs.clear();
     }
 }
 
@@ -60,100 +76,213 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
     u64::from(code) | u64::from(dst | (src << 4)) << 8 | u64::from(off as u16) << 16 | u64::from(imm as u32) << 32
 }
 
-/// Where the program finds the threads of a switch.
+/// The opcodes the programs use.
+mod op {
+    pub const LDX_W: u8 = 0x61;
+    pub const LDX_DW: u8 = 0x79;
+    pub const STX_W: u8 = 0x63;
+    pub const STX_DW: u8 = 0x7b;
+    pub const MOV_X: u8 = 0xbf;
+    pub const MOV_K: u8 = 0xb7;
+    pub const ADD_K: u8 = 0x07;
+    pub const SUB_X: u8 = 0x1f;
+    pub const OR_X: u8 = 0x4f;
+    pub const LSH_K: u8 = 0x67;
+    pub const RSH_K: u8 = 0x77;
+    pub const JEQ_K: u8 = 0x15;
+    pub const JNE_K: u8 = 0x55;
+    pub const JSLE_K: u8 = 0xd5;
+    pub const CALL: u8 = 0x85;
+    pub const EXIT: u8 = 0x95;
+    pub const LD_DW_IMM: u8 = 0x18;
+    pub const ATOMIC_DW: u8 = 0xdb;
+    pub const PSEUDO_MAP_FD: u8 = 1;
+    pub const KTIME_GET_NS: i32 = 5;
+    pub const MAP_LOOKUP_ELEM: i32 = 1;
+    pub const GET_CURRENT_PID_TGID: i32 = 14;
+    pub const PROBE_READ_KERNEL: i32 = 113;
+    pub const ATOMIC_ADD: i32 = 0;
+}
+
+/// A program being written, whose forward jumps to its end are placed
+/// when it is finished.
+struct Program {
+    code: Vec<u64>,
+    to_end: Vec<usize>,
+}
+
+impl Program {
+    /// r6 = the context, r7 = now (ns).
+    fn new() -> Program {
+        let code = vec![insn(op::MOV_X, 6, 1, 0, 0), insn(op::CALL, 0, 0, 0, op::KTIME_GET_NS), insn(op::MOV_X, 7, 0, 0, 0)];
+        Program { code, to_end: Vec::new() }
+    }
+
+    fn push(&mut self, code: impl IntoIterator<Item = u64>) {
+        self.code.extend(code);
+    }
+
+    /// Jumps to the end when `register` compares to `value` by `jump`.
+    fn end_if(&mut self, jump: u8, register: u8, value: i32) {
+        self.to_end.push(self.code.len());
+        self.code.push(insn(jump, register, 0, 0, value));
+    }
+
+    /// r0 = the entry of the pid at fp-4; to the end when there is none.
+    fn look_up(&mut self, map: i32) {
+        self.push([
+            insn(op::LD_DW_IMM, 1, op::PSEUDO_MAP_FD, 0, map),
+            0,
+            insn(op::MOV_X, 2, 10, 0, 0),
+            insn(op::ADD_K, 2, 0, 0, -4),
+            insn(op::CALL, 0, 0, 0, op::MAP_LOOKUP_ELEM),
+        ]);
+        self.end_if(op::JEQ_K, 0, 0);
+    }
+
+    /// fp-4 = the pid at `offset` of a tracepoint record.
+    fn pid_from_record(&mut self, offset: i16) {
+        self.push([insn(op::LDX_W, 1, 6, offset, 0), insn(op::STX_W, 10, 1, -4, 0)]);
+    }
+
+    /// fp-4 = the pid of the task whose pointer is the raw tracepoint's
+    /// argument at `argument` (bytes), read with `bpf_probe_read_kernel`.
+    fn pid_of_task(&mut self, argument: i16, pid_in_task: i32) {
+        self.push([
+            insn(op::LDX_DW, 3, 6, argument, 0),
+            insn(op::ADD_K, 3, 0, 0, pid_in_task),
+            insn(op::MOV_X, 1, 10, 0, 0),
+            insn(op::ADD_K, 1, 0, 0, -4),
+            insn(op::MOV_K, 2, 0, 0, 4),
+            insn(op::CALL, 0, 0, 0, op::PROBE_READ_KERNEL),
+        ]);
+        self.end_if(op::JNE_K, 0, 0);
+    }
+
+    /// `register` = now, marked as a time on a CPU.
+    fn now_on_cpu(&mut self, register: u8) {
+        self.push([insn(op::MOV_K, register, 0, 0, 1), insn(op::LSH_K, register, 0, 0, 63), insn(op::OR_X, register, 7, 0, 0)]);
+    }
+
+    fn finish(mut self) -> Vec<u64> {
+        let end = self.code.len();
+        for at in self.to_end {
+            let forward = (end - at - 1) as u16;
+            self.code[at] |= u64::from(forward) << 16;
+        }
+        self.code.extend([insn(op::MOV_K, 0, 0, 0, 0), insn(op::EXIT, 0, 0, 0, 0)]);
+        self.code
+    }
+}
+
+/// Marks an entry's second word as the time its thread came onto a CPU (or
+/// was last accounted there), where unmarked it is when the thread left.
+const ON_CPU: u32 = 63;
+
+/// Less than this between what a thread ran and the wall time of that
+/// stretch is the two clocks' disagreement, not time taken from it.
+const STEAL_NOISE_NS: i32 = 20_000;
+
+/// Where the switch program finds the threads of a switch.
 #[derive(Clone, Copy, Debug)]
 enum Switch {
     /// In a `sched_switch` tracepoint record: both pids at these offsets.
     Record { prev_pid: i16, next_pid: i16 },
     /// In the raw tracepoint's arguments (`preempt, prev, next`): the
     /// thread leaving is the current one; the one arriving keeps its pid
-    /// at this offset of its `task_struct`, read with
-    /// `bpf_probe_read_kernel`.
+    /// at this offset of its `task_struct`.
     Raw { pid_in_task: i32 },
 }
 
-/// The program: r6 = its context; at each switch, the thread leaving
-/// notes when; the thread arriving adds how long it was away.
-fn program(map: i32, switch: Switch) -> Vec<u64> {
-    const LDX_W: u8 = 0x61;
-    const LDX_DW: u8 = 0x79;
-    const STX_W: u8 = 0x63;
-    const STX_DW: u8 = 0x7b;
-    const ST_DW: u8 = 0x7a;
-    const MOV_X: u8 = 0xbf;
-    const MOV_K: u8 = 0xb7;
-    const ADD_K: u8 = 0x07;
-    const SUB_X: u8 = 0x1f;
-    const JEQ_K: u8 = 0x15;
-    const JNE_K: u8 = 0x55;
-    const CALL: u8 = 0x85;
-    const EXIT: u8 = 0x95;
-    const LD_DW_IMM: u8 = 0x18;
-    const ATOMIC_DW: u8 = 0xdb;
-    const PSEUDO_MAP_FD: u8 = 1;
-    const KTIME_GET_NS: i32 = 5;
-    const MAP_LOOKUP_ELEM: i32 = 1;
-    const GET_CURRENT_PID_TGID: i32 = 14;
-    const PROBE_READ_KERNEL: i32 = 113;
-    const ATOMIC_ADD: i32 = 0;
-    // r0 = the entry of the pid at fp-4, or 0.
-    let lookup = [
-        insn(LD_DW_IMM, 1, PSEUDO_MAP_FD, 0, map),
-        0,
-        insn(MOV_X, 2, 10, 0, 0),
-        insn(ADD_K, 2, 0, 0, -4),
-        insn(CALL, 0, 0, 0, MAP_LOOKUP_ELEM),
-    ];
-    // From the second lookup on, to the end.
-    const TO_EXIT: i16 = 12;
-    let from_record = |offset: i16| vec![insn(LDX_W, 1, 6, offset, 0), insn(STX_W, 10, 1, -4, 0)];
-    let (leaving, arriving) = match switch {
-        Switch::Record { prev_pid, next_pid } => (from_record(prev_pid), from_record(next_pid)),
-        Switch::Raw { pid_in_task } => (
-            vec![insn(CALL, 0, 0, 0, GET_CURRENT_PID_TGID), insn(STX_W, 10, 0, -4, 0)],
-            vec![
-                insn(LDX_DW, 3, 6, 16, 0),
-                insn(ADD_K, 3, 0, 0, pid_in_task),
-                insn(MOV_X, 1, 10, 0, 0),
-                insn(ADD_K, 1, 0, 0, -4),
-                insn(MOV_K, 2, 0, 0, 4),
-                insn(CALL, 0, 0, 0, PROBE_READ_KERNEL),
-                insn(JNE_K, 0, 0, TO_EXIT, 0),
-            ],
-        ),
-    };
-    let mut p = vec![insn(MOV_X, 6, 1, 0, 0), insn(CALL, 0, 0, 0, KTIME_GET_NS), insn(MOV_X, 7, 0, 0, 0)];
-    p.extend(leaving);
-    p.extend(lookup);
-    p.extend([insn(JEQ_K, 0, 0, 1, 0), insn(STX_DW, 0, 7, 8, 0)]);
-    p.extend(arriving);
-    p.extend(lookup);
-    p.extend([
-        insn(JEQ_K, 0, 0, 6, 0),
-        insn(LDX_DW, 1, 0, 8, 0),
-        insn(JEQ_K, 1, 0, 4, 0),
-        insn(MOV_X, 2, 7, 0, 0),
-        insn(SUB_X, 2, 1, 0, 0),
-        insn(ATOMIC_DW, 0, 2, 0, ATOMIC_ADD),
-        insn(ST_DW, 0, 0, 8, 0),
-        insn(MOV_K, 0, 0, 0, 0),
-        insn(EXIT, 0, 0, 0, 0),
-    ]);
-    p
+/// Where the runtime program finds the thread and the CPU time of an update.
+#[derive(Clone, Copy, Debug)]
+enum Update {
+    /// In a `sched_stat_runtime` tracepoint record, at these offsets.
+    Record { pid: i16, runtime: i16 },
+    /// In the raw tracepoint's arguments (`task, runtime`): the task keeps
+    /// its pid at this offset of its `task_struct`.
+    Raw { pid_in_task: i32 },
 }
 
-/// `sched_switch`'s tracepoint id and where `prev_pid` and `next_pid` are in its record.
-fn tracepoint() -> io::Result<(u64, Switch)> {
+/// The program on `sched_switch`: the thread leaving notes when; the
+/// thread arriving adds how long it was away and notes when it came.
+fn switch_program(map: i32, switch: Switch) -> Vec<u64> {
+    let mut p = Program::new();
+    match switch {
+        Switch::Record { prev_pid, .. } => p.pid_from_record(prev_pid),
+        Switch::Raw { .. } => p.push([insn(op::CALL, 0, 0, 0, op::GET_CURRENT_PID_TGID), insn(op::STX_W, 10, 0, -4, 0)]),
+    }
+    p.push([
+        insn(op::LD_DW_IMM, 1, op::PSEUDO_MAP_FD, 0, map),
+        0,
+        insn(op::MOV_X, 2, 10, 0, 0),
+        insn(op::ADD_K, 2, 0, 0, -4),
+        insn(op::CALL, 0, 0, 0, op::MAP_LOOKUP_ELEM),
+        insn(op::JEQ_K, 0, 0, 1, 0),
+        insn(op::STX_DW, 0, 7, 8, 0),
+    ]);
+    match switch {
+        Switch::Record { next_pid, .. } => p.pid_from_record(next_pid),
+        Switch::Raw { pid_in_task } => p.pid_of_task(16, pid_in_task),
+    }
+    p.look_up(map);
+    p.push([insn(op::LDX_DW, 1, 0, 8, 0)]);
+    p.now_on_cpu(2);
+    p.push([insn(op::STX_DW, 0, 2, 8, 0)]);
+    p.end_if(op::JEQ_K, 1, 0);
+    p.push([insn(op::MOV_X, 2, 1, 0, 0), insn(op::RSH_K, 2, 0, 0, ON_CPU as i32)]);
+    p.end_if(op::JNE_K, 2, 0);
+    p.push([insn(op::MOV_X, 2, 7, 0, 0), insn(op::SUB_X, 2, 1, 0, 0), insn(op::ATOMIC_DW, 0, 2, 0, op::ATOMIC_ADD)]);
+    p.finish()
+}
+
+/// The program on `sched_stat_runtime`, which the scheduler raises as it
+/// adds to a running task's CPU time (at every tick and switch): the wall
+/// time since the thread came or was last accounted, less the CPU time the
+/// kernel gives it for that stretch, is time the hypervisor took from its
+/// CPU (steal). It counts as time off CPU, as the kernel leaves it out of
+/// the task's CPU time.
+fn runtime_program(map: i32, update: Update) -> Vec<u64> {
+    let mut p = Program::new();
+    match update {
+        Update::Record { pid, runtime } => {
+            p.pid_from_record(pid);
+            p.push([insn(op::LDX_DW, 8, 6, runtime, 0)]);
+        }
+        Update::Raw { pid_in_task } => {
+            p.pid_of_task(0, pid_in_task);
+            p.push([insn(op::LDX_DW, 8, 6, 8, 0)]);
+        }
+    }
+    p.look_up(map);
+    p.push([insn(op::LDX_DW, 1, 0, 8, 0), insn(op::MOV_X, 2, 1, 0, 0), insn(op::RSH_K, 2, 0, 0, ON_CPU as i32)]);
+    p.end_if(op::JEQ_K, 2, 0);
+    p.push([
+        insn(op::LSH_K, 1, 0, 0, 1),
+        insn(op::RSH_K, 1, 0, 0, 1),
+        insn(op::MOV_X, 2, 7, 0, 0),
+        insn(op::SUB_X, 2, 1, 0, 0),
+        insn(op::SUB_X, 2, 8, 0, 0),
+    ]);
+    p.now_on_cpu(3);
+    p.push([insn(op::STX_DW, 0, 3, 8, 0)]);
+    p.end_if(op::JSLE_K, 2, STEAL_NOISE_NS);
+    p.push([insn(op::ATOMIC_DW, 0, 2, 0, op::ATOMIC_ADD)]);
+    p.finish()
+}
+
+/// A tracepoint's id and its record's format.
+fn tracepoint(name: &str) -> io::Result<(u64, String)> {
     let tracefs = crate::tracefs::Tracefs::open().map_err(io::Error::other)?;
-    let dir = tracefs.root().join("events/sched/sched_switch");
+    let dir = tracefs.root().join("events/sched").join(name);
     let id = std::fs::read_to_string(dir.join("id"))?.trim().parse().map_err(io::Error::other)?;
-    let format = std::fs::read_to_string(dir.join("format"))?;
-    let offset = |name: &str| -> io::Result<i16> {
-        crate::tracefs::field_offset(&format, name)
-            .and_then(|o| i16::try_from(o).ok())
-            .ok_or_else(|| io::Error::other(format!("sched_switch has no {name} field")))
-    };
-    Ok((id, Switch::Record { prev_pid: offset("prev_pid")?, next_pid: offset("next_pid")? }))
+    Ok((id, std::fs::read_to_string(dir.join("format"))?))
+}
+
+fn field(tracepoint: &str, format: &str, name: &str) -> io::Result<i16> {
+    crate::tracefs::field_offset(format, name)
+        .and_then(|o| i16::try_from(o).ok())
+        .ok_or_else(|| io::Error::other(format!("{tracepoint} has no {name} field")))
 }
 
 /// Where a task keeps its pid, from the kernel's BTF: mapped where the
@@ -172,11 +301,18 @@ fn pid_in_task() -> Option<i32> {
 }
 
 impl OffCpu {
-    /// Loads the program on `sched_switch`: as a raw tracepoint where the
-    /// kernel's BTF says where a task's pid is (one link, closed at once),
-    /// else through the tracepoint's perf event on every CPU (each closes
-    /// only after an RCU grace period).
+    /// Loads the programs on `sched_switch` and `sched_stat_runtime`: as
+    /// raw tracepoints where the kernel's BTF says where a task's pid is
+    /// (one link each, closed at once), else through the tracepoints' perf
+    /// events on every CPU (each closes only after an RCU grace period).
+    /// Where the kernel has no `sched_stat_runtime` the array is kept
+    /// without it: time the hypervisor takes counts as CPU time.
     pub fn load() -> io::Result<OffCpu> {
+        OffCpu::load_by(pid_in_task())
+    }
+
+    /// As raw tracepoints when a task's pid is known to be at `pid_in_task`.
+    fn load_by(pid_in_task: Option<i32>) -> io::Result<OffCpu> {
         let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(1 << 22);
         let entries = pid_max.clamp(1024, 1 << 22);
         let mut attr = [0u64; 16];
@@ -187,19 +323,9 @@ impl OffCpu {
         // the descriptor itself stays with proftap.
         attr[2] = u64::from(BPF_F_MMAPABLE);
         let map = bpf(BPF_MAP_CREATE, &mut attr).map_err(|e| context("cannot create the off-CPU time array", e))?;
-        let raw = pid_in_task().and_then(|pid_in_task| {
-            let program = load_program(BPF_PROG_TYPE_RAW_TRACEPOINT, &program(map.as_raw_fd(), Switch::Raw { pid_in_task })).ok()?;
-            let link = attach_raw(&program).ok()?;
-            Some((program, vec![link]))
-        });
-        let loaded = match raw {
+        let loaded = match pid_in_task.and_then(|pid_in_task| load_raw(map.as_raw_fd(), pid_in_task).ok()) {
             Some(loaded) => loaded,
-            None => {
-                let (tracepoint, switch) = tracepoint()?;
-                let program = load_program(BPF_PROG_TYPE_TRACEPOINT, &program(map.as_raw_fd(), switch))?;
-                let events = attach(tracepoint, &program)?;
-                (program, events)
-            }
+            None => load_on_records(map.as_raw_fd())?,
         };
         Ok(OffCpu { map, entries, view: std::sync::OnceLock::new(), loaded: Some(loaded) })
     }
@@ -282,6 +408,44 @@ pub fn obtain() -> Option<OffCpu> {
     }
 }
 
+/// Both programs as raw tracepoints.
+fn load_raw(map: i32, pid_in_task: i32) -> io::Result<Loaded> {
+    let mut loaded = Loaded::default();
+    let switch = load_program(BPF_PROG_TYPE_RAW_TRACEPOINT, &switch_program(map, Switch::Raw { pid_in_task }))?;
+    loaded.links.push(attach_raw(c"sched_switch", &switch)?);
+    loaded.programs.push(switch);
+    let update = load_program(BPF_PROG_TYPE_RAW_TRACEPOINT, &runtime_program(map, Update::Raw { pid_in_task }))
+        .and_then(|update| Ok((attach_raw(c"sched_stat_runtime", &update)?, update)));
+    if let Ok((link, update)) = update {
+        loaded.links.push(link);
+        loaded.programs.push(update);
+    }
+    Ok(loaded)
+}
+
+/// Both programs on the tracepoints' records, through their perf events.
+fn load_on_records(map: i32) -> io::Result<Loaded> {
+    let mut loaded = Loaded::default();
+    let (id, format) = tracepoint("sched_switch")?;
+    let switch =
+        Switch::Record { prev_pid: field("sched_switch", &format, "prev_pid")?, next_pid: field("sched_switch", &format, "next_pid")? };
+    let program = load_program(BPF_PROG_TYPE_TRACEPOINT, &switch_program(map, switch))?;
+    loaded.links.extend(attach(id, &program)?);
+    loaded.programs.push(program);
+    let update = || -> io::Result<(Vec<OwnedFd>, OwnedFd)> {
+        let (id, format) = tracepoint("sched_stat_runtime")?;
+        let update =
+            Update::Record { pid: field("sched_stat_runtime", &format, "pid")?, runtime: field("sched_stat_runtime", &format, "runtime")? };
+        let program = load_program(BPF_PROG_TYPE_TRACEPOINT, &runtime_program(map, update))?;
+        Ok((attach(id, &program)?, program))
+    };
+    if let Ok((events, program)) = update() {
+        loaded.links.extend(events);
+        loaded.programs.push(program);
+    }
+    Ok(loaded)
+}
+
 fn load_program(kind: u32, code: &[u64]) -> io::Result<OwnedFd> {
     let license = c"GPL";
     let mut attr = [0u64; 16];
@@ -291,14 +455,14 @@ fn load_program(kind: u32, code: &[u64]) -> io::Result<OwnedFd> {
     bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| context("cannot load the off-CPU time program", e))
 }
 
-/// Attaches the program to `sched_switch` as a raw tracepoint: it runs on
-/// every CPU while the link is open.
-fn attach_raw(program: &OwnedFd) -> io::Result<OwnedFd> {
-    let name = c"sched_switch";
+/// Attaches a program to the scheduler's tracepoint `name` as a raw
+/// tracepoint: it runs on every CPU while the link is open.
+fn attach_raw(name: &std::ffi::CStr, program: &OwnedFd) -> io::Result<OwnedFd> {
     let mut attr = [0u64; 16];
     attr[0] = name.as_ptr() as u64;
     attr[1] = program.as_raw_fd() as u64;
-    bpf(BPF_RAW_TRACEPOINT_OPEN, &mut attr).map_err(|e| context("cannot attach the off-CPU time program to sched_switch", e))
+    bpf(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
+        .map_err(|e| context(&format!("cannot attach the off-CPU time program to {}", name.to_string_lossy()), e))
 }
 
 fn context(what: &str, e: io::Error) -> io::Error {
@@ -322,7 +486,7 @@ fn attach(tracepoint: u64, program: &OwnedFd) -> io::Result<Vec<OwnedFd>> {
             perf_event_open_sys::perf_event_open(&mut attr, -1, cpu as i32, -1, perf_event_open_sys::bindings::PERF_FLAG_FD_CLOEXEC as u64)
         };
         if fd < 0 {
-            return Err(context(&format!("cannot open sched_switch on CPU {cpu}"), io::Error::last_os_error()));
+            return Err(context(&format!("cannot open tracepoint {tracepoint} on CPU {cpu}"), io::Error::last_os_error()));
         }
         // SAFETY: perf_event_open returned a new descriptor.
         let event = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -342,9 +506,13 @@ fn attach(tracepoint: u64, program: &OwnedFd) -> io::Result<Vec<OwnedFd>> {
 mod tests {
     use super::*;
 
-    /// The program loaded here; `None`, said, where BPF is not allowed.
+    /// The programs loaded here; `None`, said, where BPF is not allowed.
     fn loaded() -> Option<OffCpu> {
-        let off = OffCpu::load();
+        loaded_by(pid_in_task())
+    }
+
+    fn loaded_by(pid_in_task: Option<i32>) -> Option<OffCpu> {
+        let off = OffCpu::load_by(pid_in_task);
         if off.is_err() {
             assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none() || !nix::unistd::geteuid().is_root(), "BPF works as root here");
             eprintln!("skipped: BPF needs CAP_BPF and CAP_PERFMON");
@@ -365,7 +533,7 @@ mod tests {
         let before = read(0);
         std::thread::sleep(std::time::Duration::from_millis(50));
         let slept = read(0) - before;
-        let links = off.loaded.as_ref().map_or(0, |(_, links)| links.len());
+        let links = off.loaded.as_ref().map_or(0, |loaded| loaded.links.len());
         assert!(
             (45_000_000..500_000_000).contains(&slept),
             "{slept} ns off CPU over a 50 ms sleep (thread {tid}, last left at {} ns, {links} links, raw tracepoint possible: {})",
@@ -376,8 +544,59 @@ mod tests {
         unsafe { libc::munmap(base, off.bytes() as usize) };
     }
 
-    /// Where the kernel publishes its BTF, the program runs as a raw
-    /// tracepoint: one link for every CPU (whose closing waits for no
+    /// Wall time less time off CPU is the kernel's CPU time of the thread
+    /// (what `task-clock` counts), over stretches running and asleep: to
+    /// within a tick and a switch's worth of the two clocks' disagreement
+    /// per stretch, whatever the hypervisor took meanwhile.
+    #[test]
+    fn wall_time_less_time_off_cpu_is_the_kernels_cpu_time() {
+        let Some(off) = loaded() else { return };
+        wall_less_off_is_cpu(&off);
+    }
+
+    /// Without the kernel's BTF, the programs read the tracepoints' records.
+    #[test]
+    fn on_the_tracepoints_records_the_programs_count_the_same() {
+        let Some(off) = loaded_by(None) else { return };
+        let loaded = off.loaded.as_ref().expect("loaded here");
+        assert_eq!(loaded.programs.len(), 2, "a program on sched_switch and one on sched_stat_runtime");
+        wall_less_off_is_cpu(&off);
+    }
+
+    fn wall_less_off_is_cpu(off: &OffCpu) {
+        let tid = nix::unistd::gettid().as_raw() as u32;
+        let clock = |id| nix::time::clock_gettime(id).map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64).unwrap();
+        let spin = |ms: u64| {
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        };
+        let read = || {
+            let cpu = clock(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID);
+            (clock(nix::time::ClockId::CLOCK_MONOTONIC), off.off_cpu_ns(tid).expect("a thread id within the array"), cpu)
+        };
+        // Seen once on a CPU first: the programs know a thread from its first switch.
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let (wall0, off0, cpu0) = read();
+        for _ in 0..4 {
+            spin(60);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        spin(60);
+        let (wall1, off1, cpu1) = read();
+        let (wall, away, cpu) = (wall1 - wall0, off1 - off0, cpu1 - cpu0);
+        let by_difference = wall.saturating_sub(away);
+        let tolerance = 5_000_000 + cpu / 50;
+        assert!(
+            by_difference.abs_diff(cpu) < tolerance,
+            "wall {wall} ns less {away} ns off CPU = {by_difference} ns, where the kernel counts {cpu} ns of CPU time"
+        );
+        assert!(away >= 80_000_000, "{away} ns off CPU over four 20 ms sleeps");
+    }
+
+    /// Where the kernel publishes its BTF, the programs run as raw
+    /// tracepoints: one link each for every CPU (whose closing waits for no
     /// grace period), not one perf event per CPU.
     #[test]
     fn with_btf_the_program_is_one_raw_tracepoint() {
@@ -387,7 +606,7 @@ mod tests {
             eprintln!("skipped: this kernel publishes no BTF");
             return;
         }
-        let (_, links) = off.loaded.as_ref().expect("loaded here");
-        assert_eq!(links.len(), 1);
+        let loaded = off.loaded.as_ref().expect("loaded here");
+        assert_eq!((loaded.programs.len(), loaded.links.len()), (2, 2), "a program and a link on sched_switch and sched_stat_runtime");
     }
 }
