@@ -16,6 +16,7 @@
 
 pub mod addr;
 pub mod arcs;
+pub mod boot_cache;
 pub mod btf;
 pub mod calibrate;
 pub mod entry;

@@ -11,6 +11,7 @@
 use crate::cost::{CallCost, ProbeCost};
 use crate::options::{RecordOptions, TargetSpec};
 use crate::recorder::record;
+use proftap_probes::boot_cache;
 pub use proftap_probes::calibrate::helper_main;
 use proftap_probes::calibrate::{CALLS, EMULATED, EMULATED_LOOP, LOOP_CALLS, PATCHED, PATCHED_LOOP, STEPPED, STEPPED_LOOP};
 use proftap_probes::entry::EntryKind;
@@ -36,18 +37,9 @@ struct Cache {
     return_sites: Option<ProbeCost>,
 }
 
-/// Where this boot's measurement is kept: a directory only this user can
-/// write to (`/run/proftap` for root, `$XDG_RUNTIME_DIR` for others), or
-/// nowhere, since a shared directory such as /tmp would let another user
-/// plant the file proftap reads.
+/// Where this boot's measurement is kept.
 fn cache_path() -> Option<PathBuf> {
-    let dir =
-        if nix::unistd::geteuid().is_root() { PathBuf::from("/run/proftap") } else { PathBuf::from(std::env::var_os("XDG_RUNTIME_DIR")?) };
-    Some(dir.join("calibration.json"))
-}
-
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string()
+    Some(boot_cache::dir()?.join("calibration.json"))
 }
 
 /// The probe cost for `exits`: from the cache when this boot measured it
@@ -58,8 +50,8 @@ pub fn probe_cost(exe: &Path, helper_arg: &str, exits: ExitMode, fresh: bool) ->
     let path = cache_path();
     let mut cache: Cache =
         path.as_ref().and_then(|p| std::fs::read(p).ok()).and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
-    if cache.boot_id != boot_id() || cache.version != env!("CARGO_PKG_VERSION") {
-        cache = Cache { boot_id: boot_id(), version: env!("CARGO_PKG_VERSION").into(), ..Cache::default() };
+    if cache.boot_id != boot_cache::boot_id() || cache.version != env!("CARGO_PKG_VERSION") {
+        cache = Cache { boot_id: boot_cache::boot_id(), version: env!("CARGO_PKG_VERSION").into(), ..Cache::default() };
     }
     let slot = match exits {
         ExitMode::Uretprobe => &mut cache.uretprobe,

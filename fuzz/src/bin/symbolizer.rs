@@ -1,15 +1,17 @@
 //! The ELF/DWARF symbolizer on any bytes as a program: functions, symbol
 //! tables, DWARF units, line tables, debug links, as proftapd reads every
-//! binary a target maps; and the branches into functions' first bytes
-//! that planning decodes from its code.
+//! binary a target maps; the branches into functions' first bytes that
+//! planning decodes from its code; and the kernel's symbol table, as read
+//! from `/proc/kallsyms` or kept for the boot.
 
 use proftap_probes::addr::VirtAddr;
-use proftap_probes::symbols::{DebugDirs, LoadOptions, SymbolIndex};
+use proftap_probes::symbols::{DebugDirs, KernelSymbols, LoadOptions, SymbolIndex};
 
 proftap_fuzz::target!(run);
 
 /// Loads the input with line tables, then asks what reports ask of an index.
 fn run(data: &[u8]) {
+    kernel_symbols(&String::from_utf8_lossy(data));
     // No debug directories: a build-id must not reach this machine's real
     // debug files, or runs would depend on what is installed.
     let options = LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false };
@@ -29,5 +31,18 @@ fn run(data: &[u8]) {
     // land inside other functions' first bytes.
     for offsets in proftap_probes::plan::entered_inside(&index, data).values() {
         assert!(offsets.iter().all(|&o| o < 24), "an offset past the entry bytes: {offsets:?}");
+    }
+}
+
+/// The kernel's table, read as the file and as kept (for no boot and no
+/// modules: an empty key), and every address it lists looked up.
+fn kernel_symbols(text: &str) {
+    let read = KernelSymbols::parse(text);
+    let kept = KernelSymbols::read_kept(text, "", "");
+    for address in text.lines().filter_map(|line| u64::from_str_radix(line.split_ascii_whitespace().next()?, 16).ok()) {
+        let _ = read.function_at(address);
+        if let Some(kept) = &kept {
+            let _ = kept.function_at(address);
+        }
     }
 }
