@@ -223,6 +223,28 @@ fn forked_children_are_followed_unless_asked_not_to() {
     assert_eq!(calls_by_name(&report)["work"], 370);
 }
 
+/// A forked child's calls in progress when it ends (main, which it
+/// inherited, never returns in it) end when it ended, not when the
+/// recording does: here the parent lives on 300 ms after its child.
+/// Their CPU time is the child's, not its absence.
+#[test]
+fn a_forked_childs_calls_in_progress_end_when_it_ends() {
+    require_probes();
+    let binary = Build::c("forks.c", "-O2").build();
+    let report = profile_run(&["-f", "work", "-f", "main"], &[binary.to_str().unwrap(), "300", "70", "sleep", "0.3"]);
+    assert_eq!(report["recording"]["engine"], "inject");
+    let parent = report["target"]["pid"].as_i64().unwrap();
+    let threads = report["threads"].as_array().unwrap();
+    let child = threads.iter().find(|t| t["pid"].as_i64() != Some(parent)).unwrap_or_else(|| panic!("no child in {threads:?}"));
+    let main = child["functions"].as_array().unwrap().iter().find(|f| f["name"] == "main").expect("the child's main");
+    assert_eq!((main["calls"].as_u64(), main["unfinished"].as_u64()), (Some(0), Some(1)), "{main}");
+    let (wall, cpu) = (main["inclusive"]["wall_ns"]["total"].as_u64().unwrap(), main["inclusive"]["cpu_ns"]["total"].as_u64().unwrap());
+    assert!(wall < 150_000_000, "the child's main lasted {wall} ns: it ended with the recording, 300 ms after the child");
+    assert!(cpu <= wall, "cpu {cpu} ns, wall {wall} ns");
+    let recorded = report["recording"]["duration_ns"].as_u64().unwrap();
+    assert!(recorded >= 300_000_000, "{recorded}");
+}
+
 #[test]
 fn lost_events_are_counted_and_shown() {
     require_probes();

@@ -350,10 +350,29 @@ impl OffCpu {
         (self.entries * ENTRY_BYTES).next_multiple_of(4096)
     }
 
-    /// Thread `tid`'s time off CPU so far, nanoseconds.
+    /// Thread `tid`'s time off CPU so far, nanoseconds, not counting the
+    /// stretch it may be off CPU in now.
     pub fn off_cpu_ns(&self, tid: u32) -> Option<u64> {
+        self.word(tid, 0)
+    }
+
+    /// Thread `tid`'s time off CPU up to `at_ns` (CLOCK_MONOTONIC): what
+    /// [`OffCpu::off_cpu_ns`] says, and, if it has been off CPU since
+    /// before then (asleep, or ended), that stretch up to `at_ns`.
+    pub fn off_cpu_ns_at(&self, tid: u32, at_ns: u64) -> Option<u64> {
+        let away = self.left_at_ns(tid).filter(|&left| left <= at_ns).map_or(0, |left| at_ns - left);
+        Some(self.off_cpu_ns(tid)?.saturating_add(away))
+    }
+
+    /// When thread `tid` last left a CPU (CLOCK_MONOTONIC), if it is off
+    /// every CPU now; for a thread that ended, when it ended.
+    pub fn left_at_ns(&self, tid: u32) -> Option<u64> {
+        self.word(tid, 1).filter(|&left| left != 0 && left >> ON_CPU == 0)
+    }
+
+    fn word(&self, tid: u32, word: usize) -> Option<u64> {
         let view = self.view.get_or_init(|| View::map(self.map.as_fd(), self.bytes() as usize)).as_ref()?;
-        let at = 2 * tid as usize;
+        let at = 2 * tid as usize + word;
         (at < view.len / 8).then(|| {
             // SAFETY: within the mapping; the kernel writes it while we read.
             unsafe { std::ptr::read_volatile(view.base.cast::<u64>().add(at)) }
@@ -593,6 +612,40 @@ mod tests {
             "wall {wall} ns less {away} ns off CPU = {by_difference} ns, where the kernel counts {cpu} ns of CPU time"
         );
         assert!(away >= 80_000_000, "{away} ns off CPU over four 20 ms sleeps");
+    }
+
+    /// A thread asleep now has been off CPU since it left: counted up to
+    /// any moment asked, where the array adds it only when it comes back.
+    #[test]
+    fn a_thread_asleep_now_counts_its_sleep_up_to_the_moment_asked() {
+        let Some(off) = loaded() else { return };
+        let (tid_sender, tid) = std::sync::mpsc::channel();
+        let (wake, woken) = std::sync::mpsc::channel::<()>();
+        let sleeper = std::thread::spawn(move || {
+            tid_sender.send(nix::unistd::gettid().as_raw() as u32).unwrap();
+            woken.recv().unwrap();
+        });
+        let tid = tid.recv().unwrap();
+        // Asleep once the kernel says so (state S in its stat line).
+        let state =
+            || std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap().rsplit(')').next().unwrap().trim().starts_with('S');
+        while !state() {
+            std::thread::yield_now();
+        }
+        let now = || {
+            nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+                .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+                .unwrap()
+        };
+        let (first, so_far) = (now(), off.off_cpu_ns(tid).unwrap());
+        let left = off.left_at_ns(tid).expect("asleep: off CPU since it left");
+        assert!(left <= first, "left at {left}, now {first}");
+        let later = first + 50_000_000;
+        assert_eq!(off.off_cpu_ns_at(tid, later), Some(so_far + (later - left)));
+        // Before it left, nothing more.
+        assert_eq!(off.off_cpu_ns_at(tid, left - 1), Some(so_far));
+        wake.send(()).unwrap();
+        sleeper.join().unwrap();
     }
 
     /// Where the kernel publishes its BTF, the programs run as raw

@@ -9,6 +9,10 @@
 //! which is sealed against shrinking before it is mapped; what it holds is
 //! read as any target's memory is, checked. At most [`MOST_CHILDREN`] are
 //! taken; the others are counted.
+//!
+//! A child's calls in progress when it ends never return: they end when it
+//! did, which the thread taking children notes as each child's process
+//! descriptor becomes ready.
 
 use super::reading::TotalsView;
 use super::remote::Shared;
@@ -38,6 +42,18 @@ pub struct Child {
     /// The process (opened while it waited for proftap, so surely it).
     process: OwnedFd,
     memory: OwnedFd,
+    /// When it was seen to end (CLOCK_MONOTONIC, ns).
+    ended_ns: Option<u64>,
+}
+
+/// A child's memory as the parent's is read, and when it ended.
+pub struct ChildView {
+    /// Its process id.
+    pub pid: i32,
+    /// Its totals, or why they cannot be read.
+    pub view: io::Result<TotalsView>,
+    /// When it was seen to end (CLOCK_MONOTONIC, ns), if it did while children were taken.
+    pub ended_ns: Option<u64>,
 }
 
 #[derive(Default)]
@@ -100,10 +116,16 @@ impl Children {
     }
 
     /// Each child so far, with a view of its memory laid out as the
-    /// parent's (`geometry`, at `remote` in the process), and how many were
-    /// refused or past the limit.
-    pub fn views(&self, geometry: Geometry, remote: u64) -> (Vec<(i32, io::Result<TotalsView>)>, u64) {
-        self.views_from(0, geometry, remote)
+    /// parent's (`geometry`, at `remote` in the process) and when it ended,
+    /// and how many were refused or past the limit.
+    pub fn views(&self, geometry: Geometry, remote: u64) -> (Vec<ChildView>, u64) {
+        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        let views = received
+            .children
+            .iter()
+            .map(|child| ChildView { pid: child.pid, view: child.view(geometry, remote), ended_ns: child.ended_ns })
+            .collect();
+        (views, received.refused)
     }
 
     /// A handle that finds a child's memory by its process id, for
@@ -160,31 +182,75 @@ fn random_name() -> io::Result<[u8; NAME_BYTES]> {
     Ok(name)
 }
 
+/// Takes children as they connect, and notes when each one taken ends,
+/// until the listener is shut down.
 fn accept_children(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Received>) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    // Children taken and not yet seen to end, by their place in `received`.
+    let mut watched: Vec<(usize, OwnedFd)> = Vec::new();
     loop {
-        let fd = match accept(listener.as_raw_fd()) {
-            Ok(fd) => fd,
-            Err(Errno::EINTR | Errno::ECONNABORTED) => continue,
-            // Shut down, or out of descriptors: children are refused from now on.
-            Err(_) => {
-                let _ = shutdown(listener.as_raw_fd(), Shutdown::Both);
-                break;
-            }
-        };
-        // SAFETY: accept just made this descriptor.
-        let connection = unsafe { OwnedFd::from_raw_fd(fd) };
-        let child = take_child(&connection, uid, bytes);
-        let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
-        match child {
-            Some(child) if received.children.len() < MOST_CHILDREN => {
-                received.children.push(child);
-                drop(received);
-                // The child waits for this before it goes on recording.
-                let _ = send(connection.as_raw_fd(), &[1], MsgFlags::MSG_NOSIGNAL);
-            }
-            _ => received.refused += 1,
+        let mut ready = std::iter::once(listener.as_fd())
+            .chain(watched.iter().map(|(_, process)| process.as_fd()))
+            .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+            .collect::<Vec<_>>();
+        match poll(&mut ready, PollTimeout::NONE) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => break,
+        }
+        let now = monotonic_ns();
+        let listener_ready = ready[0].any().unwrap_or(true);
+        let ended: Vec<bool> = ready[1..].iter().map(|fd| fd.any().unwrap_or(false)).collect();
+        drop(ready);
+        if ended.contains(&true) {
+            let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
+            let mut ended = ended.into_iter();
+            watched.retain(|(at, _)| {
+                let gone = ended.next().unwrap_or(false);
+                if gone && let Some(child) = received.children.get_mut(*at) {
+                    child.ended_ns = Some(now);
+                }
+                !gone
+            });
+        }
+        if listener_ready && !accept_child(listener, uid, bytes, received, &mut watched) {
+            break;
         }
     }
+}
+
+/// Takes one connecting child; false once the listener is shut down.
+fn accept_child(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Received>, watched: &mut Vec<(usize, OwnedFd)>) -> bool {
+    let fd = match accept(listener.as_raw_fd()) {
+        Ok(fd) => fd,
+        Err(Errno::EINTR | Errno::ECONNABORTED | Errno::EAGAIN) => return true,
+        // Shut down, or out of descriptors: children are refused from now on.
+        Err(_) => {
+            let _ = shutdown(listener.as_raw_fd(), Shutdown::Both);
+            return false;
+        }
+    };
+    // SAFETY: accept just made this descriptor.
+    let connection = unsafe { OwnedFd::from_raw_fd(fd) };
+    let child = take_child(&connection, uid, bytes);
+    let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
+    match child {
+        Some(child) if received.children.len() < MOST_CHILDREN => {
+            if let Ok(process) = child.process.try_clone() {
+                watched.push((received.children.len(), process));
+            }
+            received.children.push(child);
+            drop(received);
+            // The child waits for this before it goes on recording.
+            let _ = send(connection.as_raw_fd(), &[1], MsgFlags::MSG_NOSIGNAL);
+        }
+        _ => received.refused += 1,
+    }
+    true
+}
+
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
 }
 
 /// The memory a connected child sends, if it is what a child of the
@@ -209,7 +275,7 @@ fn take_child(connection: &OwnedFd, uid: u32, bytes: u64) -> Option<Child> {
     let [memory] = <[OwnedFd; 1]>::try_from(descriptors).ok()?;
     seal(&memory, bytes).ok()?;
     let process = crate::target::pidfd(credentials.pid()).ok()?;
-    Some(Child { pid: credentials.pid(), process, memory })
+    Some(Child { pid: credentials.pid(), process, memory, ended_ns: None })
 }
 
 /// Seals a memfd against shrinking (a mapping of memory that shrank would

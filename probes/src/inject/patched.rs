@@ -3,7 +3,7 @@
 //! every call up in memory shared with proftap (read through
 //! [`super::reading`]). Here: patching, and taking the patches out again.
 
-use super::children::{ChildMemories, Children};
+use super::children::{ChildMemories, ChildView, Children};
 use super::claim::RecordingClaim;
 use super::counting::{self, Counting};
 use super::hooks::{self, Hook, HookSite};
@@ -404,9 +404,9 @@ impl Patched {
     }
 
     /// Stops taking forked children, and gives a view of each one's memory
-    /// (by process id, or why it cannot be read) and how many were refused
-    /// or past the limit.
-    pub fn children(&mut self) -> (Vec<(i32, std::io::Result<TotalsView>)>, u64) {
+    /// (by process id, or why it cannot be read, and when it ended) and how
+    /// many were refused or past the limit.
+    pub fn children(&mut self) -> (Vec<ChildView>, u64) {
         let (Some(children), Some(view)) = (&mut self.children, &self.view) else { return (Vec::new(), 0) };
         children.stop();
         children.views(self.geometry, view.remote_address())

@@ -142,17 +142,19 @@ impl InjectSource {
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
         let mut read = Read::default();
         let off_cpu = self.off_cpu.as_deref();
-        read.add(self.pid, view, &how, off_cpu, names).map_err(RecordError::Corrupted)?;
+        read.add(self.pid, view, &how, ProcessEnd { ns: end_ns, ended: false }, off_cpu, names).map_err(RecordError::Corrupted)?;
         if let Some(error) = retired.error {
             return Err(RecordError::Corrupted(error));
         }
         read.add_retired(self.pid, &retired.threads, &how, names);
         // A child's memory is its own to spoil: what it wrote is its loss alone.
         let (children, refused) = patched.children();
-        for (pid, view) in children {
-            let outcome = view.map_err(|e| format!("cannot map its memory: {e}"));
-            if let Err(error) = outcome.and_then(|view| read.add(pid, &view, &how, off_cpu, names)) {
-                notes.push(Finding::ChildNotRead { pid, error }.into());
+        for child in children {
+            // Its calls in progress when it ended end then: they never return.
+            let end = child.ended_ns.map_or(ProcessEnd { ns: end_ns, ended: false }, |ns| ProcessEnd { ns: ns.min(end_ns), ended: true });
+            let outcome = child.view.map_err(|e| format!("cannot map its memory: {e}"));
+            if let Err(error) = outcome.and_then(|view| read.add(child.pid, &view, &how, end, off_cpu, names)) {
+                notes.push(Finding::ChildNotRead { pid: child.pid, error }.into());
             }
         }
         if refused > 0 {
@@ -301,18 +303,25 @@ impl Read {
     }
 
     /// Adds process `pid`'s totals, read through `view`, with each thread's
-    /// time off CPU from `off_cpu`.
+    /// time off CPU from `off_cpu`, its calls in progress ending at `end`.
     fn add(
         &mut self,
         pid: i32,
         view: &TotalsView,
         how: &Conversion<'_>,
+        end: ProcessEnd,
         off_cpu: Option<&OffCpu>,
         names: &dyn Fn(u32) -> String,
     ) -> Result<(), String> {
         let totals = view.totals()?;
-        let off_now = |t: &ThreadTotals| off_cpu.and_then(|o| o.off_cpu_ns(t.tid)).map(|ns| how.clock.cycles_of(ns));
-        self.threads.extend(totals.threads.iter().map(|t| thread_profile(pid, names(t.tid), t, off_now(t), how)));
+        let profile = |t: &ThreadTotals| {
+            // A thread of a process that ended left its CPU for the last time as it ended.
+            let left = off_cpu.and_then(|o| o.left_at_ns(t.tid)).filter(|&left| end.ended && left <= end.ns);
+            let end_ns = left.unwrap_or(end.ns);
+            let off_now = off_cpu.and_then(|o| o.off_cpu_ns_at(t.tid, end_ns)).map(|ns| how.clock.cycles_of(ns));
+            thread_profile(pid, names(t.tid), t, off_now, &Conversion { end_tsc: how.clock.tsc_at(end_ns), ..*how })
+        };
+        self.threads.extend(totals.threads.iter().map(profile));
         self.calls =
             totals.threads.iter().flat_map(|t| &t.calls).fold(self.calls.saturating_add(totals.unseated), |sum, c| sum.saturating_add(*c));
         self.untimed = totals.threads.iter().fold(self.untimed.saturating_add(totals.unseated), |sum, t| sum.saturating_add(t.untimed));
@@ -323,6 +332,17 @@ impl Read {
         self.unpaired_returns = self.unpaired_returns.saturating_add(totals.unseated_returns);
         Ok(())
     }
+}
+
+/// When a process's calls still in progress end.
+#[derive(Clone, Copy)]
+struct ProcessEnd {
+    /// The end of the recording, or when the process was seen to end
+    /// (CLOCK_MONOTONIC).
+    ns: u64,
+    /// Whether it had ended by then: each of its threads' calls then end
+    /// when the thread last left a CPU.
+    ended: bool,
 }
 
 /// Refuses a program that may unwind (an exception, a panic, `backtrace()`)
