@@ -122,6 +122,17 @@ fn annotate_shows_counts_times_and_samples_per_line() {
     assert!(shares > 20.0, "burn's loop should hold many samples: {text}");
     let out = run(proftap().args(["annotate", "no_such_function", &profile]));
     assert_clean_failure(&out, "no function named 'no_such_function'");
+    // Built from a path through `..`, as a build in a sibling directory
+    // names its sources: the samples' lines are the function's file still.
+    let program = sampled.path().join("cpuwall-dotdot");
+    let source = examples().join("multifile/../cpuwall.c");
+    run_ok(Command::new("gcc").args(["-O2", "-g", "-o"]).arg(&program).arg(&source));
+    let profile = record(&["-f", "burn", "-f", "nap", "-F", "2000"], &program, sampled.path());
+    let text = run_ok(proftap().args(["annotate", "burn", &profile]));
+    assert!(text.starts_with("proftap annotate: burn (") && !text.contains("/../"), "{text}");
+    // A function none of whose lines were sampled (nap sleeps) is said to be so.
+    let out = run(proftap().args(["annotate", "nap", &profile]));
+    assert_clean_failure(&out, "no line of nap");
 }
 
 /// A tmux server of the test's own, killed when dropped.

@@ -732,7 +732,8 @@ impl StackResolver {
             let mut found = Vec::new();
             while let Ok(Some(frame)) = frames.next() {
                 let name = frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|raw| demangle_name(&raw));
-                let location = frame.location.as_ref().and_then(|l| Some((l.file?.to_string(), l.line?)));
+                // Paths as the function table writes them (no `a/../`), or a file would be two.
+                let location = frame.location.as_ref().and_then(|l| Some((crate::symbols::normalize_path(l.file?.as_ref()), l.line?)));
                 found.push((name, location));
             }
             if let Some((_, Some((file, l)))) = found.first() {

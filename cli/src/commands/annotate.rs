@@ -58,9 +58,13 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
         .map(|s| s.lines.iter().filter(|l| l.file == file && (first..=last).contains(&l.line)).map(|l| (l.line, l.count)).collect())
         .unwrap_or_default();
     if counts.is_empty() && sampled.is_empty() {
-        bail!(
-            "the profile has neither line counts nor samples in it: record with --lines (counts and times per line) or with sampling (-F)"
-        );
+        if profile.lines.is_empty() && samples.is_none_or(|s| s.lines.is_empty()) {
+            bail!(
+                "the profile has neither line counts nor samples in it: record with --lines (counts and times per line) or with sampling (-F)"
+            );
+        }
+        let range = if last == u32::MAX { format!("{first} on") } else { format!("{first} to {last}") };
+        bail!("no line of {name} ({file}, lines {range}) has a line count or a sample in this profile");
     }
     let source = crate::sources::read_source(file).with_context(|| format!("cannot read its source {file}"))?;
     let text: Vec<&str> = source.lines().collect();

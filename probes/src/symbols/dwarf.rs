@@ -554,13 +554,13 @@ fn unit_files(
             path.push(&*dir.to_string_lossy());
         }
         path.push(&*name);
-        ids[index as usize] = Some(files.intern(normalize(&path)));
+        ids[index as usize] = Some(files.intern(normalize_path(&path)));
     }
     ids
 }
 
 /// `a/b/../c` -> `a/c` and no `./`: compilers write both, users expect neither.
-fn normalize(path: &Path) -> String {
+pub fn normalize_path(path: &Path) -> String {
     use std::path::Component;
     let mut out = PathBuf::new();
     for component in path.components() {
@@ -581,8 +581,8 @@ mod tests {
 
     #[test]
     fn paths_are_normalized() {
-        assert_eq!(normalize(Path::new("/src/a/./b/../c.c")), "/src/a/c.c");
-        assert_eq!(normalize(Path::new("../x.c")), "../x.c");
+        assert_eq!(normalize_path(Path::new("/src/a/./b/../c.c")), "/src/a/c.c");
+        assert_eq!(normalize_path(Path::new("../x.c")), "../x.c");
     }
 
     /// Every function and row, with file paths for ids.

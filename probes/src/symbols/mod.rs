@@ -12,7 +12,7 @@ mod kernel;
 pub use cache::SymbolCache;
 pub use debuginfo::{DebugDirs, DebugSource};
 pub use debuginfod::{Debuginfod, FetchProgress, MAX_DOWNLOAD, Unheard};
-pub use dwarf::{CompileUnit, FileTable, LineRow};
+pub use dwarf::{CompileUnit, FileTable, LineRow, normalize_path};
 pub use elf::{ElfImage, ElfKind, Segment, file_offset, hex};
 pub use kernel::{KERNEL_IMAGE, KernelSymbols};
 
