@@ -193,10 +193,19 @@ fn a_killed_profiler_leaves_the_program_running() {
     profiler.wait().unwrap();
     // Its jumps stay, and record into rings no one reads: they fill and drop.
     assert_eq!(waiter.tick(3_000_000), 3_001_000);
-    let (rest, status) = waiter.finish();
-    assert_eq!(rest, "done 3001000\n");
-    assert!(status.success());
     assert!(!file.exists());
+    // Kernel probes would run the file's first instruction of tick where
+    // the process has the jump left: tick is left alone, and said to be.
+    let second = dir.path().join("uprobes.profile");
+    let mut profiler = attach(waiter.pid, &["--engine", "uprobe", "-f", "tick", "-f", "main"], &second);
+    assert_eq!(waiter.tick(1000), 3_002_000);
+    interrupt(&mut profiler);
+    let report = report_json(&second);
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("not recorded: tick (their code in memory was not what the file holds)"), "{notes}");
+    let (rest, status) = waiter.finish();
+    assert_eq!(rest, "done 3002000\n");
+    assert!(status.success());
 }
 
 /// A second proftap asked to patch a process one records is told so, and

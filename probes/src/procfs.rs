@@ -142,6 +142,46 @@ fn process_error(pid: i32, path: PathBuf, source: std::io::Error) -> Error {
     Error::Process { pid, path, source, hint }
 }
 
+/// Which of `places` (a file as process `pid` maps it, opened through the
+/// given path, and an offset in it) hold in the process's memory the
+/// instruction the file holds there. A uprobe runs the file's instruction
+/// out of line wherever it is hit, then goes on in memory: where the
+/// process's code was changed (another tool's patch, or one a recording
+/// killed before it could restore it left), it would run code that is not
+/// there. A breakpoint over the instruction's first byte (another uprobe's
+/// at the same place) is no change. A place not mapped, or that cannot be
+/// read, is not said to differ: no code of it runs now.
+pub fn code_as_in_file(pid: i32, places: &[(&Path, u64)]) -> Vec<bool> {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let maps = read_maps(pid).unwrap_or_default();
+    let memory = std::fs::File::open(format!("/proc/{pid}/mem")).ok();
+    let mut files: std::collections::HashMap<&Path, Option<(std::fs::File, u64)>> = std::collections::HashMap::new();
+    places
+        .iter()
+        .map(|&(path, offset)| {
+            let Some((file, inode)) = files
+                .entry(path)
+                .or_insert_with(|| std::fs::File::open(path).ok().and_then(|f| Some((f.metadata().ok()?.ino(), f))).map(|(i, f)| (f, i)))
+            else {
+                return true;
+            };
+            let mapped = maps
+                .iter()
+                .find(|m| m.executable && m.inode == *inode && (m.offset.0..m.offset.0 + (m.end.0 - m.start.0)).contains(&offset));
+            let (Some(map), Some(memory)) = (mapped, &memory) else { return true };
+            let mut code = [0u8; 16];
+            let Ok(read) = file.read_at(&mut code, offset) else { return true };
+            let code = &code[..read];
+            let length = iced_x86::Decoder::new(64, code, iced_x86::DecoderOptions::NONE).decode().len().clamp(1, code.len().max(1));
+            let mut now = vec![0u8; length];
+            if code.len() < length || memory.read_exact_at(&mut now, map.start.0 + (offset - map.offset.0)).is_err() {
+                return true;
+            }
+            now == code[..length] || (now[0] == 0xcc && now[1..] == code[1..length])
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

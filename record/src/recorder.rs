@@ -26,6 +26,7 @@ use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
 use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::{ProbedFunction, Role};
+use proftap_probes::procfs;
 use proftap_probes::sampling::{DEFAULT_PROBE_AREA, LinesAhead, StackResolver};
 use proftap_probes::target::{self, Frozen, HeldChild};
 use proftap_profile::{Engine, ExitMode, Finding, Note, Refusal, Target};
@@ -90,6 +91,10 @@ pub fn record(
     };
     let counted = CountedLines::of(options, measured);
     let patching = patching(&all[..measured], spec, options, &counted)?;
+    let changed = match spec {
+        TargetSpec::Attach { pid } => changed_in_memory(*pid, &mut all[..measured], &patching.injected),
+        TargetSpec::Launch { .. } => Vec::new(),
+    };
     // A probe the kernel refuses would be skipped without a word at the
     // launch, and fail a replacement of the probes later.
     let wanted = probed_by_uprobes(&all, &patching.injected, options);
@@ -144,6 +149,9 @@ pub fn record(
     let Patching { mut injected, tracing, clock, off_cpu, mut notes, refused } = patching;
     if !refused_by_kernel.is_empty() {
         notes.push(Finding::UprobesRefused { functions: refused_by_kernel }.into());
+    }
+    if !changed.is_empty() {
+        notes.push(Finding::CodeDiffers { functions: changed }.into());
     }
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
     let patch = Patch { functions: &all[..measured], injected: &injected, how };
@@ -422,6 +430,30 @@ fn start(
         }
         TargetSpec::Attach { pid } => attach(*pid, uprobes, tracing, sampler, functions.len(), options),
     }
+}
+
+/// Marks the functions not patched in process whose code in running
+/// process `pid` is not the file's as refused by uprobes (which would run
+/// the file's instruction there), and names them.
+fn changed_in_memory(pid: i32, functions: &mut [ProbedFunction], injected: &[bool]) -> Vec<String> {
+    let places_of = |f: &ProbedFunction| {
+        let entry = f.entry_probe.map(|(at, _)| at).into_iter().chain([f.offset]);
+        entry.chain(f.exit_sites.iter().flatten().copied()).map(|at| at.0).collect::<Vec<u64>>()
+    };
+    let candidates: Vec<usize> = (0..functions.len()).filter(|&i| !injected.get(i).copied().unwrap_or(false)).collect();
+    let shared: &[ProbedFunction] = functions;
+    let places: Vec<(usize, &Path, u64)> =
+        candidates.iter().flat_map(|&i| places_of(&shared[i]).into_iter().map(move |at| (i, shared[i].open_path.as_path(), at))).collect();
+    let as_in_file = procfs::code_as_in_file(pid, &places.iter().map(|&(_, path, at)| (path, at)).collect::<Vec<_>>());
+    let mut differs: Vec<usize> = places.iter().zip(as_in_file).filter(|(_, same)| !same).map(|((i, _, _), _)| *i).collect();
+    differs.dedup();
+    differs
+        .into_iter()
+        .map(|i| {
+            functions[i].uprobe_refused = true;
+            functions[i].info.name.clone()
+        })
+        .collect()
 }
 
 /// Patches a launched program when it and its libraries are in place and
