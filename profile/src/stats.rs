@@ -44,15 +44,21 @@ impl Stat {
 
     /// Keeps the least and largest values of `calls` calls possible for
     /// what the total says once something was taken out of it (probe
-    /// costs, callees' estimated time): the least no more than the
-    /// average, the largest no more than what the others leave at the
-    /// least each (with one call, both are the total).
+    /// costs, callees' estimated time) or the extremes and the total were
+    /// converted apart (each rounded on its own): the least no more than
+    /// the average, the largest no more than what the others leave at the
+    /// least each, and no less than the average (with one call, both are
+    /// the total).
     pub fn keep_extremes_within(&mut self, calls: u64) {
         if calls == 0 || self.min == u64::MAX {
             return;
         }
         self.min = self.min.min(self.total / calls);
         self.max = self.max.min(self.total.saturating_sub((calls - 1).saturating_mul(self.min)));
+        self.max = self.max.max(self.total.div_ceil(calls));
+        if calls == 1 {
+            self.min = self.total;
+        }
     }
 
     /// The smallest value, or 0 when no call was seen.
@@ -79,6 +85,21 @@ mod tests {
         assert_eq!(s, Stat { total: 10, min: 3, max: 50 });
         assert_eq!(s.avg(2), 5);
         assert_eq!(Stat::default().min_or_zero(), 0);
+    }
+
+    #[test]
+    fn extremes_are_kept_around_the_average_both_ways() {
+        // One call whose total came out 15 ns above its extremes (rounded apart).
+        let mut one = Stat { total: 519_259, min: 519_244, max: 519_244 };
+        one.keep_extremes_within(1);
+        assert_eq!((one.min, one.max), (519_259, 519_259));
+        // Three calls whose total fell below what the extremes allow.
+        let mut three = Stat { total: 90, min: 40, max: 100 };
+        three.keep_extremes_within(3);
+        assert_eq!((three.min, three.max), (30, 30));
+        let mut fine = Stat { total: 90, min: 10, max: 50 };
+        fine.keep_extremes_within(3);
+        assert_eq!((fine.min, fine.max), (10, 50));
     }
 
     #[test]

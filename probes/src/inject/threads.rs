@@ -393,8 +393,9 @@ mod tests {
         let profile = thread_profile(1, "t".into(), &thread, Some(0), &how);
         let outer = profile.functions.iter().find(|f| f.function == 0).expect("the outer function");
         assert_eq!((outer.calls, outer.unfinished), (1, 1));
-        // Its children took all its time and more: none of it is its own.
-        assert_eq!(outer.exclusive[0].max, 0);
+        // Its frame says its children took all its time and more; the
+        // tree, whose totals stand, leaves it what its callee did not take.
+        assert_eq!((outer.exclusive[0].total, outer.exclusive[0].max), (4000 / 3 - 3000 / 3, 4000 / 3 - 3000 / 3));
         assert_eq!(outer.inclusive[0].max, 4000 / 3);
     }
 }
