@@ -290,6 +290,15 @@ while [ $i -lt 100000 ]; do i=$((i+1)); done
     // Its start is not an exec worth a note, though the kernel names it after the script.
     assert!(!report["notes"].to_string().contains("executed"), "{}", report["notes"]);
     assert!(samples.to_string().contains("no symbols in /usr/bin/dash"), "{samples}");
+    // Processes that execute other programs, as a build does by the
+    // hundred: one note, every program named once (the last, ls, is the
+    // shell itself executing it).
+    let file = dir.path().join("execs.profile");
+    let out = run(proftap().arg("run").arg("-o").arg(&file).args(["--", "/bin/dash", "-c", "/bin/true; /bin/true; ls / >/dev/null"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let notes = report_json(&file)["notes"].clone();
+    let executed: Vec<&str> = notes.as_array().unwrap().iter().filter_map(|n| n.as_str()).filter(|n| n.contains("executed")).collect();
+    assert_eq!(executed, ["3 processes executed other programs (ls; true): probes on the previous programs no longer apply to them"]);
     assert_clean_failure(&run(proftap().args(["run", "-f", "main", "--", "/bin/dash", "-c", "true"])), "has no symbols");
     // Named functions that cannot be probed are still an error.
     assert_clean_failure(&run(proftap().args(["run", "-f", "nothing_like_this", "--", "ls"])), "matches no function");

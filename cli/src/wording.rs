@@ -181,6 +181,10 @@ fn finding_sentence(finding: &Finding) -> String {
         Finding::Executed { pid, program } => {
             format!("process {pid} executed {program}: probes on the previous program no longer apply to it")
         }
+        Finding::ExecutedMany { processes, programs } => format!(
+            "{processes} processes executed other programs ({}): probes on the previous programs no longer apply to them",
+            examples(programs)
+        ),
         Finding::ForksNotRecorded { pids } => format!(
             "forked {} {} recorded no calls: {} made no call of a patched function, or could not reach proftap (--engine uprobe follows forked processes with kernel probes)",
             if pids.len() == 1 { "process" } else { "processes" },

@@ -239,6 +239,14 @@ pub enum Finding {
         /// The program, as the kernel names it.
         program: String,
     },
+    /// Several processes executed other programs: the probes on the previous
+    /// ones no longer apply (`processes` in the profile says which did what).
+    ExecutedMany {
+        /// How many processes did.
+        processes: u64,
+        /// The programs, as the kernel names them, each once.
+        programs: Vec<String>,
+    },
     /// Forked processes ran patched code the in-process engine does not record.
     ForksNotRecorded {
         /// Their pids.

@@ -357,12 +357,26 @@ fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
     // A launched program's own exec is its start, not news: named as the
     // program, or as the command (a script, run by its interpreter).
     let starts = [program_name(setup), comm_of(setup.target.command.first().map_or("", String::as_str))];
+    let mut executed: Vec<(i32, &String)> = Vec::new();
     for process in &aggregate.processes {
         for (i, exec) in process.execs.iter().enumerate() {
             let start = process.pid == pid && !attached && i == 0 && starts.contains(exec);
             if !start && (process.pid != pid || attached || *exec != starts[0]) {
-                found(Finding::Executed { pid: process.pid, program: exec.clone() });
+                executed.push((process.pid, exec));
             }
+        }
+    }
+    // A build runs hundreds of programs: one note says so.
+    match executed[..] {
+        [] => {}
+        [(pid, program)] => found(Finding::Executed { pid, program: program.clone() }),
+        _ => {
+            let mut processes: Vec<i32> = executed.iter().map(|(pid, _)| *pid).collect();
+            processes.dedup();
+            let mut programs: Vec<String> = executed.iter().map(|(_, program)| (*program).clone()).collect();
+            programs.sort();
+            programs.dedup();
+            found(Finding::ExecutedMany { processes: processes.len() as u64, programs });
         }
     }
     if ending.engine == Engine::Inject && setup.follow_forks {
