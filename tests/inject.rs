@@ -194,6 +194,18 @@ fn a_killed_profiler_leaves_the_program_running() {
     // Its jumps stay, and record into rings no one reads: they fill and drop.
     assert_eq!(waiter.tick(3_000_000), 3_001_000);
     assert!(!file.exists());
+    // Patching it again is refused, and why is said.
+    let again = dir.path().join("again.profile");
+    let out = run(proftap()
+        .args(["attach", "--engine", "inject", "-f", "tick", "--duration", "100ms", "-o"])
+        .arg(&again)
+        .arg(waiter.pid.to_string()));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        if again.exists() { report_json(&again)["notes"].to_string() } else { String::new() }
+    );
+    assert!(said.contains("a patch an earlier proftap recording left"), "{said}");
     // Kernel probes would run the file's first instruction of tick where
     // the process has the jump left: tick is left alone, and said to be.
     let second = dir.path().join("uprobes.profile");

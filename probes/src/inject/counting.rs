@@ -364,9 +364,7 @@ fn unchanged_in_memory(remote: &Remote, module: Vec<Planned>, refused: &mut Refu
             p.sites.iter().zip(now.by_ref()).map(|(s, bytes)| bytes.map(|b| b == s.original)).collect();
         match same.into_iter().find(|same| !matches!(same, Ok(true))) {
             Some(Err(e)) => refused.push((p.function, e.to_string())),
-            Some(Ok(_)) => {
-                refused.push((p.function, "its code in memory differs from the file (a breakpoint or another tool's patch)".into()))
-            }
+            Some(Ok(_)) => refused.push((p.function, super::patcher::CODE_DIFFERS.into())),
             None => functions.push(p),
         }
     }

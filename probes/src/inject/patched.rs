@@ -8,7 +8,7 @@ use super::claim::RecordingClaim;
 use super::counting::{self, Counting};
 use super::hooks::{self, Hook, HookSite};
 use super::patch::Site;
-use super::patcher::{self, Applied, Refused, Target};
+use super::patcher::{self, Applied, CODE_DIFFERS, LEFT_BEHIND, Refused, Target};
 use super::reading::TotalsView;
 use super::remote::{AWAY_FROM_CODE, Remote, RemoteError, Shared};
 use super::totals::{self, Config, Geometry, call_routine, call_routine_and_return};
@@ -230,6 +230,12 @@ impl Patched {
             Some(plan) => counting::settle_threads(&remote, plan)?,
             None => Vec::new(),
         };
+        // Memory of proftap's mapped before this recording maps its own: a
+        // recording stopped before it could restore the code (killed) left it,
+        // and the functions it patched then differ from their files.
+        let left_behind = !launched
+            && procfs::read_maps(pid)
+                .is_ok_and(|maps| maps.iter().any(|m| m.path.as_deref().is_some_and(|p| p.starts_with("/memfd:proftap"))));
         let (shared, memory, mut config) = set_up_memory(&remote, geometry, how.off_cpu)?;
         // From here on a failure puts back what was patched and unmaps this.
         patched.memory = Some(memory);
@@ -288,6 +294,11 @@ impl Patched {
         // Recording starts with the threads still held.
         remote.write(memory.live, &totals::LIVE_RECORDING.to_ne_bytes())?;
         patched.view = Some(TotalsView::new(shared, geometry));
+        if left_behind {
+            for (_, why) in refused.iter_mut().filter(|(_, why)| why == CODE_DIFFERS) {
+                *why = LEFT_BEHIND.into();
+            }
+        }
         patched.split_refusals(refused, functions.len(), &hook_sites);
         patched.held = Some(remote);
         Ok(patched)

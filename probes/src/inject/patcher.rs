@@ -252,6 +252,13 @@ pub fn plans(modules: &[LoadedModule], targets: &[Target], checked: &[bool]) -> 
     (groups, refused)
 }
 
+/// Why a function whose code in memory is not its file's is refused.
+pub const CODE_DIFFERS: &str = "its code in memory differs from the file (a breakpoint or another tool's patch)";
+
+/// Why, when an earlier recording left its patches behind.
+pub const LEFT_BEHIND: &str =
+    "its code in memory is a patch an earlier proftap recording left (stopped before it could restore it): it stays until the process ends";
+
 /// The code range the plans cover.
 pub fn span(plans: &Plans) -> std::ops::Range<u64> {
     let lowest = plans.iter().map(|(_, p)| p.at).min().unwrap_or(0);
@@ -278,7 +285,7 @@ pub fn apply(
     plans.retain(|(i, p)| match now.next() {
         Some(Ok(bytes)) if bytes == p.original => true,
         Some(Ok(_)) | None => {
-            refused.push((*i, "its code in memory differs from the file (a breakpoint or another tool's patch)".into()));
+            refused.push((*i, CODE_DIFFERS.into()));
             false
         }
         Some(Err(e)) => {
