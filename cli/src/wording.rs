@@ -51,7 +51,9 @@ fn finding_sentence(finding: &Finding) -> String {
                     "{is} not measured: {its} time counts in {its} callers' own (a kernel probe costs a hundred patched calls; --overhead-budget 0 probes {it}, sampling would see {it})"
                 )
             } else {
-                format!("{is} probed by uprobes")
+                format!(
+                    "{is} probed by uprobes (each call a kernel probe hit, about a hundred patched calls' cost, which {its} callers' times include; in the call tree {is} under the thread, not {its} callers)"
+                )
             };
             format!("{} could not be patched and {how}: {}", counted(*functions, "function", "functions"), parts.join("; "))
         }
