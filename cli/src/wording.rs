@@ -96,7 +96,7 @@ fn finding_sentence(finding: &Finding) -> String {
             examples(lines)
         ),
         Finding::Throttled { after_ms, functions, budget_percent, sampled } => format!(
-            "after {after_ms} ms, removed the probes of {}: over the {budget_percent}% overhead budget; {} from then on",
+            "after {after_ms} ms, removed the probes of {}: the costliest while the probes together were over the {budget_percent}% overhead budget; {} from then on",
             with_calls(functions),
             if *sampled { "sampled" } else { "not timed" }
         ),

@@ -279,8 +279,9 @@ pub enum Governor {
     Default,
     /// Every probe stays to the end.
     Off,
-    /// The most a function's probes may cost, in percent of the elapsed
-    /// time, before they are removed (0 turns the governor off).
+    /// The most all probes together may cost, in percent of the elapsed
+    /// time, before the costliest functions' are removed (0 turns the
+    /// governor off).
     Budget {
         /// Percent, 0 to 100.
         percent: f64,

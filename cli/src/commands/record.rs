@@ -77,10 +77,11 @@ pub struct RecordArgs {
     /// Sample only, as `perf record` does: place no probes (no call counts).
     #[arg(long, conflicts_with_all = ["no_sample", "lines", "regions", "overhead_budget"])]
     no_instrument: bool,
-    /// The most a function's probes may cost, in percent of the elapsed time,
-    /// before they are removed while the program runs (its counts stay exact
-    /// up to then; sampling covers it after). Default 5 when no -f is given
-    /// (and no line probes), off otherwise; 0 turns it off.
+    /// The most all probes together may cost, in percent of the elapsed
+    /// time: past it, the costliest functions' probes are removed while the
+    /// program runs (their counts stay exact up to then; sampling covers
+    /// them after). Default 5 when no -f is given (and no line probes), off
+    /// otherwise; 0 turns it off.
     #[arg(long, value_name = "PCT")]
     overhead_budget: Option<f64>,
     /// Count how often each line runs (gcov's line counts): with no file
