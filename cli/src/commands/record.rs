@@ -3,6 +3,7 @@
 //! shows how it goes; the profile is written.
 
 use crate::calibration::OwnHelper;
+use crate::report::text::group_digits;
 use crate::status::Terminal;
 use anyhow::{Context, Result, bail};
 use proftap_record::options::{Control, Recorded};
@@ -388,12 +389,14 @@ pub fn finish(profile: proftap_profile::Profile, output: &Path) -> Result<()> {
     let mut parts = Vec::new();
     if instrumented > 0 {
         parts.push(format!(
-            "{instrumented} functions, {calls} calls in {threads} thread{}, {lost} events lost",
-            if threads == 1 { "" } else { "s" }
+            "{instrumented} functions, {} calls in {threads} thread{}, {} events lost",
+            group_digits(calls),
+            if threads == 1 { "" } else { "s" },
+            group_digits(lost)
         ));
     }
     if let Some(samples) = &profile.samples {
-        parts.push(format!("{} stack samples", samples.total));
+        parts.push(format!("{} stack samples", group_digits(samples.total)));
     }
     eprintln!("proftap: {}; profile written to {} (see: proftap report {})", parts.join(", "), output.display(), output.display());
     Ok(())

@@ -269,7 +269,8 @@ fn header(profile: &Profile, out: &mut String) {
         out,
         "  calls       {} in {} functions, {} probe hits",
         group_digits(calls),
-        profile.functions.len(),
+        // Calls are counted in the instrumented ones; the sampled have none.
+        profile.functions.iter().filter(|f| f.mode != Mode::Sampled).count(),
         group_digits(r.events)
     );
     let o = &profile.overhead;
