@@ -80,6 +80,29 @@ fn a_function_that_returns_twice_keeps_its_return_address() {
     }
 }
 
+/// A function whose entry is its only exit (one tail jump, one `ret`)
+/// with returns seen at return instructions: each call is counted once,
+/// none is timed from one call to the next, and no return goes unmatched;
+/// the function it jumps to is timed as called. Both engines (the
+/// in-process one leaves both to uprobes: they end within 5 bytes).
+#[test]
+fn a_function_that_is_one_jump_is_counted_not_timed_between_calls() {
+    require_probes();
+    let binary = Build::c("tailjump.c", "-O2").build();
+    for engine in ["inject", "uprobe"] {
+        let args = ["--engine", engine, "--exits", "ret", "--no-sample", "-f", "wrapper", "-f", "nothing", "-f", "body", "-f", "main"];
+        let report = run_unharmed(&args, &binary, &["2000"]);
+        assert_eq!(report["lost"]["unmatched_returns"], 0, "{engine}: {}", report["lost"]);
+        for name in ["wrapper", "nothing"] {
+            let f = function(&report["functions"], name);
+            assert_eq!((f["calls"].as_u64(), f["untimed"].as_u64()), (Some(2000), Some(2000)), "{engine}: {f}");
+            assert_eq!(f["inclusive"]["wall_ns"]["total"].as_u64(), Some(0), "{engine}: {f}");
+        }
+        let body = function(&report["functions"], "body");
+        assert_eq!((body["calls"].as_u64(), body["untimed"].as_u64()), (Some(2000), Some(0)), "{engine}: {body}");
+    }
+}
+
 /// A function whose first bytes other code jumps into (hand-written
 /// assembly: glibc's `mempcpy` goes on at `memcpy`+3) is not patched: the
 /// jump would land in the middle of proftap's. Its calls are counted by

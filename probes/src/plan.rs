@@ -117,6 +117,12 @@ pub fn plan(
             }
             ExitMode::Uretprobe => None,
         };
+        // A site where the entry is seen too (a function that is one tail
+        // jump, or one `ret`) would report its return before or after its
+        // entry, as the kernel happens to order the two probes: it has no
+        // return of its own to see, and its calls are counted only.
+        let entry_at = entry_probe.map_or(offset, |(at, _)| at);
+        let exit_sites = exit_sites.map(|sites| sites.into_iter().filter(|&site| site != entry_at).collect());
         planned.push(ProbedFunction {
             info: FunctionInfo {
                 name: f.name.clone(),

@@ -293,7 +293,9 @@ fn header(profile: &Profile, out: &mut String) {
     let l = &profile.lost;
     let _ = write!(out, "  lost        {} events", group_digits(l.events));
     if l.unmatched_returns > 0 {
-        let _ = write!(out, ", {} returns of calls entered before recording", group_digits(l.unmatched_returns));
+        let attached = profile.target.attached;
+        let why = if attached { "entered before recording, or" } else { "their" };
+        let _ = write!(out, ", {} returns of calls not seen entering ({why} entry probe missed)", group_digits(l.unmatched_returns));
     }
     let _ = writeln!(out);
     if let Some(trace) = &profile.trace {
