@@ -238,8 +238,19 @@ fn refusal(refusal: &Refusal) -> String {
 }
 
 /// "f (12 calls), g (3 calls)"
+/// The functions with their calls, the most called first; past a few, how
+/// many more (a build's governor may name hundreds: the profile keeps every
+/// name in the note, and the throttled ones each have a row of their own).
 fn with_calls(functions: &[FunctionCalls]) -> String {
-    functions.iter().map(|f| format!("{} ({})", f.name, counted(f.calls, "call", "calls"))).collect::<Vec<_>>().join(", ")
+    const SHOWN: usize = 8;
+    let mut by_calls: Vec<&FunctionCalls> = functions.iter().collect();
+    by_calls.sort_by_key(|f| std::cmp::Reverse(f.calls));
+    let mut text =
+        by_calls.iter().take(SHOWN).map(|f| format!("{} ({})", f.name, counted(f.calls, "call", "calls"))).collect::<Vec<_>>().join(", ");
+    if functions.len() > SHOWN {
+        text.push_str(&format!(" and {} more", functions.len() - SHOWN));
+    }
+    text
 }
 
 /// "1 call was", "2 calls were".
