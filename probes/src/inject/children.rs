@@ -198,7 +198,7 @@ fn accept_children(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Re
             Ok(_) | Err(Errno::EINTR) => {}
             Err(_) => break,
         }
-        let now = monotonic_ns();
+        let now = super::clock::monotonic_ns();
         let listener_ready = ready[0].any().unwrap_or(true);
         let ended: Vec<bool> = ready[1..].iter().map(|fd| fd.any().unwrap_or(false)).collect();
         drop(ready);
@@ -247,10 +247,6 @@ fn accept_child(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Recei
         _ => received.refused += 1,
     }
     true
-}
-
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
 }
 
 /// The memory a connected child sends, if it is what a child of the
