@@ -360,14 +360,34 @@ impl OffCpu {
     /// [`OffCpu::off_cpu_ns`] says, and, if it has been off CPU since
     /// before then (asleep, or ended), that stretch up to `at_ns`.
     pub fn off_cpu_ns_at(&self, tid: u32, at_ns: u64) -> Option<u64> {
-        let away = self.left_at_ns(tid).filter(|&left| left <= at_ns).map_or(0, |left| at_ns - left);
-        Some(self.off_cpu_ns(tid)?.saturating_add(away))
+        self.entry(tid).map(|entry| entry.off_cpu_ns_at(at_ns))
     }
 
     /// When thread `tid` last left a CPU (CLOCK_MONOTONIC), if it is off
     /// every CPU now; for a thread that ended, when it ended.
     pub fn left_at_ns(&self, tid: u32) -> Option<u64> {
-        self.word(tid, 1).filter(|&left| left != 0 && left >> ON_CPU == 0)
+        self.entry(tid)?.left_at_ns()
+    }
+
+    /// Thread `tid`'s entry, both words of one moment: the programs write
+    /// the second before they add to the first, so a second word read the
+    /// same before and after the first holds with it.
+    pub fn entry(&self, tid: u32) -> Option<Entry> {
+        for _ in 0..8 {
+            let when = self.word(tid, 1)?;
+            let off_ns = self.word(tid, 0)?;
+            if self.word(tid, 1)? == when {
+                return Some(Entry { off_ns, when });
+            }
+        }
+        None
+    }
+
+    /// The entries of `tids` as they stand now, kept: what a thread does
+    /// after (woken or stopped by a detach) does not change them.
+    pub fn snapshot(&self, tids: impl IntoIterator<Item = u32>) -> OffCpuSnapshot<'_> {
+        let taken = tids.into_iter().filter_map(|tid| Some((tid, self.entry(tid)?))).collect();
+        OffCpuSnapshot { live: self, taken }
     }
 
     fn word(&self, tid: u32, word: usize) -> Option<u64> {
@@ -377,6 +397,41 @@ impl OffCpu {
             // SAFETY: within the mapping; the kernel writes it while we read.
             unsafe { std::ptr::read_volatile(view.base.cast::<u64>().add(at)) }
         })
+    }
+}
+
+/// A thread's entry in the array at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Nanoseconds off CPU so far, not counting a stretch it is off CPU in now.
+    pub off_ns: u64,
+    /// When it left a CPU (bit 63 clear), or came onto one (set); 0 unseen.
+    when: u64,
+}
+
+impl Entry {
+    /// When it last left a CPU, if it is off every CPU.
+    pub fn left_at_ns(&self) -> Option<u64> {
+        Some(self.when).filter(|&left| left != 0 && left >> ON_CPU == 0)
+    }
+
+    /// Its time off CPU up to `at_ns`, the stretch it is off CPU in included.
+    pub fn off_cpu_ns_at(&self, at_ns: u64) -> u64 {
+        let away = self.left_at_ns().filter(|&left| left <= at_ns).map_or(0, |left| at_ns - left);
+        self.off_ns.saturating_add(away)
+    }
+}
+
+/// Some threads' entries kept from one moment; the others' read live.
+pub struct OffCpuSnapshot<'a> {
+    live: &'a OffCpu,
+    taken: std::collections::HashMap<u32, Entry>,
+}
+
+impl OffCpuSnapshot<'_> {
+    /// Thread `tid`'s entry: as kept, else as it is now.
+    pub fn entry(&self, tid: u32) -> Option<Entry> {
+        self.taken.get(&tid).copied().or_else(|| self.live.entry(tid))
     }
 }
 

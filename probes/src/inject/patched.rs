@@ -414,6 +414,11 @@ impl Patched {
         Some(children.memories(self.geometry, view.remote_address()))
     }
 
+    /// The forked children running now.
+    pub fn running_children(&self) -> Vec<i32> {
+        self.children.as_ref().map_or_else(Vec::new, |children| children.running().into_iter().map(|(pid, _)| pid).collect())
+    }
+
     /// Stops taking forked children, and gives a view of each one's memory
     /// (by process id, or why it cannot be read, and when it ended) and how
     /// many were refused or past the limit.

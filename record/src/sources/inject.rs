@@ -12,7 +12,8 @@ use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, ThreadTotals, TotalsVi
 use proftap_probes::inject::threads::{Conversion, Cost, RegionSum, add_regions, thread_profile};
 use proftap_probes::inject::watch::{CallTrace, Judge, Unpatched, Watch, Watched};
 use proftap_probes::lines::LinePlan;
-use proftap_probes::offcpu::OffCpu;
+use proftap_probes::offcpu::{OffCpu, OffCpuSnapshot};
+use proftap_probes::target;
 use proftap_probes::plan::ProbedFunction;
 use proftap_profile::{BranchRecord, Finding, Note, TRACED_CALL_BYTES, ThreadProfile};
 use std::sync::Arc;
@@ -112,6 +113,11 @@ impl InjectSource {
     ) -> Result<InjectEnding, RecordError> {
         let mut notes = Vec::new();
         let Watched { mut patched, retired, mut trace } = self.watch.finish();
+        // Each live thread's time off CPU as the recording ends: the detach
+        // stops them all, which wakes a sleeper and counts its sleep so far.
+        let processes = std::iter::once(self.pid).chain(patched.running_children());
+        let tids: Vec<u32> = processes.flat_map(|pid| target::threads(pid).unwrap_or_default()).map(|tid| tid as u32).collect();
+        let off_cpu = self.off_cpu.as_deref().map(|o| o.snapshot(tids));
         if let Err(e) = patched.detach() {
             notes.push(Finding::RestoreFailed { pid: self.pid, error: e.to_string() }.into());
         }
@@ -141,7 +147,7 @@ impl InjectSource {
         let end_tsc = self.clock.tsc_at(end_ns);
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
         let mut read = Read::default();
-        let off_cpu = self.off_cpu.as_deref();
+        let off_cpu = off_cpu.as_ref();
         read.add(self.pid, view, &how, ProcessEnd { ns: end_ns, ended: false }, off_cpu, names).map_err(RecordError::Corrupted)?;
         if let Some(error) = retired.error {
             return Err(RecordError::Corrupted(error));
@@ -310,15 +316,16 @@ impl Read {
         view: &TotalsView,
         how: &Conversion<'_>,
         end: ProcessEnd,
-        off_cpu: Option<&OffCpu>,
+        off_cpu: Option<&OffCpuSnapshot<'_>>,
         names: &dyn Fn(u32) -> String,
     ) -> Result<(), String> {
         let totals = view.totals()?;
         let profile = |t: &ThreadTotals| {
+            let entry = off_cpu.and_then(|o| o.entry(t.tid));
             // A thread of a process that ended left its CPU for the last time as it ended.
-            let left = off_cpu.and_then(|o| o.left_at_ns(t.tid)).filter(|&left| end.ended && left <= end.ns);
+            let left = entry.and_then(|e| e.left_at_ns()).filter(|&left| end.ended && left <= end.ns);
             let end_ns = left.unwrap_or(end.ns);
-            let off_now = off_cpu.and_then(|o| o.off_cpu_ns_at(t.tid, end_ns)).map(|ns| how.clock.cycles_of(ns));
+            let off_now = entry.map(|e| how.clock.cycles_of(e.off_cpu_ns_at(end_ns)));
             thread_profile(pid, names(t.tid), t, off_now, &Conversion { end_tsc: how.clock.tsc_at(end_ns), ..*how })
         };
         self.threads.extend(totals.threads.iter().map(profile));
