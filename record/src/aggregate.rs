@@ -725,7 +725,10 @@ impl Aggregator {
         for m in 0..metrics {
             let raw = at[m].saturating_sub(frame.entry[m]);
             let cost = own.map_or(0, |o| o[m]).saturating_add(frame.below[m]);
-            inclusive[m] = raw.saturating_sub(cost);
+            // One measured cost stands for every call: where it is more than
+            // this call's probes took, the call keeps what its callees kept
+            // (its own time 0), so that a caller holds its callees.
+            inclusive[m] = raw.saturating_sub(cost).max(frame.children[m].min(raw));
             exclusive[m] = inclusive[m].saturating_sub(frame.children[m]);
         }
         let acc = thread.acc(frame.function);
@@ -1149,6 +1152,29 @@ mod tests {
         assert_eq!(b.inclusive[0].total, 2 * 9);
         assert_eq!(a.inclusive[0].total, 50 - 1 - 2 * 5);
         assert_eq!(a.exclusive[0].total, 39 - 18);
+    }
+
+    #[test]
+    fn a_cost_larger_than_a_callers_time_leaves_it_its_callees() {
+        // a(0) calls b(1) twice; each call of b said to cost a 20, a's calls took 50 in all.
+        let comp = Compensation { call: vec![[20; MAX_METRICS]; 2], own: vec![[1; MAX_METRICS]; 2] };
+        let mut agg = Aggregator::new(AggregatorConfig { compensation: Some(comp), ..AggregatorConfig::new(2, 1) });
+        for e in [
+            hit(1, 0, false, 0, 100),
+            hit(1, 1, false, 10, 92),
+            hit(1, 1, true, 20, 100),
+            hit(1, 1, false, 30, 92),
+            hit(1, 1, true, 40, 100),
+            hit(1, 0, true, 50, 108),
+        ] {
+            agg.push(&e);
+        }
+        let result = agg.finish();
+        let thread = &result.threads[0];
+        let a = thread.functions.iter().find(|s| s.function == 0).expect("a");
+        let b = thread.functions.iter().find(|s| s.function == 1).expect("b");
+        // 50 - 1 - 2 * 20 = 9 is less than b's 2 * 9: a keeps b's, and none of its own.
+        assert_eq!((a.inclusive[0].total, a.exclusive[0].total, b.inclusive[0].total), (18, 0, 18));
     }
 
     #[test]

@@ -110,6 +110,24 @@ fn compensate(tree: &mut [TreeNode], costs: &[Cost; 2]) {
             *value = value.saturating_sub(probes);
         }
     }
+    // One measured cost stands for every call: where a node's calls cost
+    // less than it says, the node keeps at least what its children kept,
+    // so that its own time is 0 there, never less, and a parent holds its
+    // children. Children come after their parents: last to first, each
+    // node's children are done before it.
+    let mut kept_below: Vec<Vec<u64>> = vec![vec![0; costs.len()]; tree.len()];
+    for i in (1..tree.len()).rev() {
+        for (value, kept) in tree[i].inclusive.iter_mut().zip(&kept_below[i]) {
+            *value = (*value).max(*kept);
+        }
+        let parent = tree[i].parent as usize;
+        if parent != 0 && parent < i {
+            let node = tree[i].inclusive.clone();
+            for (sum, value) in kept_below[parent].iter_mut().zip(node) {
+                *sum = sum.saturating_add(value);
+            }
+        }
+    }
 }
 
 /// Each node's exclusive cost: its inclusive cost less its children's, in
@@ -200,8 +218,12 @@ fn function_stats(
         for m in 0..how.metrics {
             let (incl_raw, excl_raw) = if m == 0 { (&node.incl_wall, &node.excl_wall) } else { (&node.incl_cpu, &node.excl_cpu) };
             let incl = within(incl_raw, m, counted.inclusive[m]);
+            // A call's own time is within its whole: so are the extremes,
+            // each kept within a total compensated its own way.
+            let mut excl = within(excl_raw, m, counted.exclusive[m]);
+            (excl.min, excl.max) = (excl.min.min(incl.min), excl.max.min(incl.max));
             f.inclusive[m].merge(&Stat { total: if outermost[i] { incl.total } else { 0 }, ..incl });
-            f.exclusive[m].merge(&within(excl_raw, m, counted.exclusive[m]));
+            f.exclusive[m].merge(&excl);
         }
     }
     for (function, calls) in thread.calls.iter().enumerate() {
@@ -336,6 +358,35 @@ mod tests {
         assert_eq!((excl.min, excl.max), (excl.total, excl.total), "{excl:?}");
         let g = profile.functions.iter().find(|f| f.function == 1).expect("g");
         assert!(g.inclusive[0].min <= g.inclusive[0].total / 1000 && g.inclusive[0].max >= g.inclusive[0].min, "{:?}", g.inclusive[0]);
+    }
+
+    /// A probe cost larger than what a caller's calls took (one measured
+    /// cost stands for all) leaves the caller what its callee kept, not
+    /// less: its own time is 0, and the function's exclusive total stays
+    /// within its inclusive one.
+    #[test]
+    fn a_cost_larger_than_a_callers_time_leaves_it_its_callees() {
+        let clock = TscClock::with_rate(1, 1);
+        // f (one call, 100 cycles) -> g (one call, 90): compensated, f loses 10 + 100, g 10.
+        let nodes = vec![Node::default(), node(0, 0, 1, 100, 90), node(1, 1, 1, 90, 0)];
+        let thread = ThreadTotals {
+            tid: 7,
+            nodes,
+            calls: vec![1, 1],
+            open: Vec::new(),
+            untimed: 0,
+            regions: Vec::new(),
+            hooks_missed: 0,
+            unpaired: 0,
+            mixed: false,
+        };
+        let cost = Cost { own: 10, call: 100 };
+        let how = Conversion { clock: &clock, metrics: 1, end_tsc: 1000, compensation: Some([cost, cost]) };
+        let profile = thread_profile(1, "t".into(), &thread, None, &how);
+        let [_, f, g] = &profile.tree.nodes[..] else { panic!("{:?}", profile.tree.nodes) };
+        assert_eq!((f.inclusive[0], f.exclusive[0], g.inclusive[0]), (80, 0, 80));
+        let f = profile.functions.iter().find(|s| s.function == 0).expect("f");
+        assert!(f.exclusive[0].total <= f.inclusive[0].total, "{f:?}");
     }
 
     /// Found by the `totals` fuzz target: a call in progress that named

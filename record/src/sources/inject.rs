@@ -13,8 +13,8 @@ use proftap_probes::inject::threads::{Conversion, Cost, RegionSum, add_regions, 
 use proftap_probes::inject::watch::{CallTrace, Judge, Unpatched, Watch, Watched};
 use proftap_probes::lines::LinePlan;
 use proftap_probes::offcpu::{OffCpu, OffCpuSnapshot};
-use proftap_probes::target;
 use proftap_probes::plan::ProbedFunction;
+use proftap_probes::target;
 use proftap_profile::{BranchRecord, Finding, Note, TRACED_CALL_BYTES, ThreadProfile};
 use std::sync::Arc;
 
