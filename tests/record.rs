@@ -128,6 +128,11 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
             vec!["run".into(), "-f".into(), "nothing_*".into(), "--".into(), calls.display().to_string()],
             "pattern 'nothing_*' matches no function",
         ),
+        // A list where one pattern goes: said to be one.
+        (
+            vec!["run".into(), "-f".into(), "main,nothing_else".into(), "--".into(), calls.display().to_string()],
+            "it is one pattern, not a list",
+        ),
         // Stripped of every symbol: sampled when nothing is named, refused when a function is.
         (vec!["run".into(), "-f".into(), "main".into(), "--".into(), stripped.display().to_string()], "has no symbols"),
         (vec!["run".into(), "--metric".into(), "bogus".into(), "--".into(), calls.display().to_string()], "unknown metric 'bogus'"),

@@ -208,6 +208,10 @@ fn no_match(pattern: &Pattern, modules: &[&SymbolIndex]) -> Error {
         (_, Some(m)) if m.functions.iter().all(|f| f.origin == crate::symbols::SymbolOrigin::Dynsym) => {
             "; it is stripped, so only exported functions are known".into()
         }
+        // A list given as one pattern (C++ names hold commas of their own).
+        _ if pattern.text.contains(',') && !pattern.text.contains('<') && !pattern.text.contains('(') => {
+            "; it is one pattern, not a list: give each pattern on its own".into()
+        }
         _ => String::new(),
     };
     Error::NoMatch { pattern: pattern.text.clone(), binary, hint }
