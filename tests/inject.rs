@@ -228,7 +228,7 @@ fn a_killed_profiler_leaves_the_program_running() {
         String::from_utf8_lossy(&out.stderr),
         if again.exists() { report_json(&again)["notes"].to_string() } else { String::new() }
     );
-    assert!(said.contains("a patch an earlier proftap recording left"), "{said}");
+    assert!(said.contains("an earlier proftap recording's memory: most likely a patch that recording left"), "{said}");
     // Kernel probes would run the file's first instruction of tick where
     // the process has the jump left: tick is left alone, and said to be.
     let second = dir.path().join("uprobes.profile");

@@ -152,17 +152,19 @@ fn process_error(pid: i32, path: PathBuf, source: std::io::Error) -> Error {
 /// at the same place) is no change. A place not mapped, or that cannot be
 /// read, is not said to differ: no code of it runs now.
 pub fn code_as_in_file(pid: i32, places: &[(&Path, u64)]) -> Vec<bool> {
-    use std::os::unix::fs::{FileExt, MetadataExt};
+    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
     let maps = read_maps(pid).unwrap_or_default();
     let memory = std::fs::File::open(format!("/proc/{pid}/mem")).ok();
     let mut files: std::collections::HashMap<&Path, Option<(std::fs::File, u64)>> = std::collections::HashMap::new();
     places
         .iter()
         .map(|&(path, offset)| {
-            let Some((file, inode)) = files
-                .entry(path)
-                .or_insert_with(|| std::fs::File::open(path).ok().and_then(|f| Some((f.metadata().ok()?.ino(), f))).map(|(i, f)| (f, i)))
-            else {
+            let Some((file, inode)) = files.entry(path).or_insert_with(|| {
+                // The target's files are its to swap: a FIFO must not hold proftap.
+                let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+                let meta = file.metadata().ok()?;
+                meta.is_file().then(|| (file, meta.ino()))
+            }) else {
                 return true;
             };
             let mapped = maps

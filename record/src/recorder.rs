@@ -98,8 +98,12 @@ pub fn record(
     // A probe the kernel refuses would be skipped without a word at the
     // launch, and fail a replacement of the probes later.
     let wanted = probed_by_uprobes(&all, &patching.injected, options);
-    let refused_by_kernel: Vec<String> =
-        all[..measured].iter().zip(&wanted).filter(|(f, wanted)| **wanted && f.uprobe_refused).map(|(f, _)| f.info.name.clone()).collect();
+    let refused_by_kernel: Vec<String> = all[..measured]
+        .iter()
+        .zip(&wanted)
+        .filter(|(f, wanted)| **wanted && f.uprobe_refused && !changed.contains(&f.info.name))
+        .map(|(f, _)| f.info.name.clone())
+        .collect();
     let enabled: Vec<bool> = all.iter().zip(wanted).map(|(f, wanted)| wanted && !f.uprobe_refused).collect();
     let stacks = options.sample.map(|s| (s.frequency_hz, s.stack_bytes));
     // With the in-process engine CPU time is wall time minus the time off

@@ -196,7 +196,11 @@ fn accept_children(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Re
             .collect::<Vec<_>>();
         match poll(&mut ready, PollTimeout::NONE) {
             Ok(_) | Err(Errno::EINTR) => {}
-            Err(_) => break,
+            // Children are refused from now on, at once rather than at their timeout.
+            Err(_) => {
+                let _ = shutdown(listener.as_raw_fd(), Shutdown::Both);
+                break;
+            }
         }
         let now = super::clock::monotonic_ns();
         let listener_ready = ready[0].any().unwrap_or(true);

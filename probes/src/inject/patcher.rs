@@ -256,8 +256,7 @@ pub fn plans(modules: &[LoadedModule], targets: &[Target], checked: &[bool]) -> 
 pub const CODE_DIFFERS: &str = "its code in memory differs from the file (a breakpoint or another tool's patch)";
 
 /// Why, when an earlier recording left its patches behind.
-pub const LEFT_BEHIND: &str =
-    "its code in memory is a patch an earlier proftap recording left (stopped before it could restore it): it stays until the process ends";
+pub const LEFT_BEHIND: &str = "its code in memory differs from the file, and the process still maps an earlier proftap recording's memory: most likely a patch that recording left (stopped before it could restore it), which stays until the process ends";
 
 /// The code range the plans cover.
 pub fn span(plans: &Plans) -> std::ops::Range<u64> {

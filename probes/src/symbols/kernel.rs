@@ -44,6 +44,11 @@ impl KernelSymbols {
     pub fn running() -> &'static KernelSymbols {
         static RUNNING: OnceLock<KernelSymbols> = OnceLock::new();
         RUNNING.get_or_init(|| {
+            // Hidden from this process now (kptr_restrict, perf_event_paranoid
+            // changed since): nothing kept is shown either.
+            if !addresses_shown() {
+                return KernelSymbols::default();
+            }
             let key = CacheKey::now();
             let path = boot_cache::dir().map(|dir| dir.join("kernel-symbols"));
             if let Some(kept) = path.as_deref().and_then(read_own).and_then(|text| Self::from_cache(&text, &key)) {
@@ -51,7 +56,9 @@ impl KernelSymbols {
             }
             let text = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
             let table = Self::parse(&text);
-            if let (Some(path), false) = (&path, table.is_empty()) {
+            // Kept only if no module came or went while the file was read.
+            let unchanged = CacheKey::now().text() == key.text();
+            if let (Some(path), false, true) = (&path, table.is_empty(), unchanged) {
                 let kept = cache_text(&text, &key);
                 if let Some(dir) = path.parent() {
                     let _ = std::fs::create_dir_all(dir);
@@ -82,10 +89,11 @@ impl KernelSymbols {
         if fields.next()? != key.text() {
             return None;
         }
+        let kernel_start = u64::from_str_radix(fields.next()?, 16).ok()?;
         let kernel_end = u64::from_str_radix(fields.next()?, 16).ok()?;
         let mut table = Self::parse(symbols);
         let modules = key.modules.iter().map(|&(start, size)| start..=start.saturating_add(size.saturating_sub(1)));
-        table.covers = Some(std::iter::once(0..=kernel_end).chain(modules).collect());
+        table.covers = Some(std::iter::once(kernel_start..=kernel_end).chain(modules).collect());
         (!table.is_empty()).then_some(table)
     }
 
@@ -130,8 +138,9 @@ impl KernelSymbols {
     }
 }
 
-/// What a kept table starts with, then its key and the end of the kernel's own code.
-const CACHE_HEADER: &str = "proftap kernel symbols 1 ";
+/// What a kept table starts with, then its key and where the kernel's own
+/// functions start and end.
+const CACHE_HEADER: &str = "proftap kernel symbols 2 ";
 
 /// What a whole kept table ends with.
 const CACHE_END: &str = "proftap end\n";
@@ -189,19 +198,30 @@ fn cache_text(kallsyms: &str, key: &CacheKey) -> String {
         })
         .collect();
     // The kernel's own functions are those with no module.
-    let kernel_end = kept
+    let kernel: Vec<u64> = kept
         .iter()
         .filter(|line| line.split_ascii_whitespace().nth(3).is_none())
         .filter_map(|line| u64::from_str_radix(line.split_ascii_whitespace().next()?, 16).ok())
-        .max()
-        .unwrap_or(0);
-    let mut text = format!("{CACHE_HEADER}{} {kernel_end:x}\n", key.text());
+        .filter(|&address| address != 0)
+        .collect();
+    let (kernel_start, kernel_end) = (kernel.iter().min().copied().unwrap_or(0), kernel.iter().max().copied().unwrap_or(0));
+    let mut text = format!("{CACHE_HEADER}{} {kernel_start:x} {kernel_end:x}\n", key.text());
     for line in kept {
         text.push_str(line);
         text.push('\n');
     }
     text.push_str(CACHE_END);
     text
+}
+
+/// Whether `/proc/kallsyms` shows this process addresses (its first line,
+/// which the kernel formats alone).
+fn addresses_shown() -> bool {
+    use std::io::Read;
+    let mut first = [0u8; 64];
+    let read = std::fs::File::open("/proc/kallsyms").and_then(|mut f| f.read(&mut first)).unwrap_or(0);
+    let line = String::from_utf8_lossy(&first[..read]);
+    line.split_ascii_whitespace().next().and_then(|a| u64::from_str_radix(a, 16).ok()).is_some_and(|a| a != 0)
 }
 
 /// The file at `path` if this user owns it (and it is not too large).
@@ -268,6 +288,8 @@ mod tests {
         assert!(covered(0xffffffff81003000) && covered(0xffffffffc0002fff));
         // A BPF program is not kept: its address is looked up afresh.
         assert!(!covered(0xffffffffc0100010), "{:?}", kept.covers);
+        // Below the kernel (where another architecture keeps modules and BPF code): not kept either.
+        assert!(!covered(0xffffffff80000000));
         assert!(!kept.names.contains("bpf_prog"));
     }
 
