@@ -1,5 +1,7 @@
 /* Functions whose entry is also their only exit: wrapper() is one tail
- * jump to body() at -O2, nothing() one `ret`. main calls each N times.
+ * jump to body() at -O2, nothing() one `ret`; and none(), whose 5 bytes
+ * end with its `ret` (`xor eax,eax; xor edx,edx; ret`). main calls each N
+ * times.
  *
  * Usage: tailjump [N]   default 1000.
  */
@@ -24,6 +26,15 @@ __attribute__((noinline)) void nothing(void)
     __asm__ volatile("");
 }
 
+struct pair {
+    long a, b;
+};
+
+__attribute__((noinline)) struct pair none(void)
+{
+    return (struct pair){0, 0};
+}
+
 int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 1000;
@@ -31,6 +42,7 @@ int main(int argc, char **argv)
     for (long i = 0; i < n; i++) {
         total += wrapper(i);
         nothing();
+        total += none().b;
     }
     printf("%ld\n", total & 0xff);
     return 0;

@@ -101,6 +101,15 @@ fn a_function_that_is_one_jump_is_counted_not_timed_between_calls() {
         let body = function(&report["functions"], "body");
         assert_eq!((body["calls"].as_u64(), body["untimed"].as_u64()), (Some(2000), Some(0)), "{engine}: {body}");
     }
+    // Five bytes that end with their `ret` are patched, and each call timed.
+    let report = run_unharmed(&["--engine", "inject", "--no-sample", "-f", "none", "-f", "main"], &binary, &["2000"]);
+    let none = function(&report["functions"], "none");
+    assert_eq!(
+        (none["calls"].as_u64(), none["untimed"].as_u64(), none["engine"].as_str()),
+        (Some(2000), Some(0), Some("inject")),
+        "{none}"
+    );
+    assert!(!report["notes"].to_string().contains("could not be patched"), "{}", report["notes"]);
 }
 
 /// A function whose first bytes other code jumps into (hand-written

@@ -170,6 +170,10 @@ fn plan_entry(entry: u64, code: &[u8], whole: bool) -> Result<PatchPlan, String>
             FlowControl::Call | FlowControl::IndirectCall => {
                 return Err("a call among its first instructions (moved, it would confuse unwinders)".into());
             }
+            // A `ret` that completes the jump's bytes moves to the trampoline
+            // as the rest does: it returns through proftap's return, as the
+            // function's would (`xor eax,eax; xor edx,edx; ret`, 5 bytes).
+            FlowControl::Return if instruction.code() == Code::Retnq && covered + instruction.len() >= JUMP_LEN => {}
             FlowControl::Return | FlowControl::Exception | FlowControl::Interrupt => {
                 return Err(format!("it ends within its first {JUMP_LEN} bytes"));
             }
