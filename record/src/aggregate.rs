@@ -1130,10 +1130,10 @@ mod tests {
         assert_eq!(stats(result, 2, 0).inclusive[0].total, 3);
     }
 
-    #[test]
-    fn compensation_subtracts_probe_costs_of_callees() {
-        // a(0) calls b(1) twice; each call of b costs 5 to its caller and 1 to itself.
-        let comp = Compensation { call: vec![[5; MAX_METRICS]; 2], own: vec![[1; MAX_METRICS]; 2] };
+    /// a(0) calls b(1) twice, compensated with a cost of `call` to a
+    /// caller per call and 1 to the call itself.
+    fn a_calls_b_twice(call: u64) -> Aggregate {
+        let comp = Compensation { call: vec![[call; MAX_METRICS]; 2], own: vec![[1; MAX_METRICS]; 2] };
         let mut agg = Aggregator::new(AggregatorConfig { compensation: Some(comp), ..AggregatorConfig::new(2, 1) });
         for e in [
             hit(1, 0, false, 0, 100),
@@ -1145,7 +1145,13 @@ mod tests {
         ] {
             agg.push(&e);
         }
-        let result = agg.finish();
+        agg.finish()
+    }
+
+    #[test]
+    fn compensation_subtracts_probe_costs_of_callees() {
+        // Each call of b costs 5 to its caller and 1 to itself.
+        let result = a_calls_b_twice(5);
         let thread = &result.threads[0];
         let a = thread.functions.iter().find(|s| s.function == 0).expect("a");
         let b = thread.functions.iter().find(|s| s.function == 1).expect("b");
@@ -1156,20 +1162,8 @@ mod tests {
 
     #[test]
     fn a_cost_larger_than_a_callers_time_leaves_it_its_callees() {
-        // a(0) calls b(1) twice; each call of b said to cost a 20, a's calls took 50 in all.
-        let comp = Compensation { call: vec![[20; MAX_METRICS]; 2], own: vec![[1; MAX_METRICS]; 2] };
-        let mut agg = Aggregator::new(AggregatorConfig { compensation: Some(comp), ..AggregatorConfig::new(2, 1) });
-        for e in [
-            hit(1, 0, false, 0, 100),
-            hit(1, 1, false, 10, 92),
-            hit(1, 1, true, 20, 100),
-            hit(1, 1, false, 30, 92),
-            hit(1, 1, true, 40, 100),
-            hit(1, 0, true, 50, 108),
-        ] {
-            agg.push(&e);
-        }
-        let result = agg.finish();
+        // Each call of b said to cost a 20, where a's calls took 50 in all.
+        let result = a_calls_b_twice(20);
         let thread = &result.threads[0];
         let a = thread.functions.iter().find(|s| s.function == 0).expect("a");
         let b = thread.functions.iter().find(|s| s.function == 1).expect("b");

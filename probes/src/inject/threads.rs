@@ -293,6 +293,11 @@ mod tests {
         n
     }
 
+    /// Thread 7 with these contexts, calls by function and frames in progress.
+    fn thread_of(nodes: Vec<Node>, calls: Vec<u64>, open: Vec<Frame>) -> ThreadTotals {
+        ThreadTotals { tid: 7, nodes, calls, open, untimed: 0, regions: Vec::new(), hooks_missed: 0, unpaired: 0, mixed: false }
+    }
+
     #[test]
     fn recursion_counts_the_outermost_frame_once_and_open_calls_end_at_the_end() {
         let clock = TscClock::new().expect("a constant TSC");
@@ -301,18 +306,7 @@ mod tests {
         let nodes = vec![Node::default(), node(0, 0, 0, 0, 0), node(1, 1, 1, cycles(1000), cycles(400)), node(2, 1, 1, cycles(400), 0)];
         let mut main = Frame::default();
         (main.node, main.child_wall, main.child_cpu) = (1, cycles(1000), cycles(1000));
-        let open = vec![main];
-        let thread = ThreadTotals {
-            tid: 7,
-            nodes,
-            calls: vec![1, 2],
-            open,
-            untimed: 0,
-            regions: Vec::new(),
-            hooks_missed: 0,
-            unpaired: 0,
-            mixed: false,
-        };
+        let thread = thread_of(nodes, vec![1, 2], vec![main]);
         let how = Conversion { clock: &clock, metrics: 2, end_tsc: cycles(5000), compensation: None };
         let profile = thread_profile(1, "t".into(), &thread, None, &how);
         let near = |a: u64, b: u64| a.abs_diff(b) <= 2;
@@ -336,17 +330,7 @@ mod tests {
     fn compensated_extremes_stay_within_the_total() {
         let clock = TscClock::with_rate(1, 1);
         let nodes = vec![Node::default(), node(0, 0, 1, 100_000, 50_000), node(1, 1, 1000, 50_000, 0)];
-        let thread = ThreadTotals {
-            tid: 7,
-            nodes,
-            calls: vec![1, 1000],
-            open: Vec::new(),
-            untimed: 0,
-            regions: Vec::new(),
-            hooks_missed: 0,
-            unpaired: 0,
-            mixed: false,
-        };
+        let thread = thread_of(nodes, vec![1, 1000], Vec::new());
         let cost = Cost { own: 10, call: 20 };
         let how = Conversion { clock: &clock, metrics: 1, end_tsc: 200_000, compensation: Some([cost, cost]) };
         let profile = thread_profile(1, "t".into(), &thread, None, &how);
@@ -369,17 +353,7 @@ mod tests {
         let clock = TscClock::with_rate(1, 1);
         // f (one call, 100 cycles) -> g (one call, 90): compensated, f loses 10 + 100, g 10.
         let nodes = vec![Node::default(), node(0, 0, 1, 100, 90), node(1, 1, 1, 90, 0)];
-        let thread = ThreadTotals {
-            tid: 7,
-            nodes,
-            calls: vec![1, 1],
-            open: Vec::new(),
-            untimed: 0,
-            regions: Vec::new(),
-            hooks_missed: 0,
-            unpaired: 0,
-            mixed: false,
-        };
+        let thread = thread_of(nodes, vec![1, 1], Vec::new());
         let cost = Cost { own: 10, call: 100 };
         let how = Conversion { clock: &clock, metrics: 1, end_tsc: 1000, compensation: Some([cost, cost]) };
         let profile = thread_profile(1, "t".into(), &thread, None, &how);
@@ -400,17 +374,7 @@ mod tests {
         let nodes = vec![root, node(0, 0, 1, 300, 0)];
         let mut frame = Frame::default();
         (frame.node, frame.entry_tsc) = (0, 1000);
-        let thread = ThreadTotals {
-            tid: 7,
-            nodes,
-            calls: vec![1],
-            open: vec![frame],
-            untimed: 0,
-            regions: Vec::new(),
-            hooks_missed: 0,
-            unpaired: 0,
-            mixed: false,
-        };
+        let thread = thread_of(nodes, vec![1], vec![frame]);
         let how = Conversion { clock: &clock, metrics: 1, end_tsc: 4000, compensation: None };
         let profile = thread_profile(1, "t".into(), &thread, None, &how);
         assert_eq!(profile.tree.nodes[0].calls, 0);
@@ -429,17 +393,7 @@ mod tests {
         let (mut outer, mut inner) = (Frame::default(), Frame::default());
         (outer.node, outer.entry_tsc, outer.child_wall, outer.child_cpu) = (1, 1000, u64::MAX, u64::MAX);
         (inner.node, inner.entry_tsc) = (2, 2000);
-        let thread = ThreadTotals {
-            tid: 7,
-            nodes,
-            calls: vec![1, 1],
-            open: vec![outer, inner],
-            untimed: 0,
-            regions: Vec::new(),
-            hooks_missed: 0,
-            unpaired: 0,
-            mixed: false,
-        };
+        let thread = thread_of(nodes, vec![1, 1], vec![outer, inner]);
         let how = Conversion { clock: &clock, metrics: 2, end_tsc: 5000, compensation: None };
         let profile = thread_profile(1, "t".into(), &thread, Some(0), &how);
         let outer = profile.functions.iter().find(|f| f.function == 0).expect("the outer function");
