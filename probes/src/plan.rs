@@ -52,6 +52,10 @@ pub struct ProbedFunction {
     /// its module branches to ([`entered_inside`]): a jump written over
     /// them would be landed in the middle of.
     pub entered_inside: Vec<u32>,
+    /// Bytes after its code, before the next function, that hold only
+    /// padding (`nop`, `int3`), up to 4 ([`padding_after`]): a jump
+    /// written over a function shorter than the jump may take them.
+    pub padding: u8,
 }
 
 /// The probes for `selected` functions of `modules`; `images[m]` is module
@@ -70,6 +74,7 @@ pub fn plan(
     // A scan of every function for each would take a second in a large program.
     let mut cold_by_module: HashMap<usize, ColdParts<'_>> = HashMap::new();
     let mut entered_by_module: HashMap<usize, EnteredInside> = HashMap::new();
+    let mut starts_by_module: HashMap<usize, Vec<u64>> = HashMap::new();
     for s in selected {
         let index = modules[s.module];
         let f = &index.functions[s.function];
@@ -143,6 +148,13 @@ pub fn plan(
             entry_probe,
             cold,
             entered_inside,
+            padding: padding_after(
+                starts_by_module.entry(s.module).or_insert_with(|| function_starts(index)),
+                f.address.0,
+                f.size,
+                file,
+                offset.0,
+            ),
         });
     }
     planned
@@ -238,5 +250,34 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, image: &ElfImage, open_path: &std::
         cold: Vec::new(),
         uprobe_refused: uprobe_refuses(code.as_deref().unwrap_or(&[])),
         entered_inside: Vec::new(),
+        padding: 0,
     })
+}
+
+/// Every function's start in `index`, sorted.
+fn function_starts(index: &SymbolIndex) -> Vec<u64> {
+    let mut starts: Vec<u64> = index.functions.iter().map(|f| f.address.0).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    starts
+}
+
+/// The padding after the function at `address`, `size` bytes long, whose
+/// code is at `offset` in `file`: the `nop` and `int3` instructions that
+/// follow it before the next of `starts`, counted up to 4 bytes (a jump is 5).
+fn padding_after(starts: &[u64], address: u64, size: u64, file: &[u8], offset: u64) -> u8 {
+    let end = address.saturating_add(size);
+    let next = starts.get(starts.partition_point(|&s| s <= address)).copied().unwrap_or(u64::MAX);
+    let gap = next.saturating_sub(end).min(16) as usize;
+    let Some(after) = offset.checked_add(size).and_then(|at| file.get(at as usize..(at as usize).checked_add(gap)?)) else { return 0 };
+    let mut decoder = iced_x86::Decoder::with_ip(64, after, end, iced_x86::DecoderOptions::NONE);
+    let mut padding = 0usize;
+    while decoder.can_decode() && padding < 4 {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() || !matches!(instruction.mnemonic(), iced_x86::Mnemonic::Nop | iced_x86::Mnemonic::Int3) {
+            break;
+        }
+        padding += instruction.len();
+    }
+    padding.min(4) as u8
 }

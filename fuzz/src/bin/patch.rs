@@ -7,7 +7,8 @@
 //! on from there), and those that depend on no address must land as the
 //! same instructions.
 //!
-//! The input: the code, at 0x40_1000.
+//! The input: a byte saying how many of the last bytes are padding after
+//! the function (0 to 4), then the code, at 0x40_1000.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
 use proftap_probes::inject::patch::{PatchPlan, count_call, plan, plan_checked, plan_returns, trampoline};
@@ -18,8 +19,10 @@ const CODE: u64 = 0x40_1000;
 /// Trampolines near the code, and out of a 32-bit displacement's reach.
 const PLACES: [u64; 2] = [0x40_8000, 0x7fff_0000_0000];
 
-fn run(code: &[u8]) {
-    let mut plans: Vec<PatchPlan> = plan(CODE, code).into_iter().chain(plan_checked(CODE, code)).collect();
+fn run(data: &[u8]) {
+    let Some((&padding, code)) = data.split_first() else { return };
+    let padding = usize::from(padding % 5).min(code.len());
+    let mut plans: Vec<PatchPlan> = plan(CODE, code, padding).into_iter().chain(plan_checked(CODE, code, padding)).collect();
     plans.extend(plan_returns(CODE, code).unwrap_or_default());
     for patch in &plans {
         check(code, patch);

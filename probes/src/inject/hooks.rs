@@ -105,6 +105,7 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
                     cold: Vec::new(),
                     return_replaceable: true,
                     entered_inside: Vec::new(),
+                    padding: 0,
                 };
                 sites.push(HookSite { name, hook, target });
             }

@@ -129,17 +129,18 @@ pub fn plan_returns(entry: u64, code: &[u8]) -> Result<Vec<PatchPlan>, String> {
 }
 
 /// Plans the patch of the function at `entry` whose code is `code` (its
-/// whole body, `code.len()` its size), or says why it cannot be patched.
-pub fn plan(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
-    plan_entry(entry, code, true)
+/// whole body, then `padding` bytes of the padding after it, which no code
+/// runs), or says why it cannot be patched.
+pub fn plan(entry: u64, code: &[u8], padding: usize) -> Result<PatchPlan, String> {
+    plan_entry(entry, code, padding, true)
 }
 
 /// [`plan`] for a function whose whole code was found patchable already,
 /// at another address (the verdict is the same at any): only its first
 /// instructions are decoded, not the body a branch back into them would
 /// be looked for in.
-pub fn plan_checked(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
-    plan_entry(entry, code, false)
+pub fn plan_checked(entry: u64, code: &[u8], padding: usize) -> Result<PatchPlan, String> {
+    plan_entry(entry, code, padding, false)
 }
 
 /// Bytes that hold a function's first instructions the jump replaces: an
@@ -147,8 +148,10 @@ pub fn plan_checked(entry: u64, code: &[u8]) -> Result<PatchPlan, String> {
 /// as an instruction may be.
 const FIRST_BYTES: usize = 4 + JUMP_LEN + 15;
 
-fn plan_entry(entry: u64, code: &[u8], whole: bool) -> Result<PatchPlan, String> {
-    let body = decode(entry, &code[..code.len().min(FIRST_BYTES)]);
+fn plan_entry(entry: u64, code: &[u8], padding: usize, whole: bool) -> Result<PatchPlan, String> {
+    let own = code.len().saturating_sub(padding);
+    let function_end = entry + own as u64;
+    let body = decode(entry, &code[..own.min(FIRST_BYTES)]);
     let mut at = entry;
     let mut first = 0;
     if body.first().is_some_and(|i| i.code() == Code::Endbr64) {
@@ -170,10 +173,19 @@ fn plan_entry(entry: u64, code: &[u8], whole: bool) -> Result<PatchPlan, String>
             FlowControl::Call | FlowControl::IndirectCall => {
                 return Err("a call among its first instructions (moved, it would confuse unwinders)".into());
             }
-            // A `ret` that completes the jump's bytes moves to the trampoline
-            // as the rest does: it returns through proftap's return, as the
-            // function's would (`xor eax,eax; xor edx,edx; ret`, 5 bytes).
-            FlowControl::Return if instruction.code() == Code::Retnq && covered + instruction.len() >= JUMP_LEN => {}
+            // A `ret` that completes the jump's bytes, alone or with the
+            // padding after the function, moves to the trampoline as the rest
+            // does: it returns through proftap's return, as the function's
+            // would (`xor eax,eax; ret`, then padding no code runs).
+            FlowControl::Return
+                if instruction.code() == Code::Retnq
+                    && (covered + instruction.len() >= JUMP_LEN
+                        || (instruction.next_ip() == function_end && covered + instruction.len() + padding >= JUMP_LEN)) =>
+            {
+                replaced.push(*instruction);
+                covered = (covered + instruction.len()).max(JUMP_LEN);
+                break;
+            }
             FlowControl::Return | FlowControl::Exception | FlowControl::Interrupt => {
                 return Err(format!("it ends within its first {JUMP_LEN} bytes"));
             }
@@ -364,11 +376,29 @@ mod tests {
         assert!(trampoline(&plans[0], 0x40_8000, |_| Ok(Vec::new())).is_ok());
     }
 
+    /// A function shorter than the jump that ends with its `ret` takes the
+    /// padding after it; not a `ret` before its end, nor without padding.
+    #[test]
+    fn a_short_function_ending_in_ret_takes_the_padding_after_it() {
+        // xor eax,eax; ret; then xchg ax,ax (padding)
+        let code = [0x31, 0xc0, 0xc3, 0x66, 0x90];
+        let patch = plan(0x1000, &code, 2).expect("patchable over its padding");
+        assert_eq!((patch.len(), patch.replaced.len()), (5, 2));
+        assert_eq!(&patch.original, &code);
+        assert!(trampoline(&patch, 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).is_ok());
+        // ret alone, four bytes of int3 after it.
+        assert_eq!(plan(0x1000, &[0xc3, 0xcc, 0xcc, 0xcc, 0xcc], 4).expect("patchable").len(), 5);
+        // Not enough padding.
+        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3, 0x90], 1).expect_err("short").contains("ends within"));
+        // A ret before the function's end (a nop of its own follows).
+        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3, 0x90, 0x90], 1).expect_err("not its end").contains("ends within"));
+    }
+
     #[test]
     fn a_frame_pointer_prologue_is_patched_after_endbr64() {
         // endbr64; push rbp; mov rbp,rsp; mov eax,1; pop rbp; ret
         let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0xb8, 0x01, 0, 0, 0, 0x5d, 0xc3];
-        let patch = plan(0x1000, &code).expect("patchable");
+        let patch = plan(0x1000, &code, 0).expect("patchable");
         assert_eq!(patch.at, 0x1004);
         // push rbp (1) + mov rbp,rsp (3) + mov eax,1 (5) = 9 bytes, the first boundary past 5.
         assert_eq!(patch.len(), 9);
@@ -384,21 +414,21 @@ mod tests {
         let mut code = vec![0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0xb8, 0x01, 0, 0, 0];
         code.extend([0x90; 100]);
         code.extend([0x5d, 0xc3]);
-        let (whole, first) = (plan(0x1000, &code).expect("patchable"), plan_checked(0x1000, &code).expect("patchable"));
+        let (whole, first) = (plan(0x1000, &code, 0).expect("patchable"), plan_checked(0x1000, &code, 0).expect("patchable"));
         assert_eq!((whole.at, &whole.original, whole.replaced.len()), (first.at, &first.original, first.replaced.len()));
         assert!(whole.replaced.iter().zip(&first.replaced).all(|(a, b)| a == b && a.ip() == b.ip()));
         // What only the whole body shows is the earlier check's to see.
         // xor eax,eax; inc eax; cmp eax,10; jne -> inc; ret
         let looping = [0x31, 0xc0, 0xff, 0xc0, 0x83, 0xf8, 0x0a, 0x75, 0xf9, 0xc3];
-        assert!(plan(0x1000, &looping).is_err());
-        assert!(plan_checked(0x1000, &looping).is_ok());
+        assert!(plan(0x1000, &looping, 0).is_err());
+        assert!(plan_checked(0x1000, &looping, 0).is_ok());
     }
 
     #[test]
     fn instructions_that_depend_on_nothing_move_as_the_encoder_would_move_them() {
         // endbr64; push rbp; mov rbp,rsp; push r15; sub rsp,0x18; mov eax,1; pop rbp; ret
         let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0x41, 0x57, 0x48, 0x83, 0xec, 0x18, 0xb8, 1, 0, 0, 0, 0x5d, 0xc3];
-        let patch = plan(0x40_1000, &code).expect("patchable");
+        let patch = plan(0x40_1000, &code, 0).expect("patchable");
         assert!(patch.replaced.iter().all(moves_as_it_is));
         let t = trampoline(&patch, 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).expect("movable");
         let block = InstructionBlock::new(&patch.replaced, 0x40_5008);
@@ -418,7 +448,7 @@ mod tests {
         let mut code = vec![0x85, 0xff, 0x74, 0x10, 0xb8, 1, 0, 0, 0];
         code.extend([0x90; 16]);
         code.push(0xc3);
-        let patch = plan_checked(0x40_1000, &code).expect("patchable");
+        let patch = plan_checked(0x40_1000, &code, 0).expect("patchable");
         assert_eq!(patch.replaced.len(), 3);
         let t = trampoline(&patch, 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).expect("movable");
         for (&(from, to), original) in t.moved.iter().zip(&patch.replaced) {
@@ -448,7 +478,7 @@ mod tests {
     fn rip_relative_instructions_are_relocated() {
         // mov rax,[rip+0x100]; nop; ret  (the load reads 0x1107)
         let code = [0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x90, 0xc3];
-        let patch = plan(0x1000, &code).expect("patchable");
+        let patch = plan(0x1000, &code, 0).expect("patchable");
         let t = trampoline(&patch, 0x5000, |a| Ok(count_call(a, 0x6000))).expect("relocatable");
         // The moved load still reads 0x1107.
         let mut decoder = Decoder::with_ip(64, &t.code[8..], 0x5008, DecoderOptions::NONE);
@@ -467,7 +497,7 @@ mod tests {
         let mut code = vec![0x53, 0x48, 0x89, 0xfb, 0xe8];
         code.extend_from_slice(&((target as i64 - 0x1009) as i32).to_le_bytes());
         code.extend_from_slice(&[0x5b, 0xc3]);
-        let patch = plan(0x1000, &code).expect("patchable");
+        let patch = plan(0x1000, &code, 0).expect("patchable");
         assert_eq!(patch.len(), 9);
         let t = trampoline(&patch, 0x7fff_0000_0000, |_| Ok(Vec::new())).expect("relocatable");
         let decoded: Vec<Instruction> = Decoder::with_ip(64, &t.code, 0x7fff_0000_0000, DecoderOptions::NONE).into_iter().collect();
@@ -506,7 +536,7 @@ mod tests {
     fn a_patch_over_bytes_code_elsewhere_jumps_into_is_refused() {
         // mov rax,rdi (3); add rax,1 (4); ret
         let code = [0x48, 0x89, 0xf8, 0x48, 0x83, 0xc0, 0x01, 0xc3];
-        let patch = plan(0x1000, &code).expect("patchable");
+        let patch = plan(0x1000, &code, 0).expect("patchable");
         assert!(not_entered_inside(&patch, 0x1000, &[3]).expect_err("entered at 3").contains("byte 3"));
         // At its start, or past the replaced bytes, a jump lands as it should.
         assert!(not_entered_inside(&patch, 0x1000, &[0, 7]).is_ok());
@@ -515,11 +545,11 @@ mod tests {
     #[test]
     fn unsafe_entries_say_why() {
         // A call that does not end the patch: call rax (2 bytes) first.
-        assert!(plan(0x1000, &[0xff, 0xd0, 0x31, 0xc0, 0x90, 0x90, 0xc3]).expect_err("call").contains("call"));
+        assert!(plan(0x1000, &[0xff, 0xd0, 0x31, 0xc0, 0x90, 0x90, 0xc3], 0).expect_err("call").contains("call"));
         // ret within the first bytes.
-        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3]).expect_err("short").contains("ends within"));
+        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3], 0).expect_err("short").contains("ends within"));
         // A loop jumping back to the second instruction: xor eax,eax; inc eax; cmp eax,10; jne -> inc.
         let code = [0x31, 0xc0, 0xff, 0xc0, 0x83, 0xf8, 0x0a, 0x75, 0xf9, 0xc3];
-        assert!(plan(0x1000, &code).expect_err("loop").contains("jumps back into"));
+        assert!(plan(0x1000, &code, 0).expect_err("loop").contains("jumps back into"));
     }
 }

@@ -52,6 +52,8 @@ pub struct Target {
     /// Offsets within its first bytes that other code branches to (see
     /// [`ProbedFunction::entered_inside`]).
     pub entered_inside: Vec<u32>,
+    /// Padding after its code a jump may take (see [`ProbedFunction::padding`]).
+    pub padding: u64,
 }
 
 impl Target {
@@ -67,6 +69,7 @@ impl Target {
             cold: f.cold.clone(),
             return_replaceable: !crate::entry::return_address_untouchable(&f.info.name),
             entered_inside: f.entered_inside.clone(),
+            padding: u64::from(f.padding),
         }
     }
 }
@@ -122,6 +125,8 @@ pub struct Code<'s> {
     pub at: u64,
     /// Its bytes.
     pub bytes: &'s [u8],
+    /// Its bytes and the padding after them a jump may take.
+    pub padded: &'s [u8],
     /// Runtime address less link-time address.
     pub bias: u64,
     /// Its cold parts: runtime address and bytes.
@@ -168,6 +173,10 @@ impl<'a> CodeSource<'a> {
         }
         let bytes =
             image.data().get(target.offset as usize..(target.offset + target.size) as usize).ok_or("its code is not in the file")?;
+        let padded = image
+            .data()
+            .get(target.offset as usize..(target.offset + target.size + target.padding) as usize)
+            .ok_or("its code is not in the file")?;
         let at = loaded.bias.to_runtime(VirtAddr(target.address)).0;
         let bias = at.wrapping_sub(target.address);
         let cold = target
@@ -178,7 +187,7 @@ impl<'a> CodeSource<'a> {
                 Some((lo.wrapping_add(bias), image.data().get(offset..offset.checked_add(hi.checked_sub(lo)? as usize)?)?))
             })
             .collect();
-        Ok(Code { module: loaded.path.clone(), at, bytes, bias, cold, image, segments })
+        Ok(Code { module: loaded.path.clone(), at, bytes, padded, bias, cold, image, segments })
     }
 }
 
@@ -228,8 +237,10 @@ pub fn plans(modules: &[LoadedModule], targets: &[Target], checked: &[bool]) -> 
                 // Replaced, its return address would write over the program's
                 // arguments or a signal frame, or be returned to twice.
                 Site::Entry if !target.return_replaceable => Err(RETURN_UNTOUCHABLE.to_string()),
-                Site::Entry if checked.get(i).copied().unwrap_or(false) => patch::plan_checked(code.at, code.bytes).map(|p| vec![p]),
-                Site::Entry => patch::plan(code.at, code.bytes)
+                Site::Entry if checked.get(i).copied().unwrap_or(false) => {
+                    patch::plan_checked(code.at, code.padded, code.padded.len() - code.bytes.len()).map(|p| vec![p])
+                }
+                Site::Entry => patch::plan(code.at, code.padded, code.padded.len() - code.bytes.len())
                     .and_then(|p| patch::not_entered_inside(&p, code.at, &target.entered_inside).map(|()| vec![p])),
                 Site::Return => patch::plan_returns(code.at, code.bytes),
             };
