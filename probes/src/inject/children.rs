@@ -115,14 +115,15 @@ impl Children {
             .collect()
     }
 
-    /// Each child so far, with a view of its memory laid out as the
-    /// parent's (`geometry`, at `remote` in the process) and when it ended,
-    /// and how many were refused or past the limit.
-    pub fn views(&self, geometry: Geometry, remote: u64) -> (Vec<ChildView>, u64) {
+    /// Each child after the first `first` so far, with a view of its
+    /// memory laid out as the parent's (`geometry`, at `remote` in the
+    /// process) and when it ended, and how many were refused or past the limit.
+    pub fn views(&self, first: usize, geometry: Geometry, remote: u64) -> (Vec<ChildView>, u64) {
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         let views = received
             .children
             .iter()
+            .skip(first)
             .map(|child| ChildView { pid: child.pid, view: child.view(geometry, remote), ended_ns: child.ended_ns })
             .collect();
         (views, received.refused)
@@ -132,13 +133,6 @@ impl Children {
     /// another thread (the memory of those to come included).
     pub fn memories(&self, geometry: Geometry, remote: u64) -> ChildMemories {
         ChildMemories { received: self.received.clone(), geometry, remote }
-    }
-
-    /// [`Children::views`] of the children after the first `first`.
-    pub fn views_from(&self, first: usize, geometry: Geometry, remote: u64) -> (Vec<(i32, io::Result<TotalsView>)>, u64) {
-        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        let views = received.children.iter().skip(first).map(|child| (child.pid, child.view(geometry, remote))).collect();
-        (views, received.refused)
     }
 }
 

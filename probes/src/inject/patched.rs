@@ -425,7 +425,7 @@ impl Patched {
     pub fn children(&mut self) -> (Vec<ChildView>, u64) {
         let (Some(children), Some(view)) = (&mut self.children, &self.view) else { return (Vec::new(), 0) };
         children.stop();
-        children.views(self.geometry, view.remote_address())
+        children.views(0, self.geometry, view.remote_address())
     }
 
     /// Puts the original bytes of `functions` back while the process runs
@@ -482,13 +482,13 @@ impl Patched {
 
     fn read_children_calls(&mut self, functions: usize) {
         let (Some(children), Some(view)) = (&self.children, &self.view) else { return };
-        let (new, _) = children.views_from(self.children_views.len(), self.geometry, view.remote_address());
+        let (new, _) = children.views(self.children_views.len(), self.geometry, view.remote_address());
         let running = if new.is_empty() || self.unpatched.is_empty() { Vec::new() } else { children.running() };
-        for (pid, child) in new {
-            if let Some((_, process)) = running.iter().find(|(p, _)| *p == pid) {
-                self.unpatch_child(pid, process, &self.unpatched);
+        for child in new {
+            if let Some((_, process)) = running.iter().find(|(p, _)| *p == child.pid) {
+                self.unpatch_child(child.pid, process, &self.unpatched);
             }
-            self.children_views.push(child.ok());
+            self.children_views.push(child.view.ok());
         }
         self.children_calls = vec![0; functions];
         for child in self.children_views.iter().flatten() {

@@ -473,7 +473,7 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
     assert_eq!((nodes[2].parent, nodes[2].calls), (1, 1), "the child's call, under it");
 
     children.stop();
-    let (views, refused) = children.views(geometry, rt.shared as u64);
+    let (views, refused) = children.views(0, geometry, rt.shared as u64);
     assert_eq!(refused, 0);
     let [child] = <[_; 1]>::try_from(views).ok().expect("one child");
     assert_eq!(child.pid, std::process::id() as i32);
