@@ -61,6 +61,36 @@ fn the_program_keeps_its_exit_status_and_output() {
     assert_eq!(calls_by_name(&report)["never_called"], 1);
 }
 
+/// A SIGINT sent to `proftap run` alone (not the terminal's Ctrl-C, which
+/// the command gets too) stops the command as well, as `perf record` does:
+/// the run ends with its profile instead of waiting for a command that was
+/// never told.
+#[test]
+fn an_interrupt_sent_to_proftap_alone_stops_the_command() {
+    require_probes();
+    let binary = Build::c("wait.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let mut command = proftap();
+    command.arg("run").arg("-o").arg(&file).args(["-f", "tick", "--"]).arg(&binary);
+    let mut waiter = Waiter::start_command(command);
+    assert_eq!(waiter.tick(10), 10);
+    // SAFETY: kill(2) on a child this test started and has not waited for.
+    assert_eq!(unsafe { libc::kill(waiter.child.id() as i32, libc::SIGINT) }, 0);
+    // Without the command stopped, proftap would wait for it until its input ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = waiter.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "proftap still waits for a command it never stopped");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130), "the command's own death by SIGINT, as a shell says it");
+    let report = report_json(&file);
+    assert_eq!(calls_by_name(&report)["tick"], 10);
+}
+
 /// Starts `proftap attach -o FILE ARGS PID` (uprobes) and waits until it says the probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
     let pid = pid.to_string();

@@ -631,6 +631,9 @@ impl<'a> Driver<'a> {
             target::signal(self.run.pid, nix::sys::signal::Signal::SIGTERM);
             self.terminated_sent = true;
         }
+        if control.interrupt_only_proftap.swap(false, Ordering::Relaxed) {
+            target::signal(self.run.pid, nix::sys::signal::Signal::SIGINT);
+        }
         if gone || self.pidfd.is_none() {
             self.ended = target::try_reap(self.run.pid)?;
         }

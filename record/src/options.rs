@@ -43,6 +43,10 @@ pub enum TargetSpec {
 pub struct Control {
     /// Ctrl-C.
     pub interrupt: Arc<AtomicBool>,
+    /// A SIGINT sent to proftap alone (by `kill`, not by the terminal,
+    /// which sends it to the launched command as well): the command is
+    /// sent it, as the user meant the run to stop.
+    pub interrupt_only_proftap: Arc<AtomicBool>,
     /// SIGTERM.
     pub terminate: Arc<AtomicBool>,
     /// End the recording and leave the program running, launched or not.

@@ -306,7 +306,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// profile written.
 pub fn control() -> Result<Control> {
     let control = Control::default();
-    signal_hook::flag::register(signal_hook::consts::SIGINT, control.interrupt.clone()).context("cannot handle SIGINT")?;
+    let (interrupt, only_proftap) = (control.interrupt.clone(), control.interrupt_only_proftap.clone());
+    // SAFETY: the action only stores to atomics, which is async-signal-safe.
+    unsafe {
+        signal_hook_registry::register_sigaction(libc::SIGINT, move |info: &libc::siginfo_t| {
+            interrupt.store(true, std::sync::atomic::Ordering::Relaxed);
+            // The terminal's Ctrl-C comes from the kernel, to the whole
+            // foreground process group; a `kill` to proftap alone does not.
+            if info.si_code != libc::SI_KERNEL {
+                only_proftap.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    }
+    .context("cannot handle SIGINT")?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, control.terminate.clone()).context("cannot handle SIGTERM")?;
     signal_hook::flag::register(signal_hook::consts::SIGHUP, control.terminate.clone()).context("cannot handle SIGHUP")?;
     Ok(control)
