@@ -154,6 +154,19 @@ fn wrap(text: &str, width: usize) -> String {
     out
 }
 
+/// The CPU time the threads' outermost measured calls took together, when
+/// `key` is CPU time and more than one thread ran: threads run side by
+/// side, and their CPU time is not a share of the run's wall time.
+fn threads_cpu_ns(profile: &Profile, metric: usize, key: &str) -> Option<u64> {
+    if key != "cpu_ns" || profile.threads.len() < 2 {
+        return None;
+    }
+    let outermost = |t: &proftap_profile::ThreadProfile| -> u64 {
+        t.tree.nodes.iter().skip(1).filter(|n| n.parent == 0).map(|n| n.inclusive.get(metric).copied().unwrap_or(0)).sum()
+    };
+    Some(profile.threads.iter().map(outermost).sum())
+}
+
 /// The function to look at first: the most exclusive time (CPU time, else
 /// the first metric; a throttled function's with its time after the
 /// throttle, from its samples), or with only samples, the most samples in
@@ -177,7 +190,11 @@ fn hottest(profile: &Profile, out: &mut String) {
         })
         .max_by_key(|(_, total, _)| *total);
     if let Some((f, total, estimated)) = instrumented.filter(|(f, _, _)| f.calls > 0) {
-        let share = if timed { format!(", {:.1}% of the run", 100.0 * total as f64 / duration) } else { String::new() };
+        let share = match (timed, threads_cpu_ns(profile, metric, key)) {
+            (false, _) => String::new(),
+            (true, Some(cpu)) => format!(", {:.1}% of the threads' measured CPU time", 100.0 * total as f64 / cpu.max(1) as f64),
+            (true, None) => format!(", {:.1}% of the run", 100.0 * total as f64 / duration),
+        };
         // Without samples, time in callees after their probes were removed
         // stays in this function's own: say so rather than name it hottest bare.
         let unseen = if profile.samples.is_none() && timed && calls_throttled(profile, f.function) {
@@ -711,6 +728,41 @@ mod tests {
         assert_eq!(tree.len(), 10);
         assert!(text.contains("990 calling contexts deeper than 10 levels not shown"), "{text}");
         assert!(tree.iter().all(|l| l.chars().count() <= 80), "{text}");
+    }
+
+    /// Two threads each spending a whole second of CPU in `work` during a
+    /// one-second run: `work` is all of their CPU time, not 200% of the run.
+    #[test]
+    fn a_threads_cpu_time_is_a_share_of_all_threads_not_of_the_run() {
+        let thread = |tid: i32| {
+            let mut tree = CallTree::new(1);
+            tree.nodes.push(TreeNode {
+                function: 0,
+                parent: 0,
+                calls: 1,
+                inclusive: vec![1_000_000_000],
+                exclusive: vec![1_000_000_000],
+                estimated: false,
+            });
+            let mut stats = FunctionStats::new(0, 1);
+            stats.calls = 1;
+            stats.exclusive[0].total = 1_000_000_000;
+            ThreadProfile { pid: 1, tid, name: String::new(), functions: vec![stats], tree }
+        };
+        let mut profile = Profile {
+            metrics: vec!["cpu_ns".into()],
+            functions: vec![FunctionInfo { name: "work".into(), ..FunctionInfo::default() }],
+            threads: vec![thread(1), thread(2)],
+            ..Profile::default()
+        };
+        profile.recording.duration_ns = 1_000_000_000;
+        let mut out = String::new();
+        hottest(&profile, &mut out);
+        assert_eq!(out, "  hottest     work: 2.000 s CPU time in itself, 100.0% of the threads' measured CPU time, 2 calls\n");
+        profile.threads.pop();
+        out.clear();
+        hottest(&profile, &mut out);
+        assert_eq!(out, "  hottest     work: 1.000 s CPU time in itself, 100.0% of the run, 1 call\n");
     }
 
     #[test]
