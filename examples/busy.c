@@ -2,9 +2,12 @@
  * called millions of times: instrumented throughout, it would cost the
  * program a third of its time, so the overhead governor throttles it; it
  * is still where the program spends its time.
- * Usage: busy [MILLIONS]   default 5 */
+ * Usage: busy [MILLIONS [CHILDREN]]   default 5, no children: each forked
+ * child makes as many calls as the parent, first. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 volatile unsigned long sink;
 
@@ -18,7 +21,18 @@ __attribute__((noinline)) unsigned long step(unsigned long x)
 int main(int argc, char **argv)
 {
     long calls = (long)((argc > 1 ? atof(argv[1]) : 5) * 1e6);
+    int children = argc > 2 ? atoi(argv[2]) : 0;
     unsigned long x = 1;
+    for (int c = 0; c < children; c++) {
+        pid_t child = fork();
+        if (child == 0) {
+            for (long i = 0; i < calls; i++)
+                x = step(x);
+            sink = x;
+            _exit(0);
+        }
+        waitpid(child, NULL, 0);
+    }
     for (long i = 0; i < calls; i++)
         x = step(x);
     sink = x;

@@ -55,6 +55,7 @@ fn check_hot_function_throttled(engine: &[&str]) {
     let sampled = report["samples"]["functions"].as_array().unwrap().iter().find(|f| f["name"] == "tiny").unwrap();
     assert!(sampled["total"].as_u64().unwrap() > 0, "{sampled}");
 
+    let notes: Vec<&str> = report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
     // The cheap function keeps exact counts, and so does main: nothing was lost.
     assert_eq!(report["lost_events"], 0);
     let rare = function(functions, "rare");
@@ -65,13 +66,16 @@ fn check_hot_function_throttled(engine: &[&str]) {
         // main was running when the probes changed: its return probe went
         // with the old set, and it says so instead of passing for an exception.
         assert_eq!((main["unwound"].as_u64(), main["unfinished"].as_u64()), (Some(0), Some(1)));
+        assert!(tiny["calls_after_throttle"].is_null(), "uprobes count nothing after: {tiny}");
     } else {
         // Its return comes through proftap's trampoline whatever was unpatched.
         assert_eq!((main["unwound"].as_u64(), main["unfinished"].as_u64()), (Some(0), Some(0)));
         assert_eq!(report["recording"]["engine"], "inject");
+        // Counting its calls after the throttle would cost more than the
+        // budget too (about as much as a call of it): they are not counted.
+        assert!(tiny["calls_after_throttle"].is_null(), "{tiny}");
+        assert!(notes.iter().any(|n| n.contains("stopped counting the calls of tiny")), "{notes:?}");
     }
-
-    let notes: Vec<&str> = report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
     assert!(notes.iter().any(|n| n.contains("removed the probes of tiny")), "{notes:?}");
 
     // After the throttle, tiny's time is what the samples say; main, which
@@ -185,7 +189,10 @@ fn a_function_hot_in_a_forked_child_is_throttled_there() {
 fn the_hottest_function_counts_its_time_after_a_throttle() {
     let _serial = one_recording_at_a_time();
     require_probes();
-    let (report, text) = recorded(&[], &Build::c("busy.c", "-O2").build(), &["3"]);
+    // A 10% budget, so that counting (2 ns of step's hundred) fits in half
+    // of it, as the governor aims while the run is over it, on a machine
+    // twice as fast too.
+    let (report, text) = recorded(&["--overhead-budget", "10"], &Build::c("busy.c", "-O2").build(), &["3"]);
     let step = function(&report["functions"], "step");
     assert_eq!(step["mode"], "throttled", "{step}");
     // The JSON report carries the same estimate: with it, step's own time
@@ -194,6 +201,16 @@ fn the_hottest_function_counts_its_time_after_a_throttle() {
     assert!(step["own_cpu_ns_after_throttle"].as_u64().unwrap() > 0 && own_cpu(step) > own_cpu(main), "step {step}, main {main}");
     let hottest = text.lines().nth(1).unwrap();
     assert!(hottest.starts_with("  hottest     step: about ") && hottest.contains("estimated from samples"), "{text}");
+    // Its calls after the throttle are counted (a call of it takes a
+    // hundred nanoseconds, counting it about 2), in the forked child too,
+    // which shares the counters.
+    let after = step["calls_after_throttle"].as_u64().unwrap_or_else(|| panic!("not counted after: {step}"));
+    assert_eq!(step["calls"].as_u64().unwrap() + after, 3_000_000, "{step}");
+    assert!(hottest.contains("3,000,000 calls ("), "{text}");
+    let (report, _) = recorded(&["--overhead-budget", "10"], &Build::c("busy.c", "-O2").build(), &["2", "1"]);
+    let step = function(&report["functions"], "step");
+    let after = step["calls_after_throttle"].as_u64().unwrap_or_else(|| panic!("not counted after: {step}"));
+    assert_eq!(step["calls"].as_u64().unwrap() + after, 4_000_000, "parent and child: {step}");
 }
 
 /// `proftap run ARGS -- BINARY BINARY_ARGS`: its JSON report and its text report.

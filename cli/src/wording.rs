@@ -95,10 +95,15 @@ fn finding_sentence(finding: &Finding) -> String {
             if lines.len() == 1 { "it" } else { "each" },
             examples(lines)
         ),
-        Finding::Throttled { after_ms, functions, budget_percent, sampled } => format!(
-            "after {after_ms} ms, removed the probes of {}: the costliest while the probes together were over the {budget_percent}% overhead budget; {} from then on",
+        Finding::Throttled { after_ms, functions, budget_percent, sampled, counted } => format!(
+            "after {after_ms} ms, removed the probes of {}: the costliest while the probes together were over the {budget_percent}% overhead budget; {} from then on{}",
             with_calls(functions),
-            if *sampled { "sampled" } else { "not timed" }
+            if *sampled { "sampled" } else { "not timed" },
+            if *counted { ", their calls still counted" } else { "" }
+        ),
+        Finding::CountingStopped { after_ms, functions, budget_percent } => format!(
+            "after {after_ms} ms, stopped counting the calls of {} after their probes were removed: counting them too cost more than the {budget_percent}% overhead budget; their calls are estimated from the samples",
+            with_calls(functions)
         ),
         Finding::UnpatchFailed { functions, error } => {
             format!("could not unpatch {}, over the overhead budget: {error}", with_calls(functions))

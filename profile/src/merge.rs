@@ -1,7 +1,8 @@
 //! Adding profiles together: runs of the same build of a program.
 
 use crate::model::{
-    BranchRecord, FunctionId, HeldSamples, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack, Throttled,
+    BranchRecord, FunctionId, FunctionInfo, HeldSamples, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack,
+    Throttled,
 };
 use crate::notes::Note;
 use std::collections::{HashMap, HashSet};
@@ -89,6 +90,7 @@ impl Profile {
     /// its ids went. The same function (module, name, address) keeps one
     /// id; it is exact only if exact in every run that instrumented it.
     fn merge_functions(&mut self, other: &Profile) -> Vec<FunctionId> {
+        let known_before = self.functions.len();
         let mut ids: HashMap<(String, String, u64), FunctionId> =
             self.functions.iter().enumerate().map(|(i, f)| ((f.module.clone(), f.name.clone(), f.address), i as FunctionId)).collect();
         let remap: Vec<FunctionId> = other
@@ -101,13 +103,22 @@ impl Profile {
                 })
             })
             .collect();
-        for (theirs, &id) in other.functions.iter().zip(&remap) {
+        // Those just added are theirs as they are.
+        for (theirs, &id) in other.functions.iter().zip(&remap).filter(|&(_, &id)| (id as usize) < known_before) {
             let mine = &mut self.functions[id as usize];
+            // Calls after a throttle are counted in all only if every run
+            // that throttled the function counted them.
+            let counted_after = |f: &FunctionInfo| match f.mode {
+                Mode::Throttled => f.calls_after_throttle,
+                _ => Some(0),
+            };
+            let after = counted_after(mine).zip(counted_after(theirs)).map(|(a, b)| a.saturating_add(b));
             mine.mode = match (mine.mode, theirs.mode) {
                 (Mode::Sampled, m) | (m, Mode::Sampled) => m,
                 (Mode::Throttled, _) | (_, Mode::Throttled) => Mode::Throttled,
                 _ => Mode::Instrumented,
             };
+            mine.calls_after_throttle = after.filter(|_| mine.mode == Mode::Throttled);
         }
         remap
     }
@@ -320,6 +331,28 @@ mod tests {
             a.lines,
             vec![LineRecord { file: "a.c".into(), line: 3, count: 8, cost: vec![15], branches: Vec::new(), throttled: false }]
         );
+    }
+
+    /// Calls counted after a throttle add up; where a run that throttled
+    /// the function did not count them, the sum is not counted in all.
+    #[test]
+    fn calls_counted_after_a_throttle_add_up_only_if_every_throttling_run_counted() {
+        let throttled = |after: Option<u64>| {
+            let mut p = profile("abc", "f", 2, 0);
+            p.functions[0].mode = Mode::Throttled;
+            p.functions[0].calls_after_throttle = after;
+            p
+        };
+        let mut a = throttled(Some(10));
+        a.merge(&throttled(Some(5)), false).expect("same build");
+        a.merge(&profile("abc", "f", 3, 0), false).expect("same build");
+        assert_eq!((a.functions[0].mode, a.functions[0].calls_after_throttle), (Mode::Throttled, Some(15)));
+        a.merge(&throttled(None), false).expect("same build");
+        assert_eq!(a.functions[0].calls_after_throttle, None);
+        // A function new to the merge keeps its own.
+        let mut b = profile("abc", "g", 1, 0);
+        b.merge(&throttled(Some(7)), false).expect("same build");
+        assert_eq!(b.functions[1].calls_after_throttle, Some(7));
     }
 
     #[test]

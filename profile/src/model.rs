@@ -427,6 +427,12 @@ pub struct FunctionInfo {
     /// the profile does not say.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "engine_or_empty")]
     pub engine: Option<Engine>,
+    /// A throttled function's calls after its probes were taken out,
+    /// counted (not timed) where its entry jumped to a counter from then
+    /// on; `None` when they were not counted: its calls after are
+    /// estimated from its samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_after_throttle: Option<u64>,
 }
 
 /// What sees calls.

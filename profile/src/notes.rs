@@ -104,6 +104,19 @@ pub enum Finding {
         /// Whether the recording sampled them after.
         #[serde(default = "sampled_by_default")]
         sampled: bool,
+        /// Whether their calls were still counted after.
+        #[serde(default)]
+        counted: bool,
+    },
+    /// Functions whose calls were only counted after a throttle cost more
+    /// than the budget that way too: no longer counted.
+    CountingStopped {
+        /// When, in milliseconds from the start.
+        after_ms: u64,
+        /// The functions, with their calls counted until then.
+        functions: Vec<FunctionCalls>,
+        /// The budget, in percent of the elapsed time.
+        budget_percent: f64,
     },
     /// Functions over the overhead budget could not be unpatched.
     UnpatchFailed {

@@ -101,6 +101,10 @@ pub struct Ending {
     /// Calls it counted, timed or not.
     #[serde(default)]
     pub engine_calls: u64,
+    /// Per function, its calls after the governor took its probes out,
+    /// which the in-process engine only counted (`None`: not counted).
+    #[serde(default)]
+    pub calls_only_counted: Vec<Option<u64>>,
     /// What the recording found until it ended, in order.
     pub notes: Vec<Note>,
     /// What the samples said of throttled functions (see [`SampleProfile::throttled`]).
@@ -331,7 +335,11 @@ fn functions(setup: &Setup, throttled: &[bool], ending: &Ending) -> Vec<Function
         .enumerate()
         .map(|(i, f)| {
             let mode = mode(i);
-            FunctionInfo { mode, engine: engine(i, mode), ..f.clone() }
+            let calls_after_throttle = match mode {
+                Mode::Throttled => ending.calls_only_counted.get(i).copied().flatten(),
+                _ => None,
+            };
+            FunctionInfo { mode, engine: engine(i, mode), calls_after_throttle, ..f.clone() }
         })
         .collect()
 }

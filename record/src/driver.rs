@@ -9,7 +9,7 @@ use crate::assemble::Ending;
 use crate::cost::UprobeCosts;
 use crate::error::RecordError;
 use crate::events::Event;
-use crate::governor::{Governor, SampledOverhead, hottest_functions};
+use crate::governor::{COUNTED_CALL_NS, Governor, SampledOverhead, hottest_functions};
 use crate::observer::{Observer, RecordEvent};
 use crate::options::RecordOptions;
 use crate::queue::{EventQueue, ORDERING_MARGIN_NS};
@@ -99,7 +99,10 @@ impl Run<'_> {
     pub fn judge(&self) -> Option<Judge> {
         let started = monotonic_ns();
         self.options.overhead_budget.map(|budget| {
-            let mut governor = Governor::new(budget, self.call_ns(true));
+            // A function's calls only counted after its probes went are judged as a function of their own (see [`Judge`]).
+            let call_ns = self.call_ns(true);
+            let counted_ns = call_ns.iter().map(|&ns| if ns > 0 { COUNTED_CALL_NS } else { 0 });
+            let mut governor = Governor::new(budget, call_ns.iter().copied().chain(counted_ns).collect());
             if let Some((sampled, ns_per_sample)) = &self.sampled {
                 governor = governor.with_samples(sampled.clone(), *ns_per_sample);
             }
@@ -453,29 +456,36 @@ impl<'a> Driver<'a> {
     /// Patched functions the watch found over budget and unpatched.
     fn unpatched(&mut self, unpatched: Unpatched) {
         let functions = self.run.functions();
-        let names = unpatched.functions.iter().map(|&(f, calls)| FunctionCalls { name: functions[f].info.name.clone(), calls }).collect();
-        let note = match unpatched.error {
-            None => {
-                let removed = unpatched.functions.iter().map(|&(f, _)| f as u32).collect();
-                // The uprobes stay as they are.
-                self.queue.push(Event::ProbesReplaced {
-                    time: unpatched.time,
-                    generations: Vec::new(),
-                    removed,
-                    redefined: Some(Vec::new()),
-                });
-                self.over_budget(unpatched.time.saturating_sub(self.run.started_ns), names)
-            }
-            Some(error) => Finding::UnpatchFailed { functions: names, error }.into(),
+        let named = |list: &[(usize, u64)]| -> Vec<FunctionCalls> {
+            list.iter().map(|&(f, calls)| FunctionCalls { name: functions[f].info.name.clone(), calls }).collect()
         };
-        self.tell(note);
+        let after_ns = unpatched.time.saturating_sub(self.run.started_ns);
+        if let Some(error) = unpatched.error {
+            let names = named(&unpatched.functions).into_iter().chain(named(&unpatched.uncounted)).collect();
+            self.tell(Finding::UnpatchFailed { functions: names, error }.into());
+            return;
+        }
+        let (names, uncounted) = (named(&unpatched.functions), named(&unpatched.uncounted));
+        if !names.is_empty() {
+            let removed = unpatched.functions.iter().map(|&(f, _)| f as u32).collect();
+            // The uprobes stay as they are.
+            self.queue.push(Event::ProbesReplaced { time: unpatched.time, generations: Vec::new(), removed, redefined: Some(Vec::new()) });
+            let note = self.over_budget(after_ns, names, true);
+            self.tell(note);
+        }
+        if !uncounted.is_empty() {
+            let budget_percent = self.run.options.overhead_budget.unwrap_or_default() * 100.0;
+            self.tell(Finding::CountingStopped { after_ms: after_ns / 1_000_000, functions: uncounted, budget_percent }.into());
+        }
     }
 
-    /// What the governor did to functions over budget.
-    fn over_budget(&self, elapsed_ns: u64, functions: Vec<FunctionCalls>) -> Note {
+    /// What the governor did to `functions`, over budget after
+    /// `elapsed_ns`, their calls still `counted` after (the in-process
+    /// engine's).
+    fn over_budget(&self, elapsed_ns: u64, functions: Vec<FunctionCalls>, counted: bool) -> Note {
         let budget_percent = self.run.options.overhead_budget.unwrap_or_default() * 100.0;
         let sampled = self.run.options.sample.is_some();
-        Finding::Throttled { after_ms: elapsed_ns / 1_000_000, functions, budget_percent, sampled }.into()
+        Finding::Throttled { after_ms: elapsed_ns / 1_000_000, functions, budget_percent, sampled, counted }.into()
     }
 
     fn change_probes(&mut self) {
@@ -535,7 +545,7 @@ impl<'a> Driver<'a> {
                 let calls = |f: u32| entries.get(f as usize).copied().unwrap_or(0);
                 let names =
                     over.iter().map(|&f| FunctionCalls { name: functions[f as usize].info.name.clone(), calls: calls(f) }).collect();
-                let note = self.over_budget(elapsed_ns, names);
+                let note = self.over_budget(elapsed_ns, names, false);
                 self.tell(note);
             }
             Err(e) => {
@@ -687,14 +697,8 @@ impl<'a> Driver<'a> {
         let closing = Closing::start(std::iter::once(Box::new(uprobes.withdrawn) as Box<dyn Send>).chain(off_cpu).collect());
         drop(self.child);
         let engine = inject.transpose()?;
-        let (engine_threads, engine_calls, engine_trace, line_counts, line_branches, engine_regions) = match engine {
-            Some(mut ending) => {
-                self.notes.append(&mut ending.notes);
-                let regions = ending.regions.into_iter().map(|r| (r.entries, r.inclusive)).collect();
-                (ending.threads, ending.calls, ending.trace, ending.line_counts, ending.line_branches, regions)
-            }
-            None => (Vec::new(), 0, None, None, Vec::new(), Vec::new()),
-        };
+        let mut engine = engine.unwrap_or_default();
+        self.notes.append(&mut engine.notes);
         let ending = Ending {
             exit_code: match self.ended {
                 Some(Ended::Exited(code)) => Some(code),
@@ -713,14 +717,15 @@ impl<'a> Driver<'a> {
             lost_samples: uprobes.lost_samples,
             engine_lost: 0,
             malformed: uprobes.malformed,
-            engine_threads,
-            engine_calls,
+            engine_threads: engine.threads,
+            engine_calls: engine.calls,
+            calls_only_counted: engine.calls_only_counted,
             notes: self.notes,
             throttled: Default::default(),
-            engine_trace,
-            line_counts,
-            line_branches,
-            engine_regions,
+            engine_trace: engine.trace,
+            line_counts: engine.line_counts,
+            line_branches: engine.line_branches,
+            engine_regions: engine.regions.into_iter().map(|r| (r.entries, r.inclusive)).collect(),
         };
         Ok(Finished { consumer: self.consumer, ending, ended: self.ended, closing })
     }

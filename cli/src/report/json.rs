@@ -36,6 +36,8 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
     let with_estimate = |f: &FunctionStats| {
         let mut value = function(profile, f);
         value["own_cpu_ns_after_throttle"] = json!(profile.own_time_after_throttle(f.function));
+        let info = profile.functions.get(f.function as usize);
+        value["calls_after_throttle"] = json!(info.and_then(|i| i.calls_after_throttle));
         value
     };
     let functions: Vec<Value> = order.apply(profile, profile.merged_functions()).iter().map(with_estimate).collect();

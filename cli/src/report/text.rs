@@ -202,9 +202,23 @@ fn hottest(profile: &Profile, out: &mut String) {
         } else {
             ""
         };
-        let (about, calls) = match estimated {
-            0 => ("", format!("{} call{}", group_digits(f.calls), if f.calls == 1 { "" } else { "s" })),
-            _ => ("about ", format!("{} calls counted, then estimated from samples after its probes were removed", group_digits(f.calls))),
+        let after = profile.functions.get(f.function as usize).and_then(|i| i.calls_after_throttle);
+        let (about, calls) = match (estimated, after) {
+            (0, None) => ("", format!("{} call{}", group_digits(f.calls), if f.calls == 1 { "" } else { "s" })),
+            (0, Some(after)) => {
+                ("", format!("{} calls ({} of them after its probes were removed)", group_digits(f.calls + after), group_digits(after)))
+            }
+            (_, Some(after)) => (
+                "about ",
+                format!(
+                    "{} calls ({} of them after its probes were removed, counted; their time estimated from samples)",
+                    group_digits(f.calls + after),
+                    group_digits(after)
+                ),
+            ),
+            (_, None) => {
+                ("about ", format!("{} calls counted, then estimated from samples after its probes were removed", group_digits(f.calls)))
+            }
         };
         let _ = writeln!(
             out,
@@ -489,33 +503,38 @@ fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
 }
 
 /// Throttled functions after their probes were removed: their time from
-/// the samples, their calls from it at the CPU time per call measured
-/// before (both estimates; the flat profile has the exact part).
+/// the samples; their calls counted where the engine kept counting them,
+/// else estimated from the time at the CPU time per call measured before
+/// (`~`: a rough figure, the calls before the throttle being the ones
+/// measured). The flat profile has the exact part.
 fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions, out: &mut String) {
     let Some(samples) = &profile.samples else { return };
     if samples.throttled.functions.is_empty() {
         return;
     }
     let cpu = profile.metric_index("cpu_ns").or_else(|| profile.metric_index("wall_ns"));
-    let per_call = |name: &str| -> Option<u64> {
-        let id = profile.functions.iter().position(|f| f.name == name)?;
+    let info = |name: &str| profile.functions.iter().position(|f| f.name == name).map(|id| (id, &profile.functions[id]));
+    let per_call = |id: usize| -> Option<u64> {
         let stats = merged.iter().find(|s| s.function == id as u32)?;
-        let m = cpu?;
-        Some(stats.inclusive.get(m)?.avg(stats.timed_calls())).filter(|&ns| ns > 0)
+        Some(stats.inclusive.get(cpu?)?.avg(stats.timed_calls())).filter(|&ns| ns > 0)
     };
     let _ = writeln!(
         out,
-        "\nThrottled functions after their probes were removed (estimated from {} samples at {} Hz; the flat profile has the exact part)",
+        "\nThrottled functions after their probes were removed (time estimated from {} samples at {} Hz; calls counted, or ~ estimated from the time; the flat profile has the exact part)",
         group_digits(samples.total),
         samples.frequency_hz
     );
-    let _ = writeln!(out, "{:>12} {:>12} {:>12}  function", "~calls", "~self", "~total");
+    let _ = writeln!(out, "{:>12} {:>12} {:>12}  function", "calls", "~self", "~total");
     let shown = options.top.unwrap_or(usize::MAX);
     let mut functions: Vec<_> = samples.throttled.functions.iter().collect();
     super::sort_sampled(&mut functions, options.sort, |t| (t.self_samples, t.total_samples, &t.name));
     for t in functions.into_iter().take(shown) {
         let total = samples.estimated_ns(t.total_samples);
-        let calls = per_call(&t.name).map_or("?".to_string(), |ns| group_digits(total / ns));
+        let calls = match info(&t.name) {
+            Some((_, f)) if f.calls_after_throttle.is_some() => group_digits(f.calls_after_throttle.unwrap_or(0)),
+            Some((id, _)) => per_call(id).map_or("?".to_string(), |ns| format!("~{}", group_digits(total / ns))),
+            None => "?".to_string(),
+        };
         let _ = writeln!(out, "{:>12} {:>12} {:>12}  {}", calls, format_ns(samples.estimated_ns(t.self_samples)), format_ns(total), t.name);
     }
 }
@@ -763,6 +782,40 @@ mod tests {
         out.clear();
         hottest(&profile, &mut out);
         assert_eq!(out, "  hottest     work: 1.000 s CPU time in itself, 100.0% of the run, 1 call\n");
+    }
+
+    /// A throttled function's calls after its probes went: counted where
+    /// the engine kept counting them, else estimated and marked `~`.
+    #[test]
+    fn throttled_functions_give_their_counted_calls_or_an_estimate() {
+        use proftap_profile::{SampleProfile, ThrottledSamples};
+        let info = |name: &str, after: Option<u64>| FunctionInfo {
+            name: name.into(),
+            mode: Mode::Throttled,
+            calls_after_throttle: after,
+            ..FunctionInfo::default()
+        };
+        // Both took 1,000 calls of 1 us each before the throttle.
+        let stats = |function: u32| {
+            let mut stats = FunctionStats::new(function, 1);
+            stats.calls = 1_000;
+            stats.inclusive[0].total = 1_000_000;
+            stats
+        };
+        let sampled = |name: &str| ThrottledSamples { name: name.into(), self_samples: 10, total_samples: 20 };
+        let mut samples = SampleProfile { frequency_hz: 1000, total: 40, ..SampleProfile::default() };
+        samples.throttled.functions = vec![sampled("counted"), sampled("estimated")];
+        let profile = Profile {
+            metrics: vec!["cpu_ns".into()],
+            functions: vec![info("counted", Some(123_456)), info("estimated", None)],
+            samples: Some(samples),
+            ..Profile::default()
+        };
+        let mut out = String::new();
+        throttled(&profile, &[stats(0), stats(1)], &options(), &mut out);
+        let rows: Vec<&str> = out.lines().skip(3).collect();
+        // 20 ms after the throttle at 1 us a call: about 20,000.
+        assert_eq!(rows, ["     123,456     10.00 ms     20.00 ms  counted", "     ~20,000     10.00 ms     20.00 ms  estimated"], "{out}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::claim::RecordingClaim;
 use super::counting::{self, Counting};
 use super::hooks::{self, Hook, HookSite};
 use super::patch::Site;
-use super::patcher::{self, Applied, CODE_DIFFERS, LEFT_BEHIND, Refused, Target};
+use super::patcher::{self, Applied, CODE_DIFFERS, EntryCounters, LEFT_BEHIND, Refused, Target};
 use super::reading::TotalsView;
 use super::remote::{AWAY_FROM_CODE, Remote, RemoteError, Shared};
 use super::totals::{self, Config, Geometry, call_routine, call_routine_and_return};
@@ -102,6 +102,11 @@ pub struct Patched {
     children_asks: u32,
     /// Functions unpatched while the process ran, in it and its children.
     unpatched: Vec<usize>,
+    /// The counters of the entries' counting trampolines, per module.
+    entry_counters: Vec<EntryCounters>,
+    /// Functions of `unpatched` whose calls are no longer counted either:
+    /// their original code is back (see [`Patched::stop_counting`]).
+    calls_uncounted: Vec<usize>,
     /// Edge counters, when asked for.
     counting: Option<Counting>,
     /// Functions whose edges cannot be counted, and why.
@@ -212,6 +217,8 @@ impl Patched {
             children_calls: Vec::new(),
             children_asks: 0,
             unpatched: Vec::new(),
+            entry_counters: Vec::new(),
+            calls_uncounted: Vec::new(),
             counting: None,
             uncounted: Vec::new(),
             code_since_ns: super::clock::monotonic_ns(),
@@ -250,7 +257,7 @@ impl Patched {
         for group in groups {
             let runtime = std::cell::Cell::new(None::<totals::Runtime>);
             let shared_trampolines = patched.trampolines;
-            let (applied, code) = patcher::apply(
+            let patches = patcher::apply(
                 &remote,
                 group.plans,
                 totals::CODE_ROOM,
@@ -275,9 +282,10 @@ impl Patched {
                 patched.trampolines.get_or_insert(rt.trampolines);
                 region_trampoline.get_or_insert(rt.region_trampoline);
             }
-            patched.ever_applied.extend(applied.iter().cloned());
-            patched.applied.extend(applied);
-            patched.code.push(code);
+            patched.ever_applied.extend(patches.applied.iter().cloned());
+            patched.applied.extend(patches.applied);
+            patched.code.push(patches.code);
+            patched.entry_counters.extend(patches.counters);
         }
         patched.probe_returns = routine_returns.into_inner();
         patched.probe_returns.extend(patched.trampolines.map(|t| t.shared + totals::return_trampoline_return_offset()));
@@ -428,13 +436,15 @@ impl Patched {
         children.views(0, self.geometry, view.remote_address())
     }
 
-    /// Puts the original bytes of `functions` back while the process runs
-    /// on, in it and in its forked children: their calls in progress still
-    /// return through the trampoline and are added up; new calls are not.
+    /// Takes the probes of `functions` out while the process runs on, in
+    /// it and in its forked children: their calls in progress still return
+    /// through the trampoline and are added up; new calls are only counted
+    /// (see [`Patched::calls_only_counted`]), where the entry has a
+    /// counting trampoline, else run the original code.
     pub fn unpatch(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
         if self.applied.iter().any(|a| functions.contains(&a.function)) {
             let remote = self.hold()?;
-            patcher::restore(&remote, &mut self.applied, |f| functions.contains(&f))?;
+            patcher::count_only(&remote, &mut self.applied, |f| functions.contains(&f))?;
         }
         self.unpatched.extend_from_slice(functions);
         self.unpatched.sort_unstable();
@@ -447,8 +457,9 @@ impl Patched {
         Ok(())
     }
 
-    /// Puts the original bytes of `functions` back in forked child `pid`,
-    /// which inherited the patches of its fork's moment. A child that
+    /// Takes the probes of `functions` out of forked child `pid`, which
+    /// inherited the patches of its fork's moment, as [`Patched::unpatch`]
+    /// and [`Patched::stop_counting`] did in the parent. A child that
     /// cannot be held keeps them: its calls stay exact, only dearer.
     fn unpatch_child(&self, pid: i32, process: &std::os::fd::OwnedFd, functions: &[usize]) {
         let mut applied: Vec<Applied> = self.ever_applied.iter().filter(|a| functions.contains(&a.function)).cloned().collect();
@@ -460,8 +471,57 @@ impl Patched {
             if crate::target::has_exited(process) {
                 return Ok(());
             }
-            patcher::restore(&remote, &mut applied, |_| true)
+            patcher::restore(&remote, &mut applied, |f| self.calls_uncounted.contains(&f))?;
+            patcher::count_only(&remote, &mut applied, |_| true)
         });
+    }
+
+    /// Puts the original code of `functions`, only counted since
+    /// [`Patched::unpatch`], back, in the process and its forked children:
+    /// their calls are no longer counted (counting them cost more than
+    /// the budget allows).
+    pub fn stop_counting(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
+        self.calls_uncounted.extend_from_slice(functions);
+        self.calls_uncounted.sort_unstable();
+        self.calls_uncounted.dedup();
+        if self.applied.iter().any(|a| functions.contains(&a.function)) {
+            let remote = self.hold()?;
+            patcher::restore(&remote, &mut self.applied, |f| functions.contains(&f))?;
+        }
+        if let Some(children) = &self.children {
+            for (pid, process) in children.running() {
+                self.unpatch_child(pid, &process, functions);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds to `into` (by function) the calls only counted so far, those
+    /// of functions no longer counted included (see [`Patched::calls_only_counted`]).
+    pub fn add_counted_calls(&self, into: &mut [u64]) {
+        let mut calls = vec![None; into.len()];
+        for counters in &self.entry_counters {
+            counters.add_to(&mut calls);
+        }
+        for (total, calls) in into.iter_mut().zip(calls) {
+            *total = total.saturating_add(calls.unwrap_or(0));
+        }
+    }
+
+    /// The calls of each function (by index) made after its probes were
+    /// taken out, in the process and its forked children, which only its
+    /// counting trampoline counted; `None` for a function without one.
+    pub fn calls_only_counted(&self, functions: usize) -> Vec<Option<u64>> {
+        let mut calls = vec![None; functions];
+        for counters in &self.entry_counters {
+            counters.add_to(&mut calls);
+        }
+        for &f in &self.calls_uncounted {
+            if let Some(calls) = calls.get_mut(f) {
+                *calls = None;
+            }
+        }
+        calls
     }
 
     /// Adds the calls of the forked children so far, running or ended, to
@@ -585,6 +645,9 @@ impl Patched {
         unmap(memory.live, 4096)?;
         if memory.off_cpu != 0 {
             unmap(memory.off_cpu, memory.off_cpu_bytes)?;
+        }
+        for (address, len) in self.entry_counters.iter().map(EntryCounters::mapping) {
+            unmap(address, len)?;
         }
         // Counting stubs and their counters stay: a call in progress may
         // return into a stub, which then counts.

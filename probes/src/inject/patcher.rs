@@ -2,7 +2,7 @@
 //! entries, and taking the jumps out again.
 
 use super::patch::{self, PatchPlan, Site};
-use super::remote::{Remote, RemoteError};
+use super::remote::{Remote, RemoteError, Shared};
 use crate::addr::VirtAddr;
 use crate::plan::ProbedFunction;
 use crate::procfs::LoadedModule;
@@ -22,6 +22,37 @@ pub struct Applied {
     at: u64,
     original: Vec<u8>,
     jump: Vec<u8>,
+    /// The jump to the entry's counting trampoline, which only counts
+    /// calls (see [`EntryCounters`]), if it has one.
+    counting: Option<Vec<u8>>,
+}
+
+/// The counters of the patched entries' counting trampolines, in memory
+/// shared with proftap: a function whose probes are taken out while the
+/// process runs jumps there instead, and its calls are still counted
+/// (`lock inc`: threads and forked children, which share the memory, lose
+/// no increment).
+pub struct EntryCounters {
+    shared: Shared,
+    /// The function each counter counts, in order.
+    functions: Vec<usize>,
+}
+
+impl EntryCounters {
+    /// Adds each counter's calls to `into` (by function; `None`: no
+    /// counter of it so far).
+    pub fn add_to(&self, into: &mut [Option<u64>]) {
+        for (k, &f) in self.functions.iter().enumerate() {
+            if let Some(total) = into.get_mut(f) {
+                *total = Some(total.unwrap_or(0).saturating_add(self.shared.load(8 * k)));
+            }
+        }
+    }
+
+    /// Where the counters are in the process, and their bytes there.
+    pub fn mapping(&self) -> (u64, u64) {
+        (self.shared.remote, self.shared.len() as u64)
+    }
 }
 
 /// Functions by index, with their patch plans.
@@ -276,6 +307,16 @@ pub fn span(plans: &Plans) -> std::ops::Range<u64> {
     lowest..highest
 }
 
+/// What [`apply`] put in a process.
+pub struct Patches {
+    /// The jumps written.
+    pub applied: Vec<Applied>,
+    /// The code they lead to.
+    pub code: std::ops::Range<u64>,
+    /// The counters of the entries' counting trampolines, if any entry has one.
+    pub counters: Option<EntryCounters>,
+}
+
 /// Patches the planned entries in the held process: code near them holds
 /// `runtime` (given its address; `runtime_room` bytes at most) and a
 /// trampoline per plan with proftap's code `prologue(target, site, address)`;
@@ -288,7 +329,7 @@ pub fn apply(
     runtime: impl FnOnce(u64) -> Result<Vec<u8>, String>,
     prologue: impl Fn(usize, Site, u64) -> Result<Vec<u8>, String>,
     refused: &mut Refused,
-) -> Result<(Vec<Applied>, std::ops::Range<u64>), RemoteError> {
+) -> Result<Patches, RemoteError> {
     // Code in memory must be the file's: no breakpoint or other patch there.
     let now = remote.read_pieces(&plans.iter().map(|(_, p)| (p.at, p.len())).collect::<Vec<_>>());
     let mut now = now.into_iter();
@@ -304,11 +345,19 @@ pub fn apply(
         }
     });
     if plans.is_empty() {
-        return Ok((Vec::new(), 0..0));
+        return Ok(Patches { applied: Vec::new(), code: 0..0, counters: None });
     }
     let runtime_room = runtime_room.next_multiple_of(64);
-    let room = runtime_room + plans.len() * TRAMPOLINE_ROOM;
+    let entries = plans.iter().filter(|(_, p)| p.site == Site::Entry).count();
+    let room = runtime_room + (plans.len() + entries) * TRAMPOLINE_ROOM;
     let region = remote.map_near(span(&plans), room)?;
+    let unmap_region = || {
+        let _ = remote.syscall("munmap", libc::SYS_munmap, [region, room as u64, 0, 0, 0, 0]);
+    };
+    let counters = match entries {
+        0 => None,
+        _ => Some(remote.share(8 * entries, Some(region..region + room as u64)).inspect_err(|_| unmap_region())?),
+    };
     let written = (|| {
         let mut code = runtime(region).map_err(RemoteError::Unsupported)?;
         if code.len() > runtime_room {
@@ -319,13 +368,30 @@ pub fn apply(
         }
         code.resize(runtime_room, 0xcc);
         let mut built = Vec::new();
+        let mut counted = Vec::new();
         for (i, p) in plans {
             let address = region + code.len() as u64;
             match patch::trampoline(&p, address, |own_address| prologue(i, p.site, own_address)) {
                 Ok(t) if t.code.len() <= TRAMPOLINE_ROOM => {
                     code.extend_from_slice(&t.code);
                     code.resize(code.len().next_multiple_of(16), 0xcc);
-                    built.push((i, p, t, address));
+                    let counting = match (&counters, p.site) {
+                        (Some(counters), Site::Entry) => {
+                            let counter = counters.remote + 8 * counted.len() as u64;
+                            let address = region + code.len() as u64;
+                            patch::trampoline(&p, address, |own_address| Ok(patch::count_call(own_address, counter)))
+                                .ok()
+                                .filter(|t| t.code.len() <= TRAMPOLINE_ROOM)
+                                .map(|t| {
+                                    code.extend_from_slice(&t.code);
+                                    code.resize(code.len().next_multiple_of(16), 0xcc);
+                                    counted.push(i);
+                                    p.jump_to(address)
+                                })
+                        }
+                        _ => None,
+                    };
+                    built.push((i, p, t, address, counting));
                 }
                 Ok(_) => refused.push((i, "its first instructions grow too much when moved".into())),
                 Err(why) => refused.push((i, why)),
@@ -333,17 +399,20 @@ pub fn apply(
         }
         remote.write(region, &code)?;
         remote.seal_code(region, room)?;
-        Ok(built)
+        Ok((built, counted))
     })();
     // Nothing leads into the region yet: a failure takes it out again.
-    let built = written.inspect_err(|_| {
-        let _ = remote.syscall("munmap", libc::SYS_munmap, [region, room as u64, 0, 0, 0, 0]);
+    let (built, counted) = written.inspect_err(|_| {
+        unmap_region();
+        if let Some(counters) = &counters {
+            let _ = remote.syscall("munmap", libc::SYS_munmap, [counters.remote, counters.len() as u64, 0, 0, 0, 0]);
+        }
     })?;
 
     // Threads stopped inside bytes about to be replaced go on from their
     // copies in the trampoline.
     let mut moves: HashMap<u64, u64> = HashMap::new();
-    for (_, p, t, _) in &built {
+    for (_, p, t, _, _) in &built {
         for &(from, to) in &t.moved {
             if from != p.at {
                 moves.insert(from, to);
@@ -359,22 +428,68 @@ pub fn apply(
     }
     let applied: Vec<Applied> = built
         .into_iter()
-        .map(|(function, p, _, address)| Applied { function, at: p.at, jump: p.jump_to(address), original: p.original })
+        .map(|(function, p, _, address, counting)| Applied { function, at: p.at, jump: p.jump_to(address), original: p.original, counting })
         .collect();
     remote.write_pieces(&applied.iter().map(|a| (a.at, a.jump.as_slice())).collect::<Vec<_>>())?;
-    Ok((applied, region..region + room as u64))
+    let counters = counters.map(|shared| EntryCounters { shared, functions: counted });
+    Ok(Patches { applied, code: region..region + room as u64, counters })
 }
 
-/// Puts the original bytes back where our jumps to the trampolines of the
-/// functions `which` picks still are; those patches leave `applied`. A
-/// thread in a trampoline goes on into the original code after the bytes
-/// the jump replaced, which is an instruction boundary either way.
+/// Puts the original bytes back where our jumps (to the trampolines or
+/// the counting trampolines) of the functions `which` picks still are;
+/// those patches leave `applied`. A thread in a trampoline goes on into
+/// the original code after the bytes the jump replaced, which is an
+/// instruction boundary either way.
 pub fn restore(remote: &Remote, applied: &mut Vec<Applied>, which: impl Fn(usize) -> bool) -> Result<(), RemoteError> {
     let (chosen, kept): (Vec<Applied>, Vec<Applied>) = applied.drain(..).partition(|a| which(a.function));
     *applied = kept;
-    let (unread, result) = put_back(remote, chosen, |a| (a.at, &a.jump, &a.original));
+    let (found, unread, error) = ours(remote, chosen);
     applied.extend(unread);
-    result
+    let written = remote.write_pieces(&found.iter().map(|a| (a.at, a.original.as_slice())).collect::<Vec<_>>());
+    written.and(error.map_or(Ok(()), Err))
+}
+
+/// Makes the functions `which` picks only count their calls: where our
+/// jump to an entry's trampoline still is, a jump to its counting
+/// trampoline (see [`EntryCounters`]) instead, which stays in `applied`
+/// for [`restore`]; a patch without one (a return site, an entry whose
+/// counting trampoline could not be built) gets its original bytes back.
+pub fn count_only(remote: &Remote, applied: &mut Vec<Applied>, which: impl Fn(usize) -> bool) -> Result<(), RemoteError> {
+    let (chosen, kept): (Vec<Applied>, Vec<Applied>) = applied.drain(..).partition(|a| which(a.function));
+    *applied = kept;
+    let (found, unread, error) = ours(remote, chosen);
+    applied.extend(unread);
+    let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+    for a in found {
+        match &a.counting {
+            Some(counting) => {
+                pieces.push((a.at, counting.clone()));
+                applied.push(a);
+            }
+            None => pieces.push((a.at, a.original.clone())),
+        }
+    }
+    let written = remote.write_pieces(&pieces.iter().map(|(at, bytes)| (*at, bytes.as_slice())).collect::<Vec<_>>());
+    written.and(error.map_or(Ok(()), Err))
+}
+
+/// Of `patches`, those whose jump (either) is still in the process; those
+/// whose bytes could not be read, still patched as far as anyone knows;
+/// and the first error met. The rest are no longer ours to undo.
+fn ours(remote: &Remote, patches: Vec<Applied>) -> (Vec<Applied>, Vec<Applied>, Option<RemoteError>) {
+    let now = remote.read_pieces(&patches.iter().map(|a| (a.at, a.jump.len())).collect::<Vec<_>>());
+    let (mut found, mut unread, mut error) = (Vec::new(), Vec::new(), None);
+    for (a, now) in patches.into_iter().zip(now) {
+        match now {
+            Ok(bytes) if bytes == a.jump || a.counting.as_ref() == Some(&bytes) => found.push(a),
+            Ok(_) => {}
+            Err(e) => {
+                unread.push(a);
+                error = error.or(Some(e));
+            }
+        }
+    }
+    (found, unread, error)
 }
 
 /// Puts each patch's original bytes back where its jump still is (`piece`:

@@ -11,8 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// Decides, from the calls counted so far by function, which functions to
-/// unpatch now.
+/// Decides, from the calls so far by function, which functions to take a
+/// step down now. For `n` functions it is given `2n` counts: function
+/// `f`'s timed calls at `f`, and at `n + f` its calls only counted since
+/// its probes were taken out. It answers `f` to take its probes out (its
+/// calls only counted from then on), `n + f` to stop counting them too.
 pub type Judge = Box<dyn FnMut(&[u64]) -> Vec<usize> + Send>;
 
 /// Functions the judge had unpatched while the process ran.
@@ -20,8 +23,10 @@ pub type Judge = Box<dyn FnMut(&[u64]) -> Vec<usize> + Send>;
 pub struct Unpatched {
     /// When (CLOCK_MONOTONIC).
     pub time: u64,
-    /// The functions, with the calls counted until then.
+    /// The functions whose probes were taken out, with their calls timed until then.
     pub functions: Vec<(usize, u64)>,
+    /// The functions no longer counted either, with their calls counted until then.
+    pub uncounted: Vec<(usize, u64)>,
     /// Why their code could not be restored, if it could not.
     pub error: Option<String>,
 }
@@ -42,6 +47,20 @@ const LOOKS_APART: u32 = 4;
 const SOONEST: Duration = Duration::from_millis(1);
 /// Looks in a row at which unpatching may fail before the failure is told.
 const TRIES: u32 = 40;
+
+/// Takes the probes of the functions among `pending` below `functions`
+/// out, and stops counting the calls of those `functions` above (see [`Judge`]).
+fn step_down(patched: &mut Patched, pending: &[usize], functions: usize) -> Result<(), super::remote::RemoteError> {
+    let (unpatch, uncount): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&f| f < functions);
+    let uncount: Vec<usize> = uncount.into_iter().map(|f| f - functions).collect();
+    if !unpatch.is_empty() {
+        patched.unpatch(&unpatch)?;
+    }
+    if !uncount.is_empty() {
+        patched.stop_counting(&uncount)?;
+    }
+    Ok(())
+}
 
 /// A patched process watched by a thread of its own.
 pub struct Watch {
@@ -148,7 +167,7 @@ impl Watch {
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             let functions = patched.functions();
-            let mut calls = vec![0u64; functions];
+            let mut calls = vec![0u64; 2 * functions];
             // Judged over budget, not yet unpatched, and how often tried.
             let mut pending: Vec<usize> = Vec::new();
             let mut tries = 0;
@@ -173,21 +192,27 @@ impl Watch {
                 }
                 if let (Some(judge), Some(view)) = (judge.as_mut(), &view) {
                     calls.iter_mut().for_each(|c| *c = 0);
-                    view.calls(&mut calls);
-                    patched.add_children_calls(&mut calls);
+                    let (timed, counted) = calls.split_at_mut(functions);
+                    view.calls(timed);
+                    patched.add_children_calls(timed);
+                    patched.add_counted_calls(counted);
                     pending.extend(judge(&calls));
                     if !pending.is_empty() {
                         looking = Some(looked.elapsed());
                         let unpatch_started = std::time::Instant::now();
-                        let outcome = patched.unpatch(&pending);
+                        let outcome = step_down(&mut patched, &pending, functions);
                         unpatching = unpatch_started.elapsed();
                         tries += 1;
                         // Holding the process can fail for a moment (another
                         // holder letting go): tried again at the next look.
                         if outcome.is_ok() || tries >= TRIES {
                             let error = outcome.err().map(|e| e.to_string());
-                            let functions = pending.iter().map(|&f| (f, calls.get(f).copied().unwrap_or(0))).collect();
-                            let _ = tell.send(Unpatched { time: super::clock::monotonic_ns(), functions, error });
+                            let with_calls = |f: usize| (f % functions, calls.get(f).copied().unwrap_or(0));
+                            let (unpatched, uncounted): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&f| f < functions);
+                            let time = super::clock::monotonic_ns();
+                            let functions = unpatched.into_iter().map(with_calls).collect();
+                            let uncounted = uncounted.into_iter().map(with_calls).collect();
+                            let _ = tell.send(Unpatched { time, functions, uncounted, error });
                             pending.clear();
                             tries = 0;
                         }
@@ -208,7 +233,7 @@ impl Watch {
         Watch { stop, thread, unpatched }
     }
 
-    /// Functions the judge had unpatched since the last call.
+    /// What the judge had taken out since the last call.
     pub fn unpatched(&self) -> Vec<Unpatched> {
         self.unpatched.try_iter().collect()
     }

@@ -32,11 +32,15 @@ pub struct InjectSource {
 }
 
 /// What the engine left once it stopped.
+#[derive(Default)]
 pub struct InjectEnding {
     /// Every thread's profile from the engine's totals.
     pub threads: Vec<ThreadProfile>,
     /// Calls it counted, timed or not.
     pub calls: u64,
+    /// Per function, its calls after its probes were taken out, which only
+    /// its counting trampoline counted (`None`: it had none).
+    pub calls_only_counted: Vec<Option<u64>>,
     /// What the user should know of it.
     pub notes: Vec<Note>,
     /// The calls its threads finished one by one, when they were traced.
@@ -142,7 +146,7 @@ impl InjectSource {
             notes.push(Finding::RestoreFailed { pid: *pid, error: error.clone() }.into());
         }
         let Some(view) = &self.view else {
-            return Ok(InjectEnding { threads: Vec::new(), calls: 0, notes, trace, line_counts, line_branches, regions: Vec::new() });
+            return Ok(InjectEnding { notes, trace, line_counts, line_branches, ..InjectEnding::default() });
         };
         let end_tsc = self.clock.tsc_at(end_ns);
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
@@ -184,7 +188,8 @@ impl InjectSource {
             notes.push(Finding::RegionsIncomplete { untimed, unpaired, missed: read.hooks_missed }.into());
         }
         let Read { threads, calls, regions, .. } = read;
-        Ok(InjectEnding { threads, calls, notes, trace, line_counts, line_branches, regions })
+        let calls_only_counted = patched.calls_only_counted(self.calls.len());
+        Ok(InjectEnding { threads, calls, calls_only_counted, notes, trace, line_counts, line_branches, regions })
     }
 }
 
