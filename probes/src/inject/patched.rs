@@ -104,6 +104,9 @@ pub struct Patched {
     unpatched: Vec<usize>,
     /// The counters of the entries' counting trampolines, per module.
     entry_counters: Vec<EntryCounters>,
+    /// From each address of the entries' counting trampolines on, the
+    /// original address it stands for.
+    counting_origins: Vec<(u64, u64)>,
     /// Functions of `unpatched` whose calls are no longer counted either:
     /// their original code is back (see [`Patched::stop_counting`]).
     calls_uncounted: Vec<usize>,
@@ -219,6 +222,7 @@ impl Patched {
             unpatched: Vec::new(),
             entry_counters: Vec::new(),
             calls_uncounted: Vec::new(),
+            counting_origins: Vec::new(),
             counting: None,
             uncounted: Vec::new(),
             code_since_ns: super::clock::monotonic_ns(),
@@ -286,6 +290,7 @@ impl Patched {
             patched.applied.extend(patches.applied);
             patched.code.push(patches.code);
             patched.entry_counters.extend(patches.counters);
+            patched.counting_origins.extend(patches.origins);
         }
         patched.probe_returns = routine_returns.into_inner();
         patched.probe_returns.extend(patched.trampolines.map(|t| t.shared + totals::return_trampoline_return_offset()));
@@ -354,10 +359,14 @@ impl Patched {
         self.counting.as_ref()
     }
 
-    /// From each address of the counting stubs on, the address of the
-    /// original code it stands for (0: none), for unwinders.
+    /// From each address of the edge counters' stubs and the entries'
+    /// counting trampolines on, the address of the original code it stands
+    /// for (0: none), for unwinders.
     pub fn origins(&self) -> Vec<(u64, u64)> {
-        self.counting.as_ref().map(|c| c.origins().to_vec()).unwrap_or_default()
+        let mut origins = self.counting.as_ref().map(|c| c.origins().to_vec()).unwrap_or_default();
+        origins.extend_from_slice(&self.counting_origins);
+        origins.sort_unstable();
+        origins
     }
 
     /// The functions whose edges could not be counted, and why.

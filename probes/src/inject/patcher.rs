@@ -315,6 +315,9 @@ pub struct Patches {
     pub code: std::ops::Range<u64>,
     /// The counters of the entries' counting trampolines, if any entry has one.
     pub counters: Option<EntryCounters>,
+    /// From each address of the counting trampolines on, the original
+    /// address it stands for (see [`crate::sampling::StackResolver::origins`]).
+    pub origins: Vec<(u64, u64)>,
 }
 
 /// Patches the planned entries in the held process: code near them holds
@@ -345,7 +348,7 @@ pub fn apply(
         }
     });
     if plans.is_empty() {
-        return Ok(Patches { applied: Vec::new(), code: 0..0, counters: None });
+        return Ok(Patches { applied: Vec::new(), code: 0..0, counters: None, origins: Vec::new() });
     }
     let runtime_room = runtime_room.next_multiple_of(64);
     let entries = plans.iter().filter(|(_, p)| p.site == Site::Entry).count();
@@ -369,6 +372,7 @@ pub fn apply(
         code.resize(runtime_room, 0xcc);
         let mut built = Vec::new();
         let mut counted = Vec::new();
+        let mut origins = Vec::new();
         for (i, p) in plans {
             let address = region + code.len() as u64;
             match patch::trampoline(&p, address, |own_address| prologue(i, p.site, own_address)) {
@@ -383,6 +387,7 @@ pub fn apply(
                                 .ok()
                                 .filter(|t| t.code.len() <= TRAMPOLINE_ROOM)
                                 .map(|t| {
+                                    origins.extend(counting_origins(&p, &t, address));
                                     code.extend_from_slice(&t.code);
                                     code.resize(code.len().next_multiple_of(16), 0xcc);
                                     counted.push(i);
@@ -399,10 +404,10 @@ pub fn apply(
         }
         remote.write(region, &code)?;
         remote.seal_code(region, room)?;
-        Ok((built, counted))
+        Ok((built, counted, origins))
     })();
     // Nothing leads into the region yet: a failure takes it out again.
-    let (built, counted) = written.inspect_err(|_| {
+    let (built, counted, origins) = written.inspect_err(|_| {
         unmap_region();
         if let Some(counters) = &counters {
             let _ = remote.syscall("munmap", libc::SYS_munmap, [counters.remote, counters.len() as u64, 0, 0, 0, 0]);
@@ -432,7 +437,22 @@ pub fn apply(
         .collect();
     remote.write_pieces(&applied.iter().map(|a| (a.at, a.jump.as_slice())).collect::<Vec<_>>())?;
     let counters = counters.map(|shared| EntryCounters { shared, functions: counted });
-    Ok(Patches { applied, code: region..region + room as u64, counters })
+    Ok(Patches { applied, code: region..region + room as u64, counters, origins })
+}
+
+/// From each address of counting trampoline `t` (at `address`, for
+/// `patch`) on, the original address a thread there stands for: the
+/// count stands for the entry, each moved instruction for itself, the
+/// jump back for where it goes; a sample there unwinds as in the function.
+fn counting_origins(patch: &PatchPlan, t: &patch::Trampoline, address: u64) -> Vec<(u64, u64)> {
+    let mut origins = vec![(address, patch.at)];
+    origins.extend(t.moved.iter().map(|&(from, to)| (to, from)));
+    let end = address + t.code.len() as u64;
+    if !patch.replaced.last().is_some_and(|i| i.is_call_near()) {
+        origins.push((end - patch::JUMP_LEN as u64, patch.at + patch.len() as u64));
+    }
+    origins.push((end, 0));
+    origins
 }
 
 /// Puts the original bytes back where our jumps (to the trampolines or
