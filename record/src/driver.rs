@@ -102,7 +102,7 @@ impl Run<'_> {
             // A function's calls only counted after its probes went are judged as a function of their own (see [`Judge`]).
             let call_ns = self.call_ns(true);
             let counted_ns = call_ns.iter().map(|&ns| if ns > 0 { COUNTED_CALL_NS } else { 0 });
-            let mut governor = Governor::new(budget, call_ns.iter().copied().chain(counted_ns).collect());
+            let mut governor = Governor::new(budget, call_ns.iter().copied().chain(counted_ns).collect()).with_counted_calls(call_ns.len());
             if let Some((sampled, ns_per_sample)) = &self.sampled {
                 governor = governor.with_samples(sampled.clone(), *ns_per_sample);
             }

@@ -30,10 +30,11 @@ const MOST_SCALE: f64 = 3.0;
 
 /// What a call costs once its function's probes were taken out and its
 /// entry only counts it: a jump, a `lock inc` and a jump back, 0.8 ns a
-/// call in a loop of 100 M calls here, 2.4 ns for a `lock inc` alone in a
-/// dependent chain. Threads on several CPUs counting the same function at
-/// once make it dearer (12 to 25 ns here), which this does not see.
-pub const COUNTED_CALL_NS: u64 = 2;
+/// call in a loop of 100 M calls here (BENCHMARKS.md), 2.4 ns for a `lock
+/// inc` alone in a dependent chain. Threads on several CPUs counting the
+/// same function at once make it dearer (12 to 25 ns here), which this
+/// does not see.
+pub const COUNTED_CALL_NS: u64 = 1;
 
 /// Stack samples of the target taken in the in-process engine's code
 /// (`[probe overhead]` there): what the patched functions' probes cost,
@@ -75,6 +76,8 @@ pub struct Governor {
     /// Calls by function and the time at the last judgement.
     last: Vec<u64>,
     last_ns: u64,
+    /// Where the functions that stand for others' calls only counted start.
+    counted_from: Option<usize>,
 }
 
 impl Governor {
@@ -84,7 +87,15 @@ impl Governor {
     pub fn new(budget: f64, call_ns: Vec<u64>) -> Self {
         let throttled = vec![false; call_ns.len()];
         let last = vec![0; call_ns.len()];
-        Governor { budget, call_ns, sampled: None, throttled, last, last_ns: 0 }
+        Governor { budget, call_ns, sampled: None, throttled, last, last_ns: 0, counted_from: None }
+    }
+
+    /// The same, its functions from `from` on standing for the calls of
+    /// those below, only counted after their throttle (the in-process
+    /// engine's `Judge`): their cost is not scaled by the probes' samples.
+    pub fn with_counted_calls(mut self, from: usize) -> Self {
+        self.counted_from = Some(from);
+        self
     }
 
     /// The same, believing `sampled` where it says the probes cost more
@@ -121,21 +132,28 @@ impl Governor {
         }
         let window = (elapsed_ns - self.last_ns) as f64;
         let judged = |f: usize| self.call_ns(f) > 0;
-        let estimated: f64 = spent.iter().enumerate().filter(|&(f, _)| judged(f)).map(|(_, &ns)| ns as f64).sum();
-        let scale = self.scale(estimated);
+        let estimated = |counted: bool| -> f64 {
+            let spent = spent.iter().enumerate().filter(|&(f, _)| judged(f) && self.is_counted_only(f) == counted);
+            spent.map(|(_, &ns)| ns as f64).sum()
+        };
+        let (probes, counted) = (estimated(false), estimated(true));
+        // The samples in the probes' code say what the probes cost; calls
+        // only counted run no code of theirs to sample.
+        let scale = self.scale(probes);
+        let scale_of = |f: usize| if self.is_counted_only(f) { 1.0 } else { scale };
         // What each function still instrumented cost lately, per ns of run.
         let mut rates: Vec<(f64, usize)> = spent
             .iter()
             .enumerate()
             .filter(|&(f, &ns)| judged(f) && ns >= FEWEST_JUDGED_CALLS.saturating_mul(self.call_ns(f)))
             .filter(|&(f, _)| !self.throttled.get(f).copied().unwrap_or(true))
-            .map(|(f, &ns)| (ns.saturating_sub(self.last.get(f).copied().unwrap_or(0)) as f64 * scale / window, f))
+            .map(|(f, &ns)| (ns.saturating_sub(self.last.get(f).copied().unwrap_or(0)) as f64 * scale_of(f) / window, f))
             .filter(|&(rate, _)| rate > 0.0)
             .collect();
         self.last = spent.to_vec();
         self.last.resize(self.call_ns.len(), 0);
         self.last_ns = elapsed_ns;
-        let overspent = estimated * scale > self.budget * elapsed_ns as f64;
+        let overspent = probes * scale + counted > self.budget * elapsed_ns as f64;
         let target = if overspent { self.budget / 2.0 } else { self.budget };
         let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
         if rate <= self.budget && !overspent {
@@ -157,6 +175,12 @@ impl Governor {
 
     fn call_ns(&self, f: usize) -> u64 {
         self.call_ns.get(f).copied().unwrap_or(0)
+    }
+
+    /// Whether `f` stands for the calls of another only counted after its
+    /// throttle (see [`Governor::with_counted_calls`]).
+    fn is_counted_only(&self, f: usize) -> bool {
+        self.counted_from.is_some_and(|from| f >= from)
     }
 
     /// Whether `f` was throttled.
@@ -281,14 +305,22 @@ mod tests {
     #[test]
     fn calls_only_counted_are_judged_at_their_own_cost() {
         let ms = 1_000_000;
-        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]);
+        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1);
         // 10 ms in: 10,000 timed calls, 1 ms of probes, 10%.
         assert_eq!(g.over_budget(&[10_000, 0], 10 * ms), vec![0]);
-        // Then 20,000 calls counted in 10 ms: 40 us, 0.4%.
+        // Then 20,000 calls counted in 10 ms: 20 us, 0.2%.
         assert!(g.over_budget(&[10_000, 20_000], 20 * ms).is_empty());
-        // Then 2.5 million in 10 ms: 5 ms, half the time: no longer counted.
+        // Then 2.5 million in 10 ms: 2.5 ms, a quarter of the time: no longer counted.
         assert_eq!(g.over_budget(&[10_000, 2_520_000], 30 * ms), vec![1]);
         assert_eq!(g.enabled(), vec![false, false]);
+        // The probes' samples say nothing of calls only counted: 100 samples
+        // of 1 ms in the probes scale the probes' cost, not the counting's.
+        let sampled = Arc::new(SampledOverhead::default());
+        (0..100).for_each(|_| sampled.count());
+        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1).with_samples(sampled, ms);
+        assert_eq!(g.over_budget(&[10_000, 0], 10 * ms), vec![0]);
+        // 400,000 counted in 20 ms: 0.4 ms, 2%, under the half of the budget aimed at.
+        assert!(g.over_budget(&[10_000, 400_000], 30 * ms).is_empty());
     }
 
     #[test]
