@@ -537,6 +537,25 @@ pub fn put_back<T>(remote: &Remote, patches: Vec<T>, piece: impl Fn(&T) -> (u64,
 mod tests {
     use super::*;
 
+    /// A sample in a counting trampoline stands for the function: the
+    /// count for its entry, each moved instruction for itself, the jump
+    /// back for where it goes, nothing past the end.
+    #[test]
+    fn a_counting_trampoline_stands_for_the_function_it_counts() {
+        // push rbp; mov rbp, rsp; sub rsp, 16; ...
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0x90, 0xc3];
+        let plan = patch::plan(0x1000, &code, 0).expect("patchable");
+        let at = 0x40_5000;
+        let t = patch::trampoline(&plan, at, |a| Ok(patch::count_call(a, 0x40_6000))).expect("movable");
+        let origins = counting_origins(&plan, &t, at);
+        let end = at + t.code.len() as u64;
+        // The count (8 bytes), push rbp, mov rbp, rsp, sub rsp, 16 (the
+        // jump's five bytes end inside it), the jump back after it.
+        let moved = [(at + 8, 0x1000), (at + 9, 0x1001), (at + 12, 0x1004)];
+        assert_eq!(origins, [&[(at, 0x1000)][..], &moved, &[(end - 5, 0x1008), (end, 0)]].concat());
+        assert_eq!(t.code.len(), 8 + 8 + 5);
+    }
+
     #[test]
     fn work_on_every_cpu_comes_back_whole_and_in_order() {
         let indices: Vec<usize> = (0..1000).map(|i| i * 3).collect();
