@@ -60,7 +60,7 @@ enum Command {
 const REPORT_COLUMNS: &str = "\
 COLUMNS OF THE FLAT PROFILE:
   calls       calls seen (exact while the function was instrumented; a
-              throttled function's count is a lower bound)
+              throttled function's count is those before its throttle)
   inclusive   the metric over all its calls, callees included
   exclusive   the same, less the time its instrumented callees took (its
               own code, and uninstrumented code it called)
@@ -68,6 +68,12 @@ COLUMNS OF THE FLAT PROFILE:
               several threads can add up past 100
   avg min max inclusive cost per call: average, fastest, slowest
   %smp        share of stack samples with the function anywhere on the stack
+
+THROTTLED FUNCTIONS (after their probes were removed):
+  calls       calls since the throttle, counted in process; `~N` estimated
+              from the time and the cost per call before (nothing counted)
+  ~self       time in itself since the throttle, from its samples
+  ~total      the same with its callees
 
 METRICS: wall (elapsed time, waiting included), cpu (time on a CPU: the
 thread's task-clock), and kernel counters (page-faults, context-switches,
