@@ -13,7 +13,8 @@ pub struct FileCoverage<'a> {
     pub path: &'a str,
     /// Its lines with code, by line number.
     pub lines: BTreeMap<u32, &'a LineRecord>,
-    /// (declaration line, name, calls) of its functions.
+    /// (declaration line, name, calls) of its functions: a throttled
+    /// function's calls after its throttle included, where they were counted.
     pub functions: Vec<(u32, &'a str, u64)>,
 }
 
@@ -34,7 +35,8 @@ pub fn by_file(profile: &Profile) -> Vec<FileCoverage<'_>> {
             && let Some(cov) = files.get_mut(file)
             && cov.lines.contains_key(&f.line)
         {
-            cov.functions.push((f.line, &f.name, calls.get(&(id as u32)).copied().unwrap_or(0)));
+            let calls = calls.get(&(id as u32)).copied().unwrap_or(0);
+            cov.functions.push((f.line, &f.name, calls.saturating_add(f.calls_after_throttle.unwrap_or(0))));
         }
     }
     for cov in files.values_mut() {
@@ -387,6 +389,21 @@ mod tests {
             None,
         ];
         assert_eq!(names, expect.map(|n| n.map(str::to_string)).to_vec());
+    }
+
+    /// A throttled function's count, in every coverage format, is its
+    /// calls before the throttle and those counted after, as gcov counts.
+    #[test]
+    fn a_throttled_functions_count_includes_its_calls_counted_after() {
+        use proftap_profile::{CallTree, FunctionStats, Mode, ThreadProfile};
+        let mut p = profile(&[3], &[("f", 3)]);
+        p.functions[0].mode = Mode::Throttled;
+        p.functions[0].calls_after_throttle = Some(970_054);
+        let mut stats = FunctionStats::new(0, 0);
+        stats.calls = 29_946;
+        p.threads = vec![ThreadProfile { pid: 1, tid: 1, name: String::new(), functions: vec![stats], tree: CallTree::new(0) }];
+        assert_eq!(by_file(&p)[0].functions, vec![(3, "f", 1_000_000)]);
+        assert!(lcov(&p).contains("FNDA:1000000,f"), "{}", lcov(&p));
     }
 
     #[test]
