@@ -205,14 +205,19 @@ fn hottest(profile: &Profile, out: &mut String) {
         let after = profile.functions.get(f.function as usize).and_then(|i| i.calls_after_throttle);
         let (about, calls) = match (estimated, after) {
             (0, None) => ("", format!("{} call{}", group_digits(f.calls), if f.calls == 1 { "" } else { "s" })),
-            (0, Some(after)) => {
-                ("", format!("{} calls ({} of them after its probes were removed)", group_digits(f.calls + after), group_digits(after)))
-            }
+            (0, Some(after)) => (
+                "",
+                format!(
+                    "{} calls ({} of them after its probes were removed)",
+                    group_digits(f.calls.saturating_add(after)),
+                    group_digits(after)
+                ),
+            ),
             (_, Some(after)) => (
                 "about ",
                 format!(
                     "{} calls ({} of them after its probes were removed, counted; their time estimated from samples)",
-                    group_digits(f.calls + after),
+                    group_digits(f.calls.saturating_add(after)),
                     group_digits(after)
                 ),
             ),
@@ -782,6 +787,29 @@ mod tests {
         out.clear();
         hottest(&profile, &mut out);
         assert_eq!(out, "  hottest     work: 1.000 s CPU time in itself, 100.0% of the run, 1 call\n");
+    }
+
+    /// Counts from a profile file are anyone's to write: a count after a
+    /// throttle that would overflow the total is shown saturated, no panic.
+    #[test]
+    fn a_hostile_count_after_a_throttle_saturates() {
+        let mut stats = FunctionStats::new(0, 1);
+        stats.calls = u64::MAX - 1;
+        stats.exclusive[0].total = 5;
+        let profile = Profile {
+            metrics: vec!["cpu_ns".into()],
+            functions: vec![FunctionInfo {
+                name: "f".into(),
+                mode: Mode::Throttled,
+                calls_after_throttle: Some(10),
+                ..FunctionInfo::default()
+            }],
+            threads: vec![ThreadProfile { pid: 1, tid: 1, name: String::new(), functions: vec![stats], tree: CallTree::new(1) }],
+            ..Profile::default()
+        };
+        let mut out = String::new();
+        hottest(&profile, &mut out);
+        assert!(out.contains(&format!("{} calls (10 of them", group_digits(u64::MAX))), "{out}");
     }
 
     /// A throttled function's calls after its probes went: counted where

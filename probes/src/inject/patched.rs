@@ -505,26 +505,31 @@ impl Patched {
         Ok(())
     }
 
-    /// Adds to `into` (by function) the calls only counted so far, those
-    /// of functions no longer counted included (see [`Patched::calls_only_counted`]).
-    pub fn add_counted_calls(&self, into: &mut [u64]) {
-        let mut calls = vec![None; into.len()];
+    /// Every counter's calls so far, by function (`None`: no counter of
+    /// it), those of functions no longer counted included.
+    fn counters_now(&self, functions: usize) -> Vec<Option<u64>> {
+        let mut calls = vec![None; functions];
         for counters in &self.entry_counters {
             counters.add_to(&mut calls);
         }
-        for (total, calls) in into.iter_mut().zip(calls) {
+        calls
+    }
+
+    /// Adds to `into` (by function) the calls only counted so far, those
+    /// of functions no longer counted included (see [`Patched::calls_only_counted`]).
+    pub fn add_counted_calls(&self, into: &mut [u64]) {
+        let counted = self.counters_now(into.len());
+        for (total, calls) in into.iter_mut().zip(counted) {
             *total = total.saturating_add(calls.unwrap_or(0));
         }
     }
 
     /// The calls of each function (by index) made after its probes were
     /// taken out, in the process and its forked children, which only its
-    /// counting trampoline counted; `None` for a function without one.
+    /// counting trampoline counted; `None` for a function without one, or
+    /// no longer counted.
     pub fn calls_only_counted(&self, functions: usize) -> Vec<Option<u64>> {
-        let mut calls = vec![None; functions];
-        for counters in &self.entry_counters {
-            counters.add_to(&mut calls);
-        }
+        let mut calls = self.counters_now(functions);
         for &f in &self.calls_uncounted {
             if let Some(calls) = calls.get_mut(f) {
                 *calls = None;
