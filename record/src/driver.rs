@@ -39,6 +39,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+/// The most looks of the in-process engine's watch are apart, in their own
+/// durations (a budget of 0.2% asks 1,000).
+const MOST_LOOKS_APART: f64 = 1_000.0;
+
 /// What does not change while a recording runs.
 pub(crate) struct Run<'a> {
     /// Every function probed: the measured ones (their index is their id),
@@ -106,10 +110,13 @@ impl Run<'_> {
             if let Some((sampled, ns_per_sample)) = &self.sampled {
                 governor = governor.with_samples(sampled.clone(), *ns_per_sample);
             }
-            Box::new(move |entries: &[u64]| {
+            let decide = Box::new(move |entries: &[u64]| {
                 let elapsed_ns = monotonic_ns().saturating_sub(started);
                 governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()
-            }) as Judge
+            });
+            // The watch's looks may take half the budget of one CPU.
+            let looks_apart = if budget > 0.0 { (2.0 / budget).ceil().min(MOST_LOOKS_APART) as u32 } else { MOST_LOOKS_APART as u32 };
+            Judge { decide, looks_apart }
         })
     }
 }

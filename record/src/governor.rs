@@ -76,6 +76,8 @@ pub struct Governor {
     /// Calls by function and the time at the last judgement.
     last: Vec<u64>,
     last_ns: u64,
+    /// What each function cost so far, kept between judgements to reuse its memory.
+    spent: Vec<u64>,
     /// Where the functions that stand for others' calls only counted start.
     counted_from: Option<usize>,
 }
@@ -87,7 +89,7 @@ impl Governor {
     pub fn new(budget: f64, call_ns: Vec<u64>) -> Self {
         let throttled = vec![false; call_ns.len()];
         let last = vec![0; call_ns.len()];
-        Governor { budget, call_ns, sampled: None, throttled, last, last_ns: 0, counted_from: None }
+        Governor { budget, call_ns, sampled: None, throttled, last, last_ns: 0, spent: Vec::new(), counted_from: None }
     }
 
     /// The same, its functions from `from` on standing for the calls of
@@ -119,40 +121,50 @@ impl Governor {
     /// Functions to throttle now, given the `calls` so far by function after
     /// `elapsed_ns`; they count as throttled from now on.
     pub fn over_budget(&mut self, calls: &[u64], elapsed_ns: u64) -> Vec<u32> {
-        let spent: Vec<u64> = calls.iter().enumerate().map(|(f, &n)| n.saturating_mul(self.call_ns(f))).collect();
-        self.over_budget_spent(&spent, elapsed_ns)
+        let mut spent = std::mem::take(&mut self.spent);
+        spent.clear();
+        spent.extend(calls.iter().enumerate().map(|(f, &n)| n.saturating_mul(self.call_ns(f))));
+        let over = self.over_budget_spent(&spent, elapsed_ns);
+        self.spent = spent;
+        over
     }
 
     /// The same, given what each function's probes cost so far by the
     /// estimate (ns): its calls' and, where probes follow its lines,
     /// theirs. Functions whose call costs nothing are not judged.
+    ///
+    /// The watch asks every millisecond or so, over thousands of functions
+    /// most of which are never called: one pass, nothing allocated per
+    /// function.
     pub fn over_budget_spent(&mut self, spent: &[u64], elapsed_ns: u64) -> Vec<u32> {
         if elapsed_ns < SETTLE_NS || elapsed_ns <= self.last_ns {
             return Vec::new();
         }
         let window = (elapsed_ns - self.last_ns) as f64;
-        let judged = |f: usize| self.call_ns(f) > 0;
-        let estimated = |counted: bool| -> f64 {
-            let spent = spent.iter().enumerate().filter(|&(f, _)| judged(f) && self.is_counted_only(f) == counted);
-            spent.map(|(_, &ns)| ns as f64).sum()
-        };
-        let (probes, counted) = (estimated(false), estimated(true));
+        self.last.resize(self.call_ns.len(), 0);
+        // What the probes and the counting cost so far, and what each
+        // function still instrumented cost lately (ns of it in the window).
+        let (mut probes, mut counted) = (0.0, 0.0);
+        let mut recent: Vec<(u64, usize)> = Vec::new();
+        for (f, (&ns, last)) in spent.iter().zip(self.last.iter_mut()).enumerate() {
+            let call_ns = self.call_ns.get(f).copied().unwrap_or(0);
+            if call_ns == 0 {
+                continue;
+            }
+            let counted_only = self.counted_from.is_some_and(|from| f >= from);
+            *if counted_only { &mut counted } else { &mut probes } += ns as f64;
+            let lately = ns.saturating_sub(std::mem::replace(last, ns));
+            let judged = ns >= FEWEST_JUDGED_CALLS.saturating_mul(call_ns) && !self.throttled.get(f).copied().unwrap_or(true);
+            if judged && lately > 0 {
+                recent.push((lately, f));
+            }
+        }
+        self.last_ns = elapsed_ns;
         // The samples in the probes' code say what the probes cost; calls
         // only counted run no code of theirs to sample.
         let scale = self.scale(probes);
-        let scale_of = |f: usize| if self.is_counted_only(f) { 1.0 } else { scale };
-        // What each function still instrumented cost lately, per ns of run.
-        let mut rates: Vec<(f64, usize)> = spent
-            .iter()
-            .enumerate()
-            .filter(|&(f, &ns)| judged(f) && ns >= FEWEST_JUDGED_CALLS.saturating_mul(self.call_ns(f)))
-            .filter(|&(f, _)| !self.throttled.get(f).copied().unwrap_or(true))
-            .map(|(f, &ns)| (ns.saturating_sub(self.last.get(f).copied().unwrap_or(0)) as f64 * scale_of(f) / window, f))
-            .filter(|&(rate, _)| rate > 0.0)
-            .collect();
-        self.last = spent.to_vec();
-        self.last.resize(self.call_ns.len(), 0);
-        self.last_ns = elapsed_ns;
+        let mut rates: Vec<(f64, usize)> =
+            recent.into_iter().map(|(ns, f)| (ns as f64 * if self.is_counted_only(f) { 1.0 } else { scale } / window, f)).collect();
         let overspent = probes * scale + counted > self.budget * elapsed_ns as f64;
         let target = if overspent { self.budget / 2.0 } else { self.budget };
         let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();

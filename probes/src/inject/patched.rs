@@ -505,22 +505,11 @@ impl Patched {
         Ok(())
     }
 
-    /// Every counter's calls so far, by function (`None`: no counter of
-    /// it), those of functions no longer counted included.
-    fn counters_now(&self, functions: usize) -> Vec<Option<u64>> {
-        let mut calls = vec![None; functions];
-        for counters in &self.entry_counters {
-            counters.add_to(&mut calls);
-        }
-        calls
-    }
-
     /// Adds to `into` (by function) the calls only counted so far, those
     /// of functions no longer counted included (see [`Patched::calls_only_counted`]).
     pub fn add_counted_calls(&self, into: &mut [u64]) {
-        let counted = self.counters_now(into.len());
-        for (total, calls) in into.iter_mut().zip(counted) {
-            *total = total.saturating_add(calls.unwrap_or(0));
+        for counters in &self.entry_counters {
+            counters.add_calls(into);
         }
     }
 
@@ -529,7 +518,10 @@ impl Patched {
     /// counting trampoline counted; `None` for a function without one, or
     /// no longer counted.
     pub fn calls_only_counted(&self, functions: usize) -> Vec<Option<u64>> {
-        let mut calls = self.counters_now(functions);
+        let mut calls = vec![None; functions];
+        for counters in &self.entry_counters {
+            counters.add_to(&mut calls);
+        }
         for &f in &self.calls_uncounted {
             if let Some(calls) = calls.get_mut(f) {
                 *calls = None;

@@ -42,9 +42,18 @@ impl EntryCounters {
     /// Adds each counter's calls to `into` (by function; `None`: no
     /// counter of it so far).
     pub fn add_to(&self, into: &mut [Option<u64>]) {
-        for (k, &f) in self.functions.iter().enumerate() {
+        for (&f, calls) in self.functions.iter().zip(self.shared.loads(0, self.functions.len())) {
             if let Some(total) = into.get_mut(f) {
-                *total = Some(total.unwrap_or(0).saturating_add(self.shared.load(8 * k)));
+                *total = Some(total.unwrap_or(0).saturating_add(calls));
+            }
+        }
+    }
+
+    /// Adds each counter's calls to `into` (by function).
+    pub fn add_calls(&self, into: &mut [u64]) {
+        for (&f, calls) in self.functions.iter().zip(self.shared.loads(0, self.functions.len())) {
+            if let Some(total) = into.get_mut(f) {
+                *total = total.saturating_add(calls);
             }
         }
     }

@@ -98,8 +98,7 @@ impl TotalsView {
         for block in 0..taken {
             for offset in [self.geometry.entries_offset(), self.geometry.busy_entries_offset()] {
                 let at = (self.geometry.block(block) + offset) as usize;
-                for (f, total) in into.iter_mut().enumerate().take(functions) {
-                    let count = shared.load(at + 8 * f);
+                for (total, count) in into.iter_mut().zip(shared.loads(at, functions)) {
                     if count <= MOST_COUNT {
                         *total = total.saturating_add(count);
                     }

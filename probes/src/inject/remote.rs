@@ -731,6 +731,18 @@ impl Shared {
         unsafe { (*self.local.add(offset).cast::<std::sync::atomic::AtomicU64>()).load(std::sync::atomic::Ordering::Acquire) }
     }
 
+    /// The `count` `u64`s from byte `offset` on, each read atomically (the
+    /// target writes them); bounds checked once, for reading thousands of
+    /// counters every few milliseconds.
+    pub fn loads(&self, offset: usize, count: usize) -> impl Iterator<Item = u64> + '_ {
+        let end = count.checked_mul(8).and_then(|bytes| bytes.checked_add(offset));
+        assert!(offset % 8 == 0 && end.is_some_and(|end| end <= self.len), "{count} counters at {offset} outside the shared memory");
+        // SAFETY: in bounds and aligned, checked above; an atomic view of
+        // shared memory, which lives as long as `self`.
+        let counters = unsafe { std::slice::from_raw_parts(self.local.add(offset).cast::<std::sync::atomic::AtomicU64>(), count) };
+        counters.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Appends `len` bytes from `offset` to `into`: records the target has
     /// published (after an acquiring [`Shared::load`] of their counter), so
     /// it no longer writes them.

@@ -11,12 +11,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+/// For `n` functions it is given `2n` counts: function `f`'s timed calls
+/// at `f`, and at `n + f` its calls only counted since its probes were
+/// taken out. It answers `f` to take its probes out (its calls only
+/// counted from then on), `n + f` to stop counting them too.
+pub type Decide = Box<dyn FnMut(&[u64]) -> Vec<usize> + Send>;
+
 /// Decides, from the calls so far by function, which functions to take a
-/// step down now. For `n` functions it is given `2n` counts: function
-/// `f`'s timed calls at `f`, and at `n + f` its calls only counted since
-/// its probes were taken out. It answers `f` to take its probes out (its
-/// calls only counted from then on), `n + f` to stop counting them too.
-pub type Judge = Box<dyn FnMut(&[u64]) -> Vec<usize> + Send>;
+/// step down now.
+pub struct Judge {
+    /// Which functions to step down, given their calls (see [`Decide`]).
+    pub decide: Decide,
+    /// Looks are at least this many times their own duration apart (at
+    /// least [`LOOKS_APART`]): reading thousands of functions' calls is a
+    /// cost of the recording too, taken from a machine whose CPUs the
+    /// target may all use.
+    pub looks_apart: u32,
+}
 
 /// Functions the judge had unpatched while the process ran.
 #[derive(Debug)]
@@ -36,9 +47,10 @@ pub struct Unpatched {
 /// functions cost it a tenth of its time in probes, where the governor
 /// allows a twentieth).
 const PERIOD: Duration = Duration::from_millis(1);
-/// Looks are at least this many times their own duration apart: reading
-/// the calls of thousands of threads' blocks takes time, and the watch
-/// shares the machine with the target. Unpatching (a millisecond to four,
+/// Looks are at least this many times their own duration apart (more
+/// with a judge: see [`Judge::looks_apart`]): reading the calls of
+/// thousands of threads' blocks takes time, and the watch shares the
+/// machine with the target. Unpatching (a millisecond to four,
 /// holding the target's threads) counts once, not four times: spaced by
 /// four, ripgrep's hot functions stayed patched 10 to 30 ms more after each
 /// round; not at all, rounds in a row could hold the target most of the time.
@@ -175,6 +187,7 @@ impl Watch {
             let mut cursor = TraceCursor::default();
             let mut answered = 0;
             let view = patched.view();
+            let looks_apart = judge.as_ref().map_or(LOOKS_APART, |j| j.looks_apart.max(LOOKS_APART));
             while !flag.load(Ordering::Relaxed) {
                 let looked = std::time::Instant::now();
                 // How long looking took, and unpatching after it: functions
@@ -196,7 +209,7 @@ impl Watch {
                     view.calls(timed);
                     patched.add_children_calls(timed);
                     patched.add_counted_calls(counted);
-                    pending.extend(judge(&calls));
+                    pending.extend((judge.decide)(&calls));
                     if !pending.is_empty() {
                         looking = Some(looked.elapsed());
                         let unpatch_started = std::time::Instant::now();
@@ -221,7 +234,7 @@ impl Watch {
                 // A thread that finds no block wakes this at once; the
                 // word is the target's to write, so however often it
                 // changes, looks are at least SOONEST apart.
-                let period = PERIOD.max(looking.unwrap_or_else(|| looked.elapsed()) * LOOKS_APART).max(unpatching);
+                let period = PERIOD.max(looking.unwrap_or_else(|| looked.elapsed()) * looks_apart).max(unpatching);
                 match &view {
                     Some(view) => view.wait_for_block_request(wanted, period),
                     None => std::thread::sleep(period),
