@@ -213,6 +213,25 @@ fn the_hottest_function_counts_its_time_after_a_throttle() {
     assert_eq!(step["calls"].as_u64().unwrap() + after, 4_000_000, "parent and child: {step}");
 }
 
+/// Counting a throttled function's calls costs what the samples in its
+/// counting stub say, not what a `lock inc` costs in a loop: two threads
+/// counting one function on two CPUs wait for each other's cache line at
+/// every call (about 1 ns judged, 12 to 25 ns measured), so its counting
+/// stops. Judged at 1 ns a call, it went on costing the program.
+#[test]
+fn counting_that_threads_contend_for_stops() {
+    let _serial = one_recording_at_a_time();
+    require_probes();
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    assert!(cpus >= 2, "two CPUs are needed for two threads to contend, this machine has {cpus}");
+    let (report, _) = recorded(&["--overhead-budget", "10"], &Build::c("contended.c", "-O2").build(), &["5"]);
+    let work = function(&report["functions"], "work");
+    assert_eq!(work["mode"], "throttled", "{work}");
+    assert!(work["calls_after_throttle"].is_null(), "still counted: {work}");
+    let notes: Vec<&str> = report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    assert!(notes.iter().any(|n| n.contains("stopped counting the calls of work")), "{notes:?}");
+}
+
 /// `proftap run ARGS -- BINARY BINARY_ARGS`: its JSON report and its text report.
 fn recorded(args: &[&str], binary: &std::path::Path, binary_args: &[&str]) -> (serde_json::Value, String) {
     let dir = tempfile::tempdir().unwrap();

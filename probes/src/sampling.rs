@@ -503,6 +503,14 @@ impl StackResolver {
         self.processes.remove(&pid);
     }
 
+    /// Whether `sample` was taken in a counting stub of the in-process
+    /// engine (see [`StackResolver::origins`]), which its stack names as
+    /// the function's own code: the time of the stub's `lock inc` shows
+    /// on the instruction after it.
+    pub fn in_counting_code(&self, sample: &StackSample) -> bool {
+        !sample.in_kernel && self.processes.get(&sample.pid).is_some_and(|p| origin_of(&p.origins, sample.regs[0]).is_some())
+    }
+
     /// Names one sample's stack. `returns` are the thread's return
     /// addresses by stack slot, for the slots where a return probe left its
     /// trampoline.

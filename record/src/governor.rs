@@ -28,12 +28,20 @@ const TRUSTED_PROBE_SAMPLES: u64 = 5;
 /// in a run) throttle no more than that.
 const MOST_SCALE: f64 = 3.0;
 
+/// The most the samples may multiply the estimated cost of counting a call
+/// by: a `lock inc` waits for the stores before it, which a loop calibrating
+/// it has few of (in SQLite and Lua, counting cost 3 to 7 times the
+/// estimate), and threads counting on several CPUs at once contend (12 to
+/// 25 ns a call here).
+const MOST_COUNTING_SCALE: f64 = 25.0;
+
 /// What a call costs once its function's probes were taken out and its
 /// entry only counts it: a jump, a `lock inc` and a jump back, 0.8 ns a
 /// call in a loop of 100 M calls here (BENCHMARKS.md), 2.4 ns for a `lock
-/// inc` alone in a dependent chain. Threads on several CPUs counting the
-/// same function at once make it dearer (12 to 25 ns here), which this
-/// does not see.
+/// inc` alone in a dependent chain. Real code makes it dearer, and so do
+/// threads on several CPUs counting the same function at once (12 to 25 ns
+/// here): the samples in the counting stubs scale it up (see
+/// [`SampledOverhead`]).
 pub const COUNTED_CALL_NS: u64 = 1;
 
 /// Stack samples of the target taken in the in-process engine's code
@@ -43,9 +51,13 @@ pub const COUNTED_CALL_NS: u64 = 1;
 /// costs up to twice the calibration. (The calls of functions named with
 /// `-f`, which are never throttled, are in the samples and not in the
 /// estimate: the scale errs towards throttling.)
+///
+/// Samples in the counting stubs of functions whose probes were taken
+/// out are kept apart: they measure what counting those calls costs.
 #[derive(Default, Debug)]
 pub struct SampledOverhead {
     in_probes: AtomicU64,
+    in_counting: AtomicU64,
 }
 
 impl SampledOverhead {
@@ -54,9 +66,19 @@ impl SampledOverhead {
         self.in_probes.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// One sample more taken in a counting stub.
+    pub fn count_counting(&self) {
+        self.in_counting.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Samples taken in the engine's code so far.
     pub fn in_probes(&self) -> u64 {
         self.in_probes.load(Ordering::Relaxed)
+    }
+
+    /// Samples taken in the counting stubs so far.
+    pub fn in_counting(&self) -> u64 {
+        self.in_counting.load(Ordering::Relaxed)
     }
 }
 
@@ -107,15 +129,16 @@ impl Governor {
         self
     }
 
-    /// How much more the probes cost than `estimated_ns` over the run, by
-    /// the samples (1 until enough were taken in the probes' code).
-    fn scale(&self, estimated_ns: f64) -> f64 {
+    /// How much more the probes (`counting`: the counting stubs) cost than
+    /// `estimated_ns` over the run, by the samples (1 until enough were
+    /// taken in their code).
+    fn scale(&self, estimated_ns: f64, counting: bool) -> f64 {
         let Some((sampled, ns_per_sample)) = &self.sampled else { return 1.0 };
-        let in_probes = sampled.in_probes();
-        if in_probes < TRUSTED_PROBE_SAMPLES || estimated_ns <= 0.0 {
+        let (samples, most) = if counting { (sampled.in_counting(), MOST_COUNTING_SCALE) } else { (sampled.in_probes(), MOST_SCALE) };
+        if samples < TRUSTED_PROBE_SAMPLES || estimated_ns <= 0.0 {
             return 1.0;
         }
-        (in_probes as f64 * *ns_per_sample as f64 / estimated_ns).clamp(1.0, MOST_SCALE)
+        (samples as f64 * *ns_per_sample as f64 / estimated_ns).clamp(1.0, most)
     }
 
     /// Functions to throttle now, given the `calls` so far by function after
@@ -160,12 +183,12 @@ impl Governor {
             }
         }
         self.last_ns = elapsed_ns;
-        // The samples in the probes' code say what the probes cost; calls
-        // only counted run no code of theirs to sample.
-        let scale = self.scale(probes);
-        let mut rates: Vec<(f64, usize)> =
-            recent.into_iter().map(|(ns, f)| (ns as f64 * if self.is_counted_only(f) { 1.0 } else { scale } / window, f)).collect();
-        let overspent = probes * scale + counted > self.budget * elapsed_ns as f64;
+        // The samples in the probes' code say what the probes cost, those
+        // in the counting stubs what counting costs.
+        let (scale, counting_scale) = (self.scale(probes, false), self.scale(counted, true));
+        let scale_of = |f: usize| if self.is_counted_only(f) { counting_scale } else { scale };
+        let mut rates: Vec<(f64, usize)> = recent.into_iter().map(|(ns, f)| (ns as f64 * scale_of(f) / window, f)).collect();
+        let overspent = probes * scale + counted * counting_scale > self.budget * elapsed_ns as f64;
         let target = if overspent { self.budget / 2.0 } else { self.budget };
         let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
         if rate <= self.budget && !overspent {
@@ -333,6 +356,22 @@ mod tests {
         assert_eq!(g.over_budget(&[10_000, 0], 10 * ms), vec![0]);
         // 400,000 counted in 20 ms: 0.4 ms, 2%, under the half of the budget aimed at.
         assert!(g.over_budget(&[10_000, 400_000], 30 * ms).is_empty());
+    }
+
+    /// What counting costs is measured by the samples in the counting
+    /// stubs (a `lock inc` waiting for the stores before it, threads
+    /// contending for one counter), not taken for the probes' cost.
+    #[test]
+    fn samples_in_the_counting_stubs_scale_the_countings_cost() {
+        let ms = 1_000_000;
+        let sampled = Arc::new(SampledOverhead::default());
+        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1).with_samples(sampled.clone(), ms);
+        assert_eq!(g.over_budget(&[10_000, 0], 10 * ms), vec![0]);
+        // 400,000 calls counted in 20 ms: 0.4 ms by the estimate, within
+        // the budget; ten samples of 1 ms in the stubs say 10 ms.
+        (0..10).for_each(|_| sampled.count_counting());
+        assert_eq!(sampled.in_probes(), 0);
+        assert_eq!(g.over_budget(&[10_000, 400_000], 30 * ms), vec![1]);
     }
 
     #[test]

@@ -71,6 +71,8 @@ impl SamplerThread {
                             stack.frames.last().is_some_and(|leaf| leaf.name == PROBE_OVERHEAD_FRAME && leaf.module == ENGINE_MODULE);
                         if in_engine {
                             overhead.count();
+                        } else if resolver.in_counting_code(&sample) {
+                            overhead.count_counting();
                         }
                         samples.add_at(sample.pid as i32, sample.tid as i32, sample.time, &stack);
                         if keep {
