@@ -235,6 +235,7 @@ impl SampleProfile {
             }
         }
         self.total = self.total.saturating_add(other.total);
+        self.in_counting_stubs = self.in_counting_stubs.saturating_add(other.in_counting_stubs);
         if self.event.is_empty() {
             self.event.clone_from(&other.event);
         }
@@ -415,6 +416,7 @@ mod tests {
             stacks: stacks.into_iter().map(|(frames, count)| SampledStack { frames, count }).collect(),
             lines: Vec::new(),
             throttled: Default::default(),
+            in_counting_stubs: 1,
         };
         let mut a = profile("abc", "f", 1, 1);
         a.samples = Some(samples(vec![frame("main"), frame("f")], vec![(vec![0, 1], 3), (vec![0], 1)]));
@@ -425,6 +427,7 @@ mod tests {
         a.merge(&b, false).expect("same build");
         let merged = a.samples.as_ref().expect("samples");
         assert_eq!(merged.total, 11);
+        assert_eq!(merged.in_counting_stubs, 2);
         assert_eq!(merged.frames.len(), 3);
         let count = |names: &[&str]| {
             merged

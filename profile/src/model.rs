@@ -136,6 +136,12 @@ pub struct SampleProfile {
     /// library's) that their instrumented callers' exclusive time held.
     #[serde(default, skip_serializing_if = "Throttled::is_empty")]
     pub throttled: Throttled,
+    /// Samples taken in the counting stubs of the in-process engine (the
+    /// entries of functions whose probes were removed, still counting
+    /// their calls): their stacks name the functions, the time is what
+    /// counting cost.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub in_counting_stubs: u64,
 }
 
 /// Samples of functions not instrumented, under instrumented callers.
@@ -233,11 +239,22 @@ impl SampleProfile {
     /// The share of the samples whose innermost frame is named `name`
     /// (none without samples).
     pub fn leaf_share(&self, name: &str) -> Option<f64> {
-        // A profile file is anyone's: its counts may add up past u64.
-        let total = self.stacks.iter().fold(0u64, |n, s| n.saturating_add(s.count));
         let named = |s: &&SampledStack| s.frames.last().and_then(|&f| self.frames.get(f as usize)).is_some_and(|f| f.name == name);
         let in_leaf = self.stacks.iter().filter(named).fold(0u64, |n, s| n.saturating_add(s.count));
-        (total > 0).then(|| in_leaf as f64 / total as f64)
+        self.share(in_leaf)
+    }
+
+    /// The share of the samples taken in the counting stubs (none without
+    /// samples, or none there).
+    pub fn counting_share(&self) -> Option<f64> {
+        self.share(self.in_counting_stubs).filter(|&share| share > 0.0)
+    }
+
+    fn share(&self, samples: u64) -> Option<f64> {
+        // A profile file is anyone's: its counts may add up past u64, and
+        // say more samples somewhere than in all.
+        let total = self.stacks.iter().fold(0u64, |n, s| n.saturating_add(s.count));
+        (total > 0).then(|| samples.min(total) as f64 / total as f64)
     }
 
     /// Self and total samples per frame, most total first.

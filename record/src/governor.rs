@@ -23,6 +23,12 @@ const FEWEST_JUDGED_CALLS: u64 = 16;
 /// estimate: five milliseconds of the probes' time at 1 kHz.
 const TRUSTED_PROBE_SAMPLES: u64 = 5;
 
+/// Samples in the counting stubs before they are believed over the
+/// estimate: more than the probes', since they may multiply it by more
+/// (see [`MOST_COUNTING_SCALE`]), and a few early samples would stop the
+/// counting of a whole run.
+const TRUSTED_COUNTING_SAMPLES: u64 = 10;
+
 /// The most the samples may multiply the estimated cost of a call by: a
 /// few samples more or less (as many as the probes' whole estimate, early
 /// in a run) throttle no more than that.
@@ -134,8 +140,11 @@ impl Governor {
     /// taken in their code).
     fn scale(&self, estimated_ns: f64, counting: bool) -> f64 {
         let Some((sampled, ns_per_sample)) = &self.sampled else { return 1.0 };
-        let (samples, most) = if counting { (sampled.in_counting(), MOST_COUNTING_SCALE) } else { (sampled.in_probes(), MOST_SCALE) };
-        if samples < TRUSTED_PROBE_SAMPLES || estimated_ns <= 0.0 {
+        let (samples, trusted, most) = match counting {
+            true => (sampled.in_counting(), TRUSTED_COUNTING_SAMPLES, MOST_COUNTING_SCALE),
+            false => (sampled.in_probes(), TRUSTED_PROBE_SAMPLES, MOST_SCALE),
+        };
+        if samples < trusted || estimated_ns <= 0.0 {
             return 1.0;
         }
         (samples as f64 * *ns_per_sample as f64 / estimated_ns).clamp(1.0, most)
@@ -365,11 +374,11 @@ mod tests {
     fn samples_in_the_counting_stubs_scale_the_countings_cost() {
         let ms = 1_000_000;
         let sampled = Arc::new(SampledOverhead::default());
-        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1).with_samples(sampled.clone(), ms);
+        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1).with_samples(sampled.clone(), ms / 5);
         assert_eq!(g.over_budget(&[10_000, 0], 10 * ms), vec![0]);
         // 400,000 calls counted in 20 ms: 0.4 ms by the estimate, within
-        // the budget; ten samples of 1 ms in the stubs say 10 ms.
-        (0..10).for_each(|_| sampled.count_counting());
+        // the budget; twenty samples of 0.2 ms in the stubs say 4 ms.
+        (0..20).for_each(|_| sampled.count_counting());
         assert_eq!(sampled.in_probes(), 0);
         assert_eq!(g.over_budget(&[10_000, 400_000], 30 * ms), vec![1]);
     }

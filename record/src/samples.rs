@@ -28,6 +28,8 @@ pub struct SampleAggregator {
     held: HashMap<(i32, String, (String, String)), u64>,
     /// Each sample's process, thread, time and frames, for a timeline.
     timed: Option<Vec<(SampleTime, Vec<u32>)>>,
+    /// Samples in the in-process engine's counting stubs.
+    in_counting_stubs: u64,
 }
 
 /// When a sample was taken, of which thread, and its stack.
@@ -60,6 +62,7 @@ impl SampleAggregator {
             after_throttle: HashMap::new(),
             held: HashMap::new(),
             timed: None,
+            in_counting_stubs: 0,
         }
     }
 
@@ -174,6 +177,12 @@ impl SampleAggregator {
         id
     }
 
+    /// The sample added last was taken in a counting stub (see
+    /// [`SampleProfile::in_counting_stubs`]).
+    pub fn in_counting_stub(&mut self) {
+        self.in_counting_stubs += 1;
+    }
+
     /// Hot functions by samples anywhere on the stack so far: (frame name, module, samples).
     pub fn hottest(&self) -> Vec<(String, String, u64)> {
         self.profile().functions().into_iter().map(|f| (f.frame.name, f.frame.module, f.total_samples)).collect()
@@ -213,6 +222,7 @@ impl SampleAggregator {
             stacks,
             lines,
             throttled: Throttled { functions, held },
+            in_counting_stubs: self.in_counting_stubs,
         }
     }
 }

@@ -123,6 +123,7 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
             "event": samples.event,
             "frequency_hz": samples.frequency_hz,
             "total": samples.total,
+            "in_counting_stubs": samples.in_counting_stubs,
             "functions": sampled_in_order(samples, order).iter().map(|f| json!({
                 "name": f.frame.name,
                 "module": f.frame.module,

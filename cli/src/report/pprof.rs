@@ -361,6 +361,7 @@ mod tests {
                 stacks: vec![SampledStack { frames: vec![0, 1, 2], count: 5 }],
                 lines: Vec::new(),
                 throttled: Default::default(),
+                in_counting_stubs: 0,
             }),
             ..Profile::default()
         };

@@ -316,6 +316,10 @@ fn header(profile: &Profile, out: &mut String) {
         // calibrated on a loop, and a real program's calls can cost more.
         let sampled = profile.samples.as_ref().and_then(|s| s.leaf_share(PROBE_OVERHEAD_FRAME));
         let sampled = sampled.map(|s| format!("; {:.1}% of the samples in the probes", 100.0 * s)).unwrap_or_default();
+        // Counting the calls of functions whose probes were removed costs
+        // too; its samples name the functions.
+        let counting = profile.samples.as_ref().and_then(|s| s.counting_share());
+        let sampled = sampled + &counting.map(|s| format!(", {:.1}% in their counting stubs", 100.0 * s)).unwrap_or_default();
         let _ = writeln!(
             out,
             "  overhead    {} per probe hit, about {} of the run ({share:.1}%{sampled}); times {}",
@@ -810,6 +814,32 @@ mod tests {
         let mut out = String::new();
         hottest(&profile, &mut out);
         assert!(out.contains(&format!("{} calls (10 of them", group_digits(u64::MAX))), "{out}");
+    }
+
+    /// The overhead line gives the samples in the probes and, apart, those
+    /// in the counting stubs (whose stacks name the functions counted); a
+    /// profile file saying more samples there than in all says 100%.
+    #[test]
+    fn the_overhead_line_gives_the_samples_in_the_counting_stubs() {
+        use proftap_profile::{SampleProfile, SampledFrame, SampledStack};
+        let frame = |name: &str| SampledFrame { name: name.into(), module: String::new(), inlined: false };
+        let line = |in_counting_stubs: u64| {
+            let samples = SampleProfile {
+                frames: vec![frame("main"), frame(PROBE_OVERHEAD_FRAME)],
+                stacks: vec![SampledStack { frames: vec![0], count: 90 }, SampledStack { frames: vec![0, 1], count: 10 }],
+                in_counting_stubs,
+                ..SampleProfile::default()
+            };
+            let f = FunctionInfo { name: "f".into(), mode: Mode::Throttled, ..FunctionInfo::default() };
+            let mut profile = Profile { functions: vec![f], samples: Some(samples), ..Profile::default() };
+            profile.overhead.estimated_ns = 1_000;
+            let mut out = String::new();
+            header(&profile, &mut out);
+            out.lines().find(|l| l.starts_with("  overhead")).map(str::to_string).unwrap_or_else(|| panic!("{out}"))
+        };
+        assert!(line(0).contains("; 10.0% of the samples in the probes)"), "{}", line(0));
+        assert!(line(5).contains("; 10.0% of the samples in the probes, 5.0% in their counting stubs)"), "{}", line(5));
+        assert!(line(u64::MAX).contains(", 100.0% in their counting stubs)"), "{}", line(u64::MAX));
     }
 
     /// A throttled function's calls after its probes went: counted where

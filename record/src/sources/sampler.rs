@@ -73,6 +73,7 @@ impl SamplerThread {
                             overhead.count();
                         } else if resolver.in_counting_code(&sample) {
                             overhead.count_counting();
+                            samples.in_counting_stub();
                         }
                         samples.add_at(sample.pid as i32, sample.tid as i32, sample.time, &stack);
                         if keep {
