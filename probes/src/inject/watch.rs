@@ -55,10 +55,20 @@ const PERIOD: Duration = Duration::from_millis(1);
 /// four, ripgrep's hot functions stayed patched 10 to 30 ms more after each
 /// round; not at all, rounds in a row could hold the target most of the time.
 const LOOKS_APART: u32 = 4;
+/// The longest that looks spaced by their duration may be apart: a
+/// function turning hot costs the target until the next look.
+const MOST_PERIOD: Duration = Duration::from_millis(50);
 /// The shortest time between two looks, when a thread asks for a block.
 const SOONEST: Duration = Duration::from_millis(1);
 /// Looks in a row at which unpatching may fail before the failure is told.
 const TRIES: u32 = 40;
+
+/// The CPU time the calling thread has used: what a look costs the
+/// machine, however long the scheduler kept the watch waiting during it
+/// (on a busy machine, a look's wall time spaced the next ones by seconds).
+fn thread_cpu_time() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(Duration::ZERO, Duration::from)
+}
 
 /// Takes the probes of the functions among `pending` below `functions`
 /// out, and stops counting the calls of those `functions` above (see [`Judge`]).
@@ -190,8 +200,9 @@ impl Watch {
             let looks_apart = judge.as_ref().map_or(LOOKS_APART, |j| j.looks_apart.max(LOOKS_APART));
             while !flag.load(Ordering::Relaxed) {
                 let looked = std::time::Instant::now();
-                // How long looking took, and unpatching after it: functions
-                // over the budget cost the target until the next look.
+                let looked_cpu = thread_cpu_time();
+                // The CPU time looking took, and unpatching after it (wall time,
+                // holding the target): over-budget functions cost until the next look.
                 let mut looking = None;
                 let mut unpatching = Duration::ZERO;
                 let wanted = view.as_ref().map_or(0, TotalsView::blocks_wanted);
@@ -211,7 +222,7 @@ impl Watch {
                     patched.add_counted_calls(counted);
                     pending.extend((judge.decide)(&calls));
                     if !pending.is_empty() {
-                        looking = Some(looked.elapsed());
+                        looking = Some(thread_cpu_time().saturating_sub(looked_cpu));
                         let unpatch_started = std::time::Instant::now();
                         let outcome = step_down(&mut patched, &pending, functions);
                         unpatching = unpatch_started.elapsed();
@@ -234,7 +245,8 @@ impl Watch {
                 // A thread that finds no block wakes this at once; the
                 // word is the target's to write, so however often it
                 // changes, looks are at least SOONEST apart.
-                let period = PERIOD.max(looking.unwrap_or_else(|| looked.elapsed()) * looks_apart).max(unpatching);
+                let looking = looking.unwrap_or_else(|| thread_cpu_time().saturating_sub(looked_cpu));
+                let period = PERIOD.max((looking * looks_apart).min(MOST_PERIOD)).max(unpatching);
                 match &view {
                     Some(view) => view.wait_for_block_request(wanted, period),
                     None => std::thread::sleep(period),
