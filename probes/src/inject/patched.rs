@@ -508,8 +508,10 @@ impl Patched {
     /// Adds to `into` (by function) the calls only counted so far, those
     /// of functions no longer counted included (see [`Patched::calls_only_counted`]).
     pub fn add_counted_calls(&self, into: &mut [u64]) {
-        for counters in &self.entry_counters {
-            counters.add_calls(into);
+        for (f, calls) in self.entry_counters.iter().flat_map(EntryCounters::calls) {
+            if let Some(total) = into.get_mut(f) {
+                *total = total.saturating_add(calls);
+            }
         }
     }
 
@@ -519,8 +521,10 @@ impl Patched {
     /// no longer counted.
     pub fn calls_only_counted(&self, functions: usize) -> Vec<Option<u64>> {
         let mut calls = vec![None; functions];
-        for counters in &self.entry_counters {
-            counters.add_to(&mut calls);
+        for (f, counted) in self.entry_counters.iter().flat_map(EntryCounters::calls) {
+            if let Some(total) = calls.get_mut(f) {
+                *total = Some(total.unwrap_or(0u64).saturating_add(counted));
+            }
         }
         for &f in &self.calls_uncounted {
             if let Some(calls) = calls.get_mut(f) {

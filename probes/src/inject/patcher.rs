@@ -39,23 +39,9 @@ pub struct EntryCounters {
 }
 
 impl EntryCounters {
-    /// Adds each counter's calls to `into` (by function; `None`: no
-    /// counter of it so far).
-    pub fn add_to(&self, into: &mut [Option<u64>]) {
-        for (&f, calls) in self.functions.iter().zip(self.shared.loads(0, self.functions.len())) {
-            if let Some(total) = into.get_mut(f) {
-                *total = Some(total.unwrap_or(0).saturating_add(calls));
-            }
-        }
-    }
-
-    /// Adds each counter's calls to `into` (by function).
-    pub fn add_calls(&self, into: &mut [u64]) {
-        for (&f, calls) in self.functions.iter().zip(self.shared.loads(0, self.functions.len())) {
-            if let Some(total) = into.get_mut(f) {
-                *total = total.saturating_add(calls);
-            }
-        }
+    /// Each counter's function and calls so far.
+    pub fn calls(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.functions.iter().copied().zip(self.shared.loads(0, self.functions.len()))
     }
 
     /// Where the counters are in the process, and their bytes there.
