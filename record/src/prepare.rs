@@ -144,7 +144,9 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
         observer.event(RecordEvent::Warning(Warning::Planning { message }));
     }
     let debug_dirs = if request.debug_dirs.is_empty() { DebugDirs::default() } else { DebugDirs(request.debug_dirs.clone()) };
-    let symbols = Arc::new(SymbolCache::new(debug_dirs).with_debuginfod(request.debuginfod.clone()));
+    // The same build is recorded again and again: its DWARF is read once a boot.
+    let kept_dwarf = proftap_probes::boot_cache::dir().map(|dir| dir.join("dwarf"));
+    let symbols = Arc::new(SymbolCache::new(debug_dirs).with_debuginfod(request.debuginfod.clone()).keeping_dwarf_in(kept_dwarf));
     let chosen = choose(&selection, &modules, request, &symbols, observer)?;
     let mut options = options(request, metrics, &chosen);
     // The sampler names frames from the same symbols.

@@ -14,7 +14,8 @@ fn run(data: &[u8]) {
     kernel_symbols(&String::from_utf8_lossy(data));
     // No debug directories: a build-id must not reach this machine's real
     // debug files, or runs would depend on what is installed.
-    let options = LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false };
+    let options =
+        LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false, kept_dwarf: None };
     let Ok(index) = proftap_fuzz::with_file("program", data, |path| SymbolIndex::load(path, &options)) else { return };
     for function in &index.functions {
         let _ = index.function_at(function.address);

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub struct SymbolCache {
     debug_dirs: DebugDirs,
     debuginfod: Option<Debuginfod>,
+    kept_dwarf: Option<PathBuf>,
     modules: Mutex<HashMap<PathBuf, Cached>>,
 }
 
@@ -29,12 +30,18 @@ struct Cached {
 impl SymbolCache {
     /// A cache that finds separate debug files in `debug_dirs`.
     pub fn new(debug_dirs: DebugDirs) -> Self {
-        SymbolCache { debug_dirs, debuginfod: None, modules: Mutex::default() }
+        SymbolCache { debug_dirs, debuginfod: None, kept_dwarf: None, modules: Mutex::default() }
     }
 
     /// The same cache, asking `debuginfod` for debug info found nowhere on disk.
     pub fn with_debuginfod(self, debuginfod: Option<Debuginfod>) -> Self {
         SymbolCache { debuginfod, ..self }
+    }
+
+    /// The same cache, keeping the DWARF it reads in `dir` for the next
+    /// recording of the same binaries (see [`LoadOptions::kept_dwarf`]).
+    pub fn keeping_dwarf_in(self, dir: Option<PathBuf>) -> Self {
+        SymbolCache { kept_dwarf: dir, ..self }
     }
 
     fn cached(&self, module: &Path) -> Cached {
@@ -102,7 +109,13 @@ impl SymbolCache {
             return Ok(index.clone());
         }
         let image = self.image(module, open)?;
-        let options = LoadOptions { lines, debug_dirs: self.debug_dirs.clone(), debuginfod, symbol_tables_enough: !full };
+        let options = LoadOptions {
+            lines,
+            debug_dirs: self.debug_dirs.clone(),
+            debuginfod,
+            symbol_tables_enough: !full,
+            kept_dwarf: self.kept_dwarf.clone(),
+        };
         let mut index = SymbolIndex::of_image_observed(&image, &options, progress)?;
         index.path = module.to_path_buf();
         let index = Arc::new(index);

@@ -55,6 +55,43 @@ pub struct Segment {
 pub struct ElfImage {
     path: PathBuf,
     map: Mmap,
+    version: FileVersion,
+}
+
+/// Which file, and which version of it, an image was mapped from: its
+/// device and inode, size, and times of change. Any write, rename over or
+/// `touch` changes one of them (the change time cannot be set back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileVersion {
+    device: u64,
+    inode: u64,
+    size: u64,
+    modified_ns: i128,
+    changed_ns: i128,
+}
+
+impl FileVersion {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |s: i64, ns: i64| i128::from(s) * 1_000_000_000 + i128::from(ns);
+        FileVersion {
+            device: meta.dev(),
+            inode: meta.ino(),
+            size: meta.size(),
+            modified_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            changed_ns: ns(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// The device the file is on.
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+
+    /// The file's inode on its device.
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
 }
 
 impl ElfImage {
@@ -71,7 +108,7 @@ impl ElfImage {
         if !map.starts_with(b"\x7fELF") {
             return Err(not_elf("it does not start with the ELF magic number"));
         }
-        let image = ElfImage { path: path.into(), map };
+        let image = ElfImage { path: path.into(), map, version: FileVersion::of(&meta) };
         let parsed = image.parse()?;
         match parsed.architecture() {
             object::Architecture::X86_64 | object::Architecture::Aarch64 => {}
@@ -88,6 +125,11 @@ impl ElfImage {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The version of the file mapped.
+    pub fn version(&self) -> FileVersion {
+        self.version
     }
 
     /// The raw bytes of the file.

@@ -7,13 +7,14 @@ mod debuginfod;
 mod demangle;
 mod dwarf;
 mod elf;
+mod kept;
 mod kernel;
 
 pub use cache::SymbolCache;
 pub use debuginfo::{DebugDirs, DebugSource};
 pub use debuginfod::{Debuginfod, FetchProgress, MAX_DOWNLOAD, Unheard};
 pub use dwarf::{CompileUnit, FileTable, LineRow, normalize_path};
-pub use elf::{ElfImage, ElfKind, Segment, file_offset, hex};
+pub use elf::{ElfImage, ElfKind, FileVersion, Segment, file_offset, hex};
 pub use kernel::{KERNEL_IMAGE, KernelSymbols};
 
 /// The demangled form of a symbol name (C++, Rust), or the name itself.
@@ -42,6 +43,9 @@ pub struct LoadOptions {
     /// needs (its inlined frames are read lazily, where samples fell),
     /// without decompressing and walking all of a large library's DWARF.
     pub symbol_tables_enough: bool,
+    /// Where the DWARF read is kept for the next load of the same version
+    /// of the file, and looked for first (none: read afresh, nothing kept).
+    pub kept_dwarf: Option<PathBuf>,
 }
 
 /// Which table a function was found in.
@@ -226,7 +230,9 @@ impl SymbolIndex {
 
         let mut files = FileTable::default();
         let info = match debug_image {
-            Some(d) if !options.symbol_tables_enough || symbols.is_empty() => dwarf::read(d, &mut files, options.lines, &mut warnings)?,
+            Some(d) if !options.symbol_tables_enough || symbols.is_empty() => {
+                kept::read(options.kept_dwarf.as_deref(), d, &mut files, options.lines, &mut warnings)?
+            }
             _ => dwarf::DwarfInfo::default(),
         };
 

@@ -7,7 +7,10 @@ fn load(bytes: &[u8]) -> Result<SymbolIndex> {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("program");
     std::fs::write(&path, bytes).expect("write the input");
-    SymbolIndex::load(&path, &LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false })
+    SymbolIndex::load(
+        &path,
+        &LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false, kept_dwarf: None },
+    )
 }
 
 #[test]
@@ -110,7 +113,8 @@ fn units_that_make_the_line_table_header_parse_quadratic_are_cut_short() {
 #[test]
 fn a_function_of_no_size_reaches_the_next_one() {
     let exe = std::env::current_exe().expect("this test's program");
-    let options = LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true };
+    let options =
+        LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true, kept_dwarf: None };
     let index = SymbolIndex::load(&exe, &options).expect("its symbols");
     let f = index.functions.iter().find(|f| f.raw_name == "__do_global_dtors_aux").expect("crtstuff's __do_global_dtors_aux");
     assert_eq!(f.size, 0, "the symbol table gives it no size");
@@ -124,7 +128,8 @@ fn a_function_of_no_size_reaches_the_next_one() {
 fn namesakes_get_names_of_their_own_and_keep_the_plain_one_for_patterns() {
     // A Rust program: a generic's instances demangle to one name.
     let exe = std::env::current_exe().expect("this test's program");
-    let options = LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true };
+    let options =
+        LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true, kept_dwarf: None };
     let index = SymbolIndex::load(&exe, &options).expect("its symbols");
     // Two symbols of one raw name (versions of one symbol, read from the
     // symbol table alone) may keep it; symbols of two raw names may not.

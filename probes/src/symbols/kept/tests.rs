@@ -1,0 +1,136 @@
+use super::*;
+use std::os::unix::fs::PermissionsExt;
+
+/// A program with DWARF 4 functions and line tables, in a directory of its
+/// own, and an empty directory to keep its DWARF in.
+fn program() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("calls");
+    std::fs::write(&path, include_bytes!("../testdata/calls-O2-dwarf4")).expect("write the program");
+    let kept = dir.path().join("kept");
+    (dir, path, kept)
+}
+
+/// Everything a read gives, printed: equal prints, equal reads.
+fn read_in(kept: Option<&Path>, program: &Path, lines: bool) -> String {
+    let image = ElfImage::open(program).expect("the program opens");
+    let (mut files, mut warnings) = (FileTable::default(), Vec::new());
+    let info = read(kept, &image, &mut files, lines, &mut warnings).expect("the DWARF reads");
+    format!("{:?}\n{:?}\n{:?}\n{:?}\n{warnings:?}", info.subprograms, info.units, info.rows, files.paths())
+}
+
+/// The only file kept in `dir`.
+fn kept_file(dir: &Path) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir).expect("kept").flatten().map(|e| e.path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.into_iter().next().expect("one file")
+}
+
+/// `file` kept again with every function renamed, so that a read shows
+/// whether it came from the kept file.
+fn rename_kept_functions(file: &Path) {
+    let mut kept = decode(&std::fs::read(file).expect("read kept")).expect("it decodes");
+    assert!(!kept.subprograms.is_empty());
+    for s in &mut kept.subprograms {
+        s.name = Some("renamed".into());
+    }
+    let mode = std::fs::metadata(file).expect("kept").permissions();
+    std::fs::write(file, postcard::to_stdvec(&kept).expect("encode")).expect("write kept");
+    std::fs::set_permissions(file, mode).expect("mode");
+}
+
+#[test]
+fn what_is_kept_reads_back_as_it_was_read() {
+    for lines in [false, true] {
+        let (_dir, program, kept) = program();
+        let fresh = read_in(None, &program, lines);
+        assert_eq!(read_in(Some(&kept), &program, lines), fresh, "the read that keeps");
+        let file = kept_file(&kept);
+        assert_eq!(std::fs::metadata(&file).expect("kept").permissions().mode() & 0o077, 0, "readable by its owner only");
+        assert_eq!(read_in(Some(&kept), &program, lines), fresh, "read back");
+        if lines {
+            assert!(fresh.contains("LineRow"), "the program has line rows");
+        }
+        // The second read came from the file.
+        rename_kept_functions(&file);
+        assert!(read_in(Some(&kept), &program, lines).contains("\"renamed\""));
+    }
+}
+
+#[test]
+fn a_changed_program_is_read_afresh() {
+    let (_dir, program, kept) = program();
+    let fresh = read_in(Some(&kept), &program, false);
+    rename_kept_functions(&kept_file(&kept));
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options().write(true).open(&program).expect("open").set_modified(later).expect("touch");
+    assert_eq!(read_in(Some(&kept), &program, false), fresh);
+    // Kept anew: lines or not are kept apart.
+    assert!(!read_in(Some(&kept), &program, false).contains("\"renamed\""));
+    read_in(Some(&kept), &program, true);
+    assert_eq!(std::fs::read_dir(&kept).expect("kept").count(), 2);
+}
+
+#[test]
+fn a_kept_file_others_may_write_is_not_read() {
+    let (_dir, program, kept) = program();
+    let fresh = read_in(Some(&kept), &program, false);
+    let file = kept_file(&kept);
+    rename_kept_functions(&file);
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    assert_eq!(read_in(Some(&kept), &program, false), fresh);
+}
+
+#[test]
+fn damaged_kept_files_are_refused_without_a_panic() {
+    let (_dir, program, kept) = program();
+    read_in(Some(&kept), &program, true);
+    let bytes = std::fs::read(kept_file(&kept)).expect("kept");
+    assert!(decode(&bytes).is_some(), "{} bytes", bytes.len());
+    let mut decoded = 0;
+    let mut try_bytes = |bytes: &[u8]| {
+        if let Some(kept) = decode(bytes) {
+            decoded += 1;
+            let mut files = FileTable::default();
+            let _ = kept.into_info(&mut files, &mut Vec::new());
+        }
+    };
+    for end in 0..bytes.len() {
+        try_bytes(&bytes[..end]);
+    }
+    for at in 0..bytes.len() {
+        let mut damaged = bytes.clone();
+        damaged[at] ^= 1;
+        try_bytes(&damaged);
+    }
+    assert!(decoded > 0, "some damage still decodes, and is then checked");
+
+    // Ids past the kept tables: refused, and nothing interned.
+    let mut kept_bad = decode(&bytes).expect("decodes");
+    kept_bad.rows.first_mut().expect("rows").file = u32::MAX;
+    let mut files = FileTable::default();
+    assert!(kept_bad.into_info(&mut files, &mut Vec::new()).is_none());
+    assert!(files.paths().is_empty());
+    let mut kept_bad = decode(&bytes).expect("decodes");
+    kept_bad.units.first_mut().expect("units").rows.1 = u64::MAX;
+    assert!(kept_bad.into_info(&mut FileTable::default(), &mut Vec::new()).is_none());
+}
+
+#[test]
+fn the_oldest_kept_files_go_past_the_bound() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = [0u8; 100];
+    let names = ["a", "b", "c", "d"];
+    for (i, name) in names.iter().enumerate() {
+        let path = dir.path().join(name);
+        std::fs::write(&path, file).expect("write");
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000 * (i as u64 + 1));
+        std::fs::File::options().write(true).open(&path).expect("open").set_modified(at).expect("touch");
+    }
+    // The newest is never taken out, even when it is the oldest.
+    trim(dir.path(), &dir.path().join("a"), 300);
+    let mut left: Vec<String> =
+        std::fs::read_dir(dir.path()).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
+    left.sort();
+    assert_eq!(left, ["a", "c", "d"]);
+}
