@@ -233,13 +233,20 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
         // sample's address in which kernel function), where the kernel may
         // be observed.
         .exclude_kernel(!kernel_observable());
+    read_kernel_symbols_ahead();
+    builder.build()
+}
+
+/// Starts reading the kernel's function names on a thread of their own, if
+/// samples may be taken in the kernel: read ahead of the first sample
+/// taken there, which waits for them (a short program's samples are
+/// named only after it ended, waiting for what was not read before).
+pub fn read_kernel_symbols_ahead() {
     if kernel_observable() {
-        // Its functions' names, read ahead of the first sample taken there.
         static READ_AHEAD: std::sync::Once = std::sync::Once::new();
         // Without a thread, the first sample in the kernel reads them.
         READ_AHEAD.call_once(|| drop(std::thread::Builder::new().spawn(crate::symbols::KernelSymbols::running)));
     }
-    builder.build()
 }
 
 /// A stack sample as the kernel wrote it.

@@ -131,6 +131,10 @@ impl Prepared {
 pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn ProbeCostSource) -> Result<Prepared, PrepareError> {
     request.validate()?;
     proftap_probes::perf::switch_on_scheduling_hooks();
+    if request.sample_settings().is_some() {
+        // On a thread, while the program's symbols are read and planned.
+        proftap_probes::perf::read_kernel_symbols_ahead();
+    }
     let selection = Selection::parse(&request.functions)?;
     let metrics = parse_metrics(&request.metrics)?;
     let (modules, spec) = match &request.target {

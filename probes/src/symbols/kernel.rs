@@ -55,7 +55,7 @@ impl KernelSymbols {
                 return kept;
             }
             let text = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-            let table = Self::parse(&text);
+            let table = Self::parse(text.as_str());
             // Kept only if no module came or went while the file was read.
             let unchanged = CacheKey::now().text() == key.text();
             if let (Some(path), false, true) = (&path, table.is_empty(), unchanged) {
@@ -72,7 +72,7 @@ impl KernelSymbols {
     /// The file read now, once, for what a kept table does not cover.
     fn afresh() -> &'static KernelSymbols {
         static AFRESH: OnceLock<KernelSymbols> = OnceLock::new();
-        AFRESH.get_or_init(|| std::fs::read_to_string("/proc/kallsyms").map(|text| Self::parse(&text)).unwrap_or_default())
+        AFRESH.get_or_init(|| std::fs::read_to_string("/proc/kallsyms").map(Self::parse).unwrap_or_default())
     }
 
     /// A table kept earlier (its file's text), if it was kept in the boot
@@ -99,25 +99,22 @@ impl KernelSymbols {
 
     /// Reads the `/proc/kallsyms` format: `address type name [module]`.
     /// Only functions (text symbols) are kept; a line that does not parse
-    /// is skipped.
-    pub fn parse(text: &str) -> KernelSymbols {
-        let mut table = KernelSymbols::default();
-        for line in text.lines().take(MOST_SYMBOLS) {
-            let mut fields = line.split_ascii_whitespace();
-            let (Some(address), Some(kind), Some(name)) = (fields.next(), fields.next(), fields.next()) else { continue };
-            let Ok(address) = u64::from_str_radix(address, 16) else { continue };
-            if address == 0 || !matches!(kind, "t" | "T" | "w" | "W") {
-                continue;
+    /// is skipped. The text itself holds the names.
+    pub fn parse(text: impl Into<String>) -> KernelSymbols {
+        let names: String = text.into();
+        let mut starts = Vec::with_capacity(names.len() / 40);
+        let base = names.as_ptr() as usize;
+        for line in names.lines().take(MOST_SYMBOLS) {
+            if let Some((address, name)) = text_symbol(line) {
+                let at = name.as_ptr() as usize - base;
+                let (Ok(start), Ok(end)) = (u32::try_from(at), u32::try_from(at + name.len())) else { break };
+                starts.push((address, start..end));
             }
-            let at = table.names.len();
-            table.names.push_str(name);
-            let (Ok(start), Ok(end)) = (u32::try_from(at), u32::try_from(table.names.len())) else { break };
-            table.starts.push((address, start..end));
         }
         // Stable: of several names at one address, the first listed wins.
-        table.starts.sort_by_key(|(address, _)| *address);
-        table.starts.dedup_by_key(|(address, _)| *address);
-        table
+        starts.sort_by_key(|(address, _)| *address);
+        starts.dedup_by_key(|(address, _)| *address);
+        KernelSymbols { starts, names, covers: None }
     }
 
     /// The function `address` is in: the nearest one starting at or below
@@ -136,6 +133,27 @@ impl KernelSymbols {
     pub fn is_empty(&self) -> bool {
         self.starts.is_empty()
     }
+}
+
+/// A text symbol's address and name, if `line` is one (`address type
+/// name [module]`, fields apart by spaces or tabs).
+fn text_symbol(line: &str) -> Option<(u64, &str)> {
+    // The kernel writes addresses 16 digits wide and a kind of one letter:
+    // found where they are, not searched for (most of the time went there).
+    let (address, rest) = match line.as_bytes().get(16) {
+        Some(b' ') => (line.get(..16)?, line.get(17..)?),
+        _ => line.split_once(' ')?,
+    };
+    let (kind, rest) = match rest.as_bytes().get(1) {
+        Some(b' ') => (rest.get(..1)?, rest.get(2..)?),
+        _ => rest.split_once(' ')?,
+    };
+    if !matches!(kind, "t" | "T" | "w" | "W") {
+        return None;
+    }
+    let name = rest.get(..rest.bytes().position(|b| b.is_ascii_whitespace()).unwrap_or(rest.len()))?;
+    let address = u64::from_str_radix(address, 16).ok().filter(|&a| a != 0)?;
+    (!name.is_empty()).then_some((address, name))
 }
 
 /// What a kept table starts with, then its key and where the kernel's own
@@ -233,7 +251,7 @@ fn read_own(path: &std::path::Path) -> Option<String> {
     if meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o022 != 0 || meta.len() > MOST_CACHE_BYTES {
         return None;
     }
-    let mut text = String::new();
+    let mut text = String::with_capacity(usize::try_from(meta.len()).ok()?);
     file.take(MOST_CACHE_BYTES).read_to_string(&mut text).ok()?;
     Some(text)
 }
