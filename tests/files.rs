@@ -548,11 +548,11 @@ fn mutated_profiles_never_crash_or_hang_a_command() {
     let out = dir.path().join("out");
     let mut rng = Rng(0x5eed_f11e);
     let mut outcomes = [0usize; 3];
-    for i in 0..300 {
+    for i in 0..210 {
         let file = dir.path().join("mutated.profile");
         std::fs::write(&file, mutate(&profile, &mut rng)).unwrap();
         std::fs::create_dir_all(&out).unwrap();
-        // A third of the commands each time: each sees a hundred files.
+        // A third of the commands each time: each sees seventy files.
         for command in every_command(&file, &good, &out).iter().skip(i % 3).step_by(3) {
             let ended = run_bounded(dir.path(), command, &[]);
             match ended.code {
