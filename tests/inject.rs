@@ -116,6 +116,28 @@ fn short_functions_ending_with_their_ret_are_patched() {
     assert!(!report["notes"].to_string().contains("could not be patched"), "{}", report["notes"]);
 }
 
+/// A function whose first bytes end with a call through memory
+/// (`through_table`: `sub rsp, 8; call [rip+table]`) is patched: the
+/// trampoline pushes the original return address and jumps through the
+/// same, relocated, operand. Each call is counted, its callee's too, the
+/// program's output its own, and nothing is left to uprobes.
+#[test]
+fn a_function_starting_with_an_indirect_call_is_patched() {
+    require_probes();
+    let binary = Build::c("vcall.c", "-O2").build();
+    let args = ["--engine", "inject", "--no-sample", "-f", "through_table", "-f", "twice", "-f", "halve"];
+    let report = run_unharmed(&args, &binary, &["1000"]);
+    for (name, calls) in [("through_table", 2000), ("twice", 1000), ("halve", 1000)] {
+        let f = function(&report["functions"], name);
+        assert_eq!((f["calls"].as_u64(), f["untimed"].as_u64(), f["engine"].as_str()), (Some(calls), Some(0), Some("inject")), "{f}");
+    }
+    // The callees return into through_table, which holds them.
+    let via = function(&report["functions"], "through_table");
+    let callee = function(&report["functions"], "twice");
+    assert!(via["inclusive"]["wall_ns"]["total"].as_u64() >= callee["inclusive"]["wall_ns"]["total"].as_u64(), "{via} {callee}");
+    assert!(!report["notes"].to_string().contains("could not be patched"), "{}", report["notes"]);
+}
+
 /// A function whose first bytes other code jumps into (hand-written
 /// assembly: glibc's `mempcpy` goes on at `memcpy`+3) is not patched: the
 /// jump would land in the middle of proftap's. Its calls are counted by

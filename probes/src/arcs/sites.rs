@@ -24,7 +24,7 @@ use super::Error;
 use super::cfg::{Cfg, CodeRange, EdgeKind, Node, decode_at};
 use super::counters::{Cost, CounterPlacement, Quantity, quantities};
 use super::loops::Loops;
-use crate::inject::patch::{JUMP_LEN, in_reach};
+use crate::inject::patch::{JUMP_LEN, in_reach, is_emulated_call};
 use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register, RflagsBits};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -99,9 +99,7 @@ impl FunctionCode {
     /// countable in a stub.
     fn is_counted_return(&self, edge: &super::Edge) -> bool {
         let Node::Block(b) = edge.from else { return false };
-        self.calls_return_to_stubs
-            && edge.kind == EdgeKind::FallThrough
-            && self.instructions(b).last().is_some_and(|i| i.is_call_near() || i.code() == Code::Call_rm64)
+        self.calls_return_to_stubs && edge.kind == EdgeKind::FallThrough && self.instructions(b).last().is_some_and(is_emulated_call)
     }
 
     /// Whether `instruction` may be moved into a stub.
@@ -262,8 +260,7 @@ fn movable(instruction: &Instruction) -> bool {
     match instruction.flow_control() {
         // An indirect branch must still find `endbr64` where it lands.
         FlowControl::Next => !matches!(instruction.code(), Code::Hlt | Code::Endbr64 | Code::Endbr32),
-        FlowControl::Call => instruction.is_call_near(),
-        FlowControl::IndirectCall => instruction.code() == Code::Call_rm64 && !uses_rsp(instruction),
+        FlowControl::Call | FlowControl::IndirectCall => is_emulated_call(instruction),
         FlowControl::ConditionalBranch => instruction.is_jcc_short_or_near(),
         FlowControl::UnconditionalBranch => instruction.is_jmp_short_or_near(),
         FlowControl::Return => instruction.code() == Code::Retnq,
@@ -276,14 +273,6 @@ fn movable(instruction: &Instruction) -> bool {
 
 /// Whether an indirect call's target is read through rsp, which the
 /// return address pushed before the jump would move.
-fn uses_rsp(call: &Instruction) -> bool {
-    match call.op0_kind() {
-        OpKind::Register => call.op0_register() == Register::RSP,
-        OpKind::Memory => call.memory_base() == Register::RSP || call.memory_index() == Register::RSP,
-        _ => true,
-    }
-}
-
 /// What counting quantity `quantity` costs in `code` (see [`Cost`]): a
 /// block, where a window fits in it; a `jcc`'s edge, where a window ends
 /// with the `jcc`; nothing else (an edge that is its block's only way out

@@ -36,6 +36,7 @@
 
 use super::Error;
 use super::sites::{Place, Site, SiteCounter};
+use crate::inject::patch::{call_from_original, is_emulated_call};
 use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, FlowControl, IcedError, Instruction, InstructionBlock, MemoryOperand, Register};
 
 /// Bytes below rsp that a leaf function may use without moving rsp.
@@ -121,7 +122,7 @@ fn instructions(site: &Site, address: u64, counters: &[u64], hook_slot: Option<u
         Ok(code)
     };
     let jcc = last.flow_control() == FlowControl::ConditionalBranch;
-    let call = last.is_call_near() || last.code() == Code::Call_rm64;
+    let call = is_emulated_call(&last);
     let places = || site.counters.iter().map(|c| c.place).chain(site.hooks.iter().map(|h| h.2));
     let after_call = places().any(|p| p == Place::AfterCall);
     if places().any(|p| matches!(p, Place::Taken | Place::NotTaken)) && !jcc {
@@ -172,26 +173,6 @@ fn instructions(site: &Site, address: u64, counters: &[u64], hook_slot: Option<u
         code.push(jump(last.near_branch_target()).map_err(iced)?);
     }
     Ok((code, origins, moved_from))
-}
-
-/// A call made as if from its original address: push the return address
-/// (its low half sign-extended, then its high half written), and jump
-/// where the call went (`jmp rel32`, or `jmp` through the same register or
-/// memory, which does not involve rsp). The callee returns into the
-/// original code, after the window, and an unwinder sees the return
-/// address it expects.
-fn call_from_original(call: &Instruction) -> Result<[Instruction; 3], IcedError> {
-    let back = call.next_ip();
-    let push = Instruction::with1(Code::Pushq_imm32, back as u32 as i32)?;
-    let high = Instruction::with2(Code::Mov_rm32_imm32, MemoryOperand::with_base_displ(Register::RSP, 4), (back >> 32) as u32)?;
-    let go = if call.is_call_near() {
-        jump(call.near_branch_target())?
-    } else {
-        let mut go = without_address(*call);
-        go.set_code(Code::Jmp_rm64);
-        go
-    };
-    Ok([push, high, go])
 }
 
 /// The instruction with no address: the block encoder keeps it as it is,

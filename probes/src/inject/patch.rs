@@ -3,7 +3,8 @@
 //! (relocated by iced-x86's block encoder), then a jump back.
 
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionBlock, MemoryOperand, Register,
+    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, IcedError, Instruction, InstructionBlock, MemoryOperand,
+    OpKind, Register,
 };
 
 /// Bytes of a `jmp rel32`.
@@ -165,11 +166,11 @@ fn plan_entry(entry: u64, code: &[u8], padding: usize, whole: bool) -> Result<Pa
             break;
         }
         match instruction.flow_control() {
-            // A direct call that the jump needs whole is emulated in the
+            // A call that the jump needs whole is emulated in the
             // trampoline with the original return address (see
             // [`trampoline`]), so the callee returns into the original code
             // and unwinders see the stack they expect.
-            FlowControl::Call if instruction.is_call_near() && covered + instruction.len() >= JUMP_LEN => {}
+            FlowControl::Call | FlowControl::IndirectCall if is_emulated_call(instruction) && covered + instruction.len() >= JUMP_LEN => {}
             FlowControl::Call | FlowControl::IndirectCall => {
                 return Err("a call among its first instructions (moved, it would confuse unwinders)".into());
             }
@@ -209,6 +210,46 @@ fn plan_entry(entry: u64, code: &[u8], padding: usize, whole: bool) -> Result<Pa
     let offset = (at - entry) as usize;
     let original = code[offset..offset + covered].to_vec();
     Ok(PatchPlan { site: Site::Entry, at, replaced, original })
+}
+
+/// Whether `instruction` is a call that [`call_from_original`] makes: a
+/// direct near call, or one through a register or memory not read through
+/// rsp (which the pushed return address moves).
+pub fn is_emulated_call(instruction: &Instruction) -> bool {
+    instruction.is_call_near() || (instruction.code() == Code::Call_rm64 && !uses_rsp(instruction))
+}
+
+fn uses_rsp(call: &Instruction) -> bool {
+    match call.op0_kind() {
+        OpKind::Register => call.op0_register() == Register::RSP,
+        OpKind::Memory => call.memory_base() == Register::RSP || call.memory_index() == Register::RSP,
+        _ => true,
+    }
+}
+
+/// A call made as if from its original address: push the return address
+/// (its low half sign-extended, then its high half written), and jump
+/// where the call went (`jmp rel32`, or `jmp` through the same register or
+/// memory). The callee returns into the original code, and an unwinder
+/// sees the return address it expects. The instructions have no address
+/// (see [`is_emulated_call`] for the calls it makes).
+pub fn call_from_original(call: &Instruction) -> Result<[Instruction; 3], IcedError> {
+    let back = call.next_ip();
+    let push = Instruction::with1(Code::Pushq_imm32, back as u32 as i32)?;
+    let high = Instruction::with2(Code::Mov_rm32_imm32, MemoryOperand::with_base_displ(Register::RSP, 4), (back >> 32) as u32)?;
+    let go = if call.is_call_near() {
+        Instruction::with_branch(Code::Jmp_rel32_64, call.near_branch_target())?
+    } else {
+        let mut go = *call;
+        go.set_code(Code::Jmp_rm64);
+        go
+    };
+    Ok([push, high, go].map(|mut i| {
+        // The block encoder keeps it as it is, its branch and rip-relative
+        // targets absolute, and never takes it for a branch's target.
+        i.set_ip(0);
+        i
+    }))
 }
 
 /// Refuses `plan`, the patch of the function entered at `entry`, when code
@@ -259,20 +300,10 @@ pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Resu
     let mut code = own(address)?;
     let relocated_at = address + code.len() as u64;
     let mut instructions = patch.replaced.clone();
-    let call = instructions.last().filter(|i| i.is_call_near()).copied();
+    let call = instructions.last().filter(|i| is_emulated_call(i)).copied();
     if let Some(call) = call {
-        let high = (call.next_ip() >> 32) as u32;
-        let last = instructions.len() - 1;
-        instructions[last] = Instruction::with1(Code::Pushq_imm32, call.next_ip() as u32 as i32).map_err(|e| e.to_string())?;
-        instructions[last].set_ip(call.ip());
-        let mut fix_high =
-            Instruction::with2(Code::Mov_rm32_imm32, MemoryOperand::with_base_displ(Register::RSP, 4), high).map_err(|e| e.to_string())?;
-        // Distinct addresses for the block encoder, inside the call's bytes.
-        fix_high.set_ip(call.ip() + 1);
-        instructions.push(fix_high);
-        let mut jump = Instruction::with_branch(Code::Jmp_rel32_64, call.near_branch_target()).map_err(|e| e.to_string())?;
-        jump.set_ip(call.ip() + 2);
-        instructions.push(jump);
+        instructions.pop();
+        instructions.extend(call_from_original(&call).map_err(|e| e.to_string())?);
     }
     let as_they_are = patch.original.get(..instructions.iter().map(Instruction::len).sum::<usize>());
     let moved = if let Some(bytes) = as_they_are.filter(|_| call.is_none() && instructions.iter().all(moves_as_it_is)) {
@@ -540,6 +571,30 @@ mod tests {
         assert!(not_entered_inside(&patch, 0x1000, &[3]).expect_err("entered at 3").contains("byte 3"));
         // At its start, or past the replaced bytes, a jump lands as it should.
         assert!(not_entered_inside(&patch, 0x1000, &[0, 7]).is_ok());
+    }
+
+    #[test]
+    fn an_indirect_call_that_ends_the_patch_jumps_through_its_operand_from_the_original_return_address() {
+        // push rax; call [rip+0x1000]; mov rdi,rax; pop rax; ret (Rust's vtable shims start so)
+        let code = [0x50, 0xff, 0x15, 0x00, 0x10, 0x00, 0x00, 0x48, 0x89, 0xc7, 0x58, 0xc3];
+        let patch = plan(0x1000, &code, 0).expect("patchable");
+        assert_eq!(patch.len(), 7);
+        let at = 0x1000_0000;
+        let t = trampoline(&patch, at, |_| Ok(Vec::new())).expect("relocatable");
+        let decoded: Vec<Instruction> = Decoder::with_ip(64, &t.code, at, DecoderOptions::NONE).into_iter().collect();
+        let mnemonics: Vec<String> = decoded.iter().take(4).map(|i| format!("{:?}", i.mnemonic())).collect();
+        assert_eq!(mnemonics, ["Push", "Push", "Mov", "Jmp"], "{decoded:?}");
+        assert_eq!(decoded[1].immediate32() as u64 | (decoded[2].immediate32() as u64) << 32, 0x1007, "the original return address");
+        // Through the same memory, relocated: 0x1007 + 0x1000.
+        assert_eq!(decoded[3].ip_rel_memory_address(), 0x2007);
+        // Through a register: mov rbx,rdi; call rbx.
+        let patch = plan(0x1000, &[0x48, 0x89, 0xfb, 0xff, 0xd3, 0xc3], 0).expect("patchable");
+        let t = trampoline(&patch, at, |_| Ok(Vec::new())).expect("relocatable");
+        let decoded: Vec<Instruction> = Decoder::with_ip(64, &t.code, at, DecoderOptions::NONE).into_iter().collect();
+        assert_eq!(decoded[3].code(), Code::Jmp_rm64);
+        assert_eq!(decoded[3].op0_register(), Register::RBX);
+        // Through memory read through rsp, which the pushed address moves: push rax; call [rsp+8].
+        assert!(plan(0x1000, &[0x50, 0xff, 0x54, 0x24, 0x08, 0xc3], 0).expect_err("rsp").contains("call"));
     }
 
     #[test]

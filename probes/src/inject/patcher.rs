@@ -443,7 +443,7 @@ fn counting_origins(patch: &PatchPlan, t: &patch::Trampoline, address: u64) -> V
     let mut origins = vec![(address, patch.at)];
     origins.extend(t.moved.iter().map(|&(from, to)| (to, from)));
     let end = address + t.code.len() as u64;
-    if !patch.replaced.last().is_some_and(|i| i.is_call_near()) {
+    if !patch.replaced.last().is_some_and(patch::is_emulated_call) {
         origins.push((end - patch::JUMP_LEN as u64, patch.at + patch.len() as u64));
     }
     origins.push((end, 0));
