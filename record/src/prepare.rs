@@ -149,7 +149,7 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     }
     let debug_dirs = if request.debug_dirs.is_empty() { DebugDirs::default() } else { DebugDirs(request.debug_dirs.clone()) };
     // The same build is recorded again and again: its DWARF is read once a boot.
-    let kept_dwarf = proftap_probes::boot_cache::dir().map(|dir| dir.join("dwarf"));
+    let kept_dwarf = proftap_probes::boot_cache::dir().map(|dir| dir.join("proftap-dwarf"));
     let symbols = Arc::new(SymbolCache::new(debug_dirs).with_debuginfod(request.debuginfod.clone()).keeping_dwarf_in(kept_dwarf));
     let chosen = choose(&selection, &modules, request, &symbols, observer)?;
     let mut options = options(request, metrics, &chosen);

@@ -201,6 +201,12 @@ fn plan_entry(entry: u64, code: &[u8], padding: usize, whole: bool) -> Result<Pa
     if covered < JUMP_LEN {
         return Err(format!("its code is shorter than the {JUMP_LEN}-byte jump"));
     }
+    // Moved, it would read the jump that replaced them (`call [rip-x]`
+    // through a slot among them, say).
+    let replaced_bytes = at..at + covered as u64;
+    if replaced.iter().any(|i| i.is_ip_rel_memory_operand() && replaced_bytes.contains(&i.ip_rel_memory_address())) {
+        return Err(format!("it reads its own first {covered} bytes"));
+    }
     // A branch of its own into the replaced bytes (other than to their
     // start) would land in the middle of the jump.
     // Decoded as it goes, kept nowhere: a large program's functions are megabytes.
@@ -219,10 +225,13 @@ pub fn is_emulated_call(instruction: &Instruction) -> bool {
     instruction.is_call_near() || (instruction.code() == Code::Call_rm64 && !uses_rsp(instruction))
 }
 
+/// Whether `call`'s operand is read through rsp, or esp with a 32-bit
+/// address size.
 fn uses_rsp(call: &Instruction) -> bool {
+    let rsp = |register: Register| register.full_register() == Register::RSP;
     match call.op0_kind() {
-        OpKind::Register => call.op0_register() == Register::RSP,
-        OpKind::Memory => call.memory_base() == Register::RSP || call.memory_index() == Register::RSP,
+        OpKind::Register => rsp(call.op0_register()),
+        OpKind::Memory => rsp(call.memory_base()) || rsp(call.memory_index()),
         _ => true,
     }
 }
@@ -593,8 +602,13 @@ mod tests {
         let decoded: Vec<Instruction> = Decoder::with_ip(64, &t.code, at, DecoderOptions::NONE).into_iter().collect();
         assert_eq!(decoded[3].code(), Code::Jmp_rm64);
         assert_eq!(decoded[3].op0_register(), Register::RBX);
-        // Through memory read through rsp, which the pushed address moves: push rax; call [rsp+8].
+        // Through memory read through rsp, which the pushed address moves:
+        // push rax; call [rsp+8], and with a 32-bit address, call [esp+8].
         assert!(plan(0x1000, &[0x50, 0xff, 0x54, 0x24, 0x08, 0xc3], 0).expect_err("rsp").contains("call"));
+        assert!(plan(0x1000, &[0x50, 0x67, 0xff, 0x54, 0x24, 0x08, 0xc3], 0).expect_err("esp").contains("call"));
+        // Through a slot among the bytes the jump replaces: push rax; call [rip-7].
+        let code = [0x50, 0xff, 0x15, 0xf9, 0xff, 0xff, 0xff, 0xc3];
+        assert!(plan(0x1000, &code, 0).expect_err("own bytes").contains("reads its own"));
     }
 
     #[test]

@@ -92,6 +92,11 @@ impl FileVersion {
     pub fn inode(&self) -> u64 {
         self.inode
     }
+
+    /// When the file last changed (its inode), nanoseconds since 1970.
+    pub fn changed_ns(&self) -> i128 {
+        self.changed_ns
+    }
 }
 
 impl ElfImage {

@@ -1,13 +1,13 @@
 //! A file's DWARF, read once for each version of the file and kept for the
-//! rest of the boot (a recording keeps it in `boot_cache::dir()`). Reading a large program's debug info (tens of
-//! megabytes for a Rust program) is most of what a recording does before
-//! the program starts, and the same build is usually recorded again and
-//! again.
+//! rest of the boot (a recording keeps it in `boot_cache::dir()`). Reading
+//! a large program's debug info (tens of megabytes for a Rust program) is
+//! most of what a recording does before the program starts, and the same
+//! build is usually recorded again and again.
 //!
 //! What is kept is only what [`dwarf::read`] returns, under the version of
 //! the file it was read from (device, inode, size, modification and change
-//! times: a rebuilt, touched or replaced file is read afresh). It is kept
-//! where only this user can write, and read back only
+//! times, and its build-id: a rebuilt, touched or replaced file is read
+//! afresh). It is kept where only this user can write, and read back only
 //! from a file this user owns that no one else may write, no larger than
 //! what is kept; a file that does not decode, or whose ids point outside
 //! its own tables, is read afresh and replaced.
@@ -23,7 +23,26 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Changes whenever what is kept changes meaning.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
+
+/// Changes with the code that reads the DWARF: what a build reading it
+/// otherwise kept is not read back, whatever version it called itself.
+const READER: u64 = fnv1a(include_bytes!("dwarf.rs"));
+
+const fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash = (hash ^ bytes[i] as u64).wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+/// A file changed this recently is read and not kept: file times are
+/// kept at the kernel's clock tick, so a change within the same tick as
+/// the read would not change them (git's "racily clean" files).
+const SETTLED_NS: i128 = 2_000_000_000;
 
 /// The largest file kept for one binary.
 const MOST_FILE_BYTES: u64 = 64 << 20;
@@ -36,8 +55,23 @@ const MOST_KEPT_BYTES: u64 = 128 << 20;
 struct Key {
     format: u32,
     proftap: String,
+    reader: u64,
     file: FileVersion,
+    build_id: Option<String>,
     lines: bool,
+}
+
+impl Key {
+    fn of(image: &ElfImage, lines: bool) -> Key {
+        Key {
+            format: FORMAT,
+            proftap: env!("CARGO_PKG_VERSION").into(),
+            reader: READER,
+            file: image.version(),
+            build_id: image.build_id().ok().flatten(),
+            lines,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -77,7 +111,8 @@ struct KeptRow {
 
 /// [`dwarf::read`], from what was kept in `dir` of the same version of
 /// `image` when there is, keeping what it reads there otherwise (no `dir`:
-/// nothing kept).
+/// nothing kept). `dir` is made if missing; it is used only if it is this
+/// user's alone, in a directory no one else may write.
 pub(crate) fn read(
     dir: Option<&Path>,
     image: &ElfImage,
@@ -85,18 +120,50 @@ pub(crate) fn read(
     want_lines: bool,
     warnings: &mut Vec<String>,
 ) -> Result<DwarfInfo> {
-    let Some(path) = dir.and_then(|dir| kept_path(dir, image, want_lines)) else {
+    read_settled(dir, image, files, want_lines, warnings, SETTLED_NS)
+}
+
+/// [`read`], keeping only what was read of a file changed more than
+/// `settled_ns` ago.
+fn read_settled(
+    dir: Option<&Path>,
+    image: &ElfImage,
+    files: &mut FileTable,
+    want_lines: bool,
+    warnings: &mut Vec<String>,
+    settled_ns: i128,
+) -> Result<DwarfInfo> {
+    let Some(path) = dir.filter(|dir| private_dir(dir)).and_then(|dir| kept_path(dir, image, want_lines)) else {
         return dwarf::read(image, files, want_lines, warnings);
     };
-    let key = Key { format: FORMAT, proftap: env!("CARGO_PKG_VERSION").into(), file: image.version(), lines: want_lines };
+    let key = Key::of(image, want_lines);
     if let Some(info) = load(&path).filter(|kept| kept.key == key).and_then(|kept| kept.into_info(files, warnings)) {
         return Ok(info);
     }
     let mut read_warnings = Vec::new();
     let info = dwarf::read(image, files, want_lines, &mut read_warnings)?;
-    keep(&path, Kept::of(key, &info, files, &read_warnings));
+    if image.version().changed_ns() < now_ns() - settled_ns {
+        keep(&path, Kept::of(key, &info, files, &read_warnings));
+    }
     warnings.extend(read_warnings);
     Ok(info)
+}
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// Whether `dir` (made if missing) is this user's alone, not a link, in a
+/// directory only this user or root may write: no one else can plant,
+/// swap or read what is kept there.
+fn private_dir(dir: &Path) -> bool {
+    let me = nix::unistd::geteuid().as_raw();
+    let parent = dir.parent().and_then(|p| std::fs::symlink_metadata(p).ok());
+    if !parent.is_some_and(|p| p.is_dir() && (p.uid() == me || p.uid() == 0) && p.mode() & 0o022 == 0) {
+        return false;
+    }
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
+    std::fs::symlink_metadata(dir).is_ok_and(|d| d.is_dir() && d.uid() == me && d.mode() & 0o077 == 0)
 }
 
 /// Where `image`'s DWARF is kept, if it may be: not when it names a
@@ -109,6 +176,13 @@ fn kept_path(dir: &Path, image: &ElfImage, lines: bool) -> Option<PathBuf> {
     let version = image.version();
     let name = format!("{:x}-{:x}{}", version.device(), version.inode(), if lines { "-lines" } else { "" });
     Some(dir.join(name))
+}
+
+/// Whether `name` is one [`kept_path`] gives.
+fn is_kept_name(name: &str) -> bool {
+    let name = name.strip_suffix("-lines").unwrap_or(name);
+    name.split_once('-')
+        .is_some_and(|(device, inode)| [device, inode].iter().all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_hexdigit())))
 }
 
 /// A kept file, if this user owns it, no one else may write it, and it decodes.
@@ -134,7 +208,7 @@ fn decode(bytes: &[u8]) -> Option<Kept> {
 fn keep(path: &Path, kept: Kept) {
     let Ok(bytes) = postcard::to_stdvec(&kept) else { return };
     let Some(dir) = path.parent() else { return };
-    if bytes.len() as u64 > MOST_FILE_BYTES || std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).is_err() {
+    if bytes.len() as u64 > MOST_FILE_BYTES {
         return;
     }
     if proftap_profile::write_private(path, |out| out.write_all(&bytes)).is_ok() {
@@ -142,15 +216,18 @@ fn keep(path: &Path, kept: Kept) {
     }
 }
 
-/// Removes the oldest files of `dir` (never `newest`) while they hold
-/// more than `most_bytes` together.
+/// Removes the oldest kept files of `dir` (never `newest`) while they
+/// hold more than `most_bytes` together; nothing else in it.
 fn trim(dir: &Path, newest: &Path, most_bytes: u64) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let me = nix::unistd::geteuid().as_raw();
     let mut kept: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
         .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(is_kept_name))
         .filter_map(|e| {
+            // Of the entry itself: a link is not followed.
             let meta = e.metadata().ok()?;
-            meta.is_file().then(|| (meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len(), e.path()))
+            (meta.is_file() && meta.uid() == me).then(|| (meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len(), e.path()))
         })
         .collect();
     let mut total: u64 = kept.iter().map(|(_, len, _)| len).sum();

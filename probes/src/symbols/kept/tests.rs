@@ -15,7 +15,8 @@ fn program() -> (tempfile::TempDir, PathBuf, PathBuf) {
 fn read_in(kept: Option<&Path>, program: &Path, lines: bool) -> String {
     let image = ElfImage::open(program).expect("the program opens");
     let (mut files, mut warnings) = (FileTable::default(), Vec::new());
-    let info = read(kept, &image, &mut files, lines, &mut warnings).expect("the DWARF reads");
+    // Kept however recently the program was written.
+    let info = read_settled(kept, &image, &mut files, lines, &mut warnings, -SETTLED_NS).expect("the DWARF reads");
     format!("{:?}\n{:?}\n{:?}\n{:?}\n{warnings:?}", info.subprograms, info.units, info.rows, files.paths())
 }
 
@@ -117,20 +118,53 @@ fn damaged_kept_files_are_refused_without_a_panic() {
 }
 
 #[test]
+fn a_program_changed_a_moment_ago_is_not_kept() {
+    let (_dir, program, kept) = program();
+    let image = ElfImage::open(&program).expect("the program opens");
+    let (mut files, mut warnings) = (FileTable::default(), Vec::new());
+    read(Some(&kept), &image, &mut files, false, &mut warnings).expect("the DWARF reads");
+    assert_eq!(std::fs::read_dir(&kept).expect("kept").count(), 0, "changed within the clock's tick, it may change again unseen");
+}
+
+#[test]
+fn nothing_is_kept_where_others_may_write_or_through_a_link() {
+    use std::os::unix::fs::symlink;
+    let (dir, program, kept) = program();
+    std::fs::create_dir(&kept).expect("mkdir");
+    std::fs::set_permissions(&kept, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    read_in(Some(&kept), &program, false);
+    assert_eq!(std::fs::read_dir(&kept).expect("kept").count(), 0, "a directory others may write");
+    // A link to a directory of this user's: not followed.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("mkdir");
+    let link = dir.path().join("link");
+    symlink(&elsewhere, &link).expect("symlink");
+    read_in(Some(&link), &program, false);
+    assert_eq!(std::fs::read_dir(&elsewhere).expect("elsewhere").count(), 0, "kept through a link");
+    // In a directory others may write.
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    read_in(Some(&shared.join("kept")), &program, false);
+    assert!(!shared.join("kept").exists(), "made in a directory others may write");
+}
+
+#[test]
 fn the_oldest_kept_files_go_past_the_bound() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = [0u8; 100];
-    let names = ["a", "b", "c", "d"];
+    let names = ["1-a", "1-b-lines", "1-c", "1-d", "other"];
     for (i, name) in names.iter().enumerate() {
         let path = dir.path().join(name);
         std::fs::write(&path, file).expect("write");
         let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000 * (i as u64 + 1));
         std::fs::File::options().write(true).open(&path).expect("open").set_modified(at).expect("touch");
     }
-    // The newest is never taken out, even when it is the oldest.
-    trim(dir.path(), &dir.path().join("a"), 300);
+    // The newest is never taken out, even when it is the oldest; a file
+    // not named as kept files are is left alone.
+    trim(dir.path(), &dir.path().join("1-a"), 300);
     let mut left: Vec<String> =
         std::fs::read_dir(dir.path()).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
     left.sort();
-    assert_eq!(left, ["a", "c", "d"]);
+    assert_eq!(left, ["1-a", "1-c", "1-d", "other"]);
 }
