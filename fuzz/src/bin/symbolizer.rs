@@ -1,8 +1,9 @@
 //! The ELF/DWARF symbolizer on any bytes as a program: functions, symbol
 //! tables, DWARF units, line tables, debug links, as proftapd reads every
 //! binary a target maps; the branches into functions' first bytes that
-//! planning decodes from its code; and the kernel's symbol table, as read
-//! from `/proc/kallsyms` or kept for the boot.
+//! planning decodes from its code; the kernel's symbol table, as read
+//! from `/proc/kallsyms` or kept for the boot; and a binary's DWARF as kept
+//! for the boot.
 
 use proftap_probes::addr::VirtAddr;
 use proftap_probes::symbols::{DebugDirs, KernelSymbols, LoadOptions, SymbolIndex};
@@ -12,6 +13,8 @@ proftap_fuzz::target!(run);
 /// Loads the input with line tables, then asks what reports ask of an index.
 fn run(data: &[u8]) {
     kernel_symbols(&String::from_utf8_lossy(data));
+    // The same bytes as a binary's DWARF kept by an earlier recording.
+    proftap_probes::symbols::kept_file_is_used(data);
     // No debug directories: a build-id must not reach this machine's real
     // debug files, or runs would depend on what is installed.
     let options =

@@ -202,6 +202,12 @@ fn decode(bytes: &[u8]) -> Option<Kept> {
     postcard::from_bytes(bytes).ok()
 }
 
+/// What a recording does with a kept file's `bytes`, its key aside:
+/// decoded and checked; whether they would be used.
+pub fn kept_file_is_used(bytes: &[u8]) -> bool {
+    decode(bytes).and_then(|kept| kept.into_info(&mut FileTable::default(), &mut Vec::new())).is_some()
+}
+
 /// Writes `kept` at `path` (whole or not at all), then takes out the
 /// oldest kept files past [`MOST_KEPT_BYTES`]. Failing to keep only costs
 /// the next recording a read.

@@ -15,6 +15,7 @@ pub use debuginfo::{DebugDirs, DebugSource};
 pub use debuginfod::{Debuginfod, FetchProgress, MAX_DOWNLOAD, Unheard};
 pub use dwarf::{CompileUnit, FileTable, LineRow, normalize_path};
 pub use elf::{ElfImage, ElfKind, FileVersion, Segment, file_offset, hex};
+pub use kept::kept_file_is_used;
 pub use kernel::{KERNEL_IMAGE, KernelSymbols};
 
 /// The demangled form of a symbol name (C++, Rust), or the name itself.
