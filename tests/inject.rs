@@ -138,6 +138,30 @@ fn a_function_starting_with_an_indirect_call_is_patched() {
     assert!(!report["notes"].to_string().contains("could not be patched"), "{}", report["notes"]);
 }
 
+/// Functions whose own loop comes back into their first five bytes
+/// (examples/looped.c) take a 2-byte jump to an island of padding: before
+/// the function (`sum_down_saved`) or after its own return (`sum_down`).
+/// Every call is counted by the in-process engine, none by uprobes. With a
+/// budget small enough that the governor takes their probes out, then stops
+/// counting them, the island's jump leads to the counting trampoline, then
+/// the padding and the entry are put back: the program runs as it does alone.
+#[test]
+fn a_function_looping_back_into_its_first_bytes_is_patched_with_a_short_jump() {
+    require_probes();
+    let binary = Build::c("looped.c", "-O2").build();
+    let functions = ["-f", "sum_down", "-f", "sum_down_saved"];
+    let report = run_unharmed(&[&["--engine", "inject", "--no-sample"][..], &functions].concat(), &binary, &["100000"]);
+    for name in ["sum_down", "sum_down_saved"] {
+        let f = function(&report["functions"], name);
+        assert_eq!((f["calls"].as_u64(), f["untimed"].as_u64(), f["engine"].as_str()), (Some(100_000), Some(0), Some("inject")), "{f}");
+    }
+    assert!(!report["notes"].to_string().contains("could not be patched"), "{}", report["notes"]);
+    let throttled = run_unharmed(&[&["--engine", "inject", "--overhead-budget", "0.5"][..], &functions].concat(), &binary, &["3000000"]);
+    for name in ["sum_down", "sum_down_saved"] {
+        assert_eq!(function(&throttled["functions"], name)["engine"].as_str(), Some("inject"));
+    }
+}
+
 /// A function whose first bytes other code jumps into (hand-written
 /// assembly: glibc's `mempcpy` goes on at `memcpy`+3) is not patched: the
 /// jump would land in the middle of proftap's. Its calls are counted by

@@ -56,6 +56,10 @@ pub struct ProbedFunction {
     /// padding (`nop`, `int3`), up to 4 ([`padding_after`]): a jump
     /// written over a function shorter than the jump may take them.
     pub padding: u8,
+    /// Bytes right before its entry, after the function before it, that
+    /// hold only padding ([`padding_before`]): where a short jump over its
+    /// entry may lead.
+    pub padding_before: u8,
 }
 
 /// The probes for `selected` functions of `modules`; `images[m]` is module
@@ -74,7 +78,7 @@ pub fn plan(
     // A scan of every function for each would take a second in a large program.
     let mut cold_by_module: HashMap<usize, ColdParts<'_>> = HashMap::new();
     let mut entered_by_module: HashMap<usize, EnteredInside> = HashMap::new();
-    let mut starts_by_module: HashMap<usize, Vec<u64>> = HashMap::new();
+    let mut spans_by_module: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
     for s in selected {
         let index = modules[s.module];
         let f = &index.functions[s.function];
@@ -88,6 +92,7 @@ pub fn plan(
             cold_by_module.entry(s.module).or_insert_with(|| cold_parts(index)).get(f.raw_name.as_str()).cloned().unwrap_or_default();
         let entered_inside =
             entered_by_module.entry(s.module).or_insert_with(|| entered_inside(index, file)).get(&f.address.0).cloned().unwrap_or_default();
+        let spans = &*spans_by_module.entry(s.module).or_insert_with(|| function_spans(index));
         let exit_sites = match exits {
             // A return probe replaces the return address as a trampoline does.
             _ if crate::entry::return_address_untouchable(&f.name) => Some(Vec::new()),
@@ -149,13 +154,8 @@ pub fn plan(
             entry_probe,
             cold,
             entered_inside,
-            padding: padding_after(
-                starts_by_module.entry(s.module).or_insert_with(|| function_starts(index)),
-                f.address.0,
-                f.size,
-                file,
-                offset.0,
-            ),
+            padding: padding_after(spans, f.address.0, f.size, file, offset.0),
+            padding_before: padding_before(spans, f.address.0, file, offset.0),
         });
     }
     planned
@@ -253,23 +253,33 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, image: &ElfImage, open_path: &std::
         uprobe_refused: uprobe_refuses(code.as_deref().unwrap_or(&[])),
         entered_inside: Vec::new(),
         padding: 0,
+        padding_before: 0,
     })
 }
 
-/// Every function's start in `index`, sorted.
-fn function_starts(index: &SymbolIndex) -> Vec<u64> {
-    let mut starts: Vec<u64> = index.functions.iter().map(|f| f.address.0).collect();
-    starts.sort_unstable();
-    starts.dedup();
-    starts
+/// Every function's start and end in `index`, by start (the longest of
+/// those starting at one address).
+fn function_spans(index: &SymbolIndex) -> Vec<(u64, u64)> {
+    let mut spans: Vec<(u64, u64)> = index.functions.iter().map(|f| (f.address.0, f.address.0.saturating_add(f.size))).collect();
+    spans.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    spans.dedup_by_key(|s| s.0);
+    spans
+}
+
+/// Whether `bytes`, at `address`, are `nop` and `int3` instructions that
+/// end where they do: padding.
+fn all_padding(bytes: &[u8], address: u64) -> bool {
+    iced_x86::Decoder::with_ip(64, bytes, address, iced_x86::DecoderOptions::NONE)
+        .into_iter()
+        .all(|i| !i.is_invalid() && matches!(i.mnemonic(), iced_x86::Mnemonic::Nop | iced_x86::Mnemonic::Int3))
 }
 
 /// The padding after the function at `address`, `size` bytes long, whose
 /// code is at `offset` in `file`: the `nop` and `int3` instructions that
-/// follow it before the next of `starts`, counted up to 4 bytes (a jump is 5).
-fn padding_after(starts: &[u64], address: u64, size: u64, file: &[u8], offset: u64) -> u8 {
+/// follow it before the next of `spans`, counted up to 4 bytes (a jump is 5).
+fn padding_after(spans: &[(u64, u64)], address: u64, size: u64, file: &[u8], offset: u64) -> u8 {
     let end = address.saturating_add(size);
-    let next = starts.get(starts.partition_point(|&s| s <= address)).copied().unwrap_or(u64::MAX);
+    let next = spans.get(spans.partition_point(|&(s, _)| s <= address)).map_or(u64::MAX, |s| s.0);
     let gap = next.saturating_sub(end).min(16) as usize;
     let Some(after) = offset.checked_add(size).and_then(|at| file.get(at as usize..(at as usize).checked_add(gap)?)) else { return 0 };
     let mut decoder = iced_x86::Decoder::with_ip(64, after, end, iced_x86::DecoderOptions::NONE);
@@ -282,4 +292,20 @@ fn padding_after(starts: &[u64], address: u64, size: u64, file: &[u8], offset: u
         padding += instruction.len();
     }
     padding.min(4) as u8
+}
+
+/// Most bytes of padding before a function looked at: alignment leaves at most 63.
+const MOST_PADDING_BEFORE: u64 = 63;
+
+/// The padding before the function at `address`, whose code is at
+/// `offset` in `file`: all the bytes from the end of the function before
+/// it in `spans`, when they are `nop` and `int3` instructions (else 0).
+fn padding_before(spans: &[(u64, u64)], address: u64, file: &[u8], offset: u64) -> u8 {
+    let Some(&(_, previous_end)) = spans.get(spans.partition_point(|&(s, _)| s < address).wrapping_sub(1)) else { return 0 };
+    let gap = address.saturating_sub(previous_end);
+    if gap == 0 || gap > MOST_PADDING_BEFORE {
+        return 0;
+    }
+    let Some(bytes) = offset.checked_sub(gap).and_then(|from| file.get(from as usize..offset as usize)) else { return 0 };
+    if all_padding(bytes, previous_end) { gap as u8 } else { 0 }
 }

@@ -471,10 +471,10 @@ impl StackResolver {
         process.probe_returns.sort_unstable();
     }
 
-    /// The in-process engine's counting stubs in process `pid`: from each
-    /// of their addresses on, the original address it stands for (0:
-    /// none). A sample in a stub, or a call that returns into one, unwinds
-    /// as from the original code.
+    /// The in-process engine's counting stubs and islands in process
+    /// `pid`: from each of their addresses on, the original address it
+    /// stands for (0: none). A sample in a stub or an island, or a call
+    /// that returns into a stub, unwinds as from the original code.
     pub fn origins(&mut self, pid: u32, origins: Vec<(u64, u64)>) {
         let process = self.processes.entry(pid).or_default();
         process.origins.extend(origins);
@@ -508,7 +508,14 @@ impl StackResolver {
     /// the function's own code: the time of the stub's `lock inc` shows
     /// on the instruction after it.
     pub fn in_counting_code(&self, sample: &StackSample) -> bool {
-        !sample.in_kernel && self.processes.get(&sample.pid).is_some_and(|p| origin_of(&p.origins, sample.regs[0]).is_some())
+        // An island (padding holding a jump to a trampoline) stands for its
+        // entry too, but is not counting code.
+        let ip = sample.regs[0];
+        !sample.in_kernel
+            && self
+                .processes
+                .get(&sample.pid)
+                .is_some_and(|p| p.engine_code.iter().any(|c| c.contains(&ip)) && origin_of(&p.origins, ip).is_some())
     }
 
     /// Names one sample's stack. `returns` are the thread's return
@@ -689,7 +696,9 @@ impl StackResolver {
                 _ if trampoline.contains(&value) => return Err(()),
                 _ => value,
             };
-            Ok(origin_of(origins, value).unwrap_or(value))
+            // An island's address on the stack is a return address into
+            // the padding after a call that does not return: its own.
+            Ok(if taken(value) { origin_of(origins, value).unwrap_or(value) } else { value })
         };
         let mut frames = process.unwinder.iter_frames(ip, UnwindRegsX86_64::new(ip, sp, bp), cache, &mut read_stack);
         let mut addresses = Vec::new();

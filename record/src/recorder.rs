@@ -48,6 +48,10 @@ struct Patching {
     notes: Vec<Note>,
     /// The functions the engine will not patch, and why.
     refused: Refused,
+    /// Functions whose patch is planned again from their whole code at
+    /// the start, not from their first instructions alone (see
+    /// [`Patched::refusals`]).
+    planned_whole: Vec<usize>,
 }
 
 /// The target, running with its events open.
@@ -150,7 +154,7 @@ pub fn record(
         let overhead = sampled.as_ref().map(|(overhead, _)| overhead.clone()).unwrap_or_default();
         SamplerThread::spawn(resolver, samples, overhead, saver.is_some())
     });
-    let Patching { mut injected, tracing, clock, off_cpu, mut notes, refused } = patching;
+    let Patching { mut injected, tracing, clock, off_cpu, mut notes, refused, planned_whole } = patching;
     if !refused_by_kernel.is_empty() {
         notes.push(Finding::UprobesRefused { functions: refused_by_kernel }.into());
     }
@@ -158,7 +162,9 @@ pub fn record(
         notes.push(Finding::CodeDiffers { functions: changed }.into());
     }
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
-    let patch = Patch { functions: &all[..measured], injected: &injected, how };
+    let mut checked = injected.clone();
+    planned_whole.iter().for_each(|&i| checked[i] = false);
+    let patch = Patch { functions: &all[..measured], injected: &injected, checked: &checked, how };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
     left_out(&mut injected, &started.refused);
@@ -291,7 +297,8 @@ fn patching(
     let mut tracing = None;
     // Sampling only, nothing is patched.
     if options.engine != Engine::Inject || options.sample_only {
-        return Ok(Patching { injected: vec![false; functions.len()], tracing, clock: None, off_cpu: None, notes, refused: Vec::new() });
+        let injected = vec![false; functions.len()];
+        return Ok(Patching { injected, tracing, clock: None, off_cpu: None, notes, refused: Vec::new(), planned_whole: Vec::new() });
     }
     if options.metrics.iter().any(|m| !matches!(m, Metric::Wall | Metric::Cpu)) {
         return Err(RecordError::InjectMetrics);
@@ -304,6 +311,7 @@ fn patching(
     // wall time. Loading it reads the kernel's BTF: also while planning.
     let wants_cpu = options.metrics.contains(&Metric::Cpu);
     let off_cpu = std::thread::spawn(move || wants_cpu.then(proftap_probes::offcpu::obtain).flatten().map(Arc::new));
+    let mut planned_whole = Vec::new();
     let (refused, off_cpu) = match spec {
         TargetSpec::Attach { pid } if options.auto_instrument.is_none() => {
             let off_cpu = finished(off_cpu, "the off-CPU time")?;
@@ -315,7 +323,8 @@ fn patching(
             (refused, off_cpu)
         }
         _ => {
-            let mut refused = Patched::refusals(functions);
+            let (mut refused, whole) = Patched::refusals(functions);
+            planned_whole = whole;
             let mut taken: Vec<(usize, String)> = options.entries_counted.iter().map(|&i| (i, ENTRY_COUNTED.to_string())).collect();
             taken.extend(options.line_probed.iter().map(|&i| (i, LINES_PROBED.to_string())));
             taken.retain(|(i, _)| !refused.iter().any(|(r, _)| r == i));
@@ -331,7 +340,7 @@ fn patching(
     left_out(&mut injected, &refused);
     let clock = finished(clock, "the in-process engine's clock")?
         .map_err(|e| RecordError::Unsupported(format!("the in-process engine needs the TSC as a clock: {e}")))?;
-    Ok(Patching { injected, tracing, clock: Some(clock), off_cpu, notes, refused })
+    Ok(Patching { injected, tracing, clock: Some(clock), off_cpu, notes, refused, planned_whole })
 }
 
 /// `injected` without the functions `refused`.
@@ -395,6 +404,8 @@ struct Patch<'a> {
     functions: &'a [ProbedFunction],
     /// Per function: the engine may patch it.
     injected: &'a [bool],
+    /// Per function: found patchable from its first instructions alone.
+    checked: &'a [bool],
     how: Recording<'a>,
 }
 
@@ -466,7 +477,7 @@ fn changed_in_memory(pid: i32, functions: &mut [ProbedFunction], injected: &[boo
 fn patch_at_start(pid: i32, patch: &Patch<'_>) -> Result<(Option<Patched>, Vec<Note>, Refused), RecordError> {
     let functions = patch.functions;
     let engine =
-        Patched::attach_at_start(pid, functions, patch.injected, patch.how).map_err(|source| RecordError::Inject { pid, source })?;
+        Patched::attach_at_start(pid, functions, patch.checked, patch.how).map_err(|source| RecordError::Inject { pid, source })?;
     check_unwinders(&engine, functions)?;
     let (entries_counted, missed): (Refused, Refused) = engine
         .refused()

@@ -7,11 +7,17 @@
 //! on from there), and those that depend on no address must land as the
 //! same instructions.
 //!
+//! A short jump to an island must reach it, and the island must be five
+//! bytes of the padding before the function or of its own code, past the
+//! bytes the short jump replaces.
+//!
 //! The input: a byte saying how many of the last bytes are padding after
-//! the function (0 to 4), then the code, at 0x40_1000.
+//! the function (its value modulo 5), whether it is a compiler's code
+//! (bit 3) and how many `int3` bytes pad it before (its high four bits),
+//! then the code, at 0x40_1000.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
-use proftap_probes::inject::patch::{PatchPlan, count_call, plan, plan_checked, plan_returns, trampoline};
+use proftap_probes::inject::patch::{IslandRoom, PatchPlan, SHORT_JUMP_LEN, count_call, plan, plan_checked, plan_returns, trampoline};
 
 proftap_fuzz::target!(run);
 
@@ -20,19 +26,35 @@ const CODE: u64 = 0x40_1000;
 const PLACES: [u64; 2] = [0x40_8000, 0x7fff_0000_0000];
 
 fn run(data: &[u8]) {
-    let Some((&padding, code)) = data.split_first() else { return };
-    let padding = usize::from(padding % 5).min(code.len());
-    let mut plans: Vec<PatchPlan> = plan(CODE, code, padding).into_iter().chain(plan_checked(CODE, code, padding)).collect();
+    let Some((&shape, code)) = data.split_first() else { return };
+    let padding = usize::from(shape % 5).min(code.len());
+    let before = vec![0xcc; usize::from(shape >> 4)];
+    let room = IslandRoom { before: &before, compiled: shape & 8 != 0 };
+    let mut plans: Vec<PatchPlan> = plan(CODE, code, padding, room).into_iter().chain(plan_checked(CODE, code, padding)).collect();
     plans.extend(plan_returns(CODE, code).unwrap_or_default());
     for patch in &plans {
-        check(code, patch);
+        check(code, &before, patch);
     }
 }
 
-fn check(code: &[u8], patch: &PatchPlan) {
+fn check(code: &[u8], before: &[u8], patch: &PatchPlan) {
     let start = (patch.at - CODE) as usize;
     assert_eq!(code.get(start..start + patch.len()), Some(patch.original.as_slice()), "a plan's bytes are the code's");
-    assert_eq!(patch.jump_to(PLACES[0]).len(), patch.len(), "the jump and its padding cover the patch exactly");
+    let (site, replaced) = patch.jump_site();
+    assert_eq!(patch.jump_to(PLACES[0]).len(), replaced.len(), "the jump and its padding cover what it replaces exactly");
+    if let Some(island) = &patch.island {
+        assert_eq!(replaced.len(), 5, "an island holds a 5-byte jump");
+        let source = match site.checked_sub(CODE) {
+            Some(offset) => code.get(offset as usize..offset as usize + 5),
+            None => before.len().checked_sub((CODE - site) as usize).and_then(|from| before.get(from..from + 5)),
+        };
+        assert_eq!(source, Some(island.original.as_slice()), "an island's bytes are the padding's or the code's");
+        assert!(site >= patch.at + patch.len() as u64 || site + 5 <= CODE, "an island lies past the bytes its short jump replaces");
+        let short = patch.short_jump().expect("a short jump reaches its island");
+        assert_eq!(short.len(), patch.len());
+        let jump = Decoder::with_ip(64, &short, patch.at, DecoderOptions::NONE).decode();
+        assert_eq!((jump.len(), jump.near_branch_target()), (SHORT_JUMP_LEN, site), "the short jump leads to the island");
+    }
     for address in PLACES {
         let Ok(moved) = trampoline(patch, address, |own| Ok(count_call(own, own + 0x1000))) else { continue };
         for &(from, to) in &moved.moved {

@@ -106,6 +106,8 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
                     return_replaceable: true,
                     entered_inside: Vec::new(),
                     padding: 0,
+                    padding_before: 0,
+                    compiled: false,
                 };
                 sites.push(HookSite { name, hook, target });
             }

@@ -10,6 +10,10 @@ use iced_x86::{
 /// Bytes of a `jmp rel32`.
 pub const JUMP_LEN: usize = 5;
 
+/// Bytes of a `jmp rel8`: what an entry takes when its own code branches
+/// back into its first five bytes; it leads to an [`Island`].
+pub const SHORT_JUMP_LEN: usize = 2;
+
 /// Where a patch goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Site {
@@ -33,6 +37,32 @@ pub struct PatchPlan {
     pub replaced: Vec<Instruction>,
     /// Their bytes.
     pub original: Vec<u8>,
+    /// Where the 5-byte jump goes when only a short one fits over the
+    /// replaced instructions (see [`SHORT_JUMP_LEN`]).
+    pub island: Option<Island>,
+}
+
+/// Five bytes of padding no code runs (before the function, or after a
+/// jump or return of its own) that hold the jump to the trampoline; the
+/// entry holds a short jump to them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Island {
+    /// Where it is.
+    pub at: u64,
+    /// Its padding bytes.
+    pub original: Vec<u8>,
+}
+
+/// Padding a function's short jump may lead to, when its code branches
+/// back into its first five bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IslandRoom<'a> {
+    /// The padding right before its entry (`nop`, `int3`), ending there.
+    pub before: &'a [u8],
+    /// Whether it is a compiler's code: padding before it and after its own
+    /// jumps and returns is never run (hand-written code may fall through
+    /// into padding, or branch into it). Without it, no island.
+    pub compiled: bool,
 }
 
 impl PatchPlan {
@@ -46,12 +76,33 @@ impl PatchPlan {
         self.original.is_empty()
     }
 
-    /// The bytes written over the entry: a jump to `trampoline`, then `int3`.
+    /// Where the jump to a trampoline is written, and the bytes it
+    /// replaces there: over the entry, or in its island.
+    pub fn jump_site(&self) -> (u64, &[u8]) {
+        match &self.island {
+            Some(island) => (island.at, &island.original),
+            None => (self.at, &self.original),
+        }
+    }
+
+    /// The bytes written at [`PatchPlan::jump_site`]: a jump to
+    /// `trampoline`, then `int3` over what is left of the replaced bytes.
     pub fn jump_to(&self, trampoline: u64) -> Vec<u8> {
+        let (at, original) = self.jump_site();
         let mut bytes = vec![0xe9];
-        bytes.extend_from_slice(&rel32(self.at + JUMP_LEN as u64, trampoline).to_le_bytes());
-        bytes.resize(self.len(), 0xcc);
+        bytes.extend_from_slice(&rel32(at + JUMP_LEN as u64, trampoline).to_le_bytes());
+        bytes.resize(original.len(), 0xcc);
         bytes
+    }
+
+    /// The bytes written over the entry when the jump is in an island: a
+    /// short jump there, then `int3`.
+    pub fn short_jump(&self) -> Option<Vec<u8>> {
+        let island = self.island.as_ref()?;
+        let displacement = island.at.wrapping_sub(self.at + SHORT_JUMP_LEN as u64) as i64;
+        let mut bytes = vec![0xeb, i8::try_from(displacement).ok()? as u8];
+        bytes.resize(self.len(), 0xcc);
+        Some(bytes)
     }
 }
 
@@ -121,6 +172,7 @@ pub fn plan_returns(entry: u64, code: &[u8]) -> Result<Vec<PatchPlan>, String> {
             at: start,
             replaced: body[first..r].to_vec(),
             original: code[offset..offset + (end - start) as usize].to_vec(),
+            island: None,
         });
     }
     if plans.is_empty() {
@@ -131,9 +183,11 @@ pub fn plan_returns(entry: u64, code: &[u8]) -> Result<Vec<PatchPlan>, String> {
 
 /// Plans the patch of the function at `entry` whose code is `code` (its
 /// whole body, then `padding` bytes of the padding after it, which no code
-/// runs), or says why it cannot be patched.
-pub fn plan(entry: u64, code: &[u8], padding: usize) -> Result<PatchPlan, String> {
-    plan_entry(entry, code, padding, true)
+/// runs), or says why it cannot be patched. A function whose code branches
+/// back into its first five bytes gets a short jump to an island of
+/// `room`, when it has one.
+pub fn plan(entry: u64, code: &[u8], padding: usize, room: IslandRoom<'_>) -> Result<PatchPlan, String> {
+    plan_entry(entry, code, padding, Some(room))
 }
 
 /// [`plan`] for a function whose whole code was found patchable already,
@@ -141,7 +195,7 @@ pub fn plan(entry: u64, code: &[u8], padding: usize) -> Result<PatchPlan, String
 /// instructions are decoded, not the body a branch back into them would
 /// be looked for in.
 pub fn plan_checked(entry: u64, code: &[u8], padding: usize) -> Result<PatchPlan, String> {
-    plan_entry(entry, code, padding, false)
+    plan_entry(entry, code, padding, None)
 }
 
 /// Bytes that hold a function's first instructions the jump replaces: an
@@ -149,7 +203,9 @@ pub fn plan_checked(entry: u64, code: &[u8], padding: usize) -> Result<PatchPlan
 /// as an instruction may be.
 const FIRST_BYTES: usize = 4 + JUMP_LEN + 15;
 
-fn plan_entry(entry: u64, code: &[u8], padding: usize, whole: bool) -> Result<PatchPlan, String> {
+/// `room`: the whole body is decoded (a branch back into the first bytes
+/// looked for), and where an island may go; `None` for a checked function.
+fn plan_entry(entry: u64, code: &[u8], padding: usize, room: Option<IslandRoom<'_>>) -> Result<PatchPlan, String> {
     let own = code.len().saturating_sub(padding);
     let function_end = entry + own as u64;
     let body = decode(entry, &code[..own.min(FIRST_BYTES)]);
@@ -159,10 +215,46 @@ fn plan_entry(entry: u64, code: &[u8], padding: usize, whole: bool) -> Result<Pa
         at = body[0].next_ip();
         first = 1;
     }
+    let (replaced, covered) = covering(&body[first..], JUMP_LEN, function_end, padding)?;
+    // Moved, it would read the jump that replaced them (`call [rip-x]`
+    // through a slot among them, say).
+    let replaced_bytes = at..at + covered as u64;
+    if replaced.iter().any(|i| i.is_ip_rel_memory_operand() && replaced_bytes.contains(&i.ip_rel_memory_address())) {
+        return Err(format!("it reads its own first {covered} bytes"));
+    }
+    let offset = (at - entry) as usize;
+    let plan = |replaced: Vec<Instruction>, covered: usize, island| PatchPlan {
+        site: Site::Entry,
+        at,
+        replaced,
+        original: code[offset..offset + covered].to_vec(),
+        island,
+    };
+    // A branch of its own into the replaced bytes (other than to their
+    // start) would land in the middle of the jump.
+    // Decoded as it goes, kept nowhere: a large program's functions are megabytes.
+    let Some(room) = room else { return Ok(plan(replaced, covered, None)) };
+    if !branches_into(Decoder::with_ip(64, code, entry, DecoderOptions::NONE), at, at + covered as u64) {
+        return Ok(plan(replaced, covered, None));
+    }
+    let refused = || format!("it jumps back into its first {covered} bytes");
+    let (replaced, covered) = covering(&body[first..], SHORT_JUMP_LEN, function_end, padding).map_err(|_| refused())?;
+    if branches_into(Decoder::with_ip(64, code, entry, DecoderOptions::NONE), at, at + covered as u64) {
+        return Err(format!("it jumps back into its first {covered} bytes"));
+    }
+    let island = island(entry, &code[..own], at + covered as u64, room)
+        .ok_or_else(|| format!("{}, and has no padding near it for a short jump to lead to", refused()))?;
+    Ok(plan(replaced, covered, Some(island)))
+}
+
+/// The instructions from the first of `body` that cover `need` bytes, and
+/// how many they cover; or why they cannot be moved. A `ret` may complete
+/// them with the padding after the function (`function_end`, `padding`).
+fn covering(body: &[Instruction], need: usize, function_end: u64, padding: usize) -> Result<(Vec<Instruction>, usize), String> {
     let mut replaced = Vec::new();
     let mut covered = 0usize;
-    for instruction in &body[first..] {
-        if covered >= JUMP_LEN {
+    for instruction in body {
+        if covered >= need {
             break;
         }
         match instruction.flow_control() {
@@ -170,7 +262,7 @@ fn plan_entry(entry: u64, code: &[u8], padding: usize, whole: bool) -> Result<Pa
             // trampoline with the original return address (see
             // [`trampoline`]), so the callee returns into the original code
             // and unwinders see the stack they expect.
-            FlowControl::Call | FlowControl::IndirectCall if is_emulated_call(instruction) && covered + instruction.len() >= JUMP_LEN => {}
+            FlowControl::Call | FlowControl::IndirectCall if is_emulated_call(instruction) && covered + instruction.len() >= need => {}
             FlowControl::Call | FlowControl::IndirectCall => {
                 return Err("a call among its first instructions (moved, it would confuse unwinders)".into());
             }
@@ -180,15 +272,15 @@ fn plan_entry(entry: u64, code: &[u8], padding: usize, whole: bool) -> Result<Pa
             // would (`xor eax,eax; ret`, then padding no code runs).
             FlowControl::Return
                 if instruction.code() == Code::Retnq
-                    && (covered + instruction.len() >= JUMP_LEN
-                        || (instruction.next_ip() == function_end && covered + instruction.len() + padding >= JUMP_LEN)) =>
+                    && (covered + instruction.len() >= need
+                        || (instruction.next_ip() == function_end && covered + instruction.len() + padding >= need)) =>
             {
                 replaced.push(*instruction);
-                covered = (covered + instruction.len()).max(JUMP_LEN);
+                covered = (covered + instruction.len()).max(need);
                 break;
             }
             FlowControl::Return | FlowControl::Exception | FlowControl::Interrupt => {
-                return Err(format!("it ends within its first {JUMP_LEN} bytes"));
+                return Err(format!("it ends within its first {need} bytes"));
             }
             _ => {}
         }
@@ -198,24 +290,53 @@ fn plan_entry(entry: u64, code: &[u8], padding: usize, whole: bool) -> Result<Pa
         replaced.push(*instruction);
         covered += instruction.len();
     }
-    if covered < JUMP_LEN {
-        return Err(format!("its code is shorter than the {JUMP_LEN}-byte jump"));
+    if covered < need {
+        return Err(format!("its code is shorter than the {need}-byte jump"));
     }
-    // Moved, it would read the jump that replaced them (`call [rip-x]`
-    // through a slot among them, say).
-    let replaced_bytes = at..at + covered as u64;
-    if replaced.iter().any(|i| i.is_ip_rel_memory_operand() && replaced_bytes.contains(&i.ip_rel_memory_address())) {
-        return Err(format!("it reads its own first {covered} bytes"));
+    Ok((replaced, covered))
+}
+
+/// Where the 5-byte jump of a short jump ending at `short_end` may go,
+/// for the function at `entry` whose own code is `code`: the last five
+/// bytes of the padding before it, or padding after one of its own jumps
+/// or returns that no branch of its enters and nothing reads, within a
+/// `jmp rel8`'s reach.
+fn island(entry: u64, code: &[u8], short_end: u64, room: IslandRoom<'_>) -> Option<Island> {
+    if !room.compiled {
+        return None;
     }
-    // A branch of its own into the replaced bytes (other than to their
-    // start) would land in the middle of the jump.
-    // Decoded as it goes, kept nowhere: a large program's functions are megabytes.
-    if whole && branches_into(Decoder::with_ip(64, code, entry, DecoderOptions::NONE), at, at + covered as u64) {
-        return Err(format!("it jumps back into its first {covered} bytes"));
+    let reaches = |at: u64| (-128..=127).contains(&(at.wrapping_sub(short_end) as i64));
+    if let Some(last) = room.before.len().checked_sub(JUMP_LEN) {
+        // Before the entry, always in reach; the previous function's own
+        // jump may take the padding's first four bytes.
+        return Some(Island { at: entry - JUMP_LEN as u64, original: room.before[last..].to_vec() });
     }
-    let offset = (at - entry) as usize;
-    let original = code[offset..offset + covered].to_vec();
-    Ok(PatchPlan { site: Site::Entry, at, replaced, original })
+    let mut runs: Vec<std::ops::Range<u64>> = Vec::new();
+    let mut entered: Vec<u64> = Vec::new();
+    let mut after_end_of_flow = false;
+    for instruction in decode(entry, code) {
+        let is_padding = matches!(instruction.mnemonic(), iced_x86::Mnemonic::Nop | iced_x86::Mnemonic::Int3);
+        match runs.last_mut() {
+            Some(run) if is_padding && run.end == instruction.ip() => run.end = instruction.next_ip(),
+            _ if is_padding && after_end_of_flow => runs.push(instruction.ip()..instruction.next_ip()),
+            _ => {}
+        }
+        if instruction.op0_kind() == OpKind::NearBranch64 || instruction.op0_kind() == OpKind::NearBranch32 {
+            entered.push(instruction.near_branch_target());
+        }
+        if instruction.is_ip_rel_memory_operand() {
+            entered.push(instruction.ip_rel_memory_address());
+        }
+        after_end_of_flow = match instruction.flow_control() {
+            FlowControl::UnconditionalBranch | FlowControl::IndirectBranch | FlowControl::Return => true,
+            _ => is_padding && after_end_of_flow,
+        };
+    }
+    let run = runs.into_iter().find(|run| {
+        run.end - run.start >= JUMP_LEN as u64 && run.start >= short_end && reaches(run.start) && !entered.iter().any(|t| run.contains(t))
+    })?;
+    let offset = (run.start - entry) as usize;
+    Some(Island { at: run.start, original: code[offset..offset + JUMP_LEN].to_vec() })
 }
 
 /// Whether `instruction` is a call that [`call_from_original`] makes: a
@@ -422,23 +543,23 @@ mod tests {
     fn a_short_function_ending_in_ret_takes_the_padding_after_it() {
         // xor eax,eax; ret; then xchg ax,ax (padding)
         let code = [0x31, 0xc0, 0xc3, 0x66, 0x90];
-        let patch = plan(0x1000, &code, 2).expect("patchable over its padding");
+        let patch = plan(0x1000, &code, 2, IslandRoom::default()).expect("patchable over its padding");
         assert_eq!((patch.len(), patch.replaced.len()), (5, 2));
         assert_eq!(&patch.original, &code);
         assert!(trampoline(&patch, 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).is_ok());
         // ret alone, four bytes of int3 after it.
-        assert_eq!(plan(0x1000, &[0xc3, 0xcc, 0xcc, 0xcc, 0xcc], 4).expect("patchable").len(), 5);
+        assert_eq!(plan(0x1000, &[0xc3, 0xcc, 0xcc, 0xcc, 0xcc], 4, IslandRoom::default()).expect("patchable").len(), 5);
         // Not enough padding.
-        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3, 0x90], 1).expect_err("short").contains("ends within"));
+        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3, 0x90], 1, IslandRoom::default()).expect_err("short").contains("ends within"));
         // A ret before the function's end (a nop of its own follows).
-        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3, 0x90, 0x90], 1).expect_err("not its end").contains("ends within"));
+        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3, 0x90, 0x90], 1, IslandRoom::default()).expect_err("not its end").contains("ends within"));
     }
 
     #[test]
     fn a_frame_pointer_prologue_is_patched_after_endbr64() {
         // endbr64; push rbp; mov rbp,rsp; mov eax,1; pop rbp; ret
         let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0xb8, 0x01, 0, 0, 0, 0x5d, 0xc3];
-        let patch = plan(0x1000, &code, 0).expect("patchable");
+        let patch = plan(0x1000, &code, 0, IslandRoom::default()).expect("patchable");
         assert_eq!(patch.at, 0x1004);
         // push rbp (1) + mov rbp,rsp (3) + mov eax,1 (5) = 9 bytes, the first boundary past 5.
         assert_eq!(patch.len(), 9);
@@ -454,13 +575,14 @@ mod tests {
         let mut code = vec![0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0xb8, 0x01, 0, 0, 0];
         code.extend([0x90; 100]);
         code.extend([0x5d, 0xc3]);
-        let (whole, first) = (plan(0x1000, &code, 0).expect("patchable"), plan_checked(0x1000, &code, 0).expect("patchable"));
+        let (whole, first) =
+            (plan(0x1000, &code, 0, IslandRoom::default()).expect("patchable"), plan_checked(0x1000, &code, 0).expect("patchable"));
         assert_eq!((whole.at, &whole.original, whole.replaced.len()), (first.at, &first.original, first.replaced.len()));
         assert!(whole.replaced.iter().zip(&first.replaced).all(|(a, b)| a == b && a.ip() == b.ip()));
         // What only the whole body shows is the earlier check's to see.
         // xor eax,eax; inc eax; cmp eax,10; jne -> inc; ret
         let looping = [0x31, 0xc0, 0xff, 0xc0, 0x83, 0xf8, 0x0a, 0x75, 0xf9, 0xc3];
-        assert!(plan(0x1000, &looping, 0).is_err());
+        assert!(plan(0x1000, &looping, 0, IslandRoom::default()).is_err());
         assert!(plan_checked(0x1000, &looping, 0).is_ok());
     }
 
@@ -468,7 +590,7 @@ mod tests {
     fn instructions_that_depend_on_nothing_move_as_the_encoder_would_move_them() {
         // endbr64; push rbp; mov rbp,rsp; push r15; sub rsp,0x18; mov eax,1; pop rbp; ret
         let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0x41, 0x57, 0x48, 0x83, 0xec, 0x18, 0xb8, 1, 0, 0, 0, 0x5d, 0xc3];
-        let patch = plan(0x40_1000, &code, 0).expect("patchable");
+        let patch = plan(0x40_1000, &code, 0, IslandRoom::default()).expect("patchable");
         assert!(patch.replaced.iter().all(moves_as_it_is));
         let t = trampoline(&patch, 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).expect("movable");
         let block = InstructionBlock::new(&patch.replaced, 0x40_5008);
@@ -518,7 +640,7 @@ mod tests {
     fn rip_relative_instructions_are_relocated() {
         // mov rax,[rip+0x100]; nop; ret  (the load reads 0x1107)
         let code = [0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x90, 0xc3];
-        let patch = plan(0x1000, &code, 0).expect("patchable");
+        let patch = plan(0x1000, &code, 0, IslandRoom::default()).expect("patchable");
         let t = trampoline(&patch, 0x5000, |a| Ok(count_call(a, 0x6000))).expect("relocatable");
         // The moved load still reads 0x1107.
         let mut decoder = Decoder::with_ip(64, &t.code[8..], 0x5008, DecoderOptions::NONE);
@@ -537,7 +659,7 @@ mod tests {
         let mut code = vec![0x53, 0x48, 0x89, 0xfb, 0xe8];
         code.extend_from_slice(&((target as i64 - 0x1009) as i32).to_le_bytes());
         code.extend_from_slice(&[0x5b, 0xc3]);
-        let patch = plan(0x1000, &code, 0).expect("patchable");
+        let patch = plan(0x1000, &code, 0, IslandRoom::default()).expect("patchable");
         assert_eq!(patch.len(), 9);
         let t = trampoline(&patch, 0x7fff_0000_0000, |_| Ok(Vec::new())).expect("relocatable");
         let decoded: Vec<Instruction> = Decoder::with_ip(64, &t.code, 0x7fff_0000_0000, DecoderOptions::NONE).into_iter().collect();
@@ -576,7 +698,7 @@ mod tests {
     fn a_patch_over_bytes_code_elsewhere_jumps_into_is_refused() {
         // mov rax,rdi (3); add rax,1 (4); ret
         let code = [0x48, 0x89, 0xf8, 0x48, 0x83, 0xc0, 0x01, 0xc3];
-        let patch = plan(0x1000, &code, 0).expect("patchable");
+        let patch = plan(0x1000, &code, 0, IslandRoom::default()).expect("patchable");
         assert!(not_entered_inside(&patch, 0x1000, &[3]).expect_err("entered at 3").contains("byte 3"));
         // At its start, or past the replaced bytes, a jump lands as it should.
         assert!(not_entered_inside(&patch, 0x1000, &[0, 7]).is_ok());
@@ -586,7 +708,7 @@ mod tests {
     fn an_indirect_call_that_ends_the_patch_jumps_through_its_operand_from_the_original_return_address() {
         // push rax; call [rip+0x1000]; mov rdi,rax; pop rax; ret (Rust's vtable shims start so)
         let code = [0x50, 0xff, 0x15, 0x00, 0x10, 0x00, 0x00, 0x48, 0x89, 0xc7, 0x58, 0xc3];
-        let patch = plan(0x1000, &code, 0).expect("patchable");
+        let patch = plan(0x1000, &code, 0, IslandRoom::default()).expect("patchable");
         assert_eq!(patch.len(), 7);
         let at = 0x1000_0000;
         let t = trampoline(&patch, at, |_| Ok(Vec::new())).expect("relocatable");
@@ -597,28 +719,81 @@ mod tests {
         // Through the same memory, relocated: 0x1007 + 0x1000.
         assert_eq!(decoded[3].ip_rel_memory_address(), 0x2007);
         // Through a register: mov rbx,rdi; call rbx.
-        let patch = plan(0x1000, &[0x48, 0x89, 0xfb, 0xff, 0xd3, 0xc3], 0).expect("patchable");
+        let patch = plan(0x1000, &[0x48, 0x89, 0xfb, 0xff, 0xd3, 0xc3], 0, IslandRoom::default()).expect("patchable");
         let t = trampoline(&patch, at, |_| Ok(Vec::new())).expect("relocatable");
         let decoded: Vec<Instruction> = Decoder::with_ip(64, &t.code, at, DecoderOptions::NONE).into_iter().collect();
         assert_eq!(decoded[3].code(), Code::Jmp_rm64);
         assert_eq!(decoded[3].op0_register(), Register::RBX);
         // Through memory read through rsp, which the pushed address moves:
         // push rax; call [rsp+8], and with a 32-bit address, call [esp+8].
-        assert!(plan(0x1000, &[0x50, 0xff, 0x54, 0x24, 0x08, 0xc3], 0).expect_err("rsp").contains("call"));
-        assert!(plan(0x1000, &[0x50, 0x67, 0xff, 0x54, 0x24, 0x08, 0xc3], 0).expect_err("esp").contains("call"));
+        assert!(plan(0x1000, &[0x50, 0xff, 0x54, 0x24, 0x08, 0xc3], 0, IslandRoom::default()).expect_err("rsp").contains("call"));
+        assert!(plan(0x1000, &[0x50, 0x67, 0xff, 0x54, 0x24, 0x08, 0xc3], 0, IslandRoom::default()).expect_err("esp").contains("call"));
         // Through a slot among the bytes the jump replaces: push rax; call [rip-7].
         let code = [0x50, 0xff, 0x15, 0xf9, 0xff, 0xff, 0xff, 0xc3];
-        assert!(plan(0x1000, &code, 0).expect_err("own bytes").contains("reads its own"));
+        assert!(plan(0x1000, &code, 0, IslandRoom::default()).expect_err("own bytes").contains("reads its own"));
+    }
+
+    /// xor eax,eax; inc eax; cmp eax,10; jne -> inc: a loop back to +2.
+    const LOOPING: [u8; 9] = [0x31, 0xc0, 0xff, 0xc0, 0x83, 0xf8, 0x0a, 0x75, 0xf9];
+
+    #[test]
+    fn a_function_looping_back_into_its_first_bytes_takes_a_short_jump_to_the_padding_before_it() {
+        let mut code = LOOPING.to_vec();
+        code.push(0xc3);
+        let before = [0xcc; 7];
+        let room = IslandRoom { before: &before, compiled: true };
+        let patch = plan(0x1000, &code, 0, room).expect("patchable with a short jump");
+        // xor eax,eax alone: the loop comes back right after it.
+        assert_eq!((patch.len(), patch.replaced.len()), (2, 1));
+        let island = patch.island.as_ref().expect("an island");
+        assert_eq!((island.at, island.original.as_slice()), (0x1000 - 5, &[0xcc; 5][..]));
+        assert_eq!(patch.short_jump(), Some(vec![0xeb, 0xf9]), "jmp -7: from 0x1002 back to 0xffb");
+        assert_eq!(patch.jump_site(), (0xffb, &[0xcc; 5][..]));
+        let jump = patch.jump_to(0x2000);
+        assert_eq!(Decoder::with_ip(64, &jump, 0xffb, DecoderOptions::NONE).decode().near_branch_target(), 0x2000);
+        // Its trampoline goes back after xor eax,eax.
+        let t = trampoline(&patch, 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).expect("movable");
+        let back = Decoder::with_ip(64, &t.code[t.code.len() - 5..], 0x40_5000 + t.code.len() as u64 - 5, DecoderOptions::NONE).decode();
+        assert_eq!(back.near_branch_target(), 0x1002);
+        // Hand-written code may run its padding: no island.
+        let err = plan(0x1000, &code, 0, IslandRoom { before: &before, compiled: false }).expect_err("no island");
+        assert!(err.contains("no padding near it"), "{err}");
+        // Nor in too little of it.
+        assert!(plan(0x1000, &code, 0, IslandRoom { before: &before[..4], compiled: true }).is_err());
+    }
+
+    #[test]
+    fn an_island_may_be_padding_after_a_return_of_the_function_that_no_branch_enters() {
+        // The loop; ret; nop dword [rax+rax] (5 bytes of padding); ret.
+        let mut code = LOOPING.to_vec();
+        code.extend([0xc3, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0xc3]);
+        let patch = plan(0x1000, &code, 0, IslandRoom { before: &[], compiled: true }).expect("patchable");
+        let island = patch.island.as_ref().expect("an island");
+        assert_eq!((island.at, island.original.as_slice()), (0x100a, &code[10..15]));
+        assert_eq!(patch.short_jump(), Some(vec![0xeb, 0x08]));
+        // A jump into that padding (jmp -7 to 0x100a, after it) runs it: no island.
+        let mut entered = code[..15].to_vec();
+        entered.extend([0xeb, 0xf9, 0xc3]);
+        let err = plan(0x1000, &entered, 0, IslandRoom { before: &[], compiled: true }).expect_err("entered");
+        assert!(err.contains("jumps back into its first 7 bytes, and has no padding"), "{err}");
+        // A loop back into the bytes even a short jump replaces is refused:
+        // push rbx; xor eax,eax; ... jne -> xor (+1).
+        let mut tight = vec![0x53];
+        tight.extend(&LOOPING);
+        tight[9] = 0xf7;
+        tight.push(0xc3);
+        let err = plan(0x1000, &tight, 0, IslandRoom { before: &[0xcc; 8], compiled: true }).expect_err("inside the short jump");
+        assert!(err.contains("jumps back into its first 3 bytes"), "{err}");
     }
 
     #[test]
     fn unsafe_entries_say_why() {
         // A call that does not end the patch: call rax (2 bytes) first.
-        assert!(plan(0x1000, &[0xff, 0xd0, 0x31, 0xc0, 0x90, 0x90, 0xc3], 0).expect_err("call").contains("call"));
+        assert!(plan(0x1000, &[0xff, 0xd0, 0x31, 0xc0, 0x90, 0x90, 0xc3], 0, IslandRoom::default()).expect_err("call").contains("call"));
         // ret within the first bytes.
-        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3], 0).expect_err("short").contains("ends within"));
+        assert!(plan(0x1000, &[0x31, 0xc0, 0xc3], 0, IslandRoom::default()).expect_err("short").contains("ends within"));
         // A loop jumping back to the second instruction: xor eax,eax; inc eax; cmp eax,10; jne -> inc.
         let code = [0x31, 0xc0, 0xff, 0xc0, 0x83, 0xf8, 0x0a, 0x75, 0xf9, 0xc3];
-        assert!(plan(0x1000, &code, 0).expect_err("loop").contains("jumps back into"));
+        assert!(plan(0x1000, &code, 0, IslandRoom::default()).expect_err("loop").contains("jumps back into"));
     }
 }

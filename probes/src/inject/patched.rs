@@ -121,16 +121,29 @@ pub struct Patched {
 
 impl Patched {
     /// The functions that cannot be patched, and why, judged from their
-    /// files alone (before the program runs).
-    pub fn refusals(functions: &[ProbedFunction]) -> Refused {
+    /// files alone (before the program runs); and those whose patch needs
+    /// their whole code to be planned again (a short jump to an island,
+    /// which only a branch back into their first bytes calls for), where
+    /// the others are planned from their first instructions alone.
+    pub fn refusals(functions: &[ProbedFunction]) -> (Refused, Vec<usize>) {
         let modules = patcher::as_in_files(functions);
         let targets: Vec<Target> = functions.iter().map(Target::of).collect();
         // Each function is judged alone.
         let all: Vec<usize> = (0..targets.len()).collect();
-        patcher::on_every_cpu(&all, |share| {
+        let judged = patcher::on_every_cpu(&all, |share| {
             let chosen: Vec<Target> = share.iter().map(|&i| targets[i].clone()).collect();
-            patcher::plans(&modules, &chosen, &[]).1.into_iter().map(|(k, why)| (share[k], why)).collect()
-        })
+            let (groups, refused) = patcher::plans(&modules, &chosen, &[]);
+            let whole = groups.into_iter().flat_map(|g| g.plans).filter(|(_, p)| p.island.is_some()).map(|(k, _)| (share[k], None));
+            refused.into_iter().map(|(k, why)| (share[k], Some(why))).chain(whole).collect()
+        });
+        let (mut refused, mut whole) = (Vec::new(), Vec::new());
+        for (i, why) in judged {
+            match why {
+                Some(why) => refused.push((i, why)),
+                None => whole.push(i),
+            }
+        }
+        (refused, whole)
     }
 
     /// Patches the entries of `functions` in process `pid`, and the entries
@@ -359,9 +372,9 @@ impl Patched {
         self.counting.as_ref()
     }
 
-    /// From each address of the edge counters' stubs and the entries'
-    /// counting trampolines on, the address of the original code it stands
-    /// for (0: none), for unwinders.
+    /// From each address of the edge counters' stubs, the entries'
+    /// counting trampolines and the islands short jumps lead to on, the
+    /// address of the original code it stands for (0: none), for unwinders.
     pub fn origins(&self) -> Vec<(u64, u64)> {
         let mut origins = self.counting.as_ref().map(|c| c.origins().to_vec()).unwrap_or_default();
         origins.extend_from_slice(&self.counting_origins);

@@ -19,12 +19,22 @@ pub const TRAMPOLINE_ROOM: usize = 160;
 pub struct Applied {
     /// The function's index.
     pub function: usize,
+    /// Where the jump to the trampoline is: the entry, or its island.
     at: u64,
     original: Vec<u8>,
     jump: Vec<u8>,
     /// The jump to the entry's counting trampoline, which only counts
     /// calls (see [`EntryCounters`]), if it has one.
     counting: Option<Vec<u8>>,
+    /// The short jump over the entry to the island at `at`, if the jump is in one.
+    short: Option<ShortJump>,
+}
+
+/// A short jump written over an entry, leading to an island.
+#[derive(Clone)]
+struct ShortJump {
+    at: u64,
+    original: Vec<u8>,
 }
 
 /// The counters of the patched entries' counting trampolines, in memory
@@ -80,6 +90,11 @@ pub struct Target {
     pub entered_inside: Vec<u32>,
     /// Padding after its code a jump may take (see [`ProbedFunction::padding`]).
     pub padding: u64,
+    /// Padding before it an island may take (see [`ProbedFunction::padding_before`]).
+    pub padding_before: u64,
+    /// Whether a compiler made it (DWARF declares it in a file): its
+    /// padding is never run, and may hold an island (see [`patch::IslandRoom`]).
+    pub compiled: bool,
 }
 
 impl Target {
@@ -96,6 +111,8 @@ impl Target {
             return_replaceable: !crate::entry::return_address_untouchable(&f.info.name),
             entered_inside: f.entered_inside.clone(),
             padding: u64::from(f.padding),
+            padding_before: u64::from(f.padding_before),
+            compiled: f.info.file.is_some(),
         }
     }
 }
@@ -153,6 +170,8 @@ pub struct Code<'s> {
     pub bytes: &'s [u8],
     /// Its bytes and the padding after them a jump may take.
     pub padded: &'s [u8],
+    /// The padding before it an island may take.
+    pub before: &'s [u8],
     /// Runtime address less link-time address.
     pub bias: u64,
     /// Its cold parts: runtime address and bytes.
@@ -203,6 +222,11 @@ impl<'a> CodeSource<'a> {
             .data()
             .get(target.offset as usize..(target.offset + target.size + target.padding) as usize)
             .ok_or("its code is not in the file")?;
+        let before = target
+            .offset
+            .checked_sub(target.padding_before)
+            .and_then(|from| image.data().get(from as usize..target.offset as usize))
+            .unwrap_or_default();
         let at = loaded.bias.to_runtime(VirtAddr(target.address)).0;
         let bias = at.wrapping_sub(target.address);
         let cold = target
@@ -213,7 +237,7 @@ impl<'a> CodeSource<'a> {
                 Some((lo.wrapping_add(bias), image.data().get(offset..offset.checked_add(hi.checked_sub(lo)? as usize)?)?))
             })
             .collect();
-        Ok(Code { module: loaded.path.clone(), at, bytes, padded, bias, cold, image, segments })
+        Ok(Code { module: loaded.path.clone(), at, bytes, padded, before, bias, cold, image, segments })
     }
 }
 
@@ -266,8 +290,11 @@ pub fn plans(modules: &[LoadedModule], targets: &[Target], checked: &[bool]) -> 
                 Site::Entry if checked.get(i).copied().unwrap_or(false) => {
                     patch::plan_checked(code.at, code.padded, code.padded.len() - code.bytes.len()).map(|p| vec![p])
                 }
-                Site::Entry => patch::plan(code.at, code.padded, code.padded.len() - code.bytes.len())
-                    .and_then(|p| patch::not_entered_inside(&p, code.at, &target.entered_inside).map(|()| vec![p])),
+                Site::Entry => {
+                    let room = patch::IslandRoom { before: code.before, compiled: target.compiled };
+                    patch::plan(code.at, code.padded, code.padded.len() - code.bytes.len(), room)
+                        .and_then(|p| patch::not_entered_inside(&p, code.at, &target.entered_inside).map(|()| vec![p]))
+                }
                 Site::Return => patch::plan_returns(code.at, code.bytes),
             };
             plans.map(|p| (code.module, p))
@@ -328,20 +355,28 @@ pub fn apply(
     prologue: impl Fn(usize, Site, u64) -> Result<Vec<u8>, String>,
     refused: &mut Refused,
 ) -> Result<Patches, RemoteError> {
-    // Code in memory must be the file's: no breakpoint or other patch there.
-    let now = remote.read_pieces(&plans.iter().map(|(_, p)| (p.at, p.len())).collect::<Vec<_>>());
-    let mut now = now.into_iter();
-    plans.retain(|(i, p)| match now.next() {
-        Some(Ok(bytes)) if bytes == p.original => true,
-        Some(Ok(_)) | None => {
-            refused.push((*i, CODE_DIFFERS.into()));
-            false
-        }
-        Some(Err(e)) => {
-            refused.push((*i, e.to_string()));
-            false
+    // Code in memory must be the file's: no breakpoint or other patch
+    // there, nor in the padding an island takes.
+    let pieces: Vec<(u64, usize)> =
+        plans.iter().flat_map(|(_, p)| [Some((p.at, p.len())), p.island.as_ref().map(|i| (i.at, i.original.len()))]).flatten().collect();
+    let mut now = remote.read_pieces(&pieces).into_iter();
+    plans.retain(|(i, p)| {
+        let entry = now.next();
+        let island = p.island.as_ref().map(|island| (island, now.next()));
+        let found = [Some((&p.original, entry)), island.map(|(island, now)| (&island.original, now))];
+        match found.into_iter().flatten().find_map(|(original, now)| match now {
+            Some(Ok(bytes)) if &bytes == original => None,
+            Some(Ok(_)) | None => Some(CODE_DIFFERS.to_string()),
+            Some(Err(e)) => Some(e.to_string()),
+        }) {
+            Some(why) => {
+                refused.push((*i, why));
+                false
+            }
+            None => true,
         }
     });
+    refuse_overlapping_islands(&mut plans, refused);
     if plans.is_empty() {
         return Ok(Patches { applied: Vec::new(), code: 0..0, counters: None, origins: Vec::new() });
     }
@@ -402,7 +437,7 @@ pub fn apply(
         Ok((built, counted, origins))
     })();
     // Nothing leads into the region yet: a failure takes it out again.
-    let (built, counted, origins) = written.inspect_err(|_| {
+    let (built, counted, mut origins) = written.inspect_err(|_| {
         unmap_region();
         if let Some(counters) = &counters {
             let _ = remote.syscall("munmap", libc::SYS_munmap, [counters.remote, counters.len() as u64, 0, 0, 0, 0]);
@@ -426,11 +461,29 @@ pub fn apply(
             remote.set_regs(tid, regs)?;
         }
     }
+    for (_, p, _, _, _) in &built {
+        if let Some(island) = &p.island {
+            origins.extend([(island.at, p.at), (island.at + patch::JUMP_LEN as u64, 0)]);
+        }
+    }
     let applied: Vec<Applied> = built
         .into_iter()
-        .map(|(function, p, _, address, counting)| Applied { function, at: p.at, jump: p.jump_to(address), original: p.original, counting })
+        .map(|(function, p, _, address, counting)| {
+            let (at, original) = p.jump_site();
+            Applied {
+                function,
+                at,
+                jump: p.jump_to(address),
+                original: original.to_vec(),
+                counting,
+                short: p.island.is_some().then(|| ShortJump { at: p.at, original: p.original.clone() }),
+            }
+        })
         .collect();
+    // The islands first: a short jump leads to a jump already there.
     remote.write_pieces(&applied.iter().map(|a| (a.at, a.jump.as_slice())).collect::<Vec<_>>())?;
+    let shorts: Vec<(u64, Vec<u8>)> = applied.iter().filter_map(|a| Some((a.short.as_ref()?.at, short_jump(a)?))).collect();
+    remote.write_pieces(&shorts.iter().map(|(at, bytes)| (*at, bytes.as_slice())).collect::<Vec<_>>())?;
     let counters = counters.map(|shared| EntryCounters { shared, functions: counted });
     Ok(Patches { applied, code: region..region + room as u64, counters, origins })
 }
@@ -460,8 +513,60 @@ pub fn restore(remote: &Remote, applied: &mut Vec<Applied>, which: impl Fn(usize
     *applied = kept;
     let (found, unread, error) = ours(remote, chosen);
     applied.extend(unread);
-    let written = remote.write_pieces(&found.iter().map(|a| (a.at, a.original.as_slice())).collect::<Vec<_>>());
-    written.and(error.map_or(Ok(()), Err))
+    put_originals_back(remote, &found).and(error.map_or(Ok(()), Err))
+}
+
+/// Writes the original bytes of `patches` back, short jumps before their
+/// islands; a thread about to take an island's jump goes on from the
+/// entry it stands for (padding inside a function would run into code).
+fn put_originals_back(remote: &Remote, patches: &[Applied]) -> Result<(), RemoteError> {
+    let shorts = patches.iter().filter_map(|a| a.short.as_ref().map(|s| (s.at, s.original.as_slice())));
+    let pieces: Vec<(u64, &[u8])> = shorts.chain(patches.iter().map(|a| (a.at, a.original.as_slice()))).collect();
+    remote.write_pieces(&pieces)?;
+    let islands: HashMap<u64, u64> = patches.iter().filter_map(|a| Some((a.at, a.short.as_ref()?.at))).collect();
+    if islands.is_empty() {
+        return Ok(());
+    }
+    for tid in remote.threads() {
+        let mut regs = remote.regs(tid)?;
+        if let Some(&entry) = islands.get(&regs.rip) {
+            regs.rip = entry;
+            remote.set_regs(tid, regs)?;
+        }
+    }
+    Ok(())
+}
+
+/// The short jump of `patch` over its entry to its island.
+fn short_jump(patch: &Applied) -> Option<Vec<u8>> {
+    let short = patch.short.as_ref()?;
+    let displacement = i8::try_from(patch.at.wrapping_sub(short.at + patch::SHORT_JUMP_LEN as u64) as i64).ok()?;
+    let mut bytes = vec![0xeb, displacement as u8];
+    bytes.resize(short.original.len(), 0xcc);
+    Some(bytes)
+}
+
+/// Refuses the plans whose island overlaps bytes another plan of the
+/// same batch writes (a function before it that takes the padding after
+/// itself): one patch only over any byte.
+fn refuse_overlapping_islands(plans: &mut Plans, refused: &mut Refused) {
+    let mut written: Vec<(u64, u64)> = plans.iter().map(|(_, p)| (p.at, p.at + p.len() as u64)).collect();
+    written.sort_unstable();
+    let taken = |start: u64, end: u64| {
+        let i = written.partition_point(|&(s, _)| s < end);
+        written[..i].iter().rev().take_while(|&&(s, _)| s + 64 >= start).any(|&(_, e)| e > start)
+    };
+    let mut islands: Vec<(u64, u64)> = Vec::new();
+    plans.retain(|(i, p)| {
+        let Some(island) = &p.island else { return true };
+        let (start, end) = (island.at, island.at + island.original.len() as u64);
+        if taken(start, end) || islands.iter().any(|&(s, e)| s < end && start < e) {
+            refused.push((*i, "the padding its short jump would lead to is taken by another function's patch".into()));
+            return false;
+        }
+        islands.push((start, end));
+        true
+    });
 }
 
 /// Makes the functions `which` picks only count their calls: where our
@@ -475,17 +580,18 @@ pub fn count_only(remote: &Remote, applied: &mut Vec<Applied>, which: impl Fn(us
     let (found, unread, error) = ours(remote, chosen);
     applied.extend(unread);
     let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut uncounted = Vec::new();
     for a in found {
         match &a.counting {
             Some(counting) => {
                 pieces.push((a.at, counting.clone()));
                 applied.push(a);
             }
-            None => pieces.push((a.at, a.original.clone())),
+            None => uncounted.push(a),
         }
     }
     let written = remote.write_pieces(&pieces.iter().map(|(at, bytes)| (*at, bytes.as_slice())).collect::<Vec<_>>());
-    written.and(error.map_or(Ok(()), Err))
+    written.and(put_originals_back(remote, &uncounted)).and(error.map_or(Ok(()), Err))
 }
 
 /// Of `patches`, those whose jump (either) is still in the process; those
@@ -531,6 +637,7 @@ pub fn put_back<T>(remote: &Remote, patches: Vec<T>, piece: impl Fn(&T) -> (u64,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inject::patch::IslandRoom;
 
     /// A sample in a counting trampoline stands for the function: the
     /// count for its entry, each moved instruction for itself, the jump
@@ -539,7 +646,7 @@ mod tests {
     fn a_counting_trampoline_stands_for_the_function_it_counts() {
         // push rbp; mov rbp, rsp; sub rsp, 16; ...
         let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0x90, 0xc3];
-        let plan = patch::plan(0x1000, &code, 0).expect("patchable");
+        let plan = patch::plan(0x1000, &code, 0, IslandRoom::default()).expect("patchable");
         let at = 0x40_5000;
         let t = patch::trampoline(&plan, at, |a| Ok(patch::count_call(a, 0x40_6000))).expect("movable");
         let origins = counting_origins(&plan, &t, at);

@@ -1,0 +1,44 @@
+/* Functions whose own code jumps back into their first five bytes (a loop
+ * whose head is the second instruction, as a compiler makes of a tail
+ * call: Lua's reallymarkobject, SQLite's btreePrevious): a 5-byte jump
+ * over the entry would be landed in the middle of, so the in-process
+ * engine writes a 2-byte jump to five bytes of padding nearby, before the
+ * function or after its own return, which hold the jump to its
+ * trampoline. Usage: looped [CALLS] */
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The sum of 1..n (n >= 1), looping back to +2. Padding after its `ret`
+ * that no code runs. */
+__attribute__((naked, noinline)) long sum_down(long n) {
+    __asm__("xor %eax, %eax\n"
+            "1: add %rdi, %rax\n"
+            "sub $1, %rdi\n"
+            "jg 1b\n"
+            "ret\n"
+            ".nops 7\n"
+            "int3\n");
+}
+
+/* The same, its loop one instruction later: push, then back to +1... +3. */
+__attribute__((naked, noinline)) long sum_down_saved(long n) {
+    __asm__("push %rbx\n"
+            "xor %ebx, %ebx\n"
+            "1: add %rdi, %rbx\n"
+            "sub $1, %rdi\n"
+            "jg 1b\n"
+            "mov %rbx, %rax\n"
+            "pop %rbx\n"
+            "ret\n"
+            ".nops 9\n"
+            "int3\n");
+}
+
+int main(int argc, char **argv) {
+    long calls = argc > 1 ? atol(argv[1]) : 1000;
+    long sum = 0;
+    for (long i = 0; i < calls; i++)
+        sum += sum_down(i % 7 + 1) + sum_down_saved(i % 5 + 1);
+    printf("%ld\n", sum);
+    return 0;
+}
