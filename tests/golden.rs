@@ -101,24 +101,30 @@ fn every_engine_and_rule_has_a_stream() {
 /// A recording's profile is what its saved events replay into: the saved
 /// stream holds everything the aggregator and the assembly took.
 fn check_a_recording_replays_into_its_profile(engine: &str) {
+    check_replay(&["--engine", engine, "--overhead-budget", "0"], ("calls.c", "-O0"), &["300", "10"]);
+}
+
+fn check_replay(proftap_args: &[&str], (example, flags): (&'static str, &'static str), args: &[&str]) {
     use proftap_tests::*;
     require_probes();
-    let binary = Build::c("calls.c", "-O0").build();
+    let binary = Build::c(example, flags).build();
     let dir = tempfile::tempdir().unwrap();
     let (file, events) = (dir.path().join("p.profile"), dir.path().join("events.jsonl"));
     run_ok(
         proftap()
-            .args(["run", "--engine", engine, "--overhead-budget", "0", "--sample", "1000", "-o"])
+            .arg("run")
+            .args(proftap_args)
+            .args(["--sample", "1000", "-o"])
             .arg(&file)
             .arg("--save-events")
             .arg(&events)
             .arg("--")
             .arg(&binary)
-            .args(["300", "10"]),
+            .args(args),
     );
     let recorded = proftap_profile::read_profile(&file).unwrap();
     let saved = SavedRecording::load(std::io::BufReader::new(std::fs::File::open(&events).unwrap())).unwrap();
-    assert_eq!(json::report(&saved.replay()), json::report(&recorded), "{engine}");
+    assert_eq!(json::report(&saved.replay()), json::report(&recorded), "{proftap_args:?}");
 }
 
 #[test]
@@ -129,4 +135,12 @@ fn a_uprobe_recording_replays_into_its_profile() {
 #[test]
 fn an_in_process_recording_replays_into_its_profile() {
     check_a_recording_replays_into_its_profile("inject");
+}
+
+/// With calls throttled to counting, and samples in the counting stubs
+/// (which a replay, naming saved stacks, cannot tell), the same.
+#[test]
+fn a_throttled_in_process_recording_replays_into_its_profile() {
+    let functions = ["-f", "sum_down", "-f", "sum_down_saved"];
+    check_replay(&[&["--engine", "inject", "--overhead-budget", "0.5"][..], &functions].concat(), ("looped.c", "-O2"), &["3000000"]);
 }

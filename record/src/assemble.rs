@@ -110,6 +110,11 @@ pub struct Ending {
     /// What the samples said of throttled functions (see [`SampleProfile::throttled`]).
     #[serde(default)]
     pub throttled: Throttled,
+    /// Samples taken in the in-process engine's counting stubs (see
+    /// [`proftap_profile::SampleProfile::in_counting_stubs`]): saved, as a
+    /// replay names its stacks again without the engine's code.
+    #[serde(default)]
+    pub in_counting_stubs: u64,
     /// The calls the in-process engine traced one by one (not saved: a
     /// replay has the probes' calls only).
     #[serde(skip)]

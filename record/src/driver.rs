@@ -729,6 +729,7 @@ impl<'a> Driver<'a> {
             calls_only_counted: engine.calls_only_counted,
             notes: self.notes,
             throttled: Default::default(),
+            in_counting_stubs: 0,
             engine_trace: engine.trace,
             line_counts: engine.line_counts,
             line_branches: engine.line_branches,

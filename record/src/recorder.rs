@@ -235,6 +235,7 @@ pub fn record(
     // Saved with the ending: a replay of the stacks alone does not know when
     // functions were throttled.
     finished.ending.throttled = samples.as_ref().map(|s| s.throttled.clone()).unwrap_or_default();
+    finished.ending.in_counting_stubs = samples.as_ref().map_or(0, |s| s.in_counting_stubs);
     let mut aggregate = consumer.aggregator.finish();
     if let Some(trace) = aggregate.trace.as_mut() {
         if let Some(engine) = finished.ending.engine_trace.take() {

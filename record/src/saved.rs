@@ -138,6 +138,7 @@ impl SavedRecording {
             self.stacks.iter().for_each(|stack| samples.add(0, stack));
             let mut profile = samples.profile();
             profile.throttled = self.ending.throttled.clone();
+            profile.in_counting_stubs = self.ending.in_counting_stubs;
             profile
         });
         assemble(&self.setup, aggregator.finish(), samples, &self.ending)
