@@ -237,6 +237,29 @@ fn counted_lines_equal_probed_lines() {
     }
 }
 
+/// A build with indirect branch tracking (`-fcf-protection`, the default
+/// of Ubuntu's and Fedora's compilers) starts every function with
+/// `endbr64`: the function's patch goes after it, and the line counters
+/// leave it those bytes. Every line is counted in process, as uprobes on
+/// every line count it.
+#[test]
+fn lines_of_a_build_with_endbr64_are_counted_beside_the_patched_entries() {
+    require_probes();
+    let build = Build { flags: vec!["-fcf-protection=full".into()], ..Build::c("coverage.c", "-O2") };
+    let binary = build.build();
+    let dump = run_ok(Command::new("objdump").args(["-d", "--no-show-raw-insn"]).arg(&binary));
+    assert!(dump.contains("endbr64"), "the compiler put no endbr64");
+    let counted = profile_run(&["--lines"], &[binary.to_str().unwrap(), "12"]);
+    assert_eq!(counted["recording"]["engine"], "inject", "{}", counted["recording"]);
+    let notes = counted["notes"].to_string();
+    assert!(!notes.contains("not counted") && !notes.contains("differs"), "{notes}");
+    let probed = profile_run(&["--lines", "--line-times"], &[binary.to_str().unwrap(), "12"]);
+    assert_eq!(probed["recording"]["engine"], "uprobe", "{}", probed["recording"]);
+    let ours = report_lines(&counted);
+    assert!(ours.len() >= 10, "{ours:?}");
+    assert_eq!(ours, report_lines(&probed));
+}
+
 /// A function whose edges cannot all be counted (-O2 `dispatch`: a jump
 /// table's cases too short for a counter) has its lines followed by
 /// uprobes only when every probe is kept: under the default overhead

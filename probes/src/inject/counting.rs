@@ -24,8 +24,13 @@ const HOOK_ROOM: usize = 32;
 /// Bytes before the stubs: the region trampoline's address.
 const SLOT_ROOM: usize = 16;
 
-/// Bytes at each function's entry left to the function engine's jump.
+/// Bytes at each function's entry left to the function engine's jump,
+/// after an `endbr64` (which stays: indirect calls must find it).
 const ENTRY_RESERVED: u64 = 5;
+
+/// `endbr64`, which starts every function of a build with indirect branch
+/// tracking (`-fcf-protection`, the default of Ubuntu's and Fedora's compilers).
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
 /// The most instructions a thread is stepped to leave a stub or a place
 /// where its line cannot be told, when counting starts or ends.
@@ -202,7 +207,8 @@ fn plan_function(
     let mut decoded = FunctionCode::new(&cfg, parts).map_err(|e| e.to_string())?;
     if spare_entry {
         let at = parts[0].address;
-        decoded.reserve(at..at + ENTRY_RESERVED);
+        let endbr = if parts[0].bytes.starts_with(&ENDBR64) { ENDBR64.len() as u64 } else { 0 };
+        decoded.reserve(at..at + endbr + ENTRY_RESERVED);
     }
     if choices.returns_into_stubs {
         decoded.let_calls_return_to_stubs();
