@@ -242,7 +242,7 @@ fn plan_entry(entry: u64, code: &[u8], padding: usize, room: Option<IslandRoom<'
     if branches_into(Decoder::with_ip(64, code, entry, DecoderOptions::NONE), at, at + covered as u64) {
         return Err(format!("it jumps back into its first {covered} bytes"));
     }
-    let island = island(entry, &code[..own], at + covered as u64, room)
+    let island = island(entry, &code[..own], at..at + covered as u64, room)
         .ok_or_else(|| format!("{}, and has no padding near it for a short jump to lead to", refused()))?;
     Ok(plan(replaced, covered, Some(island)))
 }
@@ -296,16 +296,17 @@ fn covering(body: &[Instruction], need: usize, function_end: u64, padding: usize
     Ok((replaced, covered))
 }
 
-/// Where the 5-byte jump of a short jump ending at `short_end` may go,
-/// for the function at `entry` whose own code is `code`: the last five
-/// bytes of the padding before it, or padding after one of its own jumps
-/// or returns that no branch of its enters and nothing reads, within a
-/// `jmp rel8`'s reach.
-fn island(entry: u64, code: &[u8], short_end: u64, room: IslandRoom<'_>) -> Option<Island> {
+/// Where the 5-byte jump of a short jump over `replaced` (the bytes from
+/// the jump's start) may go, for the function at `entry` whose own code is
+/// `code`: the last five bytes of the padding before it, or padding past
+/// `replaced` after one of its own jumps or returns that no branch of its
+/// enters and nothing reads, within a `jmp rel8`'s reach.
+fn island(entry: u64, code: &[u8], replaced: std::ops::Range<u64>, room: IslandRoom<'_>) -> Option<Island> {
     if !room.compiled {
         return None;
     }
-    let reaches = |at: u64| (-128..=127).contains(&(at.wrapping_sub(short_end) as i64));
+    let from = replaced.start + SHORT_JUMP_LEN as u64;
+    let reaches = |at: u64| i8::try_from(at.wrapping_sub(from) as i64).is_ok();
     if let Some(last) = room.before.len().checked_sub(JUMP_LEN) {
         // Before the entry, always in reach; the previous function's own
         // jump may take the padding's first four bytes.
@@ -333,7 +334,10 @@ fn island(entry: u64, code: &[u8], short_end: u64, room: IslandRoom<'_>) -> Opti
         };
     }
     let run = runs.into_iter().find(|run| {
-        run.end - run.start >= JUMP_LEN as u64 && run.start >= short_end && reaches(run.start) && !entered.iter().any(|t| run.contains(t))
+        run.end - run.start >= JUMP_LEN as u64
+            && run.start >= replaced.end
+            && reaches(run.start)
+            && !entered.iter().any(|t| run.contains(t))
     })?;
     let offset = (run.start - entry) as usize;
     Some(Island { at: run.start, original: code[offset..offset + JUMP_LEN].to_vec() })
@@ -784,6 +788,29 @@ mod tests {
         tight.push(0xc3);
         let err = plan(0x1000, &tight, 0, IslandRoom { before: &[0xcc; 8], compiled: true }).expect_err("inside the short jump");
         assert!(err.contains("jumps back into its first 3 bytes"), "{err}");
+    }
+
+    /// A jmp rel8 reaches 127 bytes past its own end, not past the bytes
+    /// it replaces.
+    #[test]
+    fn an_island_is_within_a_short_jumps_reach_of_its_end() {
+        // push rbx; xor ebx,ebx; 1: add rbx,rdi; sub rdi,1; jg 1b (to +3);
+        // then moves up to a ret at `ret_at`; 5 bytes of padding; ret.
+        let code = |ret_at: usize| {
+            let mut code = vec![0x53, 0x31, 0xdb, 0x48, 0x01, 0xfb, 0x48, 0x83, 0xef, 0x01, 0x7f, 0xf7];
+            while code.len() + 5 <= ret_at {
+                code.extend([0xb8, 0, 0, 0, 0]);
+            }
+            code.resize(ret_at, 0x90);
+            code.extend([0xc3, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0xc3]);
+            code
+        };
+        let room = IslandRoom { before: &[], compiled: true };
+        let patch = plan(0x1000, &code(128), 0, room).expect("in reach");
+        assert_eq!((patch.len(), patch.island.as_ref().map(|i| i.at)), (3, Some(0x1000 + 129)));
+        assert_eq!(patch.short_jump(), Some(vec![0xeb, 0x7f, 0xcc]));
+        // One byte further: 128 bytes past the short jump, 126 past the replaced bytes.
+        assert!(plan(0x1000, &code(129), 0, room).expect_err("out of reach").contains("no padding near it"));
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub struct Applied {
 struct ShortJump {
     at: u64,
     original: Vec<u8>,
+    jump: Vec<u8>,
 }
 
 /// The counters of the patched entries' counting trampolines, in memory
@@ -476,14 +477,13 @@ pub fn apply(
                 jump: p.jump_to(address),
                 original: original.to_vec(),
                 counting,
-                short: p.island.is_some().then(|| ShortJump { at: p.at, original: p.original.clone() }),
+                short: p.short_jump().map(|jump| ShortJump { at: p.at, original: p.original.clone(), jump }),
             }
         })
         .collect();
     // The islands first: a short jump leads to a jump already there.
     remote.write_pieces(&applied.iter().map(|a| (a.at, a.jump.as_slice())).collect::<Vec<_>>())?;
-    let shorts: Vec<(u64, Vec<u8>)> = applied.iter().filter_map(|a| Some((a.short.as_ref()?.at, short_jump(a)?))).collect();
-    remote.write_pieces(&shorts.iter().map(|(at, bytes)| (*at, bytes.as_slice())).collect::<Vec<_>>())?;
+    remote.write_pieces(&applied.iter().filter_map(|a| a.short.as_ref().map(|s| (s.at, s.jump.as_slice()))).collect::<Vec<_>>())?;
     let counters = counters.map(|shared| EntryCounters { shared, functions: counted });
     Ok(Patches { applied, code: region..region + room as u64, counters, origins })
 }
@@ -535,15 +535,6 @@ fn put_originals_back(remote: &Remote, patches: &[Applied]) -> Result<(), Remote
         }
     }
     Ok(())
-}
-
-/// The short jump of `patch` over its entry to its island.
-fn short_jump(patch: &Applied) -> Option<Vec<u8>> {
-    let short = patch.short.as_ref()?;
-    let displacement = i8::try_from(patch.at.wrapping_sub(short.at + patch::SHORT_JUMP_LEN as u64) as i64).ok()?;
-    let mut bytes = vec![0xeb, displacement as u8];
-    bytes.resize(short.original.len(), 0xcc);
-    Some(bytes)
 }
 
 /// Refuses the plans whose island overlaps bytes another plan of the
