@@ -4,9 +4,19 @@
  * over the entry would be landed in the middle of, so the in-process
  * engine writes a 2-byte jump to five bytes of padding nearby, before the
  * function or after its own return, which hold the jump to its
- * trampoline. Usage: looped [CALLS] */
+ * trampoline. Usage: looped [CALLS] (each function; 0: until SIGUSR1,
+ * then the calls made are printed too) */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+static volatile sig_atomic_t stop;
+
+static void on_usr1(int signal)
+{
+    (void)signal;
+    stop = 1;
+}
 
 /* The sum of 1..n (n >= 1), looping back to +2. Padding after its `ret`
  * that no code runs. */
@@ -36,8 +46,14 @@ __attribute__((naked, noinline)) long sum_down_saved(long n) {
 
 int main(int argc, char **argv) {
     long calls = argc > 1 ? atol(argv[1]) : 1000;
-    long sum = 0;
-    for (long i = 0; i < calls; i++)
+    long sum = 0, i = 0;
+    if (calls == 0) {
+        signal(SIGUSR1, on_usr1);
+        for (; !stop; i++)
+            sum += sum_down(i % 7 + 1) + sum_down_saved(i % 5 + 1);
+        printf("%ld ", i);
+    }
+    for (; i < calls; i++)
         sum += sum_down(i % 7 + 1) + sum_down_saved(i % 5 + 1);
     printf("%ld\n", sum);
     return 0;

@@ -252,6 +252,38 @@ fn attaching_to_busy_threads_again_and_again_leaves_nothing_behind() {
     assert!(after <= before + 1, "{before} mappings before, {after} after");
 }
 
+/// Attaching again and again to a program whose functions take short
+/// jumps to islands (examples/looped.c, one island before its function,
+/// one after its own return): each detach puts the padding and the entry
+/// back, and a thread about to take an island's jump goes on from the
+/// entry; the program's answer is the sum its calls make.
+#[test]
+fn attaching_to_functions_patched_through_islands_again_and_again_leaves_them_whole() {
+    require_probes();
+    let binary = Build::c("looped.c", "-O2").build();
+    let program = Command::new(&binary).arg("0").stdout(Stdio::piped()).spawn().unwrap();
+    let pid = program.id().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    for round in 1..=5 {
+        let file = dir.path().join(format!("{round}.profile"));
+        let args = ["attach", "--engine", "inject", "--no-sample", "-f", "sum_down", "-f", "sum_down_saved", "--duration", "100ms", "-o"];
+        let out = run(proftap().args(args).arg(&file).arg(&pid));
+        assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = report_json(&file);
+        for name in ["sum_down", "sum_down_saved"] {
+            let f = function(&report["functions"], name);
+            assert!(f["calls"].as_u64() > Some(0) && f["engine"] == "inject", "round {round}: {f}");
+        }
+    }
+    run_ok(Command::new("kill").args(["-USR1", &pid]));
+    let out = program.wait_with_output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (made, sum) = printed.trim().split_once(' ').unwrap_or_else(|| panic!("{:?}: {printed:?}", out.status));
+    let triangle = |n: u64| n * (n + 1) / 2;
+    let expected: u64 = (0..made.parse::<u64>().unwrap()).map(|i| triangle(i % 7 + 1) + triangle(i % 5 + 1)).sum();
+    assert_eq!((out.status.code(), sum.parse::<u64>().unwrap()), (Some(0), expected), "after {made} calls of each");
+}
+
 /// Starts `proftap attach ARGS PID` and waits until its probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
     let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();

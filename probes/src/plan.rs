@@ -257,13 +257,24 @@ pub fn catch_marker(libstdcxx: &SymbolIndex, image: &ElfImage, open_path: &std::
     })
 }
 
-/// Every function's start and end in `index`, by start (the longest of
-/// those starting at one address).
+/// Every function's start in `index`, sorted, with the furthest end of
+/// the functions starting there or before (one may hold others).
 fn function_spans(index: &SymbolIndex) -> Vec<(u64, u64)> {
     let mut spans: Vec<(u64, u64)> = index.functions.iter().map(|f| (f.address.0, f.address.0.saturating_add(f.size))).collect();
+    furthest_ends(&mut spans);
+    spans
+}
+
+/// Sorts `spans` (start, end) by start, one a start, each with the
+/// furthest end of those starting there or before.
+fn furthest_ends(spans: &mut Vec<(u64, u64)>) {
     spans.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
     spans.dedup_by_key(|s| s.0);
-    spans
+    let mut furthest = 0;
+    for span in spans {
+        furthest = furthest.max(span.1);
+        span.1 = furthest;
+    }
 }
 
 /// Whether `bytes`, at `address`, are `nop` and `int3` instructions that
@@ -298,8 +309,9 @@ fn padding_after(spans: &[(u64, u64)], address: u64, size: u64, file: &[u8], off
 const MOST_PADDING_BEFORE: u64 = 63;
 
 /// The padding before the function at `address`, whose code is at
-/// `offset` in `file`: all the bytes from the end of the function before
-/// it in `spans`, when they are `nop` and `int3` instructions (else 0).
+/// `offset` in `file`: all the bytes from the furthest end of the
+/// functions before it in `spans`, when they are `nop` and `int3`
+/// instructions (else 0).
 fn padding_before(spans: &[(u64, u64)], address: u64, file: &[u8], offset: u64) -> u8 {
     let Some(&(_, previous_end)) = spans.get(spans.partition_point(|&(s, _)| s < address).wrapping_sub(1)) else { return 0 };
     let gap = address.saturating_sub(previous_end);
@@ -308,4 +320,32 @@ fn padding_before(spans: &[(u64, u64)], address: u64, file: &[u8], offset: u64) 
     }
     let Some(bytes) = offset.checked_sub(gap).and_then(|from| file.get(from as usize..offset as usize)) else { return 0 };
     if all_padding(bytes, previous_end) { gap as u8 } else { 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The padding before a function runs from the furthest end of those
+    /// before it (one may hold another), and is padding only if every byte
+    /// of it is a `nop` or an `int3`.
+    #[test]
+    fn the_padding_before_a_function_is_all_nops_from_the_end_of_those_before() {
+        // 0x1000: a function of 0x10 bytes holding one at 0x1004 of 4 bytes;
+        // 0x1010..0x1018: nop dword [rax+rax+0]; int3 x3 (8 bytes); 0x1018: the function.
+        let mut file = vec![0xc3; 0x10];
+        file.extend([0x0f, 0x1f, 0x44, 0x00, 0x00, 0xcc, 0xcc, 0xcc]);
+        file.extend([0xc3; 8]);
+        let spans = [(0x1000, 0x1010), (0x1004, 0x1010), (0x1018, 0x1020)];
+        assert_eq!(padding_before(&spans, 0x1018, &file, 0x18), 8);
+        // Measured from the inner function's end, it would take code as padding.
+        let mut nested = vec![(0x1018, 0x1020), (0x1004, 0x1008), (0x1000, 0x1010), (0x1000, 0x1002)];
+        furthest_ends(&mut nested);
+        assert_eq!(nested, [(0x1000, 0x1010), (0x1004, 0x1010), (0x1018, 0x1020)]);
+        // A byte of code among them: none.
+        file[0x12] = 0xc3;
+        assert_eq!(padding_before(&spans, 0x1018, &file, 0x18), 0);
+        // The first function: none.
+        assert_eq!(padding_before(&spans, 0x1000, &file, 0), 0);
+    }
 }

@@ -9,7 +9,8 @@
 //!
 //! A short jump to an island must reach it, and the island must be five
 //! bytes of the padding before the function or of its own code, past the
-//! bytes the short jump replaces.
+//! bytes the short jump replaces; taken out, an island in the function's
+//! code jumps back to the entry.
 //!
 //! The input: a byte saying how many of the last bytes are padding after
 //! the function (its value modulo 5), whether it is a compiler's code
@@ -49,6 +50,12 @@ fn check(code: &[u8], before: &[u8], patch: &PatchPlan) {
             None => before.len().checked_sub((CODE - site) as usize).and_then(|from| before.get(from..from + 5)),
         };
         assert_eq!(source, Some(island.original.as_slice()), "an island's bytes are the padding's or the code's");
+        if site >= CODE {
+            let back = Decoder::with_ip(64, &island.restored, site, DecoderOptions::NONE).decode();
+            assert_eq!((back.len(), back.near_branch_target()), (SHORT_JUMP_LEN, patch.at), "taken out, an island jumps back to the entry");
+        } else {
+            assert_eq!(island.restored, island.original, "taken out, padding before the entry is padding again");
+        }
         assert!(site >= patch.at + patch.len() as u64 || site + 5 <= CODE, "an island lies past the bytes its short jump replaces");
         let short = patch.short_jump().expect("a short jump reaches its island");
         assert_eq!(short.len(), patch.len());

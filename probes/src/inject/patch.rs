@@ -51,6 +51,12 @@ pub struct Island {
     pub at: u64,
     /// Its padding bytes.
     pub original: Vec<u8>,
+    /// What it holds once its jump is taken out: its padding, which runs
+    /// into the entry, before the function; after one of the function's
+    /// returns, a short jump back to the entry, then the rest of its
+    /// padding. A thread a signal interrupted there goes on from where it
+    /// would have, whenever its handler returns.
+    pub restored: Vec<u8>,
 }
 
 /// Padding a function's short jump may lead to, when its code branches
@@ -300,17 +306,20 @@ fn covering(body: &[Instruction], need: usize, function_end: u64, padding: usize
 /// the jump's start) may go, for the function at `entry` whose own code is
 /// `code`: the last five bytes of the padding before it, or padding past
 /// `replaced` after one of its own jumps or returns that no branch of its
-/// enters and nothing reads, within a `jmp rel8`'s reach.
+/// enters and nothing reads, within a `jmp rel8`'s reach of the short
+/// jump, and of the entry for the jump back (see [`Island::restored`]).
 fn island(entry: u64, code: &[u8], replaced: std::ops::Range<u64>, room: IslandRoom<'_>) -> Option<Island> {
     if !room.compiled {
         return None;
     }
     let from = replaced.start + SHORT_JUMP_LEN as u64;
-    let reaches = |at: u64| i8::try_from(at.wrapping_sub(from) as i64).is_ok();
+    let back = |island: u64| i8::try_from(replaced.start.wrapping_sub(island + SHORT_JUMP_LEN as u64) as i64).ok();
+    let reaches = |island: u64| i8::try_from(island.wrapping_sub(from) as i64).is_ok() && back(island).is_some();
     if let Some(last) = room.before.len().checked_sub(JUMP_LEN) {
         // Before the entry, always in reach; the previous function's own
         // jump may take the padding's first four bytes.
-        return Some(Island { at: entry - JUMP_LEN as u64, original: room.before[last..].to_vec() });
+        let original = room.before[last..].to_vec();
+        return Some(Island { at: entry - JUMP_LEN as u64, restored: original.clone(), original });
     }
     let mut runs: Vec<std::ops::Range<u64>> = Vec::new();
     let mut entered: Vec<u64> = Vec::new();
@@ -340,7 +349,10 @@ fn island(entry: u64, code: &[u8], replaced: std::ops::Range<u64>, room: IslandR
             && !entered.iter().any(|t| run.contains(t))
     })?;
     let offset = (run.start - entry) as usize;
-    Some(Island { at: run.start, original: code[offset..offset + JUMP_LEN].to_vec() })
+    let original = code[offset..offset + JUMP_LEN].to_vec();
+    let mut restored = vec![0xeb, back(run.start)? as u8];
+    restored.extend_from_slice(&original[SHORT_JUMP_LEN..]);
+    Some(Island { at: run.start, original, restored })
 }
 
 /// Whether `instruction` is a call that [`call_from_original`] makes: a
@@ -753,6 +765,8 @@ mod tests {
         assert_eq!((island.at, island.original.as_slice()), (0x1000 - 5, &[0xcc; 5][..]));
         assert_eq!(patch.short_jump(), Some(vec![0xeb, 0xf9]), "jmp -7: from 0x1002 back to 0xffb");
         assert_eq!(patch.jump_site(), (0xffb, &[0xcc; 5][..]));
+        // Taken out, its padding runs into the entry as before.
+        assert_eq!(island.restored, island.original);
         let jump = patch.jump_to(0x2000);
         assert_eq!(Decoder::with_ip(64, &jump, 0xffb, DecoderOptions::NONE).decode().near_branch_target(), 0x2000);
         // Its trampoline goes back after xor eax,eax.
@@ -775,6 +789,8 @@ mod tests {
         let island = patch.island.as_ref().expect("an island");
         assert_eq!((island.at, island.original.as_slice()), (0x100a, &code[10..15]));
         assert_eq!(patch.short_jump(), Some(vec![0xeb, 0x08]));
+        // Taken out, it jumps back to the entry: jmp -0xc, from 0x100c to 0x1000.
+        assert_eq!(island.restored, [0xeb, 0xf4, 0x44, 0x00, 0x00]);
         // A jump into that padding (jmp -7 to 0x100a, after it) runs it: no island.
         let mut entered = code[..15].to_vec();
         entered.extend([0xeb, 0xf9, 0xc3]);
@@ -790,10 +806,11 @@ mod tests {
         assert!(err.contains("jumps back into its first 3 bytes"), "{err}");
     }
 
-    /// A jmp rel8 reaches 127 bytes past its own end, not past the bytes
-    /// it replaces.
+    /// A jmp rel8 reaches 127 bytes past its own end (not past the bytes
+    /// it replaces), and the island's jump back, taken out, 128 bytes
+    /// before its own: an island is at most 126 bytes past the entry.
     #[test]
-    fn an_island_is_within_a_short_jumps_reach_of_its_end() {
+    fn an_island_is_within_a_short_jumps_reach_both_ways() {
         // push rbx; xor ebx,ebx; 1: add rbx,rdi; sub rdi,1; jg 1b (to +3);
         // then moves up to a ret at `ret_at`; 5 bytes of padding; ret.
         let code = |ret_at: usize| {
@@ -806,11 +823,16 @@ mod tests {
             code
         };
         let room = IslandRoom { before: &[], compiled: true };
-        let patch = plan(0x1000, &code(128), 0, room).expect("in reach");
-        assert_eq!((patch.len(), patch.island.as_ref().map(|i| i.at)), (3, Some(0x1000 + 129)));
-        assert_eq!(patch.short_jump(), Some(vec![0xeb, 0x7f, 0xcc]));
-        // One byte further: 128 bytes past the short jump, 126 past the replaced bytes.
-        assert!(plan(0x1000, &code(129), 0, room).expect_err("out of reach").contains("no padding near it"));
+        let patch = plan(0x1000, &code(125), 0, room).expect("in reach");
+        let island = patch.island.as_ref().expect("an island");
+        assert_eq!((patch.len(), island.at), (3, 0x1000 + 126));
+        assert_eq!(patch.short_jump(), Some(vec![0xeb, 0x7c, 0xcc]));
+        assert_eq!(island.restored[..2], [0xeb, 0x80], "back 128 bytes, to the entry");
+        // One byte further, the way back is 129 bytes; three further, the
+        // way there 128 past the short jump (125 past the bytes it replaces).
+        for ret_at in [126, 128] {
+            assert!(plan(0x1000, &code(ret_at), 0, room).expect_err("out of reach").contains("no padding near it"), "{ret_at}");
+        }
     }
 
     #[test]

@@ -323,10 +323,11 @@ pub const CODE_DIFFERS: &str = "its code in memory differs from the file (a brea
 /// Why, when an earlier recording left its patches behind.
 pub const LEFT_BEHIND: &str = "its code in memory differs from the file, and the process still maps an earlier proftap recording's memory: most likely a patch that recording left (stopped before it could restore it), which stays until the process ends";
 
-/// The code range the plans cover.
+/// The code range the plans cover, their islands too.
 pub fn span(plans: &Plans) -> std::ops::Range<u64> {
-    let lowest = plans.iter().map(|(_, p)| p.at).min().unwrap_or(0);
-    let highest = plans.iter().map(|(_, p)| p.at + p.len() as u64).max().unwrap_or(0);
+    let sites = plans.iter().flat_map(|(_, p)| [Some((p.at, p.len())), p.island.as_ref().map(|i| (i.at, i.original.len()))]).flatten();
+    let lowest = sites.clone().map(|(at, _)| at).min().unwrap_or(0);
+    let highest = sites.map(|(at, len)| at + len as u64).max().unwrap_or(0);
     lowest..highest
 }
 
@@ -364,9 +365,10 @@ pub fn apply(
     plans.retain(|(i, p)| {
         let entry = now.next();
         let island = p.island.as_ref().map(|island| (island, now.next()));
-        let found = [Some((&p.original, entry)), island.map(|(island, now)| (&island.original, now))];
-        match found.into_iter().flatten().find_map(|(original, now)| match now {
-            Some(Ok(bytes)) if &bytes == original => None,
+        // An island an earlier recording took out holds its jump back.
+        let found = [Some((&p.original, &p.original, entry)), island.map(|(island, now)| (&island.original, &island.restored, now))];
+        match found.into_iter().flatten().find_map(|(original, restored, now)| match now {
+            Some(Ok(bytes)) if &bytes == original || &bytes == restored => None,
             Some(Ok(_)) | None => Some(CODE_DIFFERS.to_string()),
             Some(Err(e)) => Some(e.to_string()),
         }) {
@@ -475,7 +477,7 @@ pub fn apply(
                 function,
                 at,
                 jump: p.jump_to(address),
-                original: original.to_vec(),
+                original: p.island.as_ref().map_or(original, |island| &island.restored).to_vec(),
                 counting,
                 short: p.short_jump().map(|jump| ShortJump { at: p.at, original: p.original.clone(), jump }),
             }
@@ -516,19 +518,22 @@ pub fn restore(remote: &Remote, applied: &mut Vec<Applied>, which: impl Fn(usize
     put_originals_back(remote, &found).and(error.map_or(Ok(()), Err))
 }
 
-/// Writes the original bytes of `patches` back, short jumps before their
-/// islands; a thread about to take an island's jump goes on from the
-/// entry it stands for (padding inside a function would run into code).
+/// Writes the original bytes of `patches` back, all short jumps before
+/// any island (an island taken out under a short jump would be run as
+/// padding); a thread about to take an island's jump goes on from the
+/// entry it stands for.
 fn put_originals_back(remote: &Remote, patches: &[Applied]) -> Result<(), RemoteError> {
-    let shorts = patches.iter().filter_map(|a| a.short.as_ref().map(|s| (s.at, s.original.as_slice())));
-    let pieces: Vec<(u64, &[u8])> = shorts.chain(patches.iter().map(|a| (a.at, a.original.as_slice()))).collect();
-    remote.write_pieces(&pieces)?;
+    let shorts: Vec<(u64, &[u8])> = patches.iter().filter_map(|a| a.short.as_ref().map(|s| (s.at, s.original.as_slice()))).collect();
+    remote.write_pieces(&shorts)?;
+    remote.write_pieces(&patches.iter().map(|a| (a.at, a.original.as_slice())).collect::<Vec<_>>())?;
     let islands: HashMap<u64, u64> = patches.iter().filter_map(|a| Some((a.at, a.short.as_ref()?.at))).collect();
     if islands.is_empty() {
         return Ok(());
     }
+    // A thread whose registers cannot be read goes on through the
+    // island's jump back (see [`patch::Island::restored`]).
     for tid in remote.threads() {
-        let mut regs = remote.regs(tid)?;
+        let Ok(mut regs) = remote.regs(tid) else { continue };
         if let Some(&entry) = islands.get(&regs.rip) {
             regs.rip = entry;
             remote.set_regs(tid, regs)?;
@@ -550,6 +555,10 @@ fn refuse_overlapping_islands(plans: &mut Plans, refused: &mut Refused) {
     let mut islands: Vec<(u64, u64)> = Vec::new();
     plans.retain(|(i, p)| {
         let Some(island) = &p.island else { return true };
+        if p.short_jump().is_none() {
+            refused.push((*i, "its island is out of a short jump's reach".into()));
+            return false;
+        }
         let (start, end) = (island.at, island.at + island.original.len() as u64);
         if taken(start, end) || islands.iter().any(|&(s, e)| s < end && start < e) {
             refused.push((*i, "the padding its short jump would lead to is taken by another function's patch".into()));
