@@ -484,8 +484,16 @@ pub fn apply(
         })
         .collect();
     // The islands first: a short jump leads to a jump already there.
-    remote.write_pieces(&applied.iter().map(|a| (a.at, a.jump.as_slice())).collect::<Vec<_>>())?;
-    remote.write_pieces(&applied.iter().filter_map(|a| a.short.as_ref().map(|s| (s.at, s.jump.as_slice()))).collect::<Vec<_>>())?;
+    let written = remote.write_pieces(&applied.iter().map(|a| (a.at, a.jump.as_slice())).collect::<Vec<_>>()).and_then(|()| {
+        remote.write_pieces(&applied.iter().filter_map(|a| a.short.as_ref().map(|s| (s.at, s.jump.as_slice()))).collect::<Vec<_>>())
+    });
+    if let Err(e) = written {
+        // Some jumps may be in place, and no one would know to take them
+        // out: the original bytes go back over all of them. (The region
+        // stays: threads may have moved into it.)
+        let _ = put_originals_back(remote, &applied);
+        return Err(e);
+    }
     let counters = counters.map(|shared| EntryCounters { shared, functions: counted });
     Ok(Patches { applied, code: region..region + room as u64, counters, origins })
 }
