@@ -213,6 +213,21 @@ fn the_hottest_function_counts_its_time_after_a_throttle() {
     assert_eq!(step["calls"].as_u64().unwrap() + after, 4_000_000, "parent and child: {step}");
 }
 
+/// Without samples nothing would estimate the calls of a throttled
+/// function its counting stub no longer counted: its counting never stops,
+/// and its calls before and after the throttle add up to all of them.
+#[test]
+fn without_samples_a_throttled_functions_calls_are_counted_to_the_end() {
+    let _serial = one_recording_at_a_time();
+    require_probes();
+    let (report, _) = recorded(&["--engine", "inject", "--no-sample"], &Build::c("hot.c", "-O2").build(), &["20"]);
+    let tiny = function(&report["functions"], "tiny");
+    assert_eq!(tiny["mode"], "throttled", "{tiny}");
+    let after = tiny["calls_after_throttle"].as_u64().unwrap_or_else(|| panic!("not counted after: {tiny}"));
+    assert_eq!(tiny["calls"].as_u64().unwrap() + after, 20_000_000, "{tiny}");
+    assert!(!report["notes"].to_string().contains("stopped counting"), "{}", report["notes"]);
+}
+
 /// Counting a throttled function's calls costs what the samples in its
 /// counting stub say, not what a `lock inc` costs in a loop: two threads
 /// counting one function on two CPUs wait for each other's cache line at

@@ -105,7 +105,10 @@ impl Run<'_> {
         self.options.overhead_budget.map(|budget| {
             // A function's calls only counted after its probes went are judged as a function of their own (see [`Judge`]).
             let call_ns = self.call_ns(true);
-            let counted_ns = call_ns.iter().map(|&ns| if ns > 0 { COUNTED_CALL_NS } else { 0 });
+            // Without samples nothing would estimate the calls no longer
+            // counted: counting goes on, its calls exact.
+            let counting_judged = self.sampled.is_some();
+            let counted_ns = call_ns.iter().map(|&ns| if ns > 0 && counting_judged { COUNTED_CALL_NS } else { 0 });
             let mut governor = Governor::new(budget, call_ns.iter().copied().chain(counted_ns).collect()).with_counted_calls(call_ns.len());
             if let Some((sampled, ns_per_sample)) = &self.sampled {
                 governor = governor.with_samples(sampled.clone(), *ns_per_sample);
