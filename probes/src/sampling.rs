@@ -3,6 +3,7 @@
 //! stack with framehop, and symbols with inlined frames and lines. Counting
 //! the stacks is the recorder's.
 
+use crate::inject::totals::{RoutineCall, words_pushed};
 use crate::symbols::{DebugSource, ElfImage, KERNEL_IMAGE, KernelSymbols, Segment, SymbolCache, SymbolIndex, demangle_name};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
@@ -263,6 +264,8 @@ struct Process {
     /// Where the in-process engine's routines return to in its code, by
     /// address (see [`StackResolver::probe_returns`]).
     probe_returns: Vec<u64>,
+    /// Those of them in a shared return trampoline.
+    return_trampolines: Vec<u64>,
     unwinder: UnwinderX86_64<SectionBytes>,
     cache: Option<Box<CacheX86_64>>,
     /// Mappings already given to the unwinder.
@@ -278,6 +281,20 @@ pub const DEFAULT_PROBE_AREA: std::ops::Range<u64> = 0x7fff_ffff_e000..0x7fff_ff
 fn origin_of(origins: &[(u64, u64)], address: u64) -> Option<u64> {
     let i = origins.partition_point(|o| o.0 <= address).checked_sub(1)?;
     Some(origins[i].1).filter(|&o| o != 0)
+}
+
+/// Where the patched call's return-address slot is, from the stack
+/// pointer, for a thread at `ip` among a trampoline's register saves,
+/// its call into the runtime or its restores, before or after the nearest
+/// of `process`'s returns from the runtime.
+fn slot_among_saves(process: &Process, ip: u64) -> Option<usize> {
+    let next = process.probe_returns.partition_point(|&r| r <= ip);
+    let nearest = [next.checked_sub(1), Some(next)].into_iter().flatten().filter_map(|i| process.probe_returns.get(i));
+    nearest.into_iter().find_map(|&back| {
+        let kind = if process.return_trampolines.contains(&back) { RoutineCall::Return } else { RoutineCall::Trampoline };
+        let words = words_pushed(kind, ip.wrapping_sub(back) as i64)?;
+        Some(words as usize * 8)
+    })
 }
 
 impl Process {
@@ -462,13 +479,16 @@ impl StackResolver {
     }
 
     /// Where the in-process engine's routines return to in its code in
-    /// process `pid` (`Patched::probe_returns`): a sample taken inside the
-    /// runtime finds the call it was timing from such a return address on
-    /// its stack, and unwinds from that call's own return address.
-    pub fn probe_returns(&mut self, pid: u32, returns: Vec<u64>) {
+    /// process `pid` (`Patched::probe_returns`), those of its shared return
+    /// trampoline among them apart: a sample taken inside the runtime finds
+    /// the call it was timing from such a return address on its stack, and
+    /// unwinds from that call's own return address; one taken among a
+    /// trampoline's register saves and restores, from where it is in them.
+    pub fn probe_returns(&mut self, pid: u32, returns: Vec<u64>, return_trampolines: Vec<u64>) {
         let process = self.processes.entry(pid).or_default();
         process.probe_returns.extend(returns);
         process.probe_returns.sort_unstable();
+        process.return_trampolines.extend(return_trampolines);
     }
 
     /// The in-process engine's counting stubs and islands in process
@@ -491,6 +511,7 @@ impl StackResolver {
             engine_code: from.engine_code.clone(),
             origins: from.origins.clone(),
             probe_returns: from.probe_returns.clone(),
+            return_trampolines: from.return_trampolines.clone(),
             // Its unwinder is built at its first sample.
             added: usize::MAX,
             ..Process::default()
@@ -610,8 +631,7 @@ impl StackResolver {
         // stale copy in a frame of the program's.
         let window = sample.stack.len().min(RUNTIME_FRAME_BYTES);
         let found = (skip..window).step_by(8).find(|&o| word(o).is_some_and(|w| process.probe_returns.binary_search(&w).is_ok()));
-        let Some(at) = found else { return Vec::new() };
-        let slot = at + 8 + SAVED_REGISTER_BYTES;
+        let Some(slot) = found.map(|at| at + 8 + SAVED_REGISTER_BYTES).or_else(|| slot_among_saves(process, ip)) else { return Vec::new() };
         let Some(value) = word(slot) else { return Vec::new() };
         let slot_address = sp.wrapping_add(slot as u64);
         let ret = returns

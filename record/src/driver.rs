@@ -182,12 +182,19 @@ pub(crate) struct CodeAdded {
     ranges: Vec<std::ops::Range<u64>>,
     origins: Vec<(u64, u64)>,
     probe_returns: Vec<u64>,
+    return_trampolines: Vec<u64>,
     time: u64,
 }
 
 impl CodeAdded {
     pub fn of(engine: &Patched) -> CodeAdded {
-        CodeAdded { ranges: engine.code(), origins: engine.origins(), probe_returns: engine.probe_returns(), time: engine.code_since_ns() }
+        CodeAdded {
+            ranges: engine.code(),
+            origins: engine.origins(),
+            probe_returns: engine.probe_returns(),
+            return_trampolines: engine.return_trampoline_returns(),
+            time: engine.code_since_ns(),
+        }
     }
 }
 
@@ -228,10 +235,10 @@ impl Consumer {
                 Event::Mmap { pid, start, len, pgoff, path, .. } => sampler.mapped(*pid, *start, *len, *pgoff, path),
                 Event::Comm { pid, tid, exec: true, .. } if pid == tid => sampler.exec(*pid),
                 Event::Fork { pid, ppid, tid, .. } if pid == tid && pid != ppid => sampler.forked(*ppid, *pid),
-                Event::CodeAdded { pid, ranges, origins, probe_returns, .. } => {
+                Event::CodeAdded { pid, ranges, origins, probe_returns, return_trampolines, .. } => {
                     ranges.iter().for_each(|r| sampler.engine_code(*pid, r.clone()));
                     sampler.origins(*pid, origins.clone());
-                    sampler.probe_returns(*pid, probe_returns.clone());
+                    sampler.probe_returns(*pid, probe_returns.clone(), return_trampolines.clone());
                 }
                 Event::ProbesReplaced { removed, .. } => sampler.throttle(removed.clone()),
                 _ => {}
@@ -611,8 +618,8 @@ impl<'a> Driver<'a> {
 
     /// proftap's code is now at `ranges` in process `pid`.
     pub fn code_added(&mut self, pid: i32, added: Option<CodeAdded>) {
-        if let Some(CodeAdded { ranges, origins, probe_returns, time }) = added.filter(|a| !a.ranges.is_empty()) {
-            self.queue.push(Event::CodeAdded { time, pid: pid as u32, ranges, origins, probe_returns });
+        if let Some(CodeAdded { ranges, origins, probe_returns, return_trampolines, time }) = added.filter(|a| !a.ranges.is_empty()) {
+            self.queue.push(Event::CodeAdded { time, pid: pid as u32, ranges, origins, probe_returns, return_trampolines });
         }
     }
 

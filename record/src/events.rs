@@ -216,6 +216,9 @@ pub enum Event {
         /// `Patched::probe_returns`), for unwinders of stacks sampled there.
         #[serde(default)]
         probe_returns: Vec<u64>,
+        /// Those of them in the shared return trampoline.
+        #[serde(default)]
+        return_trampolines: Vec<u64>,
     },
 }
 

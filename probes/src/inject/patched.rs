@@ -416,6 +416,11 @@ impl Patched {
         self.probe_returns.clone()
     }
 
+    /// Those of [`Patched::probe_returns`] in the shared return trampoline.
+    pub fn return_trampoline_returns(&self) -> Vec<u64> {
+        self.trampolines.iter().map(|t| t.shared + totals::return_trampoline_return_offset()).collect()
+    }
+
     /// Where hijacked returns go, if anything was patched.
     pub fn trampolines(&self) -> Option<totals::Trampolines> {
         self.trampolines

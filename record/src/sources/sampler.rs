@@ -18,7 +18,7 @@ enum Input {
     Forked { parent: u32, child: u32 },
     EngineCode(u32, std::ops::Range<u64>),
     Origins(u32, Vec<(u64, u64)>),
-    ProbeReturns(u32, Vec<u64>),
+    ProbeReturns(u32, Vec<u64>, Vec<u64>),
     Throttle(Vec<u32>),
     Sample(Box<StackSample>, Vec<(u64, u64)>),
     Hottest(Sender<Vec<(String, String, u64)>>),
@@ -63,7 +63,7 @@ impl SamplerThread {
                     Input::Forked { parent, child } => resolver.forked(parent, child),
                     Input::EngineCode(pid, range) => resolver.engine_code(pid, range),
                     Input::Origins(pid, origins) => resolver.origins(pid, origins),
-                    Input::ProbeReturns(pid, returns) => resolver.probe_returns(pid, returns),
+                    Input::ProbeReturns(pid, returns, return_trampolines) => resolver.probe_returns(pid, returns, return_trampolines),
                     Input::Throttle(functions) => samples.throttle(&functions),
                     Input::Sample(sample, returns) => {
                         let stack = resolver.resolve(&sample, &returns);
@@ -120,9 +120,9 @@ impl SamplerThread {
     }
 
     /// See [`StackResolver::probe_returns`].
-    pub fn probe_returns(&self, pid: u32, returns: Vec<u64>) {
+    pub fn probe_returns(&self, pid: u32, returns: Vec<u64>, return_trampolines: Vec<u64>) {
         if !returns.is_empty() {
-            let _ = self.input.send(Input::ProbeReturns(pid, returns));
+            let _ = self.input.send(Input::ProbeReturns(pid, returns, return_trampolines));
         }
     }
 

@@ -657,6 +657,64 @@ pub fn return_trampoline_return_offset() -> u64 {
     decoder.into_iter().find(|i| i.code() == iced_x86::Code::Call_rel32_64).map_or(0, |call| call.next_ip())
 }
 
+/// Which code around a call into the runtime a thread is in (see
+/// [`words_pushed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutineCall {
+    /// A trampoline's [`call_routine`] (at an entry, or a return site).
+    Trampoline,
+    /// The shared return trampoline.
+    Return,
+}
+
+/// How many words the code of a call into the runtime has pushed above
+/// the patched call's return-address slot when a thread is at
+/// `from_return` bytes from where the runtime returns to in it (negative:
+/// before the call), at an instruction of its register saves, its call or
+/// its restores; `None` elsewhere, or where the slot is below the stack
+/// pointer. A stack sampled there finds the call it was timing at the
+/// stack pointer plus that many words.
+pub fn words_pushed(kind: RoutineCall, from_return: i64) -> Option<u64> {
+    static TABLES: std::sync::OnceLock<[Vec<(i64, u64)>; 2]> = std::sync::OnceLock::new();
+    let tables = TABLES.get_or_init(|| {
+        let call = assemble_call_routine(0, 0x1_0000, 0).unwrap_or_default();
+        let ret = return_trampoline_code(0, 0x1_0000).unwrap_or_default();
+        // The return trampoline is entered with the slot just popped.
+        [pushes_by_offset(&call, 0), pushes_by_offset(&ret, -1)]
+    });
+    let table = &tables[usize::from(kind == RoutineCall::Return)];
+    let i = table.binary_search_by_key(&from_return, |&(at, _)| at).ok()?;
+    Some(table[i].1)
+}
+
+/// For each instruction of `code` (a call into the runtime at address 0),
+/// its offset from the call's return and the words pushed above the
+/// return-address slot before it runs (`start` at the first), where that
+/// is not negative.
+fn pushes_by_offset(code: &[u8], start: i64) -> Vec<(i64, u64)> {
+    use iced_x86::{Code, Mnemonic};
+    let instructions: Vec<iced_x86::Instruction> =
+        iced_x86::Decoder::with_ip(64, code, 0, iced_x86::DecoderOptions::NONE).into_iter().collect();
+    let Some(back) = instructions.iter().find(|i| i.mnemonic() == Mnemonic::Call).map(|i| i.next_ip() as i64) else { return Vec::new() };
+    let mut words = start;
+    let mut table = Vec::new();
+    for i in &instructions {
+        if let Ok(at) = u64::try_from(words) {
+            table.push((i.ip() as i64 - back, at));
+        }
+        let on_rsp = i.op0_register() == iced_x86::Register::RSP;
+        words += match (i.mnemonic(), i.code()) {
+            (Mnemonic::Push, _) => 1,
+            (Mnemonic::Pop, _) => -1,
+            (_, Code::Sub_rm64_imm8 | Code::Sub_rm64_imm32) if on_rsp => i.immediate(1) as i64 / 8,
+            // `lea rsp, [rsp + n]` gives n bytes back.
+            (_, Code::Lea_r64_m) if on_rsp => -(i.memory_displacement64() as i64) / 8,
+            _ => 0,
+        };
+    }
+    table
+}
+
 /// The code that ends a trampoline over a return: save registers (the
 /// return value among them), call `routine` with the return-address slot,
 /// restore, return.

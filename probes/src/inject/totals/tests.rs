@@ -742,3 +742,30 @@ fn the_return_trampoline_jumps_to_the_caller_without_a_ret() {
     assert_eq!(last.code(), iced_x86::Code::Jmp_rm64, "{last:?}");
     assert_eq!((last.memory_base(), last.memory_displacement64() as i64), (iced_x86::Register::RSP, -8));
 }
+
+/// A stack sampled among a call into the runtime's register saves and
+/// restores finds the patched call's return-address slot that many words
+/// above the stack pointer: none before the first save, nine (the saved
+/// registers) at the call and right after it, and none where the slot is
+/// below the stack pointer (the return trampoline is entered with the slot
+/// just popped by its caller's `ret`, and steps back over it).
+#[test]
+fn the_words_pushed_above_the_slot_follow_the_saves_and_restores() {
+    let saved = SAVED.len() as u64;
+    let call = assemble_call_routine(0, 0x1_0000, 0).unwrap();
+    let back = call_routine_return_offset() as i64;
+    assert_eq!(words_pushed(RoutineCall::Trampoline, -back), Some(0), "at the first push");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, -back + 1), Some(1), "after push rax");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, -5), Some(saved), "at the call");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, 0), Some(saved), "where the runtime returns");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, call.len() as i64 - back - 1), Some(1), "at the last pop");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, -back - 1), None, "before the trampoline");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, 1), None, "inside `pop r11`");
+    let ret = return_trampoline_code(0, 0x1_0000).unwrap();
+    let back = return_trampoline_return_offset() as i64;
+    assert_eq!(words_pushed(RoutineCall::Return, -back), None, "at `sub rsp, 8`: the slot is below the stack pointer");
+    assert_eq!(words_pushed(RoutineCall::Return, -back + 4), Some(0), "after it");
+    assert_eq!(words_pushed(RoutineCall::Return, 0), Some(saved), "where the runtime returns");
+    // lea rsp, [rsp + 8]; jmp [rsp - 8]: the slot given back.
+    assert_eq!(words_pushed(RoutineCall::Return, ret.len() as i64 - back - 4), None, "at the jump");
+}
