@@ -37,7 +37,7 @@
 use super::Error;
 use super::sites::{Place, Site, SiteCounter};
 use crate::inject::patch::{call_from_original, is_emulated_call};
-use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, FlowControl, IcedError, Instruction, InstructionBlock, MemoryOperand, Register};
+use iced_x86::{Code, FlowControl, IcedError, Instruction, MemoryOperand, Register};
 
 /// Bytes below rsp that a leaf function may use without moving rsp.
 const RED_ZONE: i64 = 128;
@@ -80,7 +80,7 @@ pub fn stub(site: &Site, address: u64, counters: &[u64]) -> Result<Stub, Error> 
 /// there is no slot.
 pub fn stub_with_hooks(site: &Site, address: u64, counters: &[u64], hook_slot: Option<u64>) -> Result<Stub, Error> {
     let (code, origins, moved_from) = instructions(site, address, counters, hook_slot)?;
-    let encoded = BlockEncoder::encode(64, InstructionBlock::new(&code, address), BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+    let encoded = crate::inject::patch::encode_block(&code, address)
         .map_err(|e| Error::Stub { at: site.at, reason: format!("the stub cannot be encoded: {e}") })?;
     let starts = crate::inject::patch::encoded_starts(&encoded.code_buffer, address, &encoded.new_instruction_offsets)
         .map_err(|reason| Error::Stub { at: site.at, reason: format!("the stub cannot be encoded: {reason}") })?;

@@ -430,9 +430,7 @@ pub struct Trampoline {
 /// into the function, after the patch.
 pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Result<Vec<u8>, String>) -> Result<Trampoline, String> {
     if patch.site == Site::Return {
-        let block = InstructionBlock::new(&patch.replaced, address);
-        let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-            .map_err(|e| format!("its last instructions cannot be moved: {e}"))?;
+        let encoded = encode_block(&patch.replaced, address).map_err(|e| format!("its last instructions cannot be moved: {e}"))?;
         let mut moved = relocated(&patch.replaced, &encoded.code_buffer, address, &encoded.new_instruction_offsets)?;
         let mut code = encoded.code_buffer;
         // A thread stopped at the `ret` goes on from proftap's code. It
@@ -457,9 +455,7 @@ pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Resu
         code.extend_from_slice(bytes);
         instructions.iter().map(|i| (i.ip(), relocated_at + (i.ip() - patch.at))).collect()
     } else {
-        let block = InstructionBlock::new(&instructions, relocated_at);
-        let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-            .map_err(|e| format!("its first instructions cannot be moved: {e}"))?;
+        let encoded = encode_block(&instructions, relocated_at).map_err(|e| format!("its first instructions cannot be moved: {e}"))?;
         code.extend_from_slice(&encoded.code_buffer);
         relocated(&patch.replaced, &encoded.code_buffer, relocated_at, &encoded.new_instruction_offsets)?
     };
@@ -474,6 +470,18 @@ pub fn trampoline(patch: &PatchPlan, address: u64, own: impl FnOnce(u64) -> Resu
     code.push(0xe9);
     code.extend_from_slice(&rel32(jump_at + JUMP_LEN as u64, back).to_le_bytes());
     Ok(Trampoline { code, moved })
+}
+
+/// `instructions` encoded at `address` by iced-x86's block encoder, with
+/// each one's new offset. An operand relative to EIP (a RIP-relative one
+/// under an address-size prefix) is refused first: the encoder asserts on
+/// one it has to move (found by fuzzing).
+pub fn encode_block(instructions: &[Instruction], address: u64) -> Result<iced_x86::BlockEncoderResult, String> {
+    if let Some(i) = instructions.iter().find(|i| i.is_ip_rel_memory_operand() && i.memory_base() == Register::EIP) {
+        return Err(format!("{:?} reads memory relative to EIP", i.code()));
+    }
+    BlockEncoder::encode(64, InstructionBlock::new(instructions, address), BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .map_err(|e| e.to_string())
 }
 
 /// Where each of `replaced` went in `code`, which the block encoder made
@@ -832,6 +840,23 @@ mod tests {
         // way there 128 past the short jump (125 past the bytes it replaces).
         for ret_at in [126, 128] {
             assert!(plan(0x1000, &code(ret_at), 0, room).expect_err("out of reach").contains("no padding near it"), "{ret_at}");
+        }
+    }
+
+    /// An operand relative to EIP (`addr32` on a RIP-relative one) is
+    /// refused before the block encoder, which asserts on one it has to
+    /// move: `mov rax, [eip + 0x100]; ret`, and what fuzzing found
+    /// (`enqcmds` under two address-size prefixes).
+    #[test]
+    fn an_eip_relative_operand_is_refused_not_moved() {
+        let code = [0x67, 0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0xc3];
+        let patch = plan_checked(0x1000, &code, 0).expect("planned");
+        let err = trampoline(&patch, 0x40_5000, |a| Ok(count_call(a, 0x40_6000))).expect_err("refused");
+        assert!(err.contains("relative to EIP"), "{err}");
+        let found = [0x67, 0x67, 0xf3, 0x0f, 0x38, 0xf8, 0x25, 0x02, 0xc3, 0x01, 0x0c, 0x55, 0x34, 0xa1, 0xc3];
+        for patch in plan_checked(0x40_1000, &found, 3).into_iter().chain(plan_returns(0x40_1000, &found).unwrap_or_default()) {
+            let err = trampoline(&patch, 0x40_8000, |a| Ok(count_call(a, a + 0x1000))).expect_err("refused");
+            assert!(err.contains("relative to EIP"), "{err}");
         }
     }
 
