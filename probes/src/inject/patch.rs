@@ -82,6 +82,11 @@ impl PatchPlan {
         self.original.is_empty()
     }
 
+    /// Every range of bytes the patch writes: over the entry, and its island.
+    pub fn writes(&self) -> impl Iterator<Item = (u64, usize)> + Clone + '_ {
+        std::iter::once((self.at, self.len())).chain(self.island.as_ref().map(|i| (i.at, i.original.len())))
+    }
+
     /// Where the jump to a trampoline is written, and the bytes it
     /// replaces there: over the entry, or in its island.
     pub fn jump_site(&self) -> (u64, &[u8]) {
@@ -141,11 +146,19 @@ fn decode(entry: u64, code: &[u8]) -> Vec<Instruction> {
 /// strictly inside `(start, end)`: in the middle of a jump written over
 /// `[start, end)`.
 fn branches_into(instructions: impl IntoIterator<Item = Instruction>, start: u64, end: u64) -> bool {
-    instructions.into_iter().take_while(|i| !i.is_invalid()).any(|i| {
-        matches!(i.flow_control(), FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch)
-            && i.near_branch_target() > start
-            && i.near_branch_target() < end
-    })
+    lowest_branch_into(instructions, start, end).is_some()
+}
+
+/// The lowest target of a branch among `instructions` (up to an invalid
+/// one) strictly inside `(start, end)`.
+fn lowest_branch_into(instructions: impl IntoIterator<Item = Instruction>, start: u64, end: u64) -> Option<u64> {
+    instructions
+        .into_iter()
+        .take_while(|i| !i.is_invalid())
+        .filter(|i| matches!(i.flow_control(), FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch))
+        .map(|i| i.near_branch_target())
+        .filter(|&target| start < target && target < end)
+        .min()
 }
 
 /// Plans patches over every `ret` of the function at `entry` (code as for
@@ -240,12 +253,12 @@ fn plan_entry(entry: u64, code: &[u8], padding: usize, room: Option<IslandRoom<'
     // start) would land in the middle of the jump.
     // Decoded as it goes, kept nowhere: a large program's functions are megabytes.
     let Some(room) = room else { return Ok(plan(replaced, covered, None)) };
-    if !branches_into(Decoder::with_ip(64, code, entry, DecoderOptions::NONE), at, at + covered as u64) {
+    let Some(entered) = lowest_branch_into(Decoder::with_ip(64, code, entry, DecoderOptions::NONE), at, at + covered as u64) else {
         return Ok(plan(replaced, covered, None));
-    }
+    };
     let refused = || format!("it jumps back into its first {covered} bytes");
     let (replaced, covered) = covering(&body[first..], SHORT_JUMP_LEN, function_end, padding).map_err(|_| refused())?;
-    if branches_into(Decoder::with_ip(64, code, entry, DecoderOptions::NONE), at, at + covered as u64) {
+    if entered < at + covered as u64 {
         return Err(format!("it jumps back into its first {covered} bytes"));
     }
     let island = island(entry, &code[..own], at..at + covered as u64, room)
@@ -324,7 +337,8 @@ fn island(entry: u64, code: &[u8], replaced: std::ops::Range<u64>, room: IslandR
     let mut runs: Vec<std::ops::Range<u64>> = Vec::new();
     let mut entered: Vec<u64> = Vec::new();
     let mut after_end_of_flow = false;
-    for instruction in decode(entry, code) {
+    // Decoded as it goes, kept nowhere.
+    for instruction in Decoder::with_ip(64, code, entry, DecoderOptions::NONE).into_iter().take_while(|i| !i.is_invalid()) {
         let is_padding = matches!(instruction.mnemonic(), iced_x86::Mnemonic::Nop | iced_x86::Mnemonic::Int3);
         match runs.last_mut() {
             Some(run) if is_padding && run.end == instruction.ip() => run.end = instruction.next_ip(),

@@ -306,7 +306,7 @@ impl Patched {
             patched.counting_origins.extend(patches.origins);
         }
         patched.probe_returns = routine_returns.into_inner();
-        patched.probe_returns.extend(patched.trampolines.map(|t| t.shared + totals::return_trampoline_return_offset()));
+        patched.probe_returns.extend(patched.return_trampoline_returns());
         patched.probe_returns.sort_unstable();
         if let Some(plan) = counting_plan {
             let hooked = |h: usize| !refused.iter().any(|(i, _)| *i == functions.len() + h);

@@ -21,6 +21,8 @@ pub struct Applied {
     pub function: usize,
     /// Where the jump to the trampoline is: the entry, or its island.
     at: u64,
+    /// What goes back at `at`: the entry's bytes, or the island's once
+    /// taken out (see [`patch::Island::restored`]).
     original: Vec<u8>,
     jump: Vec<u8>,
     /// The jump to the entry's counting trampoline, which only counts
@@ -325,7 +327,7 @@ pub const LEFT_BEHIND: &str = "its code in memory differs from the file, and the
 
 /// The code range the plans cover, their islands too.
 pub fn span(plans: &Plans) -> std::ops::Range<u64> {
-    let sites = plans.iter().flat_map(|(_, p)| [Some((p.at, p.len())), p.island.as_ref().map(|i| (i.at, i.original.len()))]).flatten();
+    let sites = plans.iter().flat_map(|(_, p)| p.writes());
     let lowest = sites.clone().map(|(at, _)| at).min().unwrap_or(0);
     let highest = sites.map(|(at, len)| at + len as u64).max().unwrap_or(0);
     lowest..highest
@@ -359,8 +361,7 @@ pub fn apply(
 ) -> Result<Patches, RemoteError> {
     // Code in memory must be the file's: no breakpoint or other patch
     // there, nor in the padding an island takes.
-    let pieces: Vec<(u64, usize)> =
-        plans.iter().flat_map(|(_, p)| [Some((p.at, p.len())), p.island.as_ref().map(|i| (i.at, i.original.len()))]).flatten().collect();
+    let pieces: Vec<(u64, usize)> = plans.iter().flat_map(|(_, p)| p.writes()).collect();
     let mut now = remote.read_pieces(&pieces).into_iter();
     plans.retain(|(i, p)| {
         let entry = now.next();
@@ -552,15 +553,10 @@ fn put_originals_back(remote: &Remote, patches: &[Applied]) -> Result<(), Remote
 
 /// Refuses the plans whose island overlaps bytes another plan of the
 /// same batch writes (a function before it that takes the padding after
-/// itself): one patch only over any byte.
+/// itself, another island): one patch only over any byte. Islands are
+/// few, so each is checked against every plan.
 fn refuse_overlapping_islands(plans: &mut Plans, refused: &mut Refused) {
-    let mut written: Vec<(u64, u64)> = plans.iter().map(|(_, p)| (p.at, p.at + p.len() as u64)).collect();
-    written.sort_unstable();
-    let taken = |start: u64, end: u64| {
-        let i = written.partition_point(|&(s, _)| s < end);
-        written[..i].iter().rev().take_while(|&&(s, _)| s + 64 >= start).any(|&(_, e)| e > start)
-    };
-    let mut islands: Vec<(u64, u64)> = Vec::new();
+    let mut taken: Vec<(u64, u64)> = plans.iter().map(|(_, p)| (p.at, p.at + p.len() as u64)).collect();
     plans.retain(|(i, p)| {
         let Some(island) = &p.island else { return true };
         if p.short_jump().is_none() {
@@ -568,11 +564,11 @@ fn refuse_overlapping_islands(plans: &mut Plans, refused: &mut Refused) {
             return false;
         }
         let (start, end) = (island.at, island.at + island.original.len() as u64);
-        if taken(start, end) || islands.iter().any(|&(s, e)| s < end && start < e) {
+        if taken.iter().any(|&(s, e)| s < end && start < e) {
             refused.push((*i, "the padding its short jump would lead to is taken by another function's patch".into()));
             return false;
         }
-        islands.push((start, end));
+        taken.push((start, end));
         true
     });
 }
