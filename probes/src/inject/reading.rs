@@ -271,6 +271,11 @@ impl TotalsView {
         self.shared.wait_while(HEADER_BLOCKS_WANTED, seen, timeout);
     }
 
+    /// Ends a [`Self::wait_for_block_request`] now.
+    pub fn end_wait_for_block_request(&self) {
+        self.shared.wake(HEADER_BLOCKS_WANTED);
+    }
+
     /// Whether three quarters of the blocks have been handed out.
     pub fn blocks_mostly_taken(&self) -> bool {
         self.shared.load(HEADER_BLOCKS_TAKEN) >= self.geometry.blocks / 4 * 3

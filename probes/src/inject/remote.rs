@@ -783,6 +783,14 @@ impl Shared {
         }
     }
 
+    /// Wakes every thread waiting on the `u32` at byte `offset`, leaving it
+    /// as it is.
+    pub fn wake(&self, offset: usize) {
+        let word = self.u32_at(offset);
+        // SAFETY: in bounds and aligned (checked); futex on a shared word.
+        unsafe { libc::syscall(libc::SYS_futex, word, libc::FUTEX_WAKE, i32::MAX, 0, 0, 0) };
+    }
+
     /// Waits at most `timeout` for the `u32` at byte `offset` to be woken,
     /// unless it no longer holds `seen`.
     pub fn wait_while(&self, offset: usize, seen: u32, timeout: std::time::Duration) {

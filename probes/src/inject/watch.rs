@@ -87,6 +87,9 @@ fn step_down(patched: &mut Patched, pending: &[usize], functions: usize) -> Resu
 /// A patched process watched by a thread of its own.
 pub struct Watch {
     stop: Arc<AtomicBool>,
+    /// What the watch waits on between looks (up to [`MOST_PERIOD`]),
+    /// ended at the finish: the recording's end need not wait for it.
+    waiting_on: Option<TotalsView>,
     thread: std::thread::JoinHandle<Watched>,
     unpatched: std::sync::mpsc::Receiver<Unpatched>,
 }
@@ -187,6 +190,7 @@ impl Watch {
         let stop = Arc::new(AtomicBool::new(false));
         let (tell, unpatched) = std::sync::mpsc::channel();
         let flag = stop.clone();
+        let waiting_on = patched.view();
         let thread = std::thread::spawn(move || {
             let functions = patched.functions();
             let mut calls = vec![0u64; 2 * functions];
@@ -249,13 +253,13 @@ impl Watch {
                 let period = PERIOD.max((looking * looks_apart).min(MOST_PERIOD)).max(unpatching);
                 match &view {
                     Some(view) => view.wait_for_block_request(wanted, period),
-                    None => std::thread::sleep(period),
+                    None => std::thread::park_timeout(period),
                 }
                 std::thread::sleep(SOONEST.saturating_sub(looked.elapsed()));
             }
             Watched { patched, retired, trace }
         });
-        Watch { stop, thread, unpatched }
+        Watch { stop, waiting_on, thread, unpatched }
     }
 
     /// What the judge had taken out since the last call.
@@ -267,6 +271,15 @@ impl Watch {
     /// whose blocks were retired and the trace.
     pub fn finish(self) -> Watched {
         self.stop.store(true, Ordering::Relaxed);
+        self.thread.thread().unpark();
+        if let Some(view) = &self.waiting_on {
+            // A wake between the watch's look at the flag and its wait
+            // would be lost: woken until it is seen to end.
+            while !self.thread.is_finished() {
+                view.end_wait_for_block_request();
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
         match self.thread.join() {
             Ok(done) => done,
             Err(panic) => std::panic::resume_unwind(panic),
