@@ -584,3 +584,80 @@ fn thousands_of_threads_alive_at_once_are_all_timed() {
     let notes = report["notes"].to_string();
     assert!(!notes.contains("not timed"), "{notes}");
 }
+
+#[test]
+fn a_program_executing_itself_again_is_recorded_to_its_exec_and_said_to_have() {
+    require_probes();
+    let binary = Build::c("execs.c", "-O2").build();
+    // 3,000 calls, then the same program again for 20,000,000, unpatched.
+    let report = profile_like_bare(&binary, &["--no-sample", "-f", "main", "-f", "work"], &["3000", "20000000"]);
+    let work = function(&report["functions"], "work");
+    assert_eq!(work["calls"], 3000, "{work}");
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("executed execs"), "{notes}");
+    // Its first main never returned: it ended at the exec, well before the
+    // second image's calls end the recording.
+    let main = function(&report["functions"], "main");
+    let (inclusive, recorded) =
+        (main["inclusive"]["wall_ns"]["total"].as_u64().unwrap(), report["recording"]["duration_ns"].as_u64().unwrap());
+    assert!(inclusive < recorded / 2, "main {inclusive} ns of a {recorded} ns recording");
+}
+
+#[test]
+fn detaching_from_a_process_that_executed_itself_again_writes_nothing_in_its_new_image() {
+    require_probes();
+    let binary = Build::c("execs.c", "-O2").build();
+    let mut command = Command::new(&binary);
+    command.args(["0", "0"]).stdout(Stdio::piped());
+    // Without address randomization the new image lies where the old one
+    // did: whatever proftap would write at the old addresses would land in it.
+    // SAFETY: personality(2) in the child before it executes the program.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+            Ok(())
+        })
+    };
+    let mut program = KilledAtTheEnd(command.spawn().unwrap());
+    let pid = program.0.id() as i32;
+    let mut out = BufReader::new(program.0.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let mut profiler = attach(pid, &["--engine", "inject", "--no-sample", "-f", "work"], &file);
+    let usr1 = || assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+    usr1();
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n", "after {first}");
+    interrupt(&mut profiler);
+    let report = report_json(&file);
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("executed execs") && !notes.contains("restore"), "{notes}");
+    // Those of its calls made while attached, before the exec.
+    let made: u64 = first.split_whitespace().next().unwrap().parse().unwrap();
+    let calls = function(&report["functions"], "work")["calls"].as_u64().unwrap();
+    assert!(calls > 0 && calls <= made, "{calls} of {first}");
+    // The new image runs on whole: its calls add up, and it ends well.
+    usr1();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(program.0.wait().unwrap().success(), "{rest}");
+    let (made, sum) = rest.trim().split_once(' ').unwrap_or_else(|| panic!("{rest:?}"));
+    let expected: u64 = (0..made.parse::<u64>().unwrap()).map(|i| i % 7 + 1).sum();
+    assert_eq!(sum.parse::<u64>().unwrap(), expected, "after {made} calls");
+}
+
+/// A program a test started, killed if the test ends before it did.
+struct KilledAtTheEnd(std::process::Child);
+
+impl Drop for KilledAtTheEnd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -306,6 +306,8 @@ pub struct Aggregator {
     lost_by_function: FxHashMap<u32, u64>,
     lost_by_thread: FxHashMap<u32, u64>,
     processes: Vec<ProcessInfo>,
+    /// When each process executed a program (process, CLOCK_MONOTONIC ns).
+    exec_times: Vec<(i32, u64)>,
     hits: u64,
     calls_by_function: Vec<u64>,
     unwound_frames: u64,
@@ -350,6 +352,7 @@ impl Aggregator {
             lost_by_function: FxHashMap::default(),
             lost_by_thread: FxHashMap::default(),
             processes: Vec::new(),
+            exec_times: Vec::new(),
             hits: 0,
             calls_by_function: vec![0; functions],
             unwound_frames: 0,
@@ -445,6 +448,11 @@ impl Aggregator {
         }
     }
 
+    /// When process `pid` executed programs (CLOCK_MONOTONIC ns).
+    pub fn exec_times(&self, pid: i32) -> Vec<u64> {
+        self.exec_times.iter().filter(|&&(p, _)| p == pid).map(|&(_, time)| time).collect()
+    }
+
     /// What thread `tid` was named, as far as the events said.
     pub fn thread_name(&self, tid: u32) -> String {
         let known = self.threads.get(&tid).or_else(|| self.finished.iter().find(|t| t.tid == tid)).map(|t| t.name.clone());
@@ -474,8 +482,9 @@ impl Aggregator {
                     *self.lost_by_thread.entry(*tid).or_default() += count;
                 }
             }
-            Event::Comm { pid, tid, name, exec, .. } => {
+            Event::Comm { time, pid, tid, name, exec } => {
                 if *exec && pid == tid {
+                    self.exec_times.push((*pid as i32, *time));
                     self.add_process(*pid as i32);
                     if let Some(p) = self.processes.iter_mut().find(|p| p.pid == *pid as i32) {
                         p.execs.push(name.clone());

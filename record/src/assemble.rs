@@ -368,13 +368,17 @@ fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
     }
     let (pid, attached) = (setup.target.pid, setup.target.attached);
     // A launched program's own exec is its start, not news: named as the
-    // program, or as the command (a script, run by its interpreter).
+    // program, or as the command (a script, run by its interpreter). The
+    // program executing itself again is news to the in-process engine
+    // only: its patches go with the image, uprobes stay on the file.
     let starts = [program_name(setup), comm_of(setup.target.command.first().map_or("", String::as_str))];
+    let patches_go = ending.engine == Engine::Inject;
     let mut executed: Vec<(i32, &String)> = Vec::new();
     for process in &aggregate.processes {
         for (i, exec) in process.execs.iter().enumerate() {
             let start = process.pid == pid && !attached && i == 0 && starts.contains(exec);
-            if !start && (process.pid != pid || attached || *exec != starts[0]) {
+            let again = process.pid == pid && !attached && *exec == starts[0];
+            if !start && (!again || patches_go) {
                 executed.push((process.pid, exec));
             }
         }

@@ -15,7 +15,7 @@ use crate::options::RecordOptions;
 use crate::queue::{EventQueue, ORDERING_MARGIN_NS};
 use crate::saved::Saver;
 use crate::sources::Closing;
-use crate::sources::inject::{InjectSource, check_unwinders};
+use crate::sources::inject::{InjectEnd, InjectSource, check_unwinders};
 use crate::sources::monotonic_ns;
 use crate::sources::sampler::SamplerThread;
 use crate::sources::uprobes::UprobeSource;
@@ -704,10 +704,9 @@ impl<'a> Driver<'a> {
         // Uprobes did not follow the lines the engine cannot count: the budget held them back.
         let held_back =
             options.overhead_budget.filter(|_| options.count_lines && proftap_probes::perf::may_define_uprobes()).map(|b| b * 100.0);
-        let inject = self
-            .inject
-            .take()
-            .map(|source| source.finish(ended_monotonic_ns, options.metrics.len(), compensation, counted_lines, held_back, &names));
+        let end = InjectEnd { ns: ended_monotonic_ns, execs_ns: aggregator.exec_times(self.run.pid) };
+        let inject =
+            self.inject.take().map(|source| source.finish(end, options.metrics.len(), compensation, counted_lines, held_back, &names));
         let uprobes = self.uprobes.finish();
         // The engine has read the off-CPU times: the last user of the array.
         let off_cpu = self.off_cpu.take().map(|o| Box::new(o) as Box<dyn Send>);

@@ -115,6 +115,14 @@ impl Children {
             .collect()
     }
 
+    /// The inode of the memory child `pid` handed over, which it maps
+    /// for as long as it runs the image it forked with.
+    pub fn memory_inode(&self, pid: i32) -> Option<u64> {
+        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        let child = received.children.iter().find(|c| c.pid == pid)?;
+        nix::sys::stat::fstat(&child.memory).ok().map(|stat| stat.st_ino)
+    }
+
     /// Each child after the first `first` so far, with a view of its
     /// memory laid out as the parent's (`geometry`, at `remote` in the
     /// process) and when it ended, and how many were refused or past the limit.

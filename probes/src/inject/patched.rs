@@ -117,6 +117,9 @@ pub struct Patched {
     /// When proftap's code went in (CLOCK_MONOTONIC): a moment the process
     /// was held, after its exec, before anything it did since (a fork).
     code_since_ns: u64,
+    /// The process executed another program since: nothing of proftap's
+    /// is left in it, and nothing is to be written there.
+    image_gone: bool,
 }
 
 impl Patched {
@@ -239,6 +242,7 @@ impl Patched {
             counting: None,
             uncounted: Vec::new(),
             code_since_ns: super::clock::monotonic_ns(),
+            image_gone: false,
         };
         if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) && counting_plan.is_none() {
             patched.split_refusals(refused, functions.len(), &hook_sites);
@@ -341,12 +345,37 @@ impl Patched {
         self.held.as_ref().map(Remote::threads)
     }
 
-    /// The process held still: as patched, or now.
+    /// The process held still: as patched, or now, if it still runs the
+    /// image proftap patched (else [`RemoteError::ImageGone`], and
+    /// nothing is ever written in it again).
     fn hold(&mut self) -> Result<Remote, RemoteError> {
-        match self.held.take() {
-            Some(remote) => Ok(remote),
-            None => Remote::attach(self.pid),
+        if let Some(remote) = self.held.take() {
+            return Ok(remote);
         }
+        if self.image_gone {
+            return Err(RemoteError::ImageGone { pid: self.pid });
+        }
+        let remote = Remote::attach(self.pid)?;
+        let shared = self.view.as_ref().and_then(|v| v.memory_inode().ok());
+        if shared.is_some() && !runs_image_of(&remote, self.memory.map(|m| m.shared), shared) {
+            self.forget_image();
+            return Err(RemoteError::ImageGone { pid: self.pid });
+        }
+        Ok(remote)
+    }
+
+    /// What was patched went with the image an exec replaced.
+    fn forget_image(&mut self) {
+        self.image_gone = true;
+        self.applied.clear();
+        self.memory = None;
+        self.counting = None;
+    }
+
+    /// Whether the process executed another program since it was patched
+    /// (as far as proftap has held it since).
+    pub fn image_gone(&self) -> bool {
+        self.image_gone
     }
 
     /// Refusals of functions stay refusals; those of hook sites say which
@@ -469,6 +498,9 @@ impl Patched {
     /// (see [`Patched::calls_only_counted`]), where the entry has a
     /// counting trampoline, else run the original code.
     pub fn unpatch(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
+        if self.image_gone {
+            return Err(RemoteError::ImageGone { pid: self.pid });
+        }
         if self.applied.iter().any(|a| functions.contains(&a.function)) {
             let remote = self.hold()?;
             patcher::count_only(&remote, &mut self.applied, |f| functions.contains(&f))?;
@@ -493,9 +525,11 @@ impl Patched {
         if applied.is_empty() {
             return;
         }
+        let memory = self.children.as_ref().and_then(|c| c.memory_inode(pid));
         let _ = Remote::attach(pid).and_then(|remote| {
-            // Held, and still the child: its pid cannot have been reused.
-            if crate::target::has_exited(process) {
+            // Held, and still the child (its pid cannot have been reused),
+            // running the image it forked with.
+            if crate::target::has_exited(process) || !runs_image_of(&remote, self.memory.map(|m| m.shared), memory) {
                 return Ok(());
             }
             patcher::restore(&remote, &mut applied, |f| self.calls_uncounted.contains(&f))?;
@@ -508,6 +542,9 @@ impl Patched {
     /// their calls are no longer counted (counting them cost more than
     /// the budget allows).
     pub fn stop_counting(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
+        if self.image_gone {
+            return Err(RemoteError::ImageGone { pid: self.pid });
+        }
         self.calls_uncounted.extend_from_slice(functions);
         self.calls_uncounted.sort_unstable();
         self.calls_uncounted.dedup();
@@ -599,7 +636,10 @@ impl Patched {
             self.memory = None;
             return Ok(());
         }
-        let remote = self.hold()?;
+        let remote = match self.hold() {
+            Err(RemoteError::ImageGone { .. }) => return Ok(()),
+            held => held?,
+        };
         patcher::restore(&remote, &mut self.applied, |_| true)?;
         if let Some(counting) = &mut self.counting {
             counting.restore(&remote)?;
@@ -620,11 +660,13 @@ impl Patched {
         let Some(children) = &mut self.children else { return Vec::new() };
         children.stop();
         let (Some(memory), running) = (self.memory, children.running()) else { return Vec::new() };
+        let inodes: Vec<Option<u64>> = running.iter().map(|(pid, _)| children.memory_inode(*pid)).collect();
         let mut failed = Vec::new();
-        for (pid, process) in running {
+        for ((pid, process), inode) in running.into_iter().zip(inodes) {
             let restored = Remote::attach(pid).and_then(|remote| {
-                // Held, and still the child: its pid cannot have been reused.
-                if crate::target::has_exited(&process) {
+                // Held, and still the child (its pid cannot have been
+                // reused), running the image it forked with.
+                if crate::target::has_exited(&process) || !runs_image_of(&remote, Some(memory.shared), inode) {
                     return Ok(());
                 }
                 let mut applied = self.ever_applied.clone();
@@ -822,6 +864,16 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
     let off_cpu_bytes = off_cpu.map_or(0, OffCpu::bytes);
     let memory = Memory { shared: shared.remote, private, live, off_cpu: off_cpu_address, off_cpu_bytes };
     Ok((shared, memory, config))
+}
+
+/// Whether the process `remote` holds maps, at `shared`, the memory
+/// whose inode is `inode`: the memory proftap shared with the image it
+/// patched goes with that image at an exec, and no other can map it.
+fn runs_image_of(remote: &Remote, shared: Option<u64>, inode: Option<u64>) -> bool {
+    match (shared, inode) {
+        (Some(shared), Some(inode)) => remote.inode_mapped_at(shared) == Some(inode),
+        _ => false,
+    }
 }
 
 /// The user a process runs as.

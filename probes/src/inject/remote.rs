@@ -41,6 +41,13 @@ pub enum RemoteError {
     /// Something the target does not offer.
     #[error("{0}")]
     Unsupported(String),
+    /// The process executed another program since it was patched: what
+    /// proftap put in it went with the image it replaced.
+    #[error("process {pid} executed another program: what proftap patched in it went with the program it ran before")]
+    ImageGone {
+        /// The process.
+        pid: i32,
+    },
 }
 
 fn io_error(what: impl Into<String>) -> impl FnOnce(io::Error) -> RemoteError {
@@ -64,6 +71,8 @@ pub struct Remote {
     /// no code of the target is touched.
     syscall_site: u64,
     mem: File,
+    /// Its mappings, as read once held.
+    maps: Vec<Mapping>,
 }
 
 /// Arguments of `mmap`.
@@ -81,8 +90,9 @@ impl Remote {
         if tracer != 0 && !ours {
             return Err(RemoteError::Unsupported(format!("process {pid} is traced by process {tracer} (a debugger?); detach it first")));
         }
-        let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let frozen = Frozen::freeze(pid)?;
+        // Read held: the image cannot change under an exec until let go.
+        let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let caller = frozen
             .threads()
             .first()
@@ -94,8 +104,8 @@ impl Remote {
             .write(true)
             .open(format!("/proc/{pid}/mem"))
             .map_err(io_error(format!("cannot open the memory of process {pid}")))?;
-        let mut remote = Remote { pid, frozen, caller, syscall_site: 0, mem };
-        remote.syscall_site = remote.find_syscall_site(&maps)?;
+        let mut remote = Remote { pid, frozen, caller, syscall_site: 0, mem, maps };
+        remote.syscall_site = remote.find_syscall_site()?;
         Ok(remote)
     }
 
@@ -150,11 +160,11 @@ impl Remote {
         let threads = crate::target::threads(pid).map_err(io_error(format!("cannot list the threads of process {pid}")))?;
         let remote_threads = threads.len();
         let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-        let mut remote = Remote { pid, frozen: Frozen::adopt(pid, vec![pid]), caller: tid, syscall_site: 0, mem };
+        let mut remote = Remote { pid, frozen: Frozen::adopt(pid, vec![pid]), caller: tid, syscall_site: 0, mem, maps };
         if remote_threads > 1 {
             return Err(RemoteError::Unsupported(format!("process {pid} started threads before its libraries were initialized")));
         }
-        remote.syscall_site = remote.find_syscall_site(&maps)?;
+        remote.syscall_site = remote.find_syscall_site()?;
         Ok(remote)
     }
 
@@ -210,8 +220,9 @@ impl Remote {
         Ok(self.regs(tid)?.rip)
     }
 
-    fn find_syscall_site(&self, maps: &[Mapping]) -> Result<u64, RemoteError> {
-        let vdso = maps
+    fn find_syscall_site(&self) -> Result<u64, RemoteError> {
+        let vdso = self
+            .maps
             .iter()
             .find(|m| m.path.as_deref() == Some("[vdso]"))
             .ok_or_else(|| RemoteError::Unsupported(format!("process {} has no vDSO", self.pid)))?;
@@ -222,6 +233,12 @@ impl Remote {
             .position(|w| w == [0x0f, 0x05])
             .ok_or_else(|| RemoteError::Unsupported(format!("the vDSO of process {} has no syscall instruction", self.pid)))?;
         Ok(vdso.start.0 + offset as u64)
+    }
+
+    /// The inode of the file mapped at `address` when the process was
+    /// held (0: anonymous memory), if anything was.
+    pub fn inode_mapped_at(&self, address: u64) -> Option<u64> {
+        self.maps.iter().find(|m| (m.start.0..m.end.0).contains(&address)).map(|m| m.inode)
     }
 
     /// Reads `len` bytes at `address`.
@@ -669,7 +686,7 @@ pub struct Shared {
     len: usize,
     /// Its address in the target.
     pub remote: u64,
-    _fd: OwnedFd,
+    fd: OwnedFd,
 }
 
 // SAFETY: the mapping is plain memory owned by this value.
@@ -711,7 +728,7 @@ impl Shared {
         if pointer == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Shared { local: pointer.cast(), len, remote, _fd: fd })
+        Ok(Shared { local: pointer.cast(), len, remote, fd })
     }
 
     /// Its size.
@@ -758,7 +775,7 @@ impl Shared {
         assert!(offset + len <= self.len, "{len} bytes at {offset} outside the shared memory");
         let punched = i64::try_from(offset).ok().zip(i64::try_from(len).ok()).is_some_and(|(at, len)| {
             // SAFETY: fallocate on the memfd this value holds; the range is inside it.
-            unsafe { libc::fallocate(self._fd.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, at, len) == 0 }
+            unsafe { libc::fallocate(self.fd.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, at, len) == 0 }
         });
         if !punched {
             // SAFETY: in bounds, checked above; no thread writes these bytes any more.
@@ -770,6 +787,12 @@ impl Shared {
     pub fn load_u32(&self, offset: usize) -> u32 {
         // SAFETY: in bounds and aligned (checked); an atomic view of shared memory.
         unsafe { (*self.u32_at(offset)).load(std::sync::atomic::Ordering::Acquire) }
+    }
+
+    /// The inode of the memory, which the target maps as long as it runs
+    /// the image it was shared with.
+    pub fn inode(&self) -> io::Result<u64> {
+        Ok(nix::sys::stat::fstat(&self.fd)?.st_ino)
     }
 
     /// Adds one to the `u32` at byte `offset` and wakes every thread of any

@@ -103,12 +103,12 @@ impl InjectSource {
 
     /// Stops watching, puts the original code back, and makes each
     /// thread's profile of what the runtime added up, calls in progress
-    /// ending at `end_ns` (CLOCK_MONOTONIC). `names` names threads; the
+    /// ending at `end` (at the exec that replaced the image, if one did). `names` names threads; the
     /// profile measures `metrics` metrics (wall time, then CPU time);
     /// `compensation` is what a patched call costs, to subtract.
     pub fn finish(
         self,
-        end_ns: u64,
+        end: InjectEnd,
         metrics: usize,
         compensation: Option<[Cost; 2]>,
         lines: Option<(&LinePlan, &[ProbedFunction])>,
@@ -148,11 +148,15 @@ impl InjectSource {
         let Some(view) = &self.view else {
             return Ok(InjectEnding { notes, trace, line_counts, line_branches, ..InjectEnding::default() });
         };
+        let end_ns = end.ns;
         let end_tsc = self.clock.tsc_at(end_ns);
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
         let mut read = Read::default();
         let off_cpu = off_cpu.as_ref();
-        read.add(self.pid, view, &how, ProcessEnd { ns: end_ns, ended: false }, off_cpu, names).map_err(RecordError::Corrupted)?;
+        // Calls in progress at an exec never return: they end with the image.
+        let replaced = end.execs_ns.iter().copied().filter(|&ns| ns > patched.code_since_ns()).min();
+        let image_end = ProcessEnd { ns: replaced.map_or(end_ns, |ns| ns.min(end_ns)), ended: false };
+        read.add(self.pid, view, &how, image_end, off_cpu, names).map_err(RecordError::Corrupted)?;
         if let Some(error) = retired.error {
             return Err(RecordError::Corrupted(error));
         }
@@ -344,6 +348,15 @@ impl Read {
         self.unpaired_returns = self.unpaired_returns.saturating_add(totals.unseated_returns);
         Ok(())
     }
+}
+
+/// When an in-process recording ends (CLOCK_MONOTONIC ns).
+pub struct InjectEnd {
+    /// The end of the recording.
+    pub ns: u64,
+    /// When the process executed programs: one after the engine's code
+    /// went in ended the image it patched.
+    pub execs_ns: Vec<u64>,
 }
 
 /// When a process's calls still in progress end.

@@ -1,0 +1,43 @@
+/* A program that executes itself again: the image proftap patched goes
+ * with the exec, and the new one runs unpatched. Usage:
+ *   execs CALLS [next]   CALLS calls of work(), then executes `execs next`
+ *   execs 0 [next]       calls work() until SIGUSR1, then the same
+ * Each image prints "started" first and "CALLS SUM" at its end. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop;
+
+static void on_usr1(int signal)
+{
+    (void)signal;
+    stop = 1;
+}
+
+__attribute__((noinline)) long work(long i)
+{
+    __asm__ volatile("");
+    return i % 7 + 1;
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGUSR1, on_usr1);
+    printf("started\n");
+    fflush(stdout);
+    long calls = argc > 1 ? atol(argv[1]) : 1000;
+    long sum = 0, made = 0;
+    for (; calls == 0 ? !stop : made < calls; made++)
+        sum += work(made);
+    printf("%ld %ld\n", made, sum);
+    fflush(stdout);
+    if (argc > 2) {
+        char *again[] = {argv[0], argv[2], NULL};
+        execv(argv[0], again);
+        perror("execv");
+        return 1;
+    }
+    return 0;
+}
