@@ -30,6 +30,9 @@ pub struct SampleAggregator {
     timed: Option<Vec<(SampleTime, Vec<u32>)>>,
     /// Samples in the in-process engine's counting stubs.
     in_counting_stubs: u64,
+    /// Processes whose instrumented image an exec replaced: their samples
+    /// since are of code nothing measures, whatever its functions' names.
+    replaced: HashSet<i32>,
 }
 
 /// When a sample was taken, of which thread, and its stack.
@@ -63,6 +66,7 @@ impl SampleAggregator {
             held: HashMap::new(),
             timed: None,
             in_counting_stubs: 0,
+            replaced: HashSet::new(),
         }
     }
 
@@ -79,6 +83,13 @@ impl SampleAggregator {
         self
     }
 
+    /// From the next sample on, process `pid` runs another image than the
+    /// one instrumented (an exec replaced it): its samples hold no time of
+    /// an instrumented caller, nor estimate a throttled function's.
+    pub fn image_replaced(&mut self, pid: i32) {
+        self.replaced.insert(pid);
+    }
+
     /// From the next sample on, these functions (by index) are no longer
     /// instrumented: the samples tell their time.
     pub fn throttle(&mut self, functions: &[u32]) {
@@ -93,7 +104,7 @@ impl SampleAggregator {
     /// Takes in one sample of thread `tid` of process `pid` taken at `time`.
     pub fn add_at(&mut self, pid: i32, tid: i32, time: u64, stack: &ResolvedStack) {
         self.total += 1;
-        if !self.measured_names.is_empty() {
+        if !self.measured_names.is_empty() && !self.replaced.contains(&pid) {
             self.count_held(tid, stack);
         }
         let ids: Vec<u32> = stack.frames.iter().map(|frame| self.frame_id(frame)).collect();
@@ -298,6 +309,26 @@ mod tests {
         let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.self_samples, t.total_samples));
         assert_eq!(of("match"), Some((1, 1)));
         assert_eq!(of("emit"), Some((1, 2)), "the outer call's own sample is measured, not estimated");
+    }
+
+    #[test]
+    fn samples_of_an_image_an_exec_replaced_estimate_nothing_instrumented() {
+        // The same program executed again: its functions have the names of
+        // those measured in the image before, and none of their time.
+        let names = ["main", "work"].map(String::from).to_vec();
+        let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
+        samples.throttle(&[1]);
+        let in_work = ResolvedStack { frames: vec![frame("main"), frame("work")], line: None, timed_calls: Vec::new() };
+        samples.add_at(40, 40, 1, &in_work);
+        samples.add_at(41, 41, 1, &in_work);
+        samples.image_replaced(40);
+        samples.add_at(40, 40, 2, &in_work);
+        samples.add_at(40, 40, 3, &in_work);
+        let profile = samples.profile();
+        let work = profile.throttled.functions.iter().find(|t| t.name == "work").map(|t| (t.self_samples, t.total_samples));
+        assert_eq!(work, Some((2, 2)), "one sample of each process before the exec");
+        assert_eq!(profile.throttled.held.iter().map(|h| h.samples).sum::<u64>(), 2);
+        assert_eq!(profile.total, 4, "every sample stays in the stacks");
     }
 
     #[test]

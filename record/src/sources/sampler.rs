@@ -8,6 +8,7 @@ use crate::samples::{SampleAggregator, SampleTime};
 use proftap_probes::metrics::Metric;
 use proftap_probes::sampling::{ENGINE_MODULE, PROBE_OVERHEAD_FRAME, ResolvedStack, StackResolver, StackSample};
 use proftap_profile::SampleProfile;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
 use std::thread::JoinHandle;
@@ -56,12 +57,27 @@ impl SamplerThread {
         let (input, inputs) = channel();
         let worker = std::thread::spawn(move || {
             let mut stacks = Vec::new();
+            // Processes running an image the in-process engine patched.
+            let mut patched = HashSet::new();
             for input in inputs {
                 match input {
                     Input::Mapped { pid, start, len, pgoff, path } => resolver.mapped(pid, start, len, pgoff, &path),
-                    Input::Exec(pid) => resolver.exec(pid),
-                    Input::Forked { parent, child } => resolver.forked(parent, child),
-                    Input::EngineCode(pid, range) => resolver.engine_code(pid, range),
+                    Input::Exec(pid) => {
+                        resolver.exec(pid);
+                        if patched.remove(&pid) {
+                            samples.image_replaced(pid as i32);
+                        }
+                    }
+                    Input::Forked { parent, child } => {
+                        resolver.forked(parent, child);
+                        if patched.contains(&parent) {
+                            patched.insert(child);
+                        }
+                    }
+                    Input::EngineCode(pid, range) => {
+                        patched.insert(pid);
+                        resolver.engine_code(pid, range);
+                    }
                     Input::Origins(pid, origins) => resolver.origins(pid, origins),
                     Input::ProbeReturns(pid, returns, return_trampolines) => resolver.probe_returns(pid, returns, return_trampolines),
                     Input::Throttle(functions) => samples.throttle(&functions),
