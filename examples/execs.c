@@ -2,10 +2,15 @@
  * with the exec, and the new one runs unpatched. Usage:
  *   execs CALLS [next]   CALLS calls of work(), then executes `execs next`
  *   execs 0 [next]       calls work() until SIGUSR1, then the same
+ *   execs CALLS fork     then forks a child that calls work() once and
+ *                        executes `sleep 1`, and ends once it has
  * Each image prints "started" first and "CALLS SUM" at its end. */
+#define _GNU_SOURCE
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t stop;
@@ -33,6 +38,22 @@ int main(int argc, char **argv)
         sum += work(made);
     printf("%ld %ld\n", made, sum);
     fflush(stdout);
+    if (argc > 2 && strcmp(argv[2], "fork") == 0) {
+        /* The pipe closes in the child at its exec: the end of file says so. */
+        int exec_seen[2];
+        if (pipe2(exec_seen, O_CLOEXEC) != 0)
+            return 1;
+        if (fork() == 0) {
+            close(exec_seen[0]);
+            sum += work(made);
+            char *sleep_1[] = {"sleep", "1", NULL};
+            execvp(sleep_1[0], sleep_1);
+            _exit(1);
+        }
+        close(exec_seen[1]);
+        char byte;
+        return read(exec_seen[0], &byte, 1) == 0 ? 0 : 1;
+    }
     if (argc > 2) {
         char *again[] = {argv[0], argv[2], NULL};
         execv(argv[0], again);

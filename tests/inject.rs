@@ -652,6 +652,18 @@ fn detaching_from_a_process_that_executed_itself_again_writes_nothing_in_its_new
     assert_eq!(sum.parse::<u64>().unwrap(), expected, "after {made} calls");
 }
 
+#[test]
+fn a_forked_child_that_executed_another_program_is_left_to_it() {
+    require_probes();
+    let binary = Build::c("execs.c", "-O2").build();
+    // The parent ends while its child, which made a call, runs `sleep`:
+    // nothing of the parent's image is left in the child to restore.
+    let report = profile_like_bare(&binary, &["-f", "work"], &["1000", "fork"]);
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("executed sleep") && !notes.contains("could not restore"), "{notes}");
+    assert_eq!(function(&report["functions"], "work")["calls"], 1001, "{notes}");
+}
+
 /// A program a test started, killed if the test ends before it did.
 struct KilledAtTheEnd(std::process::Child);
 
