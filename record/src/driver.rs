@@ -630,7 +630,7 @@ impl<'a> Driver<'a> {
         let wanted: Vec<bool> = (0..functions.len()).map(|f| to_patch.contains(&f)).collect();
         let how = self.run.options.engine_recording(self.off_cpu.as_deref());
         let engine = Patched::attach_held(pid, functions, Some(&wanted), how).map_err(|source| RecordError::Inject { pid, source })?;
-        check_unwinders(&engine, functions)?;
+        check_unwinders(&engine, self.run.options.may_unwind)?;
         for &f in to_patch {
             self.patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);
         }

@@ -89,6 +89,9 @@ pub struct RecordOptions {
     /// Functions the governor never throttles (named ones, when others are
     /// recorded only for their lines).
     pub kept: Vec<usize>,
+    /// The program may unwind its stack (exceptions, panics, `backtrace()`):
+    /// its unwinders' entries must be hooked.
+    pub may_unwind: bool,
     /// The functions were named (`-f`): those the in-process engine cannot
     /// patch keep a uprobe under the governor, as asked.
     pub functions_named: bool,
@@ -137,6 +140,7 @@ impl Default for RecordOptions {
             counting: Choices::default(),
             entries_counted: Vec::new(),
             kept: Vec::new(),
+            may_unwind: false,
             functions_named: false,
             sample: None,
             overhead_budget: None,

@@ -151,7 +151,7 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     // The same build is recorded again and again: its DWARF is read once a boot.
     let kept_dwarf = proftap_probes::boot_cache::dir().map(|dir| dir.join("proftap-dwarf"));
     let symbols = Arc::new(SymbolCache::new(debug_dirs).with_debuginfod(request.debuginfod.clone()).keeping_dwarf_in(kept_dwarf));
-    let chosen = choose(&selection, &modules, request, &symbols, observer)?;
+    let chosen = choose(&selection, &modules, request, &metrics, &symbols, observer)?;
     let mut options = options(request, metrics, &chosen);
     // The sampler names frames from the same symbols.
     options.symbols = symbols;
@@ -271,6 +271,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         overhead_budget: request.overhead_budget(chosen.lines.is_some() && !count_lines).or(governs_lines_only.then_some(DEFAULT_BUDGET)),
         kept: if governs_lines_only { chosen.kept.clone() } else { Vec::new() },
         functions_named: !request.is_hybrid(),
+        may_unwind: chosen.exit_mode == ExitMode::ReturnSites,
         auto_instrument,
         sample_only: !request.instrument || chosen.functions.iter().all(|f| f.role != Role::Measured),
         regions: request.regions.clone(),
@@ -449,6 +450,7 @@ fn choose(
     selection: &Selection,
     modules: &[(PathBuf, PathBuf)],
     request: &RecordRequest,
+    metrics: &[Metric],
     cache: &SymbolCache,
     observer: &dyn Observer,
 ) -> Result<Chosen, PrepareError> {
@@ -478,9 +480,15 @@ fn choose(
         observer.event(RecordEvent::Warning(Warning::Symbols { message: warning.clone() }));
     }
     let exit_mode = exit_mode(request.exits, &indexes[0], modules);
+    let main = &indexes[0];
+    let cancels_unhooked = main.imports.iter().any(|i| i == "pthread_cancel")
+        && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
+    // Return instructions are found (each function's whole code decoded)
+    // only for the probes that may go on them.
+    let returns_found = if uprobes_may_take_chosen_functions(request, metrics, cancels_unhooked) { exit_mode } else { ExitMode::Uretprobe };
     let mut warnings = Vec::new();
     let images: Vec<Option<&ElfImage>> = images.iter().map(Option::as_deref).collect();
-    let mut functions = plan(&refs, &images, &open_paths, &selected, exit_mode, &mut warnings);
+    let mut functions = plan(&refs, &images, &open_paths, &selected, returns_found, &mut warnings);
     functions.extend(catch_marker_of(modules, cache));
     for message in warnings {
         observer.event(RecordEvent::Warning(Warning::Planning { message }));
@@ -539,9 +547,6 @@ fn choose(
     let uncountable: Vec<(usize, String)> =
         uncountable.into_iter().map(|(i, why)| (i, format!("{}: {why}", measured[i].info.name))).collect();
     let regions_unhooked = uncountable.iter().filter(|(i, _)| holds_region(*i)).map(|(_, why)| why.clone()).collect();
-    let main = &indexes[0];
-    let cancels_unhooked = main.imports.iter().any(|i| i == "pthread_cancel")
-        && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
     Ok(Chosen {
         functions,
         build_id: main.build_id.clone(),
@@ -554,6 +559,25 @@ fn choose(
         regions_unhooked,
         kept,
     })
+}
+
+/// Whether uprobes may go on functions proftap chose, not the user: not
+/// when the in-process engine records them under an overhead budget, where
+/// what it cannot patch is left to the samples (a kernel probe costs a
+/// hundred patched calls), unless what is asked needs uprobes (other
+/// metrics, lines, regions, a warm-up before instrumenting) or the program
+/// cancels threads the engine cannot follow.
+fn uprobes_may_take_chosen_functions(request: &RecordRequest, metrics: &[Metric], cancels_unhooked: bool) -> bool {
+    let engine_alone = request.engine != EngineChoice::Uprobe
+        && request.instrument
+        && request.is_hybrid()
+        && request.overhead_budget(false).is_some()
+        && request.lines.is_none()
+        && request.regions.is_empty()
+        && request.auto_instrument().is_none()
+        && metrics.iter().all(|m| matches!(m, Metric::Wall | Metric::Cpu))
+        && !cancels_unhooked;
+    !engine_alone
 }
 
 /// How returns are seen: as asked, or at return instructions for programs

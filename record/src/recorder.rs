@@ -164,7 +164,7 @@ pub fn record(
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
     let mut checked = injected.clone();
     planned_whole.iter().for_each(|&i| checked[i] = false);
-    let patch = Patch { functions: &all[..measured], injected: &injected, checked: &checked, how };
+    let patch = Patch { functions: &all[..measured], injected: &injected, checked: &checked, how, may_unwind: options.may_unwind };
     let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
     left_out(&mut injected, &started.refused);
@@ -318,7 +318,7 @@ fn patching(
             let off_cpu = finished(off_cpu, "the off-CPU time")?;
             let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
             let engine = Patched::attach_held(*pid, functions, None, how).map_err(|source| RecordError::Inject { pid: *pid, source })?;
-            check_unwinders(&engine, functions)?;
+            check_unwinders(&engine, options.may_unwind)?;
             let refused = engine.refused().to_vec();
             tracing = Some(engine);
             (refused, off_cpu)
@@ -408,6 +408,8 @@ struct Patch<'a> {
     /// Per function: found patchable from its first instructions alone.
     checked: &'a [bool],
     how: Recording<'a>,
+    /// See [`RecordOptions::may_unwind`].
+    may_unwind: bool,
 }
 
 /// Launches the program held, or holds a running process's threads still,
@@ -479,7 +481,7 @@ fn patch_at_start(pid: i32, patch: &Patch<'_>) -> Result<(Option<Patched>, Vec<N
     let functions = patch.functions;
     let engine =
         Patched::attach_at_start(pid, functions, patch.checked, patch.how).map_err(|source| RecordError::Inject { pid, source })?;
-    check_unwinders(&engine, functions)?;
+    check_unwinders(&engine, patch.may_unwind)?;
     let (entries_counted, missed): (Refused, Refused) = engine
         .refused()
         .iter()
