@@ -4,6 +4,9 @@
  *   execs 0 [next]       calls work() until SIGUSR1, then the same
  *   execs CALLS fork     then forks a child that calls work() once and
  *                        executes `sleep 1`, and ends once it has
+ *   execs CALLS keep     then forks a child that prints "child PID PARENT"
+ *                        and calls work() until SIGUSR1, and executes
+ *                        `execs 0` itself
  * Each image prints "started" first and "CALLS SUM" at its end. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -54,8 +57,16 @@ int main(int argc, char **argv)
         char byte;
         return read(exec_seen[0], &byte, 1) == 0 ? 0 : 1;
     }
+    if (argc > 2 && strcmp(argv[2], "keep") == 0 && fork() == 0) {
+        printf("child %d %d\n", getpid(), getppid());
+        fflush(stdout);
+        for (made = 0, sum = 0; !stop; made++)
+            sum += work(made);
+        printf("%ld %ld\n", made, sum);
+        return 0;
+    }
     if (argc > 2) {
-        char *again[] = {argv[0], argv[2], NULL};
+        char *again[] = {argv[0], strcmp(argv[2], "keep") == 0 ? "0" : argv[2], NULL};
         execv(argv[0], again);
         perror("execv");
         return 1;

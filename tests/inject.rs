@@ -665,6 +665,84 @@ fn a_forked_child_that_executed_another_program_is_left_to_it() {
     assert_eq!(function(&report["functions"], "work")["calls"], 1001, "{notes}");
 }
 
+#[test]
+fn a_forked_child_of_a_process_that_executed_itself_again_is_governed_and_restored() {
+    require_probes();
+    let binary = Build::c("execs.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    // The child calls work() in a loop on the patched image; its parent
+    // executes itself again at once. The governor takes work() out of the
+    // child after the exec, and the end restores the child.
+    let mut profiler = KilledAtTheEnd(
+        proftap()
+            .args(["run", "--engine", "inject", "--no-sample", "-o"])
+            .arg(&file)
+            .arg("--")
+            .arg(&binary)
+            .args(["1000", "keep"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(profiler.0.stdout.take().unwrap());
+    let (mut child, mut parent, mut started) = (0, 0, 0);
+    while child == 0 || started < 2 {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the program ended early");
+        if let Some(pids) = line.strip_prefix("child ") {
+            let (c, p) = pids.trim().split_once(' ').unwrap();
+            (child, parent) = (c.parse().unwrap(), p.parse().unwrap());
+        }
+        started += usize::from(line == "started\n");
+    }
+    let _killed_at_the_end = [ProcessKilledAtTheEnd(child), ProcessKilledAtTheEnd(parent)];
+    let mut stderr = BufReader::new(profiler.0.stderr.take().unwrap());
+    let (tell, throttled) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut told = String::new();
+        while stderr.read_line(&mut told).is_ok_and(|read| read > 0) {
+            if told.contains("removed the probes of work") {
+                let _ = tell.send(());
+            }
+            told.clear();
+        }
+    });
+    // A guard against a hang, not a wait for a race: work() is throttled
+    // within milliseconds of its first calls.
+    throttled.recv_timeout(std::time::Duration::from_secs(60)).expect("proftap did not throttle work() in the child");
+    let usr1 = |pid: i32| assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+    usr1(parent);
+    assert!(profiler.0.wait().unwrap().success());
+    let notes = report_json(&file)["notes"].to_string();
+    assert!(notes.contains("executed execs") && !notes.contains("could not restore"), "{notes}");
+    // Nothing of proftap's is left in the child, which runs on whole.
+    let maps = std::fs::read_to_string(format!("/proc/{child}/maps")).unwrap();
+    assert!(!maps.contains("proftap"), "{maps}");
+    usr1(child);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let sums: Vec<(u64, u64)> =
+        rest.lines().filter_map(|l| l.split_once(' ')).map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).collect();
+    assert_eq!(sums.len(), 2, "{rest}");
+    // The sum of i % 7 + 1 over 0..made: 28 a week, then the days left.
+    let expected = |made: u64| made / 7 * 28 + (1..=made % 7).sum::<u64>();
+    for (made, sum) in sums {
+        assert_eq!(sum, expected(made), "after {made} calls");
+    }
+}
+
+/// A process a test did not start, killed if the test ends before it did.
+struct ProcessKilledAtTheEnd(i32);
+
+impl Drop for ProcessKilledAtTheEnd {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a pid the test was told of; at worst it has ended.
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+    }
+}
+
 /// A program a test started, killed if the test ends before it did.
 struct KilledAtTheEnd(std::process::Child);
 

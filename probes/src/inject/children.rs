@@ -119,7 +119,8 @@ impl Children {
     /// for as long as it runs the image it forked with.
     pub fn memory_inode(&self, pid: i32) -> Option<u64> {
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        let child = received.children.iter().find(|c| c.pid == pid)?;
+        // The latest with that pid: an earlier one ended, its pid reused.
+        let child = received.children.iter().rev().find(|c| c.pid == pid)?;
         nix::sys::stat::fstat(&child.memory).ok().map(|stat| stat.st_ino)
     }
 

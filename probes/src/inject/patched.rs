@@ -32,6 +32,8 @@ struct Memory {
     /// bytes (0: none).
     off_cpu: u64,
     off_cpu_bytes: u64,
+    /// The inode of the shared memory (see [`runs_image_of`]), if known.
+    shared_inode: Option<u64>,
 }
 
 /// What a patched process records besides its calls' wall time.
@@ -253,6 +255,8 @@ impl Patched {
             Some(remote) => remote,
             None => Remote::attach(pid)?,
         };
+        // Held: any exec since was before the code went in.
+        patched.code_since_ns = super::clock::monotonic_ns();
         // Where the threads are before anything moves them: frames counting starts in.
         let threads_at = match &counting_plan {
             Some(plan) => counting::settle_threads(&remote, plan)?,
@@ -356,26 +360,21 @@ impl Patched {
             return Err(RemoteError::ImageGone { pid: self.pid });
         }
         let remote = Remote::attach(self.pid)?;
-        let shared = self.view.as_ref().and_then(|v| v.memory_inode().ok());
-        if shared.is_some() && !runs_image_of(&remote, self.memory.map(|m| m.shared), shared) {
-            self.forget_image();
+        let memory = self.memory.filter(|m| m.shared_inode.is_some());
+        if memory.is_some_and(|m| !runs_image_of(&remote, Some(m.shared), m.shared_inode)) {
+            self.image_replaced();
             return Err(RemoteError::ImageGone { pid: self.pid });
         }
         Ok(remote)
     }
 
-    /// What was patched went with the image an exec replaced.
-    fn forget_image(&mut self) {
+    /// The process executed another program since it was patched (found
+    /// in a hold, or told by the kernel's events): what was patched went
+    /// with the image, and nothing is written in the process again. Its
+    /// forked children are restored as before, its counters still read.
+    pub fn image_replaced(&mut self) {
         self.image_gone = true;
         self.applied.clear();
-        self.memory = None;
-        self.counting = None;
-    }
-
-    /// Whether the process executed another program since it was patched
-    /// (as far as proftap has held it since).
-    pub fn image_gone(&self) -> bool {
-        self.image_gone
     }
 
     /// Refusals of functions stay refusals; those of hook sites say which
@@ -498,12 +497,11 @@ impl Patched {
     /// (see [`Patched::calls_only_counted`]), where the entry has a
     /// counting trampoline, else run the original code.
     pub fn unpatch(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
-        if self.image_gone {
-            return Err(RemoteError::ImageGone { pid: self.pid });
-        }
         if self.applied.iter().any(|a| functions.contains(&a.function)) {
-            let remote = self.hold()?;
-            patcher::count_only(&remote, &mut self.applied, |f| functions.contains(&f))?;
+            match self.hold() {
+                Err(RemoteError::ImageGone { .. }) => {}
+                held => patcher::count_only(&held?, &mut self.applied, |f| functions.contains(&f))?,
+            }
         }
         self.unpatched.extend_from_slice(functions);
         self.unpatched.sort_unstable();
@@ -542,15 +540,14 @@ impl Patched {
     /// their calls are no longer counted (counting them cost more than
     /// the budget allows).
     pub fn stop_counting(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
-        if self.image_gone {
-            return Err(RemoteError::ImageGone { pid: self.pid });
-        }
         self.calls_uncounted.extend_from_slice(functions);
         self.calls_uncounted.sort_unstable();
         self.calls_uncounted.dedup();
         if self.applied.iter().any(|a| functions.contains(&a.function)) {
-            let remote = self.hold()?;
-            patcher::restore(&remote, &mut self.applied, |f| functions.contains(&f))?;
+            match self.hold() {
+                Err(RemoteError::ImageGone { .. }) => {}
+                held => patcher::restore(&held?, &mut self.applied, |f| functions.contains(&f))?,
+            }
         }
         if let Some(children) = &self.children {
             for (pid, process) in children.running() {
@@ -862,7 +859,8 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         ..Config::default()
     };
     let off_cpu_bytes = off_cpu.map_or(0, OffCpu::bytes);
-    let memory = Memory { shared: shared.remote, private, live, off_cpu: off_cpu_address, off_cpu_bytes };
+    let shared_inode = shared.inode().ok();
+    let memory = Memory { shared: shared.remote, private, live, off_cpu: off_cpu_address, off_cpu_bytes, shared_inode };
     Ok((shared, memory, config))
 }
 

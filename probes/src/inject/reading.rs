@@ -271,11 +271,6 @@ impl TotalsView {
         self.shared.wait_while(HEADER_BLOCKS_WANTED, seen, timeout);
     }
 
-    /// The inode of the memory (see [`Shared::inode`]).
-    pub fn memory_inode(&self) -> std::io::Result<u64> {
-        self.shared.inode()
-    }
-
     /// Ends a [`Self::wait_for_block_request`] now.
     pub fn end_wait_for_block_request(&self) {
         self.shared.wake(HEADER_BLOCKS_WANTED);

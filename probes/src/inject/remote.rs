@@ -91,7 +91,14 @@ impl Remote {
             return Err(RemoteError::Unsupported(format!("process {pid} is traced by process {tracer} (a debugger?); detach it first")));
         }
         let frozen = Frozen::freeze(pid)?;
-        // Read held: the image cannot change under an exec until let go.
+        // The memory opened first, then the mappings read: an exec that a
+        // thread not yet stopped finishes in between shows in the mappings,
+        // and one after it leaves the memory written the image replaced.
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .map_err(io_error(format!("cannot open the memory of process {pid}")))?;
         let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let caller = frozen
             .threads()
@@ -99,11 +106,6 @@ impl Remote {
             .copied()
             .map(Pid::from_raw)
             .ok_or_else(|| RemoteError::Unsupported(format!("process {pid} has no thread left")))?;
-        let mem = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/mem"))
-            .map_err(io_error(format!("cannot open the memory of process {pid}")))?;
         let mut remote = Remote { pid, frozen, caller, syscall_site: 0, mem, maps };
         remote.syscall_site = remote.find_syscall_site()?;
         Ok(remote)

@@ -200,7 +200,6 @@ impl Watch {
             let mut retired = Retired::default();
             let mut cursor = TraceCursor::default();
             let mut answered = 0;
-            let mut image_gone = false;
             let view = patched.view();
             let looks_apart = judge.as_ref().map_or(LOOKS_APART, |j| j.looks_apart.max(LOOKS_APART));
             while !flag.load(Ordering::Relaxed) {
@@ -232,14 +231,9 @@ impl Watch {
                         let outcome = step_down(&mut patched, &pending, functions);
                         unpatching = unpatch_started.elapsed();
                         tries += 1;
-                        if let Err(super::remote::RemoteError::ImageGone { .. }) = outcome {
-                            // The exec took every patch out: nothing left to judge.
-                            pending.clear();
-                            image_gone = true;
-                        }
                         // Holding the process can fail for a moment (another
                         // holder letting go): tried again at the next look.
-                        if !pending.is_empty() && (outcome.is_ok() || tries >= TRIES) {
+                        if outcome.is_ok() || tries >= TRIES {
                             let error = outcome.err().map(|e| e.to_string());
                             let with_calls = |f: usize| (f % functions, calls.get(f).copied().unwrap_or(0));
                             let (unpatched, uncounted): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&f| f < functions);
@@ -251,9 +245,6 @@ impl Watch {
                             tries = 0;
                         }
                     }
-                }
-                if image_gone {
-                    judge = None;
                 }
                 // A thread that finds no block wakes this at once; the
                 // word is the target's to write, so however often it

@@ -117,6 +117,12 @@ impl InjectSource {
     ) -> Result<InjectEnding, RecordError> {
         let mut notes = Vec::new();
         let Watched { mut patched, retired, mut trace } = self.watch.finish();
+        // An exec after the code went in replaced the image it patched:
+        // nothing of it is to be restored, whatever the new one allows.
+        let replaced = end.execs_ns.iter().copied().filter(|&ns| ns > patched.code_since_ns()).min();
+        if replaced.is_some() {
+            patched.image_replaced();
+        }
         // Each live thread's time off CPU as the recording ends: the detach
         // stops them all, which wakes a sleeper and counts its sleep so far.
         let processes = std::iter::once(self.pid).chain(patched.running_children());
@@ -154,7 +160,6 @@ impl InjectSource {
         let mut read = Read::default();
         let off_cpu = off_cpu.as_ref();
         // Calls in progress at an exec never return: they end with the image.
-        let replaced = end.execs_ns.iter().copied().filter(|&ns| ns > patched.code_since_ns()).min();
         let image_end = ProcessEnd { ns: replaced.map_or(end_ns, |ns| ns.min(end_ns)), ended: false };
         read.add(self.pid, view, &how, image_end, off_cpu, names).map_err(RecordError::Corrupted)?;
         if let Some(error) = retired.error {

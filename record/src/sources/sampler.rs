@@ -57,14 +57,16 @@ impl SamplerThread {
         let (input, inputs) = channel();
         let worker = std::thread::spawn(move || {
             let mut stacks = Vec::new();
-            // Processes running an image the in-process engine patched.
-            let mut patched = HashSet::new();
+            // Processes running an image the in-process engine patched, and
+            // those running one an exec replaced (their children too).
+            let (mut patched, mut replaced) = (HashSet::new(), HashSet::new());
             for input in inputs {
                 match input {
                     Input::Mapped { pid, start, len, pgoff, path } => resolver.mapped(pid, start, len, pgoff, &path),
                     Input::Exec(pid) => {
                         resolver.exec(pid);
                         if patched.remove(&pid) {
+                            replaced.insert(pid);
                             samples.image_replaced(pid as i32);
                         }
                     }
@@ -72,6 +74,10 @@ impl SamplerThread {
                         resolver.forked(parent, child);
                         if patched.contains(&parent) {
                             patched.insert(child);
+                        }
+                        if replaced.contains(&parent) {
+                            replaced.insert(child);
+                            samples.image_replaced(child as i32);
                         }
                     }
                     Input::EngineCode(pid, range) => {
