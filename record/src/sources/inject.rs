@@ -103,9 +103,10 @@ impl InjectSource {
 
     /// Stops watching, puts the original code back, and makes each
     /// thread's profile of what the runtime added up, calls in progress
-    /// ending at `end` (at the exec that replaced the image, if one did). `names` names threads; the
-    /// profile measures `metrics` metrics (wall time, then CPU time);
-    /// `compensation` is what a patched call costs, to subtract.
+    /// ending at `end` (at the exec that replaced the image, if one did).
+    /// `names` names threads; the profile measures `metrics` metrics (wall
+    /// time, then CPU time); `compensation` is what a patched call costs,
+    /// to subtract.
     pub fn finish(
         self,
         end: InjectEnd,
