@@ -30,8 +30,11 @@ pub struct SampleAggregator {
     timed: Option<Vec<(SampleTime, Vec<u32>)>>,
     /// Samples in the in-process engine's counting stubs.
     in_counting_stubs: u64,
-    /// Processes whose instrumented image an exec replaced: their samples
-    /// since are of code nothing measures, whatever its functions' names.
+    /// Processes running an image the in-process engine patched.
+    patched: HashSet<i32>,
+    /// Processes whose patched image an exec replaced, and their forked
+    /// children: their samples are of code nothing measures, whatever its
+    /// functions' names.
     replaced: HashSet<i32>,
 }
 
@@ -66,6 +69,7 @@ impl SampleAggregator {
             held: HashMap::new(),
             timed: None,
             in_counting_stubs: 0,
+            patched: HashSet::new(),
             replaced: HashSet::new(),
         }
     }
@@ -83,11 +87,28 @@ impl SampleAggregator {
         self
     }
 
-    /// From the next sample on, process `pid` runs another image than the
-    /// one instrumented (an exec replaced it): its samples hold no time of
-    /// an instrumented caller, nor estimate a throttled function's.
-    pub fn image_replaced(&mut self, pid: i32) {
-        self.replaced.insert(pid);
+    /// Process `pid` runs an image the in-process engine patched.
+    pub fn patched(&mut self, pid: i32) {
+        self.patched.insert(pid);
+    }
+
+    /// Process `pid` executed a program: if it ran a patched image, its
+    /// samples from the next on hold no time of an instrumented caller,
+    /// nor estimate a throttled function's.
+    pub fn executed(&mut self, pid: i32) {
+        if self.patched.remove(&pid) {
+            self.replaced.insert(pid);
+        }
+    }
+
+    /// Process `parent` forked `child`, which runs the same image.
+    pub fn forked(&mut self, parent: i32, child: i32) {
+        if self.patched.contains(&parent) {
+            self.patched.insert(child);
+        }
+        if self.replaced.contains(&parent) {
+            self.replaced.insert(child);
+        }
     }
 
     /// From the next sample on, these functions (by index) are no longer
@@ -319,16 +340,26 @@ mod tests {
         let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
         samples.throttle(&[1]);
         let in_work = ResolvedStack { frames: vec![frame("main"), frame("work")], line: None, timed_calls: Vec::new() };
+        // 40's own exec started it; the engine patched it; it forked 41.
+        samples.executed(40);
+        samples.patched(40);
+        samples.forked(40, 41);
         samples.add_at(40, 40, 1, &in_work);
         samples.add_at(41, 41, 1, &in_work);
-        samples.image_replaced(40);
-        samples.add_at(40, 40, 2, &in_work);
-        samples.add_at(40, 40, 3, &in_work);
+        // 40 executes itself again and forks 43 from the new image; 41 runs
+        // on the patched one; 44, never patched (uprobes stay on the file),
+        // executed too.
+        samples.executed(40);
+        samples.forked(40, 43);
+        samples.executed(44);
+        for pid in [40, 43, 41, 44] {
+            samples.add_at(pid, pid, 2, &in_work);
+        }
         let profile = samples.profile();
         let work = profile.throttled.functions.iter().find(|t| t.name == "work").map(|t| (t.self_samples, t.total_samples));
-        assert_eq!(work, Some((2, 2)), "one sample of each process before the exec");
-        assert_eq!(profile.throttled.held.iter().map(|h| h.samples).sum::<u64>(), 2);
-        assert_eq!(profile.total, 4, "every sample stays in the stacks");
+        assert_eq!(work, Some((4, 4)), "40 and 41 before the exec, 41 and 44 after");
+        assert_eq!(profile.throttled.held.iter().map(|h| h.samples).sum::<u64>(), 4);
+        assert_eq!(profile.total, 6, "every sample stays in the stacks");
     }
 
     #[test]

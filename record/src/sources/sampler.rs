@@ -8,7 +8,6 @@ use crate::samples::{SampleAggregator, SampleTime};
 use proftap_probes::metrics::Metric;
 use proftap_probes::sampling::{ENGINE_MODULE, PROBE_OVERHEAD_FRAME, ResolvedStack, StackResolver, StackSample};
 use proftap_profile::SampleProfile;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
 use std::thread::JoinHandle;
@@ -57,32 +56,20 @@ impl SamplerThread {
         let (input, inputs) = channel();
         let worker = std::thread::spawn(move || {
             let mut stacks = Vec::new();
-            // Processes running an image the in-process engine patched, and
-            // those running one an exec replaced (their children too).
-            let (mut patched, mut replaced) = (HashSet::new(), HashSet::new());
             for input in inputs {
                 match input {
                     Input::Mapped { pid, start, len, pgoff, path } => resolver.mapped(pid, start, len, pgoff, &path),
                     Input::Exec(pid) => {
                         resolver.exec(pid);
-                        if patched.remove(&pid) {
-                            replaced.insert(pid);
-                            samples.image_replaced(pid as i32);
-                        }
+                        samples.executed(pid as i32);
                     }
                     Input::Forked { parent, child } => {
                         resolver.forked(parent, child);
-                        if patched.contains(&parent) {
-                            patched.insert(child);
-                        }
-                        if replaced.contains(&parent) {
-                            replaced.insert(child);
-                            samples.image_replaced(child as i32);
-                        }
+                        samples.forked(parent as i32, child as i32);
                     }
                     Input::EngineCode(pid, range) => {
-                        patched.insert(pid);
                         resolver.engine_code(pid, range);
+                        samples.patched(pid as i32);
                     }
                     Input::Origins(pid, origins) => resolver.origins(pid, origins),
                     Input::ProbeReturns(pid, returns, return_trampolines) => resolver.probe_returns(pid, returns, return_trampolines),
