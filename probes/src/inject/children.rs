@@ -121,7 +121,7 @@ impl Children {
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         // The latest with that pid: an earlier one ended, its pid reused.
         let child = received.children.iter().rev().find(|c| c.pid == pid)?;
-        nix::sys::stat::fstat(&child.memory).ok().map(|stat| stat.st_ino)
+        super::remote::inode_of(&child.memory).ok()
     }
 
     /// Each child after the first `first` so far, with a view of its

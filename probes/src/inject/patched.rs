@@ -360,8 +360,7 @@ impl Patched {
             return Err(RemoteError::ImageGone { pid: self.pid });
         }
         let remote = Remote::attach(self.pid)?;
-        let memory = self.memory.filter(|m| m.shared_inode.is_some());
-        if memory.is_some_and(|m| !runs_image_of(&remote, Some(m.shared), m.shared_inode)) {
+        if self.memory.is_some_and(|m| m.shared_inode.is_some() && !runs_image_of(&remote, m.shared, m.shared_inode)) {
             self.image_replaced();
             return Err(RemoteError::ImageGone { pid: self.pid });
         }
@@ -527,7 +526,8 @@ impl Patched {
         let _ = Remote::attach(pid).and_then(|remote| {
             // Held, and still the child (its pid cannot have been reused),
             // running the image it forked with.
-            if crate::target::has_exited(process) || !runs_image_of(&remote, self.memory.map(|m| m.shared), memory) {
+            let runs_patched = self.memory.is_some_and(|m| runs_image_of(&remote, m.shared, memory));
+            if crate::target::has_exited(process) || !runs_patched {
                 return Ok(());
             }
             patcher::restore(&remote, &mut applied, |f| self.calls_uncounted.contains(&f))?;
@@ -663,7 +663,7 @@ impl Patched {
             let restored = Remote::attach(pid).and_then(|remote| {
                 // Held, and still the child (its pid cannot have been
                 // reused), running the image it forked with.
-                if crate::target::has_exited(&process) || !runs_image_of(&remote, Some(memory.shared), inode) {
+                if crate::target::has_exited(&process) || !runs_image_of(&remote, memory.shared, inode) {
                     return Ok(());
                 }
                 let mut applied = self.ever_applied.clone();
@@ -865,13 +865,11 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
 }
 
 /// Whether the process `remote` holds maps, at `shared`, the memory
-/// whose inode is `inode`: the memory proftap shared with the image it
-/// patched goes with that image at an exec, and no other can map it.
-fn runs_image_of(remote: &Remote, shared: Option<u64>, inode: Option<u64>) -> bool {
-    match (shared, inode) {
-        (Some(shared), Some(inode)) => remote.inode_mapped_at(shared) == Some(inode),
-        _ => false,
-    }
+/// whose inode is `inode` (not known: no): the memory proftap shared with
+/// the image it patched goes with that image at an exec, and no other
+/// can map it.
+fn runs_image_of(remote: &Remote, shared: u64, inode: Option<u64>) -> bool {
+    inode.is_some() && remote.inode_mapped_at(shared) == inode
 }
 
 /// The user a process runs as.

@@ -794,7 +794,7 @@ impl Shared {
     /// The inode of the memory, which the target maps as long as it runs
     /// the image it was shared with.
     pub fn inode(&self) -> io::Result<u64> {
-        Ok(nix::sys::stat::fstat(&self.fd)?.st_ino)
+        inode_of(&self.fd)
     }
 
     /// Adds one to the `u32` at byte `offset` and wakes every thread of any
@@ -844,6 +844,11 @@ impl Drop for Shared {
         // SAFETY: unmapping what `share` mapped; no reference outlives self.
         unsafe { libc::munmap(self.local.cast(), self.len) };
     }
+}
+
+/// The inode of the file behind `fd` (a memfd shared with a target).
+pub fn inode_of(fd: &OwnedFd) -> io::Result<u64> {
+    Ok(nix::sys::stat::fstat(fd)?.st_ino)
 }
 
 /// Pieces farther apart than this are read apart.
