@@ -566,7 +566,8 @@ fn choose(
 /// what it cannot patch is left to the samples (a kernel probe costs a
 /// hundred patched calls), unless what is asked needs uprobes (other
 /// metrics, lines, regions, a warm-up before instrumenting) or the program
-/// cancels threads the engine cannot follow.
+/// cancels threads the engine cannot follow. Decided before the engine is:
+/// when false, the recorder's `leaves_unpatched_unprobed` holds too.
 fn uprobes_may_take_chosen_functions(request: &RecordRequest, metrics: &[Metric], cancels_unhooked: bool) -> bool {
     let engine_alone = request.engine != EngineChoice::Uprobe
         && request.instrument
