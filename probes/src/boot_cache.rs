@@ -1,7 +1,10 @@
 //! State proftap keeps for the rest of a boot (a probe's measured cost, the
 //! kernel's symbols): where, and which boot it is of.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A directory only this user can write to (`/run/proftap` for root,
 /// `$XDG_RUNTIME_DIR` for others), or none: a shared directory such as
@@ -17,4 +20,104 @@ pub fn dir() -> Option<PathBuf> {
 /// This boot's id (empty when the kernel does not say).
 pub fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string()
+}
+
+/// The name a file of what was read of `version` of a file is kept
+/// under, in a directory of such files.
+pub fn file_name(version: &crate::symbols::FileVersion) -> String {
+    format!("{:x}-{:x}", version.device(), version.inode())
+}
+
+/// Whether `name` is one [`file_name`] gives.
+pub fn is_file_name(name: &str) -> bool {
+    name.split_once('-')
+        .is_some_and(|(device, inode)| [device, inode].iter().all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_hexdigit())))
+}
+
+/// A hash of `bytes` at compile time: of the code whose results are kept,
+/// so that what another build of it kept is not read back.
+pub const fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash = (hash ^ bytes[i] as u64).wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+/// A file changed this recently is read and not kept: file times are
+/// kept at the kernel's clock tick, so a change within the same tick as
+/// the read would not change them (git's "racily clean" files).
+pub const SETTLED_NS: i128 = 2_000_000_000;
+
+/// Whether a file last changed at `changed_ns` (since 1970) changed more
+/// than `settled_ns` ago.
+pub fn settled(changed_ns: i128, settled_ns: i128) -> bool {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128);
+    changed_ns < now - settled_ns
+}
+
+/// Whether `dir` (made if missing) is this user's alone, not a link, in a
+/// directory only this user or root may write: no one else can plant,
+/// swap or read what is kept there.
+pub fn private_dir(dir: &Path) -> bool {
+    let me = nix::unistd::geteuid().as_raw();
+    let parent = dir.parent().and_then(|p| std::fs::symlink_metadata(p).ok());
+    if !parent.is_some_and(|p| p.is_dir() && (p.uid() == me || p.uid() == 0) && p.mode() & 0o022 == 0) {
+        return false;
+    }
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
+    std::fs::symlink_metadata(dir).is_ok_and(|d| d.is_dir() && d.uid() == me && d.mode() & 0o077 == 0)
+}
+
+/// A kept file's bytes, if this user owns it, no one else may write it,
+/// and it holds at most `most_bytes`.
+pub fn read_private(path: &Path, most_bytes: u64) -> Option<Vec<u8>> {
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o022 != 0 || meta.len() > most_bytes {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(most_bytes).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// Writes `bytes` at `path` (whole or not at all, readable by this user
+/// only), then takes out the oldest files beside it that `is_kept_name`
+/// names while they hold more than `most_bytes` together. Failing to
+/// keep only costs the next recording a read.
+pub fn keep(path: &Path, bytes: &[u8], most_bytes: u64, is_kept_name: fn(&str) -> bool) {
+    let Some(dir) = path.parent() else { return };
+    if proftap_profile::write_private(path, |out| out.write_all(bytes)).is_ok() {
+        trim(dir, path, most_bytes, is_kept_name);
+    }
+}
+
+/// Removes the oldest files of `dir` that `is_kept_name` names (never
+/// `newest`) while they hold more than `most_bytes` together; nothing else
+/// in it.
+pub fn trim(dir: &Path, newest: &Path, most_bytes: u64, is_kept_name: fn(&str) -> bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let me = nix::unistd::geteuid().as_raw();
+    let mut kept: Vec<(SystemTime, u64, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(is_kept_name))
+        .filter_map(|e| {
+            // Of the entry itself: a link is not followed.
+            let meta = e.metadata().ok()?;
+            (meta.is_file() && meta.uid() == me).then(|| (meta.modified().unwrap_or(UNIX_EPOCH), meta.len(), e.path()))
+        })
+        .collect();
+    let mut total: u64 = kept.iter().map(|(_, len, _)| len).sum();
+    kept.sort();
+    for (_, len, path) in kept {
+        if total <= most_bytes {
+            break;
+        }
+        if path != newest && std::fs::remove_file(&path).is_ok() {
+            total -= len;
+        }
+    }
 }

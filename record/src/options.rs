@@ -117,6 +117,9 @@ pub struct RecordOptions {
     pub build_id: Option<String>,
     /// The binaries' symbols and images, read once for the whole recording.
     pub symbols: Arc<SymbolCache>,
+    /// Where the in-process engine's planner keeps what it judged of the
+    /// binaries' functions for the rest of the boot (none: judged afresh).
+    pub kept_judgements: Option<PathBuf>,
     /// Tell the calls by function once a second ([`crate::observer::RecordEvent::Calls`]).
     pub live_calls: bool,
     /// Keep every finished call for a timeline, up to this many bytes.
@@ -152,6 +155,7 @@ impl Default for RecordOptions {
             notes: Vec::new(),
             build_id: None,
             symbols: Arc::default(),
+            kept_judgements: None,
             live_calls: false,
             trace_bytes: None,
         }

@@ -324,7 +324,7 @@ fn patching(
             (refused, off_cpu)
         }
         _ => {
-            let (mut refused, whole) = Patched::refusals(functions);
+            let (mut refused, whole) = Patched::refusals(functions, options.kept_judgements.as_deref());
             planned_whole = whole;
             let mut taken: Vec<(usize, String)> = options.entries_counted.iter().map(|&i| (i, ENTRY_COUNTED.to_string())).collect();
             taken.extend(options.line_probed.iter().map(|&i| (i, LINES_PROBED.to_string())));

@@ -2,8 +2,8 @@
 //! tables, DWARF units, line tables, debug links, as proftapd reads every
 //! binary a target maps; the branches into functions' first bytes that
 //! planning decodes from its code; the kernel's symbol table, as read
-//! from `/proc/kallsyms` or kept for the boot; and a binary's DWARF as kept
-//! for the boot.
+//! from `/proc/kallsyms` or kept for the boot; and a binary's DWARF, and
+//! what the patch planner judged of its functions, as kept for the boot.
 
 use proftap_probes::addr::VirtAddr;
 use proftap_probes::symbols::{DebugDirs, KernelSymbols, LoadOptions, SymbolIndex};
@@ -15,6 +15,7 @@ fn run(data: &[u8]) {
     kernel_symbols(&String::from_utf8_lossy(data));
     // The same bytes as a binary's DWARF kept by an earlier recording.
     proftap_probes::symbols::kept_file_is_used(data);
+    proftap_probes::inject::judged::kept_file_is_used(data);
     // No debug directories: a build-id must not reach this machine's real
     // debug files, or runs would depend on what is installed.
     let options =

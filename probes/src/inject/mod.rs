@@ -18,6 +18,7 @@ pub mod claim;
 pub mod clock;
 pub mod counting;
 pub mod hooks;
+pub mod judged;
 pub mod patch;
 pub mod patched;
 pub mod patcher;

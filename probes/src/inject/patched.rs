@@ -7,6 +7,7 @@ use super::children::{ChildMemories, ChildView, Children};
 use super::claim::RecordingClaim;
 use super::counting::{self, Counting};
 use super::hooks::{self, Hook, HookSite};
+use super::judged::{self, Verdict};
 use super::patch::Site;
 use super::patcher::{self, Applied, CODE_DIFFERS, EntryCounters, LEFT_BEHIND, Refused, Target};
 use super::reading::TotalsView;
@@ -15,6 +16,7 @@ use super::totals::{self, Config, Geometry, call_routine, call_routine_and_retur
 use crate::offcpu::OffCpu;
 use crate::plan::ProbedFunction;
 use crate::procfs;
+use std::path::Path;
 
 /// `madvise` advice: zero the page in a forked child.
 const MADV_WIPEONFORK: u64 = 18;
@@ -129,23 +131,16 @@ impl Patched {
     /// files alone (before the program runs); and those whose patch needs
     /// their whole code to be planned again (a short jump to an island,
     /// which only a branch back into their first bytes calls for), where
-    /// the others are planned from their first instructions alone.
-    pub fn refusals(functions: &[ProbedFunction]) -> (Refused, Vec<usize>) {
-        let modules = patcher::as_in_files(functions);
-        let targets: Vec<Target> = functions.iter().map(Target::of).collect();
-        // Each function is judged alone.
-        let all: Vec<usize> = (0..targets.len()).collect();
-        let judged = patcher::on_every_cpu(&all, |share| {
-            let chosen: Vec<Target> = share.iter().map(|&i| targets[i].clone()).collect();
-            let (groups, refused) = patcher::plans(&modules, &chosen, &[]);
-            let whole = groups.into_iter().flat_map(|g| g.plans).filter(|(_, p)| p.island.is_some()).map(|(k, _)| (share[k], None));
-            refused.into_iter().map(|(k, why)| (share[k], Some(why))).chain(whole).collect()
-        });
+    /// the others are planned from their first instructions alone. What
+    /// was judged of the same files before is read from `kept`, and what
+    /// is judged now kept there (see [`judged`]).
+    pub fn refusals(functions: &[ProbedFunction], kept: Option<&Path>) -> (Refused, Vec<usize>) {
         let (mut refused, mut whole) = (Vec::new(), Vec::new());
-        for (i, why) in judged {
-            match why {
-                Some(why) => refused.push((i, why)),
-                None => whole.push(i),
+        for (i, verdict) in judged::judge(functions, kept).into_iter().enumerate() {
+            match verdict {
+                Verdict::Refused(why) => refused.push((i, why)),
+                Verdict::PlannedWhole => whole.push(i),
+                Verdict::Planned => {}
             }
         }
         (refused, whole)

@@ -15,11 +15,10 @@
 use super::dwarf::{self, CompileUnit, DwarfInfo, FileTable, LineRow, Subprogram};
 use super::elf::{ElfImage, FileVersion};
 use crate::addr::VirtAddr;
+use crate::boot_cache;
 use crate::error::Result;
 use object::Object;
 use serde::{Deserialize, Serialize};
-use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Changes whenever what is kept changes meaning.
@@ -27,22 +26,7 @@ const FORMAT: u32 = 2;
 
 /// Changes with the code that reads the DWARF: what a build reading it
 /// otherwise kept is not read back, whatever version it called itself.
-const READER: u64 = fnv1a(include_bytes!("dwarf.rs"));
-
-const fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    let mut i = 0;
-    while i < bytes.len() {
-        hash = (hash ^ bytes[i] as u64).wrapping_mul(0x0100_0000_01b3);
-        i += 1;
-    }
-    hash
-}
-
-/// A file changed this recently is read and not kept: file times are
-/// kept at the kernel's clock tick, so a change within the same tick as
-/// the read would not change them (git's "racily clean" files).
-const SETTLED_NS: i128 = 2_000_000_000;
+const READER: u64 = boot_cache::fnv1a(include_bytes!("dwarf.rs"));
 
 /// The largest file kept for one binary.
 const MOST_FILE_BYTES: u64 = 64 << 20;
@@ -120,7 +104,7 @@ pub(crate) fn read(
     want_lines: bool,
     warnings: &mut Vec<String>,
 ) -> Result<DwarfInfo> {
-    read_settled(dir, image, files, want_lines, warnings, SETTLED_NS)
+    read_settled(dir, image, files, want_lines, warnings, boot_cache::SETTLED_NS)
 }
 
 /// [`read`], keeping only what was read of a file changed more than
@@ -133,7 +117,7 @@ fn read_settled(
     warnings: &mut Vec<String>,
     settled_ns: i128,
 ) -> Result<DwarfInfo> {
-    let Some(path) = dir.filter(|dir| private_dir(dir)).and_then(|dir| kept_path(dir, image, want_lines)) else {
+    let Some(path) = dir.filter(|dir| boot_cache::private_dir(dir)).and_then(|dir| kept_path(dir, image, want_lines)) else {
         return dwarf::read(image, files, want_lines, warnings);
     };
     let key = Key::of(image, want_lines);
@@ -142,28 +126,11 @@ fn read_settled(
     }
     let mut read_warnings = Vec::new();
     let info = dwarf::read(image, files, want_lines, &mut read_warnings)?;
-    if image.version().changed_ns() < now_ns() - settled_ns {
+    if boot_cache::settled(image.version().changed_ns(), settled_ns) {
         keep(&path, Kept::of(key, &info, files, &read_warnings));
     }
     warnings.extend(read_warnings);
     Ok(info)
-}
-
-fn now_ns() -> i128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
-}
-
-/// Whether `dir` (made if missing) is this user's alone, not a link, in a
-/// directory only this user or root may write: no one else can plant,
-/// swap or read what is kept there.
-fn private_dir(dir: &Path) -> bool {
-    let me = nix::unistd::geteuid().as_raw();
-    let parent = dir.parent().and_then(|p| std::fs::symlink_metadata(p).ok());
-    if !parent.is_some_and(|p| p.is_dir() && (p.uid() == me || p.uid() == 0) && p.mode() & 0o022 == 0) {
-        return false;
-    }
-    let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
-    std::fs::symlink_metadata(dir).is_ok_and(|d| d.is_dir() && d.uid() == me && d.mode() & 0o077 == 0)
 }
 
 /// Where `image`'s DWARF is kept, if it may be: not when it names a
@@ -174,27 +141,18 @@ fn kept_path(dir: &Path, image: &ElfImage, lines: bool) -> Option<PathBuf> {
         return None;
     }
     let version = image.version();
-    let name = format!("{:x}-{:x}{}", version.device(), version.inode(), if lines { "-lines" } else { "" });
+    let name = format!("{}{}", boot_cache::file_name(&version), if lines { "-lines" } else { "" });
     Some(dir.join(name))
 }
 
 /// Whether `name` is one [`kept_path`] gives.
 fn is_kept_name(name: &str) -> bool {
-    let name = name.strip_suffix("-lines").unwrap_or(name);
-    name.split_once('-')
-        .is_some_and(|(device, inode)| [device, inode].iter().all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_hexdigit())))
+    boot_cache::is_file_name(name.strip_suffix("-lines").unwrap_or(name))
 }
 
 /// A kept file, if this user owns it, no one else may write it, and it decodes.
 fn load(path: &Path) -> Option<Kept> {
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o022 != 0 || meta.len() > MOST_FILE_BYTES {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    file.take(MOST_FILE_BYTES).read_to_end(&mut bytes).ok()?;
-    decode(&bytes)
+    decode(&boot_cache::read_private(path, MOST_FILE_BYTES)?)
 }
 
 /// A kept file's bytes decoded, if they are one.
@@ -208,43 +166,11 @@ pub fn kept_file_is_used(bytes: &[u8]) -> bool {
     decode(bytes).and_then(|kept| kept.into_info(&mut FileTable::default(), &mut Vec::new())).is_some()
 }
 
-/// Writes `kept` at `path` (whole or not at all), then takes out the
-/// oldest kept files past [`MOST_KEPT_BYTES`]. Failing to keep only costs
-/// the next recording a read.
+/// Writes `kept` at `path`, within the bounds of one file and of all.
 fn keep(path: &Path, kept: Kept) {
     let Ok(bytes) = postcard::to_stdvec(&kept) else { return };
-    let Some(dir) = path.parent() else { return };
-    if bytes.len() as u64 > MOST_FILE_BYTES {
-        return;
-    }
-    if proftap_profile::write_private(path, |out| out.write_all(&bytes)).is_ok() {
-        trim(dir, path, MOST_KEPT_BYTES);
-    }
-}
-
-/// Removes the oldest kept files of `dir` (never `newest`) while they
-/// hold more than `most_bytes` together; nothing else in it.
-fn trim(dir: &Path, newest: &Path, most_bytes: u64) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let me = nix::unistd::geteuid().as_raw();
-    let mut kept: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
-        .flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(is_kept_name))
-        .filter_map(|e| {
-            // Of the entry itself: a link is not followed.
-            let meta = e.metadata().ok()?;
-            (meta.is_file() && meta.uid() == me).then(|| (meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len(), e.path()))
-        })
-        .collect();
-    let mut total: u64 = kept.iter().map(|(_, len, _)| len).sum();
-    kept.sort();
-    for (_, len, path) in kept {
-        if total <= most_bytes {
-            break;
-        }
-        if path != newest && std::fs::remove_file(&path).is_ok() {
-            total -= len;
-        }
+    if bytes.len() as u64 <= MOST_FILE_BYTES {
+        boot_cache::keep(path, &bytes, MOST_KEPT_BYTES, is_kept_name);
     }
 }
 

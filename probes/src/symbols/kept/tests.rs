@@ -16,7 +16,7 @@ fn read_in(kept: Option<&Path>, program: &Path, lines: bool) -> String {
     let image = ElfImage::open(program).expect("the program opens");
     let (mut files, mut warnings) = (FileTable::default(), Vec::new());
     // Kept however recently the program was written.
-    let info = read_settled(kept, &image, &mut files, lines, &mut warnings, -SETTLED_NS).expect("the DWARF reads");
+    let info = read_settled(kept, &image, &mut files, lines, &mut warnings, -boot_cache::SETTLED_NS).expect("the DWARF reads");
     format!("{:?}\n{:?}\n{:?}\n{:?}\n{warnings:?}", info.subprograms, info.units, info.rows, files.paths())
 }
 
@@ -162,7 +162,7 @@ fn the_oldest_kept_files_go_past_the_bound() {
     }
     // The newest is never taken out, even when it is the oldest; a file
     // not named as kept files are is left alone.
-    trim(dir.path(), &dir.path().join("1-a"), 300);
+    boot_cache::trim(dir.path(), &dir.path().join("1-a"), 300, is_kept_name);
     let mut left: Vec<String> =
         std::fs::read_dir(dir.path()).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
     left.sort();
