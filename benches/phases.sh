@@ -6,14 +6,17 @@
 # profile). Read from the kernel's sched_process_exec and _exit events
 # (`perf record -a`), RUNS recordings in a row; one line each, in ms.
 # Usage: benches/phases.sh RUNS [PROFTAP-RUN-FLAGS...] -- COMMAND [ARGS...]   (root)
+# PROFTAP=path measures another build of proftap (default: this tree's release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -ge 3 && $1 =~ ^[1-9][0-9]*$ ]] || { echo "usage: benches/phases.sh RUNS [FLAGS...] -- COMMAND [ARGS...]" >&2; exit 1; }
 command -v perf >/dev/null || { echo "perf is needed (apt-get install linux-perf)" >&2; exit 1; }
 runs=$1
 shift
-cargo build --release --quiet --bins
-proftap=$PWD/target/release/proftap
+if [ -z "${PROFTAP:-}" ]; then
+    cargo build --release --quiet --bins
+fi
+proftap=${PROFTAP:-$PWD/target/release/proftap}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 perf record -q -a -e sched:sched_process_exec,sched:sched_process_exit -o "$out/sched.data" -- \

@@ -517,3 +517,32 @@ fn check_auto_instrument(engine: &str) {
     let sampled = report["samples"]["functions"].as_array().unwrap().iter().find(|f| f["name"] == "tick").unwrap();
     assert!(sampled["self"].as_u64().unwrap() > 0, "{sampled}");
 }
+
+/// A real program's run makes dozens of changes of the probes (SQLite's,
+/// forty), which the live output would print on the program's terminal:
+/// the first few are told as they come, the rest in one line at the end,
+/// and the text report folds them the same way; the profile keeps each.
+#[test]
+fn the_governors_changes_past_the_first_few_are_told_in_one_line() {
+    let _serial = one_recording_at_a_time();
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let out = run(proftap().arg("run").arg("-o").arg(&file).arg("--").arg(Build::c("phases.c", "-O2").build()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let is_change = |line: &str| line.contains("removed the probes of phase") || line.contains("stopped counting the calls of phase");
+    assert_eq!(stderr.lines().filter(|l| is_change(l)).count(), 3, "{stderr}");
+    let report = report_json(&file);
+    let notes: Vec<&str> = report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    for phase in 0..8 {
+        assert!(notes.iter().any(|n| n.contains(&format!("removed the probes of phase{phase} "))), "phase{phase}: {notes:#?}");
+    }
+    let changes = notes.iter().filter(|n| is_change(n)).count();
+    let more = stderr.lines().find(|l| l.contains("more changes of the probes")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(more.starts_with(&format!("proftap: {} more changes of the probes", changes - 3)), "{more}");
+    let text = run_ok(proftap().arg("report").arg(&file).arg("--no-pager"));
+    let folded = text.lines().filter(|l| l.starts_with("  note ")).collect::<Vec<_>>();
+    assert_eq!(folded.iter().filter(|l| is_change(l)).count(), 3, "{text}");
+    assert!(folded.iter().any(|l| l.ends_with(more.trim_start_matches("proftap: "))), "{text}");
+}

@@ -46,6 +46,8 @@ struct Shown {
     bar: Option<ProgressBar>,
     /// Hits per second, from the hits at the last measure.
     rate: (Instant, u64, f64),
+    /// The governor's changes of the probes told, and those past them.
+    probe_changes: (usize, wording::MoreProbeChanges),
 }
 
 impl Shown {
@@ -117,7 +119,14 @@ pub struct Terminal {
 impl Terminal {
     /// Starts rendering; `live` adds the live line of counters while recording.
     pub fn start(live: bool) -> Self {
-        let shown = Arc::new(Mutex::new(Shown { step: None, download: None, live: None, bar: None, rate: (Instant::now(), 0, 0.0) }));
+        let shown = Arc::new(Mutex::new(Shown {
+            step: None,
+            download: None,
+            live: None,
+            bar: None,
+            rate: (Instant::now(), 0, 0.0),
+            probe_changes: (0, wording::MoreProbeChanges::default()),
+        }));
         let done = Arc::new(AtomicBool::new(false));
         let thread = std::io::stderr().is_terminal().then(|| {
             let (shown, done) = (shown.clone(), done.clone());
@@ -161,7 +170,16 @@ impl Observer for Terminal {
                     (live.1, live.2) = (hits, lost);
                 }
             }
-            RecordEvent::ProbesChanged(change) => shown.say(&format!("proftap: {}", wording::note(&change))),
+            RecordEvent::ProbesChanged(change) => match wording::probe_change(&change) {
+                // Dozens in a real program's run, in the program's terminal: told at the end.
+                Some((after_ms, functions, uncounted)) if shown.probe_changes.0 >= wording::PROBE_CHANGES_TOLD => {
+                    shown.probe_changes.1.add(after_ms, functions, uncounted);
+                }
+                told => {
+                    shown.probe_changes.0 += usize::from(told.is_some());
+                    shown.say(&format!("proftap: {}", wording::note(&change)));
+                }
+            },
             RecordEvent::Download(Download::Started { build_id, server, size }) => {
                 shown.download = Some(Downloading { build_id, server, size, received: 0 });
             }
@@ -197,6 +215,9 @@ impl Drop for Terminal {
         }
         if let Ok(mut shown) = self.shown.lock() {
             shown.clear();
+            if let Some(more) = shown.probe_changes.1.sentence() {
+                shown.say(&format!("proftap: {more}"));
+            }
         }
     }
 }

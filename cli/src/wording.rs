@@ -30,6 +30,85 @@ pub fn warning(warning: &Warning) -> String {
     }
 }
 
+/// Changes of the probes the overhead governor made (throttles) are told
+/// one by one up to this many; a run of a real program makes dozens, and
+/// the rest are told in one line (the report's "Throttled functions" and
+/// its JSON name every one).
+pub const PROBE_CHANGES_TOLD: usize = 3;
+
+/// When a change of the probes the governor made came (ms into the
+/// recording), how many functions it named, and whether it stopped their
+/// counting (else it removed their probes), if `note` is one.
+pub fn probe_change(note: &Note) -> Option<(u64, usize, bool)> {
+    match note {
+        Note::Found(Finding::Throttled { after_ms, functions, .. }) => Some((*after_ms, functions.len(), false)),
+        Note::Found(Finding::CountingStopped { after_ms, functions, .. }) => Some((*after_ms, functions.len(), true)),
+        _ => None,
+    }
+}
+
+/// Changes of the probes past the first [`PROBE_CHANGES_TOLD`], told in one line.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct MoreProbeChanges {
+    changes: usize,
+    removed: usize,
+    uncounted: usize,
+    first_ms: u64,
+    last_ms: u64,
+}
+
+impl MoreProbeChanges {
+    /// One more change, at `after_ms`, naming `functions` whose probes it
+    /// removed or (`uncounted`) whose counting it stopped.
+    pub fn add(&mut self, after_ms: u64, functions: usize, uncounted: bool) {
+        if self.changes == 0 {
+            self.first_ms = after_ms;
+        }
+        self.changes += 1;
+        *if uncounted { &mut self.uncounted } else { &mut self.removed } += functions;
+        self.last_ms = self.last_ms.max(after_ms);
+    }
+
+    /// The line, if there was any.
+    pub fn sentence(&self) -> Option<String> {
+        let plural = |n: usize, one: &str, many: &str| if n == 1 { one.to_string() } else { many.to_string() };
+        let what = [
+            (self.removed > 0)
+                .then(|| format!("the probes of {} more {} removed", self.removed, plural(self.removed, "function", "functions"))),
+            (self.uncounted > 0).then(|| format!("the calls of {} more no longer counted", self.uncounted)),
+        ];
+        (self.changes > 0).then(|| {
+            format!(
+                "{} more {} of the probes to keep within the overhead budget, {} to {} ms into the recording: {}; `proftap report --format json` lists each",
+                self.changes,
+                plural(self.changes, "change", "changes"),
+                self.first_ms,
+                self.last_ms,
+                what.into_iter().flatten().collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+}
+
+/// A profile's notes as sentences, the governor's changes of the probes
+/// past the first few folded into one.
+pub fn notes(notes: &[Note]) -> Vec<String> {
+    let (mut told, mut more) = (0, MoreProbeChanges::default());
+    let mut sentences = Vec::new();
+    for n in notes {
+        match probe_change(n) {
+            Some((after_ms, functions, uncounted)) if told >= PROBE_CHANGES_TOLD => more.add(after_ms, functions, uncounted),
+            Some(_) => {
+                told += 1;
+                sentences.push(note(n));
+            }
+            None => sentences.push(note(n)),
+        }
+    }
+    sentences.extend(more.sentence());
+    sentences
+}
+
 /// A profile's note, as a sentence.
 pub fn note(note: &Note) -> String {
     match note {
@@ -261,4 +340,43 @@ fn with_calls(functions: &[FunctionCalls]) -> String {
 /// "1 call was", "2 calls were".
 fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn throttled(after_ms: u64, names: &[&str]) -> Note {
+        let functions = names.iter().map(|n| FunctionCalls { name: n.to_string(), calls: 1 }).collect();
+        Note::Found(Finding::Throttled { after_ms, functions, budget_percent: 5.0, sampled: true, counted: true })
+    }
+
+    fn uncounted(after_ms: u64, names: &[&str]) -> Note {
+        let functions = names.iter().map(|n| FunctionCalls { name: n.to_string(), calls: 1 }).collect();
+        Note::Found(Finding::CountingStopped { after_ms, functions, budget_percent: 5.0 })
+    }
+
+    #[test]
+    fn the_governors_changes_past_the_first_few_are_told_in_one_line() {
+        let notes = [
+            throttled(3, &["a"]),
+            Note::Text("other".into()),
+            uncounted(4, &["a"]),
+            throttled(5, &["b", "c"]),
+            throttled(9, &["d", "e", "f"]),
+            uncounted(12, &["d"]),
+            throttled(20, &["g"]),
+        ];
+        let told = super::notes(&notes);
+        assert_eq!(told.len(), 5, "{told:#?}");
+        assert!(told[0].contains("after 3 ms, removed the probes of a"), "{}", told[0]);
+        assert_eq!(told[1], "other");
+        assert!(told[3].contains("removed the probes of b"), "{}", told[3]);
+        assert_eq!(
+            told[4],
+            "3 more changes of the probes to keep within the overhead budget, 9 to 20 ms into the recording: the probes of 4 more functions removed, the calls of 1 more no longer counted; `proftap report --format json` lists each"
+        );
+        // A few are all told as they are.
+        assert_eq!(super::notes(&notes[..4]).len(), 4);
+    }
 }

@@ -280,8 +280,8 @@ fn header(profile: &Profile, out: &mut String) {
             profile.processes.len().max(1),
             if profile.processes.len() > 1 { "es" } else { "" }
         );
-        for note in &profile.notes {
-            let _ = writeln!(out, "  note        {}", crate::wording::note(note));
+        for note in crate::wording::notes(&profile.notes) {
+            let _ = writeln!(out, "  note        {note}");
         }
         return;
     }
@@ -353,8 +353,8 @@ fn header(profile: &Profile, out: &mut String) {
         }
         let _ = writeln!(out, " (proftap report --slowest N F; proftap export --format chrome-trace)");
     }
-    for note in &profile.notes {
-        let _ = writeln!(out, "  note        {}", crate::wording::note(note));
+    for note in crate::wording::notes(&profile.notes) {
+        let _ = writeln!(out, "  note        {note}");
     }
 }
 
