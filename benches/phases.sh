@@ -8,6 +8,7 @@
 # Usage: benches/phases.sh RUNS [PROFTAP-RUN-FLAGS...] -- COMMAND [ARGS...]   (root)
 # PROFTAP=path measures another build of proftap (default: this tree's release build).
 set -euo pipefail
+[ -z "${PROFTAP:-}" ] || PROFTAP=$(realpath "$PROFTAP")
 cd "$(dirname "$0")/.."
 [[ $# -ge 3 && $1 =~ ^[1-9][0-9]*$ ]] || { echo "usage: benches/phases.sh RUNS [FLAGS...] -- COMMAND [ARGS...]" >&2; exit 1; }
 command -v perf >/dev/null || { echo "perf is needed (apt-get install linux-perf)" >&2; exit 1; }

@@ -61,29 +61,27 @@ impl MoreProbeChanges {
     /// One more change, at `after_ms`, naming `functions` whose probes it
     /// removed or (`uncounted`) whose counting it stopped.
     pub fn add(&mut self, after_ms: u64, functions: usize, uncounted: bool) {
-        if self.changes == 0 {
-            self.first_ms = after_ms;
-        }
+        // Merged runs' notes, and the engine's changes next to uprobes', are not in time order.
+        self.first_ms = if self.changes == 0 { after_ms } else { self.first_ms.min(after_ms) };
+        self.last_ms = self.last_ms.max(after_ms);
         self.changes += 1;
         *if uncounted { &mut self.uncounted } else { &mut self.removed } += functions;
-        self.last_ms = self.last_ms.max(after_ms);
     }
 
     /// The line, if there was any.
     pub fn sentence(&self) -> Option<String> {
-        let plural = |n: usize, one: &str, many: &str| if n == 1 { one.to_string() } else { many.to_string() };
         let what = [
-            (self.removed > 0)
-                .then(|| format!("the probes of {} more {} removed", self.removed, plural(self.removed, "function", "functions"))),
-            (self.uncounted > 0).then(|| format!("the calls of {} more no longer counted", self.uncounted)),
+            (self.removed > 0).then(|| format!("probes removed from {}", counted(self.removed as u64, "more function", "more functions"))),
+            (self.uncounted > 0).then(|| format!("counting stopped for {}", counted(self.uncounted as u64, "function", "functions"))),
         ];
+        let when = match (self.first_ms, self.last_ms) {
+            (first, last) if first == last => format!("{first} ms"),
+            (first, last) => format!("{first} to {last} ms"),
+        };
         (self.changes > 0).then(|| {
             format!(
-                "{} more {} of the probes to keep within the overhead budget, {} to {} ms into the recording: {}; `proftap report --format json` lists each",
-                self.changes,
-                plural(self.changes, "change", "changes"),
-                self.first_ms,
-                self.last_ms,
+                "{} of the probes to keep within the overhead budget, {when} into the recording: {}; `proftap report --format json` lists each",
+                counted(self.changes as u64, "more change", "more changes"),
                 what.into_iter().flatten().collect::<Vec<_>>().join(", ")
             )
         })
@@ -374,9 +372,13 @@ mod tests {
         assert!(told[3].contains("removed the probes of b"), "{}", told[3]);
         assert_eq!(
             told[4],
-            "3 more changes of the probes to keep within the overhead budget, 9 to 20 ms into the recording: the probes of 4 more functions removed, the calls of 1 more no longer counted; `proftap report --format json` lists each"
+            "3 more changes of the probes to keep within the overhead budget, 9 to 20 ms into the recording: probes removed from 4 more functions, counting stopped for 1 function; `proftap report --format json` lists each"
         );
-        // A few are all told as they are.
+        // A few are all told as they are; out of time order, the range still holds.
         assert_eq!(super::notes(&notes[..4]).len(), 4);
+        let late_first = [throttled(1, &["a"]), throttled(2, &["b"]), throttled(3, &["c"]), throttled(30, &["d"]), throttled(10, &["e"])];
+        assert!(super::notes(&late_first)[3].starts_with("2 more changes of the probes to keep within the overhead budget, 10 to 30 ms"));
+        let one = super::notes(&late_first[..4]);
+        assert!(one[3].starts_with("1 more change of the probes to keep within the overhead budget, 30 ms into"), "{}", one[3]);
     }
 }

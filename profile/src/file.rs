@@ -170,6 +170,36 @@ mod tests {
         }
     }
 
+    /// A writer that takes `room` bytes, then fails.
+    struct Full {
+        room: usize,
+    }
+
+    impl Write for Full {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if self.room < bytes.len() {
+                return Err(std::io::Error::other("no room"));
+            }
+            self.room -= bytes.len();
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_destination_that_fails_midway_fails_the_write() {
+        let mut profile = sample();
+        profile.functions = (0..200_000).map(|i| FunctionInfo { name: format!("f{i}"), ..FunctionInfo::default() }).collect();
+        let err = write_profile_to(&mut Full { room: 1000 }, &profile).expect_err("no room");
+        assert_eq!(err.to_string(), "no room");
+        let mut whole = Vec::new();
+        write_profile_to(&mut whole, &profile).expect("written");
+        assert!(whole.len() > 100_000, "{} bytes", whole.len());
+    }
+
     #[test]
     fn round_trip() {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -25,12 +25,29 @@ use std::path::{Path, PathBuf};
 /// Changes whenever what is kept changes meaning.
 const FORMAT: u32 = 1;
 
-/// Changes with the planner's code: what another build of it judged is
-/// not read back, whatever version it called itself.
-const PLANNER: u64 = boot_cache::fnv1a(include_bytes!("patch.rs")) ^ boot_cache::fnv1a(include_bytes!("patcher.rs")).rotate_left(1);
+/// Changes with the code that judges (the planner, the reading of the
+/// file's code, the decoder's version in the lock file): what another
+/// build of it judged is not read back, whatever version it called itself.
+const PLANNER: u64 = combined(&[
+    boot_cache::fnv1a(include_bytes!("patch.rs")),
+    boot_cache::fnv1a(include_bytes!("patcher.rs")),
+    boot_cache::fnv1a(include_bytes!("judged.rs")),
+    boot_cache::fnv1a(include_bytes!("../symbols/elf.rs")),
+    boot_cache::fnv1a(include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock"))),
+]);
 
-/// The largest file kept for one binary (about 40 bytes a function).
-const MOST_FILE_BYTES: u64 = 16 << 20;
+const fn combined(hashes: &[u64]) -> u64 {
+    let (mut hash, mut i) = (0u64, 0);
+    while i < hashes.len() {
+        hash = hash.rotate_left(13) ^ hashes[i];
+        i += 1;
+    }
+    hash
+}
+
+/// The largest file kept for one binary (about 15 bytes a function, 120
+/// once read).
+const MOST_FILE_BYTES: u64 = 4 << 20;
 
 /// All files kept together: the oldest go past this.
 const MOST_KEPT_BYTES: u64 = 64 << 20;
@@ -73,7 +90,8 @@ fn judge_settled(functions: &[ProbedFunction], kept: Option<&Path>, settled_ns: 
         verdicts[i] = Some(verdict);
     }
     files.into_values().for_each(Judged::keep);
-    verdicts.into_iter().map(|v| v.unwrap_or(Verdict::Planned)).collect()
+    // Every function was judged; were one not, it would be planned whole in the process.
+    verdicts.into_iter().map(|v| v.unwrap_or(Verdict::PlannedWhole)).collect()
 }
 
 /// What the planner said of a function from its file.
@@ -142,7 +160,9 @@ struct Judged {
     /// key (none: not kept).
     kept: Option<(PathBuf, PathBuf, FileKey)>,
     judged: HashMap<FunctionKey, Verdict>,
-    added: bool,
+    /// What was judged now: nothing yet (`None`), every function refused
+    /// for one reason (`Some(Some(why))`), or otherwise.
+    added: Option<Option<String>>,
 }
 
 impl Judged {
@@ -150,7 +170,7 @@ impl Judged {
     /// (none when it cannot be opened, or nothing was kept of it); what is
     /// judged of it is kept only if it changed more than `settled_ns` ago.
     fn settled_after(dir: Option<&Path>, open_path: &Path, settled_ns: i128) -> Judged {
-        let mut judged = Judged { kept: None, judged: HashMap::new(), added: false };
+        let mut judged = Judged { kept: None, judged: HashMap::new(), added: None };
         let Some(dir) = dir.filter(|dir| boot_cache::private_dir(dir)) else { return judged };
         let Ok(image) = ElfImage::open(open_path) else { return judged };
         let version = image.version();
@@ -180,14 +200,23 @@ impl Judged {
 
     /// `verdict` of `target`, judged now.
     fn add(&mut self, target: &Target, verdict: Verdict) {
+        let refused = match &verdict {
+            Verdict::Refused(why) => Some(why.clone()),
+            Verdict::Planned | Verdict::PlannedWhole => None,
+        };
+        self.added = Some(match self.added.take() {
+            None => refused,
+            Some(all) => all.filter(|why| Some(why) == refused.as_ref()),
+        });
         self.judged.insert(FunctionKey::of(target), verdict);
-        self.added = true;
     }
 
     /// Keeps what was judged, when something was added and the file is
-    /// still the version it was judged from.
+    /// still the version it was judged from. Not when every function
+    /// judged now was refused for one reason: most likely the file could
+    /// not be read then, which may pass.
     fn keep(self) {
-        let Some((open_path, path, key)) = self.kept.filter(|_| self.added) else { return };
+        let Some((open_path, path, key)) = self.kept.filter(|_| matches!(self.added, Some(None))) else { return };
         if !ElfImage::open(&open_path).is_ok_and(|image| image.version() == key.file) {
             return;
         }

@@ -130,3 +130,13 @@ fn damaged_kept_files_are_judged_afresh_without_a_panic() {
     assert_eq!(judged_in(Some(&kept), &functions), fresh);
     assert!(decode(&std::fs::read(&file).expect("kept")).is_some(), "kept anew");
 }
+
+#[test]
+fn a_file_whose_every_function_was_refused_for_one_reason_is_not_kept() {
+    // Such as a file that could not be read for a moment.
+    let (_dir, _program, mut functions, kept) = program();
+    functions.iter_mut().for_each(|f| f.size = 0);
+    let verdicts = judged_in(Some(&kept), &functions);
+    assert!(verdicts.iter().all(|v| *v == Verdict::Refused("its size is unknown".into())), "{verdicts:?}");
+    assert_eq!(std::fs::read_dir(&kept).expect("kept").count(), 0);
+}
