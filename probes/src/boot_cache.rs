@@ -80,13 +80,15 @@ pub fn read_private(path: &Path, most_bytes: u64) -> Option<Vec<u8>> {
         return None;
     }
     let mut bytes = Vec::new();
-    file.take(most_bytes).read_to_end(&mut bytes).ok()?;
+    (&file).take(most_bytes).read_to_end(&mut bytes).ok()?;
+    // Used now: [`trim`] takes out the files least recently used first.
+    let _ = file.set_modified(SystemTime::now());
     Some(bytes)
 }
 
 /// Writes `bytes` at `path` (whole or not at all, readable by this user
-/// only), then takes out the oldest files beside it that `is_kept_name`
-/// names while they hold more than `most_bytes` together. Failing to
+/// only), then takes out the least recently used files beside it that
+/// `is_kept_name` names while they hold more than `most_bytes` together. Failing to
 /// keep only costs the next recording a read.
 pub fn keep(path: &Path, bytes: &[u8], most_bytes: u64, is_kept_name: fn(&str) -> bool) {
     let Some(dir) = path.parent() else { return };
@@ -95,9 +97,9 @@ pub fn keep(path: &Path, bytes: &[u8], most_bytes: u64, is_kept_name: fn(&str) -
     }
 }
 
-/// Removes the oldest files of `dir` that `is_kept_name` names (never
-/// `newest`) while they hold more than `most_bytes` together; nothing else
-/// in it.
+/// Removes the files of `dir` that `is_kept_name` names, least recently
+/// written or read first (never `newest`), while they hold more than
+/// `most_bytes` together; nothing else in it.
 pub fn trim(dir: &Path, newest: &Path, most_bytes: u64, is_kept_name: fn(&str) -> bool) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let me = nix::unistd::geteuid().as_raw();
@@ -119,5 +121,31 @@ pub fn trim(dir: &Path, newest: &Path, most_bytes: u64, is_kept_name: fn(&str) -
         if path != newest && std::fs::remove_file(&path).is_ok() {
             total -= len;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_kept_file_read_lately_outlives_older_ones_written_later() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let names = ["1-a", "1-b", "1-c"];
+        for (i, name) in names.iter().enumerate() {
+            let path = dir.path().join(name);
+            std::fs::write(&path, [0u8; 100]).expect("write");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            let at = UNIX_EPOCH + std::time::Duration::from_secs(1_000 * (i as u64 + 1));
+            std::fs::File::options().write(true).open(&path).expect("open").set_modified(at).expect("touch");
+        }
+        // The first written is read: the second goes first.
+        assert_eq!(read_private(&dir.path().join("1-a"), 1000).map(|b| b.len()), Some(100));
+        trim(dir.path(), &dir.path().join("1-c"), 200, is_file_name);
+        let mut left: Vec<String> =
+            std::fs::read_dir(dir.path()).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
+        left.sort();
+        assert_eq!(left, ["1-a", "1-c"]);
     }
 }
