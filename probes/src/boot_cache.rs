@@ -124,6 +124,26 @@ pub fn trim(dir: &Path, newest: &Path, most_bytes: u64, is_kept_name: fn(&str) -
     }
 }
 
+/// What the tests of the files kept for the boot share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::path::{Path, PathBuf};
+
+    /// The only file kept in `dir`.
+    pub fn only_file(dir: &Path) -> PathBuf {
+        let files: Vec<PathBuf> = std::fs::read_dir(dir).expect("kept").flatten().map(|e| e.path()).collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        files.into_iter().next().expect("one file")
+    }
+
+    /// `file` written again with `bytes`, its mode as it was.
+    pub fn rewrite(file: &Path, bytes: &[u8]) {
+        let mode = std::fs::metadata(file).expect("kept").permissions();
+        std::fs::write(file, bytes).expect("write kept");
+        std::fs::set_permissions(file, mode).expect("mode");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

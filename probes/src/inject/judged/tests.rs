@@ -1,4 +1,5 @@
 use super::*;
+use crate::boot_cache::testing::only_file;
 use crate::exits::ExitMode;
 use crate::select::Selected;
 use crate::symbols::{DebugDirs, LoadOptions, SymbolIndex};
@@ -31,13 +32,6 @@ fn judged_in(kept: Option<&Path>, functions: &[ProbedFunction]) -> Vec<Verdict> 
     judge_settled(functions, kept, -boot_cache::SETTLED_NS)
 }
 
-/// The only file kept in `dir`.
-fn kept_file(dir: &Path) -> PathBuf {
-    let files: Vec<PathBuf> = std::fs::read_dir(dir).expect("kept").flatten().map(|e| e.path()).collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    files.into_iter().next().expect("one file")
-}
-
 /// `file` kept again with every function refused, so that a judgement
 /// shows whether it came from the kept file.
 fn plant_refusals(file: &Path) {
@@ -46,9 +40,7 @@ fn plant_refusals(file: &Path) {
     for (_, verdict) in &mut kept.judged {
         *verdict = Verdict::Refused("planted".into());
     }
-    let mode = std::fs::metadata(file).expect("kept").permissions();
-    std::fs::write(file, postcard::to_stdvec(&kept).expect("encode")).expect("write kept");
-    std::fs::set_permissions(file, mode).expect("mode");
+    boot_cache::testing::rewrite(file, &postcard::to_stdvec(&kept).expect("encode"));
 }
 
 fn planted(verdicts: &[Verdict]) -> usize {
@@ -61,7 +53,7 @@ fn what_is_judged_is_kept_and_read_back() {
     let fresh = judged_in(None, &functions);
     assert!(fresh.contains(&Verdict::Planned), "{fresh:?}");
     assert_eq!(judged_in(Some(&kept), &functions), fresh, "the judgement that keeps");
-    let file = kept_file(&kept);
+    let file = only_file(&kept);
     assert_eq!(std::fs::metadata(&file).expect("kept").permissions().mode() & 0o077, 0, "readable by its owner only");
     assert_eq!(judged_in(Some(&kept), &functions), fresh, "read back");
     plant_refusals(&file);
@@ -72,7 +64,7 @@ fn what_is_judged_is_kept_and_read_back() {
 fn a_function_told_otherwise_is_judged_afresh() {
     let (_dir, _program, mut functions, kept) = program();
     let fresh = judged_in(Some(&kept), &functions);
-    plant_refusals(&kept_file(&kept));
+    plant_refusals(&only_file(&kept));
     functions[0].padding = functions[0].padding.wrapping_add(1);
     let verdicts = judged_in(Some(&kept), &functions);
     assert_ne!(verdicts[0], Verdict::Refused("planted".into()));
@@ -84,20 +76,20 @@ fn a_function_told_otherwise_is_judged_afresh() {
 fn a_changed_program_is_judged_afresh() {
     let (_dir, program, functions, kept) = program();
     let fresh = judged_in(Some(&kept), &functions);
-    plant_refusals(&kept_file(&kept));
+    plant_refusals(&only_file(&kept));
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
     std::fs::File::options().write(true).open(&program).expect("open").set_modified(later).expect("touch");
     assert_eq!(judged_in(Some(&kept), &functions), fresh);
     // Kept anew, over what was kept of the old version.
     assert_eq!(planted(&judged_in(Some(&kept), &functions)), 0);
-    kept_file(&kept);
+    only_file(&kept);
 }
 
 #[test]
 fn a_kept_file_others_may_write_is_not_read() {
     let (_dir, _program, functions, kept) = program();
     let fresh = judged_in(Some(&kept), &functions);
-    let file = kept_file(&kept);
+    let file = only_file(&kept);
     plant_refusals(&file);
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).expect("chmod");
     assert_eq!(judged_in(Some(&kept), &functions), fresh);
@@ -114,7 +106,7 @@ fn a_program_changed_a_moment_ago_is_not_kept() {
 fn damaged_kept_files_are_judged_afresh_without_a_panic() {
     let (_dir, _program, functions, kept) = program();
     let fresh = judged_in(Some(&kept), &functions);
-    let file = kept_file(&kept);
+    let file = only_file(&kept);
     let bytes = std::fs::read(&file).expect("kept");
     assert!(decode(&bytes).is_some(), "{} bytes", bytes.len());
     for end in 0..bytes.len() {

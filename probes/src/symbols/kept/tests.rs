@@ -1,4 +1,5 @@
 use super::*;
+use crate::boot_cache::testing::only_file;
 use std::os::unix::fs::PermissionsExt;
 
 /// A program with DWARF 4 functions and line tables, in a directory of its
@@ -20,13 +21,6 @@ fn read_in(kept: Option<&Path>, program: &Path, lines: bool) -> String {
     format!("{:?}\n{:?}\n{:?}\n{:?}\n{warnings:?}", info.subprograms, info.units, info.rows, files.paths())
 }
 
-/// The only file kept in `dir`.
-fn kept_file(dir: &Path) -> PathBuf {
-    let files: Vec<PathBuf> = std::fs::read_dir(dir).expect("kept").flatten().map(|e| e.path()).collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    files.into_iter().next().expect("one file")
-}
-
 /// `file` kept again with every function renamed, so that a read shows
 /// whether it came from the kept file.
 fn rename_kept_functions(file: &Path) {
@@ -35,9 +29,7 @@ fn rename_kept_functions(file: &Path) {
     for s in &mut kept.subprograms {
         s.name = Some("renamed".into());
     }
-    let mode = std::fs::metadata(file).expect("kept").permissions();
-    std::fs::write(file, postcard::to_stdvec(&kept).expect("encode")).expect("write kept");
-    std::fs::set_permissions(file, mode).expect("mode");
+    boot_cache::testing::rewrite(file, &postcard::to_stdvec(&kept).expect("encode"));
 }
 
 #[test]
@@ -46,7 +38,7 @@ fn what_is_kept_reads_back_as_it_was_read() {
         let (_dir, program, kept) = program();
         let fresh = read_in(None, &program, lines);
         assert_eq!(read_in(Some(&kept), &program, lines), fresh, "the read that keeps");
-        let file = kept_file(&kept);
+        let file = only_file(&kept);
         assert_eq!(std::fs::metadata(&file).expect("kept").permissions().mode() & 0o077, 0, "readable by its owner only");
         assert_eq!(read_in(Some(&kept), &program, lines), fresh, "read back");
         if lines {
@@ -62,7 +54,7 @@ fn what_is_kept_reads_back_as_it_was_read() {
 fn a_changed_program_is_read_afresh() {
     let (_dir, program, kept) = program();
     let fresh = read_in(Some(&kept), &program, false);
-    rename_kept_functions(&kept_file(&kept));
+    rename_kept_functions(&only_file(&kept));
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
     std::fs::File::options().write(true).open(&program).expect("open").set_modified(later).expect("touch");
     assert_eq!(read_in(Some(&kept), &program, false), fresh);
@@ -76,7 +68,7 @@ fn a_changed_program_is_read_afresh() {
 fn a_kept_file_others_may_write_is_not_read() {
     let (_dir, program, kept) = program();
     let fresh = read_in(Some(&kept), &program, false);
-    let file = kept_file(&kept);
+    let file = only_file(&kept);
     rename_kept_functions(&file);
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).expect("chmod");
     assert_eq!(read_in(Some(&kept), &program, false), fresh);
@@ -86,7 +78,7 @@ fn a_kept_file_others_may_write_is_not_read() {
 fn damaged_kept_files_are_refused_without_a_panic() {
     let (_dir, program, kept) = program();
     read_in(Some(&kept), &program, true);
-    let bytes = std::fs::read(kept_file(&kept)).expect("kept");
+    let bytes = std::fs::read(only_file(&kept)).expect("kept");
     assert!(decode(&bytes).is_some(), "{} bytes", bytes.len());
     let mut decoded = 0;
     let mut try_bytes = |bytes: &[u8]| {
