@@ -49,7 +49,7 @@ const fn combined(hashes: &[u64]) -> u64 {
 /// once read).
 const MOST_FILE_BYTES: u64 = 4 << 20;
 
-/// All files kept together: the oldest go past this.
+/// All files kept together: the least recently used go past this.
 const MOST_KEPT_BYTES: u64 = 64 << 20;
 
 /// What the planner says of each of `functions` from its file alone:

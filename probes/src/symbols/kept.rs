@@ -31,7 +31,7 @@ const READER: u64 = boot_cache::fnv1a(include_bytes!("dwarf.rs"));
 /// The largest file kept for one binary.
 const MOST_FILE_BYTES: u64 = 64 << 20;
 
-/// All files kept together: the oldest go past this.
+/// All files kept together: the least recently used go past this.
 const MOST_KEPT_BYTES: u64 = 128 << 20;
 
 /// What a kept file was read from.
