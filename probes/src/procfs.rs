@@ -21,6 +21,8 @@ pub struct Mapping {
     pub executable: bool,
     /// Offset in the mapped file.
     pub offset: FileOffset,
+    /// Device of the mapped file, as `st_dev` encodes it (0 for anonymous memory).
+    pub device: u64,
     /// Inode of the mapped file (0 for anonymous memory).
     pub inode: u64,
     /// The file as the process sees it, or a pseudo name (`[heap]`, `[vdso]`).
@@ -37,7 +39,7 @@ fn parse_map_line(line: &str) -> Option<Mapping> {
     let range = fields.next()?;
     let perms = fields.next()?.as_bytes();
     let offset = fields.next()?;
-    let _dev = fields.next()?;
+    let (major, minor) = fields.next()?.split_once(':')?;
     let inode = fields.next()?;
     let path = fields.next().map(str::trim_start).filter(|p| !p.is_empty()).map(String::from);
     let (start, end) = range.split_once('-')?;
@@ -48,6 +50,7 @@ fn parse_map_line(line: &str) -> Option<Mapping> {
         writable: perms.get(1) == Some(&b'w'),
         executable: perms.get(2) == Some(&b'x'),
         offset: FileOffset(u64::from_str_radix(offset, 16).ok()?),
+        device: libc::makedev(u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?),
         inode: inode.parse().ok()?,
         path,
     })
@@ -205,6 +208,17 @@ garbage
         assert_eq!(maps[1].path.as_deref(), Some("/usr/bin/prog"));
         assert_eq!(maps[2].path.as_deref(), Some("[stack]"));
         assert_eq!(maps[3].path, None);
+    }
+
+    #[test]
+    fn a_mapped_files_device_and_inode_are_its_stat() {
+        use std::os::unix::fs::MetadataExt;
+        let maps = read_maps(std::process::id() as i32).expect("this process's maps");
+        let exe = std::fs::read_link("/proc/self/exe").expect("this executable");
+        let mapped = maps.iter().find(|m| m.path.as_deref() == exe.to_str()).expect("this executable is mapped");
+        let meta = std::fs::metadata(&exe).expect("stat");
+        assert_eq!((mapped.device, mapped.inode), (meta.dev(), meta.ino()));
+        assert_eq!(parse_maps("1000-2000 rw-p 00000000 00:00 0 \n")[0].device, 0);
     }
 
     #[test]

@@ -115,13 +115,13 @@ impl Children {
             .collect()
     }
 
-    /// The inode of the memory child `pid` handed over, which it maps
+    /// The file of the memory child `pid` handed over, which it maps
     /// for as long as it runs the image it forked with.
-    pub fn memory_inode(&self, pid: i32) -> Option<u64> {
+    pub fn memory_file(&self, pid: i32) -> Option<super::remote::FileId> {
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         // The latest with that pid: an earlier one ended, its pid reused.
         let child = received.children.iter().rev().find(|c| c.pid == pid)?;
-        super::remote::inode_of(&child.memory).ok()
+        super::remote::file_of(&child.memory).ok()
     }
 
     /// Each child after the first `first` so far, with a view of its

@@ -11,7 +11,7 @@ use super::judged::{self, Verdict};
 use super::patch::Site;
 use super::patcher::{self, Applied, CODE_DIFFERS, EntryCounters, LEFT_BEHIND, Refused, Target};
 use super::reading::TotalsView;
-use super::remote::{AWAY_FROM_CODE, Remote, RemoteError, Shared};
+use super::remote::{AWAY_FROM_CODE, FileId, Remote, RemoteError, Shared};
 use super::totals::{self, Config, Geometry, call_routine, call_routine_and_return};
 use crate::offcpu::OffCpu;
 use crate::plan::ProbedFunction;
@@ -34,8 +34,8 @@ struct Memory {
     /// bytes (0: none).
     off_cpu: u64,
     off_cpu_bytes: u64,
-    /// The inode of the shared memory (see [`runs_image_of`]), if known.
-    shared_inode: Option<u64>,
+    /// The file of the shared memory (see [`runs_image_of`]), if known.
+    shared_file: Option<FileId>,
 }
 
 /// What a patched process records besides its calls' wall time.
@@ -355,7 +355,7 @@ impl Patched {
             return Err(RemoteError::ImageGone { pid: self.pid });
         }
         let remote = Remote::attach(self.pid)?;
-        if self.memory.is_some_and(|m| m.shared_inode.is_some() && !runs_image_of(&remote, m.shared, m.shared_inode)) {
+        if self.memory.is_some_and(|m| m.shared_file.is_some() && !runs_image_of(&remote, m.shared, m.shared_file)) {
             self.image_replaced();
             return Err(RemoteError::ImageGone { pid: self.pid });
         }
@@ -517,7 +517,7 @@ impl Patched {
         if applied.is_empty() {
             return;
         }
-        let memory = self.children.as_ref().and_then(|c| c.memory_inode(pid));
+        let memory = self.children.as_ref().and_then(|c| c.memory_file(pid));
         let _ = Remote::attach(pid).and_then(|remote| {
             // Held, and still the child (its pid cannot have been reused),
             // running the image it forked with.
@@ -652,13 +652,13 @@ impl Patched {
         let Some(children) = &mut self.children else { return Vec::new() };
         children.stop();
         let (Some(memory), running) = (self.memory, children.running()) else { return Vec::new() };
-        let inodes: Vec<Option<u64>> = running.iter().map(|(pid, _)| children.memory_inode(*pid)).collect();
+        let files: Vec<Option<FileId>> = running.iter().map(|(pid, _)| children.memory_file(*pid)).collect();
         let mut failed = Vec::new();
-        for ((pid, process), inode) in running.into_iter().zip(inodes) {
+        for ((pid, process), file) in running.into_iter().zip(files) {
             let restored = Remote::attach(pid).and_then(|remote| {
                 // Held, and still the child (its pid cannot have been
                 // reused), running the image it forked with.
-                if crate::target::has_exited(&process) || !runs_image_of(&remote, memory.shared, inode) {
+                if crate::target::has_exited(&process) || !runs_image_of(&remote, memory.shared, file) {
                     return Ok(());
                 }
                 let mut applied = self.ever_applied.clone();
@@ -854,17 +854,16 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         ..Config::default()
     };
     let off_cpu_bytes = off_cpu.map_or(0, OffCpu::bytes);
-    let shared_inode = shared.inode().ok();
-    let memory = Memory { shared: shared.remote, private, live, off_cpu: off_cpu_address, off_cpu_bytes, shared_inode };
+    let shared_file = shared.file().ok();
+    let memory = Memory { shared: shared.remote, private, live, off_cpu: off_cpu_address, off_cpu_bytes, shared_file };
     Ok((shared, memory, config))
 }
 
 /// Whether the process `remote` holds maps, at `shared`, the memory
-/// whose inode is `inode` (not known: no): the memory proftap shared with
-/// the image it patched goes with that image at an exec, and no other
-/// can map it.
-fn runs_image_of(remote: &Remote, shared: u64, inode: Option<u64>) -> bool {
-    inode.is_some() && remote.inode_mapped_at(shared) == inode
+/// `file` (not known: no): the memory proftap shared with the image it
+/// patched goes with that image at an exec, and no other can map it.
+fn runs_image_of(remote: &Remote, shared: u64, file: Option<FileId>) -> bool {
+    file.is_some() && remote.file_mapped_at(shared) == file
 }
 
 /// The user a process runs as.

@@ -237,10 +237,10 @@ impl Remote {
         Ok(vdso.start.0 + offset as u64)
     }
 
-    /// The inode of the file mapped at `address` when the process was
-    /// held (0: anonymous memory), if anything was.
-    pub fn inode_mapped_at(&self, address: u64) -> Option<u64> {
-        self.maps.iter().find(|m| (m.start.0..m.end.0).contains(&address)).map(|m| m.inode)
+    /// The file mapped at `address` when the process was held (device
+    /// and inode 0: anonymous memory), if anything was.
+    pub fn file_mapped_at(&self, address: u64) -> Option<FileId> {
+        self.maps.iter().find(|m| (m.start.0..m.end.0).contains(&address)).map(|m| FileId { device: m.device, inode: m.inode })
     }
 
     /// Reads `len` bytes at `address`.
@@ -791,10 +791,10 @@ impl Shared {
         unsafe { (*self.u32_at(offset)).load(std::sync::atomic::Ordering::Acquire) }
     }
 
-    /// The inode of the memory, which the target maps as long as it runs
+    /// The file of the memory, which the target maps as long as it runs
     /// the image it was shared with.
-    pub fn inode(&self) -> io::Result<u64> {
-        inode_of(&self.fd)
+    pub fn file(&self) -> io::Result<FileId> {
+        file_of(&self.fd)
     }
 
     /// Adds one to the `u32` at byte `offset` and wakes every thread of any
@@ -846,9 +846,19 @@ impl Drop for Shared {
     }
 }
 
-/// The inode of the file behind `fd` (a memfd shared with a target).
-pub fn inode_of(fd: &OwnedFd) -> io::Result<u64> {
-    Ok(nix::sys::stat::fstat(fd)?.st_ino)
+/// A file, by its device and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileId {
+    /// As `st_dev` encodes it.
+    pub device: u64,
+    /// Its inode on that device.
+    pub inode: u64,
+}
+
+/// The file behind `fd` (a memfd shared with a target).
+pub fn file_of(fd: &OwnedFd) -> io::Result<FileId> {
+    let stat = nix::sys::stat::fstat(fd)?;
+    Ok(FileId { device: stat.st_dev, inode: stat.st_ino })
 }
 
 /// Pieces farther apart than this are read apart.
@@ -921,6 +931,7 @@ mod tests {
             writable: false,
             executable: false,
             offset: FileOffset(0),
+            device: 0,
             inode: 0,
             path: None,
         }
