@@ -7,9 +7,12 @@
  *   execs CALLS keep     then forks a child that prints "child PID PARENT"
  *                        and calls work() until SIGUSR1, and executes
  *                        `execs 0` itself
+ *   execs CALLS thread   starts a thread that waits in parked() for ever,
+ *                        then executes `execs 20000000` (which ends it)
  * Each image prints "started" first and "CALLS SUM" at its end. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +33,26 @@ __attribute__((noinline)) long work(long i)
     return i % 7 + 1;
 }
 
+static int parked_pipe[2];
+
+/* Never returns: the exec ends its thread. Says it is in by a byte. */
+__attribute__((noinline)) void *parked(void *unused)
+{
+    (void)unused;
+    if (write(parked_pipe[1], "", 1) != 1)
+        return NULL;
+    for (;;)
+        pause();
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
+    pthread_t waiting;
+    char in;
+    if (argc > 2 && strcmp(argv[2], "thread") == 0
+        && (pipe2(parked_pipe, O_CLOEXEC) != 0 || pthread_create(&waiting, NULL, parked, NULL) != 0 || read(parked_pipe[0], &in, 1) != 1))
+        return 1;
     signal(SIGUSR1, on_usr1);
     printf("started\n");
     fflush(stdout);
@@ -66,7 +87,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc > 2) {
-        char *again[] = {argv[0], strcmp(argv[2], "keep") == 0 ? "0" : argv[2], NULL};
+        char *next = strcmp(argv[2], "keep") == 0 ? "0" : strcmp(argv[2], "thread") == 0 ? "20000000" : argv[2];
+        char *again[] = {argv[0], next, NULL};
         execv(argv[0], again);
         perror("execv");
         return 1;

@@ -603,6 +603,22 @@ fn a_program_executing_itself_again_is_recorded_to_its_exec_and_said_to_have() {
     assert!(inclusive < recorded / 2, "main {inclusive} ns of a {recorded} ns recording");
 }
 
+/// The exec ends every other thread of the process (the kernel kills
+/// them): a call in progress in one of them ends with the image, as the
+/// executing thread's do, not when the recording ends.
+#[test]
+fn a_call_in_progress_in_a_thread_an_exec_ended_ends_with_the_image() {
+    require_probes();
+    let binary = Build::c("execs.c", "-O2").build();
+    let report = profile_like_bare(&binary, &["--no-sample", "-f", "main", "-f", "work", "-f", "parked"], &["3000", "thread"]);
+    assert_eq!(function(&report["functions"], "work")["calls"], 3000);
+    let parked = function(&report["functions"], "parked");
+    assert_eq!(parked["calls"], 1, "{parked}");
+    let (inclusive, recorded) =
+        (parked["inclusive"]["wall_ns"]["total"].as_u64().unwrap(), report["recording"]["duration_ns"].as_u64().unwrap());
+    assert!(inclusive < recorded / 2, "parked {inclusive} ns of a {recorded} ns recording");
+}
+
 #[test]
 fn detaching_from_a_process_that_executed_itself_again_writes_nothing_in_its_new_image() {
     require_probes();
