@@ -222,7 +222,8 @@ fn hottest(profile: &Profile, out: &mut String) {
                 ),
             ),
             (_, None) => {
-                ("about ", format!("{} calls counted, then estimated from samples after its probes were removed", group_digits(f.calls)))
+                // Calls its probes saw were timed; those after, counted or not, are in the samples.
+                ("about ", format!("{} calls timed, then estimated from samples after its probes were removed", group_digits(f.calls)))
             }
         };
         let _ = writeln!(
@@ -814,6 +815,29 @@ mod tests {
         let mut out = String::new();
         hottest(&profile, &mut out);
         assert!(out.contains(&format!("{} calls (10 of them", group_digits(u64::MAX))), "{out}");
+    }
+
+    /// A throttled function whose calls after the throttle were not
+    /// counted: those its probes saw were timed, the rest are estimated.
+    #[test]
+    fn the_hottest_throttled_function_says_its_calls_were_timed_then_estimated() {
+        use proftap_profile::{SampleProfile, ThrottledSamples};
+        let mut stats = FunctionStats::new(0, 1);
+        stats.calls = 1_000;
+        stats.exclusive[0].total = 5_000_000;
+        let mut samples = SampleProfile { frequency_hz: 1000, total: 40, ..SampleProfile::default() };
+        samples.throttled.functions = vec![ThrottledSamples { name: "f".into(), self_samples: 10, total_samples: 20 }];
+        let profile = Profile {
+            metrics: vec!["cpu_ns".into()],
+            functions: vec![FunctionInfo { name: "f".into(), mode: Mode::Throttled, ..FunctionInfo::default() }],
+            threads: vec![ThreadProfile { pid: 1, tid: 1, name: String::new(), functions: vec![stats], tree: CallTree::new(1) }],
+            samples: Some(samples),
+            ..Profile::default()
+        };
+        let mut out = String::new();
+        hottest(&profile, &mut out);
+        assert!(out.starts_with("  hottest     f: about 15.00 ms CPU time in itself"), "{out}");
+        assert!(out.ends_with(", 1,000 calls timed, then estimated from samples after its probes were removed\n"), "{out}");
     }
 
     /// The overhead line gives the samples in the probes and, apart, those
