@@ -36,8 +36,8 @@ pub struct StackSample {
     #[serde(default)]
     pub kernel_ip: u64,
     /// The in-process engine's return addresses of the thread by stack
-    /// slot, read as soon as the sample was (the closer to when it was
-    /// taken, the more of its frames they still describe).
+    /// slot, read as the sample was: those its site trampolines stand for,
+    /// and those of its frames that began before it was taken.
     #[serde(default)]
     pub returns: Vec<(u64, u64)>,
 }

@@ -132,30 +132,36 @@ pub(crate) struct EngineMemory {
     children: Option<ChildMemories>,
     child_views: HashMap<i32, TotalsView>,
     trampolines: Option<Trampolines>,
+    /// The engine's clock: when a sample was taken, in its frames' time.
+    clock: Option<TscClock>,
 }
 
 impl EngineMemory {
-    /// The memory of the engine that patched process `pid`.
-    pub fn of(pid: i32, engine: &Patched) -> EngineMemory {
+    /// The memory of the engine that patched process `pid`, timed by `clock`.
+    pub fn of(pid: i32, engine: &Patched, clock: TscClock) -> EngineMemory {
         EngineMemory {
             parent: engine.view().map(|v| (pid, v)),
             children: engine.child_memories(),
             child_views: HashMap::new(),
             trampolines: engine.trampolines(),
+            clock: Some(clock),
         }
     }
 
     /// The return addresses a sample's stack holds as trampolines, by the
     /// stack slot each is in: first those its site trampolines stand for,
-    /// then those the engine still keeps for its thread.
+    /// then those the engine keeps for its thread's frames that began
+    /// before the sample was taken.
     pub fn return_addresses(&mut self, sample: &StackSample) -> Vec<(u64, u64)> {
-        let trampolines = self.trampolines;
+        let (trampolines, clock) = (self.trampolines, self.clock);
         let Some(view) = self.view(sample.pid as i32) else { return Vec::new() };
         let mut returns = match &trampolines {
             Some(trampolines) => view.site_returns(trampolines, sample.regs[1], &sample.stack),
             None => Vec::new(),
         };
-        returns.extend(view.return_addresses(sample.tid));
+        if let Some(clock) = clock {
+            returns.extend(view.return_addresses(sample.tid, clock.tsc_at(sample.time)));
+        }
         returns
     }
 
@@ -635,7 +641,7 @@ impl<'a> Driver<'a> {
             self.patched[f] = !engine.refused().iter().any(|(i, _)| *i == f);
         }
         self.code_added(pid, Some(CodeAdded::of(&engine)));
-        self.consumer.engine = EngineMemory::of(pid, &engine);
+        self.consumer.engine = EngineMemory::of(pid, &engine, clock);
         self.inject = Some(InjectSource::start(engine, self.run.judge(), clock, self.off_cpu.clone(), self.run.options.trace_bytes));
         self.engine_attached = true;
         Ok(())

@@ -203,7 +203,7 @@ pub fn record(
     }
     let consumer = Consumer {
         aggregator: Aggregator::new(setup.aggregation.clone()),
-        engine: started.tracing.as_ref().map(|engine| EngineMemory::of(run.pid, engine)).unwrap_or_default(),
+        engine: started.tracing.as_ref().zip(clock).map(|(engine, clock)| EngineMemory::of(run.pid, engine, clock)).unwrap_or_default(),
         sampler,
         saver,
         pid: run.pid,

@@ -319,21 +319,30 @@ impl TotalsView {
         Ok(retired)
     }
 
-    /// Thread `tid`'s frames' original return addresses, by the stack slot
-    /// each was in (the runtime put its return trampoline there): what an
-    /// unwinder of a sampled stack reads in its place. Frames a little
-    /// deeper than the thread is now are included: a sample read a moment
-    /// ago may have them.
-    pub fn return_addresses(&self, tid: u32) -> Vec<(u64, u64)> {
+    /// Thread `tid`'s frames that began by TSC `sampled_tsc`, their
+    /// original return addresses by the stack slot each was in (the runtime
+    /// put its return trampoline there): what an unwinder of a stack
+    /// sampled then reads in its place. Frames a little deeper than the
+    /// thread is now are included: they may have been live at the sample.
+    /// A frame that began after it is a later call, whose return address
+    /// the sampled slot may not have held: left out (its frame goes
+    /// unnamed rather than misnamed), however late the sample is read.
+    pub fn return_addresses(&self, tid: u32, sampled_tsc: u64) -> Vec<(u64, u64)> {
         let shared = &self.shared;
         let taken = shared.load(HEADER_BLOCKS_TAKEN).min(self.geometry.blocks);
         let Some(block) = (0..taken).rev().find(|&b| shared.load(self.geometry.block(b) as usize + 8) == u64::from(tid)) else {
             return Vec::new();
         };
         let at = self.geometry.block(block) as usize;
-        let depth = shared.load(at + 16).saturating_add(64).min(totals::STACK_DEPTH);
-        let returns: Vec<totals::Ret> = read_array(shared, at + Geometry::RETURNS as usize, depth as usize);
-        returns.into_iter().filter(|r| r.slot != 0).map(|r| (r.slot, r.ret)).collect()
+        let depth = shared.load(at + 16).saturating_add(64).min(totals::STACK_DEPTH) as usize;
+        let returns: Vec<totals::Ret> = read_array(shared, at + Geometry::RETURNS as usize, depth);
+        // The runtime writes a frame's entry time last: a call entered in
+        // the tens of nanoseconds of this read can still pass for the one
+        // before it at its depth. Only a frame that went through the
+        // shared trampoline (its site found no place in the table) is
+        // named from here; the others from the site table.
+        let frames: Vec<totals::Frame> = read_array(shared, at + Geometry::FRAMES as usize, depth);
+        returns.into_iter().zip(frames).filter(|(r, f)| r.slot != 0 && f.entry_tsc <= sampled_tsc).map(|(r, _)| (r.slot, r.ret)).collect()
     }
 }
 
@@ -468,6 +477,25 @@ mod tests {
         view.shared.store(view.geometry.block(0) as usize + 8, 100);
         view.shared.store(view.geometry.block(0) as usize + 16, 1);
         assert!(view.retire_ended(|_| false, &mut MOST_CONTEXT_BYTES.clone(), &mut TraceCursor::default()).expect("retired").is_empty());
+    }
+
+    #[test]
+    fn a_frame_that_began_after_a_sample_does_not_name_its_slot() {
+        let view = two_threads();
+        let at = view.geometry.block(0) as usize;
+        // Thread 100 has two frames: entered at TSC 1,000 and 5,000, their
+        // return addresses in slots 0x7000 and 0x6f00.
+        view.shared.store(at + 16, 2);
+        for (depth, (slot, ret, entry)) in [(0x7000, 0x40_1000, 1_000), (0x6f00, 0x40_2000, 5_000)].into_iter().enumerate() {
+            let ret_at = at + Geometry::RETURNS as usize + depth * size_of::<totals::Ret>();
+            view.shared.store(ret_at, ret);
+            view.shared.store(ret_at + 8, slot);
+            view.shared.store(at + Geometry::FRAMES as usize + depth * size_of::<totals::Frame>(), entry);
+        }
+        assert_eq!(view.return_addresses(100, 9_000), [(0x7000, 0x40_1000), (0x6f00, 0x40_2000)]);
+        assert_eq!(view.return_addresses(100, 3_000), [(0x7000, 0x40_1000)], "the deeper call began after the sample");
+        assert!(view.return_addresses(100, 999).is_empty());
+        assert!(view.return_addresses(7, 9_000).is_empty(), "a thread with no block");
     }
 
     /// Writes `calls` finished calls into block 0's trace ring of `view`,

@@ -91,11 +91,6 @@ impl InjectSource {
         &self.calls
     }
 
-    /// A thread's original return addresses by stack slot, for unwinding its samples.
-    pub fn return_addresses(&self, tid: u32) -> Vec<(u64, u64)> {
-        self.view.as_ref().map(|v| v.return_addresses(tid)).unwrap_or_default()
-    }
-
     /// What the judge had unpatched since the last call.
     pub fn unpatched(&self) -> Vec<Unpatched> {
         self.watch.unpatched()
