@@ -134,23 +134,33 @@ fn state(state: State) -> &'static str {
 }
 
 fn print_info(s: &SessionInfo) {
-    println!("session     {}", s.id);
-    println!("target      {}", s.target);
-    println!("pid         {}", s.pid);
-    println!("state       {}", state(s.state));
-    println!("uptime      {}", format_ns(s.uptime_ms * 1_000_000));
-    println!("functions   {}", group_digits(s.functions));
-    println!("events      {}", group_digits(s.events));
-    println!("lost        {}", group_digits(s.lost));
+    print!("{}", info(s));
+}
+
+/// A session's status, a line for each thing known of it; the governor's
+/// changes of the probes past the first few folded into one line.
+fn info(s: &SessionInfo) -> String {
+    let mut out = format!(
+        "session     {}\ntarget      {}\npid         {}\nstate       {}\nuptime      {}\nfunctions   {}\nevents      {}\nlost        {}\n",
+        s.id,
+        s.target,
+        s.pid,
+        state(s.state),
+        format_ns(s.uptime_ms * 1_000_000),
+        group_digits(s.functions),
+        group_digits(s.events),
+        group_digits(s.lost)
+    );
     for warning in &s.warnings {
-        println!("warning     {}", wording::warning(warning));
+        out += &format!("warning     {}\n", wording::warning(warning));
     }
-    for change in &s.changes {
-        println!("change      {}", wording::note(change));
+    for change in wording::notes(&s.changes) {
+        out += &format!("change      {change}\n");
     }
     if let Some(error) = &s.error {
-        println!("error       {error}");
+        out += &format!("error       {error}\n");
     }
+    out
 }
 
 impl StartArgs {
@@ -243,5 +253,43 @@ impl Streams {
         let stdout = append(&self.stdout).map_err(|e| named(&self.stdout, e))?;
         let stderr = append(&self.stderr).map_err(|e| named(&self.stderr, e))?;
         Ok([stdin.into(), stdout.into(), stderr.into()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proftap_profile::{Finding, FunctionCalls, Note};
+
+    #[test]
+    fn a_sessions_status_folds_the_probe_changes_past_the_first_few() {
+        let change = |after_ms| {
+            Note::Found(Finding::Throttled {
+                after_ms,
+                functions: vec![FunctionCalls { name: format!("f{after_ms}"), calls: 10 }],
+                budget_percent: 5.0,
+                sampled: true,
+                counted: true,
+            })
+        };
+        let s = SessionInfo {
+            id: 1,
+            uid: 0,
+            target: "work".into(),
+            pid: 2,
+            state: State::Running,
+            started_unix_ns: 0,
+            uptime_ms: 10,
+            functions: 3,
+            events: 4,
+            lost: 0,
+            warnings: Vec::new(),
+            changes: (1..=6).map(change).collect(),
+            error: None,
+        };
+        let shown = info(&s);
+        let changes: Vec<&str> = shown.lines().filter(|l| l.starts_with("change")).collect();
+        assert_eq!(changes.len(), 4, "{shown}");
+        assert!(changes[3].contains("3 more changes of the probes") && changes[3].contains("4 to 6 ms"), "{shown}");
     }
 }
