@@ -72,8 +72,10 @@ fn check_hot_function_throttled(engine: &[&str]) {
         assert_eq!((main["unwound"].as_u64(), main["unfinished"].as_u64()), (Some(0), Some(0)));
         assert_eq!(report["recording"]["engine"], "inject");
         // Counting its calls after the throttle would cost more than the
-        // budget too (about as much as a call of it): they are not counted.
-        assert!(tiny["calls_after_throttle"].is_null(), "{tiny}");
+        // budget too (about as much as a call of it): counting stops, and
+        // those counted until then are kept.
+        assert_eq!(tiny["counting_stopped"], true, "{tiny}");
+        assert!(tiny["calls"].as_u64().unwrap() + tiny["calls_after_throttle"].as_u64().unwrap() < 200_000_000, "{tiny}");
         assert!(notes.iter().any(|n| n.contains("stopped counting the calls of tiny")), "{notes:?}");
     }
     assert!(notes.iter().any(|n| n.contains("removed the probes of tiny")), "{notes:?}");
@@ -240,12 +242,25 @@ fn counting_that_threads_contend_for_stops() {
     require_probes();
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     assert!(cpus >= 2, "two CPUs are needed for two threads to contend, this machine has {cpus}");
-    let (report, _) = recorded(&["--overhead-budget", "10"], &Build::c("contended.c", "-O2").build(), &["5"]);
+    let (report, text) = recorded(&["--overhead-budget", "10"], &Build::c("contended.c", "-O2").build(), &["5"]);
     let work = function(&report["functions"], "work");
     assert_eq!(work["mode"], "throttled", "{work}");
-    assert!(work["calls_after_throttle"].is_null(), "still counted: {work}");
+    assert_eq!(work["counting_stopped"], true, "{work}");
     let notes: Vec<&str> = report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
-    assert!(notes.iter().any(|n| n.contains("stopped counting the calls of work")), "{notes:?}");
+    let stopped = notes.iter().find(|n| n.contains("stopped counting the calls of work")).unwrap_or_else(|| panic!("{notes:?}"));
+    // The calls counted until counting stopped are kept, not dropped for
+    // an estimate over all the time since the throttle.
+    let told: u64 = stopped.split("work (").nth(1).and_then(|s| s.split(' ').next()).unwrap().replace(',', "").parse().unwrap();
+    let (timed, counted) = (work["calls"].as_u64().unwrap(), work["calls_after_throttle"].as_u64().unwrap());
+    assert!(counted >= told && timed + counted < 10_000_000, "{work} {stopped}");
+    // The rest are estimated from the samples after counting stopped: all
+    // together near the 10,000,000 calls made.
+    let samples = report["samples"]["throttled"].as_array().unwrap();
+    let sampled = samples.iter().find(|t| t["name"] == "work").unwrap();
+    assert!(sampled["total_uncounted"].as_u64().unwrap() > 0, "{sampled}");
+    let row = text.lines().find(|l| l.ends_with("  work") && l.trim_start().starts_with('~')).unwrap_or_else(|| panic!("{text}"));
+    let after: u64 = row.trim_start()[1..].split(' ').next().unwrap().replace(',', "").parse().unwrap();
+    assert!((5_000_000..20_000_000).contains(&(timed + after)), "{timed} timed, ~{after} after: {text}");
 }
 
 /// `proftap run ARGS -- BINARY BINARY_ARGS`: its JSON report and its text report.

@@ -179,7 +179,7 @@ fn finding_sentence(finding: &Finding) -> String {
             if *counted { ", their calls still counted" } else { "" }
         ),
         Finding::CountingStopped { after_ms, functions, budget_percent } => format!(
-            "after {after_ms} ms, stopped counting the calls of {} after their probes were removed: counting them too cost more than the {budget_percent}% overhead budget; their calls are estimated from the samples",
+            "after {after_ms} ms, stopped counting the calls of {} after their probes were removed: counting them too cost more than the {budget_percent}% overhead budget; their calls from then on are estimated from the samples",
             with_calls(functions)
         ),
         Finding::UnpatchFailed { functions, error } => {

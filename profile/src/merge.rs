@@ -113,12 +113,16 @@ impl Profile {
                 _ => Some(0),
             };
             let after = counted_after(mine).zip(counted_after(theirs)).map(|(a, b)| a.saturating_add(b));
+            // Where either run stopped counting, the calls since are
+            // estimated from its samples taken since (the other's add none).
+            let stopped = mine.counting_stopped || theirs.counting_stopped;
             mine.mode = match (mine.mode, theirs.mode) {
                 (Mode::Sampled, m) | (m, Mode::Sampled) => m,
                 (Mode::Throttled, _) | (_, Mode::Throttled) => Mode::Throttled,
                 _ => Mode::Instrumented,
             };
             mine.calls_after_throttle = after.filter(|_| mine.mode == Mode::Throttled);
+            mine.counting_stopped = stopped && mine.calls_after_throttle.is_some();
         }
         remap
     }
@@ -267,6 +271,7 @@ impl Throttled {
                     let ours = &mut self.functions[i];
                     ours.self_samples = ours.self_samples.saturating_add(theirs.self_samples);
                     ours.total_samples = ours.total_samples.saturating_add(theirs.total_samples);
+                    ours.total_samples_uncounted = ours.total_samples_uncounted.saturating_add(theirs.total_samples_uncounted);
                 }
                 None => {
                     functions.insert(theirs.name.clone(), self.functions.len());
@@ -348,8 +353,16 @@ mod tests {
         a.merge(&throttled(Some(5)), false).expect("same build");
         a.merge(&profile("abc", "f", 3, 0), false).expect("same build");
         assert_eq!((a.functions[0].mode, a.functions[0].calls_after_throttle), (Mode::Throttled, Some(15)));
+        // A run that stopped counting adds what it counted, and the rest
+        // of its calls are estimated from its samples.
+        let mut stopped = throttled(Some(4));
+        stopped.functions[0].counting_stopped = true;
+        a.merge(&stopped, false).expect("same build");
+        assert_eq!((a.functions[0].calls_after_throttle, a.functions[0].counting_stopped), (Some(19), true));
+        a.merge(&throttled(Some(1)), false).expect("same build");
+        assert_eq!((a.functions[0].calls_after_throttle, a.functions[0].counting_stopped), (Some(20), true));
         a.merge(&throttled(None), false).expect("same build");
-        assert_eq!(a.functions[0].calls_after_throttle, None);
+        assert_eq!((a.functions[0].calls_after_throttle, a.functions[0].counting_stopped), (None, false));
         // A function new to the merge keeps its own.
         let mut b = profile("abc", "g", 1, 0);
         b.merge(&throttled(Some(7)), false).expect("same build");

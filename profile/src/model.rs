@@ -172,6 +172,11 @@ pub struct ThrottledSamples {
     pub self_samples: u64,
     /// With it anywhere on the stack.
     pub total_samples: u64,
+    /// Of those, the samples taken after its calls were no longer counted
+    /// either (see [`FunctionInfo::counting_stopped`]): what its calls
+    /// since are estimated from.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub total_samples_uncounted: u64,
 }
 
 /// Samples spent in callees not instrumented that a caller's exclusive time holds.
@@ -450,6 +455,11 @@ pub struct FunctionInfo {
     /// estimated from its samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls_after_throttle: Option<u64>,
+    /// Its counter was taken out too, later: `calls_after_throttle` are
+    /// those counted until then, and its calls since are estimated from
+    /// the samples taken since ([`ThrottledSamples::total_samples_uncounted`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub counting_stopped: bool,
 }
 
 /// What sees calls.
@@ -534,6 +544,10 @@ pub struct FunctionStats {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 impl FunctionStats {

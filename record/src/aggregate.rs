@@ -517,7 +517,7 @@ impl Aggregator {
                     .or_insert_with(|| ThreadState::new(*pid, *tid, names.remove(tid).unwrap_or_default(), functions));
                 thread.observe(*cpu, values, metrics, None);
             }
-            Event::ProbesReplaced { time, generations, removed, redefined } => {
+            Event::ProbesReplaced { time, generations, removed, redefined, .. } => {
                 self.probes_replaced(*time, generations, removed, redefined.as_deref())
             }
             // Samples and mappings are the sampler's.
@@ -1224,7 +1224,13 @@ mod tests {
         switched[0] = 40;
         switched[1] = 30;
         agg.push(&Event::Switch { pid: 1, tid: 1, cpu: 0, values: switched });
-        agg.push(&Event::ProbesReplaced { time: 40, generations: vec![2], removed: vec![1], redefined: Some(vec![0, 1]) });
+        agg.push(&Event::ProbesReplaced {
+            time: 40,
+            generations: vec![2],
+            removed: vec![1],
+            redefined: Some(vec![0, 1]),
+            uncounted: Vec::new(),
+        });
         agg.push(&at(0, true, 100, 5, 2, 1008));
         let result = agg.finish();
         let thread = &result.threads[0];
@@ -1247,7 +1253,13 @@ mod tests {
         };
         agg.push(&at(0, false, 0, 1000));
         agg.push(&at(1, false, 10, 992));
-        agg.push(&Event::ProbesReplaced { time: 40, generations: Vec::new(), removed: vec![1], redefined: Some(Vec::new()) });
+        agg.push(&Event::ProbesReplaced {
+            time: 40,
+            generations: Vec::new(),
+            removed: vec![1],
+            redefined: Some(Vec::new()),
+            uncounted: Vec::new(),
+        });
         agg.push(&at(1, true, 50, 1000));
         agg.push(&at(0, true, 100, 1008));
         assert_eq!(agg.throttled(), &[false, true]);
@@ -1273,7 +1285,13 @@ mod tests {
         agg.push(&enter(0, 0, 1000, 0xa0));
         agg.push(&enter(1, 10, 992, 0xb0));
         agg.push(&enter(2, 20, 984, 0xc0));
-        agg.push(&Event::ProbesReplaced { time: 30, generations: vec![2], removed: vec![2], redefined: Some(vec![0, 1, 2]) });
+        agg.push(&Event::ProbesReplaced {
+            time: 30,
+            generations: vec![2],
+            removed: vec![2],
+            redefined: Some(vec![0, 1, 2]),
+            uncounted: Vec::new(),
+        });
         // The kernel's trampoline still stands in hot's slot: the unwinder needs its address.
         let mut returns = agg.return_addresses(1);
         returns.sort_unstable();
@@ -1297,7 +1315,13 @@ mod tests {
         let mut agg = aggregator(2, 1);
         agg.push(&hit(1, 0, false, 0, 1000));
         agg.push(&hit(1, 1, false, 10, 992));
-        agg.push(&Event::ProbesReplaced { time: 30, generations: vec![2], removed: Vec::new(), redefined: Some(vec![1]) });
+        agg.push(&Event::ProbesReplaced {
+            time: 30,
+            generations: vec![2],
+            removed: Vec::new(),
+            redefined: Some(vec![1]),
+            uncounted: Vec::new(),
+        });
         agg.push(&hit(1, 1, false, 40, 992));
         agg.push(&hit(1, 1, true, 50, 1000));
         agg.push(&hit(1, 0, true, 100, 1008));

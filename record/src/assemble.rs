@@ -105,6 +105,10 @@ pub struct Ending {
     /// which the in-process engine only counted (`None`: not counted).
     #[serde(default)]
     pub calls_only_counted: Vec<Option<u64>>,
+    /// Per function, whether the in-process engine stopped counting its
+    /// calls too: those counted are until then.
+    #[serde(default)]
+    pub counting_stopped: Vec<bool>,
     /// What the recording found until it ended, in order.
     pub notes: Vec<Note>,
     /// What the samples said of throttled functions (see [`SampleProfile::throttled`]).
@@ -344,7 +348,8 @@ fn functions(setup: &Setup, throttled: &[bool], ending: &Ending) -> Vec<Function
                 Mode::Throttled => ending.calls_only_counted.get(i).copied().flatten(),
                 _ => None,
             };
-            FunctionInfo { mode, engine: engine(i, mode), calls_after_throttle, ..f.clone() }
+            let counting_stopped = calls_after_throttle.is_some() && flag(&ending.counting_stopped, i);
+            FunctionInfo { mode, engine: engine(i, mode), calls_after_throttle, counting_stopped, ..f.clone() }
         })
         .collect()
 }

@@ -246,7 +246,10 @@ impl Consumer {
                     sampler.origins(*pid, origins.clone());
                     sampler.probe_returns(*pid, probe_returns.clone(), return_trampolines.clone());
                 }
-                Event::ProbesReplaced { removed, .. } => sampler.throttle(removed.clone()),
+                Event::ProbesReplaced { removed, uncounted, .. } => {
+                    sampler.throttle(removed.clone());
+                    sampler.uncounted(uncounted.clone());
+                }
                 _ => {}
             }
         }
@@ -489,10 +492,18 @@ impl<'a> Driver<'a> {
             return;
         }
         let (names, uncounted) = (named(&unpatched.functions), named(&unpatched.uncounted));
-        if !names.is_empty() {
-            let removed = unpatched.functions.iter().map(|&(f, _)| f as u32).collect();
+        if !names.is_empty() || !uncounted.is_empty() {
+            let indices = |list: &[(usize, u64)]| list.iter().map(|&(f, _)| f as u32).collect();
             // The uprobes stay as they are.
-            self.queue.push(Event::ProbesReplaced { time: unpatched.time, generations: Vec::new(), removed, redefined: Some(Vec::new()) });
+            self.queue.push(Event::ProbesReplaced {
+                time: unpatched.time,
+                generations: Vec::new(),
+                removed: indices(&unpatched.functions),
+                redefined: Some(Vec::new()),
+                uncounted: indices(&unpatched.uncounted),
+            });
+        }
+        if !names.is_empty() {
             let note = self.over_budget(after_ns, names, true);
             self.tell(note);
         }
@@ -742,6 +753,7 @@ impl<'a> Driver<'a> {
             engine_threads: engine.threads,
             engine_calls: engine.calls,
             calls_only_counted: engine.calls_only_counted,
+            counting_stopped: engine.counting_stopped,
             notes: self.notes,
             throttled: Default::default(),
             in_counting_stubs: 0,

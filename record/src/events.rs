@@ -180,6 +180,10 @@ pub enum Event {
         /// when none are named (streams saved before parts).
         #[serde(default)]
         redefined: Option<Vec<u32>>,
+        /// Functions whose calls are no longer counted either (the
+        /// in-process engine's counting trampolines taken out).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        uncounted: Vec<u32>,
     },
     /// A thread ended.
     Exit {
@@ -262,8 +266,9 @@ mod tests {
     #[test]
     fn a_probe_change_saved_before_the_probes_were_in_parts_still_reads() {
         let old: Event = serde_json::from_str(r#"{"probes_replaced":{"time":5,"generation":2,"removed":[1]}}"#).unwrap();
-        assert_eq!(old, Event::ProbesReplaced { time: 5, generations: vec![2], removed: vec![1], redefined: None });
-        let new = Event::ProbesReplaced { time: 5, generations: vec![2, 3], removed: vec![1], redefined: Some(vec![0]) };
+        assert_eq!(old, Event::ProbesReplaced { time: 5, generations: vec![2], removed: vec![1], redefined: None, uncounted: Vec::new() });
+        let new =
+            Event::ProbesReplaced { time: 5, generations: vec![2, 3], removed: vec![1], redefined: Some(vec![0]), uncounted: vec![4] };
         assert_eq!(serde_json::from_str::<Event>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
     }
 }

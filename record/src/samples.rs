@@ -21,8 +21,10 @@ pub struct SampleAggregator {
     measured_names: HashSet<String>,
     /// Functions throttled so far (their probes removed).
     throttled: HashSet<String>,
-    /// By throttled function: (self, total) samples since.
-    after_throttle: HashMap<String, (u64, u64)>,
+    /// Throttled functions no longer counted either.
+    uncounted: HashSet<String>,
+    /// By throttled function: its samples since.
+    after_throttle: HashMap<String, SinceThrottle>,
     /// By (thread, caller still instrumented, callee and its module):
     /// samples the caller's exclusive time holds.
     held: HashMap<(i32, String, (String, String)), u64>,
@@ -36,6 +38,17 @@ pub struct SampleAggregator {
     /// children: their samples are of code nothing measures, whatever its
     /// functions' names.
     replaced: HashSet<i32>,
+}
+
+/// A throttled function's samples since its probes were removed.
+#[derive(Clone, Copy, Debug, Default)]
+struct SinceThrottle {
+    /// With it the innermost function measured.
+    own: u64,
+    /// With it anywhere on the stack.
+    total: u64,
+    /// Of those, the ones since its calls were no longer counted.
+    total_uncounted: u64,
 }
 
 /// When a sample was taken, of which thread, and its stack.
@@ -65,6 +78,7 @@ impl SampleAggregator {
             measured: Vec::new(),
             measured_names: HashSet::new(),
             throttled: HashSet::new(),
+            uncounted: HashSet::new(),
             after_throttle: HashMap::new(),
             held: HashMap::new(),
             timed: None,
@@ -115,6 +129,12 @@ impl SampleAggregator {
     /// instrumented: the samples tell their time.
     pub fn throttle(&mut self, functions: &[u32]) {
         self.throttled.extend(functions.iter().filter_map(|&f| self.measured.get(f as usize).cloned()));
+    }
+
+    /// From the next sample on, the calls of these throttled functions (by
+    /// index) are no longer counted either: the samples tell how many.
+    pub fn uncounted(&mut self, functions: &[u32]) {
+        self.uncounted.extend(functions.iter().filter_map(|&f| self.measured.get(f as usize).cloned()));
     }
 
     /// Takes in one sample of thread `tid`.
@@ -177,7 +197,11 @@ impl SampleAggregator {
                 holder = holder.or(Some(&frame.name));
             } else if !seen.contains(&frame.name.as_str()) {
                 seen.push(&frame.name);
-                self.after_throttle.entry(frame.name.clone()).or_default().1 += 1;
+                let since = self.after_throttle.entry(frame.name.clone()).or_default();
+                since.total += 1;
+                if self.uncounted.contains(&frame.name) {
+                    since.total_uncounted += 1;
+                }
             }
         }
         // A pseudo-frame (`[unknown: ...]`) names no function to give the
@@ -189,7 +213,7 @@ impl SampleAggregator {
             _ if leaf.name == PROBE_OVERHEAD_FRAME => return,
             _ if unmeasured => leaf,
             Some(&(innermost, through_probe)) if !timed(innermost, through_probe) => {
-                self.after_throttle.entry(innermost.name.clone()).or_default().0 += 1;
+                self.after_throttle.entry(innermost.name.clone()).or_default().own += 1;
                 innermost
             }
             _ => return,
@@ -231,7 +255,12 @@ impl SampleAggregator {
         let mut functions: Vec<ThrottledSamples> = self
             .after_throttle
             .iter()
-            .map(|(name, &(self_samples, total_samples))| ThrottledSamples { name: name.clone(), self_samples, total_samples })
+            .map(|(name, since)| ThrottledSamples {
+                name: name.clone(),
+                self_samples: since.own,
+                total_samples: since.total,
+                total_samples_uncounted: since.total_uncounted,
+            })
             .collect();
         functions.sort_by(|a, b| b.total_samples.cmp(&a.total_samples).then(a.name.cmp(&b.name)));
         let mut held: Vec<HeldSamples> = self
@@ -304,6 +333,14 @@ mod tests {
         let held =
             |callee: &str| HeldSamples { tid: 7, name: "main".into(), callee: callee.into(), callee_module: "/bin/p".into(), samples: 1 };
         assert_eq!(throttled.held, vec![held("outer"), held("tiny")]);
+        // outer's calls no longer counted either: the samples since are told apart.
+        samples.uncounted(&[1]);
+        samples.add(7, &in_tiny);
+        samples.add(7, &stack(&["main"]));
+        let throttled = samples.profile().throttled;
+        let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.total_samples, t.total_samples_uncounted));
+        assert_eq!(of("outer"), Some((3, 1)));
+        assert_eq!(of("tiny"), Some((2, 0)), "still counted");
     }
 
     #[test]

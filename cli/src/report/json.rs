@@ -38,6 +38,9 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
         value["own_cpu_ns_after_throttle"] = json!(profile.own_time_after_throttle(f.function));
         let info = profile.functions.get(f.function as usize);
         value["calls_after_throttle"] = json!(info.and_then(|i| i.calls_after_throttle));
+        if info.is_some_and(|i| i.counting_stopped) {
+            value["counting_stopped"] = json!(true);
+        }
         value
     };
     let functions: Vec<Value> = order.apply(profile, profile.merged_functions()).iter().map(with_estimate).collect();
@@ -163,6 +166,7 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
             "total": t.total_samples,
             "self_ns": samples.estimated_ns(t.self_samples),
             "total_ns": samples.estimated_ns(t.total_samples),
+            "total_uncounted": t.total_samples_uncounted,
         })
     });
     let held = samples.throttled.held.iter().map(|h| {

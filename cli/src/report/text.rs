@@ -202,7 +202,9 @@ fn hottest(profile: &Profile, out: &mut String) {
         } else {
             ""
         };
-        let after = profile.functions.get(f.function as usize).and_then(|i| i.calls_after_throttle);
+        let info = profile.functions.get(f.function as usize);
+        let after = info.and_then(|i| i.calls_after_throttle);
+        let stopped = info.is_some_and(|i| i.counting_stopped);
         let (about, calls) = match (estimated, after) {
             (0, None) => ("", format!("{} call{}", group_digits(f.calls), if f.calls == 1 { "" } else { "s" })),
             (0, Some(after)) => (
@@ -210,6 +212,14 @@ fn hottest(profile: &Profile, out: &mut String) {
                 format!(
                     "{} calls ({} of them after its probes were removed)",
                     group_digits(f.calls.saturating_add(after)),
+                    group_digits(after)
+                ),
+            ),
+            (_, Some(after)) if stopped => (
+                "about ",
+                format!(
+                    "{} calls timed, {} counted after its probes were removed, then estimated from samples after its counting stopped too",
+                    group_digits(f.calls),
                     group_digits(after)
                 ),
             ),
@@ -541,8 +551,17 @@ fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions,
     for t in functions.into_iter().take(shown) {
         let total = samples.estimated_ns(t.total_samples);
         let calls = match info(&t.name) {
-            Some((_, f)) if f.calls_after_throttle.is_some() => group_digits(f.calls_after_throttle.unwrap_or(0)),
-            Some((id, _)) => per_call(id).map_or("?".to_string(), |ns| format!("~{}", group_digits(total / ns))),
+            Some((id, f)) => match (f.calls_after_throttle, f.counting_stopped) {
+                (Some(counted), false) => group_digits(counted),
+                // Counted until counting stopped, then estimated from the samples since.
+                (Some(counted), true) => {
+                    let since = samples.estimated_ns(t.total_samples_uncounted);
+                    per_call(id).map_or(format!("{}+?", group_digits(counted)), |ns| {
+                        format!("~{}", group_digits(counted.saturating_add(since / ns)))
+                    })
+                }
+                (None, _) => per_call(id).map_or("?".to_string(), |ns| format!("~{}", group_digits(total / ns))),
+            },
             None => "?".to_string(),
         };
         let _ = writeln!(out, "{:>12} {:>12} {:>12}  {}", calls, format_ns(samples.estimated_ns(t.self_samples)), format_ns(total), t.name);
@@ -818,7 +837,8 @@ mod tests {
     }
 
     /// A throttled function whose calls after the throttle were not
-    /// counted: those its probes saw were timed, the rest are estimated.
+    /// counted, or not to the end: those its probes saw were timed, those
+    /// counted after are said, the rest are estimated.
     #[test]
     fn the_hottest_throttled_function_says_its_calls_were_timed_then_estimated() {
         use proftap_profile::{SampleProfile, ThrottledSamples};
@@ -826,8 +846,9 @@ mod tests {
         stats.calls = 1_000;
         stats.exclusive[0].total = 5_000_000;
         let mut samples = SampleProfile { frequency_hz: 1000, total: 40, ..SampleProfile::default() };
-        samples.throttled.functions = vec![ThrottledSamples { name: "f".into(), self_samples: 10, total_samples: 20 }];
-        let profile = Profile {
+        samples.throttled.functions =
+            vec![ThrottledSamples { name: "f".into(), self_samples: 10, total_samples: 20, total_samples_uncounted: 0 }];
+        let mut profile = Profile {
             metrics: vec!["cpu_ns".into()],
             functions: vec![FunctionInfo { name: "f".into(), mode: Mode::Throttled, ..FunctionInfo::default() }],
             threads: vec![ThreadProfile { pid: 1, tid: 1, name: String::new(), functions: vec![stats], tree: CallTree::new(1) }],
@@ -838,6 +859,14 @@ mod tests {
         hottest(&profile, &mut out);
         assert!(out.starts_with("  hottest     f: about 15.00 ms CPU time in itself"), "{out}");
         assert!(out.ends_with(", 1,000 calls timed, then estimated from samples after its probes were removed\n"), "{out}");
+        // Counted for a while after the throttle, until counting stopped too.
+        profile.functions[0].calls_after_throttle = Some(978);
+        profile.functions[0].counting_stopped = true;
+        let mut out = String::new();
+        hottest(&profile, &mut out);
+        let said =
+            ", 1,000 calls timed, 978 counted after its probes were removed, then estimated from samples after its counting stopped too\n";
+        assert!(out.ends_with(said), "{out}");
     }
 
     /// The overhead line gives the samples in the probes and, apart, those
@@ -875,6 +904,7 @@ mod tests {
             name: name.into(),
             mode: Mode::Throttled,
             calls_after_throttle: after,
+            counting_stopped: name == "stopped",
             ..FunctionInfo::default()
         };
         // Both took 1,000 calls of 1 us each before the throttle.
@@ -884,20 +914,36 @@ mod tests {
             stats.inclusive[0].total = 1_000_000;
             stats
         };
-        let sampled = |name: &str| ThrottledSamples { name: name.into(), self_samples: 10, total_samples: 20 };
+        // Counting stopped 5 of the 20 samples before the end.
+        let sampled = |name: &str| ThrottledSamples {
+            name: name.into(),
+            self_samples: 10,
+            total_samples: 20,
+            total_samples_uncounted: if name == "stopped" { 5 } else { 0 },
+        };
         let mut samples = SampleProfile { frequency_hz: 1000, total: 40, ..SampleProfile::default() };
-        samples.throttled.functions = vec![sampled("counted"), sampled("estimated")];
+        samples.throttled.functions = vec![sampled("counted"), sampled("estimated"), sampled("stopped")];
         let profile = Profile {
             metrics: vec!["cpu_ns".into()],
-            functions: vec![info("counted", Some(123_456)), info("estimated", None)],
+            functions: vec![info("counted", Some(123_456)), info("estimated", None), info("stopped", Some(7_000))],
             samples: Some(samples),
             ..Profile::default()
         };
         let mut out = String::new();
-        throttled(&profile, &[stats(0), stats(1)], &options(), &mut out);
+        throttled(&profile, &[stats(0), stats(1), stats(2)], &options(), &mut out);
         let rows: Vec<&str> = out.lines().skip(3).collect();
-        // 20 ms after the throttle at 1 us a call: about 20,000.
-        assert_eq!(rows, ["     123,456     10.00 ms     20.00 ms  counted", "     ~20,000     10.00 ms     20.00 ms  estimated"], "{out}");
+        // 20 ms after the throttle at 1 us a call: about 20,000; 5 ms
+        // after counting stopped: 7,000 counted and about 5,000 more.
+        let expected = [
+            "     123,456     10.00 ms     20.00 ms  counted",
+            "     ~20,000     10.00 ms     20.00 ms  estimated",
+            "     ~12,000     10.00 ms     20.00 ms  stopped",
+        ];
+        assert_eq!(rows, expected, "{out}");
+        // Without a cost per call, the counted part and an unknown rest.
+        let mut out = String::new();
+        throttled(&profile, &[stats(0), stats(1)], &options(), &mut out);
+        assert!(out.lines().any(|l| l.trim_start().starts_with("7,000+?") && l.ends_with("stopped")), "{out}");
     }
 
     #[test]

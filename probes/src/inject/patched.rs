@@ -564,8 +564,8 @@ impl Patched {
 
     /// The calls of each function (by index) made after its probes were
     /// taken out, in the process and its forked children, which only its
-    /// counting trampoline counted; `None` for a function without one, or
-    /// no longer counted.
+    /// counting trampoline counted (until it was taken out too, see
+    /// [`Patched::counting_stopped`]); `None` for a function without one.
     pub fn calls_only_counted(&self, functions: usize) -> Vec<Option<u64>> {
         let mut calls = vec![None; functions];
         for (f, counted) in self.entry_counters.iter().flat_map(EntryCounters::calls) {
@@ -573,12 +573,13 @@ impl Patched {
                 *total = Some(total.unwrap_or(0u64).saturating_add(counted));
             }
         }
-        for &f in &self.calls_uncounted {
-            if let Some(calls) = calls.get_mut(f) {
-                *calls = None;
-            }
-        }
         calls
+    }
+
+    /// Whether each function (by index) had its counting trampoline taken
+    /// out: its calls since were not counted.
+    pub fn counting_stopped(&self, functions: usize) -> Vec<bool> {
+        (0..functions).map(|f| self.calls_uncounted.binary_search(&f).is_ok()).collect()
     }
 
     /// Adds the calls of the forked children so far, running or ended, to

@@ -41,6 +41,8 @@ pub struct InjectEnding {
     /// Per function, its calls after its probes were taken out, which only
     /// its counting trampoline counted (`None`: it had none).
     pub calls_only_counted: Vec<Option<u64>>,
+    /// Per function, whether its counting trampoline was taken out too.
+    pub counting_stopped: Vec<bool>,
     /// What the user should know of it.
     pub notes: Vec<Note>,
     /// The calls its threads finished one by one, when they were traced.
@@ -194,7 +196,8 @@ impl InjectSource {
         }
         let Read { threads, calls, regions, .. } = read;
         let calls_only_counted = patched.calls_only_counted(self.calls.len());
-        Ok(InjectEnding { threads, calls, calls_only_counted, notes, trace, line_counts, line_branches, regions })
+        let counting_stopped = patched.counting_stopped(self.calls.len());
+        Ok(InjectEnding { threads, calls, calls_only_counted, counting_stopped, notes, trace, line_counts, line_branches, regions })
     }
 }
 

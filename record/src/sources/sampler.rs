@@ -20,6 +20,7 @@ enum Input {
     Origins(u32, Vec<(u64, u64)>),
     ProbeReturns(u32, Vec<u64>, Vec<u64>),
     Throttle(Vec<u32>),
+    Uncounted(Vec<u32>),
     Sample(Box<StackSample>, Vec<(u64, u64)>),
     Hottest(Sender<Vec<(String, String, u64)>>),
 }
@@ -74,6 +75,7 @@ impl SamplerThread {
                     Input::Origins(pid, origins) => resolver.origins(pid, origins),
                     Input::ProbeReturns(pid, returns, return_trampolines) => resolver.probe_returns(pid, returns, return_trampolines),
                     Input::Throttle(functions) => samples.throttle(&functions),
+                    Input::Uncounted(functions) => samples.uncounted(&functions),
                     Input::Sample(sample, returns) => {
                         let stack = resolver.resolve(&sample, &returns);
                         let in_engine =
@@ -132,6 +134,13 @@ impl SamplerThread {
     pub fn probe_returns(&self, pid: u32, returns: Vec<u64>, return_trampolines: Vec<u64>) {
         if !returns.is_empty() {
             let _ = self.input.send(Input::ProbeReturns(pid, returns, return_trampolines));
+        }
+    }
+
+    /// See [`SampleAggregator::uncounted`].
+    pub fn uncounted(&self, functions: Vec<u32>) {
+        if !functions.is_empty() {
+            let _ = self.input.send(Input::Uncounted(functions));
         }
     }
 

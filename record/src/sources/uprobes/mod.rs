@@ -311,7 +311,7 @@ impl UprobeSource {
         }
         reader.add_sources(self.events.take_sources());
         let Changes { removed, redefined, enabled } = changes;
-        into.push(Event::ProbesReplaced { time: at, generations: new, removed, redefined: Some(redefined) });
+        into.push(Event::ProbesReplaced { time: at, generations: new, removed, redefined: Some(redefined), uncounted: Vec::new() });
         self.enabled = enabled;
         self.unregistering.extend(retired.withdraw());
         Ok(())
