@@ -486,3 +486,50 @@ fn the_kernels_work_for_a_function_is_sampled_as_the_kernels() {
     assert!((kernel_share - perf_kernel).abs() <= 10.0, "kernel: proftap {kernel_share:.1}%, perf {perf_kernel:.1}%\n{text}");
     assert!((spin.0 - perf_spin).abs() <= 10.0, "spin: proftap {:.1}%, perf {perf_spin:.1}%", spin.0);
 }
+
+/// Code a JIT made while the program ran, named from the map it writes
+/// for perf (`node --perf-basic-prof`): the JavaScript function the time
+/// went to. Without the map, the same frames are memory of no file.
+#[test]
+fn a_jits_code_is_named_from_the_map_it_writes_for_perf() {
+    let _machine = sharing_the_machine();
+    require_probes();
+    require("node", "as a program that compiles code as it runs");
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("spin.js");
+    let source = "function spin(n) { let x = 0; for (let i = 0; i < n; i++) x = (x * 31 + i) % 1000003; return x; }\n\
+                  let s = 0; for (let r = 0; r < 400; r++) s += spin(200000);\nconsole.log(s);\n";
+    std::fs::write(&script, source).unwrap();
+    let folded = |flags: &[&str]| -> String {
+        let (file, out) = (dir.path().join("p.profile"), dir.path().join("folded"));
+        // In the temporary directory: V8 writes its log where it runs.
+        let ran = run_ok(
+            proftap()
+                .current_dir(dir.path())
+                .args(["run", "--no-instrument", "-o"])
+                .arg(&file)
+                .args(["--", "node"])
+                .args(flags)
+                .arg(&script),
+        );
+        run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&out));
+        let pid = report_json(&file)["target"]["pid"].as_i64().unwrap();
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+        assert_eq!(ran.trim_end(), "318782400", "the script ran as it does alone");
+        std::fs::read_to_string(&out).unwrap()
+    };
+    let samples = |folded: &str, keep: &dyn Fn(&str, &str) -> bool| -> u64 {
+        let stacks = folded.lines().map(|l| l.rsplit_once(' ').unwrap());
+        stacks.filter(|(stack, _)| keep(stack, stack.rsplit(';').next().unwrap())).map(|(_, n)| n.parse::<u64>().unwrap()).sum()
+    };
+    let named = folded(&["--perf-basic-prof"]);
+    let total = samples(&named, &|_, _| true);
+    let in_spin = samples(&named, &|_, leaf| leaf.starts_with("JS:") && leaf.contains("spin"));
+    assert!(in_spin * 2 > total, "{in_spin} of {total} samples in spin:\n{named}");
+    let anonymous = samples(&named, &|stack, _| stack.contains("//anon"));
+    assert!(anonymous * 100 <= total, "{anonymous} of {total} samples under memory of no file:\n{named}");
+    let unnamed = folded(&[]);
+    let total = samples(&unnamed, &|_, _| true);
+    assert!(!unnamed.contains("JS:"), "named with no map:\n{unnamed}");
+    assert!(samples(&unnamed, &|_, leaf| leaf.contains("//anon")) * 2 > total, "{unnamed}");
+}

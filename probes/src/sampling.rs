@@ -4,7 +4,7 @@
 //! the stacks is the recorder's.
 
 use crate::inject::totals::{RoutineCall, words_pushed};
-use crate::symbols::{DebugSource, ElfImage, KERNEL_IMAGE, KernelSymbols, Segment, SymbolCache, SymbolIndex, demangle_name};
+use crate::symbols::{DebugSource, ElfImage, KERNEL_IMAGE, KernelSymbols, PerfMap, Segment, SymbolCache, SymbolIndex, demangle_name};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection};
@@ -270,6 +270,47 @@ struct Process {
     cache: Option<Box<CacheX86_64>>,
     /// Mappings already given to the unwinder.
     added: usize,
+    /// The names of the code it made while it ran, from its perf map.
+    jit: JitMap,
+}
+
+/// The module of frames named from a process's perf map.
+pub const JIT_MODULE: &str = "[jit]";
+
+/// How long after a perf map could not be opened it is looked for again,
+/// and after one was read it is read again for an address it lacks.
+const JIT_MAP_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A process's perf map (see [`PerfMap`]), opened at the first sample in
+/// code of no file, and read again as it grows.
+#[derive(Debug, Default)]
+struct JitMap {
+    map: Option<PerfMap>,
+    looked: Option<std::time::Instant>,
+}
+
+impl JitMap {
+    /// The name the map of process `pid` gives the code at `address`.
+    fn name_at(&mut self, pid: u32, address: u64) -> Option<&str> {
+        let due = self.looked.is_none_or(|at| at.elapsed() >= JIT_MAP_RETRY);
+        let missing = self.map.as_ref().is_none_or(|map| map.names().name_at(address).is_none());
+        if missing && due {
+            self.looked = Some(std::time::Instant::now());
+            if self.map.is_none() {
+                self.map = PerfMap::open(pid).ok();
+            }
+            if let Some(map) = &mut self.map {
+                let _ = map.read_more();
+            }
+        }
+        self.map.as_ref()?.names().name_at(address)
+    }
+}
+
+/// Whether a mapping of `path` is memory of no file (where a JIT puts
+/// the code it makes).
+fn is_anonymous(path: &str) -> bool {
+    path == "//anon" || path.starts_with("[anon") || path.is_empty()
 }
 
 /// Where the kernel puts a process's `[uprobes]` page unless taken: the top
@@ -751,6 +792,11 @@ impl StackResolver {
             return (vec![frame("[unknown: unmapped]", "", false)], None);
         };
         let info = &self.modules[mapping.module];
+        if is_anonymous(&info.path)
+            && let Some(name) = self.processes.get_mut(&pid).and_then(|p| p.jit.name_at(pid, address))
+        {
+            return (vec![frame(name, JIT_MODULE, false)], None);
+        }
         let Some(vaddr) = info.vaddr(address - mapping.start + mapping.pgoff) else {
             let module = info.path.clone();
             return (vec![frame(&format!("[unknown: {module}]"), &module, false)], None);

@@ -3,7 +3,8 @@
 //! binary a target maps; the branches into functions' first bytes that
 //! planning decodes from its code; the kernel's symbol table, as read
 //! from `/proc/kallsyms` or kept for the boot; and a binary's DWARF, and
-//! what the patch planner judged of its functions, as kept for the boot.
+//! what the patch planner judged of its functions, as kept for the boot;
+//! and a JIT's perf map (`/tmp/perf-PID.map`), which the program writes.
 
 use proftap_probes::addr::VirtAddr;
 use proftap_probes::symbols::{DebugDirs, KernelSymbols, LoadOptions, SymbolIndex};
@@ -13,6 +14,7 @@ proftap_fuzz::target!(run);
 /// Loads the input with line tables, then asks what reports ask of an index.
 fn run(data: &[u8]) {
     kernel_symbols(&String::from_utf8_lossy(data));
+    jit_names(data);
     // The same bytes as a binary's DWARF kept by an earlier recording.
     proftap_probes::symbols::kept_file_is_used(data);
     proftap_probes::inject::judged::kept_file_is_used(data);
@@ -49,5 +51,24 @@ fn kernel_symbols(text: &str) {
         if let Some(kept) = &kept {
             let _ = kept.function_at(address);
         }
+    }
+}
+
+/// The bytes as a JIT's perf map, read in two parts as a growing file is;
+/// every address it lists, and every 8 bytes as an address, looked up.
+fn jit_names(data: &[u8]) {
+    let mut names = proftap_probes::symbols::JitNames::default();
+    let half = data.len() / 2;
+    let taken = names.add_lines(&data[..half]);
+    assert!(taken <= half, "took {taken} of {half} bytes");
+    let taken = taken + names.add_lines(&data[taken..]);
+    assert!(taken <= data.len());
+    let listed = String::from_utf8_lossy(data)
+        .lines()
+        .filter_map(|line| u64::from_str_radix(line.split_ascii_whitespace().next()?.trim_start_matches("0x"), 16).ok())
+        .collect::<Vec<_>>();
+    let words = data.chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().unwrap_or_default()));
+    for address in listed.into_iter().chain(words) {
+        let _ = names.name_at(address);
     }
 }

@@ -1,0 +1,203 @@
+//! Names of code a program made while it ran (a JIT's), from the map it
+//! writes for perf: `/tmp/perf-PID.map`, one line `START SIZE NAME` (hex)
+//! per piece of code, as V8 (`node --perf-basic-prof`), CPython 3.12
+//! (`-X perf`), LuaJIT, .NET and the JVM's perf-map-agent write it. The
+//! file is the program's to write (and in `/tmp`, anyone's to plant
+//! before it): it is read with the reader's own rights, only if the
+//! program's owner or root owns it, as a regular file reached without a
+//! link, within bounds, every line checked; only names come out of it.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+
+/// The most bytes of a map read: a long-running JVM's is tens of MB.
+const MOST_BYTES: u64 = 256 << 20;
+/// The most pieces of code named.
+const MOST_ENTRIES: usize = 4 << 20;
+/// Longer names are cut here (at a character's boundary).
+const MOST_NAME_BYTES: usize = 1024;
+/// How far back from the nearest start a lookup looks for a piece that
+/// contains the address: pieces may overlap (code moved, or freed and
+/// its memory reused), and the one written last is the one there now.
+const OVERLAPS_LOOKED_AT: usize = 64;
+
+/// One piece of code: where it is, its name in [`JitNames::names`], and
+/// its place in the file (later lines describe what is there now).
+#[derive(Clone, Debug)]
+struct Piece {
+    start: u64,
+    end: u64,
+    name: std::ops::Range<u32>,
+    line: u32,
+}
+
+/// The pieces of code a map names, and their names.
+#[derive(Debug, Default)]
+pub struct JitNames {
+    /// Sorted by start once lines are added.
+    pieces: Vec<Piece>,
+    /// Every name, one after another.
+    names: String,
+    lines: u32,
+}
+
+impl JitNames {
+    /// Adds the complete lines at the start of `text` (up to its last
+    /// newline) and returns how many bytes they took: a line the program
+    /// is still writing is read the next time. A line that does not parse
+    /// is skipped.
+    pub fn add_lines(&mut self, text: &[u8]) -> usize {
+        let Some(end) = text.iter().rposition(|&b| b == b'\n').map(|i| i + 1) else { return 0 };
+        for line in text[..end].split(|&b| b == b'\n') {
+            if self.pieces.len() >= MOST_ENTRIES {
+                break;
+            }
+            self.lines = self.lines.saturating_add(1);
+            if let Some((start, size, name)) = piece(line) {
+                let name = cut(&String::from_utf8_lossy(name), MOST_NAME_BYTES).to_string();
+                let (Ok(from), Ok(to)) = (u32::try_from(self.names.len()), u32::try_from(self.names.len() + name.len())) else { break };
+                self.names.push_str(&name);
+                self.pieces.push(Piece { start, end: start + size, name: from..to, line: self.lines });
+            }
+        }
+        self.pieces.sort_by_key(|p| (p.start, p.line));
+        end
+    }
+
+    /// The name of the piece of code at `address`: of those that contain
+    /// it, the one written last.
+    pub fn name_at(&self, address: u64) -> Option<&str> {
+        let after = self.pieces.partition_point(|p| p.start <= address);
+        let piece = self.pieces[..after].iter().rev().take(OVERLAPS_LOOKED_AT).filter(|p| address < p.end).max_by_key(|p| p.line)?;
+        self.names.get(piece.name.start as usize..piece.name.end as usize)
+    }
+
+    /// How many pieces it names.
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Whether it names none.
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+}
+
+/// `START SIZE NAME`: hex numbers (with or without `0x`), then the rest
+/// of the line (names hold spaces); a piece of no size, or past the end
+/// of the address space, is none.
+fn piece(line: &[u8]) -> Option<(u64, u64, &[u8])> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut rest = line;
+    let mut number = || -> Option<u64> {
+        let start = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+        let len = rest[start..].iter().position(|b| b.is_ascii_whitespace()).unwrap_or(rest.len() - start);
+        let digits = std::str::from_utf8(&rest[start..start + len]).ok()?;
+        rest = &rest[start + len..];
+        let digits = digits.strip_prefix("0x").unwrap_or(digits);
+        u64::from_str_radix(digits, 16).ok()
+    };
+    let (start, size) = (number()?, number()?);
+    let name = rest.trim_ascii();
+    (size > 0 && start.checked_add(size).is_some() && !name.is_empty()).then_some((start, size, name))
+}
+
+/// `text` cut to at most `bytes`, at a character's boundary.
+fn cut(text: &str, bytes: usize) -> &str {
+    let mut end = bytes.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// A process's perf map, read as it grows.
+#[derive(Debug)]
+pub struct PerfMap {
+    file: File,
+    read: u64,
+    names: JitNames,
+}
+
+impl PerfMap {
+    /// Opens the map process `pid` writes, as it sees `/tmp` (its mount
+    /// namespace's, under its own pid where it has a namespace of pids).
+    pub fn open(pid: u32) -> io::Result<PerfMap> {
+        let own_pid = namespace_pid(pid).unwrap_or(pid);
+        let path = format!("/proc/{pid}/root/tmp/perf-{own_pid}.map");
+        // Not a link; a FIFO planted there would block the reader.
+        let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(&path)?;
+        let owner = std::fs::metadata(format!("/proc/{pid}"))?.uid();
+        checked(&file, owner)?;
+        // Left by an earlier process of the same pid: not this one's.
+        let written = file.metadata()?.modified()?;
+        if started_at(pid).is_some_and(|start| written + std::time::Duration::from_secs(1) < start) {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "the perf map there is older than the program"));
+        }
+        Ok(PerfMap { file, read: 0, names: JitNames::default() })
+    }
+
+    /// Reads what was added since the last read; a map cut shorter (the
+    /// program started it again) is read again from its start.
+    pub fn read_more(&mut self) -> io::Result<()> {
+        let size = self.file.metadata()?.len().min(MOST_BYTES);
+        if size < self.read {
+            self.read = 0;
+            self.names = JitNames::default();
+        }
+        if size == self.read {
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; (size - self.read) as usize];
+        let got = self.file.read_at(&mut bytes, self.read)?;
+        bytes.truncate(got);
+        self.read += self.names.add_lines(&bytes) as u64;
+        Ok(())
+    }
+
+    /// The names read so far.
+    pub fn names(&self) -> &JitNames {
+        &self.names
+    }
+}
+
+/// A map is read only as a regular file that the program's owner (the
+/// owner of its `/proc` directory, `owner`) or root owns.
+fn checked(file: &File, owner: u32) -> io::Result<()> {
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the perf map is not a regular file"));
+    }
+    if meta.uid() != owner && meta.uid() != 0 {
+        let why = format!("the perf map is owned by uid {}, not by the program's owner (uid {owner}) or root", meta.uid());
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+    }
+    Ok(())
+}
+
+/// When process `pid` started, to the clock's tick: its start in ticks
+/// since the boot (`/proc/PID/stat`) after the boot's time (`/proc/stat`).
+fn started_at(pid: u32) -> Option<std::time::SystemTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command's name, which may hold spaces and parentheses.
+    let after_name = stat.rsplit_once(')')?.1;
+    let ticks: u64 = after_name.split_ascii_whitespace().nth(19)?.parse().ok()?;
+    let boot = std::fs::read_to_string("/proc/stat").ok()?;
+    let boot_seconds: u64 = boot.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&hz| hz > 0)?;
+    let since_boot = std::time::Duration::from_millis(ticks.saturating_mul(1000) / hz);
+    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(boot_seconds))?.checked_add(since_boot)
+}
+
+/// Process `pid`'s id in its own namespace of pids (the last of `NSpid`).
+fn namespace_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_ascii_whitespace().last()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests;
