@@ -106,23 +106,15 @@ impl Profile {
         // Those just added are theirs as they are.
         for (theirs, &id) in other.functions.iter().zip(&remap).filter(|&(_, &id)| (id as usize) < known_before) {
             let mine = &mut self.functions[id as usize];
-            // Calls after a throttle are counted in all only if every run
-            // that throttled the function counted them.
-            let counted_after = |f: &FunctionInfo| match f.mode {
-                Mode::Throttled => f.calls_after_throttle,
-                _ => Some(0),
-            };
-            let after = counted_after(mine).zip(counted_after(theirs)).map(|(a, b)| a.saturating_add(b));
-            // Where either run stopped counting, the calls since are
-            // estimated from its samples taken since (the other's add none).
-            let stopped = mine.counting_stopped || theirs.counting_stopped;
+            let (after, until) = merged_counts(mine, theirs);
             mine.mode = match (mine.mode, theirs.mode) {
                 (Mode::Sampled, m) | (m, Mode::Sampled) => m,
                 (Mode::Throttled, _) | (_, Mode::Throttled) => Mode::Throttled,
                 _ => Mode::Instrumented,
             };
-            mine.calls_after_throttle = after.filter(|_| mine.mode == Mode::Throttled);
-            mine.counting_stopped = stopped && mine.calls_after_throttle.is_some();
+            let throttled = mine.mode == Mode::Throttled;
+            mine.calls_after_throttle = after.filter(|_| throttled);
+            mine.calls_counted_until_stopped = until.filter(|_| throttled);
         }
         remap
     }
@@ -261,6 +253,33 @@ fn add_counts(ours: &mut Vec<LostCount>, theirs: &[LostCount], map: impl Fn(i64)
     }
 }
 
+/// The calls two runs counted after a function's throttle: counted to
+/// the end in all only if every run that throttled it counted them to the
+/// end; counted until counting stopped where one stopped and every other
+/// counted (the samples since counting stopped, of the runs that stopped,
+/// estimate the rest); neither where a run did not count them at all (all
+/// its samples since the throttle estimate them).
+fn merged_counts(mine: &FunctionInfo, theirs: &FunctionInfo) -> (Option<u64>, Option<u64>) {
+    enum Counted {
+        ToTheEnd(u64),
+        UntilStopped(u64),
+        Not,
+    }
+    let counted = |f: &FunctionInfo| match (f.mode, f.calls_after_throttle, f.calls_counted_until_stopped) {
+        (Mode::Throttled, Some(calls), _) => Counted::ToTheEnd(calls),
+        (Mode::Throttled, None, Some(calls)) => Counted::UntilStopped(calls),
+        (Mode::Throttled, None, None) => Counted::Not,
+        _ => Counted::ToTheEnd(0),
+    };
+    match (counted(mine), counted(theirs)) {
+        (Counted::Not, _) | (_, Counted::Not) => (None, None),
+        (Counted::ToTheEnd(a), Counted::ToTheEnd(b)) => (Some(a.saturating_add(b)), None),
+        (Counted::ToTheEnd(a) | Counted::UntilStopped(a), Counted::ToTheEnd(b) | Counted::UntilStopped(b)) => {
+            (None, Some(a.saturating_add(b)))
+        }
+    }
+}
+
 impl Throttled {
     /// Adds `other`'s: the same function's (the same caller's in the same thread) add up.
     fn merge(&mut self, other: &Throttled) {
@@ -355,14 +374,17 @@ mod tests {
         assert_eq!((a.functions[0].mode, a.functions[0].calls_after_throttle), (Mode::Throttled, Some(15)));
         // A run that stopped counting adds what it counted, and the rest
         // of its calls are estimated from its samples.
-        let mut stopped = throttled(Some(4));
-        stopped.functions[0].counting_stopped = true;
+        let mut stopped = throttled(None);
+        stopped.functions[0].calls_counted_until_stopped = Some(4);
+        let counts = |p: &Profile| (p.functions[0].calls_after_throttle, p.functions[0].calls_counted_until_stopped);
         a.merge(&stopped, false).expect("same build");
-        assert_eq!((a.functions[0].calls_after_throttle, a.functions[0].counting_stopped), (Some(19), true));
+        assert_eq!(counts(&a), (None, Some(19)));
         a.merge(&throttled(Some(1)), false).expect("same build");
-        assert_eq!((a.functions[0].calls_after_throttle, a.functions[0].counting_stopped), (Some(20), true));
+        assert_eq!(counts(&a), (None, Some(20)));
+        a.merge(&profile("abc", "f", 3, 0), false).expect("same build");
+        assert_eq!(counts(&a), (None, Some(20)), "a run that did not throttle it adds no calls after");
         a.merge(&throttled(None), false).expect("same build");
-        assert_eq!((a.functions[0].calls_after_throttle, a.functions[0].counting_stopped), (None, false));
+        assert_eq!(counts(&a), (None, None));
         // A function new to the merge keeps its own.
         let mut b = profile("abc", "g", 1, 0);
         b.merge(&throttled(Some(7)), false).expect("same build");

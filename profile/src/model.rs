@@ -173,7 +173,7 @@ pub struct ThrottledSamples {
     /// With it anywhere on the stack.
     pub total_samples: u64,
     /// Of those, the samples taken after its calls were no longer counted
-    /// either (see [`FunctionInfo::counting_stopped`]): what its calls
+    /// either (see [`FunctionInfo::calls_counted_until_stopped`]): what its calls
     /// since are estimated from.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub total_samples_uncounted: u64,
@@ -451,15 +451,16 @@ pub struct FunctionInfo {
     pub engine: Option<Engine>,
     /// A throttled function's calls after its probes were taken out,
     /// counted (not timed) where its entry jumped to a counter from then
-    /// on; `None` when they were not counted: its calls after are
-    /// estimated from its samples.
+    /// on to the end; `None` when they were not counted, or not to the
+    /// end: its calls after are estimated from its samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls_after_throttle: Option<u64>,
-    /// Its counter was taken out too, later: `calls_after_throttle` are
-    /// those counted until then, and its calls since are estimated from
-    /// the samples taken since ([`ThrottledSamples::total_samples_uncounted`]).
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub counting_stopped: bool,
+    /// Its counter was taken out too, later: the calls it counted until
+    /// then. Its calls since are estimated from the samples taken since
+    /// ([`ThrottledSamples::total_samples_uncounted`]). A reader that does
+    /// not know this field estimates all its calls after the throttle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_counted_until_stopped: Option<u64>,
 }
 
 /// What sees calls.
@@ -544,10 +545,6 @@ pub struct FunctionStats {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
-}
-
-fn is_false(b: &bool) -> bool {
-    !b
 }
 
 impl FunctionStats {

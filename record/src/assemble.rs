@@ -344,12 +344,13 @@ fn functions(setup: &Setup, throttled: &[bool], ending: &Ending) -> Vec<Function
         .enumerate()
         .map(|(i, f)| {
             let mode = mode(i);
-            let calls_after_throttle = match mode {
+            let counted = match mode {
                 Mode::Throttled => ending.calls_only_counted.get(i).copied().flatten(),
                 _ => None,
             };
-            let counting_stopped = calls_after_throttle.is_some() && flag(&ending.counting_stopped, i);
-            FunctionInfo { mode, engine: engine(i, mode), calls_after_throttle, counting_stopped, ..f.clone() }
+            let (calls_after_throttle, calls_counted_until_stopped) =
+                if flag(&ending.counting_stopped, i) { (None, counted) } else { (counted, None) };
+            FunctionInfo { mode, engine: engine(i, mode), calls_after_throttle, calls_counted_until_stopped, ..f.clone() }
         })
         .collect()
 }

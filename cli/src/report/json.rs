@@ -38,8 +38,8 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
         value["own_cpu_ns_after_throttle"] = json!(profile.own_time_after_throttle(f.function));
         let info = profile.functions.get(f.function as usize);
         value["calls_after_throttle"] = json!(info.and_then(|i| i.calls_after_throttle));
-        if info.is_some_and(|i| i.counting_stopped) {
-            value["counting_stopped"] = json!(true);
+        if let Some(until) = info.and_then(|i| i.calls_counted_until_stopped) {
+            value["calls_counted_until_stopped"] = json!(until);
         }
         value
     };

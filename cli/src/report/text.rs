@@ -203,39 +203,8 @@ fn hottest(profile: &Profile, out: &mut String) {
             ""
         };
         let info = profile.functions.get(f.function as usize);
-        let after = info.and_then(|i| i.calls_after_throttle);
-        let stopped = info.is_some_and(|i| i.counting_stopped);
-        let (about, calls) = match (estimated, after) {
-            (0, None) => ("", format!("{} call{}", group_digits(f.calls), if f.calls == 1 { "" } else { "s" })),
-            (0, Some(after)) => (
-                "",
-                format!(
-                    "{} calls ({} of them after its probes were removed)",
-                    group_digits(f.calls.saturating_add(after)),
-                    group_digits(after)
-                ),
-            ),
-            (_, Some(after)) if stopped => (
-                "about ",
-                format!(
-                    "{} calls timed, {} counted after its probes were removed, then estimated from samples after its counting stopped too",
-                    group_digits(f.calls),
-                    group_digits(after)
-                ),
-            ),
-            (_, Some(after)) => (
-                "about ",
-                format!(
-                    "{} calls ({} of them after its probes were removed, counted; their time estimated from samples)",
-                    group_digits(f.calls.saturating_add(after)),
-                    group_digits(after)
-                ),
-            ),
-            (_, None) => {
-                // Calls its probes saw were timed; those after, counted or not, are in the samples.
-                ("about ", format!("{} calls timed, then estimated from samples after its probes were removed", group_digits(f.calls)))
-            }
-        };
+        let (about, calls) =
+            hottest_calls(f.calls, estimated, info.and_then(|i| i.calls_after_throttle), info.and_then(|i| i.calls_counted_until_stopped));
         let _ = writeln!(
             out,
             "  hottest     {}: {about}{} {} in itself{unseen}{share}, {calls}",
@@ -522,6 +491,39 @@ fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
     }
 }
 
+/// The hottest function's calls: `timed` by its probes, then counted to
+/// the end (`after`) or until its counting stopped too (`until`), or
+/// neither; "about" its time where some of it is `estimated` from samples.
+fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u64>) -> (&'static str, String) {
+    match (estimated, after, until) {
+        (_, None, Some(until)) => (
+            "about ",
+            format!(
+                "{} calls timed, {} counted after its probes were removed, then estimated from samples after its counting stopped too",
+                group_digits(timed),
+                group_digits(until)
+            ),
+        ),
+        (0, None, None) => ("", format!("{} call{}", group_digits(timed), if timed == 1 { "" } else { "s" })),
+        (0, Some(after), _) => (
+            "",
+            format!("{} calls ({} of them after its probes were removed)", group_digits(timed.saturating_add(after)), group_digits(after)),
+        ),
+        (_, Some(after), _) => (
+            "about ",
+            format!(
+                "{} calls ({} of them after its probes were removed, counted; their time estimated from samples)",
+                group_digits(timed.saturating_add(after)),
+                group_digits(after)
+            ),
+        ),
+        // Calls its probes saw were timed; those after, counted or not, are in the samples.
+        (_, None, None) => {
+            ("about ", format!("{} calls timed, then estimated from samples after its probes were removed", group_digits(timed)))
+        }
+    }
+}
+
 /// Throttled functions after their probes were removed: their time from
 /// the samples; their calls counted where the engine kept counting them,
 /// else estimated from the time at the CPU time per call measured before
@@ -551,16 +553,16 @@ fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions,
     for t in functions.into_iter().take(shown) {
         let total = samples.estimated_ns(t.total_samples);
         let calls = match info(&t.name) {
-            Some((id, f)) => match (f.calls_after_throttle, f.counting_stopped) {
-                (Some(counted), false) => group_digits(counted),
+            Some((id, f)) => match (f.calls_after_throttle, f.calls_counted_until_stopped) {
+                (Some(counted), _) => group_digits(counted),
                 // Counted until counting stopped, then estimated from the samples since.
-                (Some(counted), true) => {
+                (None, Some(counted)) => {
                     let since = samples.estimated_ns(t.total_samples_uncounted);
                     per_call(id).map_or(format!("{}+?", group_digits(counted)), |ns| {
                         format!("~{}", group_digits(counted.saturating_add(since / ns)))
                     })
                 }
-                (None, _) => per_call(id).map_or("?".to_string(), |ns| format!("~{}", group_digits(total / ns))),
+                (None, None) => per_call(id).map_or("?".to_string(), |ns| format!("~{}", group_digits(total / ns))),
             },
             None => "?".to_string(),
         };
@@ -860,8 +862,7 @@ mod tests {
         assert!(out.starts_with("  hottest     f: about 15.00 ms CPU time in itself"), "{out}");
         assert!(out.ends_with(", 1,000 calls timed, then estimated from samples after its probes were removed\n"), "{out}");
         // Counted for a while after the throttle, until counting stopped too.
-        profile.functions[0].calls_after_throttle = Some(978);
-        profile.functions[0].counting_stopped = true;
+        profile.functions[0].calls_counted_until_stopped = Some(978);
         let mut out = String::new();
         hottest(&profile, &mut out);
         let said =
@@ -903,8 +904,8 @@ mod tests {
         let info = |name: &str, after: Option<u64>| FunctionInfo {
             name: name.into(),
             mode: Mode::Throttled,
-            calls_after_throttle: after,
-            counting_stopped: name == "stopped",
+            calls_after_throttle: after.filter(|_| name != "stopped"),
+            calls_counted_until_stopped: after.filter(|_| name == "stopped"),
             ..FunctionInfo::default()
         };
         // Both took 1,000 calls of 1 us each before the throttle.
