@@ -290,14 +290,16 @@ struct JitMap {
 }
 
 impl JitMap {
-    /// The name the map of process `pid` gives the code at `address`.
-    fn name_at(&mut self, pid: u32, address: u64) -> Option<&str> {
+    /// The name the map of process `pid` gives the code at `address`; a
+    /// map last written before `not_before` (the process's exec) is not
+    /// its image's.
+    fn name_at(&mut self, pid: u32, address: u64, not_before: Option<std::time::SystemTime>) -> Option<&str> {
         let due = self.looked.is_none_or(|at| at.elapsed() >= JIT_MAP_RETRY);
         let missing = self.map.as_ref().is_none_or(|map| map.names().name_at(address).is_none());
         if missing && due {
             self.looked = Some(std::time::Instant::now());
             if self.map.is_none() {
-                self.map = PerfMap::open(pid).ok();
+                self.map = PerfMap::open(pid, not_before).ok();
             }
             if let Some(map) = &mut self.map {
                 let _ = map.read_more();
@@ -310,8 +312,14 @@ impl JitMap {
 /// Whether a mapping of `path` is memory of no file (where a JIT puts
 /// the code it makes).
 fn is_anonymous(path: &str) -> bool {
-    path == "//anon" || path.starts_with("[anon") || path.is_empty()
+    // As perf has it (`is_anon_memory`, `is_no_dso_memory`), with .NET's
+    // code mapped twice through a memory file.
+    path == ANONYMOUS || path.starts_with("/dev/zero") || path.starts_with("/anon_hugepage") || path.starts_with("/memfd:doublemapper")
 }
+
+/// What perf's records name memory of no file, and what proftap names it
+/// where `/proc/PID/maps` gives it no name.
+pub const ANONYMOUS: &str = "//anon";
 
 /// Where the kernel puts a process's `[uprobes]` page unless taken: the top
 /// page of the 47-bit user address space. Its mmap record may never come
@@ -388,6 +396,9 @@ pub struct StackResolver {
     lines_of: Option<Vec<(u64, u64)>>,
     /// Debug info readers built ahead, for the modules not mapped yet.
     ahead: Vec<LinesAhead>,
+    /// When each process that executed a program did (a second early:
+    /// it is told a moment late), by the wall clock perf maps are written by.
+    executed: FxHashMap<u32, std::time::SystemTime>,
 }
 
 /// The vDSO the kernel maps into every process (`[vdso]`, the code of
@@ -442,6 +453,7 @@ impl StackResolver {
             vdso: None,
             lines_of: None,
             ahead: Vec::new(),
+            executed: FxHashMap::default(),
         }
     }
 
@@ -471,6 +483,8 @@ impl StackResolver {
 
     /// A process mapped executable code (or had it mapped when the recording began).
     pub fn mapped(&mut self, pid: u32, start: u64, len: u64, pgoff: u64, path: &str) {
+        // One module for memory of no file, whatever it is named: no file is read.
+        let path = if is_anonymous(path) { ANONYMOUS } else { path };
         if path == "[uprobes]" {
             self.processes.entry(pid).or_default().trampoline = Some((start, start + len));
             return;
@@ -560,9 +574,11 @@ impl StackResolver {
         self.processes.insert(child, copy);
     }
 
-    /// A process executed a new program: its old mappings are gone.
+    /// A process executed a new program: its old mappings are gone, and
+    /// its old image's perf map with them.
     pub fn exec(&mut self, pid: u32) {
         self.processes.remove(&pid);
+        self.executed.insert(pid, std::time::SystemTime::now() - std::time::Duration::from_secs(1));
     }
 
     /// Whether `sample` was taken in a counting stub of the in-process
@@ -792,8 +808,9 @@ impl StackResolver {
             return (vec![frame("[unknown: unmapped]", "", false)], None);
         };
         let info = &self.modules[mapping.module];
+        let executed = self.executed.get(&pid).copied();
         if is_anonymous(&info.path)
-            && let Some(name) = self.processes.get_mut(&pid).and_then(|p| p.jit.name_at(pid, address))
+            && let Some(name) = self.processes.get_mut(&pid).and_then(|p| p.jit.name_at(pid, address, executed))
         {
             return (vec![frame(name, JIT_MODULE, false)], None);
         }

@@ -27,7 +27,7 @@ use proftap_probes::metrics::Metric;
 use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::{ProbedFunction, Role};
 use proftap_probes::procfs;
-use proftap_probes::sampling::{DEFAULT_PROBE_AREA, LinesAhead, StackResolver};
+use proftap_probes::sampling::{ANONYMOUS, DEFAULT_PROBE_AREA, LinesAhead, StackResolver};
 use proftap_probes::target::{self, Frozen, HeldChild};
 use proftap_profile::{Engine, ExitMode, Finding, Note, Refusal, Target};
 use std::path::{Path, PathBuf};
@@ -505,9 +505,13 @@ fn attach(
 ) -> Result<Started, RecordError> {
     if let Some(sampler) = sampler {
         for m in proftap_probes::procfs::read_maps(pid).unwrap_or_default().iter().filter(|m| m.executable) {
-            if let Some(path) = &m.path {
-                sampler.mapped(pid as u32, m.start.0, m.end.0 - m.start.0, m.offset.0, path);
-            }
+            // Memory of no file (a JIT's code), as perf's records name it.
+            let path = match m.path.as_deref() {
+                None => ANONYMOUS,
+                Some(named) if named.starts_with("[anon") => ANONYMOUS,
+                Some(path) => path,
+            };
+            sampler.mapped(pid as u32, m.start.0, m.end.0 - m.start.0, m.offset.0, path);
         }
     }
     let held = tracing.as_ref().and_then(Patched::held_threads);

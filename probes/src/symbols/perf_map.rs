@@ -7,8 +7,10 @@
 //! program's owner or root owns it, as a regular file reached without a
 //! link, within bounds, every line checked; only names come out of it.
 
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 
 /// The most bytes of a map read: a long-running JVM's is tens of MB.
@@ -55,7 +57,11 @@ impl JitNames {
             }
             self.lines = self.lines.saturating_add(1);
             if let Some((start, size, name)) = piece(line) {
-                let name = cut(&String::from_utf8_lossy(name), MOST_NAME_BYTES).to_string();
+                let mut name = cut(&String::from_utf8_lossy(name), MOST_NAME_BYTES).to_string();
+                // Names in brackets are proftap's own (`[probe overhead]`, `[unknown: ...]`).
+                if name.starts_with('[') {
+                    name.insert_str(0, "jit ");
+                }
                 let (Ok(from), Ok(to)) = (u32::try_from(self.names.len()), u32::try_from(self.names.len() + name.len())) else { break };
                 self.names.push_str(&name);
                 self.pieces.push(Piece { start, end: start + size, name: from..to, line: self.lines });
@@ -112,49 +118,98 @@ fn cut(text: &str, bytes: usize) -> &str {
     &text[..end]
 }
 
+/// The most bytes of a map read at one time (the rest the next time).
+const MOST_BYTES_AT_ONCE: u64 = 4 << 20;
+/// A line longer than this is no perf map's: skipped, not waited for.
+const MOST_LINE_BYTES: usize = 64 << 10;
+/// The most bytes of all maps read in one recording (a forking program's
+/// children each have their own).
+const MOST_BYTES_IN_ALL: u64 = 1 << 30;
+/// Bytes of the start of a map kept to tell a map written again from its
+/// start (by the program after an exec) from one that grew.
+const HEAD_BYTES: usize = 64;
+
+static BYTES_READ_IN_ALL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A process's perf map, read as it grows.
 #[derive(Debug)]
 pub struct PerfMap {
     file: File,
     read: u64,
+    head: Vec<u8>,
     names: JitNames,
 }
 
 impl PerfMap {
-    /// Opens the map process `pid` writes, as it sees `/tmp` (its mount
-    /// namespace's, under its own pid where it has a namespace of pids).
-    pub fn open(pid: u32) -> io::Result<PerfMap> {
+    /// Opens the map process `pid` writes, as it sees `/tmp` (within its
+    /// root, under its own pid where it has a namespace of pids); one last
+    /// changed before `not_before` (left by an earlier process of the pid,
+    /// or by the image the process executed since) is not its own.
+    pub fn open(pid: u32, not_before: Option<std::time::SystemTime>) -> io::Result<PerfMap> {
         let own_pid = namespace_pid(pid).unwrap_or(pid);
-        let path = format!("/proc/{pid}/root/tmp/perf-{own_pid}.map");
-        // Not a link; a FIFO planted there would block the reader.
-        let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
-        let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(&path)?;
+        let root = File::open(format!("/proc/{pid}/root"))?;
         let owner = std::fs::metadata(format!("/proc/{pid}"))?.uid();
-        checked(&file, owner)?;
-        // Left by an earlier process of the same pid: not this one's.
-        let written = file.metadata()?.modified()?;
-        if started_at(pid).is_some_and(|start| written + std::time::Duration::from_secs(1) < start) {
-            return Err(io::Error::new(io::ErrorKind::NotFound, "the perf map there is older than the program"));
-        }
-        Ok(PerfMap { file, read: 0, names: JitNames::default() })
+        let start = started_at(pid).map(|start| start - std::time::Duration::from_secs(1));
+        Self::open_in(&root, &format!("tmp/perf-{own_pid}.map"), owner, not_before.into_iter().chain(start).max())
     }
 
-    /// Reads what was added since the last read; a map cut shorter (the
-    /// program started it again) is read again from its start.
+    /// Opens `path` within the directory `root` as its root, if `owner` or
+    /// root owns it and it was written at or after `not_before`.
+    fn open_in(root: &File, path: &str, owner: u32, not_before: Option<std::time::SystemTime>) -> io::Result<PerfMap> {
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        // Found without opening what is there (a device opened has effects),
+        // and opened for reading only once it is known to be a regular file.
+        let found = File::from(openat2(root, path, how)?);
+        checked(&found, owner)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", found.as_raw_fd()))?;
+        checked(&file, owner)?;
+        if not_before.is_some_and(|not_before| file.metadata().and_then(|m| m.modified()).is_ok_and(|written| written < not_before)) {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "the perf map there is older than the program"));
+        }
+        Ok(PerfMap { file, read: 0, head: Vec::new(), names: JitNames::default() })
+    }
+
+    /// Reads what was added since the last read (at most
+    /// [`MOST_BYTES_AT_ONCE`]); a map written again from its start is read
+    /// again from there.
     pub fn read_more(&mut self) -> io::Result<()> {
         let size = self.file.metadata()?.len().min(MOST_BYTES);
-        if size < self.read {
+        if size < self.read || !self.same_head()? {
             self.read = 0;
+            self.head.clear();
             self.names = JitNames::default();
         }
-        if size == self.read {
+        let budget = MOST_BYTES_IN_ALL.saturating_sub(BYTES_READ_IN_ALL.load(std::sync::atomic::Ordering::Relaxed));
+        let want = size.saturating_sub(self.read).min(MOST_BYTES_AT_ONCE).min(budget);
+        if want == 0 {
             return Ok(());
         }
-        let mut bytes = vec![0u8; (size - self.read) as usize];
+        let mut bytes = vec![0u8; want as usize];
         let got = self.file.read_at(&mut bytes, self.read)?;
         bytes.truncate(got);
-        self.read += self.names.add_lines(&bytes) as u64;
+        BYTES_READ_IN_ALL.fetch_add(got as u64, std::sync::atomic::Ordering::Relaxed);
+        if self.read == 0 {
+            self.head = bytes[..got.min(HEAD_BYTES)].to_vec();
+        }
+        let taken = match self.names.add_lines(&bytes) {
+            // No line's end in a line's most: not a line, skipped.
+            0 if got >= MOST_LINE_BYTES => got,
+            taken => taken,
+        };
+        self.read += taken as u64;
         Ok(())
+    }
+
+    /// Whether the map still starts as it did when it was first read.
+    fn same_head(&self) -> io::Result<bool> {
+        let mut now = vec![0u8; self.head.len()];
+        let got = self.file.read_at(&mut now, 0)?;
+        Ok(got == now.len() && now == self.head)
     }
 
     /// The names read so far.
@@ -163,12 +218,12 @@ impl PerfMap {
     }
 }
 
-/// A map is read only as a regular file that the program's owner (the
-/// owner of its `/proc` directory, `owner`) or root owns.
+/// A map is read only as a regular file of one link that the program's
+/// owner (the owner of its `/proc` directory, `owner`) or root owns.
 fn checked(file: &File, owner: u32) -> io::Result<()> {
     let meta = file.metadata()?;
-    if !meta.file_type().is_file() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the perf map is not a regular file"));
+    if !meta.file_type().is_file() || meta.nlink() != 1 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the perf map is not a regular file of one link"));
     }
     if meta.uid() != owner && meta.uid() != 0 {
         let why = format!("the perf map is owned by uid {}, not by the program's owner (uid {owner}) or root", meta.uid());

@@ -43,12 +43,10 @@ fn hostile_lines_are_bounded_and_do_not_panic() {
     assert_eq!(names.name_at(u64::MAX), None);
 }
 
-/// A map in a temporary directory, opened as [`PerfMap::open`] opens one.
-fn opened(path: &std::path::Path, owner: u32) -> io::Result<PerfMap> {
-    let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path)?;
-    checked(&file, owner)?;
-    Ok(PerfMap { file, read: 0, names: JitNames::default() })
+/// The map `name` in directory `dir`, opened as [`PerfMap::open`] opens
+/// one in a process's `/tmp`, for a program of `owner`'s.
+fn opened(dir: &std::path::Path, name: &str, owner: u32) -> io::Result<PerfMap> {
+    PerfMap::open_in(&File::open(dir).unwrap(), name, owner, None)
 }
 
 #[test]
@@ -58,37 +56,55 @@ fn a_map_is_read_as_it_grows_and_only_as_its_programs_owners_regular_file() {
     let mut writer = std::fs::File::create(&path).unwrap();
     writer.write_all(b"1000 10 first\n2000 10 sec").unwrap();
     let me = std::fs::metadata(&path).unwrap().uid();
-    let mut map = opened(&path, me).unwrap();
+    let mut map = opened(dir.path(), "perf-1.map", me).unwrap();
     map.read_more().unwrap();
     assert_eq!((map.names().name_at(0x1000), map.names().name_at(0x2000)), (Some("first"), None));
     writer.write_all(b"ond\n").unwrap();
     map.read_more().unwrap();
     assert_eq!(map.names().name_at(0x2000), Some("second"));
-    // Started again by the program: read from its start.
+    // Started again by the program: read from its start, shorter than
+    // what was read, or longer.
     std::fs::write(&path, b"3000 10 third\n").unwrap();
     map.read_more().unwrap();
     assert_eq!((map.names().name_at(0x1000), map.names().name_at(0x3000)), (None, Some("third")));
+    std::fs::write(&path, b"4000 10 fourth, written again and longer than before\n").unwrap();
+    map.read_more().unwrap();
+    assert_eq!((map.names().name_at(0x3000), map.names().name_at(0x4000).map(|n| &n[..6])), (None, Some("fourth")));
+    // A line with no end in sight is no line: skipped, not read again and again.
+    let mut writer = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+    writer.write_all(&vec![b'x'; MOST_LINE_BYTES]).unwrap();
+    map.read_more().unwrap();
+    writer.write_all(b"\n5000 10 [probe overhead]\n").unwrap();
+    map.read_more().unwrap();
+    assert_eq!(map.names().name_at(0x5000), Some("jit [probe overhead]"), "not taken for proftap's own frame");
 
+    // Through a link, as a second name of a file, or a FIFO: refused, without blocking.
+    std::os::unix::fs::symlink(&path, dir.path().join("perf-2.map")).unwrap();
+    assert!(opened(dir.path(), "perf-2.map", me).is_err());
+    std::fs::hard_link(&path, dir.path().join("perf-3.map")).unwrap();
+    let err = opened(dir.path(), "perf-3.map", me).map(|_| ()).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+    std::fs::remove_file(dir.path().join("perf-3.map")).unwrap();
+    let fifo = std::ffi::CString::new(dir.path().join("perf-4.map").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path and mode.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let err = opened(dir.path(), "perf-4.map", me).map(|_| ()).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+    // A path out of the directory stays in it, as in the program's root.
+    std::fs::create_dir(dir.path().join("tmp")).unwrap();
+    std::os::unix::fs::symlink("/", dir.path().join("tmp/up")).unwrap();
+    assert!(opened(dir.path(), "tmp/up/perf-1.map", me).is_ok(), "/ is the directory");
+    assert!(opened(dir.path(), "../perf-1.map", me).is_ok(), ".. of the root is the root");
     // Root's is read; another user's than the program's owner is not
     // (only root can give a file away to show it).
     if me == 0 {
-        assert!(opened(&path, 4242).is_ok(), "root's");
+        assert!(opened(dir.path(), "perf-1.map", 4242).is_ok(), "root's");
         std::os::unix::fs::chown(&path, Some(4242), None).unwrap();
-        assert!(opened(&path, 4242).is_ok(), "the program's owner's");
-        let err = opened(&path, 4243).map(|_| ()).unwrap_err();
+        assert!(opened(dir.path(), "perf-1.map", 4242).is_ok(), "the program's owner's");
+        let err = opened(dir.path(), "perf-1.map", 4243).map(|_| ()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
-        assert!(opened(&path, 0).is_err(), "a root program's map is root's");
+        assert!(opened(dir.path(), "perf-1.map", 0).is_err(), "a root program's map is root's");
     }
-    // Through a link, or a FIFO: refused, without blocking.
-    let link = dir.path().join("perf-2.map");
-    std::os::unix::fs::symlink(&path, &link).unwrap();
-    assert!(opened(&link, me).is_err());
-    let fifo = dir.path().join("perf-3.map");
-    let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid path and mode.
-    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
-    let err = opened(&fifo, me).map(|_| ()).unwrap_err();
-    assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
 }
 
 /// This process's own map, at `/tmp/perf-PID.map`: none, then one it
@@ -97,7 +113,7 @@ fn a_map_is_read_as_it_grows_and_only_as_its_programs_owners_regular_file() {
 #[test]
 fn a_process_reads_its_own_map_and_not_one_older_than_itself() {
     let pid = std::process::id();
-    let err = PerfMap::open(pid).map(|_| ()).unwrap_err();
+    let err = PerfMap::open(pid, None).map(|_| ()).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
     let path = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
     struct Removed<'a>(&'a std::path::Path);
@@ -108,12 +124,12 @@ fn a_process_reads_its_own_map_and_not_one_older_than_itself() {
     }
     let _removed = Removed(&path);
     std::fs::write(&path, b"1000 10 mine\n").unwrap();
-    let mut map = PerfMap::open(pid).unwrap();
+    let mut map = PerfMap::open(pid, None).unwrap();
     map.read_more().unwrap();
     assert_eq!(map.names().name_at(0x1000), Some("mine"));
     // An hour old: an earlier process's of the same pid.
     let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
     std::fs::File::options().write(true).open(&path).unwrap().set_modified(hour_ago).unwrap();
-    let err = PerfMap::open(pid).map(|_| ()).unwrap_err();
+    let err = PerfMap::open(pid, None).map(|_| ()).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
 }
