@@ -533,3 +533,50 @@ fn a_jits_code_is_named_from_the_map_it_writes_for_perf() {
     assert!(!unnamed.contains("JS:"), "named with no map:\n{unnamed}");
     assert!(samples(&unnamed, &|_, leaf| leaf.contains("//anon")) * 2 > total, "{unnamed}");
 }
+
+/// The same for a JIT proftap attaches to: the code it made before the
+/// attach is memory of no file that the process's maps list unnamed.
+#[test]
+fn an_attached_jits_code_is_named_from_its_perf_map() {
+    let _machine = sharing_the_machine();
+    require_probes();
+    require("node", "as a program that compiles code as it runs");
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("spin.js");
+    let source = "function spin(n) { let x = 0; for (let i = 0; i < n; i++) x = (x * 31 + i) % 1000003; return x; }\n\
+                  let s = 0; spin(1000000); console.log('ready');\n\
+                  const end = Date.now() + 20000; while (Date.now() < end) s += spin(200000);\n";
+    std::fs::write(&script, source).unwrap();
+    let mut node = Command::new("node")
+        .current_dir(dir.path())
+        .arg("--perf-basic-prof")
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = node.id();
+    struct Ended(std::process::Child, u32);
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", self.1));
+        }
+    }
+    let mut out = std::io::BufReader::new(node.stdout.take().unwrap());
+    let _ended = Ended(node, pid);
+    // Compiled and running by the time it says so.
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let (file, folded) = (dir.path().join("p.profile"), dir.path().join("folded"));
+    run_ok(proftap().args(["attach", "--no-instrument", "--duration", "1s", "-o"]).arg(&file).arg(pid.to_string()));
+    run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded));
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    let samples = |keep: &dyn Fn(&str) -> bool| -> u64 {
+        let stacks = folded.lines().map(|l| l.rsplit_once(' ').unwrap());
+        stacks.filter(|(stack, _)| keep(stack.rsplit(';').next().unwrap())).map(|(_, n)| n.parse::<u64>().unwrap()).sum()
+    };
+    let (total, in_spin) = (samples(&|_| true), samples(&|leaf| leaf.starts_with("JS:") && leaf.contains("spin")));
+    assert!(in_spin * 2 > total, "{in_spin} of {total} samples in spin:\n{folded}");
+}
