@@ -772,6 +772,11 @@ void proftap_entry(u64 *slot, u32 function)
     f->last_function = 0;
     f->function = function;
     f->child_wall = f->child_cpu = 0;
+    /* Until its entry time is read, no time: proftap, reading the return
+     * address below for a sample taken before this call, must not pair it
+     * with the entry time of the call this depth held before. */
+    __atomic_store_n(&f->entry_tsc, ~0UL, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_RELEASE);
     p->ret[d].ret = *slot;
     p->ret[d].slot = (u64)slot;
     b->returns[d] = p->ret[d];

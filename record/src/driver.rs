@@ -132,8 +132,9 @@ pub(crate) struct EngineMemory {
     children: Option<ChildMemories>,
     child_views: HashMap<i32, TotalsView>,
     trampolines: Option<Trampolines>,
-    /// The engine's clock: when a sample was taken, in its frames' time.
-    clock: Option<TscClock>,
+    /// The engine's clock: when a sample was taken, in its frames' time;
+    /// measured against CLOCK_MONOTONIC again every second (which NTP slews).
+    clock: Option<(TscClock, Instant)>,
 }
 
 impl EngineMemory {
@@ -144,22 +145,30 @@ impl EngineMemory {
             children: engine.child_memories(),
             child_views: HashMap::new(),
             trampolines: engine.trampolines(),
-            clock: Some(clock),
+            clock: Some((clock, Instant::now())),
         }
     }
 
     /// The return addresses a sample's stack holds as trampolines, by the
     /// stack slot each is in: first those its site trampolines stand for,
-    /// then those the engine keeps for its thread's frames that began
-    /// before the sample was taken.
+    /// then, if it holds the shared one, those the engine keeps for its
+    /// thread's frames that began before the sample was taken.
     pub fn return_addresses(&mut self, sample: &StackSample) -> Vec<(u64, u64)> {
-        let (trampolines, clock) = (self.trampolines, self.clock);
+        if let Some((clock, measured)) = &mut self.clock
+            && measured.elapsed() >= Duration::from_secs(1)
+        {
+            clock.refresh();
+            *measured = Instant::now();
+        }
+        let (trampolines, clock) = (self.trampolines, self.clock.map(|(clock, _)| clock));
         let Some(view) = self.view(sample.pid as i32) else { return Vec::new() };
-        let mut returns = match &trampolines {
-            Some(trampolines) => view.site_returns(trampolines, sample.regs[1], &sample.stack),
-            None => Vec::new(),
-        };
-        if let Some(clock) = clock {
+        let Some(trampolines) = trampolines else { return Vec::new() };
+        let mut returns = view.site_returns(&trampolines, sample.regs[1], &sample.stack);
+        // Return addresses are in 8-byte-aligned slots.
+        let (shared, skip) = (trampolines.shared.to_ne_bytes(), (sample.regs[1].wrapping_neg() & 7) as usize);
+        if let Some(clock) = clock
+            && sample.stack.get(skip..).unwrap_or_default().chunks_exact(8).any(|word| word == shared)
+        {
             returns.extend(view.return_addresses(sample.tid, clock.tsc_at(sample.time)));
         }
         returns

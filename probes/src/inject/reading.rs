@@ -322,8 +322,9 @@ impl TotalsView {
     /// Thread `tid`'s frames that began by TSC `sampled_tsc`, their
     /// original return addresses by the stack slot each was in (the runtime
     /// put its return trampoline there): what an unwinder of a stack
-    /// sampled then reads in its place. Frames a little deeper than the
-    /// thread is now are included: they may have been live at the sample.
+    /// sampled then reads in its place. Frames deeper than the thread is
+    /// now are included, as many as a sample's copy of its stack can hold
+    /// return addresses: they may have been live at the sample.
     /// A frame that began after it is a later call, whose return address
     /// the sampled slot may not have held: left out (its frame goes
     /// unnamed rather than misnamed), however late the sample is read.
@@ -334,13 +335,15 @@ impl TotalsView {
             return Vec::new();
         };
         let at = self.geometry.block(block) as usize;
-        let depth = shared.load(at + 16).saturating_add(64).min(totals::STACK_DEPTH) as usize;
+        let depth = shared.load(at + 16).saturating_add(DEEPER_THAN_NOW).min(totals::STACK_DEPTH) as usize;
         let returns: Vec<totals::Ret> = read_array(shared, at + Geometry::RETURNS as usize, depth);
-        // The runtime writes a frame's entry time last: a call entered in
-        // the tens of nanoseconds of this read can still pass for the one
-        // before it at its depth. Only a frame that went through the
-        // shared trampoline (its site found no place in the table) is
-        // named from here; the others from the site table.
+        // Read after the returns: the runtime marks a frame's entry time
+        // unknown (all ones) before it writes the frame's return address,
+        // so a call entered during this read is left out, not paired with
+        // the time of the call its depth held before. Only a frame that went
+        // through the shared trampoline (its site found no place in the
+        // table) is named from here; the others from the site table.
+        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::Acquire);
         let frames: Vec<totals::Frame> = read_array(shared, at + Geometry::FRAMES as usize, depth);
         returns.into_iter().zip(frames).filter(|(r, f)| r.slot != 0 && f.entry_tsc <= sampled_tsc).map(|(r, _)| (r.slot, r.ret)).collect()
     }
@@ -369,6 +372,9 @@ impl TotalsView {
         returns
     }
 }
+
+/// Return addresses in a sample's 16 KiB copy of its stack, at most.
+const DEEPER_THAN_NOW: u64 = 2048;
 
 /// Offset of `blocks_taken` in the shared header.
 const HEADER_BLOCKS_TAKEN: usize = std::mem::offset_of!(totals::Header, blocks_taken);
