@@ -496,10 +496,7 @@ fn a_jits_code_is_named_from_the_map_it_writes_for_perf() {
     require_probes();
     require("node", "as a program that compiles code as it runs");
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("spin.js");
-    let source = "function spin(n) { let x = 0; for (let i = 0; i < n; i++) x = (x * 31 + i) % 1000003; return x; }\n\
-                  let s = 0; for (let r = 0; r < 400; r++) s += spin(200000);\nconsole.log(s);\n";
-    std::fs::write(&script, source).unwrap();
+    let script = spin_js(dir.path(), "let s = 0; for (let r = 0; r < 400; r++) s += spin(200000);\nconsole.log(s);\n");
     let folded = |flags: &[&str]| -> String {
         let (file, out) = (dir.path().join("p.profile"), dir.path().join("folded"));
         // In the temporary directory: V8 writes its log where it runs.
@@ -518,10 +515,7 @@ fn a_jits_code_is_named_from_the_map_it_writes_for_perf() {
         assert_eq!(ran.trim_end(), "318782400", "the script ran as it does alone");
         std::fs::read_to_string(&out).unwrap()
     };
-    let samples = |folded: &str, keep: &dyn Fn(&str, &str) -> bool| -> u64 {
-        let stacks = folded.lines().map(|l| l.rsplit_once(' ').unwrap());
-        stacks.filter(|(stack, _)| keep(stack, stack.rsplit(';').next().unwrap())).map(|(_, n)| n.parse::<u64>().unwrap()).sum()
-    };
+    let samples = folded_samples;
     let named = folded(&["--perf-basic-prof"]);
     let total = samples(&named, &|_, _| true);
     let in_spin = samples(&named, &|_, leaf| leaf.starts_with("JS:") && leaf.contains("spin"));
@@ -542,11 +536,9 @@ fn an_attached_jits_code_is_named_from_its_perf_map() {
     require_probes();
     require("node", "as a program that compiles code as it runs");
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("spin.js");
-    let source = "function spin(n) { let x = 0; for (let i = 0; i < n; i++) x = (x * 31 + i) % 1000003; return x; }\n\
-                  let s = 0; spin(1000000); console.log('ready');\n\
-                  const end = Date.now() + 20000; while (Date.now() < end) s += spin(200000);\n";
-    std::fs::write(&script, source).unwrap();
+    let main =
+        "let s = 0; spin(1000000); console.log('ready');\nconst end = Date.now() + 20000; while (Date.now() < end) s += spin(200000);\n";
+    let script = spin_js(dir.path(), main);
     let mut node = Command::new("node")
         .current_dir(dir.path())
         .arg("--perf-basic-prof")
@@ -573,10 +565,21 @@ fn an_attached_jits_code_is_named_from_its_perf_map() {
     run_ok(proftap().args(["attach", "--no-instrument", "--duration", "1s", "-o"]).arg(&file).arg(pid.to_string()));
     run_ok(proftap().arg("export").arg(&file).args(["--format", "folded", "-o"]).arg(&folded));
     let folded = std::fs::read_to_string(&folded).unwrap();
-    let samples = |keep: &dyn Fn(&str) -> bool| -> u64 {
-        let stacks = folded.lines().map(|l| l.rsplit_once(' ').unwrap());
-        stacks.filter(|(stack, _)| keep(stack.rsplit(';').next().unwrap())).map(|(_, n)| n.parse::<u64>().unwrap()).sum()
-    };
-    let (total, in_spin) = (samples(&|_| true), samples(&|leaf| leaf.starts_with("JS:") && leaf.contains("spin")));
+    let total = folded_samples(&folded, &|_, _| true);
+    let in_spin = folded_samples(&folded, &|_, leaf| leaf.starts_with("JS:") && leaf.contains("spin"));
     assert!(in_spin * 2 > total, "{in_spin} of {total} samples in spin:\n{folded}");
+}
+
+/// A script in `dir` with `spin`, a loop V8 compiles, then `main`.
+fn spin_js(dir: &std::path::Path, main: &str) -> std::path::PathBuf {
+    let script = dir.join("spin.js");
+    let spin = "function spin(n) { let x = 0; for (let i = 0; i < n; i++) x = (x * 31 + i) % 1000003; return x; }\n";
+    std::fs::write(&script, format!("{spin}{main}")).unwrap();
+    script
+}
+
+/// The samples of folded stacks that `keep` keeps, given each stack and its leaf.
+fn folded_samples(folded: &str, keep: &dyn Fn(&str, &str) -> bool) -> u64 {
+    let stacks = folded.lines().map(|l| l.rsplit_once(' ').unwrap());
+    stacks.filter(|(stack, _)| keep(stack, stack.rsplit(';').next().unwrap())).map(|(_, n)| n.parse::<u64>().unwrap()).sum()
 }
