@@ -27,6 +27,7 @@ pub fn demangle_name(raw: &str) -> String {
 
 use crate::addr::{FileOffset, VirtAddr};
 use crate::error::{Error, Result};
+use crate::parallel::on_all_cpus;
 use object::{Object, ObjectSymbol, SymbolKind};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -259,10 +260,12 @@ impl SymbolIndex {
             ));
         }
 
-        let mut functions: BTreeMap<u64, Function> =
-            on_all_cpus(symbols.into_iter().collect(), |(address, group)| (address, group.into_function(address, origin, &segments)))
-                .into_iter()
-                .collect();
+        // Demangling a large C++ program's symbols (`node`'s 150 000) took
+        // 200 ms on one CPU.
+        let groups = symbols.into_iter().collect();
+        let functions =
+            on_all_cpus(groups, SYMBOLS_WORTH_THREADS, |(address, group)| (address, group.into_function(address, origin, &segments)));
+        let mut functions: BTreeMap<u64, Function> = functions.into_iter().collect();
         for sub in info.subprograms {
             for (i, range) in sub.ranges.iter().enumerate() {
                 match functions.get_mut(&range.start) {
@@ -362,53 +365,8 @@ impl SymbolIndex {
     }
 }
 
-/// Below this many items, [`on_all_cpus`] maps them on the calling thread.
-const ITEMS_WORTH_THREADS: usize = 20_000;
-
-/// `items` mapped by `f`, in order, in as many parts as there are CPUs,
-/// each on a thread of its own: demangling a large C++ program's symbols
-/// (`node`'s 150 000) took 200 ms on one.
-fn on_all_cpus<T: Send, U: Send>(items: Vec<T>, f: impl Fn(T) -> U + Sync) -> Vec<U> {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    if cpus < 2 || items.len() < ITEMS_WORTH_THREADS {
-        return items.into_iter().map(f).collect();
-    }
-    let mut parts: Vec<Vec<T>> = Vec::with_capacity(cpus);
-    let part_len = items.len().div_ceil(cpus);
-    let mut items = items.into_iter();
-    for _ in 0..cpus {
-        parts.push(items.by_ref().take(part_len).collect());
-    }
-    let f = &f;
-    std::thread::scope(|scope| {
-        // A part whose thread could not be made (a limit on threads) is
-        // mapped here, in its turn.
-        let mapped: Vec<Result<_, Vec<T>>> = parts
-            .into_iter()
-            .map(|part| {
-                let (tx, rx) = std::sync::mpsc::channel();
-                let spawned = std::thread::Builder::new().spawn_scoped(scope, move || {
-                    let part: Vec<T> = rx.recv().unwrap_or_default();
-                    part.into_iter().map(f).collect::<Vec<U>>()
-                });
-                match spawned {
-                    Ok(thread) => {
-                        let _ = tx.send(part);
-                        Ok(thread)
-                    }
-                    Err(_) => Err(part),
-                }
-            })
-            .collect();
-        mapped
-            .into_iter()
-            .flat_map(|part| match part {
-                Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(part) => part.into_iter().map(f).collect(),
-            })
-            .collect()
-    })
-}
+/// Below this many symbols, they are demangled on the calling thread.
+const SYMBOLS_WORTH_THREADS: usize = 20_000;
 
 /// Symbols that share an address.
 #[derive(Default)]

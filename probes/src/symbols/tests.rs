@@ -144,13 +144,3 @@ fn namesakes_get_names_of_their_own_and_keep_the_plain_one_for_patterns() {
     assert!(first.address < second.address);
     assert!(second.names().any(|n| n == plain), "a pattern on the plain name matches every instance");
 }
-
-#[test]
-fn work_spread_over_the_cpus_comes_back_in_order() {
-    for len in [0, 3, ITEMS_WORTH_THREADS - 1, ITEMS_WORTH_THREADS * 2 + 7] {
-        let items: Vec<u64> = (0..len as u64).collect();
-        let mapped = on_all_cpus(items, |i| (i, i * 3));
-        assert_eq!(mapped.len(), len);
-        assert!(mapped.iter().enumerate().all(|(n, &(i, t))| i == n as u64 && t == i * 3), "out of order at {len}");
-    }
-}
