@@ -396,8 +396,8 @@ pub struct StackResolver {
     lines_of: Option<Vec<(u64, u64)>>,
     /// Debug info readers built ahead, for the modules not mapped yet.
     ahead: Vec<LinesAhead>,
-    /// When each process that executed a program did (a second early:
-    /// it is told a moment late), by the wall clock perf maps are written by.
+    /// When each process that executed a program did, by the wall clock
+    /// perf maps are written by.
     executed: FxHashMap<u32, std::time::SystemTime>,
 }
 
@@ -574,11 +574,11 @@ impl StackResolver {
         self.processes.insert(child, copy);
     }
 
-    /// A process executed a new program: its old mappings are gone, and
-    /// its old image's perf map with them.
-    pub fn exec(&mut self, pid: u32) {
+    /// A process executed a new program at `at`: its old mappings are
+    /// gone, and its old image's perf map with them.
+    pub fn exec(&mut self, pid: u32, at: std::time::SystemTime) {
         self.processes.remove(&pid);
-        self.executed.insert(pid, std::time::SystemTime::now() - std::time::Duration::from_secs(1));
+        self.executed.insert(pid, at);
     }
 
     /// Whether `sample` was taken in a counting stub of the in-process

@@ -164,12 +164,16 @@ impl EngineMemory {
         let Some(view) = self.view(sample.pid as i32) else { return Vec::new() };
         let Some(trampolines) = trampolines else { return Vec::new() };
         let mut returns = view.site_returns(&trampolines, sample.regs[1], &sample.stack);
-        // Return addresses are in 8-byte-aligned slots.
-        let (shared, skip) = (trampolines.shared.to_ne_bytes(), (sample.regs[1].wrapping_neg() & 7) as usize);
+        // Return addresses are in 8-byte-aligned slots; each hijacked one
+        // is a frame of the thread's, live at the sample.
+        let skip = (sample.regs[1].wrapping_neg() & 7) as usize;
+        let words = sample.stack.get(skip..).unwrap_or_default().chunks_exact(8);
+        let hijacked = words.map(|w| u64::from_ne_bytes(w.try_into().unwrap_or_default())).filter(|&w| trampolines.contains(w));
+        let (frames, shared) = hijacked.fold((0u64, false), |(n, shared), w| (n + 1, shared || w == trampolines.shared));
         if let Some(clock) = clock
-            && sample.stack.get(skip..).unwrap_or_default().chunks_exact(8).any(|word| word == shared)
+            && shared
         {
-            returns.extend(view.return_addresses(sample.tid, clock.tsc_at(sample.time)));
+            returns.extend(view.return_addresses(sample.tid, clock.tsc_at(sample.time), frames));
         }
         returns
     }
@@ -248,7 +252,11 @@ impl Consumer {
         if let Some(sampler) = &self.sampler {
             match &event {
                 Event::Mmap { pid, start, len, pgoff, path, .. } => sampler.mapped(*pid, *start, *len, *pgoff, path),
-                Event::Comm { pid, tid, exec: true, .. } if pid == tid => sampler.exec(*pid),
+                Event::Comm { pid, tid, exec: true, time, .. } if pid == tid => {
+                    // By the wall clock, as perf maps are written: `time` was that long ago.
+                    let ago = Duration::from_nanos(monotonic_ns().saturating_sub(*time));
+                    sampler.exec(*pid, std::time::SystemTime::now().checked_sub(ago).unwrap_or(std::time::UNIX_EPOCH));
+                }
                 Event::Fork { pid, ppid, tid, .. } if pid == tid && pid != ppid => sampler.forked(*ppid, *pid),
                 Event::CodeAdded { pid, ranges, origins, probe_returns, return_trampolines, .. } => {
                     ranges.iter().for_each(|r| sampler.engine_code(*pid, r.clone()));

@@ -106,7 +106,7 @@ fn run(data: &[u8]) {
     let mut calls = vec![0u64; geometry.functions as usize];
     view.calls(&mut calls);
     for tid in tids {
-        let _ = view.return_addresses(tid, u64::MAX);
+        let _ = view.return_addresses(tid, u64::MAX, u64::MAX);
     }
     for (slot, ret) in view.site_returns(&SITE_TRAMPOLINES, sp, &stack) {
         let offset = slot.wrapping_sub(sp) as usize;

@@ -323,19 +323,20 @@ impl TotalsView {
     /// original return addresses by the stack slot each was in (the runtime
     /// put its return trampoline there): what an unwinder of a stack
     /// sampled then reads in its place. Frames deeper than the thread is
-    /// now are included, as many as a sample's copy of its stack can hold
-    /// return addresses: they may have been live at the sample.
+    /// now are included, as many as the sample's stack held hijacked return
+    /// addresses (`frames_sampled`): they may have been live at the sample.
     /// A frame that began after it is a later call, whose return address
     /// the sampled slot may not have held: left out (its frame goes
     /// unnamed rather than misnamed), however late the sample is read.
-    pub fn return_addresses(&self, tid: u32, sampled_tsc: u64) -> Vec<(u64, u64)> {
+    pub fn return_addresses(&self, tid: u32, sampled_tsc: u64, frames_sampled: u64) -> Vec<(u64, u64)> {
         let shared = &self.shared;
         let taken = shared.load(HEADER_BLOCKS_TAKEN).min(self.geometry.blocks);
         let Some(block) = (0..taken).rev().find(|&b| shared.load(self.geometry.block(b) as usize + 8) == u64::from(tid)) else {
             return Vec::new();
         };
         let at = self.geometry.block(block) as usize;
-        let depth = shared.load(at + 16).saturating_add(DEEPER_THAN_NOW).min(totals::STACK_DEPTH) as usize;
+        let deeper = frames_sampled.min(DEEPER_THAN_NOW);
+        let depth = shared.load(at + 16).saturating_add(deeper).min(totals::STACK_DEPTH) as usize;
         let returns: Vec<totals::Ret> = read_array(shared, at + Geometry::RETURNS as usize, depth);
         // Read after the returns: the runtime marks a frame's entry time
         // unknown (all ones) before it writes the frame's return address,
@@ -498,10 +499,15 @@ mod tests {
             view.shared.store(ret_at + 8, slot);
             view.shared.store(at + Geometry::FRAMES as usize + depth * size_of::<totals::Frame>(), entry);
         }
-        assert_eq!(view.return_addresses(100, 9_000), [(0x7000, 0x40_1000), (0x6f00, 0x40_2000)]);
-        assert_eq!(view.return_addresses(100, 3_000), [(0x7000, 0x40_1000)], "the deeper call began after the sample");
-        assert!(view.return_addresses(100, 999).is_empty());
-        assert!(view.return_addresses(7, 9_000).is_empty(), "a thread with no block");
+        assert_eq!(view.return_addresses(100, 9_000, 0), [(0x7000, 0x40_1000), (0x6f00, 0x40_2000)]);
+        assert_eq!(view.return_addresses(100, 3_000, 0), [(0x7000, 0x40_1000)], "the deeper call began after the sample");
+        assert!(view.return_addresses(100, 999, 0).is_empty());
+        assert!(view.return_addresses(7, 9_000, 0).is_empty(), "a thread with no block");
+        // Returned from the deeper call since: it is read only if the
+        // sample's stack held as many hijacked return addresses.
+        view.shared.store(at + 16, 1);
+        assert_eq!(view.return_addresses(100, 9_000, 0), [(0x7000, 0x40_1000)]);
+        assert_eq!(view.return_addresses(100, 9_000, 1).len(), 2);
     }
 
     /// Writes `calls` finished calls into block 0's trace ring of `view`,

@@ -150,7 +150,9 @@ fn exclusive_from_children(tree: &mut [TreeNode], metrics: usize) {
 /// runtime ends a call: its times to its node, its inclusive times to its caller.
 fn close_open_frames(thread: &ThreadTotals, nodes: &mut [Node], unfinished: &mut [u64], off_cpu_now: Option<u64>, end: u64) {
     let (mut child_wall, mut child_cpu) = (0u64, 0u64);
-    for frame in thread.open.iter().rev() {
+    // A call caught as it was entered has no entry time yet (all ones):
+    // its tree node is left as it was (its function's calls counted it).
+    for frame in thread.open.iter().rev().filter(|f| f.entry_tsc != u64::MAX) {
         let wall = end.saturating_sub(frame.entry_tsc);
         let off = off_cpu_now.map_or(0, |now| now.saturating_sub(frame.entry_off));
         let cpu = wall.saturating_sub(off);

@@ -138,6 +138,8 @@ pub struct PerfMap {
     read: u64,
     head: Vec<u8>,
     names: JitNames,
+    /// In a line too long to be one: bytes up to the next line's start are skipped.
+    skipping: bool,
 }
 
 impl PerfMap {
@@ -161,7 +163,16 @@ impl PerfMap {
             .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
         // Found without opening what is there (a device opened has effects),
         // and opened for reading only once it is known to be a regular file.
-        let found = File::from(openat2(root, path, how)?);
+        let found = match openat2(root, path, how) {
+            Ok(found) => File::from(found),
+            // Before Linux 5.6, or a filter on system calls that does not
+            // know it: the path is followed from the root as it is.
+            Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::EPERM) => std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(format!("/proc/self/fd/{}/{path}", root.as_raw_fd()))?,
+            Err(e) => return Err(e.into()),
+        };
         checked(&found, owner)?;
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -171,7 +182,7 @@ impl PerfMap {
         if not_before.is_some_and(|not_before| file.metadata().and_then(|m| m.modified()).is_ok_and(|written| written < not_before)) {
             return Err(io::Error::new(io::ErrorKind::NotFound, "the perf map there is older than the program"));
         }
-        Ok(PerfMap { file, read: 0, head: Vec::new(), names: JitNames::default() })
+        Ok(PerfMap { file, read: 0, head: Vec::new(), names: JitNames::default(), skipping: false })
     }
 
     /// Reads what was added since the last read (at most
@@ -183,6 +194,7 @@ impl PerfMap {
             self.read = 0;
             self.head.clear();
             self.names = JitNames::default();
+            self.skipping = false;
         }
         let budget = MOST_BYTES_IN_ALL.saturating_sub(BYTES_READ_IN_ALL.load(std::sync::atomic::Ordering::Relaxed));
         let want = size.saturating_sub(self.read).min(MOST_BYTES_AT_ONCE).min(budget);
@@ -192,16 +204,28 @@ impl PerfMap {
         let mut bytes = vec![0u8; want as usize];
         let got = self.file.read_at(&mut bytes, self.read)?;
         bytes.truncate(got);
-        BYTES_READ_IN_ALL.fetch_add(got as u64, std::sync::atomic::Ordering::Relaxed);
         if self.read == 0 {
             self.head = bytes[..got.min(HEAD_BYTES)].to_vec();
         }
-        let taken = match self.names.add_lines(&bytes) {
-            // No line's end in a line's most: not a line, skipped.
-            0 if got >= MOST_LINE_BYTES => got,
+        let skipped = match (self.skipping, bytes.iter().position(|&b| b == b'\n')) {
+            (false, _) => 0,
+            (true, Some(end)) => {
+                self.skipping = false;
+                end + 1
+            }
+            (true, None) => got,
+        };
+        let taken = match self.names.add_lines(&bytes[skipped..]) {
+            // No line's end in a line's most: not a line, skipped to its end.
+            0 if got - skipped >= MOST_LINE_BYTES => {
+                self.skipping = true;
+                got - skipped
+            }
             taken => taken,
         };
-        self.read += taken as u64;
+        // Only what was taken counts: a line still being written is read again.
+        BYTES_READ_IN_ALL.fetch_add((skipped + taken) as u64, std::sync::atomic::Ordering::Relaxed);
+        self.read += (skipped + taken) as u64;
         Ok(())
     }
 

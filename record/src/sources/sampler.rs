@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 
 enum Input {
     Mapped { pid: u32, start: u64, len: u64, pgoff: u64, path: String },
-    Exec(u32),
+    Exec(u32, std::time::SystemTime),
     Forked { parent: u32, child: u32 },
     EngineCode(u32, std::ops::Range<u64>),
     Origins(u32, Vec<(u64, u64)>),
@@ -60,8 +60,8 @@ impl SamplerThread {
             for input in inputs {
                 match input {
                     Input::Mapped { pid, start, len, pgoff, path } => resolver.mapped(pid, start, len, pgoff, &path),
-                    Input::Exec(pid) => {
-                        resolver.exec(pid);
+                    Input::Exec(pid, at) => {
+                        resolver.exec(pid, at);
                         samples.executed(pid as i32);
                     }
                     Input::Forked { parent, child } => {
@@ -114,8 +114,8 @@ impl SamplerThread {
     }
 
     /// See [`StackResolver::exec`].
-    pub fn exec(&self, pid: u32) {
-        let _ = self.input.send(Input::Exec(pid));
+    pub fn exec(&self, pid: u32, at: std::time::SystemTime) {
+        let _ = self.input.send(Input::Exec(pid, at));
     }
 
     /// See [`StackResolver::engine_code`].

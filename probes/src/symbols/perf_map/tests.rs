@@ -70,12 +70,16 @@ fn a_map_is_read_as_it_grows_and_only_as_its_programs_owners_regular_file() {
     std::fs::write(&path, b"4000 10 fourth, written again and longer than before\n").unwrap();
     map.read_more().unwrap();
     assert_eq!((map.names().name_at(0x3000), map.names().name_at(0x4000).map(|n| &n[..6])), (None, Some("fourth")));
-    // A line with no end in sight is no line: skipped, not read again and again.
+    // A line with no end in sight is no line: skipped to its end, not read
+    // again and again, and its end not taken for a line.
     let mut writer = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
     writer.write_all(&vec![b'x'; MOST_LINE_BYTES]).unwrap();
+    let before = map.read;
     map.read_more().unwrap();
-    writer.write_all(b"\n5000 10 [probe overhead]\n").unwrap();
+    assert_eq!(map.read, before + MOST_LINE_BYTES as u64, "skipped");
+    writer.write_all(b" 6000 10 rest of the long line\n5000 10 [probe overhead]\n").unwrap();
     map.read_more().unwrap();
+    assert_eq!(map.names().name_at(0x6000), None, "the long line's end is no line");
     assert_eq!(map.names().name_at(0x5000), Some("jit [probe overhead]"), "not taken for proftap's own frame");
 
     // Through a link, as a second name of a file, or a FIFO: refused, without blocking.
