@@ -578,7 +578,9 @@ impl StackResolver {
     /// gone, and its old image's perf map with them.
     pub fn exec(&mut self, pid: u32, at: std::time::SystemTime) {
         self.processes.remove(&pid);
-        self.executed.insert(pid, at);
+        // A file's times come from a clock a tick coarse: a map the new
+        // image wrote at once may seem a few milliseconds older.
+        self.executed.insert(pid, at.checked_sub(std::time::Duration::from_millis(50)).unwrap_or(at));
     }
 
     /// Whether `sample` was taken in a counting stub of the in-process

@@ -137,3 +137,17 @@ fn a_process_reads_its_own_map_and_not_one_older_than_itself() {
     let err = PerfMap::open(pid, None).map(|_| ()).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
 }
+
+#[test]
+fn a_map_last_written_before_the_programs_exec_is_not_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("perf-1.map"), b"1000 10 old\n").unwrap();
+    let me = std::fs::metadata(dir.path().join("perf-1.map")).unwrap().uid();
+    let root = File::open(dir.path()).unwrap();
+    let now = std::time::SystemTime::now();
+    let executed_later = now + std::time::Duration::from_secs(5);
+    let err = PerfMap::open_in(&root, "perf-1.map", me, Some(executed_later)).map(|_| ()).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+    let executed_before = now - std::time::Duration::from_secs(5);
+    assert!(PerfMap::open_in(&root, "perf-1.map", me, Some(executed_before)).is_ok());
+}
