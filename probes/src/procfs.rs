@@ -187,9 +187,27 @@ pub fn code_as_in_file(pid: i32, places: &[(&Path, u64)]) -> Vec<bool> {
         .collect()
 }
 
+/// When a process started (clock ticks after boot, the 22nd field), from
+/// the text of its `/proc/PID/stat`.
+pub fn start_time(stat: &str) -> Option<u64> {
+    // The command name (field 2) may hold spaces and parentheses: the
+    // fields after it follow the last `)`.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_time_is_read_past_a_name_with_parentheses() {
+        let fields = "S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242 19 20";
+        assert_eq!(start_time(&format!("77 (a) b) c) {fields}")), Some(4242));
+        assert_eq!(start_time(&format!("77 (sh) {fields}")), Some(4242));
+        assert_eq!(start_time("77 (sh) S 1 2"), None);
+        assert_eq!(start_time("77 no name"), None);
+    }
 
     #[test]
     fn maps_lines_parse() {

@@ -14,6 +14,7 @@
 //! proftap patches only code that is still the file's.
 
 use super::remote::RemoteError;
+use crate::procfs;
 use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, connect, getsockopt, listen, socket, sockopt};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -33,8 +34,10 @@ impl RecordingClaim {
     /// Claims process `pid`, or says that another proftap records it.
     pub fn take(pid: i32) -> Result<RecordingClaim, RemoteError> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
-        let started =
-            stat.as_deref().and_then(start_time).ok_or_else(|| RemoteError::Unsupported(format!("no process with PID {pid} exists")))?;
+        let started = stat
+            .as_deref()
+            .and_then(procfs::start_time)
+            .ok_or_else(|| RemoteError::Unsupported(format!("no process with PID {pid} exists")))?;
         let name = format!("proftap-recording-{pid}-{started}");
         let failed = |what: &str, e: nix::errno::Errno| RemoteError::Io {
             what: format!("cannot {what} a socket to claim process {pid}"),
@@ -70,15 +73,6 @@ fn held_by_proftap(pid: i32, address: &UnixAddr) -> bool {
     getsockopt(&asking, sockopt::PeerCredentials).is_ok_and(|holder| holder.uid() == 0 || holder.uid() == owner)
 }
 
-/// When a process started (clock ticks after boot, the 22nd field), from
-/// the text of its `/proc/PID/stat`.
-fn start_time(stat: &str) -> Option<u64> {
-    // The command name (field 2) may hold spaces and parentheses: the
-    // fields after it follow the last `)`.
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(19)?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,7 +98,7 @@ mod tests {
         let mut ours = std::process::Command::new("sleep").arg("60").spawn().expect("sleep");
         let pid = ours.id() as i32;
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-        let name = format!("proftap-recording-{pid}-{}", start_time(&stat).expect("started"));
+        let name = format!("proftap-recording-{pid}-{}", procfs::start_time(&stat).expect("started"));
         let name_again = name.clone();
         // A squatter: a thread of another user (the raw system call changes
         // this thread's ids alone) listening on the claim's name.
@@ -128,14 +122,5 @@ mod tests {
         let _ = ours.wait();
         taken.expect("a stranger's claim is not a recording's");
         taken_beside_silent.expect("a name no one answers on is not a recording's");
-    }
-
-    #[test]
-    fn the_start_time_is_read_past_a_name_with_parentheses() {
-        let fields = "S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242 19 20";
-        assert_eq!(start_time(&format!("77 (a) b) c) {fields}")), Some(4242));
-        assert_eq!(start_time(&format!("77 (sh) {fields}")), Some(4242));
-        assert_eq!(start_time("77 (sh) S 1 2"), None);
-        assert_eq!(start_time("77 no name"), None);
     }
 }

@@ -259,10 +259,7 @@ fn checked(file: &File, owner: u32) -> io::Result<()> {
 /// When process `pid` started, to the clock's tick: its start in ticks
 /// since the boot (`/proc/PID/stat`) after the boot's time (`/proc/stat`).
 fn started_at(pid: u32) -> Option<std::time::SystemTime> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command's name, which may hold spaces and parentheses.
-    let after_name = stat.rsplit_once(')')?.1;
-    let ticks: u64 = after_name.split_ascii_whitespace().nth(19)?.parse().ok()?;
+    let ticks = crate::procfs::start_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
     let boot = std::fs::read_to_string("/proc/stat").ok()?;
     let boot_seconds: u64 = boot.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
     // SAFETY: sysconf has no preconditions.
