@@ -492,7 +492,10 @@ impl StackResolver {
         // Another vDSO than proftap's (a 32-bit process's) stays unnamed.
         let own_vdso = (path == OwnVdso::NAME).then(|| {
             let own = self.vdso.get_or_insert_with(OwnVdso::copy).as_ref();
-            own.filter(|own| own.len == len && runs_64_bit_code(pid))
+            // Mapped above 4 GiB, it is a 64-bit process's: told without
+            // asking the process, which may have ended before its mappings
+            // are read (they are read in batches).
+            own.filter(|own| own.len == len && (start > u64::from(u32::MAX) || runs_64_bit_code(pid)))
         });
         if own_vdso.as_ref().is_some_and(Option::is_none) {
             return;
