@@ -32,7 +32,10 @@ for opt in O0 O2; do
   bare=$(measure "$loop" "$calls")
   floor=$(measure "$dir/floor" "$loop" "$offset" "$loop" "$calls")
   ours=$(measure "$proftap" run --engine uprobe -f f -o "$dir/p.profile" -- "$loop" "$calls")
-  theirs=$(measure bpftrace -q -e "uprobe:$loop:f { @s[tid] = nsecs; } uretprobe:$loop:f { @t = sum(nsecs - @s[tid]); @n = count(); delete(@s[tid]); }" -c "$loop $calls")
+  theirs=-
+  if command -v bpftrace >/dev/null; then
+    theirs=$(measure bpftrace -q -e "uprobe:$loop:f { @s[tid] = nsecs; } uretprobe:$loop:f { @t = sum(nsecs - @s[tid]); @n = count(); delete(@s[tid]); }" -c "$loop $calls")
+  fi
   ratio=$(awk -v a="$ours" -v b="$floor" -v z="$bare" 'BEGIN { printf "%.2f", (a - z) / (b - z) }')
   inject=$(measure "$proftap" run --engine inject -f f -o "$dir/i.profile" -- "$loop" "$calls")
   traced=$(measure "$proftap" run --engine inject --trace --trace-size 1G -f f -o "$dir/t.profile" -- "$loop" "$calls")

@@ -9,6 +9,7 @@ use std::process::Command;
 /// The runtime's functions and data that proftap needs the offset of.
 const SYMBOLS: &[&str] = &[
     "proftap_lock_counters",
+    "proftap_clone",
     "proftap_entry",
     "proftap_exit",
     "proftap_unhook",

@@ -126,6 +126,24 @@ static inline u64 *entries_of(const struct config *c, struct block *b)
     return (u64 *)((char *)b + c->entries_offset);
 }
 
+/* Takes the thread's block for one call into the runtime: returns 0 when
+ * it was free (and is now the caller's). One thread's signal handlers
+ * nest (a handler that finds the block free leaves it free again before
+ * the code it interrupted goes on), so a plain read and write do; two
+ * threads on one block need the atomic exchange, which costs a sixth of
+ * a call's bookkeeping. No two threads share a block before the flag is
+ * set: it is set as a thread that may share a thread pointer is made. */
+static inline u64 take_block_busy(const struct config *c, struct private_block *p)
+{
+    if (__atomic_load_n(&header(c)->shared_seats, __ATOMIC_RELAXED))
+        return __atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE);
+    u64 was = __atomic_load_n(&p->busy, __ATOMIC_RELAXED);
+    if (!was)
+        __atomic_store_n(&p->busy, 1, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    return was;
+}
+
 /* Calls made while the block was busy (a signal handler, or another thread
  * on the same thread pointer): counted apart, atomically, so that the
  * plain count under the busy flag never races with them. */
@@ -154,13 +172,7 @@ static inline u64 ns_to_tsc(const struct config *c, u64 ns)
     return (u64)(((unsigned __int128)ns * h->ns_to_tsc_mult) >> h->ns_to_tsc_shift);
 }
 
-/* Time off every CPU so far of thread tid, in TSC cycles (0 when unknown). */
-static inline u64 off_cpu(const struct config *c, u32 tid)
-{
-    return ns_to_tsc(c, off_cpu_ns(c, tid));
-}
-
-/* The TSC and the thread's time off CPU (TSC cycles) at one moment. The
+/* The TSC and the thread's time off CPU (nanoseconds) at one moment. The
  * time off CPU changes only between two of the thread's instructions (as
  * it comes back onto a CPU, or at a tick that finds time the hypervisor
  * took): a pair read with the same time off CPU before and after is one
@@ -182,7 +194,7 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
         before = off_cpu_ns(c, tid);
         now = rdtsc();
     } while (off_cpu_ns(c, tid) != before && ++tries < 4);
-    *off = ns_to_tsc(c, before);
+    *off = before;
     return now;
 }
 
@@ -263,7 +275,7 @@ static void carry_block(const struct config *c, struct block *to, const struct b
         u32 node = from->frame[d].node;
         to->frame[d].node = node < nodes ? node : NO_NODE;
         to->frame[d].entry_tsc = now;
-        to->frame[d].entry_off = off_cpu(c, (u32)tid);
+        to->frame[d].entry_off = off_cpu_ns(c, (u32)tid);
         to->returns[d] = p->ret[d];
     }
     to->tid = tid;
@@ -330,6 +342,7 @@ static __attribute__((noinline)) void adopt(const struct config *c)
             to->magic = from->magic;
             to->ns_to_tsc_mult = from->ns_to_tsc_mult;
             to->ns_to_tsc_shift = from->ns_to_tsc_shift;
+            to->shared_seats = from->shared_seats;
             /* Frames hijacked before the fork stand for their return sites
              * by the parent's table: the child's starts as a copy. */
             for (u64 i = 0; i < SITES; i++)
@@ -550,7 +563,9 @@ static void finish(const struct config *c, struct block *b, u64 d, u64 now, u64 
 {
     struct frame *f = &b->frame[d];
     u64 wall = now > f->entry_tsc ? now - f->entry_tsc : 0;
-    u64 off = off_now > f->entry_off ? off_now - f->entry_off : 0;
+    /* Times off CPU are kept in nanoseconds: most calls have none to
+     * convert. */
+    u64 off = off_now > f->entry_off ? ns_to_tsc(c, off_now - f->entry_off) : 0;
     u64 cpu = wall > off ? wall - off : 0;
     if (f->node != NO_NODE) {
         struct node *n = &b->node[f->node];
@@ -715,7 +730,7 @@ void proftap_entry(u64 *slot, u32 function)
     /* A signal handler that interrupted the runtime and calls a patched
      * function, or another thread on the same thread pointer: this call
      * is counted and goes untimed; the other goes on. */
-    if (__atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE)) {
+    if (take_block_busy(c, p)) {
         if (b && function < c->functions)
             __atomic_fetch_add(&busy_entries_of(c, b)[function], 1, __ATOMIC_RELAXED);
         return;
@@ -830,10 +845,10 @@ void proftap_exit(u64 *slot)
     struct private_block *p = private_block(c, s->block - 1);
     /* A return cannot be skipped: wait for another thread on this thread
      * pointer (a signal handler's calls are not hijacked while busy). */
-    while (__atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE))
+    while (take_block_busy(c, p))
         __asm__ volatile("pause");
     struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
-    u64 off = !b ? 0 : early_tid && early_tid == b->tid ? early_off : off_cpu(c, b->tid);
+    u64 off = !b ? 0 : early_tid && early_tid == b->tid ? early_off : off_cpu_ns(c, b->tid);
     u64 d = p->depth;
     /* This frame, from the top: deeper frames on this stack never returned
      * (longjmp, exception) and end here too. */
@@ -938,6 +953,19 @@ void proftap_lock_counters(u64 *slot)
     }
 }
 
+/* Where a thread that may share its creator's thread pointer is made
+ * (`clone`; `pthread_create` gives each thread its own and reaches it
+ * only where the kernel has no clone3): blocks are taken with
+ * an atomic exchange from here on, before the thread exists; and edge
+ * counters are made atomic, as at any thread start. */
+void proftap_clone(u64 *slot)
+{
+    const struct config *c = config();
+    adopt_if_forked(c);
+    __atomic_store_n(&header(c)->shared_seats, 1, __ATOMIC_SEQ_CST);
+    proftap_lock_counters(slot);
+}
+
 /* Regions. A region's hooks are patched where a frame moves onto one of
  * its lines from outside it (enter) and where it moves off them or
  * returns from them (leave); `sp` is the frame's stack pointer there.
@@ -985,7 +1013,7 @@ static void leave_region(const struct config *c, struct block *b, u64 region, u6
     }
     struct open_region *o = &r->stack[i - 1];
     u64 wall = now > o->entry_tsc ? now - o->entry_tsc : 0;
-    u64 off_since = off > o->entry_off ? off - o->entry_off : 0;
+    u64 off_since = off > o->entry_off ? ns_to_tsc(c, off - o->entry_off) : 0;
     u64 cpu = wall > off_since ? wall - off_since : 0;
     struct region_total *t = &totals[region];
     observe_timed(&t->wall, wall, t->timed == 0);
@@ -1026,11 +1054,11 @@ void proftap_region(u64 code, u64 sp)
     struct private_block *p = private_block(c, s->block - 1);
     struct block *b = shared_block(c, s->block - 1);
     struct regions *r = regions_of(c, b);
-    if (__atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE)) {
+    if (take_block_busy(c, p)) {
         __atomic_fetch_add(&r->busy, 1, __ATOMIC_RELAXED);
         return;
     }
-    u64 off = early_tid && early_tid == b->tid ? early_off : off_cpu(c, (u32)b->tid);
+    u64 off = early_tid && early_tid == b->tid ? early_off : off_cpu_ns(c, (u32)b->tid);
     if (code & 1) {
         leave_region(c, b, region, now, off);
     } else {

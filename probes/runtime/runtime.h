@@ -93,6 +93,10 @@ struct header {
     u32 blocks_answered; /* bumped (and woken) by proftap after it looked for ended threads' blocks */
     u64 lock_table;      /* increments to make atomic as a thread or process starts (counting.rs LockTable), 0: none */
     u64 unseated_returns; /* returns of threads that found no block, sent back to their call site */
+    /* Nonzero once two threads may share a thread pointer, and so a block
+     * (a `clone` ran, or proftap found two such threads as it attached):
+     * blocks are then taken with an atomic exchange (see take_block_busy). */
+    u64 shared_seats;
     /* The return address each site trampoline stands for, 0 while free:
      * set once, never changed, so that an unwinder reading a sampled stack
      * names a frame from its trampoline alone, after the call has ended. */
@@ -114,7 +118,7 @@ struct node {
 
 /* The times of a frame in progress. */
 struct frame {
-    u64 entry_tsc, entry_off, child_wall, child_cpu;
+    u64 entry_tsc, entry_off /* the thread's time off CPU then, ns */, child_wall, child_cpu;
     u32 node;
     /* The last function this frame called and that call's node: a loop
      * calling the same function finds its node without the hash. */
@@ -127,7 +131,7 @@ struct frame {
 
 /* A region a thread is in: since when, and where its frame's stack was. */
 struct open_region {
-    u64 region, sp, entry_tsc, entry_off;
+    u64 region, sp, entry_tsc, entry_off /* ns */;
 };
 
 /* One region's totals in a thread. */

@@ -104,6 +104,8 @@ fn calls_are_added_up_in_the_running_program_and_read_back() {
         let pid = waiter.child.id() as i32;
         let mut patched = Patched::attach(pid, &functions, Recording::default()).unwrap();
         assert!(patched.refused().iter().all(|(i, _)| *i != tick), "{:?}", patched.refused());
+        // One thread, and `clone` hooked: no thread can come to share its block unseen.
+        assert!(!patched.view().unwrap().blocks_taken_atomically());
         assert_eq!(waiter.tick(1000), 1007);
         assert_eq!(waiter.tick(234), 1241);
         let mut calls = vec![0; functions.len()];
@@ -220,8 +222,12 @@ fn cpu_time_per_call_leaves_out_time_off_cpu() {
     );
 }
 
-/// Runs `binary ARGS` patched from its start; returns its output and totals.
-fn run_patched(binary: &Path, args: &[&str]) -> (String, proftap_probes::inject::reading::Totals, Vec<ProbedFunction>) {
+/// What [`run_patched`] found: the program's output, its totals, its
+/// functions, and whether the runtime took blocks atomically at the end.
+type Run = (String, proftap_probes::inject::reading::Totals, Vec<ProbedFunction>, bool);
+
+/// Runs `binary ARGS` patched from its start.
+fn run_patched(binary: &Path, args: &[&str]) -> Run {
     let functions = functions(binary);
     let mut argv: Vec<std::ffi::OsString> = vec![binary.into()];
     argv.extend(args.iter().map(Into::into));
@@ -236,7 +242,8 @@ fn run_patched(binary: &Path, args: &[&str]) -> (String, proftap_probes::inject:
     drop(patched.take_hold());
     let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
     assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{} {args:?}: {status:?}", binary.display());
-    (std::fs::read_to_string(out).unwrap(), patched.view().unwrap().totals().unwrap(), functions)
+    let view = patched.view().unwrap();
+    (std::fs::read_to_string(out).unwrap(), view.totals().unwrap(), functions, view.blocks_taken_atomically())
 }
 
 fn calls_of(totals: &proftap_probes::inject::reading::Totals, functions: &[ProbedFunction], name: &str) -> u64 {
@@ -252,7 +259,7 @@ fn a_signal_handler_calling_patched_code_at_10_khz_is_not_harmed_and_every_call_
     let dir = tempfile::tempdir().unwrap();
     let binary = build("alarm.c", "-O2", dir.path());
     for mode in [&["3000000"][..], &["3000000", "altstack"]] {
-        let (output, totals, functions) = run_patched(&binary, mode);
+        let (output, totals, functions, _) = run_patched(&binary, mode);
         let counts: Vec<u64> = output.split_whitespace().map(|n| n.parse().unwrap()).collect();
         assert!(counts[1] > 0, "{mode:?}: the handler ran");
         assert_eq!(calls_of(&totals, &functions, "work"), counts[0] + counts[1], "{mode:?}");
@@ -266,8 +273,49 @@ fn threads_sharing_their_creators_thread_pointer_are_not_harmed_and_counted() {
     }
     let dir = tempfile::tempdir().unwrap();
     let binary = build("rawclone.c", "-O2", dir.path());
-    let (output, totals, functions) = run_patched(&binary, &["1000000"]);
+    let (output, totals, functions, atomically) = run_patched(&binary, &["1000000"]);
     assert_eq!(calls_of(&totals, &functions, "work"), output.trim().parse::<u64>().unwrap());
+    assert!(atomically, "the clone hook did not tell the runtime");
+}
+
+/// Two threads already on one thread pointer as proftap attaches: no
+/// `clone` hook tells the runtime, the attach itself must.
+#[test]
+fn attaching_to_threads_that_share_a_thread_pointer_harms_neither() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build("rawclone.c", "-O2", dir.path());
+    let functions = functions(&binary);
+    let work = functions.iter().position(|f| f.info.name == "work").unwrap();
+    let mut child = Command::new(&binary).arg("until-signal").stdout(Stdio::piped()).spawn().unwrap();
+    let mut output = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    output.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "running");
+    let pid = child.id() as i32;
+    let mut patched = Patched::attach(pid, &functions, Recording::default()).unwrap();
+    let counted = |patched: &Patched| {
+        let mut calls = vec![0; functions.len()];
+        patched.view().unwrap().calls(&mut calls);
+        calls[work]
+    };
+    // Both threads go through the runtime many times over before the detach.
+    assert!(patched.view().unwrap().blocks_taken_atomically());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while counted(&patched) < 2_000_000 {
+        assert!(std::time::Instant::now() < deadline, "the threads stopped calling work(): {} calls", counted(&patched));
+        std::thread::yield_now();
+    }
+    let counted = counted(&patched);
+    patched.detach().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGUSR1).unwrap();
+    let status = child.wait().unwrap();
+    line.clear();
+    output.read_line(&mut line).unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(line.trim().parse::<u64>().unwrap() >= counted, "{line} made, {counted} counted");
 }
 
 #[test]

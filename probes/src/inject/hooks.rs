@@ -28,15 +28,27 @@ pub enum Hook {
     /// A thread or a process is about to start: edge counters counting
     /// without `lock` until then are made atomic.
     ThreadStart,
+    /// A thread that may share its creator's thread pointer is about to
+    /// start (`clone`): the runtime takes a thread's block atomically from
+    /// then on, and it is a thread start too.
+    Clone,
+}
+
+impl Hook {
+    /// Whether a thread or a process starts here.
+    pub fn starts_thread(self) -> bool {
+        matches!(self, Hook::ThreadStart | Hook::Clone)
+    }
 }
 
 /// The entry points, by symbol name. A thread starts in `pthread_create`
-/// (which `thrd_create` calls at the same code) or `clone`, a process
+/// (which `thrd_create` calls at the same code, and which gives it a
+/// thread pointer of its own) or `clone` (which may not), a process
 /// that shares the counters in `fork` or `_Fork`; `vfork` and
 /// `posix_spawn` suspend the parent until the child executes.
 const HOOKS: [(&str, Hook); 13] = [
     ("pthread_create", Hook::ThreadStart),
-    ("clone", Hook::ThreadStart),
+    ("clone", Hook::Clone),
     ("fork", Hook::ThreadStart),
     ("_Fork", Hook::ThreadStart),
     ("_Unwind_RaiseException", Hook::Unhook),
@@ -87,7 +99,7 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
             let Ok(name) = symbol.name() else { continue };
             let Some((name, hook)) = hook_of(name) else { continue };
             // A program's own static `fork` or `clone` starts nothing.
-            if hook == Hook::ThreadStart && symbol.is_local() {
+            if hook.starts_thread() && symbol.is_local() {
                 continue;
             }
             let Some(offset) = crate::symbols::file_offset(&segments, crate::addr::VirtAddr(symbol.address())) else {
@@ -125,7 +137,7 @@ mod tests {
     #[test]
     fn thread_and_process_starts_are_found_in_the_c_library() {
         let modules = crate::procfs::loaded_modules(std::process::id() as i32).expect("this process's modules");
-        let starts: Vec<&str> = find(&modules).iter().filter(|s| s.hook == Hook::ThreadStart).map(|s| s.name).collect();
+        let starts: Vec<&str> = find(&modules).iter().filter(|s| s.hook.starts_thread()).map(|s| s.name).collect();
         for name in ["pthread_create", "clone", "fork"] {
             assert!(starts.contains(&name), "{name} not among {starts:?}");
         }

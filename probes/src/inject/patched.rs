@@ -311,8 +311,11 @@ impl Patched {
         patched.probe_returns = routine_returns.into_inner();
         patched.probe_returns.extend(patched.return_trampoline_returns());
         patched.probe_returns.sort_unstable();
+        let hooked = |h: usize| !refused.iter().any(|(i, _)| *i == functions.len() + h);
+        if clones_hooked(&hook_sites, hooked) && !threads_share_a_thread_pointer(&remote)? {
+            shared.store(std::mem::offset_of!(totals::Header, shared_seats), 0);
+        }
         if let Some(plan) = counting_plan {
-            let hooked = |h: usize| !refused.iter().any(|(i, _)| *i == functions.len() + h);
             let atomic = !launched || remote.threads().len() > 1 || !thread_starts_hooked(&hook_sites, hooked);
             let (counting, uncounted) = counting::apply(&remote, plan, &threads_at, region_trampoline, atomic)?;
             shared.store(std::mem::offset_of!(totals::Header, lock_table), counting.lock_table());
@@ -376,8 +379,9 @@ impl Patched {
     fn split_refusals(&mut self, refused: Refused, functions: usize, hook_sites: &[HookSite]) {
         for (i, why) in refused {
             match i.checked_sub(functions).and_then(|h| hook_sites.get(h)) {
-                // Without its hook, a thread start finds the counters atomic already.
-                Some(site) if site.target.site == Site::Return || site.hook == Hook::ThreadStart => {}
+                // Without its hook, a thread start finds the counters atomic
+                // already, and blocks taken atomically.
+                Some(site) if site.target.site == Site::Return || site.hook.starts_thread() => {}
                 Some(site) => self.unhooked.push(format!("{} in {} ({why})", site.name, site.target.module.display())),
                 None => self.refused.push((i, why)),
             }
@@ -793,8 +797,24 @@ fn hook_sites(modules: &[procfs::LoadedModule], count_edges: bool) -> Vec<HookSi
 /// process launched has run none of its code yet; one attached may be
 /// inside `pthread_create`, past its entry, and counts with `lock`.
 fn thread_starts_hooked(sites: &[HookSite], hooked: impl Fn(usize) -> bool) -> bool {
-    let starts: Vec<usize> = (0..sites.len()).filter(|&h| sites[h].hook == Hook::ThreadStart).collect();
+    let starts: Vec<usize> = (0..sites.len()).filter(|&h| sites[h].hook.starts_thread()).collect();
     !starts.is_empty() && starts.into_iter().all(hooked)
+}
+
+/// Whether every `clone` of the process's modules is hooked (`hooked(h)`:
+/// site `h` of `sites` is in place), so that the runtime is told before a
+/// thread that may share its creator's thread pointer starts. Not one
+/// found: not known.
+fn clones_hooked(sites: &[HookSite], hooked: impl Fn(usize) -> bool) -> bool {
+    let clones: Vec<usize> = (0..sites.len()).filter(|&h| sites[h].hook == Hook::Clone).collect();
+    !clones.is_empty() && clones.into_iter().all(hooked)
+}
+
+/// Whether two of the held process's threads have one thread pointer.
+fn threads_share_a_thread_pointer(remote: &Remote) -> Result<bool, RemoteError> {
+    let mut pointers = remote.threads().into_iter().map(|tid| Ok(remote.regs(tid)?.fs_base)).collect::<Result<Vec<u64>, RemoteError>>()?;
+    pointers.sort_unstable();
+    Ok(pointers.windows(2).any(|w| w[0] == w[1]))
 }
 
 /// The code a trampoline starts with: the runtime's routine for what is patched.
@@ -805,7 +825,8 @@ fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Sit
         (Some(Hook::Walk), Site::Return) => call_routine_and_return(address, rt.resume),
         (Some(Hook::Rehook), _) => call_routine(address, rt.rehook, 0),
         (Some(Hook::ThreadStart), Site::Entry) => call_routine(address, rt.lock_counters, 0),
-        (Some(Hook::Unhook | Hook::ThreadStart), Site::Return) => Err("no code for this site".to_string()),
+        (Some(Hook::Clone), Site::Entry) => call_routine(address, rt.clone, 0),
+        (Some(Hook::Unhook | Hook::ThreadStart | Hook::Clone), Site::Return) => Err("no code for this site".to_string()),
     }
 }
 
@@ -835,6 +856,8 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
     shared.store(0, totals::MAGIC);
     shared.store(8, mult);
     shared.store(16, shift);
+    // Until proftap knows no two threads can share a block unseen.
+    shared.store(std::mem::offset_of!(totals::Header, shared_seats), 1);
     let config = Config {
         shared: shared.remote,
         private_base: private,

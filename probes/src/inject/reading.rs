@@ -276,6 +276,13 @@ impl TotalsView {
         self.shared.wake(HEADER_BLOCKS_WANTED);
     }
 
+    /// Whether the runtime takes a thread's block atomically: since two
+    /// threads may share a thread pointer (a `clone` ran, or two did as
+    /// proftap attached), or because it could not know they never would.
+    pub fn blocks_taken_atomically(&self) -> bool {
+        self.shared.load(HEADER_SHARED_SEATS) != 0
+    }
+
     /// Whether three quarters of the blocks have been handed out.
     pub fn blocks_mostly_taken(&self) -> bool {
         self.shared.load(HEADER_BLOCKS_TAKEN) >= self.geometry.blocks / 4 * 3
@@ -381,6 +388,7 @@ const DEEPER_THAN_NOW: u64 = 2048;
 const HEADER_BLOCKS_TAKEN: usize = std::mem::offset_of!(totals::Header, blocks_taken);
 const HEADER_BLOCKS_WANTED: usize = std::mem::offset_of!(totals::Header, blocks_wanted);
 const HEADER_BLOCKS_ANSWERED: usize = std::mem::offset_of!(totals::Header, blocks_answered);
+const HEADER_SHARED_SEATS: usize = std::mem::offset_of!(totals::Header, shared_seats);
 /// Offset of `traced` in a block.
 const BLOCK_TRACED: usize = std::mem::offset_of!(BlockHeader, traced);
 

@@ -33,11 +33,11 @@ pub struct Cost {
 }
 
 /// A thread's profile from its totals; `off_cpu_now` is its time off CPU
-/// at the end (TSC cycles), when known, for the calls still in progress.
+/// at the end (nanoseconds), when known, for the calls still in progress.
 pub fn thread_profile(pid: i32, name: String, thread: &ThreadTotals, off_cpu_now: Option<u64>, how: &Conversion<'_>) -> ThreadProfile {
     let mut nodes: Vec<Node> = thread.nodes.clone();
     let mut unfinished = vec![0u64; thread.calls.len()];
-    close_open_frames(thread, &mut nodes, &mut unfinished, off_cpu_now, how.end_tsc);
+    close_open_frames(thread, &mut nodes, &mut unfinished, off_cpu_now, how);
     let ns = |cycles: u64| how.clock.duration_ns(cycles);
     let pick = |wall: u64, cpu: u64| -> Vec<u64> { [ns(wall), ns(cpu)][..how.metrics].to_vec() };
     let mut tree: Vec<TreeNode> = nodes
@@ -148,13 +148,13 @@ fn exclusive_from_children(tree: &mut [TreeNode], metrics: usize) {
 
 /// Ends each call still in progress at `end`, innermost first, as the
 /// runtime ends a call: its times to its node, its inclusive times to its caller.
-fn close_open_frames(thread: &ThreadTotals, nodes: &mut [Node], unfinished: &mut [u64], off_cpu_now: Option<u64>, end: u64) {
+fn close_open_frames(thread: &ThreadTotals, nodes: &mut [Node], unfinished: &mut [u64], off_cpu_now: Option<u64>, how: &Conversion<'_>) {
     let (mut child_wall, mut child_cpu) = (0u64, 0u64);
     // A call caught as it was entered has no entry time yet (all ones):
     // its tree node is left as it was (its function's calls counted it).
     for frame in thread.open.iter().rev().filter(|f| f.entry_tsc != u64::MAX) {
-        let wall = end.saturating_sub(frame.entry_tsc);
-        let off = off_cpu_now.map_or(0, |now| now.saturating_sub(frame.entry_off));
+        let wall = how.end_tsc.saturating_sub(frame.entry_tsc);
+        let off = off_cpu_now.map_or(0, |now| how.clock.cycles_of(now.saturating_sub(frame.entry_off)));
         let cpu = wall.saturating_sub(off);
         // The frame's own figures are the target's word: they may be anything.
         let (frame_child_wall, frame_child_cpu) = (frame.child_wall.saturating_add(child_wall), frame.child_cpu.saturating_add(child_cpu));

@@ -338,7 +338,7 @@ impl Read {
             // A thread of a process that ended left its CPU for the last time as it ended.
             let left = entry.and_then(|e| e.left_at_ns()).filter(|&left| end.ended && left <= end.ns);
             let end_ns = left.unwrap_or(end.ns);
-            let off_now = entry.map(|e| how.clock.cycles_of(e.off_cpu_ns_at(end_ns)));
+            let off_now = entry.map(|e| e.off_cpu_ns_at(end_ns));
             thread_profile(pid, names(t.tid), t, off_now, &Conversion { end_tsc: how.clock.tsc_at(end_ns), ..*how })
         };
         self.threads.extend(totals.threads.iter().map(profile));

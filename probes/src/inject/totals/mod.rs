@@ -124,6 +124,10 @@ pub struct Header {
     /// Returns of threads that found no block, sent back to their call
     /// site by the site trampoline they came through.
     pub unseated_returns: u64,
+    /// Nonzero once two threads may share a thread pointer: the runtime
+    /// then takes a thread's block with an atomic exchange. proftap clears
+    /// it where no thread can be made so unseen.
+    pub shared_seats: u64,
 }
 
 /// `struct stat` of runtime.h: total, min and max, in TSC cycles.
@@ -167,7 +171,8 @@ pub struct Node {
 pub struct Frame {
     /// When it started (TSC).
     pub entry_tsc: u64,
-    /// The thread's time off CPU then (TSC cycles).
+    /// The thread's time off CPU then (nanoseconds: converted to TSC
+    /// cycles only as a difference, which is 0 for most calls).
     pub entry_off: u64,
     /// Wall time of the calls it made that ended.
     pub child_wall: u64,
@@ -416,6 +421,10 @@ pub struct Runtime {
     /// Where `lock_counters` is: called where a thread or a process
     /// starts, it makes the edge counters' increments atomic.
     pub lock_counters: u64,
+    /// Where `clone` is: called where a thread that may share its
+    /// creator's thread pointer is made, it makes the runtime take a
+    /// thread's block atomically from then on (and locks the counters).
+    pub clone: u64,
 }
 
 fn asm_error(e: IcedError) -> String {
@@ -483,6 +492,7 @@ pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> R
         resume: address + symbols::PROFTAP_RESUME,
         region_trampoline,
         lock_counters: address + symbols::PROFTAP_LOCK_COUNTERS,
+        clone: address + symbols::PROFTAP_CLONE,
     })
 }
 
