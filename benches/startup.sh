@@ -9,12 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -ge 2 && $1 =~ ^[1-9][0-9]*$ ]] || { echo "usage: benches/startup.sh RUNS COMMAND [ARGS...]" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || { echo "run as root: the kept directory compared is root's, /run/proftap/proftap-dwarf" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || { echo "run as root: the kept directory compared is root's, /run/proftap/proftap-reads" >&2; exit 1; }
 runs=$1
 shift
 cargo build --release --quiet --bins
 proftap=$PWD/target/release/proftap
-kept=/run/proftap/proftap-dwarf
+kept=/run/proftap/proftap-reads
 aside=$(mktemp -d)
 out=$(mktemp -d)
 # The kept directory is put back whatever happens.

@@ -148,12 +148,12 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
         observer.event(RecordEvent::Warning(Warning::Planning { message }));
     }
     let debug_dirs = if request.debug_dirs.is_empty() { DebugDirs::default() } else { DebugDirs(request.debug_dirs.clone()) };
-    // The same build is recorded again and again: its DWARF is read, and
-    // its functions judged for patching, once a boot.
+    // The same build is recorded again and again: its DWARF and symbols
+    // are read, and its functions judged for patching, once a boot.
     let kept = proftap_probes::boot_cache::dir();
-    let kept_dwarf = kept.as_ref().map(|dir| dir.join("proftap-dwarf"));
+    let kept_reads = kept.as_ref().map(|dir| dir.join("proftap-reads"));
     let kept_judgements = kept.map(|dir| dir.join("proftap-judged"));
-    let symbols = Arc::new(SymbolCache::new(debug_dirs).with_debuginfod(request.debuginfod.clone()).keeping_dwarf_in(kept_dwarf));
+    let symbols = Arc::new(SymbolCache::new(debug_dirs).with_debuginfod(request.debuginfod.clone()).keeping_reads_in(kept_reads));
     let chosen = choose(&selection, &modules, request, &metrics, &symbols, observer)?;
     let mut options = options(request, metrics, &chosen);
     // The sampler names frames from the same symbols.

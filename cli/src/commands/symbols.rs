@@ -64,7 +64,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         debug_dirs: if args.debug_dir.is_empty() { DebugDirs::default() } else { DebugDirs(args.debug_dir.clone()) },
         debuginfod: debuginfod_from_env(),
         symbol_tables_enough: false,
-        kept_dwarf: None,
+        kept_reads: None,
     };
     // Shows downloads from debuginfod servers as they go; gone before the output.
     let terminal = Terminal::start(false);

@@ -2,8 +2,9 @@
 //! tables, DWARF units, line tables, debug links, as proftapd reads every
 //! binary a target maps; the branches into functions' first bytes that
 //! planning decodes from its code; the kernel's symbol table, as read
-//! from `/proc/kallsyms` or kept for the boot; and a binary's DWARF, and
-//! what the patch planner judged of its functions, as kept for the boot;
+//! from `/proc/kallsyms` or kept for the boot; and a binary's DWARF, its
+//! symbol table's functions, and what the patch planner judged of its
+//! functions, as kept for the boot;
 //! and a JIT's perf map (`/tmp/perf-PID.map`), which the program writes.
 
 use proftap_probes::addr::VirtAddr;
@@ -15,13 +16,13 @@ proftap_fuzz::target!(run);
 fn run(data: &[u8]) {
     kernel_symbols(&String::from_utf8_lossy(data));
     jit_names(data);
-    // The same bytes as a binary's DWARF kept by an earlier recording.
+    // The same bytes as a binary's DWARF or symbol table kept by an earlier recording.
     proftap_probes::symbols::kept_file_is_used(data);
     proftap_probes::inject::judged::kept_file_is_used(data);
     // No debug directories: a build-id must not reach this machine's real
     // debug files, or runs would depend on what is installed.
     let options =
-        LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false, kept_dwarf: None };
+        LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false, kept_reads: None };
     let Ok(index) = proftap_fuzz::with_file("program", data, |path| SymbolIndex::load(path, &options)) else { return };
     for function in &index.functions {
         let _ = index.function_at(function.address);

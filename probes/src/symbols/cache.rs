@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub struct SymbolCache {
     debug_dirs: DebugDirs,
     debuginfod: Option<Debuginfod>,
-    kept_dwarf: Option<PathBuf>,
+    kept_reads: Option<PathBuf>,
     modules: Mutex<HashMap<PathBuf, Cached>>,
 }
 
@@ -30,7 +30,7 @@ struct Cached {
 impl SymbolCache {
     /// A cache that finds separate debug files in `debug_dirs`.
     pub fn new(debug_dirs: DebugDirs) -> Self {
-        SymbolCache { debug_dirs, debuginfod: None, kept_dwarf: None, modules: Mutex::default() }
+        SymbolCache { debug_dirs, debuginfod: None, kept_reads: None, modules: Mutex::default() }
     }
 
     /// The same cache, asking `debuginfod` for debug info found nowhere on disk.
@@ -38,10 +38,10 @@ impl SymbolCache {
         SymbolCache { debuginfod, ..self }
     }
 
-    /// The same cache, keeping the DWARF it reads in `dir` for the next
-    /// recording of the same binaries (see [`LoadOptions::kept_dwarf`]).
-    pub fn keeping_dwarf_in(self, dir: Option<PathBuf>) -> Self {
-        SymbolCache { kept_dwarf: dir, ..self }
+    /// The same cache, keeping what it reads of binaries in `dir` for the next
+    /// recording of the same binaries (see [`LoadOptions::kept_reads`]).
+    pub fn keeping_reads_in(self, dir: Option<PathBuf>) -> Self {
+        SymbolCache { kept_reads: dir, ..self }
     }
 
     fn cached(&self, module: &Path) -> Cached {
@@ -114,7 +114,7 @@ impl SymbolCache {
             debug_dirs: self.debug_dirs.clone(),
             debuginfod,
             symbol_tables_enough: !full,
-            kept_dwarf: self.kept_dwarf.clone(),
+            kept_reads: self.kept_reads.clone(),
         };
         let mut index = SymbolIndex::of_image_observed(&image, &options, progress)?;
         index.path = module.to_path_buf();

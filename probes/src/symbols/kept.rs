@@ -1,10 +1,13 @@
-//! A file's DWARF, read once for each version of the file and kept for the
-//! rest of the boot (a recording keeps it in `boot_cache::dir()`). Reading
-//! a large program's debug info (tens of megabytes for a Rust program) is
-//! most of what a recording does before the program starts, and the same
-//! build is usually recorded again and again.
+//! A file's DWARF and its symbol table's functions, read once for each
+//! version of the file and kept for the rest of the boot (a recording
+//! keeps them in `boot_cache::dir()`). Reading a large program's debug
+//! info (tens of megabytes for a Rust program), and demangling a large C++
+//! program's symbols (node's 150,000), is most of what a recording does
+//! before the program starts, and the same build is usually recorded again
+//! and again.
 //!
-//! What is kept is only what [`dwarf::read`] returns, under the version of
+//! What is kept is only what [`dwarf::read`] returns, or the functions the
+//! file's own symbol table names (demangled), under the version of
 //! the file it was read from (device, inode, size, modification and change
 //! times, and its build-id: a rebuilt, touched or replaced file is read
 //! afresh). It is kept where only this user can write, and read back only
@@ -28,6 +31,9 @@ const FORMAT: u32 = 2;
 /// otherwise kept is not read back, whatever version it called itself.
 const READER: u64 = boot_cache::fnv1a(include_bytes!("dwarf.rs"));
 
+/// The same for the code that reads a symbol table and demangles its names.
+const SYMBOLS_READER: u64 = boot_cache::fnv1a(include_bytes!("mod.rs")) ^ boot_cache::fnv1a(include_bytes!("demangle.rs")).rotate_left(1);
+
 /// The largest file kept for one binary.
 const MOST_FILE_BYTES: u64 = 64 << 20;
 
@@ -47,10 +53,14 @@ struct Key {
 
 impl Key {
     fn of(image: &ElfImage, lines: bool) -> Key {
+        Key::read_by(READER, image, lines)
+    }
+
+    fn read_by(reader: u64, image: &ElfImage, lines: bool) -> Key {
         Key {
             format: FORMAT,
             proftap: env!("CARGO_PKG_VERSION").into(),
-            reader: READER,
+            reader,
             file: image.version(),
             build_id: image.build_id().ok().flatten(),
             lines,
@@ -75,6 +85,25 @@ struct KeptSubprogram {
     linkage_name: Option<String>,
     decl_file: Option<u32>,
     decl_line: u32,
+}
+
+/// A file's symbol table's functions, kept.
+#[derive(Serialize, Deserialize)]
+struct KeptSymbols {
+    key: Key,
+    functions: Vec<KeptFunction>,
+}
+
+/// A function a symbol table names, as kept (where its file maps it is
+/// worked out again from the file's segments).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct KeptFunction {
+    pub address: u64,
+    pub size: u64,
+    pub raw_name: String,
+    pub name: String,
+    pub base_name: Option<String>,
+    pub aliases: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -133,6 +162,45 @@ fn read_settled(
     Ok(info)
 }
 
+/// The functions `image`'s own symbol table names: from what was kept in
+/// `dir` of the same version of it when there is, else `read()` (which
+/// gives none for a file without a symbol table), kept there for the next
+/// read. As [`read`], nothing is kept without `dir`.
+pub(crate) fn symbol_table(dir: Option<&Path>, image: &ElfImage, read: impl FnOnce() -> Vec<KeptFunction>) -> Vec<KeptFunction> {
+    symbol_table_settled(dir, image, read, boot_cache::SETTLED_NS)
+}
+
+/// [`symbol_table`], keeping only what was read of a file changed more
+/// than `settled_ns` ago.
+fn symbol_table_settled(
+    dir: Option<&Path>,
+    image: &ElfImage,
+    read: impl FnOnce() -> Vec<KeptFunction>,
+    settled_ns: i128,
+) -> Vec<KeptFunction> {
+    let Some(dir) = dir.filter(|dir| boot_cache::private_dir(dir)) else { return read() };
+    let path = dir.join(format!("{}{SYMBOLS_SUFFIX}", boot_cache::file_name(&image.version())));
+    let key = Key::read_by(SYMBOLS_READER, image, false);
+    let kept = boot_cache::read_private(&path, MOST_FILE_BYTES).and_then(|bytes| postcard::from_bytes::<KeptSymbols>(&bytes).ok());
+    if let Some(kept) = kept.filter(|kept| kept.key == key) {
+        return kept.functions;
+    }
+    let functions = read();
+    if !functions.is_empty() && boot_cache::settled(image.version().changed_ns(), settled_ns) {
+        let kept = KeptSymbols { key, functions };
+        if let Ok(bytes) = postcard::to_stdvec(&kept)
+            && bytes.len() as u64 <= MOST_FILE_BYTES
+        {
+            boot_cache::keep(&path, &bytes, MOST_KEPT_BYTES, is_kept_name);
+        }
+        return kept.functions;
+    }
+    functions
+}
+
+/// What the name of a file of kept symbol tables ends with.
+const SYMBOLS_SUFFIX: &str = "-symbols";
+
 /// Where `image`'s DWARF is kept, if it may be: not when it names a
 /// supplementary file (`dwz`), whose version the key would not cover.
 fn kept_path(dir: &Path, image: &ElfImage, lines: bool) -> Option<PathBuf> {
@@ -145,9 +213,10 @@ fn kept_path(dir: &Path, image: &ElfImage, lines: bool) -> Option<PathBuf> {
     Some(dir.join(name))
 }
 
-/// Whether `name` is one [`kept_path`] gives.
+/// Whether `name` is one [`kept_path`] or [`symbol_table`] gives.
 fn is_kept_name(name: &str) -> bool {
-    boot_cache::is_file_name(name.strip_suffix("-lines").unwrap_or(name))
+    let file = name.strip_suffix("-lines").or_else(|| name.strip_suffix(SYMBOLS_SUFFIX)).unwrap_or(name);
+    boot_cache::is_file_name(file)
 }
 
 /// A kept file, if this user owns it, no one else may write it, and it decodes.
@@ -161,9 +230,11 @@ fn decode(bytes: &[u8]) -> Option<Kept> {
 }
 
 /// What a recording does with a kept file's `bytes`, its key aside:
-/// decoded and checked; whether they would be used.
+/// decoded (as DWARF, and as a symbol table) and checked; whether they
+/// would be used.
 pub fn kept_file_is_used(bytes: &[u8]) -> bool {
-    decode(bytes).and_then(|kept| kept.into_info(&mut FileTable::default(), &mut Vec::new())).is_some()
+    let symbols = postcard::from_bytes::<KeptSymbols>(bytes).is_ok();
+    decode(bytes).and_then(|kept| kept.into_info(&mut FileTable::default(), &mut Vec::new())).is_some() || symbols
 }
 
 /// Writes `kept` at `path`, within the bounds of one file and of all.

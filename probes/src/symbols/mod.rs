@@ -28,6 +28,7 @@ pub fn demangle_name(raw: &str) -> String {
 use crate::addr::{FileOffset, VirtAddr};
 use crate::error::{Error, Result};
 use crate::parallel::on_all_cpus;
+use kept::KeptFunction;
 use object::{Object, ObjectSymbol, SymbolKind};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -47,9 +48,10 @@ pub struct LoadOptions {
     /// needs (its inlined frames are read lazily, where samples fell),
     /// without decompressing and walking all of a large library's DWARF.
     pub symbol_tables_enough: bool,
-    /// Where the DWARF read is kept for the next load of the same version
-    /// of the file, and looked for first (none: read afresh, nothing kept).
-    pub kept_dwarf: Option<PathBuf>,
+    /// Where what is read of the file (its DWARF, its symbol table's
+    /// functions, demangled) is kept for the next load of the same version
+    /// of it, and looked for first (none: read afresh, nothing kept).
+    pub kept_reads: Option<PathBuf>,
 }
 
 /// Which table a function was found in.
@@ -212,35 +214,42 @@ impl SymbolIndex {
             },
         };
 
-        let mut symbols = BTreeMap::new();
         let mut labels = BTreeMap::new();
         let mut origin = SymbolOrigin::Symtab;
         let elf = image.parse()?;
         let imports = image.imports()?;
-        collect_symbols(elf.symbols(), &mut symbols);
         collect_labels(elf.symbols(), &segments, &mut labels);
-        if symbols.is_empty()
+        let own = kept::symbol_table(options.kept_reads.as_deref(), image, || functions_named_in(elf.symbols()));
+        let mut functions: BTreeMap<u64, Function> =
+            own.into_iter().map(|f| (f.address, Function::named_in_symbols(f, origin, &segments))).collect();
+        if functions.is_empty()
             && let Some(debug_image) = debug_image.filter(|d| !std::ptr::eq(*d, image))
         {
             // `objcopy --only-keep-debug` leaves the full symbol table in the debug file.
             let debug_elf = debug_image.parse()?;
-            collect_symbols(debug_elf.symbols(), &mut symbols);
+            functions = functions_named_in(debug_elf.symbols())
+                .into_iter()
+                .map(|f| (f.address, Function::named_in_symbols(f, origin, &segments)))
+                .collect();
             collect_labels(debug_elf.symbols(), &segments, &mut labels);
         }
-        if symbols.is_empty() {
-            collect_symbols(elf.dynamic_symbols(), &mut symbols);
+        if functions.is_empty() {
             origin = SymbolOrigin::Dynsym;
+            functions = functions_named_in(elf.dynamic_symbols())
+                .into_iter()
+                .map(|f| (f.address, Function::named_in_symbols(f, origin, &segments)))
+                .collect();
         }
 
         let mut files = FileTable::default();
         let info = match debug_image {
-            Some(d) if !options.symbol_tables_enough || symbols.is_empty() => {
-                kept::read(options.kept_dwarf.as_deref(), d, &mut files, options.lines, &mut warnings)?
+            Some(d) if !options.symbol_tables_enough || functions.is_empty() => {
+                kept::read(options.kept_reads.as_deref(), d, &mut files, options.lines, &mut warnings)?
             }
             _ => dwarf::DwarfInfo::default(),
         };
 
-        if symbols.is_empty() && info.subprograms.is_empty() {
+        if functions.is_empty() && info.subprograms.is_empty() {
             let detail = warnings.iter().map(|w| format!("; {w}")).collect();
             return Err(Error::NoSymbols { path: path.into(), detail });
         }
@@ -248,7 +257,7 @@ impl SymbolIndex {
             warnings.push(format!(
                 "{} has no symbol table (stripped): only its {} exported functions are known; install its debug info to see the rest",
                 path.display(),
-                symbols.len()
+                functions.len()
             ));
         }
         if matches!(debug, DebugSource::Missing) {
@@ -260,12 +269,6 @@ impl SymbolIndex {
             ));
         }
 
-        // Demangling a large C++ program's symbols (`node`'s 150 000) took
-        // 200 ms on one CPU.
-        let groups = symbols.into_iter().collect();
-        let functions =
-            on_all_cpus(groups, SYMBOLS_WORTH_THREADS, |(address, group)| (address, group.into_function(address, origin, &segments)));
-        let mut functions: BTreeMap<u64, Function> = functions.into_iter().collect();
         for sub in info.subprograms {
             for (i, range) in sub.ranges.iter().enumerate() {
                 match functions.get_mut(&range.start) {
@@ -377,7 +380,7 @@ struct SymbolGroup {
 }
 
 impl SymbolGroup {
-    fn into_function(mut self, address: u64, origin: SymbolOrigin, segments: &[Segment]) -> Function {
+    fn into_function(mut self, address: u64) -> KeptFunction {
         self.names.sort();
         self.names.dedup_by(|a, b| a.1 == b.1);
         let mut names = self.names.into_iter().map(|(_, n)| n);
@@ -385,14 +388,21 @@ impl SymbolGroup {
         let primary = demangle::demangle(&raw_name);
         let mut aliases: Vec<String> = names.map(|n| demangle::demangle(&n).full).filter(|n| *n != primary.full).collect();
         aliases.dedup();
-        let address = VirtAddr(address);
+        KeptFunction { address, size: self.size, raw_name, name: primary.full, base_name: primary.base, aliases }
+    }
+}
+
+impl Function {
+    /// A function a symbol table of `origin` names, where `segments` map it.
+    fn named_in_symbols(f: KeptFunction, origin: SymbolOrigin, segments: &[Segment]) -> Function {
+        let address = VirtAddr(f.address);
         Function {
-            name: primary.full,
-            base_name: primary.base,
-            raw_name,
-            aliases,
+            name: f.name,
+            base_name: f.base_name,
+            raw_name: f.raw_name,
+            aliases: f.aliases,
             address,
-            size: self.size,
+            size: f.size,
             file_offset: file_offset(segments, address),
             decl_file: None,
             decl_line: 0,
@@ -400,6 +410,15 @@ impl SymbolGroup {
             origin,
         }
     }
+}
+
+/// The functions a symbol table names, one per address, demangled, by address.
+fn functions_named_in<'d: 'f, 'f>(table: impl Iterator<Item = object::read::elf::ElfSymbol64<'d, 'f>>) -> Vec<KeptFunction> {
+    let mut symbols = BTreeMap::new();
+    collect_symbols(table, &mut symbols);
+    // Demangling a large C++ program's symbols (`node`'s 150 000) took
+    // 200 ms on one CPU.
+    on_all_cpus(symbols.into_iter().collect(), SYMBOLS_WORTH_THREADS, |(address, group)| group.into_function(address))
 }
 
 fn collect_symbols<'d: 'f, 'f>(table: impl Iterator<Item = object::read::elf::ElfSymbol64<'d, 'f>>, out: &mut BTreeMap<u64, SymbolGroup>) {

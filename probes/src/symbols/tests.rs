@@ -9,7 +9,7 @@ fn load(bytes: &[u8]) -> Result<SymbolIndex> {
     std::fs::write(&path, bytes).expect("write the input");
     SymbolIndex::load(
         &path,
-        &LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false, kept_dwarf: None },
+        &LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false, kept_reads: None },
     )
 }
 
@@ -114,7 +114,7 @@ fn units_that_make_the_line_table_header_parse_quadratic_are_cut_short() {
 fn a_function_of_no_size_reaches_the_next_one() {
     let exe = std::env::current_exe().expect("this test's program");
     let options =
-        LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true, kept_dwarf: None };
+        LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true, kept_reads: None };
     let index = SymbolIndex::load(&exe, &options).expect("its symbols");
     let f = index.functions.iter().find(|f| f.raw_name == "__do_global_dtors_aux").expect("crtstuff's __do_global_dtors_aux");
     assert_eq!(f.size, 0, "the symbol table gives it no size");
@@ -129,7 +129,7 @@ fn namesakes_get_names_of_their_own_and_keep_the_plain_one_for_patterns() {
     // A Rust program: a generic's instances demangle to one name.
     let exe = std::env::current_exe().expect("this test's program");
     let options =
-        LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true, kept_dwarf: None };
+        LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true, kept_reads: None };
     let index = SymbolIndex::load(&exe, &options).expect("its symbols");
     // Two symbols of one raw name (versions of one symbol, read from the
     // symbol table alone) may keep it; symbols of two raw names may not.

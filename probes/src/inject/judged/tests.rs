@@ -18,7 +18,7 @@ fn program() -> (tempfile::TempDir, PathBuf, Vec<ProbedFunction>, PathBuf) {
 
 fn functions_of(path: &Path) -> Vec<ProbedFunction> {
     let options =
-        LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false, kept_dwarf: None };
+        LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false, kept_reads: None };
     let index = SymbolIndex::load(path, &options).expect("the program's symbols");
     let image = ElfImage::open(path).expect("the program opens");
     let selected: Vec<Selected> = (0..index.functions.len()).map(|function| Selected { module: 0, function }).collect();

@@ -160,3 +160,84 @@ fn the_oldest_kept_files_go_past_the_bound() {
     left.sort();
     assert_eq!(left, ["1-a", "1-c", "1-d", "other"]);
 }
+
+/// `image`'s symbol table's functions through `kept`, kept however
+/// recently the program was written; `read` stands for reading the table.
+fn symbols_in(kept: Option<&Path>, program: &Path, read: impl FnOnce() -> Vec<KeptFunction>) -> Vec<KeptFunction> {
+    let image = ElfImage::open(program).expect("the program opens");
+    symbol_table_settled(kept, &image, read, -boot_cache::SETTLED_NS)
+}
+
+/// One function named `name`.
+fn named(name: &str) -> Vec<KeptFunction> {
+    let name = name.to_string();
+    vec![KeptFunction { address: 0x1130, size: 16, raw_name: name.clone(), name, base_name: None, aliases: vec!["alias".into()] }]
+}
+
+#[test]
+fn a_symbol_table_read_is_kept_and_read_back_for_the_same_program() {
+    let (_dir, program, kept) = program();
+    assert_eq!(symbols_in(Some(&kept), &program, || named("first")), named("first"));
+    let file = only_file(&kept);
+    assert!(file.to_string_lossy().ends_with("-symbols"), "{}", file.display());
+    assert_eq!(std::fs::metadata(&file).expect("kept").permissions().mode() & 0o077, 0, "readable by its owner only");
+    // Read back: what reading gives now is not asked for.
+    assert_eq!(symbols_in(Some(&kept), &program, || named("second")), named("first"));
+    // Beside the DWARF of the same program, neither taken for the other.
+    read_in(Some(&kept), &program, false);
+    assert_eq!(std::fs::read_dir(&kept).expect("kept").count(), 2);
+    assert_eq!(symbols_in(Some(&kept), &program, || named("second")), named("first"));
+    // Others may write it: read afresh.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    assert_eq!(symbols_in(Some(&kept), &program, || named("second")), named("second"));
+}
+
+#[test]
+fn a_changed_programs_symbol_table_is_read_afresh_and_none_is_not_kept() {
+    let (_dir, program, kept) = program();
+    assert!(symbols_in(Some(&kept), &program, Vec::new).is_empty());
+    assert!(std::fs::read_dir(&kept).map_or(0, |d| d.count()) == 0, "an empty table is not kept");
+    symbols_in(Some(&kept), &program, || named("first"));
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options().write(true).open(&program).expect("open").set_modified(later).expect("touch");
+    assert_eq!(symbols_in(Some(&kept), &program, || named("second")), named("second"));
+    // Changed a moment ago (as the touch made it): not kept.
+    let image = ElfImage::open(&program).expect("the program opens");
+    let _ = std::fs::remove_file(only_file(&kept));
+    symbol_table(Some(&kept), &image, || named("third"));
+    assert_eq!(std::fs::read_dir(&kept).expect("kept").count(), 0);
+}
+
+#[test]
+fn a_damaged_kept_symbol_table_is_read_afresh_without_a_panic() {
+    let (_dir, program, kept) = program();
+    symbols_in(Some(&kept), &program, || named("first"));
+    let file = only_file(&kept);
+    let bytes = std::fs::read(&file).expect("kept");
+    for end in 0..bytes.len() {
+        boot_cache::testing::rewrite(&file, &bytes[..end]);
+        assert_eq!(symbols_in(Some(&kept), &program, || named("again")), named("again"), "cut at {end}");
+    }
+    for at in 0..bytes.len() {
+        let mut damaged = bytes.clone();
+        damaged[at] ^= 0x80;
+        boot_cache::testing::rewrite(&file, &damaged);
+        // Either the key no longer matches, or a name changed: never a panic.
+        let _ = symbols_in(Some(&kept), &program, || named("again"));
+    }
+}
+
+#[test]
+fn a_real_programs_demangled_symbol_table_reads_back_as_it_was_read() {
+    // This test's own program: a Rust program of thousands of symbols.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = dir.path().join("program");
+    std::fs::copy(std::env::current_exe().expect("this test's program"), &program).expect("copy");
+    let kept = dir.path().join("kept");
+    let image = ElfImage::open(&program).expect("the program opens");
+    let elf = image.parse().expect("it parses");
+    let fresh = symbols_in(Some(&kept), &program, || super::super::functions_named_in(elf.symbols()));
+    assert!(fresh.len() > 1000 && fresh.iter().any(|f| f.name != f.raw_name), "{} functions, some demangled", fresh.len());
+    let again = symbols_in(Some(&kept), &program, || panic!("read again, not from what was kept"));
+    assert!(again == fresh, "what was kept reads back as it was read");
+}
