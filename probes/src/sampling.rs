@@ -4,7 +4,9 @@
 //! the stacks is the recorder's.
 
 use crate::inject::totals::{RoutineCall, words_pushed};
-use crate::symbols::{DebugSource, ElfImage, KERNEL_IMAGE, KernelSymbols, PerfMap, Segment, SymbolCache, SymbolIndex, demangle_name};
+use crate::symbols::{
+    DebugSource, ElfImage, KERNEL_IMAGE, KernelSymbols, PerfMap, PerfMapPlace, Segment, SymbolCache, SymbolIndex, demangle_name,
+};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection};
@@ -282,12 +284,19 @@ pub const JIT_MODULE: &str = "[jit]";
 const JIT_MAP_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A process's perf map (see [`PerfMap`]), opened at the first sample in
-/// code of no file, and read again as it grows.
+/// code of no file, and read again as it grows; where it is was taken as
+/// the process mapped memory of no file, while it ran.
 #[derive(Debug, Default)]
 struct JitMap {
     map: Option<PerfMap>,
+    place: Option<PerfMapPlace>,
     looked: Option<std::time::Instant>,
 }
+
+/// The most processes whose perf map's place is held at once (each holds
+/// its root directory open); past them, a map is looked for only at a
+/// sample, while its process still runs.
+const MOST_JIT_PLACES: usize = 256;
 
 impl JitMap {
     /// The name the map of process `pid` gives the code at `address`; a
@@ -299,7 +308,11 @@ impl JitMap {
         if missing && due {
             self.looked = Some(std::time::Instant::now());
             if self.map.is_none() {
-                self.map = PerfMap::open(pid, not_before).ok();
+                self.map = match &self.place {
+                    Some(place) => place.open(not_before),
+                    None => PerfMap::open(pid, not_before),
+                }
+                .ok();
             }
             if let Some(map) = &mut self.map {
                 let _ = map.read_more();
@@ -485,6 +498,9 @@ impl StackResolver {
     pub fn mapped(&mut self, pid: u32, start: u64, len: u64, pgoff: u64, path: &str) {
         // One module for memory of no file, whatever it is named: no file is read.
         let path = if is_anonymous(path) { ANONYMOUS } else { path };
+        if path == ANONYMOUS {
+            self.hold_jit_place(pid);
+        }
         if path == "[uprobes]" {
             self.processes.entry(pid).or_default().trampoline = Some((start, start + len));
             return;
@@ -528,6 +544,19 @@ impl StackResolver {
         process.mappings.sort_by_key(|m| m.start);
         // The unwinder is rebuilt with every mapping at the next sample.
         process.added = usize::MAX;
+    }
+
+    /// Takes where process `pid`'s perf map is while the process runs, if
+    /// not taken yet and within [`MOST_JIT_PLACES`].
+    fn hold_jit_place(&mut self, pid: u32) {
+        if self.processes.get(&pid).is_some_and(|p| p.jit.place.is_some())
+            || self.processes.values().filter(|p| p.jit.place.is_some()).count() >= MOST_JIT_PLACES
+        {
+            return;
+        }
+        if let Ok(place) = PerfMapPlace::of(pid) {
+            self.processes.entry(pid).or_default().jit.place = Some(place);
+        }
     }
 
     /// The in-process engine's code is at `range` in process `pid`: time
@@ -574,7 +603,11 @@ impl StackResolver {
             added: usize::MAX,
             ..Process::default()
         };
+        let jit = from.jit.place.is_some();
         self.processes.insert(child, copy);
+        if jit {
+            self.hold_jit_place(child);
+        }
     }
 
     /// A process executed a new program at `at`: its old mappings are
@@ -888,5 +921,36 @@ mod tests {
         assert!(runs_64_bit_code(std::process::id()));
         // No such process (above the kernel's largest pid).
         assert!(!runs_64_bit_code(u32::MAX));
+    }
+}
+
+#[cfg(test)]
+mod jit_tests {
+    use super::*;
+
+    /// A process that maps memory of no file and writes a perf map for it,
+    /// then ends before a sample in that memory is named (a short-lived
+    /// JIT, its samples read in a batch after it ended): the map is found
+    /// where the process had it.
+    #[test]
+    fn a_jits_code_is_named_after_the_jit_ended() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep runs");
+        let pid = child.id();
+        let path = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        struct Removed(std::path::PathBuf);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+        let _removed = Removed(path.clone());
+        std::fs::write(&path, b"10000 100 JS:short\n").expect("write the map");
+        let mut resolver = StackResolver::new(Arc::new(SymbolCache::new(crate::symbols::DebugDirs(Vec::new()))));
+        resolver.mapped(pid, 0x10000, 0x1000, 0, ANONYMOUS);
+        child.kill().expect("kill");
+        child.wait().expect("reaped");
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the process is gone");
+        let (frames, _) = resolver.symbolize(pid, 0x10010);
+        assert_eq!(frames.first().map(|f| f.name.as_str()), Some("JS:short"), "{frames:?}");
     }
 }

@@ -18,7 +18,7 @@ pub use dwarf::{CompileUnit, FileTable, LineRow, normalize_path};
 pub use elf::{ElfImage, ElfKind, FileVersion, Segment, file_offset, hex};
 pub use kept::kept_file_is_used;
 pub use kernel::{KERNEL_IMAGE, KernelSymbols};
-pub use perf_map::{JitNames, PerfMap};
+pub use perf_map::{JitNames, PerfMap, PerfMapPlace};
 
 /// The demangled form of a symbol name (C++, Rust), or the name itself.
 pub fn demangle_name(raw: &str) -> String {

@@ -142,17 +142,43 @@ pub struct PerfMap {
     skipping: bool,
 }
 
-impl PerfMap {
-    /// Opens the map process `pid` writes, as it sees `/tmp` (within its
-    /// root, under its own pid where it has a namespace of pids); one last
-    /// changed before `not_before` (left by an earlier process of the pid,
-    /// or by the image the process executed since) is not its own.
-    pub fn open(pid: u32, not_before: Option<std::time::SystemTime>) -> io::Result<PerfMap> {
+/// Where a process's perf map is, as the process sees it: its root
+/// directory, its owner, its own pid and its start, taken while it runs.
+/// Its map can be opened through it after the process ended: a short
+/// program's samples in its JIT's code may be named only then.
+#[derive(Debug)]
+pub struct PerfMapPlace {
+    root: File,
+    owner: u32,
+    own_pid: u32,
+    started: Option<std::time::SystemTime>,
+}
+
+impl PerfMapPlace {
+    /// Process `pid`'s, while it runs.
+    pub fn of(pid: u32) -> io::Result<PerfMapPlace> {
         let own_pid = namespace_pid(pid).unwrap_or(pid);
         let root = File::open(format!("/proc/{pid}/root"))?;
         let owner = std::fs::metadata(format!("/proc/{pid}"))?.uid();
-        let start = started_at(pid).map(|start| start - std::time::Duration::from_secs(1));
-        Self::open_in(&root, &format!("tmp/perf-{own_pid}.map"), owner, not_before.into_iter().chain(start).max())
+        let started = started_at(pid).map(|start| start - std::time::Duration::from_secs(1));
+        Ok(PerfMapPlace { root, owner, own_pid, started })
+    }
+
+    /// Opens the map there (`/tmp/perf-PID.map` within the process's root,
+    /// under its own pid where it has a namespace of pids); one last changed
+    /// before `not_before` (left by an earlier process of the pid, or by the
+    /// image the process executed since) or before the process started is
+    /// not its own.
+    pub fn open(&self, not_before: Option<std::time::SystemTime>) -> io::Result<PerfMap> {
+        let not_before = not_before.into_iter().chain(self.started).max();
+        PerfMap::open_in(&self.root, &format!("tmp/perf-{}.map", self.own_pid), self.owner, not_before)
+    }
+}
+
+impl PerfMap {
+    /// Opens the map process `pid` writes (see [`PerfMapPlace::open`]).
+    pub fn open(pid: u32, not_before: Option<std::time::SystemTime>) -> io::Result<PerfMap> {
+        PerfMapPlace::of(pid)?.open(not_before)
     }
 
     /// Opens `path` within the directory `root` as its root, if `owner` or
