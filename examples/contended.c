@@ -2,11 +2,17 @@
  * work a call, millions of times: throttled, its calls go on being
  * counted in one counter both threads increment, and each increment
  * waits for the other CPU to give the counter's cache line back.
- * Usage: contended [MILLIONS [STEPS]]   calls per thread, default 5; steps
- * of work a call, default 200. */
+ * Usage: contended [MILLIONS [STEPS [traced-child]]]   calls per thread,
+ * default 5; steps of work a call, default 200; with traced-child, a
+ * forked child that its parent traces (so that no one else can) does the
+ * same beside it. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 volatile unsigned long sink;
 static int steps = 200;
@@ -32,11 +38,24 @@ int main(int argc, char **argv)
     unsigned long millions = argc > 1 ? strtoul(argv[1], 0, 10) : 5;
     if (argc > 2)
         steps = atoi(argv[2]);
+    pid_t child = -1;
+    if (argc > 3 && strcmp(argv[3], "traced-child") == 0) {
+        child = fork();
+        if (child < 0)
+            return 1;
+        if (child == 0 && ptrace(PTRACE_TRACEME, 0, 0, 0) != 0)
+            return 1;
+    }
     pthread_t threads[2];
     for (int i = 0; i < 2; i++)
         pthread_create(&threads[i], 0, calls, (void *)millions);
     for (int i = 0; i < 2; i++)
         pthread_join(threads[i], 0);
+    if (child > 0) {
+        int status;
+        if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            return 1;
+    }
     printf("%lu\n", sink);
     return 0;
 }
