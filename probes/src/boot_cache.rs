@@ -46,6 +46,16 @@ pub const fn fnv1a(bytes: &[u8]) -> u64 {
     hash
 }
 
+/// Hashes made by [`fnv1a`] as one, in order.
+pub const fn combined(hashes: &[u64]) -> u64 {
+    let (mut hash, mut i) = (0u64, 0);
+    while i < hashes.len() {
+        hash = hash.rotate_left(13) ^ hashes[i];
+        i += 1;
+    }
+    hash
+}
+
 /// A file changed this recently is read and not kept: file times are
 /// kept at the kernel's clock tick, so a change within the same tick as
 /// the read would not change them (git's "racily clean" files).
@@ -69,6 +79,15 @@ pub fn private_dir(dir: &Path) -> bool {
     }
     let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
     std::fs::symlink_metadata(dir).is_ok_and(|d| d.is_dir() && d.uid() == me && d.mode() & 0o077 == 0)
+}
+
+/// Removes `dir` and what it holds, if it is a directory (not a link) of
+/// this user's: what an earlier build kept under another name.
+pub fn remove_own_dir(dir: &Path) {
+    let me = nix::unistd::geteuid().as_raw();
+    if std::fs::symlink_metadata(dir).is_ok_and(|d| d.is_dir() && d.uid() == me) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 /// A kept file's bytes, if this user owns it, no one else may write it,
@@ -167,5 +186,22 @@ mod tests {
             std::fs::read_dir(dir.path()).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
         left.sort();
         assert_eq!(left, ["1-a", "1-c"]);
+    }
+
+    #[test]
+    fn an_own_directory_kept_under_an_old_name_is_removed_and_a_link_is_not_followed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let old = dir.path().join("old");
+        std::fs::create_dir(&old).expect("mkdir");
+        std::fs::write(old.join("1-a"), b"kept").expect("write");
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("mkdir");
+        std::fs::write(elsewhere.join("1-b"), b"not kept").expect("write");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&elsewhere, &link).expect("symlink");
+        remove_own_dir(&old);
+        remove_own_dir(&link);
+        assert!(!old.exists(), "removed");
+        assert!(elsewhere.join("1-b").exists(), "what a link points to stays");
     }
 }

@@ -294,8 +294,7 @@ struct JitMap {
 }
 
 /// The most processes whose perf map's place is held at once (each holds
-/// its root directory open); past them, a map is looked for only at a
-/// sample, while its process still runs.
+/// its root directory): past them, the place taken first is let go.
 const MOST_JIT_PLACES: usize = 256;
 
 impl JitMap {
@@ -412,6 +411,8 @@ pub struct StackResolver {
     /// When each process that executed a program did, by the wall clock
     /// perf maps are written by.
     executed: FxHashMap<u32, std::time::SystemTime>,
+    /// The processes holding their perf map's place, first taken first.
+    jit_places: std::collections::VecDeque<u32>,
 }
 
 /// The vDSO the kernel maps into every process (`[vdso]`, the code of
@@ -467,6 +468,7 @@ impl StackResolver {
             lines_of: None,
             ahead: Vec::new(),
             executed: FxHashMap::default(),
+            jit_places: std::collections::VecDeque::new(),
         }
     }
 
@@ -547,16 +549,22 @@ impl StackResolver {
     }
 
     /// Takes where process `pid`'s perf map is while the process runs, if
-    /// not taken yet and within [`MOST_JIT_PLACES`].
+    /// not taken yet; past [`MOST_JIT_PLACES`], the place taken first is
+    /// let go (that of a process long ended, most often).
     fn hold_jit_place(&mut self, pid: u32) {
-        if self.processes.get(&pid).is_some_and(|p| p.jit.place.is_some())
-            || self.processes.values().filter(|p| p.jit.place.is_some()).count() >= MOST_JIT_PLACES
-        {
+        if self.processes.get(&pid).is_some_and(|p| p.jit.place.is_some()) {
             return;
         }
-        if let Ok(place) = PerfMapPlace::of(pid) {
-            self.processes.entry(pid).or_default().jit.place = Some(place);
+        let Ok(place) = PerfMapPlace::of(pid) else { return };
+        self.jit_places.retain(|held| self.processes.get(held).is_some_and(|p| p.jit.place.is_some()));
+        if self.jit_places.len() >= MOST_JIT_PLACES
+            && let Some(oldest) = self.jit_places.pop_front()
+            && let Some(process) = self.processes.get_mut(&oldest)
+        {
+            process.jit.place = None;
         }
+        self.processes.entry(pid).or_default().jit.place = Some(place);
+        self.jit_places.push_back(pid);
     }
 
     /// The in-process engine's code is at `range` in process `pid`: time
@@ -934,21 +942,23 @@ mod jit_tests {
     /// where the process had it.
     #[test]
     fn a_jits_code_is_named_after_the_jit_ended() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep runs");
-        let pid = child.id();
-        let path = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
-        struct Removed(std::path::PathBuf);
-        impl Drop for Removed {
+        /// The process and its map, gone whatever happens.
+        struct Jit(std::process::Child, std::path::PathBuf);
+        impl Drop for Jit {
             fn drop(&mut self) {
-                let _ = std::fs::remove_file(&self.0);
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                let _ = std::fs::remove_file(&self.1);
             }
         }
-        let _removed = Removed(path.clone());
-        std::fs::write(&path, b"10000 100 JS:short\n").expect("write the map");
+        let child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep runs");
+        let pid = child.id();
+        let mut jit = Jit(child, std::path::PathBuf::from(format!("/tmp/perf-{pid}.map")));
+        std::fs::write(&jit.1, b"10000 100 JS:short\n").expect("write the map");
         let mut resolver = StackResolver::new(Arc::new(SymbolCache::new(crate::symbols::DebugDirs(Vec::new()))));
         resolver.mapped(pid, 0x10000, 0x1000, 0, ANONYMOUS);
-        child.kill().expect("kill");
-        child.wait().expect("reaped");
+        jit.0.kill().expect("kill");
+        jit.0.wait().expect("reaped");
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the process is gone");
         let (frames, _) = resolver.symbolize(pid, 0x10010);
         assert_eq!(frames.first().map(|f| f.name.as_str()), Some("JS:short"), "{frames:?}");

@@ -151,6 +151,10 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     // The same build is recorded again and again: its DWARF and symbols
     // are read, and its functions judged for patching, once a boot.
     let kept = proftap_probes::boot_cache::dir();
+    if let Some(dir) = &kept {
+        // Where earlier builds kept the DWARF alone, in memory until the reboot.
+        proftap_probes::boot_cache::remove_own_dir(&dir.join("proftap-dwarf"));
+    }
     let kept_reads = kept.as_ref().map(|dir| dir.join("proftap-reads"));
     let kept_judgements = kept.map(|dir| dir.join("proftap-judged"));
     let symbols = Arc::new(SymbolCache::new(debug_dirs).with_debuginfod(request.debuginfod.clone()).keeping_reads_in(kept_reads));

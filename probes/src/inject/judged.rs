@@ -28,22 +28,13 @@ const FORMAT: u32 = 1;
 /// Changes with the code that judges (the planner, the reading of the
 /// file's code, the decoder's version in the lock file): what another
 /// build of it judged is not read back, whatever version it called itself.
-const PLANNER: u64 = combined(&[
+const PLANNER: u64 = boot_cache::combined(&[
     boot_cache::fnv1a(include_bytes!("patch.rs")),
     boot_cache::fnv1a(include_bytes!("patcher.rs")),
     boot_cache::fnv1a(include_bytes!("judged.rs")),
     boot_cache::fnv1a(include_bytes!("../symbols/elf.rs")),
     boot_cache::fnv1a(include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock"))),
 ]);
-
-const fn combined(hashes: &[u64]) -> u64 {
-    let (mut hash, mut i) = (0u64, 0);
-    while i < hashes.len() {
-        hash = hash.rotate_left(13) ^ hashes[i];
-        i += 1;
-    }
-    hash
-}
 
 /// The largest file kept for one binary (about 15 bytes a function, 120
 /// once read).

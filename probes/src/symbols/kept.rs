@@ -31,8 +31,14 @@ const FORMAT: u32 = 2;
 /// otherwise kept is not read back, whatever version it called itself.
 const READER: u64 = boot_cache::fnv1a(include_bytes!("dwarf.rs"));
 
-/// The same for the code that reads a symbol table and demangles its names.
-const SYMBOLS_READER: u64 = boot_cache::fnv1a(include_bytes!("mod.rs")) ^ boot_cache::fnv1a(include_bytes!("demangle.rs")).rotate_left(1);
+/// The same for the code that reads a symbol table and demangles its names
+/// (the ELF reader's and the demanglers' versions in the lock file).
+const SYMBOLS_READER: u64 = boot_cache::combined(&[
+    boot_cache::fnv1a(include_bytes!("mod.rs")),
+    boot_cache::fnv1a(include_bytes!("demangle.rs")),
+    boot_cache::fnv1a(include_bytes!("elf.rs")),
+    boot_cache::fnv1a(include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock"))),
+]);
 
 /// The largest file kept for one binary.
 const MOST_FILE_BYTES: u64 = 64 << 20;
@@ -233,7 +239,10 @@ fn decode(bytes: &[u8]) -> Option<Kept> {
 /// decoded (as DWARF, and as a symbol table) and checked; whether they
 /// would be used.
 pub fn kept_file_is_used(bytes: &[u8]) -> bool {
-    let symbols = postcard::from_bytes::<KeptSymbols>(bytes).is_ok();
+    let symbols = postcard::from_bytes::<KeptSymbols>(bytes).ok().is_some_and(|kept| {
+        let functions = kept.functions.into_iter().map(|f| super::Function::named_in_symbols(f, super::SymbolOrigin::Symtab, &[]));
+        functions.count() > 0
+    });
     decode(bytes).and_then(|kept| kept.into_info(&mut FileTable::default(), &mut Vec::new())).is_some() || symbols
 }
 

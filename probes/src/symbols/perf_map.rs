@@ -143,11 +143,14 @@ pub struct PerfMap {
 }
 
 /// Where a process's perf map is, as the process sees it: its root
-/// directory, its owner, its own pid and its start, taken while it runs.
-/// Its map can be opened through it after the process ended: a short
-/// program's samples in its JIT's code may be named only then.
+/// directory, its owner, its own pid and its start, as they were when
+/// taken. Its map can be opened through it after the process ended: a
+/// short program's samples in its JIT's code may be named only then.
 #[derive(Debug)]
 pub struct PerfMapPlace {
+    pid: u32,
+    /// Reached, not opened (`O_PATH`): a file system's own code does not
+    /// run for it.
     root: File,
     owner: u32,
     own_pid: u32,
@@ -155,23 +158,29 @@ pub struct PerfMapPlace {
 }
 
 impl PerfMapPlace {
-    /// Process `pid`'s, while it runs.
+    /// Process `pid`'s, as it is now.
     pub fn of(pid: u32) -> io::Result<PerfMapPlace> {
         let own_pid = namespace_pid(pid).unwrap_or(pid);
-        let root = File::open(format!("/proc/{pid}/root"))?;
+        let root = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(format!("/proc/{pid}/root"))?;
         let owner = std::fs::metadata(format!("/proc/{pid}"))?.uid();
         let started = started_at(pid).map(|start| start - std::time::Duration::from_secs(1));
-        Ok(PerfMapPlace { root, owner, own_pid, started })
+        Ok(PerfMapPlace { pid, root, owner, own_pid, started })
     }
 
     /// Opens the map there (`/tmp/perf-PID.map` within the process's root,
     /// under its own pid where it has a namespace of pids); one last changed
     /// before `not_before` (left by an earlier process of the pid, or by the
     /// image the process executed since) or before the process started is
-    /// not its own.
+    /// not its own. While the process still runs, its root and owner are
+    /// taken afresh (it may have changed either since).
     pub fn open(&self, not_before: Option<std::time::SystemTime>) -> io::Result<PerfMap> {
-        let not_before = not_before.into_iter().chain(self.started).max();
-        PerfMap::open_in(&self.root, &format!("tmp/perf-{}.map", self.own_pid), self.owner, not_before)
+        let now = PerfMapPlace::of(self.pid).ok().filter(|now| now.started.is_some() && now.started == self.started);
+        let place = now.as_ref().unwrap_or(self);
+        let not_before = not_before.into_iter().chain(place.started).max();
+        PerfMap::open_in(&place.root, &format!("tmp/perf-{}.map", place.own_pid), place.owner, not_before)
     }
 }
 
