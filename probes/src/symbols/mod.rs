@@ -219,32 +219,28 @@ impl SymbolIndex {
         let elf = image.parse()?;
         let imports = image.imports()?;
         collect_labels(elf.symbols(), &segments, &mut labels);
-        let own = kept::symbol_table(options.kept_reads.as_deref(), image, || functions_named_in(elf.symbols()));
-        let mut functions: BTreeMap<u64, Function> =
-            own.into_iter().map(|f| (f.address, Function::named_in_symbols(f, origin, &segments))).collect();
+        let kept_reads = options.kept_reads.as_deref();
+        let by_address = |functions: Vec<KeptFunction>, origin| -> BTreeMap<u64, Function> {
+            functions.into_iter().map(|f| (f.address, Function::named_in_symbols(f, origin, &segments))).collect()
+        };
+        let mut functions = by_address(kept::symbol_table(kept_reads, image, || functions_named_in(elf.symbols())), origin);
         if functions.is_empty()
             && let Some(debug_image) = debug_image.filter(|d| !std::ptr::eq(*d, image))
         {
             // `objcopy --only-keep-debug` leaves the full symbol table in the debug file.
             let debug_elf = debug_image.parse()?;
-            functions = functions_named_in(debug_elf.symbols())
-                .into_iter()
-                .map(|f| (f.address, Function::named_in_symbols(f, origin, &segments)))
-                .collect();
+            functions = by_address(functions_named_in(debug_elf.symbols()), origin);
             collect_labels(debug_elf.symbols(), &segments, &mut labels);
         }
         if functions.is_empty() {
             origin = SymbolOrigin::Dynsym;
-            functions = functions_named_in(elf.dynamic_symbols())
-                .into_iter()
-                .map(|f| (f.address, Function::named_in_symbols(f, origin, &segments)))
-                .collect();
+            functions = by_address(functions_named_in(elf.dynamic_symbols()), origin);
         }
 
         let mut files = FileTable::default();
         let info = match debug_image {
             Some(d) if !options.symbol_tables_enough || functions.is_empty() => {
-                kept::read(options.kept_reads.as_deref(), d, &mut files, options.lines, &mut warnings)?
+                kept::read(kept_reads, d, &mut files, options.lines, &mut warnings)?
             }
             _ => dwarf::DwarfInfo::default(),
         };
