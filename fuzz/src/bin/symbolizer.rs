@@ -14,7 +14,7 @@ proftap_fuzz::target!(run);
 
 /// Loads the input with line tables, then asks what reports ask of an index.
 fn run(data: &[u8]) {
-    kernel_symbols(&String::from_utf8_lossy(data));
+    kernel_symbols(data);
     jit_names(data);
     // The same bytes as a binary's DWARF or symbol table kept by an earlier recording.
     proftap_probes::symbols::kept_file_is_used(data);
@@ -44,9 +44,10 @@ fn run(data: &[u8]) {
 
 /// The kernel's table, read as the file and as kept (for no boot and no
 /// modules: an empty key), and every address it lists looked up.
-fn kernel_symbols(text: &str) {
-    let read = KernelSymbols::parse(text);
-    let kept = KernelSymbols::read_kept(text, "", "");
+fn kernel_symbols(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let read = KernelSymbols::parse(text.as_ref());
+    let kept = KernelSymbols::read_kept(data, "", "");
     for address in text.lines().filter_map(|line| u64::from_str_radix(line.split_ascii_whitespace().next()?, 16).ok()) {
         let _ = read.function_at(address);
         if let Some(kept) = &kept {

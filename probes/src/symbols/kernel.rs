@@ -9,13 +9,13 @@
 //! its time, competing with the program being recorded), while its own
 //! functions and its modules' stay where they are for the whole boot: the
 //! table is kept for the boot (`boot_cache`), valid while the same modules
-//! are loaded at the same places. Code the kernel makes as it runs (BPF
+//! are loaded at the same places, as the table itself (parsing its 120,000
+//! lines again took 8 ms of each recording's start). Code the kernel makes as it runs (BPF
 //! programs, trampolines) is not kept: an address outside the kernel's
 //! code and its modules' is looked up in the file read afresh.
 
 use crate::boot_cache;
 use std::ops::RangeInclusive;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::OnceLock;
 
 /// The module perf gives the kernel's own functions.
@@ -51,19 +51,19 @@ impl KernelSymbols {
             }
             let key = CacheKey::now();
             let path = boot_cache::dir().map(|dir| dir.join("kernel-symbols"));
-            if let Some(kept) = path.as_deref().and_then(read_own).and_then(|text| Self::from_cache(&text, &key)) {
+            let kept = path.as_deref().and_then(|path| boot_cache::read_private(path, MOST_CACHE_BYTES));
+            if let Some(kept) = kept.and_then(|bytes| Self::from_cache(&bytes, &key)) {
                 return kept;
             }
             let text = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
             let table = Self::parse(text.as_str());
             // Kept only if no module came or went while the file was read.
             let unchanged = CacheKey::now().text() == key.text();
-            if let (Some(path), false, true) = (&path, table.is_empty(), unchanged) {
-                let kept = cache_text(&text, &key);
+            if let (Some(path), false, true, Some(kept)) = (&path, table.is_empty(), unchanged, cache_bytes(&text, &key)) {
                 if let Some(dir) = path.parent() {
                     let _ = std::fs::create_dir_all(dir);
                 }
-                let _ = proftap_profile::write_private(path, |out| out.write_all(kept.as_bytes()));
+                let _ = proftap_profile::write_private(path, |out| out.write_all(&kept));
             }
             table
         })
@@ -75,26 +75,37 @@ impl KernelSymbols {
         AFRESH.get_or_init(|| std::fs::read_to_string("/proc/kallsyms").map(Self::parse).unwrap_or_default())
     }
 
-    /// A table kept earlier (its file's text), if it was kept in the boot
+    /// A table kept earlier (its file's bytes), if it was kept in the boot
     /// `boot_id` with the modules `/proc/modules` lists (its text) loaded
     /// where they are.
-    pub fn read_kept(text: &str, boot_id: &str, modules: &str) -> Option<KernelSymbols> {
-        Self::from_cache(text, &CacheKey::of(boot_id, modules))
+    pub fn read_kept(bytes: &[u8], boot_id: &str, modules: &str) -> Option<KernelSymbols> {
+        Self::from_cache(bytes, &CacheKey::of(boot_id, modules))
     }
 
-    /// A table kept by [`cache_text`], if it was kept with `key`.
-    fn from_cache(text: &str, key: &CacheKey) -> Option<KernelSymbols> {
-        let (header, symbols) = text.strip_suffix(CACHE_END)?.split_once('\n')?;
-        let mut fields = header.strip_prefix(CACHE_HEADER)?.split_ascii_whitespace();
-        if fields.next()? != key.text() {
+    /// A table kept by [`cache_bytes`], if it was kept with `key` and is
+    /// whole: its functions in address order, each name within the names.
+    fn from_cache(bytes: &[u8], key: &CacheKey) -> Option<KernelSymbols> {
+        let kept: KeptTable = postcard::from_bytes(bytes).ok()?;
+        if kept.format != CACHE_FORMAT || kept.key != key.text() || kept.starts.is_empty() {
             return None;
         }
-        let kernel_start = u64::from_str_radix(fields.next()?, 16).ok()?;
-        let kernel_end = u64::from_str_radix(fields.next()?, 16).ok()?;
-        let mut table = Self::parse(symbols);
+        let names = kept.names;
+        let (mut address, mut at) = (0u64, 0u32);
+        let mut starts = Vec::with_capacity(kept.starts.len());
+        for (i, (after, len)) in kept.starts.into_iter().enumerate() {
+            // In address order, each name within the names.
+            if i > 0 && after == 0 {
+                return None;
+            }
+            address = address.checked_add(after)?;
+            let end = at.checked_add(len)?;
+            names.get(at as usize..end as usize)?;
+            starts.push((address, at..end));
+            at = end;
+        }
         let modules = key.modules.iter().map(|&(start, size)| start..=start.saturating_add(size.saturating_sub(1)));
-        table.covers = Some(std::iter::once(kernel_start..=kernel_end).chain(modules).collect());
-        (!table.is_empty()).then_some(table)
+        let covers = Some(std::iter::once(kept.kernel.0..=kept.kernel.1).chain(modules).collect());
+        Some(KernelSymbols { starts, names, covers })
     }
 
     /// Reads the `/proc/kallsyms` format: `address type name [module]`.
@@ -156,12 +167,21 @@ fn text_symbol(line: &str) -> Option<(u64, &str)> {
     (!name.is_empty()).then_some((address, name))
 }
 
-/// What a kept table starts with, then its key and where the kernel's own
-/// functions start and end.
-const CACHE_HEADER: &str = "proftap kernel symbols 2 ";
+/// Changes whenever what is kept changes meaning.
+const CACHE_FORMAT: u32 = 3;
 
-/// What a whole kept table ends with.
-const CACHE_END: &str = "proftap end\n";
+/// A kept table: the functions by address, each as how far it starts
+/// after the one before (from 0) and how long its name is in `names`,
+/// which holds them one after another; under the key it was kept with,
+/// and where the kernel's own functions start and end.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KeptTable {
+    format: u32,
+    key: String,
+    kernel: (u64, u64),
+    starts: Vec<(u64, u32)>,
+    names: String,
+}
 
 /// The most bytes of a kept table read: about 5 MB for 200 000 symbols.
 const MOST_CACHE_BYTES: u64 = 256 << 20;
@@ -204,10 +224,10 @@ impl CacheKey {
 }
 
 /// The functions of `kallsyms` (the file's text) worth keeping for the
-/// boot, under a header naming `key`: the kernel's own and its modules',
+/// boot, as a kept table under `key`: the kernel's own and its modules',
 /// not code the kernel makes as it runs (modules named `[bpf]` and
 /// `[__builtin__...]`).
-fn cache_text(kallsyms: &str, key: &CacheKey) -> String {
+fn cache_bytes(kallsyms: &str, key: &CacheKey) -> Option<Vec<u8>> {
     let kept: Vec<&str> = kallsyms
         .lines()
         .filter(|line| {
@@ -222,14 +242,18 @@ fn cache_text(kallsyms: &str, key: &CacheKey) -> String {
         .filter_map(|line| u64::from_str_radix(line.split_ascii_whitespace().next()?, 16).ok())
         .filter(|&address| address != 0)
         .collect();
-    let (kernel_start, kernel_end) = (kernel.iter().min().copied().unwrap_or(0), kernel.iter().max().copied().unwrap_or(0));
-    let mut text = format!("{CACHE_HEADER}{} {kernel_start:x} {kernel_end:x}\n", key.text());
-    for line in kept {
-        text.push_str(line);
-        text.push('\n');
+    let kernel = (kernel.iter().min().copied().unwrap_or(0), kernel.iter().max().copied().unwrap_or(0));
+    let table = KernelSymbols::parse(kept.join("\n"));
+    // Only the names, one after another.
+    let mut names = String::new();
+    let mut starts = Vec::with_capacity(table.starts.len());
+    let mut before = 0;
+    for (address, name) in &table.starts {
+        names.push_str(table.names.get(name.start as usize..name.end as usize)?);
+        starts.push((address - before, name.end - name.start));
+        before = *address;
     }
-    text.push_str(CACHE_END);
-    text
+    postcard::to_stdvec(&KeptTable { format: CACHE_FORMAT, key: key.text(), kernel, starts, names }).ok()
 }
 
 /// Whether `/proc/kallsyms` shows this process addresses (its first line,
@@ -240,20 +264,6 @@ fn addresses_shown() -> bool {
     let read = std::fs::File::open("/proc/kallsyms").and_then(|mut f| f.read(&mut first)).unwrap_or(0);
     let line = String::from_utf8_lossy(&first[..read]);
     line.split_ascii_whitespace().next().and_then(|a| u64::from_str_radix(a, 16).ok()).is_some_and(|a| a != 0)
-}
-
-/// The file at `path` if this user owns it (and it is not too large).
-fn read_own(path: &std::path::Path) -> Option<String> {
-    use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).ok()?;
-    let meta = file.metadata().ok()?;
-    if meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o022 != 0 || meta.len() > MOST_CACHE_BYTES {
-        return None;
-    }
-    let mut text = String::with_capacity(usize::try_from(meta.len()).ok()?);
-    file.take(MOST_CACHE_BYTES).read_to_string(&mut text).ok()?;
-    Some(text)
 }
 
 #[cfg(test)]
@@ -299,7 +309,7 @@ mod tests {
     #[test]
     fn a_kept_table_names_what_it_kept_for_the_same_boot_and_modules() {
         let key = CacheKey::of("8e93daa8-b365-4807-95b6-863eae1ed95e", MODULES);
-        let kept = KernelSymbols::from_cache(&cache_text(KALLSYMS, &key), &key).expect("kept for this key");
+        let kept = KernelSymbols::from_cache(&cache_bytes(KALLSYMS, &key).expect("kept"), &key).expect("kept for this key");
         assert_eq!(kept.function_at(0xffffffff81001fff), Some("clear_page_erms"));
         assert_eq!(kept.function_at(0xffffffffc0001234), Some("snd_open"));
         let covered = |address| kept.covers.as_ref().unwrap().iter().any(|r| r.contains(&address));
@@ -309,12 +319,17 @@ mod tests {
         // Below the kernel (where another architecture keeps modules and BPF code): not kept either.
         assert!(!covered(0xffffffff80000000));
         assert!(!kept.names.contains("bpf_prog"));
+        // Read back as the file read afresh would be.
+        let fresh = KernelSymbols::parse(KALLSYMS);
+        for address in [0xffffffff81000010, 0xffffffff81001fff, 0xffffffff81003fff, 0xffffffffc0001234] {
+            assert_eq!(kept.function_at(address), fresh.function_at(address), "{address:x}");
+        }
     }
 
     #[test]
     fn a_kept_table_is_not_used_after_a_reboot_or_a_module_change() {
         let key = CacheKey::of("8e93daa8-b365-4807-95b6-863eae1ed95e", MODULES);
-        let text = cache_text(KALLSYMS, &key);
+        let text = cache_bytes(KALLSYMS, &key).expect("kept");
         let rebooted = CacheKey::of("00000000-b365-4807-95b6-863eae1ed95e", MODULES);
         assert!(KernelSymbols::from_cache(&text, &rebooted).is_none());
         let reloaded = CacheKey::of("8e93daa8-b365-4807-95b6-863eae1ed95e", "snd 8192 2 - Live 0xffffffffc0009000\n");
@@ -322,10 +337,32 @@ mod tests {
         // Its users changing is not a change of place.
         let used = CacheKey::of("8e93daa8-b365-4807-95b6-863eae1ed95e", "snd 8192 5 - Live 0xffffffffc0001000\n");
         assert!(KernelSymbols::from_cache(&text, &used).is_some());
-        for broken in
-            ["", "proftap kernel symbols 1 ", "garbage\nffffffff81000000 T _stext\n", &text[..text.len() - 1], &text[..text.len() / 2]]
-        {
-            assert!(KernelSymbols::from_cache(broken, &key).is_none(), "{broken:?}");
+        for end in 0..text.len() {
+            assert!(KernelSymbols::from_cache(&text[..end], &key).is_none(), "cut at {end}");
         }
+        for at in 0..text.len() {
+            let mut damaged = text.clone();
+            damaged[at] ^= 0x80;
+            // Refused, or names what it names without a panic.
+            if let Some(table) = KernelSymbols::from_cache(&damaged, &key) {
+                let _ = table.function_at(0xffffffff81001000);
+            }
+        }
+    }
+
+    #[test]
+    fn a_kept_table_out_of_order_or_naming_past_its_names_is_refused() {
+        let key = CacheKey::of("8e93daa8-b365-4807-95b6-863eae1ed95e", MODULES);
+        let table = |starts: Vec<(u64, u32)>, names: &str| {
+            let kept = KeptTable { format: CACHE_FORMAT, key: key.text(), kernel: (1, 2), starts, names: names.into() };
+            KernelSymbols::from_cache(&postcard::to_stdvec(&kept).expect("encodes"), &key)
+        };
+        let whole = table(vec![(1, 1), (1, 1)], "ab").expect("whole");
+        assert_eq!((whole.function_at(1), whole.function_at(2)), (Some("a"), Some("b")));
+        assert!(table(vec![(1, 1), (0, 1)], "ab").is_none(), "two at one address");
+        assert!(table(vec![(1, 1), (1, 2)], "ab").is_none(), "past the names");
+        assert!(table(vec![(1, 1), (u64::MAX, 1)], "ab").is_none(), "past the last address");
+        assert!(table(vec![(1, 1)], "é").is_none(), "within a character");
+        assert!(table(Vec::new(), "").is_none(), "empty");
     }
 }
