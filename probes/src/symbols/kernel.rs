@@ -10,9 +10,9 @@
 //! functions and its modules' stay where they are for the whole boot: the
 //! table is kept for the boot (`boot_cache`), valid while the same modules
 //! are loaded at the same places, as the table itself (parsing its 120,000
-//! lines again took 8 ms of each recording's start). Code the kernel makes as it runs (BPF
-//! programs, trampolines) is not kept: an address outside the kernel's
-//! code and its modules' is looked up in the file read afresh.
+//! lines again took 8 ms of each recording's start). Code the kernel makes
+//! as it runs (BPF programs, trampolines) is not kept: an address outside
+//! the kernel's code and its modules' is looked up in the file read afresh.
 
 use crate::boot_cache;
 use std::ops::RangeInclusive;
