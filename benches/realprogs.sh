@@ -70,13 +70,17 @@ sql=$dir/bench.sql
 # The crates cargo fetched to build ripgrep (and any others): a source tree to search.
 tree=${CARGO_HOME:-$HOME/.cargo}/registry/src
 
-# Seconds a command takes, median of $runs after one run not counted (this
-# VM's page cache is reclaimed within minutes: a search's first run reads
-# its files from disk), its output discarded.
+# Seconds a command takes (to the millisecond), median of $runs after one
+# run not counted (this VM's page cache is reclaimed within minutes: a
+# search's first run reads its files from disk), its output discarded.
 median() {
     "$@" >/dev/null 2>&1 </dev/null || true
+    local start end
     for _ in $(seq "$runs"); do
-        /usr/bin/time -f %e "$@" 2>&1 >/dev/null </dev/null | tail -1
+        start=$(date +%s%N)
+        "$@" >/dev/null 2>&1 </dev/null || true
+        end=$(date +%s%N)
+        awk -v ns="$((end - start))" 'BEGIN { printf "%.3f\n", ns / 1e9 }'
     done | sort -n | awk '{ t[NR] = $1 } END { print t[int((NR + 1) / 2)] }'
 }
 
@@ -105,7 +109,7 @@ compare() {
     proftap_s=$(median "$proftap" run -o "$out.profile" -- "$@")
     perf_s=$(median perf record -q -g -o "$out.perf" -- "$@")
     awk -v b="$bare" -v p="$proftap_s" -v f="$perf_s" \
-        'BEGIN { printf "  bare %.2f s   proftap run %.2f s (%.2fx)   perf record -g %.2f s (%.2fx)\n", b, p, p / b, f, f / b }'
+        'BEGIN { printf "  bare %.3f s   proftap run %.3f s (%.2fx)   perf record -g %.3f s (%.2fx)\n", b, p, p / b, f, f / b }'
     echo "  proftap, exclusive CPU (measured, and estimated after a throttle):"
     proftap_top "$out.profile"
     echo "  perf, self samples:"
