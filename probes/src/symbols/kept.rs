@@ -156,13 +156,13 @@ fn read_settled(
         return dwarf::read(image, files, want_lines, warnings);
     };
     let key = Key::of(image, want_lines);
-    if let Some(info) = load(&path).filter(|kept| kept.key == key).and_then(|kept| kept.into_info(files, warnings)) {
+    if let Some(info) = load::<Kept>(&path).filter(|kept| kept.key == key).and_then(|kept| kept.into_info(files, warnings)) {
         return Ok(info);
     }
     let mut read_warnings = Vec::new();
     let info = dwarf::read(image, files, want_lines, &mut read_warnings)?;
     if boot_cache::settled(image.version().changed_ns(), settled_ns) {
-        keep(&path, Kept::of(key, &info, files, &read_warnings));
+        keep(&path, &Kept::of(key, &info, files, &read_warnings));
     }
     warnings.extend(read_warnings);
     Ok(info)
@@ -187,21 +187,16 @@ fn symbol_table_settled(
     let Some(dir) = dir.filter(|dir| boot_cache::private_dir(dir)) else { return read() };
     let path = dir.join(format!("{}{SYMBOLS_SUFFIX}", boot_cache::file_name(&image.version())));
     let key = Key::read_by(SYMBOLS_READER, image, false);
-    let kept = boot_cache::read_private(&path, MOST_FILE_BYTES).and_then(|bytes| postcard::from_bytes::<KeptSymbols>(&bytes).ok());
-    if let Some(kept) = kept.filter(|kept| kept.key == key) {
+    if let Some(kept) = load::<KeptSymbols>(&path).filter(|kept| kept.key == key) {
         return kept.functions;
     }
     let functions = read();
-    if !functions.is_empty() && boot_cache::settled(image.version().changed_ns(), settled_ns) {
-        let kept = KeptSymbols { key, functions };
-        if let Ok(bytes) = postcard::to_stdvec(&kept)
-            && bytes.len() as u64 <= MOST_FILE_BYTES
-        {
-            boot_cache::keep(&path, &bytes, MOST_KEPT_BYTES, is_kept_name);
-        }
-        return kept.functions;
+    if functions.is_empty() || !boot_cache::settled(image.version().changed_ns(), settled_ns) {
+        return functions;
     }
-    functions
+    let kept = KeptSymbols { key, functions };
+    keep(&path, &kept);
+    kept.functions
 }
 
 /// What the name of a file of kept symbol tables ends with.
@@ -226,8 +221,8 @@ fn is_kept_name(name: &str) -> bool {
 }
 
 /// A kept file, if this user owns it, no one else may write it, and it decodes.
-fn load(path: &Path) -> Option<Kept> {
-    decode(&boot_cache::read_private(path, MOST_FILE_BYTES)?)
+fn load<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    postcard::from_bytes(&boot_cache::read_private(path, MOST_FILE_BYTES)?).ok()
 }
 
 /// A kept file's bytes decoded, if they are one.
@@ -247,8 +242,8 @@ pub fn kept_file_is_used(bytes: &[u8]) -> bool {
 }
 
 /// Writes `kept` at `path`, within the bounds of one file and of all.
-fn keep(path: &Path, kept: Kept) {
-    let Ok(bytes) = postcard::to_stdvec(&kept) else { return };
+fn keep<T: Serialize>(path: &Path, kept: &T) {
+    let Ok(bytes) = postcard::to_stdvec(kept) else { return };
     if bytes.len() as u64 <= MOST_FILE_BYTES {
         boot_cache::keep(path, &bytes, MOST_KEPT_BYTES, is_kept_name);
     }
