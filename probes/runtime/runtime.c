@@ -210,6 +210,7 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
 #define SYS_mmap 9
 #define SYS_mprotect 10
 #define SYS_munmap 11
+#define SYS_sched_yield 24
 #define SYS_mremap 25
 #define SYS_getpid 39
 #define SYS_socket 41
@@ -319,12 +320,27 @@ static int hand_over(const struct config *c, long memfd)
     return ok;
 }
 
+/* The child's thread that makes its memory, by thread pointer: the word
+ * after the live word, zeroed in a forked child with it. */
+static inline u64 *adopter_of(const struct config *c)
+{
+    return (u64 *)c->live + 1;
+}
+
 static __attribute__((noinline)) void adopt(const struct config *c)
 {
     u64 *word = (u64 *)c->live;
-    u64 expected = LIVE_CHILD;
-    if (!__atomic_compare_exchange_n(word, &expected, LIVE_ADOPTING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    u64 tp = thread_pointer(), adopter = 0;
+    if (!__atomic_compare_exchange_n(adopter_of(c), &adopter, tp, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        /* Another thread makes it: this call waits for its memory, to be
+         * counted there (a signal handler interrupting the adopting
+         * thread itself cannot wait: its calls go uncounted). */
+        if (adopter != tp)
+            while (__atomic_load_n(word, __ATOMIC_ACQUIRE) == LIVE_CHILD || __atomic_load_n(word, __ATOMIC_ACQUIRE) == LIVE_ADOPTING)
+                syscall6(SYS_sched_yield, 0, 0, 0, 0, 0, 0);
         return;
+    }
+    __atomic_store_n(word, LIVE_ADOPTING, __ATOMIC_RELEASE);
     struct seat *own = keep_own_seat(c);
     u64 outcome = LIVE_STOPPED;
     if (!c->fork_socket[0]) {
@@ -370,10 +386,12 @@ static __attribute__((noinline)) void adopt(const struct config *c)
     __atomic_store_n(word, outcome, __ATOMIC_RELEASE);
 }
 
-/* A forked child's first call into the runtime adopts it. */
+/* A forked child's first call into the runtime adopts it; its other
+ * threads' calls meanwhile wait for it. */
 static inline void adopt_if_forked(const struct config *c)
 {
-    if (__builtin_expect(*(volatile u64 *)c->live == LIVE_CHILD, 0))
+    u64 live = *(volatile u64 *)c->live;
+    if (__builtin_expect(live == LIVE_CHILD || live == LIVE_ADOPTING, 0))
         adopt(c);
 }
 

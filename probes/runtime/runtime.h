@@ -48,7 +48,8 @@ typedef unsigned int u32;
 #define BLOCK_RETIRED 2
 #define BLOCK_TAKING 3
 
-/* The live word (config.live), in a page a forked child gets zeroed. */
+/* The live word (config.live), in a page a forked child gets zeroed; the
+ * word after it names the child's thread that makes its memory. */
 #define LIVE_CHILD 0     /* a forked child that has not made its own memory yet */
 #define LIVE_RECORDING 1 /* calls are recorded */
 #define LIVE_STOPPED 2   /* proftap stopped recording, or the child could not reach it */

@@ -51,7 +51,8 @@ struct Local {
     shared: *mut u8,
     private: *mut u8,
     geometry: Geometry,
-    live: Box<u64>,
+    /// The live word and the word after it (the adopting thread of a forked child).
+    live: Box<[u64; 2]>,
     runtime: Runtime,
 }
 
@@ -84,13 +85,13 @@ impl Local {
         let (functions, blocks) = (geometry.functions, geometry.blocks);
         let shared = map(geometry.shared_bytes() as usize);
         let private = map(geometry.private_bytes() as usize);
-        let live = Box::new(1u64);
+        let live = Box::new([1u64, 0]);
         let code_len = CODE_ROOM.next_multiple_of(4096);
         let code = map(code_len);
         let config = Config {
             shared: shared as u64,
             private_base: private as u64,
-            live: &raw const *live as u64,
+            live: live.as_ptr() as u64,
             blocks,
             blocks_offset: geometry.blocks_offset(),
             block_bytes: geometry.block_bytes(),
@@ -435,9 +436,9 @@ fn a_forked_child_not_followed_runs_unrecorded_and_returns_right() {
     // In a forked child the live word reads 0: with no socket to hand its
     // memory to, frames hijacked before the fork still return; new calls
     // are neither hijacked nor counted.
-    *rt.live = 0;
+    *rt.live = [0, 0];
     rt.entry(&mut stack.0[50], 0);
-    assert_eq!(*rt.live, LIVE_STOPPED);
+    assert_eq!(rt.live[0], LIVE_STOPPED);
     assert_eq!(stack.0[50], 0x1000 + 50);
     rt.exit(&mut stack.0[60]);
     assert_eq!(stack.0[60], 0x1000 + 60);
@@ -461,9 +462,9 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
     assert_eq!(parents_calls, 2);
 
     // As the child sees it after a fork: its live word zeroed.
-    *rt.live = 0;
+    *rt.live = [0, 0];
     rt.entry(&mut stack.0[40], 0);
-    assert_eq!(*rt.live, LIVE_RECORDING, "the child reached proftap");
+    assert_eq!(rt.live[0], LIVE_RECORDING, "the child reached proftap");
     rt.exit(&mut stack.0[40]);
     rt.exit(&mut stack.0[60]);
     assert_eq!(stack.0[60], 0x1000 + 60, "the frame from before the fork returns where it came from");
