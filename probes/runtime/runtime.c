@@ -7,10 +7,14 @@
  * registers a call may use and calls proftap_entry(slot, function), slot
  * being where the caller's return address is. proftap_entry finds the
  * thread's block (keyed by its thread pointer, fs:[0]), finds or makes the
- * node of this function under the caller's node, pushes a frame and puts
- * the return trampoline's address in the slot. The return trampoline calls
- * proftap_exit(slot), which pops the frame, adds its times to the node and
- * puts the original return address back.
+ * node of this function under the caller's node, pushes a frame with the
+ * return address and returns the `call` before a return trampoline. The
+ * trampoline steps over the slot and goes through that `call` into the
+ * function, which writes the return trampoline's address in the slot: the
+ * function's return lands where the processor predicted. The return
+ * trampoline calls proftap_exit(slot), which pops the frame, adds its
+ * times to the node and puts the original return address back, and
+ * returns there, again where the processor predicted (the caller's call).
  *
  * Built freestanding (no C library, no SSE registers, position independent)
  * into a flat blob that proftap copies next to each patched module; the
@@ -57,6 +61,7 @@ __attribute__((used)) const u64 proftap_layout[] = {
     OPEN_REGIONS,
     SITES,
     SITE_BYTES,
+    CALL_BEFORE_TRAMPOLINE,
 };
 
 static inline u64 rdtsc(void)
@@ -733,7 +738,10 @@ static void rewrite(const struct config *c, struct private_block *p, u64 slot, i
     }
 }
 
-void proftap_entry(u64 *slot, u32 function)
+/* Returns the `call` (before a return trampoline) the function is to be
+ * called through when this call is timed, else 0: the function is
+ * entered as it was called. */
+u64 proftap_entry(u64 *slot, u32 function)
 {
     const struct config *c = config();
     adopt_if_forked(c);
@@ -741,17 +749,18 @@ void proftap_entry(u64 *slot, u32 function)
     if (!s) {
         if (live(c))
             __atomic_fetch_add(&header(c)->unseated, 1, __ATOMIC_RELAXED);
-        return;
+        return 0;
     }
     struct private_block *p = private_block(c, s->block - 1);
     struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    u64 call_through = 0;
     /* A signal handler that interrupted the runtime and calls a patched
      * function, or another thread on the same thread pointer: this call
      * is counted and goes untimed; the other goes on. */
     if (take_block_busy(c, p)) {
         if (b && function < c->functions)
             __atomic_fetch_add(&busy_entries_of(c, b)[function], 1, __ATOMIC_RELAXED);
-        return;
+        return 0;
     }
     /* Every call is counted, timed or not. */
     if (b && function < c->functions)
@@ -815,12 +824,17 @@ void proftap_entry(u64 *slot, u32 function)
     b->returns[d] = p->ret[d];
     p->depth = d + 1;
     __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);
-    /* A tail call's slot holds its caller's trampoline already: it stays. */
-    if (!is_trampoline(c, *slot))
+    /* A tail call's slot holds its caller's trampoline already: it stays.
+     * The slot holds the trampoline before the call is made through it,
+     * for proftap reading the stack meanwhile, or detaching. */
+    if (!is_trampoline(c, *slot)) {
         *slot = trampoline_for(c, *slot);
+        call_through = *slot - CALL_BEFORE_TRAMPOLINE;
+    }
     f->entry_tsc = now_and_off(c, (u32)b->tid, &f->entry_off);
 out:
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
+    return call_through;
 }
 
 /* A return with no frame of its own (its frame was taken for one a longjmp

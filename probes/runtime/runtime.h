@@ -36,7 +36,11 @@ typedef unsigned int u32;
  * through the shared one. */
 #define SITES_BITS 14
 #define SITES (1UL << SITES_BITS)
-#define SITE_BYTES 8
+#define SITE_BYTES 16
+/* Bytes of the `call` before each return trampoline, through which a
+ * timed call is made, so that the return trampoline is the address the
+ * call pushed and the processor predicted. */
+#define CALL_BEFORE_TRAMPOLINE 4
 #define SITE_PROBES 8
 /* A frame with no node: its context did not fit. */
 #define NO_NODE 0xffffffffU

@@ -58,10 +58,6 @@ pub const KERNEL_FRAME: &str = "[kernel]";
 pub const KERNEL_SUFFIX: &str = "_[k]";
 /// Bytes of a page: mappings start on one.
 const PAGE_BYTES: u64 = 4096;
-/// Bytes of the registers a trampoline of the in-process engine saves
-/// before it calls the runtime (nine), between that call's return address
-/// and the slot of the patched call's.
-const SAVED_REGISTER_BYTES: usize = 72;
 /// Bytes of stack the runtime's frames take at most, from a sample's stack
 /// pointer to the return address of its routine.
 const RUNTIME_FRAME_BYTES: usize = 1024;
@@ -352,10 +348,14 @@ fn slot_among_saves(process: &Process, ip: u64) -> Option<usize> {
     let next = process.probe_returns.partition_point(|&r| r <= ip);
     let nearest = [next.checked_sub(1), Some(next)].into_iter().flatten().filter_map(|i| process.probe_returns.get(i));
     nearest.into_iter().find_map(|&back| {
-        let kind = if process.return_trampolines.contains(&back) { RoutineCall::Return } else { RoutineCall::Trampoline };
-        let words = words_pushed(kind, ip.wrapping_sub(back) as i64)?;
+        let words = words_pushed(routine_call(process, back), ip.wrapping_sub(back) as i64)?;
         Some(words as usize * 8)
     })
+}
+
+/// Which code calls the runtime routine that returns to `back`.
+fn routine_call(process: &Process, back: u64) -> RoutineCall {
+    if process.return_trampolines.contains(&back) { RoutineCall::Return } else { RoutineCall::Trampoline }
 }
 
 impl Process {
@@ -733,8 +733,13 @@ impl StackResolver {
         // The runtime's own frames are small: a word farther up could be a
         // stale copy in a frame of the program's.
         let window = sample.stack.len().min(RUNTIME_FRAME_BYTES);
-        let found = (skip..window).step_by(8).find(|&o| word(o).is_some_and(|w| process.probe_returns.binary_search(&w).is_ok()));
-        let Some(slot) = found.map(|at| at + 8 + SAVED_REGISTER_BYTES).or_else(|| slot_among_saves(process, ip)) else { return Vec::new() };
+        let found =
+            (skip..window).step_by(8).find_map(|o| word(o).filter(|w| process.probe_returns.binary_search(w).is_ok()).map(|w| (o, w)));
+        // Above the routine's return address: what its trampoline pushed.
+        let above_return = |back: u64| words_pushed(routine_call(process, back), 0).map(|words| 8 + words as usize * 8);
+        let Some(slot) = found.and_then(|(at, back)| Some(at + above_return(back)?)).or_else(|| slot_among_saves(process, ip)) else {
+            return Vec::new();
+        };
         let Some(value) = word(slot) else { return Vec::new() };
         let slot_address = sp.wrapping_add(slot as u64);
         let ret = returns

@@ -12,7 +12,7 @@ use super::patch::Site;
 use super::patcher::{self, Applied, CODE_DIFFERS, EntryCounters, LEFT_BEHIND, Refused, Target};
 use super::reading::TotalsView;
 use super::remote::{AWAY_FROM_CODE, FileId, Remote, RemoteError, Shared};
-use super::totals::{self, Config, Geometry, call_routine, call_routine_and_return};
+use super::totals::{self, Config, Geometry, call_entry, call_routine, call_routine_and_return};
 use crate::offcpu::OffCpu;
 use crate::plan::ProbedFunction;
 use crate::procfs;
@@ -820,7 +820,8 @@ fn threads_share_a_thread_pointer(remote: &Remote) -> Result<bool, RemoteError> 
 /// The code a trampoline starts with: the runtime's routine for what is patched.
 fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Site, address: u64) -> Result<Vec<u8>, String> {
     match (hook, site) {
-        (None, _) => call_routine(address, rt.entry, function as u32),
+        (None, Site::Entry) => call_entry(address, rt.entry, function as u32),
+        (None, Site::Return) => Err("no code for this site".to_string()),
         (Some(Hook::Unhook | Hook::Walk), Site::Entry) => call_routine(address, rt.unhook, 0),
         (Some(Hook::Walk), Site::Return) => call_routine_and_return(address, rt.resume),
         (Some(Hook::Rehook), _) => call_routine(address, rt.rehook, 0),

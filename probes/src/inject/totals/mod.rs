@@ -26,7 +26,10 @@ pub const CODE_ROOM: usize = (IMAGE.len() + 64).next_multiple_of(64) + 128 + (SI
 /// Return sites with a trampoline of their own (`SITES` in runtime.h).
 pub const SITES: u64 = 1 << 14;
 /// Bytes of each return site's trampoline (`SITE_BYTES`).
-pub const SITE_BYTES: u64 = 8;
+pub const SITE_BYTES: u64 = 16;
+/// Bytes of the `call` before each return trampoline
+/// (`CALL_BEFORE_TRAMPOLINE`): `call [rsp-16]`.
+pub const CALL_BEFORE_TRAMPOLINE: u64 = 4;
 
 /// Threads with a block at once (`SEATS` in runtime.h: the seat table's size).
 pub const SEATS: u64 = 1 << 14;
@@ -465,11 +468,12 @@ impl Trampolines {
 pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> Result<Runtime, String> {
     let mut code = IMAGE.to_vec();
     code.resize(IMAGE.len().next_multiple_of(64), 0xcc);
+    code.extend_from_slice(&CALL_THROUGH_STACK);
     let own_trampoline = address + code.len() as u64;
     let trampoline = return_trampoline_code(own_trampoline, address + symbols::PROFTAP_EXIT).map_err(asm_error)?;
     code.extend_from_slice(&trampoline);
     code.resize(code.len().next_multiple_of(64), 0xcc);
-    let own = Trampolines { shared: own_trampoline, sites: address + code.len() as u64 };
+    let own = Trampolines { shared: own_trampoline, sites: address + code.len() as u64 + CALL_BEFORE_TRAMPOLINE };
     // Only the first copy's site trampolines are used: the others have none.
     if shared.is_none() {
         code.extend_from_slice(&site_trampolines(own));
@@ -496,10 +500,19 @@ pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> R
     })
 }
 
-/// The site trampolines at `at.sites`: each `jmp` to `at.shared`, padded.
+/// `call [rsp-16]`, before each return trampoline: a timed call is made
+/// through it, with the return-address slot just stepped over (the stack
+/// pointer 8 above it) and the function's address in the word below the
+/// slot, so that the call writes the trampoline's address in the slot and
+/// the processor predicts the function's return to it.
+const CALL_THROUGH_STACK: [u8; CALL_BEFORE_TRAMPOLINE as usize] = [0xff, 0x54, 0x24, 0xf0];
+
+/// The site trampolines, the first at `at.sites`: each after its
+/// [`CALL_THROUGH_STACK`], a `jmp` to `at.shared`, padded.
 fn site_trampolines(at: Trampolines) -> Vec<u8> {
     let mut code = Vec::with_capacity((SITES * SITE_BYTES) as usize);
     for i in 0..SITES {
+        code.extend_from_slice(&CALL_THROUGH_STACK);
         let next = at.sites + i * SITE_BYTES + 5;
         let rel = at.shared.wrapping_sub(next) as i64 as i32;
         code.push(0xe9);
@@ -511,14 +524,11 @@ fn site_trampolines(at: Trampolines) -> Vec<u8> {
 
 /// A hijacked return lands here: with the registers the return may carry
 /// saved, `exit(rdi = where the return address was)` puts it back there,
-/// and the return goes on with a jump, not a `ret`: the hijacked return
-/// consumed the processor's prediction of this return, and a `ret` would
-/// take the caller's, so that each return up the stack would mispredict in
-/// turn. The jump reads the address from below the stack pointer, in the
-/// red zone no signal frame is written over; the `lea` before it moves the
-/// stack pointer alone, and neither touches another register or a flag (a
-/// caller compiled to rely on what its callee leaves alone may need every
-/// register restored).
+/// and the return goes on with a `ret`, which the processor predicts: the
+/// call the function was made through (see [`CALL_THROUGH_STACK`]) had the
+/// function's return predicted, and this one is the caller's call's. (A
+/// return hijacked by another way, an unwinder's frames hijacked again,
+/// mispredicts here.)
 fn return_trampoline_code(address: u64, exit: u64) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     a.sub(rsp, 8)?;
@@ -530,8 +540,7 @@ fn return_trampoline_code(address: u64, exit: u64) -> Result<Vec<u8>, IcedError>
     for r in SAVED.iter().rev() {
         a.pop(*r)?;
     }
-    a.lea(rsp, qword_ptr(rsp + 8))?;
-    a.jmp(qword_ptr(rsp - 8))?;
+    a.ret()?;
     a.assemble(address)
 }
 
@@ -584,17 +593,27 @@ pub fn region_hook(region: u32, leave: bool, slot: u64) -> Result<Vec<iced_x86::
 /// caller-saved ones; it uses no vector registers).
 const SAVED: [AsmRegister64; 9] = [rax, rcx, rdx, rsi, rdi, r8, r9, r10, r11];
 
-/// The start of a function's trampoline: save registers, call `routine`
-/// (`entry`, `unhook` or `rehook`) with the return-address slot and
-/// `function`, restore.
+/// The start of a function's trampoline: save registers, call `entry`
+/// with the return-address slot and `function`, restore, and when the
+/// call is timed make it through the `call` that `entry` returned (see
+/// [`CALL_THROUGH_STACK`]), else go on into the function.
+pub fn call_entry(address: u64, entry: u64, function: u32) -> Result<Vec<u8>, String> {
+    CallTemplate::get(Made::ThroughEntry)?.filled(address, entry, function)
+}
+
+/// The start of a hook's trampoline: save registers, call `routine`
+/// (`unhook`, `rehook` and the like) with the return-address slot, restore.
 pub fn call_routine(address: u64, routine: u64, function: u32) -> Result<Vec<u8>, String> {
-    let template = CallTemplate::get()?;
-    let mut code = template.code.clone();
-    code[template.function_at..template.function_at + 4].copy_from_slice(&function.to_le_bytes());
-    let next = address.wrapping_add(template.return_offset() as u64);
-    let rel = i32::try_from(routine.wrapping_sub(next) as i64).map_err(|_| "the runtime is out of reach of the trampoline".to_string())?;
-    code[template.call_at..template.call_at + 4].copy_from_slice(&rel.to_le_bytes());
-    Ok(code)
+    CallTemplate::get(Made::AsCalled)?.filled(address, routine, function)
+}
+
+/// How the code after a call into the runtime goes on into the function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Made {
+    /// As it was called.
+    AsCalled,
+    /// Through the `call` the entry routine returned, if any.
+    ThroughEntry,
 }
 
 /// [`call_routine`]'s code assembled once, with where its function number
@@ -609,13 +628,14 @@ struct CallTemplate {
 }
 
 impl CallTemplate {
-    fn get() -> Result<&'static CallTemplate, String> {
-        static TEMPLATE: std::sync::OnceLock<Result<CallTemplate, String>> = std::sync::OnceLock::new();
-        TEMPLATE.get_or_init(CallTemplate::assemble).as_ref().map_err(Clone::clone)
+    fn get(made: Made) -> Result<&'static CallTemplate, String> {
+        static TEMPLATES: std::sync::OnceLock<[Result<CallTemplate, String>; 2]> = std::sync::OnceLock::new();
+        let templates = TEMPLATES.get_or_init(|| [Made::AsCalled, Made::ThroughEntry].map(CallTemplate::assemble));
+        templates[usize::from(made == Made::ThroughEntry)].as_ref().map_err(Clone::clone)
     }
 
-    fn assemble() -> Result<CallTemplate, String> {
-        let code = assemble_call_routine(0, 0x1_0000, 0).map_err(asm_error)?;
+    fn assemble(made: Made) -> Result<CallTemplate, String> {
+        let code = assemble_call_routine(0, 0x1_0000, 0, made).map_err(asm_error)?;
         let (mut function_at, mut call_at) = (None, None);
         for instruction in iced_x86::Decoder::with_ip(64, &code, 0, iced_x86::DecoderOptions::NONE) {
             // Both end in their 4-byte immediate.
@@ -632,24 +652,56 @@ impl CallTemplate {
         }
     }
 
+    /// The code at `address`, calling `routine` with `function`.
+    fn filled(&self, address: u64, routine: u64, function: u32) -> Result<Vec<u8>, String> {
+        let mut code = self.code.clone();
+        code[self.function_at..self.function_at + 4].copy_from_slice(&function.to_le_bytes());
+        let next = address.wrapping_add(self.return_offset() as u64);
+        let rel =
+            i32::try_from(routine.wrapping_sub(next) as i64).map_err(|_| "the runtime is out of reach of the trampoline".to_string())?;
+        code[self.call_at..self.call_at + 4].copy_from_slice(&rel.to_le_bytes());
+        Ok(code)
+    }
+
     /// Bytes from the start to the instruction after the call.
     fn return_offset(&self) -> usize {
         self.call_at + 4
     }
 }
 
-/// [`call_routine`], instruction by instruction.
-fn assemble_call_routine(address: u64, routine: u64, function: u32) -> Result<Vec<u8>, IcedError> {
+/// [`call_routine`] or [`call_entry`], instruction by instruction. Two
+/// words below the slot are set aside first, whatever the routine, so
+/// that every trampoline's saves sit alike for an unwinder: the routine's
+/// result (for the entry, the `call` to go through, or 0) and the address
+/// the function goes on at, after this code.
+fn assemble_call_routine(address: u64, routine: u64, function: u32, made: Made) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
+    let mut function_goes_on = a.create_label();
+    a.lea(rsp, qword_ptr(rsp - 16))?;
     for r in SAVED {
         a.push(r)?;
     }
-    a.lea(rdi, qword_ptr(rsp + 8 * SAVED.len() as i32))?;
+    let saves = 8 * SAVED.len() as i32;
+    a.lea(rdi, qword_ptr(rsp + saves + 16))?;
     a.mov(esi, function)?;
     a.call(routine)?;
+    a.mov(qword_ptr(rsp + saves), rax)?;
+    a.lea(rax, qword_ptr(function_goes_on))?;
+    a.mov(qword_ptr(rsp + saves + 8), rax)?;
     for r in SAVED.iter().rev() {
         a.pop(*r)?;
     }
+    a.lea(rsp, qword_ptr(rsp + 16))?;
+    if made == Made::ThroughEntry {
+        // The stack pointer at the slot again; the call to go through two
+        // words below it, in the red zone no signal frame is written over.
+        a.cmp(qword_ptr(rsp - 16), 0)?;
+        a.je(function_goes_on)?;
+        a.lea(rsp, qword_ptr(rsp + 8))?;
+        a.jmp(qword_ptr(rsp - 24))?;
+    }
+    a.set_label(&mut function_goes_on)?;
+    a.zero_bytes()?;
     a.assemble(address)
 }
 
@@ -657,7 +709,7 @@ fn assemble_call_routine(address: u64, routine: u64, function: u32) -> Result<Ve
 /// after its call: where the routine returns to, for an unwinder of a
 /// stack sampled inside it.
 pub fn call_routine_return_offset() -> u64 {
-    CallTemplate::get().map_or(0, |t| t.return_offset() as u64)
+    CallTemplate::get(Made::AsCalled).map_or(0, |t| t.return_offset() as u64)
 }
 
 /// The same in the return trampoline.
@@ -687,7 +739,7 @@ pub enum RoutineCall {
 pub fn words_pushed(kind: RoutineCall, from_return: i64) -> Option<u64> {
     static TABLES: std::sync::OnceLock<[Vec<(i64, u64)>; 2]> = std::sync::OnceLock::new();
     let tables = TABLES.get_or_init(|| {
-        let call = assemble_call_routine(0, 0x1_0000, 0).unwrap_or_default();
+        let call = assemble_call_routine(0, 0x1_0000, 0, Made::ThroughEntry).unwrap_or_default();
         let ret = return_trampoline_code(0, 0x1_0000).unwrap_or_default();
         // The return trampoline is entered with the slot just popped.
         [pushes_by_offset(&call, 0), pushes_by_offset(&ret, -1)]

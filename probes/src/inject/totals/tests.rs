@@ -37,6 +37,7 @@ fn the_c_and_rust_views_of_the_memory_agree() {
         OPEN_REGIONS,
         SITES,
         SITE_BYTES,
+        CALL_BEFORE_TRAMPOLINE,
     ];
     for (i, &value) in expected.iter().enumerate() {
         assert_eq!(layout_word(i), value, "layout word {i}");
@@ -117,10 +118,11 @@ impl Local {
         Local { code, code_len, shared, private, geometry, live, runtime }
     }
 
-    fn entry(&self, slot: &mut u64, function: u32) {
+    /// The `call` the function is to be made through, or 0.
+    fn entry(&self, slot: &mut u64, function: u32) -> u64 {
         // SAFETY: the runtime's entry point, with the C calling convention.
-        let entry: extern "C" fn(*mut u64, u32) = unsafe { std::mem::transmute(self.runtime.entry as usize) };
-        entry(slot, function);
+        let entry: extern "C" fn(*mut u64, u32) -> u64 = unsafe { std::mem::transmute(self.runtime.entry as usize) };
+        entry(slot, function)
     }
 
     fn exit(&self, slot: &mut u64) {
@@ -308,9 +310,10 @@ fn a_tail_call_survives_unhook_and_rehook_and_the_table_holds_only_return_addres
     let rt = Local::new(3, 1);
     let trampolines = rt.runtime.trampolines;
     let mut stack = Stack::new();
-    rt.entry(&mut stack.0[60], 0);
+    let call = rt.entry(&mut stack.0[60], 0);
     let hijacked = stack.0[60];
-    rt.entry(&mut stack.0[60], 1);
+    assert_eq!(call, hijacked - CALL_BEFORE_TRAMPOLINE, "a timed call is made through the call before its trampoline");
+    assert_eq!(rt.entry(&mut stack.0[60], 1), 0, "a tail call is made as it was, its caller's trampoline in the slot");
     // The tail-called function calls backtrace(): from a deeper slot, the
     // frames above get their return addresses back, then are hijacked again.
     rt.hook(rt.runtime.unhook, &mut stack.0[40]);
@@ -706,8 +709,10 @@ fn trampolines_from_the_template_are_the_assemblers() {
     for (address, routine, function) in
         [(0x40_0000u64, 0x40_8000u64, 7u32), (0x7f00_1234_5678, 0x7f00_0000_0010, 65_535), (0x1000, 0x7fff_0000, u32::MAX)]
     {
-        let expected = assemble_call_routine(address, routine, function).unwrap();
+        let expected = assemble_call_routine(address, routine, function, Made::AsCalled).unwrap();
         assert_eq!(call_routine(address, routine, function).unwrap(), expected, "{address:#x} -> {routine:#x}");
+        let expected = assemble_call_routine(address, routine, function, Made::ThroughEntry).unwrap();
+        assert_eq!(call_entry(address, routine, function).unwrap(), expected, "{address:#x} -> {routine:#x}");
     }
     assert!(call_routine(0x1000, 0x1_0000_1000, 0).is_err(), "a routine beyond 2 GiB has no rel32 call");
 }
@@ -730,43 +735,63 @@ fn routines_return_right_after_their_trampolines_calls() {
     assert_eq!((address + at as u64).wrapping_add(rel as i64 as u64), routine);
 }
 
-/// The return trampoline goes on to the caller with a jump: a `ret` there
-/// would take the processor's prediction of the caller's own return (the
-/// hijacked return consumed the one of this call), and each return up the
-/// stack would then mispredict in turn.
+/// The return trampoline goes on to the caller with a `ret`, and every
+/// trampoline comes after a `call` through the word below the slot: a
+/// timed call made through it has its return predicted, and so does the
+/// trampoline's own.
 #[test]
-fn the_return_trampoline_jumps_to_the_caller_without_a_ret() {
+fn return_trampolines_come_after_a_call_through_the_stack_and_return_with_a_ret() {
     let code = return_trampoline_code(0x40_0000, 0x40_8000).unwrap();
     let instructions: Vec<_> = iced_x86::Decoder::with_ip(64, &code, 0x40_0000, iced_x86::DecoderOptions::NONE).into_iter().collect();
-    assert!(instructions.iter().all(|i| i.flow_control() != iced_x86::FlowControl::Return), "{instructions:?}");
-    let last = instructions.last().unwrap();
-    assert_eq!(last.code(), iced_x86::Code::Jmp_rm64, "{last:?}");
-    assert_eq!((last.memory_base(), last.memory_displacement64() as i64), (iced_x86::Register::RSP, -8));
+    assert_eq!(instructions.last().unwrap().code(), iced_x86::Code::Retnq, "{instructions:?}");
+    let call = iced_x86::Decoder::with_ip(64, &CALL_THROUGH_STACK, 0, iced_x86::DecoderOptions::NONE).decode();
+    assert_eq!(call.code(), iced_x86::Code::Call_rm64, "{call:?}");
+    assert_eq!((call.memory_base(), call.memory_displacement64() as i64), (iced_x86::Register::RSP, -16));
+    assert_eq!(call.len() as u64, CALL_BEFORE_TRAMPOLINE);
+    let config = Config { functions: 1, ..Config::default() };
+    let rt = assemble(0x40_0000, &config, None).unwrap();
+    let before = |trampoline: u64| {
+        let at = (trampoline - CALL_BEFORE_TRAMPOLINE - 0x40_0000) as usize;
+        rt.code[at..at + CALL_BEFORE_TRAMPOLINE as usize].to_vec()
+    };
+    assert_eq!(before(rt.trampolines.shared), CALL_THROUGH_STACK);
+    for site in [0, 1, SITES - 1] {
+        assert_eq!(before(rt.trampolines.sites + site * SITE_BYTES), CALL_THROUGH_STACK, "site {site}");
+    }
 }
 
 /// A stack sampled among a call into the runtime's register saves and
 /// restores finds the patched call's return-address slot that many words
-/// above the stack pointer: none before the first save, nine (the saved
-/// registers) at the call and right after it, and none where the slot is
-/// below the stack pointer (the return trampoline is entered with the slot
-/// just popped by its caller's `ret`, and steps back over it).
+/// above the stack pointer: none at the trampoline's start, two (the words
+/// set aside) at the first save, eleven at the call and right after it,
+/// and none where the slot is below the stack pointer (a timed call is
+/// made with the slot stepped over; the return trampoline is entered with
+/// the slot just popped by its caller's `ret`, and steps back over it).
 #[test]
 fn the_words_pushed_above_the_slot_follow_the_saves_and_restores() {
-    let saved = SAVED.len() as u64;
-    let call = assemble_call_routine(0, 0x1_0000, 0).unwrap();
+    let kept = SAVED.len() as u64 + 2;
+    let call = assemble_call_routine(0, 0x1_0000, 0, Made::ThroughEntry).unwrap();
     let back = call_routine_return_offset() as i64;
-    assert_eq!(words_pushed(RoutineCall::Trampoline, -back), Some(0), "at the first push");
-    assert_eq!(words_pushed(RoutineCall::Trampoline, -back + 1), Some(1), "after push rax");
-    assert_eq!(words_pushed(RoutineCall::Trampoline, -5), Some(saved), "at the call");
-    assert_eq!(words_pushed(RoutineCall::Trampoline, 0), Some(saved), "where the runtime returns");
-    assert_eq!(words_pushed(RoutineCall::Trampoline, call.len() as i64 - back - 1), Some(1), "at the last pop");
+    let instructions: Vec<_> = iced_x86::Decoder::with_ip(64, &call, 0, iced_x86::DecoderOptions::NONE).into_iter().collect();
+    let at = |i: &iced_x86::Instruction| i.ip() as i64 - back;
+    let first_push = instructions.iter().find(|i| i.mnemonic() == iced_x86::Mnemonic::Push).unwrap();
+    let last_pop = instructions.iter().rfind(|i| i.mnemonic() == iced_x86::Mnemonic::Pop).unwrap();
+    let compare = instructions.iter().find(|i| i.mnemonic() == iced_x86::Mnemonic::Cmp).unwrap();
+    let jump = instructions.iter().find(|i| i.code() == iced_x86::Code::Jmp_rm64).unwrap();
+    assert_eq!(words_pushed(RoutineCall::Trampoline, -back), Some(0), "at the start");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, at(first_push)), Some(2), "at the first push");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, at(first_push) + 1), Some(3), "after push rax");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, -5), Some(kept), "at the call");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, 0), Some(kept), "where the runtime returns");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, at(last_pop)), Some(3), "at the last pop");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, at(compare)), Some(0), "back at the slot");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, at(jump)), None, "the slot stepped over");
     assert_eq!(words_pushed(RoutineCall::Trampoline, -back - 1), None, "before the trampoline");
-    assert_eq!(words_pushed(RoutineCall::Trampoline, 1), None, "inside `pop r11`");
+    assert_eq!(words_pushed(RoutineCall::Trampoline, 1), None, "inside the `mov` after the call");
     let ret = return_trampoline_code(0, 0x1_0000).unwrap();
     let back = return_trampoline_return_offset() as i64;
     assert_eq!(words_pushed(RoutineCall::Return, -back), None, "at `sub rsp, 8`: the slot is below the stack pointer");
     assert_eq!(words_pushed(RoutineCall::Return, -back + 4), Some(0), "after it");
-    assert_eq!(words_pushed(RoutineCall::Return, 0), Some(saved), "where the runtime returns");
-    // lea rsp, [rsp + 8]; jmp [rsp - 8]: the slot given back.
-    assert_eq!(words_pushed(RoutineCall::Return, ret.len() as i64 - back - 4), None, "at the jump");
+    assert_eq!(words_pushed(RoutineCall::Return, 0), Some(SAVED.len() as u64), "where the runtime returns");
+    assert_eq!(words_pushed(RoutineCall::Return, ret.len() as i64 - back - 1), Some(0), "at the `ret`");
 }
