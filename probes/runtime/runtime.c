@@ -740,7 +740,7 @@ static void rewrite(const struct config *c, struct private_block *p, u64 slot, i
 
 /* Returns the `call` (before a return trampoline) the function is to be
  * called through when this call is timed, else 0: the function is
- * entered as it was called. */
+ * entered as it was called, its return address in place. */
 u64 proftap_entry(u64 *slot, u32 function)
 {
     const struct config *c = config();
@@ -824,13 +824,13 @@ u64 proftap_entry(u64 *slot, u32 function)
     b->returns[d] = p->ret[d];
     p->depth = d + 1;
     __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);
-    /* A tail call's slot holds its caller's trampoline already: it stays.
-     * The slot holds the trampoline before the call is made through it,
-     * for proftap reading the stack meanwhile, or detaching. */
-    if (!is_trampoline(c, *slot)) {
+    /* A tail call's slot holds its caller's trampoline already: it stays,
+     * and the tail call is made through it too, so that both returns
+     * through it are predicted. The slot holds the trampoline before the
+     * call is made, for proftap reading the stack meanwhile, or detaching. */
+    if (!is_trampoline(c, *slot))
         *slot = trampoline_for(c, *slot);
-        call_through = *slot - CALL_BEFORE_TRAMPOLINE;
-    }
+    call_through = *slot - CALL_BEFORE_TRAMPOLINE;
     f->entry_tsc = now_and_off(c, (u32)b->tid, &f->entry_off);
 out:
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);

@@ -719,7 +719,7 @@ impl StackResolver {
     /// The return addresses of the stack of a sample taken inside the
     /// engine's runtime, from the patched call it was timing on: the first
     /// word on the stack that is a routine's return address into the
-    /// engine's code has, nine saved registers above it, the slot of that
+    /// engine's code has, what its trampoline pushed above it, the slot of that
     /// call's return address (its original, or a trampoline that
     /// `returns` or the site table names). Empty when there is none.
     fn unwind_from_probe(&mut self, sample: &StackSample, returns: &[(u64, u64)]) -> Vec<(u64, bool)> {

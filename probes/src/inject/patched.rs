@@ -435,7 +435,8 @@ impl Patched {
 
     /// Where the runtime's routines return to in proftap's code: each
     /// trampoline's call into the runtime, the return trampoline's among
-    /// them, by address. Nine saved registers (72 bytes) above such a
+    /// them, by address. What the trampoline pushed (nine saved
+    /// registers, and at a function's two words set aside) above such a
     /// return address is the slot of the patched call's own return
     /// address: a stack sampled inside the runtime unwinds from there.
     pub fn probe_returns(&self) -> Vec<u64> {

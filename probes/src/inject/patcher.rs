@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 /// Room for one trampoline: the prologue, the relocated instructions (at
 /// most 15 bytes each, a few more once re-encoded) and the jump back.
-pub const TRAMPOLINE_ROOM: usize = 192;
+pub const TRAMPOLINE_ROOM: usize = 208;
 
 /// A patched entry, to undo at detach.
 #[derive(Clone)]

@@ -739,7 +739,11 @@ pub enum RoutineCall {
 pub fn words_pushed(kind: RoutineCall, from_return: i64) -> Option<u64> {
     static TABLES: std::sync::OnceLock<[Vec<(i64, u64)>; 2]> = std::sync::OnceLock::new();
     let tables = TABLES.get_or_init(|| {
-        let call = assemble_call_routine(0, 0x1_0000, 0, Made::ThroughEntry).unwrap_or_default();
+        // A hook's trampoline, whose code a function's shares up to where
+        // a function's goes through the entry's call: past it, the one
+        // goes on into the function's moved instructions, the other
+        // decides, and neither is in the table.
+        let call = assemble_call_routine(0, 0x1_0000, 0, Made::AsCalled).unwrap_or_default();
         let ret = return_trampoline_code(0, 0x1_0000).unwrap_or_default();
         // The return trampoline is entered with the slot just popped.
         [pushes_by_offset(&call, 0), pushes_by_offset(&ret, -1)]
