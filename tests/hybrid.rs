@@ -315,6 +315,26 @@ fn every_call_of_a_forked_childs_threads_is_counted_while_it_makes_its_memory() 
     assert_eq!(report["processes"].as_array().map(Vec::len), Some(2), "{}", report["processes"]);
 }
 
+/// A call in progress at a fork (`main`'s) goes on in the child too, and
+/// is timed to its end there, whichever of the child's threads first
+/// calls into the runtime: here not the forking thread, which only makes
+/// threads and waits.
+#[test]
+fn a_call_in_progress_at_a_fork_is_timed_in_the_child_whichever_thread_calls_first() {
+    let _serial = one_recording_at_a_time();
+    require_probes();
+    let args = ["1", "200", "traced-child"];
+    let flags = ["--overhead-budget", "0", "--no-sample", "-f", "main", "-f", "work"];
+    let (report, _) = recorded(&flags, &Build::c("contended.c", "-O2").build(), &args);
+    let notes = report["notes"].to_string();
+    assert!(!notes.contains("found no frame"), "the child's main returned with no frame of its own: {notes}");
+    // The parent's main and the child's each last as long as their two
+    // threads' calls of work, which run side by side: half of work's
+    // time, where the parent's alone would be a quarter.
+    let wall = |name: &str| function(&report["functions"], name)["inclusive"]["wall_ns"]["total"].as_u64().unwrap();
+    assert!(wall("main") * 10 > wall("work") * 4, "main {} ns, work {} ns", wall("main"), wall("work"));
+}
+
 /// `proftap run ARGS -- BINARY BINARY_ARGS`: its JSON report and its text report.
 fn recorded(args: &[&str], binary: &std::path::Path, binary_args: &[&str]) -> (serde_json::Value, String) {
     let dir = tempfile::tempdir().unwrap();

@@ -224,40 +224,60 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
 #define SYS_sendmsg 46
 #define SYS_setsockopt 54
 #define SYS_ftruncate 77
+#define SYS_process_vm_readv 310
 #define SYS_memfd_create 319
 
 /* Stops the compiler from turning a copying loop into a call to memcpy,
  * which a freestanding image does not have. */
 #define NOT_A_MEMCPY() __asm__ volatile("" ::: "memory")
 
-/* Leaves the thread's seat alone in the table, at its home place, with
- * the child's thread id: the parent's other threads are not in the child.
- * Returns it, or 0 when the thread had none. */
-static struct seat *keep_own_seat(const struct config *c)
+static inline u64 home_of(u64 key);
+
+/* Whether the thread control block at `key` (a seat's: a thread of the
+ * parent's, whose memory the child may no longer have) holds the C
+ * library's thread id `tid`. Read with process_vm_readv, which fails on
+ * memory not mapped rather than faulting. */
+static int thread_id_at(const struct config *c, u64 key, u32 tid)
+{
+    u32 there = 0;
+    u64 local[2] = {(u64)&there, sizeof there};
+    u64 remote[2] = {key + c->tcb_tid, sizeof there};
+    long pid = syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
+    return syscall6(SYS_process_vm_readv, pid, (long)local, 1, (long)remote, 1, 0) == sizeof there && there == tid;
+}
+
+/* Leaves the forking thread's seat alone in the table, at its home place,
+ * with its thread id in the child: the parent's other threads are not in
+ * the child. The forking thread is the one whose C library thread id is
+ * now the child's pid, whichever thread of the child first calls in;
+ * where that id's place is unknown, the calling thread is taken for it.
+ * Returns the seat, or 0 when the forking thread had none. */
+static struct seat *keep_forking_seat(const struct config *c)
 {
     u64 key = thread_pointer();
+    u32 pid = (u32)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
     struct seat *seats = (struct seat *)c->private_base;
-    struct seat own = {0, 0, 0, 0};
+    struct seat forking = {0, 0, 0, 0};
     for (u64 i = 0; i < SEATS; i++) {
-        if (seats[i].key == key && seats[i].block)
-            own = seats[i];
-        seats[i].key = seats[i].block = seats[i].tid = 0;
+        struct seat *s = &seats[i];
+        if (s->key && s->block && (c->tcb_tid ? thread_id_at(c, s->key, pid) : s->key == key))
+            forking = *s;
+        s->key = s->block = s->tid = 0;
         NOT_A_MEMCPY();
     }
-    if (!own.block)
+    if (!forking.block)
         return 0;
-    u32 tid = library_tid(c);
-    struct seat *home = &seats[(key >> 8) * 0x9e3779b97f4a7c15ULL >> (64 - SEATS_BITS)];
-    home->block = own.block;
-    home->tid = tid ? tid : gettid();
-    home->key = key;
+    struct seat *home = &seats[home_of(forking.key)];
+    home->block = forking.block;
+    home->tid = c->tcb_tid ? pid : (u32)gettid();
+    home->key = forking.key;
     return home;
 }
 
 /* The thread's block as the child's first: the parent's contexts with
  * nothing counted, the child's frames in progress (its private copy says
  * how deep) starting now. */
-static void carry_block(const struct config *c, struct block *to, const struct block *from, const struct private_block *p)
+static void carry_block(const struct config *c, struct block *to, const struct block *from, const struct private_block *p, u64 tid)
 {
     u64 nodes = __atomic_load_n(&from->nodes, __ATOMIC_ACQUIRE);
     if (nodes > NODES || nodes == 0)
@@ -274,7 +294,6 @@ static void carry_block(const struct config *c, struct block *to, const struct b
             to->hash[h] = at;
         NOT_A_MEMCPY();
     }
-    u64 tid = gettid();
     u64 depth = p->depth < STACK_DEPTH ? p->depth : STACK_DEPTH;
     u64 now = rdtsc();
     for (u64 d = 0; d < depth; d++) {
@@ -346,7 +365,7 @@ static __attribute__((noinline)) void adopt(const struct config *c)
         return;
     }
     __atomic_store_n(word, LIVE_ADOPTING, __ATOMIC_RELEASE);
-    struct seat *own = keep_own_seat(c);
+    struct seat *own = keep_forking_seat(c);
     u64 outcome = LIVE_STOPPED;
     if (!c->fork_socket[0]) {
         /* Children are not followed. */
@@ -372,7 +391,7 @@ static __attribute__((noinline)) void adopt(const struct config *c)
             if (own) {
                 u64 index = own->block - 1;
                 struct block *b = (struct block *)(fresh + c->blocks_offset + index * c->block_bytes);
-                carry_block(c, b, shared_block(c, index), private_block(c, index));
+                carry_block(c, b, shared_block(c, index), private_block(c, index), own->tid);
                 taken = taken > index ? taken : index + 1;
             }
             to->blocks_taken = taken;
