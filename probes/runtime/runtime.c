@@ -242,34 +242,42 @@ static int thread_id_at(const struct config *c, u64 key, u32 tid)
     u32 there = 0;
     u64 local[2] = {(u64)&there, sizeof there};
     u64 remote[2] = {key + c->tcb_tid, sizeof there};
-    long pid = syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
-    return syscall6(SYS_process_vm_readv, pid, (long)local, 1, (long)remote, 1, 0) == sizeof there && there == tid;
+    return syscall6(SYS_process_vm_readv, (long)gettid(), (long)local, 1, (long)remote, 1, 0) == sizeof there && there == tid;
 }
 
 /* Leaves the forking thread's seat alone in the table, at its home place,
  * with its thread id in the child: the parent's other threads are not in
- * the child. The forking thread is the one whose C library thread id is
- * now the child's pid, whichever thread of the child first calls in;
- * where that id's place is unknown, the calling thread is taken for it.
- * Returns the seat, or 0 when the forking thread had none. */
+ * the child. The forking thread is the calling one when its C library
+ * thread id is now the child's pid (the usual case) or where that id's
+ * place is unknown; else the one whose thread control block holds that
+ * id; else (a child the C library did not make, whose ids it did not
+ * write) the calling one again. Returns the seat, or 0 when the forking
+ * thread had none. */
 static struct seat *keep_forking_seat(const struct config *c)
 {
     u64 key = thread_pointer();
     u32 pid = (u32)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
+    u32 own_tid = library_tid(c);
+    int calling_forked = !c->tcb_tid || own_tid == pid;
     struct seat *seats = (struct seat *)c->private_base;
-    struct seat forking = {0, 0, 0, 0};
+    struct seat own = {0, 0, 0, 0}, other = {0, 0, 0, 0};
     for (u64 i = 0; i < SEATS; i++) {
         struct seat *s = &seats[i];
-        if (s->key && s->block && (c->tcb_tid ? thread_id_at(c, s->key, pid) : s->key == key))
-            forking = *s;
+        int used = s->key && s->block && s->block <= c->blocks
+                   && __atomic_load_n(&shared_block(c, s->block - 1)->state, __ATOMIC_ACQUIRE) == BLOCK_USED;
+        if (used && s->key == key)
+            own = *s;
+        else if (used && !calling_forked && !other.block && thread_id_at(c, s->key, pid))
+            other = *s;
         s->key = s->block = s->tid = 0;
         NOT_A_MEMCPY();
     }
+    struct seat forking = other.block ? other : own;
     if (!forking.block)
         return 0;
     struct seat *home = &seats[home_of(forking.key)];
     home->block = forking.block;
-    home->tid = c->tcb_tid ? pid : (u32)gettid();
+    home->tid = other.block ? pid : own_tid ? own_tid : (u32)gettid();
     home->key = forking.key;
     return home;
 }
@@ -351,19 +359,40 @@ static inline u64 *adopter_of(const struct config *c)
     return (u64 *)c->live + 1;
 }
 
+/* How long a call of a forked child waits for another thread to make
+ * the child's memory before it goes on unrecorded (an adopting thread
+ * that a signal handler holds, or that left its handler by a jump). */
+#define ADOPTION_WAIT_NS 100000000UL
+
+/* Makes the child's memory, or waits for the thread that makes it.
+ * Returns 0 when this thread is to make it. */
+static int wait_for_adopter(const struct config *c, u64 *word, u64 tp)
+{
+    u64 deadline = rdtsc() + ns_to_tsc(c, ADOPTION_WAIT_NS);
+    for (;;) {
+        u64 adopter = 0;
+        /* Taken again when no thread holds it (a grandchild forked by a
+         * waiting thread's handler). */
+        if (__atomic_compare_exchange_n(adopter_of(c), &adopter, tp, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 0;
+        /* A signal handler interrupting the adopting thread itself cannot
+         * wait: its calls go unrecorded. */
+        if (adopter == tp)
+            return 1;
+        u64 live = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        if ((live != LIVE_CHILD && live != LIVE_ADOPTING) || rdtsc() > deadline)
+            return 1;
+        syscall6(SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+    }
+}
+
 static __attribute__((noinline)) void adopt(const struct config *c)
 {
     u64 *word = (u64 *)c->live;
-    u64 tp = thread_pointer(), adopter = 0;
-    if (!__atomic_compare_exchange_n(adopter_of(c), &adopter, tp, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        /* Another thread makes it: this call waits for its memory, to be
-         * counted there (a signal handler interrupting the adopting
-         * thread itself cannot wait: its calls go uncounted). */
-        if (adopter != tp)
-            while (__atomic_load_n(word, __ATOMIC_ACQUIRE) == LIVE_CHILD || __atomic_load_n(word, __ATOMIC_ACQUIRE) == LIVE_ADOPTING)
-                syscall6(SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+    /* Another thread makes it: this call waits for its memory, to be
+     * counted there. */
+    if (wait_for_adopter(c, word, thread_pointer()))
         return;
-    }
     __atomic_store_n(word, LIVE_ADOPTING, __ATOMIC_RELEASE);
     struct seat *own = keep_forking_seat(c);
     u64 outcome = LIVE_STOPPED;
