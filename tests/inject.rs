@@ -252,6 +252,35 @@ fn attaching_to_busy_threads_again_and_again_leaves_nothing_behind() {
     assert!(after <= before + 1, "{before} mappings before, {after} after");
 }
 
+/// Detaching while a signal handler runs that interrupted proftap's code
+/// (examples/alarm.c lingers in its handler most of the time, and its
+/// loop is mostly proftap's code while patched): returning from the
+/// handler goes there, so the code stays until the threads have left it.
+/// Every attach succeeds, and the program runs on unharmed with no more
+/// mappings than before.
+#[test]
+fn detaching_while_a_signal_handler_interrupted_proftaps_code_leaves_the_program_whole() {
+    require_probes();
+    let binary = Build::c("alarm.c", "-O2").build();
+    let mut program = KilledAtTheEnd(Command::new(&binary).args(["4000000000000", "linger"]).stdout(Stdio::piped()).spawn().unwrap());
+    let pid = program.0.id().to_string();
+    let mut started = String::new();
+    BufReader::new(program.0.stdout.take().unwrap()).read_line(&mut started).unwrap();
+    assert_eq!(started, "started\n");
+    let mappings = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
+    let before = mappings();
+    let dir = tempfile::tempdir().unwrap();
+    for round in 1..=8 {
+        let file = dir.path().join(format!("{round}.profile"));
+        let args = ["attach", "--engine", "inject", "--no-sample", "-f", "work", "--duration", "100ms", "-o"];
+        let out = run(proftap().args(args).arg(&file).arg(&pid));
+        assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(program.0.try_wait().unwrap().is_none(), "round {round}: the program ended: {:?}", program.0.try_wait());
+    }
+    let after = mappings();
+    assert!(after <= before + 1, "{before} mappings before, {after} after");
+}
+
 /// Attaching again and again to a program whose functions take short
 /// jumps to islands (examples/looped.c, one island before its function,
 /// one after its own return): each detach puts the padding and the entry

@@ -644,8 +644,28 @@ impl Patched {
         }
         let Some(memory) = self.memory.take() else { return Ok(()) };
         remote.write(memory.live, &totals::LIVE_STOPPED.to_ne_bytes())?;
-        if self.release(&remote, memory)? {
-            self.code.clear();
+        let mut remote = remote;
+        let mut wait = RELEASE_AGAIN_AFTER;
+        for attempt in 1..=RELEASE_ATTEMPTS {
+            if self.release(&remote, memory)? {
+                self.code.clear();
+                break;
+            }
+            if attempt == RELEASE_ATTEMPTS {
+                break;
+            }
+            // The threads run on out of proftap's code (a signal handler
+            // that interrupted it returns there; the entries lead there no
+            // more), and are held again: the same program, or nothing is
+            // done (it exited, or executed another; its code is left
+            // mapped, as it is when the threads never leave it).
+            drop(remote);
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(RELEASE_AGAIN_AT_MOST);
+            remote = match Remote::attach(self.pid) {
+                Ok(remote) if runs_image_of(&remote, memory.shared, memory.shared_file) => remote,
+                _ => return Ok(()),
+            };
         }
         Ok(())
     }
@@ -694,13 +714,17 @@ impl Patched {
     /// through it, as they would without this. Returns whether it unmapped.
     fn release(&self, remote: &Remote, memory: Memory) -> Result<bool, RemoteError> {
         let in_code = |rip: u64| self.code.iter().any(|c| c.contains(&rip));
+        // Counting stubs and their counters stay: a call in progress may
+        // return into a stub, which then counts.
+        let counting = self.counting.as_ref().map_or(&[][..], Counting::code);
+        let unmapped = |rip: u64| self.code.iter().filter(|c| !counting.contains(c)).any(|c| c.contains(&rip));
         for tid in remote.threads() {
             let stopped_at = match remote.regs(tid) {
                 Ok(r) if in_code(r.rip) => remote.step_while(tid, in_code, STEPS_OUT_OF_CODE)?,
                 Ok(r) => r.rip,
                 Err(_) => return Ok(false),
             };
-            if in_code(stopped_at) {
+            if in_code(stopped_at) || handler_returns_into(remote, tid, unmapped) {
                 return Ok(false);
             }
         }
@@ -717,9 +741,6 @@ impl Patched {
         for (address, len) in self.entry_counters.iter().map(EntryCounters::mapping) {
             unmap(address, len)?;
         }
-        // Counting stubs and their counters stay: a call in progress may
-        // return into a stub, which then counts.
-        let counting = self.counting.as_ref().map_or(&[][..], Counting::code);
         for code in self.code.iter().filter(|c| !counting.contains(c)) {
             unmap(code.start, code.end - code.start)?;
         }
@@ -760,6 +781,55 @@ fn give_back_return_addresses(
 /// Instructions a thread is stepped through at most to leave proftap's
 /// code at a detach: a call's bookkeeping is a few hundred.
 const STEPS_OUT_OF_CODE: usize = 20_000;
+
+/// Times a detach holds the process to unmap proftap's code before it
+/// leaves it mapped, and how long the threads run on between two: twice
+/// as long each time, at most the second (about a quarter of a second in
+/// all).
+const RELEASE_ATTEMPTS: usize = 12;
+const RELEASE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+const RELEASE_AGAIN_AT_MOST: std::time::Duration = std::time::Duration::from_millis(32);
+
+/// Bytes of a thread's stack, from its stack pointer, searched for the
+/// frame of a signal handler it is in.
+const SIGNAL_FRAMES_SEARCHED: usize = 64 * 1024;
+
+/// Where a signal frame (the kernel's `rt_sigframe`) keeps the address
+/// the handler returns to: after its return address (8 bytes), the
+/// context's flags, link and stack (40), and sixteen registers before it.
+const SIGNAL_FRAME_RIP: usize = 8 + 40 + 16 * 8;
+
+/// `rt_sigreturn`, as the C libraries' restorers make it (`mov rax, 15;
+/// syscall`, or `mov eax, 15; syscall`): a signal frame's return address
+/// points at one.
+const RESTORERS: [&[u8]; 2] = [&[0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05], &[0xb8, 0x0f, 0, 0, 0, 0x0f, 0x05]];
+
+/// Whether thread `tid` of the held process is in a signal handler that
+/// interrupted it where `in_code` says is proftap's: it would return
+/// there, so that code must stay. Its frame is found on the stack by its
+/// return address (a restorer, checked in the process's memory) with the
+/// interrupted address where the frame keeps it. A thread whose registers
+/// cannot be read may be.
+fn handler_returns_into(remote: &Remote, tid: i32, in_code: impl Fn(u64) -> bool) -> bool {
+    let Ok(regs) = remote.regs(tid) else { return true };
+    let sp = regs.rsp & !7;
+    let stack = remote.read_within_mapping(sp, SIGNAL_FRAMES_SEARCHED);
+    let word = |at: usize| stack.get(at..at + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+    let mut restorers: std::collections::HashMap<u64, bool> = std::collections::HashMap::new();
+    for at in (0..stack.len()).step_by(8) {
+        let (Some(ret), Some(interrupted)) = (word(at), word(at + SIGNAL_FRAME_RIP)) else { break };
+        if !in_code(interrupted) {
+            continue;
+        }
+        let restorer = *restorers
+            .entry(ret)
+            .or_insert_with(|| RESTORERS.iter().any(|code| remote.read(ret, code.len()).is_ok_and(|bytes| bytes == *code)));
+        if restorer {
+            return true;
+        }
+    }
+    false
+}
 
 impl Drop for Patched {
     fn drop(&mut self) {

@@ -243,6 +243,15 @@ impl Remote {
         self.maps.iter().find(|m| (m.start.0..m.end.0).contains(&address)).map(|m| FileId { device: m.device, inode: m.inode })
     }
 
+    /// Up to `most` bytes from `address` to the end of the mapping it is
+    /// in (as the process was held); empty where there is none or it
+    /// cannot be read.
+    pub fn read_within_mapping(&self, address: u64, most: usize) -> Vec<u8> {
+        let Some(mapping) = self.maps.iter().find(|m| (m.start.0..m.end.0).contains(&address)) else { return Vec::new() };
+        let len = (mapping.end.0 - address).min(most as u64) as usize;
+        self.read(address, len).unwrap_or_default()
+    }
+
     /// Reads `len` bytes at `address`.
     pub fn read(&self, address: u64, len: usize) -> Result<Vec<u8>, RemoteError> {
         let mut bytes = vec![0u8; len];
