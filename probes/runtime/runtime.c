@@ -364,8 +364,9 @@ static inline u64 *adopter_of(const struct config *c)
  * that a signal handler holds, or that left its handler by a jump). */
 #define ADOPTION_WAIT_NS 100000000UL
 
-/* Makes the child's memory, or waits for the thread that makes it.
- * Returns 0 when this thread is to make it. */
+/* Waits while another thread makes the child's memory. Returns 0 when
+ * this thread is to make it (it took the adopter's word), else 1: the
+ * memory is made (or the child runs unrecorded), or the wait gave up. */
 static int wait_for_adopter(const struct config *c, u64 *word, u64 tp)
 {
     u64 deadline = rdtsc() + ns_to_tsc(c, ADOPTION_WAIT_NS);
