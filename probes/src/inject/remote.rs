@@ -214,6 +214,12 @@ impl Remote {
                     Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
                         return Err(RemoteError::Unsupported(format!("thread {tid} ended while it was stepped")));
                     }
+                    // A stop of ptrace's own (the hold's interrupt, still
+                    // pending when a signal stopped the thread first): the
+                    // thread waits to be resumed, and the step goes on.
+                    Ok(WaitStatus::PtraceEvent(..)) => {
+                        ptrace::step(thread, None).map_err(errno(format!("cannot step thread {tid}")))?;
+                    }
                     Ok(_) => continue,
                     Err(e) => return Err(errno(format!("cannot wait for thread {tid}"))(e)),
                 }
