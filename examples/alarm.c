@@ -3,9 +3,11 @@
  * every call. With "altstack" the handler runs on an alternate signal stack.
  * With "linger" the handler runs 1,000 times a second and stays 0.9 ms:
  * the program is in it most of the time, having interrupted its loop
- * (it says "started" as the loop starts).
+ * (it says "started" as the loop starts). With "linger-deep" it stays
+ * in a function whose frame takes 256 KiB of the stack, far below the
+ * signal's frame.
  *
- * Usage: alarm [ITERATIONS [altstack|linger]]   default 20,000,000.
+ * Usage: alarm [ITERATIONS [altstack|linger|linger-deep]]   default 20,000,000.
  * Prints the calls of work() made by the loop and by the handler.
  */
 #include <signal.h>
@@ -31,22 +33,37 @@ static long now_ns(void)
     return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
+static void stay(void)
+{
+    for (long end = now_ns() + 900000; now_ns() < end;)
+        sink++;
+}
+
+__attribute__((noinline)) static void stay_deep(void)
+{
+    volatile char frame[256 << 10];
+    frame[0] = frame[sizeof frame - 1] = 1;
+    stay();
+    sink += frame[0];
+}
+
 static void on_alarm(int signal)
 {
     (void)signal;
     work(1);
     work(2);
     in_handler_calls += 2;
-    if (linger)
-        for (long end = now_ns() + 900000; now_ns() < end;)
-            sink++;
+    if (linger == 2)
+        stay_deep();
+    else if (linger)
+        stay();
 }
 
 int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 20000000;
     const char *mode = argc > 2 ? argv[2] : "";
-    linger = !strcmp(mode, "linger");
+    linger = !strcmp(mode, "linger") ? 1 : !strcmp(mode, "linger-deep") ? 2 : 0;
     if (!strcmp(mode, "altstack")) {
         static char stack[1 << 16];
         stack_t ss = {.ss_sp = stack, .ss_size = sizeof stack};

@@ -260,9 +260,23 @@ fn attaching_to_busy_threads_again_and_again_leaves_nothing_behind() {
 /// mappings than before.
 #[test]
 fn detaching_while_a_signal_handler_interrupted_proftaps_code_leaves_the_program_whole() {
+    detach_again_and_again_from_alarm("linger", 8);
+}
+
+/// The same, with the handler in a function whose frame takes 256 KiB of
+/// the stack: the signal's frame is found that far up too.
+#[test]
+fn detaching_while_a_deep_signal_handler_interrupted_proftaps_code_leaves_the_program_whole() {
+    detach_again_and_again_from_alarm("linger-deep", 4);
+}
+
+/// Attaches `rounds` times to examples/alarm.c in `mode`, 100 ms each:
+/// every attach succeeds, the program runs on, with at most one mapping
+/// more than before.
+fn detach_again_and_again_from_alarm(mode: &str, rounds: u32) {
     require_probes();
     let binary = Build::c("alarm.c", "-O2").build();
-    let mut program = KilledAtTheEnd(Command::new(&binary).args(["4000000000000", "linger"]).stdout(Stdio::piped()).spawn().unwrap());
+    let mut program = KilledAtTheEnd(Command::new(&binary).args(["4000000000000", mode]).stdout(Stdio::piped()).spawn().unwrap());
     let pid = program.0.id().to_string();
     let mut started = String::new();
     BufReader::new(program.0.stdout.take().unwrap()).read_line(&mut started).unwrap();
@@ -270,7 +284,7 @@ fn detaching_while_a_signal_handler_interrupted_proftaps_code_leaves_the_program
     let mappings = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
     let before = mappings();
     let dir = tempfile::tempdir().unwrap();
-    for round in 1..=8 {
+    for round in 1..=rounds {
         let file = dir.path().join(format!("{round}.profile"));
         let args = ["attach", "--engine", "inject", "--no-sample", "-f", "work", "--duration", "100ms", "-o"];
         let out = run(proftap().args(args).arg(&file).arg(&pid));

@@ -791,8 +791,12 @@ const RELEASE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_milli
 const RELEASE_AGAIN_AT_MOST: std::time::Duration = std::time::Duration::from_millis(32);
 
 /// Bytes of a thread's stack, from its stack pointer, searched for the
-/// frame of a signal handler it is in.
-const SIGNAL_FRAMES_SEARCHED: usize = 64 * 1024;
+/// frame of a signal handler it is in: as far as the stack's mapping
+/// goes (the stack in use, from its pointer up), at most the usual limit
+/// of a stack's size. A handler's frame is above all the stack it and
+/// its callees use: 64 KiB missed a handler with a large frame, and the
+/// program died as it returned into code unmapped.
+const SIGNAL_FRAMES_SEARCHED: usize = 8 << 20;
 
 /// Where a signal frame (the kernel's `rt_sigframe`) keeps the address
 /// the handler returns to: after its return address (8 bytes), the
