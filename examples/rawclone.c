@@ -5,6 +5,9 @@
  * Usage: rawclone [ITERATIONS]   default 2,000,000.
  *        rawclone until-signal   both loop until SIGUSR1 (after printing
  *                                "running" once both do).
+ *        rawclone forked [ITERATIONS]   the same in a forked child, both
+ *                                threads starting together: the child's
+ *                                first calls are made by both at once.
  * Prints the calls of work() made in all.
  */
 #define _GNU_SOURCE
@@ -15,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 volatile long sink;
@@ -56,6 +60,18 @@ static int child(void *arg)
 int main(int argc, char **argv)
 {
     int until_signal = argc > 1 && strcmp(argv[1], "until-signal") == 0;
+    int forked = argc > 1 && strcmp(argv[1], "forked") == 0;
+    if (forked) {
+        argv++;
+        argc--;
+        pid_t pid = fork();
+        if (pid < 0)
+            return 1;
+        if (pid > 0) {
+            int status;
+            return waitpid(pid, &status, 0) == pid && WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+        }
+    }
     iterations = until_signal ? 0 : argc > 1 ? atol(argv[1]) : 2000000;
     signal(SIGUSR1, on_signal);
     size_t size = 1 << 20;
@@ -63,9 +79,10 @@ int main(int argc, char **argv)
     int flags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM;
     if (clone(child, stack + size, flags, 0) < 0)
         return 1;
-    if (until_signal) {
+    if (until_signal || forked)
         while (!__atomic_load_n(&child_running, __ATOMIC_ACQUIRE))
             ;
+    if (until_signal) {
         printf("running\n");
         fflush(stdout);
     }

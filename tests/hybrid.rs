@@ -321,6 +321,23 @@ fn every_call_of_a_forked_childs_threads_is_counted_while_it_makes_its_memory() 
     assert_eq!(report["processes"].as_array().map(Vec::len), Some(2), "{}", report["processes"]);
 }
 
+/// Two threads of a forked child that share one thread pointer (a raw
+/// `clone` without a thread-local storage of its own) make the child's
+/// first calls at once: one makes the child's memory and takes their
+/// seat's block while the other waits for it, and every call of both is
+/// counted (hundreds went uncounted, put down to no function, when the
+/// other went on meanwhile).
+#[test]
+fn every_call_of_a_forked_childs_threads_sharing_a_thread_pointer_is_counted() {
+    let _serial = one_recording_at_a_time();
+    require_probes();
+    let (report, _) =
+        recorded(&["--overhead-budget", "0", "--no-sample", "-f", "work"], &Build::c("rawclone.c", "-O2").build(), &["forked", "1000000"]);
+    let work = function(&report["functions"], "work");
+    assert_eq!(work["calls"], 2_000_000, "two threads, a million calls each: {work} {}", report["notes"]);
+    assert_eq!(report["processes"].as_array().map(Vec::len), Some(2), "{}", report["processes"]);
+}
+
 /// A call in progress at a fork (`main`'s) goes on in the child too, and
 /// is timed to its end there, whichever of the child's threads first
 /// calls into the runtime: here not the forking thread, which only makes

@@ -269,7 +269,7 @@ static struct seat *keep_forking_seat(const struct config *c)
             own = *s;
         else if (used && !calling_forked && !other.block && thread_id_at(c, s->key, pid))
             other = *s;
-        s->key = s->block = s->tid = 0;
+        s->key = s->block = s->tid = s->claimer = 0;
         NOT_A_MEMCPY();
     }
     struct seat forking = other.block ? other : own;
@@ -352,8 +352,10 @@ static int hand_over(const struct config *c, long memfd)
     return ok;
 }
 
-/* The child's thread that makes its memory, by thread pointer: the word
- * after the live word, zeroed in a forked child with it. */
+/* The child's thread that makes its memory, by its kernel thread id (two
+ * threads may share a thread pointer; a signal handler of the adopting
+ * thread has its id): the word after the live word, zeroed in a forked
+ * child with it. */
 static inline u64 *adopter_of(const struct config *c)
 {
     return (u64 *)c->live + 1;
@@ -367,18 +369,18 @@ static inline u64 *adopter_of(const struct config *c)
 /* Waits while another thread makes the child's memory. Returns 0 when
  * this thread is to make it (it took the adopter's word), else 1: the
  * memory is made (or the child runs unrecorded), or the wait gave up. */
-static int wait_for_adopter(const struct config *c, u64 *word, u64 tp)
+static int wait_for_adopter(const struct config *c, u64 *word, u64 tid)
 {
     u64 deadline = rdtsc() + ns_to_tsc(c, ADOPTION_WAIT_NS);
     for (;;) {
         u64 adopter = 0;
         /* Taken again when no thread holds it (a grandchild forked by a
          * waiting thread's handler). */
-        if (__atomic_compare_exchange_n(adopter_of(c), &adopter, tp, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        if (__atomic_compare_exchange_n(adopter_of(c), &adopter, tid, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             return 0;
         /* A signal handler interrupting the adopting thread itself cannot
          * wait: its calls go unrecorded. */
-        if (adopter == tp)
+        if (adopter == tid)
             return 1;
         u64 live = __atomic_load_n(word, __ATOMIC_ACQUIRE);
         if ((live != LIVE_CHILD && live != LIVE_ADOPTING) || rdtsc() > deadline)
@@ -392,7 +394,7 @@ static __attribute__((noinline)) void adopt(const struct config *c)
     u64 *word = (u64 *)c->live;
     /* Another thread makes it: this call waits for its memory, to be
      * counted there. */
-    if (wait_for_adopter(c, word, thread_pointer()))
+    if (wait_for_adopter(c, word, gettid()))
         return;
     __atomic_store_n(word, LIVE_ADOPTING, __ATOMIC_RELEASE);
     struct seat *own = keep_forking_seat(c);
@@ -507,10 +509,34 @@ static inline u64 home_of(u64 key)
     return (key >> 8) * 0x9e3779b97f4a7c15ULL >> (64 - SEATS_BITS);
 }
 
+/* How long a thread waits for another thread on its thread pointer to
+ * finish taking their seat's block (which may wait for proftap to retire
+ * one) before its call goes unseated. */
+#define SEATING_WAIT_NS 100000000UL
+
+/* The block of seat s, whose key is this thread's pointer, once the thread
+ * that took the key has taken it: another thread on the same pointer is
+ * waited for; a signal handler that interrupted this very thread as it
+ * took it cannot wait (0). */
+static u64 seated_block(const struct config *c, struct seat *s)
+{
+    u64 seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE);
+    if (seated)
+        return seated;
+    u64 own = gettid(), deadline = rdtsc() + ns_to_tsc(c, SEATING_WAIT_NS);
+    while (!(seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE)) && rdtsc() < deadline) {
+        if (__atomic_load_n(&s->claimer, __ATOMIC_ACQUIRE) == own)
+            return 0;
+        __asm__ volatile("pause");
+    }
+    return seated;
+}
+
 /* The thread's seat: its block, found by its thread pointer. A thread the
  * C library gave the thread control block of one that ended (same pointer,
  * another tid) takes a new block: the old one's totals are the old
- * thread's. Returns 0 when every block is taken. */
+ * thread's. Threads sharing a thread pointer share a seat. Returns 0 when
+ * every block is taken. */
 static struct seat *seat_of(const struct config *c, int claim)
 {
     u64 key = thread_pointer();
@@ -520,45 +546,51 @@ static struct seat *seat_of(const struct config *c, int claim)
     for (u64 n = 0; n < SEATS; n++, i = (i + 1) & (SEATS - 1)) {
         struct seat *s = &seats[i];
         u64 k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
-        if (k == key) {
-            u64 seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE);
-            if (!seated)
+        int taken = 0;
+        u64 kernel_tid = 0;
+        if (k == 0) {
+            if (!claim || !live(c))
+                return 0;
+            u64 expected = 0;
+            taken = __atomic_compare_exchange_n(&s->key, &expected, key, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+            /* Another thread on this thread pointer took it first: its seat is this one's. */
+            k = taken ? key : expected;
+        }
+        if (k != key)
+            continue;
+        if (taken) {
+            kernel_tid = gettid();
+            __atomic_store_n(&s->claimer, kernel_tid, __ATOMIC_RELEASE);
+        } else {
+            u64 seated = seated_block(c, s);
+            if (!seated || seated == SEAT_NONE)
                 return 0;
             if (seated_here(c, s, seated, tid))
                 return s;
             if (!claim || !live(c))
                 return 0;
             /* Same thread control block, another thread: a new block. */
-        } else if (k == 0) {
-            if (!claim || !live(c))
-                return 0;
-            u64 expected = 0;
-            if (!__atomic_compare_exchange_n(&s->key, &expected, key, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-                if (expected != key)
-                    continue;
-            }
-        } else {
-            continue;
         }
         u64 index = take_block(c);
         if (index >= c->blocks)
             index = wait_for_block(c);
         if (index >= c->blocks) {
-            __atomic_store_n(&s->block, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&s->block, SEAT_NONE, __ATOMIC_RELEASE);
             return 0;
         }
-        u32 kernel_tid = (u32)gettid();
+        if (!kernel_tid)
+            kernel_tid = gettid();
         struct private_block *p = private_block(c, index);
         p->depth = 0;
         p->busy = 0;
         p->unhooked = 0;
         p->mixed = 0;
         struct block *b = shared_block(c, index);
-        b->tid = kernel_tid;
+        b->tid = (u32)kernel_tid;
         b->nodes = 1; /* node 0: the thread itself */
         __atomic_store_n(&b->state, BLOCK_USED, __ATOMIC_RELEASE);
-        s->tid = tid ? tid : kernel_tid;
-        s->block = index + 1;
+        s->tid = tid ? tid : (u32)kernel_tid;
+        __atomic_store_n(&s->block, index + 1, __ATOMIC_RELEASE);
         return s;
     }
     return 0;
@@ -571,7 +603,8 @@ static inline struct seat *seat_of_fast(const struct config *c, int claim)
     struct seat *s = &((struct seat *)c->private_base)[home_of(key)];
     if (__builtin_expect(__atomic_load_n(&s->key, __ATOMIC_ACQUIRE) == key, 1)) {
         u64 seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE);
-        if (seated && seated_here(c, s, seated, library_tid(c)))
+        /* Neither being taken (0) nor none left (SEAT_NONE). */
+        if (seated - 1 < c->blocks && seated_here(c, s, seated, library_tid(c)))
             return s;
     }
     return seat_of(c, claim);

@@ -171,11 +171,12 @@ struct ret {
 };
 
 struct seat {
-    u64 key;   /* thread pointer, 0 while free */
-    u64 block; /* index + 1, 0 while being taken */
-    u64 tid;   /* the thread's id (the C library's, or the kernel's) */
-    u64 reserved;
+    u64 key;     /* thread pointer, 0 while free */
+    u64 block;   /* index + 1, 0 while being taken, SEAT_NONE when none was left */
+    u64 tid;     /* the thread's id (the C library's, or the kernel's) */
+    u64 claimer; /* the kernel's id of the thread that took the key, once it is known */
 };
+#define SEAT_NONE (~0ULL)
 
 struct private_block {
     u64 depth, busy;

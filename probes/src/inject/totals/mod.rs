@@ -296,7 +296,7 @@ struct Seat {
     key: u64,
     block: u64,
     tid: u64,
-    reserved: u64,
+    claimer: u64,
 }
 
 /// The flags at the start of `struct private_block` of runtime.h.
