@@ -143,6 +143,54 @@ fn memory_of(pid: i64, address: u64, len: usize) -> Vec<u8> {
     bytes
 }
 
+/// A process killed when the test ends, however it ends: a forked child
+/// left behind would keep the test's output open.
+struct KilledAtTheEnd(i32);
+
+impl Drop for KilledAtTheEnd {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// A forked child held as a function's probes come out, then traced by
+/// another, so that it cannot be held as the function's counting stops:
+/// its calls go on being counted (in the counters it shares with its
+/// parent), and proftap says so, so that they are not estimated again
+/// from its samples. The parent's are no longer counted.
+#[test]
+fn a_child_that_cannot_be_held_as_counting_stops_is_told_to_count_still() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (functions, tick, mut waiter) = ticking(dir.path());
+    let pid = waiter.child.id() as i32;
+    let mut patched = Patched::attach(pid, &functions, Recording { follow_forks: true, ..Recording::default() }).unwrap();
+    let child = waiter.ask("fork 40", "forked") as i32;
+    assert!(child > 0);
+    let _killed = KilledAtTheEnd(child);
+    patched.unpatch(&[tick]).unwrap();
+    assert_eq!(waiter.tick(5), 5);
+    // Another tracer (a thread of this process's own, as good as another
+    // program's) holds the child until told to let go: it lets go as it ends.
+    let (let_go, wait) = std::sync::mpsc::channel::<()>();
+    let (seized, is_seized) = std::sync::mpsc::channel();
+    let tracer = std::thread::spawn(move || {
+        seized.send(nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(child), nix::sys::ptrace::Options::empty())).unwrap();
+        let _ = wait.recv();
+    });
+    is_seized.recv().unwrap().unwrap();
+    patched.stop_counting(&[tick]).unwrap();
+    assert_eq!(patched.counting_goes_on(), &[(child, tick)]);
+    assert_eq!(waiter.tick(7), 12);
+    let_go.send(()).unwrap();
+    tracer.join().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGUSR1).unwrap();
+    assert_eq!(waiter.ask("reap", "reaped"), 0);
+    // The parent's 5 calls counted before counting stopped, the child's
+    // 40 after (and none of the parent's 7 after).
+    assert_eq!(patched.calls_only_counted(functions.len())[tick], Some(45));
+}
+
 #[test]
 fn a_child_forked_while_patched_records_its_own_calls_and_is_restored_at_detach() {
     require_root();

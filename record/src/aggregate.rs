@@ -521,7 +521,7 @@ impl Aggregator {
                 self.probes_replaced(*time, generations, removed, redefined.as_deref())
             }
             // Samples and mappings are the sampler's.
-            Event::Sample(_) | Event::Mmap { .. } => {}
+            Event::Sample(_) | Event::Mmap { .. } | Event::CountingGoesOn { .. } => {}
             Event::CodeAdded { ranges, .. } => self.trampolines.extend(ranges.iter().cloned()),
             Event::Switched { time, tid, out } => {
                 if self.cpu_from_switches.is_some()

@@ -267,6 +267,7 @@ impl Consumer {
                     sampler.throttle(removed.clone());
                     sampler.uncounted(uncounted.clone());
                 }
+                Event::CountingGoesOn { pid, functions, .. } => sampler.counting_goes_on(*pid, functions.clone()),
                 _ => {}
             }
         }
@@ -503,6 +504,12 @@ impl<'a> Driver<'a> {
             list.iter().map(|&(f, calls)| FunctionCalls { name: functions[f].info.name.clone(), calls }).collect()
         };
         let after_ns = unpatched.time.saturating_sub(self.run.started_ns);
+        let mut children: Vec<i32> = unpatched.counting_goes_on.iter().map(|&(pid, _)| pid).collect();
+        children.dedup();
+        for pid in children {
+            let functions = unpatched.counting_goes_on.iter().filter(|&&(p, _)| p == pid).map(|&(_, f)| f as u32).collect();
+            self.queue.push(Event::CountingGoesOn { time: unpatched.time, pid: pid as u32, functions });
+        }
         if let Some(error) = unpatched.error {
             let names = named(&unpatched.functions).into_iter().chain(named(&unpatched.uncounted)).collect();
             self.tell(Finding::UnpatchFailed { functions: names, error }.into());

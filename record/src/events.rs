@@ -185,6 +185,16 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         uncounted: Vec<u32>,
     },
+    /// A forked child could not be held as the counting of `functions`
+    /// stopped: their calls there are still counted.
+    CountingGoesOn {
+        /// When.
+        time: u64,
+        /// The child.
+        pid: u32,
+        /// The functions still counted there.
+        functions: Vec<u32>,
+    },
     /// A thread ended.
     Exit {
         /// When.
@@ -240,7 +250,8 @@ impl Event {
             | Event::Switched { time, .. }
             | Event::Mmap { time, .. }
             | Event::CodeAdded { time, .. }
-            | Event::ProbesReplaced { time, .. } => *time,
+            | Event::ProbesReplaced { time, .. }
+            | Event::CountingGoesOn { time, .. } => *time,
         }
     }
 }
@@ -270,5 +281,7 @@ mod tests {
         let new =
             Event::ProbesReplaced { time: 5, generations: vec![2, 3], removed: vec![1], redefined: Some(vec![0]), uncounted: vec![4] };
         assert_eq!(serde_json::from_str::<Event>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
+        let goes_on = Event::CountingGoesOn { time: 6, pid: 7, functions: vec![4] };
+        assert_eq!(serde_json::from_str::<Event>(&serde_json::to_string(&goes_on).unwrap()).unwrap(), goes_on);
     }
 }

@@ -23,6 +23,8 @@ pub struct SampleAggregator {
     throttled: HashSet<String>,
     /// Throttled functions no longer counted either.
     uncounted: HashSet<String>,
+    /// Those of them still counted in some processes, and which.
+    counting_goes_on: HashMap<String, HashSet<i32>>,
     /// By throttled function: its samples since.
     after_throttle: HashMap<String, SinceThrottle>,
     /// By (thread, caller still instrumented, callee and its module):
@@ -79,6 +81,7 @@ impl SampleAggregator {
             measured_names: HashSet::new(),
             throttled: HashSet::new(),
             uncounted: HashSet::new(),
+            counting_goes_on: HashMap::new(),
             after_throttle: HashMap::new(),
             held: HashMap::new(),
             timed: None,
@@ -137,6 +140,15 @@ impl SampleAggregator {
         self.uncounted.extend(functions.iter().filter_map(|&f| self.measured.get(f as usize).cloned()));
     }
 
+    /// The calls of these functions (by index) are still counted in
+    /// process `pid` (a forked child that could not be held as their
+    /// counting stopped): its samples do not tell how many.
+    pub fn counting_goes_on(&mut self, pid: i32, functions: &[u32]) {
+        for name in functions.iter().filter_map(|&f| self.measured.get(f as usize)) {
+            self.counting_goes_on.entry(name.clone()).or_default().insert(pid);
+        }
+    }
+
     /// Takes in one sample of thread `tid`.
     pub fn add(&mut self, tid: i32, stack: &ResolvedStack) {
         self.add_at(0, tid, 0, stack);
@@ -146,7 +158,7 @@ impl SampleAggregator {
     pub fn add_at(&mut self, pid: i32, tid: i32, time: u64, stack: &ResolvedStack) {
         self.total += 1;
         if !self.measured_names.is_empty() && !self.replaced.contains(&pid) {
-            self.count_held(tid, stack);
+            self.count_held(pid, tid, stack);
         }
         let ids: Vec<u32> = stack.frames.iter().map(|frame| self.frame_id(frame)).collect();
         if let Some(timed) = self.timed.as_mut() {
@@ -177,7 +189,7 @@ impl SampleAggregator {
     /// when its function is instrumented and not throttled. The holder
     /// gives the time back at the end; every throttled function on the
     /// stack not timed there has the sample in its total.
-    fn count_held(&mut self, tid: i32, stack: &ResolvedStack) {
+    fn count_held(&mut self, pid: i32, tid: i32, stack: &ResolvedStack) {
         // Indices from a saved recording may be anything: out of range, they name no frame.
         let mut timed_call = vec![false; stack.frames.len()];
         for &i in &stack.timed_calls {
@@ -199,7 +211,8 @@ impl SampleAggregator {
                 seen.push(&frame.name);
                 let since = self.after_throttle.entry(frame.name.clone()).or_default();
                 since.total += 1;
-                if self.uncounted.contains(&frame.name) {
+                let counted_here = self.counting_goes_on.get(&frame.name).is_some_and(|pids| pids.contains(&pid));
+                if self.uncounted.contains(&frame.name) && !counted_here {
                     since.total_uncounted += 1;
                 }
             }
@@ -341,6 +354,25 @@ mod tests {
         let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.total_samples, t.total_samples_uncounted));
         assert_eq!(of("outer"), Some((3, 1)));
         assert_eq!(of("tiny"), Some((2, 0)), "still counted");
+    }
+
+    /// A forked child that could not be held as a function's counting
+    /// stopped counts its calls still: its samples are not among those
+    /// the calls since are estimated from, the other processes' are.
+    #[test]
+    fn samples_of_a_process_still_counting_a_function_do_not_estimate_its_calls() {
+        let names = ["main", "work"].map(String::from).to_vec();
+        let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
+        let in_work = ResolvedStack { frames: vec![frame("main"), frame("work")], line: None, timed_calls: Vec::new() };
+        samples.throttle(&[1]);
+        samples.uncounted(&[1]);
+        samples.counting_goes_on(20, &[1]);
+        for (pid, tid) in [(10, 10), (10, 11), (20, 21), (20, 21), (20, 22)] {
+            samples.add_at(pid, tid, 0, &in_work);
+        }
+        let throttled = samples.profile().throttled;
+        let work = throttled.functions.iter().find(|t| t.name == "work").unwrap();
+        assert_eq!((work.total_samples, work.total_samples_uncounted), (5, 2));
     }
 
     #[test]

@@ -114,6 +114,9 @@ pub struct Patched {
     /// Functions of `unpatched` whose calls are no longer counted either:
     /// their original code is back (see [`Patched::stop_counting`]).
     calls_uncounted: Vec<usize>,
+    /// Forked children that could not be held as the counting of these
+    /// functions stopped: counted there still (see [`Patched::counting_goes_on`]).
+    counting_goes_on: Vec<(i32, usize)>,
     /// Edge counters, when asked for.
     counting: Option<Counting>,
     /// Functions whose edges cannot be counted, and why.
@@ -235,6 +238,7 @@ impl Patched {
             unpatched: Vec::new(),
             entry_counters: Vec::new(),
             calls_uncounted: Vec::new(),
+            counting_goes_on: Vec::new(),
             counting_origins: Vec::new(),
             counting: None,
             uncounted: Vec::new(),
@@ -516,14 +520,15 @@ impl Patched {
     /// Takes the probes of `functions` out of forked child `pid`, which
     /// inherited the patches of its fork's moment, as [`Patched::unpatch`]
     /// and [`Patched::stop_counting`] did in the parent. A child that
-    /// cannot be held keeps them: its calls stay exact, only dearer.
-    fn unpatch_child(&self, pid: i32, process: &std::os::fd::OwnedFd, functions: &[usize]) {
+    /// cannot be held keeps them: its calls stay exact, only dearer (and
+    /// still counted where counting stopped: false).
+    fn unpatch_child(&self, pid: i32, process: &std::os::fd::OwnedFd, functions: &[usize]) -> bool {
         let mut applied: Vec<Applied> = self.ever_applied.iter().filter(|a| functions.contains(&a.function)).cloned().collect();
         if applied.is_empty() {
-            return;
+            return true;
         }
         let memory = self.children.as_ref().and_then(|c| c.memory_file(pid));
-        let _ = Remote::attach(pid).and_then(|remote| {
+        let changed = Remote::attach(pid).and_then(|remote| {
             // Held, and still the child (its pid cannot have been reused),
             // running the image it forked with.
             let runs_patched = self.memory.is_some_and(|m| runs_image_of(&remote, m.shared, memory));
@@ -533,6 +538,22 @@ impl Patched {
             patcher::restore(&remote, &mut applied, |f| self.calls_uncounted.contains(&f))?;
             patcher::count_only(&remote, &mut applied, |_| true)
         });
+        changed.is_ok() || crate::target::has_exited(process)
+    }
+
+    /// Notes that the calls of those of `functions` no longer counted go on
+    /// being counted in child `pid`, which could not be held to stop it.
+    fn counting_went_on(&mut self, pid: i32, functions: &[usize]) {
+        let uncounted = functions.iter().filter(|f| self.calls_uncounted.binary_search(f).is_ok());
+        self.counting_goes_on.extend(uncounted.map(|&f| (pid, f)));
+    }
+
+    /// Forked children, with functions whose counting stopped everywhere
+    /// else, that could not be held to stop it: their calls there are
+    /// still counted (in the counters they share with the process), and
+    /// are not to be estimated again from their samples.
+    pub fn counting_goes_on(&self) -> &[(i32, usize)] {
+        &self.counting_goes_on
     }
 
     /// Puts the original code of `functions`, only counted since
@@ -551,7 +572,9 @@ impl Patched {
         }
         if let Some(children) = &self.children {
             for (pid, process) in children.running() {
-                self.unpatch_child(pid, &process, functions);
+                if !self.unpatch_child(pid, &process, functions) {
+                    self.counting_went_on(pid, functions);
+                }
             }
         }
         Ok(())
@@ -608,8 +631,10 @@ impl Patched {
         let (new, _) = children.views(self.children_views.len(), self.geometry, view.remote_address());
         let running = if new.is_empty() || self.unpatched.is_empty() { Vec::new() } else { children.running() };
         for child in new {
-            if let Some((_, process)) = running.iter().find(|(p, _)| *p == child.pid) {
-                self.unpatch_child(child.pid, process, &self.unpatched);
+            if let Some((_, process)) = running.iter().find(|(p, _)| *p == child.pid)
+                && !self.unpatch_child(child.pid, process, &self.unpatched)
+            {
+                self.counting_went_on(child.pid, &self.unpatched.clone());
             }
             self.children_views.push(child.view.ok());
         }

@@ -40,6 +40,10 @@ pub struct Unpatched {
     pub uncounted: Vec<(usize, u64)>,
     /// Why their code could not be restored, if it could not.
     pub error: Option<String>,
+    /// Forked children that could not be held as counting stopped, found
+    /// since the last change told, with the functions still counted there
+    /// (see [`Patched::counting_goes_on`]).
+    pub counting_goes_on: Vec<(i32, usize)>,
 }
 
 /// How often the calls are read: a function that turns hot costs the
@@ -200,6 +204,7 @@ impl Watch {
             let mut retired = Retired::default();
             let mut cursor = TraceCursor::default();
             let mut answered = 0;
+            let mut counting_goes_on_told = 0;
             let view = patched.view();
             let looks_apart = judge.as_ref().map_or(LOOKS_APART, |j| j.looks_apart.max(LOOKS_APART));
             while !flag.load(Ordering::Relaxed) {
@@ -240,10 +245,19 @@ impl Watch {
                             let time = super::clock::monotonic_ns();
                             let functions = unpatched.into_iter().map(with_calls).collect();
                             let uncounted = uncounted.into_iter().map(with_calls).collect();
-                            let _ = tell.send(Unpatched { time, functions, uncounted, error });
+                            let counting_goes_on = patched.counting_goes_on()[counting_goes_on_told..].to_vec();
+                            counting_goes_on_told += counting_goes_on.len();
+                            let _ = tell.send(Unpatched { time, functions, uncounted, error, counting_goes_on });
                             pending.clear();
                             tries = 0;
                         }
+                    }
+                    // Children found since (their first look unpatches them).
+                    if patched.counting_goes_on().len() > counting_goes_on_told {
+                        let counting_goes_on = patched.counting_goes_on()[counting_goes_on_told..].to_vec();
+                        counting_goes_on_told += counting_goes_on.len();
+                        let time = super::clock::monotonic_ns();
+                        let _ = tell.send(Unpatched { time, functions: Vec::new(), uncounted: Vec::new(), error: None, counting_goes_on });
                     }
                 }
                 // A thread that finds no block wakes this at once; the

@@ -21,6 +21,7 @@ enum Input {
     ProbeReturns(u32, Vec<u64>, Vec<u64>),
     Throttle(Vec<u32>),
     Uncounted(Vec<u32>),
+    CountingGoesOn(u32, Vec<u32>),
     Sample(Box<StackSample>, Vec<(u64, u64)>),
     Hottest(Sender<Vec<(String, String, u64)>>),
 }
@@ -76,6 +77,7 @@ impl SamplerThread {
                     Input::ProbeReturns(pid, returns, return_trampolines) => resolver.probe_returns(pid, returns, return_trampolines),
                     Input::Throttle(functions) => samples.throttle(&functions),
                     Input::Uncounted(functions) => samples.uncounted(&functions),
+                    Input::CountingGoesOn(pid, functions) => samples.counting_goes_on(pid as i32, &functions),
                     Input::Sample(sample, returns) => {
                         let stack = resolver.resolve(&sample, &returns);
                         let in_engine =
@@ -142,6 +144,11 @@ impl SamplerThread {
         if !functions.is_empty() {
             let _ = self.input.send(Input::Uncounted(functions));
         }
+    }
+
+    /// See [`SampleAggregator::counting_goes_on`].
+    pub fn counting_goes_on(&self, pid: u32, functions: Vec<u32>) {
+        let _ = self.input.send(Input::CountingGoesOn(pid, functions));
     }
 
     /// See [`SampleAggregator::throttle`].
