@@ -737,23 +737,41 @@ impl StackResolver {
             (skip..window).step_by(8).find_map(|o| word(o).filter(|w| process.probe_returns.binary_search(w).is_ok()).map(|w| (o, w)));
         // Above the routine's return address: what its trampoline pushed.
         let above_return = |back: u64| words_pushed(routine_call(process, back), 0).map(|words| 8 + words as usize * 8);
-        let Some(slot) = found.and_then(|(at, back)| Some(at + above_return(back)?)).or_else(|| slot_among_saves(process, ip)) else {
-            return Vec::new();
+        let ret_above = match found.and_then(|(at, back)| Some(at + above_return(back)?)).or_else(|| slot_among_saves(process, ip)) {
+            Some(slot) => {
+                let Some(value) = word(slot) else { return Vec::new() };
+                let slot_address = sp.wrapping_add(slot as u64);
+                let ret = returns
+                    .iter()
+                    .find(|r| r.0 == slot_address)
+                    .filter(|_| process.engine_code.iter().any(|c| c.contains(&value)))
+                    .map_or(value, |r| r.1);
+                (ret, slot + 8)
+            }
+            // Past a function trampoline's restores: the slot at the stack
+            // pointer, holding the trampoline (where it decides whether the
+            // call is timed); then stepped over, to call the function
+            // through the `call` before its return trampoline (or popped by
+            // a return into it), the word below the stack pointer, which
+            // the sample has not. The thread's frames say what each stands for.
+            None => {
+                let in_engine = |value: u64| process.engine_code.iter().any(|c| c.contains(&value));
+                let at_slot = word(0).filter(|&value| in_engine(value)).and_then(|_| returns.iter().find(|r| r.0 == sp));
+                let stepped_over = || returns.iter().find(|r| r.0 == sp.wrapping_sub(8)).map(|&(_, ret)| (ret, 0));
+                match at_slot.map(|&(_, ret)| (ret, 8)).or_else(stepped_over) {
+                    Some(found) => found,
+                    None => return Vec::new(),
+                }
+            }
         };
-        let Some(value) = word(slot) else { return Vec::new() };
-        let slot_address = sp.wrapping_add(slot as u64);
-        let ret = returns
-            .iter()
-            .find(|r| r.0 == slot_address)
-            .filter(|_| process.engine_code.iter().any(|c| c.contains(&value)))
-            .map_or(value, |r| r.1);
+        let (ret, above) = ret_above;
         if !self.is_mapped(sample.pid, ret) {
             return Vec::new();
         }
         // The caller, from just after its call: its stack as it was then.
-        let above = &sample.stack[slot + 8..];
+        let Some(above_stack) = sample.stack.get(above..) else { return Vec::new() };
         // Unwound as from inside its call instruction, whose unwind row is the caller's.
-        let mut addresses = self.unwind(sample.pid, ret - 1, slot_address.wrapping_add(8), bp, above, returns);
+        let mut addresses = self.unwind(sample.pid, ret - 1, sp.wrapping_add(above as u64), bp, above_stack, returns);
         while addresses.len() > 1 && addresses.last().is_some_and(|&(a, _)| !self.is_mapped(sample.pid, a)) {
             addresses.pop();
         }
@@ -934,6 +952,65 @@ mod tests {
         assert!(runs_64_bit_code(std::process::id()));
         // No such process (above the kernel's largest pid).
         assert!(!runs_64_bit_code(u32::MAX));
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    /// Stands for the caller of a function whose call the engine times.
+    #[inline(never)]
+    fn caller() -> u64 {
+        std::hint::black_box(1)
+    }
+
+    /// A resolver that knows this process's own executable code, and
+    /// engine code at a made-up address with a routine's return in it.
+    fn resolver_of_this_process() -> (StackResolver, u32, u64) {
+        let pid = std::process::id();
+        let mut resolver = StackResolver::new(Arc::new(SymbolCache::new(crate::symbols::DebugDirs(Vec::new()))));
+        let exe = std::fs::read_link("/proc/self/exe").expect("this process's executable");
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("this process's mappings");
+        for line in maps.lines().filter(|l| l.ends_with(exe.to_str().unwrap_or("?"))) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (start, end) = fields[0].split_once('-').expect("a range");
+            let (start, end) = (u64::from_str_radix(start, 16).unwrap_or(0), u64::from_str_radix(end, 16).unwrap_or(0));
+            resolver.mapped(pid, start, end - start, u64::from_str_radix(fields[2], 16).unwrap_or(0), &exe.to_string_lossy());
+        }
+        let engine = 0x1000_0000;
+        resolver.engine_code(pid, engine..engine + 0x1000);
+        resolver.probe_returns(pid, vec![engine + 0x800], Vec::new());
+        (resolver, pid, engine)
+    }
+
+    /// The named frames of a sample at `ip` in the engine's code, with the
+    /// stack pointer at `sp` over `stack`, and the thread's frames `returns`.
+    fn named(resolver: &mut StackResolver, pid: u32, ip: u64, sp: u64, stack: Vec<u8>, returns: &[(u64, u64)]) -> Vec<String> {
+        let sample = StackSample { time: 0, pid, tid: pid, regs: [ip, sp, 0], stack, in_kernel: false, kernel_ip: 0, returns: Vec::new() };
+        resolver.resolve(&sample, returns).frames.into_iter().map(|f| f.name).collect()
+    }
+
+    /// Past a function trampoline's restores, no word on the stack is a
+    /// routine's return: the call's slot is at the stack pointer (holding
+    /// a trampoline) or, stepped over, just below it. The thread's frames
+    /// say what the slot stands for: the sample sits under the caller.
+    #[test]
+    fn a_sample_where_a_trampoline_decides_or_stepped_over_the_slot_sits_under_the_caller() {
+        let (mut resolver, pid, engine) = resolver_of_this_process();
+        let ret = caller as *const () as u64 + 1;
+        let sp = 0x7000_0000;
+        let mut at_slot = (engine + 0x900).to_ne_bytes().to_vec();
+        at_slot.resize(64, 0);
+        let deciding = named(&mut resolver, pid, engine + 0x10, sp, at_slot, &[(sp, ret)]);
+        let stepped_over = named(&mut resolver, pid, engine + 0x10, sp, vec![0; 64], &[(sp - 8, ret)]);
+        for frames in [&deciding, &stepped_over] {
+            assert_eq!(frames.last().map(String::as_str), Some(PROBE_OVERHEAD_FRAME), "{frames:?}");
+            assert!(frames.first().is_some_and(|f| f.ends_with("probe_tests::caller")), "{frames:?}");
+        }
+        // A slot the thread's frames do not name: no caller is made up.
+        let unknown = named(&mut resolver, pid, engine + 0x10, sp, vec![0; 64], &[(sp - 16, ret)]);
+        assert_eq!(unknown, vec![PROBE_OVERHEAD_FRAME.to_string()]);
     }
 }
 
