@@ -322,11 +322,11 @@ fn every_call_of_a_forked_childs_threads_is_counted_while_it_makes_its_memory() 
 }
 
 /// Two threads of a forked child that share one thread pointer (a raw
-/// `clone` without a thread-local storage of its own) make the child's
-/// first calls at once: one makes the child's memory and takes their
-/// seat's block while the other waits for it, and every call of both is
-/// counted (hundreds went uncounted, put down to no function, when the
-/// other went on meanwhile).
+/// `clone` without a thread-local storage of its own) make their first
+/// calls at once, in the memory the child made at the `clone`: one takes
+/// their seat's block while the other waits for it, and every call of
+/// both is counted (hundreds went uncounted, put down to no function,
+/// when the other went on meanwhile).
 #[test]
 fn every_call_of_a_forked_childs_threads_sharing_a_thread_pointer_is_counted() {
     let _serial = one_recording_at_a_time();

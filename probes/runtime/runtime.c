@@ -511,33 +511,46 @@ static inline u64 home_of(u64 key)
 
 /* How long a thread waits for another thread on its thread pointer to
  * finish taking their seat's block (which may wait for proftap to retire
- * one) before its call goes unseated. */
+ * one) before its call goes unseated; and for the thread that took the
+ * seat's key to say who it is. */
 #define SEATING_WAIT_NS 100000000UL
+#define CLAIMER_WAIT_NS 20000UL
 
 /* The block of seat s, whose key is this thread's pointer, once the thread
  * that took the key has taken it: another thread on the same pointer is
- * waited for; a signal handler that interrupted this very thread as it
- * took it cannot wait (0). */
+ * waited for. A signal handler that interrupted this very thread as it
+ * took it cannot wait: it finds its own id, or (interrupted before the id
+ * was written) no id for longer than the claimer takes to write it; then
+ * 0. A claimer that never finishes (a handler left it by a jump) leaves
+ * the seat with none, so that later calls do not wait again. */
 static u64 seated_block(const struct config *c, struct seat *s)
 {
     u64 seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE);
     if (seated)
         return seated;
-    u64 own = gettid(), deadline = rdtsc() + ns_to_tsc(c, SEATING_WAIT_NS);
-    while (!(seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE)) && rdtsc() < deadline) {
-        if (__atomic_load_n(&s->claimer, __ATOMIC_ACQUIRE) == own)
+    u64 own = gettid(), started = rdtsc();
+    u64 deadline = started + ns_to_tsc(c, SEATING_WAIT_NS), nameless_until = started + ns_to_tsc(c, CLAIMER_WAIT_NS);
+    while (!(seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE))) {
+        u64 claimer = __atomic_load_n(&s->claimer, __ATOMIC_ACQUIRE), now = rdtsc();
+        if (claimer == own || (!claimer && now > nameless_until))
             return 0;
-        __asm__ volatile("pause");
+        if (now > deadline) {
+            u64 none = 0;
+            __atomic_compare_exchange_n(&s->block, &none, SEAT_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+            return 0;
+        }
+        syscall6(SYS_sched_yield, 0, 0, 0, 0, 0, 0);
     }
     return seated;
 }
 
-/* The thread's seat: its block, found by its thread pointer. A thread the
- * C library gave the thread control block of one that ended (same pointer,
- * another tid) takes a new block: the old one's totals are the old
- * thread's. Threads sharing a thread pointer share a seat. Returns 0 when
- * every block is taken. */
-static struct seat *seat_of(const struct config *c, int claim)
+/* The thread's block (its index + 1), found by its thread pointer in the
+ * seats. A thread the C library gave the thread control block of one that
+ * ended (same pointer, another tid) takes a new block: the old one's
+ * totals are the old thread's. Threads sharing a thread pointer share a
+ * seat. Returns 0 when every block is taken. The block is returned, not
+ * the seat, whose block another thread on the pointer may change. */
+static u64 seat_of(const struct config *c, int claim)
 {
     u64 key = thread_pointer();
     u32 tid = library_tid(c);
@@ -551,22 +564,24 @@ static struct seat *seat_of(const struct config *c, int claim)
         if (k == 0) {
             if (!claim || !live(c))
                 return 0;
+            /* Known before the key is taken, and written right after: a
+             * handler interrupting the claim finds it at once. */
+            kernel_tid = gettid();
             u64 expected = 0;
             taken = __atomic_compare_exchange_n(&s->key, &expected, key, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
             /* Another thread on this thread pointer took it first: its seat is this one's. */
             k = taken ? key : expected;
+            if (taken)
+                __atomic_store_n(&s->claimer, kernel_tid, __ATOMIC_RELEASE);
         }
         if (k != key)
             continue;
-        if (taken) {
-            kernel_tid = gettid();
-            __atomic_store_n(&s->claimer, kernel_tid, __ATOMIC_RELEASE);
-        } else {
+        if (!taken) {
             u64 seated = seated_block(c, s);
-            if (!seated || seated == SEAT_NONE)
+            if (seated - 1 >= c->blocks) /* none (0, SEAT_NONE) */
                 return 0;
             if (seated_here(c, s, seated, tid))
-                return s;
+                return seated;
             if (!claim || !live(c))
                 return 0;
             /* Same thread control block, another thread: a new block. */
@@ -591,13 +606,13 @@ static struct seat *seat_of(const struct config *c, int claim)
         __atomic_store_n(&b->state, BLOCK_USED, __ATOMIC_RELEASE);
         s->tid = tid ? tid : (u32)kernel_tid;
         __atomic_store_n(&s->block, index + 1, __ATOMIC_RELEASE);
-        return s;
+        return index + 1;
     }
     return 0;
 }
 
 /* seat_of, inline for a thread at its home place in the table: most. */
-static inline struct seat *seat_of_fast(const struct config *c, int claim)
+static inline u64 seat_of_fast(const struct config *c, int claim)
 {
     u64 key = thread_pointer();
     struct seat *s = &((struct seat *)c->private_base)[home_of(key)];
@@ -605,7 +620,7 @@ static inline struct seat *seat_of_fast(const struct config *c, int claim)
         u64 seated = __atomic_load_n(&s->block, __ATOMIC_ACQUIRE);
         /* Neither being taken (0) nor none left (SEAT_NONE). */
         if (seated - 1 < c->blocks && seated_here(c, s, seated, library_tid(c)))
-            return s;
+            return seated;
     }
     return seat_of(c, claim);
 }
@@ -827,14 +842,14 @@ u64 proftap_entry(u64 *slot, u32 function)
 {
     const struct config *c = config();
     adopt_if_forked(c);
-    struct seat *s = seat_of_fast(c, 1);
-    if (!s) {
+    u64 seated = seat_of_fast(c, 1);
+    if (!seated) {
         if (live(c))
             __atomic_fetch_add(&header(c)->unseated, 1, __ATOMIC_RELAXED);
         return 0;
     }
-    struct private_block *p = private_block(c, s->block - 1);
-    struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    struct private_block *p = private_block(c, seated - 1);
+    struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     u64 call_through = 0;
     /* A signal handler that interrupted the runtime and calls a patched
      * function, or another thread on the same thread pointer: this call
@@ -948,20 +963,20 @@ void proftap_exit(u64 *slot)
     u64 early_off;
     u64 now = now_and_off(c, early_tid, &early_off);
     adopt_if_forked(c);
-    struct seat *s = seat_of_fast(c, 0);
-    if (!s) {
+    u64 seated = seat_of_fast(c, 0);
+    if (!seated) {
         if (!back_to_site(c, slot))
             __builtin_trap(); /* nowhere known to return to: nothing to do but stop */
         if (live(c))
             __atomic_fetch_add(&header(c)->unseated_returns, 1, __ATOMIC_RELAXED);
         return;
     }
-    struct private_block *p = private_block(c, s->block - 1);
+    struct private_block *p = private_block(c, seated - 1);
     /* A return cannot be skipped: wait for another thread on this thread
      * pointer (a signal handler's calls are not hijacked while busy). */
     while (take_block_busy(c, p))
         __asm__ volatile("pause");
-    struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     u64 off = !b ? 0 : early_tid && early_tid == b->tid ? early_off : off_cpu_ns(c, b->tid);
     u64 d = p->depth;
     /* This frame, from the top: deeper frames on this stack never returned
@@ -1003,11 +1018,11 @@ void proftap_unhook(u64 *slot)
 {
     const struct config *c = config();
     adopt_if_forked(c);
-    struct seat *s = seat_of(c, 0);
-    if (!s)
+    u64 seated = seat_of(c, 0);
+    if (!seated)
         return;
-    struct private_block *p = private_block(c, s->block - 1);
-    struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    struct private_block *p = private_block(c, seated - 1);
+    struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     drop_below(c, p, b, (u64)slot, 1);
     rewrite(c, p, (u64)slot, 0);
     p->unhooked = (u64)slot;
@@ -1019,11 +1034,11 @@ void proftap_rehook(u64 *slot)
 {
     const struct config *c = config();
     adopt_if_forked(c);
-    struct seat *s = seat_of(c, 0);
-    if (!s)
+    u64 seated = seat_of(c, 0);
+    if (!seated)
         return;
-    struct private_block *p = private_block(c, s->block - 1);
-    struct block *b = live(c) ? shared_block(c, s->block - 1) : 0;
+    struct private_block *p = private_block(c, seated - 1);
+    struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     p->unhooked = 0;
     drop_below(c, p, b, (u64)slot, 0);
     rewrite(c, p, (u64)slot, 1);
@@ -1033,10 +1048,10 @@ void proftap_rehook(u64 *slot)
 void proftap_resume(u64 *slot)
 {
     const struct config *c = config();
-    struct seat *s = seat_of(c, 0);
-    if (!s)
+    u64 seated = seat_of(c, 0);
+    if (!seated)
         return;
-    struct private_block *p = private_block(c, s->block - 1);
+    struct private_block *p = private_block(c, seated - 1);
     if (!p->unhooked)
         return;
     proftap_rehook(slot);
@@ -1160,13 +1175,13 @@ void proftap_region(u64 code, u64 sp)
     u64 region = code >> 1;
     if (region >= c->regions || !live(c))
         return;
-    struct seat *s = seat_of(c, 1);
-    if (!s) {
+    u64 seated = seat_of(c, 1);
+    if (!seated) {
         __atomic_fetch_add(&header(c)->unseated_hooks, 1, __ATOMIC_RELAXED);
         return;
     }
-    struct private_block *p = private_block(c, s->block - 1);
-    struct block *b = shared_block(c, s->block - 1);
+    struct private_block *p = private_block(c, seated - 1);
+    struct block *b = shared_block(c, seated - 1);
     struct regions *r = regions_of(c, b);
     if (take_block_busy(c, p)) {
         __atomic_fetch_add(&r->busy, 1, __ATOMIC_RELAXED);

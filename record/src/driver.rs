@@ -505,6 +505,7 @@ impl<'a> Driver<'a> {
         };
         let after_ns = unpatched.time.saturating_sub(self.run.started_ns);
         let mut children: Vec<i32> = unpatched.counting_goes_on.iter().map(|&(pid, _)| pid).collect();
+        children.sort_unstable();
         children.dedup();
         for pid in children {
             let functions = unpatched.counting_goes_on.iter().filter(|&&(p, _)| p == pid).map(|&(_, f)| f as u32).collect();

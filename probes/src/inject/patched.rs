@@ -544,8 +544,11 @@ impl Patched {
     /// Notes that the calls of those of `functions` no longer counted go on
     /// being counted in child `pid`, which could not be held to stop it.
     fn counting_went_on(&mut self, pid: i32, functions: &[usize]) {
-        let uncounted = functions.iter().filter(|f| self.calls_uncounted.binary_search(f).is_ok());
-        self.counting_goes_on.extend(uncounted.map(|&f| (pid, f)));
+        for &f in functions.iter().filter(|f| self.calls_uncounted.binary_search(f).is_ok()) {
+            if !self.counting_goes_on.contains(&(pid, f)) {
+                self.counting_goes_on.push((pid, f));
+            }
+        }
     }
 
     /// Forked children, with functions whose counting stopped everywhere
@@ -842,7 +845,8 @@ const RESTORERS: [&[u8]; 2] = [&[0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05], &
 fn handler_returns_into(remote: &Remote, tid: i32, in_code: impl Fn(u64) -> bool) -> bool {
     let Ok(regs) = remote.regs(tid) else { return true };
     let sp = regs.rsp & !7;
-    let stack = remote.read_within_mapping(sp, SIGNAL_FRAMES_SEARCHED);
+    // A stack that cannot be read may hold one.
+    let Ok(stack) = remote.read_within_mapping(sp, SIGNAL_FRAMES_SEARCHED) else { return true };
     let word = |at: usize| stack.get(at..at + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
     let mut restorers: std::collections::HashMap<u64, bool> = std::collections::HashMap::new();
     for at in (0..stack.len()).step_by(8) {

@@ -250,12 +250,11 @@ impl Remote {
     }
 
     /// Up to `most` bytes from `address` to the end of the mapping it is
-    /// in (as the process was held); empty where there is none or it
-    /// cannot be read.
-    pub fn read_within_mapping(&self, address: u64, most: usize) -> Vec<u8> {
-        let Some(mapping) = self.maps.iter().find(|m| (m.start.0..m.end.0).contains(&address)) else { return Vec::new() };
+    /// in (as the process was held); empty where there is none.
+    pub fn read_within_mapping(&self, address: u64, most: usize) -> Result<Vec<u8>, RemoteError> {
+        let Some(mapping) = self.maps.iter().find(|m| (m.start.0..m.end.0).contains(&address)) else { return Ok(Vec::new()) };
         let len = (mapping.end.0 - address).min(most as u64) as usize;
-        self.read(address, len).unwrap_or_default()
+        self.read(address, len)
     }
 
     /// Reads `len` bytes at `address`.
