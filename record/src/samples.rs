@@ -126,6 +126,15 @@ impl SampleAggregator {
         if self.replaced.contains(&parent) {
             self.replaced.insert(child);
         }
+        // The child counts what its parent still counted when it forked
+        // (its code a copy), whatever a process on its pid before did.
+        for pids in self.counting_goes_on.values_mut() {
+            if pids.contains(&parent) {
+                pids.insert(child);
+            } else {
+                pids.remove(&child);
+            }
+        }
     }
 
     /// From the next sample on, these functions (by index) are no longer
@@ -373,6 +382,17 @@ mod tests {
         let throttled = samples.profile().throttled;
         let work = throttled.functions.iter().find(|t| t.name == "work").unwrap();
         assert_eq!((work.total_samples, work.total_samples_uncounted), (5, 2));
+        // Its pid taken again by a new child of a process whose counting
+        // stopped: so did the child's, and its samples tell its calls. A
+        // child of the one still counting counts too.
+        samples.forked(10, 20);
+        samples.add_at(20, 23, 0, &in_work);
+        samples.counting_goes_on(30, &[1]);
+        samples.forked(30, 31);
+        samples.add_at(31, 31, 0, &in_work);
+        let throttled = samples.profile().throttled;
+        let work = throttled.functions.iter().find(|t| t.name == "work").unwrap();
+        assert_eq!((work.total_samples, work.total_samples_uncounted), (7, 3));
     }
 
     #[test]
