@@ -390,9 +390,10 @@ mod tests {
         samples.counting_goes_on(30, &[1]);
         samples.forked(30, 31);
         samples.add_at(31, 31, 0, &in_work);
+        samples.add_at(31, 31, 0, &in_work);
         let throttled = samples.profile().throttled;
         let work = throttled.functions.iter().find(|t| t.name == "work").unwrap();
-        assert_eq!((work.total_samples, work.total_samples_uncounted), (7, 3));
+        assert_eq!((work.total_samples, work.total_samples_uncounted), (8, 3));
     }
 
     #[test]
