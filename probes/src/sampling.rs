@@ -725,7 +725,8 @@ impl StackResolver {
     fn unwind_from_probe(&mut self, sample: &StackSample, returns: &[(u64, u64)]) -> Vec<(u64, bool)> {
         let [ip, sp, bp] = sample.regs;
         let Some(process) = self.processes.get(&sample.pid) else { return Vec::new() };
-        if process.probe_returns.is_empty() || !process.engine_code.iter().any(|c| c.contains(&ip)) {
+        let in_engine = |address: u64| process.engine_code.iter().any(|c| c.contains(&address));
+        if process.probe_returns.is_empty() || !in_engine(ip) {
             return Vec::new();
         }
         let skip = (sp.wrapping_neg() & 7) as usize;
@@ -741,11 +742,7 @@ impl StackResolver {
             Some(slot) => {
                 let Some(value) = word(slot) else { return Vec::new() };
                 let slot_address = sp.wrapping_add(slot as u64);
-                let ret = returns
-                    .iter()
-                    .find(|r| r.0 == slot_address)
-                    .filter(|_| process.engine_code.iter().any(|c| c.contains(&value)))
-                    .map_or(value, |r| r.1);
+                let ret = returns.iter().find(|r| r.0 == slot_address).filter(|_| in_engine(value)).map_or(value, |r| r.1);
                 (ret, slot + 8)
             }
             // Past a function trampoline's restores: the slot at the stack
@@ -755,7 +752,6 @@ impl StackResolver {
             // a return into it), the word below the stack pointer, which
             // the sample has not. The thread's frames say what each stands for.
             None => {
-                let in_engine = |value: u64| process.engine_code.iter().any(|c| c.contains(&value));
                 let at_slot = word(0).filter(|&value| in_engine(value)).and_then(|_| returns.iter().find(|r| r.0 == sp));
                 let stepped_over = || returns.iter().find(|r| r.0 == sp.wrapping_sub(8)).map(|&(_, ret)| (ret, 0));
                 match at_slot.map(|&(_, ret)| (ret, 8)).or_else(stepped_over) {

@@ -41,8 +41,8 @@ pub struct Unpatched {
     /// Why their code could not be restored, if it could not.
     pub error: Option<String>,
     /// Forked children that could not be held as counting stopped, found
-    /// since the last change told, with the functions still counted there
-    /// (see [`Patched::counting_goes_on`]).
+    /// since the last told, with the functions still counted there (see
+    /// [`Patched::counting_goes_on`]); told apart from the change itself.
     pub counting_goes_on: Vec<(i32, usize)>,
 }
 
@@ -245,14 +245,13 @@ impl Watch {
                             let time = super::clock::monotonic_ns();
                             let functions = unpatched.into_iter().map(with_calls).collect();
                             let uncounted = uncounted.into_iter().map(with_calls).collect();
-                            let counting_goes_on = patched.counting_goes_on()[counting_goes_on_told..].to_vec();
-                            counting_goes_on_told += counting_goes_on.len();
-                            let _ = tell.send(Unpatched { time, functions, uncounted, error, counting_goes_on });
+                            let _ = tell.send(Unpatched { time, functions, uncounted, error, counting_goes_on: Vec::new() });
                             pending.clear();
                             tries = 0;
                         }
                     }
-                    // Children found since (their first look unpatches them).
+                    // Children that could not be held as counting stopped, in
+                    // them or (at their first look) since.
                     if patched.counting_goes_on().len() > counting_goes_on_told {
                         let counting_goes_on = patched.counting_goes_on()[counting_goes_on_told..].to_vec();
                         counting_goes_on_told += counting_goes_on.len();
