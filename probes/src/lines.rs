@@ -211,8 +211,15 @@ pub fn plan_lines(
     functions: &[ProbedFunction],
     files: &LineFiles,
 ) -> LinePlan {
-    // The statements each address starts, in order: optimised code often
-    // starts several at one address (views); -O0 code one.
+    let by_address = statement_starts(index);
+    let located_at = row_lines(index);
+    let collected = collect_lines(index, functions, files, &by_address, &located_at);
+    line_plan(index, image, open_path, functions, files, &located_at, collected)
+}
+
+/// The statements each address starts, in order: optimised code often
+/// starts several at one address (views); -O0 code one.
+fn statement_starts(index: &SymbolIndex) -> BTreeMap<u64, Vec<(u32, u32)>> {
     let mut by_address: BTreeMap<u64, Vec<(u32, u32)>> = BTreeMap::new();
     for row in index.line_rows.iter().filter(|r| !r.end_sequence && r.is_stmt && r.line != 0) {
         let starts = by_address.entry(row.address.0).or_default();
@@ -220,7 +227,11 @@ pub fn plan_lines(
             starts.push((row.file, row.line));
         }
     }
-    // The line of each address range, statement or not, as addr2line reads it.
+    by_address
+}
+
+/// The line of each address range, statement or not, as addr2line reads it.
+fn row_lines(index: &SymbolIndex) -> BTreeMap<u64, (u32, u32)> {
     let mut located_at: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
     for row in &index.line_rows {
         if row.end_sequence {
@@ -230,6 +241,37 @@ pub fn plan_lines(
             located_at.insert(row.address.0, (row.file, row.line));
         }
     }
+    located_at
+}
+
+/// A line probe's place: (function, address, the (file, line) statements it starts).
+type Planned = (u32, u64, Vec<(u32, u32)>);
+/// (function, address, the (file, line) statements it starts, None for one
+/// of a file not chosen).
+type Followed = (u32, u64, Vec<Option<(u32, u32)>>);
+
+/// What [`collect_lines`] finds, in file and line numbers.
+struct Collected {
+    probes: Vec<Planned>,
+    /// Where statements of files not chosen run between chosen ones.
+    elsewhere: Vec<Followed>,
+    /// Each function's statements at its entry, the prologue's first.
+    entry_rows: Vec<Vec<(u32, u32)>>,
+    /// Each function's declaration.
+    decls: Vec<Option<(u32, u32)>>,
+    /// Each function's rows by address.
+    located: Vec<Vec<(u64, (u32, u32))>>,
+}
+
+/// Function by function, the statements of the chosen `files` where a
+/// line probe goes, and where each function's rows are.
+fn collect_lines(
+    index: &SymbolIndex,
+    functions: &[ProbedFunction],
+    files: &LineFiles,
+    by_address: &BTreeMap<u64, Vec<(u32, u32)>>,
+    located_at: &BTreeMap<u64, (u32, u32)>,
+) -> Collected {
     // Each file read once, and shared by its functions rather than copied for each.
     let mut sources: HashMap<u32, Option<Rc<[String]>>> = HashMap::new();
     let mut source = |file: u32| -> Option<Rc<[String]>> {
@@ -239,12 +281,8 @@ pub fn plan_lines(
             .clone()
     };
 
-    // (function, address, the (file, line) statements it starts)
-    type Planned = (u32, u64, Vec<(u32, u32)>);
-    let mut probes: Vec<Planned> = Vec::new();
-    // (function, address, the (file, line) statements it starts, None for one of a file not chosen)
-    type Followed = (u32, u64, Vec<Option<(u32, u32)>>);
-    let mut elsewhere: Vec<Followed> = Vec::new();
+    let mut probes = Vec::new();
+    let mut elsewhere = Vec::new();
     let mut entry_rows: Vec<Vec<(u32, u32)>> = vec![Vec::new(); functions.len()];
     let mut decls: Vec<Option<(u32, u32)>> = vec![None; functions.len()];
     let mut located: Vec<Vec<(u64, (u32, u32))>> = vec![Vec::new(); functions.len()];
@@ -300,7 +338,21 @@ pub fn plan_lines(
             entry_rows[fi] = std::iter::once(*first).chain(rest).collect();
         }
     }
+    Collected { probes, elsewhere, entry_rows, decls, located }
+}
 
+/// The line plan of what [`collect_lines`] found: line ids for its
+/// files and lines, and where the uprobe of each line probe goes.
+fn line_plan(
+    index: &SymbolIndex,
+    image: &[u8],
+    open_path: &std::path::Path,
+    functions: &[ProbedFunction],
+    files: &LineFiles,
+    located_at: &BTreeMap<u64, (u32, u32)>,
+    collected: Collected,
+) -> LinePlan {
+    let Collected { probes, elsewhere, entry_rows, decls, located } = collected;
     let mut lines: Vec<(String, u32)> = probes
         .iter()
         .flat_map(|p| p.2.iter())

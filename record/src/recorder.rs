@@ -5,7 +5,7 @@
 use crate::aggregate::{Aggregator, AggregatorConfig, LineSetup, NO_LINE};
 use crate::assemble::{LineTable, Setup, assemble};
 use crate::cost::compensation;
-use crate::driver::{CodeAdded, Consumer, Driver, EngineMemory, Run, Sources};
+use crate::driver::{CodeAdded, Consumer, Driver, EngineMemory, Finished, Run, Sources};
 use crate::error::RecordError;
 use crate::events::Event;
 use crate::governor::SampledOverhead;
@@ -129,29 +129,14 @@ pub fn record(
     // Sampled at a frequency, each sample stands for a period of CPU time.
     let sampled = sampling.as_ref().map(|(_, hz)| (Arc::new(SampledOverhead::default()), 1_000_000_000 / (*hz).max(1)));
     let sampler = sampling.as_ref().map(|(event, hz)| {
-        // Inlined frames and lines: the program's, and those of the modules
-        // whose functions are measured.
-        let executable = match spec {
-            TargetSpec::Launch { path, .. } => path.clone(),
-            TargetSpec::Attach { pid } => PathBuf::from(format!("/proc/{pid}/exe")),
-        };
-        let mut with_lines: Vec<&Path> = all[..measured].iter().map(|f| f.open_path.as_path()).collect();
-        with_lines.push(&executable);
-        with_lines.sort_unstable();
-        with_lines.dedup();
-        // The named stacks are kept only to be saved.
-        let resolver = StackResolver::new(options.symbols.clone()).lines_only_of(with_lines).lines_read_ahead(lines_ahead);
         // Uprobes are placed only on what `enabled` picks, or when they may be
         // added later (automatic instrumentation), or for lines.
-        let later = options.auto_instrument.is_some();
-        let kernel_probes = enabled.iter().any(|&e| e) || later || options.probed_lines.as_ref().is_some();
-        let resolver = if kernel_probes { resolver } else { resolver.without_kernel_probes() };
-        // Names of what is instrumented, for the samples after a throttle.
+        let kernel_probes = enabled.iter().any(|&e| e) || options.auto_instrument.is_some() || options.probed_lines.is_some();
+        let resolver = sample_resolver(&all[..measured], spec, options, lines_ahead, kernel_probes);
         let instrumented = |i: usize| enabled.get(i).copied().unwrap_or(false) || patching.injected.get(i).copied().unwrap_or(false);
-        let names = all[..measured].iter().enumerate().map(|(i, f)| if instrumented(i) { f.info.name.clone() } else { String::new() });
-        let samples = SampleAggregator::new(event, *hz).measuring(names.collect());
-        let samples = if options.trace_bytes.is_some() { samples.timed() } else { samples };
+        let samples = sample_aggregator(&all[..measured], instrumented, event, *hz, options.trace_bytes.is_some());
         let overhead = sampled.as_ref().map(|(overhead, _)| overhead.clone()).unwrap_or_default();
+        // The named stacks are kept only to be saved.
         SamplerThread::spawn(resolver, samples, overhead, saver.is_some())
     });
     let Patching { mut injected, tracing, clock, off_cpu, mut notes, refused, planned_whole } = patching;
@@ -170,14 +155,7 @@ pub fn record(
     left_out(&mut injected, &started.refused);
     let refused: Refused = refused.into_iter().chain(started.refused).collect();
     if !refused.is_empty() {
-        let left_to = if !leaves_unpatched_unprobed(options) {
-            UnpatchedLeftTo::Uprobes
-        } else if options.sample.is_some() {
-            UnpatchedLeftTo::Samples
-        } else {
-            UnpatchedLeftTo::Nothing
-        };
-        notes.push(refusals_note(&all[..measured], &refused, left_to).into());
+        notes.push(refusals_note(&all[..measured], &refused, unpatched_left_to(options)).into());
     }
     let run = Run {
         all: &all,
@@ -225,7 +203,59 @@ pub fn record(
         exec: false,
     });
     driver.push(named);
-    let mut finished = driver.run()?;
+    Ok(recorded(driver.run()?, &setup, options))
+}
+
+/// What sees the functions the in-process engine could not patch.
+fn unpatched_left_to(options: &RecordOptions) -> UnpatchedLeftTo {
+    if !leaves_unpatched_unprobed(options) {
+        UnpatchedLeftTo::Uprobes
+    } else if options.sample.is_some() {
+        UnpatchedLeftTo::Samples
+    } else {
+        UnpatchedLeftTo::Nothing
+    }
+}
+
+/// The resolver naming the samples of the `measured` functions' run: the
+/// program's inlined frames and lines, and those of the modules whose
+/// functions are measured; `kernel_probes` when uprobes may be placed.
+fn sample_resolver(
+    measured: &[ProbedFunction],
+    spec: &TargetSpec,
+    options: &RecordOptions,
+    lines_ahead: Option<LinesAhead>,
+    kernel_probes: bool,
+) -> StackResolver {
+    let executable = match spec {
+        TargetSpec::Launch { path, .. } => path.clone(),
+        TargetSpec::Attach { pid } => PathBuf::from(format!("/proc/{pid}/exe")),
+    };
+    let mut with_lines: Vec<&Path> = measured.iter().map(|f| f.open_path.as_path()).collect();
+    with_lines.push(&executable);
+    with_lines.sort_unstable();
+    with_lines.dedup();
+    let resolver = StackResolver::new(options.symbols.clone()).lines_only_of(with_lines).lines_read_ahead(lines_ahead);
+    if kernel_probes { resolver } else { resolver.without_kernel_probes() }
+}
+
+/// The aggregator of samples of `event` at `hz`, knowing which of the
+/// `measured` functions are `instrumented` (for the samples after a
+/// throttle); `timed` keeps each sample's time.
+fn sample_aggregator(
+    measured: &[ProbedFunction],
+    instrumented: impl Fn(usize) -> bool,
+    event: &str,
+    hz: u64,
+    timed: bool,
+) -> SampleAggregator {
+    let names = measured.iter().enumerate().map(|(i, f)| if instrumented(i) { f.info.name.clone() } else { String::new() });
+    let samples = SampleAggregator::new(event, hz).measuring(names.collect());
+    if timed { samples.timed() } else { samples }
+}
+
+/// The profile of a recording that `finished`, with what its sampler counted.
+fn recorded(mut finished: Finished, setup: &Setup, options: &RecordOptions) -> Recorded {
     let consumer = finished.consumer;
     let sampled = consumer.sampler.map(SamplerThread::finish);
     let (samples, stacks, timeline) = match sampled {
@@ -245,13 +275,13 @@ pub fn record(
             trace.sample(at.pid, at.tid, at.time, at.stack);
         }
     }
-    let profile = assemble(&setup, aggregate, samples, &finished.ending);
+    let profile = assemble(setup, aggregate, samples, &finished.ending);
     if let Some(saver) = consumer.saver
         && let Err(e) = saver.finish(stacks.as_deref().unwrap_or_default(), &finished.ending)
     {
         options.observer.event(RecordEvent::Warning(Warning::EventsNotSaved { reason: e.to_string() }));
     }
-    Ok(Recorded { profile, ended: finished.ended, closing: finished.closing })
+    Recorded { profile, ended: finished.ended, closing: finished.closing }
 }
 
 /// Decides what the in-process engine patches: a running process now

@@ -180,6 +180,94 @@ impl Patched {
         Patched::patch(pid, functions, None, Some(remote), checked, how)
     }
 
+    /// The recording of process `pid` before anything is patched.
+    fn nothing_yet(pid: i32, claim: RecordingClaim, geometry: Geometry) -> Patched {
+        Patched {
+            pid,
+            _claim: claim,
+            view: None,
+            memory: None,
+            geometry,
+            applied: Vec::new(),
+            refused: Vec::new(),
+            unhooked: Vec::new(),
+            code: Vec::new(),
+            trampolines: None,
+            probe_returns: Vec::new(),
+            held: None,
+            children: None,
+            ever_applied: Vec::new(),
+            children_not_restored: Vec::new(),
+            children_views: Vec::new(),
+            children_calls: Vec::new(),
+            children_asks: 0,
+            unpatched: Vec::new(),
+            entry_counters: Vec::new(),
+            calls_uncounted: Vec::new(),
+            counting_goes_on: Vec::new(),
+            counting_origins: Vec::new(),
+            counting: None,
+            uncounted: Vec::new(),
+            code_since_ns: super::clock::monotonic_ns(),
+            image_gone: false,
+        }
+    }
+
+    /// Patches each group's functions (`functions` of them; sites past
+    /// them are the hooks of `hook_sites`), with the runtime configured by
+    /// `config` put in the first group's code room; refusals go to
+    /// `refused`. Returns where the region trampoline is, when placed.
+    fn apply_groups(
+        &mut self,
+        remote: &Remote,
+        groups: Vec<patcher::ModulePlans>,
+        config: &Config,
+        hook_sites: &[HookSite],
+        functions: usize,
+        refused: &mut Refused,
+    ) -> Result<Option<u64>, RemoteError> {
+        let mut region_trampoline = None;
+        let routine_returns = std::cell::RefCell::new(Vec::new());
+        for group in groups {
+            let runtime = std::cell::Cell::new(None::<totals::Runtime>);
+            let shared_trampolines = self.trampolines;
+            let patches = patcher::apply(
+                remote,
+                group.plans,
+                totals::CODE_ROOM,
+                |address| {
+                    let rt = totals::assemble(address, config, shared_trampolines)?;
+                    let code = rt.code.clone();
+                    runtime.set(Some(rt));
+                    Ok(code)
+                },
+                |i, site, address| {
+                    let rt = runtime.take().ok_or("the runtime is not in place")?;
+                    let own = prologue(&rt, hook_sites.get(i.wrapping_sub(functions)).map(|h| h.hook), i, site, address);
+                    runtime.set(Some(rt));
+                    if own.is_ok() {
+                        routine_returns.borrow_mut().push(address + totals::call_routine_return_offset());
+                    }
+                    own
+                },
+                refused,
+            )?;
+            if let Some(rt) = runtime.take() {
+                self.trampolines.get_or_insert(rt.trampolines);
+                region_trampoline.get_or_insert(rt.region_trampoline);
+            }
+            self.ever_applied.extend(patches.applied.iter().cloned());
+            self.applied.extend(patches.applied);
+            self.code.push(patches.code);
+            self.entry_counters.extend(patches.counters);
+            self.counting_origins.extend(patches.origins);
+        }
+        self.probe_returns = routine_returns.into_inner();
+        self.probe_returns.extend(self.return_trampoline_returns());
+        self.probe_returns.sort_unstable();
+        Ok(region_trampoline)
+    }
+
     /// Patches with `remote` holding a launched process at its start, or
     /// (`None`) holding the running process once there is something to
     /// patch; recording what `how` says.
@@ -216,35 +304,7 @@ impl Patched {
         }
         let geometry =
             Geometry { functions: functions.len() as u64, blocks: totals::BLOCKS, trace_slots: how.trace_slots, regions: how.regions };
-        let mut patched = Patched {
-            pid,
-            _claim: claim,
-            view: None,
-            memory: None,
-            geometry,
-            applied: Vec::new(),
-            refused: Vec::new(),
-            unhooked: Vec::new(),
-            code: Vec::new(),
-            trampolines: None,
-            probe_returns: Vec::new(),
-            held: None,
-            children: None,
-            ever_applied: Vec::new(),
-            children_not_restored: Vec::new(),
-            children_views: Vec::new(),
-            children_calls: Vec::new(),
-            children_asks: 0,
-            unpatched: Vec::new(),
-            entry_counters: Vec::new(),
-            calls_uncounted: Vec::new(),
-            counting_goes_on: Vec::new(),
-            counting_origins: Vec::new(),
-            counting: None,
-            uncounted: Vec::new(),
-            code_since_ns: super::clock::monotonic_ns(),
-            image_gone: false,
-        };
+        let mut patched = Patched::nothing_yet(pid, claim, geometry);
         if groups.iter().all(|g| g.plans.iter().all(|(i, _)| *i >= functions.len())) && counting_plan.is_none() {
             patched.split_refusals(refused, functions.len(), &hook_sites);
             return Ok(patched);
@@ -276,45 +336,7 @@ impl Patched {
             config.fork_socket = children.name();
             patched.children = Some(children);
         }
-        let mut region_trampoline = None;
-        let routine_returns = std::cell::RefCell::new(Vec::new());
-        for group in groups {
-            let runtime = std::cell::Cell::new(None::<totals::Runtime>);
-            let shared_trampolines = patched.trampolines;
-            let patches = patcher::apply(
-                &remote,
-                group.plans,
-                totals::CODE_ROOM,
-                |address| {
-                    let rt = totals::assemble(address, &config, shared_trampolines)?;
-                    let code = rt.code.clone();
-                    runtime.set(Some(rt));
-                    Ok(code)
-                },
-                |i, site, address| {
-                    let rt = runtime.take().ok_or("the runtime is not in place")?;
-                    let own = prologue(&rt, hook_sites.get(i.wrapping_sub(functions.len())).map(|h| h.hook), i, site, address);
-                    runtime.set(Some(rt));
-                    if own.is_ok() {
-                        routine_returns.borrow_mut().push(address + totals::call_routine_return_offset());
-                    }
-                    own
-                },
-                &mut refused,
-            )?;
-            if let Some(rt) = runtime.take() {
-                patched.trampolines.get_or_insert(rt.trampolines);
-                region_trampoline.get_or_insert(rt.region_trampoline);
-            }
-            patched.ever_applied.extend(patches.applied.iter().cloned());
-            patched.applied.extend(patches.applied);
-            patched.code.push(patches.code);
-            patched.entry_counters.extend(patches.counters);
-            patched.counting_origins.extend(patches.origins);
-        }
-        patched.probe_returns = routine_returns.into_inner();
-        patched.probe_returns.extend(patched.return_trampoline_returns());
-        patched.probe_returns.sort_unstable();
+        let region_trampoline = patched.apply_groups(&remote, groups, &config, &hook_sites, functions.len(), &mut refused)?;
         let hooked = |h: usize| !refused.iter().any(|(i, _)| *i == functions.len() + h);
         if clones_hooked(&hook_sites, hooked) && !threads_share_a_thread_pointer(&remote)? {
             shared.store(std::mem::offset_of!(totals::Header, shared_seats), 0);

@@ -359,27 +359,7 @@ pub fn apply(
     prologue: impl Fn(usize, Site, u64) -> Result<Vec<u8>, String>,
     refused: &mut Refused,
 ) -> Result<Patches, RemoteError> {
-    // Code in memory must be the file's: no breakpoint or other patch
-    // there, nor in the padding an island takes.
-    let pieces: Vec<(u64, usize)> = plans.iter().flat_map(|(_, p)| p.writes()).collect();
-    let mut now = remote.read_pieces(&pieces).into_iter();
-    plans.retain(|(i, p)| {
-        let entry = now.next();
-        let island = p.island.as_ref().map(|island| (island, now.next()));
-        // An island an earlier recording took out holds its jump back.
-        let found = [Some((&p.original, &p.original, entry)), island.map(|(island, now)| (&island.original, &island.restored, now))];
-        match found.into_iter().flatten().find_map(|(original, restored, now)| match now {
-            Some(Ok(bytes)) if &bytes == original || &bytes == restored => None,
-            Some(Ok(_)) | None => Some(CODE_DIFFERS.to_string()),
-            Some(Err(e)) => Some(e.to_string()),
-        }) {
-            Some(why) => {
-                refused.push((*i, why));
-                false
-            }
-            None => true,
-        }
-    });
+    keep_unchanged(remote, &mut plans, refused);
     refuse_overlapping_islands(&mut plans, refused);
     if plans.is_empty() {
         return Ok(Patches { applied: Vec::new(), code: 0..0, counters: None, origins: Vec::new() });
@@ -404,38 +384,7 @@ pub fn apply(
             )));
         }
         code.resize(runtime_room, 0xcc);
-        let mut built = Vec::new();
-        let mut counted = Vec::new();
-        let mut origins = Vec::new();
-        for (i, p) in plans {
-            let address = region + code.len() as u64;
-            match patch::trampoline(&p, address, |own_address| prologue(i, p.site, own_address)) {
-                Ok(t) if t.code.len() <= TRAMPOLINE_ROOM => {
-                    code.extend_from_slice(&t.code);
-                    code.resize(code.len().next_multiple_of(16), 0xcc);
-                    let counting = match (&counters, p.site) {
-                        (Some(counters), Site::Entry) => {
-                            let counter = counters.remote + 8 * counted.len() as u64;
-                            let address = region + code.len() as u64;
-                            patch::trampoline(&p, address, |own_address| Ok(patch::count_call(own_address, counter)))
-                                .ok()
-                                .filter(|t| t.code.len() <= TRAMPOLINE_ROOM)
-                                .map(|t| {
-                                    origins.extend(counting_origins(&p, &t, address));
-                                    code.extend_from_slice(&t.code);
-                                    code.resize(code.len().next_multiple_of(16), 0xcc);
-                                    counted.push(i);
-                                    p.jump_to(address)
-                                })
-                        }
-                        _ => None,
-                    };
-                    built.push((i, p, t, address, counting));
-                }
-                Ok(_) => refused.push((i, "its first instructions grow too much when moved".into())),
-                Err(why) => refused.push((i, why)),
-            }
-        }
+        let (built, counted, origins) = build_trampolines(plans, region, &mut code, counters.as_ref(), &prologue, refused);
         remote.write(region, &code)?;
         remote.seal_code(region, room)?;
         Ok((built, counted, origins))
@@ -448,23 +397,7 @@ pub fn apply(
         }
     })?;
 
-    // Threads stopped inside bytes about to be replaced go on from their
-    // copies in the trampoline.
-    let mut moves: HashMap<u64, u64> = HashMap::new();
-    for (_, p, t, _, _) in &built {
-        for &(from, to) in &t.moved {
-            if from != p.at {
-                moves.insert(from, to);
-            }
-        }
-    }
-    for tid in remote.threads() {
-        let mut regs = remote.regs(tid)?;
-        if let Some(&to) = moves.get(&regs.rip) {
-            regs.rip = to;
-            remote.set_regs(tid, regs)?;
-        }
-    }
+    move_threads_out(remote, &built)?;
     for (_, p, _, _, _) in &built {
         if let Some(island) = &p.island {
             origins.extend([(island.at, p.at), (island.at + patch::JUMP_LEN as u64, 0)]);
@@ -497,6 +430,105 @@ pub fn apply(
     }
     let counters = counters.map(|shared| EntryCounters { shared, functions: counted });
     Ok(Patches { applied, code: region..region + room as u64, counters, origins })
+}
+
+/// A plan whose trampoline was built: its function, the plan, the
+/// trampoline, its address, and the jump to its counting trampoline.
+type Built = (usize, PatchPlan, patch::Trampoline, u64, Option<Vec<u8>>);
+
+/// Leaves out of `plans` (into `refused`) the functions whose code in
+/// memory is not the file's: a breakpoint or another patch there, or in
+/// the padding an island takes.
+fn keep_unchanged(remote: &Remote, plans: &mut Plans, refused: &mut Refused) {
+    let pieces: Vec<(u64, usize)> = plans.iter().flat_map(|(_, p)| p.writes()).collect();
+    let mut now = remote.read_pieces(&pieces).into_iter();
+    plans.retain(|(i, p)| {
+        let entry = now.next();
+        let island = p.island.as_ref().map(|island| (island, now.next()));
+        // An island an earlier recording took out holds its jump back.
+        let found = [Some((&p.original, &p.original, entry)), island.map(|(island, now)| (&island.original, &island.restored, now))];
+        match found.into_iter().flatten().find_map(|(original, restored, now)| match now {
+            Some(Ok(bytes)) if &bytes == original || &bytes == restored => None,
+            Some(Ok(_)) | None => Some(CODE_DIFFERS.to_string()),
+            Some(Err(e)) => Some(e.to_string()),
+        }) {
+            Some(why) => {
+                refused.push((*i, why));
+                false
+            }
+            None => true,
+        }
+    });
+}
+
+/// A trampoline per plan (and, for an entry, a counting one when there
+/// are `counters`), appended to `code`, which goes at `region`; plans
+/// whose trampoline cannot be built go to `refused`. Returns each built
+/// plan with its trampoline, where it is and the jump to its counting
+/// trampoline; the functions counted, in their counters' order; and where
+/// the counting trampolines' addresses stand for the functions'.
+fn build_trampolines(
+    plans: Plans,
+    region: u64,
+    code: &mut Vec<u8>,
+    counters: Option<&Shared>,
+    prologue: &impl Fn(usize, Site, u64) -> Result<Vec<u8>, String>,
+    refused: &mut Refused,
+) -> (Vec<Built>, Vec<usize>, Vec<(u64, u64)>) {
+    let mut built = Vec::new();
+    let mut counted = Vec::new();
+    let mut origins = Vec::new();
+    for (i, p) in plans {
+        let address = region + code.len() as u64;
+        match patch::trampoline(&p, address, |own_address| prologue(i, p.site, own_address)) {
+            Ok(t) if t.code.len() <= TRAMPOLINE_ROOM => {
+                code.extend_from_slice(&t.code);
+                code.resize(code.len().next_multiple_of(16), 0xcc);
+                let counting = match (counters, p.site) {
+                    (Some(counters), Site::Entry) => {
+                        let counter = counters.remote + 8 * counted.len() as u64;
+                        let address = region + code.len() as u64;
+                        patch::trampoline(&p, address, |own_address| Ok(patch::count_call(own_address, counter)))
+                            .ok()
+                            .filter(|t| t.code.len() <= TRAMPOLINE_ROOM)
+                            .map(|t| {
+                                origins.extend(counting_origins(&p, &t, address));
+                                code.extend_from_slice(&t.code);
+                                code.resize(code.len().next_multiple_of(16), 0xcc);
+                                counted.push(i);
+                                p.jump_to(address)
+                            })
+                    }
+                    _ => None,
+                };
+                built.push((i, p, t, address, counting));
+            }
+            Ok(_) => refused.push((i, "its first instructions grow too much when moved".into())),
+            Err(why) => refused.push((i, why)),
+        }
+    }
+    (built, counted, origins)
+}
+
+/// Threads stopped inside bytes about to be replaced go on from their
+/// copies in the trampolines.
+fn move_threads_out(remote: &Remote, built: &[Built]) -> Result<(), RemoteError> {
+    let mut moves: HashMap<u64, u64> = HashMap::new();
+    for (_, p, t, _, _) in built {
+        for &(from, to) in &t.moved {
+            if from != p.at {
+                moves.insert(from, to);
+            }
+        }
+    }
+    for tid in remote.threads() {
+        let mut regs = remote.regs(tid)?;
+        if let Some(&to) = moves.get(&regs.rip) {
+            regs.rip = to;
+            remote.set_regs(tid, regs)?;
+        }
+    }
+    Ok(())
 }
 
 /// From each address of counting trampoline `t` (at `address`, for
