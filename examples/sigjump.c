@@ -2,12 +2,18 @@
  * into main, from the middle of an instrumented call: as interpreters
  * recover from a fault. Each round, fail() raises SIGUSR1; the handler
  * calls leaf() and jumps out of both.
- * Usage: sigjump [ROUNDS]   default: 1000. Prints what leaf saw. */
+ * Usage: sigjump [ROUNDS]   default: 1000. Prints what leaf saw.
+ *
+ *        sigjump timer [ROUNDS]   a timer's handler (SIGPROF, every 200 us
+ *        of CPU time, on the thread's own stack) calls leaf() and jumps out
+ *        of a loop calling spin(), wherever the signal lands: as a time
+ *        limit does. Prints the rounds and the calls spin() began. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 
 static sigjmp_buf back;
 volatile long sink;
@@ -30,8 +36,58 @@ __attribute__((noinline)) void fail(long round)
     leaf(-1000000); /* never reached */
 }
 
+static sigjmp_buf out_of_time;
+/* Set while the loop may be jumped out of. */
+static volatile sig_atomic_t armed;
+static volatile long spins;
+
+__attribute__((noinline)) void spin(long x)
+{
+    spins++;
+    sink += x;
+}
+
+static void on_timer(int signal)
+{
+    if (!armed)
+        return;
+    armed = 0;
+    leaf(signal);
+    siglongjmp(out_of_time, 1);
+}
+
+__attribute__((noinline)) long spin_until_the_timer(void)
+{
+    if (sigsetjmp(out_of_time, 1) == 0) {
+        armed = 1;
+        for (long i = 0;; i++)
+            spin(i);
+    }
+    return 1;
+}
+
+static int timer_rounds(long rounds)
+{
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_timer;
+    sigaction(SIGPROF, &action, NULL);
+    struct itimerval every = { { 0, 200 }, { 0, 200 } };
+    setitimer(ITIMER_PROF, &every, NULL);
+    long done = 0;
+    for (long r = 0; r < rounds; r++)
+        done += spin_until_the_timer();
+    struct itimerval off = { { 0, 0 }, { 0, 0 } };
+    setitimer(ITIMER_PROF, &off, NULL);
+    printf("%ld rounds\n", done);
+    fprintf(stderr, "%ld spins\n", spins);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "timer") == 0)
+        return timer_rounds(argc > 2 ? atol(argv[2]) : 200);
     long rounds = argc > 1 ? atol(argv[1]) : 1000;
     static char alternate[1 << 16];
     stack_t stack = { .ss_sp = alternate, .ss_size = sizeof alternate };

@@ -49,6 +49,7 @@ for_each_engine!(
     the_probe_cost_is_measured_reported_and_compensated,
     coroutines_that_switch_stacks_run_unharmed_and_are_counted,
     a_handler_that_jumps_out_ends_the_calls_it_left,
+    a_timer_that_jumps_out_of_the_probes_leaves_the_program_whole,
 );
 
 fn call_counts_equal_callgrind(engine: &Engine) {
@@ -106,6 +107,48 @@ fn a_handler_that_jumps_out_ends_the_calls_it_left(engine: &Engine) {
     assert_eq!(seen("fail"), (Some(500), Some(500)));
     assert_eq!(seen("handler"), (Some(500), Some(500)));
     assert_eq!(seen("leaf"), (Some(1500), Some(0)));
+}
+
+/// A timer's handler that jumps out of a loop of calls wherever its signal
+/// lands, in the probes' code as often as not (as a time limit does): the
+/// program runs as it does alone, the calls the jump left end as unwound,
+/// every call is counted, and the calls after a jump are timed again. (A
+/// handler that left the in-process engine's code by a jump once left the
+/// thread's state held for ever: the next return waited for it.)
+fn a_timer_that_jumps_out_of_the_probes_leaves_the_program_whole(engine: &Engine) {
+    require_probes();
+    let binary = Build::c("sigjump.c", "-O2").build();
+    let args = ["timer", "200"];
+    let bare = run(Command::new(&binary).args(args));
+    // The function a jump returns to timed (its return comes next), and not
+    // (the calls in the next round come next).
+    for functions in [&["-f", "spin*", "-f", "leaf"][..], &["-f", "spin", "-f", "leaf"]] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.profile");
+        let mut command = proftap();
+        command.arg("run").args(engine.exact).arg("--no-sample").args(functions).arg("-o").arg(&file).arg("--").arg(&binary).args(args);
+        let out = run_within(&mut command, std::time::Duration::from_secs(300));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!((out.status.code(), &out.stdout), (bare.status.code(), &bare.stdout), "{functions:?}: {stderr}");
+        let spins: u64 = stderr.lines().find_map(|l| l.strip_suffix(" spins")?.parse().ok()).unwrap_or_else(|| panic!("{stderr}"));
+        let report = report_json(&file);
+        let seen = |name: &str| {
+            let f = function(&report["functions"], name);
+            (f["calls"].as_u64().unwrap(), f["untimed"].as_u64().unwrap(), f["unwound"].as_u64().unwrap())
+        };
+        if functions[1] == "spin*" {
+            assert_eq!(seen("spin_until_the_timer"), (200, 0, 0));
+        }
+        // One call in each handler, made while the probes' code may be held.
+        assert_eq!(seen("leaf").0, 200, "{functions:?}");
+        // Each jump leaves one call of spin at most: counted at its entry
+        // and left before its body counted it, or left in the probes'
+        // code before it was timed (untimed), or after (unwound). Every
+        // other call is timed.
+        let (counted, untimed, unwound) = seen("spin");
+        assert!((spins..=spins + 200).contains(&counted), "{functions:?}: spin: {counted} calls counted, {spins} made");
+        assert!(untimed + unwound <= 200, "{functions:?}: spin: {counted} calls, {untimed} untimed, {unwound} left by a jump");
+    }
 }
 
 fn inclusive_and_exclusive_add_up_on_a_known_tree(engine: &Engine) {

@@ -131,22 +131,60 @@ static inline u64 *entries_of(const struct config *c, struct block *b)
     return (u64 *)((char *)b + c->entries_offset);
 }
 
-/* Takes the thread's block for one call into the runtime: returns 0 when
- * it was free (and is now the caller's). One thread's signal handlers
- * nest (a handler that finds the block free leaves it free again before
- * the code it interrupted goes on), so a plain read and write do; two
- * threads on one block need the atomic exchange, which costs a sixth of
- * a call's bookkeeping. No two threads share a block before the flag is
- * set: it is set as a thread that may share a thread pointer is made. */
-static inline u64 take_block_busy(const struct config *c, struct private_block *p)
+/* Whether two return-address slots are on the same stack, as far as the
+ * runtime can tell: a thread's frames are within a few MiB of each other;
+ * another stack (an alternate signal stack, another thread's that shares
+ * this thread's thread pointer) is farther. */
+static inline int near(u64 a, u64 b)
 {
-    if (__atomic_load_n(&header(c)->shared_seats, __ATOMIC_RELAXED))
-        return __atomic_exchange_n(&p->busy, 1, __ATOMIC_ACQUIRE);
-    u64 was = __atomic_load_n(&p->busy, __ATOMIC_RELAXED);
-    if (!was)
-        __atomic_store_n(&p->busy, 1, __ATOMIC_RELAXED);
+    return (a > b ? a - b : b - a) < NEAR_STACK;
+}
+
+/* Takes the thread's block for one call into the runtime, that of the
+ * call whose return address is at `slot` (a region hook's stack pointer):
+ * returns 0 when it was free (and is now the caller's), else the slot of
+ * the call that holds it. One thread's signal handlers nest (a handler
+ * that finds the block free leaves it free again before the code it
+ * interrupted goes on), so a plain read and write do; two threads on one
+ * block need the compare-and-swap, which costs a sixth of a call's
+ * bookkeeping. No two threads share a block before the flag is set: it is
+ * set as a thread that may share a thread pointer is made.
+ *
+ * A handler that interrupted the runtime and left by a jump (siglongjmp)
+ * leaves it held by a call that never goes on. A handler that did not
+ * calls from below the held call's slot, or from another stack; so a call
+ * at or above it on its stack comes after it was left, and takes the
+ * block over. (Not where threads share a block: their stacks may be near.) */
+static inline u64 take_block_busy(const struct config *c, struct private_block *p, u64 slot)
+{
+    u64 was = 0;
+    if (__atomic_load_n(&header(c)->shared_seats, __ATOMIC_RELAXED)) {
+        __atomic_compare_exchange_n(&p->busy, &was, slot, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+        return was;
+    }
+    was = __atomic_load_n(&p->busy, __ATOMIC_RELAXED);
+    if (!was || (slot >= was && near(slot, was))) {
+        __atomic_store_n(&p->busy, slot, __ATOMIC_RELAXED);
+        was = 0;
+    }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     return was;
+}
+
+/* Takes the thread's block for a return, which cannot be skipped. On a
+ * block of one thread no call can hold it meanwhile (a handler's calls
+ * while it is held are not hijacked, and return without the runtime): a
+ * hold found is one a jump left, and is taken over. Threads sharing a
+ * block wait for each other. */
+static inline void take_block_to_return(const struct config *c, struct private_block *p, u64 slot)
+{
+    if (!__atomic_load_n(&header(c)->shared_seats, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&p->busy, slot, __ATOMIC_RELAXED);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        return;
+    }
+    while (take_block_busy(c, p, slot))
+        __asm__ volatile("pause");
 }
 
 /* Calls made while the block was busy (a signal handler, or another thread
@@ -398,6 +436,10 @@ static __attribute__((noinline)) void adopt(const struct config *c)
         return;
     __atomic_store_n(word, LIVE_ADOPTING, __ATOMIC_RELEASE);
     struct seat *own = keep_forking_seat(c);
+    /* Another thread on the forking thread's pointer may have held its
+     * block at the fork: that thread is not in the child. */
+    if (own)
+        private_block(c, own->block - 1)->busy = 0;
     u64 outcome = LIVE_STOPPED;
     if (!c->fork_socket[0]) {
         /* Children are not followed. */
@@ -706,15 +748,6 @@ static void finish(const struct config *c, struct block *b, u64 d, u64 now, u64 
     }
 }
 
-/* Whether two return-address slots are on the same stack, as far as the
- * runtime can tell: a thread's frames are within a few MiB of each other;
- * another stack (an alternate signal stack, another thread's that shares
- * this thread's thread pointer) is farther. */
-static inline int near(u64 a, u64 b)
-{
-    return (a > b ? a - b : b - a) < NEAR_STACK;
-}
-
 /* Ends the frames above the first `kept` as left without a return, now. */
 static void end_unwound(const struct config *c, struct private_block *p, struct block *b, u64 kept)
 {
@@ -854,7 +887,7 @@ u64 proftap_entry(u64 *slot, u32 function)
     /* A signal handler that interrupted the runtime and calls a patched
      * function, or another thread on the same thread pointer: this call
      * is counted and goes untimed; the other goes on. */
-    if (take_block_busy(c, p)) {
+    if (take_block_busy(c, p, (u64)slot)) {
         if (b && function < c->functions)
             __atomic_fetch_add(&busy_entries_of(c, b)[function], 1, __ATOMIC_RELAXED);
         return 0;
@@ -972,10 +1005,7 @@ void proftap_exit(u64 *slot)
         return;
     }
     struct private_block *p = private_block(c, seated - 1);
-    /* A return cannot be skipped: wait for another thread on this thread
-     * pointer (a signal handler's calls are not hijacked while busy). */
-    while (take_block_busy(c, p))
-        __asm__ volatile("pause");
+    take_block_to_return(c, p, (u64)slot);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     u64 off = !b ? 0 : early_tid && early_tid == b->tid ? early_off : off_cpu_ns(c, b->tid);
     u64 d = p->depth;
@@ -1183,7 +1213,7 @@ void proftap_region(u64 code, u64 sp)
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = shared_block(c, seated - 1);
     struct regions *r = regions_of(c, b);
-    if (take_block_busy(c, p)) {
+    if (take_block_busy(c, p, sp)) {
         __atomic_fetch_add(&r->busy, 1, __ATOMIC_RELAXED);
         return;
     }

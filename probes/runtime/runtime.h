@@ -100,7 +100,7 @@ struct header {
     u64 unseated_returns; /* returns of threads that found no block, sent back to their call site */
     /* Nonzero once two threads may share a thread pointer, and so a block
      * (a `clone` ran, or proftap found two such threads as it attached):
-     * blocks are then taken with an atomic exchange (see take_block_busy). */
+     * blocks are then taken with a compare-and-swap (see take_block_busy). */
     u64 shared_seats;
     /* The return address each site trampoline stands for, 0 while free:
      * set once, never changed, so that an unwinder reading a sampled stack
@@ -179,7 +179,8 @@ struct seat {
 #define SEAT_NONE (~0ULL)
 
 struct private_block {
-    u64 depth, busy;
+    u64 depth;
+    u64 busy;     /* the slot of the call in the runtime on the block, 0: none (see take_block_busy) */
     u64 unhooked; /* where an unwinder that put the return addresses back was entered (its slot), 0: none */
     u64 mixed; /* threads sharing a thread pointer took turns: times no longer kept */
     struct ret ret[STACK_DEPTH];

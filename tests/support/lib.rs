@@ -74,6 +74,29 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
+/// Runs a command and returns its output whatever the status, unless it
+/// runs longer than `limit`: then it is stopped (SIGTERM, which `proftap
+/// run` passes on to its program) and the test fails, rather than hang.
+pub fn run_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
+    use std::process::Stdio;
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let pid = child.id() as i32;
+    let (done, ended) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let late = ended.recv_timeout(limit).is_err();
+        if late {
+            // SAFETY: a signal to the child this test spawned and has not reaped yet.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        late
+    });
+    let out = child.wait_with_output().unwrap_or_else(|e| panic!("cannot wait for {cmd:?}: {e}"));
+    let _ = done.send(());
+    let late = watchdog.join().unwrap_or(false);
+    assert!(!late, "{cmd:?} ran longer than {limit:?} and was stopped:\n{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
 /// Fails the test, saying what to install, unless `tool` is on PATH: a
 /// test never passes by skipping what it checks.
 pub fn require(tool: &str, why: &str) {
@@ -462,7 +485,6 @@ fn nix_is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Runs `proftap run -o FILE ARGS -- CMD...`, asserts success, returns the JSON report.
 /// Runs `binary ARGS` alone, then under `proftap run PROFTAP_ARGS`: the
 /// program ends with the same status and prints the same output either
 /// way. Returns the profile's JSON report.
@@ -470,12 +492,16 @@ pub fn run_unharmed(proftap_args: &[&str], binary: &Path, args: &[&str]) -> serd
     let bare = run(Command::new(binary).args(args));
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
-    let out = run(proftap().arg("run").args(proftap_args).arg("-o").arg(&file).arg("--").arg(binary).args(args));
+    // A program the engine harmed may hang rather than fail.
+    let mut command = proftap();
+    command.arg("run").args(proftap_args).arg("-o").arg(&file).arg("--").arg(binary).args(args);
+    let out = run_within(&mut command, std::time::Duration::from_secs(300));
     let seen = |o: &Output| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned());
     assert_eq!(seen(&out), seen(&bare), "proftap run {proftap_args:?}: {}", String::from_utf8_lossy(&out.stderr));
     report_json(&file)
 }
 
+/// Runs `proftap run -o FILE ARGS -- CMD...`, asserts success, returns the JSON report.
 pub fn profile_run(proftap_args: &[&str], command: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
