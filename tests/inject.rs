@@ -601,14 +601,19 @@ fn the_default_engine_is_this_one_unless_the_recording_needs_uprobes() {
 #[test]
 fn threads_past_the_engines_blocks_are_all_timed() {
     require_probes();
-    // 3,000 threads one after another, 1,024 blocks: those of threads that
-    // ended are read and taken again.
-    let report = profile_like_bare(&Build::c("churn.c", "-O2").build(), &["-f", "leaf"], &["3000"]);
+    // 4,200 threads one after another, 4,096 blocks: those of threads that
+    // ended are read and taken again. Then a child forked with every block
+    // once taken makes 20 threads: its blocks are its own.
+    let report = profile_like_bare(&Build::c("churn.c", "-O2").build(), &["-f", "leaf"], &["4200", "fork", "20"]);
     assert_eq!(report["recording"]["engine"], "inject");
-    assert_eq!(calls_by_name(&report)["leaf"], 30_000);
+    assert_eq!(calls_by_name(&report)["leaf"], 42_200);
     let threads = report["threads"].as_array().unwrap();
-    let with_leaf = threads.iter().filter(|t| t["functions"].as_array().is_some_and(|f| !f.is_empty())).count();
-    assert_eq!(with_leaf, 3_000, "every thread's calls, timed, in a thread of its own");
+    let with_leaf = |pid: Option<i64>| {
+        let with = |t: &&serde_json::Value| t["functions"].as_array().is_some_and(|f| !f.is_empty());
+        threads.iter().filter(|t| pid.is_none_or(|pid| t["pid"].as_i64() == Some(pid))).filter(with).count()
+    };
+    assert_eq!(with_leaf(None), 4_220, "every thread's calls, timed, in a thread of its own");
+    assert_eq!(with_leaf(report["target"]["pid"].as_i64()), 4_200, "the parent's threads");
     let notes = report["notes"].to_string();
     assert!(!notes.contains("not timed"), "{notes}");
 }

@@ -253,6 +253,7 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
 #define SYS_mmap 9
 #define SYS_mprotect 10
 #define SYS_munmap 11
+#define SYS_rt_sigprocmask 14
 #define SYS_sched_yield 24
 #define SYS_mremap 25
 #define SYS_getpid 39
@@ -356,6 +357,22 @@ static void carry_block(const struct config *c, struct block *to, const struct b
     to->state = BLOCK_USED;
 }
 
+/* Moves private block `from` to `to`: its frames in progress, its flags. */
+static void move_private_block(const struct config *c, u64 from, u64 to)
+{
+    const struct private_block *a = private_block(c, from);
+    struct private_block *b = private_block(c, to);
+    u64 depth = a->depth < STACK_DEPTH ? a->depth : STACK_DEPTH;
+    for (u64 d = 0; d < depth; d++) {
+        b->ret[d] = a->ret[d];
+        NOT_A_MEMCPY();
+    }
+    b->depth = depth;
+    b->busy = 0;
+    b->unhooked = a->unhooked;
+    b->mixed = a->mixed;
+}
+
 /* Sends the memfd to proftap and waits for it to say it has it. */
 static int hand_over(const struct config *c, long memfd)
 {
@@ -427,25 +444,22 @@ static int wait_for_adopter(const struct config *c, u64 *word, u64 tid)
     }
 }
 
-static __attribute__((noinline)) void adopt(const struct config *c)
+/* Whether private block p is held by a call of this thread under way
+ * above this code: a handler that interrupted the runtime called fork. */
+static __attribute__((noinline)) int held_above_here(const struct private_block *p)
 {
-    u64 *word = (u64 *)c->live;
-    /* Another thread makes it: this call waits for its memory, to be
-     * counted there. */
-    if (wait_for_adopter(c, word, gettid()))
-        return;
-    __atomic_store_n(word, LIVE_ADOPTING, __ATOMIC_RELEASE);
-    struct seat *own = keep_forking_seat(c);
-    /* Another thread on the forking thread's pointer may have held its
-     * block at the fork: that thread is not in the child. */
-    if (own)
-        private_block(c, own->block - 1)->busy = 0;
+    u64 was = p->busy, here = (u64)__builtin_frame_address(0);
+    return was > here && near(was, here);
+}
+
+/* Makes the child's own shared memory and hands it to proftap; returns
+ * the live word it leads to. The forking thread's block (`own`'s) is
+ * carried over as the child's first, its other threads taking the
+ * others, whatever the parent had taken; or, where a call of its own
+ * holds it (`keep_index`), where that call has it. */
+static u64 make_own_memory(const struct config *c, struct seat *own, int keep_index)
+{
     u64 outcome = LIVE_STOPPED;
-    if (!c->fork_socket[0]) {
-        /* Children are not followed. */
-        __atomic_store_n(word, outcome, __ATOMIC_RELEASE);
-        return;
-    }
     char name[] = "proftap";
     /* Sealing allowed: proftap seals it against shrinking before it maps it. */
     long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
@@ -461,17 +475,18 @@ static __attribute__((noinline)) void adopt(const struct config *c)
              * by the parent's table: the child's starts as a copy. */
             for (u64 i = 0; i < SITES; i++)
                 to->sites[i] = from->sites[i];
-            u64 taken = from->blocks_taken < c->blocks ? from->blocks_taken : c->blocks;
-            if (own) {
-                u64 index = own->block - 1;
-                struct block *b = (struct block *)(fresh + c->blocks_offset + index * c->block_bytes);
-                carry_block(c, b, shared_block(c, index), private_block(c, index), own->tid);
-                taken = taken > index ? taken : index + 1;
-            }
-            to->blocks_taken = taken;
+            u64 index = own ? own->block - 1 : 0, first = keep_index ? index : 0;
+            if (own)
+                carry_block(c, (struct block *)(fresh + c->blocks_offset + first * c->block_bytes), shared_block(c, index),
+                            private_block(c, index), own->tid);
+            to->blocks_taken = own ? first + 1 : 0;
             /* Where the parent's memory was, the child's: nothing it does
              * from here on reaches the parent's. */
             if (syscall6(SYS_mremap, fresh, c->shared_bytes, c->shared_bytes, 3 /* MAYMOVE|FIXED */, c->shared, 0) == (long)c->shared) {
+                if (own && first != index) {
+                    move_private_block(c, index, first);
+                    own->block = first + 1;
+                }
                 if (hand_over(c, memfd))
                     outcome = LIVE_RECORDING;
             } else {
@@ -481,7 +496,31 @@ static __attribute__((noinline)) void adopt(const struct config *c)
     }
     if (memfd >= 0)
         syscall6(SYS_close, memfd, 0, 0, 0, 0, 0);
+    return outcome;
+}
+
+static __attribute__((noinline)) void adopt(const struct config *c)
+{
+    u64 *word = (u64 *)c->live;
+    /* Another thread makes it: this call waits for its memory, to be
+     * counted there. */
+    if (wait_for_adopter(c, word, gettid()))
+        return;
+    /* No handler runs while the child's memory is made: one that left by
+     * a jump would leave its blocks half moved. */
+    u64 every_signal = ~0UL, before = 0;
+    syscall6(SYS_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&every_signal, (long)&before, sizeof before, 0, 0);
+    __atomic_store_n(word, LIVE_ADOPTING, __ATOMIC_RELEASE);
+    struct seat *own = keep_forking_seat(c);
+    int held = own && held_above_here(private_block(c, own->block - 1));
+    /* Another thread on the forking thread's pointer may have held its
+     * block at the fork: that thread is not in the child. */
+    if (own && !held)
+        private_block(c, own->block - 1)->busy = 0;
+    /* Children not followed run unrecorded. */
+    u64 outcome = c->fork_socket[0] ? make_own_memory(c, own, held) : LIVE_STOPPED;
     __atomic_store_n(word, outcome, __ATOMIC_RELEASE);
+    syscall6(SYS_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&before, 0, sizeof before, 0, 0);
 }
 
 /* A forked child's first call into the runtime adopts it; its other
