@@ -4,10 +4,16 @@
  * calls leaf() and jumps out of both.
  * Usage: sigjump [ROUNDS]   default: 1000. Prints what leaf saw.
  *
- *        sigjump timer [ROUNDS]   a timer's handler (SIGPROF, every 200 us
- *        of CPU time, on the thread's own stack) calls leaf() and jumps out
- *        of a loop calling spin(), wherever the signal lands: as a time
- *        limit does. Prints the rounds and the calls spin() began. */
+ *        sigjump timer [ROUNDS [altstack|shared]]   a timer's handler
+ *        (SIGPROF, every 200 us of CPU time, on the thread's own stack)
+ *        calls leaf(), then, every other time, jumps out of a loop calling
+ *        spin(), wherever the signal lands: as a time limit does; else it
+ *        returns. altstack: the handler runs on an alternate stack in
+ *        main's frame, near the loop's. shared: a thread made with clone()
+ *        that shares main's thread pointer ran first. Prints the rounds;
+ *        on stderr, the calls spin() began and the handler's runs. */
+#define _GNU_SOURCE
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -39,7 +45,7 @@ __attribute__((noinline)) void fail(long round)
 static sigjmp_buf out_of_time;
 /* Set while the loop may be jumped out of. */
 static volatile sig_atomic_t armed;
-static volatile long spins;
+static volatile long spins, handled;
 
 __attribute__((noinline)) void spin(long x)
 {
@@ -51,8 +57,10 @@ static void on_timer(int signal)
 {
     if (!armed)
         return;
-    armed = 0;
     leaf(signal);
+    if (++handled % 2)
+        return;
+    armed = 0;
     siglongjmp(out_of_time, 1);
 }
 
@@ -66,11 +74,33 @@ __attribute__((noinline)) long spin_until_the_timer(void)
     return 1;
 }
 
-static int timer_rounds(long rounds)
+static volatile int clone_ran;
+
+static int run_once(void *arg)
 {
+    (void)arg;
+    clone_ran = 1;
+    return 0;
+}
+
+static int timer_rounds(long rounds, const char *how)
+{
+    char alternate[1 << 16];
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_handler = on_timer;
+    if (strcmp(how, "altstack") == 0) {
+        stack_t stack = { .ss_sp = alternate, .ss_size = sizeof alternate };
+        sigaltstack(&stack, NULL);
+        action.sa_flags = SA_ONSTACK;
+    } else if (strcmp(how, "shared") == 0) {
+        static char stack[1 << 16];
+        int flags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM;
+        if (clone(run_once, stack + sizeof stack, flags, NULL) < 0)
+            return 1;
+        while (!clone_ran)
+            ;
+    }
     sigaction(SIGPROF, &action, NULL);
     struct itimerval every = { { 0, 200 }, { 0, 200 } };
     setitimer(ITIMER_PROF, &every, NULL);
@@ -80,14 +110,14 @@ static int timer_rounds(long rounds)
     struct itimerval off = { { 0, 0 }, { 0, 0 } };
     setitimer(ITIMER_PROF, &off, NULL);
     printf("%ld rounds\n", done);
-    fprintf(stderr, "%ld spins\n", spins);
+    fprintf(stderr, "%ld spins %ld handled\n", spins, handled);
     return 0;
 }
 
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "timer") == 0)
-        return timer_rounds(argc > 2 ? atol(argv[2]) : 200);
+        return timer_rounds(argc > 2 ? atol(argv[2]) : 200, argc > 3 ? argv[3] : "");
     long rounds = argc > 1 ? atol(argv[1]) : 1000;
     static char alternate[1 << 16];
     stack_t stack = { .ss_sp = alternate, .ss_size = sizeof alternate };

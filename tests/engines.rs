@@ -110,44 +110,66 @@ fn a_handler_that_jumps_out_ends_the_calls_it_left(engine: &Engine) {
 }
 
 /// A timer's handler that jumps out of a loop of calls wherever its signal
-/// lands, in the probes' code as often as not (as a time limit does): the
-/// program runs as it does alone, the calls the jump left end as unwound,
-/// every call is counted, and the calls after a jump are timed again. (A
-/// handler that left the in-process engine's code by a jump once left the
-/// thread's state held for ever: the next return waited for it.)
+/// lands, in the probes' code as often as not (as a time limit does), or
+/// returns: the program runs as it does alone, the calls the jumps left
+/// end as unwound, every call is counted, and the calls after a jump are
+/// timed again. On the thread's own stack, on an alternate stack near the
+/// loop's (a handler's calls there are not the calls after a jump), and
+/// once a thread that shares the thread pointer was made. (A handler that
+/// left the in-process engine's code by a jump once left the thread's
+/// state held for ever: the next return waited for it.)
 fn a_timer_that_jumps_out_of_the_probes_leaves_the_program_whole(engine: &Engine) {
     require_probes();
     let binary = Build::c("sigjump.c", "-O2").build();
-    let args = ["timer", "200"];
-    let bare = run(Command::new(&binary).args(args));
-    // The function a jump returns to timed (its return comes next), and not
-    // (the calls in the next round come next).
-    for functions in [&["-f", "spin*", "-f", "leaf"][..], &["-f", "spin", "-f", "leaf"]] {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("p.profile");
-        let mut command = proftap();
-        command.arg("run").args(engine.exact).arg("--no-sample").args(functions).arg("-o").arg(&file).arg("--").arg(&binary).args(args);
-        let out = run_within(&mut command, std::time::Duration::from_secs(300));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!((out.status.code(), &out.stdout), (bare.status.code(), &bare.stdout), "{functions:?}: {stderr}");
-        let spins: u64 = stderr.lines().find_map(|l| l.strip_suffix(" spins")?.parse().ok()).unwrap_or_else(|| panic!("{stderr}"));
-        let report = report_json(&file);
-        let seen = |name: &str| {
-            let f = function(&report["functions"], name);
-            (f["calls"].as_u64().unwrap(), f["untimed"].as_u64().unwrap(), f["unwound"].as_u64().unwrap())
-        };
-        if functions[1] == "spin*" {
-            assert_eq!(seen("spin_until_the_timer"), (200, 0, 0));
+    let rounds = 100;
+    for how in ["", "altstack", "shared"] {
+        let args = ["timer", &rounds.to_string(), how];
+        let bare = run(Command::new(&binary).args(args));
+        // The function a jump returns to timed (its return comes next), and
+        // not (the calls in the next round come next).
+        for functions in [&["-f", "spin*", "-f", "leaf"][..], &["-f", "spin", "-f", "leaf"]] {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("p.profile");
+            // The kernel's probes see a call on an alternate stack above the
+            // thread's frames as one made after they were left: they end,
+            // marked unwound; with return probes the kernel drops theirs, and
+            // their returns kill the program (SIGILL).
+            let near_alternate_stack = how == "altstack" && engine.name == "uprobe";
+            let exits: &[&str] = if near_alternate_stack { &["--exits", "ret"] } else { &[] };
+            let mut command = proftap();
+            command.arg("run").args(engine.exact).args(exits).arg("--no-sample").args(functions).arg("-o").arg(&file);
+            command.arg("--").arg(&binary).args(args);
+            let out = run_within(&mut command, std::time::Duration::from_secs(120));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let case = format!("{how:?} {functions:?}");
+            assert_eq!((out.status.code(), &out.stdout), (bare.status.code(), &bare.stdout), "{case}: {stderr}");
+            let made = |what: &str| -> u64 {
+                let words = stderr.lines().find_map(|l| l.strip_suffix(" handled")).unwrap_or_else(|| panic!("{case}: {stderr}"));
+                let words: Vec<&str> = words.split(' ').collect();
+                words[if what == "spins" { 0 } else { 2 }].parse().unwrap()
+            };
+            let report = report_json(&file);
+            let seen = |name: &str| {
+                let f = function(&report["functions"], name);
+                (f["calls"].as_u64().unwrap(), f["untimed"].as_u64().unwrap(), f["unwound"].as_u64().unwrap())
+            };
+            if functions[1] == "spin*" && !near_alternate_stack {
+                assert_eq!(seen("spin_until_the_timer"), (rounds, 0, 0), "{case}");
+            } else if functions[1] == "spin*" {
+                assert_eq!(seen("spin_until_the_timer").0, rounds, "{case}");
+            }
+            // One call in each handler, made while the probes' code may be held.
+            assert_eq!(seen("leaf").0, made("handled"), "{case}");
+            // Each jump leaves one call of spin at most: counted at its entry
+            // and left before its body counted it, or left in the probes'
+            // code before it was timed (untimed), or after (unwound). Every
+            // other call is timed.
+            let (counted, untimed, unwound) = seen("spin");
+            let spins = made("spins");
+            assert!((spins..=spins + rounds).contains(&counted), "{case}: spin: {counted} calls counted, {spins} made");
+            let left = if near_alternate_stack { 2 * rounds } else { rounds };
+            assert!(untimed + unwound <= left, "{case}: spin: {counted} calls, {untimed} untimed, {unwound} left by a jump");
         }
-        // One call in each handler, made while the probes' code may be held.
-        assert_eq!(seen("leaf").0, 200, "{functions:?}");
-        // Each jump leaves one call of spin at most: counted at its entry
-        // and left before its body counted it, or left in the probes'
-        // code before it was timed (untimed), or after (unwound). Every
-        // other call is timed.
-        let (counted, untimed, unwound) = seen("spin");
-        assert!((spins..=spins + 200).contains(&counted), "{functions:?}: spin: {counted} calls counted, {spins} made");
-        assert!(untimed + unwound <= 200, "{functions:?}: spin: {counted} calls, {untimed} untimed, {unwound} left by a jump");
     }
 }
 

@@ -140,35 +140,69 @@ static inline int near(u64 a, u64 b)
     return (a > b ? a - b : b - a) < NEAR_STACK;
 }
 
+/* The thread's alternate signal stack, as [*lo, *hi) (empty when it has
+ * none); returns whether the thread runs on it now: a handler's. */
+static int alternate_stack(u64 *lo, u64 *hi)
+{
+    struct {
+        u64 sp;
+        int flags;
+        u64 size;
+    } stack = {0, 0, 0};
+    *lo = *hi = 0;
+    if (syscall6(131 /* sigaltstack */, 0, (long)&stack, 0, 0, 0, 0) != 0 || (stack.flags & 2 /* SS_DISABLE */))
+        return 0;
+    *lo = stack.sp;
+    *hi = stack.sp + stack.size;
+    return stack.flags & 1 /* SS_ONSTACK */;
+}
+
+static int on_alternate_stack(void)
+{
+    u64 lo, hi;
+    return alternate_stack(&lo, &hi);
+}
+
+/* Whether the call at `slot` holding the thread's block (`was`) was left
+ * by a jump (a handler that interrupted the runtime and left by
+ * siglongjmp), seen from a call at `slot` of this thread. A handler that
+ * did not leave calls from below the held call, or from its alternate
+ * stack; another thread calls from its own stack. So a held slot between
+ * this code's frame and the call's is in frames this thread left. On a
+ * block of one thread (not `shared`), so is a held slot below the call's
+ * on its stack, unless this is a handler's call on its alternate stack,
+ * which may lie near, above the held call. */
+static __attribute__((noinline)) int left_by_a_jump(u64 was, u64 slot, int shared)
+{
+    u64 here = (u64)__builtin_frame_address(0);
+    if (here < was && was <= slot)
+        return 1;
+    return !shared && was <= slot && near(slot, was) && !on_alternate_stack();
+}
+
 /* Takes the thread's block for one call into the runtime, that of the
  * call whose return address is at `slot` (a region hook's stack pointer):
- * returns 0 when it was free (and is now the caller's), else the slot of
- * the call that holds it. One thread's signal handlers nest (a handler
+ * returns 0 when it was free, or held by a call a jump left (and is now
+ * the caller's), else 1. One thread's signal handlers nest (a handler
  * that finds the block free leaves it free again before the code it
  * interrupted goes on), so a plain read and write do; two threads on one
  * block need the compare-and-swap, which costs a sixth of a call's
  * bookkeeping. No two threads share a block before the flag is set: it is
- * set as a thread that may share a thread pointer is made.
- *
- * A handler that interrupted the runtime and left by a jump (siglongjmp)
- * leaves it held by a call that never goes on. A handler that did not
- * calls from below the held call's slot, or from another stack; so a call
- * at or above it on its stack comes after it was left, and takes the
- * block over. (Not where threads share a block: their stacks may be near.) */
-static inline u64 take_block_busy(const struct config *c, struct private_block *p, u64 slot)
+ * set as a thread that may share a thread pointer is made. */
+static inline int take_block_busy(const struct config *c, struct private_block *p, u64 slot)
 {
     u64 was = 0;
     if (__atomic_load_n(&header(c)->shared_seats, __ATOMIC_RELAXED)) {
-        __atomic_compare_exchange_n(&p->busy, &was, slot, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
-        return was;
+        if (__atomic_compare_exchange_n(&p->busy, &was, slot, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return 0;
+        return !(left_by_a_jump(was, slot, 1) && __atomic_compare_exchange_n(&p->busy, &was, slot, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED));
     }
     was = __atomic_load_n(&p->busy, __ATOMIC_RELAXED);
-    if (!was || (slot >= was && near(slot, was))) {
+    int held = was && !left_by_a_jump(was, slot, 0);
+    if (!held)
         __atomic_store_n(&p->busy, slot, __ATOMIC_RELAXED);
-        was = 0;
-    }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    return was;
+    return held;
 }
 
 /* Takes the thread's block for a return, which cannot be skipped. On a
@@ -818,22 +852,44 @@ static void drop_below(const struct config *c, struct private_block *p, struct b
     end_unwound(c, p, b, kept);
 }
 
+/* Whether two return-address slots are on one stack: near, and both on
+ * the alternate signal stack [alt_lo, alt_hi) or both off it (it may lie
+ * near the thread's stack: in main's frame, or mapped beside it). */
+static inline int same_stack(u64 a, u64 b, u64 alt_lo, u64 alt_hi)
+{
+    return near(a, b) && (a - alt_lo < alt_hi - alt_lo) == (b - alt_lo < alt_hi - alt_lo);
+}
+
 /* How many of the thread's frames are still in progress when a call is
  * made at `slot` (or at it too, with at_too): not those deeper on this
  * stack, which a longjmp or an exception left; nor those of other stacks
  * made after such a frame (a signal handler on an alternate stack that
  * longjmp'd out, back here). A frame of another stack above the live ones
- * (a handler running now) stays. */
-static u64 frames_still_in(const struct private_block *p, u64 slot, int at_too)
+ * (a handler running now) stays. The alternate stack is [alt_lo, alt_hi). */
+static u64 frames_still_in(const struct private_block *p, u64 slot, int at_too, u64 alt_lo, u64 alt_hi)
 {
     u64 kept = p->depth;
     for (u64 i = p->depth; i > 0; i--) {
         u64 at = p->ret[i - 1].slot;
-        if (!near(at, slot))
+        if (!same_stack(at, slot, alt_lo, alt_hi))
             continue;
         if (!(at < slot || (at_too && at == slot)))
             break;
         kept = i - 1;
+    }
+    return kept;
+}
+
+/* frames_still_in, telling the alternate signal stack apart where frames
+ * would end: a system call, made only then. */
+static u64 frames_in_progress(const struct private_block *p, u64 slot, int at_too)
+{
+    u64 kept = frames_still_in(p, slot, at_too, 0, 0);
+    u64 lo, hi;
+    if (kept < p->depth) {
+        alternate_stack(&lo, &hi);
+        if (hi)
+            kept = frames_still_in(p, slot, at_too, lo, hi);
     }
     return kept;
 }
@@ -955,7 +1011,7 @@ u64 proftap_entry(u64 *slot, u32 function)
      * trampoline (then this is its tail call, and it lives on). */
     u64 d = p->depth;
     int hijacked = is_trampoline(c, *slot);
-    u64 kept = frames_still_in(p, (u64)slot, !hijacked);
+    u64 kept = frames_in_progress(p, (u64)slot, !hijacked);
     if (kept < d)
         end_unwound(c, p, b, kept);
     d = p->depth;
