@@ -5,10 +5,9 @@
  * Usage: sigjump [ROUNDS]   default: 1000. Prints what leaf saw.
  *
  *        sigjump timer [ROUNDS [altstack|shared]]   a timer's handler
- *        (SIGPROF, every 200 us of CPU time, on the thread's own stack)
- *        calls leaf(), then, every other time, jumps out of a loop calling
- *        spin(), wherever the signal lands: as a time limit does; else it
- *        returns. altstack: the handler runs on an alternate stack in
+ *        (SIGALRM, every 100 us, on the thread's own stack) calls leaf(),
+ *        then, every tenth time, jumps out of a loop calling spin(),
+ *        wherever the signal lands: as a time limit does; else it returns. altstack: the handler runs on an alternate stack in
  *        main's frame, near the loop's. shared: a thread made with clone()
  *        that shares main's thread pointer ran first. Prints the rounds;
  *        on stderr, the calls spin() began and the handler's runs. */
@@ -58,7 +57,7 @@ static void on_timer(int signal)
     if (!armed)
         return;
     leaf(signal);
-    if (++handled % 2)
+    if (++handled % 10)
         return;
     armed = 0;
     siglongjmp(out_of_time, 1);
@@ -101,14 +100,14 @@ static int timer_rounds(long rounds, const char *how)
         while (!clone_ran)
             ;
     }
-    sigaction(SIGPROF, &action, NULL);
-    struct itimerval every = { { 0, 200 }, { 0, 200 } };
-    setitimer(ITIMER_PROF, &every, NULL);
+    sigaction(SIGALRM, &action, NULL);
+    struct itimerval every = { { 0, 100 }, { 0, 100 } };
+    setitimer(ITIMER_REAL, &every, NULL);
     long done = 0;
     for (long r = 0; r < rounds; r++)
         done += spin_until_the_timer();
     struct itimerval off = { { 0, 0 }, { 0, 0 } };
-    setitimer(ITIMER_PROF, &off, NULL);
+    setitimer(ITIMER_REAL, &off, NULL);
     printf("%ld rounds\n", done);
     fprintf(stderr, "%ld spins %ld handled\n", spins, handled);
     return 0;
