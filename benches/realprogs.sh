@@ -4,9 +4,10 @@
 # 5.4.4 running benches/realprogs/bench.lua), a database engine (SQLite
 # 3.40.1's shell running benches/realprogs/bench-sql.sh's 100 000 inserts and
 # queries), a compressor (gzip 1.13 on SQLite's C source), a C++ parser
-# (yaml-cpp 0.6.3's parse tool reading and writing back a YAML document)
-# and a multi-threaded Rust program (ripgrep searching a source tree,
-# then a larger part of the machine).
+# (yaml-cpp 0.6.3's parse tool reading and writing back a YAML document),
+# a shell that forks (dash 0.5.12 running benches/realprogs/fork.sh, its
+# children counted in every process) and a multi-threaded Rust program
+# (ripgrep searching a source tree, then a larger part of the machine).
 #
 # Usage: benches/realprogs.sh [RUNS]     (root; perf, valgrind and cmake installed)
 # Sources and builds go to $PROFTAP_REALPROGS (default ~/.cache/proftap-realprogs).
@@ -64,6 +65,12 @@ fi
 rg=$dir/rg/bin/rg
 if [ ! -x "$rg" ]; then
     CARGO_PROFILE_RELEASE_DEBUG=true cargo install --quiet --locked ripgrep@15.2.0 --root "$dir/rg" --target-dir "$dir/rg-target"
+fi
+dash=$dir/dash-0.5.12/src/dash
+if [ ! -x "$dash" ]; then
+    rm -rf "$dir/dash-0.5.12"
+    curl -fsSL "$pool/d/dash/dash_0.5.12.orig.tar.gz" | tar xz -C "$dir"
+    (cd "$dir/dash-0.5.12" && ./configure CFLAGS="-O2 -g" >/dev/null && make -s >/dev/null)
 fi
 sql=$dir/bench.sql
 [ -s "$sql" ] || bash "$root/benches/realprogs/bench-sql.sh" >"$sql"
@@ -130,6 +137,25 @@ exact() {
     python3 "$compare_py" calls "$out.callgrind" "$functions" "$out.json"
 }
 
+# The same for a program that forks, in every process: callgrind zeroes a
+# child's counters when it enters `zero_at`, the first function the child
+# runs alone (callgrind's out file of a child holds its parent's counts up
+# to the fork).
+exact_children() {
+    local name=$1 functions=$2 zero_at=$3
+    shift 3
+    local out=$dir/$name-exact
+    local args=()
+    for f in ${functions//,/ }; do args+=(-f "$f"); done
+    "$proftap" run --overhead-budget 0 --no-sample "${args[@]}" -o "$out.profile" -- "$@" >/dev/null </dev/null 2>&1
+    rm -rf "$out.callgrind.d" && mkdir "$out.callgrind.d"
+    valgrind -q --tool=callgrind --trace-children=yes --zero-before="$zero_at" \
+        --callgrind-out-file="$out.callgrind.d/callgrind.%p" "$@" >/dev/null </dev/null 2>&1
+    echo "  every probe kept, against callgrind, all processes:"
+    "$proftap" report "$out.profile" --format json >"$out.json"
+    python3 "$compare_py" calls "$out.callgrind.d" "$functions" "$out.json"
+}
+
 compare lua "$lua" "$root/benches/realprogs/bench.lua" 2
 exact lua luaH_getshortstr,luaS_new,luaV_execute,luaD_precall,luaH_newkey,luaC_step,luaF_close,luaH_resize \
     "$lua" "$root/benches/realprogs/bench.lua" 1
@@ -150,6 +176,13 @@ compare yaml "$yaml" "$yaml_input"
 exact yaml "YAML::Scanner::ScanNextToken(),YAML::Scanner::EnsureTokensInQueue(),YAML::Stream::eat(int),YAML::Stream::get(),\
 YAML::detail::memory::create_node(),YAML::NodeBuilder::Pop(),YAML::Scanner::ScanPlainScalar(),YAML::Exp::Break()" \
     "$yaml" "$yaml_input.small"
+# A shell forking for each subshell and command substitution, which run
+# in the children: every process counted. callgrind counts each child from
+# its fork on once its counters are zeroed as the child starts (dash's
+# forkchild); otherwise a child's counts hold its parent's up to the fork.
+compare dash "$dash" "$root/benches/realprogs/fork.sh"
+exact_children dash evaltree,evalcommand,expandarg,forkshell,stalloc,evalsubshell,exitshell,evalbackcmd \
+    forkchild.constprop.0 "$dash" "$root/benches/realprogs/fork.sh"
 compare rg "$rg" -c 'fn [a-z_]+\(' "$tree"
 # Functions called once per file, directory or glob, whatever thread runs
 # them: a line buffer's calls depend on what its thread searched before

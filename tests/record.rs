@@ -258,6 +258,24 @@ fn forked_children_are_followed_unless_asked_not_to() {
     assert_eq!(calls_by_name(&report)["work"], 370);
 }
 
+/// A program that forks more than a thousand children, one after another,
+/// with its stacks sampled: each child's memory is read, a few at a time
+/// (each takes as much address space as the parent's: a thousand at once
+/// do not fit).
+#[test]
+fn more_than_a_thousand_forked_children_are_each_counted() {
+    require_probes();
+    let binary = Build::c("children.c", "-O2").build();
+    let report = profile_run(&["-f", "work", "--sample"], &[binary.to_str().unwrap(), "1200"]);
+    assert_eq!(report["recording"]["engine"], "inject");
+    let unread: Vec<&str> =
+        report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).filter(|n| n.contains("not counted")).collect();
+    assert!(unread.is_empty(), "{} children not read, the first: {:?}", unread.len(), unread.first());
+    assert_eq!(calls_by_name(&report)["work"], 2400);
+    let pids: std::collections::HashSet<i64> = report["threads"].as_array().unwrap().iter().map(|t| t["pid"].as_i64().unwrap()).collect();
+    assert_eq!(pids.len(), 1201);
+}
+
 /// A forked child's calls in progress when it ends (main, which it
 /// inherited, never returns in it) end when it ended, not when the
 /// recording does: here the parent lives on 300 ms after its child.

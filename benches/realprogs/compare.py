@@ -5,9 +5,11 @@ compare.py top REPORT.json
     instrumented: what their samples took out of their callers'), the five with the
     most self samples in the same recording, and the events lost;
 compare.py calls CALLGRIND.OUT F1,F2,... REPORT.json
-    each function's calls by proftap and by callgrind.
+    each function's calls by proftap and by callgrind (CALLGRIND.OUT a
+    directory: the sum of the out files in it, one per process).
 """
 import json
+import os
 import re
 import sys
 
@@ -61,7 +63,13 @@ def callgrind_calls(path):
 
 
 def calls(callgrind, functions, report):
-    theirs = callgrind_calls(callgrind)
+    if os.path.isdir(callgrind):
+        theirs = {}
+        for name in os.listdir(callgrind):
+            for function, n in callgrind_calls(os.path.join(callgrind, name)).items():
+                theirs[function] = theirs.get(function, 0) + n
+    else:
+        theirs = callgrind_calls(callgrind)
     p = json.load(open(report))
     ours = {f["name"]: f["calls"] for f in p["functions"]}
     names = functions.split(",")

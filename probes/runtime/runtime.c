@@ -289,7 +289,6 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
 #define SYS_munmap 11
 #define SYS_rt_sigprocmask 14
 #define SYS_sched_yield 24
-#define SYS_mremap 25
 #define SYS_getpid 39
 #define SYS_socket 41
 #define SYS_connect 42
@@ -318,74 +317,86 @@ static int thread_id_at(const struct config *c, u64 key, u32 tid)
     return syscall6(SYS_process_vm_readv, (long)gettid(), (long)local, 1, (long)remote, 1, 0) == sizeof there && there == tid;
 }
 
-/* Leaves the forking thread's seat alone in the table, at its home place,
- * with its thread id in the child: the parent's other threads are not in
- * the child. The forking thread is the calling one when its C library
- * thread id is now the child's pid (the usual case) or where that id's
- * place is unknown; else the one whose thread control block holds that
- * id; else (a child the C library did not make, whose ids it did not
- * write) the calling one again. Returns the seat, or 0 when the forking
- * thread had none. */
-static struct seat *keep_forking_seat(const struct config *c)
+/* Whether seat s holds a block of the thread (not free, not being taken,
+ * not one proftap retired). */
+static int seat_used(const struct config *c, const struct seat *s)
 {
-    u64 key = thread_pointer();
-    u32 pid = (u32)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
-    u32 own_tid = library_tid(c);
-    int calling_forked = !c->tcb_tid || own_tid == pid;
-    struct seat *seats = (struct seat *)c->private_base;
-    struct seat own = {0, 0, 0, 0}, other = {0, 0, 0, 0};
-    for (u64 i = 0; i < SEATS; i++) {
-        struct seat *s = &seats[i];
-        int used = s->key && s->block && s->block <= c->blocks
-                   && __atomic_load_n(&shared_block(c, s->block - 1)->state, __ATOMIC_ACQUIRE) == BLOCK_USED;
-        if (used && s->key == key)
-            own = *s;
-        else if (used && !calling_forked && !other.block && thread_id_at(c, s->key, pid))
-            other = *s;
-        s->key = s->block = s->tid = s->claimer = 0;
-        NOT_A_MEMCPY();
-    }
-    struct seat forking = other.block ? other : own;
-    if (!forking.block)
-        return 0;
-    struct seat *home = &seats[home_of(forking.key)];
-    home->block = forking.block;
-    home->tid = other.block ? pid : own_tid ? own_tid : (u32)gettid();
-    home->key = forking.key;
-    return home;
+    return s->key && s->block && s->block <= c->blocks
+           && __atomic_load_n(&shared_block(c, s->block - 1)->state, __ATOMIC_ACQUIRE) == BLOCK_USED;
 }
 
-/* The thread's block as the child's first: the parent's contexts with
- * nothing counted, the child's frames in progress (its private copy says
- * how deep) starting now. */
+/* The used seat of thread pointer `key`, found as a call finds it; 0 if none. */
+static struct seat *seat_keyed(const struct config *c, u64 key)
+{
+    struct seat *seats = (struct seat *)c->private_base;
+    u64 i = home_of(key);
+    for (u64 n = 0; n < SEATS && seats[i].key; n++, i = (i + 1) & (SEATS - 1))
+        if (seats[i].key == key)
+            return seat_used(c, &seats[i]) ? &seats[i] : 0;
+    return 0;
+}
+
+/* The used seat whose thread control block holds C library thread id
+ * `tid`; 0 if none. Reads the whole table (a page fault for each page the
+ * parent never wrote): only where a thread of the child made after the
+ * fork calls first. */
+static struct seat *seat_of_thread_id(const struct config *c, u32 tid)
+{
+    struct seat *seats = (struct seat *)c->private_base;
+    for (u64 i = 0; i < SEATS; i++)
+        if (seat_used(c, &seats[i]) && thread_id_at(c, seats[i].key, tid))
+            return &seats[i];
+    return 0;
+}
+
+/* The forking thread's seat, with its thread id in the child. The forking
+ * thread is the calling one when its C library thread id is now the
+ * child's pid (the usual case) or where that id's place is unknown; else
+ * the one whose thread control block holds that id; else (a child the C
+ * library did not make, whose ids it did not write) the calling one
+ * again. The seats of the parent's other threads stay: those threads are
+ * not in the child, and a thread of the child that has one's thread
+ * pointer has another id, and takes a block of its own. Returns 0 when
+ * the forking thread had no seat. */
+static struct seat *keep_forking_seat(const struct config *c)
+{
+    u32 pid = (u32)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
+    u32 own_tid = library_tid(c);
+    struct seat *other = c->tcb_tid && own_tid != pid ? seat_of_thread_id(c, pid) : 0;
+    struct seat *forking = other ? other : seat_keyed(c, thread_pointer());
+    if (forking)
+        forking->tid = other ? pid : own_tid ? own_tid : (u32)gettid();
+    return forking;
+}
+
+static u32 child_node(struct block *b, u32 parent, u32 function);
+
+/* The thread's block as the child's first: the contexts of the child's
+ * frames in progress (its private copy says how deep), with nothing
+ * counted, the frames starting now. Only those contexts: the parent's
+ * others have nothing to carry, and each context made writes a page of
+ * the new memory's hash table, which costs the child a page fault. */
 static void carry_block(const struct config *c, struct block *to, const struct block *from, const struct private_block *p, u64 tid)
 {
     u64 nodes = __atomic_load_n(&from->nodes, __ATOMIC_ACQUIRE);
-    if (nodes > NODES || nodes == 0)
-        nodes = 1;
-    for (u64 i = 1; i < nodes; i++) {
-        struct node *n = &to->node[i];
-        n->parent = from->node[i].parent < i ? from->node[i].parent : 0;
-        n->function = from->node[i].function;
-        n->incl_wall.min = n->excl_wall.min = n->incl_cpu.min = n->excl_cpu.min = ~0ULL;
-    }
-    for (u64 h = 0; h < HASH_SLOTS; h++) {
-        u32 at = from->hash[h];
-        if (at && at < nodes)
-            to->hash[h] = at;
-        NOT_A_MEMCPY();
-    }
+    if (nodes > NODES)
+        nodes = 0;
     u64 depth = p->depth < STACK_DEPTH ? p->depth : STACK_DEPTH;
-    u64 now = rdtsc();
+    u64 now = rdtsc(), off = off_cpu_ns(c, (u32)tid);
+    to->nodes = 1; /* node 0: the thread itself */
+    u32 parent = 0;
     for (u64 d = 0; d < depth; d++) {
         u32 node = from->frame[d].node;
-        to->frame[d].node = node < nodes ? node : NO_NODE;
+        u32 function = node < nodes ? from->node[node].function : 0;
+        /* Under a frame with no context, none (as child_node makes them). */
+        parent = node < nodes ? child_node(to, parent, function) : NO_NODE;
+        to->frame[d].node = parent;
+        to->frame[d].function = function;
         to->frame[d].entry_tsc = now;
-        to->frame[d].entry_off = off_cpu_ns(c, (u32)tid);
+        to->frame[d].entry_off = off;
         to->returns[d] = p->ret[d];
     }
     to->tid = tid;
-    to->nodes = nodes;
     to->depth = depth;
     to->mixed = p->mixed;
     to->state = BLOCK_USED;
@@ -486,6 +497,42 @@ static __attribute__((noinline)) int held_above_here(const struct private_block 
     return was > here && near(was, here);
 }
 
+static inline int mapped(long address)
+{
+    return address > 0 || address < -4095;
+}
+
+/* Writes the child's first memory into memfd: the header, and the forking
+ * thread's block (`own`'s) carried over as block `first`. Only those two
+ * places are mapped, for as long as they are written. Returns whether it
+ * could. */
+static int fill_own_memory(const struct config *c, long memfd, const struct seat *own, u64 first)
+{
+    long at = syscall6(SYS_mmap, 0, c->blocks_offset, 3 /* PROT_READ|PROT_WRITE */, 1 /* MAP_SHARED */, memfd, 0);
+    if (!mapped(at))
+        return 0;
+    struct header *from = header(c), *to = (struct header *)at;
+    to->magic = from->magic;
+    to->ns_to_tsc_mult = from->ns_to_tsc_mult;
+    to->ns_to_tsc_shift = from->ns_to_tsc_shift;
+    to->shared_seats = from->shared_seats;
+    /* Frames hijacked before the fork stand for their return sites by the
+     * parent's table: the child's starts as a copy. */
+    for (u64 i = 0; i < SITES; i++)
+        to->sites[i] = from->sites[i];
+    to->blocks_taken = own ? first + 1 : 0;
+    syscall6(SYS_munmap, at, c->blocks_offset, 0, 0, 0, 0);
+    if (!own)
+        return 1;
+    u64 index = own->block - 1, offset = c->blocks_offset + first * c->block_bytes;
+    at = syscall6(SYS_mmap, 0, c->block_bytes, 3, 1, memfd, (long)offset);
+    if (!mapped(at))
+        return 0;
+    carry_block(c, (struct block *)at, shared_block(c, index), private_block(c, index), own->tid);
+    syscall6(SYS_munmap, at, c->block_bytes, 0, 0, 0, 0);
+    return 1;
+}
+
 /* Makes the child's own shared memory and hands it to proftap; returns
  * the live word it leads to. The forking thread's block (`own`'s) is
  * carried over as the child's first, its other threads taking the
@@ -495,38 +542,20 @@ static u64 make_own_memory(const struct config *c, struct seat *own, int keep_in
 {
     u64 outcome = LIVE_STOPPED;
     char name[] = "proftap";
+    u64 index = own ? own->block - 1 : 0, first = keep_index ? index : 0;
     /* Sealing allowed: proftap seals it against shrinking before it maps it. */
     long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
-    if (memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0) {
-        long fresh = syscall6(SYS_mmap, 0, c->shared_bytes, 3 /* PROT_READ|PROT_WRITE */, 1 /* MAP_SHARED */, memfd, 0);
-        if (fresh > 0 || fresh < -4095) {
-            struct header *from = header(c), *to = (struct header *)fresh;
-            to->magic = from->magic;
-            to->ns_to_tsc_mult = from->ns_to_tsc_mult;
-            to->ns_to_tsc_shift = from->ns_to_tsc_shift;
-            to->shared_seats = from->shared_seats;
-            /* Frames hijacked before the fork stand for their return sites
-             * by the parent's table: the child's starts as a copy. */
-            for (u64 i = 0; i < SITES; i++)
-                to->sites[i] = from->sites[i];
-            u64 index = own ? own->block - 1 : 0, first = keep_index ? index : 0;
-            if (own)
-                carry_block(c, (struct block *)(fresh + c->blocks_offset + first * c->block_bytes), shared_block(c, index),
-                            private_block(c, index), own->tid);
-            to->blocks_taken = own ? first + 1 : 0;
-            /* Where the parent's memory was, the child's: nothing it does
-             * from here on reaches the parent's. */
-            if (syscall6(SYS_mremap, fresh, c->shared_bytes, c->shared_bytes, 3 /* MAYMOVE|FIXED */, c->shared, 0) == (long)c->shared) {
-                if (own && first != index) {
-                    move_private_block(c, index, first);
-                    own->block = first + 1;
-                }
-                if (hand_over(c, memfd))
-                    outcome = LIVE_RECORDING;
-            } else {
-                syscall6(SYS_munmap, fresh, c->shared_bytes, 0, 0, 0, 0);
-            }
+    /* Mapped where the parent's memory was, over it, in one step (moving
+     * a mapping this large costs the kernel five times more): nothing the
+     * child does from here on reaches the parent's. */
+    if (memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_memory(c, memfd, own, first)
+        && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
+        if (own && first != index) {
+            move_private_block(c, index, first);
+            own->block = first + 1;
         }
+        if (hand_over(c, memfd))
+            outcome = LIVE_RECORDING;
     }
     if (memfd >= 0)
         syscall6(SYS_close, memfd, 0, 0, 0, 0, 0);
@@ -740,6 +769,20 @@ static inline u64 seat_of_fast(const struct config *c, int claim)
     return seat_of(c, claim);
 }
 
+/* The hash slot of the node of `function` called from node `parent` in
+ * block b, or the empty slot where it would go; HASH_SLOTS when the table
+ * is full. */
+static u64 node_slot(const struct block *b, u32 parent, u32 function)
+{
+    u64 h = ((u64)parent * 0x9e3779b97f4a7c15ULL ^ (u64)function * 0xc2b2ae3d27d4eb4fULL) >> (64 - HASH_BITS);
+    for (u64 n = 0; n < HASH_SLOTS; n++, h = (h + 1) & (HASH_SLOTS - 1)) {
+        u32 at = b->hash[h];
+        if (at == 0 || (b->node[at].parent == parent && b->node[at].function == function))
+            return h;
+    }
+    return HASH_SLOTS;
+}
+
 /* The child node of `parent` for `function`, made if new; NO_NODE when
  * the parent has none or the thread's node table is full (its calls are
  * then counted, not timed). */
@@ -747,26 +790,22 @@ static u32 child_node(struct block *b, u32 parent, u32 function)
 {
     if (parent == NO_NODE)
         return NO_NODE;
-    u64 h = ((u64)parent * 0x9e3779b97f4a7c15ULL ^ (u64)function * 0xc2b2ae3d27d4eb4fULL) >> (64 - HASH_BITS);
-    for (u64 n = 0; n < HASH_SLOTS; n++, h = (h + 1) & (HASH_SLOTS - 1)) {
-        u32 at = b->hash[h];
-        if (at == 0) {
-            u64 made = b->nodes;
-            if (made >= NODES)
-                return NO_NODE;
-            struct node *node = &b->node[made];
-            node->parent = parent;
-            node->function = function;
-            node->incl_wall.min = node->excl_wall.min = node->incl_cpu.min = node->excl_cpu.min = ~0ULL;
-            /* Published after the node: proftap reads nodes below b->nodes. */
-            __atomic_store_n(&b->nodes, made + 1, __ATOMIC_RELEASE);
-            b->hash[h] = (u32)made;
-            return (u32)made;
-        }
-        if (b->node[at].parent == parent && b->node[at].function == function)
-            return at;
-    }
-    return NO_NODE;
+    u64 h = node_slot(b, parent, function);
+    if (h >= HASH_SLOTS)
+        return NO_NODE;
+    if (b->hash[h])
+        return b->hash[h];
+    u64 made = b->nodes;
+    if (made >= NODES)
+        return NO_NODE;
+    struct node *node = &b->node[made];
+    node->parent = parent;
+    node->function = function;
+    node->incl_wall.min = node->excl_wall.min = node->incl_cpu.min = node->excl_cpu.min = ~0ULL;
+    /* Published after the node: proftap reads nodes below b->nodes. */
+    __atomic_store_n(&b->nodes, made + 1, __ATOMIC_RELEASE);
+    b->hash[h] = (u32)made;
+    return (u32)made;
 }
 
 /* Writes a finished call into the block's trace ring, over the oldest one

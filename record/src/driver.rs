@@ -124,6 +124,11 @@ impl Run<'_> {
     }
 }
 
+/// Forked children's memories kept mapped at most, for the return
+/// addresses in their samples: each takes as much address space as the
+/// parent's, and a program may fork thousands.
+const MOST_CHILD_VIEWS: usize = 16;
+
 /// The in-process engine's memory in the target and in each forked child
 /// that handed its own over: where the return addresses it took are.
 #[derive(Default)]
@@ -178,6 +183,11 @@ impl EngineMemory {
         returns
     }
 
+    /// Forgets the memory of process `pid`, whose id a new process has.
+    fn forget(&mut self, pid: i32) {
+        self.child_views.remove(&pid);
+    }
+
     fn view(&mut self, pid: i32) -> Option<&TotalsView> {
         if let Some((parent, view)) = &self.parent
             && *parent == pid
@@ -187,6 +197,11 @@ impl EngineMemory {
         if !self.child_views.contains_key(&pid) {
             // A child not handed over yet is looked for again at its next sample.
             let view = self.children.as_ref().and_then(|c| c.view(pid))?;
+            if self.child_views.len() >= MOST_CHILD_VIEWS
+                && let Some(&any) = self.child_views.keys().next()
+            {
+                self.child_views.remove(&any);
+            }
             self.child_views.insert(pid, view);
         }
         self.child_views.get(&pid)
@@ -248,6 +263,12 @@ impl Consumer {
                 sampler.sample(sample, returns);
             }
             return;
+        }
+        if let Event::Fork { pid, tid, .. } = &event
+            && pid == tid
+        {
+            // A new process: a view kept under its pid was an earlier one's.
+            self.engine.forget(*pid as i32);
         }
         if let Some(sampler) = &self.sampler {
             match &event {

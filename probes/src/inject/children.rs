@@ -46,14 +46,27 @@ pub struct Child {
     ended_ns: Option<u64>,
 }
 
-/// A child's memory as the parent's is read, and when it ended.
+/// A child that handed its memory over, and when it ended: its memory is
+/// mapped only while it is read. Each child's takes as much address space
+/// as the parent's (most of it never touched): a few hundred children
+/// mapped at once would fill the address space.
 pub struct ChildView {
     /// Its process id.
     pub pid: i32,
-    /// Its totals, or why they cannot be read.
-    pub view: io::Result<TotalsView>,
     /// When it was seen to end (CLOCK_MONOTONIC, ns), if it did while children were taken.
     pub ended_ns: Option<u64>,
+    /// Its place among the children received.
+    index: usize,
+    memories: ChildMemories,
+}
+
+impl ChildView {
+    /// Its totals, mapped until the view is dropped, or why they cannot be read.
+    pub fn view(&self) -> io::Result<TotalsView> {
+        let received = self.memories.received.lock().unwrap_or_else(|e| e.into_inner());
+        let child = received.children.get(self.index).ok_or_else(|| io::Error::other("no such child"))?;
+        child.view(self.memories.geometry, self.memories.remote)
+    }
 }
 
 #[derive(Default)]
@@ -128,14 +141,22 @@ impl Children {
     /// memory laid out as the parent's (`geometry`, at `remote` in the
     /// process) and when it ended, and how many were refused or past the limit.
     pub fn views(&self, first: usize, geometry: Geometry, remote: u64) -> (Vec<ChildView>, u64) {
+        let memories = self.memories(geometry, remote);
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         let views = received
             .children
             .iter()
+            .enumerate()
             .skip(first)
-            .map(|child| ChildView { pid: child.pid, view: child.view(geometry, remote), ended_ns: child.ended_ns })
+            .map(|(index, child)| ChildView { pid: child.pid, ended_ns: child.ended_ns, index, memories: memories.clone() })
             .collect();
         (views, received.refused)
+    }
+
+    /// Whether the child at `index` among those received was seen to end.
+    pub fn ended(&self, index: usize) -> bool {
+        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        received.children.get(index).is_some_and(|child| child.ended_ns.is_some())
     }
 
     /// A handle that finds a child's memory by its process id, for
@@ -157,7 +178,8 @@ impl ChildMemories {
     /// A view of child `pid`'s memory, if it handed it over.
     pub fn view(&self, pid: i32) -> Option<TotalsView> {
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        received.children.iter().find(|c| c.pid == pid)?.view(self.geometry, self.remote).ok()
+        // The latest with that pid: an earlier one ended, its pid reused.
+        received.children.iter().rev().find(|c| c.pid == pid)?.view(self.geometry, self.remote).ok()
     }
 }
 

@@ -96,12 +96,15 @@ pub struct Patched {
     ever_applied: Vec<Applied>,
     /// Forked children whose code could not be restored, and why.
     children_not_restored: Vec<(i32, String)>,
-    /// Each forked child's memory so far, in the order they came (`None`:
-    /// it could not be mapped; it is read, or named, at the end), for their
-    /// calls while they run.
-    children_views: Vec<Option<TotalsView>>,
-    /// Their calls by function at the last reading, and readings asked for
-    /// since it: reading every block of every child is done every few asks.
+    /// Each forked child so far, in the order they came, and whether its
+    /// calls are read for good (it ended before a reading, or its memory
+    /// could not be mapped: it is read, or named, at the end).
+    children_read: Vec<(ChildView, bool)>,
+    /// The calls by function of the children read for good.
+    ended_children_calls: Vec<u64>,
+    /// All children's calls by function at the last reading, and readings
+    /// asked for since it: reading every block of every child is done
+    /// every few asks.
     children_calls: Vec<u64>,
     children_asks: u32,
     /// Functions unpatched while the process ran, in it and its children.
@@ -198,7 +201,8 @@ impl Patched {
             children: None,
             ever_applied: Vec::new(),
             children_not_restored: Vec::new(),
-            children_views: Vec::new(),
+            children_read: Vec::new(),
+            ended_children_calls: Vec::new(),
             children_calls: Vec::new(),
             children_asks: 0,
             unpatched: Vec::new(),
@@ -653,7 +657,7 @@ impl Patched {
 
     fn read_children_calls(&mut self, functions: usize) {
         let (Some(children), Some(view)) = (&self.children, &self.view) else { return };
-        let (new, _) = children.views(self.children_views.len(), self.geometry, view.remote_address());
+        let (new, _) = children.views(self.children_read.len(), self.geometry, view.remote_address());
         let running = if new.is_empty() || self.unpatched.is_empty() { Vec::new() } else { children.running() };
         for child in new {
             if let Some((_, process)) = running.iter().find(|(p, _)| *p == child.pid)
@@ -661,12 +665,22 @@ impl Patched {
             {
                 self.counting_went_on(child.pid, &self.unpatched.clone());
             }
-            self.children_views.push(child.view.ok());
+            self.children_read.push((child, false));
         }
-        self.children_calls = vec![0; functions];
-        for child in self.children_views.iter().flatten() {
-            child.calls(&mut self.children_calls);
+        let Some(children) = &self.children else { return };
+        self.ended_children_calls.resize(functions, 0);
+        let mut running_calls = vec![0; functions];
+        // One child's memory mapped at a time.
+        for (index, (child, for_good)) in self.children_read.iter_mut().enumerate().filter(|(_, (_, for_good))| !*for_good) {
+            // Ended before this reading: what its memory holds is all it will.
+            let ended = children.ended(index);
+            let mapped = child.view();
+            if let Ok(view) = &mapped {
+                view.calls(if ended { &mut self.ended_children_calls } else { &mut running_calls });
+            }
+            *for_good = ended || mapped.is_err();
         }
+        self.children_calls = self.ended_children_calls.iter().zip(running_calls).map(|(a, b)| a.saturating_add(b)).collect();
     }
 
     /// Puts the original bytes back and stops adding up; then, unless a

@@ -169,7 +169,7 @@ impl InjectSource {
         for child in children {
             // Its calls in progress when it ended end then: they never return.
             let end = child.ended_ns.map_or(ProcessEnd { ns: end_ns, ended: false }, |ns| ProcessEnd { ns: ns.min(end_ns), ended: true });
-            let outcome = child.view.map_err(|e| format!("cannot map its memory: {e}"));
+            let outcome = child.view().map_err(|e| format!("cannot map its memory: {e}"));
             if let Err(error) = outcome.and_then(|view| read.add(child.pid, &view, &how, end, off_cpu, names)) {
                 notes.push(Finding::ChildNotRead { pid: child.pid, error }.into());
             }

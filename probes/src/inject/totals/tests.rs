@@ -482,7 +482,7 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
     assert_eq!(refused, 0);
     let [child] = <[_; 1]>::try_from(views).ok().expect("one child");
     assert_eq!(child.pid, std::process::id() as i32);
-    let totals = child.view.expect("its memory").totals().expect("its totals");
+    let totals = child.view().expect("its memory").totals().expect("its totals");
     assert_eq!(totals.threads.len(), 1);
     assert_eq!(totals.threads[0].calls, [1]);
     assert_eq!(totals.threads[0].nodes[1..], nodes[1..]);
