@@ -18,6 +18,8 @@ const SYMBOLS: &[&str] = &[
     "proftap_region",
     "proftap_config",
     "proftap_layout",
+    "proftap_fork_code",
+    "proftap_fork_code_end",
 ];
 
 fn main() {

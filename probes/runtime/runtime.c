@@ -275,6 +275,11 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
     return now;
 }
 
+/* The code that makes a forked child's memory, kept together in the
+ * image: proftap tells its samples apart from the probes' (whose cost per
+ * call the overhead governor judges), as it runs once per child. */
+#define FORK_CODE __attribute__((section(".text.fork")))
+
 /* Forked children. A forked child inherits the parent's shared memory
  * (a shared mapping stays shared) and a copy of its private memory; its
  * live word reads LIVE_CHILD. At its first call into the runtime it makes
@@ -309,7 +314,7 @@ static inline u64 home_of(u64 key);
  * parent's, whose memory the child may no longer have) holds the C
  * library's thread id `tid`. Read with process_vm_readv, which fails on
  * memory not mapped rather than faulting. */
-static int thread_id_at(const struct config *c, u64 key, u32 tid)
+FORK_CODE static int thread_id_at(const struct config *c, u64 key, u32 tid)
 {
     u32 there = 0;
     u64 local[2] = {(u64)&there, sizeof there};
@@ -319,14 +324,14 @@ static int thread_id_at(const struct config *c, u64 key, u32 tid)
 
 /* Whether seat s holds a block of the thread (not free, not being taken,
  * not one proftap retired). */
-static int seat_used(const struct config *c, const struct seat *s)
+FORK_CODE static int seat_used(const struct config *c, const struct seat *s)
 {
     return s->key && s->block && s->block <= c->blocks
            && __atomic_load_n(&shared_block(c, s->block - 1)->state, __ATOMIC_ACQUIRE) == BLOCK_USED;
 }
 
 /* The used seat of thread pointer `key`, found as a call finds it; 0 if none. */
-static struct seat *seat_keyed(const struct config *c, u64 key)
+FORK_CODE static struct seat *seat_keyed(const struct config *c, u64 key)
 {
     struct seat *seats = (struct seat *)c->private_base;
     u64 i = home_of(key);
@@ -340,7 +345,7 @@ static struct seat *seat_keyed(const struct config *c, u64 key)
  * `tid`; 0 if none. Reads the whole table (a page fault for each page the
  * parent never wrote): only where a thread of the child made after the
  * fork calls first. */
-static struct seat *seat_of_thread_id(const struct config *c, u32 tid)
+FORK_CODE static struct seat *seat_of_thread_id(const struct config *c, u32 tid)
 {
     struct seat *seats = (struct seat *)c->private_base;
     for (u64 i = 0; i < SEATS; i++)
@@ -358,7 +363,7 @@ static struct seat *seat_of_thread_id(const struct config *c, u32 tid)
  * not in the child, and a thread of the child that has one's thread
  * pointer has another id, and takes a block of its own. Returns 0 when
  * the forking thread had no seat. */
-static struct seat *keep_forking_seat(const struct config *c)
+FORK_CODE static struct seat *keep_forking_seat(const struct config *c)
 {
     u32 pid = (u32)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
     u32 own_tid = library_tid(c);
@@ -376,7 +381,7 @@ static u32 child_node(struct block *b, u32 parent, u32 function);
  * counted, the frames starting now. Only those contexts: the parent's
  * others have nothing to carry, and each context made writes a page of
  * the new memory's hash table, which costs the child a page fault. */
-static void carry_block(const struct config *c, struct block *to, const struct block *from, const struct private_block *p, u64 tid)
+FORK_CODE static void carry_block(const struct config *c, struct block *to, const struct block *from, const struct private_block *p, u64 tid)
 {
     u64 nodes = __atomic_load_n(&from->nodes, __ATOMIC_ACQUIRE);
     if (nodes > NODES)
@@ -403,7 +408,7 @@ static void carry_block(const struct config *c, struct block *to, const struct b
 }
 
 /* Moves private block `from` to `to`: its frames in progress, its flags. */
-static void move_private_block(const struct config *c, u64 from, u64 to)
+FORK_CODE static void move_private_block(const struct config *c, u64 from, u64 to)
 {
     const struct private_block *a = private_block(c, from);
     struct private_block *b = private_block(c, to);
@@ -419,7 +424,7 @@ static void move_private_block(const struct config *c, u64 from, u64 to)
 }
 
 /* Sends the memfd to proftap and waits for it to say it has it. */
-static int hand_over(const struct config *c, long memfd)
+FORK_CODE static int hand_over(const struct config *c, long memfd)
 {
     long sock = syscall6(SYS_socket, 1 /* AF_UNIX */, 5 /* SOCK_SEQPACKET */ | 0x80000 /* SOCK_CLOEXEC */, 0, 0, 0, 0);
     if (sock < 0)
@@ -469,7 +474,7 @@ static inline u64 *adopter_of(const struct config *c)
 /* Waits while another thread makes the child's memory. Returns 0 when
  * this thread is to make it (it took the adopter's word), else 1: the
  * memory is made (or the child runs unrecorded), or the wait gave up. */
-static int wait_for_adopter(const struct config *c, u64 *word, u64 tid)
+FORK_CODE static int wait_for_adopter(const struct config *c, u64 *word, u64 tid)
 {
     u64 deadline = rdtsc() + ns_to_tsc(c, ADOPTION_WAIT_NS);
     for (;;) {
@@ -491,7 +496,7 @@ static int wait_for_adopter(const struct config *c, u64 *word, u64 tid)
 
 /* Whether private block p is held by a call of this thread under way
  * above this code: a handler that interrupted the runtime called fork. */
-static __attribute__((noinline)) int held_above_here(const struct private_block *p)
+FORK_CODE static __attribute__((noinline)) int held_above_here(const struct private_block *p)
 {
     u64 was = p->busy, here = (u64)__builtin_frame_address(0);
     return was > here && near(was, here);
@@ -506,7 +511,7 @@ static inline int mapped(long address)
  * thread's block (`own`'s) carried over as block `first`. Only those two
  * places are mapped, for as long as they are written. Returns whether it
  * could. */
-static int fill_own_memory(const struct config *c, long memfd, const struct seat *own, u64 first)
+FORK_CODE static int fill_own_memory(const struct config *c, long memfd, const struct seat *own, u64 first)
 {
     long at = syscall6(SYS_mmap, 0, c->blocks_offset, 3 /* PROT_READ|PROT_WRITE */, 1 /* MAP_SHARED */, memfd, 0);
     if (!mapped(at))
@@ -538,7 +543,7 @@ static int fill_own_memory(const struct config *c, long memfd, const struct seat
  * carried over as the child's first, its other threads taking the
  * others, whatever the parent had taken; or, where a call of its own
  * holds it (`keep_index`), where that call has it. */
-static u64 make_own_memory(const struct config *c, struct seat *own, int keep_index)
+FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, int keep_index)
 {
     u64 outcome = LIVE_STOPPED;
     char name[] = "proftap";
@@ -562,7 +567,7 @@ static u64 make_own_memory(const struct config *c, struct seat *own, int keep_in
     return outcome;
 }
 
-static __attribute__((noinline)) void adopt(const struct config *c)
+FORK_CODE static __attribute__((noinline)) void adopt(const struct config *c)
 {
     u64 *word = (u64 *)c->live;
     /* Another thread makes it: this call waits for its memory, to be

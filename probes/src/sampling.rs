@@ -52,6 +52,10 @@ pub const PROBE_OVERHEAD_FRAME: &str = "[probe overhead]";
 /// The module of that frame in the in-process engine's code (in the
 /// kernel's probe area, it has none).
 pub const ENGINE_MODULE: &str = "[proftap]";
+/// The frame a sample taken where the in-process engine's runtime makes a
+/// forked child's memory ends with (in [`ENGINE_MODULE`]): time each
+/// child takes once, not the probes' cost per call.
+pub const FORK_FRAME: &str = "[following a fork]";
 /// The frame of a sample taken in the kernel when its functions cannot be named.
 pub const KERNEL_FRAME: &str = "[kernel]";
 /// What ends the name of a kernel function's frame.
@@ -256,6 +260,8 @@ struct Process {
     trampoline: Option<(u64, u64)>,
     /// Where the in-process engine's code is.
     engine_code: Vec<std::ops::Range<u64>>,
+    /// Where in it the runtime makes a forked child's memory.
+    fork_code: Vec<std::ops::Range<u64>>,
     /// From each address of its counting stubs on, the original address it
     /// stands for (0: none), by address.
     origins: Vec<(u64, u64)>,
@@ -573,6 +579,13 @@ impl StackResolver {
         self.processes.entry(pid).or_default().engine_code.push(range);
     }
 
+    /// Where in the in-process engine's code in process `pid` its runtime
+    /// makes a forked child's memory: a sample there is named
+    /// [`FORK_FRAME`], not the probes' overhead.
+    pub fn fork_code(&mut self, pid: u32, ranges: Vec<std::ops::Range<u64>>) {
+        self.processes.entry(pid).or_default().fork_code.extend(ranges);
+    }
+
     /// Where the in-process engine's routines return to in its code in
     /// process `pid` (`Patched::probe_returns`), those of its shared return
     /// trampoline among them apart: a sample taken inside the runtime finds
@@ -604,6 +617,7 @@ impl StackResolver {
             mappings: from.mappings.clone(),
             trampoline: from.trampoline,
             engine_code: from.engine_code.clone(),
+            fork_code: from.fork_code.clone(),
             origins: from.origins.clone(),
             probe_returns: from.probe_returns.clone(),
             return_trampolines: from.return_trampolines.clone(),
@@ -698,7 +712,8 @@ impl StackResolver {
             frames.push(frame(reason, "", false));
         }
         if probe_leaf {
-            frames.insert(0, frame(PROBE_OVERHEAD_FRAME, ENGINE_MODULE, false));
+            let following_a_fork = self.processes.get(&sample.pid).is_some_and(|p| p.fork_code.iter().any(|c| c.contains(&ip)));
+            frames.insert(0, frame(if following_a_fork { FORK_FRAME } else { PROBE_OVERHEAD_FRAME }, ENGINE_MODULE, false));
             timed.insert(0, false);
             line = None;
         } else if sample.in_kernel && !self.kernel_probes && frames.first().is_none_or(|leaf| leaf.name != PROBE_OVERHEAD_FRAME) {
@@ -1007,6 +1022,24 @@ mod probe_tests {
         // A slot the thread's frames do not name: no caller is made up.
         let unknown = named(&mut resolver, pid, engine + 0x10, sp, vec![0; 64], &[(sp - 16, ret)]);
         assert_eq!(unknown, vec![PROBE_OVERHEAD_FRAME.to_string()]);
+    }
+
+    /// Where the runtime makes a forked child's memory, a sample is named
+    /// apart from the probes' cost per call, under the call it came in by;
+    /// elsewhere in the runtime it is the probes'.
+    #[test]
+    fn a_sample_where_a_forked_child_makes_its_memory_is_not_the_probes_overhead() {
+        let (mut resolver, pid, engine) = resolver_of_this_process();
+        resolver.fork_code(pid, vec![engine..engine + 0x20]);
+        let ret = caller as *const () as u64 + 1;
+        let sp = 0x7000_0000;
+        let mut at_slot = (engine + 0x900).to_ne_bytes().to_vec();
+        at_slot.resize(64, 0);
+        let following = named(&mut resolver, pid, engine + 0x10, sp, at_slot.clone(), &[(sp, ret)]);
+        assert_eq!(following.last().map(String::as_str), Some(FORK_FRAME), "{following:?}");
+        assert!(following.first().is_some_and(|f| f.ends_with("probe_tests::caller")), "{following:?}");
+        let probing = named(&mut resolver, pid, engine + 0x40, sp, at_slot, &[(sp, ret)]);
+        assert_eq!(probing.last().map(String::as_str), Some(PROBE_OVERHEAD_FRAME), "{probing:?}");
     }
 }
 

@@ -217,6 +217,7 @@ pub(crate) struct CodeAdded {
     origins: Vec<(u64, u64)>,
     probe_returns: Vec<u64>,
     return_trampolines: Vec<u64>,
+    fork_code: Vec<std::ops::Range<u64>>,
     time: u64,
 }
 
@@ -227,6 +228,7 @@ impl CodeAdded {
             origins: engine.origins(),
             probe_returns: engine.probe_returns(),
             return_trampolines: engine.return_trampoline_returns(),
+            fork_code: engine.fork_code(),
             time: engine.code_since_ns(),
         }
     }
@@ -279,8 +281,9 @@ impl Consumer {
                     sampler.exec(*pid, std::time::SystemTime::now().checked_sub(ago).unwrap_or(std::time::UNIX_EPOCH));
                 }
                 Event::Fork { pid, ppid, tid, .. } if pid == tid && pid != ppid => sampler.forked(*ppid, *pid),
-                Event::CodeAdded { pid, ranges, origins, probe_returns, return_trampolines, .. } => {
+                Event::CodeAdded { pid, ranges, origins, probe_returns, return_trampolines, fork_code, .. } => {
                     ranges.iter().for_each(|r| sampler.engine_code(*pid, r.clone()));
+                    sampler.fork_code(*pid, fork_code.clone());
                     sampler.origins(*pid, origins.clone());
                     sampler.probe_returns(*pid, probe_returns.clone(), return_trampolines.clone());
                 }
@@ -681,8 +684,8 @@ impl<'a> Driver<'a> {
 
     /// proftap's code is now at `ranges` in process `pid`.
     pub fn code_added(&mut self, pid: i32, added: Option<CodeAdded>) {
-        if let Some(CodeAdded { ranges, origins, probe_returns, return_trampolines, time }) = added.filter(|a| !a.ranges.is_empty()) {
-            self.queue.push(Event::CodeAdded { time, pid: pid as u32, ranges, origins, probe_returns, return_trampolines });
+        if let Some(CodeAdded { ranges, origins, probe_returns, return_trampolines, fork_code, time }) = added.filter(|a| !a.ranges.is_empty()) {
+            self.queue.push(Event::CodeAdded { time, pid: pid as u32, ranges, origins, probe_returns, return_trampolines, fork_code });
         }
     }
 

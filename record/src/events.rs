@@ -233,6 +233,10 @@ pub enum Event {
         /// Those of them in the shared return trampoline.
         #[serde(default)]
         return_trampolines: Vec<u64>,
+        /// Where in it the runtime makes a forked child's memory: its
+        /// samples are not the probes' cost per call.
+        #[serde(default)]
+        fork_code: Vec<std::ops::Range<u64>>,
     },
 }
 

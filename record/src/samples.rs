@@ -1,7 +1,7 @@
 //! Resolved stack samples in, a [`SampleProfile`] out: frames, stacks and
 //! source lines counted, each kept once.
 
-use proftap_probes::sampling::{PROBE_OVERHEAD_FRAME, ResolvedStack};
+use proftap_probes::sampling::{FORK_FRAME, PROBE_OVERHEAD_FRAME, ResolvedStack};
 use proftap_probes::symbols::KERNEL_IMAGE;
 use proftap_profile::{HeldSamples, SampleProfile, SampledFrame, SampledLine, SampledStack, Throttled, ThrottledSamples};
 use rustc_hash::FxHashMap;
@@ -229,10 +229,12 @@ impl SampleAggregator {
         // A pseudo-frame (`[unknown: ...]`) names no function to give the
         // time to: it stays with the measured one. The probes' own time
         // (`[probe overhead]`) is the compensation's to take out, not a
-        // throttled caller's. The kernel's, named or not, is its own.
+        // throttled caller's, and a forked child's making its memory is no
+        // call's (it comes before the call's entry time). The kernel's,
+        // named or not, is its own.
         let unmeasured = leaf.module == KERNEL_IMAGE || !self.measured_names.contains(&leaf.name) && !leaf.name.starts_with('[');
         let owner = match measured.first() {
-            _ if leaf.name == PROBE_OVERHEAD_FRAME => return,
+            _ if leaf.name == PROBE_OVERHEAD_FRAME || leaf.name == FORK_FRAME => return,
             _ if unmeasured => leaf,
             Some(&(innermost, through_probe)) if !timed(innermost, through_probe) => {
                 self.after_throttle.entry(innermost.name.clone()).or_default().own += 1;

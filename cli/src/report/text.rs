@@ -2,7 +2,7 @@
 //! call tree and per-thread profiles on request.
 
 use super::{SortKey, function_name, sort_functions};
-use proftap_probes::sampling::PROBE_OVERHEAD_FRAME;
+use proftap_probes::sampling::{FORK_FRAME, PROBE_OVERHEAD_FRAME};
 use proftap_profile::{CallTree, Engine, ExitMode, FunctionStats, Mode, Profile, Unit};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -300,6 +300,9 @@ fn header(profile: &Profile, out: &mut String) {
         // too; its samples name the functions.
         let counting = profile.samples.as_ref().and_then(|s| s.counting_share());
         let sampled = sampled + &counting.map(|s| format!(", {:.1}% in their counting stubs", 100.0 * s)).unwrap_or_default();
+        // Forked children making their memory: once per child, apart.
+        let forks = profile.samples.as_ref().and_then(|s| s.leaf_share(FORK_FRAME)).filter(|&s| s > 0.0);
+        let sampled = sampled + &forks.map(|s| format!(", {:.1}% making forked children's memory", 100.0 * s)).unwrap_or_default();
         let _ = writeln!(
             out,
             "  overhead    {} per probe hit, about {} of the run ({share:.1}%{sampled}); times {}",

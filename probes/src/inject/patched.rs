@@ -83,6 +83,8 @@ pub struct Patched {
     unhooked: Vec<String>,
     /// proftap's code in the process: the runtime and the trampolines, per module.
     code: Vec<std::ops::Range<u64>>,
+    /// Where in it each copy of the runtime makes a forked child's memory.
+    fork_code: Vec<std::ops::Range<u64>>,
     /// Where hijacked returns go.
     trampolines: Option<totals::Trampolines>,
     /// Where the runtime's routines return to in proftap's code (see
@@ -195,6 +197,7 @@ impl Patched {
             refused: Vec::new(),
             unhooked: Vec::new(),
             code: Vec::new(),
+            fork_code: Vec::new(),
             trampolines: None,
             probe_returns: Vec::new(),
             held: None,
@@ -257,6 +260,7 @@ impl Patched {
                 refused,
             )?;
             if let Some(rt) = runtime.take() {
+                self.fork_code.push(rt.fork_code.clone());
                 self.trampolines.get_or_insert(rt.trampolines);
                 region_trampoline.get_or_insert(rt.region_trampoline);
             }
@@ -461,6 +465,12 @@ impl Patched {
     /// proftap's code in the process (runtime and trampolines).
     pub fn code(&self) -> Vec<std::ops::Range<u64>> {
         self.code.clone()
+    }
+
+    /// Where in [`Patched::code`] the runtime makes a forked child's
+    /// memory: once per child, not a cost of the probes' calls.
+    pub fn fork_code(&self) -> Vec<std::ops::Range<u64>> {
+        self.fork_code.clone()
     }
 
     /// Where the runtime's routines return to in proftap's code: each

@@ -17,6 +17,7 @@ enum Input {
     Exec(u32, std::time::SystemTime),
     Forked { parent: u32, child: u32 },
     EngineCode(u32, std::ops::Range<u64>),
+    ForkCode(u32, Vec<std::ops::Range<u64>>),
     Origins(u32, Vec<(u64, u64)>),
     ProbeReturns(u32, Vec<u64>, Vec<u64>),
     Throttle(Vec<u32>),
@@ -73,6 +74,7 @@ impl SamplerThread {
                         resolver.engine_code(pid, range);
                         samples.patched(pid as i32);
                     }
+                    Input::ForkCode(pid, ranges) => resolver.fork_code(pid, ranges),
                     Input::Origins(pid, origins) => resolver.origins(pid, origins),
                     Input::ProbeReturns(pid, returns, return_trampolines) => resolver.probe_returns(pid, returns, return_trampolines),
                     Input::Throttle(functions) => samples.throttle(&functions),
@@ -123,6 +125,13 @@ impl SamplerThread {
     /// See [`StackResolver::engine_code`].
     pub fn engine_code(&self, pid: u32, range: std::ops::Range<u64>) {
         let _ = self.input.send(Input::EngineCode(pid, range));
+    }
+
+    /// See [`StackResolver::fork_code`].
+    pub fn fork_code(&self, pid: u32, ranges: Vec<std::ops::Range<u64>>) {
+        if !ranges.is_empty() {
+            let _ = self.input.send(Input::ForkCode(pid, ranges));
+        }
     }
 
     /// See [`StackResolver::origins`].

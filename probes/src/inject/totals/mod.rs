@@ -428,6 +428,8 @@ pub struct Runtime {
     /// creator's thread pointer is made, it makes the runtime take a
     /// thread's block atomically from then on (and locks the counters).
     pub clone: u64,
+    /// Where the code that makes a forked child's memory is.
+    pub fork_code: std::ops::Range<u64>,
 }
 
 fn asm_error(e: IcedError) -> String {
@@ -497,6 +499,7 @@ pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> R
         region_trampoline,
         lock_counters: address + symbols::PROFTAP_LOCK_COUNTERS,
         clone: address + symbols::PROFTAP_CLONE,
+        fork_code: address + symbols::PROFTAP_FORK_CODE..address + symbols::PROFTAP_FORK_CODE_END,
     })
 }
 

@@ -57,6 +57,17 @@ struct Local {
     runtime: Runtime,
 }
 
+/// The code that makes a forked child's memory is one stretch of the
+/// image, apart from the routines each call runs.
+#[test]
+fn the_fork_code_is_apart_from_the_routines_of_calls() {
+    let fork = symbols::PROFTAP_FORK_CODE..symbols::PROFTAP_FORK_CODE_END;
+    assert!(fork.end - fork.start >= 64, "{fork:x?}");
+    for routine in [symbols::PROFTAP_ENTRY, symbols::PROFTAP_EXIT, symbols::PROFTAP_REGION, symbols::PROFTAP_CLONE] {
+        assert!(!fork.contains(&routine), "{routine:#x} in {fork:x?}");
+    }
+}
+
 fn map(len: usize) -> *mut u8 {
     // SAFETY: a fresh anonymous mapping; checked below.
     let at = unsafe {
