@@ -276,6 +276,31 @@ fn more_than_a_thousand_forked_children_are_each_counted() {
     assert_eq!(pids.len(), 1201);
 }
 
+/// A child forked in a call its parent leaves before the child calls
+/// anything patched: the child's calls in progress are those the fork left
+/// it (main, forker), not those its parent went on to (main, other).
+#[test]
+fn a_forked_childs_calls_in_progress_are_the_forks_not_the_parents_later_ones() {
+    require_probes();
+    let binary = Build::c("forkleft.c", "-O2").build();
+    let report = profile_run(&["-f", "main", "-f", "forker", "-f", "other", "-f", "work"], &[binary.to_str().unwrap()]);
+    assert_eq!(report["recording"]["engine"], "inject");
+    let parent = report["target"]["pid"].as_i64().unwrap();
+    let threads = report["threads"].as_array().unwrap();
+    let child = threads.iter().find(|t| t["pid"].as_i64() != Some(parent)).unwrap_or_else(|| panic!("no child in {threads:?}"));
+    fn paths(node: &serde_json::Value, above: &str, into: &mut Vec<String>) {
+        let path = format!("{above}/{}", node["name"].as_str().unwrap());
+        for child in node["children"].as_array().unwrap() {
+            paths(child, &path, into);
+        }
+        into.push(path);
+    }
+    let mut found = Vec::new();
+    paths(&child["tree"], "", &mut found);
+    assert!(found.iter().any(|p| p == "/<root>/main/forker/work"), "{found:?}");
+    assert!(!found.iter().any(|p| p.contains("other")), "{found:?}");
+}
+
 /// A forked child's calls in progress when it ends (main, which it
 /// inherited, never returns in it) end when it ended, not when the
 /// recording does: here the parent lives on 300 ms after its child.

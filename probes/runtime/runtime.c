@@ -377,10 +377,12 @@ FORK_CODE static struct seat *keep_forking_seat(const struct config *c)
 static u32 child_node(struct block *b, u32 parent, u32 function);
 
 /* The thread's block as the child's first: the contexts of the child's
- * frames in progress (its private copy says how deep), with nothing
- * counted, the frames starting now. Only those contexts: the parent's
- * others have nothing to carry, and each context made writes a page of
- * the new memory's hash table, which costs the child a page fault. */
+ * frames in progress, with nothing counted, the frames starting now. Its
+ * private copy says which, as the fork left them (the parent's shared
+ * block has moved on); the parent's nodes, never changed once made, what
+ * they are. Only those contexts: the parent's others have nothing to
+ * carry, and each context made writes a page of the new memory's hash
+ * table, which costs the child a page fault. */
 FORK_CODE static void carry_block(const struct config *c, struct block *to, const struct block *from, const struct private_block *p, u64 tid)
 {
     u64 nodes = __atomic_load_n(&from->nodes, __ATOMIC_ACQUIRE);
@@ -391,7 +393,7 @@ FORK_CODE static void carry_block(const struct config *c, struct block *to, cons
     to->nodes = 1; /* node 0: the thread itself */
     u32 parent = 0;
     for (u64 d = 0; d < depth; d++) {
-        u32 node = from->frame[d].node;
+        u32 node = p->node[d];
         u32 function = node < nodes ? from->node[node].function : 0;
         /* Under a frame with no context, none (as child_node makes them). */
         parent = node < nodes ? child_node(to, parent, function) : NO_NODE;
@@ -415,6 +417,7 @@ FORK_CODE static void move_private_block(const struct config *c, u64 from, u64 t
     u64 depth = a->depth < STACK_DEPTH ? a->depth : STACK_DEPTH;
     for (u64 d = 0; d < depth; d++) {
         b->ret[d] = a->ret[d];
+        b->node[d] = a->node[d];
         NOT_A_MEMCPY();
     }
     b->depth = depth;
@@ -945,6 +948,7 @@ static void remove_frame(struct private_block *p, struct block *b, u64 i)
 {
     for (u64 j = i; j + 1 < p->depth; j++) {
         p->ret[j] = p->ret[j + 1];
+        p->node[j] = p->node[j + 1];
         if (b) {
             b->frame[j] = b->frame[j + 1];
             b->returns[j] = b->returns[j + 1];
@@ -1090,6 +1094,7 @@ u64 proftap_entry(u64 *slot, u32 function)
     __atomic_signal_fence(__ATOMIC_RELEASE);
     p->ret[d].ret = *slot;
     p->ret[d].slot = (u64)slot;
+    p->node[d] = f->node;
     b->returns[d] = p->ret[d];
     p->depth = d + 1;
     __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);

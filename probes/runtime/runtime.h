@@ -184,6 +184,10 @@ struct private_block {
     u64 unhooked; /* where an unwinder that put the return addresses back was entered (its slot), 0: none */
     u64 mixed; /* threads sharing a thread pointer took turns: times no longer kept */
     struct ret ret[STACK_DEPTH];
+    /* Each frame's context (its node): a forked child's copy holds them
+     * as the fork left them, where the shared block holds the parent's
+     * frames of later. */
+    u32 node[STACK_DEPTH];
 };
 
 struct block {

@@ -338,7 +338,9 @@ impl Geometry {
     /// See [`Geometry::FRAMES`].
     pub const NODES: u64 = Self::HASH + HASH_SLOTS * 4;
     const BLOCK: u64 = Self::NODES + NODES * size_of::<Node>() as u64;
-    const PRIVATE_BLOCK: u64 = size_of::<PrivateHeader>() as u64 + STACK_DEPTH * size_of::<Ret>() as u64;
+    /// A private block: its header, each frame's return address and slot,
+    /// then each frame's context (a `u32`).
+    const PRIVATE_BLOCK: u64 = size_of::<PrivateHeader>() as u64 + STACK_DEPTH * (size_of::<Ret>() as u64 + 4);
 
     /// Where the return sites' table is in the shared memory: the return
     /// address each site trampoline stands for, 0 while free.
