@@ -1,9 +1,11 @@
 /* A child forked in a call its parent leaves at once: the parent returns
  * from forker() and is inside other() before the child makes its first
  * instrumented call, work(), from forker(). The child's calls in progress
- * are forker's, as the fork left them.
+ * are forker's, as the fork left them. With `twice`, the child then forks
+ * a grandchild from again(), which calls work() too: its calls in
+ * progress are main, forker and again.
  *
- * Usage: forkleft
+ * Usage: forkleft [twice]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,10 +14,21 @@
 
 volatile long sink;
 static int to_child[2];
+static int twice;
 
 __attribute__((noinline)) void work(void)
 {
     sink++;
+}
+
+__attribute__((noinline)) pid_t again(void)
+{
+    pid_t grandchild = fork();
+    if (grandchild == 0) {
+        work();
+        _exit(0);
+    }
+    return grandchild;
 }
 
 __attribute__((noinline)) pid_t forker(void)
@@ -27,6 +40,11 @@ __attribute__((noinline)) pid_t forker(void)
         if (read(to_child[0], &go, 1) != 1)
             _exit(1);
         work();
+        if (twice) {
+            pid_t grandchild = again();
+            if (grandchild < 0 || waitpid(grandchild, NULL, 0) != grandchild)
+                _exit(1);
+        }
         _exit(0);
     }
     return child;
@@ -38,8 +56,10 @@ __attribute__((noinline)) void other(pid_t child)
         exit(1);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    twice = argc > 1;
+    (void)argv;
     if (pipe(to_child) != 0)
         return 1;
     pid_t child = forker();

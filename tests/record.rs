@@ -283,11 +283,9 @@ fn more_than_a_thousand_forked_children_are_each_counted() {
 fn a_forked_childs_calls_in_progress_are_the_forks_not_the_parents_later_ones() {
     require_probes();
     let binary = Build::c("forkleft.c", "-O2").build();
-    let report = profile_run(&["-f", "main", "-f", "forker", "-f", "other", "-f", "work"], &[binary.to_str().unwrap()]);
+    let functions = ["-f", "main", "-f", "forker", "-f", "other", "-f", "again", "-f", "work"];
+    let report = profile_run(&functions, &[binary.to_str().unwrap(), "twice"]);
     assert_eq!(report["recording"]["engine"], "inject");
-    let parent = report["target"]["pid"].as_i64().unwrap();
-    let threads = report["threads"].as_array().unwrap();
-    let child = threads.iter().find(|t| t["pid"].as_i64() != Some(parent)).unwrap_or_else(|| panic!("no child in {threads:?}"));
     fn paths(node: &serde_json::Value, above: &str, into: &mut Vec<String>) {
         let path = format!("{above}/{}", node["name"].as_str().unwrap());
         for child in node["children"].as_array().unwrap() {
@@ -295,10 +293,25 @@ fn a_forked_childs_calls_in_progress_are_the_forks_not_the_parents_later_ones() 
         }
         into.push(path);
     }
-    let mut found = Vec::new();
-    paths(&child["tree"], "", &mut found);
-    assert!(found.iter().any(|p| p == "/<root>/main/forker/work"), "{found:?}");
-    assert!(!found.iter().any(|p| p.contains("other")), "{found:?}");
+    let mut by_process: Vec<Vec<String>> = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let mut found = Vec::new();
+            paths(&t["tree"], "", &mut found);
+            found
+        })
+        .collect();
+    assert_eq!(by_process.len(), 3, "{by_process:?}");
+    by_process.retain(|found| !found.iter().any(|p| p == "/<root>/main/other"));
+    let [child, grandchild] = <[_; 2]>::try_from(by_process).unwrap_or_else(|p| panic!("the parent alone has other: {p:?}"));
+    let (child, grandchild) = if child.iter().any(|p| p.ends_with("/again/work")) { (grandchild, child) } else { (child, grandchild) };
+    assert!(child.iter().any(|p| p == "/<root>/main/forker/work"), "{child:?}");
+    // The child's own contexts, made in its memory, carried on as the
+    // grandchild's calls in progress.
+    assert!(grandchild.iter().any(|p| p == "/<root>/main/forker/again/work"), "{grandchild:?}");
+    assert!(!grandchild.iter().any(|p| p.contains("other")), "{grandchild:?}");
 }
 
 /// A forked child's calls in progress when it ends (main, which it

@@ -229,9 +229,15 @@ static inline u64 *busy_entries_of(const struct config *c, struct block *b)
     return entries_of(c, b) + c->functions;
 }
 
+/* Which seats were ever taken (see SEAT_WORDS). */
+static inline u64 *seats_taken(const struct config *c)
+{
+    return (u64 *)(c->private_base + sizeof(struct seat) * SEATS);
+}
+
 static inline struct private_block *private_block(const struct config *c, u64 index)
 {
-    return (struct private_block *)(c->private_base + sizeof(struct seat) * SEATS + index * sizeof(struct private_block));
+    return (struct private_block *)((char *)(seats_taken(c) + SEAT_WORDS) + index * sizeof(struct private_block));
 }
 
 /* Time off every CPU so far of thread tid, in nanoseconds as the kernel
@@ -291,6 +297,7 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
 #define SYS_close 3
 #define SYS_mmap 9
 #define SYS_mprotect 10
+#define SYS_mremap 25
 #define SYS_munmap 11
 #define SYS_rt_sigprocmask 14
 #define SYS_sched_yield 24
@@ -330,83 +337,86 @@ FORK_CODE static int seat_used(const struct config *c, const struct seat *s)
            && __atomic_load_n(&shared_block(c, s->block - 1)->state, __ATOMIC_ACQUIRE) == BLOCK_USED;
 }
 
-/* The used seat of thread pointer `key`, found as a call finds it; 0 if none. */
-FORK_CODE static struct seat *seat_keyed(const struct config *c, u64 key)
-{
-    struct seat *seats = (struct seat *)c->private_base;
-    u64 i = home_of(key);
-    for (u64 n = 0; n < SEATS && seats[i].key; n++, i = (i + 1) & (SEATS - 1))
-        if (seats[i].key == key)
-            return seat_used(c, &seats[i]) ? &seats[i] : 0;
-    return 0;
-}
-
-/* The used seat whose thread control block holds C library thread id
- * `tid`; 0 if none. Reads the whole table (a page fault for each page the
- * parent never wrote): only where a thread of the child made after the
- * fork calls first. */
-FORK_CODE static struct seat *seat_of_thread_id(const struct config *c, u32 tid)
-{
-    struct seat *seats = (struct seat *)c->private_base;
-    for (u64 i = 0; i < SEATS; i++)
-        if (seat_used(c, &seats[i]) && thread_id_at(c, seats[i].key, tid))
-            return &seats[i];
-    return 0;
-}
-
-/* The forking thread's seat, with its thread id in the child. The forking
- * thread is the calling one when its C library thread id is now the
- * child's pid (the usual case) or where that id's place is unknown; else
- * the one whose thread control block holds that id; else (a child the C
- * library did not make, whose ids it did not write) the calling one
- * again. The seats of the parent's other threads stay: those threads are
- * not in the child, and a thread of the child that has one's thread
- * pointer has another id, and takes a block of its own. Returns 0 when
- * the forking thread had no seat. */
+/* Leaves the forking thread's seat alone in the table, at its home place,
+ * with its thread id in the child: the parent's other threads are not in
+ * the child. The forking thread is the calling one when its C library
+ * thread id is now the child's pid (the usual case) or where that id's
+ * place is unknown; else the one whose thread control block holds that
+ * id; else (a child the C library did not make, whose ids it did not
+ * write) the calling one again. Returns the seat, or 0 when the forking
+ * thread had none. Only the seats ever taken are read and cleared: the
+ * table is the parent's private memory, its pages copied (or made) as the
+ * child touches them. */
 FORK_CODE static struct seat *keep_forking_seat(const struct config *c)
 {
+    u64 key = thread_pointer();
     u32 pid = (u32)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
     u32 own_tid = library_tid(c);
-    struct seat *other = c->tcb_tid && own_tid != pid ? seat_of_thread_id(c, pid) : 0;
-    struct seat *forking = other ? other : seat_keyed(c, thread_pointer());
-    if (forking)
-        forking->tid = other ? pid : own_tid ? own_tid : (u32)gettid();
-    return forking;
+    int calling_forked = !c->tcb_tid || own_tid == pid;
+    struct seat *seats = (struct seat *)c->private_base;
+    u64 *taken = seats_taken(c);
+    struct seat own = {0, 0, 0, 0}, other = {0, 0, 0, 0};
+    for (u64 w = 0; w < SEAT_WORDS; w++) {
+        for (u64 bits = taken[w]; bits; bits &= bits - 1) {
+            struct seat *s = &seats[w * 64 + (u64)__builtin_ctzll(bits)];
+            if (seat_used(c, s) && s->key == key)
+                own = *s;
+            else if (seat_used(c, s) && !calling_forked && !other.block && thread_id_at(c, s->key, pid))
+                other = *s;
+            s->key = s->block = s->tid = s->claimer = 0;
+            NOT_A_MEMCPY();
+        }
+        if (taken[w])
+            taken[w] = 0;
+    }
+    struct seat forking = other.block ? other : own;
+    if (!forking.block)
+        return 0;
+    u64 at = home_of(forking.key);
+    struct seat *home = &seats[at];
+    home->block = forking.block;
+    home->tid = other.block ? pid : own_tid ? own_tid : (u32)gettid();
+    home->key = forking.key;
+    taken[at / 64] |= 1UL << (at % 64);
+    return home;
 }
 
 static u32 child_node(struct block *b, u32 parent, u32 function);
 
 /* The thread's block as the child's first: the contexts of the child's
- * frames in progress, with nothing counted, the frames starting now. Its
- * private copy says which, as the fork left them (the parent's shared
- * block has moved on); the parent's nodes, never changed once made, what
- * they are. Only those contexts: the parent's others have nothing to
- * carry, and each context made writes a page of the new memory's hash
- * table, which costs the child a page fault. */
-FORK_CODE static void carry_block(const struct config *c, struct block *to, const struct block *from, const struct private_block *p, u64 tid)
+ * frames in progress, with nothing counted. Its private copy says which,
+ * as the fork left them (the parent's shared block has moved on). Only
+ * those contexts: the parent's others have nothing to carry, and each
+ * context made writes a page of the new memory's hash table, which costs
+ * the child a page fault. Their times start once the memory is handed
+ * over (start_carried_frames). */
+FORK_CODE static void carry_block(struct block *to, const struct private_block *p, u64 tid)
 {
-    u64 nodes = __atomic_load_n(&from->nodes, __ATOMIC_ACQUIRE);
-    if (nodes > NODES)
-        nodes = 0;
     u64 depth = p->depth < STACK_DEPTH ? p->depth : STACK_DEPTH;
-    u64 now = rdtsc(), off = off_cpu_ns(c, (u32)tid);
     to->nodes = 1; /* node 0: the thread itself */
     u32 parent = 0;
     for (u64 d = 0; d < depth; d++) {
-        u32 node = p->node[d];
-        u32 function = node < nodes ? from->node[node].function : 0;
-        /* Under a frame with no context, none (as child_node makes them). */
-        parent = node < nodes ? child_node(to, parent, function) : NO_NODE;
+        u32 function = p->function[d];
+        parent = child_node(to, parent, function);
         to->frame[d].node = parent;
         to->frame[d].function = function;
-        to->frame[d].entry_tsc = now;
-        to->frame[d].entry_off = off;
         to->returns[d] = p->ret[d];
     }
     to->tid = tid;
     to->depth = depth;
     to->mixed = p->mixed;
     to->state = BLOCK_USED;
+}
+
+/* The carried frames of block b (see carry_block) start now: making and
+ * handing over the child's memory is no call's time. */
+FORK_CODE static void start_carried_frames(const struct config *c, struct block *b)
+{
+    u64 now = rdtsc(), off = off_cpu_ns(c, (u32)b->tid);
+    for (u64 d = 0; d < b->depth && d < STACK_DEPTH; d++) {
+        b->frame[d].entry_off = off;
+        b->frame[d].entry_tsc = now;
+    }
 }
 
 /* Moves private block `from` to `to`: its frames in progress, its flags. */
@@ -417,7 +427,7 @@ FORK_CODE static void move_private_block(const struct config *c, u64 from, u64 t
     u64 depth = a->depth < STACK_DEPTH ? a->depth : STACK_DEPTH;
     for (u64 d = 0; d < depth; d++) {
         b->ret[d] = a->ret[d];
-        b->node[d] = a->node[d];
+        b->function[d] = a->function[d];
         NOT_A_MEMCPY();
     }
     b->depth = depth;
@@ -532,13 +542,39 @@ FORK_CODE static int fill_own_memory(const struct config *c, long memfd, const s
     syscall6(SYS_munmap, at, c->blocks_offset, 0, 0, 0, 0);
     if (!own)
         return 1;
-    u64 index = own->block - 1, offset = c->blocks_offset + first * c->block_bytes;
+    u64 offset = c->blocks_offset + first * c->block_bytes;
     at = syscall6(SYS_mmap, 0, c->block_bytes, 3, 1, memfd, (long)offset);
     if (!mapped(at))
         return 0;
-    carry_block(c, (struct block *)at, shared_block(c, index), private_block(c, index), own->tid);
+    carry_block((struct block *)at, private_block(c, own->block - 1), own->tid);
     syscall6(SYS_munmap, at, c->block_bytes, 0, 0, 0, 0);
     return 1;
+}
+
+#define GIB (1UL << 30)
+
+/* Maps memfd (the child's new memory, c->shared_bytes) where the parent's
+ * is, in its place: moved there with mremap, which leaves the parent's
+ * mapped if it fails (the child then runs unrecorded), from a place
+ * aligned as the parent's (a gigabyte), whence the kernel moves page
+ * tables a gigabyte at a time instead of walking the whole length two
+ * megabytes at a time (100 us, a sixth of what a child costs). Returns
+ * whether it did. */
+FORK_CODE static int map_over_parents(const struct config *c, long memfd)
+{
+    u64 bytes = c->shared_bytes;
+    long room = syscall6(SYS_mmap, 0, bytes + GIB, 0 /* PROT_NONE */, 0x22 | 0x4000 /* MAP_PRIVATE|ANONYMOUS|NORESERVE */, -1, 0);
+    if (!mapped(room))
+        return 0;
+    u64 fresh = ((u64)room + GIB - 1) & ~(GIB - 1);
+    int placed = syscall6(SYS_mmap, fresh, bytes, 3, 1 | 0x10 /* MAP_SHARED|MAP_FIXED */, memfd, 0) == (long)fresh;
+    if (fresh > (u64)room)
+        syscall6(SYS_munmap, room, fresh - (u64)room, 0, 0, 0, 0);
+    syscall6(SYS_munmap, fresh + bytes, (u64)room + bytes + GIB - (fresh + bytes), 0, 0, 0, 0);
+    if (placed && syscall6(SYS_mremap, fresh, bytes, bytes, 3 /* MAYMOVE|FIXED */, c->shared, 0) == (long)c->shared)
+        return 1;
+    syscall6(SYS_munmap, fresh, bytes, 0, 0, 0, 0);
+    return 0;
 }
 
 /* Makes the child's own shared memory and hands it to proftap; returns
@@ -553,17 +589,19 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     u64 index = own ? own->block - 1 : 0, first = keep_index ? index : 0;
     /* Sealing allowed: proftap seals it against shrinking before it maps it. */
     long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
-    /* Mapped where the parent's memory was, over it, in one step (moving
-     * a mapping this large costs the kernel five times more): nothing the
-     * child does from here on reaches the parent's. */
+    /* Where the parent's memory was, the child's: nothing it does from
+     * here on reaches the parent's. */
     if (memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_memory(c, memfd, own, first)
-        && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
+        && map_over_parents(c, memfd)) {
         if (own && first != index) {
             move_private_block(c, index, first);
             own->block = first + 1;
         }
-        if (hand_over(c, memfd))
+        if (hand_over(c, memfd)) {
             outcome = LIVE_RECORDING;
+            if (own)
+                start_carried_frames(c, shared_block(c, first));
+        }
     }
     if (memfd >= 0)
         syscall6(SYS_close, memfd, 0, 0, 0, 0, 0);
@@ -723,8 +761,10 @@ static u64 seat_of(const struct config *c, int claim)
             taken = __atomic_compare_exchange_n(&s->key, &expected, key, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
             /* Another thread on this thread pointer took it first: its seat is this one's. */
             k = taken ? key : expected;
-            if (taken)
+            if (taken) {
                 __atomic_store_n(&s->claimer, kernel_tid, __ATOMIC_RELEASE);
+                __atomic_fetch_or(&seats_taken(c)[i / 64], 1UL << (i % 64), __ATOMIC_RELAXED);
+            }
         }
         if (k != key)
             continue;
@@ -948,7 +988,7 @@ static void remove_frame(struct private_block *p, struct block *b, u64 i)
 {
     for (u64 j = i; j + 1 < p->depth; j++) {
         p->ret[j] = p->ret[j + 1];
-        p->node[j] = p->node[j + 1];
+        p->function[j] = p->function[j + 1];
         if (b) {
             b->frame[j] = b->frame[j + 1];
             b->returns[j] = b->returns[j + 1];
@@ -1094,7 +1134,7 @@ u64 proftap_entry(u64 *slot, u32 function)
     __atomic_signal_fence(__ATOMIC_RELEASE);
     p->ret[d].ret = *slot;
     p->ret[d].slot = (u64)slot;
-    p->node[d] = f->node;
+    p->function[d] = function;
     b->returns[d] = p->ret[d];
     p->depth = d + 1;
     __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);

@@ -178,16 +178,20 @@ struct seat {
 };
 #define SEAT_NONE (~0ULL)
 
+/* After the seat table in the private memory, which seats were ever
+ * taken, a bit each (then the private blocks): a forked child clears the
+ * seats of its parent's threads without reading the whole table. */
+#define SEAT_WORDS (SEATS / 64)
+
 struct private_block {
     u64 depth;
     u64 busy;     /* the slot of the call in the runtime on the block, 0: none (see take_block_busy) */
     u64 unhooked; /* where an unwinder that put the return addresses back was entered (its slot), 0: none */
     u64 mixed; /* threads sharing a thread pointer took turns: times no longer kept */
     struct ret ret[STACK_DEPTH];
-    /* Each frame's context (its node): a forked child's copy holds them
-     * as the fork left them, where the shared block holds the parent's
-     * frames of later. */
-    u32 node[STACK_DEPTH];
+    /* Each frame's function: a forked child's copy holds them as the fork
+     * left them, where the shared block holds the parent's frames of later. */
+    u32 function[STACK_DEPTH];
 };
 
 struct block {

@@ -136,6 +136,8 @@ pub(crate) struct EngineMemory {
     parent: Option<(i32, TotalsView)>,
     children: Option<ChildMemories>,
     child_views: HashMap<i32, TotalsView>,
+    /// When each child process was forked (its latest fork, for a pid reused).
+    forked_ns: HashMap<i32, u64>,
     trampolines: Option<Trampolines>,
     /// The engine's clock: when a sample was taken, in its frames' time;
     /// measured against CLOCK_MONOTONIC again every second (which NTP slews).
@@ -149,6 +151,7 @@ impl EngineMemory {
             parent: engine.view().map(|v| (pid, v)),
             children: engine.child_memories(),
             child_views: HashMap::new(),
+            forked_ns: HashMap::new(),
             trampolines: engine.trampolines(),
             clock: Some((clock, Instant::now())),
         }
@@ -183,9 +186,11 @@ impl EngineMemory {
         returns
     }
 
-    /// Forgets the memory of process `pid`, whose id a new process has.
-    fn forget(&mut self, pid: i32) {
+    /// Process `pid` was forked at `time`: a memory kept under its pid was
+    /// an earlier process's.
+    fn forked(&mut self, pid: i32, time: u64) {
         self.child_views.remove(&pid);
+        self.forked_ns.insert(pid, time);
     }
 
     fn view(&mut self, pid: i32) -> Option<&TotalsView> {
@@ -196,7 +201,8 @@ impl EngineMemory {
         }
         if !self.child_views.contains_key(&pid) {
             // A child not handed over yet is looked for again at its next sample.
-            let view = self.children.as_ref().and_then(|c| c.view(pid))?;
+            let forked_ns = self.forked_ns.get(&pid).copied().unwrap_or(0);
+            let view = self.children.as_ref().and_then(|c| c.view(pid, forked_ns))?;
             if self.child_views.len() >= MOST_CHILD_VIEWS
                 && let Some(&any) = self.child_views.keys().next()
             {
@@ -266,11 +272,10 @@ impl Consumer {
             }
             return;
         }
-        if let Event::Fork { pid, tid, .. } = &event
+        if let Event::Fork { pid, tid, time, .. } = &event
             && pid == tid
         {
-            // A new process: a view kept under its pid was an earlier one's.
-            self.engine.forget(*pid as i32);
+            self.engine.forked(*pid as i32, *time);
         }
         if let Some(sampler) = &self.sampler {
             match &event {

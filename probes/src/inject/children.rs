@@ -42,6 +42,8 @@ pub struct Child {
     /// The process (opened while it waited for proftap, so surely it).
     process: OwnedFd,
     memory: OwnedFd,
+    /// When it handed its memory over (CLOCK_MONOTONIC, ns).
+    taken_ns: u64,
     /// When it was seen to end (CLOCK_MONOTONIC, ns).
     ended_ns: Option<u64>,
 }
@@ -63,9 +65,11 @@ pub struct ChildView {
 impl ChildView {
     /// Its totals, mapped until the view is dropped, or why they cannot be read.
     pub fn view(&self) -> io::Result<TotalsView> {
-        let received = self.memories.received.lock().unwrap_or_else(|e| e.into_inner());
-        let child = received.children.get(self.index).ok_or_else(|| io::Error::other("no such child"))?;
-        child.view(self.memories.geometry, self.memories.remote)
+        let memory = {
+            let received = self.memories.received.lock().unwrap_or_else(|e| e.into_inner());
+            received.children.get(self.index).ok_or_else(|| io::Error::other("no such child"))?.memory.try_clone()?
+        };
+        self.memories.map(memory)
     }
 }
 
@@ -175,19 +179,20 @@ pub struct ChildMemories {
 }
 
 impl ChildMemories {
-    /// A view of child `pid`'s memory, if it handed it over.
-    pub fn view(&self, pid: i32) -> Option<TotalsView> {
-        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        // The latest with that pid: an earlier one ended, its pid reused.
-        received.children.iter().rev().find(|c| c.pid == pid)?.view(self.geometry, self.remote).ok()
+    /// A view of the memory of child `pid` forked at `forked_ns` (CLOCK_MONOTONIC),
+    /// if it handed it over: not that of an earlier child whose pid it reuses.
+    pub fn view(&self, pid: i32, forked_ns: u64) -> Option<TotalsView> {
+        let memory = {
+            let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+            received.children.iter().rev().find(|c| c.pid == pid && c.taken_ns >= forked_ns)?.memory.try_clone().ok()?
+        };
+        self.map(memory).ok()
     }
-}
 
-impl Child {
-    /// A view of its memory, laid out as `geometry` says, at `remote` in it.
-    fn view(&self, geometry: Geometry, remote: u64) -> io::Result<TotalsView> {
-        let shared = Shared::map(self.memory.try_clone()?, geometry.shared_bytes() as usize, remote)?;
-        Ok(TotalsView::new(shared, geometry))
+    /// A view of a child's memory, laid out as the parent's.
+    fn map(&self, memory: OwnedFd) -> io::Result<TotalsView> {
+        let shared = Shared::map(memory, self.geometry.shared_bytes() as usize, self.remote)?;
+        Ok(TotalsView::new(shared, self.geometry))
     }
 }
 
@@ -300,7 +305,7 @@ fn take_child(connection: &OwnedFd, uid: u32, bytes: u64) -> Option<Child> {
     let [memory] = <[OwnedFd; 1]>::try_from(descriptors).ok()?;
     seal(&memory, bytes).ok()?;
     let process = crate::target::pidfd(credentials.pid()).ok()?;
-    Some(Child { pid: credentials.pid(), process, memory, ended_ns: None })
+    Some(Child { pid: credentials.pid(), process, memory, taken_ns: super::clock::monotonic_ns(), ended_ns: None })
 }
 
 /// Seals a memfd against shrinking (a mapping of memory that shrank would

@@ -723,6 +723,7 @@ impl Patched {
         for attempt in 1..=RELEASE_ATTEMPTS {
             if self.release(&remote, memory)? {
                 self.code.clear();
+                self.fork_code.clear();
                 break;
             }
             if attempt == RELEASE_ATTEMPTS {

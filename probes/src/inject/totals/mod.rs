@@ -339,7 +339,7 @@ impl Geometry {
     pub const NODES: u64 = Self::HASH + HASH_SLOTS * 4;
     const BLOCK: u64 = Self::NODES + NODES * size_of::<Node>() as u64;
     /// A private block: its header, each frame's return address and slot,
-    /// then each frame's context (a `u32`).
+    /// then each frame's function (a `u32`).
     const PRIVATE_BLOCK: u64 = size_of::<PrivateHeader>() as u64 + STACK_DEPTH * (size_of::<Ret>() as u64 + 4);
 
     /// Where the return sites' table is in the shared memory: the return
@@ -387,14 +387,17 @@ impl Geometry {
     }
     /// Bytes of private memory.
     pub const fn private_bytes(&self) -> u64 {
-        page(SEATS * size_of::<Seat>() as u64 + self.blocks * Self::PRIVATE_BLOCK)
+        page(Self::PRIVATE_BLOCKS + self.blocks * Self::PRIVATE_BLOCK)
     }
+    /// Where the private blocks start in the private memory: after the
+    /// seats and the bits of those ever taken (`SEAT_WORDS` in runtime.h).
+    const PRIVATE_BLOCKS: u64 = SEATS * size_of::<Seat>() as u64 + SEATS / 8;
     /// Where a thread's return addresses start in its private block.
     pub const PRIVATE_RETURNS: u64 = size_of::<PrivateHeader>() as u64;
 
     /// Offset of private block `index` in the private memory.
     pub const fn private_block(index: u64) -> u64 {
-        SEATS * size_of::<Seat>() as u64 + index * Self::PRIVATE_BLOCK
+        Self::PRIVATE_BLOCKS + index * Self::PRIVATE_BLOCK
     }
 
     /// Offset of block `index` in the shared memory.
