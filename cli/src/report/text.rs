@@ -396,12 +396,8 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
         let excl = f.exclusive[m];
         let name = function_name(profile, f.function);
         let mut label = String::new();
-        if profile.functions.get(f.function as usize).is_some_and(|i| i.mode == Mode::Throttled) {
-            label.push_str(if narrow {
-                "  [throttled]"
-            } else {
-                "  [throttled: exact until its probes were removed, calls are a lower bound]"
-            });
+        if let Some(info) = profile.functions.get(f.function as usize).filter(|i| i.mode == Mode::Throttled) {
+            label.push_str(&throttled_label(info.calls_after_throttle, narrow));
         }
         // Left to uprobes by the in-process engine: its times carry their cost.
         if profile.recording.engine == Engine::Inject
@@ -524,6 +520,19 @@ fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u
         (_, None, None) => {
             ("about ", format!("{} calls timed, then estimated from samples after its probes were removed", group_digits(timed)))
         }
+    }
+}
+
+/// The flat profile's label of a throttled function, whose row is its
+/// calls while it was instrumented: with how many it made after, where they
+/// were counted.
+fn throttled_label(calls_after: Option<u64>, narrow: bool) -> String {
+    match (calls_after, narrow) {
+        (_, true) => "  [throttled]".to_string(),
+        (Some(after), false) => {
+            format!("  [throttled: timed until its probes were removed, {} more calls counted after]", group_digits(after))
+        }
+        (None, false) => "  [throttled: exact until its probes were removed, calls are a lower bound]".to_string(),
     }
 }
 
@@ -948,6 +957,10 @@ mod tests {
         let mut out = String::new();
         throttled(&profile, &[stats(0), stats(1)], &options(), &mut out);
         assert!(out.lines().any(|l| l.trim_start().starts_with("7,000+?") && l.ends_with("stopped")), "{out}");
+        // The flat profile's row says how many more were counted, where they were.
+        assert!(throttled_label(Some(123_456), false).contains("123,456 more calls counted after"));
+        assert!(throttled_label(None, false).contains("calls are a lower bound"));
+        assert_eq!(throttled_label(Some(1), true), "  [throttled]");
     }
 
     #[test]
