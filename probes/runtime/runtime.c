@@ -62,6 +62,7 @@ __attribute__((used)) const u64 proftap_layout[] = {
     SITES,
     SITE_BYTES,
     CALL_BEFORE_TRAMPOLINE,
+    sizeof(struct seat) * SEATS + SEAT_WORDS * 8, /* where the private blocks start */
 };
 
 static inline u64 rdtsc(void)
@@ -297,7 +298,6 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
 #define SYS_close 3
 #define SYS_mmap 9
 #define SYS_mprotect 10
-#define SYS_mremap 25
 #define SYS_munmap 11
 #define SYS_rt_sigprocmask 14
 #define SYS_sched_yield 24
@@ -369,6 +369,10 @@ FORK_CODE static struct seat *keep_forking_seat(const struct config *c)
         if (taken[w])
             taken[w] = 0;
     }
+    /* Not the forking thread's: a parent thread's whose stack the C library
+     * gave a thread of the child (its thread id is the parent thread's). */
+    if (!calling_forked && (u32)own.tid != own_tid)
+        own.block = 0;
     struct seat forking = other.block ? other : own;
     if (!forking.block)
         return 0;
@@ -400,6 +404,9 @@ FORK_CODE static void carry_block(struct block *to, const struct private_block *
         parent = child_node(to, parent, function);
         to->frame[d].node = parent;
         to->frame[d].function = function;
+        /* No time until start_carried_frames: proftap reading the child
+         * meanwhile (it was killed) ends the frame without one. */
+        to->frame[d].entry_tsc = ~0UL;
         to->returns[d] = p->ret[d];
     }
     to->tid = tid;
@@ -415,7 +422,8 @@ FORK_CODE static void start_carried_frames(const struct config *c, struct block 
     u64 now = rdtsc(), off = off_cpu_ns(c, (u32)b->tid);
     for (u64 d = 0; d < b->depth && d < STACK_DEPTH; d++) {
         b->frame[d].entry_off = off;
-        b->frame[d].entry_tsc = now;
+        /* After the time off CPU: proftap reading a time reads its pair. */
+        __atomic_store_n(&b->frame[d].entry_tsc, now, __ATOMIC_RELEASE);
     }
 }
 
@@ -551,32 +559,6 @@ FORK_CODE static int fill_own_memory(const struct config *c, long memfd, const s
     return 1;
 }
 
-#define GIB (1UL << 30)
-
-/* Maps memfd (the child's new memory, c->shared_bytes) where the parent's
- * is, in its place: moved there with mremap, which leaves the parent's
- * mapped if it fails (the child then runs unrecorded), from a place
- * aligned as the parent's (a gigabyte), whence the kernel moves page
- * tables a gigabyte at a time instead of walking the whole length two
- * megabytes at a time (100 us, a sixth of what a child costs). Returns
- * whether it did. */
-FORK_CODE static int map_over_parents(const struct config *c, long memfd)
-{
-    u64 bytes = c->shared_bytes;
-    long room = syscall6(SYS_mmap, 0, bytes + GIB, 0 /* PROT_NONE */, 0x22 | 0x4000 /* MAP_PRIVATE|ANONYMOUS|NORESERVE */, -1, 0);
-    if (!mapped(room))
-        return 0;
-    u64 fresh = ((u64)room + GIB - 1) & ~(GIB - 1);
-    int placed = syscall6(SYS_mmap, fresh, bytes, 3, 1 | 0x10 /* MAP_SHARED|MAP_FIXED */, memfd, 0) == (long)fresh;
-    if (fresh > (u64)room)
-        syscall6(SYS_munmap, room, fresh - (u64)room, 0, 0, 0, 0);
-    syscall6(SYS_munmap, fresh + bytes, (u64)room + bytes + GIB - (fresh + bytes), 0, 0, 0, 0);
-    if (placed && syscall6(SYS_mremap, fresh, bytes, bytes, 3 /* MAYMOVE|FIXED */, c->shared, 0) == (long)c->shared)
-        return 1;
-    syscall6(SYS_munmap, fresh, bytes, 0, 0, 0, 0);
-    return 0;
-}
-
 /* Makes the child's own shared memory and hands it to proftap; returns
  * the live word it leads to. The forking thread's block (`own`'s) is
  * carried over as the child's first, its other threads taking the
@@ -589,10 +571,13 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     u64 index = own ? own->block - 1 : 0, first = keep_index ? index : 0;
     /* Sealing allowed: proftap seals it against shrinking before it maps it. */
     long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
-    /* Where the parent's memory was, the child's: nothing it does from
-     * here on reaches the parent's. */
+    /* Mapped over the parent's, in one step: nothing the child does from
+     * here on reaches the parent's. (Moving it there with mremap costs the
+     * kernel five times more, walking the 132 GiB, and is no safer: where
+     * the kernel runs out of memory making either, one before 6.12 leaves
+     * nothing mapped there, and the child's next call faults.) */
     if (memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_memory(c, memfd, own, first)
-        && map_over_parents(c, memfd)) {
+        && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
         if (own && first != index) {
             move_private_block(c, index, first);
             own->block = first + 1;
@@ -757,14 +742,16 @@ static u64 seat_of(const struct config *c, int claim)
             /* Known before the key is taken, and written right after: a
              * handler interrupting the claim finds it at once. */
             kernel_tid = gettid();
+            /* Marked before the key is taken: a fork meanwhile leaves the
+             * child no seat it would not clear (a mark for a seat another
+             * thread took is one it clears anyway). */
+            __atomic_fetch_or(&seats_taken(c)[i / 64], 1UL << (i % 64), __ATOMIC_RELAXED);
             u64 expected = 0;
             taken = __atomic_compare_exchange_n(&s->key, &expected, key, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
             /* Another thread on this thread pointer took it first: its seat is this one's. */
             k = taken ? key : expected;
-            if (taken) {
+            if (taken)
                 __atomic_store_n(&s->claimer, kernel_tid, __ATOMIC_RELEASE);
-                __atomic_fetch_or(&seats_taken(c)[i / 64], 1UL << (i % 64), __ATOMIC_RELAXED);
-            }
         }
         if (k != key)
             continue;

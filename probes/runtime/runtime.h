@@ -1,11 +1,12 @@
 /* The memory of proftap's runtime in a patched process, as the runtime
- * (runtime.c) and proftap (probes/src/inject/runtime.rs, which checks the
+ * (runtime.c) and proftap (probes/src/inject/totals/mod.rs, which checks the
  * sizes below against proftap_layout) both see it.
  *
  * Private memory (a forked child gets its own copy, so its returns work):
  *   seats[SEATS]                   threads by thread pointer -> block
+ *   u64[SEAT_WORDS]                which seats were ever taken, a bit each
  *   private_block[blocks]          depth, flags, and each frame's return
- *                                  address and where it was
+ *                                  address, where it was and its function
  * Shared memory (proftap reads it while the process runs and after):
  *   header
  *   block[blocks], block_bytes apart: the thread's counters, its frames'

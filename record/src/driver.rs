@@ -188,7 +188,10 @@ impl EngineMemory {
 
     /// Process `pid` was forked at `time`: a memory kept under its pid was
     /// an earlier process's.
-    fn forked(&mut self, pid: i32, time: u64) {
+    pub fn forked(&mut self, pid: i32, time: u64) {
+        if self.forked_ns.get(&pid).is_some_and(|&at| at >= time) {
+            return;
+        }
         self.child_views.remove(&pid);
         self.forked_ns.insert(pid, time);
     }
@@ -271,11 +274,6 @@ impl Consumer {
                 sampler.sample(sample, returns);
             }
             return;
-        }
-        if let Event::Fork { pid, tid, time, .. } = &event
-            && pid == tid
-        {
-            self.engine.forked(*pid as i32, *time);
         }
         if let Some(sampler) = &self.sampler {
             match &event {
@@ -465,6 +463,16 @@ impl<'a> Driver<'a> {
         let watermark = monotonic_ns().saturating_sub(ORDERING_MARGIN_NS);
         let before = self.queue.pending().len();
         self.uprobes.drain(self.queue.pending());
+        // The processes forked first (drained in this turn, not yet in time
+        // order): a child's samples read its memory, not that of an earlier
+        // child whose pid it has.
+        for event in &self.queue.pending()[before..] {
+            if let Event::Fork { pid, tid, time, .. } = event
+                && pid == tid
+            {
+                self.consumer.engine.forked(*pid as i32, *time);
+            }
+        }
         for event in &mut self.queue.pending()[before..] {
             if let Event::Sample(sample) = event {
                 sample.returns = self.consumer.engine.return_addresses(sample);

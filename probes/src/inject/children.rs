@@ -184,7 +184,11 @@ impl ChildMemories {
     pub fn view(&self, pid: i32, forked_ns: u64) -> Option<TotalsView> {
         let memory = {
             let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-            received.children.iter().rev().find(|c| c.pid == pid && c.taken_ns >= forked_ns)?.memory.try_clone().ok()?
+            let mut with_pid = received.children.iter().filter(|c| c.pid == pid);
+            // The first to hand over after that fork (a later one with the
+            // pid forked later); the last, where the fork is not known.
+            let child = if forked_ns == 0 { with_pid.next_back() } else { with_pid.find(|c| c.taken_ns >= forked_ns) };
+            child?.memory.try_clone().ok()?
         };
         self.map(memory).ok()
     }

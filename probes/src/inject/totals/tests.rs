@@ -38,6 +38,7 @@ fn the_c_and_rust_views_of_the_memory_agree() {
         SITES,
         SITE_BYTES,
         CALL_BEFORE_TRAMPOLINE,
+        Geometry::PRIVATE_BLOCKS,
     ];
     for (i, &value) in expected.iter().enumerate() {
         assert_eq!(layout_word(i), value, "layout word {i}");
