@@ -1030,7 +1030,7 @@ mod probe_tests {
     #[test]
     fn a_sample_where_a_forked_child_makes_its_memory_is_not_the_probes_overhead() {
         let (mut resolver, pid, engine) = resolver_of_this_process();
-        resolver.fork_code(pid, vec![engine..engine + 0x20]);
+        resolver.fork_code(pid, std::iter::once(engine..engine + 0x20).collect());
         let ret = caller as *const () as u64 + 1;
         let sp = 0x7000_0000;
         let mut at_slot = (engine + 0x900).to_ne_bytes().to_vec();

@@ -697,7 +697,9 @@ impl<'a> Driver<'a> {
 
     /// proftap's code is now at `ranges` in process `pid`.
     pub fn code_added(&mut self, pid: i32, added: Option<CodeAdded>) {
-        if let Some(CodeAdded { ranges, origins, probe_returns, return_trampolines, fork_code, time }) = added.filter(|a| !a.ranges.is_empty()) {
+        if let Some(CodeAdded { ranges, origins, probe_returns, return_trampolines, fork_code, time }) =
+            added.filter(|a| !a.ranges.is_empty())
+        {
             self.queue.push(Event::CodeAdded { time, pid: pid as u32, ranges, origins, probe_returns, return_trampolines, fork_code });
         }
     }
