@@ -543,9 +543,18 @@ FORK_CODE static int fill_own_memory(const struct config *c, long memfd, const s
     to->ns_to_tsc_shift = from->ns_to_tsc_shift;
     to->shared_seats = from->shared_seats;
     /* Frames hijacked before the fork stand for their return sites by the
-     * parent's table: the child's starts as a copy. */
-    for (u64 i = 0; i < SITES; i++)
-        to->sites[i] = from->sites[i];
+     * parent's table: the child's starts as a copy, of the sites taken
+     * alone (each page of the table read or written is a page fault). */
+    for (u64 w = 0; w < SITES / 64; w++) {
+        u64 taken = __atomic_load_n(&from->sites_taken[w], __ATOMIC_RELAXED);
+        if (!taken)
+            continue;
+        to->sites_taken[w] = taken;
+        for (; taken; taken &= taken - 1) {
+            u64 i = w * 64 + (u64)__builtin_ctzll(taken);
+            to->sites[i] = __atomic_load_n(&from->sites[i], __ATOMIC_RELAXED);
+        }
+    }
     to->blocks_taken = own ? first + 1 : 0;
     syscall6(SYS_munmap, at, c->blocks_offset, 0, 0, 0, 0);
     if (!own)
@@ -1012,8 +1021,14 @@ static inline u64 trampoline_for(const struct config *c, u64 ret)
     u64 i = (ret * 0x9e3779b97f4a7c15UL) >> (64 - SITES_BITS);
     for (u64 n = 0; n < SITE_PROBES; n++, i = (i + 1) & (SITES - 1)) {
         u64 seen = __atomic_load_n(&sites[i], __ATOMIC_RELAXED);
-        if (!seen && !__atomic_compare_exchange_n(&sites[i], &seen, ret, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED) && seen != ret)
-            continue;
+        if (!seen) {
+            /* Marked before the address is written, for a child forked in
+             * between to copy it (a mark for a site another return took is
+             * one it copies anyway). */
+            __atomic_fetch_or(&header(c)->sites_taken[i / 64], 1UL << (i % 64), __ATOMIC_RELAXED);
+            if (!__atomic_compare_exchange_n(&sites[i], &seen, ret, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED) && seen != ret)
+                continue;
+        }
         if (!seen || seen == ret)
             return c->site_trampolines + i * SITE_BYTES;
     }

@@ -107,6 +107,9 @@ struct header {
      * set once, never changed, so that an unwinder reading a sampled stack
      * names a frame from its trampoline alone, after the call has ended. */
     u64 sites[SITES];
+    /* Which sites were ever taken, a bit each: a forked child copies only
+     * those into its memory. */
+    u64 sites_taken[SITES / 64];
 };
 
 struct stat {

@@ -345,8 +345,8 @@ impl Geometry {
     /// Where the return sites' table is in the shared memory: the return
     /// address each site trampoline stands for, 0 while free.
     pub const SITES: u64 = size_of::<Header>() as u64;
-    /// Bytes of `struct header`.
-    pub const HEADER: u64 = Self::SITES + SITES * 8;
+    /// Bytes of `struct header`: the sites, then a bit for each ever taken.
+    pub const HEADER: u64 = Self::SITES + SITES * 8 + SITES / 8;
 
     /// Where the first block is in the shared memory.
     pub const fn blocks_offset(&self) -> u64 {

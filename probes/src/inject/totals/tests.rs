@@ -476,11 +476,18 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
     // SAFETY: the parent's block, as it was before the fork.
     let parents_calls = unsafe { *parent.add((geometry.block(0) + geometry.entries_offset()) as usize).cast::<u64>() };
     assert_eq!(parents_calls, 2);
+    let sites = |rt: &Local| (0..SITES).map(|i| (i, rt.site(i))).filter(|&(_, ret)| ret != 0).collect::<Vec<_>>();
+    let parents_sites = sites(&rt);
+    assert_eq!(parents_sites.len(), 2, "{parents_sites:x?}");
 
     // As the child sees it after a fork: its live word zeroed.
     *rt.live = [0, 0];
     rt.entry(&mut stack.0[40], 0);
     assert_eq!(rt.live[0], LIVE_RECORDING, "the child reached proftap");
+    // Its memory holds the sites its parent's frames stand for, and its own.
+    let childs_sites = sites(&rt);
+    assert!(parents_sites.iter().all(|s| childs_sites.contains(s)), "{parents_sites:x?} in {childs_sites:x?}");
+    assert_eq!(childs_sites.len(), 3, "{childs_sites:x?}");
     rt.exit(&mut stack.0[40]);
     rt.exit(&mut stack.0[60]);
     assert_eq!(stack.0[60], 0x1000 + 60, "the frame from before the fork returns where it came from");
