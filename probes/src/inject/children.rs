@@ -63,6 +63,13 @@ pub struct ChildView {
 }
 
 impl ChildView {
+    /// Whether it was seen to end by now (`ended_ns` says whether it had
+    /// when the view was made).
+    pub fn ended(&self) -> bool {
+        let received = self.memories.received.lock().unwrap_or_else(|e| e.into_inner());
+        received.children.get(self.index).is_some_and(|child| child.ended_ns.is_some())
+    }
+
     /// Its totals, mapped until the view is dropped, or why they cannot be read.
     pub fn view(&self) -> io::Result<TotalsView> {
         let memory = {
@@ -155,12 +162,6 @@ impl Children {
             .map(|(index, child)| ChildView { pid: child.pid, ended_ns: child.ended_ns, index, memories: memories.clone() })
             .collect();
         (views, received.refused)
-    }
-
-    /// Whether the child at `index` among those received was seen to end.
-    pub fn ended(&self, index: usize) -> bool {
-        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        received.children.get(index).is_some_and(|child| child.ended_ns.is_some())
     }
 
     /// A handle that finds a child's memory by its process id, for

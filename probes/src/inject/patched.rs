@@ -677,13 +677,12 @@ impl Patched {
             }
             self.children_read.push((child, false));
         }
-        let Some(children) = &self.children else { return };
         self.ended_children_calls.resize(functions, 0);
         let mut running_calls = vec![0; functions];
         // One child's memory mapped at a time.
-        for (index, (child, for_good)) in self.children_read.iter_mut().enumerate().filter(|(_, (_, for_good))| !*for_good) {
+        for (child, for_good) in self.children_read.iter_mut().filter(|(_, for_good)| !*for_good) {
             // Ended before this reading: what its memory holds is all it will.
-            let ended = children.ended(index);
+            let ended = child.ended();
             let mapped = child.view();
             if let Ok(view) = &mapped {
                 view.calls(if ended { &mut self.ended_children_calls } else { &mut running_calls });
