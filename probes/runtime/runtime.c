@@ -813,18 +813,40 @@ static inline u64 seat_of_fast(const struct config *c, int claim)
     return seat_of(c, claim);
 }
 
+static inline u64 hash_bits(const struct block *b)
+{
+    return b->hash_bits ? b->hash_bits : HASH_FIRST_BITS;
+}
+
 /* The hash slot of the node of `function` called from node `parent` in
  * block b, or the empty slot where it would go; HASH_SLOTS when the table
  * is full. */
 static u64 node_slot(const struct block *b, u32 parent, u32 function)
 {
-    u64 h = ((u64)parent * 0x9e3779b97f4a7c15ULL ^ (u64)function * 0xc2b2ae3d27d4eb4fULL) >> (64 - HASH_BITS);
-    for (u64 n = 0; n < HASH_SLOTS; n++, h = (h + 1) & (HASH_SLOTS - 1)) {
+    u64 bits = hash_bits(b), slots = 1UL << bits;
+    u64 h = ((u64)parent * 0x9e3779b97f4a7c15ULL ^ (u64)function * 0xc2b2ae3d27d4eb4fULL) >> (64 - bits);
+    for (u64 n = 0; n < slots; n++, h = (h + 1) & (slots - 1)) {
         u32 at = b->hash[h];
         if (at == 0 || (b->node[at].parent == parent && b->node[at].function == function))
             return h;
     }
     return HASH_SLOTS;
+}
+
+/* Doubles block b's hash table, its nodes placed again. The table past
+ * the slots in use was never written: zero. Doubling as the nodes fill
+ * half of it places each node twice on average over a thread's life. */
+static __attribute__((noinline, cold)) void grow_hash(struct block *b)
+{
+    u64 slots = 1UL << hash_bits(b);
+    for (u64 h = 0; h < slots; h++)
+        b->hash[h] = 0;
+    b->hash_bits = hash_bits(b) + 1;
+    for (u64 made = 1; made < b->nodes; made++) {
+        u64 h = node_slot(b, b->node[made].parent, b->node[made].function);
+        if (h < HASH_SLOTS)
+            b->hash[h] = (u32)made;
+    }
 }
 
 /* The child node of `parent` for `function`, made if new; NO_NODE when
@@ -842,6 +864,13 @@ static u32 child_node(struct block *b, u32 parent, u32 function)
     u64 made = b->nodes;
     if (made >= NODES)
         return NO_NODE;
+    /* At most half full, for short searches. */
+    if (2 * (made + 1) > 1UL << hash_bits(b) && hash_bits(b) < HASH_BITS) {
+        grow_hash(b);
+        h = node_slot(b, parent, function);
+        if (h >= HASH_SLOTS)
+            return NO_NODE;
+    }
     struct node *node = &b->node[made];
     node->parent = parent;
     node->function = function;

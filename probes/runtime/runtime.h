@@ -29,6 +29,11 @@ typedef unsigned int u32;
 #define NODES (1UL << 17)
 #define HASH_BITS 18
 #define HASH_SLOTS (1UL << HASH_BITS)
+/* The hash table of a thread's contexts starts at this many slots (a
+ * page) and doubles as they fill it: a forked child, whose memory is new,
+ * makes its few contexts in a page or two rather than one page fault each
+ * across the whole table. */
+#define HASH_FIRST_BITS 10
 /* Frames farther apart than this are on different stacks. */
 #define NEAR_STACK (8UL << 20)
 /* Return sites with a trampoline of their own (a power of two), and the
@@ -209,7 +214,8 @@ struct block {
     u32 root_last_function, root_last_child; /* as in struct frame, for calls at depth 0 */
     u64 mixed;      /* see struct private_block */
     u64 traced;     /* calls written to the trace ring, ever (slot: traced % trace_slots) */
-    u64 reserved[6];
+    u64 hash_bits;  /* log2 of the hash slots in use (0: HASH_FIRST_BITS) */
+    u64 reserved[5];
     struct frame frame[STACK_DEPTH];
     struct ret returns[STACK_DEPTH]; /* a copy of the frames' return addresses, for unwinding samples */
     u32 hash[HASH_SLOTS];

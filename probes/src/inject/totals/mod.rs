@@ -240,7 +240,9 @@ pub struct BlockHeader {
     pub mixed: u64,
     /// Calls written to the trace ring, ever.
     pub traced: u64,
-    reserved: [u64; 6],
+    /// Log2 of the context hash table's slots in use (0: the first size).
+    hash_bits: u64,
+    reserved: [u64; 5],
 }
 
 /// Regions a thread has open at once (`OPEN_REGIONS`); more are counted, not timed.

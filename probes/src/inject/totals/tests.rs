@@ -249,6 +249,28 @@ fn calls_add_up_per_context_and_return_where_they_came_from() {
 }
 
 #[test]
+fn a_thread_finds_each_of_thousands_of_contexts_again_as_its_table_grows() {
+    let callees = 5_000;
+    let rt = Local::new(callees + 1, 4);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    // Each callee twice, a pass apart: the second finds the first's node
+    // in a table grown several times since.
+    for _pass in 0..2 {
+        for f in 1..=callees as u32 {
+            rt.entry(&mut stack.0[50], f);
+            rt.exit(&mut stack.0[50]);
+        }
+    }
+    rt.exit(&mut stack.0[60]);
+    let block = rt.block(0);
+    assert_eq!((block.depth, block.untimed), (0, 0));
+    assert_eq!(block.nodes, callees + 2, "the thread, f0 and one node a callee");
+    let nodes = rt.nodes(0);
+    assert!(nodes[2..].iter().all(|n| n.parent == 1 && n.calls == 2));
+}
+
+#[test]
 fn with_a_trace_every_finished_call_is_written_with_its_function_depth_and_times() {
     let rt = Local::with(Geometry { functions: 3, blocks: 1, trace_slots: 4, regions: 0 }, [0; 32]);
     let mut stack = Stack::new();
