@@ -101,10 +101,12 @@ impl SampledOverhead {
 
 /// Decides which functions to stop instrumenting: the probes of all
 /// functions together may cost the target `budget` of the elapsed time.
-/// When they cost more, by their recent rate or over the whole run, the
-/// functions costing the most lately lose their probes first, until the
-/// rest fit (half the budget while the run's total is over it, to win back
-/// what was spent). Where stack samples say the probes cost more than
+/// When they cost more over the whole run so far, the functions costing
+/// the most lately lose their probes first, until the rest cost half the
+/// budget lately, to win back what was spent. A burst costlier than the
+/// budget is not judged alone: a program computing between waits (a
+/// shell between its children) keeps its probes while the run's total
+/// fits. Where stack samples say the probes cost more than
 /// that estimate, each call's cost is scaled up to what they say.
 pub struct Governor {
     budget: f64,
@@ -208,12 +210,15 @@ impl Governor {
         let (scale, counting_scale) = (self.scale(probes, false), self.scale(counted, true));
         let scale_of = |f: usize| if self.is_counted_only(f) { counting_scale } else { scale };
         let mut rates: Vec<(f64, usize)> = recent.into_iter().map(|(ns, f)| (ns as f64 * scale_of(f) / window, f)).collect();
-        let overspent = probes * scale + counted * counting_scale > self.budget * elapsed_ns as f64;
-        let target = if overspent { self.budget / 2.0 } else { self.budget };
-        let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
-        if rate <= self.budget && !overspent {
+        // The budget is the whole run's: probes costing more than it in a
+        // burst (a shell computing between waits for its children) are
+        // kept while the run's total stays within it.
+        if probes * scale + counted * counting_scale <= self.budget * elapsed_ns as f64 {
             return Vec::new();
         }
+        // Half the budget from now on, to win back what was spent.
+        let target = self.budget / 2.0;
+        let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
         rates.sort_by(|a, b| b.0.total_cmp(&a.0));
         let mut over = Vec::new();
         for (r, f) in rates {
@@ -358,6 +363,20 @@ mod tests {
         // Called on: judged.
         calls[1..].fill(30);
         assert_eq!(g.over_budget(&calls, 26 * ms).len(), 128);
+    }
+
+    #[test]
+    fn a_burst_over_the_budget_keeps_its_probes_while_the_run_is_within_it() {
+        let ms = 1_000_000;
+        let mut g = Governor::new(0.05, vec![1_000; 2]);
+        // 100 ms in: 1 ms of probes.
+        assert!(g.over_budget(&[1_000, 0], 100 * ms).is_empty());
+        // A burst of 2 ms, half of it in f1's probes: 2% of the run.
+        assert!(g.over_budget(&[1_000, 1_000], 102 * ms).is_empty());
+        // Bursts until the run's total is over 5%: the costliest lately goes.
+        assert!(g.over_budget(&[1_000, 4_000], 108 * ms).is_empty());
+        assert_eq!(g.over_budget(&[1_000, 5_000], 110 * ms), vec![1]);
+        assert_eq!(g.enabled(), vec![true, false]);
     }
 
     /// A function's calls only counted after its throttle are judged as a
