@@ -374,14 +374,8 @@ impl Remote {
     /// Maps `len` bytes of fresh memory, readable and writable, within
     /// ±2 GiB of all of `near` (so a 5-byte jump reaches it from there).
     pub fn map_near(&self, near: std::ops::Range<u64>, len: usize) -> Result<u64, RemoteError> {
-        let maps = procfs::read_maps(self.pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let len = len.next_multiple_of(4096) as u64;
-        let min_addr =
-            std::fs::read_to_string("/proc/sys/vm/mmap_min_addr").ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(65536);
-        let reach = 0x7fff_0000u64;
-        let lowest = near.end.saturating_sub(reach).max(min_addr).next_multiple_of(4096);
-        let highest = near.start.saturating_add(reach).min(0x7fff_ffff_f000);
-        for hint in gaps(&maps, lowest, highest, len) {
+        for hint in self.candidates(near.clone(), len)? {
             let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
             match self.syscall("mmap", libc::SYS_mmap, [hint, len, PROT_READ | PROT_WRITE, flags, u64::MAX, 0]) {
                 Ok(address) if address == hint => return Ok(address),
@@ -399,9 +393,7 @@ impl Remote {
         let maps = procfs::read_maps(self.pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let min_addr =
             std::fs::read_to_string("/proc/sys/vm/mmap_min_addr").ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(65536);
-        let reach = 0x7fff_0000u64;
-        let lowest = near.end.saturating_sub(reach).max(min_addr).next_multiple_of(4096);
-        let highest = near.start.saturating_add(reach).min(0x7fff_ffff_f000);
+        let (lowest, highest) = within_reach(&near, min_addr);
         Ok(gaps(&maps, lowest, highest, len))
     }
 
@@ -676,6 +668,16 @@ fn run_to_breakpoint(pid: i32, mem: &File, address: u64) -> Result<libc::user_re
 
 /// Free ranges of `len` bytes between `lowest` and `highest`, nearest the
 /// middle first, as start addresses.
+/// The pages from which a 32-bit displacement reaches all of `near` and
+/// back: [lowest, highest), both page-aligned (`near` is code, its ends
+/// anywhere), at or above `min_addr`.
+fn within_reach(near: &std::ops::Range<u64>, min_addr: u64) -> (u64, u64) {
+    let reach = 0x7fff_0000u64;
+    let lowest = near.end.saturating_sub(reach).max(min_addr).next_multiple_of(4096);
+    let highest = near.start.saturating_add(reach).min(0x7fff_ffff_f000) & !4095;
+    (lowest, highest)
+}
+
 fn gaps(maps: &[Mapping], lowest: u64, highest: u64, len: u64) -> Vec<u64> {
     let mut starts = Vec::new();
     let mut previous_end = lowest;
@@ -948,6 +950,20 @@ mod tests {
             device: 0,
             inode: 0,
             path: None,
+        }
+    }
+
+    #[test]
+    fn a_gap_up_to_the_reachs_end_from_code_anywhere_starts_on_a_page() {
+        // Code at an address of no alignment, nothing mapped above it.
+        let near = 0x7ff0_ad92_a2e0..0x7ff0_ad92_a300;
+        let (lowest, highest) = within_reach(&near, 65536);
+        let maps = [map(near.start & !4095, (near.end + 4095) & !4095)];
+        let found = gaps(&maps, lowest, highest, 0x44000);
+        assert!(!found.is_empty());
+        for start in found {
+            assert_eq!(start % 4096, 0, "{start:#x}");
+            assert!(start >= lowest && start + 0x44000 <= highest && highest - near.start <= 0x7fff_0000, "{start:#x}");
         }
     }
 
