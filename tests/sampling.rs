@@ -343,6 +343,24 @@ fn samples_under_a_label_of_no_type_are_named_by_it() {
     assert_eq!(folded.samples(|l| l.contains("[unknown: no symbol in") && l.contains("label")), 0, "{}", folded.text);
 }
 
+/// A signal handler's samples unwind through the C library's signal
+/// restorer (which glibc leaves without a dynamic symbol, and whose unwind
+/// rules read the signal's frame) into the code it interrupted: the
+/// restorer named as gdb names it, the program's stack below it whole.
+#[test]
+fn a_signal_handlers_samples_unwind_through_the_signal_into_the_interrupted_code() {
+    let _machine = sharing_the_machine();
+    require_probes();
+    let binary = Build::c("alarm.c", "-O2").build();
+    let folded = Folded::record(&["--no-instrument", "--sample", "2000"], &binary, &["20000000", "linger"]);
+    // The handler tail-calls `stay`, where it lingers.
+    let in_handler = folded.samples(|l| l.contains(";stay"));
+    assert!(in_handler > 50, "{}", folded.text);
+    let whole = |l: &str| l.starts_with("_start;__libc_start_main;") && l.contains(";main;") && l.contains(";[signal handler called];stay");
+    assert_eq!(folded.samples(whole), in_handler, "{}", folded.text);
+    assert_eq!(folded.samples(|l| l.contains("[unknown")), 0, "{}", folded.text);
+}
+
 /// A Rust program as rustc links it (lld: the code's segment starts
 /// mid-page, its first page shared with the read-only data before it):
 /// every sample unwinds to the program's start.

@@ -203,6 +203,18 @@ impl ModuleInfo {
             .as_ref()
     }
 
+    /// Whether the code at `vaddr` (or the byte after: a return address
+    /// looked up one byte back) is a signal restorer, where a signal
+    /// handler returns to the code it interrupted.
+    fn returns_from_a_signal(&self, vaddr: u64) -> bool {
+        let Some((range, bytes)) = self.unwind.as_ref().and_then(|u| u.text.as_ref()) else { return false };
+        let code_at = |at: u64| {
+            let start = at.checked_sub(range.start).and_then(|o| usize::try_from(o).ok());
+            start.and_then(|s| bytes.get(s..s.checked_add(SIGNAL_RETURN.len())?)) == Some(&SIGNAL_RETURN[..])
+        };
+        code_at(vaddr) || code_at(vaddr + 1)
+    }
+
     /// The ELF virtual address of file offset `offset`.
     fn vaddr(&self, offset: u64) -> Option<u64> {
         let segments = &self.unwind.as_ref()?.segments;
@@ -250,6 +262,31 @@ fn unwind_sections(image: &Arc<ElfImage>) -> Option<UnwindSections> {
         debug_frame: section(".debug_frame").map(|(_, d)| d),
         segments: image.segments().ok()?,
     })
+}
+
+/// `mov $15, %rax; syscall` (`rt_sigreturn`): the C libraries' signal
+/// restorers, which a handler returns to. glibc's (`__restore_rt`) has no
+/// dynamic symbol; gdb names its frame as this does.
+const SIGNAL_RETURN: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+const SIGNAL_RETURN_FRAME: &str = "[signal handler called]";
+
+/// The registers of the code a signal interrupted, from the signal's frame
+/// at `sp` (where its handler returned to the restorer: the `ucontext_t`,
+/// whose `uc_mcontext` holds r8 to r15, rdi, rsi, rbp, rbx, rdx, rax,
+/// rcx, rsp, rip from byte 40).
+fn interrupted(sp: u64, read_stack: &mut impl FnMut(u64) -> Result<u64, ()>) -> Option<UnwindRegsX86_64> {
+    const GREGS: u64 = 40;
+    let register = |read_stack: &mut dyn FnMut(u64) -> Result<u64, ()>, index: u64| read_stack(sp.checked_add(GREGS + 8 * index)?).ok();
+    let (bp, sp, ip) = (register(read_stack, 10)?, register(read_stack, 15)?, register(read_stack, 16)?);
+    Some(UnwindRegsX86_64::new(ip, sp, bp))
+}
+
+/// The module mapped at `address` in `mappings` (sorted), and the address's
+/// ELF virtual address in it.
+fn module_at<'m>(mappings: &[Mapping], modules: &'m [ModuleInfo], address: u64) -> Option<(&'m ModuleInfo, u64)> {
+    let m = &mappings[mappings.partition_point(|m| m.start <= address).checked_sub(1)?];
+    let info = modules.get(m.module).filter(|_| address < m.end)?;
+    Some((info, info.vaddr(address - m.start + m.pgoff)?))
 }
 
 /// A process's address space and its unwinder.
@@ -857,10 +894,17 @@ impl StackResolver {
             // the padding after a call that does not return: its own.
             Ok(if taken(value) { origin_of(origins, value).unwrap_or(value) } else { value })
         };
-        let mut frames = process.unwinder.iter_frames(ip, UnwindRegsX86_64::new(ip, sp, bp), cache, &mut read_stack);
+        let modules = &self.modules;
+        let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
+        let mut frame = FrameAddress::from_instruction_pointer(ip);
         let mut addresses = Vec::new();
-        while let Ok(Some(frame)) = frames.next() {
+        loop {
             let address = match frame {
+                // Frames past the first are looked up one byte back, as a
+                // return address is past its call: an instruction a signal
+                // interrupted is put one byte on (at a function's first
+                // byte, one back is another's).
+                FrameAddress::InstructionPointer(a) if !addresses.is_empty() => (a + 1, false),
                 FrameAddress::InstructionPointer(a) => (a, false),
                 FrameAddress::ReturnAddress(a) => (a.get(), stood_for.take() == Some(a.get())),
             };
@@ -868,6 +912,29 @@ impl StackResolver {
             addresses.push(address);
             if addresses.len() >= MAX_DEPTH {
                 break;
+            }
+            // A signal handler returns into the C library's restorer, whose
+            // unwind rules read the signal's frame with expressions the
+            // unwinder does not evaluate: the interrupted code's registers
+            // are read from that frame here.
+            let restorer = matches!(frame, FrameAddress::ReturnAddress(_))
+                && module_at(&process.mappings, modules, address.0).is_some_and(|(info, vaddr)| info.returns_from_a_signal(vaddr));
+            if restorer {
+                match interrupted(regs.sp(), &mut read_stack) {
+                    Some(at) if !taken(at.ip()) => {
+                        frame = FrameAddress::from_instruction_pointer(at.ip());
+                        regs = at;
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+            match process.unwinder.unwind_frame(frame, &mut regs, cache, &mut read_stack) {
+                Ok(Some(ret)) => match FrameAddress::from_return_address(ret) {
+                    Some(caller) => frame = caller,
+                    None => break,
+                },
+                _ => break,
             }
         }
         addresses
@@ -928,6 +995,7 @@ impl StackResolver {
         }
         match function {
             Some(name) => names.push((name, false)),
+            None if info.returns_from_a_signal(vaddr) => names.push((SIGNAL_RETURN_FRAME.to_string(), false)),
             None => {
                 let why = info.unknown.clone().unwrap_or_else(|| format!("no symbol in {module}"));
                 names.push((format!("[unknown: {why}]"), false));
