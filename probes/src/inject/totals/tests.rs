@@ -529,6 +529,33 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
     assert_eq!(totals.threads[0].nodes[1..], nodes[1..]);
 }
 
+/// A forked child whose parent's thread returned from its calls and ended
+/// before the child's first call, its block retired by proftap meanwhile:
+/// the child still has the frames the fork left it, and keeps them.
+#[test]
+fn a_forked_child_keeps_its_frames_when_the_parents_block_was_retired_since() {
+    let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
+    // SAFETY: getuid has no preconditions.
+    let mut children = Children::listen(unsafe { libc::getuid() }, geometry.shared_bytes()).expect("a socket");
+    let mut rt = Local::with_fork_socket(1, 4, children.name());
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    // As the child sees it after a fork, the parent's block retired since.
+    // SAFETY: the first word of block 0, its state.
+    unsafe { *rt.shared.add(geometry.block(0) as usize).cast::<u64>() = BLOCK_RETIRED };
+    *rt.live = [0, 0];
+    rt.entry(&mut stack.0[40], 0);
+    assert_eq!(rt.live[0], LIVE_RECORDING, "the child reached proftap");
+    rt.exit(&mut stack.0[40]);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], 0x1000 + 60, "the frame from before the fork returns where it came from");
+    assert_eq!(rt.block(0).unpaired, 0);
+    let nodes = rt.nodes(0);
+    assert_eq!((nodes[1].function, nodes[1].calls), (0, 1), "the call in progress at the fork ends in the child");
+    assert_eq!((nodes[2].parent, nodes[2].calls), (1, 1), "the child's call, under it");
+    children.stop();
+}
+
 // SAFETY: the mapped memory is used by one test at a time through these pointers.
 unsafe impl Send for Local {}
 // SAFETY: the runtime is made for concurrent threads.
