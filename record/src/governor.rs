@@ -19,6 +19,12 @@ const SETTLE_NS: u64 = 2_000_000;
 /// would take them out.
 const FEWEST_JUDGED_CALLS: u64 = 16;
 
+/// How many times the budget the probes may cost in a recent window while
+/// the run's total is within it: a burst that costly (the program at half
+/// speed or worse, and under uprobes records made faster than they are
+/// read) is throttled at once, whatever credit the quiet time before left.
+const MOST_RECENT_TIMES_BUDGET: f64 = 10.0;
+
 /// Samples in the probes' own code before they are believed over the
 /// estimate: five milliseconds of the probes' time at 1 kHz.
 const TRUSTED_PROBE_SAMPLES: u64 = 5;
@@ -106,7 +112,7 @@ impl SampledOverhead {
 /// budget lately, to win back what was spent. A burst costlier than the
 /// budget is not judged alone: a program computing between waits (a
 /// shell between its children) keeps its probes while the run's total
-/// fits. Where stack samples say the probes cost more than
+/// fits, unless the burst costs many times the budget. Where stack samples say the probes cost more than
 /// that estimate, each call's cost is scaled up to what they say.
 pub struct Governor {
     budget: f64,
@@ -212,13 +218,14 @@ impl Governor {
         let mut rates: Vec<(f64, usize)> = recent.into_iter().map(|(ns, f)| (ns as f64 * scale_of(f) / window, f)).collect();
         // The budget is the whole run's: probes costing more than it in a
         // burst (a shell computing between waits for its children) are
-        // kept while the run's total stays within it.
-        if probes * scale + counted * counting_scale <= self.budget * elapsed_ns as f64 {
+        // kept while the run's total stays within it, up to a point.
+        let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
+        let overspent = probes * scale + counted * counting_scale > self.budget * elapsed_ns as f64;
+        if !overspent && rate <= MOST_RECENT_TIMES_BUDGET * self.budget {
             return Vec::new();
         }
         // Half the budget from now on, to win back what was spent.
         let target = self.budget / 2.0;
-        let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
         rates.sort_by(|a, b| b.0.total_cmp(&a.0));
         let mut over = Vec::new();
         for (r, f) in rates {
@@ -377,6 +384,18 @@ mod tests {
         assert!(g.over_budget(&[1_000, 4_000], 108 * ms).is_empty());
         assert_eq!(g.over_budget(&[1_000, 5_000], 110 * ms), vec![1]);
         assert_eq!(g.enabled(), vec![true, false]);
+    }
+
+    #[test]
+    fn a_burst_many_times_over_the_budget_is_throttled_whatever_the_credit() {
+        let ms = 1_000_000;
+        let mut g = Governor::new(0.05, vec![1_000; 2]);
+        // A second in, nothing spent: 50 ms of credit.
+        assert!(g.over_budget(&[0, 0], 1_000 * ms).is_empty());
+        // 40% of a 10 ms window: 4 ms, within the credit, under ten times the budget.
+        assert!(g.over_budget(&[4_000, 0], 1_010 * ms).is_empty());
+        // 60% of the next: throttled.
+        assert_eq!(g.over_budget(&[10_000, 0], 1_020 * ms), vec![0]);
     }
 
     /// A function's calls only counted after its throttle are judged as a

@@ -46,8 +46,8 @@ pub struct Unpatched {
     pub counting_goes_on: Vec<(i32, usize)>,
 }
 
-/// How often the calls are read: a function that turns hot costs the
-/// target until the next look (at 5 ms, SQLite's phases of new hot
+/// How often the calls are read: a function that turns hot past what the
+/// governor allows costs the target until the next look (at 5 ms, SQLite's phases of new hot
 /// functions cost it a tenth of its time in probes, where the governor
 /// allows a twentieth).
 const PERIOD: Duration = Duration::from_millis(1);
@@ -60,7 +60,8 @@ const PERIOD: Duration = Duration::from_millis(1);
 /// round; not at all, rounds in a row could hold the target most of the time.
 const LOOKS_APART: u32 = 4;
 /// The longest that looks spaced by their duration may be apart: a
-/// function turning hot costs the target until the next look.
+/// function turning hot past what the governor allows costs the target
+/// until the next look.
 const MOST_PERIOD: Duration = Duration::from_millis(50);
 /// The shortest time between two looks, when a thread asks for a block.
 const SOONEST: Duration = Duration::from_millis(1);
