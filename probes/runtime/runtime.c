@@ -855,9 +855,13 @@ static u64 node_slot(const struct block *b, u32 parent, u32 function)
 
 /* Doubles block b's hash table, its nodes placed again. The table past
  * the slots in use was never written: zero. Doubling as the nodes fill
- * half of it places each node twice on average over a thread's life. */
+ * half of it places each node twice on average over a thread's life.
+ * No signal handler runs meanwhile: one that left by a jump would leave
+ * the table half placed for the calls after. */
 static __attribute__((noinline, cold)) void grow_hash(struct block *b)
 {
+    u64 every_signal = ~0UL, before = 0;
+    syscall6(SYS_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&every_signal, (long)&before, sizeof before, 0, 0);
     u64 slots = 1UL << hash_bits(b);
     for (u64 h = 0; h < slots; h++)
         b->hash[h] = 0;
@@ -867,6 +871,7 @@ static __attribute__((noinline, cold)) void grow_hash(struct block *b)
         if (h < HASH_SLOTS)
             b->hash[h] = (u32)made;
     }
+    syscall6(SYS_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&before, 0, sizeof before, 0, 0);
 }
 
 /* The child node of `parent` for `function`, made if new; NO_NODE when
