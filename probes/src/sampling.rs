@@ -904,7 +904,7 @@ impl StackResolver {
                 // return address is past its call: an instruction a signal
                 // interrupted is put one byte on (at a function's first
                 // byte, one back is another's).
-                FrameAddress::InstructionPointer(a) if !addresses.is_empty() => (a + 1, false),
+                FrameAddress::InstructionPointer(a) if !addresses.is_empty() => (a.wrapping_add(1), false),
                 FrameAddress::InstructionPointer(a) => (a, false),
                 FrameAddress::ReturnAddress(a) => (a.get(), stood_for.take() == Some(a.get())),
             };
@@ -993,9 +993,10 @@ impl StackResolver {
                 }
             }
         }
+        // Named alike whether the C library's symbols are at hand or not.
+        let function = if info.returns_from_a_signal(vaddr) { Some(SIGNAL_RETURN_FRAME.to_string()) } else { function };
         match function {
             Some(name) => names.push((name, false)),
-            None if info.returns_from_a_signal(vaddr) => names.push((SIGNAL_RETURN_FRAME.to_string(), false)),
             None => {
                 let why = info.unknown.clone().unwrap_or_else(|| format!("no symbol in {module}"));
                 names.push((format!("[unknown: {why}]"), false));
