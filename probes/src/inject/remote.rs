@@ -666,8 +666,6 @@ fn run_to_breakpoint(pid: i32, mem: &File, address: u64) -> Result<libc::user_re
     Ok(regs)
 }
 
-/// Free ranges of `len` bytes between `lowest` and `highest`, nearest the
-/// middle first, as start addresses.
 /// The pages from which a 32-bit displacement reaches all of `near` and
 /// back: [lowest, highest), both page-aligned (`near` is code, its ends
 /// anywhere), at or above `min_addr`.
@@ -678,6 +676,8 @@ fn within_reach(near: &std::ops::Range<u64>, min_addr: u64) -> (u64, u64) {
     (lowest, highest)
 }
 
+/// Free ranges of `len` bytes between `lowest` and `highest`, nearest the
+/// middle first, as start addresses.
 fn gaps(maps: &[Mapping], lowest: u64, highest: u64, len: u64) -> Vec<u64> {
     let mut starts = Vec::new();
     let mut previous_end = lowest;
