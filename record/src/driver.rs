@@ -136,7 +136,8 @@ pub(crate) struct EngineMemory {
     parent: Option<(i32, TotalsView)>,
     children: Option<ChildMemories>,
     child_views: HashMap<i32, TotalsView>,
-    /// When each child process was forked (its latest fork, for a pid reused).
+    /// When each child process still running was forked (its latest fork,
+    /// for a pid reused).
     forked_ns: HashMap<i32, u64>,
     trampolines: Option<Trampolines>,
     /// The engine's clock: when a sample was taken, in its frames' time;
@@ -194,6 +195,12 @@ impl EngineMemory {
         }
         self.child_views.remove(&pid);
         self.forked_ns.insert(pid, time);
+    }
+
+    /// Process `pid` ended: what was kept to read its memory goes.
+    pub fn exited(&mut self, pid: i32) {
+        self.forked_ns.remove(&pid);
+        self.child_views.remove(&pid);
     }
 
     fn view(&mut self, pid: i32) -> Option<&TotalsView> {
@@ -476,6 +483,15 @@ impl<'a> Driver<'a> {
         for event in &mut self.queue.pending()[before..] {
             if let Event::Sample(sample) = event {
                 sample.returns = self.consumer.engine.return_addresses(sample);
+            }
+        }
+        // Then those that ended, whose fork times and memories go: a shell
+        // forks without end.
+        for event in &self.queue.pending()[before..] {
+            if let Event::Exit { pid, tid, .. } = event
+                && pid == tid
+            {
+                self.consumer.engine.exited(*pid as i32);
             }
         }
         for unpatched in self.inject.as_ref().map(InjectSource::unpatched).unwrap_or_default() {
@@ -833,4 +849,22 @@ impl<'a> Driver<'a> {
 fn readable(fd: BorrowedFd<'_>) -> bool {
     let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forked_process_is_forgotten_once_it_ended() {
+        let mut memory = EngineMemory::default();
+        for pid in 100..1_100 {
+            memory.forked(pid, pid as u64);
+            memory.exited(pid);
+        }
+        memory.forked(7, 1);
+        memory.forked(7, 0);
+        assert_eq!(memory.forked_ns.len(), 1);
+        assert_eq!(memory.forked_ns[&7], 1, "the latest fork of a pid is kept");
+    }
 }
