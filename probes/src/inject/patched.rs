@@ -99,8 +99,8 @@ pub struct Patched {
     /// Forked children whose code could not be restored, and why.
     children_not_restored: Vec<(i32, String)>,
     /// Each forked child so far, in the order they came, and whether its
-    /// calls are read for good (it ended before a reading, or its memory
-    /// could not be mapped: it is read, or named, at the end).
+    /// calls are read for good (it ended before a reading that mapped its
+    /// memory).
     children_read: Vec<(ChildView, bool)>,
     /// The calls by function of the children read for good.
     ended_children_calls: Vec<u64>,
@@ -687,7 +687,9 @@ impl Patched {
             if let Ok(view) = &mapped {
                 view.calls(if ended { &mut self.ended_children_calls } else { &mut running_calls });
             }
-            *for_good = ended || mapped.is_err();
+            // A memory that could not be mapped now (the address space
+            // full for a moment) is read again next time.
+            *for_good = ended && mapped.is_ok();
         }
         self.children_calls = self.ended_children_calls.iter().zip(running_calls).map(|(a, b)| a.saturating_add(b)).collect();
     }
