@@ -19,10 +19,16 @@ const SETTLE_NS: u64 = 2_000_000;
 /// would take them out.
 const FEWEST_JUDGED_CALLS: u64 = 16;
 
+/// The stretch of the run the budget holds over: the probes may cost more
+/// in a burst of calls (a shell computing between waits for its children)
+/// as long as the last second's total fits; a long quiet start (an attach
+/// to an idle server) leaves no more credit than that.
+const HORIZON_NS: u64 = 1_000_000_000;
+
 /// How many times the budget the probes may cost in a recent window while
-/// the run's total is within it: a burst that costly (the program at half
-/// speed or worse, and under uprobes records made faster than they are
-/// read) is throttled at once, whatever credit the quiet time before left.
+/// the last second's total is within it: a burst that costly (the program
+/// at half speed or worse, and under uprobes records made faster than
+/// they are read) is throttled at once.
 const MOST_RECENT_TIMES_BUDGET: f64 = 10.0;
 
 /// Samples in the probes' own code before they are believed over the
@@ -107,12 +113,13 @@ impl SampledOverhead {
 
 /// Decides which functions to stop instrumenting: the probes of all
 /// functions together may cost the target `budget` of the elapsed time.
-/// When they cost more over the whole run so far, the functions costing
-/// the most lately lose their probes first, until the rest cost half the
-/// budget lately, to win back what was spent. A burst costlier than the
-/// budget is not judged alone: a program computing between waits (a
-/// shell between its children) keeps its probes while the run's total
-/// fits, unless the burst costs many times the budget. Where stack samples say the probes cost more than
+/// When they cost more over the last second of the run (or the run so
+/// far, when shorter), the functions costing the most lately lose their
+/// probes first, until the rest cost half the budget lately, to win back
+/// what was spent. A burst costlier than the budget is not judged alone:
+/// a program computing between waits (a shell between its children)
+/// keeps its probes while the second's total fits, unless the burst costs
+/// many times the budget. Where stack samples say the probes cost more than
 /// that estimate, each call's cost is scaled up to what they say.
 pub struct Governor {
     budget: f64,
@@ -127,6 +134,9 @@ pub struct Governor {
     spent: Vec<u64>,
     /// Where the functions that stand for others' calls only counted start.
     counted_from: Option<usize>,
+    /// At each judgement of the last second and the one before it: when,
+    /// and what the probes and the counting had cost so far (estimated).
+    history: std::collections::VecDeque<(u64, f64, f64)>,
 }
 
 impl Governor {
@@ -136,7 +146,8 @@ impl Governor {
     pub fn new(budget: f64, call_ns: Vec<u64>) -> Self {
         let throttled = vec![false; call_ns.len()];
         let last = vec![0; call_ns.len()];
-        Governor { budget, call_ns, sampled: None, throttled, last, last_ns: 0, spent: Vec::new(), counted_from: None }
+        let history = std::collections::VecDeque::new();
+        Governor { budget, call_ns, sampled: None, throttled, last, last_ns: 0, spent: Vec::new(), counted_from: None, history }
     }
 
     /// The same, its functions from `from` on standing for the calls of
@@ -216,11 +227,13 @@ impl Governor {
         let (scale, counting_scale) = (self.scale(probes, false), self.scale(counted, true));
         let scale_of = |f: usize| if self.is_counted_only(f) { counting_scale } else { scale };
         let mut rates: Vec<(f64, usize)> = recent.into_iter().map(|(ns, f)| (ns as f64 * scale_of(f) / window, f)).collect();
-        // The budget is the whole run's: probes costing more than it in a
-        // burst (a shell computing between waits for its children) are
-        // kept while the run's total stays within it, up to a point.
+        // The budget holds over the last second: probes costing more than
+        // it in a burst are kept while the second's total stays within it,
+        // up to a point.
         let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
-        let overspent = probes * scale + counted * counting_scale > self.budget * elapsed_ns as f64;
+        let (since_ns, probes_then, counted_then) = self.horizon(elapsed_ns, probes, counted);
+        let spent_since = (probes - probes_then) * scale + (counted - counted_then) * counting_scale;
+        let overspent = spent_since > self.budget * (elapsed_ns - since_ns) as f64;
         if !overspent && rate <= MOST_RECENT_TIMES_BUDGET * self.budget {
             return Vec::new();
         }
@@ -238,6 +251,20 @@ impl Governor {
         }
         over.sort_unstable();
         over
+    }
+
+    /// Notes what the probes and the counting cost by `elapsed_ns`, and
+    /// returns when the horizon starts and what they had cost by then: the
+    /// last judgement a second or more before, or the run's start.
+    fn horizon(&mut self, elapsed_ns: u64, probes: f64, counted: f64) -> (u64, f64, f64) {
+        self.history.push_back((elapsed_ns, probes, counted));
+        while self.history.get(1).is_some_and(|&(at, ..)| at.saturating_add(HORIZON_NS) <= elapsed_ns) {
+            self.history.pop_front();
+        }
+        match self.history.front() {
+            Some(&oldest) if oldest.0.saturating_add(HORIZON_NS) <= elapsed_ns => oldest,
+            _ => (0, 0.0, 0.0),
+        }
     }
 
     fn call_ns(&self, f: usize) -> u64 {
@@ -384,6 +411,19 @@ mod tests {
         assert!(g.over_budget(&[1_000, 4_000], 108 * ms).is_empty());
         assert_eq!(g.over_budget(&[1_000, 5_000], 110 * ms), vec![1]);
         assert_eq!(g.enabled(), vec![true, false]);
+    }
+
+    #[test]
+    fn a_quiet_start_leaves_a_seconds_credit_at_most() {
+        let ms = 1_000_000;
+        let mut g = Governor::new(0.05, vec![1_000; 2]);
+        // Ten seconds in, nothing spent, judged every 100 ms.
+        for at in (100..=10_000).step_by(100) {
+            assert!(g.over_budget(&[0, 0], at * ms).is_empty());
+        }
+        // Then 30% of each 100 ms: over 5% of the last second after two.
+        assert!(g.over_budget(&[30_000, 0], 10_100 * ms).is_empty());
+        assert_eq!(g.over_budget(&[60_000, 0], 10_200 * ms), vec![0]);
     }
 
     #[test]
