@@ -329,32 +329,20 @@ FORK_CODE static int thread_id_at(const struct config *c, u64 key, u32 tid)
     return syscall6(SYS_process_vm_readv, (long)gettid(), (long)local, 1, (long)remote, 1, 0) == sizeof there && there == tid;
 }
 
-/* The state of seat s's block in the parent's shared memory (the child's
- * until it makes its own), 0 when the seat holds none. */
-FORK_CODE static u64 seat_state(const struct config *c, const struct seat *s)
+/* Whether seat s is a thread's seat as the fork left it, rather than one
+ * left from a thread that ended before: its block is in use; or proftap
+ * retired it since the fork, or is retiring it, or another parent thread
+ * is taking it (the thread returned from its calls in the parent and
+ * ended there), and the child's copy of its private block has frames in
+ * progress (a block is retired with none; a seat with none has nothing
+ * to carry anyway). */
+FORK_CODE static int seat_as_forked(const struct config *c, const struct seat *s)
 {
     if (!s->key || !s->block || s->block > c->blocks)
         return 0;
-    return __atomic_load_n(&shared_block(c, s->block - 1)->state, __ATOMIC_ACQUIRE);
-}
-
-/* Whether seat s is a better guess than `was` at a thread's seat as the
- * fork left it. A seat whose block is in use is. So is one whose block
- * proftap retired since the fork (the thread returned from its calls in
- * the parent and ended there: the child still has the frames the fork
- * left it), unless a seat in use was found; of two retired, the one with
- * frames in progress in the child's copy of its private block (a seat
- * left from a thread that ended before the fork has none). */
-FORK_CODE static int better_seat(const struct config *c, const struct seat *s, const struct seat *was)
-{
-    u64 state = seat_state(c, s);
-    if (state == BLOCK_USED)
-        return 1;
-    if (state != BLOCK_RETIRED)
-        return 0;
-    if (!was->block)
-        return 1;
-    return seat_state(c, was) != BLOCK_USED && !private_block(c, was->block - 1)->depth && private_block(c, s->block - 1)->depth;
+    /* The parent's shared memory, the child's until it makes its own. */
+    u64 state = __atomic_load_n(&shared_block(c, s->block - 1)->state, __ATOMIC_ACQUIRE);
+    return state == BLOCK_USED || private_block(c, s->block - 1)->depth;
 }
 
 /* Leaves the forking thread's seat alone in the table, at its home place,
@@ -379,9 +367,9 @@ FORK_CODE static struct seat *keep_forking_seat(const struct config *c)
     for (u64 w = 0; w < SEAT_WORDS; w++) {
         for (u64 bits = taken[w]; bits; bits &= bits - 1) {
             struct seat *s = &seats[w * 64 + (u64)__builtin_ctzll(bits)];
-            if (s->key == key && better_seat(c, s, &own))
+            if (s->key == key && seat_as_forked(c, s))
                 own = *s;
-            else if (s->key != key && !calling_forked && !other.block && better_seat(c, s, &other) && thread_id_at(c, s->key, pid))
+            else if (s->key != key && !calling_forked && !other.block && seat_as_forked(c, s) && thread_id_at(c, s->key, pid))
                 other = *s;
             s->key = s->block = s->tid = s->claimer = 0;
             NOT_A_MEMCPY();
