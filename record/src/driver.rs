@@ -197,8 +197,12 @@ impl EngineMemory {
         self.forked_ns.insert(pid, time);
     }
 
-    /// Process `pid` ended: what was kept to read its memory goes.
-    pub fn exited(&mut self, pid: i32) {
+    /// Process `pid` ended at `time`: what was kept to read its memory
+    /// goes, unless a process forked since has its pid.
+    pub fn exited(&mut self, pid: i32, time: u64) {
+        if self.forked_ns.get(&pid).is_some_and(|&forked| forked > time) {
+            return;
+        }
         self.forked_ns.remove(&pid);
         self.child_views.remove(&pid);
     }
@@ -488,10 +492,10 @@ impl<'a> Driver<'a> {
         // Then those that ended, whose fork times and memories go: a shell
         // forks without end.
         for event in &self.queue.pending()[before..] {
-            if let Event::Exit { pid, tid, .. } = event
+            if let Event::Exit { pid, tid, time } = event
                 && pid == tid
             {
-                self.consumer.engine.exited(*pid as i32);
+                self.consumer.engine.exited(*pid as i32, *time);
             }
         }
         for unpatched in self.inject.as_ref().map(InjectSource::unpatched).unwrap_or_default() {
@@ -860,11 +864,14 @@ mod tests {
         let mut memory = EngineMemory::default();
         for pid in 100..1_100 {
             memory.forked(pid, pid as u64);
-            memory.exited(pid);
+            memory.exited(pid, pid as u64 + 1);
         }
         memory.forked(7, 1);
         memory.forked(7, 0);
         assert_eq!(memory.forked_ns.len(), 1);
         assert_eq!(memory.forked_ns[&7], 1, "the latest fork of a pid is kept");
+        // An earlier process of the pid ending, read after the fork of the next.
+        memory.exited(7, 0);
+        assert_eq!(memory.forked_ns[&7], 1);
     }
 }
