@@ -679,6 +679,7 @@ impl Patched {
         }
         self.ended_children_calls.resize(functions, 0);
         let mut running_calls = vec![0; functions];
+        let mut all_read = true;
         // One child's memory mapped at a time.
         for (child, for_good) in self.children_read.iter_mut().filter(|(_, for_good)| !*for_good) {
             // Ended before this reading: what its memory holds is all it will.
@@ -690,8 +691,13 @@ impl Patched {
             // A memory that could not be mapped now (the address space
             // full for a moment) is read again next time.
             *for_good = ended && mapped.is_ok();
+            all_read &= mapped.is_ok();
         }
-        self.children_calls = self.ended_children_calls.iter().zip(running_calls).map(|(a, b)| a.saturating_add(b)).collect();
+        // Short of a child, the last reading's totals stand (they had its
+        // calls): the governor's never go down, to come back in a burst.
+        if all_read {
+            self.children_calls = self.ended_children_calls.iter().zip(running_calls).map(|(a, b)| a.saturating_add(b)).collect();
+        }
     }
 
     /// Puts the original bytes back and stops adding up; then, unless a
