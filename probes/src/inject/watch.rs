@@ -115,6 +115,9 @@ pub struct Watched {
 pub struct Retired {
     /// Their totals.
     pub threads: Vec<ThreadTotals>,
+    /// Their calls by function, for the governor: a block retired leaves
+    /// the process's running totals, not the run's.
+    calls: Vec<u64>,
     /// Bytes of their contexts still to copy, of [`MOST_CONTEXT_BYTES`]
     /// over the whole recording: a target making up threads gets no more.
     budget: u64,
@@ -125,7 +128,7 @@ pub struct Retired {
 
 impl Default for Retired {
     fn default() -> Self {
-        Retired { threads: Vec::new(), budget: MOST_CONTEXT_BYTES, error: None }
+        Retired { threads: Vec::new(), calls: Vec::new(), budget: MOST_CONTEXT_BYTES, error: None }
     }
 }
 
@@ -146,7 +149,13 @@ impl Retired {
         let listed: std::collections::HashSet<u32> = tasks.filter_map(|t| t.ok()?.file_name().to_str()?.parse().ok()).collect();
         let alive = |tid: u32| listed.contains(&tid) || std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists();
         match view.retire_ended(alive, &mut self.budget, trace) {
-            Ok(threads) => self.threads.extend(threads),
+            Ok(threads) => {
+                for thread in &threads {
+                    self.calls.resize(self.calls.len().max(thread.calls.len()), 0);
+                    self.calls.iter_mut().zip(&thread.calls).for_each(|(total, &n)| *total = total.saturating_add(n));
+                }
+                self.threads.extend(threads);
+            }
             Err(error) => self.error = Some(error),
         }
     }
@@ -228,6 +237,7 @@ impl Watch {
                     calls.iter_mut().for_each(|c| *c = 0);
                     let (timed, counted) = calls.split_at_mut(functions);
                     view.calls(timed);
+                    timed.iter_mut().zip(&retired.calls).for_each(|(total, &n)| *total = total.saturating_add(n));
                     patched.add_children_calls(timed);
                     patched.add_counted_calls(counted);
                     pending.extend((judge.decide)(&calls));
