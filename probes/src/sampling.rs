@@ -203,16 +203,18 @@ impl ModuleInfo {
             .as_ref()
     }
 
-    /// Whether the code at `vaddr` (or the byte after: a return address
-    /// looked up one byte back) is a signal restorer, where a signal
-    /// handler returns to the code it interrupted.
+    /// Whether `vaddr` is in a signal restorer (where a signal handler
+    /// returns to the code it interrupted), past its end (a sample taken in
+    /// its system call), or the byte before it (a return address looked
+    /// up one byte back).
     fn returns_from_a_signal(&self, vaddr: u64) -> bool {
         let Some((range, bytes)) = self.unwind.as_ref().and_then(|u| u.text.as_ref()) else { return false };
         let code_at = |at: u64| {
             let start = at.checked_sub(range.start).and_then(|o| usize::try_from(o).ok());
             start.and_then(|s| bytes.get(s..s.checked_add(SIGNAL_RETURN.len())?)) == Some(&SIGNAL_RETURN[..])
         };
-        code_at(vaddr) || code_at(vaddr + 1)
+        // The restorer starts from the byte after `vaddr` to its length back.
+        (0..=SIGNAL_RETURN.len() as u64 + 1).any(|back| vaddr.wrapping_add(1).checked_sub(back).is_some_and(code_at))
     }
 
     /// The ELF virtual address of file offset `offset`.
@@ -916,8 +918,9 @@ impl StackResolver {
             // A signal handler returns into the C library's restorer, whose
             // unwind rules read the signal's frame with expressions the
             // unwinder does not evaluate: the interrupted code's registers
-            // are read from that frame here.
-            let restorer = matches!(frame, FrameAddress::ReturnAddress(_))
+            // are read from that frame here. (So too for a sample taken in
+            // the restorer itself, the handler returned.)
+            let restorer = (matches!(frame, FrameAddress::ReturnAddress(_)) || addresses.len() == 1)
                 && module_at(&process.mappings, modules, address.0).is_some_and(|(info, vaddr)| info.returns_from_a_signal(vaddr));
             if restorer {
                 match interrupted(regs.sp(), &mut read_stack) {
@@ -1026,6 +1029,31 @@ fn kernel_frame(function: Option<&str>) -> SampledFrame {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signal_restorer_is_known_from_the_byte_before_it_to_the_end_of_its_system_call() {
+        let mut text = vec![0x90u8; 32];
+        text[16..25].copy_from_slice(&SIGNAL_RETURN);
+        let unwind = UnwindSections {
+            text: Some((0x1000..0x1020, SectionBytes::Decompressed(text.into()))),
+            eh_frame: None,
+            eh_frame_hdr: None,
+            got: None,
+            debug_frame: None,
+            segments: Vec::new(),
+        };
+        let module = ModuleInfo {
+            path: "libc.so.6".into(),
+            symbols: None,
+            lines: std::cell::OnceCell::new(),
+            ahead: std::cell::Cell::new(None),
+            debug: None,
+            unwind: Some(Arc::new(unwind)),
+            unknown: None,
+        };
+        let known: Vec<u64> = (0x1000..0x1020).filter(|&a| module.returns_from_a_signal(a)).collect();
+        assert_eq!(known, (0x100f..=0x1019).collect::<Vec<u64>>());
+    }
 
     #[test]
     fn a_64_bit_process_is_told_from_one_that_cannot_be_read() {
