@@ -484,13 +484,19 @@ fn a_forked_child_not_followed_runs_unrecorded_and_returns_right() {
     assert_eq!(rt.nodes(0)[1].calls, 0, "its frame ended where nothing is recorded");
 }
 
-#[test]
-fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
+/// A runtime of one function and four blocks whose forked children hand
+/// their memory to a listener, and a stack for its calls.
+fn ready_to_fork() -> (Geometry, Children, Local, Stack) {
     let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
     // SAFETY: getuid has no preconditions.
-    let mut children = Children::listen(unsafe { libc::getuid() }, geometry.shared_bytes()).expect("a socket");
-    let mut rt = Local::with_fork_socket(1, 4, children.name());
-    let mut stack = Stack::new();
+    let children = Children::listen(unsafe { libc::getuid() }, geometry.shared_bytes()).expect("a socket");
+    let rt = Local::with_fork_socket(1, 4, children.name());
+    (geometry, children, rt, Stack::new())
+}
+
+#[test]
+fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
+    let (geometry, mut children, mut rt, mut stack) = ready_to_fork();
     rt.entry(&mut stack.0[60], 0);
     rt.entry(&mut stack.0[50], 0);
     rt.exit(&mut stack.0[50]);
@@ -534,11 +540,7 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
 /// the child still has the frames the fork left it, and keeps them.
 #[test]
 fn a_forked_child_keeps_its_frames_when_the_parents_block_was_retired_since() {
-    let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
-    // SAFETY: getuid has no preconditions.
-    let mut children = Children::listen(unsafe { libc::getuid() }, geometry.shared_bytes()).expect("a socket");
-    let mut rt = Local::with_fork_socket(1, 4, children.name());
-    let mut stack = Stack::new();
+    let (geometry, mut children, mut rt, mut stack) = ready_to_fork();
     rt.entry(&mut stack.0[60], 0);
     // As the child sees it after a fork, the parent's block retired since.
     // SAFETY: the first word of block 0, its state.
