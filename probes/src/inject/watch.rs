@@ -47,9 +47,9 @@ pub struct Unpatched {
 }
 
 /// How often the calls are read: a function that turns hot past what the
-/// governor allows costs the target until the next look (at 5 ms, SQLite's phases of new hot
-/// functions cost it a tenth of its time in probes, where the governor
-/// allows a twentieth).
+/// governor allows costs the target until the next look (at 5 ms,
+/// SQLite's phases of new hot functions cost it a tenth of its time in
+/// probes, where the governor allows a twentieth).
 const PERIOD: Duration = Duration::from_millis(1);
 /// Looks are at least this many times their own duration apart (more
 /// with a judge: see [`Judge::looks_apart`]): reading the calls of
