@@ -1007,8 +1007,13 @@ static u64 frames_still_in(const struct private_block *p, u64 slot, int at_too, 
 
 /* frames_still_in, telling the alternate signal stack apart where frames
  * would end: a system call, made only then. */
-static u64 frames_in_progress(const struct private_block *p, u64 slot, int at_too)
+static inline u64 frames_in_progress(const struct private_block *p, u64 slot, int at_too)
 {
+    /* Most calls: none in progress, or the newest is the caller's, above
+     * this call on its stack. */
+    u64 d = p->depth;
+    if (!d || (p->ret[d - 1].slot > slot && near(p->ret[d - 1].slot, slot)))
+        return d;
     u64 kept = frames_still_in(p, slot, at_too, 0, 0);
     u64 lo, hi;
     if (kept < p->depth) {
@@ -1186,7 +1191,7 @@ u64 proftap_entry(u64 *slot, u32 function)
      * and the tail call is made through it too, so that both returns
      * through it are predicted. The slot holds the trampoline before the
      * call is made, for proftap reading the stack meanwhile, or detaching. */
-    if (!is_trampoline(c, *slot))
+    if (!hijacked)
         *slot = trampoline_for(c, *slot);
     call_through = *slot - CALL_BEFORE_TRAMPOLINE;
     f->entry_tsc = now_and_off(c, (u32)b->tid, &f->entry_off);
