@@ -727,13 +727,19 @@ impl Patched {
         remote.write(memory.live, &totals::LIVE_STOPPED.to_ne_bytes())?;
         let mut remote = remote;
         let mut wait = RELEASE_AGAIN_AFTER;
-        for attempt in 1..=RELEASE_ATTEMPTS {
+        let (started, mut attempts, mut ran) = (std::time::Instant::now(), 0, threads_cpu_ns(self.pid));
+        loop {
             if self.release(&remote, memory)? {
                 self.code.clear();
                 self.fork_code.clear();
                 break;
             }
-            if attempt == RELEASE_ATTEMPTS {
+            let now_ran = threads_cpu_ns(self.pid);
+            if now_ran != ran || now_ran.is_none() {
+                attempts += 1;
+                ran = now_ran;
+            }
+            if attempts >= RELEASE_ATTEMPTS || started.elapsed() >= RELEASE_AT_MOST {
                 break;
             }
             // The threads run on out of proftap's code (a signal handler
@@ -860,6 +866,16 @@ fn give_back_return_addresses(
     Ok(())
 }
 
+/// The CPU time process `pid`'s threads have had, as the scheduler counts
+/// it (nanoseconds): whether they ran between two looks.
+fn threads_cpu_ns(pid: i32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let on_cpu = |task: std::fs::DirEntry| -> Option<u64> {
+        std::fs::read_to_string(task.path().join("schedstat")).ok()?.split_whitespace().next()?.parse().ok()
+    };
+    Some(tasks.filter_map(Result::ok).filter_map(on_cpu).sum())
+}
+
 /// Instructions a thread is stepped through at most to leave proftap's
 /// code at a detach: a call's bookkeeping is a few hundred.
 const STEPS_OUT_OF_CODE: usize = 20_000;
@@ -867,8 +883,10 @@ const STEPS_OUT_OF_CODE: usize = 20_000;
 /// Times a detach holds the process to unmap proftap's code before it
 /// leaves it mapped, and how long the threads run on between two: twice
 /// as long each time, at most the second (about a quarter of a second in
-/// all).
+/// all). An attempt after which the threads did not run (a busy machine
+/// did not give them a CPU) does not count, up to RELEASE_AT_MOST in all.
 const RELEASE_ATTEMPTS: usize = 12;
+const RELEASE_AT_MOST: std::time::Duration = std::time::Duration::from_secs(2);
 const RELEASE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
 const RELEASE_AGAIN_AT_MOST: std::time::Duration = std::time::Duration::from_millis(32);
 
@@ -1082,4 +1100,22 @@ fn tcb_tid_offset(remote: &Remote) -> Option<i32> {
     let candidates = candidates?;
     let preferred = if candidates.contains(&0x2d0) { Some(0x2d0) } else { candidates.first().copied() };
     preferred.map(|o| o as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_cpu_time_grows_as_its_threads_run() {
+        let pid = std::process::id() as i32;
+        let before = threads_cpu_ns(pid).expect("this process's threads are readable");
+        let started = std::time::Instant::now();
+        let mut spun = 0u64;
+        while started.elapsed() < std::time::Duration::from_millis(30) {
+            spun = std::hint::black_box(spun.wrapping_add(1));
+        }
+        assert!(threads_cpu_ns(pid).expect("readable") > before, "{spun} spins");
+        assert_eq!(threads_cpu_ns(-1), None);
+    }
 }
