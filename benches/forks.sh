@@ -17,7 +17,7 @@ trap 'rm -rf "$dir"' EXIT
 proftap=$PWD/target/release/proftap
 gcc -O2 -g -o "$dir/children" examples/children.c
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+source benches/common.sh
 measure() { for _ in $(seq "$runs"); do "$@" 2>/dev/null | grep -E '^[0-9.]+$' | tail -1; done | median; }
 
 printf '%10s %14s %18s %14s %16s\n' bare 'proftap -f' '--no-follow-fork' 'proftap run' 'perf record -g'

@@ -19,7 +19,7 @@ trap 'rm -rf "$dir"' EXIT
 proftap=$PWD/target/release/proftap
 gcc -O2 -g -o "$dir/hot" examples/hot.c
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+source benches/common.sh
 # The program's own elapsed time, in ms.
 elapsed() { for _ in $(seq "$runs"); do "$@" 2>&1 >/dev/null | awk '/^elapsed_ms/ {print $2}'; done | median; }
 

@@ -24,7 +24,7 @@ cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p proftap-cli
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+source "$root/benches/common.sh"
 # Seconds a command takes, to the millisecond (`time`'s 10 ms steps moved
 # lineloop's ratios by a fifth).
 seconds() {

@@ -21,7 +21,7 @@ for opt in O0 O2; do
 done
 gcc -O2 -o "$dir/floor" benches/percall/floor.c
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+source benches/common.sh
 measure() { for _ in $(seq "$runs"); do "$@" 2>/dev/null | grep -E '^[0-9.]+$' | tail -1; done | median; }
 
 printf '%-4s %-10s %10s %10s %10s %10s %10s %10s %13s %14s\n' opt first-insn bare floor proftap bpftrace proftap/floor inject inject-trace uftrace-P
