@@ -1030,6 +1030,19 @@ fn kernel_frame(function: Option<&str>) -> SampledFrame {
 mod tests {
     use super::*;
 
+    /// The signal's frame is read from the sampled stack alone: one cut
+    /// short (or an address at the end of the address space, which a
+    /// target can put on its stack) gives no registers rather than bytes
+    /// from elsewhere.
+    #[test]
+    fn a_signal_frame_is_read_only_from_the_bytes_sampled() {
+        let sampled = |len: u64| move |at: u64| if (0x1000..0x1000 + len).contains(&at) { Ok(at * 2) } else { Err(()) };
+        let whole = interrupted(0x1000, &mut sampled(512)).expect("the frame is in the bytes");
+        assert_eq!((whole.bp(), whole.sp(), whole.ip()), (2 * (0x1000 + 40 + 80), 2 * (0x1000 + 40 + 120), 2 * (0x1000 + 40 + 128)));
+        assert!(interrupted(0x1000, &mut sampled(160)).is_none(), "the rip past the bytes");
+        assert!(interrupted(u64::MAX - 100, &mut |_| Ok(1)).is_none(), "no wrapping past the end");
+    }
+
     #[test]
     fn a_signal_restorer_is_known_from_the_byte_before_it_to_the_end_of_its_system_call() {
         let mut text = vec![0x90u8; 32];
