@@ -253,7 +253,17 @@ fn ended_of(status: &WaitStatus) -> Option<(i32, Ended)> {
 /// is the end of a child proftap launched, the wait reaps it: its status is
 /// kept for `try_reap`, which would otherwise find no child.
 pub(crate) fn wait_traced(tid: Pid) -> nix::Result<WaitStatus> {
-    let status = waitpid(tid, Some(WaitPidFlag::__WALL))?;
+    wait_traced_with(tid, WaitPidFlag::__WALL)
+}
+
+/// The state change of a traced thread if there is one now
+/// (`WaitStatus::StillAlive` if not), kept as `wait_traced` keeps it.
+pub(crate) fn poll_traced(tid: Pid) -> nix::Result<WaitStatus> {
+    wait_traced_with(tid, WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)
+}
+
+fn wait_traced_with(tid: Pid, flags: WaitPidFlag) -> nix::Result<WaitStatus> {
+    let status = waitpid(tid, Some(flags))?;
     if let Some(ended) = ended_of(&status) {
         ENDED_WHILE_TRACED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(ended);
         ENDED_KEPT.notify_all();
@@ -505,13 +515,22 @@ impl Drop for Frozen {
     fn drop(&mut self) {
         for tid in &self.stopped {
             let pending = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let sig = pending.iter().find(|(t, _)| t == tid).map(|(_, s)| *s);
+            let mut signals: Vec<Signal> = pending.iter().filter(|(t, _)| t == tid).map(|(_, s)| *s).collect();
             drop(pending);
+            signals.dedup();
+            let sig = signals.first().copied();
             // A thread taken as it was made and never seen stopped is
             // running: it can be let go of only once stopped.
             if ptrace::detach(*tid, sig) == Err(Errno::ESRCH) && ptrace::interrupt(*tid).is_ok() {
                 let _ = wait_traced(*tid);
                 let _ = ptrace::detach(*tid, sig);
+            }
+            // The others held back (a timer's, then a termination) are sent
+            // again, as a signal sent twice before its delivery is delivered once.
+            for &other in signals.iter().skip(1).filter(|&&s| Some(s) != sig) {
+                let pid = self.turn.unwrap_or(tid.as_raw());
+                // SAFETY: tgkill takes plain integers and sends a signal.
+                unsafe { libc::syscall(libc::SYS_tgkill, pid, tid.as_raw(), other as i32) };
             }
         }
         if let Some(pid) = self.turn {

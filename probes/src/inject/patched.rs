@@ -812,7 +812,7 @@ impl Patched {
                 Ok(r) => r.rip,
                 Err(_) => return Ok(false),
             };
-            if in_code(stopped_at) || handler_returns_into(remote, tid, unmapped) {
+            if in_code(stopped_at) || !out_of_handlers_into(remote, tid, in_code, unmapped) {
                 return Ok(false);
             }
         }
@@ -908,32 +908,109 @@ const SIGNAL_FRAME_RIP: usize = 8 + 40 + 16 * 8;
 /// points at one.
 const RESTORERS: [&[u8]; 2] = [&[0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05], &[0xb8, 0x0f, 0, 0, 0, 0x0f, 0x05]];
 
+/// Where a signal frame keeps, after its return address (8 bytes), the
+/// context's flags and link: flags the kernel sets (`UC_FP_XSTATE`,
+/// `UC_SIGCONTEXT_SS`, `UC_STRICT_RESTORE_SS`) and no link.
+const SIGNAL_FRAME_FLAGS: usize = 8;
+const SIGNAL_FRAME_LINK: usize = 16;
+const SIGNAL_FRAME_KNOWN_FLAGS: u64 = 7;
+
+/// Where a signal frame keeps the interrupted stack pointer: the
+/// register before the address.
+const SIGNAL_FRAME_SP: usize = SIGNAL_FRAME_RIP - 8;
+
+/// Where a signal frame keeps the address of the floating-point state it
+/// saved (after the 23 registers), and where the kernel puts that state:
+/// 64-byte aligned over the 440-byte frame, which is placed under it
+/// 16-byte aligned less 8, 456 bytes further up.
+const SIGNAL_FRAME_FPSTATE: usize = 8 + 40 + 23 * 8;
+const SIGNAL_FRAME_FPSTATE_AT: u64 = 456;
+
+/// Whether thread `tid` of the held process is in no signal handler that
+/// interrupted it in code that is to go (`unmapped`), once let run alone
+/// out of those it is in, up to SIGNAL_RETURN_WAIT, and stepped out of
+/// proftap's code (`in_code`) where each returns.
+fn out_of_handlers_into(remote: &Remote, tid: i32, in_code: impl Fn(u64) -> bool, unmapped: impl Fn(u64) -> bool) -> bool {
+    let started = std::time::Instant::now();
+    while handler_returns_into(remote, tid, &unmapped) {
+        let left = SIGNAL_RETURN_WAIT.saturating_sub(started.elapsed());
+        match remote.run_to_signal_return(tid, &in_code, left) {
+            Ok(Some(rip)) if !in_code(rip) => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// How long a detach lets a thread run alone to return from the signal
+/// handlers that would return into proftap's code: a handler usually
+/// returns in microseconds, and one interrupted again as it returns (a
+/// signal pending meanwhile) makes no progress until let run this way.
+const SIGNAL_RETURN_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Whether thread `tid` of the held process is in a signal handler that
 /// interrupted it where `in_code` says is proftap's: it would return
-/// there, so that code must stay. Its frame is found on the stack by its
-/// return address (a restorer, checked in the process's memory) with the
-/// interrupted address where the frame keeps it. A thread whose registers
+/// there, so that code must stay. A thread whose registers or stack
 /// cannot be read may be.
 fn handler_returns_into(remote: &Remote, tid: i32, in_code: impl Fn(u64) -> bool) -> bool {
     let Ok(regs) = remote.regs(tid) else { return true };
-    let sp = regs.rsp & !7;
-    // A stack that cannot be read may hold one.
-    let Ok(stack) = remote.read_within_mapping(sp, SIGNAL_FRAMES_SEARCHED) else { return true };
-    let word = |at: usize| stack.get(at..at + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+    // From the word under the stack pointer: a thread in a restorer has
+    // taken its frame's return address already.
+    let from = (regs.rsp & !7).saturating_sub(8);
+    let Ok(stack) = remote.read_within_mapping(from, SIGNAL_FRAMES_SEARCHED) else { return true };
     let mut restorers: std::collections::HashMap<u64, bool> = std::collections::HashMap::new();
-    for at in (0..stack.len()).step_by(8) {
-        let (Some(ret), Some(interrupted)) = (word(at), word(at + SIGNAL_FRAME_RIP)) else { break };
-        if !in_code(interrupted) {
-            continue;
-        }
-        let restorer = *restorers
-            .entry(ret)
-            .or_insert_with(|| RESTORERS.iter().any(|code| remote.read(ret, code.len()).is_ok_and(|bytes| bytes == *code)));
-        if restorer {
-            return true;
+    let is_restorer = |ret: u64| {
+        *restorers.entry(ret).or_insert_with(|| RESTORERS.iter().any(|code| remote.read(ret, code.len()).is_ok_and(|bytes| bytes == *code)))
+    };
+    live_signal_frames(&stack, from, is_restorer).into_iter().any(|frame| in_code(frame.interrupted_ip))
+}
+
+/// A signal frame on a thread's stack: where it is, and where the thread
+/// was when the signal came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SignalFrame {
+    at: u64,
+    interrupted_ip: u64,
+}
+
+/// The signal frames on `stack` (its bytes from address `base` up) that
+/// a thread running at `base` would return through, outermost first.
+///
+/// A frame is known by its return address (a restorer, `is_restorer`)
+/// and its context as the kernel writes it. The stack a handler has not
+/// written yet, and the parts of a frame the kernel leaves alone (a
+/// reserved field, the signal's information unless asked for), hold the
+/// frames of earlier signals: those are told apart by what the live
+/// frame wrote over them, and by where they end. A frame lies under the
+/// stack it interrupted, so a lower one reaching into a live frame is
+/// stale, while one nested in a handler interrupted that handler, under
+/// the handler's frame.
+fn live_signal_frames(stack: &[u8], base: u64, mut is_restorer: impl FnMut(u64) -> bool) -> Vec<SignalFrame> {
+    let word = |at: usize| stack.get(at..at + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+    let end = base + stack.len() as u64;
+    let mut frames = Vec::new();
+    // The lowest live frame found, or the stack's end: a handler interrupted
+    // at its last instruction, its frame's return address taken, is 8 over.
+    let mut floor = end;
+    let Some(last) = stack.len().checked_sub(SIGNAL_FRAME_FPSTATE + 8) else { return frames };
+    for at in (0..=last & !7).rev().step_by(8) {
+        let field = |offset: usize| word(at + offset).unwrap_or_default();
+        let address = base + at as u64;
+        let (sp, ip) = (field(SIGNAL_FRAME_SP), field(SIGNAL_FRAME_RIP));
+        let shaped = field(SIGNAL_FRAME_FLAGS) <= SIGNAL_FRAME_KNOWN_FLAGS
+            && field(SIGNAL_FRAME_LINK) == 0
+            && field(SIGNAL_FRAME_FPSTATE) == address + SIGNAL_FRAME_FPSTATE_AT
+            && ip != 0;
+        // On this stack, the interrupted code was above the frame and under
+        // every live frame found; on another (an alternate signal stack's
+        // handler interrupted the thread's own), anywhere.
+        let placed = !(base..end).contains(&sp) || (sp > address && sp <= floor + 8);
+        if shaped && placed && is_restorer(field(0)) {
+            frames.push(SignalFrame { at: address, interrupted_ip: ip });
+            floor = address;
         }
     }
-    false
+    frames
 }
 
 impl Drop for Patched {
@@ -1117,5 +1194,77 @@ mod tests {
         }
         assert!(threads_cpu_ns(pid).expect("readable") > before, "{spun} spins");
         assert_eq!(threads_cpu_ns(-1), None);
+    }
+    const RESTORER: u64 = 0x40_1000;
+    const BASE: u64 = 0x7ff0_0000;
+
+    /// Writes a signal frame at `at` bytes into `stack` as the kernel
+    /// does, returning to the restorer, interrupted at `ip` with stack
+    /// pointer `sp`: its context's registers and the floating-point state
+    /// over it, not the reserved field after them nor the signal's
+    /// information.
+    fn frame(stack: &mut [u8], at: usize, sp: u64, ip: u64) {
+        let fpstate = at + SIGNAL_FRAME_FPSTATE_AT as usize;
+        stack[at + 48..at + SIGNAL_FRAME_FPSTATE].fill(0x5a);
+        stack[fpstate..fpstate + 1024].fill(0xa5);
+        let mut put = |offset: usize, value: u64| stack[at + offset..at + offset + 8].copy_from_slice(&value.to_ne_bytes());
+        put(0, RESTORER);
+        put(SIGNAL_FRAME_FLAGS, 7);
+        put(SIGNAL_FRAME_LINK, 0);
+        put(SIGNAL_FRAME_SP, sp);
+        put(SIGNAL_FRAME_RIP, ip);
+        put(SIGNAL_FRAME_FPSTATE, BASE + fpstate as u64);
+    }
+
+    fn interrupted(stack: &[u8]) -> Vec<u64> {
+        live_signal_frames(stack, BASE, |ret| ret == RESTORER).iter().map(|f| f.interrupted_ip).collect()
+    }
+
+    #[test]
+    fn a_signal_frame_left_where_a_handler_has_not_written_is_not_taken_for_a_live_one() {
+        let mut stack = vec![0u8; 64 << 10];
+        let live = 48 << 10;
+        // A signal that came when the thread was 296 bytes deeper: its frame
+        // ran into where the live one was written since, and its start is
+        // in the handler's unwritten stack.
+        frame(&mut stack, live - 296, BASE + live as u64 + 1200 - 296, 0xb);
+        frame(&mut stack, live, BASE + live as u64 + 1200, 0xa);
+        assert_eq!(interrupted(&stack), [0xa]);
+        // One that came when the thread was 256 bytes higher: the live
+        // frame's registers and floating-point state are over its own, not
+        // its start, stack pointer and address.
+        let mut over = vec![0u8; 64 << 10];
+        frame(&mut over, live + 256, BASE + live as u64 + 1200 + 256, 0x1b);
+        frame(&mut over, live, BASE + live as u64 + 1200, 0xa);
+        assert_eq!(interrupted(&over), [0xa]);
+        // A signal that interrupted the handler, under the live frame.
+        let nested = 8 << 10;
+        frame(&mut stack, nested, BASE + nested as u64 + 4000, 0xc);
+        assert_eq!(interrupted(&stack), [0xa, 0xc]);
+        // One that interrupted the handler as it returned, its frame's
+        // return address taken, is just over.
+        let mut returning = stack.clone();
+        frame(&mut returning, nested, BASE + live as u64 + 8, 0xd);
+        assert_eq!(interrupted(&returning), [0xa, 0xd]);
+        // No frame interrupts code under itself on its own stack.
+        let mut under = stack.clone();
+        frame(&mut under, nested, BASE + nested as u64 - 64, 0xe);
+        assert_eq!(interrupted(&under), [0xa]);
+        // A handler on an alternate stack interrupted another stack, anywhere.
+        let mut alternate = vec![0u8; 16 << 10];
+        frame(&mut alternate, 4096, 0x1000, 0xf);
+        assert_eq!(interrupted(&alternate), [0xf]);
+        // A thread in a restorer: the frame starts at the first word read.
+        let mut restoring = vec![0u8; 4096];
+        frame(&mut restoring, 0, BASE + 2000, 0x10);
+        assert_eq!(interrupted(&restoring), [0x10]);
+        // Not a frame: a context with a link, or with its floating-point
+        // state elsewhere, or not returning to a restorer.
+        for field in [SIGNAL_FRAME_LINK, SIGNAL_FRAME_FPSTATE] {
+            let mut other = restoring.clone();
+            other[field] ^= 0x40;
+            assert_eq!(interrupted(&other), [0u64; 0]);
+        }
+        assert!(live_signal_frames(&restoring, BASE, |_| false).is_empty());
     }
 }

@@ -75,6 +75,10 @@ pub struct Remote {
     maps: Vec<Mapping>,
 }
 
+/// Instructions a thread returned from a signal handler is stepped at
+/// most (see [`Remote::run_to_signal_return`]).
+const STEPS_AFTER_SIGNAL_RETURN: usize = 20_000;
+
 /// Arguments of `mmap`.
 const PROT_READ: u64 = libc::PROT_READ as u64;
 const PROT_WRITE: u64 = libc::PROT_WRITE as u64;
@@ -188,6 +192,77 @@ impl Remote {
     /// Sets the registers of stopped thread `tid`.
     pub fn set_regs(&self, tid: i32, regs: libc::user_regs_struct) -> Result<(), RemoteError> {
         ptrace::setregs(Pid::from_raw(tid), regs).map_err(errno(format!("cannot set the registers of thread {tid}")))
+    }
+
+    /// Lets stopped thread `tid` run on alone, the other threads held,
+    /// until it returns from a signal handler (`rt_sigreturn`), at most
+    /// `most`; then steps it while `keep` holds for where it returned, as
+    /// `step_while` does. Signals that arrive meanwhile wait for the
+    /// release, so one pending does not interrupt the same place again.
+    /// Returns where the thread returned to and was stepped to, or `None`
+    /// when it did not return in time (it is held again).
+    pub fn run_to_signal_return(
+        &self,
+        tid: i32,
+        keep: impl Fn(u64) -> bool,
+        most: std::time::Duration,
+    ) -> Result<Option<u64>, RemoteError> {
+        let thread = Pid::from_raw(tid);
+        let cannot = |what: &str| errno(format!("cannot {what} thread {tid}"));
+        let traced = ptrace::Options::PTRACE_O_TRACECLONE;
+        ptrace::setoptions(thread, traced | ptrace::Options::PTRACE_O_TRACESYSGOOD).map_err(cannot("trace the system calls of"))?;
+        let started = std::time::Instant::now();
+        let returned = loop {
+            // Over the limit, the thread is held at its last stop.
+            if started.elapsed() >= most {
+                break None;
+            }
+            ptrace::syscall(thread, None).map_err(cannot("run"))?;
+            match self.wait_until(thread, started + most)? {
+                WaitStatus::PtraceSyscall(_) => {
+                    let regs = self.regs(tid)?;
+                    // rt_sigreturn's stop after it: the context is the one restored.
+                    if regs.orig_rax == libc::SYS_rt_sigreturn as u64 && regs.rax != -(libc::ENOSYS as i64) as u64 {
+                        break Some(regs.rip);
+                    }
+                }
+                WaitStatus::Stopped(_, signal) => self.frozen.defer(thread, signal),
+                // A thread the handler made runs free: it starts elsewhere.
+                WaitStatus::PtraceEvent(_, _, event) if event == libc::PTRACE_EVENT_CLONE => {
+                    if let Ok(new) = ptrace::getevent(thread) {
+                        let new = Pid::from_raw(new as i32);
+                        let _ = wait_traced(new);
+                        let _ = ptrace::detach(new, None);
+                    }
+                }
+                WaitStatus::Exited(..) | WaitStatus::Signaled(..) => {
+                    return Err(RemoteError::Unsupported(format!("thread {tid} ended while it ran alone")));
+                }
+                _ => {}
+            }
+        };
+        ptrace::setoptions(thread, traced).map_err(cannot("stop tracing the system calls of"))?;
+        match returned {
+            Some(rip) if keep(rip) => self.step_while(tid, keep, STEPS_AFTER_SIGNAL_RETURN).map(Some),
+            other => Ok(other),
+        }
+    }
+
+    /// Waits for the next stop of traced `thread`, running; past `deadline`
+    /// it is stopped.
+    fn wait_until(&self, thread: Pid, deadline: std::time::Instant) -> Result<WaitStatus, RemoteError> {
+        let cannot = |what: &str| errno(format!("cannot {what} thread {thread}"));
+        let mut interrupted = false;
+        loop {
+            match crate::target::poll_traced(thread).map_err(cannot("wait for"))? {
+                WaitStatus::StillAlive if !interrupted && std::time::Instant::now() >= deadline => {
+                    ptrace::interrupt(thread).map_err(cannot("stop"))?;
+                    interrupted = true;
+                }
+                WaitStatus::StillAlive => std::thread::sleep(std::time::Duration::from_micros(50)),
+                status => return Ok(status),
+            }
+        }
     }
 
     /// Runs stopped thread `tid` an instruction at a time while `keep`
