@@ -74,8 +74,22 @@ if [ ! -x "$dash" ]; then
 fi
 sql=$dir/bench.sql
 [ -s "$sql" ] || bash "$root/benches/realprogs/bench-sql.sh" >"$sql"
-# The crates cargo fetched to build ripgrep (and any others): a source tree to search.
-tree=${CARGO_HOME:-$HOME/.cargo}/registry/src
+# A source tree to search: ripgrep's and the crates it is built from, as
+# its lock file names them (those fetched for Linux), copied once: the
+# registry grows with whatever else cargo fetches.
+tree=$dir/rg-tree
+if [ ! -d "$tree" ]; then
+    registry=${CARGO_HOME:-$HOME/.cargo}/registry/src
+    lock=$(ls -d "$registry"/*/ripgrep-15.2.0 | head -1)/Cargo.lock
+    rm -rf "$tree.part" && mkdir -p "$tree.part"
+    awk '/^name = /{ n = $3 } /^version = /{ gsub(/"/, "", n); gsub(/"/, "", $3); print n "-" $3 }' "$lock" |
+        while read -r crate; do
+            for d in "$registry"/*/"$crate"; do
+                [ -d "$d" ] && cp -r "$d" "$tree.part/" && break
+            done
+        done
+    mv "$tree.part" "$tree"
+fi
 
 # Seconds a command takes (to the millisecond), median of $runs after one
 # run not counted (this VM's page cache is reclaimed within minutes: a
