@@ -5,9 +5,12 @@
  * the program is in it most of the time, having interrupted its loop
  * (it says "started" as the loop starts). With "linger-deep" it stays
  * in a function whose frame takes 256 KiB of the stack, far below the
- * signal's frame.
+ * signal's frame. With "relay" no timer runs: the first SIGALRM comes
+ * from outside, and the handler stays 0.9 ms and raises it again before
+ * it returns, so it is delivered again as the handler returns and the
+ * loop gets no further (it says "started" as the loop starts).
  *
- * Usage: alarm [ITERATIONS [altstack|linger|linger-deep]]   default 20,000,000.
+ * Usage: alarm [ITERATIONS [altstack|linger|linger-deep|relay]]   default 20,000,000.
  * Prints the calls of work() made by the loop and by the handler.
  */
 #include <signal.h>
@@ -57,13 +60,15 @@ static void on_alarm(int signal)
         stay_deep();
     else if (linger)
         stay();
+    if (linger == 3)
+        raise(SIGALRM);
 }
 
 int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 20000000;
     const char *mode = argc > 2 ? argv[2] : "";
-    linger = !strcmp(mode, "linger") ? 1 : !strcmp(mode, "linger-deep") ? 2 : 0;
+    linger = !strcmp(mode, "linger") ? 1 : !strcmp(mode, "linger-deep") ? 2 : !strcmp(mode, "relay") ? 3 : 0;
     if (!strcmp(mode, "altstack")) {
         static char stack[1 << 16];
         stack_t ss = {.ss_sp = stack, .ss_size = sizeof stack};
@@ -74,7 +79,8 @@ int main(int argc, char **argv)
     sa.sa_flags = SA_RESTART | (!strcmp(mode, "altstack") ? SA_ONSTACK : 0);
     sigaction(SIGALRM, &sa, 0);
     struct itimerval every = {{0, linger ? 1000 : 100}, {0, linger ? 1000 : 100}};
-    setitimer(ITIMER_REAL, &every, 0);
+    if (linger != 3)
+        setitimer(ITIMER_REAL, &every, 0);
     if (linger) {
         printf("started\n");
         fflush(stdout);

@@ -270,6 +270,41 @@ fn detaching_while_a_deep_signal_handler_interrupted_proftaps_code_leaves_the_pr
     detach_again_and_again_from_alarm("linger-deep", 4);
 }
 
+/// Detaching from a thread whose signal handler interrupted proftap's code
+/// and is entered again each time it returns (examples/alarm.c relay: the
+/// handler raises its signal again, set off once the function is
+/// patched, when the loop is mostly proftap's code): on its own the thread
+/// never leaves that code. The detach lets it return with the signal
+/// held back, steps it out and unmaps all it mapped.
+#[test]
+fn detaching_from_a_handler_entered_again_as_it_returns_unmaps_all_and_the_program_runs_on() {
+    require_probes();
+    let binary = Build::c("alarm.c", "-O2").build();
+    let mut program = KilledAtTheEnd(Command::new(&binary).args(["4000000000000", "relay"]).stdout(Stdio::piped()).spawn().unwrap());
+    let pid = program.0.id().to_string();
+    let mut started = String::new();
+    BufReader::new(program.0.stdout.take().unwrap()).read_line(&mut started).unwrap();
+    assert_eq!(started, "started\n");
+    let mappings = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
+    let before = mappings();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("relay.profile");
+    let args = ["attach", "--engine", "inject", "--no-sample", "-f", "work", "--duration", "300ms", "-o"];
+    let mut attach = proftap().args(args).arg(&file).arg(&pid).stderr(Stdio::piped()).spawn().unwrap();
+    let mut said = String::new();
+    let mut stderr = BufReader::new(attach.stderr.take().unwrap());
+    while !said.contains("attached to process") {
+        assert!(stderr.read_line(&mut said).unwrap() > 0, "proftap said: {said}");
+    }
+    run_ok(Command::new("kill").args(["-ALRM", &pid]));
+    std::io::Read::read_to_string(&mut stderr, &mut said).unwrap();
+    assert!(attach.wait().unwrap().success(), "{said}");
+    assert!(calls_by_name(&report_json(&file))["work"] > 2, "the handler ran again and again");
+    assert!(program.0.try_wait().unwrap().is_none(), "the program ended: {:?}", program.0.try_wait());
+    let after = mappings();
+    assert!(after <= before + 1, "{before} mappings before, {after} after");
+}
+
 /// Attaches `rounds` times to examples/alarm.c in `mode`, 100 ms each:
 /// every attach succeeds, the program runs on, with at most one mapping
 /// more than before.

@@ -515,9 +515,13 @@ impl Drop for Frozen {
     fn drop(&mut self) {
         for tid in &self.stopped {
             let pending = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut signals: Vec<Signal> = pending.iter().filter(|(t, _)| t == tid).map(|(_, s)| *s).collect();
+            let mut signals: Vec<Signal> = Vec::new();
+            for &(_, signal) in pending.iter().filter(|(t, _)| t == tid) {
+                if !signals.contains(&signal) {
+                    signals.push(signal);
+                }
+            }
             drop(pending);
-            signals.dedup();
             let sig = signals.first().copied();
             // A thread taken as it was made and never seen stopped is
             // running: it can be let go of only once stopped.
@@ -526,8 +530,10 @@ impl Drop for Frozen {
                 let _ = ptrace::detach(*tid, sig);
             }
             // The others held back (a timer's, then a termination) are sent
-            // again, as a signal sent twice before its delivery is delivered once.
-            for &other in signals.iter().skip(1).filter(|&&s| Some(s) != sig) {
+            // again, as a signal sent twice before its delivery is delivered
+            // once; not a fault, which comes again as its instruction does.
+            let fault = |s: Signal| matches!(s, Signal::SIGSEGV | Signal::SIGBUS | Signal::SIGFPE | Signal::SIGILL | Signal::SIGTRAP);
+            for &other in signals.iter().skip(1).filter(|&&s| !fault(s)) {
                 let pid = self.turn.unwrap_or(tid.as_raw());
                 // SAFETY: tgkill takes plain integers and sends a signal.
                 unsafe { libc::syscall(libc::SYS_tgkill, pid, tid.as_raw(), other as i32) };

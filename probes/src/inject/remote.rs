@@ -197,10 +197,11 @@ impl Remote {
     /// Lets stopped thread `tid` run on alone, the other threads held,
     /// until it returns from a signal handler (`rt_sigreturn`), at most
     /// `most`; then steps it while `keep` holds for where it returned, as
-    /// `step_while` does. Signals that arrive meanwhile wait for the
-    /// release, so one pending does not interrupt the same place again.
-    /// Returns where the thread returned to and was stepped to, or `None`
-    /// when it did not return in time (it is held again).
+    /// `step_while` does: a signal pending as the handler returns waits for
+    /// the release, so it does not interrupt the same place again. Signals
+    /// that arrive before are delivered as they come. Returns where the
+    /// thread returned to and was stepped to, or `None` when it did not
+    /// return in time (it is held again).
     pub fn run_to_signal_return(
         &self,
         tid: i32,
@@ -212,21 +213,31 @@ impl Remote {
         let traced = ptrace::Options::PTRACE_O_TRACECLONE;
         ptrace::setoptions(thread, traced | ptrace::Options::PTRACE_O_TRACESYSGOOD).map_err(cannot("trace the system calls of"))?;
         let started = std::time::Instant::now();
+        // The kernel restores the interrupted context's registers, its
+        // system call number too: the stop after rt_sigreturn is known as
+        // the one after the stop before it.
+        let mut returning = false;
+        let mut signal = None;
         let returned = loop {
-            // Over the limit, the thread is held at its last stop.
+            // Over the limit, the thread is held at its last stop, a signal
+            // it stopped for kept for the release.
             if started.elapsed() >= most {
+                if let Some(signal) = signal {
+                    self.frozen.defer(thread, signal);
+                }
                 break None;
             }
-            ptrace::syscall(thread, None).map_err(cannot("run"))?;
+            ptrace::syscall(thread, signal.take()).map_err(cannot("run"))?;
             match self.wait_until(thread, started + most)? {
                 WaitStatus::PtraceSyscall(_) => {
                     let regs = self.regs(tid)?;
-                    // rt_sigreturn's stop after it: the context is the one restored.
-                    if regs.orig_rax == libc::SYS_rt_sigreturn as u64 && regs.rax != -(libc::ENOSYS as i64) as u64 {
+                    if returning {
                         break Some(regs.rip);
                     }
+                    let entering = regs.rax == -(libc::ENOSYS as i64) as u64;
+                    returning = entering && regs.orig_rax == libc::SYS_rt_sigreturn as u64;
                 }
-                WaitStatus::Stopped(_, signal) => self.frozen.defer(thread, signal),
+                WaitStatus::Stopped(_, arrived) => signal = Some(arrived),
                 // A thread the handler made runs free: it starts elsewhere.
                 WaitStatus::PtraceEvent(_, _, event) if event == libc::PTRACE_EVENT_CLONE => {
                     if let Ok(new) = ptrace::getevent(thread) {
