@@ -74,18 +74,19 @@ if [ ! -x "$dash" ]; then
 fi
 sql=$dir/bench.sql
 [ -s "$sql" ] || bash "$root/benches/realprogs/bench-sql.sh" >"$sql"
-# A source tree to search: ripgrep's and the crates it is built from, as
-# its lock file names them (those fetched for Linux), copied once: the
-# registry grows with whatever else cargo fetches.
+# A source tree to search: ripgrep's sources and the crates its lock file
+# and this repository's name (those fetched for Linux; building proftap
+# fetches the latter), copied once: the registry grows with whatever else
+# cargo fetches.
 tree=$dir/rg-tree
 if [ ! -d "$tree" ]; then
     registry=${CARGO_HOME:-$HOME/.cargo}/registry/src
     lock=$(ls -d "$registry"/*/ripgrep-15.2.0 | head -1)/Cargo.lock
     rm -rf "$tree.part" && mkdir -p "$tree.part"
-    awk '/^name = /{ n = $3 } /^version = /{ gsub(/"/, "", n); gsub(/"/, "", $3); print n "-" $3 }' "$lock" |
-        while read -r crate; do
+    awk '/^name = /{ n = $3 } /^version = /{ gsub(/"/, "", n); gsub(/"/, "", $3); print n "-" $3 }' "$lock" "$root/Cargo.lock" |
+        sort -u | while read -r crate; do
             for d in "$registry"/*/"$crate"; do
-                [ -d "$d" ] && cp -r "$d" "$tree.part/" && break
+                if [ -d "$d" ]; then cp -r "$d" "$tree.part/" && break; fi
             done
         done
     mv "$tree.part" "$tree"
