@@ -272,20 +272,15 @@ fn detaching_while_a_deep_signal_handler_interrupted_proftaps_code_leaves_the_pr
 
 /// Detaching from a thread whose signal handler interrupted proftap's code
 /// and is entered again each time it returns (examples/alarm.c relay: the
-/// handler raises its signal again, set off once the function is
-/// patched, when the loop is mostly proftap's code): on its own the thread
+/// handler stays and raises its signal again; the first is sent once the
+/// function is patched, when the loop is mostly proftap's code): on its own the thread
 /// never leaves that code. The detach lets it return with the signal
 /// held back, steps it out and unmaps all it mapped.
 #[test]
 fn detaching_from_a_handler_entered_again_as_it_returns_unmaps_all_and_the_program_runs_on() {
     require_probes();
-    let binary = Build::c("alarm.c", "-O2").build();
-    let mut program = KilledAtTheEnd(Command::new(&binary).args(["4000000000000", "relay"]).stdout(Stdio::piped()).spawn().unwrap());
-    let pid = program.0.id().to_string();
-    let mut started = String::new();
-    BufReader::new(program.0.stdout.take().unwrap()).read_line(&mut started).unwrap();
-    assert_eq!(started, "started\n");
-    let mappings = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
+    let (mut program, pid) = alarm_started("relay");
+    let mappings = || mappings_of(&pid);
     let before = mappings();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("relay.profile");
@@ -305,18 +300,30 @@ fn detaching_from_a_handler_entered_again_as_it_returns_unmaps_all_and_the_progr
     assert!(after <= before + 1, "{before} mappings before, {after} after");
 }
 
-/// Attaches `rounds` times to examples/alarm.c in `mode`, 100 ms each:
-/// every attach succeeds, the program runs on, with at most one mapping
-/// more than before.
-fn detach_again_and_again_from_alarm(mode: &str, rounds: u32) {
-    require_probes();
+/// examples/alarm.c in `mode` (one that lingers in its handler), run until
+/// killed, once its loop started; and its pid.
+fn alarm_started(mode: &str) -> (KilledAtTheEnd, String) {
     let binary = Build::c("alarm.c", "-O2").build();
     let mut program = KilledAtTheEnd(Command::new(&binary).args(["4000000000000", mode]).stdout(Stdio::piped()).spawn().unwrap());
     let pid = program.0.id().to_string();
     let mut started = String::new();
     BufReader::new(program.0.stdout.take().unwrap()).read_line(&mut started).unwrap();
     assert_eq!(started, "started\n");
-    let mappings = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
+    (program, pid)
+}
+
+/// How many mappings process `pid` has.
+fn mappings_of(pid: &str) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count()
+}
+
+/// Attaches `rounds` times to examples/alarm.c in `mode`, 100 ms each:
+/// every attach succeeds, the program runs on, with at most one mapping
+/// more than before.
+fn detach_again_and_again_from_alarm(mode: &str, rounds: u32) {
+    require_probes();
+    let (mut program, pid) = alarm_started(mode);
+    let mappings = || mappings_of(&pid);
     let before = mappings();
     let dir = tempfile::tempdir().unwrap();
     for round in 1..=rounds {
