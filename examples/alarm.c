@@ -56,12 +56,13 @@ static void on_alarm(int signal)
     work(1);
     work(2);
     in_handler_calls += 2;
-    if (linger == 2)
+    if (linger == 3) {
+        stay();
+        raise(SIGALRM);
+    } else if (linger == 2)
         stay_deep();
     else if (linger)
         stay();
-    if (linger == 3)
-        raise(SIGALRM);
 }
 
 int main(int argc, char **argv)
