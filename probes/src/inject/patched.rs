@@ -968,9 +968,11 @@ fn handler_returns_into(remote: &Remote, tid: i32, in_code: impl Fn(u64) -> bool
 /// A signal frame on a thread's stack: where it is, and where the thread
 /// was when the signal came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct SignalFrame {
-    at: u64,
-    interrupted_ip: u64,
+pub struct SignalFrame {
+    /// Its address (that of its return address).
+    pub at: u64,
+    /// Where the signal interrupted the thread.
+    pub interrupted_ip: u64,
 }
 
 /// The signal frames on `stack` (its bytes from address `base` up) that
@@ -985,10 +987,11 @@ struct SignalFrame {
 /// stack it interrupted, so a lower one reaching into a live frame is
 /// stale, while one nested in a handler interrupted that handler, under
 /// the handler's frame.
-fn live_signal_frames(stack: &[u8], base: u64, mut is_restorer: impl FnMut(u64) -> bool) -> Vec<SignalFrame> {
+/// `stack` is the target's, read as it is: any bytes, at any `base`.
+pub fn live_signal_frames(stack: &[u8], base: u64, mut is_restorer: impl FnMut(u64) -> bool) -> Vec<SignalFrame> {
     let word = |at: usize| stack.get(at..at + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
-    let end = base + stack.len() as u64;
     let mut frames = Vec::new();
+    let Some(end) = base.checked_add(stack.len() as u64) else { return frames };
     // The lowest live frame found, or the stack's end: a handler interrupted
     // at its last instruction, its frame's return address taken, is 8 over.
     let mut floor = end;
@@ -999,12 +1002,12 @@ fn live_signal_frames(stack: &[u8], base: u64, mut is_restorer: impl FnMut(u64) 
         let (sp, ip) = (field(SIGNAL_FRAME_SP), field(SIGNAL_FRAME_RIP));
         let shaped = field(SIGNAL_FRAME_FLAGS) <= SIGNAL_FRAME_KNOWN_FLAGS
             && field(SIGNAL_FRAME_LINK) == 0
-            && field(SIGNAL_FRAME_FPSTATE) == address + SIGNAL_FRAME_FPSTATE_AT
+            && Some(field(SIGNAL_FRAME_FPSTATE)) == address.checked_add(SIGNAL_FRAME_FPSTATE_AT)
             && ip != 0;
         // On this stack, the interrupted code was above the frame and under
         // every live frame found; on another (an alternate signal stack's
         // handler interrupted the thread's own), anywhere.
-        let placed = !(base..end).contains(&sp) || (sp > address && sp <= floor + 8);
+        let placed = !(base..end).contains(&sp) || (sp > address && sp <= floor.saturating_add(8));
         if shaped && placed && is_restorer(field(0)) {
             frames.push(SignalFrame { at: address, interrupted_ip: ip });
             floor = address;
