@@ -300,6 +300,38 @@ fn detaching_from_a_handler_entered_again_as_it_returns_unmaps_all_and_the_progr
     assert!(after <= before + 1, "{before} mappings before, {after} after");
 }
 
+/// Attaching again and again to a program sent a real-time signal every
+/// 20 µs (examples/queued.c): a signal that stops a thread while proftap
+/// holds, steps or runs it is passed on, as real-time signals are queued,
+/// never merged, and each one sent must arrive once. (nix's wait refuses
+/// their stops: the attach failed, or the signal was lost.)
+#[test]
+fn attaching_to_a_program_sent_real_time_signals_loses_none_of_them() {
+    require_probes();
+    let binary = Build::c("queued.c", "-O2").flag("-pthread").build();
+    let mut program = KilledAtTheEnd(Command::new(&binary).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap());
+    let pid = program.0.id().to_string();
+    let mut output = BufReader::new(program.0.stdout.take().unwrap());
+    let mut said = String::new();
+    output.read_line(&mut said).unwrap();
+    assert_eq!(said, "started\n");
+    let dir = tempfile::tempdir().unwrap();
+    for round in 1..=6 {
+        let file = dir.path().join(format!("{round}.profile"));
+        let args = ["attach", "--engine", "inject", "--no-sample", "-f", "work", "--duration", "100ms", "-o"];
+        let out = run(proftap().args(args).arg(&file).arg(&pid));
+        assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(calls_by_name(&report_json(&file))["work"] > 0, "round {round}");
+    }
+    drop(program.0.stdin.take());
+    said.clear();
+    output.read_line(&mut said).unwrap();
+    let counts: Vec<&str> = said.split_whitespace().collect();
+    assert!(counts.len() == 6 && counts[0] == counts[2] && counts[5] == "equal", "{said}");
+    assert!(counts[0].parse::<u64>().unwrap() > 1000, "{said}");
+    assert!(program.0.wait().unwrap().success());
+}
+
 /// examples/alarm.c in `mode` (one that lingers in its handler), run until
 /// killed, once its loop started; and its pid.
 fn alarm_started(mode: &str) -> (KilledAtTheEnd, String) {

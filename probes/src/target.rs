@@ -4,7 +4,7 @@
 use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::{self, Signal};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::wait::waitpid;
 use nix::unistd::{ForkResult, Pid};
 use std::collections::BTreeSet;
 use std::ffi::{CString, OsString};
@@ -241,34 +241,117 @@ static ENDED_KEPT: std::sync::Condvar = std::sync::Condvar::new();
 /// does so right after, so this is a bound, not a delay.
 const KEEPING: std::time::Duration = std::time::Duration::from_secs(2);
 
-fn ended_of(status: &WaitStatus) -> Option<(i32, Ended)> {
-    match *status {
-        WaitStatus::Exited(pid, code) => Some((pid.as_raw(), Ended::Exited(code))),
-        WaitStatus::Signaled(pid, signal, _) => Some((pid.as_raw(), Ended::Signaled(signal as i32))),
-        _ => None,
+/// A state change of a traced thread, as `waitpid` reports it. Signals are
+/// kept as numbers: nix's `WaitStatus` refuses a stop for a real-time
+/// signal (32 and up: a `timer_create` timer's, the C library's own for
+/// `setuid` in threaded programs) after the kernel has taken the stop, and
+/// that signal would be lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Traced {
+    /// It exited with this code.
+    Exited(i32),
+    /// A signal, this one, ended it.
+    Killed(i32),
+    /// It stopped for this signal, which is delivered only if passed on as
+    /// it is resumed.
+    Signal(i32),
+    /// It stopped at this ptrace event (`PTRACE_EVENT_*`; an interrupt's
+    /// stop is `PTRACE_EVENT_STOP`).
+    Event(i32),
+    /// It stopped at a system call's entry or exit (`PTRACE_O_TRACESYSGOOD`).
+    SystemCall,
+    /// It runs still: nothing to report now.
+    Running,
+}
+
+impl Traced {
+    fn of(pid: i32, status: i32) -> Traced {
+        if pid == 0 {
+            Traced::Running
+        } else if libc::WIFEXITED(status) {
+            Traced::Exited(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            Traced::Killed(libc::WTERMSIG(status))
+        } else if libc::WSTOPSIG(status) == libc::SIGTRAP | 0x80 {
+            Traced::SystemCall
+        } else if status >> 16 != 0 {
+            Traced::Event(status >> 16)
+        } else {
+            Traced::Signal(libc::WSTOPSIG(status))
+        }
+    }
+
+    fn ended(self) -> Option<Ended> {
+        match self {
+            Traced::Exited(code) => Some(Ended::Exited(code)),
+            Traced::Killed(signal) => Some(Ended::Signaled(signal)),
+            _ => None,
+        }
     }
 }
 
 /// Waits for a state change of a traced thread (`__WALL`). When that change
 /// is the end of a child proftap launched, the wait reaps it: its status is
 /// kept for `try_reap`, which would otherwise find no child.
-pub(crate) fn wait_traced(tid: Pid) -> nix::Result<WaitStatus> {
-    wait_traced_with(tid, WaitPidFlag::__WALL)
+pub(crate) fn wait_traced(tid: Pid) -> nix::Result<Traced> {
+    wait_traced_with(tid, libc::__WALL)
 }
 
 /// The state change of a traced thread if there is one now
-/// (`WaitStatus::StillAlive` if not), kept as `wait_traced` keeps it.
-pub(crate) fn poll_traced(tid: Pid) -> nix::Result<WaitStatus> {
-    wait_traced_with(tid, WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)
+/// (`Traced::Running` if not), kept as `wait_traced` keeps it.
+pub(crate) fn poll_traced(tid: Pid) -> nix::Result<Traced> {
+    wait_traced_with(tid, libc::__WALL | libc::WNOHANG)
 }
 
-fn wait_traced_with(tid: Pid, flags: WaitPidFlag) -> nix::Result<WaitStatus> {
-    let status = waitpid(tid, Some(flags))?;
-    if let Some(ended) = ended_of(&status) {
-        ENDED_WHILE_TRACED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(ended);
+fn wait_traced_with(tid: Pid, flags: i32) -> nix::Result<Traced> {
+    let (pid, status) = wait_raw(tid, flags)?;
+    let traced = Traced::of(pid, status);
+    if let Some(ended) = traced.ended() {
+        ENDED_WHILE_TRACED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((pid, ended));
         ENDED_KEPT.notify_all();
     }
-    Ok(status)
+    Ok(traced)
+}
+
+/// `waitpid`, retried when interrupted: the pid reported (0 for none yet,
+/// with `WNOHANG`) and its raw status.
+fn wait_raw(tid: Pid, flags: i32) -> nix::Result<(i32, i32)> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes only the status it is given.
+        let pid = unsafe { libc::waitpid(tid.as_raw(), &mut status, flags) };
+        match Errno::result(pid) {
+            Ok(pid) => return Ok((pid, status)),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How a stopped traced thread is let run again.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Resume {
+    /// On, to its next stop.
+    Continue,
+    /// To the next system call's entry or exit.
+    ToSystemCall,
+    /// Untraced.
+    Detach,
+}
+
+/// Lets stopped traced thread `tid` run again as `how` says, delivering
+/// `signal` (0 for none) as it does. nix's own calls take only the signals
+/// it names, not real-time ones.
+pub(crate) fn resume(tid: Pid, how: Resume, signal: i32) -> nix::Result<()> {
+    let request = match how {
+        Resume::Continue => libc::PTRACE_CONT,
+        Resume::ToSystemCall => libc::PTRACE_SYSCALL,
+        Resume::Detach => libc::PTRACE_DETACH,
+    };
+    // SAFETY: these requests read no memory of proftap's; the data
+    // argument is the signal's number.
+    let result = unsafe { libc::ptrace(request, tid.as_raw(), std::ptr::null_mut::<libc::c_void>(), signal as libc::c_long) };
+    Errno::result(result).map(drop)
 }
 
 /// Takes the status `wait_traced` kept for `pid`, waiting up to `most` for
@@ -287,8 +370,8 @@ pub fn try_reap(pid: i32) -> Result<Option<Ended>, TargetError> {
     if let Some(ended) = kept_end(pid, std::time::Duration::ZERO) {
         return Ok(Some(ended));
     }
-    match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-        Ok(status) => Ok(ended_of(&status).map(|(_, ended)| ended)),
+    match wait_raw(Pid::from_raw(pid), libc::WNOHANG) {
+        Ok((reaped, status)) => Ok(Traced::of(reaped, status).ended()),
         // Reaped meanwhile by a wait for a ptrace stop, which keeps its status.
         Err(Errno::ECHILD) => kept_end(pid, KEEPING).map(Some).ok_or_else(|| system("cannot wait for the command")(Errno::ECHILD)),
         Err(e) => Err(system("cannot wait for the command")(e)),
@@ -348,7 +431,7 @@ pub fn command_line(pid: i32) -> Vec<String> {
 pub struct Frozen {
     stopped: Vec<Pid>,
     /// Signals that arrived while stopping, delivered on release.
-    pending: std::sync::Mutex<Vec<(Pid, Signal)>>,
+    pending: std::sync::Mutex<Vec<(Pid, HeldSignal)>>,
     /// The process whose turn this is (see [`HoldTurns`]).
     turn: Option<i32>,
 }
@@ -478,7 +561,7 @@ impl Frozen {
     fn wait_stopped(&mut self, tid: Pid) {
         loop {
             match wait_traced(tid) {
-                Ok(WaitStatus::PtraceEvent(_, _, event)) if event == libc::PTRACE_EVENT_CLONE => {
+                Ok(Traced::Event(libc::PTRACE_EVENT_CLONE)) => {
                     if let Ok(new) = ptrace::getevent(tid) {
                         let new = Pid::from_raw(new as i32);
                         let _ = wait_traced(new);
@@ -487,22 +570,30 @@ impl Frozen {
                     // The cloning thread is in an event stop: it counts as stopped.
                     return;
                 }
-                Ok(WaitStatus::PtraceEvent(..)) => return,
+                Ok(Traced::Event(_)) => return,
                 // A signal arrived first: the thread is stopped; pass the signal on at release.
-                Ok(WaitStatus::Stopped(_, sig)) => {
-                    self.defer(tid, sig);
+                Ok(Traced::Signal(signal)) => {
+                    self.defer(tid, signal);
                     return;
                 }
-                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => return,
+                Ok(Traced::Exited(_)) | Ok(Traced::Killed(_)) | Err(_) => return,
                 Ok(_) => continue,
             }
         }
     }
 
-    /// Keeps `signal`, which arrived at `tid` while proftap ran it, for
-    /// delivery when the threads are released.
-    pub fn defer(&self, tid: Pid, signal: Signal) {
-        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((tid, signal));
+    /// Keeps `signal`, which stopped `tid` while proftap ran it and was
+    /// not delivered, with its information (a queued value, its sender),
+    /// to be sent again when the threads are released.
+    pub fn defer(&self, tid: Pid, signal: i32) {
+        let info = ptrace::getsiginfo(tid).ok().filter(|info| info.si_signo == signal);
+        let held = info.map_or(HeldSignal { signal, code: libc::SI_TKILL, info: [0; 128] }, |info| {
+            let mut bytes = [0u8; 128];
+            // SAFETY: siginfo_t is 128 bytes of plain data.
+            unsafe { std::ptr::copy_nonoverlapping((&info as *const libc::siginfo_t).cast::<u8>(), bytes.as_mut_ptr(), 128) };
+            HeldSignal { signal, code: info.si_code, info: bytes }
+        });
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((tid, held));
     }
 
     /// The stopped threads.
@@ -514,34 +605,67 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         for tid in &self.stopped {
-            let pending = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut signals: Vec<Signal> = Vec::new();
-            for &(_, signal) in pending.iter().filter(|(t, _)| t == tid) {
-                if !signals.contains(&signal) {
-                    signals.push(signal);
-                }
-            }
-            drop(pending);
-            let sig = signals.first().copied();
+            // Let go of with no signal: one passed on at a detach is
+            // delivered only from that signal's own stop, and loses its
+            // information if it is another.
             // A thread taken as it was made and never seen stopped is
             // running: it can be let go of only once stopped.
-            if ptrace::detach(*tid, sig) == Err(Errno::ESRCH) && ptrace::interrupt(*tid).is_ok() {
+            if resume(*tid, Resume::Detach, 0) == Err(Errno::ESRCH) && ptrace::interrupt(*tid).is_ok() {
                 let _ = wait_traced(*tid);
-                let _ = ptrace::detach(*tid, sig);
+                let _ = resume(*tid, Resume::Detach, 0);
             }
-            // The others held back (a timer's, then a termination) are sent
-            // again, as a signal sent twice before its delivery is delivered
-            // once; not a fault, which comes again as its instruction does.
-            let fault = |s: Signal| matches!(s, Signal::SIGSEGV | Signal::SIGBUS | Signal::SIGFPE | Signal::SIGILL | Signal::SIGTRAP);
-            for &other in signals.iter().skip(1).filter(|&&s| !fault(s)) {
-                let pid = self.turn.unwrap_or(tid.as_raw());
-                // SAFETY: tgkill takes plain integers and sends a signal.
-                unsafe { libc::syscall(libc::SYS_tgkill, pid, tid.as_raw(), other as i32) };
+            let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+            let (mine, others): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(t, _)| t == tid);
+            *self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = others;
+            let mut sent: Vec<i32> = Vec::new();
+            for (_, held) in mine {
+                // A signal below the real-time ones sent twice before its
+                // delivery is delivered once; a real-time one each time.
+                if held.signal < libc::SIGRTMIN() && sent.contains(&held.signal) {
+                    continue;
+                }
+                sent.push(held.signal);
+                held.send_again(self.turn.unwrap_or(tid.as_raw()), tid.as_raw());
             }
         }
         if let Some(pid) = self.turn {
             HOLD_TURNS.give_back(pid);
         }
+    }
+}
+
+/// A signal that stopped a held thread and was not delivered.
+#[derive(Clone, Copy)]
+struct HeldSignal {
+    signal: i32,
+    /// Who or what sent it (`si_code`).
+    code: i32,
+    /// Its `siginfo_t`, as ptrace read it.
+    info: [u8; 128],
+}
+
+impl HeldSignal {
+    /// Sends thread `tid` of process `pid` the signal again: with its
+    /// information where the kernel lets another process queue it (a
+    /// value queued by `sigqueue`, a timer's), else as `tgkill` sends it.
+    /// Not a fault of the thread's own, which comes again as its
+    /// instruction runs again.
+    fn send_again(mut self, pid: i32, tid: i32) {
+        let fault = matches!(self.signal, libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL);
+        if fault && self.code > 0 {
+            return;
+        }
+        // The kernel refuses to queue from another process the
+        // information of a signal it made (si_code ≥ 0) or of a tgkill.
+        if self.code < 0 && self.code != libc::SI_TKILL {
+            // SAFETY: rt_tgsigqueueinfo reads the 128 bytes of siginfo_t.
+            let queued = unsafe { libc::syscall(libc::SYS_rt_tgsigqueueinfo, pid, tid, self.signal, self.info.as_mut_ptr()) };
+            if queued == 0 {
+                return;
+            }
+        }
+        // SAFETY: tgkill takes plain integers and sends a signal.
+        unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, self.signal) };
     }
 }
 
@@ -587,7 +711,7 @@ mod tests {
         // As when the command exits while its threads are being stopped:
         // the wait meant for a ptrace stop reaps it.
         let status = wait_traced(Pid::from_raw(pid)).expect("the child can be waited for");
-        assert_eq!(status, WaitStatus::Exited(Pid::from_raw(pid), 3));
+        assert_eq!(status, Traced::Exited(3));
         assert_eq!(try_reap(pid).expect("no error"), Some(Ended::Exited(3)));
     }
 

@@ -3,10 +3,9 @@
 //! near its code, and memory shared with proftap.
 
 use crate::procfs::{self, Mapping};
-use crate::target::wait_traced;
 use crate::target::{Frozen, TargetError};
+use crate::target::{Resume, Traced, resume, wait_traced};
 use nix::sys::ptrace;
-use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 use std::fs::File;
 use std::io;
@@ -126,10 +125,10 @@ impl Remote {
         let tid = Pid::from_raw(pid);
         loop {
             match wait_traced(tid) {
-                Ok(WaitStatus::PtraceEvent(_, _, event)) if event == libc::PTRACE_EVENT_EXEC => break,
+                Ok(Traced::Event(libc::PTRACE_EVENT_EXEC)) => break,
                 // A signal before the exec: delivered, and wait on.
-                Ok(WaitStatus::Stopped(_, signal)) => ptrace::cont(tid, signal).map_err(errno("cannot let the program go on"))?,
-                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+                Ok(Traced::Signal(signal)) => resume(tid, Resume::Continue, signal).map_err(errno("cannot let the program go on"))?,
+                Ok(Traced::Exited(_)) | Ok(Traced::Killed(_)) => {
                     return Err(RemoteError::Unsupported(format!("process {pid} ended before it executed its program")));
                 }
                 Ok(_) => continue,
@@ -153,7 +152,7 @@ impl Remote {
                 // Not yet (libraries being added): past this call, and on.
                 ptrace::step(tid, None).map_err(errno("cannot step the loader"))?;
                 match wait_traced(tid) {
-                    Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => {}
+                    Ok(Traced::Signal(libc::SIGTRAP)) => {}
                     other => return Err(RemoteError::Unsupported(format!("process {pid} did not step in its loader: {other:?}"))),
                 }
             },
@@ -217,19 +216,19 @@ impl Remote {
         // system call number too: the stop after rt_sigreturn is known as
         // the one after the stop before it.
         let mut returning = false;
-        let mut signal = None;
+        let mut signal = 0;
         let returned = loop {
             // Over the limit, the thread is held at its last stop, a signal
             // it stopped for kept for the release.
             if started.elapsed() >= most {
-                if let Some(signal) = signal {
+                if signal != 0 {
                     self.frozen.defer(thread, signal);
                 }
                 break None;
             }
-            ptrace::syscall(thread, signal.take()).map_err(cannot("run"))?;
+            resume(thread, Resume::ToSystemCall, std::mem::take(&mut signal)).map_err(cannot("run"))?;
             match self.wait_until(thread, started + most)? {
-                WaitStatus::PtraceSyscall(_) => {
+                Traced::SystemCall => {
                     let regs = self.regs(tid)?;
                     if returning {
                         break Some(regs.rip);
@@ -237,16 +236,16 @@ impl Remote {
                     let entering = regs.rax == -(libc::ENOSYS as i64) as u64;
                     returning = entering && regs.orig_rax == libc::SYS_rt_sigreturn as u64;
                 }
-                WaitStatus::Stopped(_, arrived) => signal = Some(arrived),
+                Traced::Signal(arrived) => signal = arrived,
                 // A thread the handler made runs free: it starts elsewhere.
-                WaitStatus::PtraceEvent(_, _, event) if event == libc::PTRACE_EVENT_CLONE => {
+                Traced::Event(libc::PTRACE_EVENT_CLONE) => {
                     if let Ok(new) = ptrace::getevent(thread) {
                         let new = Pid::from_raw(new as i32);
                         let _ = wait_traced(new);
                         let _ = ptrace::detach(new, None);
                     }
                 }
-                WaitStatus::Exited(..) | WaitStatus::Signaled(..) => {
+                Traced::Exited(_) | Traced::Killed(_) => {
                     return Err(RemoteError::Unsupported(format!("thread {tid} ended while it ran alone")));
                 }
                 _ => {}
@@ -261,16 +260,16 @@ impl Remote {
 
     /// Waits for the next stop of traced `thread`, running; past `deadline`
     /// it is stopped.
-    fn wait_until(&self, thread: Pid, deadline: std::time::Instant) -> Result<WaitStatus, RemoteError> {
+    fn wait_until(&self, thread: Pid, deadline: std::time::Instant) -> Result<Traced, RemoteError> {
         let cannot = |what: &str| errno(format!("cannot {what} thread {thread}"));
         let mut interrupted = false;
         loop {
             match crate::target::poll_traced(thread).map_err(cannot("wait for"))? {
-                WaitStatus::StillAlive if !interrupted && std::time::Instant::now() >= deadline => {
+                Traced::Running if !interrupted && std::time::Instant::now() >= deadline => {
                     ptrace::interrupt(thread).map_err(cannot("stop"))?;
                     interrupted = true;
                 }
-                WaitStatus::StillAlive => std::thread::sleep(std::time::Duration::from_micros(50)),
+                Traced::Running => std::thread::sleep(std::time::Duration::from_micros(50)),
                 status => return Ok(status),
             }
         }
@@ -292,18 +291,18 @@ impl Remote {
             ptrace::step(thread, None).map_err(errno(format!("cannot step thread {tid}")))?;
             loop {
                 match wait_traced(thread) {
-                    Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => break,
-                    Ok(WaitStatus::Stopped(_, signal)) => {
+                    Ok(Traced::Signal(libc::SIGTRAP)) => break,
+                    Ok(Traced::Signal(signal)) => {
                         self.frozen.defer(thread, signal);
                         ptrace::step(thread, None).map_err(errno(format!("cannot step thread {tid}")))?;
                     }
-                    Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+                    Ok(Traced::Exited(_)) | Ok(Traced::Killed(_)) => {
                         return Err(RemoteError::Unsupported(format!("thread {tid} ended while it was stepped")));
                     }
                     // A stop of ptrace's own (the hold's interrupt, still
                     // pending when a signal stopped the thread first): the
                     // thread waits to be resumed, and the step goes on.
-                    Ok(WaitStatus::PtraceEvent(..)) => {
+                    Ok(Traced::Event(_)) => {
                         ptrace::step(thread, None).map_err(errno(format!("cannot step thread {tid}")))?;
                     }
                     Ok(_) => continue,
@@ -439,16 +438,16 @@ impl Remote {
         ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
         loop {
             match wait_traced(self.caller) {
-                Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => return Ok(()),
+                Ok(Traced::Signal(libc::SIGTRAP)) => return Ok(()),
                 // Another signal arrived first: delivered when the threads are released; the step goes on.
-                Ok(WaitStatus::Stopped(_, signal)) => {
+                Ok(Traced::Signal(signal)) => {
                     self.frozen.defer(self.caller, signal);
                     ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
                 }
-                Ok(WaitStatus::PtraceEvent(..)) => {
+                Ok(Traced::Event(_)) => {
                     ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
                 }
-                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+                Ok(Traced::Exited(_)) | Ok(Traced::Killed(_)) => {
                     return Err(RemoteError::Unsupported(format!("process {} ended during a system call", self.pid)));
                 }
                 Ok(_) => continue,
@@ -699,23 +698,23 @@ fn run_to(pid: i32, mem: &File, address: u64) -> Result<libc::user_regs_struct, 
     {
         return run_to_breakpoint(pid, mem, address);
     }
-    let mut signal = None;
+    let mut signal = 0;
     let regs = loop {
-        ptrace::cont(tid, signal).map_err(errno("cannot let the program start"))?;
+        resume(tid, Resume::Continue, signal).map_err(errno("cannot let the program start"))?;
         signal = match wait_traced(tid) {
-            Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => {
+            Ok(Traced::Signal(libc::SIGTRAP)) => {
                 let regs = ptrace::getregs(tid).map_err(errno("cannot read the registers of the program"))?;
                 if regs.rip == address {
                     break regs;
                 }
                 // The program's own.
-                Some(nix::sys::signal::Signal::SIGTRAP)
+                libc::SIGTRAP
             }
-            Ok(WaitStatus::Stopped(_, other)) => Some(other),
-            Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+            Ok(Traced::Signal(other)) => other,
+            Ok(Traced::Exited(_)) | Ok(Traced::Killed(_)) => {
                 return Err(RemoteError::Unsupported(format!("process {pid} ended before its program started")));
             }
-            Ok(_) => None,
+            Ok(_) => 0,
             Err(e) => return Err(errno("cannot wait for the program to start")(e)),
         };
     };
@@ -729,16 +728,16 @@ fn run_to_breakpoint(pid: i32, mem: &File, address: u64) -> Result<libc::user_re
     let mut original = [0u8; 1];
     mem.read_exact_at(&mut original, address).map_err(io_error(format!("cannot read the code of process {pid} at {address:#x}")))?;
     mem.write_all_at(&[0xcc], address).map_err(io_error(format!("cannot write the code of process {pid} at {address:#x}")))?;
-    let mut signal = None;
+    let mut signal = 0;
     loop {
-        ptrace::cont(tid, signal).map_err(errno("cannot let the program start"))?;
+        resume(tid, Resume::Continue, signal).map_err(errno("cannot let the program start"))?;
         match wait_traced(tid) {
-            Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => break,
-            Ok(WaitStatus::Stopped(_, other)) => signal = Some(other),
-            Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => {
+            Ok(Traced::Signal(libc::SIGTRAP)) => break,
+            Ok(Traced::Signal(other)) => signal = other,
+            Ok(Traced::Exited(_)) | Ok(Traced::Killed(_)) => {
                 return Err(RemoteError::Unsupported(format!("process {pid} ended before its program started")));
             }
-            Ok(_) => signal = None,
+            Ok(_) => signal = 0,
             Err(e) => return Err(errno("cannot wait for the program to start")(e)),
         }
     }
