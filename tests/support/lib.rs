@@ -49,12 +49,21 @@ pub fn binary(name: &str) -> PathBuf {
                 build.env_remove(&*name);
             }
         }
-        let status = build.args(["build", "--quiet", "--bins", "--workspace"]).current_dir(repo()).status().expect("run cargo build");
+        build.args(["build", "--quiet", "--bins", "--workspace"]);
+        // The profile these tests were built with, whose binaries they run.
+        if profile_dir().ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.current_dir(repo()).status().expect("run cargo build");
         assert!(status.success(), "cargo build of the proftap binaries failed");
     });
-    // target/<profile>/deps/<test-binary> -> target/<profile>/<name>
+    profile_dir().join(name)
+}
+
+/// target/<profile>, from this test's own target/<profile>/deps/<test-binary>.
+fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().join(name)
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
 /// A `proftap` command.
