@@ -8,9 +8,13 @@
  * signal's frame. With "relay" no timer runs: the first SIGALRM comes
  * from outside, and the handler stays 0.9 ms and raises it again before
  * it returns, so it is delivered again as the handler returns and the
- * loop gets no further (it says "started" as the loop starts).
+ * loop gets no further (it says "started" as the loop starts). With
+ * "nested" the handler, 1,000 times a second, raises SIGUSR1, whose
+ * handler runs on an alternate signal stack and stays 0.8 ms: the
+ * program is mostly in a handler on another stack than the one its
+ * loop was interrupted on.
  *
- * Usage: alarm [ITERATIONS [altstack|linger|linger-deep|relay]]   default 20,000,000.
+ * Usage: alarm [ITERATIONS [altstack|linger|linger-deep|relay|nested]]   default 20,000,000.
  * Prints the calls of work() made by the loop and by the handler.
  */
 #include <signal.h>
@@ -50,13 +54,22 @@ __attribute__((noinline)) static void stay_deep(void)
     sink += frame[0];
 }
 
+static void on_nested(int signal)
+{
+    (void)signal;
+    for (long end = now_ns() + 800000; now_ns() < end;)
+        sink++;
+}
+
 static void on_alarm(int signal)
 {
     (void)signal;
     work(1);
     work(2);
     in_handler_calls += 2;
-    if (linger == 3) {
+    if (linger == 4)
+        raise(SIGUSR1);
+    else if (linger == 3) {
         stay();
         raise(SIGALRM);
     } else if (linger == 2)
@@ -69,8 +82,8 @@ int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 20000000;
     const char *mode = argc > 2 ? argv[2] : "";
-    linger = !strcmp(mode, "linger") ? 1 : !strcmp(mode, "linger-deep") ? 2 : !strcmp(mode, "relay") ? 3 : 0;
-    if (!strcmp(mode, "altstack")) {
+    linger = !strcmp(mode, "linger") ? 1 : !strcmp(mode, "linger-deep") ? 2 : !strcmp(mode, "relay") ? 3 : !strcmp(mode, "nested") ? 4 : 0;
+    if (!strcmp(mode, "altstack") || linger == 4) {
         static char stack[1 << 16];
         stack_t ss = {.ss_sp = stack, .ss_size = sizeof stack};
         sigaltstack(&ss, 0);
@@ -79,6 +92,10 @@ int main(int argc, char **argv)
     sa.sa_handler = on_alarm;
     sa.sa_flags = SA_RESTART | (!strcmp(mode, "altstack") ? SA_ONSTACK : 0);
     sigaction(SIGALRM, &sa, 0);
+    struct sigaction nested = {0};
+    nested.sa_handler = on_nested;
+    nested.sa_flags = SA_RESTART | SA_ONSTACK;
+    sigaction(SIGUSR1, &nested, 0);
     struct itimerval every = {{0, linger ? 1000 : 100}, {0, linger ? 1000 : 100}};
     if (linger != 3)
         setitimer(ITIMER_REAL, &every, 0);

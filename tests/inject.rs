@@ -270,6 +270,15 @@ fn detaching_while_a_deep_signal_handler_interrupted_proftaps_code_leaves_the_pr
     detach_again_and_again_from_alarm("linger-deep", 4);
 }
 
+/// The same, with that handler interrupted in turn by one running on an
+/// alternate signal stack (examples/alarm.c nested): the outer handler's
+/// frame is on the stack the inner one interrupted, not on the one the
+/// thread is on.
+#[test]
+fn detaching_while_a_handler_on_an_alternate_stack_interrupted_one_that_interrupted_proftaps_code_leaves_the_program_whole() {
+    detach_again_and_again_from_alarm("nested", 8);
+}
+
 /// Detaching from a thread whose signal handler interrupted proftap's code
 /// and is entered again each time it returns (examples/alarm.c relay: the
 /// handler stays and raises its signal again; the first is sent once the

@@ -3,11 +3,13 @@
 //! (the target writes its stack). The live signal frames found must lie
 //! within the bytes read, on word boundaries, outermost (highest) first,
 //! each returning to a restorer and naming the address its frame keeps.
+//! Followed across stacks (every stack of the target holding these
+//! bytes), each frame lies in a stack read, and the stacks read are few.
 //!
 //! The input: eight bytes of the stack's address (little-endian), then
 //! the stack's bytes. A restorer is at 0x40_1000.
 
-use proftap_probes::inject::patched::live_signal_frames;
+use proftap_probes::inject::patched::{live_signal_frames, signal_frames_across_stacks};
 
 proftap_fuzz::target!(run);
 
@@ -26,5 +28,17 @@ fn run(data: &[u8]) {
         assert_eq!(word(at), Some(RESTORER), "{frame:?}");
         assert_eq!(word(at + FRAME_RIP), Some(frame.interrupted_ip), "{frame:?}");
         assert!(i == 0 || frames[i - 1].at > frame.at, "{frames:?}");
+    }
+    let mut read_from = Vec::new();
+    let read = |from: u64| {
+        read_from.push(from);
+        Some(stack.to_vec())
+    };
+    let Some(across) = signal_frames_across_stacks(base.wrapping_add(8), read, |ret| ret == RESTORER) else { return };
+    assert!(read_from.len() <= 8, "{read_from:?}");
+    for frame in &across {
+        let within =
+            |from: &u64| frame.at.checked_sub(*from).and_then(|at| usize::try_from(at).ok()).filter(|&at| word(at) == Some(RESTORER));
+        assert!(read_from.iter().any(|from| within(from).is_some()), "{frame:?} in none of {read_from:?}");
     }
 }

@@ -954,15 +954,44 @@ const SIGNAL_RETURN_WAIT: std::time::Duration = std::time::Duration::from_millis
 /// cannot be read may be.
 fn handler_returns_into(remote: &Remote, tid: i32, in_code: impl Fn(u64) -> bool) -> bool {
     let Ok(regs) = remote.regs(tid) else { return true };
-    // From the word under the stack pointer: a thread in a restorer has
-    // taken its frame's return address already.
-    let from = (regs.rsp & !7).saturating_sub(8);
-    let Ok(stack) = remote.read_within_mapping(from, SIGNAL_FRAMES_SEARCHED) else { return true };
     let mut restorers: std::collections::HashMap<u64, bool> = std::collections::HashMap::new();
     let is_restorer = |ret: u64| {
         *restorers.entry(ret).or_insert_with(|| RESTORERS.iter().any(|code| remote.read(ret, code.len()).is_ok_and(|bytes| bytes == *code)))
     };
-    live_signal_frames(&stack, from, is_restorer).into_iter().any(|frame| in_code(frame.interrupted_ip))
+    let read = |from: u64| remote.read_within_mapping(from, SIGNAL_FRAMES_SEARCHED).ok();
+    signal_frames_across_stacks(regs.rsp, read, is_restorer).is_none_or(|frames| frames.iter().any(|frame| in_code(frame.interrupted_ip)))
+}
+
+/// How many stacks a detach follows a thread's signal frames across: its
+/// own, and those that handlers on an alternate stack interrupted.
+const STACKS_FOLLOWED: usize = 8;
+
+/// The signal frames a thread running with stack pointer `sp` would
+/// return through: those on its stack, and where the outermost of them
+/// interrupted code on another stack (a handler on an alternate signal
+/// stack, nested in a handler on the thread's own), those on that stack
+/// from where it was interrupted, and so on. `read(address)` reads the
+/// stack `address` is in, from there up; `None` when a stack to search
+/// could not be read.
+pub fn signal_frames_across_stacks(
+    sp: u64,
+    mut read: impl FnMut(u64) -> Option<Vec<u8>>,
+    mut is_restorer: impl FnMut(u64) -> bool,
+) -> Option<Vec<SignalFrame>> {
+    let mut frames = Vec::new();
+    // From the word under the stack pointer: a thread in a restorer has
+    // taken its frame's return address already.
+    let mut from = (sp & !7).saturating_sub(8);
+    for _ in 0..STACKS_FOLLOWED {
+        let stack = read(from)?;
+        let found = live_signal_frames(&stack, from, &mut is_restorer);
+        let on_this_stack = from..from.saturating_add(stack.len() as u64);
+        let next = found.first().map(|outermost| outermost.interrupted_sp).filter(|sp| !on_this_stack.contains(sp));
+        frames.extend(found);
+        let Some(sp) = next else { return Some(frames) };
+        from = (sp & !7).saturating_sub(8);
+    }
+    Some(frames)
 }
 
 /// A signal frame on a thread's stack: where it is, and where the thread
@@ -973,6 +1002,8 @@ pub struct SignalFrame {
     pub at: u64,
     /// Where the signal interrupted the thread.
     pub interrupted_ip: u64,
+    /// The stack pointer it interrupted.
+    pub interrupted_sp: u64,
 }
 
 /// The signal frames on `stack` (its bytes from address `base` up) that
@@ -1009,7 +1040,7 @@ pub fn live_signal_frames(stack: &[u8], base: u64, mut is_restorer: impl FnMut(u
         // handler interrupted the thread's own), anywhere.
         let placed = !(base..end).contains(&sp) || (sp > address && sp <= floor.saturating_add(8));
         if shaped && placed && is_restorer(field(0)) {
-            frames.push(SignalFrame { at: address, interrupted_ip: ip });
+            frames.push(SignalFrame { at: address, interrupted_ip: ip, interrupted_sp: sp });
             floor = address;
         }
     }
@@ -1207,6 +1238,11 @@ mod tests {
     /// over it, not the reserved field after them nor the signal's
     /// information.
     fn frame(stack: &mut [u8], at: usize, sp: u64, ip: u64) {
+        frame_on(stack, BASE, at, sp, ip);
+    }
+
+    /// `frame`, on a stack at `base`.
+    fn frame_on(stack: &mut [u8], base: u64, at: usize, sp: u64, ip: u64) {
         let fpstate = at + SIGNAL_FRAME_FPSTATE_AT as usize;
         stack[at + 48..at + SIGNAL_FRAME_FPSTATE].fill(0x5a);
         stack[fpstate..fpstate + 1024].fill(0xa5);
@@ -1216,7 +1252,7 @@ mod tests {
         put(SIGNAL_FRAME_LINK, 0);
         put(SIGNAL_FRAME_SP, sp);
         put(SIGNAL_FRAME_RIP, ip);
-        put(SIGNAL_FRAME_FPSTATE, BASE + fpstate as u64);
+        put(SIGNAL_FRAME_FPSTATE, base + fpstate as u64);
     }
 
     fn interrupted(stack: &[u8]) -> Vec<u64> {
@@ -1269,5 +1305,32 @@ mod tests {
             assert_eq!(interrupted(&other), [0u64; 0]);
         }
         assert!(live_signal_frames(&restoring, BASE, |_| false).is_empty());
+    }
+
+    /// A handler on an alternate signal stack, nested in a handler on the
+    /// thread's own stack that interrupted proftap's code: the outer
+    /// handler's frame is found on the stack the inner one interrupted.
+    #[test]
+    fn signal_frames_are_followed_from_an_alternate_stack_to_the_stack_it_interrupted() {
+        const ALTERNATE: u64 = 0x1000_0000;
+        let mut own = vec![0u8; 64 << 10];
+        let live = 48 << 10;
+        frame(&mut own, live, BASE + live as u64 + 1200, 0xa);
+        let handler_sp = BASE + (40 << 10);
+        let mut alternate = vec![0u8; 16 << 10];
+        frame_on(&mut alternate, ALTERNATE, 4096, handler_sp, 0x20);
+        let stacks = [(BASE, &own), (ALTERNATE, &alternate)];
+        let read = |from: u64| {
+            let (base, bytes) = stacks.iter().find(|(base, bytes)| (*base..*base + bytes.len() as u64).contains(&from))?;
+            Some(bytes[(from - base) as usize..].to_vec())
+        };
+        let ips = |sp| {
+            signal_frames_across_stacks(sp, read, |ret| ret == RESTORER).map(|f| f.iter().map(|f| f.interrupted_ip).collect::<Vec<_>>())
+        };
+        assert_eq!(ips(ALTERNATE + 2000), Some(vec![0x20, 0xa]));
+        // On its own stack, the outer handler's frame only.
+        assert_eq!(ips(handler_sp), Some(vec![0xa]));
+        // A stack that cannot be read: not known.
+        assert_eq!(signal_frames_across_stacks(ALTERNATE + 2000, |from| read(from).filter(|_| from < BASE), |ret| ret == RESTORER), None);
     }
 }
