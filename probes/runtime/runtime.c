@@ -452,7 +452,12 @@ FORK_CODE static void move_private_block(const struct config *c, u64 from, u64 t
     b->mixed = a->mixed;
 }
 
-/* Sends the memfd to proftap and waits for it to say it has it. */
+/* Sends the memfd to proftap. proftap knows the child by the socket's
+ * peer, as the kernel does, even once it has ended, and ends its calls in
+ * progress when its threads last left a CPU: the child goes on at once.
+ * Where proftap does not see its thread leave CPUs (no time off CPU), it
+ * ends them when it sees the child end, and the child waits for proftap
+ * to say it has its memory, so as not to end unseen. */
 FORK_CODE static int hand_over(const struct config *c, long memfd)
 {
     long sock = syscall6(SYS_socket, 1 /* AF_UNIX */, 5 /* SOCK_SEQPACKET */ | 0x80000 /* SOCK_CLOEXEC */, 0, 0, 0, 0);
@@ -466,13 +471,16 @@ FORK_CODE static int hand_over(const struct config *c, long memfd)
     address.path[0] = 0; /* abstract */
     for (int i = 0; i < FORK_SOCKET_NAME; i++)
         address.path[1 + i] = c->fork_socket[i];
+    u64 pid = (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
     long timeout[2] = {5, 0};
-    syscall6(SYS_setsockopt, sock, 1 /* SOL_SOCKET */, 20 /* SO_RCVTIMEO */, (long)timeout, sizeof timeout, 0);
+    /* Its first thread's id is its pid. */
+    int wait = !c->off_cpu || pid >= c->off_cpu_entries;
+    if (wait)
+        syscall6(SYS_setsockopt, sock, 1 /* SOL_SOCKET */, 20 /* SO_RCVTIMEO */, (long)timeout, sizeof timeout, 0);
     syscall6(SYS_setsockopt, sock, 1, 21 /* SO_SNDTIMEO */, (long)timeout, sizeof timeout, 0);
     int ok = 0;
     /* The length names the abstract address: no padding in it. */
     if (syscall6(SYS_connect, sock, (long)&address, sizeof address.family + 1 + FORK_SOCKET_NAME, 0, 0, 0) == 0) {
-        u64 pid = (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
         u64 iov[2] = {(u64)&pid, sizeof pid};
         /* One SCM_RIGHTS message: length 20 (header 16 + one int), level
          * SOL_SOCKET, type SCM_RIGHTS, the descriptor. */
@@ -480,7 +488,7 @@ FORK_CODE static int hand_over(const struct config *c, long memfd)
         u64 message[7] = {0, 0, (u64)iov, 1, (u64)control, sizeof control, 0};
         char ack = 0;
         ok = syscall6(SYS_sendmsg, sock, (long)message, 0x4000 /* MSG_NOSIGNAL */, 0, 0, 0) == sizeof pid
-             && syscall6(SYS_recvfrom, sock, (long)&ack, 1, 0, 0, 0) == 1 && ack == 1;
+             && (!wait || (syscall6(SYS_recvfrom, sock, (long)&ack, 1, 0, 0, 0) == 1 && ack == 1));
     }
     syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
     return ok;

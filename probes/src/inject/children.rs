@@ -39,8 +39,10 @@ pub const NAME_BYTES: usize = 32;
 pub struct Child {
     /// Its process id.
     pub pid: i32,
-    /// The process (opened while it waited for proftap, so surely it).
-    process: OwnedFd,
+    /// The process: the socket's peer as the kernel knew it, so surely
+    /// it, even if it ended before it was taken. None where the kernel
+    /// cannot say (before 6.5) and it had ended: it is taken as ended.
+    process: Option<OwnedFd>,
     memory: OwnedFd,
     /// When it handed its memory over (CLOCK_MONOTONIC, ns).
     taken_ns: u64,
@@ -134,8 +136,9 @@ impl Children {
         received
             .children
             .iter()
-            .filter(|child| !crate::target::has_exited(&child.process))
-            .filter_map(|child| Some((child.pid, child.process.try_clone().ok()?)))
+            .filter_map(|child| Some((child.pid, child.process.as_ref()?)))
+            .filter(|(_, process)| !crate::target::has_exited(process))
+            .filter_map(|(pid, process)| Some((pid, process.try_clone().ok()?)))
             .collect()
     }
 
@@ -275,12 +278,13 @@ fn accept_child(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Recei
     let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
     match child {
         Some(child) if received.children.len() < MOST_CHILDREN => {
-            if let Ok(process) = child.process.try_clone() {
+            if let Some(Ok(process)) = child.process.as_ref().map(OwnedFd::try_clone) {
                 watched.push((received.children.len(), process));
             }
             received.children.push(child);
             drop(received);
-            // The child waits for this before it goes on recording.
+            // A child whose calls in progress end when it is seen to end
+            // (no time off CPU) waits for this, so as not to end unseen.
             let _ = send(connection.as_raw_fd(), &[1], MsgFlags::MSG_NOSIGNAL);
         }
         _ => received.refused += 1,
@@ -309,8 +313,31 @@ fn take_child(connection: &OwnedFd, uid: u32, bytes: u64) -> Option<Child> {
     }
     let [memory] = <[OwnedFd; 1]>::try_from(descriptors).ok()?;
     seal(&memory, bytes).ok()?;
-    let process = crate::target::pidfd(credentials.pid()).ok()?;
-    Some(Child { pid: credentials.pid(), process, memory, taken_ns: super::clock::monotonic_ns(), ended_ns: None })
+    let process = peer_process(connection, credentials.pid());
+    let taken_ns = super::clock::monotonic_ns();
+    let ended_ns = process.is_none().then_some(taken_ns);
+    Some(Child { pid: credentials.pid(), process, memory, taken_ns, ended_ns })
+}
+
+/// A descriptor of the process at the other end of `connection`, which
+/// connected as process `pid`: the kernel's own (`SO_PEERPIDFD`), which is
+/// that process even after it ended and its pid was taken again. Where the
+/// kernel has none (before 6.5), the process of that pid if it runs still
+/// (a pid is taken again only once its parent waited for it, and pids
+/// went round).
+fn peer_process(connection: &OwnedFd, pid: i32) -> Option<OwnedFd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `fd`.
+    let got = unsafe { libc::getsockopt(connection.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERPIDFD, (&raw mut fd).cast(), &mut len) };
+    if got == 0 && fd >= 0 {
+        // SAFETY: the kernel just made this descriptor for us.
+        return Some(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    match Errno::last() {
+        Errno::ENOPROTOOPT | Errno::EINVAL => crate::target::pidfd(pid).ok(),
+        _ => None,
+    }
 }
 
 /// Seals a memfd against shrinking (a mapping of memory that shrank would
