@@ -2,9 +2,10 @@
  * to the main thread, each with its number, as the main thread calls
  * work() in a loop. Real-time signals are queued, never merged, so every
  * one sent is delivered once: a profiler holding the program must pass
- * each on. It says "started" as the signals start, and stops sending when
- * its input ends; then it prints how many it sent, how many arrived and
- * whether their numbers add up.
+ * each on, in the order they came. It says "started" as the signals
+ * start, and stops sending when its input ends; then it prints how many
+ * it sent, how many arrived, whether their numbers add up and whether
+ * they came in order.
  *
  * Usage: queued < input
  */
@@ -19,7 +20,7 @@
 
 volatile long sink;
 static volatile sig_atomic_t stop;
-static volatile long received, received_sum;
+static volatile long received, received_sum, out_of_order;
 static long sent, sent_sum;
 static pthread_t main_thread;
 
@@ -32,6 +33,8 @@ static void on_signal(int signal, siginfo_t *info, void *context)
 {
     (void)signal;
     (void)context;
+    if (info->si_value.sival_int != (int)(received % 1000) + 1)
+        out_of_order++;
     received++;
     received_sum += info->si_value.sival_int;
 }
@@ -92,6 +95,7 @@ int main(void)
     /* Those queued still are delivered as this thread runs on. */
     for (long until = now_ns() + 2000000000L; received < sent && now_ns() < until;)
         work(0);
-    printf("%ld sent, %ld received, sums %s\n", sent, received, sent_sum == received_sum ? "equal" : "differ");
+    printf("%ld sent, %ld received, sums %s, %s\n", sent, received, sent_sum == received_sum ? "equal" : "differ",
+           out_of_order ? "out of order" : "in order");
     return 0;
 }

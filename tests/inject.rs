@@ -312,33 +312,76 @@ fn detaching_from_a_handler_entered_again_as_it_returns_unmaps_all_and_the_progr
 /// Attaching again and again to a program sent a real-time signal every
 /// 20 µs (examples/queued.c): a signal that stops a thread while proftap
 /// holds, steps or runs it is passed on, as real-time signals are queued,
-/// never merged, and each one sent must arrive once. (nix's wait refuses
-/// their stops: the attach failed, or the signal was lost.)
+/// never merged, and each one sent must arrive once, with its value, in
+/// the order sent.
+/// (nix's wait refuses their stops: the attach failed, or the signal was
+/// lost.)
 #[test]
 fn attaching_to_a_program_sent_real_time_signals_loses_none_of_them() {
     require_probes();
-    let binary = Build::c("queued.c", "-O2").flag("-pthread").build();
-    let mut program = KilledAtTheEnd(Command::new(&binary).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap());
+    let (mut program, pid) = started_with_input(&mut Command::new(Build::c("queued.c", "-O2").flag("-pthread").build()));
+    attach_again_and_again(&pid, 6);
+    let said = said_at_the_end(&mut program);
+    let counts: Vec<&str> = said.split_whitespace().collect();
+    assert!(counts.len() == 8 && counts[0] == counts[2] && counts[5] == "equal," && said.ends_with(" in order\n"), "{said}");
+    assert!(counts[0].parse::<u64>().unwrap() > 1000, "{said}");
+}
+
+/// Attaching again and again to a threaded program that changes its user
+/// id all the time (examples/setxid.c): the C library's signal for it,
+/// held while proftap holds a thread, is passed on as it came, from the
+/// process itself, which is all the C library heeds; else setuid() never
+/// returns.
+#[test]
+fn attaching_to_a_threaded_program_changing_its_user_id_lets_it_go_on() {
+    require_probes();
+    let binary = Build::c("setxid.c", "-O2").flag("-pthread").build();
+    let (mut program, pid) = started_with_input(Command::new(binary).arg("1"));
+    attach_again_and_again(&pid, 16);
+    let said = said_at_the_end(&mut program);
+    assert!(said.ends_with(" changes\n"), "{said}");
+}
+
+/// `command` run with its input and output piped, once it said "started";
+/// and its pid.
+fn started_with_input(command: &mut Command) -> (KilledAtTheEnd, String) {
+    let mut program = KilledAtTheEnd(command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap());
     let pid = program.0.id().to_string();
-    let mut output = BufReader::new(program.0.stdout.take().unwrap());
     let mut said = String::new();
-    output.read_line(&mut said).unwrap();
+    BufReader::new(program.0.stdout.as_mut().unwrap()).read_line(&mut said).unwrap();
     assert_eq!(said, "started\n");
+    (program, pid)
+}
+
+/// Attaches `rounds` times to process `pid` with the in-process engine,
+/// 100 ms each, recording `work`: every attach succeeds and counts calls.
+fn attach_again_and_again(pid: &str, rounds: u32) {
     let dir = tempfile::tempdir().unwrap();
-    for round in 1..=6 {
+    for round in 1..=rounds {
         let file = dir.path().join(format!("{round}.profile"));
         let args = ["attach", "--engine", "inject", "--no-sample", "-f", "work", "--duration", "100ms", "-o"];
-        let out = run(proftap().args(args).arg(&file).arg(&pid));
+        let out = run(proftap().args(args).arg(&file).arg(pid));
         assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(calls_by_name(&report_json(&file))["work"] > 0, "round {round}");
     }
+}
+
+/// What a program started by `started_with_input` says once its input
+/// ends; it must end, successfully, within 30 s.
+fn said_at_the_end(program: &mut KilledAtTheEnd) -> String {
     drop(program.0.stdin.take());
-    said.clear();
-    output.read_line(&mut said).unwrap();
-    let counts: Vec<&str> = said.split_whitespace().collect();
-    assert!(counts.len() == 6 && counts[0] == counts[2] && counts[5] == "equal", "{said}");
-    assert!(counts[0].parse::<u64>().unwrap() > 1000, "{said}");
-    assert!(program.0.wait().unwrap().success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = program.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the program did not end after its input did");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status}");
+    let mut said = String::new();
+    std::io::Read::read_to_string(program.0.stdout.as_mut().unwrap(), &mut said).unwrap();
+    said
 }
 
 /// examples/alarm.c in `mode` (one that lingers in its handler), run until

@@ -586,14 +586,7 @@ impl Frozen {
     /// not delivered, with its information (a queued value, its sender),
     /// to be sent again when the threads are released.
     pub fn defer(&self, tid: Pid, signal: i32) {
-        let info = ptrace::getsiginfo(tid).ok().filter(|info| info.si_signo == signal);
-        let held = info.map_or(HeldSignal { signal, code: libc::SI_TKILL, info: [0; 128] }, |info| {
-            let mut bytes = [0u8; 128];
-            // SAFETY: siginfo_t is 128 bytes of plain data.
-            unsafe { std::ptr::copy_nonoverlapping((&info as *const libc::siginfo_t).cast::<u8>(), bytes.as_mut_ptr(), 128) };
-            HeldSignal { signal, code: info.si_code, info: bytes }
-        });
-        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((tid, held));
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((tid, HeldSignal::of(tid, signal)));
     }
 
     /// The stopped threads.
@@ -605,27 +598,39 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         for tid in &self.stopped {
-            // Let go of with no signal: one passed on at a detach is
-            // delivered only from that signal's own stop, and loses its
-            // information if it is another.
-            // A thread taken as it was made and never seen stopped is
-            // running: it can be let go of only once stopped.
-            if resume(*tid, Resume::Detach, 0) == Err(Errno::ESRCH) && ptrace::interrupt(*tid).is_ok() {
-                let _ = wait_traced(*tid);
-                let _ = resume(*tid, Resume::Detach, 0);
-            }
             let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
             let (mine, others): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(t, _)| t == tid);
             *self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = others;
-            let mut sent: Vec<i32> = Vec::new();
-            for (_, held) in mine {
-                // A signal below the real-time ones sent twice before its
-                // delivery is delivered once; a real-time one each time.
-                if held.signal < libc::SIGRTMIN() && sent.contains(&held.signal) {
+            let mut held: Vec<HeldSignal> = Vec::new();
+            for (_, signal) in mine {
+                // A signal below the real-time ones (32 and up, the
+                // kernel's) held twice is delivered once; a real-time one
+                // each time, in the order they came.
+                if signal.signal < 32 && held.iter().any(|h| h.signal == signal.signal) {
                     continue;
                 }
-                sent.push(held.signal);
-                held.send_again(self.turn.unwrap_or(tid.as_raw()), tid.as_raw());
+                held.push(signal);
+            }
+            // The first, which came first, is delivered as the thread
+            // goes, with its own information, where the thread is at a
+            // signal's stop: passed on at a stop of ptrace's own, a signal
+            // is dropped (an event's, an interrupt's) or loses its
+            // information (a system call's).
+            let delivered = held.first().is_some_and(|first| first.put_at_signal_stop(*tid));
+            let signal = if delivered { held[0].signal } else { 0 };
+            // A thread taken as it was made and never seen stopped is
+            // running: it can be let go of only once stopped, then with
+            // the signal it stopped for, if any.
+            if resume(*tid, Resume::Detach, signal) == Err(Errno::ESRCH) && ptrace::interrupt(*tid).is_ok() {
+                let arrived = match wait_traced(*tid) {
+                    Ok(Traced::Signal(arrived)) => arrived,
+                    _ => 0,
+                };
+                let _ = resume(*tid, Resume::Detach, arrived);
+            }
+            let pid = self.turn.unwrap_or(tid.as_raw());
+            for signal in held.iter().skip(usize::from(delivered)) {
+                signal.send_again(pid, tid.as_raw());
             }
         }
         if let Some(pid) = self.turn {
@@ -641,32 +646,121 @@ struct HeldSignal {
     /// Who or what sent it (`si_code`).
     code: i32,
     /// Its `siginfo_t`, as ptrace read it.
-    info: [u8; 128],
+    info: [u8; SIGINFO_BYTES],
 }
 
+const SIGINFO_BYTES: usize = std::mem::size_of::<libc::siginfo_t>();
+
 impl HeldSignal {
+    /// `signal`, which thread `tid` is stopped for now, with its information.
+    fn of(tid: Pid, signal: i32) -> HeldSignal {
+        match ptrace::getsiginfo(tid) {
+            Ok(info) if info.si_signo == signal => HeldSignal { signal, code: info.si_code, info: siginfo_bytes(&info) },
+            _ => HeldSignal { signal, code: libc::SI_TKILL, info: [0; SIGINFO_BYTES] },
+        }
+    }
+
+    /// Makes it the signal stopped thread `tid` is to be given as it goes
+    /// (its information in place of that of the signal it is stopped
+    /// for), if it is stopped for a signal: not at a stop of ptrace's own
+    /// (an event, a system call, an interrupt), whose signal is dropped.
+    /// The kernel keeps the information set so for a signal of its number,
+    /// the sender's too (the C library's own signals, for `setuid` in
+    /// threads, are heeded only from the process itself).
+    fn put_at_signal_stop(&self, tid: Pid) -> bool {
+        let Ok(now) = ptrace::getsiginfo(tid) else { return false };
+        // ptrace's own stops carry the signal and the event or 0x80 as their code.
+        if now.si_code > 0x7f && now.si_code & 0x7f == now.si_signo {
+            return false;
+        }
+        // Not read when held: delivered as a tracer's.
+        if self.info == [0; SIGINFO_BYTES] {
+            return true;
+        }
+        // SAFETY: PTRACE_SETSIGINFO reads a siginfo_t, these bytes.
+        let set = unsafe { libc::ptrace(libc::PTRACE_SETSIGINFO, tid.as_raw(), std::ptr::null_mut::<libc::c_void>(), self.info.as_ptr()) };
+        set == 0
+    }
+
     /// Sends thread `tid` of process `pid` the signal again: with its
     /// information where the kernel lets another process queue it (a
-    /// value queued by `sigqueue`, a timer's), else as `tgkill` sends it.
-    /// Not a fault of the thread's own, which comes again as its
-    /// instruction runs again.
+    /// value queued by `sigqueue`, a timer's), else as `tgkill` sends it;
+    /// to the process if the thread has ended. Not a fault of the
+    /// thread's own, which comes again as its instruction runs again.
     fn send_again(mut self, pid: i32, tid: i32) {
         let fault = matches!(self.signal, libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL);
         if fault && self.code > 0 {
             return;
         }
-        // The kernel refuses to queue from another process the
-        // information of a signal it made (si_code ≥ 0) or of a tgkill.
-        if self.code < 0 && self.code != libc::SI_TKILL {
-            // SAFETY: rt_tgsigqueueinfo reads the 128 bytes of siginfo_t.
-            let queued = unsafe { libc::syscall(libc::SYS_rt_tgsigqueueinfo, pid, tid, self.signal, self.info.as_mut_ptr()) };
-            if queued == 0 {
-                return;
+        // The kernel refuses to queue from another thread the information
+        // of a signal it made (si_code ≥ 0) or of a tgkill.
+        let mut queued = self.code < 0 && self.code != libc::SI_TKILL;
+        // A full queue of real-time signals empties as the program runs on.
+        for _ in 0..100 {
+            // SAFETY: rt_tgsigqueueinfo reads the siginfo_t; tgkill and
+            // kill take plain integers.
+            let sent = unsafe {
+                if queued {
+                    libc::syscall(libc::SYS_rt_tgsigqueueinfo, pid, tid, self.signal, self.info.as_mut_ptr())
+                } else {
+                    libc::syscall(libc::SYS_tgkill, pid, tid, self.signal)
+                }
+            };
+            match (sent, Errno::last()) {
+                (0, _) => return,
+                (_, Errno::EAGAIN) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                // Its information refused: sent as tgkill sends it.
+                (_, Errno::EPERM | Errno::EINVAL) if queued => queued = false,
+                // The thread ended: the process has it.
+                (_, Errno::ESRCH) => {
+                    // SAFETY: kill takes plain integers.
+                    unsafe { libc::kill(pid, self.signal) };
+                    return;
+                }
+                _ => return,
             }
         }
-        // SAFETY: tgkill takes plain integers and sends a signal.
-        unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, self.signal) };
     }
+}
+
+/// Every signal but those that cannot be blocked held back from a stopped
+/// thread while proftap steps it through code of its own making, then
+/// unblocked as before (when dropped): signals that come meanwhile wait in
+/// the kernel, in the order they came, rather than stop the thread and be
+/// held here.
+pub(crate) struct SignalsBlocked {
+    tid: Pid,
+    saved: Option<u64>,
+}
+
+impl SignalsBlocked {
+    pub(crate) fn new(tid: Pid) -> SignalsBlocked {
+        let mut saved = 0u64;
+        let every = !0u64;
+        let mask = |request, mask: *const u64| {
+            // SAFETY: PTRACE_[GS]ETSIGMASK read or write the 8 bytes of a
+            // kernel signal set at `mask`.
+            unsafe { libc::ptrace(request, tid.as_raw(), std::mem::size_of::<u64>(), mask) == 0 }
+        };
+        let blocked = mask(libc::PTRACE_GETSIGMASK, &raw mut saved) && mask(libc::PTRACE_SETSIGMASK, &raw const every);
+        SignalsBlocked { tid, saved: blocked.then_some(saved) }
+    }
+}
+
+impl Drop for SignalsBlocked {
+    fn drop(&mut self) {
+        if let Some(saved) = self.saved {
+            // SAFETY: as in `new`.
+            unsafe { libc::ptrace(libc::PTRACE_SETSIGMASK, self.tid.as_raw(), std::mem::size_of::<u64>(), &raw const saved) };
+        }
+    }
+}
+
+fn siginfo_bytes(info: &libc::siginfo_t) -> [u8; SIGINFO_BYTES] {
+    let mut bytes = [0u8; SIGINFO_BYTES];
+    // SAFETY: siginfo_t is plain data of this size.
+    unsafe { std::ptr::copy_nonoverlapping((info as *const libc::siginfo_t).cast::<u8>(), bytes.as_mut_ptr(), SIGINFO_BYTES) };
+    bytes
 }
 
 /// Raises the open-file limit to its maximum: every probe event is a

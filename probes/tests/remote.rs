@@ -62,3 +62,44 @@ fn a_held_process_calls_the_kernel_maps_memory_and_runs_on() {
     // Our side of the shared memory outlives the process.
     assert_eq!(shared.load(0), 0x1122_3344_5566_7788);
 }
+
+/// A threaded program changing its user id all the time (examples/setxid.c),
+/// held again and again, each time made to call the kernel: the C
+/// library's signal for a change, which a thread may stop for as it is
+/// held, is passed on as it came, from the process itself, which is all
+/// the C library heeds; else setuid() never returns and the program never
+/// ends.
+#[test]
+fn a_threaded_program_changing_its_user_id_runs_on_after_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("setxid");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/setxid.c");
+    assert!(Command::new("gcc").args(["-O2", "-pthread", "-o"]).arg(&binary).arg(source).status().unwrap().success());
+    // One thread beside the main one: each hold is short, and there are many.
+    let mut program = Command::new(&binary).arg("1").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let pid = program.id() as i32;
+    let mut out = BufReader::new(program.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    for hold in 0..5000 {
+        let remote = Remote::attach(pid).unwrap_or_else(|e| {
+            let _ = program.kill();
+            panic!("hold {hold}: {e} (holding a process needs root or CAP_SYS_PTRACE)")
+        });
+        assert_eq!(remote.syscall("getpid", libc::SYS_getpid, [0; 6]).unwrap(), pid as u64);
+    }
+    drop(program.stdin.take());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while program.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = program.kill();
+            let _ = program.wait();
+            panic!("the program did not end after its input did: a setuid() never returned");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(line.ends_with(" changes\n"), "{line}");
+}

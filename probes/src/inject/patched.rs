@@ -986,12 +986,16 @@ pub fn signal_frames_across_stacks(
         let stack = read(from)?;
         let found = live_signal_frames(&stack, from, &mut is_restorer);
         let on_this_stack = from..from.saturating_add(stack.len() as u64);
-        let next = found.first().map(|outermost| outermost.interrupted_sp).filter(|sp| !on_this_stack.contains(sp));
+        // The innermost frame that interrupted another stack: frames over
+        // it on this mapping are not this thread's handlers' (another
+        // thread's alternate stack, in one array with this one).
+        let next = found.iter().rev().map(|frame| frame.interrupted_sp).find(|sp| !on_this_stack.contains(sp));
         frames.extend(found);
         let Some(sp) = next else { return Some(frames) };
         from = (sp & !7).saturating_sub(8);
     }
-    Some(frames)
+    // More stacks than searched: not known.
+    None
 }
 
 /// A signal frame on a thread's stack: where it is, and where the thread
@@ -1330,6 +1334,25 @@ mod tests {
         assert_eq!(ips(ALTERNATE + 2000), Some(vec![0x20, 0xa]));
         // On its own stack, the outer handler's frame only.
         assert_eq!(ips(handler_sp), Some(vec![0xa]));
+        // Another thread's alternate stack over this one, in the same
+        // mapping, its handler interrupting elsewhere: not followed.
+        let mut array = alternate.clone();
+        array.resize(32 << 10, 0);
+        frame_on(&mut array, ALTERNATE, (16 << 10) + 4096, 0x5000_0000, 0x30);
+        let stacks = [(BASE, &own), (ALTERNATE, &array)];
+        let read = |from: u64| {
+            let (base, bytes) = stacks.iter().find(|(base, bytes)| (*base..*base + bytes.len() as u64).contains(&from))?;
+            Some(bytes[(from - base) as usize..].to_vec())
+        };
+        let found = signal_frames_across_stacks(ALTERNATE + 2000, read, |ret| ret == RESTORER);
+        assert_eq!(found.map(|f| f.iter().map(|f| f.interrupted_ip).collect::<Vec<_>>()), Some(vec![0x30, 0x20, 0xa]));
+        // Stacks that lead on and on: not known.
+        let endless = |from: u64| {
+            let mut stack = vec![0u8; 16 << 10];
+            frame_on(&mut stack, from, 1024, from + (1 << 20), 0x40);
+            Some(stack)
+        };
+        assert_eq!(signal_frames_across_stacks(ALTERNATE + 2000, endless, |ret| ret == RESTORER), None);
         // A stack that cannot be read: not known.
         assert_eq!(signal_frames_across_stacks(ALTERNATE + 2000, |from| read(from).filter(|_| from < BASE), |ret| ret == RESTORER), None);
     }

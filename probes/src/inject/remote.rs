@@ -4,7 +4,7 @@
 
 use crate::procfs::{self, Mapping};
 use crate::target::{Frozen, TargetError};
-use crate::target::{Resume, Traced, resume, wait_traced};
+use crate::target::{Resume, SignalsBlocked, Traced, resume, wait_traced};
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 use std::fs::File;
@@ -282,6 +282,7 @@ impl Remote {
     /// when the threads are released.
     pub fn step_while(&self, tid: i32, keep: impl Fn(u64) -> bool, most: usize) -> Result<u64, RemoteError> {
         let thread = Pid::from_raw(tid);
+        let _blocked = SignalsBlocked::new(thread);
         for _ in 0..most {
             let rip = self.regs(tid)?.rip;
             let system_call = |b: &[u8]| b == [0x0f, 0x05] || b == [0x0f, 0x34] || b == [0xcd, 0x80];
@@ -294,6 +295,9 @@ impl Remote {
                     Ok(Traced::Signal(libc::SIGTRAP)) => break,
                     Ok(Traced::Signal(signal)) => {
                         self.frozen.defer(thread, signal);
+                        if is_fault(signal) {
+                            return Err(RemoteError::Unsupported(format!("thread {tid} faulted (signal {signal}) while it was stepped")));
+                        }
                         ptrace::step(thread, None).map_err(errno(format!("cannot step thread {tid}")))?;
                     }
                     Ok(Traced::Exited(_)) | Ok(Traced::Killed(_)) => {
@@ -435,6 +439,7 @@ impl Remote {
     }
 
     fn step_over_syscall(&self) -> Result<(), RemoteError> {
+        let _blocked = SignalsBlocked::new(self.caller);
         ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
         loop {
             match wait_traced(self.caller) {
@@ -442,6 +447,9 @@ impl Remote {
                 // Another signal arrived first: delivered when the threads are released; the step goes on.
                 Ok(Traced::Signal(signal)) => {
                     self.frozen.defer(self.caller, signal);
+                    if is_fault(signal) {
+                        return Err(RemoteError::Unsupported(format!("process {} faulted (signal {signal}) in a system call", self.pid)));
+                    }
                     ptrace::step(self.caller, None).map_err(errno("cannot run a system call in the target"))?;
                 }
                 Ok(Traced::Event(_)) => {
@@ -996,6 +1004,12 @@ fn run_span(pieces: &[(u64, usize)], run: &[usize]) -> (u64, u64) {
     let start = run.iter().map(|&i| pieces[i].0).min().unwrap_or(0);
     let end = run.iter().map(|&i| pieces[i].0 + pieces[i].1 as u64).max().unwrap_or(start);
     (start, end)
+}
+
+/// Whether `signal` is one a thread's own instruction raises (or a kill
+/// of that number): stepped again, the instruction raises it again.
+fn is_fault(signal: i32) -> bool {
+    matches!(signal, libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL)
 }
 
 #[cfg(test)]
