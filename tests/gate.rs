@@ -92,8 +92,9 @@ fn unchanged_runs_with_few_calls_pass_on_a_loaded_machine() {
         stop.store(true, Ordering::Relaxed);
         (first, second)
     });
-    // The threshold this host's swings of whole runs (up to 1.7 times) call for.
-    let (status, json) = diff(&[&first, &second], &["--threshold", "100"]);
+    // The threshold this host's swings of whole runs call for: up to 2.01
+    // times, when the program shares one core with the other.
+    let (status, json) = diff(&[&first, &second], &["--threshold", "150"]);
     assert_eq!(status, Some(0), "{json}");
     assert!(json["builds"].is_null(), "{json}");
 }

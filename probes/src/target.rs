@@ -723,11 +723,12 @@ impl HeldSignal {
     }
 }
 
-/// Every signal but those that cannot be blocked held back from a stopped
-/// thread while proftap steps it through code of its own making, then
-/// unblocked as before (when dropped): signals that come meanwhile wait in
-/// the kernel, in the order they came, rather than stop the thread and be
-/// held here.
+/// The signals sent to a stopped thread held back while proftap steps it
+/// through code of its own making, then unblocked as before (when
+/// dropped): signals that come meanwhile wait in the kernel, in the order
+/// they came, rather than stop the thread and be held here. Not those an
+/// instruction raises (a step's own trap among them): the kernel forces
+/// one that is blocked through, resetting its handler to the default.
 pub(crate) struct SignalsBlocked {
     tid: Pid,
     saved: Option<u64>,
@@ -736,13 +737,17 @@ pub(crate) struct SignalsBlocked {
 impl SignalsBlocked {
     pub(crate) fn new(tid: Pid) -> SignalsBlocked {
         let mut saved = 0u64;
-        let every = !0u64;
+        let raised = [libc::SIGTRAP, libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGSYS];
+        let raised = raised.iter().fold(0u64, |mask, &signal| mask | 1 << (signal - 1));
         let mask = |request, mask: *const u64| {
             // SAFETY: PTRACE_[GS]ETSIGMASK read or write the 8 bytes of a
             // kernel signal set at `mask`.
             unsafe { libc::ptrace(request, tid.as_raw(), std::mem::size_of::<u64>(), mask) == 0 }
         };
-        let blocked = mask(libc::PTRACE_GETSIGMASK, &raw mut saved) && mask(libc::PTRACE_SETSIGMASK, &raw const every);
+        let blocked = mask(libc::PTRACE_GETSIGMASK, &raw mut saved) && {
+            let sent = !raised | (saved & raised);
+            mask(libc::PTRACE_SETSIGMASK, &raw const sent)
+        };
         SignalsBlocked { tid, saved: blocked.then_some(saved) }
     }
 }

@@ -103,3 +103,30 @@ fn a_threaded_program_changing_its_user_id_runs_on_after_holds() {
     out.read_line(&mut line).unwrap();
     assert!(line.ends_with(" changes\n"), "{line}");
 }
+
+/// A program with a SIGTRAP handler of its own (examples/trapped.c), held
+/// and made to call the kernel, which proftap steps: it keeps its
+/// handler. (A step's trap is forced through a blocked SIGTRAP, and the
+/// kernel then resets the handler to the default, which ends the program.)
+#[test]
+fn a_program_held_and_stepped_keeps_its_own_trap_handler() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("trapped");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/trapped.c");
+    assert!(Command::new("gcc").args(["-O2", "-o"]).arg(&binary).arg(source).status().unwrap().success());
+    let mut program = Command::new(&binary).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let pid = program.id() as i32;
+    let mut out = BufReader::new(program.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    for _ in 0..3 {
+        let remote = Remote::attach(pid).unwrap();
+        assert_eq!(remote.syscall("getpid", libc::SYS_getpid, [0; 6]).unwrap(), pid as u64);
+    }
+    drop(program.stdin.take());
+    let status = program.wait().unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(status.success() && line == "handled\n", "{status}: {line:?}");
+}

@@ -321,10 +321,10 @@ fn take_child(connection: &OwnedFd, uid: u32, bytes: u64) -> Option<Child> {
 
 /// A descriptor of the process at the other end of `connection`, which
 /// connected as process `pid`: the kernel's own (`SO_PEERPIDFD`), which is
-/// that process even after it ended and its pid was taken again. Where the
-/// kernel has none (before 6.5), the process of that pid if it runs still
-/// (a pid is taken again only once its parent waited for it, and pids
-/// went round).
+/// that process even after it ended and its pid was taken again; none for
+/// one the kernel says has ended. Where the kernel has no such option
+/// (before 6.5), the process of that pid if it runs still (a pid is taken
+/// again only once its parent waited for it, and pids went round).
 fn peer_process(connection: &OwnedFd, pid: i32) -> Option<OwnedFd> {
     let mut fd: libc::c_int = -1;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -335,8 +335,9 @@ fn peer_process(connection: &OwnedFd, pid: i32) -> Option<OwnedFd> {
         return Some(unsafe { OwnedFd::from_raw_fd(fd) });
     }
     match Errno::last() {
-        Errno::ENOPROTOOPT | Errno::EINVAL => crate::target::pidfd(pid).ok(),
-        _ => None,
+        // Ended and reaped (refused so before 6.17).
+        Errno::ESRCH | Errno::EINVAL => None,
+        _ => crate::target::pidfd(pid).ok(),
     }
 }
 
