@@ -71,17 +71,10 @@ fn a_held_process_calls_the_kernel_maps_memory_and_runs_on() {
 /// ends.
 #[test]
 fn a_threaded_program_changing_its_user_id_runs_on_after_holds() {
-    let dir = tempfile::tempdir().unwrap();
-    let binary = dir.path().join("setxid");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/setxid.c");
-    assert!(Command::new("gcc").args(["-O2", "-pthread", "-o"]).arg(&binary).arg(source).status().unwrap().success());
     // One thread beside the main one: each hold is short, and there are many.
-    let mut program = Command::new(&binary).arg("1").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let (_dir, mut program, mut out) = started("setxid", &["1"]);
     let pid = program.id() as i32;
-    let mut out = BufReader::new(program.stdout.take().unwrap());
     let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "started\n");
     for hold in 0..5000 {
         let remote = Remote::attach(pid).unwrap_or_else(|e| {
             let _ = program.kill();
@@ -110,16 +103,9 @@ fn a_threaded_program_changing_its_user_id_runs_on_after_holds() {
 /// kernel then resets the handler to the default, which ends the program.)
 #[test]
 fn a_program_held_and_stepped_keeps_its_own_trap_handler() {
-    let dir = tempfile::tempdir().unwrap();
-    let binary = dir.path().join("trapped");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/trapped.c");
-    assert!(Command::new("gcc").args(["-O2", "-o"]).arg(&binary).arg(source).status().unwrap().success());
-    let mut program = Command::new(&binary).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let (_dir, mut program, mut out) = started("trapped", &[]);
     let pid = program.id() as i32;
-    let mut out = BufReader::new(program.stdout.take().unwrap());
     let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "started\n");
     for _ in 0..3 {
         let remote = Remote::attach(pid).unwrap();
         assert_eq!(remote.syscall("getpid", libc::SYS_getpid, [0; 6]).unwrap(), pid as u64);
@@ -129,4 +115,20 @@ fn a_program_held_and_stepped_keeps_its_own_trap_handler() {
     line.clear();
     out.read_line(&mut line).unwrap();
     assert!(status.success() && line == "handled\n", "{status}: {line:?}");
+}
+
+/// examples/`name`.c built (in the directory returned, kept while it
+/// runs) and run with `args`, its input and output piped, once it said
+/// "started".
+fn started(name: &str, args: &[&str]) -> (tempfile::TempDir, std::process::Child, BufReader<std::process::ChildStdout>) {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join(name);
+    let source = format!("{}/../examples/{name}.c", env!("CARGO_MANIFEST_DIR"));
+    assert!(Command::new("gcc").args(["-O2", "-pthread", "-o"]).arg(&binary).arg(source).status().unwrap().success());
+    let mut program = Command::new(&binary).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(program.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    (dir, program, out)
 }
