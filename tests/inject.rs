@@ -356,6 +356,11 @@ fn started_with_input(command: &mut Command) -> (KilledAtTheEnd, String) {
 /// Attaches `rounds` times to process `pid` with the in-process engine,
 /// 100 ms each, recording `work`: every attach succeeds and counts calls.
 fn attach_again_and_again(pid: &str, rounds: u32) {
+    attach_again_and_again_checking(pid, rounds, |_| {});
+}
+
+/// `attach_again_and_again`, with `check(round)` after each round.
+fn attach_again_and_again_checking(pid: &str, rounds: u32, mut check: impl FnMut(u32)) {
     let dir = tempfile::tempdir().unwrap();
     for round in 1..=rounds {
         let file = dir.path().join(format!("{round}.profile"));
@@ -363,6 +368,7 @@ fn attach_again_and_again(pid: &str, rounds: u32) {
         let out = run(proftap().args(args).arg(&file).arg(pid));
         assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(calls_by_name(&report_json(&file))["work"] > 0, "round {round}");
+        check(round);
     }
 }
 
@@ -409,14 +415,9 @@ fn detach_again_and_again_from_alarm(mode: &str, rounds: u32) {
     let (mut program, pid) = alarm_started(mode);
     let mappings = || mappings_of(&pid);
     let before = mappings();
-    let dir = tempfile::tempdir().unwrap();
-    for round in 1..=rounds {
-        let file = dir.path().join(format!("{round}.profile"));
-        let args = ["attach", "--engine", "inject", "--no-sample", "-f", "work", "--duration", "100ms", "-o"];
-        let out = run(proftap().args(args).arg(&file).arg(&pid));
-        assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
+    attach_again_and_again_checking(&pid, rounds, |round| {
         assert!(program.0.try_wait().unwrap().is_none(), "round {round}: the program ended: {:?}", program.0.try_wait());
-    }
+    });
     let after = mappings();
     assert!(after <= before + 1, "{before} mappings before, {after} after");
 }
