@@ -258,6 +258,28 @@ fn forked_children_are_followed_unless_asked_not_to() {
     assert_eq!(calls_by_name(&report)["work"], 370);
 }
 
+/// A forked child that moves to a network namespace of its own before its
+/// first call cannot reach proftap's socket (its abstract name is in the
+/// target's namespace): the in-process engine says so, with how many, in
+/// place of counting it silently short; kernel probes follow it.
+#[test]
+fn a_forked_child_in_a_network_namespace_of_its_own_is_said_not_recorded() {
+    require_probes();
+    let binary = Build::c("netns.c", "-O2").build();
+    let b = binary.to_str().unwrap();
+    let report = profile_run(&["-f", "work"], &[b, "300", "70"]);
+    assert_eq!(report["recording"]["engine"], "inject");
+    assert_eq!(calls_by_name(&report)["work"], 370, "the parent's and the other child's calls");
+    let notes: Vec<&str> = report["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    assert!(
+        notes.iter().any(|n| n.contains("1 forked process was not recorded") && n.contains("network namespace")),
+        "no note of the child that could not reach proftap: {notes:?}"
+    );
+
+    let report = profile_run(&["-f", "work", "--engine", "uprobe"], &[b, "300", "70"]);
+    assert_eq!(calls_by_name(&report)["work"], 440);
+}
+
 /// A program that forks more than a thousand children, one after another,
 /// with its stacks sampled: each child's memory is read, a few at a time
 /// (each takes as much address space as the parent's: a thousand at once

@@ -287,6 +287,12 @@ fn finding_sentence(finding: &Finding) -> String {
             counted(*children, "forked process was", "forked processes were"),
             proftap_probes::inject::children::MOST_CHILDREN
         ),
+        Finding::ChildrenUnreached { children } => format!(
+            "{} not recorded: {} could not reach proftap (a process in a network namespace of its own cannot), so {} calls are in no count; --engine uprobe follows such processes with kernel probes",
+            counted(*children, "forked process was", "forked processes were"),
+            if *children == 1 { "it" } else { "they" },
+            if *children == 1 { "its" } else { "their" },
+        ),
     }
 }
 

@@ -452,17 +452,23 @@ FORK_CODE static void move_private_block(const struct config *c, u64 from, u64 t
     b->mixed = a->mixed;
 }
 
-/* Sends the memfd to proftap. proftap knows the child by the socket's
- * peer, as the kernel does, even once it has ended, and ends its calls in
- * progress when its threads last left a CPU: the child goes on at once.
- * Where proftap does not see its thread leave CPUs (no time off CPU), it
- * ends them when it sees the child end, and the child waits for proftap
- * to say it has its memory, so as not to end unseen. */
-FORK_CODE static int hand_over(const struct config *c, long memfd)
+/* Whether the child waits for proftap to say it has its memory: where
+ * proftap does not see its threads leave CPUs (no time off CPU), it ends
+ * the child's calls in progress when it sees the child end, and the child
+ * must not end unseen. */
+static inline int waits_for_proftap(const struct config *c, u64 pid)
+{
+    /* Its first thread's id is its pid. */
+    return !c->off_cpu || pid >= c->off_cpu_entries;
+}
+
+/* A socket connected to proftap's, or -1. proftap knows the child by the
+ * socket's peer, as the kernel does, even once it has ended. */
+FORK_CODE static long reach_proftap(const struct config *c)
 {
     long sock = syscall6(SYS_socket, 1 /* AF_UNIX */, 5 /* SOCK_SEQPACKET */ | 0x80000 /* SOCK_CLOEXEC */, 0, 0, 0, 0);
     if (sock < 0)
-        return 0;
+        return -1;
     struct {
         unsigned short family;
         char path[1 + FORK_SOCKET_NAME];
@@ -471,27 +477,31 @@ FORK_CODE static int hand_over(const struct config *c, long memfd)
     address.path[0] = 0; /* abstract */
     for (int i = 0; i < FORK_SOCKET_NAME; i++)
         address.path[1 + i] = c->fork_socket[i];
-    u64 pid = (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
     long timeout[2] = {5, 0};
-    /* Its first thread's id is its pid. */
-    int wait = !c->off_cpu || pid >= c->off_cpu_entries;
-    if (wait)
+    if (waits_for_proftap(c, (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0)))
         syscall6(SYS_setsockopt, sock, 1 /* SOL_SOCKET */, 20 /* SO_RCVTIMEO */, (long)timeout, sizeof timeout, 0);
     syscall6(SYS_setsockopt, sock, 1, 21 /* SO_SNDTIMEO */, (long)timeout, sizeof timeout, 0);
-    int ok = 0;
     /* The length names the abstract address: no padding in it. */
-    if (syscall6(SYS_connect, sock, (long)&address, sizeof address.family + 1 + FORK_SOCKET_NAME, 0, 0, 0) == 0) {
-        u64 iov[2] = {(u64)&pid, sizeof pid};
-        /* One SCM_RIGHTS message: length 20 (header 16 + one int), level
-         * SOL_SOCKET, type SCM_RIGHTS, the descriptor. */
-        u64 control[3] = {20, 1 | (1UL << 32), (u64)(u32)memfd};
-        u64 message[7] = {0, 0, (u64)iov, 1, (u64)control, sizeof control, 0};
-        char ack = 0;
-        ok = syscall6(SYS_sendmsg, sock, (long)message, 0x4000 /* MSG_NOSIGNAL */, 0, 0, 0) == sizeof pid
-             && (!wait || (syscall6(SYS_recvfrom, sock, (long)&ack, 1, 0, 0, 0) == 1 && ack == 1));
+    if (syscall6(SYS_connect, sock, (long)&address, sizeof address.family + 1 + FORK_SOCKET_NAME, 0, 0, 0) != 0) {
+        syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
+        return -1;
     }
-    syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
-    return ok;
+    return sock;
+}
+
+/* Sends the memfd to proftap over `sock` (see reach_proftap); the child
+ * goes on at once, unless it is to wait for proftap (waits_for_proftap). */
+FORK_CODE static int hand_over(const struct config *c, long sock, long memfd)
+{
+    u64 pid = (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
+    u64 iov[2] = {(u64)&pid, sizeof pid};
+    /* One SCM_RIGHTS message: length 20 (header 16 + one int), level
+     * SOL_SOCKET, type SCM_RIGHTS, the descriptor. */
+    u64 control[3] = {20, 1 | (1UL << 32), (u64)(u32)memfd};
+    u64 message[7] = {0, 0, (u64)iov, 1, (u64)control, sizeof control, 0};
+    char ack = 0;
+    return syscall6(SYS_sendmsg, sock, (long)message, 0x4000 /* MSG_NOSIGNAL */, 0, 0, 0) == sizeof pid
+           && (!waits_for_proftap(c, pid) || (syscall6(SYS_recvfrom, sock, (long)&ack, 1, 0, 0, 0) == 1 && ack == 1));
 }
 
 /* The child's thread that makes its memory, by its kernel thread id (two
@@ -594,6 +604,13 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     u64 outcome = LIVE_STOPPED;
     char name[] = "proftap";
     u64 index = own ? own->block - 1 : 0, first = keep_index ? index : 0;
+    /* proftap is reached first, while the parent's memory is still mapped:
+     * a child that cannot reach it is counted there, and runs unrecorded. */
+    long sock = reach_proftap(c);
+    if (sock < 0) {
+        __atomic_fetch_add(&header(c)->children_unreached, 1, __ATOMIC_RELAXED);
+        return LIVE_STOPPED;
+    }
     /* Sealing allowed: proftap seals it against shrinking before it maps it. */
     long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
     /* Mapped over the parent's, in one step: nothing the child does from
@@ -607,7 +624,7 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
             move_private_block(c, index, first);
             own->block = first + 1;
         }
-        if (hand_over(c, memfd)) {
+        if (hand_over(c, sock, memfd)) {
             outcome = LIVE_RECORDING;
             if (own)
                 start_carried_frames(c, shared_block(c, first));
@@ -615,6 +632,7 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     }
     if (memfd >= 0)
         syscall6(SYS_close, memfd, 0, 0, 0, 0, 0);
+    syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
     return outcome;
 }
 

@@ -285,6 +285,13 @@ pub enum Finding {
         /// How many.
         children: u64,
     },
+    /// Forked children that could not reach proftap to hand their memory
+    /// over (proftap's socket is named in the target's network namespace),
+    /// and ran unrecorded: their calls are in no count.
+    ChildrenUnreached {
+        /// How many.
+        children: u64,
+    },
 }
 
 /// Why the recorder chose uprobes over the in-process engine.

@@ -63,6 +63,8 @@ pub struct Totals {
     /// Returns of threads beyond the runtime's blocks, sent back to their
     /// call sites.
     pub unseated_returns: u64,
+    /// Forked children that could not reach proftap, and ran unrecorded.
+    pub children_unreached: u64,
 }
 
 /// Why the shared memory cannot be believed.
@@ -125,7 +127,8 @@ impl TotalsView {
         let unseated = checked_count("calls without a block", header.unseated)?;
         let unseated_hooks = checked_count("region hooks without a block", header.unseated_hooks)?;
         let unseated_returns = checked_count("returns without a block", header.unseated_returns)?;
-        let mut all = Totals { threads: Vec::new(), unseated, over_budget: 0, unseated_hooks, unseated_returns };
+        let children_unreached = checked_count("children that could not reach proftap", header.children_unreached)?;
+        let mut all = Totals { threads: Vec::new(), unseated, over_budget: 0, unseated_hooks, unseated_returns, children_unreached };
         for block in 0..taken {
             if let Some((thread, read_whole)) = self.thread_totals(shared, block, &mut budget)? {
                 all.over_budget += u64::from(!read_whole);

@@ -177,6 +177,9 @@ impl InjectSource {
         if refused > 0 {
             notes.push(Finding::ChildrenRefused { children: refused }.into());
         }
+        if read.children_unreached > 0 {
+            notes.push(Finding::ChildrenUnreached { children: read.children_unreached }.into());
+        }
         if read.untimed > 0 {
             notes.push(Finding::CallsUntimed { calls: read.untimed, unseated: read.unseated }.into());
         }
@@ -298,6 +301,8 @@ struct Read {
     unpaired_returns: u64,
     /// Threads whose calls interleaved on two stacks: later calls untimed.
     mixed_threads: u64,
+    /// Forked children that could not reach proftap, and ran unrecorded.
+    children_unreached: u64,
 }
 
 impl Read {
@@ -350,6 +355,7 @@ impl Read {
         self.add_incomplete(&totals.threads, how);
         self.hooks_missed = self.hooks_missed.saturating_add(totals.unseated_hooks);
         self.unpaired_returns = self.unpaired_returns.saturating_add(totals.unseated_returns);
+        self.children_unreached = self.children_unreached.saturating_add(totals.children_unreached);
         Ok(())
     }
 }

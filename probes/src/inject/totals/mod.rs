@@ -131,6 +131,10 @@ pub struct Header {
     /// then takes a thread's block with an atomic exchange. proftap clears
     /// it where no thread can be made so unseen.
     pub shared_seats: u64,
+    /// Forked children that could not reach proftap to hand their memory
+    /// over (one in a network namespace of its own cannot): counted in
+    /// their parent's memory, they ran unrecorded.
+    pub children_unreached: u64,
 }
 
 /// `struct stat` of runtime.h: total, min and max, in TSC cycles.
