@@ -604,35 +604,35 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     u64 outcome = LIVE_STOPPED;
     char name[] = "proftap";
     u64 index = own ? own->block - 1 : 0, first = keep_index ? index : 0;
-    /* proftap is reached first, while the parent's memory is still mapped:
-     * a child that cannot reach it is counted there, and runs unrecorded. */
-    long sock = reach_proftap(c);
-    if (sock < 0) {
-        __atomic_fetch_add(&header(c)->children_unreached, 1, __ATOMIC_RELAXED);
-        return LIVE_STOPPED;
-    }
     /* Sealing allowed: proftap seals it against shrinking before it maps it. */
     long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
+    int made = memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_memory(c, memfd, own, first);
+    /* proftap is given the memory while the parent's is still mapped: a
+     * child that cannot make it, or reach proftap (one in a network
+     * namespace of its own, where its socket's abstract name is not), is
+     * counted there, and runs unrecorded. */
+    long sock = made ? reach_proftap(c) : -1;
+    if (sock < 0 || !hand_over(c, sock, memfd))
+        __atomic_fetch_add(&header(c)->children_unreached, 1, __ATOMIC_RELAXED);
     /* Mapped over the parent's, in one step: nothing the child does from
      * here on reaches the parent's. (Moving it there with mremap costs the
      * kernel five times more, walking the 132 GiB, and is no safer: where
      * the kernel runs out of memory making either, one before 6.12 leaves
-     * nothing mapped there, and the child's next call faults.) */
-    if (memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_memory(c, memfd, own, first)
-        && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
+     * nothing mapped there, and the child's next call faults.) Where the
+     * mapping fails, proftap holds a memory no call of the child reaches. */
+    else if (syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
         if (own && first != index) {
             move_private_block(c, index, first);
             own->block = first + 1;
         }
-        if (hand_over(c, sock, memfd)) {
-            outcome = LIVE_RECORDING;
-            if (own)
-                start_carried_frames(c, shared_block(c, first));
-        }
+        outcome = LIVE_RECORDING;
+        if (own)
+            start_carried_frames(c, shared_block(c, first));
     }
     if (memfd >= 0)
         syscall6(SYS_close, memfd, 0, 0, 0, 0, 0);
-    syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
+    if (sock >= 0)
+        syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
     return outcome;
 }
 

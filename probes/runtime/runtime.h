@@ -108,10 +108,10 @@ struct header {
      * (a `clone` ran, or proftap found two such threads as it attached):
      * blocks are then taken with a compare-and-swap (see take_block_busy). */
     u64 shared_seats;
-    /* Forked children that could not reach proftap to hand their memory
-     * over (one in a network namespace of its own, where proftap's
-     * abstract socket name is not): counted here, in their parent's
-     * memory, before they run on unrecorded. */
+    /* Forked children that could not hand their memory over to proftap
+     * (one in a network namespace of its own, where proftap's abstract
+     * socket name is not, cannot reach it): counted here, in their
+     * parent's memory, before they run on unrecorded. */
     u64 children_unreached;
     /* The return address each site trampoline stands for, 0 while free:
      * set once, never changed, so that an unwinder reading a sampled stack

@@ -285,9 +285,10 @@ pub enum Finding {
         /// How many.
         children: u64,
     },
-    /// Forked children that could not reach proftap to hand their memory
-    /// over (proftap's socket is named in the target's network namespace),
-    /// and ran unrecorded: their calls are in no count.
+    /// Forked children that could not hand their memory over to proftap
+    /// (its socket is named in the target's network namespace; or the
+    /// memory could not be made), and ran unrecorded: their calls are in
+    /// no count.
     ChildrenUnreached {
         /// How many.
         children: u64,

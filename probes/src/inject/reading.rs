@@ -63,7 +63,7 @@ pub struct Totals {
     /// Returns of threads beyond the runtime's blocks, sent back to their
     /// call sites.
     pub unseated_returns: u64,
-    /// Forked children that could not reach proftap, and ran unrecorded.
+    /// Forked children that could not hand their memory over, and ran unrecorded.
     pub children_unreached: u64,
 }
 

@@ -301,7 +301,7 @@ struct Read {
     unpaired_returns: u64,
     /// Threads whose calls interleaved on two stacks: later calls untimed.
     mixed_threads: u64,
-    /// Forked children that could not reach proftap, and ran unrecorded.
+    /// Forked children that could not hand their memory over, and ran unrecorded.
     children_unreached: u64,
 }
 

@@ -131,8 +131,8 @@ pub struct Header {
     /// then takes a thread's block with an atomic exchange. proftap clears
     /// it where no thread can be made so unseen.
     pub shared_seats: u64,
-    /// Forked children that could not reach proftap to hand their memory
-    /// over (one in a network namespace of its own cannot): counted in
+    /// Forked children that could not hand their memory over to proftap
+    /// (one in a network namespace of its own cannot reach it): counted in
     /// their parent's memory, they ran unrecorded.
     pub children_unreached: u64,
 }
