@@ -272,7 +272,7 @@ fn finding_sentence(finding: &Finding) -> String {
         Finding::ForksNotRecorded { pids } => format!(
             "forked {} {} recorded no calls: {} made no call of a patched function, or could not reach proftap (--engine uprobe follows forked processes with kernel probes)",
             if pids.len() == 1 { "process" } else { "processes" },
-            pids.iter().map(i32::to_string).collect::<Vec<_>>().join(", "),
+            examples(&pids.iter().map(i32::to_string).collect::<Vec<_>>()).replace("; ", ", "),
             if pids.len() == 1 { "it" } else { "they" },
         ),
         Finding::ThrottledTimeReleased { functions } => format!(
@@ -283,8 +283,9 @@ fn finding_sentence(finding: &Finding) -> String {
             format!("the calls of forked process {pid} are not counted: its memory could not be read ({error})")
         }
         Finding::ChildrenRefused { children } => format!(
-            "{} not followed: past the {} one recording follows, or not a child of the target",
+            "{} not followed: past the {} running at once or the {} in all one recording follows, or not a child of the target",
             counted(*children, "forked process was", "forked processes were"),
+            proftap_probes::inject::children::MOST_HELD_CHILDREN,
             proftap_probes::inject::children::MOST_CHILDREN
         ),
         Finding::ChildrenUnreached { children } => format!(

@@ -216,7 +216,7 @@ fn a_child_forked_while_patched_records_its_own_calls_and_is_restored_at_detach(
     let [seen] = <[_; 1]>::try_from(children).ok().expect("one child");
     assert_eq!(i64::from(seen.pid), child);
     assert_eq!(seen.ended_ns, None, "the child runs on");
-    let totals = seen.view().unwrap().totals().unwrap();
+    let totals = seen.totals().unwrap();
     assert_eq!(totals.threads.iter().map(|t| t.calls[tick]).sum::<u64>(), 40, "the child's calls, in its memory");
     let mut parent = vec![0; functions.len()];
     patched.view().unwrap().calls(&mut parent);

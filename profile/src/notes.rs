@@ -279,8 +279,8 @@ pub enum Finding {
         /// Why.
         error: String,
     },
-    /// Forked children refused: past the most one recording follows, or
-    /// not what a child of the target sends.
+    /// Forked children refused: past the most one recording follows (at
+    /// once or in all), or not what a child of the target sends.
     ChildrenRefused {
         /// How many.
         children: u64,

@@ -7,14 +7,18 @@
 //! Anyone on the machine can connect to an abstract socket: a sender must
 //! be of the target's user (or root), send one memfd of the expected size,
 //! which is sealed against shrinking before it is mapped; what it holds is
-//! read as any target's memory is, checked. At most [`MOST_CHILDREN`] are
-//! taken; the others are counted.
+//! read as any target's memory is, checked. The memory of at most
+//! [`MOST_HELD_CHILDREN`] is held at once: past that, the children that
+//! ended are read and their memory let go, their totals kept (at most
+//! [`MOST_LET_GO_BYTES`] of them), so that a program forking children
+//! by the thousand has each one counted. Children past the limits are
+//! counted.
 //!
 //! A child's calls in progress when it ends never return: they end when it
 //! did, which the thread taking children notes as each child's process
 //! descriptor becomes ready.
 
-use super::reading::TotalsView;
+use super::reading::{Totals, TotalsView};
 use super::remote::Shared;
 use super::totals::Geometry;
 use nix::cmsg_space;
@@ -30,7 +34,20 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// Children followed at most in one recording.
-pub const MOST_CHILDREN: usize = 4096;
+pub const MOST_CHILDREN: usize = 1 << 20;
+
+/// Children whose memory is held at once (each holds two descriptors, its
+/// memory's and its process's). Past it, those that ended are read and
+/// their memory let go, [`LET_GO_AT_ONCE`] at a time.
+pub const MOST_HELD_CHILDREN: usize = 4096;
+
+/// How many ended children's memory is read and let go at once: reading
+/// one takes tens of microseconds, while children wait to be taken.
+const LET_GO_AT_ONCE: usize = 256;
+
+/// Most bytes of totals kept of children whose memory was let go: a
+/// shell's child takes a few kilobytes, so hundreds of thousands fit.
+pub const MOST_LET_GO_BYTES: u64 = 1 << 30;
 
 /// Bytes of the socket's name (`FORK_SOCKET_NAME` in runtime.h).
 pub const NAME_BYTES: usize = 32;
@@ -43,11 +60,29 @@ pub struct Child {
     /// it, even if it ended before it was taken. None where the kernel
     /// cannot say (before 6.5) and it had ended: it is taken as ended.
     process: Option<OwnedFd>,
-    memory: OwnedFd,
+    memory: Memory,
     /// When it handed its memory over (CLOCK_MONOTONIC, ns).
     taken_ns: u64,
     /// When it was seen to end (CLOCK_MONOTONIC, ns).
     ended_ns: Option<u64>,
+}
+
+/// What proftap has of a child's memory.
+enum Memory {
+    /// The memory it handed over.
+    Held(OwnedFd),
+    /// What its memory held once it had ended, read so that the memory
+    /// could be let go (or why it could not be read).
+    LetGo(Arc<Result<Totals, String>>),
+}
+
+impl Memory {
+    fn held(&self) -> Option<&OwnedFd> {
+        match self {
+            Memory::Held(memory) => Some(memory),
+            Memory::LetGo(_) => None,
+        }
+    }
 }
 
 /// A child that handed its memory over, and when it ended: its memory is
@@ -72,22 +107,88 @@ impl ChildView {
         received.children.get(self.index).is_some_and(|child| child.ended_ns.is_some())
     }
 
-    /// Its totals, mapped until the view is dropped, or why they cannot be read.
-    pub fn view(&self) -> io::Result<TotalsView> {
-        let memory = {
-            let received = self.memories.received.lock().unwrap_or_else(|e| e.into_inner());
-            received.children.get(self.index).ok_or_else(|| io::Error::other("no such child"))?.memory.try_clone()?
-        };
-        self.memories.map(memory)
+    /// Its totals, or why they cannot be read.
+    pub fn totals(&self) -> Result<Totals, String> {
+        match self.memory().map_err(|e| format!("cannot map its memory: {e}"))? {
+            Memory::Held(memory) => self.memories.map(memory).map_err(|e| format!("cannot map its memory: {e}"))?.totals(),
+            Memory::LetGo(totals) => totals.as_ref().clone(),
+        }
+    }
+
+    /// Adds its calls so far, by function, to `into`; false when its
+    /// memory cannot be mapped now (the address space full for a moment).
+    pub fn calls(&self, into: &mut [u64]) -> bool {
+        match self.memory() {
+            Ok(Memory::Held(memory)) => self.memories.map(memory).map(|view| view.calls(into)).is_ok(),
+            Ok(Memory::LetGo(totals)) => {
+                if let Ok(totals) = totals.as_ref() {
+                    add_calls(totals, into);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Its memory, or what was read of it.
+    fn memory(&self) -> io::Result<Memory> {
+        let received = self.memories.received.lock().unwrap_or_else(|e| e.into_inner());
+        match &received.children.get(self.index).ok_or_else(|| io::Error::other("no such child"))?.memory {
+            Memory::Held(memory) => Ok(Memory::Held(memory.try_clone()?)),
+            Memory::LetGo(totals) => Ok(Memory::LetGo(totals.clone())),
+        }
+    }
+}
+
+/// Adds the calls of every thread of `totals`, by function, to `into`.
+fn add_calls(totals: &Totals, into: &mut [u64]) {
+    for thread in &totals.threads {
+        for (total, calls) in into.iter_mut().zip(&thread.calls) {
+            *total = total.saturating_add(*calls);
+        }
     }
 }
 
 #[derive(Default)]
 struct Received {
     children: Vec<Child>,
-    /// Handed over past [`MOST_CHILDREN`], or refused (wrong user, not a
-    /// memfd of the right size).
+    /// Children whose memory is held.
+    held: usize,
+    /// No child before this one has its memory held.
+    first_held: usize,
+    /// Bytes of the totals kept of children whose memory was let go.
+    let_go_bytes: u64,
+    /// Handed over past the limits, or refused (wrong user, not a memfd
+    /// of the right size).
     refused: u64,
+}
+
+impl Received {
+    /// Lets go of the memory of up to [`LET_GO_AT_ONCE`] children that
+    /// ended, the first taken first, keeping what it held (read through
+    /// `memories`), while the totals kept stay within [`MOST_LET_GO_BYTES`].
+    fn let_go_of_ended(&mut self, memories: &ChildMemories) {
+        while self.children.get(self.first_held).is_some_and(|child| child.memory.held().is_none()) {
+            self.first_held += 1;
+        }
+        let mut let_go = 0;
+        for child in &mut self.children[self.first_held..] {
+            if let_go == LET_GO_AT_ONCE || self.let_go_bytes >= MOST_LET_GO_BYTES {
+                break;
+            }
+            let Some(memory) = child.memory.held().filter(|_| child.ended_ns.is_some()) else { continue };
+            let totals = memory
+                .try_clone()
+                .map_err(|e| format!("cannot map its memory: {e}"))
+                .and_then(|memory| memories.map(memory).map_err(|e| format!("cannot map its memory: {e}")))
+                .and_then(|view| view.totals());
+            self.let_go_bytes = self.let_go_bytes.saturating_add(totals.as_ref().map_or(0, Totals::bytes));
+            child.memory = Memory::LetGo(Arc::new(totals));
+            child.process = None;
+            self.held -= 1;
+            let_go += 1;
+        }
+    }
 }
 
 /// The socket forked children send their memory to, and what came.
@@ -100,8 +201,8 @@ pub struct Children {
 
 impl Children {
     /// Listens for the children of a process of user `uid` whose shared
-    /// memory is `bytes` long.
-    pub fn listen(uid: u32, bytes: u64) -> io::Result<Children> {
+    /// memory is laid out as `geometry` says, at `remote` in the process.
+    pub fn listen(uid: u32, geometry: Geometry, remote: u64) -> io::Result<Children> {
         crate::target::raise_open_files_limit();
         let name = random_name()?;
         let listener = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
@@ -110,8 +211,9 @@ impl Children {
         let listener = Arc::new(listener);
         let received = Arc::new(Mutex::new(Received::default()));
         let accepting = {
-            let (listener, received) = (listener.clone(), received.clone());
-            std::thread::Builder::new().name("proftap-forks".into()).spawn(move || accept_children(&listener, uid, bytes, &received))?
+            let listener = listener.clone();
+            let memories = ChildMemories { received: received.clone(), geometry, remote };
+            std::thread::Builder::new().name("proftap-forks".into()).spawn(move || accept_children(&listener, uid, &memories))?
         };
         Ok(Children { name, listener, received, accepting: Some(accepting) })
     }
@@ -148,7 +250,7 @@ impl Children {
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         // The latest with that pid: an earlier one ended, its pid reused.
         let child = received.children.iter().rev().find(|c| c.pid == pid)?;
-        super::remote::file_of(&child.memory).ok()
+        super::remote::file_of(child.memory.held()?).ok()
     }
 
     /// Each child after the first `first` so far, with a view of its
@@ -192,7 +294,7 @@ impl ChildMemories {
             // The first to hand over after that fork (a later one with the
             // pid forked later); the last, where the fork is not known.
             let child = if forked_ns == 0 { with_pid.next_back() } else { with_pid.find(|c| c.taken_ns >= forked_ns) };
-            child?.memory.try_clone().ok()?
+            child?.memory.held()?.try_clone().ok()?
         };
         self.map(memory).ok()
     }
@@ -222,7 +324,8 @@ fn random_name() -> io::Result<[u8; NAME_BYTES]> {
 
 /// Takes children as they connect, and notes when each one taken ends,
 /// until the listener is shut down.
-fn accept_children(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Received>) {
+fn accept_children(listener: &OwnedFd, uid: u32, memories: &ChildMemories) {
+    let received = &memories.received;
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
     // Children taken and not yet seen to end, by their place in `received`.
@@ -255,14 +358,14 @@ fn accept_children(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Re
                 !gone
             });
         }
-        if listener_ready && !accept_child(listener, uid, bytes, received, &mut watched) {
+        if listener_ready && !accept_child(listener, uid, memories, &mut watched) {
             break;
         }
     }
 }
 
 /// Takes one connecting child; false once the listener is shut down.
-fn accept_child(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Received>, watched: &mut Vec<(usize, OwnedFd)>) -> bool {
+fn accept_child(listener: &OwnedFd, uid: u32, memories: &ChildMemories, watched: &mut Vec<(usize, OwnedFd)>) -> bool {
     let fd = match accept(listener.as_raw_fd()) {
         Ok(fd) => fd,
         Err(Errno::EINTR | Errno::ECONNABORTED | Errno::EAGAIN) => return true,
@@ -274,14 +377,18 @@ fn accept_child(listener: &OwnedFd, uid: u32, bytes: u64, received: &Mutex<Recei
     };
     // SAFETY: accept just made this descriptor.
     let connection = unsafe { OwnedFd::from_raw_fd(fd) };
-    let child = take_child(&connection, uid, bytes);
-    let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
+    let child = take_child(&connection, uid, memories.geometry.shared_bytes());
+    let mut received = memories.received.lock().unwrap_or_else(|e| e.into_inner());
+    if child.is_some() && received.held >= MOST_HELD_CHILDREN {
+        received.let_go_of_ended(memories);
+    }
     match child {
-        Some(child) if received.children.len() < MOST_CHILDREN => {
+        Some(child) if received.held < MOST_HELD_CHILDREN && received.children.len() < MOST_CHILDREN => {
             if let Some(Ok(process)) = child.process.as_ref().map(OwnedFd::try_clone) {
                 watched.push((received.children.len(), process));
             }
             received.children.push(child);
+            received.held += 1;
             drop(received);
             // A child whose calls in progress end when it is seen to end
             // (no time off CPU) waits for this, so as not to end unseen.
@@ -316,7 +423,7 @@ fn take_child(connection: &OwnedFd, uid: u32, bytes: u64) -> Option<Child> {
     let process = peer_process(connection, credentials.pid());
     let taken_ns = super::clock::monotonic_ns();
     let ended_ns = process.is_none().then_some(taken_ns);
-    Some(Child { pid: credentials.pid(), process, memory, taken_ns, ended_ns })
+    Some(Child { pid: credentials.pid(), process, memory: Memory::Held(memory), taken_ns, ended_ns })
 }
 
 /// A descriptor of the process at the other end of `connection`, which

@@ -339,7 +339,7 @@ impl Patched {
         // From here on a failure puts back what was patched and unmaps this.
         patched.memory = Some(memory);
         if how.follow_forks {
-            let children = Children::listen(owner(pid)?, geometry.shared_bytes())
+            let children = Children::listen(owner(pid)?, geometry, shared.remote)
                 .map_err(|e| RemoteError::Unsupported(format!("cannot listen for forked children: {e}")))?;
             config.fork_socket = children.name();
             patched.children = Some(children);
@@ -684,14 +684,11 @@ impl Patched {
         for (child, for_good) in self.children_read.iter_mut().filter(|(_, for_good)| !*for_good) {
             // Ended before this reading: what its memory holds is all it will.
             let ended = child.ended();
-            let mapped = child.view();
-            if let Ok(view) = &mapped {
-                view.calls(if ended { &mut self.ended_children_calls } else { &mut running_calls });
-            }
             // A memory that could not be mapped now (the address space
             // full for a moment) is read again next time.
-            *for_good = ended && mapped.is_ok();
-            all_read &= mapped.is_ok();
+            let read = child.calls(if ended { &mut self.ended_children_calls } else { &mut running_calls });
+            *for_good = ended && read;
+            all_read &= read;
         }
         // Short of a child, the last reading's totals stand (they had its
         // calls): the governor's never go down, to come back in a burst.

@@ -67,6 +67,20 @@ pub struct Totals {
     pub children_unreached: u64,
 }
 
+impl Totals {
+    /// About how many bytes of proftap's memory they take.
+    pub fn bytes(&self) -> u64 {
+        let thread = |t: &ThreadTotals| {
+            t.nodes.len() * size_of::<Node>()
+                + t.calls.len() * size_of::<u64>()
+                + t.open.len() * size_of::<Frame>()
+                + t.regions.len() * size_of::<RegionTotal>()
+                + size_of::<ThreadTotals>()
+        };
+        self.threads.iter().map(thread).sum::<usize>() as u64
+    }
+}
+
 /// Why the shared memory cannot be believed.
 fn corrupted(why: String) -> String {
     format!("the target corrupted proftap's buffers ({why}); what it wrote cannot be believed")

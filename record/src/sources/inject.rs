@@ -8,7 +8,7 @@ use crate::trace::TraceKeeper;
 use proftap_probes::arcs;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::Patched;
-use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, ThreadTotals, TotalsView};
+use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, ThreadTotals, Totals, TotalsView};
 use proftap_probes::inject::threads::{Conversion, Cost, RegionSum, add_regions, thread_profile};
 use proftap_probes::inject::watch::{CallTrace, Judge, Unpatched, Watch, Watched};
 use proftap_probes::lines::LinePlan;
@@ -159,7 +159,7 @@ impl InjectSource {
         let off_cpu = off_cpu.as_ref();
         // Calls in progress at an exec never return: they end with the image.
         let image_end = ProcessEnd { ns: replaced.map_or(end_ns, |ns| ns.min(end_ns)), ended: false };
-        read.add(self.pid, view, &how, image_end, off_cpu, names).map_err(RecordError::Corrupted)?;
+        read.add(self.pid, view.totals().map_err(RecordError::Corrupted)?, &how, image_end, off_cpu, names);
         if let Some(error) = retired.error {
             return Err(RecordError::Corrupted(error));
         }
@@ -169,8 +169,7 @@ impl InjectSource {
         for child in children {
             // Its calls in progress when it ended end then: they never return.
             let end = child.ended_ns.map_or(ProcessEnd { ns: end_ns, ended: false }, |ns| ProcessEnd { ns: ns.min(end_ns), ended: true });
-            let outcome = child.view().map_err(|e| format!("cannot map its memory: {e}"));
-            if let Err(error) = outcome.and_then(|view| read.add(child.pid, &view, &how, end, off_cpu, names)) {
+            if let Err(error) = child.totals().map(|totals| read.add(child.pid, totals, &how, end, off_cpu, names)) {
                 notes.push(Finding::ChildNotRead { pid: child.pid, error }.into());
             }
         }
@@ -326,18 +325,17 @@ impl Read {
         }
     }
 
-    /// Adds process `pid`'s totals, read through `view`, with each thread's
-    /// time off CPU from `off_cpu`, its calls in progress ending at `end`.
+    /// Adds process `pid`'s `totals`, with each thread's time off CPU from
+    /// `off_cpu`, its calls in progress ending at `end`.
     fn add(
         &mut self,
         pid: i32,
-        view: &TotalsView,
+        totals: Totals,
         how: &Conversion<'_>,
         end: ProcessEnd,
         off_cpu: Option<&OffCpuSnapshot<'_>>,
         names: &dyn Fn(u32) -> String,
-    ) -> Result<(), String> {
-        let totals = view.totals()?;
+    ) {
         let profile = |t: &ThreadTotals| {
             let entry = off_cpu.and_then(|o| o.entry(t.tid));
             // A thread of a process that ended left its CPU for the last time as it ended.
@@ -356,7 +354,6 @@ impl Read {
         self.hooks_missed = self.hooks_missed.saturating_add(totals.unseated_hooks);
         self.unpaired_returns = self.unpaired_returns.saturating_add(totals.unseated_returns);
         self.children_unreached = self.children_unreached.saturating_add(totals.children_unreached);
-        Ok(())
     }
 }
 

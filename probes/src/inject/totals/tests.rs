@@ -95,8 +95,12 @@ impl Local {
     }
 
     fn with(geometry: Geometry, fork_socket: [u8; 32]) -> Local {
+        Local::with_shared(geometry, fork_socket, map(geometry.shared_bytes() as usize))
+    }
+
+    /// A runtime whose shared memory is `shared` (mapped, of the geometry's size).
+    fn with_shared(geometry: Geometry, fork_socket: [u8; 32], shared: *mut u8) -> Local {
         let (functions, blocks) = (geometry.functions, geometry.blocks);
-        let shared = map(geometry.shared_bytes() as usize);
         let private = map(geometry.private_bytes() as usize);
         let live = Box::new([1u64, 0]);
         let code_len = CODE_ROOM.next_multiple_of(4096);
@@ -488,9 +492,10 @@ fn a_forked_child_not_followed_runs_unrecorded_and_returns_right() {
 /// their memory to a listener, and a stack for its calls.
 fn ready_to_fork() -> (Geometry, Children, Local, Stack) {
     let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
+    let shared = map(geometry.shared_bytes() as usize);
     // SAFETY: getuid has no preconditions.
-    let children = Children::listen(unsafe { libc::getuid() }, geometry.shared_bytes()).expect("a socket");
-    let rt = Local::with_fork_socket(1, 4, children.name());
+    let children = Children::listen(unsafe { libc::getuid() }, geometry, shared as u64).expect("a socket");
+    let rt = Local::with_shared(geometry, children.name(), shared);
     (geometry, children, rt, Stack::new())
 }
 
@@ -529,7 +534,7 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
     assert_eq!(refused, 0);
     let [child] = <[_; 1]>::try_from(views).ok().expect("one child");
     assert_eq!(child.pid, std::process::id() as i32);
-    let totals = child.view().expect("its memory").totals().expect("its totals");
+    let totals = child.totals().expect("its totals");
     assert_eq!(totals.threads.len(), 1);
     assert_eq!(totals.threads[0].calls, [1]);
     assert_eq!(totals.threads[0].nodes[1..], nodes[1..]);
