@@ -289,7 +289,7 @@ fn finding_sentence(finding: &Finding) -> String {
             proftap_probes::inject::children::MOST_CHILDREN
         ),
         Finding::ChildrenUnreached { children } => format!(
-            "{} not recorded: {} could not hand {} memory over to proftap (a process in a network namespace of its own cannot reach it), so {} calls are in no count; --engine uprobe follows such processes with kernel probes",
+            "{} not recorded: {} could not hand {} memory over to proftap (a process in network and mount namespaces of its own cannot reach it), so {} calls are in no count; --engine uprobe follows such processes with kernel probes",
             counted(*children, "forked process was", "forked processes were"),
             if *children == 1 { "it" } else { "they" },
             if *children == 1 { "its" } else { "their" },

@@ -462,31 +462,47 @@ static inline int waits_for_proftap(const struct config *c, u64 pid)
     return !c->off_cpu || pid >= c->off_cpu_entries;
 }
 
-/* A socket connected to proftap's, or -1. proftap knows the child by the
- * socket's peer, as the kernel does, even once it has ended. */
-FORK_CODE static long reach_proftap(const struct config *c)
+/* A socket connected to `address` (`length` bytes of it), or -1. */
+FORK_CODE static long connected(const struct config *c, const void *address, long length)
 {
     long sock = syscall6(SYS_socket, 1 /* AF_UNIX */, 5 /* SOCK_SEQPACKET */ | 0x80000 /* SOCK_CLOEXEC */, 0, 0, 0, 0);
     if (sock < 0)
         return -1;
-    struct {
-        unsigned short family;
-        char path[1 + FORK_SOCKET_NAME];
-    } address;
-    address.family = 1;
-    address.path[0] = 0; /* abstract */
-    for (int i = 0; i < FORK_SOCKET_NAME; i++)
-        address.path[1 + i] = c->fork_socket[i];
     long timeout[2] = {5, 0};
     if (waits_for_proftap(c, (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0)))
         syscall6(SYS_setsockopt, sock, 1 /* SOL_SOCKET */, 20 /* SO_RCVTIMEO */, (long)timeout, sizeof timeout, 0);
     syscall6(SYS_setsockopt, sock, 1, 21 /* SO_SNDTIMEO */, (long)timeout, sizeof timeout, 0);
+    if (syscall6(SYS_connect, sock, (long)address, length, 0, 0, 0) == 0)
+        return sock;
+    syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
+    return -1;
+}
+
+/* A socket connected to proftap's, or -1: by its abstract name, else (a
+ * child in a network namespace of its own, where abstract names are
+ * another's) by its path. proftap knows the child by the socket's peer, as
+ * the kernel does, even once it has ended. */
+FORK_CODE static long reach_proftap(const struct config *c)
+{
+    struct {
+        unsigned short family;
+        char path[FORK_SOCKET_PATH];
+    } address;
+    address.family = 1; /* AF_UNIX */
+    address.path[0] = 0; /* abstract */
+    for (int i = 0; i < FORK_SOCKET_NAME; i++)
+        address.path[1 + i] = c->fork_socket[i];
     /* The length names the abstract address: no padding in it. */
-    if (syscall6(SYS_connect, sock, (long)&address, sizeof address.family + 1 + FORK_SOCKET_NAME, 0, 0, 0) != 0) {
-        syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
-        return -1;
+    long sock = connected(c, &address, sizeof address.family + 1 + FORK_SOCKET_NAME);
+    if (sock >= 0 || !c->fork_path[0])
+        return sock;
+    int length = 0;
+    for (; length < FORK_SOCKET_PATH - 1 && c->fork_path[length]; length++) {
+        address.path[length] = c->fork_path[length];
+        NOT_A_MEMCPY();
     }
-    return sock;
+    address.path[length] = 0;
+    return connected(c, &address, sizeof address.family + length + 1);
 }
 
 /* Sends the memfd to proftap over `sock` (see reach_proftap); the child

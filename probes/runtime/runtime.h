@@ -67,6 +67,9 @@ typedef unsigned int u32;
 
 /* Bytes of the name of the socket a forked child sends its memory to. */
 #define FORK_SOCKET_NAME 32
+/* Bytes of the path of the same socket's second address (a Unix socket's
+ * sun_path, with its terminating 0). */
+#define FORK_SOCKET_PATH 108
 
 /* Written by proftap into each copy of the runtime. */
 struct config {
@@ -91,6 +94,9 @@ struct config {
     char fork_socket[FORK_SOCKET_NAME];
     u64 regions;        /* regions timed (their hooks pass an index below) */
     u64 regions_offset; /* where a block's struct regions is in it */
+    /* The same socket's path, for a child in a network namespace of its
+     * own, where abstract names are not proftap's (first byte 0: none). */
+    char fork_path[FORK_SOCKET_PATH];
 };
 
 struct header {
@@ -109,8 +115,8 @@ struct header {
      * blocks are then taken with a compare-and-swap (see take_block_busy). */
     u64 shared_seats;
     /* Forked children that could not hand their memory over to proftap
-     * (one in a network namespace of its own, where proftap's abstract
-     * socket name is not, cannot reach it): counted here, in their
+     * (one in network and mount namespaces of its own reaches neither
+     * its socket's abstract name nor its path): counted here, in their
      * parent's memory, before they run on unrecorded. */
     u64 children_unreached;
     /* The return address each site trampoline stands for, 0 while free:

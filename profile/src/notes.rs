@@ -286,8 +286,9 @@ pub enum Finding {
         children: u64,
     },
     /// Forked children that could not hand their memory over to proftap
-    /// (its socket is named in the target's network namespace; or the
-    /// memory could not be made), and ran unrecorded: their calls are in
+    /// (one in network and mount namespaces of its own reaches neither
+    /// its socket's name nor its path; or the memory could not be made),
+    /// and ran unrecorded: their calls are in
     /// no count.
     ChildrenUnreached {
         /// How many.

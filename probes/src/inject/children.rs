@@ -1,10 +1,13 @@
 //! Forked children of a patched process. A child inherits the patched code
 //! and, at its first call into the runtime, makes shared memory of its own
 //! and sends it here, on an abstract socket whose name the runtime's
-//! configuration holds (see `adopt` in `probes/runtime/runtime.c`). Each
-//! child's totals are then read like the parent's, as a process of their own.
+//! configuration holds (see `adopt` in `probes/runtime/runtime.c`), or,
+//! from a network namespace of its own (where abstract names are
+//! another's), on a second socket bound to a path in a directory of its
+//! own. Each child's totals are then read like the parent's, as a process
+//! of their own.
 //!
-//! Anyone on the machine can connect to an abstract socket: a sender must
+//! Anyone on the machine can connect to either socket: a sender must
 //! be of the target's user (or root), send one memfd of the expected size,
 //! which is sealed against shrinking before it is mapped; what it holds is
 //! read as any target's memory is, checked. The memory of at most
@@ -20,7 +23,7 @@
 
 use super::reading::{Totals, TotalsView};
 use super::remote::Shared;
-use super::totals::Geometry;
+use super::totals::{Geometry, SocketPath};
 use nix::cmsg_space;
 use nix::errno::Errno;
 use nix::sys::socket::{
@@ -194,7 +197,10 @@ impl Received {
 /// The socket forked children send their memory to, and what came.
 pub struct Children {
     name: [u8; NAME_BYTES],
-    listener: Arc<OwnedFd>,
+    /// The second socket's path, and the directory that holds it.
+    path: Option<(SocketPath, tempfile::TempDir)>,
+    /// The abstract socket, then the one with a path.
+    listeners: Arc<Vec<OwnedFd>>,
     received: Arc<Mutex<Received>>,
     accepting: Option<JoinHandle<()>>,
 }
@@ -205,17 +211,20 @@ impl Children {
     pub fn listen(uid: u32, geometry: Geometry, remote: u64) -> io::Result<Children> {
         crate::target::raise_open_files_limit();
         let name = random_name()?;
-        let listener = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
-        bind(listener.as_raw_fd(), &UnixAddr::new_abstract(&name)?)?;
-        listen(&listener, Backlog::new(128)?)?;
-        let listener = Arc::new(listener);
+        let mut listeners = vec![listening_at(&UnixAddr::new_abstract(&name)?)?];
+        // Without it, a child in a network namespace of its own is counted, not recorded.
+        let path = listening_at_a_path().ok().map(|(path, dir, listener)| {
+            listeners.push(listener);
+            (path, dir)
+        });
+        let listeners = Arc::new(listeners);
         let received = Arc::new(Mutex::new(Received::default()));
         let accepting = {
-            let listener = listener.clone();
+            let listeners = listeners.clone();
             let memories = ChildMemories { received: received.clone(), geometry, remote };
-            std::thread::Builder::new().name("proftap-forks".into()).spawn(move || accept_children(&listener, uid, &memories))?
+            std::thread::Builder::new().name("proftap-forks".into()).spawn(move || accept_children(&listeners, uid, &memories))?
         };
-        Ok(Children { name, listener, received, accepting: Some(accepting) })
+        Ok(Children { name, path, listeners, received, accepting: Some(accepting) })
     }
 
     /// The socket's name, for the runtime's configuration.
@@ -223,10 +232,16 @@ impl Children {
         self.name
     }
 
+    /// The second socket's path, for the runtime's configuration (all
+    /// zero: none).
+    pub fn path(&self) -> SocketPath {
+        self.path.as_ref().map_or_else(SocketPath::default, |(path, _)| *path)
+    }
+
     /// Stops taking children: a child that forks from now on runs unrecorded.
     pub fn stop(&mut self) {
         // Wakes the accepting thread (accept on a shut down listener fails).
-        let _ = shutdown(self.listener.as_raw_fd(), Shutdown::Both);
+        shut_down(&self.listeners);
         if let Some(thread) = self.accepting.take() {
             let _ = thread.join();
         }
@@ -312,6 +327,41 @@ impl Drop for Children {
     }
 }
 
+/// A socket listening at `address` for children.
+fn listening_at(address: &UnixAddr) -> io::Result<OwnedFd> {
+    let listener = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
+    bind(listener.as_raw_fd(), address)?;
+    listen(&listener, Backlog::new(128)?)?;
+    Ok(listener)
+}
+
+/// A socket listening at a path in a new directory of the temporary one,
+/// that any process may reach (as the abstract name): what connects is
+/// checked as it is there. The directory lists nothing but to its owner.
+fn listening_at_a_path() -> io::Result<(SocketPath, tempfile::TempDir, OwnedFd)> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new().prefix("proftap-forks-").tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
+    let path = dir.path().join("children");
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= SocketPath::BYTES || bytes.contains(&0) {
+        return Err(io::Error::other("the temporary directory's path is too long for a socket"));
+    }
+    let listener = listening_at(&UnixAddr::new(&path)?)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    let mut named = SocketPath::default();
+    named.0[..bytes.len()].copy_from_slice(bytes);
+    Ok((named, dir, listener))
+}
+
+/// Shuts `listeners` down: children are refused from now on.
+fn shut_down(listeners: &[OwnedFd]) {
+    for listener in listeners {
+        let _ = shutdown(listener.as_raw_fd(), Shutdown::Both);
+    }
+}
+
 /// `proftap-` and 24 random hex digits: not to be guessed before it exists.
 fn random_name() -> io::Result<[u8; NAME_BYTES]> {
     let mut random = [0u8; 12];
@@ -324,14 +374,16 @@ fn random_name() -> io::Result<[u8; NAME_BYTES]> {
 
 /// Takes children as they connect, and notes when each one taken ends,
 /// until the listener is shut down.
-fn accept_children(listener: &OwnedFd, uid: u32, memories: &ChildMemories) {
+fn accept_children(listeners: &[OwnedFd], uid: u32, memories: &ChildMemories) {
     let received = &memories.received;
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
     // Children taken and not yet seen to end, by their place in `received`.
     let mut watched: Vec<(usize, OwnedFd)> = Vec::new();
     loop {
-        let mut ready = std::iter::once(listener.as_fd())
+        let mut ready = listeners
+            .iter()
+            .map(|listener| listener.as_fd())
             .chain(watched.iter().map(|(_, process)| process.as_fd()))
             .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
             .collect::<Vec<_>>();
@@ -339,13 +391,14 @@ fn accept_children(listener: &OwnedFd, uid: u32, memories: &ChildMemories) {
             Ok(_) | Err(Errno::EINTR) => {}
             // Children are refused from now on, at once rather than at their timeout.
             Err(_) => {
-                let _ = shutdown(listener.as_raw_fd(), Shutdown::Both);
+                shut_down(listeners);
                 break;
             }
         }
         let now = super::clock::monotonic_ns();
-        let listener_ready = ready[0].any().unwrap_or(true);
-        let ended: Vec<bool> = ready[1..].iter().map(|fd| fd.any().unwrap_or(false)).collect();
+        let (listening, watching) = ready.split_at(listeners.len());
+        let listeners_ready: Vec<bool> = listening.iter().map(|fd| fd.any().unwrap_or(true)).collect();
+        let ended: Vec<bool> = watching.iter().map(|fd| fd.any().unwrap_or(false)).collect();
         drop(ready);
         if ended.contains(&true) {
             let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
@@ -358,7 +411,9 @@ fn accept_children(listener: &OwnedFd, uid: u32, memories: &ChildMemories) {
                 !gone
             });
         }
-        if listener_ready && !accept_child(listener, uid, memories, &mut watched) {
+        let ready = listeners.iter().zip(listeners_ready).filter(|(_, ready)| *ready);
+        if !ready.fold(true, |open, (listener, _)| open && accept_child(listener, uid, memories, &mut watched)) {
+            shut_down(listeners);
             break;
         }
     }

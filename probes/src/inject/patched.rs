@@ -342,6 +342,7 @@ impl Patched {
             let children = Children::listen(owner(pid)?, geometry, shared.remote)
                 .map_err(|e| RemoteError::Unsupported(format!("cannot listen for forked children: {e}")))?;
             config.fork_socket = children.name();
+            config.fork_path = children.path();
             patched.children = Some(children);
         }
         let region_trampoline = patched.apply_groups(&remote, groups, &config, &hook_sites, functions.len(), &mut refused)?;

@@ -90,6 +90,25 @@ pub struct Config {
     pub regions: u64,
     /// Where a block's regions are in it.
     pub regions_offset: u64,
+    /// A path of the same socket, for a child in a network namespace of
+    /// its own (all zero: none).
+    pub fork_path: SocketPath,
+}
+
+/// A Unix socket's path as `sockaddr_un` holds it, 0-terminated.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketPath(pub [u8; SocketPath::BYTES]);
+
+impl SocketPath {
+    /// `FORK_SOCKET_PATH` in runtime.h: `sun_path`'s size.
+    pub const BYTES: usize = 108;
+}
+
+impl Default for SocketPath {
+    fn default() -> Self {
+        SocketPath([0; SocketPath::BYTES])
+    }
 }
 
 /// The live word while calls are recorded (`LIVE_RECORDING` in runtime.h);
@@ -132,8 +151,8 @@ pub struct Header {
     /// it where no thread can be made so unseen.
     pub shared_seats: u64,
     /// Forked children that could not hand their memory over to proftap
-    /// (one in a network namespace of its own cannot reach it): counted in
-    /// their parent's memory, they ran unrecorded.
+    /// (one in network and mount namespaces of its own cannot reach it):
+    /// counted in their parent's memory, they ran unrecorded.
     pub children_unreached: u64,
 }
 
