@@ -63,6 +63,10 @@ __attribute__((used)) const u64 proftap_layout[] = {
     SITE_BYTES,
     CALL_BEFORE_TRAMPOLINE,
     sizeof(struct seat) * SEATS + SEAT_WORDS * 8, /* where the private blocks start */
+    FORK_SOCKET_NAME,
+    FORK_SOCKET_PATH,
+    __builtin_offsetof(struct config, fork_path),
+    __builtin_offsetof(struct header, children_unreached),
 };
 
 static inline u64 rdtsc(void)
@@ -292,8 +296,9 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
  * live word reads LIVE_CHILD. At its first call into the runtime it makes
  * shared memory of its own, carrying over the forking thread's block (its
  * calling contexts with no calls yet, its frames in progress timed from
- * now), maps it where the parent's was and hands it to proftap. If any of
- * that fails, the child runs unrecorded, its returns still right. */
+ * now), reaches proftap's socket, maps the memory where the parent's was
+ * and hands it to proftap. If any of that fails, the child runs
+ * unrecorded, its returns still right. */
 
 #define SYS_close 3
 #define SYS_mmap 9
@@ -462,24 +467,27 @@ static inline int waits_for_proftap(const struct config *c, u64 pid)
     return !c->off_cpu || pid >= c->off_cpu_entries;
 }
 
-/* A socket connected to `address` (`length` bytes of it), or -1. */
+/* A socket connected to `address` (`length` bytes of it), or -errno. */
 FORK_CODE static long connected(const struct config *c, const void *address, long length)
 {
     long sock = syscall6(SYS_socket, 1 /* AF_UNIX */, 5 /* SOCK_SEQPACKET */ | 0x80000 /* SOCK_CLOEXEC */, 0, 0, 0, 0);
     if (sock < 0)
-        return -1;
+        return sock;
     long timeout[2] = {5, 0};
     if (waits_for_proftap(c, (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0)))
         syscall6(SYS_setsockopt, sock, 1 /* SOL_SOCKET */, 20 /* SO_RCVTIMEO */, (long)timeout, sizeof timeout, 0);
     syscall6(SYS_setsockopt, sock, 1, 21 /* SO_SNDTIMEO */, (long)timeout, sizeof timeout, 0);
-    if (syscall6(SYS_connect, sock, (long)address, length, 0, 0, 0) == 0)
+    long error = syscall6(SYS_connect, sock, (long)address, length, 0, 0, 0);
+    if (error == 0)
         return sock;
     syscall6(SYS_close, sock, 0, 0, 0, 0, 0);
-    return -1;
+    return error < 0 ? error : -1;
 }
 
-/* A socket connected to proftap's, or -1: by its abstract name, else (a
- * child in a network namespace of its own, where abstract names are
+#define ECONNREFUSED 111
+
+/* A socket connected to proftap's, or -errno: by its abstract name, else
+ * (a child in a network namespace of its own, where abstract names are
  * another's) by its path. proftap knows the child by the socket's peer, as
  * the kernel does, even once it has ended. */
 FORK_CODE static long reach_proftap(const struct config *c)
@@ -623,27 +631,30 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     /* Sealing allowed: proftap seals it against shrinking before it maps it. */
     long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
     int made = memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_memory(c, memfd, own, first);
-    /* proftap is given the memory while the parent's is still mapped: a
-     * child that cannot make it, or reach proftap (one in a network
-     * namespace of its own, where its socket's abstract name is not), is
-     * counted there, and runs unrecorded. */
+    /* proftap is reached while the parent's memory is still mapped: a
+     * child that cannot reach it (one in a network and a mount namespace
+     * of its own) is counted there, and runs unrecorded. Refused at the
+     * socket's path, which it found, it came as proftap stopped taking
+     * children: it is not followed, as it would not be later. */
     long sock = made ? reach_proftap(c) : -1;
-    if (sock < 0 || !hand_over(c, sock, memfd))
+    if (sock < 0 && !(c->fork_path[0] && sock == -ECONNREFUSED))
         __atomic_fetch_add(&header(c)->children_unreached, 1, __ATOMIC_RELAXED);
     /* Mapped over the parent's, in one step: nothing the child does from
      * here on reaches the parent's. (Moving it there with mremap costs the
      * kernel five times more, walking the 132 GiB, and is no safer: where
      * the kernel runs out of memory making either, one before 6.12 leaves
-     * nothing mapped there, and the child's next call faults.) Where the
-     * mapping fails, proftap holds a memory no call of the child reaches. */
-    else if (syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
+     * nothing mapped there, and the child's next call faults.) Then it is
+     * handed over: proftap knows no child that does not map its memory. */
+    if (sock >= 0 && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
         if (own && first != index) {
             move_private_block(c, index, first);
             own->block = first + 1;
         }
-        outcome = LIVE_RECORDING;
-        if (own)
-            start_carried_frames(c, shared_block(c, first));
+        if (hand_over(c, sock, memfd)) {
+            outcome = LIVE_RECORDING;
+            if (own)
+                start_carried_frames(c, shared_block(c, first));
+        }
     }
     if (memfd >= 0)
         syscall6(SYS_close, memfd, 0, 0, 0, 0, 0);

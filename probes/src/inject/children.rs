@@ -46,7 +46,7 @@ pub const MOST_HELD_CHILDREN: usize = 4096;
 
 /// How many ended children's memory is read and let go at once: reading
 /// one takes tens of microseconds, while children wait to be taken.
-const LET_GO_AT_ONCE: usize = 256;
+const LET_GO_AT_ONCE: usize = 64;
 
 /// Most bytes of totals kept of children whose memory was let go: a
 /// shell's child takes a few kilobytes, so hundreds of thousands fit.
@@ -413,7 +413,13 @@ fn accept_children(listeners: &[OwnedFd], uid: u32, memories: &ChildMemories) {
         }
         let ready = listeners.iter().zip(listeners_ready).filter(|(_, ready)| *ready);
         if !ready.fold(true, |open, (listener, _)| open && accept_child(listener, uid, memories, &mut watched)) {
+            // Children that connected before are taken, from every listener
+            // (a shut down listener gives those it holds, then fails): a
+            // recording that ends before this thread had its turn loses none.
             shut_down(listeners);
+            for listener in listeners {
+                while accept_child(listener, uid, memories, &mut watched) {}
+            }
             break;
         }
     }

@@ -39,6 +39,10 @@ fn the_c_and_rust_views_of_the_memory_agree() {
         SITE_BYTES,
         CALL_BEFORE_TRAMPOLINE,
         Geometry::PRIVATE_BLOCKS,
+        crate::inject::children::NAME_BYTES as u64,
+        SocketPath::BYTES as u64,
+        std::mem::offset_of!(Config, fork_path) as u64,
+        std::mem::offset_of!(Header, children_unreached) as u64,
     ];
     for (i, &value) in expected.iter().enumerate() {
         assert_eq!(layout_word(i), value, "layout word {i}");
@@ -95,11 +99,13 @@ impl Local {
     }
 
     fn with(geometry: Geometry, fork_socket: [u8; 32]) -> Local {
-        Local::with_shared(geometry, fork_socket, map(geometry.shared_bytes() as usize))
+        Local::with_shared(geometry, (fork_socket, SocketPath::default()), map(geometry.shared_bytes() as usize))
     }
 
-    /// A runtime whose shared memory is `shared` (mapped, of the geometry's size).
-    fn with_shared(geometry: Geometry, fork_socket: [u8; 32], shared: *mut u8) -> Local {
+    /// A runtime whose forked children hand their memory to the socket
+    /// of name and path `fork_socket`, and whose shared memory is `shared`
+    /// (mapped, of the geometry's size).
+    fn with_shared(geometry: Geometry, fork_socket: ([u8; 32], SocketPath), shared: *mut u8) -> Local {
         let (functions, blocks) = (geometry.functions, geometry.blocks);
         let private = map(geometry.private_bytes() as usize);
         let live = Box::new([1u64, 0]);
@@ -119,7 +125,8 @@ impl Local {
             trace_offset: geometry.trace_offset(),
             regions: geometry.regions,
             regions_offset: geometry.regions_offset(),
-            fork_socket,
+            fork_socket: fork_socket.0,
+            fork_path: fork_socket.1,
             ..Config::default()
         };
         let runtime = assemble(code as u64, &config, None).expect("assembles");
@@ -495,8 +502,34 @@ fn ready_to_fork() -> (Geometry, Children, Local, Stack) {
     let shared = map(geometry.shared_bytes() as usize);
     // SAFETY: getuid has no preconditions.
     let children = Children::listen(unsafe { libc::getuid() }, geometry, shared as u64).expect("a socket");
-    let rt = Local::with_shared(geometry, children.name(), shared);
+    let rt = Local::with_shared(geometry, (children.name(), children.path()), shared);
     (geometry, children, rt, Stack::new())
+}
+
+/// A forked child that cannot reach proftap's socket (in network and mount
+/// namespaces of its own: here, a name and a path no one listens at) is
+/// counted in its parent's memory, which it still maps; one that reaches
+/// the socket's path as proftap stops taking children is not followed,
+/// and not counted.
+#[test]
+fn a_forked_child_that_cannot_reach_proftap_is_counted_in_its_parents_memory() {
+    let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
+    let mut nowhere = SocketPath::default();
+    let path = b"/proc/self/no-such-socket";
+    nowhere.0[..path.len()].copy_from_slice(path);
+    let mut rt = Local::with_shared(geometry, (*b"proftap-no-one-listens-at-this-0", nowhere), map(geometry.shared_bytes() as usize));
+    let mut stack = Stack::new();
+    *rt.live = [0, 0];
+    rt.entry(&mut stack.0[50], 0);
+    assert_eq!(rt.live[0], LIVE_STOPPED);
+    assert_eq!(rt.header().children_unreached, 1);
+
+    let (_, mut children, mut rt, mut stack) = ready_to_fork();
+    children.stop();
+    *rt.live = [0, 0];
+    rt.entry(&mut stack.0[50], 0);
+    assert_eq!(rt.live[0], LIVE_STOPPED);
+    assert_eq!(rt.header().children_unreached, 0, "refused as proftap stopped taking children");
 }
 
 #[test]
