@@ -578,11 +578,10 @@ static inline int mapped(long address)
     return address > 0 || address < -4095;
 }
 
-/* Writes the child's first memory into memfd: the header, and the forking
- * thread's block (`own`'s) carried over as block `first`. Only those two
- * places are mapped, for as long as they are written. Returns whether it
- * could. */
-FORK_CODE static int fill_own_memory(const struct config *c, long memfd, const struct seat *own, u64 first)
+/* Writes the header of the child's memory into memfd, `blocks_taken`
+ * blocks taken, from the parent's: only that place is mapped, for as long
+ * as it is written. Returns whether it could. */
+FORK_CODE static int fill_own_header(const struct config *c, long memfd, u64 blocks_taken)
 {
     long at = syscall6(SYS_mmap, 0, c->blocks_offset, 3 /* PROT_READ|PROT_WRITE */, 1 /* MAP_SHARED */, memfd, 0);
     if (!mapped(at))
@@ -605,16 +604,8 @@ FORK_CODE static int fill_own_memory(const struct config *c, long memfd, const s
             to->sites[i] = __atomic_load_n(&from->sites[i], __ATOMIC_RELAXED);
         }
     }
-    to->blocks_taken = own ? first + 1 : 0;
+    to->blocks_taken = blocks_taken;
     syscall6(SYS_munmap, at, c->blocks_offset, 0, 0, 0, 0);
-    if (!own)
-        return 1;
-    u64 offset = c->blocks_offset + first * c->block_bytes;
-    at = syscall6(SYS_mmap, 0, c->block_bytes, 3, 1, memfd, (long)offset);
-    if (!mapped(at))
-        return 0;
-    carry_block((struct block *)at, private_block(c, own->block - 1), own->tid);
-    syscall6(SYS_munmap, at, c->block_bytes, 0, 0, 0, 0);
     return 1;
 }
 
@@ -630,7 +621,7 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     u64 index = own ? own->block - 1 : 0, first = keep_index ? index : 0;
     /* Sealing allowed: proftap seals it against shrinking before it maps it. */
     long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
-    int made = memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_memory(c, memfd, own, first);
+    int made = memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_header(c, memfd, own ? first + 1 : 0);
     /* proftap is reached while the parent's memory is still mapped: a
      * child that cannot reach it (one in a network and a mount namespace
      * of its own) is counted there, and runs unrecorded. Refused at the
@@ -646,6 +637,10 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
      * nothing mapped there, and the child's next call faults.) Then it is
      * handed over: proftap knows no child that does not map its memory. */
     if (sock >= 0 && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
+        /* The forking thread's block is carried over in place: no other
+         * thread of the child calls in meanwhile (they wait for it). */
+        if (own)
+            carry_block(shared_block(c, first), private_block(c, index), own->tid);
         if (own && first != index) {
             move_private_block(c, index, first);
             own->block = first + 1;
