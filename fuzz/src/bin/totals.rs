@@ -15,7 +15,7 @@
 //!   (mod 8192 bytes) for the contexts read, bit 7: a trace ring of
 //!   [`TRACE_SLOTS`] calls per block), then the compensation's costs
 //!   (own and call, wall then CPU);
-//! - the header (`Header`, 8 words);
+//! - the header (`Header`, every word of it);
 //! - for each block: its header (`BlockHeader`, 16 words), its calls by
 //!   function (timed, then made while busy: 8 words each, the first
 //!   `functions` used), its first [`NODES`] nodes, its first [`FRAMES`]
