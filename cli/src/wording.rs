@@ -270,7 +270,7 @@ fn finding_sentence(finding: &Finding) -> String {
             examples(programs)
         ),
         Finding::ForksNotRecorded { pids } => format!(
-            "forked {} {} recorded no calls: {} made no call of a patched function, or could not reach proftap (--engine uprobe follows forked processes with kernel probes)",
+            "forked {} {} recorded no calls: {} made no call of a patched function while proftap took forked children (a child hands its memory over at its first; those that could not are counted apart)",
             if pids.len() == 1 { "process" } else { "processes" },
             examples(&pids.iter().map(i32::to_string).collect::<Vec<_>>()).replace("; ", ", "),
             if pids.len() == 1 { "it" } else { "they" },
