@@ -467,14 +467,15 @@ static inline int waits_for_proftap(const struct config *c, u64 pid)
     return !c->off_cpu || pid >= c->off_cpu_entries;
 }
 
-/* A socket connected to `address` (`length` bytes of it), or -errno. */
-FORK_CODE static long connected(const struct config *c, const void *address, long length)
+/* A socket connected to `address` (`length` bytes of it), or -errno;
+ * with a timeout on receiving where the child is to `wait` for proftap. */
+FORK_CODE static long connected(const void *address, long length, int wait)
 {
     long sock = syscall6(SYS_socket, 1 /* AF_UNIX */, 5 /* SOCK_SEQPACKET */ | 0x80000 /* SOCK_CLOEXEC */, 0, 0, 0, 0);
     if (sock < 0)
         return sock;
     long timeout[2] = {5, 0};
-    if (waits_for_proftap(c, (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0)))
+    if (wait)
         syscall6(SYS_setsockopt, sock, 1 /* SOL_SOCKET */, 20 /* SO_RCVTIMEO */, (long)timeout, sizeof timeout, 0);
     syscall6(SYS_setsockopt, sock, 1, 21 /* SO_SNDTIMEO */, (long)timeout, sizeof timeout, 0);
     long error = syscall6(SYS_connect, sock, (long)address, length, 0, 0, 0);
@@ -490,7 +491,7 @@ FORK_CODE static long connected(const struct config *c, const void *address, lon
  * (a child in a network namespace of its own, where abstract names are
  * another's) by its path. proftap knows the child by the socket's peer, as
  * the kernel does, even once it has ended. */
-FORK_CODE static long reach_proftap(const struct config *c)
+FORK_CODE static long reach_proftap(const struct config *c, int wait)
 {
     struct {
         unsigned short family;
@@ -501,7 +502,7 @@ FORK_CODE static long reach_proftap(const struct config *c)
     for (int i = 0; i < FORK_SOCKET_NAME; i++)
         address.path[1 + i] = c->fork_socket[i];
     /* The length names the abstract address: no padding in it. */
-    long sock = connected(c, &address, sizeof address.family + 1 + FORK_SOCKET_NAME);
+    long sock = connected(&address, sizeof address.family + 1 + FORK_SOCKET_NAME, wait);
     if (sock >= 0 || !c->fork_path[0])
         return sock;
     int length = 0;
@@ -510,14 +511,14 @@ FORK_CODE static long reach_proftap(const struct config *c)
         NOT_A_MEMCPY();
     }
     address.path[length] = 0;
-    return connected(c, &address, sizeof address.family + length + 1);
+    return connected(&address, sizeof address.family + length + 1, wait);
 }
 
-/* Sends the memfd to proftap over `sock` (see reach_proftap); the child
- * goes on at once, unless it is to wait for proftap (waits_for_proftap). */
-FORK_CODE static int hand_over(const struct config *c, long sock, long memfd)
+/* Sends the memfd of child `pid` to proftap over `sock` (see
+ * reach_proftap); the child goes on at once, unless it is to `wait` for
+ * proftap to say it has it (waits_for_proftap). */
+FORK_CODE static int hand_over(long sock, long memfd, u64 pid, int wait)
 {
-    u64 pid = (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
     u64 iov[2] = {(u64)&pid, sizeof pid};
     /* One SCM_RIGHTS message: length 20 (header 16 + one int), level
      * SOL_SOCKET, type SCM_RIGHTS, the descriptor. */
@@ -525,7 +526,7 @@ FORK_CODE static int hand_over(const struct config *c, long sock, long memfd)
     u64 message[7] = {0, 0, (u64)iov, 1, (u64)control, sizeof control, 0};
     char ack = 0;
     return syscall6(SYS_sendmsg, sock, (long)message, 0x4000 /* MSG_NOSIGNAL */, 0, 0, 0) == sizeof pid
-           && (!waits_for_proftap(c, pid) || (syscall6(SYS_recvfrom, sock, (long)&ack, 1, 0, 0, 0) == 1 && ack == 1));
+           && (!wait || (syscall6(SYS_recvfrom, sock, (long)&ack, 1, 0, 0, 0) == 1 && ack == 1));
 }
 
 /* The child's thread that makes its memory, by its kernel thread id (two
@@ -627,7 +628,9 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
      * of its own) is counted there, and runs unrecorded. Refused at the
      * socket's path, which it found, it came as proftap stopped taking
      * children: it is not followed, as it would not be later. */
-    long sock = made ? reach_proftap(c) : -1;
+    u64 pid = (u64)syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
+    int wait = waits_for_proftap(c, pid);
+    long sock = made ? reach_proftap(c, wait) : -1;
     if (sock < 0 && !(c->fork_path[0] && sock == -ECONNREFUSED))
         __atomic_fetch_add(&header(c)->children_unreached, 1, __ATOMIC_RELAXED);
     /* Mapped over the parent's, in one step: nothing the child does from
@@ -645,7 +648,7 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
             move_private_block(c, index, first);
             own->block = first + 1;
         }
-        if (hand_over(c, sock, memfd)) {
+        if (hand_over(sock, memfd, pid, wait)) {
             outcome = LIVE_RECORDING;
             if (own)
                 start_carried_frames(c, shared_block(c, first));

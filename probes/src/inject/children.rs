@@ -184,8 +184,9 @@ impl Received {
                 .try_clone()
                 .map_err(|e| format!("cannot map its memory: {e}"))
                 .and_then(|memory| memories.map(memory).map_err(|e| format!("cannot map its memory: {e}")))
-                .and_then(|view| view.totals());
-            self.let_go_bytes = self.let_go_bytes.saturating_add(totals.as_ref().map_or(0, Totals::bytes));
+                // What a child claims to hold counts against what is kept: past it, its calls are counted, not timed.
+                .and_then(|view| view.totals_within(MOST_LET_GO_BYTES - self.let_go_bytes));
+            self.let_go_bytes = self.let_go_bytes.saturating_add(totals.as_ref().map_or(0, Totals::bytes)).min(MOST_LET_GO_BYTES);
             child.memory = Memory::LetGo(Arc::new(totals));
             child.process = None;
             self.held -= 1;
