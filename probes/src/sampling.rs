@@ -5,7 +5,8 @@
 
 use crate::inject::totals::{RoutineCall, words_pushed};
 use crate::symbols::{
-    DebugSource, ElfImage, KERNEL_IMAGE, KernelSymbols, PerfMap, PerfMapPlace, Segment, SymbolCache, SymbolIndex, demangle_name,
+    DebugSource, ElfImage, FrameReader, KERNEL_IMAGE, KernelSymbols, PerfMap, PerfMapPlace, SectionBytes, Segment, SymbolCache,
+    SymbolIndex, demangle_name,
 };
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
@@ -79,13 +80,13 @@ struct Mapping {
 struct ModuleInfo {
     path: String,
     symbols: Option<Arc<SymbolIndex>>,
+    /// Where its file is opened.
+    open: PathBuf,
+    /// Whether its inlined frames and lines are read.
+    with_lines: bool,
     /// Its debug info, for inlined frames and lines: read at the first
-    /// sample in the module, or taken from `ahead`.
-    lines: std::cell::OnceCell<Option<addr2line::Loader>>,
-    /// Its debug info's reader being built ahead of the samples.
-    ahead: std::cell::Cell<Option<LinesAhead>>,
-    /// Where its debug info is, when it is read.
-    debug: Option<PathBuf>,
+    /// sample in the module.
+    frames: std::cell::OnceCell<Option<(FrameReader, Arc<SymbolIndex>)>>,
     unwind: Option<Arc<UnwindSections>>,
     /// Why its frames cannot be named, when they cannot.
     unknown: Option<String>,
@@ -116,34 +117,6 @@ struct UnwindSections {
     segments: Vec<crate::symbols::Segment>,
 }
 
-/// A section's bytes, in the module's mapped file (or decompressed): the
-/// unwinder is rebuilt with every module at each new mapping, and a copy
-/// of a large program's code each time cost more than its samples. The
-/// file stays mapped, as the debug readers' files do: one overwritten in
-/// place (not replaced) while mapped faults here, as it does in the program.
-#[derive(Clone)]
-enum SectionBytes {
-    InFile(Arc<ElfImage>, std::ops::Range<usize>),
-    Decompressed(Arc<[u8]>),
-}
-
-/// No bytes (what framehop fills the sections a module lacks with).
-impl Default for SectionBytes {
-    fn default() -> Self {
-        SectionBytes::Decompressed(Arc::from([]))
-    }
-}
-
-impl std::ops::Deref for SectionBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            SectionBytes::InFile(image, range) => image.data().get(range.clone()).unwrap_or_default(),
-            SectionBytes::Decompressed(bytes) => bytes,
-        }
-    }
-}
-
 /// The file that holds the debug info of module `index`, opened at `open`.
 fn debug_file(index: &SymbolIndex, open: &Path) -> Option<PathBuf> {
     match &index.debug {
@@ -153,52 +126,32 @@ fn debug_file(index: &SymbolIndex, open: &Path) -> Option<PathBuf> {
     }
 }
 
-/// A module's debug info reader, built on a thread of its own before the
-/// program runs: the program's is needed from its first samples, and a
-/// large program's took tens of milliseconds of the sampler's time while
-/// the program ran (or after it ended, for a short one).
-pub struct LinesAhead {
-    debug: PathBuf,
-    reader: std::thread::JoinHandle<Option<addr2line::Loader>>,
-}
-
-impl LinesAhead {
-    /// Starts building the reader of the debug info of the program at
-    /// `path`, as `symbols` found it; `None` when it has none.
-    pub fn start(symbols: &SymbolCache, path: &Path) -> Option<LinesAhead> {
-        let debug = debug_file(&*symbols.names(path, path).ok()?, path)?;
-        let file = debug.clone();
-        let builder = std::thread::Builder::new().name("proftap-lines".into());
-        let reader = builder.spawn(move || addr2line::Loader::new(&file).ok()).ok()?;
-        Some(LinesAhead { debug, reader })
-    }
-}
-
 impl ModuleInfo {
     /// What proftap knows of module `path`, opened at `open`; its debug info
-    /// read for inlined frames and lines when `with_lines` (by the reader
-    /// in `ahead` that reads its file, if one does).
-    fn load(path: &str, open: &Path, cache: &SymbolCache, with_lines: bool, ahead: &mut Vec<LinesAhead>) -> ModuleInfo {
+    /// read for inlined frames and lines when `with_lines`.
+    fn load(path: &str, open: &Path, cache: &SymbolCache, with_lines: bool) -> ModuleInfo {
         let symbols = cache.names(Path::new(path), open).ok();
         let unknown = match &symbols {
             None => Some(format!("no symbols in {path}")),
             Some(_) => None,
         };
-        let debug = symbols.as_ref().and_then(|index| debug_file(index, open));
         let unwind = cache.image(Path::new(path), open).ok().and_then(|image| unwind_sections(&image)).map(Arc::new);
-        let debug = debug.filter(|_| with_lines);
-        let built = ahead.iter().position(|a| Some(&a.debug) == debug.as_ref()).map(|i| ahead.swap_remove(i));
-        let (lines, ahead) = (std::cell::OnceCell::new(), std::cell::Cell::new(built));
-        ModuleInfo { path: path.to_string(), symbols, lines, ahead, debug, unwind, unknown }
+        let open = open.to_path_buf();
+        ModuleInfo { path: path.to_string(), symbols, open, with_lines, frames: std::cell::OnceCell::new(), unwind, unknown }
     }
 
-    /// Its debug info's reader, loaded the first time it is asked for
-    /// (waiting for the one built ahead, if one is).
-    fn lines(&self) -> Option<&addr2line::Loader> {
-        self.lines
-            .get_or_init(|| match self.ahead.take() {
-                Some(ahead) => ahead.reader.join().ok().flatten(),
-                None => self.debug.as_ref().and_then(|debug| addr2line::Loader::new(debug).ok()),
+    /// Its debug info's reader and the symbol index that says where each of
+    /// its functions is described, read the first time it is asked for
+    /// (the index is usually the one the recording read already).
+    fn frames(&self, cache: &SymbolCache) -> Option<&(FrameReader, Arc<SymbolIndex>)> {
+        self.frames
+            .get_or_init(|| {
+                if !self.with_lines {
+                    return None;
+                }
+                let index = cache.index(Path::new(&self.path), &self.open, false).ok()?;
+                let reader = FrameReader::open(&debug_file(&index, &self.open)?)?;
+                Some((reader, index))
             })
             .as_ref()
     }
@@ -245,15 +198,7 @@ fn unwind_sections(image: &Arc<ElfImage>) -> Option<UnwindSections> {
     let elf = image.parse().ok()?;
     let section = |name: &str| -> Option<(std::ops::Range<u64>, SectionBytes)> {
         let s = elf.section_by_name(name)?;
-        let data = match (s.compressed_data().ok()?.format, s.file_range()) {
-            (object::CompressionFormat::None, Some((offset, size))) => {
-                let start = usize::try_from(offset).ok()?;
-                let end = start.checked_add(usize::try_from(size).ok()?)?;
-                image.data().get(start..end)?;
-                SectionBytes::InFile(image.clone(), start..end)
-            }
-            _ => SectionBytes::Decompressed(s.uncompressed_data().ok()?.into_owned().into()),
-        };
+        let data = SectionBytes::of_section(image, &s).ok()?;
         Some((s.address()..s.address() + s.size(), data))
     };
     Some(UnwindSections {
@@ -451,8 +396,6 @@ pub struct StackResolver {
     /// The modules whose debug info is read for inlined frames and lines
     /// (files identified by device and inode); `None`: every module's.
     lines_of: Option<Vec<(u64, u64)>>,
-    /// Debug info readers built ahead, for the modules not mapped yet.
-    ahead: Vec<LinesAhead>,
     /// When each process that executed a program did, by the wall clock
     /// perf maps are written by.
     executed: FxHashMap<u32, std::time::SystemTime>,
@@ -511,17 +454,9 @@ impl StackResolver {
             kernel_probes: true,
             vdso: None,
             lines_of: None,
-            ahead: Vec::new(),
             executed: FxHashMap::default(),
             jit_places: std::collections::VecDeque::new(),
         }
-    }
-
-    /// The debug info reader `ahead` builds serves the module whose debug
-    /// file it reads, when that module is mapped.
-    pub fn lines_read_ahead(mut self, ahead: Option<LinesAhead>) -> Self {
-        self.ahead.extend(ahead);
-        self
     }
 
     /// No kernel probe is placed in the recording: a sample in the kernel
@@ -580,7 +515,7 @@ impl StackResolver {
                     (Some(modules), Some(file)) => modules.contains(&file),
                     (Some(_), None) => false,
                 };
-                self.modules.push(ModuleInfo::load(path, &open, &self.symbols, with_lines, &mut self.ahead));
+                self.modules.push(ModuleInfo::load(path, &open, &self.symbols, with_lines));
                 self.module_ids.insert(path.to_string(), self.modules.len() - 1);
                 self.modules.len() - 1
             }
@@ -976,25 +911,12 @@ impl StackResolver {
         let function = info.symbols.as_ref().and_then(|s| s.name_at(crate::addr::VirtAddr(vaddr))).map(str::to_string);
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut line = None;
-        if let Some(loader) = info.lines()
-            && let Ok(mut frames) = loader.find_frames(vaddr)
-        {
-            let mut found = Vec::new();
-            while let Ok(Some(frame)) = frames.next() {
-                let name = frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|raw| demangle_name(&raw));
-                // Paths as the function table writes them (no `a/../`), or a file would be two.
-                let location = frame.location.as_ref().and_then(|l| Some((crate::symbols::normalize_path(l.file?.as_ref()), l.line?)));
-                found.push((name, location));
-            }
-            if let Some((_, Some((file, l)))) = found.first() {
-                line = Some((file.clone(), *l));
-            }
-            // Inlined frames are all but the outermost, which is the function itself.
-            for (name, _) in found.iter().take(found.len().saturating_sub(1)) {
-                if let Some(name) = name {
-                    names.push((name.clone(), true));
-                }
-            }
+        if let Some((reader, index)) = info.frames(&self.symbols) {
+            let die = index.function_at(crate::addr::VirtAddr(vaddr)).and_then(|f| f.die);
+            let found = reader.at(vaddr, die);
+            // Paths as the function table writes them (no `a/../`), or a file would be two.
+            line = found.line;
+            names.extend(found.inlined.iter().map(|raw| (demangle_name(raw), true)));
         }
         // Named alike whether the C library's symbols are at hand or not.
         let function = if info.returns_from_a_signal(vaddr) { Some(SIGNAL_RETURN_FRAME.to_string()) } else { function };
@@ -1058,9 +980,9 @@ mod tests {
         let module = ModuleInfo {
             path: "libc.so.6".into(),
             symbols: None,
-            lines: std::cell::OnceCell::new(),
-            ahead: std::cell::Cell::new(None),
-            debug: None,
+            open: PathBuf::from("libc.so.6"),
+            with_lines: false,
+            frames: std::cell::OnceCell::new(),
             unwind: Some(Arc::new(unwind)),
             unknown: None,
         };

@@ -5,10 +5,12 @@
 //! from `/proc/kallsyms` or kept for the boot; and a binary's DWARF, its
 //! symbol table's functions, and what the patch planner judged of its
 //! functions, as kept for the boot;
-//! and a JIT's perf map (`/tmp/perf-PID.map`), which the program writes.
+//! the inlined calls and line of sampled addresses, read from one
+//! function's DWARF entry; and a JIT's perf map (`/tmp/perf-PID.map`),
+//! which the program writes.
 
 use proftap_probes::addr::VirtAddr;
-use proftap_probes::symbols::{DebugDirs, KernelSymbols, LoadOptions, SymbolIndex};
+use proftap_probes::symbols::{DebugDirs, FrameReader, KernelSymbols, LoadOptions, SymbolIndex};
 
 proftap_fuzz::target!(run);
 
@@ -23,8 +25,15 @@ fn run(data: &[u8]) {
     // debug files, or runs would depend on what is installed.
     let options =
         LoadOptions { lines: true, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: false, kept_reads: None };
-    let Ok(index) = proftap_fuzz::with_file("program", data, |path| SymbolIndex::load(path, &options)) else { return };
+    let read =
+        proftap_fuzz::with_file("program", data, |path| SymbolIndex::load(path, &options).map(|index| (index, FrameReader::open(path))));
+    let Ok((index, frames)) = read else { return };
     for function in &index.functions {
+        // What naming a sample in the function reads: its entry, its unit's lines.
+        if let Some(frames) = &frames {
+            let _ = frames.at(function.address.0, function.die);
+            let _ = frames.at(function.address.0.wrapping_add(function.size / 2), None);
+        }
         let _ = index.function_at(function.address);
         let _ = index.function_at(VirtAddr(function.address.0.wrapping_add(function.size)));
         let _ = index.decl_path(function);

@@ -76,6 +76,9 @@ pub struct CompileUnit {
 #[derive(Debug)]
 pub(crate) struct Subprogram {
     pub ranges: Vec<Range<u64>>,
+    /// Where its entry is in `.debug_info`: its inlined calls are read
+    /// from there (`inlined`), not from the whole unit.
+    pub die: Option<u64>,
     pub name: Option<String>,
     pub linkage_name: Option<String>,
     pub decl_file: Option<u32>,
@@ -323,7 +326,7 @@ const MAX_EXPANSION: u64 = 256;
 /// Below this, any claim is allowed: tiny sections compress badly.
 const ALWAYS_ALLOWED: u64 = 1 << 20;
 
-fn section_data<'d>(name: &str, section: &object::read::elf::ElfSection64<'d, '_>) -> Result<Cow<'d, [u8]>, String> {
+pub(super) fn section_data<'d>(name: &str, section: &object::read::elf::ElfSection64<'d, '_>) -> Result<Cow<'d, [u8]>, String> {
     let compressed = section.compressed_data().map_err(|e| format!("section {name}: {e}"))?;
     let limit = (compressed.data.len() as u64).saturating_mul(MAX_EXPANSION).max(ALWAYS_ALLOWED);
     if compressed.format != object::CompressionFormat::None && compressed.uncompressed_size > limit {
@@ -372,6 +375,7 @@ fn read_unit(dwarf: &gimli::Dwarf<Reader<'_>>, unit: &gimli::Unit<Reader<'_>>, r
     let mut unit_name = String::new();
     while !entries.is_empty() {
         let depth = entries.next_depth();
+        let offset = entries.next_offset();
         let Some(abbreviation) = entries.read_abbreviation()? else { continue };
         let tag = abbreviation.tag();
         let wanted =
@@ -391,7 +395,8 @@ fn read_unit(dwarf: &gimli::Dwarf<Reader<'_>>, unit: &gimli::Unit<Reader<'_>>, r
         if ranges.is_empty() {
             continue;
         }
-        let mut sub = Subprogram { ranges, name: None, linkage_name: None, decl_file: None, decl_line: 0 };
+        let die = offset.to_debug_info_offset(&unit.header).map(|o| o.0 as u64);
+        let mut sub = Subprogram { ranges, die, name: None, linkage_name: None, decl_file: None, decl_line: 0 };
         describe(dwarf, unit, &attrs, &table.file_ids, &mut sub, 0);
         reading.info.subprograms.push(sub);
     }
@@ -436,10 +441,10 @@ fn read_rows_of(program: gimli::IncompleteLineProgram<Reader<'_>>, file_ids: &[O
 /// The code of a DIE: `DW_AT_ranges`, or `DW_AT_low_pc` with `DW_AT_high_pc`
 /// as an address or a size. gimli's `die_ranges` adds the size unchecked,
 /// which overflows on a hostile size; here the sum is checked.
-fn code_ranges(
-    dwarf: &gimli::Dwarf<Reader<'_>>,
-    unit: &gimli::Unit<Reader<'_>>,
-    attrs: &[gimli::Attribute<Reader<'_>>],
+pub(super) fn code_ranges<R: gimli::Reader>(
+    dwarf: &gimli::Dwarf<R>,
+    unit: &gimli::Unit<R>,
+    attrs: &[gimli::Attribute<R>],
 ) -> gimli::Result<Vec<Range<u64>>> {
     let (mut low, mut high, mut size) = (None, None, None);
     for attr in attrs {
@@ -530,9 +535,9 @@ fn describe(
 }
 
 /// Interned ids of the unit's line-table files, indexed by DWARF file index.
-fn unit_files(
-    dwarf: &gimli::Dwarf<Reader<'_>>,
-    unit: &gimli::Unit<Reader<'_>>,
+pub(super) fn unit_files<R: gimli::Reader>(
+    dwarf: &gimli::Dwarf<R>,
+    unit: &gimli::Unit<R>,
     comp_dir: Option<&str>,
     files: &mut FileTable,
 ) -> Vec<Option<u32>> {
@@ -544,16 +549,16 @@ fn unit_files(
     let mut ids = vec![None; last as usize];
     for index in first..last {
         let Some(file) = header.file(index) else { continue };
-        let Ok(name) = dwarf.attr_string(unit, file.path_name()) else { continue };
-        let name = name.to_string_lossy();
+        let text = |value| dwarf.attr_string(unit, value).and_then(|s| Ok(s.to_string_lossy()?.into_owned()));
+        let Ok(name) = text(file.path_name()) else { continue };
         let mut path = PathBuf::new();
         if let Some(comp_dir) = comp_dir {
             path.push(comp_dir);
         }
-        if let Some(dir) = file.directory(header).and_then(|d| dwarf.attr_string(unit, d).ok()) {
-            path.push(&*dir.to_string_lossy());
+        if let Some(dir) = file.directory(header).and_then(|d| text(d).ok()) {
+            path.push(dir);
         }
-        path.push(&*name);
+        path.push(name);
         ids[index as usize] = Some(files.intern(normalize_path(&path)));
     }
     ids

@@ -10,6 +10,7 @@ use object::{Endianness, Object, ObjectSegment, ObjectSymbol};
 use serde::Serialize;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What kind of ELF object a file is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -98,6 +99,72 @@ impl FileVersion {
         self.changed_ns
     }
 }
+
+/// A section's bytes: in the mapped file, or decompressed. Clones share
+/// them, and they stay where they are while a clone lives: the file stays
+/// mapped (one overwritten in place, not replaced, while mapped faults
+/// here, as it does in the program), and what was decompressed is kept
+/// once. A large program's code or debug info is not copied for each
+/// reader.
+#[derive(Clone)]
+pub enum SectionBytes {
+    /// A range of the mapped file.
+    InFile(Arc<ElfImage>, std::ops::Range<usize>),
+    /// A compressed section, decompressed.
+    Decompressed(Arc<[u8]>),
+}
+
+impl SectionBytes {
+    /// The bytes of `section` of `image`: decompressed where compressed,
+    /// as far as compression can expand them (a hostile header cannot make
+    /// proftap allocate gigabytes); none where the file holds none.
+    pub fn of_section(
+        image: &Arc<ElfImage>,
+        section: &object::read::elf::ElfSection64<'_, '_, Endianness>,
+    ) -> std::result::Result<Self, String> {
+        use object::ObjectSection;
+        let compressed = section.compressed_file_range().map_err(|e| e.to_string())?;
+        if compressed.format != object::CompressionFormat::None {
+            let bytes = super::dwarf::section_data(section.name().unwrap_or("?"), section)?;
+            return Ok(SectionBytes::Decompressed(bytes.into_owned().into()));
+        }
+        let Some((offset, size)) = section.file_range() else { return Ok(SectionBytes::default()) };
+        let start = usize::try_from(offset).map_err(|e| e.to_string())?;
+        let end = usize::try_from(size).ok().and_then(|size| start.checked_add(size)).filter(|&end| end <= image.data().len());
+        let end = end.ok_or_else(|| format!("section {} reaches past the end of the file", section.name().unwrap_or("?")))?;
+        Ok(SectionBytes::InFile(image.clone(), start..end))
+    }
+}
+
+/// No bytes (what a reader of a section a file lacks reads).
+impl Default for SectionBytes {
+    fn default() -> Self {
+        SectionBytes::Decompressed(Arc::from([]))
+    }
+}
+
+impl std::ops::Deref for SectionBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            SectionBytes::InFile(image, range) => image.data().get(range.clone()).unwrap_or_default(),
+            SectionBytes::Decompressed(bytes) => bytes,
+        }
+    }
+}
+
+impl std::fmt::Debug for SectionBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SectionBytes({} bytes)", self.len())
+    }
+}
+
+// SAFETY: the bytes a `SectionBytes` derefs to are in a mapping or an
+// allocation that its `Arc` keeps, at the same address for as long as
+// any clone lives; moving or cloning the value never moves them.
+unsafe impl stable_deref_trait::StableDeref for SectionBytes {}
+// SAFETY: as above: a clone derefs to the very same bytes.
+unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
 
 impl ElfImage {
     /// Maps `path` and checks that it is a 64-bit ELF file proftap can read.

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// Changes whenever what is kept changes meaning.
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 
 /// Changes with the code that reads the DWARF: what a build reading it
 /// otherwise kept is not read back, whatever version it called itself.
@@ -87,6 +87,7 @@ struct Kept {
 #[derive(Serialize, Deserialize)]
 struct KeptSubprogram {
     ranges: Vec<(u64, u64)>,
+    die: Option<u64>,
     name: Option<String>,
     linkage_name: Option<String>,
     decl_file: Option<u32>,
@@ -259,6 +260,7 @@ impl Kept {
                 .iter()
                 .map(|s| KeptSubprogram {
                     ranges: s.ranges.iter().map(|r| (r.start, r.end)).collect(),
+                    die: s.die,
                     name: s.name.clone(),
                     linkage_name: s.linkage_name.clone(),
                     decl_file: s.decl_file,
@@ -300,6 +302,7 @@ impl Kept {
             .into_iter()
             .map(|s| Subprogram {
                 ranges: s.ranges.into_iter().map(|(start, end)| start..end).collect(),
+                die: s.die,
                 name: s.name,
                 linkage_name: s.linkage_name,
                 decl_file: s.decl_file.map(id),

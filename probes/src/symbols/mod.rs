@@ -7,6 +7,7 @@ mod debuginfod;
 mod demangle;
 mod dwarf;
 mod elf;
+mod inlined;
 mod kept;
 mod kernel;
 mod perf_map;
@@ -15,7 +16,8 @@ pub use cache::SymbolCache;
 pub use debuginfo::{DebugDirs, DebugSource};
 pub use debuginfod::{Debuginfod, FetchProgress, MAX_DOWNLOAD, Unheard};
 pub use dwarf::{CompileUnit, FileTable, LineRow, normalize_path};
-pub use elf::{ElfImage, ElfKind, FileVersion, Segment, file_offset, hex};
+pub use elf::{ElfImage, ElfKind, FileVersion, SectionBytes, Segment, file_offset, hex};
+pub use inlined::{FrameReader, FramesAt};
 pub use kept::kept_file_is_used;
 pub use kernel::{KERNEL_IMAGE, KernelSymbols};
 pub use perf_map::{JitNames, PerfMap, PerfMapPlace};
@@ -89,6 +91,9 @@ pub struct Function {
     pub decl_line: u32,
     /// Whether DWARF describes this function.
     pub has_dwarf: bool,
+    /// Where DWARF describes it: the offset of its entry in `.debug_info`
+    /// of the file [`SymbolIndex::debug`] names.
+    pub die: Option<u64>,
     /// Where the function was found.
     pub origin: SymbolOrigin,
 }
@@ -270,6 +275,7 @@ impl SymbolIndex {
                 match functions.get_mut(&range.start) {
                     Some(f) => {
                         f.has_dwarf = true;
+                        f.die = f.die.or(sub.die);
                         f.decl_file = f.decl_file.or(sub.decl_file);
                         if f.decl_line == 0 {
                             f.decl_line = sub.decl_line;
@@ -296,6 +302,7 @@ impl SymbolIndex {
                                 decl_file: sub.decl_file,
                                 decl_line: sub.decl_line,
                                 has_dwarf: true,
+                                die: sub.die,
                                 origin: SymbolOrigin::Dwarf,
                             },
                         );
@@ -403,6 +410,7 @@ impl Function {
             decl_file: None,
             decl_line: 0,
             has_dwarf: false,
+            die: None,
             origin,
         }
     }

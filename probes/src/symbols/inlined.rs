@@ -1,0 +1,363 @@
+//! The calls inlined at an address and its source line, read from the
+//! DWARF of the one function that holds it.
+//!
+//! addr2line answers the same question by first reading the ranges of
+//! every compilation unit, then every function of the address's unit. A
+//! Rust program's units are whole crates: naming the few hundred
+//! addresses a short run samples cost tens of milliseconds of CPU, taken
+//! from the program on a busy machine or added after it ended
+//! (BENCHMARKS.md). The symbol index already knows where each function's
+//! entry is in `.debug_info`; this reads that entry's children, and the
+//! line table of its unit once.
+
+use super::dwarf::{FileTable, code_ranges, unit_files};
+use super::elf::{ElfImage, SectionBytes};
+use gimli::{AttributeValue, Reader as _, RunTimeEndian, UnitOffset};
+use std::cell::{OnceCell, RefCell};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+type Reader = gimli::EndianReader<RunTimeEndian, SectionBytes>;
+
+/// Inlined calls deeper than this are not followed (hostile DWARF can nest
+/// them without end; real code rarely passes 30).
+const MOST_INLINED: usize = 128;
+
+/// How many `DW_AT_abstract_origin` and `DW_AT_specification` links a name
+/// is followed through, as addr2line does.
+const MOST_NAME_LINKS: usize = 16;
+
+/// What DWARF says of one address.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FramesAt {
+    /// The names of the calls inlined there, innermost first, as the
+    /// binary spells them (mangled where it mangles).
+    pub inlined: Vec<String>,
+    /// Its source file and line.
+    pub line: Option<(String, u32)>,
+}
+
+/// A debug file's DWARF, read one function and one unit at a time.
+pub struct FrameReader {
+    dwarf: gimli::Dwarf<Reader>,
+    /// Every unit's header, in the order of their offsets.
+    headers: Vec<gimli::UnitHeader<Reader>>,
+    /// The units read so far, by their index in `headers` (`None`: damaged).
+    units: RefCell<HashMap<usize, Option<Arc<UnitRead>>>>,
+    /// Which unit holds which code, for code no function entry names.
+    aranges: OnceCell<Vec<(u64, u64, usize)>>,
+}
+
+struct UnitRead {
+    unit: gimli::Unit<Reader>,
+    lines: OnceLock<Option<LineTable>>,
+}
+
+/// A unit's line table: its sequences by address.
+struct LineTable {
+    sequences: Vec<(std::ops::Range<u64>, Vec<Row>)>,
+    files: Vec<Option<String>>,
+}
+
+/// The address a row starts at, its file (index into the table's `files`) and line.
+type Row = (u64, u64, u32);
+
+impl FrameReader {
+    /// Reads the unit headers of the DWARF in the file at `path`.
+    pub fn open(path: &Path) -> Option<FrameReader> {
+        let image = Arc::new(ElfImage::open(path).ok()?);
+        let elf = image.parse().ok()?;
+        let sections = gimli::DwarfSections::load(|id| -> Result<SectionBytes, String> {
+            match object::Object::section_by_name(&elf, id.name()) {
+                Some(section) => SectionBytes::of_section(&image, &section),
+                None => Ok(SectionBytes::default()),
+            }
+        })
+        .ok()?;
+        let dwarf = sections.borrow(|bytes| gimli::EndianReader::new(bytes.clone(), RunTimeEndian::Little));
+        let mut headers = Vec::new();
+        let mut units = dwarf.units();
+        while let Ok(Some(header)) = units.next() {
+            headers.push(header);
+        }
+        Some(FrameReader { dwarf, headers, units: RefCell::default(), aranges: OnceCell::new() })
+    }
+
+    /// The inlined calls and the line at `address`, in the function whose
+    /// entry is at `die` in `.debug_info` (its line alone where no entry is known).
+    pub fn at(&self, address: u64, die: Option<u64>) -> FramesAt {
+        let place = die.and_then(|die| self.unit_holding(die));
+        let unit = match &place {
+            Some((index, _)) => self.unit(*index),
+            None => self.unit_with_code(address).and_then(|index| self.unit(index)),
+        };
+        let Some(unit) = unit else { return FramesAt::default() };
+        let mut inlined = Vec::new();
+        if let Some((_, offset)) = place {
+            // A function's calls as far as they could be read.
+            let _ = self.inlined_calls(&unit.unit, offset, address, &mut inlined);
+            inlined.reverse();
+        }
+        FramesAt { inlined, line: unit.line_at(&self.dwarf, address) }
+    }
+
+    /// The index of the unit holding the entry at `die`, and its offset in that unit.
+    fn unit_holding(&self, die: u64) -> Option<(usize, UnitOffset<usize>)> {
+        let die = gimli::DebugInfoOffset(usize::try_from(die).ok()?);
+        let index = self.headers.partition_point(|h| h.debug_info_offset().is_some_and(|o| o <= die)).checked_sub(1)?;
+        Some((index, die.to_unit_offset(&self.headers[index])?))
+    }
+
+    /// The unit `index`, read once.
+    fn unit(&self, index: usize) -> Option<Arc<UnitRead>> {
+        self.units
+            .borrow_mut()
+            .entry(index)
+            .or_insert_with(|| {
+                let unit = self.dwarf.unit(self.headers.get(index)?.clone()).ok()?;
+                Some(Arc::new(UnitRead { unit, lines: OnceLock::new() }))
+            })
+            .clone()
+    }
+
+    /// The unit `.debug_aranges` says holds the code at `address`.
+    fn unit_with_code(&self, address: u64) -> Option<usize> {
+        let aranges = self.aranges.get_or_init(|| {
+            let mut ranges = Vec::new();
+            let mut headers = self.dwarf.debug_aranges.headers();
+            while let Ok(Some(header)) = headers.next() {
+                let offset = Some(header.debug_info_offset());
+                let unit = self.headers.partition_point(|h| h.debug_info_offset() < offset);
+                if self.headers.get(unit).map(gimli::UnitHeader::debug_info_offset) != Some(offset) {
+                    continue;
+                }
+                let mut entries = header.entries();
+                while let Ok(Some(entry)) = entries.next() {
+                    let range = entry.range();
+                    if range.begin != 0 && range.end > range.begin {
+                        ranges.push((range.begin, range.end, unit));
+                    }
+                }
+            }
+            ranges.sort_unstable();
+            ranges
+        });
+        let i = aranges.partition_point(|(start, _, _)| *start <= address).checked_sub(1)?;
+        let (_, end, unit) = aranges[i];
+        (address < end).then_some(unit)
+    }
+
+    /// Pushes the names of the calls inlined into the function whose entry
+    /// is at `offset` that hold `address`, outermost first: each within the
+    /// one before, directly or in a lexical block (or any other entry that
+    /// is not a function of its own).
+    fn inlined_calls(
+        &self,
+        unit: &gimli::Unit<Reader>,
+        offset: UnitOffset<usize>,
+        address: u64,
+        names: &mut Vec<String>,
+    ) -> gimli::Result<()> {
+        let mut entries = unit.entries_at_offset(offset)?;
+        let Some(function) = entries.next_dfs()? else { return Ok(()) };
+        if function.tag() != gimli::DW_TAG_subprogram {
+            return Ok(());
+        }
+        // The depth of the call (or function) whose subtree is searched, and
+        // of a subtree stepped over (a nested function, a call elsewhere).
+        let mut within = function.depth();
+        let mut over: Option<isize> = None;
+        while let Some(entry) = entries.next_dfs()? {
+            let depth = entry.depth();
+            if depth <= within {
+                break;
+            }
+            if over.is_some_and(|over| depth > over) {
+                continue;
+            }
+            over = None;
+            match entry.tag() {
+                gimli::DW_TAG_subprogram => over = Some(depth),
+                gimli::DW_TAG_inlined_subroutine => {
+                    if !self.holds(unit, entry, address)? {
+                        over = Some(depth);
+                        continue;
+                    }
+                    names.extend(self.name(unit, entry, MOST_NAME_LINKS));
+                    within = depth;
+                    if names.len() >= MOST_INLINED {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn holds(&self, unit: &gimli::Unit<Reader>, entry: &gimli::DebuggingInformationEntry<Reader>, address: u64) -> gimli::Result<bool> {
+        Ok(code_ranges(&self.dwarf, unit, entry.attrs())?.iter().any(|range| range.contains(&address)))
+    }
+
+    /// The name of the function the entry stands for, as addr2line finds it:
+    /// its linkage name, else its name, else its origin's or specification's.
+    fn name(&self, unit: &gimli::Unit<Reader>, entry: &gimli::DebuggingInformationEntry<Reader>, links: usize) -> Option<String> {
+        let text = |value| self.dwarf.attr_string(unit, value).ok().and_then(|s| Some(s.to_string_lossy().ok()?.into_owned()));
+        let mut name = None;
+        let mut next = None;
+        for attr in entry.attrs() {
+            match attr.name() {
+                gimli::DW_AT_linkage_name | gimli::DW_AT_MIPS_linkage_name => {
+                    if let Some(linkage) = text(attr.value()) {
+                        return Some(linkage);
+                    }
+                }
+                gimli::DW_AT_name => name = name.or_else(|| text(attr.value())),
+                gimli::DW_AT_abstract_origin | gimli::DW_AT_specification => next = Some(attr.value()),
+                _ => {}
+            }
+        }
+        if name.is_some() || links == 0 {
+            return name;
+        }
+        match next? {
+            AttributeValue::UnitRef(offset) => self.name(unit, &unit.entry(offset).ok()?, links - 1),
+            AttributeValue::DebugInfoRef(offset) => {
+                let (index, offset) = self.unit_holding(offset.0 as u64)?;
+                let other = self.unit(index)?;
+                self.name(&other.unit, &other.unit.entry(offset).ok()?, links - 1)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl UnitRead {
+    /// The file and line of `address` in this unit's line table.
+    fn line_at(&self, dwarf: &gimli::Dwarf<Reader>, address: u64) -> Option<(String, u32)> {
+        let table = self.lines.get_or_init(|| LineTable::read(dwarf, &self.unit)).as_ref()?;
+        let i = table.sequences.partition_point(|(range, _)| range.start <= address).checked_sub(1)?;
+        let (range, rows) = &table.sequences[i];
+        if !range.contains(&address) {
+            return None;
+        }
+        let row = rows.partition_point(|(at, _, _)| *at <= address).checked_sub(1)?;
+        let (_, file, line) = rows[row];
+        let file = table.files.get(usize::try_from(file).ok()?)?.clone()?;
+        (line != 0).then_some((file, line))
+    }
+}
+
+impl LineTable {
+    fn read(dwarf: &gimli::Dwarf<Reader>, unit: &gimli::Unit<Reader>) -> Option<LineTable> {
+        let program = unit.line_program.clone()?;
+        let comp_dir = unit.comp_dir.as_ref().and_then(|d| Some(d.to_string_lossy().ok()?.into_owned()));
+        let mut interned = FileTable::default();
+        let ids = unit_files(dwarf, unit, comp_dir.as_deref(), &mut interned);
+        let files = ids.iter().map(|id| id.map(|id| interned.path(id).to_string())).collect();
+        let mut sequences = Vec::new();
+        let mut rows: Vec<Row> = Vec::new();
+        let mut program_rows = program.rows();
+        // A table that fails part way keeps the sequences read before.
+        while let Ok(Some((_, row))) = program_rows.next_row() {
+            if row.end_sequence() {
+                let start = rows.first().map_or(row.address(), |r| r.0);
+                // A sequence at address 0 is code the linker discarded.
+                if start != 0 && row.address() > start {
+                    sequences.push((start..row.address(), std::mem::take(&mut rows)));
+                }
+                rows.clear();
+                continue;
+            }
+            let line = row.line().map_or(0, |l| u32::try_from(l.get()).unwrap_or(u32::MAX));
+            match rows.last_mut() {
+                // Of rows at one address, the last says where its code is from.
+                Some(last) if last.0 == row.address() => *last = (row.address(), row.file_index(), line),
+                _ => rows.push((row.address(), row.file_index(), line)),
+            }
+        }
+        sequences.sort_unstable_by_key(|(range, _)| range.start);
+        Some(LineTable { sequences, files })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbols::{DebugDirs, LoadOptions, SymbolIndex, normalize_path};
+
+    /// What addr2line says of `address`, as [`FramesAt`].
+    fn addr2line_at(loader: &addr2line::Loader, address: u64) -> FramesAt {
+        let mut found = Vec::new();
+        let mut frames = loader.find_frames(address).expect("frames");
+        while let Some(frame) = frames.next().expect("a frame") {
+            let name = frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|raw| raw.into_owned());
+            let location = frame.location.as_ref().and_then(|l| Some((normalize_path(Path::new(l.file?)), l.line?)));
+            found.push((name, location));
+        }
+        let line = found.first().and_then(|(_, location)| location.clone());
+        // The outermost frame is the function itself, which the symbol index names.
+        let inlined = found.iter().take(found.len().saturating_sub(1)).filter_map(|(name, _)| name.clone()).collect();
+        FramesAt { inlined, line }
+    }
+
+    /// Over every `stride`th function of the file at `path` (with a few
+    /// addresses in each), the frames read from its entry alone against
+    /// addr2line's from its whole unit; how many addresses had inlined calls.
+    fn compare_with_addr2line(path: &Path, stride: usize, least: usize) -> usize {
+        let options = LoadOptions {
+            lines: false,
+            debug_dirs: DebugDirs(Vec::new()),
+            debuginfod: None,
+            symbol_tables_enough: false,
+            kept_reads: None,
+        };
+        let index = SymbolIndex::load(path, &options).expect("symbols");
+        let reader = FrameReader::open(path).expect("debug info");
+        let loader = addr2line::Loader::new(path).expect("addr2line");
+        let (mut checked, mut inlined) = (0, 0);
+        for function in index.functions.iter().filter(|f| f.die.is_some() && f.size > 0).step_by(stride) {
+            let step = (function.size / 8).max(1);
+            for address in (function.address.0..function.address.0 + function.size).step_by(step as usize) {
+                let ours = reader.at(address, function.die);
+                assert_eq!(ours, addr2line_at(&loader, address), "{address:#x} in {} of {}", function.name, path.display());
+                checked += 1;
+                inlined += usize::from(!ours.inlined.is_empty());
+            }
+        }
+        assert!(checked >= least, "only {checked} addresses in {}", path.display());
+        inlined
+    }
+
+    #[test]
+    fn inlined_calls_and_lines_are_those_addr2line_reads_from_the_whole_unit() {
+        // This test's own executable: Rust, optimized, hundreds of units.
+        let inlined = compare_with_addr2line(&std::env::current_exe().expect("own path"), 7, 1000);
+        assert!(inlined > 100, "only {inlined} addresses had inlined calls");
+        // C at -O2, DWARF 4.
+        let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/symbols/testdata/calls-O2-dwarf4");
+        compare_with_addr2line(&c, 1, 50);
+    }
+
+    #[test]
+    fn code_whose_entry_is_not_known_has_its_line_from_the_unit_that_holds_it() {
+        assert_eq!(code_with_a_line(), 7);
+        let exe = std::env::current_exe().expect("own path");
+        let options =
+            LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true, kept_reads: None };
+        let index = SymbolIndex::load(&exe, &options).expect("symbols");
+        let function = index.functions.iter().find(|f| f.name.ends_with("code_with_a_line")).expect("the function");
+        let loader = addr2line::Loader::new(&exe).expect("addr2line");
+        let reader = FrameReader::open(&exe).expect("debug info");
+        // Found through `.debug_aranges`.
+        let line = reader.at(function.address.0, None).line;
+        assert!(line.is_some());
+        assert_eq!(line, addr2line_at(&loader, function.address.0).line);
+    }
+
+    #[inline(never)]
+    fn code_with_a_line() -> u64 {
+        std::hint::black_box(7)
+    }
+}
