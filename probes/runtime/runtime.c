@@ -301,6 +301,7 @@ static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
  * unrecorded, its returns still right. */
 
 #define SYS_close 3
+#define SYS_pwrite64 18
 #define SYS_mmap 9
 #define SYS_mprotect 10
 #define SYS_munmap 11
@@ -579,35 +580,56 @@ static inline int mapped(long address)
     return address > 0 || address < -4095;
 }
 
+/* Writes `bytes` of `from` at `offset` of memfd; whether it could. */
+FORK_CODE static int written(long memfd, const void *from, u64 bytes, u64 offset)
+{
+    return syscall6(SYS_pwrite64, memfd, (long)from, (long)bytes, (long)offset, 0, 0) == (long)bytes;
+}
+
+_Static_assert(__builtin_offsetof(struct header, ns_to_tsc_shift) == __builtin_offsetof(struct header, magic) + 16,
+               "the clock's words follow the magic number");
+
+/* Sites a page of the table holds. */
+#define SITES_PER_PAGE (4096 / sizeof(u64))
+
+/* Whether any site of page `page` of the table is taken. */
+FORK_CODE static int page_taken(const struct header *h, u64 page)
+{
+    for (u64 w = page * SITES_PER_PAGE / 64; w < (page + 1) * SITES_PER_PAGE / 64; w++)
+        if (__atomic_load_n(&h->sites_taken[w], __ATOMIC_RELAXED))
+            return 1;
+    return 0;
+}
+
 /* Writes the header of the child's memory into memfd, `blocks_taken`
- * blocks taken, from the parent's: only that place is mapped, for as long
- * as it is written. Returns whether it could. */
+ * blocks taken, from the parent's; the rest stays zero. Written, not
+ * mapped and stored to: a store to each new page of shared memory is a
+ * page fault, and the table of return sites is 32 pages. Frames hijacked
+ * before the fork stand for their return sites by the parent's table:
+ * the child's starts as a copy of the pages where sites were taken, each
+ * run of them in one write. Returns whether it could. */
 FORK_CODE static int fill_own_header(const struct config *c, long memfd, u64 blocks_taken)
 {
-    long at = syscall6(SYS_mmap, 0, c->blocks_offset, 3 /* PROT_READ|PROT_WRITE */, 1 /* MAP_SHARED */, memfd, 0);
-    if (!mapped(at))
-        return 0;
-    struct header *from = header(c), *to = (struct header *)at;
-    to->magic = from->magic;
-    to->ns_to_tsc_mult = from->ns_to_tsc_mult;
-    to->ns_to_tsc_shift = from->ns_to_tsc_shift;
-    to->shared_seats = from->shared_seats;
-    /* Frames hijacked before the fork stand for their return sites by the
-     * parent's table: the child's starts as a copy, of the sites taken
-     * alone (each page of the table read or written is a page fault). */
-    for (u64 w = 0; w < SITES / 64; w++) {
-        u64 taken = __atomic_load_n(&from->sites_taken[w], __ATOMIC_RELAXED);
-        if (!taken)
+    const struct header *from = header(c);
+    u64 clock[3] = {from->magic, from->ns_to_tsc_mult, from->ns_to_tsc_shift};
+    int ok = written(memfd, clock, sizeof clock, __builtin_offsetof(struct header, magic))
+             && written(memfd, &blocks_taken, sizeof blocks_taken, __builtin_offsetof(struct header, blocks_taken))
+             && written(memfd, &from->shared_seats, sizeof from->shared_seats, __builtin_offsetof(struct header, shared_seats));
+    /* The marks first: every page where the child's copy marks a site is
+     * written after (marks are only ever added). */
+    ok = ok && written(memfd, from->sites_taken, sizeof from->sites_taken, __builtin_offsetof(struct header, sites_taken));
+    const u64 pages = SITES / SITES_PER_PAGE;
+    for (u64 first = 0; ok && first < pages; first++) {
+        if (!page_taken(from, first))
             continue;
-        to->sites_taken[w] = taken;
-        for (; taken; taken &= taken - 1) {
-            u64 i = w * 64 + (u64)__builtin_ctzll(taken);
-            to->sites[i] = __atomic_load_n(&from->sites[i], __ATOMIC_RELAXED);
-        }
+        u64 end = first + 1;
+        while (end < pages && page_taken(from, end))
+            end++;
+        u64 start = first * SITES_PER_PAGE, bytes = (end - first) * 4096;
+        ok = written(memfd, &from->sites[start], bytes, __builtin_offsetof(struct header, sites) + start * sizeof(u64));
+        first = end;
     }
-    to->blocks_taken = blocks_taken;
-    syscall6(SYS_munmap, at, c->blocks_offset, 0, 0, 0, 0);
-    return 1;
+    return ok;
 }
 
 /* Makes the child's own shared memory and hands it to proftap; returns
