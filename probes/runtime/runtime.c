@@ -575,11 +575,6 @@ FORK_CODE static __attribute__((noinline)) int held_above_here(const struct priv
     return was > here && near(was, here);
 }
 
-static inline int mapped(long address)
-{
-    return address > 0 || address < -4095;
-}
-
 /* Writes `bytes` of `from` at `offset` of memfd; whether it could. */
 FORK_CODE static int written(long memfd, const void *from, u64 bytes, u64 offset)
 {
@@ -615,9 +610,6 @@ FORK_CODE static int fill_own_header(const struct config *c, long memfd, u64 blo
     int ok = written(memfd, clock, sizeof clock, __builtin_offsetof(struct header, magic))
              && written(memfd, &blocks_taken, sizeof blocks_taken, __builtin_offsetof(struct header, blocks_taken))
              && written(memfd, &from->shared_seats, sizeof from->shared_seats, __builtin_offsetof(struct header, shared_seats));
-    /* The marks first: every page where the child's copy marks a site is
-     * written after (marks are only ever added). */
-    ok = ok && written(memfd, from->sites_taken, sizeof from->sites_taken, __builtin_offsetof(struct header, sites_taken));
     const u64 pages = SITES / SITES_PER_PAGE;
     for (u64 first = 0; ok && first < pages; first++) {
         if (!page_taken(from, first))
@@ -629,7 +621,10 @@ FORK_CODE static int fill_own_header(const struct config *c, long memfd, u64 blo
         ok = written(memfd, &from->sites[start], bytes, __builtin_offsetof(struct header, sites) + start * sizeof(u64));
         first = end;
     }
-    return ok;
+    /* The marks last: a site is marked before it is set, so every site
+     * copied above is marked in what is read now, and a grandchild copies
+     * it in turn (a mark whose page was not copied marks a free site). */
+    return ok && written(memfd, from->sites_taken, sizeof from->sites_taken, __builtin_offsetof(struct header, sites_taken));
 }
 
 /* Makes the child's own shared memory and hands it to proftap; returns
