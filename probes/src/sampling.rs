@@ -126,6 +126,17 @@ fn debug_file(index: &SymbolIndex, open: &Path) -> Option<PathBuf> {
     }
 }
 
+/// Reads where each function of the program at `path` is described in its
+/// DWARF, on a thread of its own, for the sampler to find in `symbols`:
+/// the program's samples need it from the first, and sampling alone reads
+/// only its symbol table before it runs (for a large program, milliseconds
+/// the sampler would take beside the program).
+pub fn read_frames_ahead(symbols: &Arc<SymbolCache>, path: &Path) {
+    let (symbols, path) = (symbols.clone(), path.to_path_buf());
+    let reader = move || drop(symbols.index(&path, &path, false));
+    let _ = std::thread::Builder::new().name("proftap-frames".into()).spawn(reader);
+}
+
 impl ModuleInfo {
     /// What proftap knows of module `path`, opened at `open`; its debug info
     /// read for inlined frames and lines when `with_lines`.

@@ -86,6 +86,11 @@ pub fn record(
     if measured == 0 && options.sample.is_none() {
         return Err(RecordError::NothingToProbe);
     }
+    if let (TargetSpec::Launch { path, .. }, Some(_)) = (spec, options.sample) {
+        // Where the program's functions are described, for its samples'
+        // inlined frames and lines, while the probes are planned and placed.
+        proftap_probes::sampling::read_frames_ahead(&options.symbols, path);
+    }
     let counted = CountedLines::of(options, measured);
     let patching = patching(&all[..measured], spec, options, &counted)?;
     let changed = match spec {

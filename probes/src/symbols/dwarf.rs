@@ -271,22 +271,22 @@ fn read_units(
 /// names the same table: many tiny units naming one large table make that
 /// quadratic. The bound is far above what real files need (dwz makes
 /// thousands of partial units share a table).
-struct HeaderBudget {
+pub(super) struct HeaderBudget {
     spent: u64,
     limit: u64,
 }
 
 impl HeaderBudget {
-    fn new(line_section: usize) -> Self {
+    pub(super) fn new(line_section: usize) -> Self {
         HeaderBudget { spent: 0, limit: (line_section as u64).saturating_mul(64).max(256 << 20) }
     }
 
-    fn charge(&mut self, unit: &gimli::Unit<Reader<'_>>) {
-        let header = unit.line_program.as_ref().map_or(0, |p| p.header().header_length());
-        self.spent = self.spent.saturating_add(header as u64);
+    pub(super) fn charge<R: gimli::Reader>(&mut self, unit: &gimli::Unit<R>) {
+        let header = unit.line_program.as_ref().map_or(0, |p| gimli::ReaderOffset::into_u64(p.header().header_length()));
+        self.spent = self.spent.saturating_add(header);
     }
 
-    fn spent(&self) -> bool {
+    pub(super) fn spent(&self) -> bool {
         self.spent > self.limit
     }
 }

@@ -10,13 +10,13 @@
 //! entry is in `.debug_info`; this reads that entry's children, and the
 //! line table of its unit once.
 
-use super::dwarf::{FileTable, code_ranges, unit_files};
+use super::dwarf::{FileTable, HeaderBudget, code_ranges, unit_files};
 use super::elf::{ElfImage, SectionBytes};
 use gimli::{AttributeValue, Reader as _, RunTimeEndian, UnitOffset};
 use std::cell::{OnceCell, RefCell};
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 type Reader = gimli::EndianReader<RunTimeEndian, SectionBytes>;
 
@@ -27,6 +27,27 @@ const MOST_INLINED: usize = 128;
 /// How many `DW_AT_abstract_origin` and `DW_AT_specification` links a name
 /// is followed through, as addr2line does.
 const MOST_NAME_LINKS: usize = 16;
+
+/// Inlined calls read of one function (the largest real ones have some
+/// tens of thousands), and kept of all functions read: past that, those
+/// kept are read again as they are needed.
+const MOST_CALLS_OF_A_FUNCTION: usize = 1 << 17;
+const MOST_CALLS_KEPT: usize = 1 << 21;
+
+/// The sections read: a compressed one is decompressed whole, so those
+/// that only describe types and variables are not.
+const SECTIONS_READ: [gimli::SectionId; 10] = [
+    gimli::SectionId::DebugInfo,
+    gimli::SectionId::DebugAbbrev,
+    gimli::SectionId::DebugStr,
+    gimli::SectionId::DebugStrOffsets,
+    gimli::SectionId::DebugLine,
+    gimli::SectionId::DebugLineStr,
+    gimli::SectionId::DebugRanges,
+    gimli::SectionId::DebugRngLists,
+    gimli::SectionId::DebugAddr,
+    gimli::SectionId::DebugAranges,
+];
 
 /// What DWARF says of one address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -44,14 +65,25 @@ pub struct FrameReader {
     /// Every unit's header, in the order of their offsets.
     headers: Vec<gimli::UnitHeader<Reader>>,
     /// The units read so far, by their index in `headers` (`None`: damaged).
-    units: RefCell<HashMap<usize, Option<Arc<UnitRead>>>>,
+    units: RefCell<HashMap<usize, Option<Arc<gimli::Unit<Reader>>>>>,
+    /// The line tables read so far, by their offset in `.debug_line`: units
+    /// may share one (hostile ones, thousands of them).
+    lines: RefCell<HashMap<usize, Arc<Option<LineTable>>>>,
+    /// Line-table headers parsed with the units, against a bound.
+    budget: RefCell<HeaderBudget>,
+    /// The inlined calls of the functions read so far, by their entry.
+    calls: RefCell<HashMap<u64, Arc<Vec<InlinedCall>>>>,
     /// Which unit holds which code, for code no function entry names.
     aranges: OnceCell<Vec<(u64, u64, usize)>>,
 }
 
-struct UnitRead {
-    unit: gimli::Unit<Reader>,
-    lines: OnceLock<Option<LineTable>>,
+/// An inlined call of a function, in the order of the function's entries:
+/// the calls within it follow it, up to the one at `end`.
+struct InlinedCall {
+    ranges: Vec<std::ops::Range<u64>>,
+    /// Its entry, whose name is read when an address is found in it.
+    offset: UnitOffset<usize>,
+    end: usize,
 }
 
 /// A unit's line table: its sequences by address.
@@ -69,7 +101,7 @@ impl FrameReader {
         let image = Arc::new(ElfImage::open(path).ok()?);
         let elf = image.parse().ok()?;
         let sections = gimli::DwarfSections::load(|id| -> Result<SectionBytes, String> {
-            match object::Object::section_by_name(&elf, id.name()) {
+            match object::Object::section_by_name(&elf, id.name()).filter(|_| SECTIONS_READ.contains(&id)) {
                 Some(section) => SectionBytes::of_section(&image, &section),
                 None => Ok(SectionBytes::default()),
             }
@@ -81,7 +113,9 @@ impl FrameReader {
         while let Ok(Some(header)) = units.next() {
             headers.push(header);
         }
-        Some(FrameReader { dwarf, headers, units: RefCell::default(), aranges: OnceCell::new() })
+        let budget = RefCell::new(HeaderBudget::new(gimli::Reader::len(gimli::Section::reader(&dwarf.debug_line))));
+        let (units, lines, calls, aranges) = (RefCell::default(), RefCell::default(), RefCell::default(), OnceCell::new());
+        Some(FrameReader { dwarf, headers, units, lines, budget, calls, aranges })
     }
 
     /// The inlined calls and the line at `address`, in the function whose
@@ -94,12 +128,11 @@ impl FrameReader {
         };
         let Some(unit) = unit else { return FramesAt::default() };
         let mut inlined = Vec::new();
-        if let Some((_, offset)) = place {
-            // A function's calls as far as they could be read.
-            let _ = self.inlined_calls(&unit.unit, offset, address, &mut inlined);
+        if let (Some((_, offset)), Some(die)) = (place, die) {
+            self.inlined_calls(&unit, die, offset, address, &mut inlined);
             inlined.reverse();
         }
-        FramesAt { inlined, line: unit.line_at(&self.dwarf, address) }
+        FramesAt { inlined, line: self.line_at(&unit, address) }
     }
 
     /// The index of the unit holding the entry at `die`, and its offset in that unit.
@@ -109,14 +142,20 @@ impl FrameReader {
         Some((index, die.to_unit_offset(&self.headers[index])?))
     }
 
-    /// The unit `index`, read once.
-    fn unit(&self, index: usize) -> Option<Arc<UnitRead>> {
+    /// The unit `index`, read once (none once the line-table headers parsed
+    /// with units pass their bound).
+    fn unit(&self, index: usize) -> Option<Arc<gimli::Unit<Reader>>> {
         self.units
             .borrow_mut()
             .entry(index)
             .or_insert_with(|| {
+                let mut budget = self.budget.borrow_mut();
+                if budget.spent() {
+                    return None;
+                }
                 let unit = self.dwarf.unit(self.headers.get(index)?.clone()).ok()?;
-                Some(Arc::new(UnitRead { unit, lines: OnceLock::new() }))
+                budget.charge(&unit);
+                Some(Arc::new(unit))
             })
             .clone()
     }
@@ -149,55 +188,89 @@ impl FrameReader {
     }
 
     /// Pushes the names of the calls inlined into the function whose entry
-    /// is at `offset` that hold `address`, outermost first: each within the
-    /// one before, directly or in a lexical block (or any other entry that
-    /// is not a function of its own).
-    fn inlined_calls(
-        &self,
-        unit: &gimli::Unit<Reader>,
-        offset: UnitOffset<usize>,
-        address: u64,
-        names: &mut Vec<String>,
-    ) -> gimli::Result<()> {
-        let mut entries = unit.entries_at_offset(offset)?;
-        let Some(function) = entries.next_dfs()? else { return Ok(()) };
-        if function.tag() != gimli::DW_TAG_subprogram {
-            return Ok(());
+    /// is at `offset` (`die` in `.debug_info`) that hold `address`,
+    /// outermost first: each within the one before.
+    fn inlined_calls(&self, unit: &gimli::Unit<Reader>, die: u64, offset: UnitOffset<usize>, address: u64, names: &mut Vec<String>) {
+        let calls = self.calls_of(unit, die, offset);
+        let (mut i, mut end) = (0, calls.len());
+        while i < end && names.len() < MOST_INLINED {
+            let call = &calls[i];
+            if call.ranges.iter().any(|range| range.contains(&address)) {
+                names.extend(unit.entry(call.offset).ok().and_then(|entry| self.name(unit, &entry, MOST_NAME_LINKS)));
+                end = end.min(call.end);
+                i += 1;
+            } else {
+                i = call.end.max(i + 1);
+            }
         }
-        // The depth of the call (or function) whose subtree is searched, and
-        // of a subtree stepped over (a nested function, a call elsewhere).
-        let mut within = function.depth();
-        let mut over: Option<isize> = None;
-        while let Some(entry) = entries.next_dfs()? {
+    }
+
+    /// The inlined calls of the function whose entry is at `offset`, read once.
+    fn calls_of(&self, unit: &gimli::Unit<Reader>, die: u64, offset: UnitOffset<usize>) -> Arc<Vec<InlinedCall>> {
+        if let Some(calls) = self.calls.borrow().get(&die) {
+            return calls.clone();
+        }
+        let calls = Arc::new(self.read_calls(unit, offset));
+        let mut kept = self.calls.borrow_mut();
+        if kept.values().map(|c| c.len()).sum::<usize>() + calls.len() > MOST_CALLS_KEPT {
+            kept.clear();
+        }
+        kept.insert(die, calls.clone());
+        calls
+    }
+
+    /// The inlined calls of the function whose entry is at `offset`, in
+    /// the order of their entries, directly in it or in a lexical block (or
+    /// any other entry that is not a function of its own); as many as could
+    /// be read.
+    fn read_calls(&self, unit: &gimli::Unit<Reader>, offset: UnitOffset<usize>) -> Vec<InlinedCall> {
+        let mut calls: Vec<InlinedCall> = Vec::new();
+        let Ok(mut entries) = unit.entries_at_offset(offset) else { return calls };
+        let root = match entries.next_dfs() {
+            Ok(Some(function)) if function.tag() == gimli::DW_TAG_subprogram => function.depth(),
+            _ => return calls,
+        };
+        // The calls whose entries are still open, by depth; and the depth of
+        // a nested function, whose entries are stepped over.
+        let mut open: Vec<(isize, usize)> = Vec::new();
+        let mut nested: Option<isize> = None;
+        while let Ok(Some(entry)) = entries.next_dfs() {
             let depth = entry.depth();
-            if depth <= within {
+            if depth <= root || calls.len() >= MOST_CALLS_OF_A_FUNCTION {
                 break;
             }
-            if over.is_some_and(|over| depth > over) {
+            if nested.is_some_and(|nested| depth > nested) {
                 continue;
             }
-            over = None;
+            nested = None;
+            while let Some(&(open_depth, i)) = open.last() {
+                if open_depth < depth {
+                    break;
+                }
+                open.pop();
+                calls[i].end = calls.len();
+            }
             match entry.tag() {
-                gimli::DW_TAG_subprogram => over = Some(depth),
+                gimli::DW_TAG_subprogram => nested = Some(depth),
                 gimli::DW_TAG_inlined_subroutine => {
-                    if !self.holds(unit, entry, address)? {
-                        over = Some(depth);
-                        continue;
-                    }
-                    names.extend(self.name(unit, entry, MOST_NAME_LINKS));
-                    within = depth;
-                    if names.len() >= MOST_INLINED {
-                        break;
-                    }
+                    let ranges = code_ranges(&self.dwarf, unit, entry.attrs()).unwrap_or_default();
+                    open.push((depth, calls.len()));
+                    calls.push(InlinedCall { ranges, offset: entry.offset(), end: 0 });
                 }
                 _ => {}
             }
         }
-        Ok(())
+        for (_, i) in open {
+            calls[i].end = calls.len();
+        }
+        calls
     }
 
-    fn holds(&self, unit: &gimli::Unit<Reader>, entry: &gimli::DebuggingInformationEntry<Reader>, address: u64) -> gimli::Result<bool> {
-        Ok(code_ranges(&self.dwarf, unit, entry.attrs())?.iter().any(|range| range.contains(&address)))
+    /// The file and line of `address` in the line table of `unit`.
+    fn line_at(&self, unit: &gimli::Unit<Reader>, address: u64) -> Option<(String, u32)> {
+        let offset = unit.line_program.as_ref()?.header().offset().0;
+        let table = self.lines.borrow_mut().entry(offset).or_insert_with(|| Arc::new(LineTable::read(&self.dwarf, unit))).clone();
+        table.as_ref().as_ref()?.line_at(address)
     }
 
     /// The name of the function the entry stands for, as addr2line finds it:
@@ -226,30 +299,27 @@ impl FrameReader {
             AttributeValue::DebugInfoRef(offset) => {
                 let (index, offset) = self.unit_holding(offset.0 as u64)?;
                 let other = self.unit(index)?;
-                self.name(&other.unit, &other.unit.entry(offset).ok()?, links - 1)
+                self.name(&other, &other.entry(offset).ok()?, links - 1)
             }
             _ => None,
         }
     }
 }
 
-impl UnitRead {
-    /// The file and line of `address` in this unit's line table.
-    fn line_at(&self, dwarf: &gimli::Dwarf<Reader>, address: u64) -> Option<(String, u32)> {
-        let table = self.lines.get_or_init(|| LineTable::read(dwarf, &self.unit)).as_ref()?;
-        let i = table.sequences.partition_point(|(range, _)| range.start <= address).checked_sub(1)?;
-        let (range, rows) = &table.sequences[i];
+impl LineTable {
+    /// The file and line of `address`.
+    fn line_at(&self, address: u64) -> Option<(String, u32)> {
+        let i = self.sequences.partition_point(|(range, _)| range.start <= address).checked_sub(1)?;
+        let (range, rows) = &self.sequences[i];
         if !range.contains(&address) {
             return None;
         }
         let row = rows.partition_point(|(at, _, _)| *at <= address).checked_sub(1)?;
         let (_, file, line) = rows[row];
-        let file = table.files.get(usize::try_from(file).ok()?)?.clone()?;
+        let file = self.files.get(usize::try_from(file).ok()?)?.clone()?;
         (line != 0).then_some((file, line))
     }
-}
 
-impl LineTable {
     fn read(dwarf: &gimli::Dwarf<Reader>, unit: &gimli::Unit<Reader>) -> Option<LineTable> {
         let program = unit.line_program.clone()?;
         let comp_dir = unit.comp_dir.as_ref().and_then(|d| Some(d.to_string_lossy().ok()?.into_owned()));
