@@ -160,7 +160,8 @@ impl FrameReader {
             .clone()
     }
 
-    /// The unit `.debug_aranges` says holds the code at `address`.
+    /// The unit that holds the code at `address`: as `.debug_aranges`
+    /// says, else as the unit's own entry says (clang writes no aranges).
     fn unit_with_code(&self, address: u64) -> Option<usize> {
         let aranges = self.aranges.get_or_init(|| {
             let mut ranges = Vec::new();
@@ -178,6 +179,14 @@ impl FrameReader {
                         ranges.push((range.begin, range.end, unit));
                     }
                 }
+            }
+            let described: std::collections::HashSet<usize> = ranges.iter().map(|&(_, _, unit)| unit).collect();
+            for index in (0..self.headers.len()).filter(|i| !described.contains(i)) {
+                let Some(unit) = self.unit(index) else { continue };
+                let mut entries = unit.entries();
+                let Ok(Some(root)) = entries.next_dfs() else { continue };
+                let code = code_ranges(&self.dwarf, &unit, root.attrs()).unwrap_or_default();
+                ranges.extend(code.into_iter().map(|range| (range.start, range.end, index)));
             }
             ranges.sort_unstable();
             ranges
@@ -424,6 +433,26 @@ mod tests {
         let line = reader.at(function.address.0, None).line;
         assert!(line.is_some());
         assert_eq!(line, addr2line_at(&loader, function.address.0).line);
+    }
+
+    #[test]
+    fn code_whose_entry_is_not_known_has_its_line_where_no_aranges_say_which_unit_holds_it() {
+        assert_eq!(code_with_a_line(), 7);
+        let exe = std::env::current_exe().expect("own path");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let stripped = dir.path().join("no-aranges");
+        let objcopy = std::process::Command::new("objcopy").arg("--remove-section=.debug_aranges").arg(&exe).arg(&stripped).status();
+        assert!(objcopy.as_ref().is_ok_and(|s| s.success()), "objcopy (binutils) is needed: {objcopy:?}");
+        let options =
+            LoadOptions { lines: false, debug_dirs: DebugDirs(Vec::new()), debuginfod: None, symbol_tables_enough: true, kept_reads: None };
+        let index = SymbolIndex::load(&stripped, &options).expect("symbols");
+        let function = index.functions.iter().find(|f| f.name.ends_with("code_with_a_line")).expect("the function");
+        let reader = FrameReader::open(&stripped).expect("debug info");
+        assert!(reader.dwarf.debug_aranges.headers().next().is_ok_and(|h| h.is_none()), "aranges left");
+        // Found through the units' own ranges.
+        let line = reader.at(function.address.0, None).line;
+        assert!(line.is_some());
+        assert_eq!(line, addr2line_at(&addr2line::Loader::new(&exe).expect("addr2line"), function.address.0).line);
     }
 
     #[inline(never)]
