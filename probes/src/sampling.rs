@@ -87,6 +87,8 @@ struct ModuleInfo {
     /// Its debug info, for inlined frames and lines: read at the first
     /// sample in the module.
     frames: std::cell::OnceCell<Option<(FrameReader, Arc<SymbolIndex>)>>,
+    /// Its symbol index being read ahead, waited for rather than read twice.
+    ahead: std::cell::Cell<Option<FramesAhead>>,
     unwind: Option<Arc<UnwindSections>>,
     /// Why its frames cannot be named, when they cannot.
     unknown: Option<String>,
@@ -126,29 +128,41 @@ fn debug_file(index: &SymbolIndex, open: &Path) -> Option<PathBuf> {
     }
 }
 
-/// Reads where each function of the program at `path` is described in its
-/// DWARF, on a thread of its own, for the sampler to find in `symbols`:
-/// the program's samples need it from the first, and sampling alone reads
-/// only its symbol table before it runs (for a large program, milliseconds
-/// the sampler would take beside the program).
-pub fn read_frames_ahead(symbols: &Arc<SymbolCache>, path: &Path) {
-    let (symbols, path) = (symbols.clone(), path.to_path_buf());
-    let reader = move || drop(symbols.index(&path, &path, false));
-    let _ = std::thread::Builder::new().name("proftap-frames".into()).spawn(reader);
+/// Where each function of a launched program is described in its DWARF,
+/// being read on a thread of its own into the symbol cache: its samples
+/// need it from the first, and sampling alone reads only its symbol table
+/// before it runs (for a large program, milliseconds the sampler would
+/// take beside the program).
+pub struct FramesAhead {
+    file: (u64, u64),
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl FramesAhead {
+    /// Starts reading the full symbol index of the program at `path`.
+    pub fn start(symbols: &Arc<SymbolCache>, path: &Path) -> Option<FramesAhead> {
+        let file = file_identity(path)?;
+        let (symbols, path) = (symbols.clone(), path.to_path_buf());
+        let read = move || drop(symbols.index(&path, &path, false));
+        let reader = std::thread::Builder::new().name("proftap-frames".into()).spawn(read).ok()?;
+        Some(FramesAhead { file, reader })
+    }
 }
 
 impl ModuleInfo {
     /// What proftap knows of module `path`, opened at `open`; its debug info
     /// read for inlined frames and lines when `with_lines`.
-    fn load(path: &str, open: &Path, cache: &SymbolCache, with_lines: bool) -> ModuleInfo {
+    fn load(path: &str, open: &Path, cache: &SymbolCache, with_lines: bool, ahead: &mut Vec<FramesAhead>) -> ModuleInfo {
         let symbols = cache.names(Path::new(path), open).ok();
         let unknown = match &symbols {
             None => Some(format!("no symbols in {path}")),
             Some(_) => None,
         };
         let unwind = cache.image(Path::new(path), open).ok().and_then(|image| unwind_sections(&image)).map(Arc::new);
-        let open = open.to_path_buf();
-        ModuleInfo { path: path.to_string(), symbols, open, with_lines, frames: std::cell::OnceCell::new(), unwind, unknown }
+        let file = file_identity(open);
+        let ahead = ahead.iter().position(|a| Some(a.file) == file).map(|i| ahead.swap_remove(i));
+        let (open, frames, ahead) = (open.to_path_buf(), std::cell::OnceCell::new(), std::cell::Cell::new(ahead));
+        ModuleInfo { path: path.to_string(), symbols, open, with_lines, frames, ahead, unwind, unknown }
     }
 
     /// Its debug info's reader and the symbol index that says where each of
@@ -159,6 +173,9 @@ impl ModuleInfo {
             .get_or_init(|| {
                 if !self.with_lines {
                     return None;
+                }
+                if let Some(ahead) = self.ahead.take() {
+                    let _ = ahead.reader.join();
                 }
                 let index = cache.index(Path::new(&self.path), &self.open, false).ok()?;
                 let reader = FrameReader::open(&debug_file(&index, &self.open)?)?;
@@ -407,6 +424,8 @@ pub struct StackResolver {
     /// The modules whose debug info is read for inlined frames and lines
     /// (files identified by device and inode); `None`: every module's.
     lines_of: Option<Vec<(u64, u64)>>,
+    /// Symbol indexes read ahead, for the modules not mapped yet.
+    ahead: Vec<FramesAhead>,
     /// When each process that executed a program did, by the wall clock
     /// perf maps are written by.
     executed: FxHashMap<u32, std::time::SystemTime>,
@@ -465,9 +484,17 @@ impl StackResolver {
             kernel_probes: true,
             vdso: None,
             lines_of: None,
+            ahead: Vec::new(),
             executed: FxHashMap::default(),
             jit_places: std::collections::VecDeque::new(),
         }
+    }
+
+    /// The symbol index `ahead` reads serves the module of its file, when
+    /// that module is mapped.
+    pub fn frames_read_ahead(mut self, ahead: Option<FramesAhead>) -> Self {
+        self.ahead.extend(ahead);
+        self
     }
 
     /// No kernel probe is placed in the recording: a sample in the kernel
@@ -526,7 +553,7 @@ impl StackResolver {
                     (Some(modules), Some(file)) => modules.contains(&file),
                     (Some(_), None) => false,
                 };
-                self.modules.push(ModuleInfo::load(path, &open, &self.symbols, with_lines));
+                self.modules.push(ModuleInfo::load(path, &open, &self.symbols, with_lines, &mut self.ahead));
                 self.module_ids.insert(path.to_string(), self.modules.len() - 1);
                 self.modules.len() - 1
             }
@@ -994,6 +1021,7 @@ mod tests {
             open: PathBuf::from("libc.so.6"),
             with_lines: false,
             frames: std::cell::OnceCell::new(),
+            ahead: std::cell::Cell::new(None),
             unwind: Some(Arc::new(unwind)),
             unknown: None,
         };

@@ -27,7 +27,7 @@ use proftap_probes::metrics::Metric;
 use proftap_probes::offcpu::OffCpu;
 use proftap_probes::plan::{ProbedFunction, Role};
 use proftap_probes::procfs;
-use proftap_probes::sampling::{ANONYMOUS, DEFAULT_PROBE_AREA, StackResolver};
+use proftap_probes::sampling::{ANONYMOUS, DEFAULT_PROBE_AREA, FramesAhead, StackResolver};
 use proftap_probes::target::{self, Frozen, HeldChild};
 use proftap_profile::{Engine, ExitMode, Finding, Note, Refusal, Target};
 use std::path::{Path, PathBuf};
@@ -86,11 +86,12 @@ pub fn record(
     if measured == 0 && options.sample.is_none() {
         return Err(RecordError::NothingToProbe);
     }
-    if let (TargetSpec::Launch { path, .. }, Some(_)) = (spec, options.sample) {
-        // Where the program's functions are described, for its samples'
-        // inlined frames and lines, while the probes are planned and placed.
-        proftap_probes::sampling::read_frames_ahead(&options.symbols, path);
-    }
+    // Where the program's functions are described, for its samples'
+    // inlined frames and lines, read while the probes are planned and placed.
+    let frames_ahead = match spec {
+        TargetSpec::Launch { path, .. } if options.sample.is_some() => FramesAhead::start(&options.symbols, path),
+        _ => None,
+    };
     let counted = CountedLines::of(options, measured);
     let patching = patching(&all[..measured], spec, options, &counted)?;
     let changed = match spec {
@@ -130,7 +131,7 @@ pub fn record(
         // Uprobes are placed only on what `enabled` picks, or when they may be
         // added later (automatic instrumentation), or for lines.
         let kernel_probes = enabled.iter().any(|&e| e) || options.auto_instrument.is_some() || options.probed_lines.is_some();
-        let resolver = sample_resolver(&all[..measured], spec, options, kernel_probes);
+        let resolver = sample_resolver(&all[..measured], spec, options, frames_ahead, kernel_probes);
         let instrumented = |i: usize| enabled.get(i).copied().unwrap_or(false) || patching.injected.get(i).copied().unwrap_or(false);
         let samples = sample_aggregator(&all[..measured], instrumented, event, *hz, options.trace_bytes.is_some());
         let overhead = sampled.as_ref().map(|(overhead, _)| overhead.clone()).unwrap_or_default();
@@ -218,7 +219,13 @@ fn unpatched_left_to(options: &RecordOptions) -> UnpatchedLeftTo {
 /// The resolver naming the samples of the `measured` functions' run: the
 /// program's inlined frames and lines, and those of the modules whose
 /// functions are measured; `kernel_probes` when uprobes may be placed.
-fn sample_resolver(measured: &[ProbedFunction], spec: &TargetSpec, options: &RecordOptions, kernel_probes: bool) -> StackResolver {
+fn sample_resolver(
+    measured: &[ProbedFunction],
+    spec: &TargetSpec,
+    options: &RecordOptions,
+    frames_ahead: Option<FramesAhead>,
+    kernel_probes: bool,
+) -> StackResolver {
     let executable = match spec {
         TargetSpec::Launch { path, .. } => path.clone(),
         TargetSpec::Attach { pid } => PathBuf::from(format!("/proc/{pid}/exe")),
@@ -227,7 +234,7 @@ fn sample_resolver(measured: &[ProbedFunction], spec: &TargetSpec, options: &Rec
     with_lines.push(&executable);
     with_lines.sort_unstable();
     with_lines.dedup();
-    let resolver = StackResolver::new(options.symbols.clone()).lines_only_of(with_lines);
+    let resolver = StackResolver::new(options.symbols.clone()).lines_only_of(with_lines).frames_read_ahead(frames_ahead);
     if kernel_probes { resolver } else { resolver.without_kernel_probes() }
 }
 

@@ -446,6 +446,17 @@ pub(super) fn code_ranges<R: gimli::Reader>(
     unit: &gimli::Unit<R>,
     attrs: &[gimli::Attribute<R>],
 ) -> gimli::Result<Vec<Range<u64>>> {
+    code_ranges_within(dwarf, unit, attrs, MAX_RANGE_ENTRIES)
+}
+
+/// [`code_ranges`], reading at most `most` entries of a range list (a
+/// unit's lists a range for each of its functions).
+pub(super) fn code_ranges_within<R: gimli::Reader>(
+    dwarf: &gimli::Dwarf<R>,
+    unit: &gimli::Unit<R>,
+    attrs: &[gimli::Attribute<R>],
+    most: usize,
+) -> gimli::Result<Vec<Range<u64>>> {
     let (mut low, mut high, mut size) = (None, None, None);
     for attr in attrs {
         match (attr.name(), attr.value()) {
@@ -457,7 +468,7 @@ pub(super) fn code_ranges<R: gimli::Reader>(
                 let mut ranges = Vec::new();
                 // Entry by entry, counting the empty ones gimli skips: every
                 // function of a hostile file can name one list of millions.
-                for _ in 0..MAX_RANGE_ENTRIES {
+                for _ in 0..most {
                     let Some(raw) = list.next_raw()? else { break };
                     if let Some(range) = list.convert_raw(raw)? {
                         ranges.extend(code_range(range.begin, Some(range.end)));

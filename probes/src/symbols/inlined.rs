@@ -10,7 +10,7 @@
 //! entry is in `.debug_info`; this reads that entry's children, and the
 //! line table of its unit once.
 
-use super::dwarf::{FileTable, HeaderBudget, code_ranges, unit_files};
+use super::dwarf::{FileTable, HeaderBudget, code_ranges, code_ranges_within, unit_files};
 use super::elf::{ElfImage, SectionBytes};
 use gimli::{AttributeValue, Reader as _, RunTimeEndian, UnitOffset};
 use std::cell::{OnceCell, RefCell};
@@ -33,6 +33,19 @@ const MOST_NAME_LINKS: usize = 16;
 /// kept are read again as they are needed.
 const MOST_CALLS_OF_A_FUNCTION: usize = 1 << 17;
 const MOST_CALLS_KEPT: usize = 1 << 21;
+
+/// Units kept read: past that, those kept are read again as they are
+/// needed (each charged to the bound on line-table headers again).
+const MOST_UNITS_KEPT: usize = 4096;
+
+/// Ranges read from the units' own entries, all units together, where no
+/// `.debug_aranges` say which unit holds which code (a unit lists a range
+/// for each of its functions).
+const MOST_UNIT_RANGES: usize = 1 << 22;
+
+/// Rows of line tables kept: past that, those kept are read again as they
+/// are needed.
+const MOST_ROWS_KEPT: usize = 1 << 23;
 
 /// The sections read: a compressed one is decompressed whole, so those
 /// that only describe types and variables are not.
@@ -66,13 +79,17 @@ pub struct FrameReader {
     headers: Vec<gimli::UnitHeader<Reader>>,
     /// The units read so far, by their index in `headers` (`None`: damaged).
     units: RefCell<HashMap<usize, Option<Arc<gimli::Unit<Reader>>>>>,
-    /// The line tables read so far, by their offset in `.debug_line`: units
-    /// may share one (hostile ones, thousands of them).
-    lines: RefCell<HashMap<usize, Arc<Option<LineTable>>>>,
+    /// The line tables read so far, by their offset in `.debug_line` and
+    /// the directory their relative paths start from: units may share one
+    /// (hostile ones, thousands of them).
+    lines: RefCell<HashMap<TableKey, Arc<Option<LineTable>>>>,
+    rows_kept: std::cell::Cell<usize>,
     /// Line-table headers parsed with the units, against a bound.
     budget: RefCell<HeaderBudget>,
-    /// The inlined calls of the functions read so far, by their entry.
+    /// The inlined calls of the functions read so far, by their entry, and
+    /// how many they are.
     calls: RefCell<HashMap<u64, Arc<Vec<InlinedCall>>>>,
+    calls_kept: std::cell::Cell<usize>,
     /// Which unit holds which code, for code no function entry names.
     aranges: OnceCell<Vec<(u64, u64, usize)>>,
 }
@@ -92,6 +109,10 @@ struct LineTable {
     files: Vec<Option<String>>,
 }
 
+/// A line table's offset in `.debug_line`, and the directory its relative
+/// paths start from.
+type TableKey = (usize, Option<String>);
+
 /// The address a row starts at, its file (index into the table's `files`) and line.
 type Row = (u64, u64, u32);
 
@@ -107,7 +128,9 @@ impl FrameReader {
             }
         })
         .ok()?;
-        let dwarf = sections.borrow(|bytes| gimli::EndianReader::new(bytes.clone(), RunTimeEndian::Little));
+        let mut dwarf = sections.borrow(|bytes| gimli::EndianReader::new(bytes.clone(), RunTimeEndian::Little));
+        // Units often share one abbreviation table: parsed once, not once per unit.
+        dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
         let mut headers = Vec::new();
         let mut units = dwarf.units();
         while let Ok(Some(header)) = units.next() {
@@ -115,7 +138,8 @@ impl FrameReader {
         }
         let budget = RefCell::new(HeaderBudget::new(gimli::Reader::len(gimli::Section::reader(&dwarf.debug_line))));
         let (units, lines, calls, aranges) = (RefCell::default(), RefCell::default(), RefCell::default(), OnceCell::new());
-        Some(FrameReader { dwarf, headers, units, lines, budget, calls, aranges })
+        let (rows_kept, calls_kept) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        Some(FrameReader { dwarf, headers, units, lines, rows_kept, budget, calls, calls_kept, aranges })
     }
 
     /// The inlined calls and the line at `address`, in the function whose
@@ -145,19 +169,27 @@ impl FrameReader {
     /// The unit `index`, read once (none once the line-table headers parsed
     /// with units pass their bound).
     fn unit(&self, index: usize) -> Option<Arc<gimli::Unit<Reader>>> {
-        self.units
-            .borrow_mut()
-            .entry(index)
-            .or_insert_with(|| {
-                let mut budget = self.budget.borrow_mut();
-                if budget.spent() {
-                    return None;
-                }
-                let unit = self.dwarf.unit(self.headers.get(index)?.clone()).ok()?;
-                budget.charge(&unit);
-                Some(Arc::new(unit))
-            })
-            .clone()
+        if let Some(unit) = self.units.borrow().get(&index) {
+            return unit.clone();
+        }
+        let unit = self.read_unit(index).map(Arc::new);
+        let mut kept = self.units.borrow_mut();
+        if kept.len() >= MOST_UNITS_KEPT {
+            kept.clear();
+        }
+        kept.insert(index, unit.clone());
+        unit
+    }
+
+    /// The unit `index`, read again, within the bound on line-table headers.
+    fn read_unit(&self, index: usize) -> Option<gimli::Unit<Reader>> {
+        let mut budget = self.budget.borrow_mut();
+        if budget.spent() {
+            return None;
+        }
+        let unit = self.dwarf.unit(self.headers.get(index)?.clone()).ok()?;
+        budget.charge(&unit);
+        Some(unit)
     }
 
     /// The unit that holds the code at `address`: as `.debug_aranges`
@@ -181,11 +213,14 @@ impl FrameReader {
                 }
             }
             let described: std::collections::HashSet<usize> = ranges.iter().map(|&(_, _, unit)| unit).collect();
+            let mut left = MOST_UNIT_RANGES;
             for index in (0..self.headers.len()).filter(|i| !described.contains(i)) {
-                let Some(unit) = self.unit(index) else { continue };
+                // Read for their root alone, not kept.
+                let Some(unit) = self.read_unit(index) else { continue };
                 let mut entries = unit.entries();
                 let Ok(Some(root)) = entries.next_dfs() else { continue };
-                let code = code_ranges(&self.dwarf, &unit, root.attrs()).unwrap_or_default();
+                let code = code_ranges_within(&self.dwarf, &unit, root.attrs(), left).unwrap_or_default();
+                left = left.saturating_sub(code.len());
                 ranges.extend(code.into_iter().map(|range| (range.start, range.end, index)));
             }
             ranges.sort_unstable();
@@ -221,9 +256,11 @@ impl FrameReader {
         }
         let calls = Arc::new(self.read_calls(unit, offset));
         let mut kept = self.calls.borrow_mut();
-        if kept.values().map(|c| c.len()).sum::<usize>() + calls.len() > MOST_CALLS_KEPT {
+        if self.calls_kept.get() + calls.len() > MOST_CALLS_KEPT {
             kept.clear();
+            self.calls_kept.set(0);
         }
+        self.calls_kept.set(self.calls_kept.get() + calls.len());
         kept.insert(die, calls.clone());
         calls
     }
@@ -278,7 +315,21 @@ impl FrameReader {
     /// The file and line of `address` in the line table of `unit`.
     fn line_at(&self, unit: &gimli::Unit<Reader>, address: u64) -> Option<(String, u32)> {
         let offset = unit.line_program.as_ref()?.header().offset().0;
-        let table = self.lines.borrow_mut().entry(offset).or_insert_with(|| Arc::new(LineTable::read(&self.dwarf, unit))).clone();
+        let comp_dir = unit.comp_dir.as_ref().and_then(|d| Some(d.to_string_lossy().ok()?.into_owned()));
+        let key = (offset, comp_dir);
+        let kept = self.lines.borrow().get(&key).cloned();
+        let table = kept.unwrap_or_else(|| {
+            let table = Arc::new(LineTable::read(&self.dwarf, unit));
+            let rows = table.as_ref().as_ref().map_or(0, LineTable::rows);
+            let mut lines = self.lines.borrow_mut();
+            if self.rows_kept.get() + rows > MOST_ROWS_KEPT {
+                lines.clear();
+                self.rows_kept.set(0);
+            }
+            self.rows_kept.set(self.rows_kept.get() + rows);
+            lines.insert(key, table.clone());
+            table
+        });
         table.as_ref().as_ref()?.line_at(address)
     }
 
@@ -316,6 +367,10 @@ impl FrameReader {
 }
 
 impl LineTable {
+    fn rows(&self) -> usize {
+        self.sequences.iter().map(|(_, rows)| rows.len()).sum()
+    }
+
     /// The file and line of `address`.
     fn line_at(&self, address: u64) -> Option<(String, u32)> {
         let i = self.sequences.partition_point(|(range, _)| range.start <= address).checked_sub(1)?;
