@@ -212,7 +212,7 @@ pub fn plan_lines(
     files: &LineFiles,
 ) -> LinePlan {
     let by_address = statement_starts(index);
-    let located_at = row_lines(index);
+    let located_at = crate::symbols::lines_by_address(&index.line_rows);
     let collected = collect_lines(index, functions, files, &by_address, &located_at);
     line_plan(index, image, open_path, functions, files, &located_at, collected)
 }
@@ -228,20 +228,6 @@ fn statement_starts(index: &SymbolIndex) -> BTreeMap<u64, Vec<(u32, u32)>> {
         }
     }
     by_address
-}
-
-/// The line of each address range, statement or not, as addr2line reads it.
-fn row_lines(index: &SymbolIndex) -> BTreeMap<u64, (u32, u32)> {
-    let mut located_at: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
-    for row in &index.line_rows {
-        if row.end_sequence {
-            // No line past a sequence's end, unless another sequence starts there.
-            located_at.entry(row.address.0).or_insert((row.file, 0));
-        } else {
-            located_at.insert(row.address.0, (row.file, row.line));
-        }
-    }
-    located_at
 }
 
 /// A line probe's place: (function, address, the (file, line) statements it starts).

@@ -415,7 +415,11 @@ fn read_unit(dwarf: &gimli::Dwarf<Reader<'_>>, unit: &gimli::Unit<Reader<'_>>, r
     Ok(())
 }
 
-fn read_rows_of(program: gimli::IncompleteLineProgram<Reader<'_>>, file_ids: &[Option<u32>], out: &mut Vec<LineRow>) -> gimli::Result<()> {
+pub(super) fn read_rows_of<R: gimli::Reader>(
+    program: gimli::IncompleteLineProgram<R>,
+    file_ids: &[Option<u32>],
+    out: &mut Vec<LineRow>,
+) -> gimli::Result<()> {
     let mut sequence_start = out.len();
     let mut rows = program.rows();
     while let Some((_, row)) = rows.next_row()? {
@@ -436,6 +440,21 @@ fn read_rows_of(program: gimli::IncompleteLineProgram<Reader<'_>>, file_ids: &[O
         }
     }
     Ok(())
+}
+
+/// The file and line of each address where a row starts, as addr2line
+/// reads a line table: of rows at one address the last; past a sequence's
+/// end line 0 (no line), unless another sequence starts there.
+pub(crate) fn lines_by_address(rows: &[LineRow]) -> std::collections::BTreeMap<u64, (u32, u32)> {
+    let mut located_at = std::collections::BTreeMap::new();
+    for row in rows {
+        if row.end_sequence {
+            located_at.entry(row.address.0).or_insert((row.file, 0));
+        } else {
+            located_at.insert(row.address.0, (row.file, row.line));
+        }
+    }
+    located_at
 }
 
 /// The code of a DIE: `DW_AT_ranges`, or `DW_AT_low_pc` with `DW_AT_high_pc`

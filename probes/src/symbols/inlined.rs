@@ -10,7 +10,7 @@
 //! entry is in `.debug_info`; this reads that entry's children, and the
 //! line table of its unit once.
 
-use super::dwarf::{FileTable, HeaderBudget, code_ranges, code_ranges_within, unit_files};
+use super::dwarf::{FileTable, HeaderBudget, code_ranges, code_ranges_within, lines_by_address, read_rows_of, unit_files};
 use super::elf::{ElfImage, SectionBytes};
 use gimli::{AttributeValue, Reader as _, RunTimeEndian, UnitOffset};
 use std::cell::{OnceCell, RefCell};
@@ -103,18 +103,16 @@ struct InlinedCall {
     end: usize,
 }
 
-/// A unit's line table: its sequences by address.
+/// A unit's line table: the file (an id in `files`) and line of each
+/// address where a row starts (line 0: none).
 struct LineTable {
-    sequences: Vec<(std::ops::Range<u64>, Vec<Row>)>,
-    files: Vec<Option<String>>,
+    lines: std::collections::BTreeMap<u64, (u32, u32)>,
+    files: FileTable,
 }
 
 /// A line table's offset in `.debug_line`, and the directory its relative
 /// paths start from.
 type TableKey = (usize, Option<String>);
-
-/// The address a row starts at, its file (index into the table's `files`) and line.
-type Row = (u64, u64, u32);
 
 impl FrameReader {
     /// Reads the unit headers of the DWARF in the file at `path`.
@@ -368,51 +366,24 @@ impl FrameReader {
 
 impl LineTable {
     fn rows(&self) -> usize {
-        self.sequences.iter().map(|(_, rows)| rows.len()).sum()
+        self.lines.len()
     }
 
     /// The file and line of `address`.
     fn line_at(&self, address: u64) -> Option<(String, u32)> {
-        let i = self.sequences.partition_point(|(range, _)| range.start <= address).checked_sub(1)?;
-        let (range, rows) = &self.sequences[i];
-        if !range.contains(&address) {
-            return None;
-        }
-        let row = rows.partition_point(|(at, _, _)| *at <= address).checked_sub(1)?;
-        let (_, file, line) = rows[row];
-        let file = self.files.get(usize::try_from(file).ok()?)?.clone()?;
-        (line != 0).then_some((file, line))
+        let (_, &(file, line)) = self.lines.range(..=address).next_back()?;
+        (line != 0 && file != u32::MAX).then(|| (self.files.path(file).to_string(), line))
     }
 
+    /// The table of `unit`, as far as it could be read.
     fn read(dwarf: &gimli::Dwarf<Reader>, unit: &gimli::Unit<Reader>) -> Option<LineTable> {
         let program = unit.line_program.clone()?;
         let comp_dir = unit.comp_dir.as_ref().and_then(|d| Some(d.to_string_lossy().ok()?.into_owned()));
-        let mut interned = FileTable::default();
-        let ids = unit_files(dwarf, unit, comp_dir.as_deref(), &mut interned);
-        let files = ids.iter().map(|id| id.map(|id| interned.path(id).to_string())).collect();
-        let mut sequences = Vec::new();
-        let mut rows: Vec<Row> = Vec::new();
-        let mut program_rows = program.rows();
-        // A table that fails part way keeps the sequences read before.
-        while let Ok(Some((_, row))) = program_rows.next_row() {
-            if row.end_sequence() {
-                let start = rows.first().map_or(row.address(), |r| r.0);
-                // A sequence at address 0 is code the linker discarded.
-                if start != 0 && row.address() > start {
-                    sequences.push((start..row.address(), std::mem::take(&mut rows)));
-                }
-                rows.clear();
-                continue;
-            }
-            let line = row.line().map_or(0, |l| u32::try_from(l.get()).unwrap_or(u32::MAX));
-            match rows.last_mut() {
-                // Of rows at one address, the last says where its code is from.
-                Some(last) if last.0 == row.address() => *last = (row.address(), row.file_index(), line),
-                _ => rows.push((row.address(), row.file_index(), line)),
-            }
-        }
-        sequences.sort_unstable_by_key(|(range, _)| range.start);
-        Some(LineTable { sequences, files })
+        let mut files = FileTable::default();
+        let ids = unit_files(dwarf, unit, comp_dir.as_deref(), &mut files);
+        let mut rows = Vec::new();
+        let _ = read_rows_of(program, &ids, &mut rows);
+        Some(LineTable { lines: lines_by_address(&rows), files })
     }
 }
 
