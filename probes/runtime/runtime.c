@@ -260,29 +260,60 @@ static inline u64 ns_to_tsc(const struct config *c, u64 ns)
     return (u64)(((unsigned __int128)ns * h->ns_to_tsc_mult) >> h->ns_to_tsc_shift);
 }
 
-/* The TSC and the thread's time off CPU (nanoseconds) at one moment. The
- * time off CPU changes only between two of the thread's instructions (as
- * it comes back onto a CPU, or at a tick that finds time the hypervisor
- * took): a pair read with the same time off CPU before and after is one
- * moment's, where a pair read apart could count a stretch off CPU in one
- * and not the other (a call preempted there would be off by a whole time
- * slice). */
-static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
+#define SYS_clock_gettime 228
+#define CLOCK_THREAD_CPUTIME_ID 3
+
+/* The TSC and the time off CPU (nanoseconds) of the thread whose entry
+ * (offcpu.rs) is `entry`, at one moment. The time off CPU changes only
+ * between two of the thread's instructions (as it comes back onto a CPU,
+ * or at a tick that finds time the hypervisor took): a pair read with the
+ * same time off CPU before and after is one moment's, where a pair read
+ * apart could count a stretch off CPU in one and not the other (a call
+ * preempted there would be off by a whole time slice). */
+static inline u64 read_pair(volatile const u64 *entry, u64 *off)
 {
-    if (!c->off_cpu) {
-        *off = 0;
-        return rdtsc();
-    }
     u64 before, now;
     /* A thread proftap single-steps (out of this code, at a detach) is
      * switched out at every instruction: after a few tries the pair is
      * taken as it is. */
     int tries = 0;
     do {
-        before = off_cpu_ns(c, tid);
+        before = entry[0];
         now = rdtsc();
-    } while (off_cpu_ns(c, tid) != before && ++tries < 4);
+    } while (entry[0] != before && ++tries < 4);
     *off = before;
+    return now;
+}
+
+/* The pair read again once the kernel accounted the thread, whose coming
+ * back onto a CPU was not seen: reading its CPU clock makes the kernel
+ * account it now, and the program on that accounting adds its time away
+ * (offcpu.rs) before the pair is read. Else this call would count that
+ * time as CPU time, and a later one, read after the kernel's next
+ * accounting, as time off CPU. */
+static __attribute__((noinline, cold)) u64 read_pair_accounted(volatile const u64 *entry, u64 *off)
+{
+    u64 cpu_time[2];
+    syscall6(SYS_clock_gettime, CLOCK_THREAD_CPUTIME_ID, (long)cpu_time, 0, 0, 0, 0);
+    return read_pair(entry, off);
+}
+
+/* The TSC and thread tid's time off CPU, at one moment (read_pair), read
+ * by the thread itself (0 off CPU where unknown). */
+static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
+{
+    if (!c->off_cpu || !tid || tid >= c->off_cpu_entries) {
+        *off = 0;
+        return rdtsc();
+    }
+    volatile const u64 *entry = (volatile const u64 *)c->off_cpu + 2 * (u64)tid;
+    u64 now = read_pair(entry, off);
+    /* The entry has the thread off every CPU since it left (its second
+     * word without the mark of a time on one), while it runs this code:
+     * its coming back was not seen (some kernels raise no sched_switch
+     * for a switch away from some tasks). */
+    if (__builtin_expect((long)entry[1] > 0, 0))
+        return read_pair_accounted(entry, off);
     return now;
 }
 
