@@ -86,6 +86,56 @@ pub fn read_maps(pid: i32) -> Result<Vec<Mapping>> {
     Ok(parse_maps(&text))
 }
 
+/// What `address` is in, in process `pid`, asked of the kernel alone
+/// (`PROCMAP_QUERY`, Linux 6.11 on): without its path. An error where the
+/// kernel cannot answer so (older kernels: read [`read_maps`] instead).
+pub fn mapping_at(pid: i32, address: u64) -> std::io::Result<Option<Mapping>> {
+    /// `struct procmap_query` (include/uapi/linux/fs.h).
+    #[repr(C)]
+    #[derive(Default)]
+    struct Query {
+        size: u64,
+        query_flags: u64,
+        query_addr: u64,
+        vma_start: u64,
+        vma_end: u64,
+        vma_flags: u64,
+        vma_page_size: u64,
+        vma_offset: u64,
+        inode: u64,
+        dev_major: u32,
+        dev_minor: u32,
+        vma_name_size: u32,
+        build_id_size: u32,
+        vma_name_addr: u64,
+        build_id_addr: u64,
+    }
+    const PROCMAP_QUERY: u64 = 0xc000_0000 | ((size_of::<Query>() as u64) << 16) | (b'f' as u64) << 8 | 17;
+    use std::os::fd::AsRawFd;
+    let maps = std::fs::File::open(format!("/proc/{pid}/maps"))?;
+    let mut query = Query { size: size_of::<Query>() as u64, query_addr: address, ..Query::default() };
+    // SAFETY: the ioctl reads and writes `query`, a live struct of the size it says.
+    if unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY as _, &mut query) } != 0 {
+        let error = std::io::Error::last_os_error();
+        return match error.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(error),
+        };
+    }
+    let device = libc::makedev(query.dev_major, query.dev_minor);
+    Ok(Some(Mapping {
+        start: RuntimeAddr(query.vma_start),
+        end: RuntimeAddr(query.vma_end),
+        readable: query.vma_flags & 1 != 0,
+        writable: query.vma_flags & 2 != 0,
+        executable: query.vma_flags & 4 != 0,
+        offset: FileOffset(query.vma_offset),
+        device,
+        inode: query.inode,
+        path: None,
+    }))
+}
+
 /// The ELF modules a process has mapped executable, main executable first.
 pub fn loaded_modules(pid: i32) -> Result<Vec<LoadedModule>> {
     let maps = read_maps(pid)?;
@@ -226,6 +276,24 @@ garbage
         assert_eq!(maps[1].path.as_deref(), Some("/usr/bin/prog"));
         assert_eq!(maps[2].path.as_deref(), Some("[stack]"));
         assert_eq!(maps[3].path, None);
+    }
+
+    #[test]
+    fn the_kernel_asked_for_one_address_answers_as_the_whole_list_says() {
+        let maps = read_maps(std::process::id() as i32).unwrap();
+        let asked = |address| mapping_at(std::process::id() as i32, address);
+        if let Err(e) = asked(maps[0].start.0) {
+            assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "this kernel has PROCMAP_QUERY: {e}");
+            eprintln!("skipped: this kernel answers no PROCMAP_QUERY ({e})");
+            return;
+        }
+        // Files' mappings: other tests' threads map and unmap memory meanwhile.
+        for m in maps.iter().filter(|m| m.inode != 0) {
+            let found = asked(m.end.0 - 1).unwrap().unwrap_or_else(|| panic!("nothing at {:#x}", m.end.0 - 1));
+            let key = |m: &Mapping| (m.start, m.end, m.readable, m.writable, m.executable, m.offset, m.device, m.inode);
+            assert_eq!(key(&found), key(m), "{:?}", m.path);
+        }
+        assert!(asked(0).unwrap().is_none(), "nothing is mapped at 0");
     }
 
     #[test]

@@ -67,11 +67,14 @@ pub struct Remote {
     /// The thread that makes the system calls.
     caller: Pid,
     /// A `syscall` instruction in the vDSO: system calls are made there, so
-    /// no code of the target is touched.
-    syscall_site: u64,
+    /// no code of the target is touched. Found at the first system call.
+    syscall_site: std::sync::OnceLock<u64>,
     mem: File,
-    /// Its mappings, as read once held.
-    maps: Vec<Mapping>,
+    /// Its mappings, read the first time they are asked (held, as all
+    /// this is). Most holds (the governor's) ask only what one address
+    /// maps, which the kernel answers alone where it can: reading them
+    /// all takes as long as the rest of such a hold.
+    maps: std::sync::OnceLock<Vec<Mapping>>,
 }
 
 /// Instructions a thread returned from a signal handler is stepped at
@@ -102,16 +105,13 @@ impl Remote {
             .write(true)
             .open(format!("/proc/{pid}/mem"))
             .map_err(io_error(format!("cannot open the memory of process {pid}")))?;
-        let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         let caller = frozen
             .threads()
             .first()
             .copied()
             .map(Pid::from_raw)
             .ok_or_else(|| RemoteError::Unsupported(format!("process {pid} has no thread left")))?;
-        let mut remote = Remote { pid, frozen, caller, syscall_site: 0, mem, maps };
-        remote.syscall_site = remote.find_syscall_site()?;
-        Ok(remote)
+        Ok(Remote { pid, frozen, caller, syscall_site: Default::default(), mem, maps: Default::default() })
     }
 
     /// A process proftap launched and traces (`PTRACE_O_TRACEEXEC`), held
@@ -164,12 +164,17 @@ impl Remote {
         }
         let threads = crate::target::threads(pid).map_err(io_error(format!("cannot list the threads of process {pid}")))?;
         let remote_threads = threads.len();
-        let maps = procfs::read_maps(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-        let mut remote = Remote { pid, frozen: Frozen::adopt(pid, vec![pid]), caller: tid, syscall_site: 0, mem, maps };
+        let remote = Remote {
+            pid,
+            frozen: Frozen::adopt(pid, vec![pid]),
+            caller: tid,
+            syscall_site: Default::default(),
+            mem,
+            maps: Default::default(),
+        };
         if remote_threads > 1 {
             return Err(RemoteError::Unsupported(format!("process {pid} started threads before its libraries were initialized")));
         }
-        remote.syscall_site = remote.find_syscall_site()?;
         Ok(remote)
     }
 
@@ -317,9 +322,17 @@ impl Remote {
         Ok(self.regs(tid)?.rip)
     }
 
+    fn syscall_site(&self) -> Result<u64, RemoteError> {
+        if let Some(&site) = self.syscall_site.get() {
+            return Ok(site);
+        }
+        let site = self.find_syscall_site()?;
+        Ok(*self.syscall_site.get_or_init(|| site))
+    }
+
     fn find_syscall_site(&self) -> Result<u64, RemoteError> {
         let vdso = self
-            .maps
+            .maps()?
             .iter()
             .find(|m| m.path.as_deref() == Some("[vdso]"))
             .ok_or_else(|| RemoteError::Unsupported(format!("process {} has no vDSO", self.pid)))?;
@@ -335,13 +348,27 @@ impl Remote {
     /// The file mapped at `address` when the process was held (device
     /// and inode 0: anonymous memory), if anything was.
     pub fn file_mapped_at(&self, address: u64) -> Option<FileId> {
-        self.maps.iter().find(|m| (m.start.0..m.end.0).contains(&address)).map(|m| FileId { device: m.device, inode: m.inode })
+        if self.maps.get().is_none() {
+            if let Ok(found) = procfs::mapping_at(self.pid, address) {
+                return found.map(|m| FileId { device: m.device, inode: m.inode });
+            }
+        }
+        self.maps().ok()?.iter().find(|m| (m.start.0..m.end.0).contains(&address)).map(|m| FileId { device: m.device, inode: m.inode })
+    }
+
+    /// Its mappings (see [`Remote::maps`]'s field).
+    fn maps(&self) -> Result<&[Mapping], RemoteError> {
+        if let Some(maps) = self.maps.get() {
+            return Ok(maps);
+        }
+        let maps = procfs::read_maps(self.pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
+        Ok(self.maps.get_or_init(|| maps))
     }
 
     /// Up to `most` bytes from `address` to the end of the mapping it is
     /// in (as the process was held); empty where there is none.
     pub fn read_within_mapping(&self, address: u64, most: usize) -> Result<Vec<u8>, RemoteError> {
-        let Some(mapping) = self.maps.iter().find(|m| (m.start.0..m.end.0).contains(&address)) else { return Ok(Vec::new()) };
+        let Some(mapping) = self.maps()?.iter().find(|m| (m.start.0..m.end.0).contains(&address)) else { return Ok(Vec::new()) };
         let len = (mapping.end.0 - address).min(most as u64) as usize;
         self.read(address, len)
     }
@@ -416,7 +443,7 @@ impl Remote {
     pub fn syscall(&self, call: &'static str, nr: i64, args: [u64; 6]) -> Result<u64, RemoteError> {
         let saved = ptrace::getregs(self.caller).map_err(errno("cannot read the registers of the target"))?;
         let mut regs = saved;
-        regs.rip = self.syscall_site;
+        regs.rip = self.syscall_site()?;
         regs.rax = nr as u64;
         // Not a restart of whatever system call the thread was in.
         regs.orig_rax = u64::MAX;
