@@ -245,15 +245,6 @@ static inline struct private_block *private_block(const struct config *c, u64 in
     return (struct private_block *)((char *)(seats_taken(c) + SEAT_WORDS) + index * sizeof(struct private_block));
 }
 
-/* Time off every CPU so far of thread tid, in nanoseconds as the kernel
- * counts it (0 when unknown). */
-static inline u64 off_cpu_ns(const struct config *c, u32 tid)
-{
-    if (!c->off_cpu || tid >= c->off_cpu_entries)
-        return 0;
-    return ((volatile u64 *)c->off_cpu)[2 * (u64)tid];
-}
-
 static inline u64 ns_to_tsc(const struct config *c, u64 ns)
 {
     struct header *h = header(c);
@@ -263,13 +254,23 @@ static inline u64 ns_to_tsc(const struct config *c, u64 ns)
 #define SYS_clock_gettime 228
 #define CLOCK_THREAD_CPUTIME_ID 3
 
-/* The TSC and the time off CPU (nanoseconds) of the thread whose entry
- * (offcpu.rs) is `entry`, at one moment. The time off CPU changes only
- * between two of the thread's instructions (as it comes back onto a CPU,
- * or at a tick that finds time the hypervisor took): a pair read with the
- * same time off CPU before and after is one moment's, where a pair read
- * apart could count a stretch off CPU in one and not the other (a call
- * preempted there would be off by a whole time slice). */
+/* Thread tid's entry in the array of times off CPU (offcpu.rs: its time
+ * off CPU up to its last switch or accounting, then when it left or came
+ * onto a CPU), or 0 where there is none. */
+static inline volatile const u64 *off_cpu_entry(const struct config *c, u32 tid)
+{
+    if (!c->off_cpu || !tid || tid >= c->off_cpu_entries)
+        return 0;
+    return (volatile const u64 *)c->off_cpu + 2 * (u64)tid;
+}
+
+/* The TSC and the time off CPU (nanoseconds) of the thread whose entry is
+ * `entry`, at one moment. The time off CPU changes only between two of
+ * the thread's instructions (as it comes back onto a CPU, or as the
+ * kernel accounts it, at a tick or as it reads its CPU clock): a pair
+ * read with the same time off CPU before and after is one moment's, where
+ * a pair read apart could count a stretch off CPU in one and not the
+ * other (a call preempted there would be off by a whole time slice). */
 static inline u64 read_pair(volatile const u64 *entry, u64 *off)
 {
     u64 before, now;
@@ -285,35 +286,73 @@ static inline u64 read_pair(volatile const u64 *entry, u64 *off)
     return now;
 }
 
-/* The pair read again once the kernel accounted the thread, whose coming
- * back onto a CPU was not seen: reading its CPU clock makes the kernel
- * account it now, and the program on that accounting adds its time away
- * (offcpu.rs) before the pair is read. Else this call would count that
- * time as CPU time, and a later one, read after the kernel's next
- * accounting, as time off CPU. */
-static __attribute__((noinline, cold)) u64 read_pair_accounted(volatile const u64 *entry, u64 *off)
+/* The TSC and the time off CPU of the thread whose entry is `entry` (0:
+ * none, no time off CPU) at one moment. */
+static inline u64 now_and_off_of(volatile const u64 *entry, u64 *off)
 {
+    if (!entry) {
+        *off = 0;
+        return rdtsc();
+    }
+    return read_pair(entry, off);
+}
+
+/* The same of thread tid. */
+static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
+{
+    return now_and_off_of(off_cpu_entry(c, tid), off);
+}
+
+/* Whether block b's thread, which runs this code, finds its entry has it
+ * off every CPU, or never seen (the second word without the mark of a
+ * time on one): its coming back was not seen (some kernels raise no
+ * sched_switch for a switch away from some tasks), and its time off CPU
+ * is stale until the kernel next accounts it. Once for each such mark:
+ * where the accounting cannot mend the entry (a kernel without the
+ * program on sched_stat_runtime), the calls after do not each ask again. */
+static inline int back_unseen(volatile const u64 *entry, const struct block *b)
+{
+    if (!entry)
+        return 0;
+    u64 when = entry[1];
+    return (long)when >= 0 && b->accounted != when + 1;
+}
+
+/* The pair read again once the kernel accounted block b's thread, whose
+ * entry is `entry` (see back_unseen): reading its CPU clock makes the
+ * kernel account it now, and the program on that accounting mends the
+ * entry before the pair is read. Else this call would count the time away
+ * as CPU time, and a later one, read after the kernel's next accounting,
+ * as time off CPU. */
+static __attribute__((noinline, cold)) u64 now_and_off_accounted(volatile const u64 *entry, struct block *b, u64 *off)
+{
+    b->accounted = entry[1] + 1;
     u64 cpu_time[2];
     syscall6(SYS_clock_gettime, CLOCK_THREAD_CPUTIME_ID, (long)cpu_time, 0, 0, 0, 0);
     return read_pair(entry, off);
 }
 
-/* The TSC and thread tid's time off CPU, at one moment (read_pair), read
- * by the thread itself (0 off CPU where unknown). */
-static inline u64 now_and_off(const struct config *c, u32 tid, u64 *off)
+/* The TSC and block b's thread's time off CPU at one moment, read by the
+ * thread itself, its entry mended first where it needs it: from the pair
+ * `now` and `off` read already of the thread whose entry is `read` where
+ * that is b's thread's, else read now. */
+static inline u64 own_time(const struct config *c, struct block *b, volatile const u64 *read, u64 now, u64 *off)
 {
-    if (!c->off_cpu || !tid || tid >= c->off_cpu_entries) {
-        *off = 0;
-        return rdtsc();
-    }
-    volatile const u64 *entry = (volatile const u64 *)c->off_cpu + 2 * (u64)tid;
-    u64 now = read_pair(entry, off);
-    /* The entry has the thread off every CPU since it left (its second
-     * word without the mark of a time on one), while it runs this code:
-     * its coming back was not seen (some kernels raise no sched_switch
-     * for a switch away from some tasks). */
-    if (__builtin_expect((long)entry[1] > 0, 0))
-        return read_pair_accounted(entry, off);
+    volatile const u64 *entry = off_cpu_entry(c, (u32)b->tid);
+    if (entry != read)
+        now = now_and_off_of(entry, off);
+    if (__builtin_expect(back_unseen(entry, b), 0))
+        return now_and_off_accounted(entry, b, off);
+    return now;
+}
+
+/* The same, read now. */
+static inline u64 own_now_and_off(const struct config *c, struct block *b, u64 *off)
+{
+    volatile const u64 *entry = off_cpu_entry(c, (u32)b->tid);
+    u64 now = now_and_off_of(entry, off);
+    if (__builtin_expect(back_unseen(entry, b), 0))
+        return now_and_off_accounted(entry, b, off);
     return now;
 }
 
@@ -464,7 +503,7 @@ FORK_CODE static void carry_block(struct block *to, const struct private_block *
  * handing over the child's memory is no call's time. */
 FORK_CODE static void start_carried_frames(const struct config *c, struct block *b)
 {
-    u64 now = rdtsc(), off = off_cpu_ns(c, (u32)b->tid);
+    u64 off, now = now_and_off(c, (u32)b->tid, &off);
     for (u64 d = 0; d < b->depth && d < STACK_DEPTH; d++) {
         b->frame[d].entry_off = off;
         /* After the time off CPU: proftap reading a time reads its pair. */
@@ -1052,7 +1091,7 @@ static void end_unwound(const struct config *c, struct private_block *p, struct 
     for (u64 d = p->depth; d > kept; d--) {
         if (b && !p->mixed) {
             if (!now)
-                now = now_and_off(c, (u32)b->tid, &off);
+                now = own_now_and_off(c, b, &off);
             finish(c, b, d - 1, now, off, 1);
         }
     }
@@ -1293,7 +1332,7 @@ u64 proftap_entry(u64 *slot, u32 function)
     if (!hijacked)
         *slot = trampoline_for(c, *slot);
     call_through = *slot - CALL_BEFORE_TRAMPOLINE;
-    f->entry_tsc = now_and_off(c, (u32)b->tid, &f->entry_off);
+    f->entry_tsc = own_now_and_off(c, b, &f->entry_off);
 out:
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
     return call_through;
@@ -1324,9 +1363,9 @@ void proftap_exit(u64 *slot)
     /* The C library's thread id is the kernel's, for the threads it made:
      * the time off CPU can be read with the TSC, before the thread's block
      * is found. */
-    u32 early_tid = library_tid(c);
-    u64 early_off;
-    u64 now = now_and_off(c, early_tid, &early_off);
+    volatile const u64 *early = off_cpu_entry(c, library_tid(c));
+    u64 off;
+    u64 now = now_and_off_of(early, &off);
     adopt_if_forked(c);
     u64 seated = seat_of_fast(c, 0);
     if (!seated) {
@@ -1339,7 +1378,8 @@ void proftap_exit(u64 *slot)
     struct private_block *p = private_block(c, seated - 1);
     take_block_to_return(c, p, (u64)slot);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
-    u64 off = !b ? 0 : early_tid && early_tid == b->tid ? early_off : off_cpu_ns(c, b->tid);
+    if (b)
+        now = own_time(c, b, early, now, &off);
     u64 d = p->depth;
     /* This frame, from the top: deeper frames on this stack never returned
      * (longjmp, exception) and end here too. */
@@ -1530,9 +1570,9 @@ static void leave_region(const struct config *c, struct block *b, u64 region, u6
 void proftap_region(u64 code, u64 sp)
 {
     const struct config *c = config();
-    u32 early_tid = library_tid(c);
-    u64 early_off;
-    u64 now = now_and_off(c, early_tid, &early_off);
+    volatile const u64 *early = off_cpu_entry(c, library_tid(c));
+    u64 off;
+    u64 now = now_and_off_of(early, &off);
     adopt_if_forked(c);
     u64 region = code >> 1;
     if (region >= c->regions || !live(c))
@@ -1549,7 +1589,7 @@ void proftap_region(u64 code, u64 sp)
         __atomic_fetch_add(&r->busy, 1, __ATOMIC_RELAXED);
         return;
     }
-    u64 off = early_tid && early_tid == b->tid ? early_off : off_cpu_ns(c, (u32)b->tid);
+    now = own_time(c, b, early, now, &off);
     if (code & 1) {
         leave_region(c, b, region, now, off);
     } else {

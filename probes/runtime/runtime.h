@@ -226,7 +226,10 @@ struct block {
     u64 mixed;      /* see struct private_block */
     u64 traced;     /* calls written to the trace ring, ever (slot: traced % trace_slots) */
     u64 hash_bits;  /* log2 of the hash slots in use (0: HASH_FIRST_BITS) */
-    u64 reserved[5];
+    /* The mark of the thread's off-CPU entry (+1) it last had the kernel
+     * account it for (runtime.c: back_unseen), 0: none */
+    u64 accounted;
+    u64 reserved[4];
     struct frame frame[STACK_DEPTH];
     struct ret returns[STACK_DEPTH]; /* a copy of the frames' return addresses, for unwinding samples */
     u32 hash[HASH_SLOTS];

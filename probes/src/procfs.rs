@@ -136,6 +136,15 @@ pub fn mapping_at(pid: i32, address: u64) -> std::io::Result<Option<Mapping>> {
     }))
 }
 
+/// Whether process `pid` is in the initial pid namespace, where the thread
+/// ids it sees are the kernel's own (those tracepoints report).
+pub fn sees_kernel_thread_ids(pid: i32) -> bool {
+    /// The inode of the initial pid namespace (`PROC_PID_INIT_INO`).
+    const INITIAL_PID_NAMESPACE: u64 = 0xefff_fffc;
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid")).is_ok_and(|ns| ns.ino() == INITIAL_PID_NAMESPACE)
+}
+
 /// The ELF modules a process has mapped executable, main executable first.
 pub fn loaded_modules(pid: i32) -> Result<Vec<LoadedModule>> {
     let maps = read_maps(pid)?;
@@ -294,6 +303,34 @@ garbage
             assert_eq!(key(&found), key(m), "{:?}", m.path);
         }
         assert!(asked(0).unwrap().is_none(), "nothing is mapped at 0");
+    }
+
+    #[test]
+    fn this_process_sees_the_kernel_s_thread_ids_and_one_in_a_pid_namespace_does_not() {
+        // Tests run in the initial pid namespace (CI's machine, as root).
+        assert!(sees_kernel_thread_ids(std::process::id() as i32));
+        let Ok(mut child) = std::process::Command::new("unshare").args(["--pid", "--fork", "--kill-child", "sleep", "5"]).spawn() else {
+            assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "unshare(1) runs here");
+            return;
+        };
+        // `unshare` forks `sleep` into the new namespace: its child.
+        let sleeper = loop {
+            let children = std::fs::read_to_string(format!("/proc/{}/task/{}/children", child.id(), child.id())).unwrap_or_default();
+            if let Some(pid) = children.split_whitespace().next() {
+                break pid.parse::<i32>().unwrap();
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                // A pid namespace takes CAP_SYS_ADMIN.
+                assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none(), "unshare --pid ended ({status}) before it made its child");
+                eprintln!("skipped: unshare --pid ended ({status}): making a pid namespace takes CAP_SYS_ADMIN");
+                return;
+            }
+            std::thread::yield_now();
+        };
+        let sees = sees_kernel_thread_ids(sleeper);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!sees, "a process in a pid namespace of its own");
     }
 
     #[test]

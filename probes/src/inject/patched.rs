@@ -335,7 +335,11 @@ impl Patched {
         let left_behind = !launched
             && procfs::read_maps(pid)
                 .is_ok_and(|maps| maps.iter().any(|m| m.path.as_deref().is_some_and(|p| p.starts_with("/memfd:proftap"))));
-        let (shared, memory, mut config) = set_up_memory(&remote, geometry, how.off_cpu)?;
+        // The programs keep times off CPU by the kernel's thread ids, which
+        // a process in a pid namespace of its own does not see: its CPU
+        // time is its wall time rather than another thread's.
+        let off_cpu = how.off_cpu.filter(|_| procfs::sees_kernel_thread_ids(pid));
+        let (shared, memory, mut config) = set_up_memory(&remote, geometry, off_cpu)?;
         // From here on a failure puts back what was patched and unmaps this.
         patched.memory = Some(memory);
         if how.follow_forks {

@@ -265,7 +265,9 @@ pub struct BlockHeader {
     pub traced: u64,
     /// Log2 of the context hash table's slots in use (0: the first size).
     hash_bits: u64,
-    reserved: [u64; 5],
+    /// The runtime's own (see runtime.h).
+    accounted: u64,
+    reserved: [u64; 4],
 }
 
 /// Regions a thread has open at once (`OPEN_REGIONS`); more are counted, not timed.
