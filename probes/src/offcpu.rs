@@ -3,7 +3,8 @@
 //! keep it in an array indexed by thread id, which the process maps
 //! read-only. The runtime reads its thread's entry at a call's entry and
 //! return: a call's CPU time is its wall time less what it spent off CPU,
-//! exact per call, with no record and no system call.
+//! exact per call, with no record and no system call (but once after a
+//! return to a CPU the kernel did not report, see below).
 //!
 //! As a thread comes back on a CPU (`sched_switch`), and as the kernel
 //! adds to a running thread's CPU time (`sched_stat_runtime`: at every
@@ -15,6 +16,17 @@
 //! ran since the last accounting. Without BTF the programs read the
 //! tracepoints' records, and add up how long a thread was away and what a
 //! stretch on a CPU lasted beyond what the kernel counts for it.
+//!
+//! The clock (`CLOCK_MONOTONIC`, which NTP slews by up to 500 ppm) and the
+//! scheduler's, which gives the CPU time, may drift apart by as much: at
+//! worst 0.05% of a call's CPU time counted off CPU, or not.
+//!
+//! Some kernels raise no `sched_switch` for a switch away from some tasks
+//! (a virtual machine's agent hidden from tracing): a thread coming back
+//! from one keeps an entry that has it gone while it runs. The program on
+//! `sched_stat_runtime` mends it at the thread's next accounting, and the
+//! patched process's runtime, finding its own entry so, reads its CPU
+//! clock first, which makes the kernel account it.
 //!
 //! Loading it needs `CAP_BPF` and `CAP_PERFMON` (root here); proftapd loads
 //! it once and lends the array to its sessions.
@@ -174,11 +186,15 @@ impl Program {
         self.end_if(op::JNE_K, 0, 0);
     }
 
-    /// The entry at r0 from the task's own CPU time (r8): on a CPU now,
-    /// and off CPU for the clock now less the CPU time it was given.
-    fn on_cpu_by_its_cpu_time(&mut self) {
+    /// Ends the program by setting the entry of the task at raw tracepoint
+    /// argument `argument` from its own CPU time: on a CPU now, and off
+    /// CPU for the clock now less the CPU time the kernel gave it.
+    fn set_from_task(mut self, map: i32, argument: i16, task: TaskFields) -> Vec<u64> {
+        self.task(argument, task);
+        self.look_up(map);
         self.now_on_cpu(2);
         self.push([insn(op::STX_DW, 0, 2, 8, 0), insn(op::MOV_X, 2, 7, 0, 0), insn(op::SUB_X, 2, 8, 0, 0), insn(op::STX_DW, 0, 2, 0, 0)]);
+        self.finish()
     }
 
     /// `register` = now, marked as a time on a CPU.
@@ -212,6 +228,11 @@ struct TaskFields {
     pid: i32,
     /// The CPU time the kernel has given it (`se.sum_exec_runtime`, ns).
     cpu_time: i32,
+    /// Whether the kernel adds a stretch to every task's CPU time before
+    /// it raises `sched_stat_runtime` for it: Linux 6.8 on. Before, it
+    /// added a real-time or deadline task's after, and the program on
+    /// that tracepoint adds up the stretches it reports instead.
+    cpu_time_added_first: bool,
 }
 
 /// Where the switch program finds the threads of a switch.
@@ -231,7 +252,8 @@ enum Update {
     /// In a `sched_stat_runtime` tracepoint record, at these offsets.
     Record { pid: i16, runtime: i16 },
     /// In the raw tracepoint's arguments (`task, runtime`): the task is
-    /// read from its `task_struct`.
+    /// read from its `task_struct` (its CPU time too, where the kernel
+    /// adds to it first: [`TaskFields::cpu_time_added_first`]).
     Raw(TaskFields),
 }
 
@@ -256,12 +278,7 @@ fn switch_program(map: i32, switch: Switch) -> Vec<u64> {
     ]);
     let next_pid = match switch {
         Switch::Record { next_pid, .. } => next_pid,
-        Switch::Raw(task) => {
-            p.task(16, task);
-            p.look_up(map);
-            p.on_cpu_by_its_cpu_time();
-            return p.finish();
-        }
+        Switch::Raw(task) => return p.set_from_task(map, 16, task),
     };
     p.pid_from_record(next_pid);
     p.look_up(map);
@@ -277,16 +294,11 @@ fn switch_program(map: i32, switch: Switch) -> Vec<u64> {
 
 /// The program on `sched_stat_runtime`, which the scheduler raises as it
 /// adds to a running task's CPU time (at every tick and switch, and as
-/// the thread reads its CPU clock). The time the hypervisor took from the
+/// the thread reads its CPU clock): time the hypervisor took from the
 /// thread's CPU (steal), which the kernel leaves out of the task's CPU
-/// time, counts as time off CPU, and so does time away from a CPU that
-/// raised no `sched_switch` as the thread came back (some kernels raise
-/// none for a switch away from some tasks, such as a virtual machine's
-/// agent hidden from tracing): the entry then has the thread gone while
-/// it runs. The patched process's runtime, reading its own thread's entry
-/// so, reads its CPU clock first, which makes the kernel account it.
-///
-/// From the task's `task_struct`, its time off CPU is the clock less the
+/// time, counts as time off CPU, and so does time away that no
+/// `sched_switch` reported (the module's note). From the task's
+/// `task_struct` (Linux 6.8 on), its time off CPU is the clock less the
 /// CPU time the kernel has given it, anew at each accounting. From the
 /// tracepoint's record, which has only the CPU time of the stretch since
 /// the last accounting, the rest of that stretch is added to it: the two
@@ -294,17 +306,17 @@ fn switch_program(map: i32, switch: Switch) -> Vec<u64> {
 /// tells from steal.
 fn runtime_program(map: i32, update: Update) -> Vec<u64> {
     let mut p = Program::new();
-    let (pid, runtime) = match update {
-        Update::Record { pid, runtime } => (pid, runtime),
-        Update::Raw(task) => {
-            p.task(0, task);
-            p.look_up(map);
-            p.on_cpu_by_its_cpu_time();
-            return p.finish();
+    match update {
+        Update::Record { pid, runtime } => {
+            p.pid_from_record(pid);
+            p.push([insn(op::LDX_DW, 8, 6, runtime, 0)]);
         }
-    };
-    p.pid_from_record(pid);
-    p.push([insn(op::LDX_DW, 8, 6, runtime, 0)]);
+        Update::Raw(task) if !task.cpu_time_added_first => {
+            p.task_field(0, task.pid, 4, -4);
+            p.push([insn(op::LDX_DW, 8, 6, 8, 0)]);
+        }
+        Update::Raw(task) => return p.set_from_task(map, 0, task),
+    }
     p.look_up(map);
     // r4: 1 when the entry has the thread on a CPU, 0 when it has it gone.
     p.push([insn(op::LDX_DW, 1, 0, 8, 0), insn(op::MOV_X, 4, 1, 0, 0), insn(op::RSH_K, 4, 0, 0, ON_CPU as i32)]);
@@ -342,6 +354,13 @@ fn field(tracepoint: &str, format: &str, name: &str) -> io::Result<i16> {
         .ok_or_else(|| io::Error::other(format!("{tracepoint} has no {name} field")))
 }
 
+/// Whether the running kernel is Linux `major.minor` or later.
+fn linux_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().unwrap_or(0));
+    (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0)) >= (major, minor)
+}
+
 /// Where a task keeps its pid and CPU time, from the kernel's BTF: mapped
 /// where the kernel allows it (privately; 6.16 on), read in place in
 /// 0.05 ms a field; else copied, 4.5 ms for its 5 MB here.
@@ -351,7 +370,7 @@ fn task_fields() -> Option<TaskFields> {
     let read = |btf: &[u8]| {
         let offset = |structure, member| crate::btf::member_offset(btf, structure, member).and_then(|o| i32::try_from(o).ok());
         let cpu_time = offset("task_struct", "se")?.checked_add(offset("sched_entity", "sum_exec_runtime")?)?;
-        Some(TaskFields { pid: offset("task_struct", "pid")?, cpu_time })
+        Some(TaskFields { pid: offset("task_struct", "pid")?, cpu_time, cpu_time_added_first: linux_at_least(6, 8) })
     };
     // SAFETY: a read-only private mapping of the kernel's own type
     // information, which does not change while the kernel runs.
@@ -363,8 +382,8 @@ fn task_fields() -> Option<TaskFields> {
 
 impl OffCpu {
     /// Loads the programs on `sched_switch` and `sched_stat_runtime`: as
-    /// raw tracepoints where the kernel's BTF says where a task's pid is
-    /// (one link each, closed at once), else through the tracepoints' perf
+    /// raw tracepoints where the kernel's BTF says where a task keeps its
+    /// pid and CPU time (one link each, closed at once), else through the tracepoints' perf
     /// events on every CPU (each closes only after an RCU grace period).
     /// Where the kernel has no `sched_stat_runtime` the array is kept
     /// without it: time the hypervisor takes counts as CPU time.
@@ -411,8 +430,9 @@ impl OffCpu {
         (self.entries * ENTRY_BYTES).next_multiple_of(4096)
     }
 
-    /// Thread `tid`'s time off CPU so far, nanoseconds, not counting the
-    /// stretch it may be off CPU in now.
+    /// Thread `tid`'s time off CPU up to its last switch or accounting,
+    /// nanoseconds, not counting the stretch it may be off CPU in now (see
+    /// [`ENTRY_BYTES`]: only differences mean anything).
     pub fn off_cpu_ns(&self, tid: u32) -> Option<u64> {
         self.word(tid, 0)
     }
@@ -431,7 +451,7 @@ impl OffCpu {
     }
 
     /// Thread `tid`'s entry, both words of one moment: the programs write
-    /// the second before they add to the first, so a second word read the
+    /// the second before they change the first, so a second word read the
     /// same before and after the first holds with it.
     pub fn entry(&self, tid: u32) -> Option<Entry> {
         for _ in 0..8 {
@@ -464,7 +484,9 @@ impl OffCpu {
 /// A thread's entry in the array at one moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
-    /// Nanoseconds off CPU so far, not counting a stretch it is off CPU in now.
+    /// Nanoseconds off CPU up to its last switch or accounting, not
+    /// counting a stretch it is off CPU in now (only differences mean
+    /// anything).
     pub off_ns: u64,
     /// When it left a CPU (bit 63 clear), or came onto one (set); 0 unseen.
     when: u64,
@@ -691,6 +713,17 @@ mod tests {
         wall_less_off_is_cpu(&off);
     }
 
+    /// Where the kernel adds a real-time task's CPU time after it raises
+    /// `sched_stat_runtime` (before 6.8), the program on it adds up the
+    /// stretches it reports: the same agreement.
+    #[test]
+    fn where_the_cpu_time_is_added_after_the_tracepoint_the_stretches_are_added_up() {
+        let Some(task) = task_fields() else { return };
+        let Some(off) = loaded_by(Some(TaskFields { cpu_time_added_first: false, ..task })) else { return };
+        wall_less_off_is_cpu(&off);
+        back_unseen_is_counted(&off);
+    }
+
     /// Without the kernel's BTF, the programs read the tracepoints' records.
     #[test]
     fn on_the_tracepoints_records_the_programs_count_the_same() {
@@ -735,7 +768,9 @@ mod tests {
     /// A thread whose entry has it gone while it runs (its coming back on a
     /// CPU raised no `sched_switch`, as happens for a switch away from some
     /// tasks): reading its CPU clock makes the kernel account it, and its
-    /// time away is counted then.
+    /// time away is counted then. (With BTF every accounting sets the entry
+    /// from the kernel's CPU time, gone or not; the programs that add up
+    /// stretches mend a gone entry apart: see the test after.)
     #[test]
     fn a_return_to_a_cpu_not_seen_is_counted_at_the_next_accounting() {
         for off in [loaded(), loaded_by(None)].into_iter().flatten() {

@@ -397,7 +397,9 @@ impl Patched {
             return Err(RemoteError::ImageGone { pid: self.pid });
         }
         let remote = Remote::attach(self.pid)?;
-        if self.memory.is_some_and(|m| m.shared_file.is_some() && !runs_image_of(&remote, m.shared, m.shared_file)) {
+        if let Some(m) = self.memory.filter(|m| m.shared_file.is_some())
+            && !runs_image_of(&remote, m.shared, m.shared_file)?
+        {
             self.image_replaced();
             return Err(RemoteError::ImageGone { pid: self.pid });
         }
@@ -572,8 +574,14 @@ impl Patched {
         let changed = Remote::attach(pid).and_then(|remote| {
             // Held, and still the child (its pid cannot have been reused),
             // running the image it forked with.
-            let runs_patched = self.memory.is_some_and(|m| runs_image_of(&remote, m.shared, memory));
-            if crate::target::has_exited(process) || !runs_patched {
+            if crate::target::has_exited(process) {
+                return Ok(());
+            }
+            let runs_patched = match self.memory {
+                Some(m) => runs_image_of(&remote, m.shared, memory)?,
+                None => false,
+            };
+            if !runs_patched {
                 return Ok(());
             }
             patcher::restore(&remote, &mut applied, |f| self.calls_uncounted.contains(&f))?;
@@ -753,9 +761,12 @@ impl Patched {
             std::thread::sleep(wait);
             wait = (wait * 2).min(RELEASE_AGAIN_AT_MOST);
             remote = match Remote::attach(self.pid) {
-                Ok(remote) if runs_image_of(&remote, memory.shared, memory.shared_file) => remote,
-                _ => return Ok(()),
+                Ok(remote) => remote,
+                Err(_) => return Ok(()),
             };
+            if !runs_image_of(&remote, memory.shared, memory.shared_file)? {
+                return Ok(());
+            }
         }
         Ok(())
     }
@@ -774,7 +785,7 @@ impl Patched {
             let restored = Remote::attach(pid).and_then(|remote| {
                 // Held, and still the child (its pid cannot have been
                 // reused), running the image it forked with.
-                if crate::target::has_exited(&process) || !runs_image_of(&remote, memory.shared, file) {
+                if crate::target::has_exited(&process) || !runs_image_of(&remote, memory.shared, file)? {
                     return Ok(());
                 }
                 let mut applied = self.ever_applied.clone();
@@ -1180,8 +1191,8 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
 /// Whether the process `remote` holds maps, at `shared`, the memory
 /// `file` (not known: no): the memory proftap shared with the image it
 /// patched goes with that image at an exec, and no other can map it.
-fn runs_image_of(remote: &Remote, shared: u64, file: Option<FileId>) -> bool {
-    file.is_some() && remote.file_mapped_at(shared) == file
+fn runs_image_of(remote: &Remote, shared: u64, file: Option<FileId>) -> Result<bool, RemoteError> {
+    Ok(file.is_some() && remote.file_mapped_at(shared)? == file)
 }
 
 /// The user a process runs as.

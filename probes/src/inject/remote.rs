@@ -97,9 +97,10 @@ impl Remote {
             return Err(RemoteError::Unsupported(format!("process {pid} is traced by process {tracer} (a debugger?); detach it first")));
         }
         let frozen = Frozen::freeze(pid)?;
-        // The memory opened first, then the mappings read: an exec that a
-        // thread not yet stopped finishes in between shows in the mappings,
-        // and one after it leaves the memory written the image replaced.
+        // The memory opened first, the mappings read after it when asked:
+        // an exec that a thread not yet stopped finishes in between shows
+        // in the mappings, and one after it leaves the memory written the
+        // image replaced.
         let mem = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -347,13 +348,19 @@ impl Remote {
 
     /// The file mapped at `address` when the process was held (device
     /// and inode 0: anonymous memory), if anything was.
-    pub fn file_mapped_at(&self, address: u64) -> Option<FileId> {
+    pub fn file_mapped_at(&self, address: u64) -> Result<Option<FileId>, RemoteError> {
+        let file = |m: &Mapping| FileId { device: m.device, inode: m.inode };
         if self.maps.get().is_none() {
             if let Ok(found) = procfs::mapping_at(self.pid, address) {
-                return found.map(|m| FileId { device: m.device, inode: m.inode });
+                return Ok(found.as_ref().map(file));
             }
         }
-        self.maps().ok()?.iter().find(|m| (m.start.0..m.end.0).contains(&address)).map(|m| FileId { device: m.device, inode: m.inode })
+        Ok(self.mapping_containing(address)?.map(file))
+    }
+
+    /// The mapping `address` is in, if any.
+    fn mapping_containing(&self, address: u64) -> Result<Option<&Mapping>, RemoteError> {
+        Ok(self.maps()?.iter().find(|m| (m.start.0..m.end.0).contains(&address)))
     }
 
     /// Its mappings (see [`Remote::maps`]'s field).
@@ -368,7 +375,7 @@ impl Remote {
     /// Up to `most` bytes from `address` to the end of the mapping it is
     /// in (as the process was held); empty where there is none.
     pub fn read_within_mapping(&self, address: u64, most: usize) -> Result<Vec<u8>, RemoteError> {
-        let Some(mapping) = self.maps()?.iter().find(|m| (m.start.0..m.end.0).contains(&address)) else { return Ok(Vec::new()) };
+        let Some(mapping) = self.mapping_containing(address)? else { return Ok(Vec::new()) };
         let len = (mapping.end.0 - address).min(most as u64) as usize;
         self.read(address, len)
     }
