@@ -24,6 +24,26 @@ use std::os::unix::fs::MetadataExt;
 pub struct RecordingClaim {
     /// None when a squatter holds the name.
     _socket: Option<OwnedFd>,
+    /// The name, while this process holds it (see [`HELD_HERE`]).
+    name: Option<String>,
+}
+
+/// The claims this process holds. A claim it dropped can outlive it for a
+/// moment: a child another thread is starting holds a copy of every
+/// descriptor from its fork until its exec closes them (`SOCK_CLOEXEC`).
+/// Such a holder answers as this process, holding no such claim, and is
+/// waited for rather than taken for another recording.
+static HELD_HERE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// How long a claim this process dropped may linger in a starting child.
+const LINGERING: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Drop for RecordingClaim {
+    fn drop(&mut self) {
+        if let Some(name) = self.name.take() {
+            HELD_HERE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|held| *held != name);
+        }
+    }
 }
 
 /// Connections a claim lets wait: each proftap that asks who holds it
@@ -45,32 +65,58 @@ impl RecordingClaim {
         };
         let socket = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).map_err(|e| failed("make", e))?;
         let address = UnixAddr::new_abstract(name.as_bytes()).map_err(|e| failed("name", e))?;
-        match bind(socket.as_raw_fd(), &address) {
-            Ok(()) => {
-                listen(&socket, Backlog::new(ASKING).unwrap_or(Backlog::MAXCONN)).map_err(|e| failed("listen on", e))?;
-                Ok(RecordingClaim { _socket: Some(socket) })
+        let since = std::time::Instant::now();
+        loop {
+            let mut held_here = HELD_HERE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match bind(socket.as_raw_fd(), &address) {
+                Ok(()) => {
+                    listen(&socket, Backlog::new(ASKING).unwrap_or(Backlog::MAXCONN)).map_err(|e| failed("listen on", e))?;
+                    held_here.push(name.clone());
+                    return Ok(RecordingClaim { _socket: Some(socket), name: Some(name) });
+                }
+                Err(nix::errno::Errno::EADDRINUSE) => match holder(pid, &address) {
+                    Holder::ThisProcess if !held_here.contains(&name) && since.elapsed() < LINGERING => {}
+                    Holder::Proftap | Holder::ThisProcess => {
+                        return Err(RemoteError::Unsupported(
+                            "another proftap is recording it already, and its code holds that recording's patches; wait for that recording to end"
+                                .into(),
+                        ));
+                    }
+                    Holder::Other => return Ok(RecordingClaim { _socket: None, name: None }),
+                },
+                Err(e) => return Err(failed("bind", e)),
             }
-            Err(nix::errno::Errno::EADDRINUSE) if held_by_proftap(pid, &address) => Err(RemoteError::Unsupported(
-                "another proftap is recording it already, and its code holds that recording's patches; wait for that recording to end"
-                    .into(),
-            )),
-            Err(nix::errno::Errno::EADDRINUSE) => Ok(RecordingClaim { _socket: None }),
-            Err(e) => Err(failed("bind", e)),
+            drop(held_here);
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 }
 
-/// Whether the claim at `address` is held by a user who may patch process
-/// `pid`: root or its owner. A holder that does not answer is not.
-fn held_by_proftap(pid: i32, address: &UnixAddr) -> bool {
-    let Ok(owner) = std::fs::metadata(format!("/proc/{pid}")).map(|m| m.uid()) else { return false };
+/// Who holds a claim's name.
+enum Holder {
+    /// This process (see [`HELD_HERE`]).
+    ThisProcess,
+    /// Another process of a user who may patch the process: root or its owner.
+    Proftap,
+    /// Anyone else, or a holder that does not answer.
+    Other,
+}
+
+/// Who holds the claim of process `pid` at `address`.
+fn holder(pid: i32, address: &UnixAddr) -> Holder {
+    let Ok(owner) = std::fs::metadata(format!("/proc/{pid}")).map(|m| m.uid()) else { return Holder::Other };
     let Ok(asking) = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None) else {
-        return false;
+        return Holder::Other;
     };
     if connect(asking.as_raw_fd(), address).is_err() {
-        return false;
+        return Holder::Other;
     }
-    getsockopt(&asking, sockopt::PeerCredentials).is_ok_and(|holder| holder.uid() == 0 || holder.uid() == owner)
+    match getsockopt(&asking, sockopt::PeerCredentials) {
+        Ok(holder) if holder.uid() != 0 && holder.uid() != owner => Holder::Other,
+        Ok(holder) if holder.pid() == std::process::id() as i32 => Holder::ThisProcess,
+        Ok(_) => Holder::Proftap,
+        Err(_) => Holder::Other,
+    }
 }
 
 #[cfg(test)]
@@ -86,6 +132,39 @@ mod tests {
         drop(first);
         RecordingClaim::take(pid).expect("claimed again once the first ended");
         assert!(RecordingClaim::take(i32::MAX).is_err(), "no such process");
+    }
+
+    /// A child starting holds a copy of this process's claim until its
+    /// exec: the claim, dropped meanwhile, is taken again once it is gone.
+    #[test]
+    fn a_claim_dropped_but_held_by_a_starting_child_is_waited_for() {
+        // Another process than the other tests claim.
+        let mut claimed = std::process::Command::new("sleep").arg("10").spawn().expect("sleep");
+        let pid = claimed.id() as i32;
+        let first = RecordingClaim::take(pid).expect("the first claim");
+        let kept = first._socket.as_ref().expect("bound").as_raw_fd() as u32;
+        // SAFETY: the child only closes descriptors, sleeps and exits, all
+        // async-signal-safe.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            let pause = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+            // SAFETY: as above. Every descriptor but the claim's is closed:
+            // the other tests' sockets are not held meanwhile.
+            unsafe {
+                libc::syscall(libc::SYS_close_range, 3u32, kept - 1, 0u32);
+                libc::syscall(libc::SYS_close_range, kept + 1, u32::MAX, 0u32);
+                libc::nanosleep(&pause, std::ptr::null_mut());
+                libc::_exit(0);
+            }
+        }
+        assert!(child > 0, "fork: {}", std::io::Error::last_os_error());
+        drop(first);
+        let again = RecordingClaim::take(pid);
+        let exited = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child), None);
+        let _ = claimed.kill();
+        let _ = claimed.wait();
+        again.expect("claimed again once the child's copy closed");
+        assert!(matches!(exited, Ok(nix::sys::wait::WaitStatus::Exited(_, 0))), "{exited:?}");
     }
 
     #[test]
