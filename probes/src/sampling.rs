@@ -408,6 +408,9 @@ pub struct ResolvedStack {
 /// Frames (innermost first) and the line of one address.
 type Named = (Vec<SampledFrame>, Option<(String, u32)>);
 
+/// Frames of one address, and its line once asked for (`None`: not yet).
+type NamedOnce = (Vec<SampledFrame>, Option<Option<(String, u32)>>);
+
 /// Names the stacks of samples.
 pub struct StackResolver {
     /// Where modules' symbols and images come from (read once per recording).
@@ -415,8 +418,9 @@ pub struct StackResolver {
     processes: FxHashMap<u32, Process>,
     modules: Vec<ModuleInfo>,
     module_ids: HashMap<String, usize>,
-    /// (module, virtual address) -> what it is named.
-    symbolized: FxHashMap<(usize, u64), Named>,
+    /// (module, virtual address) -> what it is named, and its line once a
+    /// sample was taken there (a return address needs none).
+    symbolized: FxHashMap<(usize, u64), NamedOnce>,
     /// Kernel probes may be hit: a sample in the kernel may be mid-probe.
     kernel_probes: bool,
     /// A copy of proftap's own vDSO, made at the first `[vdso]` mapping.
@@ -702,7 +706,7 @@ impl StackResolver {
         for (depth, &(address, _)) in addresses.iter().enumerate() {
             // A return address points after the call: look up the call.
             let lookup = if depth == 0 { address } else { address.saturating_sub(1) };
-            let (named, at) = self.symbolize(sample.pid, lookup);
+            let (named, at) = self.symbolize(sample.pid, lookup, depth == 0);
             if depth == 0 {
                 line = at;
             }
@@ -920,8 +924,9 @@ impl StackResolver {
         self.processes.get(&pid).is_some_and(|p| p.mappings.iter().any(|m| (m.start..m.end).contains(&address)))
     }
 
-    /// Frames (innermost first, inlined frames included) and the line of an address.
-    fn symbolize(&mut self, pid: u32, address: u64) -> Named {
+    /// Frames (innermost first, inlined frames included) of an address,
+    /// and `with_line` its line.
+    fn symbolize(&mut self, pid: u32, address: u64, with_line: bool) -> Named {
         let mapping = self.processes.get(&pid).and_then(|p| {
             let i = p.mappings.partition_point(|m| m.start <= address).checked_sub(1)?;
             let m = &p.mappings[i];
@@ -941,17 +946,31 @@ impl StackResolver {
             let module = info.path.clone();
             return (vec![frame(&format!("[unknown: {module}]"), &module, false)], None);
         };
-        if let Some(cached) = self.symbolized.get(&(mapping.module, vaddr)) {
-            return cached.clone();
-        }
+        let key = (mapping.module, vaddr);
         let info = &self.modules[mapping.module];
+        let frames_at = |with_line: bool| {
+            let (reader, index) = info.frames(&self.symbols)?;
+            let die = index.function_at(crate::addr::VirtAddr(vaddr)).and_then(|f| f.die);
+            Some(if with_line {
+                reader.at(vaddr, die)
+            } else {
+                crate::symbols::FramesAt { inlined: reader.inlined_at(vaddr, die), line: None }
+            })
+        };
+        if let Some((frames, line)) = self.symbolized.get(&key) {
+            if !with_line || line.is_some() {
+                return (frames.clone(), line.clone().flatten());
+            }
+            let line = frames_at(true).and_then(|found| found.line);
+            let frames = frames.clone();
+            self.symbolized.insert(key, (frames.clone(), Some(line.clone())));
+            return (frames, line);
+        }
         let module = info.path.clone();
         let function = info.symbols.as_ref().and_then(|s| s.name_at(crate::addr::VirtAddr(vaddr))).map(str::to_string);
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut line = None;
-        if let Some((reader, index)) = info.frames(&self.symbols) {
-            let die = index.function_at(crate::addr::VirtAddr(vaddr)).and_then(|f| f.die);
-            let found = reader.at(vaddr, die);
+        if let Some(found) = frames_at(with_line) {
             // Paths as the function table writes them (no `a/../`), or a file would be two.
             line = found.line;
             names.extend(found.inlined.iter().map(|raw| (demangle_name(raw), true)));
@@ -966,7 +985,7 @@ impl StackResolver {
             }
         }
         let frames: Vec<SampledFrame> = names.iter().map(|(n, inlined)| frame(n, &module, *inlined)).collect();
-        self.symbolized.insert((mapping.module, vaddr), (frames.clone(), line.clone()));
+        self.symbolized.insert(key, (frames.clone(), with_line.then(|| line.clone())));
         (frames, line)
     }
 }
@@ -1112,6 +1131,33 @@ mod probe_tests {
         let probing = named(&mut resolver, pid, engine + 0x40, sp, at_slot, &[(sp, ret)]);
         assert_eq!(probing.last().map(String::as_str), Some(PROBE_OVERHEAD_FRAME), "{probing:?}");
     }
+
+    /// A line is read for the innermost frame only (a caller's needs none,
+    /// and a unit's line table is the costliest part to read); an address
+    /// named first as a caller's gets its line when a sample is taken there.
+    #[test]
+    fn an_address_named_first_as_a_callers_has_its_line_when_sampled_there() {
+        let address = an_address_with_a_line as *const () as usize as u64;
+        let pid = std::process::id();
+        let maps = crate::procfs::read_maps(pid as i32).expect("own maps");
+        let code = maps.iter().find(|m| m.executable && m.start.0 <= address && address < m.end.0).expect("own code mapped");
+        let path = code.path.clone().expect("own file");
+        let resolver = || {
+            let mut resolver = StackResolver::new(Arc::new(SymbolCache::new(crate::symbols::DebugDirs(Vec::new()))));
+            resolver.mapped(pid, code.start.0, code.end.0 - code.start.0, code.offset.0, &path);
+            resolver
+        };
+        let (frames, line) = resolver().symbolize(pid, address, true);
+        assert!(line.as_ref().is_some_and(|(file, _)| file.ends_with("sampling.rs")), "{line:?}");
+        let mut named_as_caller = resolver();
+        assert_eq!(named_as_caller.symbolize(pid, address, false), (frames.clone(), None));
+        assert_eq!(named_as_caller.symbolize(pid, address, true), (frames, line));
+    }
+
+    #[inline(never)]
+    fn an_address_with_a_line(x: u64) -> u64 {
+        x * 7 + 3
+    }
 }
 
 #[cfg(test)]
@@ -1142,7 +1188,7 @@ mod jit_tests {
         jit.0.kill().expect("kill");
         jit.0.wait().expect("reaped");
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the process is gone");
-        let (frames, _) = resolver.symbolize(pid, 0x10010);
+        let (frames, _) = resolver.symbolize(pid, 0x10010, true);
         assert_eq!(frames.first().map(|f| f.name.as_str()), Some("JS:short"), "{frames:?}");
     }
 }

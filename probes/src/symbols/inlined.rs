@@ -143,6 +143,17 @@ impl FrameReader {
     /// The inlined calls and the line at `address`, in the function whose
     /// entry is at `die` in `.debug_info` (its line alone where no entry is known).
     pub fn at(&self, address: u64, die: Option<u64>) -> FramesAt {
+        self.read_at(address, die, true)
+    }
+
+    /// The inlined calls at `address`, as [`FrameReader::at`] finds them,
+    /// without the line: a caller's frame needs none, and a unit's line
+    /// table is the costliest part to read.
+    pub fn inlined_at(&self, address: u64, die: Option<u64>) -> Vec<String> {
+        self.read_at(address, die, false).inlined
+    }
+
+    fn read_at(&self, address: u64, die: Option<u64>, with_line: bool) -> FramesAt {
         let place = die.and_then(|die| self.unit_holding(die));
         let unit = match &place {
             Some((index, _)) => self.unit(*index),
@@ -154,7 +165,7 @@ impl FrameReader {
             self.inlined_calls(&unit, die, offset, address, &mut inlined);
             inlined.reverse();
         }
-        FramesAt { inlined, line: self.line_at(&unit, address) }
+        FramesAt { inlined, line: if with_line { self.line_at(&unit, address) } else { None } }
     }
 
     /// The index of the unit holding the entry at `die`, and its offset in that unit.
