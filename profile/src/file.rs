@@ -146,14 +146,45 @@ pub fn write_profile_to(out: &mut dyn Write, profile: &Profile) -> std::io::Resu
     // The fastest level: a fifth larger than the default, a third of its
     // time, which every recording waits for at its end.
     let mut gz = GzEncoder::new(out, Compression::fast());
-    // serde_json writes a few bytes at a time; each write to the encoder
-    // costs a compression call, so they are gathered first.
-    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, &mut gz);
-    serde_json::to_writer(&mut buffered, profile).map_err(std::io::Error::from)?;
-    buffered.flush()?;
-    drop(buffered);
+    // Serialized on a thread of its own while this one compresses: each
+    // takes about half the time, and a recording waits for both.
+    std::thread::scope(|scope| {
+        let (chunks, received) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
+        let serializer = scope.spawn(move || {
+            // serde_json writes a few bytes at a time: they go on in chunks.
+            let mut buffered = std::io::BufWriter::with_capacity(CHUNK_BYTES, ChunkSender(chunks));
+            serde_json::to_writer(&mut buffered, profile).map_err(std::io::Error::from)?;
+            buffered.flush()
+        });
+        // On a failure to write, the chunks stop being taken: the
+        // serializer fails its next send and ends.
+        let compressed = received.iter().try_for_each(|chunk: Vec<u8>| gz.write_all(&chunk));
+        drop(received);
+        let serialized = serializer.join().unwrap_or_else(|_| Err(std::io::Error::other("the profile's serializer failed")));
+        compressed.and(serialized)
+    })?;
     gz.finish()?;
     Ok(())
+}
+
+/// The bytes of JSON handed to the compressor at a time.
+const CHUNK_BYTES: usize = 1 << 16;
+
+/// Chunks serialized ahead of the compressor, at most.
+const CHUNKS_AHEAD: usize = 8;
+
+/// Hands what is written on, a chunk at a time.
+struct ChunkSender(std::sync::mpsc::SyncSender<Vec<u8>>);
+
+impl Write for ChunkSender {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.send(bytes.to_vec()).map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +229,13 @@ mod tests {
         let mut whole = Vec::new();
         write_profile_to(&mut whole, &profile).expect("written");
         assert!(whole.len() > 100_000, "{} bytes", whole.len());
+        // Many chunks of JSON, compressed as they come, read back whole.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.proftap");
+        std::fs::write(&path, &whole).expect("write");
+        let back = read_profile(&path).expect("read");
+        assert_eq!(back.functions.len(), profile.functions.len());
+        assert!(back.functions.iter().zip(&profile.functions).all(|(a, b)| a.name == b.name));
     }
 
     #[test]

@@ -191,7 +191,8 @@ fn function_stats(
     how: &Conversion<'_>,
 ) -> Vec<FunctionStats> {
     let outermost = outermost_nodes(nodes);
-    let mut by_function: Vec<Option<FunctionStats>> = vec![None; thread.calls.len()];
+    // By function: a thread runs few of them, of the thousands patched.
+    let mut by_function: std::collections::BTreeMap<u32, FunctionStats> = std::collections::BTreeMap::new();
     let ns = |cycles: u64| how.clock.duration_ns(cycles);
     let own = |m: usize| how.compensation.map_or(0, |c| c[m].own);
     // Totals from the tree (in the profile's units, compensated); the
@@ -203,8 +204,10 @@ fn function_stats(
     };
     let mut timed = vec![0u64; thread.calls.len()];
     for (i, (node, counted)) in nodes.iter().zip(tree).enumerate().skip(1) {
-        let Some(slot) = by_function.get_mut(node.function as usize) else { continue };
-        let f = slot.get_or_insert_with(|| FunctionStats::new(node.function, how.metrics));
+        if node.function as usize >= thread.calls.len() {
+            continue;
+        }
+        let f = by_function.entry(node.function).or_insert_with(|| FunctionStats::new(node.function, how.metrics));
         f.unwound += node.unwound;
         timed[node.function as usize] = timed[node.function as usize].saturating_add(node.calls);
         if node.calls == 0 {
@@ -230,20 +233,19 @@ fn function_stats(
     }
     for (function, calls) in thread.calls.iter().enumerate() {
         if *calls > 0 {
-            by_function[function].get_or_insert_with(|| FunctionStats::new(function as u32, how.metrics));
+            by_function.entry(function as u32).or_insert_with(|| FunctionStats::new(function as u32, how.metrics));
         }
     }
     by_function
-        .into_iter()
-        .enumerate()
-        .filter_map(|(function, f)| {
-            let mut f = f?;
+        .into_values()
+        .map(|mut f| {
+            let function = f.function as usize;
             f.calls = thread.calls[function];
             f.unfinished = unfinished[function];
             // Counted by the runtime, in no context: out of room, too deep,
             // or made while the runtime was busy.
             f.untimed = f.calls.saturating_sub(timed[function]);
-            Some(f)
+            f
         })
         .collect()
 }
