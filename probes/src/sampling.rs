@@ -87,7 +87,8 @@ struct ModuleInfo {
     /// Its debug info, for inlined frames and lines: read at the first
     /// sample in the module.
     frames: std::cell::OnceCell<Option<(FrameReader, Arc<SymbolIndex>)>>,
-    /// Its symbol index being read ahead, waited for rather than read twice.
+    /// Its symbol index and debug info being read ahead, waited for rather
+    /// than read twice.
     ahead: std::cell::Cell<Option<FramesAhead>>,
     unwind: Option<Arc<UnwindSections>>,
     /// Why its frames cannot be named, when they cannot.
@@ -135,15 +136,21 @@ fn debug_file(index: &SymbolIndex, open: &Path) -> Option<PathBuf> {
 /// take beside the program).
 pub struct FramesAhead {
     file: (u64, u64),
-    reader: std::thread::JoinHandle<()>,
+    reader: std::thread::JoinHandle<Option<(FrameReader, Arc<SymbolIndex>)>>,
 }
 
 impl FramesAhead {
-    /// Starts reading the full symbol index of the program at `path`.
+    /// Starts reading the full symbol index of the program at `path`, and
+    /// opening its debug info for its frames.
     pub fn start(symbols: &Arc<SymbolCache>, path: &Path) -> Option<FramesAhead> {
         let file = file_identity(path)?;
         let (symbols, path) = (symbols.clone(), path.to_path_buf());
-        let read = move || drop(symbols.index(&path, &path, false));
+        let read = move || {
+            let index = symbols.index(&path, &path, false).ok()?;
+            let reader = FrameReader::open(&debug_file(&index, &path)?)?;
+            reader.read_ahead();
+            Some((reader, index))
+        };
         let reader = std::thread::Builder::new().name("proftap-frames".into()).spawn(read).ok()?;
         Some(FramesAhead { file, reader })
     }
@@ -174,8 +181,9 @@ impl ModuleInfo {
                 if !self.with_lines {
                     return None;
                 }
-                if let Some(ahead) = self.ahead.take() {
-                    let _ = ahead.reader.join();
+                let ahead = self.ahead.take().and_then(|ahead| ahead.reader.join().ok().flatten());
+                if ahead.is_some() {
+                    return ahead;
                 }
                 let index = cache.index(Path::new(&self.path), &self.open, false).ok()?;
                 let reader = FrameReader::open(&debug_file(&index, &self.open)?)?;

@@ -204,7 +204,23 @@ impl FrameReader {
     /// The unit that holds the code at `address`: as `.debug_aranges`
     /// says, else as the unit's own entry says (clang writes no aranges).
     fn unit_with_code(&self, address: u64) -> Option<usize> {
-        let aranges = self.aranges.get_or_init(|| {
+        let aranges = self.aranges();
+        let i = aranges.partition_point(|(start, _, _)| *start <= address).checked_sub(1)?;
+        let (_, end, unit) = aranges[i];
+        (address < end).then_some(unit)
+    }
+
+    /// Reads now what the first addresses looked up would read: which unit
+    /// holds which code. On a thread of its own, before a program runs,
+    /// that is time the sampler need not take beside the program.
+    pub fn read_ahead(&self) {
+        self.aranges();
+    }
+
+    /// Which unit holds which code: the ranges `.debug_aranges` gives, and
+    /// those of the units it does not describe (clang writes none), sorted.
+    fn aranges(&self) -> &[(u64, u64, usize)] {
+        self.aranges.get_or_init(|| {
             let mut ranges = Vec::new();
             let mut headers = self.dwarf.debug_aranges.headers();
             while let Ok(Some(header)) = headers.next() {
@@ -234,10 +250,7 @@ impl FrameReader {
             }
             ranges.sort_unstable();
             ranges
-        });
-        let i = aranges.partition_point(|(start, _, _)| *start <= address).checked_sub(1)?;
-        let (_, end, unit) = aranges[i];
-        (address < end).then_some(unit)
+        })
     }
 
     /// Pushes the names of the calls inlined into the function whose entry
