@@ -129,11 +129,11 @@ fn debug_file(index: &SymbolIndex, open: &Path) -> Option<PathBuf> {
     }
 }
 
-/// Where each function of a launched program is described in its DWARF,
-/// being read on a thread of its own into the symbol cache: its samples
-/// need it from the first, and sampling alone reads only its symbol table
-/// before it runs (for a large program, milliseconds the sampler would
-/// take beside the program).
+/// Where each function of a launched program is described in its DWARF
+/// (read into the symbol cache), and its debug info opened for its frames,
+/// on a thread of its own: its samples need them from the first, and
+/// sampling alone reads only its symbol table before it runs (for a large
+/// program, milliseconds the sampler would take beside the program).
 pub struct FramesAhead {
     file: (u64, u64),
     reader: std::thread::JoinHandle<Option<(FrameReader, Arc<SymbolIndex>)>>,

@@ -146,21 +146,30 @@ pub fn write_profile_to(out: &mut dyn Write, profile: &Profile) -> std::io::Resu
     // The fastest level: a fifth larger than the default, a third of its
     // time, which every recording waits for at its end.
     let mut gz = GzEncoder::new(out, Compression::fast());
-    // Serialized on a thread of its own while this one compresses: each
-    // takes about half the time, and a recording waits for both.
     std::thread::scope(|scope| {
-        let (chunks, received) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
-        let serializer = scope.spawn(move || {
-            // serde_json writes a few bytes at a time: they go on in chunks.
-            let mut buffered = std::io::BufWriter::with_capacity(CHUNK_BYTES, ChunkSender(chunks));
+        // Serialized on a thread of its own while this one compresses: each
+        // takes about half the time, and a recording waits for both.
+        let (to, chunks) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
+        let serialize = move || {
+            let mut sender = ChunkSender { chunk: Vec::with_capacity(CHUNK_BYTES), to };
+            serde_json::to_writer(&mut sender, profile).map_err(std::io::Error::from)?;
+            sender.flush()
+        };
+        let Ok(serializer) = std::thread::Builder::new().spawn_scoped(scope, serialize) else {
+            // No thread to be had: both here, the JSON gathered first (serde_json
+            // writes a few bytes at a time, each write to the encoder a call).
+            let mut buffered = std::io::BufWriter::with_capacity(CHUNK_BYTES, &mut gz);
             serde_json::to_writer(&mut buffered, profile).map_err(std::io::Error::from)?;
-            buffered.flush()
-        });
+            return buffered.flush();
+        };
         // On a failure to write, the chunks stop being taken: the
         // serializer fails its next send and ends.
-        let compressed = received.iter().try_for_each(|chunk: Vec<u8>| gz.write_all(&chunk));
-        drop(received);
-        let serialized = serializer.join().unwrap_or_else(|_| Err(std::io::Error::other("the profile's serializer failed")));
+        let compressed = chunks.iter().try_for_each(|chunk: Vec<u8>| gz.write_all(&chunk));
+        drop(chunks);
+        let serialized = serializer.join().unwrap_or_else(|panic| {
+            let why = panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+            Err(std::io::Error::other(format!("the profile could not be serialized: {}", why.unwrap_or("its thread panicked"))))
+        });
         compressed.and(serialized)
     })?;
     gz.finish()?;
@@ -173,17 +182,28 @@ const CHUNK_BYTES: usize = 1 << 16;
 /// Chunks serialized ahead of the compressor, at most.
 const CHUNKS_AHEAD: usize = 8;
 
-/// Hands what is written on, a chunk at a time.
-struct ChunkSender(std::sync::mpsc::SyncSender<Vec<u8>>);
+/// Hands what is written on to `to`, a chunk of at least [`CHUNK_BYTES`]
+/// at a time (and what is left, when flushed).
+struct ChunkSender {
+    chunk: Vec<u8>,
+    to: std::sync::mpsc::SyncSender<Vec<u8>>,
+}
 
 impl Write for ChunkSender {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.send(bytes.to_vec()).map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
+        self.chunk.extend_from_slice(bytes);
+        if self.chunk.len() >= CHUNK_BYTES {
+            self.flush()?;
+        }
         Ok(bytes.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        if self.chunk.is_empty() {
+            return Ok(());
+        }
+        let full = std::mem::replace(&mut self.chunk, Vec::with_capacity(CHUNK_BYTES));
+        self.to.send(full).map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))
     }
 }
 

@@ -394,7 +394,8 @@ fn finished<T>(thread: std::thread::JoinHandle<T>, what: &str) -> Result<T, Reco
 /// program and its libraries take milliseconds to free, which the end of
 /// a recording need not wait for.
 pub(crate) fn drop_aside<T: Send + 'static>(value: T) {
-    std::thread::spawn(move || drop(value));
+    // Where no thread can be made, the value goes with the closure, here.
+    let _ = std::thread::Builder::new().spawn(move || drop(value));
 }
 
 /// Which of `all` uprobes see: what the engine does not record (it records

@@ -210,9 +210,10 @@ impl FrameReader {
         (address < end).then_some(unit)
     }
 
-    /// Reads now what the first addresses looked up would read: which unit
-    /// holds which code. On a thread of its own, before a program runs,
-    /// that is time the sampler need not take beside the program.
+    /// Reads now which unit holds which code, for addresses no function's
+    /// entry names (code the symbol table knows nothing of, or whose entry
+    /// is not found). On a thread of its own, before a program runs, that
+    /// is time the sampler need not take beside the program.
     pub fn read_ahead(&self) {
         self.aranges();
     }
