@@ -187,6 +187,14 @@ impl EngineMemory {
         returns
     }
 
+    /// The return addresses of every sample taken before `ns` were read:
+    /// a child that ended before needs its memory no more.
+    pub fn samples_named_until(&self, ns: u64) {
+        if let Some(children) = &self.children {
+            children.samples_named_until(ns);
+        }
+    }
+
     /// Process `pid` was forked at `time`: a memory kept under its pid was
     /// an earlier process's.
     pub fn forked(&mut self, pid: i32, time: u64) {
@@ -489,6 +497,8 @@ impl<'a> Driver<'a> {
                 sample.returns = self.consumer.engine.return_addresses(sample);
             }
         }
+        // A sample is in its ring within microseconds of being taken.
+        self.consumer.engine.samples_named_until(watermark);
         // Then those that ended, whose fork times and memories go: a shell
         // forks without end.
         for event in &self.queue.pending()[before..] {

@@ -10,11 +10,13 @@
 //! Anyone on the machine can connect to either socket: a sender must
 //! be of the target's user (or root), send one memfd of the expected size,
 //! which is sealed against shrinking before it is mapped; what it holds is
-//! read as any target's memory is, checked. The memory of at most
-//! [`MOST_HELD_CHILDREN`] is held at once: past that, the children that
-//! ended are read and their memory let go, their totals kept (at most
-//! [`MOST_LET_GO_BYTES`] of them), so that a program forking children
-//! by the thousand has each one counted. Children past the limits are
+//! read as any target's memory is, checked. A child that ended is read and
+//! its memory let go, its totals kept (at most [`MOST_LET_GO_BYTES`] of
+//! them), once every sample taken before it ended was named (their stacks
+//! are read through its memory): a few at a time as children come and go,
+//! more when [`MOST_HELD_CHILDREN`] are held at once, so that a program
+//! forking children by the thousand has each one counted and the end of
+//! its recording does not read them all. Children past the limits are
 //! counted.
 //!
 //! A child's calls in progress when it ends never return: they end when it
@@ -47,6 +49,11 @@ pub const MOST_HELD_CHILDREN: usize = 4096;
 /// How many ended children's memory is read and let go at once: reading
 /// one takes tens of microseconds, while children wait to be taken.
 const LET_GO_AT_ONCE: usize = 64;
+
+/// How many are let go at once while fewer are held: reading them as they
+/// end, beside the program, leaves fewer for the end of the recording,
+/// and the lock other readers wait on is held for less.
+const LET_GO_BESIDE: usize = 8;
 
 /// Most bytes of totals kept of children whose memory was let go: a
 /// shell's child takes a few kilobytes, so hundreds of thousands fit.
@@ -161,25 +168,30 @@ struct Received {
     first_held: usize,
     /// Bytes of the totals kept of children whose memory was let go.
     let_go_bytes: u64,
+    /// Samples taken before this (CLOCK_MONOTONIC, ns) were named: a
+    /// child that ended earlier needs its memory no more for its stacks.
+    samples_named_until_ns: u64,
     /// Handed over past the limits, or refused (wrong user, not a memfd
     /// of the right size).
     refused: u64,
 }
 
 impl Received {
-    /// Lets go of the memory of up to [`LET_GO_AT_ONCE`] children that
-    /// ended, the first taken first, keeping what it held (read through
-    /// `memories`), while the totals kept stay within [`MOST_LET_GO_BYTES`].
-    fn let_go_of_ended(&mut self, memories: &ChildMemories) {
+    /// Lets go of the memory of up to `most` children that ended (before
+    /// the samples named so far were taken), the first taken first,
+    /// keeping what it held (read through `memories`), while the totals
+    /// kept stay within [`MOST_LET_GO_BYTES`].
+    fn let_go_of_ended(&mut self, memories: &ChildMemories, most: usize) {
         while self.children.get(self.first_held).is_some_and(|child| child.memory.held().is_none()) {
             self.first_held += 1;
         }
         let mut let_go = 0;
         for child in &mut self.children[self.first_held..] {
-            if let_go == LET_GO_AT_ONCE || self.let_go_bytes >= MOST_LET_GO_BYTES {
+            if let_go == most || self.let_go_bytes >= MOST_LET_GO_BYTES {
                 break;
             }
-            let Some(memory) = child.memory.held().filter(|_| child.ended_ns.is_some()) else { continue };
+            let named = child.ended_ns.is_some_and(|ended| ended < self.samples_named_until_ns);
+            let Some(memory) = child.memory.held().filter(|_| named) else { continue };
             let totals = memory
                 .try_clone()
                 .map_err(|e| format!("cannot map its memory: {e}"))
@@ -301,6 +313,13 @@ pub struct ChildMemories {
 }
 
 impl ChildMemories {
+    /// Every sample taken before `ns` (CLOCK_MONOTONIC) was named: the
+    /// memory of a child that ended before may be let go.
+    pub fn samples_named_until(&self, ns: u64) {
+        let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        received.samples_named_until_ns = received.samples_named_until_ns.max(ns);
+    }
+
     /// A view of the memory of child `pid` forked at `forked_ns` (CLOCK_MONOTONIC),
     /// if it handed it over: not that of an earlier child whose pid it reuses.
     pub fn view(&self, pid: i32, forked_ns: u64) -> Option<TotalsView> {
@@ -412,6 +431,9 @@ fn accept_children(listeners: &[OwnedFd], uid: u32, memories: &ChildMemories) {
                 !gone
             });
         }
+        // Those that ended before, read beside the program rather than all
+        // at the end of the recording (a shell forks hundreds).
+        received.lock().unwrap_or_else(|e| e.into_inner()).let_go_of_ended(memories, LET_GO_BESIDE);
         let ready = listeners.iter().zip(listeners_ready).filter(|(_, ready)| *ready);
         if !ready.fold(true, |open, (listener, _)| open && accept_child(listener, uid, memories, &mut watched)) {
             // Children that connected before are taken, from every listener
@@ -442,7 +464,7 @@ fn accept_child(listener: &OwnedFd, uid: u32, memories: &ChildMemories, watched:
     let child = take_child(&connection, uid, memories.geometry.shared_bytes());
     let mut received = memories.received.lock().unwrap_or_else(|e| e.into_inner());
     if child.is_some() && received.held >= MOST_HELD_CHILDREN {
-        received.let_go_of_ended(memories);
+        received.let_go_of_ended(memories, LET_GO_AT_ONCE);
     }
     match child {
         Some(child) if received.held < MOST_HELD_CHILDREN && received.children.len() < MOST_CHILDREN => {
@@ -523,4 +545,43 @@ fn seal(memory: &OwnedFd, bytes: u64) -> io::Result<()> {
         return Err(io::Error::other(format!("{size} bytes, not {bytes}")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child's memory is read and let go beside the program once it
+    /// ended, but only after every sample taken before its end was named
+    /// (those samples' stacks are read through its memory).
+    #[test]
+    fn an_ended_childs_memory_is_let_go_only_once_its_samples_were_named() {
+        let geometry = Geometry { functions: 1, blocks: 1, ..Geometry::default() };
+        let memories = ChildMemories { received: Arc::default(), geometry, remote: 0 };
+        // SAFETY: memfd_create takes a name and flags.
+        let fd = unsafe { libc::memfd_create(c"child".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+        // SAFETY: the kernel just gave us this descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        std::fs::File::from(fd.try_clone().expect("a copy")).set_len(geometry.shared_bytes()).expect("sized");
+        let held = |memories: &ChildMemories| memories.received.lock().expect("not poisoned").children[0].memory.held().is_some();
+        {
+            let mut received = memories.received.lock().expect("not poisoned");
+            let child = Child { pid: 7, process: None, memory: Memory::Held(fd), taken_ns: 10, ended_ns: Some(100) };
+            received.children.push(child);
+            received.held = 1;
+            received.let_go_of_ended(&memories, LET_GO_BESIDE);
+        }
+        assert!(held(&memories), "let go before its samples were named");
+        memories.samples_named_until(100);
+        memories.received.lock().expect("not poisoned").let_go_of_ended(&memories, LET_GO_BESIDE);
+        assert!(held(&memories), "let go with a sample taken as it ended unnamed");
+        memories.samples_named_until(101);
+        memories.received.lock().expect("not poisoned").let_go_of_ended(&memories, LET_GO_BESIDE);
+        assert!(!held(&memories), "held after its samples were named");
+        // Its totals were read (an empty memory: no header, said so) and are what a view gives.
+        let view = ChildView { pid: 7, ended_ns: Some(100), index: 0, memories: memories.clone() };
+        assert!(view.totals().is_err_and(|why| why.contains("header")), "{:?}", view.totals().err());
+        assert_eq!(memories.received.lock().expect("not poisoned").held, 0);
+    }
 }
