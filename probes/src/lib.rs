@@ -27,7 +27,7 @@ pub mod libs;
 pub mod lines;
 pub mod metrics;
 pub mod offcpu;
-mod parallel;
+pub mod parallel;
 pub mod perf;
 pub mod plan;
 pub mod procfs;

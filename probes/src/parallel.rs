@@ -1,10 +1,11 @@
-//! Work spread over the CPUs, for the large programs whose symbols and
-//! code a recording reads before the program starts.
+//! Work spread over the CPUs: the symbols and code of large programs,
+//! which a recording reads before the program starts, and the threads of
+//! the many children whose numbers it makes as it ends.
 
 /// `items` mapped by `f`, in order, in as many parts as there are CPUs,
 /// each on a thread of its own; on the calling thread alone when there are
 /// fewer than `worth_threads` of them.
-pub(crate) fn on_all_cpus<T: Send, U: Send>(items: Vec<T>, worth_threads: usize, f: impl Fn(T) -> U + Sync) -> Vec<U> {
+pub fn on_all_cpus<T: Send, U: Send>(items: Vec<T>, worth_threads: usize, f: impl Fn(T) -> U + Sync) -> Vec<U> {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     if cpus < 2 || items.len() < worth_threads.max(1) {
         return items.into_iter().map(f).collect();

@@ -13,6 +13,7 @@ use proftap_probes::inject::threads::{Conversion, Cost, RegionSum, add_regions, 
 use proftap_probes::inject::watch::{CallTrace, Judge, Unpatched, Watch, Watched};
 use proftap_probes::lines::LinePlan;
 use proftap_probes::offcpu::{OffCpu, OffCpuSnapshot};
+use proftap_probes::parallel;
 use proftap_probes::plan::ProbedFunction;
 use proftap_probes::target;
 use proftap_profile::{BranchRecord, Finding, Note, TRACED_CALL_BYTES, ThreadProfile};
@@ -111,7 +112,7 @@ impl InjectSource {
         compensation: Option<[Cost; 2]>,
         lines: Option<(&LinePlan, &[ProbedFunction])>,
         uprobes_held_back: Option<f64>,
-        names: &dyn Fn(u32) -> String,
+        names: &Names<'_>,
     ) -> Result<InjectEnding, RecordError> {
         let mut notes = Vec::new();
         let Watched { mut patched, retired, mut trace } = self.watch.finish();
@@ -166,11 +167,20 @@ impl InjectSource {
         read.add_retired(self.pid, &retired.threads, &how, names);
         // A child's memory is its own to spoil: what it wrote is its loss alone.
         let (children, refused) = patched.children();
-        for child in children {
+        // A shell forks hundreds: their threads' profiles are made on every CPU.
+        let children = parallel::on_all_cpus(children, CHILDREN_WORTH_THREADS, |child| {
             // Its calls in progress when it ended end then: they never return.
             let end = child.ended_ns.map_or(ProcessEnd { ns: end_ns, ended: false }, |ns| ProcessEnd { ns: ns.min(end_ns), ended: true });
-            if let Err(error) = child.totals().map(|totals| read.add(child.pid, totals, &how, end, off_cpu, names)) {
-                notes.push(Finding::ChildNotRead { pid: child.pid, error }.into());
+            let read = child.totals().map(|totals| {
+                let profiles = thread_profiles(child.pid, &totals, &how, end, off_cpu, names);
+                (totals, profiles)
+            });
+            (child.pid, read)
+        });
+        for (pid, child) in children {
+            match child {
+                Ok((totals, profiles)) => read.add_profiled(totals, profiles, &how),
+                Err(error) => notes.push(Finding::ChildNotRead { pid, error }.into()),
             }
         }
         if refused > 0 {
@@ -285,6 +295,9 @@ fn kept_calls(trace: CallTrace, bytes: u64, clock: &TscClock, pid: i32) -> Trace
     keeper
 }
 
+/// Children enough to be read on threads of their own.
+const CHILDREN_WORTH_THREADS: usize = 16;
+
 /// What the engine added up, over the patched process and its children.
 #[derive(Default)]
 struct Read {
@@ -307,7 +320,7 @@ struct Read {
 impl Read {
     /// Adds threads of process `pid` that ended while it ran (their blocks
     /// were emptied for other threads): no call of theirs was in progress.
-    fn add_retired(&mut self, pid: i32, threads: &[ThreadTotals], how: &Conversion<'_>, names: &dyn Fn(u32) -> String) {
+    fn add_retired(&mut self, pid: i32, threads: &[ThreadTotals], how: &Conversion<'_>, names: &Names<'_>) {
         self.threads.extend(threads.iter().map(|t| thread_profile(pid, names(t.tid), t, None, how)));
         self.calls = threads.iter().flat_map(|t| &t.calls).fold(self.calls, |sum, c| sum.saturating_add(*c));
         self.untimed = threads.iter().fold(self.untimed, |sum, t| sum.saturating_add(t.untimed));
@@ -334,17 +347,15 @@ impl Read {
         how: &Conversion<'_>,
         end: ProcessEnd,
         off_cpu: Option<&OffCpuSnapshot<'_>>,
-        names: &dyn Fn(u32) -> String,
+        names: &Names<'_>,
     ) {
-        let profile = |t: &ThreadTotals| {
-            let entry = off_cpu.and_then(|o| o.entry(t.tid));
-            // A thread of a process that ended left its CPU for the last time as it ended.
-            let left = entry.and_then(|e| e.left_at_ns()).filter(|&left| end.ended && left <= end.ns);
-            let end_ns = left.unwrap_or(end.ns);
-            let off_now = entry.map(|e| e.off_cpu_ns_at(end_ns));
-            thread_profile(pid, names(t.tid), t, off_now, &Conversion { end_tsc: how.clock.tsc_at(end_ns), ..*how })
-        };
-        self.threads.extend(totals.threads.iter().map(profile));
+        let profiles = thread_profiles(pid, &totals, how, end, off_cpu, names);
+        self.add_profiled(totals, profiles, how);
+    }
+
+    /// Adds a process's `totals`, whose threads' profiles are `profiles`.
+    fn add_profiled(&mut self, totals: Totals, profiles: Vec<ThreadProfile>, how: &Conversion<'_>) {
+        self.threads.extend(profiles);
         self.calls =
             totals.threads.iter().flat_map(|t| &t.calls).fold(self.calls.saturating_add(totals.unseated), |sum, c| sum.saturating_add(*c));
         self.untimed = totals.threads.iter().fold(self.untimed.saturating_add(totals.unseated), |sum, t| sum.saturating_add(t.untimed));
@@ -355,6 +366,30 @@ impl Read {
         self.unpaired_returns = self.unpaired_returns.saturating_add(totals.unseated_returns);
         self.children_unreached = self.children_unreached.saturating_add(totals.children_unreached);
     }
+}
+
+/// Thread names by thread id.
+type Names<'a> = dyn Fn(u32) -> String + Sync + 'a;
+
+/// The profiles of the threads of process `pid` in `totals`, with each
+/// thread's time off CPU from `off_cpu`, its calls in progress ending at `end`.
+fn thread_profiles(
+    pid: i32,
+    totals: &Totals,
+    how: &Conversion<'_>,
+    end: ProcessEnd,
+    off_cpu: Option<&OffCpuSnapshot<'_>>,
+    names: &Names<'_>,
+) -> Vec<ThreadProfile> {
+    let profile = |t: &ThreadTotals| {
+        let entry = off_cpu.and_then(|o| o.entry(t.tid));
+        // A thread of a process that ended left its CPU for the last time as it ended.
+        let left = entry.and_then(|e| e.left_at_ns()).filter(|&left| end.ended && left <= end.ns);
+        let end_ns = left.unwrap_or(end.ns);
+        let off_now = entry.map(|e| e.off_cpu_ns_at(end_ns));
+        thread_profile(pid, names(t.tid), t, off_now, &Conversion { end_tsc: how.clock.tsc_at(end_ns), ..*how })
+    };
+    totals.threads.iter().map(profile).collect()
 }
 
 /// When an in-process recording ends (CLOCK_MONOTONIC ns).
