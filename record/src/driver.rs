@@ -497,8 +497,6 @@ impl<'a> Driver<'a> {
                 sample.returns = self.consumer.engine.return_addresses(sample);
             }
         }
-        // A sample is in its ring within microseconds of being taken.
-        self.consumer.engine.samples_named_until(watermark);
         // Then those that ended, whose fork times and memories go: a shell
         // forks without end.
         for event in &self.queue.pending()[before..] {
@@ -516,6 +514,11 @@ impl<'a> Driver<'a> {
         self.change_probes();
         let consumer = &mut self.consumer;
         let released = self.queue.release(Some(watermark), |e| consumer.consume(e));
+        // Every sample taken before the watermark was drained (a sample is
+        // in its ring within microseconds of being taken) and released: its
+        // return addresses were read, a second time if its child's memory
+        // was not at hand when it was drained.
+        self.consumer.engine.samples_named_until(watermark);
         self.rate.count(released);
         self.tell_counters();
     }

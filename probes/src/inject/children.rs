@@ -10,14 +10,14 @@
 //! Anyone on the machine can connect to either socket: a sender must
 //! be of the target's user (or root), send one memfd of the expected size,
 //! which is sealed against shrinking before it is mapped; what it holds is
-//! read as any target's memory is, checked. A child that ended is read and
-//! its memory let go, its totals kept (at most [`MOST_LET_GO_BYTES`] of
-//! them), once every sample taken before it ended was named (their stacks
-//! are read through its memory): a few at a time as children come and go,
-//! more when [`MOST_HELD_CHILDREN`] are held at once, so that a program
-//! forking children by the thousand has each one counted and the end of
-//! its recording does not read them all. Children past the limits are
-//! counted.
+//! read as any target's memory is, checked. A child seen to end is read
+//! and its memory let go, its totals kept (at most [`MOST_LET_GO_BYTES`]
+//! of them), once every sample taken before it ended was named (their
+//! stacks are read through its memory), so that the end of a recording
+//! does not read hundreds of them. Past [`MOST_HELD_CHILDREN`] held at
+//! once, those that ended are let go whatever their totals take, so that
+//! a program forking children by the thousand has each one counted.
+//! Children past the limits are counted.
 //!
 //! A child's calls in progress when it ends never return: they end when it
 //! did, which the thread taking children notes as each child's process
@@ -43,16 +43,16 @@ pub const MOST_CHILDREN: usize = 1 << 20;
 
 /// Children whose memory is held at once (each holds two descriptors, its
 /// memory's and its process's). Past it, those that ended are read and
-/// their memory let go, [`LET_GO_AT_ONCE`] at a time.
+/// their memory let go, [`LET_GO_AT_ONCE`] at a time, whatever their
+/// totals take (before, as they end, only while they fit).
 pub const MOST_HELD_CHILDREN: usize = 4096;
 
 /// How many ended children's memory is read and let go at once: reading
 /// one takes tens of microseconds, while children wait to be taken.
 const LET_GO_AT_ONCE: usize = 64;
 
-/// How many are let go at once while fewer are held: reading them as they
-/// end, beside the program, leaves fewer for the end of the recording,
-/// and the lock other readers wait on is held for less.
+/// How many ended children are read and let go at once as they end: each
+/// read leaves a child that connects meanwhile waiting for its answer.
 const LET_GO_BESIDE: usize = 8;
 
 /// Most bytes of totals kept of children whose memory was let go: a
@@ -171,27 +171,28 @@ struct Received {
     /// Samples taken before this (CLOCK_MONOTONIC, ns) were named: a
     /// child that ended earlier needs its memory no more for its stacks.
     samples_named_until_ns: u64,
+    /// Children seen to end (their process descriptor ready), in the order
+    /// they were, whose memory was not read yet as they ended.
+    ended_held: std::collections::VecDeque<usize>,
     /// Handed over past the limits, or refused (wrong user, not a memfd
     /// of the right size).
     refused: u64,
 }
 
 impl Received {
-    /// Lets go of the memory of up to `most` children that ended (before
-    /// the samples named so far were taken), the first taken first,
-    /// keeping what it held (read through `memories`), while the totals
-    /// kept stay within [`MOST_LET_GO_BYTES`].
-    fn let_go_of_ended(&mut self, memories: &ChildMemories, most: usize) {
+    /// Lets go of the memory of up to [`LET_GO_AT_ONCE`] children that
+    /// ended, the first taken first, keeping what it held (read through
+    /// `memories`), while the totals kept stay within [`MOST_LET_GO_BYTES`].
+    fn let_go_of_ended(&mut self, memories: &ChildMemories) {
         while self.children.get(self.first_held).is_some_and(|child| child.memory.held().is_none()) {
             self.first_held += 1;
         }
         let mut let_go = 0;
         for child in &mut self.children[self.first_held..] {
-            if let_go == most || self.let_go_bytes >= MOST_LET_GO_BYTES {
+            if let_go == LET_GO_AT_ONCE || self.let_go_bytes >= MOST_LET_GO_BYTES {
                 break;
             }
-            let named = child.ended_ns.is_some_and(|ended| ended < self.samples_named_until_ns);
-            let Some(memory) = child.memory.held().filter(|_| named) else { continue };
+            let Some(memory) = child.memory.held().filter(|_| child.ended_ns.is_some()) else { continue };
             let totals = memory
                 .try_clone()
                 .map_err(|e| format!("cannot map its memory: {e}"))
@@ -203,6 +204,48 @@ impl Received {
             child.process = None;
             self.held -= 1;
             let_go += 1;
+        }
+    }
+
+    /// The next child seen to end whose memory is held and whose samples
+    /// were all named, with a copy of its memory's descriptor and the
+    /// bytes its totals may take; none when the first to end is not yet named.
+    fn next_ended(&mut self) -> Option<(usize, OwnedFd, u64)> {
+        while let Some(&at) = self.ended_held.front() {
+            let child = &self.children[at];
+            if child.ended_ns.is_none_or(|ended| ended >= self.samples_named_until_ns) {
+                return None;
+            }
+            self.ended_held.pop_front();
+            let Some(Ok(memory)) = child.memory.held().map(OwnedFd::try_clone) else { continue };
+            return Some((at, memory, MOST_LET_GO_BYTES.saturating_sub(self.let_go_bytes)));
+        }
+        None
+    }
+
+    /// Keeps `totals` for child `at` and lets its memory go, unless it was already.
+    fn keep_totals(&mut self, at: usize, totals: Totals) {
+        let Some(child) = self.children.get_mut(at).filter(|child| child.memory.held().is_some()) else { return };
+        self.let_go_bytes = self.let_go_bytes.saturating_add(totals.bytes()).min(MOST_LET_GO_BYTES);
+        child.memory = Memory::LetGo(Arc::new(Ok(totals)));
+        child.process = None;
+        self.held -= 1;
+    }
+}
+
+/// Reads up to [`LET_GO_BESIDE`] children seen to end whose samples were
+/// all named, and lets their memory go, beside the program rather than all
+/// at the end of the recording (a shell forks hundreds). Each is read
+/// without the lock that the recording's readers take. One whose totals do
+/// not fit what may be kept, or cannot be read, stays held: it is read at
+/// the end, with the budget of a process of its own, or said not to be.
+fn let_go_of_ended_beside(memories: &ChildMemories) {
+    let lock = || memories.received.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..LET_GO_BESIDE {
+        let Some((at, memory, budget)) = lock().next_ended() else { return };
+        let Ok(totals) = memories.map(memory).and_then(|view| view.totals_within(budget).map_err(io::Error::other)) else { continue };
+        if totals.over_budget == 0 {
+            lock().keep_totals(at, totals);
         }
     }
 }
@@ -427,13 +470,12 @@ fn accept_children(listeners: &[OwnedFd], uid: u32, memories: &ChildMemories) {
                 let gone = ended.next().unwrap_or(false);
                 if gone && let Some(child) = received.children.get_mut(*at) {
                     child.ended_ns = Some(now);
+                    received.ended_held.push_back(*at);
                 }
                 !gone
             });
         }
-        // Those that ended before, read beside the program rather than all
-        // at the end of the recording (a shell forks hundreds).
-        received.lock().unwrap_or_else(|e| e.into_inner()).let_go_of_ended(memories, LET_GO_BESIDE);
+        let_go_of_ended_beside(memories);
         let ready = listeners.iter().zip(listeners_ready).filter(|(_, ready)| *ready);
         if !ready.fold(true, |open, (listener, _)| open && accept_child(listener, uid, memories, &mut watched)) {
             // Children that connected before are taken, from every listener
@@ -464,7 +506,7 @@ fn accept_child(listener: &OwnedFd, uid: u32, memories: &ChildMemories, watched:
     let child = take_child(&connection, uid, memories.geometry.shared_bytes());
     let mut received = memories.received.lock().unwrap_or_else(|e| e.into_inner());
     if child.is_some() && received.held >= MOST_HELD_CHILDREN {
-        received.let_go_of_ended(memories, LET_GO_AT_ONCE);
+        received.let_go_of_ended(memories);
     }
     match child {
         Some(child) if received.held < MOST_HELD_CHILDREN && received.children.len() < MOST_CHILDREN => {
@@ -550,38 +592,52 @@ fn seal(memory: &OwnedFd, bytes: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
 
-    /// A child's memory is read and let go beside the program once it
-    /// ended, but only after every sample taken before its end was named
-    /// (those samples' stacks are read through its memory).
-    #[test]
-    fn an_ended_childs_memory_is_let_go_only_once_its_samples_were_named() {
-        let geometry = Geometry { functions: 1, blocks: 1, ..Geometry::default() };
-        let memories = ChildMemories { received: Arc::default(), geometry, remote: 0 };
+    /// A memfd the size of a child's memory, with `magic` as its header's.
+    fn memory(geometry: Geometry, magic: u64) -> OwnedFd {
         // SAFETY: memfd_create takes a name and flags.
         let fd = unsafe { libc::memfd_create(c"child".as_ptr(), libc::MFD_CLOEXEC) };
         assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
         // SAFETY: the kernel just gave us this descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        std::fs::File::from(fd.try_clone().expect("a copy")).set_len(geometry.shared_bytes()).expect("sized");
-        let held = |memories: &ChildMemories| memories.received.lock().expect("not poisoned").children[0].memory.held().is_some();
+        let file = std::fs::File::from(fd.try_clone().expect("a copy"));
+        file.set_len(geometry.shared_bytes()).expect("sized");
+        file.write_all_at(&magic.to_ne_bytes(), std::mem::offset_of!(super::super::totals::Header, magic) as u64).expect("written");
+        fd
+    }
+
+    /// A child's memory is read and let go beside the program once it
+    /// ended, but only after every sample taken before its end was named
+    /// (those samples' stacks are read through its memory); one that cannot
+    /// be read stays held, for the end of the recording to say so.
+    #[test]
+    fn an_ended_childs_memory_is_let_go_only_once_its_samples_were_named() {
+        let geometry = Geometry { functions: 1, blocks: 1, ..Geometry::default() };
+        let memories = ChildMemories { received: Arc::default(), geometry, remote: 0 };
+        let held = |at: usize| memories.received.lock().expect("not poisoned").children[at].memory.held().is_some();
         {
             let mut received = memories.received.lock().expect("not poisoned");
-            let child = Child { pid: 7, process: None, memory: Memory::Held(fd), taken_ns: 10, ended_ns: Some(100) };
-            received.children.push(child);
-            received.held = 1;
-            received.let_go_of_ended(&memories, LET_GO_BESIDE);
+            for (pid, magic, ended_ns) in [(7, super::super::totals::MAGIC, 100), (8, 0, 90)] {
+                let child =
+                    Child { pid, process: None, memory: Memory::Held(memory(geometry, magic)), taken_ns: 10, ended_ns: Some(ended_ns) };
+                received.children.push(child);
+                received.held += 1;
+            }
+            received.ended_held.extend([1, 0]);
         }
-        assert!(held(&memories), "let go before its samples were named");
+        let_go_of_ended_beside(&memories);
+        assert!(held(0) && held(1), "let go before their samples were named");
         memories.samples_named_until(100);
-        memories.received.lock().expect("not poisoned").let_go_of_ended(&memories, LET_GO_BESIDE);
-        assert!(held(&memories), "let go with a sample taken as it ended unnamed");
+        let_go_of_ended_beside(&memories);
+        assert!(held(0), "let go with a sample taken as it ended unnamed");
         memories.samples_named_until(101);
-        memories.received.lock().expect("not poisoned").let_go_of_ended(&memories, LET_GO_BESIDE);
-        assert!(!held(&memories), "held after its samples were named");
-        // Its totals were read (an empty memory: no header, said so) and are what a view gives.
+        let_go_of_ended_beside(&memories);
+        assert!(!held(0), "held after its samples were named");
+        assert!(held(1), "a memory that cannot be read was let go");
+        assert_eq!(memories.received.lock().expect("not poisoned").held, 1);
+        // What was read is what a view gives.
         let view = ChildView { pid: 7, ended_ns: Some(100), index: 0, memories: memories.clone() };
-        assert!(view.totals().is_err_and(|why| why.contains("header")), "{:?}", view.totals().err());
-        assert_eq!(memories.received.lock().expect("not poisoned").held, 0);
+        assert!(view.totals().is_ok_and(|totals| totals.threads.is_empty()), "{:?}", view.totals().err());
     }
 }
