@@ -95,6 +95,27 @@ struct ModuleInfo {
     unknown: Option<String>,
 }
 
+/// `mappings` with `start..end` mapped anew over them: what each had
+/// there goes, what it had on either side stays. The kernel tells of a
+/// change of protection of part of a mapping (`mprotect`, as a JIT or a
+/// patcher does on a page of code) as a new mapping of that part alone.
+fn covered_in_part(mappings: Vec<Mapping>, start: u64, end: u64) -> Vec<Mapping> {
+    let mut kept = Vec::with_capacity(mappings.len() + 1);
+    for m in mappings {
+        if m.end <= start || m.start >= end {
+            kept.push(m);
+            continue;
+        }
+        if m.start < start {
+            kept.push(Mapping { end: start, ..m.clone() });
+        }
+        if m.end > end {
+            kept.push(Mapping { start: end, pgoff: m.pgoff.saturating_add(end - m.start), ..m });
+        }
+    }
+    kept
+}
+
 /// Whether process `pid` runs a 64-bit executable (its vDSO is then the
 /// kernel's 64-bit one, proftap's own).
 fn runs_64_bit_code(pid: u32) -> bool {
@@ -571,7 +592,7 @@ impl StackResolver {
             }
         };
         let process = self.processes.entry(pid).or_default();
-        process.mappings.retain(|m| m.end <= start || m.start >= start + len);
+        process.mappings = covered_in_part(std::mem::take(&mut process.mappings), start, start.saturating_add(len));
         process.mappings.push(Mapping { start, end: start + len, pgoff, module });
         process.mappings.sort_by_key(|m| m.start);
         // The unwinder is rebuilt with every mapping at the next sample.
@@ -1165,6 +1186,22 @@ mod probe_tests {
     #[inline(never)]
     fn an_address_with_a_line(x: u64) -> u64 {
         x * 7 + 3
+    }
+
+    /// A page of a library's code given another protection (the kernel
+    /// tells of it as a mapping of that page alone) leaves the rest of the
+    /// library mapped, at the same offsets.
+    #[test]
+    fn a_mapping_over_part_of_another_leaves_the_rest_of_it() {
+        let library = Mapping { start: 0x10000, end: 0x20000, pgoff: 0x1000, module: 3 };
+        let other = Mapping { start: 0x30000, end: 0x31000, pgoff: 0, module: 4 };
+        let kept = covered_in_part(vec![library, other], 0x14000, 0x15000);
+        let spans: Vec<(u64, u64, u64, usize)> = kept.iter().map(|m| (m.start, m.end, m.pgoff, m.module)).collect();
+        assert_eq!(spans, [(0x10000, 0x14000, 0x1000, 3), (0x15000, 0x20000, 0x6000, 3), (0x30000, 0x31000, 0, 4)]);
+        // Over the whole of one and the start of the next: the rest of the next.
+        let kept = covered_in_part(kept, 0x15000, 0x30800);
+        let spans: Vec<(u64, u64, u64)> = kept.iter().map(|m| (m.start, m.end, m.pgoff)).collect();
+        assert_eq!(spans, [(0x10000, 0x14000, 0x1000), (0x30800, 0x31000, 0x800)]);
     }
 }
 
