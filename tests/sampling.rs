@@ -120,6 +120,26 @@ fn stacks_unwind_without_frame_pointers_through_libraries_and_inlined_code() {
     assert!(lines.iter().any(|l| l["file"].as_str().unwrap().ends_with("split.c") && l["self"].as_u64().unwrap() > 10), "{lines:?}");
 }
 
+/// A page of the C library's code given other rights and back (as a JIT
+/// or a patcher does): the kernel tells of that page as a mapping of its
+/// own, and the samples in the rest of the library are still named.
+#[test]
+fn samples_in_a_library_a_page_of_which_changed_protection_are_named() {
+    let _machine = sharing_the_machine();
+    require_probes();
+    let binary = Build::c("reprotect.c", "-O2").build();
+    let report = profile_run(&["--no-instrument", "--sample", "2000"], &[binary.to_str().unwrap(), "100000"]);
+    let functions = report["samples"]["functions"].as_array().unwrap();
+    let total = report["samples"]["total"].as_u64().unwrap();
+    let memset = functions.iter().find(|f| f["name"].as_str().unwrap().contains("memset"));
+    let memset = memset.unwrap_or_else(|| panic!("no memset in {functions:?}"));
+    assert!(memset["module"].as_str().unwrap().ends_with("libc.so.6"), "{memset}");
+    assert!(memset["self"].as_u64().unwrap() * 2 > total, "memset {memset} of {total}");
+    let unnamed: u64 =
+        functions.iter().filter(|f| f["name"].as_str().unwrap().starts_with("[unknown")).map(|f| f["self"].as_u64().unwrap()).sum();
+    assert!(unnamed * 20 < total, "{unnamed} of {total} samples unnamed: {functions:?}");
+}
+
 /// Samples in the vDSO (`clock_gettime`'s code, which no file holds) are
 /// named from the kernel's image, as perf names them, and unwind to `main`.
 #[test]
