@@ -947,3 +947,20 @@ impl Drop for KilledAtTheEnd {
         let _ = self.0.wait();
     }
 }
+
+/// The few pages of the C library that the engine writes (its hooks) are
+/// mappings of their own: the kernel copies, at each fork, the entries of
+/// every resident page of a mapping of code one page of which was written,
+/// the whole library's for three hooks.
+#[test]
+fn the_pages_of_a_library_written_to_are_mappings_of_their_own() {
+    require_probes();
+    let binary = Build::c("libcmaps.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_ok(proftap().args(["run", "-f", "work", "--no-sample", "-o"]).arg(dir.path().join("p.profile")).arg("--").arg(&binary));
+    // Each mapping of the library's code: its size and what of it is written, kB.
+    let mappings: Vec<(u64, u64)> =
+        out.lines().map(|l| l.split_once(' ').map(|(size, written)| (size.parse().unwrap(), written.parse().unwrap())).unwrap()).collect();
+    assert!(mappings.iter().any(|&(_, written)| written > 0), "no hook written: {mappings:?}");
+    assert!(mappings.iter().all(|&(size, written)| written == 0 || size == written), "{mappings:?}");
+}

@@ -417,10 +417,11 @@ pub fn apply(
             }
         })
         .collect();
+    let jumps: Vec<(u64, &[u8])> = applied.iter().map(|a| (a.at, a.jump.as_slice())).collect();
+    let shorts: Vec<(u64, &[u8])> = applied.iter().filter_map(|a| a.short.as_ref().map(|s| (s.at, s.jump.as_slice()))).collect();
+    pages_apart(remote, jumps.iter().chain(&shorts));
     // The islands first: a short jump leads to a jump already there.
-    let written = remote.write_pieces(&applied.iter().map(|a| (a.at, a.jump.as_slice())).collect::<Vec<_>>()).and_then(|()| {
-        remote.write_pieces(&applied.iter().filter_map(|a| a.short.as_ref().map(|s| (s.at, s.jump.as_slice()))).collect::<Vec<_>>())
-    });
+    let written = remote.write_pieces(&jumps).and_then(|()| remote.write_pieces(&shorts));
     if let Err(e) = written {
         // Some jumps may be in place, and no one would know to take them
         // out: the original bytes go back over all of them. (The region
@@ -430,6 +431,41 @@ pub fn apply(
     }
     let counters = counters.map(|shared| EntryCounters { shared, functions: counted });
     Ok(Patches { applied, code: region..region + room as u64, counters, origins })
+}
+
+/// Pages of a module's code written to, at most, to be made mappings of
+/// their own (see [`pages_apart`]): a library's hooks.
+const MOST_PAGES_APART: usize = 16;
+
+/// Makes the pages that `pieces` go to mappings of their own, where they
+/// are few. Once a page of a mapping of a file's code is written (the
+/// process given a copy of it), the kernel copies the entries of every
+/// resident page of that mapping at each fork, and tears them down at each
+/// exit: a whole C library's for a few hooks. A page given write rights
+/// and back is a mapping apart (the commit the kernel charged for it keeps
+/// it from merging back). Only pages of a file, readable and executable
+/// and not writable, change; on a failure a page stays as it was.
+fn pages_apart<'a>(remote: &Remote, pieces: impl Iterator<Item = &'a (u64, &'a [u8])>) {
+    const PAGE: u64 = 4096;
+    let mut pages: Vec<u64> = pieces
+        .filter(|(_, bytes)| !bytes.is_empty())
+        .flat_map(|&(at, bytes)| [at & !(PAGE - 1), at.saturating_add(bytes.len() as u64 - 1) & !(PAGE - 1)])
+        .collect();
+    pages.sort_unstable();
+    pages.dedup();
+    if pages.len() > MOST_PAGES_APART {
+        return;
+    }
+    let (read_execute, write) = ((libc::PROT_READ | libc::PROT_EXEC) as u64, libc::PROT_WRITE as u64);
+    for page in pages {
+        let code = crate::procfs::mapping_at(remote.pid(), page)
+            .ok()
+            .flatten()
+            .filter(|m| m.inode != 0 && m.readable && m.executable && !m.writable && m.end.0 - m.start.0 > PAGE);
+        if code.is_some() && remote.syscall("mprotect", libc::SYS_mprotect, [page, PAGE, read_execute | write, 0, 0, 0]).is_ok() {
+            let _ = remote.syscall("mprotect", libc::SYS_mprotect, [page, PAGE, read_execute, 0, 0, 0]);
+        }
+    }
 }
 
 /// A plan whose trampoline was built: its function, the plan, the
