@@ -229,26 +229,38 @@ impl ModuleInfo {
 
     /// The ELF virtual address of file offset `offset`.
     fn vaddr(&self, offset: u64) -> Option<u64> {
-        let segments = &self.unwind.as_ref()?.segments;
-        let s = segments.iter().find(|s| offset >= s.offset.0 && offset < s.offset.0 + s.file_size)?;
-        Some(offset - s.offset.0 + s.vaddr.0)
+        file_vaddr(&self.unwind.as_ref()?.segments, offset)
     }
 
-    /// The ELF virtual address where a mapping of the file from page
-    /// offset `pgoff` starts: that of the segment the kernel mapped there.
-    /// A segment may start mid-page, its first page shared with the end of
-    /// the one before (lld lays out Rust programs so): the mapping of its
-    /// first page is its own, not the earlier segment's that also holds
-    /// that file offset.
+    /// The ELF virtual address where a mapping of the file's code from
+    /// page offset `pgoff` starts (see [`code_mapping_vaddr`]).
     fn mapping_vaddr(&self, pgoff: u64) -> Option<u64> {
-        let segments = &self.unwind.as_ref()?.segments;
-        let first_page = |s: &&Segment| s.offset.0 & !(PAGE_BYTES - 1) == pgoff;
-        let starting = segments.iter().filter(first_page).max_by_key(|s| s.executable);
-        match starting {
-            Some(s) => Some(pgoff.wrapping_sub(s.offset.0).wrapping_add(s.vaddr.0)),
-            None => self.vaddr(pgoff),
-        }
+        code_mapping_vaddr(&self.unwind.as_ref()?.segments, pgoff)
     }
+}
+
+/// The ELF virtual address where a mapping of a file's code from page
+/// offset `pgoff` starts: that of the segment the kernel mapped there. A
+/// segment may start mid-page, its first page shared with the end of the
+/// one before (lld lays out Rust programs so): the mapping of its first
+/// page is its own, not the earlier segment's that also holds that file
+/// offset. A mapping that starts inside the code's segment (a page split
+/// off by a change of its rights) is that segment's, even on the page
+/// where the next one starts.
+fn code_mapping_vaddr(segments: &[Segment], pgoff: u64) -> Option<u64> {
+    let first_page = |s: &&Segment| s.offset.0 & !(PAGE_BYTES - 1) == pgoff;
+    let code_holding = |s: &&Segment| s.executable && s.offset.0 & !(PAGE_BYTES - 1) <= pgoff && pgoff < s.offset.0 + s.file_size;
+    let starting = segments.iter().find(code_holding).or_else(|| segments.iter().filter(first_page).max_by_key(|s| s.executable));
+    match starting {
+        Some(s) => Some(pgoff.wrapping_sub(s.offset.0).wrapping_add(s.vaddr.0)),
+        None => file_vaddr(segments, pgoff),
+    }
+}
+
+/// The ELF virtual address of file offset `offset`, in `segments`.
+fn file_vaddr(segments: &[Segment], offset: u64) -> Option<u64> {
+    let s = segments.iter().find(|s| offset >= s.offset.0 && offset < s.offset.0 + s.file_size)?;
+    Some(offset - s.offset.0 + s.vaddr.0)
 }
 
 fn unwind_sections(image: &Arc<ElfImage>) -> Option<UnwindSections> {
@@ -1186,6 +1198,28 @@ mod probe_tests {
     #[inline(never)]
     fn an_address_with_a_line(x: u64) -> u64 {
         x * 7 + 3
+    }
+
+    /// lld's layout: read-only data, then code from mid-page (its first
+    /// page shared), then data from mid-page of the code's last page, each
+    /// a page further up in memory. A mapping of code from the shared first
+    /// page, from within, and from the last page (a page split off) has the
+    /// code's addresses.
+    #[test]
+    fn a_mapping_of_code_has_the_code_segments_addresses_wherever_it_starts() {
+        let segment = |offset: u64, vaddr: u64, file_size: u64, executable: bool| Segment {
+            vaddr: crate::addr::VirtAddr(vaddr),
+            mem_size: file_size,
+            offset: crate::addr::FileOffset(offset),
+            file_size,
+            executable,
+        };
+        let segments = [segment(0, 0, 0x1234, false), segment(0x1234, 0x2234, 0x3000, true), segment(0x4234, 0x6234, 0x500, false)];
+        // The code's first page, shared with the read-only data.
+        assert_eq!(code_mapping_vaddr(&segments, 0x1000), Some(0x2000));
+        assert_eq!(code_mapping_vaddr(&segments, 0x3000), Some(0x4000));
+        // Its last page, where the data starts: still the code's.
+        assert_eq!(code_mapping_vaddr(&segments, 0x4000), Some(0x5000));
     }
 
     /// A page of a library's code given another protection (the kernel

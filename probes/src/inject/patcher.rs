@@ -444,8 +444,13 @@ const MOST_PAGES_APART: usize = 16;
 /// exit: a whole C library's for a few hooks. A page given write rights
 /// and back is a mapping apart (the commit the kernel charged for it keeps
 /// it from merging back). Only pages of a file, readable and executable
-/// and not writable, change; on a failure a page stays as it was.
+/// and not writable, change; on a failure a page stays as it was. Only in
+/// a program proftap launched: a running one attached to is left with
+/// its mappings as they were.
 fn pages_apart<'a>(remote: &Remote, pieces: impl Iterator<Item = &'a (u64, &'a [u8])>) {
+    if !remote.held_at_start() {
+        return;
+    }
     const PAGE: u64 = 4096;
     let mut pages: Vec<u64> = pieces
         .filter(|(_, bytes)| !bytes.is_empty())
@@ -457,13 +462,21 @@ fn pages_apart<'a>(remote: &Remote, pieces: impl Iterator<Item = &'a (u64, &'a [
         return;
     }
     let (read_execute, write) = ((libc::PROT_READ | libc::PROT_EXEC) as u64, libc::PROT_WRITE as u64);
+    // Asked of the kernel page by page where it answers so, else read once.
+    let maps = std::cell::OnceCell::new();
+    let mapping = |page: u64| match crate::procfs::mapping_at(remote.pid(), page) {
+        Ok(found) => found,
+        Err(_) => {
+            let maps = maps.get_or_init(|| crate::procfs::read_maps(remote.pid()).unwrap_or_default());
+            maps.iter().find(|m| m.start.0 <= page && page < m.end.0).cloned()
+        }
+    };
     for page in pages {
-        let code = crate::procfs::mapping_at(remote.pid(), page)
-            .ok()
-            .flatten()
-            .filter(|m| m.inode != 0 && m.readable && m.executable && !m.writable && m.end.0 - m.start.0 > PAGE);
+        let code = mapping(page).filter(|m| m.inode != 0 && m.readable && m.executable && !m.writable && m.end.0 - m.start.0 > PAGE);
         if code.is_some() && remote.syscall("mprotect", libc::SYS_mprotect, [page, PAGE, read_execute | write, 0, 0, 0]).is_ok() {
-            let _ = remote.syscall("mprotect", libc::SYS_mprotect, [page, PAGE, read_execute, 0, 0, 0]);
+            // Its rights back, whatever it takes: code left writable is not the program's.
+            let back = || remote.syscall("mprotect", libc::SYS_mprotect, [page, PAGE, read_execute, 0, 0, 0]);
+            let _ = back().or_else(|_| back());
         }
     }
 }

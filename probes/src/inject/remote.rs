@@ -75,6 +75,8 @@ pub struct Remote {
     /// maps, which the kernel answers alone where it can: reading them
     /// all takes as long as the rest of such a hold.
     maps: std::sync::OnceLock<Vec<Mapping>>,
+    /// Held at its start, before its own code ran (launched by proftap).
+    at_start: bool,
 }
 
 /// Instructions a thread returned from a signal handler is stepped at
@@ -112,7 +114,7 @@ impl Remote {
             .copied()
             .map(Pid::from_raw)
             .ok_or_else(|| RemoteError::Unsupported(format!("process {pid} has no thread left")))?;
-        Ok(Remote { pid, frozen, caller, syscall_site: Default::default(), mem, maps: Default::default() })
+        Ok(Remote { pid, frozen, caller, syscall_site: Default::default(), mem, maps: Default::default(), at_start: false })
     }
 
     /// A process proftap launched and traces (`PTRACE_O_TRACEEXEC`), held
@@ -172,11 +174,17 @@ impl Remote {
             syscall_site: Default::default(),
             mem,
             maps: Default::default(),
+            at_start: true,
         };
         if remote_threads > 1 {
             return Err(RemoteError::Unsupported(format!("process {pid} started threads before its libraries were initialized")));
         }
         Ok(remote)
+    }
+
+    /// Whether it was held at its start, before its own code ran.
+    pub fn held_at_start(&self) -> bool {
+        self.at_start
     }
 
     /// The process.
