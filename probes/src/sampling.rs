@@ -567,7 +567,7 @@ impl StackResolver {
             self.hold_jit_place(pid);
         }
         if path == "[uprobes]" {
-            self.processes.entry(pid).or_default().trampoline = Some((start, start + len));
+            self.processes.entry(pid).or_default().trampoline = Some((start, start.saturating_add(len)));
             return;
         }
         // Another vDSO than proftap's (a 32-bit process's) stays unnamed.
@@ -605,7 +605,7 @@ impl StackResolver {
         };
         let process = self.processes.entry(pid).or_default();
         process.mappings = covered_in_part(std::mem::take(&mut process.mappings), start, start.saturating_add(len));
-        process.mappings.push(Mapping { start, end: start + len, pgoff, module });
+        process.mappings.push(Mapping { start, end: start.saturating_add(len), pgoff, module });
         process.mappings.sort_by_key(|m| m.start);
         // The unwinder is rebuilt with every mapping at the next sample.
         process.added = usize::MAX;

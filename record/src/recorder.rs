@@ -280,9 +280,6 @@ fn recorded(mut finished: Finished, setup: &Setup, options: &RecordOptions) -> R
     {
         options.observer.event(RecordEvent::Warning(Warning::EventsNotSaved { reason: e.to_string() }));
     }
-    // The threads of hundreds of forked children, and the memories they
-    // handed over, take milliseconds to free while the profile is written.
-    drop_aside((finished.ending, consumer.engine));
     Recorded { profile, ended: finished.ended, closing: finished.closing }
 }
 

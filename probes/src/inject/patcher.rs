@@ -462,17 +462,12 @@ fn pages_apart<'a>(remote: &Remote, pieces: impl Iterator<Item = &'a (u64, &'a [
         return;
     }
     let (read_execute, write) = ((libc::PROT_READ | libc::PROT_EXEC) as u64, libc::PROT_WRITE as u64);
-    // Asked of the kernel page by page where it answers so, else read once.
-    let maps = std::cell::OnceCell::new();
-    let mapping = |page: u64| match crate::procfs::mapping_at(remote.pid(), page) {
-        Ok(found) => found,
-        Err(_) => {
-            let maps = maps.get_or_init(|| crate::procfs::read_maps(remote.pid()).unwrap_or_default());
-            maps.iter().find(|m| m.start.0 <= page && page < m.end.0).cloned()
-        }
-    };
     for page in pages {
-        let code = mapping(page).filter(|m| m.inode != 0 && m.readable && m.executable && !m.writable && m.end.0 - m.start.0 > PAGE);
+        let code = remote
+            .mapping_at(page)
+            .ok()
+            .flatten()
+            .filter(|m| m.inode != 0 && m.readable && m.executable && !m.writable && m.end.0 - m.start.0 > PAGE);
         if code.is_some() && remote.syscall("mprotect", libc::SYS_mprotect, [page, PAGE, read_execute | write, 0, 0, 0]).is_ok() {
             // Its rights back, whatever it takes: code left writable is not the program's.
             let back = || remote.syscall("mprotect", libc::SYS_mprotect, [page, PAGE, read_execute, 0, 0, 0]);

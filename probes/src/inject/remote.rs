@@ -357,13 +357,19 @@ impl Remote {
     /// The file mapped at `address` when the process was held (device
     /// and inode 0: anonymous memory), if anything was.
     pub fn file_mapped_at(&self, address: u64) -> Result<Option<FileId>, RemoteError> {
-        let file = |m: &Mapping| FileId { device: m.device, inode: m.inode };
-        if self.maps.get().is_none() {
-            if let Ok(found) = procfs::mapping_at(self.pid, address) {
-                return Ok(found.as_ref().map(file));
-            }
+        Ok(self.mapping_at(address)?.map(|m| FileId { device: m.device, inode: m.inode }))
+    }
+
+    /// The mapping `address` is in, if any (without its path where the
+    /// kernel answers for one address alone): asked of the kernel until
+    /// the whole list is read, then from that.
+    pub fn mapping_at(&self, address: u64) -> Result<Option<Mapping>, RemoteError> {
+        if self.maps.get().is_none()
+            && let Ok(found) = procfs::mapping_at(self.pid, address)
+        {
+            return Ok(found);
         }
-        Ok(self.mapping_containing(address)?.map(file))
+        Ok(self.mapping_containing(address)?.cloned())
     }
 
     /// The mapping `address` is in, if any.
