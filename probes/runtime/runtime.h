@@ -17,6 +17,8 @@
 
 typedef unsigned long u64;
 typedef unsigned int u32;
+/* A u64 that may be written over smaller fields. */
+typedef u64 __attribute__((may_alias)) u64_alias;
 
 #define LAYOUT_MAGIC 0x70726f6674617032UL
 
@@ -231,7 +233,10 @@ struct block {
     u64 accounted;
     u64 reserved[4];
     struct frame frame[STACK_DEPTH];
-    struct ret returns[STACK_DEPTH]; /* a copy of the frames' return addresses, for unwinding samples */
+    /* A copy of the frames' return addresses, for unwinding samples
+     * through the shared trampoline; a frame that returns through its
+     * site's may have slot 0 here (the site table names it). */
+    struct ret returns[STACK_DEPTH];
     u32 hash[HASH_SLOTS];
     struct node node[NODES];
     /* then u64 calls by function, at config.entries_offset, then as many

@@ -259,6 +259,33 @@ fn calls_add_up_per_context_and_return_where_they_came_from() {
     assert_eq!(rt.header().blocks_taken, 1);
 }
 
+/// Two functions one caller calls are two contexts, even where the hash
+/// of contexts looks for both first in one place.
+#[test]
+fn a_callee_is_its_own_context_where_another_callees_is_first_in_the_hash() {
+    // The place the runtime's hash of contexts (1,024 slots while under
+    // 512 are made) looks first for function `f` called from a node: the
+    // same for two functions whose product with the second multiplier
+    // agrees in its top 10 bits.
+    let first_place = |f: u64| f.wrapping_mul(0xc2b2_ae3d_27d4_eb4f) >> (64 - 10);
+    let (one, other) = (1..3_000u64)
+        .flat_map(|a| (a + 1..3_000).map(move |b| (a, b)))
+        .find(|&(a, b)| first_place(a) == first_place(b))
+        .expect("two functions the hash looks for in one place");
+    let rt = Local::new(other + 1, 4);
+    let mut stack = Stack::new();
+    // f0 calls `one`, then `other` (its last callee is not `other`), then
+    // `one` again after `other`.
+    rt.entry(&mut stack.0[60], 0);
+    for f in [one, other, one, other] {
+        rt.entry(&mut stack.0[50], f as u32);
+        rt.exit(&mut stack.0[50]);
+    }
+    rt.exit(&mut stack.0[60]);
+    let shape: Vec<(u32, u64, u64)> = rt.nodes(0)[1..].iter().map(|n| (n.parent, u64::from(n.function), n.calls)).collect();
+    assert_eq!(shape, [(0, 0, 1), (1, one, 2), (1, other, 2)]);
+}
+
 #[test]
 fn a_thread_finds_each_of_thousands_of_contexts_again_as_its_table_grows() {
     let callees = 5_000;
