@@ -498,16 +498,22 @@ FORK_CODE static void carry_block(struct block *to, const struct private_block *
     to->state = BLOCK_USED;
 }
 
+/* Gives frame f its entry time `now` and the thread's time off CPU then:
+ * the time last, for proftap, which takes a frame whose time is not all
+ * ones as started. */
+static inline void start_frame(struct frame *f, u64 now, u64 off)
+{
+    f->entry_off = off;
+    __atomic_store_n(&f->entry_tsc, now, __ATOMIC_RELEASE);
+}
+
 /* The carried frames of block b (see carry_block) start now: making and
  * handing over the child's memory is no call's time. */
 FORK_CODE static void start_carried_frames(const struct config *c, struct block *b)
 {
     u64 off, now = now_and_off(c, (u32)b->tid, &off);
-    for (u64 d = 0; d < b->depth && d < STACK_DEPTH; d++) {
-        b->frame[d].entry_off = off;
-        /* After the time off CPU: proftap reading a time reads its pair. */
-        __atomic_store_n(&b->frame[d].entry_tsc, now, __ATOMIC_RELEASE);
-    }
+    for (u64 d = 0; d < b->depth && d < STACK_DEPTH; d++)
+        start_frame(&b->frame[d], now, off);
 }
 
 /* Moves private block `from` to `to`: its frames in progress, its flags. */
@@ -1066,6 +1072,10 @@ static inline void observe(struct stat *s, u64 v)
 static inline __attribute__((always_inline)) void finish(const struct config *c, struct block *b, u64 d, u64 now, u64 off_now, int unwound)
 {
     struct frame *f = &b->frame[d];
+    /* The frame's and the node's addresses are kept in registers: the
+     * compiler would compute them again at each use, a tenth of a
+     * return's instructions. */
+    __asm__("" : "+r"(f));
     u64 wall = now > f->entry_tsc ? now - f->entry_tsc : 0;
     /* Times off CPU are kept in nanoseconds: most calls have none to
      * convert. */
@@ -1073,6 +1083,7 @@ static inline __attribute__((always_inline)) void finish(const struct config *c,
     u64 cpu = wall > off ? wall - off : 0;
     if (f->node != NO_NODE) {
         struct node *n = &b->node[f->node];
+        __asm__("" : "+r"(n));
         n->calls++;
         n->unwound += unwound;
         observe(&n->incl_wall, wall);
@@ -1343,7 +1354,8 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
     if (!hijacked)
         *slot = trampoline_for(c, *slot);
     call_through = *slot - CALL_BEFORE_TRAMPOLINE;
-    f->entry_tsc = own_now_and_off(c, b, &f->entry_off);
+    u64 off, now = own_now_and_off(c, b, &off);
+    start_frame(f, now, off);
 out:
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
     return call_through;
@@ -1445,15 +1457,27 @@ static inline struct home home_seat(const struct config *c)
     return (struct home){s, __atomic_load_n(&s->key, __ATOMIC_ACQUIRE) == key ? seated : 0};
 }
 
-/* The blocks of the thread whose home seat is `h` and whose C library
- * thread id is `tid`, if it may take the quick paths. */
-static inline int seated_quickly(const struct config *c, struct home h, u32 tid, struct private_block **p, struct block **b)
+/* Whether calls are recorded: read before the thread's seat, as
+ * adopt_if_forked has it, so that a forked child's thread finds the seats
+ * its adopting thread cleared. */
+static inline int recording(const struct config *c)
 {
-    if (*(volatile u64 *)c->live != LIVE_RECORDING || __atomic_load_n(&header(c)->shared_seats, __ATOMIC_RELAXED) ||
-        h.seated - 1 >= c->blocks || !seated_here(c, h.seat, h.seated, tid))
+    return __atomic_load_n((u64 *)c->live, __ATOMIC_ACQUIRE) == LIVE_RECORDING;
+}
+
+/* The blocks of the thread whose home seat is `h` (read after
+ * `recorded` was) and whose C library thread id is `tid`, if it may take
+ * the quick paths. */
+static inline int seated_quickly(const struct config *c, int recorded, struct home h, u32 tid, struct private_block **p,
+                                 struct block **b)
+{
+    if (!recorded || __atomic_load_n(&header(c)->shared_seats, __ATOMIC_RELAXED) || h.seated - 1 >= c->blocks)
+        return 0;
+    /* As seated_here, with the block's address computed once. */
+    *b = shared_block(c, h.seated - 1);
+    if (__atomic_load_n(&(*b)->state, __ATOMIC_ACQUIRE) != BLOCK_USED || (tid && h.seat->tid != tid))
         return 0;
     *p = private_block(c, h.seated - 1);
-    *b = shared_block(c, h.seated - 1);
     return 1;
 }
 
@@ -1480,42 +1504,18 @@ static inline u32 context_at_home(const struct block *b, u32 parent, u32 functio
 static __attribute__((noinline, cold)) u64 entered_accounted(struct private_block *p, struct block *b, struct frame *f,
                                                            volatile const u64 *entry, u64 call_through)
 {
-    f->entry_tsc = now_and_off_accounted(entry, b, &f->entry_off);
+    u64 off, now = now_and_off_accounted(entry, b, &off);
+    start_frame(f, now, off);
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
     return call_through;
 }
 
-/* Returns the `call` (before a return trampoline) the function is to be
- * called through when this call is timed, else 0: the function is
- * entered as it was called, its return address in place. */
-u64 proftap_entry(u64 *slot, u32 function)
+/* The end of a quick entry at depth d in context `node`, once block b is
+ * taken: the call is counted, its frame pushed, its slot given
+ * `trampoline` and its time read. Returns the `call` to make it through. */
+static inline __attribute__((always_inline)) u64 push_frame(const struct config *c, struct private_block *p, struct block *b, u64 *slot,
+                                                            u32 function, u64 d, u64 trampoline, u32 node)
 {
-    const struct config *c = config();
-    struct private_block *p;
-    struct block *b;
-    if (!seated_quickly(c, home_seat(c), library_tid(c), &p, &b) || __atomic_load_n(&p->busy, __ATOMIC_RELAXED))
-        return enter(slot, function);
-    __atomic_store_n(&p->busy, (u64)slot, __ATOMIC_RELAXED);
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    u64 d = p->depth, ret = *slot;
-    u32 *last_function = d ? &b->frame[d - 1].last_function : &b->root_last_function;
-    u32 *last_child = d ? &b->frame[d - 1].last_child : &b->root_last_child;
-    u64 trampoline = site_trampoline_at_home(c, ret);
-    /* Not a tail call (its slot holds a trampoline), not one that ends
-     * frames a longjmp left. */
-    if (p->unhooked || p->mixed || function >= c->functions || d >= STACK_DEPTH || !trampoline ||
-        (d && !(p->ret[d - 1].slot > (u64)slot && near(p->ret[d - 1].slot, (u64)slot))))
-        goto slow;
-    /* In the context the caller called last, else one made before and
-     * found at the first place the hash looks. */
-    u32 node = *last_child;
-    if (*last_function != function + 1) {
-        node = context_at_home(b, d ? b->frame[d - 1].node : 0, function);
-        if (!node)
-            goto slow;
-        *last_function = function + 1;
-        *last_child = node;
-    }
     entries_of(c, b)[function]++;
     struct frame *f = &b->frame[d];
     /* The node and the cache's last function (none) in one store: a
@@ -1526,7 +1526,7 @@ u64 proftap_entry(u64 *slot, u32 function)
     /* As in enter: no time until it is read. */
     __atomic_store_n(&f->entry_tsc, ~0UL, __ATOMIC_RELAXED);
     __atomic_signal_fence(__ATOMIC_RELEASE);
-    p->ret[d].ret = ret;
+    p->ret[d].ret = *slot;
     p->ret[d].slot = (u64)slot;
     p->function[d] = function;
     /* proftap reads a return address here only for the shared trampoline
@@ -1537,15 +1537,65 @@ u64 proftap_entry(u64 *slot, u32 function)
     __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);
     *slot = trampoline;
     volatile const u64 *entry = off_cpu_entry(c, (u32)b->tid);
-    f->entry_tsc = now_and_off_of(entry, &f->entry_off);
+    u64 off, now = now_and_off_of(entry, &off);
     if (__builtin_expect(back_unseen(entry, b), 0))
         return entered_accounted(p, b, f, entry, trampoline - CALL_BEFORE_TRAMPOLINE);
+    start_frame(f, now, off);
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
     return trampoline - CALL_BEFORE_TRAMPOLINE;
-slow:
+}
+
+/* A quick entry (block b taken) whose caller's last callee was another
+ * function: its context is found where the hash looks first, else the
+ * call takes the full path. Apart, so that the common entry keeps fewer
+ * values. */
+static __attribute__((noinline)) u64 enter_another_callee(struct private_block *p, struct block *b, u64 *slot, u32 function, u64 d,
+                                                         u64 trampoline)
+{
+    u32 node = context_at_home(b, d ? b->frame[d - 1].node : 0, function);
+    if (!node) {
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        __atomic_store_n(&p->busy, 0, __ATOMIC_RELAXED);
+        return enter(slot, function);
+    }
+    if (d) {
+        b->frame[d - 1].last_function = function + 1;
+        b->frame[d - 1].last_child = node;
+    } else {
+        b->root_last_function = function + 1;
+        b->root_last_child = node;
+    }
+    return push_frame(config(), p, b, slot, function, d, trampoline, node);
+}
+
+/* Returns the `call` (before a return trampoline) the function is to be
+ * called through when this call is timed, else 0: the function is
+ * entered as it was called, its return address in place. */
+u64 proftap_entry(u64 *slot, u32 function)
+{
+    const struct config *c = config();
+    struct private_block *p;
+    struct block *b;
+    int recorded = recording(c);
+    if (!seated_quickly(c, recorded, home_seat(c), library_tid(c), &p, &b) || __atomic_load_n(&p->busy, __ATOMIC_RELAXED))
+        return enter(slot, function);
+    __atomic_store_n(&p->busy, (u64)slot, __ATOMIC_RELAXED);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    __atomic_store_n(&p->busy, 0, __ATOMIC_RELAXED);
-    return enter(slot, function);
+    u64 d = p->depth;
+    u64 trampoline = site_trampoline_at_home(c, *slot);
+    /* Not a tail call (its slot holds a trampoline), not one that ends
+     * frames a longjmp left. */
+    if (p->unhooked || p->mixed || function >= c->functions || d >= STACK_DEPTH || !trampoline ||
+        (d && !(p->ret[d - 1].slot > (u64)slot && near(p->ret[d - 1].slot, (u64)slot)))) {
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        __atomic_store_n(&p->busy, 0, __ATOMIC_RELAXED);
+        return enter(slot, function);
+    }
+    /* Most often in the context the caller called last. */
+    u32 last_function = d ? b->frame[d - 1].last_function : b->root_last_function;
+    if (last_function != function + 1)
+        return enter_another_callee(p, b, slot, function, d, trampoline);
+    return push_frame(c, p, b, slot, function, d, trampoline, d ? b->frame[d - 1].last_child : b->root_last_child);
 }
 
 /* `slot` is where the return address was and is to be put back. */
@@ -1554,6 +1604,7 @@ void proftap_exit(u64 *slot)
     const struct config *c = config();
     /* The thread's seat is looked up before the clock is read, to be
      * found meanwhile, not after. */
+    int recorded = recording(c);
     struct home home = home_seat(c);
     __asm__ volatile("" ::"r"(home.seated));
     /* The C library's thread id is the kernel's, for the threads it made:
@@ -1565,7 +1616,7 @@ void proftap_exit(u64 *slot)
     u64 now = now_and_off_of(early, &off);
     struct private_block *p;
     struct block *b;
-    if (!seated_quickly(c, home, tid, &p, &b))
+    if (!seated_quickly(c, recorded, home, tid, &p, &b))
         return leave(slot, early, now, off);
     /* Taken as take_block_to_return takes it on a thread's own block. */
     __atomic_store_n(&p->busy, (u64)slot, __ATOMIC_RELAXED);
