@@ -1261,6 +1261,40 @@ static void rewrite(const struct config *c, struct private_block *p, u64 slot, i
     }
 }
 
+_Static_assert(__builtin_offsetof(struct frame, node) % 8 == 0 &&
+                   __builtin_offsetof(struct frame, last_function) == __builtin_offsetof(struct frame, node) + 4,
+               "a frame's node and last function are written as one word");
+
+/* Opens frame d of block b's thread (private block p) for a call of
+ * `function` whose return address is at `slot`, in context `node`.
+ * Until its entry time is read, the frame has no time: proftap, reading
+ * the return address below for a sample taken before this call, must
+ * not pair it with the entry time of the call this depth held before.
+ * The return address is copied where proftap reads it with
+ * `copy_return`; without, the copy the depth held before is taken away
+ * (see struct block's returns). */
+static inline __attribute__((always_inline)) struct frame *open_frame(struct private_block *p, struct block *b, u64 *slot, u32 function,
+                                                                      u64 d, u32 node, int copy_return)
+{
+    struct frame *f = &b->frame[d];
+    /* The node and the cache of its last callee (none) in one store. */
+    *(u64_alias *)&f->node = node;
+    f->function = function;
+    f->child_wall = f->child_cpu = 0;
+    __atomic_store_n(&f->entry_tsc, ~0UL, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_RELEASE);
+    p->ret[d].ret = *slot;
+    p->ret[d].slot = (u64)slot;
+    p->function[d] = function;
+    if (copy_return)
+        b->returns[d] = p->ret[d];
+    else
+        b->returns[d].slot = 0;
+    p->depth = d + 1;
+    __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);
+    return f;
+}
+
 /* proftap_entry for every call: whatever the thread, its stack and the
  * state of the recording. */
 static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
@@ -1324,29 +1358,13 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
      * caches nothing). */
     u32 *last_function = d ? &b->frame[d - 1].last_function : &b->root_last_function;
     u32 *last_child = d ? &b->frame[d - 1].last_child : &b->root_last_child;
-    struct frame *f = &b->frame[d];
-    if (*last_function == function + 1) {
-        f->node = *last_child;
-    } else {
-        u32 parent = d ? b->frame[d - 1].node : 0;
-        f->node = child_node(b, parent, function);
+    u32 node = *last_child;
+    if (*last_function != function + 1) {
+        node = child_node(b, d ? b->frame[d - 1].node : 0, function);
         *last_function = function + 1;
-        *last_child = f->node;
+        *last_child = node;
     }
-    f->last_function = 0;
-    f->function = function;
-    f->child_wall = f->child_cpu = 0;
-    /* Until its entry time is read, no time: proftap, reading the return
-     * address below for a sample taken before this call, must not pair it
-     * with the entry time of the call this depth held before. */
-    __atomic_store_n(&f->entry_tsc, ~0UL, __ATOMIC_RELAXED);
-    __atomic_signal_fence(__ATOMIC_RELEASE);
-    p->ret[d].ret = *slot;
-    p->ret[d].slot = (u64)slot;
-    p->function[d] = function;
-    b->returns[d] = p->ret[d];
-    p->depth = d + 1;
-    __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);
+    struct frame *f = open_frame(p, b, slot, function, d, node, 1);
     /* A tail call's slot holds its caller's trampoline already: it stays,
      * and the tail call is made through it too, so that both returns
      * through it are predicted. The slot holds the trampoline before the
@@ -1438,10 +1456,6 @@ static __attribute__((noinline)) void leave(u64 *slot, volatile const u64 *early
  * leave would, in fewer instructions: no call, and the configuration read
  * once. */
 
-_Static_assert(__builtin_offsetof(struct frame, node) % 8 == 0 &&
-                   __builtin_offsetof(struct frame, last_function) == __builtin_offsetof(struct frame, node) + 4,
-               "a frame's node and last function are written as one word");
-
 /* The thread's home seat (see seat_of_fast) and the block it holds
  * (index + 1) if it is this thread's pointer's, else 0. */
 struct home {
@@ -1517,24 +1531,8 @@ static inline __attribute__((always_inline)) u64 push_frame(const struct config 
                                                             u32 function, u64 d, u64 trampoline, u32 node)
 {
     entries_of(c, b)[function]++;
-    struct frame *f = &b->frame[d];
-    /* The node and the cache's last function (none) in one store: a
-     * call's stores, not its instructions, are what it waits on. */
-    *(u64_alias *)&f->node = node;
-    f->function = function;
-    f->child_wall = f->child_cpu = 0;
-    /* As in enter: no time until it is read. */
-    __atomic_store_n(&f->entry_tsc, ~0UL, __ATOMIC_RELAXED);
-    __atomic_signal_fence(__ATOMIC_RELEASE);
-    p->ret[d].ret = *slot;
-    p->ret[d].slot = (u64)slot;
-    p->function[d] = function;
-    /* proftap reads a return address here only for the shared trampoline
-     * (a site's is in the site table): the one the depth held before is
-     * taken away. */
-    b->returns[d].slot = 0;
-    p->depth = d + 1;
-    __atomic_store_n(&b->depth, d + 1, __ATOMIC_RELEASE);
+    /* A site's return address is in the site table. */
+    struct frame *f = open_frame(p, b, slot, function, d, node, 0);
     *slot = trampoline;
     volatile const u64 *entry = off_cpu_entry(c, (u32)b->tid);
     u64 off, now = now_and_off_of(entry, &off);
