@@ -1037,7 +1037,7 @@ static u32 child_node(struct block *b, u32 parent, u32 function)
     struct node *node = &b->node[made];
     node->parent = parent;
     node->function = function;
-    node->incl_wall.min = node->excl_wall.min = node->incl_cpu.min = node->excl_cpu.min = ~0ULL;
+    node->incl_wall.min = node->excl_wall.min = node->incl_cpu.min = node->excl_cpu.min = node->greatest_min = ~0ULL;
     /* Published after the node: proftap reads nodes below b->nodes. */
     __atomic_store_n(&b->nodes, made + 1, __ATOMIC_RELEASE);
     b->hash[h] = (u32)made;
@@ -1058,47 +1058,93 @@ static inline void trace(const struct config *c, struct block *b, const struct f
     __atomic_store_n(&b->traced, n + 1, __ATOMIC_RELEASE);
 }
 
-static inline void observe(struct stat *s, u64 v)
+
+/* The times of the call of frame f ending at `now`, when the thread's
+ * time off CPU is `off_now`. */
+struct ended {
+    u64 incl_wall, excl_wall, incl_cpu, excl_cpu;
+};
+
+static inline __attribute__((always_inline)) struct ended times_of(const struct config *c, const struct frame *f, u64 now, u64 off_now)
 {
-    s->total += v;
-    if (v < s->min)
-        s->min = v;
-    if (v > s->max)
-        s->max = v;
+    u64 wall = now > f->entry_tsc ? now - f->entry_tsc : 0;
+    /* Times off CPU are kept in nanoseconds: most calls have none to
+     * convert. */
+    u64 off = off_now > f->entry_off ? ns_to_tsc(c, off_now - f->entry_off) : 0;
+    u64 cpu = wall > off ? wall - off : 0;
+    return (struct ended){wall, wall > f->child_wall ? wall - f->child_wall : 0, cpu, cpu > f->child_cpu ? cpu - f->child_cpu : 0};
 }
 
-/* Ends frame d of the thread at `now`: its times go to its node, and its
- * inclusive times to its caller's frame. */
-static inline __attribute__((always_inline)) void finish(const struct config *c, struct block *b, u64 d, u64 now, u64 off_now, int unwound)
+/* The minima and maxima of frame d's node after its call ended at `now`
+ * (see finish_totals). Saving every register it uses, a call of it
+ * leaves the caller's. */
+static __attribute__((noinline, no_caller_saved_registers)) void new_extremes(struct block *b, u64 d, u64 now, u64 off_now)
+{
+    const struct frame *f = &b->frame[d];
+    struct node *n = &b->node[f->node];
+    struct ended ended = times_of(config(), f, now, off_now);
+    struct stat *stats[4] = {&n->incl_wall, &n->excl_wall, &n->incl_cpu, &n->excl_cpu};
+    u64 times[4] = {ended.incl_wall, ended.excl_wall, ended.incl_cpu, ended.excl_cpu};
+    u64 greatest_min = 0, least_max = ~0UL;
+    for (int i = 0; i < 4; i++) {
+        if (times[i] < stats[i]->min)
+            stats[i]->min = times[i];
+        if (times[i] > stats[i]->max)
+            stats[i]->max = times[i];
+        greatest_min = stats[i]->min > greatest_min ? stats[i]->min : greatest_min;
+        least_max = stats[i]->max < least_max ? stats[i]->max : least_max;
+    }
+    n->greatest_min = greatest_min;
+    n->least_max = least_max;
+}
+
+/* Ends frame d of the thread at `now`: its times go to its node's totals,
+ * and its inclusive times to its caller's frame. Returns whether a
+ * minimum or a maximum of its node changes too (see new_extremes), which
+ * the quick return does last, after what it does with the registers it
+ * has. */
+static inline __attribute__((always_inline)) int finish_totals(const struct config *c, struct block *b, u64 d, u64 now, u64 off_now,
+                                                               int unwound)
 {
     struct frame *f = &b->frame[d];
     /* The frame's and the node's addresses are kept in registers: the
      * compiler would compute them again at each use, a tenth of a
      * return's instructions. */
     __asm__("" : "+r"(f));
-    u64 wall = now > f->entry_tsc ? now - f->entry_tsc : 0;
-    /* Times off CPU are kept in nanoseconds: most calls have none to
-     * convert. */
-    u64 off = off_now > f->entry_off ? ns_to_tsc(c, off_now - f->entry_off) : 0;
-    u64 cpu = wall > off ? wall - off : 0;
+    struct ended ended = times_of(c, f, now, off_now);
+    int extremes = 0;
     if (f->node != NO_NODE) {
         struct node *n = &b->node[f->node];
         __asm__("" : "+r"(n));
         n->calls++;
         n->unwound += unwound;
-        observe(&n->incl_wall, wall);
-        observe(&n->excl_wall, wall > f->child_wall ? wall - f->child_wall : 0);
-        observe(&n->incl_cpu, cpu);
-        observe(&n->excl_cpu, cpu > f->child_cpu ? cpu - f->child_cpu : 0);
+        n->incl_wall.total += ended.incl_wall;
+        n->excl_wall.total += ended.excl_wall;
+        n->incl_cpu.total += ended.incl_cpu;
+        n->excl_cpu.total += ended.excl_cpu;
+        /* The inclusive wall time is the greatest of the four times, the
+         * least of the exclusive ones the least: one comparison each way
+         * tells whether a minimum or a maximum changes, which few calls
+         * do. */
+        u64 least = ended.excl_wall < ended.excl_cpu ? ended.excl_wall : ended.excl_cpu;
+        extremes = least < n->greatest_min || ended.incl_wall > n->least_max;
     } else {
         b->untimed++;
     }
     if (c->trace_slots)
         trace(c, b, f, d, now);
     if (d > 0) {
-        b->frame[d - 1].child_wall += wall;
-        b->frame[d - 1].child_cpu += cpu;
+        b->frame[d - 1].child_wall += ended.incl_wall;
+        b->frame[d - 1].child_cpu += ended.incl_cpu;
     }
+    return extremes;
+}
+
+/* finish_totals, and the node's minima and maxima. */
+static inline __attribute__((always_inline)) void finish(const struct config *c, struct block *b, u64 d, u64 now, u64 off_now, int unwound)
+{
+    if (finish_totals(c, b, d, now, off_now, unwound))
+        new_extremes(b, d, now, off_now);
 }
 
 /* Ends the frames above the first `kept` as left without a return, now. */
@@ -1625,9 +1671,14 @@ void proftap_exit(u64 *slot)
     if (!own_entry || back_unseen(early, b) || p->mixed || !d || p->ret[d - 1].slot != (u64)slot)
         return leave(slot, early, now, off);
     *slot = p->ret[d - 1].ret;
-    finish(c, b, d - 1, now, off, 0);
+    int extremes = finish_totals(c, b, d - 1, now, off, 0);
     p->depth = d - 1;
     __atomic_store_n(&b->depth, d - 1, __ATOMIC_RELEASE);
+    /* Still holding the block: a signal handler's call of the same
+     * function meanwhile goes untimed rather than race for its node. The
+     * frame keeps its times until a call takes its depth again. */
+    if (__builtin_expect(extremes, 0))
+        new_extremes(b, d - 1, now, off);
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
 

@@ -140,7 +140,9 @@ struct node {
     u64 calls;
     u64 unwound; /* calls left by a longjmp or an exception */
     struct stat incl_wall, excl_wall, incl_cpu, excl_cpu;
-    u64 reserved;
+    /* The greatest of the four minima and the least of the four maxima:
+     * a call whose times all lie between them changes none. */
+    u64 greatest_min, least_max;
 };
 
 /* The times of a frame in progress. */

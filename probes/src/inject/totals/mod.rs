@@ -188,7 +188,8 @@ pub struct Node {
     pub incl_cpu: Stat,
     /// Exclusive CPU time.
     pub excl_cpu: Stat,
-    reserved: u64,
+    /// The runtime's own: the greatest minimum and the least maximum.
+    bounds: [u64; 2],
 }
 
 /// `struct frame` of runtime.h: a call in progress.

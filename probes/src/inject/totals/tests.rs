@@ -334,6 +334,56 @@ fn with_a_trace_every_finished_call_is_written_with_its_function_depth_and_times
     assert!(outer.entry_tsc <= inner.entry_tsc && inner.exit_tsc <= outer.exit_tsc, "a callee within its caller");
 }
 
+/// Each of a context's minima and maxima, inclusive and exclusive, is
+/// its calls' own, though most calls change none and the runtime looks
+/// at them only when one does: a caller whose calls' inclusive and
+/// exclusive times move apart, checked against the trace of every call.
+#[test]
+fn minima_and_maxima_are_each_their_calls_own() {
+    // f0's own work before and after its call of f1, and f1's, in
+    // rounds: the third call's exclusive time is a new minimum, and no
+    // time of it a new maximum, nor its inclusive time a new minimum; the
+    // fourth's inclusive time is a new maximum, and no time of it a new
+    // minimum, nor its exclusive time a new maximum. Each by a factor of
+    // two or more, whatever a round of f0's costs against one of f1's.
+    let rounds: [(u64, u64, u64); 4] = [(5, 1, 5), (20, 1, 20), (1, 20, 1), (10, 80, 10)];
+    let calls = rounds.len();
+    let rt = Local::with(Geometry { functions: 2, blocks: 1, trace_slots: 16, regions: 0 }, [0; 32]);
+    let mut stack = Stack::new();
+    let spin = |rounds: u64| (0..rounds * 20_000).fold(0u64, |a, i| std::hint::black_box(a ^ i));
+    for (before, callee, after) in rounds {
+        rt.entry(&mut stack.0[60], 0);
+        spin(before);
+        rt.entry(&mut stack.0[50], 1);
+        spin(callee);
+        rt.exit(&mut stack.0[50]);
+        spin(after);
+        rt.exit(&mut stack.0[60]);
+    }
+    let ring = rt.geometry.block(0) + rt.geometry.trace_offset();
+    // SAFETY: the ring's slots, in bounds of the shared mapping.
+    let traced = unsafe { std::slice::from_raw_parts(rt.shared.add(ring as usize).cast::<Traced>(), 2 * calls).to_vec() };
+    // In the order they returned: f1's call, then f0's.
+    let (mut inner, mut outer_incl, mut outer_excl) = (Vec::new(), Vec::new(), Vec::new());
+    for pair in traced.chunks_exact(2) {
+        let (callee, caller) = (&pair[0], &pair[1]);
+        assert_eq!((callee.function, caller.function), (1, 0));
+        inner.push(callee.exit_tsc - callee.entry_tsc);
+        outer_incl.push(caller.exit_tsc - caller.entry_tsc);
+        outer_excl.push((caller.exit_tsc - caller.entry_tsc) - (callee.exit_tsc - callee.entry_tsc));
+    }
+    let extremes = |times: &[u64]| (*times.iter().min().unwrap(), *times.iter().max().unwrap());
+    let nodes = rt.nodes(0);
+    let (f0, f1) = (&nodes[1], &nodes[2]);
+    assert_eq!((f0.incl_wall.min, f0.incl_wall.max), extremes(&outer_incl));
+    assert_eq!((f0.excl_wall.min, f0.excl_wall.max), extremes(&outer_excl));
+    assert_eq!((f1.incl_wall.min, f1.incl_wall.max), extremes(&inner));
+    assert_eq!((f1.excl_wall.min, f1.excl_wall.max), extremes(&inner));
+    // No off-CPU map: CPU time is wall time.
+    assert_eq!((f0.incl_cpu, f0.excl_cpu), (f0.incl_wall, f0.excl_wall));
+    assert_eq!(f0.incl_wall.total, outer_incl.iter().sum::<u64>());
+}
+
 /// Each return site keeps its trampoline: a frame on a sampled stack is
 /// named from it after its call ended and another took its depth; past
 /// the table's room, returns go through the shared trampoline.
