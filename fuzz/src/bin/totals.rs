@@ -5,7 +5,7 @@
 //! progress ended, exclusive times, compensation). The profile must be one
 //! that `read_profile` would accept.
 //!
-//! The runtime's capacities are constants (a block is 33 MiB), so the input
+//! The runtime's capacities are constants (a block is 34 MiB), so the input
 //! is not the memory itself: it is a list of little-endian words written at
 //! the places the reader looks, in this order, a missing word being 0:
 //!
