@@ -338,20 +338,31 @@ fn with_a_trace_every_finished_call_is_written_with_its_function_depth_and_times
 /// its calls' own, though most calls change none and the runtime looks
 /// at them only when one does: a caller whose calls' inclusive and
 /// exclusive times move apart, checked against the trace of every call.
+/// Each round is f0's own work before and after its call of f1, and f1's;
+/// each change by a factor of two or more, whatever a round of f0's costs
+/// against one of f1's.
 #[test]
 fn minima_and_maxima_are_each_their_calls_own() {
-    // f0's own work before and after its call of f1, and f1's, in
-    // rounds: the third call's exclusive time is a new minimum, and no
-    // time of it a new maximum, nor its inclusive time a new minimum; the
-    // fourth's inclusive time is a new maximum, and no time of it a new
-    // minimum, nor its exclusive time a new maximum. Each by a factor of
-    // two or more, whatever a round of f0's costs against one of f1's.
-    let rounds: [(u64, u64, u64); 4] = [(5, 1, 5), (20, 1, 20), (1, 20, 1), (10, 80, 10)];
+    // The third call's exclusive time is a new minimum, and no time of it
+    // a new maximum, nor its inclusive time a new minimum; the fourth's
+    // inclusive time is a new maximum, and no time of it a new minimum,
+    // nor its exclusive time a new maximum.
+    calls_extremes_against_their_trace(&[(5, 1, 5), (20, 1, 20), (1, 20, 1), (10, 80, 10)]);
+    // Only the inclusive minimum moves at the third call.
+    calls_extremes_against_their_trace(&[(50, 1, 50), (5, 20, 5), (6, 1, 6)]);
+    // Only the exclusive maximum moves at the third call.
+    calls_extremes_against_their_trace(&[(2, 2, 2), (1, 80, 1), (30, 1, 30)]);
+}
+
+/// f0 calling f1 in `rounds` (see minima_and_maxima_are_each_their_calls_own):
+/// their nodes' minima, maxima and totals are those of their calls' times
+/// in the trace.
+fn calls_extremes_against_their_trace(rounds: &[(u64, u64, u64)]) {
     let calls = rounds.len();
     let rt = Local::with(Geometry { functions: 2, blocks: 1, trace_slots: 16, regions: 0 }, [0; 32]);
     let mut stack = Stack::new();
     let spin = |rounds: u64| (0..rounds * 20_000).fold(0u64, |a, i| std::hint::black_box(a ^ i));
-    for (before, callee, after) in rounds {
+    for &(before, callee, after) in rounds {
         rt.entry(&mut stack.0[60], 0);
         spin(before);
         rt.entry(&mut stack.0[50], 1);
@@ -375,10 +386,10 @@ fn minima_and_maxima_are_each_their_calls_own() {
     let extremes = |times: &[u64]| (*times.iter().min().unwrap(), *times.iter().max().unwrap());
     let nodes = rt.nodes(0);
     let (f0, f1) = (&nodes[1], &nodes[2]);
-    assert_eq!((f0.incl_wall.min, f0.incl_wall.max), extremes(&outer_incl));
-    assert_eq!((f0.excl_wall.min, f0.excl_wall.max), extremes(&outer_excl));
-    assert_eq!((f1.incl_wall.min, f1.incl_wall.max), extremes(&inner));
-    assert_eq!((f1.excl_wall.min, f1.excl_wall.max), extremes(&inner));
+    assert_eq!((f0.incl_wall.min, f0.incl_wall.max), extremes(&outer_incl), "{rounds:?}");
+    assert_eq!((f0.excl_wall.min, f0.excl_wall.max), extremes(&outer_excl), "{rounds:?}");
+    assert_eq!((f1.incl_wall.min, f1.incl_wall.max), extremes(&inner), "{rounds:?}");
+    assert_eq!((f1.excl_wall.min, f1.excl_wall.max), extremes(&inner), "{rounds:?}");
     // No off-CPU map: CPU time is wall time.
     assert_eq!((f0.incl_cpu, f0.excl_cpu), (f0.incl_wall, f0.excl_wall));
     assert_eq!(f0.incl_wall.total, outer_incl.iter().sum::<u64>());
