@@ -354,6 +354,32 @@ fn minima_and_maxima_are_each_their_calls_own() {
     calls_extremes_against_their_trace(&[(2, 2, 2), (1, 80, 1), (30, 1, 30)]);
 }
 
+/// Calls ended as a longjmp left them (on the runtime's full path) have
+/// their minima and maxima too: f1 called again and again from one slot
+/// whose return address a longjmp put back, each call ending the last.
+#[test]
+fn calls_a_longjmp_left_have_their_minima_and_maxima() {
+    let rt = Local::with(Geometry { functions: 2, blocks: 1, trace_slots: 8, regions: 0 }, [0; 32]);
+    let mut stack = Stack::new();
+    let spin = |rounds: u64| (0..rounds * 20_000).fold(0u64, |a, i| std::hint::black_box(a ^ i));
+    let rounds = [4, 1, 16, 2];
+    for round in rounds {
+        stack.0[50] = 0x1000 + 50;
+        rt.entry(&mut stack.0[50], 1);
+        spin(round);
+    }
+    rt.exit(&mut stack.0[50]);
+    let ring = rt.geometry.block(0) + rt.geometry.trace_offset();
+    // SAFETY: the ring's slots, in bounds of the shared mapping.
+    let traced = unsafe { std::slice::from_raw_parts(rt.shared.add(ring as usize).cast::<Traced>(), rounds.len()).to_vec() };
+    let times: Vec<u64> = traced.iter().map(|t| t.exit_tsc - t.entry_tsc).collect();
+    let node = rt.nodes(0)[1];
+    assert_eq!((node.calls, node.unwound), (4, 3));
+    let extremes = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
+    assert_eq!((node.incl_wall.min, node.incl_wall.max), extremes, "{times:?}");
+    assert_eq!((node.excl_cpu.min, node.excl_cpu.max), extremes, "{times:?}");
+}
+
 /// f0 calling f1 in `rounds` (see minima_and_maxima_are_each_their_calls_own):
 /// their nodes' minima, maxima and totals are those of their calls' times
 /// in the trace.
