@@ -1307,6 +1307,19 @@ static void rewrite(const struct config *c, struct private_block *p, u64 slot, i
     }
 }
 
+_Static_assert(__builtin_offsetof(struct frame, last_child) == __builtin_offsetof(struct frame, last_function) + 4 &&
+                   __builtin_offsetof(struct block, root_last_child) == __builtin_offsetof(struct block, root_last_function) + 4,
+               "a caller's last callee and its node are written as one word");
+
+/* Caches `node` as the context of the caller's last callee, `function`,
+ * at `last_function` (the last child follows it), in one store: a signal
+ * handler that interrupts the entry there and leaves by a jump never
+ * leaves the cache with one callee's function and another's node. */
+static inline __attribute__((always_inline)) void remember_callee(u32 *last_function, u32 function, u32 node)
+{
+    *(u64_alias4 *)last_function = (u64)(function + 1) | (u64)node << 32;
+}
+
 _Static_assert(__builtin_offsetof(struct frame, node) % 8 == 0 &&
                    __builtin_offsetof(struct frame, last_function) == __builtin_offsetof(struct frame, node) + 4,
                "a frame's node and last function are written as one word");
@@ -1403,12 +1416,10 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
     /* The caller's cache of its last callee (+1, so that zeroed memory
      * caches nothing). */
     u32 *last_function = d ? &b->frame[d - 1].last_function : &b->root_last_function;
-    u32 *last_child = d ? &b->frame[d - 1].last_child : &b->root_last_child;
-    u32 node = *last_child;
+    u32 node = d ? b->frame[d - 1].last_child : b->root_last_child;
     if (*last_function != function + 1) {
         node = child_node(b, d ? b->frame[d - 1].node : 0, function);
-        *last_function = function + 1;
-        *last_child = node;
+        remember_callee(last_function, function, node);
     }
     struct frame *f = open_frame(p, b, slot, function, d, node, 1);
     /* A tail call's slot holds its caller's trampoline already: it stays,
@@ -1602,13 +1613,7 @@ static __attribute__((noinline)) u64 enter_another_callee(struct private_block *
         __atomic_store_n(&p->busy, 0, __ATOMIC_RELAXED);
         return enter(slot, function);
     }
-    if (d) {
-        b->frame[d - 1].last_function = function + 1;
-        b->frame[d - 1].last_child = node;
-    } else {
-        b->root_last_function = function + 1;
-        b->root_last_child = node;
-    }
+    remember_callee(d ? &b->frame[d - 1].last_function : &b->root_last_function, function, node);
     return push_frame(config(), p, b, slot, function, d, trampoline, node);
 }
 

@@ -19,6 +19,8 @@ typedef unsigned long u64;
 typedef unsigned int u32;
 /* A u64 that may be written over smaller fields. */
 typedef u64 __attribute__((may_alias)) u64_alias;
+/* The same at a 4-byte boundary: two u32 fields written in one instruction. */
+typedef u64 __attribute__((may_alias, aligned(4))) u64_alias4;
 
 #define LAYOUT_MAGIC 0x70726f6674617032UL
 
