@@ -7,7 +7,8 @@
 # (yaml-cpp 0.6.3's parse tool reading and writing back a YAML document),
 # a shell that forks (dash 0.5.12 running benches/realprogs/fork.sh, its
 # children counted in every process) and a multi-threaded Rust program
-# (ripgrep searching a source tree, then a larger part of the machine).
+# (ripgrep searching a source tree, then a larger part of the machine),
+# and a second interpreter (CPython 3.13.5 running benches/realprogs/bench.py).
 #
 # Usage: benches/realprogs.sh [RUNS]     (root; perf, valgrind and cmake installed)
 # Sources and builds go to $PROFTAP_REALPROGS (default ~/.cache/proftap-realprogs).
@@ -71,6 +72,14 @@ if [ ! -x "$dash" ]; then
     rm -rf "$dir/dash-0.5.12"
     curl -fsSL "$pool/d/dash/dash_0.5.12.orig.tar.gz" | tar xz -C "$dir"
     (cd "$dir/dash-0.5.12" && ./configure CFLAGS="-O2 -g" >/dev/null && make -s >/dev/null)
+fi
+python=$dir/python/python
+if [ ! -x "$python" ]; then
+    # The release tarball unpacks into Python-3.13.5/.
+    rm -rf "$dir/python" "$dir/Python-3.13.5"
+    curl -fsSL "$pool/p/python3.13/python3.13_3.13.5.orig.tar.xz" | tar xJ -C "$dir"
+    mv "$dir/Python-3.13.5" "$dir/python"
+    (cd "$dir/python" && ./configure --quiet CFLAGS="-O2 -g" >/dev/null && make -s -j"$(nproc)" python >/dev/null 2>&1)
 fi
 sql=$dir/bench.sql
 [ -s "$sql" ] || bash "$root/benches/realprogs/bench-sql.sh" >"$sql"
@@ -138,15 +147,17 @@ compare() {
     perf_top "$out.perf"
 }
 
-# Calls of each function, by proftap with every probe kept and by callgrind.
+# Calls of each function, by proftap with every probe kept and by callgrind,
+# each run by the command in the array `around` (none unless set).
+around=()
 exact() {
     local name=$1 functions=$2
     shift 2
     local out=$dir/$name-exact
     local args=()
     for f in ${functions//,/ }; do args+=(-f "$f"); done
-    "$proftap" run --overhead-budget 0 --no-sample "${args[@]}" -o "$out.profile" -- "$@" >/dev/null </dev/null 2>&1
-    valgrind -q --tool=callgrind --callgrind-out-file="$out.callgrind" "$@" >/dev/null </dev/null 2>&1
+    "${around[@]}" "$proftap" run --overhead-budget 0 --no-sample "${args[@]}" -o "$out.profile" -- "$@" >/dev/null </dev/null 2>&1
+    "${around[@]}" valgrind -q --tool=callgrind --callgrind-out-file="$out.callgrind" "$@" >/dev/null </dev/null 2>&1
     echo "  every probe kept, against callgrind:"
     "$proftap" report "$out.profile" --format json >"$out.json"
     python3 "$compare_py" calls "$out.callgrind" "$functions" "$out.json"
@@ -207,6 +218,21 @@ termcolor::BufferWriter::print,encoding_rs_io::util::PossibleBom::encoding,\
 ignore::dir::Ignore::add_child_path_with_found_ignore_files,ignore::dir::Ignore::add_child_with_entries,\
 globset::glob::char_to_escaped_literal \
     "$rg" -c 'fn [a-z_]+\(' "$tree"
+# CPython, isolated from the user's site and variables (-I -S), its
+# hashes seeded alike and its addresses the same from run to run
+# (PYTHONHASHSEED, setarch -R): what it computes then depends only on its
+# environment, which it copies into os.environ. Valgrind sets four
+# variables, set for both runs (valgrind changes their values, not their
+# number; LD_PRELOAD names a library loaded anyway). The functions checked
+# are those whose calls depend on neither (a dictionary lookup's depend on
+# where objects lie, which each engine's own mappings move).
+compare python "$python" -I -S "$root/benches/realprogs/bench.py" 4
+around=(setarch -R env PYTHONHASHSEED=0 LD_PRELOAD=/lib/x86_64-linux-gnu/libc.so.6 LD_LIBRARY_PATH=/usr/lib/debug
+    GLIBCXX_FORCE_NEW=1 GLIBCPP_FORCE_NEW=1)
+exact python _PyEval_EvalFrameDefault,_PyEvalFramePushAndInit,_PyObject_Malloc,_PyObject_Free,\
+clear_slots,PyLong_FromLong,PyDict_SetItem,list_dealloc \
+    "$python" -I -S "$root/benches/realprogs/bench.py" 1
+around=()
 # The same search over more of the machine, long enough that proftap's
 # start and end (reading ripgrep's DWARF, patching its functions) weigh
 # less.
