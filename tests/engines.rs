@@ -50,6 +50,7 @@ for_each_engine!(
     coroutines_that_switch_stacks_run_unharmed_and_are_counted,
     a_handler_that_jumps_out_ends_the_calls_it_left,
     a_timer_that_jumps_out_of_the_probes_leaves_the_program_whole,
+    a_function_looping_back_to_its_entry_counts_its_calls_not_its_turns,
 );
 
 fn call_counts_equal_callgrind(engine: &Engine) {
@@ -66,6 +67,28 @@ fn call_counts_equal_callgrind(engine: &Engine) {
         // C++ (templates, virtual calls, a throw through two frames) and Rust.
         check(&Build::cxx("shapes.cpp", opt), &["30"]);
         check(&Build::rust("calls.rs", opt), &["200"]);
+    }
+}
+
+/// A function whose loop jumps back to its very first instruction
+/// (examples/looped.c's `sum_from_entry`, as gcc makes of a loop tested at
+/// the top of a function with no frame) enters its probed entry again at
+/// each turn: each call is counted once and timed from its call to its
+/// return, its turns are not calls, and nothing is left unpaired.
+fn a_function_looping_back_to_its_entry_counts_its_calls_not_its_turns(engine: &Engine) {
+    require_probes();
+    for opt in ["-O0", "-O2"] {
+        let binary = Build::c("looped.c", opt).build();
+        let report = run_unharmed(&[engine.exact, &["--no-sample", "-f", "sum_from_entry", "-f", "main"]].concat(), &binary, &["3000"]);
+        assert_eq!(report["recording"]["engine"], engine.name, "{opt}");
+        let f = function(&report["functions"], "sum_from_entry");
+        // 3,000 calls of one to three turns each.
+        let counted = (f["calls"].as_u64(), f["untimed"].as_u64(), f["unfinished"].as_u64());
+        assert_eq!(counted, (Some(3000), Some(0), Some(0)), "{opt}: {f}");
+        assert_eq!(report["lost"]["unmatched_returns"], 0, "{opt}: {}", report["lost"]);
+        // main's one call holds every one of them, under it in the tree.
+        assert_eq!(function(&report["functions"], "main")["calls"], 1, "{opt}");
+        assert!(stat(f, "inclusive", "wall_ns", "total") < stat(function(&report["functions"], "main"), "inclusive", "wall_ns", "total"));
     }
 }
 

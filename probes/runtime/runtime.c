@@ -1354,6 +1354,18 @@ static inline __attribute__((always_inline)) struct frame *open_frame(struct pri
     return f;
 }
 
+/* Whether this entry of `function` at `slot` is no call but the function
+ * jumping back to its own first instruction: a loop whose head is the
+ * entry (gcc's for a frameless loop tested at the top), or a tail call
+ * to itself made as a jump. The stack is then as at its call's entry, so
+ * the slot holds the return trampoline of that call under way, on top.
+ * (A tail call to another function has another's frame on top.) */
+static inline int jumped_back_to_entry(const struct config *c, const struct private_block *p, const u64 *slot, u32 function)
+{
+    u64 d = p->depth;
+    return d && p->ret[d - 1].slot == (u64)slot && p->function[d - 1] == function && is_trampoline(c, *slot);
+}
+
 /* proftap_entry for every call: whatever the thread, its stack and the
  * state of the recording. */
 static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
@@ -1377,6 +1389,8 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
             __atomic_fetch_add(&busy_entries_of(c, b)[function], 1, __ATOMIC_RELAXED);
         return 0;
     }
+    if (jumped_back_to_entry(c, p, slot, function))
+        goto out;
     /* Every call is counted, timed or not. */
     if (b && function < c->functions)
         entries_of(c, b)[function]++;

@@ -140,6 +140,9 @@ struct Frame {
     line_row: u64,
     /// Regions the frame is in, and since when.
     regions: Vec<(u32, Values)>,
+    /// Times its function jumped back to its own entry under it, each
+    /// leaving one more return for the kernel's trampoline to report.
+    reentered: u64,
 }
 
 impl Frame {
@@ -158,6 +161,7 @@ impl Frame {
             line_since: values,
             line_row: 0,
             regions: Vec::new(),
+            reentered: 0,
         }
     }
 }
@@ -579,6 +583,9 @@ impl Aggregator {
     }
 
     fn enter(&mut self, thread: &mut ThreadState, hit: &Hit) {
+        if self.jumped_back_to_entry(thread, hit) {
+            return;
+        }
         self.unwind_to(thread, hit, false);
         // A call whose return address sits at or above an orphan's slot (the
         // stack grows down): the orphan has returned.
@@ -610,6 +617,29 @@ impl Aggregator {
             }
         }
         thread.stack.push(frame);
+    }
+
+    /// Whether a hit of a function's entry is no call but the function
+    /// jumping back to its own first instruction: a loop whose head is the
+    /// entry (gcc's for a frameless loop tested at the top), or a tail call
+    /// to itself made as a jump. The stack is then as at its call's entry:
+    /// that call's frame on top in the same slot, whose return the
+    /// kernel's trampoline holds (with a return probe, which reports one
+    /// more return for each such jump) or is seen at its `ret`.
+    fn jumped_back_to_entry(&self, thread: &mut ThreadState, hit: &Hit) -> bool {
+        let function = hit.probe.function();
+        let Some(top) = thread.stack.last_mut() else { return false };
+        if hit.sp == 0 || top.sp != hit.sp || top.function != function || top.pseudo || top.orphaned {
+            return false;
+        }
+        if self.exit_sites.get(function as usize).copied().unwrap_or(false) {
+            return true;
+        }
+        let through_trampoline = hit.ret != 0 && self.trampolines.iter().any(|t| t.contains(&hit.ret));
+        if through_trampoline {
+            top.reentered += 1;
+        }
+        through_trampoline
     }
 
     /// A line row was reached: the frame of its function moves onto it.
@@ -702,6 +732,11 @@ impl Aggregator {
             self.lost.unmatched_returns += 1;
             return;
         };
+        // The return the kernel reports for a jump back to the entry.
+        if thread.stack[position].reentered > 0 {
+            thread.stack[position].reentered -= 1;
+            return;
+        }
         while thread.stack.len() > position + 1 {
             self.close_top(thread, &hit.values, Ending::Unwound);
         }
