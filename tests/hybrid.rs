@@ -658,3 +658,38 @@ fn the_governors_changes_past_the_first_few_are_told_in_one_line() {
     assert_eq!(folded.iter().filter(|l| is_change(l)).count(), 3, "{text}");
     assert!(folded.iter().any(|l| l.ends_with(more.trim_start_matches("proftap: "))), "{text}");
 }
+
+/// Attached to a thread in a loop that began before the attach and never
+/// returns (a server's event loop, an interpreter's), the loop's call is
+/// one no probe timed: its time is its samples', told apart and named the
+/// hottest, not left out of the profile as a function with no call.
+#[test]
+fn an_attach_estimates_a_call_begun_before_it_from_its_samples() {
+    let _serial = one_recording_at_a_time();
+    require_probes();
+    // At -O0: its loop does not come back to its first instruction, which
+    // would make a call of the first jump there after the attach.
+    let binary = Build::c("spin.c", "-O0").flag("-pthread").build();
+    let mut spinner = Command::new(&binary).stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(spinner.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("ready "), "unexpected: {line}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let attached = run(proftap().args(["attach", "--engine", "inject", "--duration", "1s", "-o"]).arg(&file).arg(spinner.id().to_string()));
+    run_ok(Command::new("kill").args(["-TERM", &spinner.id().to_string()]));
+    assert!(spinner.wait().unwrap().success(), "the program's turns no longer add up");
+    assert!(attached.status.success(), "{}", String::from_utf8_lossy(&attached.stderr));
+
+    let report = report_json(&file);
+    let untimed = report["samples"]["untimed_calls"].as_array().unwrap_or_else(|| panic!("{}", report["samples"]));
+    let spin = untimed.iter().find(|t| t["name"] == "spin").unwrap_or_else(|| panic!("{untimed:?}"));
+    // One thread turning for the whole second: most of it in spin itself.
+    let duration = report["recording"]["duration_ns"].as_u64().unwrap();
+    assert!(spin["self_ns"].as_u64().unwrap() * 2 > duration, "{spin} of {duration} ns");
+    assert!(report["functions"].as_array().unwrap().iter().all(|f| f["name"] != "spin" || f["calls"] == 0), "{}", report["functions"]);
+    let text = run_ok(proftap().arg("report").arg(&file));
+    let hottest = text.lines().find(|l| l.trim_start().starts_with("hottest")).unwrap_or_default();
+    assert!(hottest.contains("spin: about") && hottest.contains("no probe timed"), "{text}");
+}

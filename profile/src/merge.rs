@@ -2,7 +2,7 @@
 
 use crate::model::{
     BranchRecord, FunctionId, FunctionInfo, HeldSamples, LostCount, Mode, Profile, ROOT, SampleProfile, SampledFrame, SampledStack,
-    Throttled,
+    Throttled, ThrottledSamples,
 };
 use crate::notes::Note;
 use std::collections::{HashMap, HashSet};
@@ -283,21 +283,8 @@ fn merged_counts(mine: &FunctionInfo, theirs: &FunctionInfo) -> (Option<u64>, Op
 impl Throttled {
     /// Adds `other`'s: the same function's (the same caller's in the same thread) add up.
     fn merge(&mut self, other: &Throttled) {
-        let mut functions: HashMap<String, usize> = self.functions.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        for theirs in &other.functions {
-            match functions.get(&theirs.name) {
-                Some(&i) => {
-                    let ours = &mut self.functions[i];
-                    ours.self_samples = ours.self_samples.saturating_add(theirs.self_samples);
-                    ours.total_samples = ours.total_samples.saturating_add(theirs.total_samples);
-                    ours.total_samples_uncounted = ours.total_samples_uncounted.saturating_add(theirs.total_samples_uncounted);
-                }
-                None => {
-                    functions.insert(theirs.name.clone(), self.functions.len());
-                    self.functions.push(theirs.clone());
-                }
-            }
-        }
+        merge_by_function(&mut self.functions, &other.functions);
+        merge_by_function(&mut self.untimed, &other.untimed);
         let key = |h: &HeldSamples| (h.tid, h.name.clone(), h.callee.clone(), h.callee_module.clone());
         let mut held: HashMap<(i32, String, String, String), usize> = self.held.iter().enumerate().map(|(i, h)| (key(h), i)).collect();
         for theirs in &other.held {
@@ -308,6 +295,25 @@ impl Throttled {
                     held.insert(key, self.held.len());
                     self.held.push(theirs.clone());
                 }
+            }
+        }
+    }
+}
+
+/// Adds `theirs` samples to `ours`, function by function.
+fn merge_by_function(ours: &mut Vec<ThrottledSamples>, theirs: &[ThrottledSamples]) {
+    let mut index: HashMap<String, usize> = ours.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+    for t in theirs {
+        match index.get(&t.name) {
+            Some(&i) => {
+                let o = &mut ours[i];
+                o.self_samples = o.self_samples.saturating_add(t.self_samples);
+                o.total_samples = o.total_samples.saturating_add(t.total_samples);
+                o.total_samples_uncounted = o.total_samples_uncounted.saturating_add(t.total_samples_uncounted);
+            }
+            None => {
+                index.insert(t.name.clone(), ours.len());
+                ours.push(t.clone());
             }
         }
     }
@@ -455,12 +461,18 @@ mod tests {
         };
         let mut a = profile("abc", "f", 1, 1);
         a.samples = Some(samples(vec![frame("main"), frame("f")], vec![(vec![0, 1], 3), (vec![0], 1)]));
+        let untimed =
+            |name: &str, own, total| ThrottledSamples { name: name.into(), self_samples: own, total_samples: total, ..Default::default() };
+        a.samples.as_mut().unwrap().throttled.untimed = vec![untimed("main", 0, 3), untimed("f", 2, 2)];
         let mut b = profile("abc", "f", 1, 1);
         b.functions[0].mode = Mode::Throttled;
         // The same frames in another order, and a new one.
         b.samples = Some(samples(vec![frame("f"), frame("main"), frame("g")], vec![(vec![1, 0], 2), (vec![1, 2], 5)]));
+        b.samples.as_mut().unwrap().throttled.untimed = vec![untimed("main", 1, 7)];
         a.merge(&b, false).expect("same build");
         let merged = a.samples.as_ref().expect("samples");
+        // Samples of calls no probe timed add up function by function.
+        assert_eq!(merged.throttled.untimed, vec![untimed("main", 1, 10), untimed("f", 2, 2)]);
         assert_eq!(merged.total, 11);
         assert_eq!(merged.in_counting_stubs, 2);
         assert_eq!(merged.frames.len(), 3);

@@ -149,6 +149,11 @@ pub struct SampleProfile {
 pub struct Throttled {
     /// By throttled function.
     pub functions: Vec<ThrottledSamples>,
+    /// By function instrumented and not throttled: the samples of its
+    /// calls no probe timed (begun before the probes were placed, as in an
+    /// attach to a loop that never returns, or left untimed by the engine).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub untimed: Vec<ThrottledSamples>,
     /// Samples in throttled functions, or at the top of the stack in a
     /// function never instrumented, whose nearest caller still
     /// instrumented was timed: by thread and caller, what that caller's
@@ -159,7 +164,7 @@ pub struct Throttled {
 impl Throttled {
     /// No sample was of a function not instrumented under one that was.
     pub fn is_empty(&self) -> bool {
-        self.functions.is_empty() && self.held.is_empty()
+        self.functions.is_empty() && self.untimed.is_empty() && self.held.is_empty()
     }
 }
 
@@ -812,6 +817,16 @@ impl Profile {
             return 0;
         }
         let own = samples.throttled.functions.iter().filter(|t| t.name == info.name).fold(0u64, |n, t| n.saturating_add(t.self_samples));
+        samples.estimated_ns(own)
+    }
+
+    /// The own CPU time of instrumented `function` in calls no probe timed
+    /// (begun before the probes were placed, or left untimed by the
+    /// engine), as its samples estimate it: what its exact part leaves
+    /// out (0 when it has none or nothing was sampled).
+    pub fn own_time_untimed(&self, function: FunctionId) -> u64 {
+        let (Some(samples), Some(info)) = (&self.samples, self.functions.get(function as usize)) else { return 0 };
+        let own = samples.throttled.untimed.iter().filter(|t| t.name == info.name).fold(0u64, |n, t| n.saturating_add(t.self_samples));
         samples.estimated_ns(own)
     }
 

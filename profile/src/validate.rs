@@ -187,7 +187,8 @@ fn check_samples(samples: &SampleProfile, names: &mut NameBudget) -> Check {
         line_in_range(l.line, || format!("the samples of {}", l.file))?;
     }
     let throttled = &samples.throttled;
-    for name in throttled.functions.iter().map(|t| &t.name).chain(throttled.held.iter().map(|h| &h.name)) {
+    let by_function = throttled.functions.iter().chain(&throttled.untimed).map(|t| &t.name);
+    for name in by_function.chain(throttled.held.iter().map(|h| &h.name)) {
         names.add(name.len() as u64)?;
     }
     Ok(())

@@ -132,8 +132,10 @@ pub fn record(
         // added later (automatic instrumentation), or for lines.
         let kernel_probes = enabled.iter().any(|&e| e) || options.auto_instrument.is_some() || options.probed_lines.is_some();
         let resolver = sample_resolver(&all[..measured], spec, options, frames_ahead, kernel_probes);
-        let instrumented = |i: usize| enabled.get(i).copied().unwrap_or(false) || patching.injected.get(i).copied().unwrap_or(false);
-        let samples = sample_aggregator(&all[..measured], instrumented, event, *hz, options.trace_bytes.is_some());
+        let injected = |i: usize| patching.injected.get(i).copied().unwrap_or(false);
+        let instrumented = |i: usize| enabled.get(i).copied().unwrap_or(false) || injected(i);
+        let samples = sample_aggregator(&all[..measured], instrumented, event, *hz, options.trace_bytes.is_some())
+            .patching(all[..measured].iter().enumerate().filter(|&(i, _)| injected(i)).map(|(_, f)| f.info.name.clone()));
         let overhead = sampled.as_ref().map(|(overhead, _)| overhead.clone()).unwrap_or_default();
         // The named stacks are kept only to be saved.
         SamplerThread::spawn(resolver, samples, overhead, saver.is_some())

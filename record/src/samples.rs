@@ -27,6 +27,13 @@ pub struct SampleAggregator {
     counting_goes_on: HashMap<String, HashSet<i32>>,
     /// By throttled function: its samples since.
     after_throttle: HashMap<String, SinceThrottle>,
+    /// The instrumented functions the in-process engine patched. In a
+    /// process it patched, a call of one whose return no trampoline held
+    /// was not timed: begun before the probes were placed (an attach to a
+    /// loop that never returns), or left untimed by the engine.
+    patched_functions: HashSet<String>,
+    /// By such function not throttled: the samples of its calls not timed.
+    untimed: HashMap<String, SinceThrottle>,
     /// By (thread, caller still instrumented, callee and its module):
     /// samples the caller's exclusive time holds.
     held: HashMap<(i32, String, (String, String)), u64>,
@@ -83,6 +90,8 @@ impl SampleAggregator {
             uncounted: HashSet::new(),
             counting_goes_on: HashMap::new(),
             after_throttle: HashMap::new(),
+            patched_functions: HashSet::new(),
+            untimed: HashMap::new(),
             held: HashMap::new(),
             timed: None,
             in_counting_stubs: 0,
@@ -101,6 +110,14 @@ impl SampleAggregator {
     pub fn measuring(mut self, names: Vec<String>) -> Self {
         self.measured_names = names.iter().filter(|n| !n.is_empty()).cloned().collect();
         self.measured = names;
+        self
+    }
+
+    /// Which of the functions measured (by name) the in-process engine
+    /// patches, rather than kernel probes: those whose calls are timed
+    /// only where a trampoline holds their return.
+    pub fn patching(mut self, names: impl IntoIterator<Item = String>) -> Self {
+        self.patched_functions = names.into_iter().filter(|n| !n.is_empty()).collect();
         self
     }
 
@@ -189,15 +206,16 @@ impl SampleAggregator {
     }
 
     /// Whose time a sample is, when the nearest call being timed holds it
-    /// in its measured exclusive time: that of a throttled function
-    /// innermost among the measured ones and not timed, or that of a
-    /// function never instrumented (a library's, one left unpatched) at
-    /// the top of the stack. A call is timed when a probe was timing it (a
-    /// trampoline held its return address: a throttled function's call
-    /// under way when its probes were removed is timed to its end), or
-    /// when its function is instrumented and not throttled. The holder
-    /// gives the time back at the end; every throttled function on the
-    /// stack not timed there has the sample in its total.
+    /// in its measured exclusive time: that of a measured function's call
+    /// not timed, innermost among the measured ones, or that of a function
+    /// never instrumented (a library's, one left unpatched) at the top of
+    /// the stack. A call is timed when a probe was timing it (a trampoline
+    /// held its return address: a throttled function's call under way
+    /// when its probes were removed is timed to its end), or when its
+    /// function is instrumented by kernel probes and not throttled (their
+    /// trampoline does not tell). The holder gives the time back at the
+    /// end; every measured function on the stack not timed there has the
+    /// sample in its total.
     fn count_held(&mut self, pid: i32, tid: i32, stack: &ResolvedStack) {
         // Indices from a saved recording may be anything: out of range, they name no frame.
         let mut timed_call = vec![false; stack.frames.len()];
@@ -210,7 +228,13 @@ impl SampleAggregator {
         let Some(&(leaf, _)) = physical.first() else { return };
         let measured: Vec<(&SampledFrame, bool)> =
             physical.iter().filter(|(f, _)| f.module != KERNEL_IMAGE && self.measured_names.contains(&f.name)).copied().collect();
-        let timed = |frame: &SampledFrame, through_probe: bool| through_probe || !self.throttled.contains(&frame.name);
+        let patched_here = self.patched.contains(&pid);
+        let throttled = |frame: &SampledFrame| self.throttled.contains(&frame.name);
+        // Calls the engine times only through a trampoline: those of throttled
+        // functions, and in a process it patched, of those it patched.
+        let timed_by_trampoline_only =
+            |frame: &SampledFrame| throttled(frame) || patched_here && self.patched_functions.contains(&frame.name);
+        let timed = |frame: &SampledFrame, through_probe: bool| through_probe || !timed_by_trampoline_only(frame);
         let mut seen: Vec<&str> = Vec::new();
         let mut holder = None;
         for &(frame, through_probe) in &measured {
@@ -218,7 +242,8 @@ impl SampleAggregator {
                 holder = holder.or(Some(&frame.name));
             } else if !seen.contains(&frame.name.as_str()) {
                 seen.push(&frame.name);
-                let since = self.after_throttle.entry(frame.name.clone()).or_default();
+                let untimed = if throttled(frame) { &mut self.after_throttle } else { &mut self.untimed };
+                let since = untimed.entry(frame.name.clone()).or_default();
                 since.total += 1;
                 let counted_here = self.counting_goes_on.get(&frame.name).is_some_and(|pids| pids.contains(&pid));
                 if self.uncounted.contains(&frame.name) && !counted_here {
@@ -237,7 +262,8 @@ impl SampleAggregator {
             _ if leaf.name == PROBE_OVERHEAD_FRAME || leaf.name == FORK_FRAME => return,
             _ if unmeasured => leaf,
             Some(&(innermost, through_probe)) if !timed(innermost, through_probe) => {
-                self.after_throttle.entry(innermost.name.clone()).or_default().own += 1;
+                let untimed = if throttled(innermost) { &mut self.after_throttle } else { &mut self.untimed };
+                untimed.entry(innermost.name.clone()).or_default().own += 1;
                 innermost
             }
             _ => return,
@@ -276,17 +302,8 @@ impl SampleAggregator {
         let mut lines: Vec<SampledLine> =
             self.lines.iter().map(|((file, line), &count)| SampledLine { file: file.clone(), line: *line, count }).collect();
         lines.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        let mut functions: Vec<ThrottledSamples> = self
-            .after_throttle
-            .iter()
-            .map(|(name, since)| ThrottledSamples {
-                name: name.clone(),
-                self_samples: since.own,
-                total_samples: since.total,
-                total_samples_uncounted: since.total_uncounted,
-            })
-            .collect();
-        functions.sort_by(|a, b| b.total_samples.cmp(&a.total_samples).then(a.name.cmp(&b.name)));
+        let functions = by_function(&self.after_throttle);
+        let untimed = by_function(&self.untimed);
         let mut held: Vec<HeldSamples> = self
             .held
             .iter()
@@ -306,10 +323,25 @@ impl SampleAggregator {
             frames: self.frames.clone(),
             stacks,
             lines,
-            throttled: Throttled { functions, held },
+            throttled: Throttled { functions, untimed, held },
             in_counting_stubs: self.in_counting_stubs,
         }
     }
+}
+
+/// Samples by function, the most first.
+fn by_function(samples: &HashMap<String, SinceThrottle>) -> Vec<ThrottledSamples> {
+    let mut functions: Vec<ThrottledSamples> = samples
+        .iter()
+        .map(|(name, since)| ThrottledSamples {
+            name: name.clone(),
+            self_samples: since.own,
+            total_samples: since.total,
+            total_samples_uncounted: since.total_uncounted,
+        })
+        .collect();
+    functions.sort_by(|a, b| b.total_samples.cmp(&a.total_samples).then(a.name.cmp(&b.name)));
+    functions
 }
 
 #[cfg(test)]
@@ -396,6 +428,36 @@ mod tests {
         let throttled = samples.profile().throttled;
         let work = throttled.functions.iter().find(|t| t.name == "work").unwrap();
         assert_eq!((work.total_samples, work.total_samples_uncounted), (8, 3));
+    }
+
+    #[test]
+    fn a_patched_functions_call_no_trampoline_holds_is_estimated_from_its_samples() {
+        // main and serve patched in process 10 before the sample; serve's
+        // loop began before the attach (no trampoline holds its return),
+        // handle's call is timed (one does). short is on kernel probes.
+        let names = ["main", "serve", "handle", "short"].map(String::from).to_vec();
+        let patched = ["main", "serve", "handle"].map(String::from);
+        let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names).patching(patched);
+        samples.patched(10);
+        let frames = |names: &[&str]| names.iter().map(|n| frame(n)).collect::<Vec<_>>();
+        let in_serve = ResolvedStack { frames: frames(&["main", "serve"]), line: None, timed_calls: Vec::new() };
+        let in_handle = ResolvedStack { frames: frames(&["main", "serve", "handle"]), line: None, timed_calls: vec![2] };
+        let in_short = ResolvedStack { frames: frames(&["main", "serve", "handle", "short"]), line: None, timed_calls: vec![2] };
+        let in_memset = ResolvedStack { frames: frames(&["main", "serve", "memset"]), line: None, timed_calls: Vec::new() };
+        for stack in [&in_serve, &in_serve, &in_handle, &in_short, &in_memset] {
+            samples.add_at(10, 10, 0, stack);
+        }
+        // The same stacks under kernel probes (process 20): every call of an
+        // instrumented function is taken as timed, as their trampoline does not tell.
+        samples.add_at(20, 20, 0, &in_serve);
+        let throttled = samples.profile().throttled;
+        let of = |name: &str| throttled.untimed.iter().find(|t| t.name == name).map(|t| (t.self_samples, t.total_samples));
+        assert_eq!(of("serve"), Some((2, 5)), "its own two, and under it three");
+        assert_eq!(of("main"), Some((0, 5)));
+        assert_eq!(of("handle"), None, "timed");
+        assert!(throttled.functions.is_empty(), "nothing throttled");
+        // memset's time is serve's own call's, which nothing timed holds.
+        assert!(throttled.held.is_empty(), "{:?}", throttled.held);
     }
 
     #[test]

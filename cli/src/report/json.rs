@@ -1,7 +1,7 @@
 //! The JSON report (`proftap.report/1`) scripts rely on.
 
 use super::{SortKey, function_name, sort_functions};
-use proftap_profile::{CallTree, FunctionStats, Profile, SampleProfile, Stat};
+use proftap_profile::{CallTree, FunctionStats, Profile, SampleProfile, Stat, ThrottledSamples};
 use serde_json::{Map, Value, json};
 
 /// The whole report as a JSON value.
@@ -36,6 +36,10 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
     let with_estimate = |f: &FunctionStats| {
         let mut value = function(profile, f);
         value["own_cpu_ns_after_throttle"] = json!(profile.own_time_after_throttle(f.function));
+        let untimed = profile.own_time_untimed(f.function);
+        if untimed > 0 {
+            value["own_cpu_ns_untimed"] = json!(untimed);
+        }
         let info = profile.functions.get(f.function as usize);
         value["calls_after_throttle"] = json!(info.and_then(|i| i.calls_after_throttle));
         if let Some(until) = info.and_then(|i| i.calls_counted_until_stopped) {
@@ -159,7 +163,7 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
     if samples.throttled.is_empty() {
         return object;
     }
-    let throttled = samples.throttled.functions.iter().map(|t| {
+    let by_function = |t: &ThrottledSamples| {
         json!({
             "name": t.name,
             "self": t.self_samples,
@@ -168,7 +172,7 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
             "total_ns": samples.estimated_ns(t.total_samples),
             "total_uncounted": t.total_samples_uncounted,
         })
-    });
+    };
     let held = samples.throttled.held.iter().map(|h| {
         json!({
             "tid": h.tid,
@@ -179,7 +183,10 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
             "ns": samples.estimated_ns(h.samples),
         })
     });
-    object["throttled"] = Value::Array(throttled.collect());
+    object["throttled"] = Value::Array(samples.throttled.functions.iter().map(by_function).collect());
+    // Calls of instrumented functions that no probe timed: begun before the
+    // probes were placed (an attach), or left untimed by the engine.
+    object["untimed_calls"] = Value::Array(samples.throttled.untimed.iter().map(by_function).collect());
     object["held_by_callers"] = Value::Array(held.collect());
     object
 }

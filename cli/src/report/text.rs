@@ -100,6 +100,7 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
         tree(profile, &profile.merged_tree(), m, options, &mut out);
     }
     throttled(profile, &merged, options, &mut out);
+    untimed(profile, options, &mut out);
     sampled_only(profile, options, &mut out);
     if !profile.regions.is_empty() {
         regions(profile, &metrics, &mut out);
@@ -179,17 +180,26 @@ fn hottest(profile: &Profile, out: &mut String) {
     let key = profile.metrics.get(metric).map_or("", String::as_str);
     let timed = Unit::of(key) == Unit::Nanoseconds;
     let after_throttle = |function: u32| if timed { profile.own_time_after_throttle(function) } else { 0 };
-    let instrumented = profile
-        .merged_functions()
-        .into_iter()
+    let untimed = |function: u32| if timed { profile.own_time_untimed(function) } else { 0 };
+    let merged = profile.merged_functions();
+    // An instrumented function whose calls no probe timed (one begun
+    // before an attach that never returned) may have no calls at all.
+    let only_untimed = profile.samples.iter().flat_map(|s| &s.throttled.untimed).filter_map(|t| {
+        let function = profile.functions.iter().position(|i| i.name == t.name)? as u32;
+        (!merged.iter().any(|f| f.function == function)).then(|| FunctionStats { function, ..FunctionStats::default() })
+    });
+    let only_untimed: Vec<FunctionStats> = only_untimed.collect();
+    let instrumented = merged
+        .iter()
+        .chain(&only_untimed)
         .filter(|f| profile.functions.get(f.function as usize).is_some_and(|i| i.mode != Mode::Sampled))
         .map(|f| {
             let measured = f.exclusive.get(metric).map_or(0, |s| s.total);
-            let estimated = after_throttle(f.function);
+            let estimated = after_throttle(f.function).saturating_add(untimed(f.function));
             (f, measured.saturating_add(estimated), estimated)
         })
         .max_by_key(|(_, total, _)| *total);
-    if let Some((f, total, estimated)) = instrumented.filter(|(f, _, _)| f.calls > 0) {
+    if let Some((f, total, estimated)) = instrumented.filter(|(f, total, _)| f.calls > 0 || *total > 0) {
         let share = match (timed, threads_cpu_ns(profile, metric, key)) {
             (false, _) => String::new(),
             (true, Some(cpu)) => format!(", {:.1}% of the threads' measured CPU time", 100.0 * total as f64 / cpu.max(1) as f64),
@@ -203,8 +213,11 @@ fn hottest(profile: &Profile, out: &mut String) {
             ""
         };
         let info = profile.functions.get(f.function as usize);
-        let (about, calls) =
-            hottest_calls(f.calls, estimated, info.and_then(|i| i.calls_after_throttle), info.and_then(|i| i.calls_counted_until_stopped));
+        let (about, calls) = if untimed(f.function) > 0 && info.is_some_and(|i| i.mode != Mode::Throttled) {
+            ("about ", untimed_calls(f.calls))
+        } else {
+            hottest_calls(f.calls, estimated, info.and_then(|i| i.calls_after_throttle), info.and_then(|i| i.calls_counted_until_stopped))
+        };
         let _ = writeln!(
             out,
             "  hottest     {}: {about}{} {} in itself{unseen}{share}, {calls}",
@@ -523,6 +536,16 @@ fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u
     }
 }
 
+/// The hottest function's calls when some were not timed: `timed` by its
+/// probes, the others estimated from samples.
+fn untimed_calls(timed: u64) -> String {
+    let not_timed = "calls no probe timed (begun before the probes were placed) estimated from samples";
+    match timed {
+        0 => format!("its {not_timed}"),
+        _ => format!("{} call{} timed, its {not_timed}", group_digits(timed), if timed == 1 { "" } else { "s" }),
+    }
+}
+
 /// The flat profile's label of a throttled function, whose row is its
 /// calls while it was instrumented: with how many it made after, where they
 /// were counted.
@@ -579,6 +602,30 @@ fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions,
             None => "?".to_string(),
         };
         let _ = writeln!(out, "{:>12} {:>12} {:>12}  {}", calls, format_ns(samples.estimated_ns(t.self_samples)), format_ns(total), t.name);
+    }
+}
+
+/// Instrumented functions' calls that no probe timed (begun before the
+/// probes were placed, as in an attach to a loop that never returns, or
+/// left untimed by the engine): their time from the samples. The flat
+/// profile has the calls timed.
+fn untimed(profile: &Profile, options: &TextOptions, out: &mut String) {
+    let Some(samples) = &profile.samples else { return };
+    if samples.throttled.untimed.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nCalls no probe timed, begun before the probes were placed or left untimed (time estimated from {} samples at {} Hz; the flat profile has the calls timed)",
+        group_digits(samples.total),
+        samples.frequency_hz
+    );
+    let _ = writeln!(out, "{:>12} {:>12}  function", "~self", "~total");
+    let mut functions: Vec<_> = samples.throttled.untimed.iter().collect();
+    super::sort_sampled(&mut functions, options.sort, |t| (t.self_samples, t.total_samples, &t.name));
+    for t in functions.into_iter().take(options.top.unwrap_or(usize::MAX)) {
+        let (own, total) = (samples.estimated_ns(t.self_samples), samples.estimated_ns(t.total_samples));
+        let _ = writeln!(out, "{:>12} {:>12}  {}", format_ns(own), format_ns(total), t.name);
     }
 }
 
