@@ -156,8 +156,8 @@ exact() {
     local out=$dir/$name-exact
     local args=()
     for f in ${functions//,/ }; do args+=(-f "$f"); done
-    "${around[@]}" "$proftap" run --overhead-budget 0 --no-sample "${args[@]}" -o "$out.profile" -- "$@" >/dev/null </dev/null 2>&1
-    "${around[@]}" valgrind -q --tool=callgrind --callgrind-out-file="$out.callgrind" "$@" >/dev/null </dev/null 2>&1
+    ${around[@]+"${around[@]}"} "$proftap" run --overhead-budget 0 --no-sample "${args[@]}" -o "$out.profile" -- "$@" >/dev/null </dev/null 2>&1
+    ${around[@]+"${around[@]}"} valgrind -q --tool=callgrind --callgrind-out-file="$out.callgrind" "$@" >/dev/null </dev/null 2>&1
     echo "  every probe kept, against callgrind:"
     "$proftap" report "$out.profile" --format json >"$out.json"
     python3 "$compare_py" calls "$out.callgrind" "$functions" "$out.json"

@@ -65,6 +65,14 @@ impl Profile {
         }
         if let Some(samples) = &self.samples {
             check_samples(samples, &mut names)?;
+            // One entry per function at most: each is looked up by name for each function.
+            let untimed = samples.throttled.untimed.len();
+            if untimed > self.functions.len() {
+                return fail(format!(
+                    "its samples list {untimed} functions' calls not timed, but it has {} functions",
+                    self.functions.len()
+                ));
+            }
         }
         if let Some(trace) = &self.trace {
             let stacks = self.samples.as_ref().map_or(0, |s| s.stacks.len());

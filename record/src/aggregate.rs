@@ -141,7 +141,8 @@ struct Frame {
     /// Regions the frame is in, and since when.
     regions: Vec<(u32, Values)>,
     /// Times its function jumped back to its own entry under it, each
-    /// leaving one more return for the kernel's trampoline to report.
+    /// leaving the kernel's trampoline one more return to report (fewer
+    /// past the kernel's depth of pending returns).
     reentered: u64,
 }
 
@@ -217,6 +218,10 @@ struct ThreadState {
     /// time counted from context switches).
     off_cpu: u64,
     off_since: Option<u64>,
+    /// Returns the kernel may still report for a frame that ended, whose
+    /// function had jumped back to its entry: (function, stack pointer
+    /// after the return, how many). They come together, at once.
+    chained_returns: Option<(u32, u64, u64)>,
 }
 
 impl ThreadState {
@@ -239,6 +244,7 @@ impl ThreadState {
             orphan_returns: Vec::new(),
             off_cpu: 0,
             off_since: None,
+            chained_returns: None,
         }
     }
 
@@ -573,7 +579,9 @@ impl Aggregator {
         }
         thread.last = values;
         let hit = Hit { values, ..*hit };
+        let chained = thread.chained_returns.take();
         match hit.probe.kind() {
+            HitKind::Exit if self.chained_return(&mut thread, &hit, chained) => {}
             _ if catch => self.unwind_to(&mut thread, &hit, true),
             HitKind::Exit => self.leave(&mut thread, &hit),
             HitKind::Entry => self.enter(&mut thread, &hit),
@@ -623,23 +631,35 @@ impl Aggregator {
     /// jumping back to its own first instruction: a loop whose head is the
     /// entry (gcc's for a frameless loop tested at the top), or a tail call
     /// to itself made as a jump. The stack is then as at its call's entry:
-    /// that call's frame on top in the same slot, whose return the
-    /// kernel's trampoline holds (with a return probe, which reports one
-    /// more return for each such jump) or is seen at its `ret`.
+    /// that call's frame on top in the same slot, whose return the kernel's
+    /// trampoline holds (a call pushes a return address of its own). Each
+    /// such jump leaves the kernel one more return to report. (With
+    /// returns seen at `ret` instructions, a call whose return went unseen,
+    /// through an indirect tail call, looks the same: each is a call.)
     fn jumped_back_to_entry(&self, thread: &mut ThreadState, hit: &Hit) -> bool {
         let function = hit.probe.function();
         let Some(top) = thread.stack.last_mut() else { return false };
-        if hit.sp == 0 || top.sp != hit.sp || top.function != function || top.pseudo || top.orphaned {
-            return false;
-        }
-        if self.exit_sites.get(function as usize).copied().unwrap_or(false) {
+        let same_call = hit.sp != 0 && top.sp == hit.sp && top.function == function && !top.pseudo && !top.orphaned;
+        let through_trampoline = hit.ret != 0 && self.trampolines.iter().any(|t| t.contains(&hit.ret));
+        let exit_sites = self.exit_sites.get(function as usize).copied().unwrap_or(false);
+        if same_call && through_trampoline && !exit_sites {
+            top.reentered += 1;
             return true;
         }
-        let through_trampoline = hit.ret != 0 && self.trampolines.iter().any(|t| t.contains(&hit.ret));
-        if through_trampoline {
-            top.reentered += 1;
+        false
+    }
+
+    /// Whether an exit hit is one more return the kernel reports for a
+    /// frame already ended whose function had jumped back to its entry
+    /// (`chained`, the hit before it left): the first ends the frame, the
+    /// others come right after it, as many or fewer.
+    fn chained_return(&self, thread: &mut ThreadState, hit: &Hit, chained: Option<(u32, u64, u64)>) -> bool {
+        let Some((function, sp, left)) = chained else { return false };
+        if hit.probe.function() != function || hit.sp != sp || left == 0 {
+            return false;
         }
-        through_trampoline
+        thread.chained_returns = (left > 1).then_some((function, sp, left - 1));
+        true
     }
 
     /// A line row was reached: the frame of its function moves onto it.
@@ -732,10 +752,11 @@ impl Aggregator {
             self.lost.unmatched_returns += 1;
             return;
         };
-        // The return the kernel reports for a jump back to the entry.
-        if thread.stack[position].reentered > 0 {
-            thread.stack[position].reentered -= 1;
-            return;
+        // The kernel reports a return for each jump back to the entry too,
+        // right after this one: taken as they come.
+        let reentered = thread.stack[position].reentered;
+        if reentered > 0 {
+            thread.chained_returns = Some((function, hit.sp, reentered));
         }
         while thread.stack.len() > position + 1 {
             self.close_top(thread, &hit.values, Ending::Unwound);
@@ -1115,6 +1136,45 @@ mod tests {
         let result = agg.finish();
         assert_eq!(result.unwound_frames, 0);
         assert_eq!(stats(result, 1, 0).inclusive[0].total, 30);
+    }
+
+    #[test]
+    fn a_function_jumping_back_to_its_entry_makes_one_call_whose_chained_returns_end_nothing() {
+        // main(0) calls f(1) at sp 992, which jumps back to its entry three
+        // times, its slot holding the kernel's trampoline; the kernel
+        // reports f's return and two more (its depth of pending returns
+        // reached); main calls f again, which returns at once; main returns.
+        let trampoline = 0x7fff_f000u64;
+        let config =
+            AggregatorConfig { trampolines: std::iter::once(trampoline..trampoline + 0x1000).collect(), ..AggregatorConfig::new(2, 1) };
+        let mut agg = Aggregator::new(config);
+        let from = |event: Event, ret: u64| match event {
+            Event::Hit(h) => Event::Hit(Hit { ret, ..h }),
+            other => other,
+        };
+        let call_site = 0x40_1234;
+        let events = [
+            from(hit(1, 0, false, 0, 1000), 0x40_0000),
+            from(hit(1, 1, false, 10, 992), call_site),
+            from(hit(1, 1, false, 20, 992), trampoline),
+            from(hit(1, 1, false, 30, 992), trampoline),
+            from(hit(1, 1, false, 40, 992), trampoline),
+            hit(1, 1, true, 50, 1000),
+            hit(1, 1, true, 50, 1000),
+            hit(1, 1, true, 50, 1000),
+            from(hit(1, 1, false, 60, 992), call_site),
+            hit(1, 1, true, 70, 1000),
+            hit(1, 0, true, 100, 1008),
+        ];
+        for e in &events {
+            agg.push(e);
+        }
+        let result = agg.finish();
+        assert_eq!((result.unwound_frames, result.lost.unmatched_returns), (0, 0));
+        let thread = result.threads.iter().find(|t| t.tid == 1).expect("thread");
+        let of = |function| thread.functions.iter().find(|s| s.function == function).expect("function");
+        assert_eq!((of(1).calls, of(1).inclusive[0].total, of(1).inclusive[0].max), (2, 40 + 10, 40));
+        assert_eq!(of(0).exclusive[0].total, 100 - 50);
     }
 
     #[test]

@@ -539,7 +539,7 @@ fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u
 /// The hottest function's calls when some were not timed: `timed` by its
 /// probes, the others estimated from samples.
 fn untimed_calls(timed: u64) -> String {
-    let not_timed = "calls no probe timed (begun before the probes were placed) estimated from samples";
+    let not_timed = "calls no probe timed (begun before the probes were placed, or left untimed) estimated from samples";
     match timed {
         0 => format!("its {not_timed}"),
         _ => format!("{} call{} timed, its {not_timed}", group_digits(timed), if timed == 1 { "" } else { "s" }),
