@@ -820,14 +820,24 @@ impl Profile {
         samples.estimated_ns(own)
     }
 
-    /// The own CPU time of instrumented `function` in calls no probe timed
-    /// (begun before the probes were placed, or left untimed by the
-    /// engine), as its samples estimate it: what its exact part leaves
-    /// out (0 when it has none or nothing was sampled).
-    pub fn own_time_untimed(&self, function: FunctionId) -> u64 {
-        let (Some(samples), Some(info)) = (&self.samples, self.functions.get(function as usize)) else { return 0 };
-        let own = samples.throttled.untimed.iter().filter(|t| t.name == info.name).fold(0u64, |n, t| n.saturating_add(t.self_samples));
-        samples.estimated_ns(own)
+    /// By instrumented function, the own CPU time of its calls no probe
+    /// timed (begun before the probes were placed, or left untimed by the
+    /// engine), as its samples estimate it: what its exact part leaves out.
+    /// Functions with none are left out; a name names its first function.
+    pub fn own_times_untimed(&self) -> HashMap<FunctionId, u64> {
+        let Some(samples) = &self.samples else { return HashMap::new() };
+        let mut ids: HashMap<&str, FunctionId> = HashMap::with_capacity(self.functions.len());
+        for (id, info) in self.functions.iter().enumerate() {
+            ids.entry(info.name.as_str()).or_insert(id as FunctionId);
+        }
+        let mut times: HashMap<FunctionId, u64> = HashMap::new();
+        for t in samples.throttled.untimed.iter().filter(|t| t.self_samples > 0) {
+            if let Some(&id) = ids.get(t.name.as_str()) {
+                let time = times.entry(id).or_default();
+                *time = time.saturating_add(samples.estimated_ns(t.self_samples));
+            }
+        }
+        times
     }
 
     /// Total calls over all functions and threads.

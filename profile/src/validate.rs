@@ -276,6 +276,13 @@ mod tests {
         let mut p = valid();
         p.lost.by_function.push(LostCount { id: -1, count: 1 });
         assert!(reason(&p).contains("name function -1"), "{}", reason(&p));
+        // Each function's calls not timed are looked up by its name: no more entries than functions.
+        let mut p = valid();
+        let untimed = |name: &str| crate::ThrottledSamples { name: name.into(), self_samples: 1, total_samples: 1, ..Default::default() };
+        p.samples.as_mut().expect("samples").throttled.untimed = vec![untimed("main"), untimed("f")];
+        p.validate().expect("one entry a function");
+        p.samples.as_mut().expect("samples").throttled.untimed.push(untimed("g"));
+        assert_eq!(reason(&p), "its samples list 3 functions' calls not timed, but it has 2 functions");
     }
 
     #[test]

@@ -33,12 +33,12 @@ impl Order {
 pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
     // The whole process's: a throttled function's CPU time after its probes
     // were removed, from its samples, which are not kept by thread.
+    let untimed = profile.own_times_untimed();
     let with_estimate = |f: &FunctionStats| {
         let mut value = function(profile, f);
         value["own_cpu_ns_after_throttle"] = json!(profile.own_time_after_throttle(f.function));
-        let untimed = profile.own_time_untimed(f.function);
-        if untimed > 0 {
-            value["own_cpu_ns_untimed"] = json!(untimed);
+        if let Some(&ns) = untimed.get(&f.function) {
+            value["own_cpu_ns_untimed"] = json!(ns);
         }
         let info = profile.functions.get(f.function as usize);
         value["calls_after_throttle"] = json!(info.and_then(|i| i.calls_after_throttle));

@@ -180,15 +180,18 @@ fn hottest(profile: &Profile, out: &mut String) {
     let key = profile.metrics.get(metric).map_or("", String::as_str);
     let timed = Unit::of(key) == Unit::Nanoseconds;
     let after_throttle = |function: u32| if timed { profile.own_time_after_throttle(function) } else { 0 };
-    let untimed = |function: u32| if timed { profile.own_time_untimed(function) } else { 0 };
+    let untimed_by_function = if timed { profile.own_times_untimed() } else { Default::default() };
+    let untimed = |function: u32| untimed_by_function.get(&function).copied().unwrap_or(0);
     let merged = profile.merged_functions();
     // An instrumented function whose calls no probe timed (one begun
     // before an attach that never returned) may have no calls at all.
-    let only_untimed = profile.samples.iter().flat_map(|s| &s.throttled.untimed).filter_map(|t| {
-        let function = profile.functions.iter().position(|i| i.name == t.name)? as u32;
-        (!merged.iter().any(|f| f.function == function)).then(|| FunctionStats { function, ..FunctionStats::default() })
-    });
-    let only_untimed: Vec<FunctionStats> = only_untimed.collect();
+    let with_calls: std::collections::HashSet<u32> = merged.iter().map(|f| f.function).collect();
+    let mut only_untimed: Vec<FunctionStats> = untimed_by_function
+        .keys()
+        .filter(|function| !with_calls.contains(function))
+        .map(|&function| FunctionStats { function, ..FunctionStats::default() })
+        .collect();
+    only_untimed.sort_by_key(|f| f.function);
     let instrumented = merged
         .iter()
         .chain(&only_untimed)
