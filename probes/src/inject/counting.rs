@@ -7,7 +7,7 @@
 
 use super::patcher::{CodeSource, Refused, Target};
 use super::remote::{Remote, RemoteError, Shared};
-use crate::arcs::{self, Cfg, CodeRange, CounterPlacement, Counts, Frame, FunctionCode, FunctionLines, Site};
+use crate::arcs::{self, Cfg, CodeRange, CounterPlacement, Counts, Frame, FunctionCode, FunctionLines, Node, Site};
 use crate::plan::ProbedFunction;
 use crate::procfs::LoadedModule;
 use std::collections::HashMap;
@@ -193,6 +193,25 @@ pub fn plan_in_files(
     plan(&super::patcher::as_in_files(functions), &targets, wanted, choices, lines, regions)
 }
 
+/// What quantity `q` of `cfg` counts, in a user's words: where its code is.
+fn counted(cfg: &Cfg, q: arcs::Quantity) -> String {
+    let block = |b: usize| cfg.blocks().get(b);
+    let end = |node: Node| match node {
+        Node::Block(b) => block(b).map_or_else(|| "a block".to_string(), |b| format!("{:#x}", b.start)),
+        Node::Entry => "its entry".to_string(),
+        Node::Exit => "its return".to_string(),
+    };
+    match q {
+        arcs::Quantity::Block(b) => {
+            block(b).map_or_else(|| "a block".to_string(), |b| format!("the code at {:#x}, {} bytes", b.start, b.len))
+        }
+        arcs::Quantity::Edge(e) => match cfg.edges().get(e) {
+            Some(edge) => format!("the way from the code at {} to {}", end(edge.from), end(edge.to)),
+            None => "an edge".to_string(),
+        },
+    }
+}
+
 /// The counters and sites of a function whose graph is `cfg`, built from
 /// `parts`, its entry's first bytes left to the function engine if
 /// `spare_entry`; with the hooks of the regions `hooked` gives for its lines
@@ -214,8 +233,13 @@ fn plan_function(
         decoded.let_calls_return_to_stubs();
     }
     let placement = arcs::place_counters(&cfg, &arcs::counter_costs(&cfg, &decoded));
-    if let Some(q) = placement.needs_probe().first() {
-        return Err(format!("{} of its counts have no place for a counter (the first: {q:?})", placement.needs_probe().len()));
+    if let Some(&q) = placement.needs_probe().first() {
+        let n = placement.needs_probe().len();
+        return Err(format!(
+            "{n} of its counts {} no place for a counter (the first: {})",
+            if n == 1 { "has" } else { "have" },
+            counted(&cfg, q)
+        ));
     }
     let mut sites = arcs::plan_sites(&cfg, &decoded, &placement).map_err(|e| e.to_string())?;
     if let Some((lines, regions_of)) = hooked {
