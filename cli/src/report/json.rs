@@ -1,7 +1,7 @@
 //! The JSON report (`proftap.report/1`) scripts rely on.
 
 use super::{SortKey, function_name, sort_functions};
-use proftap_profile::{CallTree, FunctionStats, Profile, SampleProfile, Stat, ThrottledSamples};
+use proftap_profile::{CallTree, FunctionStats, Note, Profile, SampleProfile, Stat, ThrottledSamples};
 use serde_json::{Map, Value, json};
 
 /// The whole report as a JSON value.
@@ -144,6 +144,12 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
         }))),
         "processes": profile.processes.iter().map(|p| json!({"pid": p.pid, "parent": p.parent, "execs": p.execs})).collect::<Vec<_>>(),
         "notes": profile.notes.iter().map(crate::wording::note).collect::<Vec<_>>(),
+        // The same, typed and whole: a note names a few of a list, this
+        // every one (each function whose lines were not counted, and why).
+        "findings": profile.notes.iter().filter_map(|n| match n {
+            Note::Found(finding) => Some(finding),
+            Note::Text(_) => None,
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -261,4 +267,29 @@ pub fn tree(profile: &Profile, tree: &CallTree) -> Value {
         value
     }
     node(profile, tree, &children, 0, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proftap_profile::Finding;
+
+    #[test]
+    fn findings_list_every_function_the_notes_name_a_few_of() {
+        let functions: Vec<String> = (0..5).map(|i| format!("f{i}: its code is too short")).collect();
+        let profile = Profile {
+            notes: vec![
+                Note::Text("an old note".into()),
+                Finding::LinesNotCounted { functions: functions.clone(), budget_percent: Some(5.0) }.into(),
+            ],
+            ..Profile::default()
+        };
+        let value = report(&profile);
+        let note = value["notes"][1].as_str().unwrap_or_default();
+        assert!(note.contains("f2: its code") && !note.contains("f3:") && note.contains("and 2 more"), "{note}");
+        let findings = value["findings"].as_array().expect("findings");
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        assert_eq!(findings[0]["kind"], "lines_not_counted");
+        assert_eq!(findings[0]["functions"], json!(functions));
+    }
 }
