@@ -808,36 +808,36 @@ impl Profile {
         tree
     }
 
-    /// The own CPU time of throttled `function` after its probes were
-    /// removed, as its samples (of CPU time) estimate it (0 when not
-    /// throttled or not sampled): what its exact part leaves out.
-    pub fn own_time_after_throttle(&self, function: FunctionId) -> u64 {
-        let (Some(samples), Some(info)) = (&self.samples, self.functions.get(function as usize)) else { return 0 };
-        if info.mode != Mode::Throttled {
-            return 0;
-        }
-        let own = samples.throttled.functions.iter().filter(|t| t.name == info.name).fold(0u64, |n, t| n.saturating_add(t.self_samples));
-        samples.estimated_ns(own)
+    /// By throttled function, its own CPU time after its probes were
+    /// removed, as its samples (of CPU time) estimate it: what its exact
+    /// part leaves out. Functions with none are left out.
+    pub fn own_times_after_throttle(&self) -> HashMap<FunctionId, u64> {
+        let Some(samples) = &self.samples else { return HashMap::new() };
+        self.own_times(&samples.throttled.functions, |info| info.mode == Mode::Throttled)
     }
 
     /// By instrumented function, the own CPU time of its calls no probe
     /// timed (begun before the probes were placed, or left untimed by the
     /// engine), as its samples estimate it: what its exact part leaves out.
-    /// Functions with none are left out; a name names its first function.
+    /// Functions with none are left out.
     pub fn own_times_untimed(&self) -> HashMap<FunctionId, u64> {
         let Some(samples) = &self.samples else { return HashMap::new() };
-        let mut ids: HashMap<&str, FunctionId> = HashMap::with_capacity(self.functions.len());
-        for (id, info) in self.functions.iter().enumerate() {
-            ids.entry(info.name.as_str()).or_insert(id as FunctionId);
+        self.own_times(&samples.throttled.untimed, |_| true)
+    }
+
+    /// The time the samples in `listed` give each function `kept` of their
+    /// names, found through one map of names (a file may list thousands).
+    fn own_times(&self, listed: &[ThrottledSamples], kept: impl Fn(&FunctionInfo) -> bool) -> HashMap<FunctionId, u64> {
+        let Some(samples) = &self.samples else { return HashMap::new() };
+        let mut by_name: HashMap<&str, u64> = HashMap::new();
+        for t in listed {
+            let own = by_name.entry(t.name.as_str()).or_default();
+            *own = own.saturating_add(t.self_samples);
         }
-        let mut times: HashMap<FunctionId, u64> = HashMap::new();
-        for t in samples.throttled.untimed.iter().filter(|t| t.self_samples > 0) {
-            if let Some(&id) = ids.get(t.name.as_str()) {
-                let time = times.entry(id).or_default();
-                *time = time.saturating_add(samples.estimated_ns(t.self_samples));
-            }
-        }
-        times
+        let own_of = |info: &FunctionInfo| by_name.get(info.name.as_str()).copied().filter(|&n| n > 0 && kept(info));
+        let with_time =
+            self.functions.iter().enumerate().filter_map(|(id, info)| Some((id as FunctionId, samples.estimated_ns(own_of(info)?))));
+        with_time.collect()
     }
 
     /// Total calls over all functions and threads.

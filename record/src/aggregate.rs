@@ -640,13 +640,17 @@ impl Aggregator {
         let function = hit.probe.function();
         let Some(top) = thread.stack.last_mut() else { return false };
         let same_call = hit.sp != 0 && top.sp == hit.sp && top.function == function && !top.pseudo && !top.orphaned;
-        let through_trampoline = hit.ret != 0 && self.trampolines.iter().any(|t| t.contains(&hit.ret));
         let exit_sites = self.exit_sites.get(function as usize).copied().unwrap_or(false);
-        if same_call && through_trampoline && !exit_sites {
+        if same_call && !exit_sites && self.is_trampoline(hit.ret) {
             top.reentered += 1;
             return true;
         }
         false
+    }
+
+    /// Whether a return address is a return trampoline's: the call's return taken.
+    fn is_trampoline(&self, ret: u64) -> bool {
+        ret != 0 && self.trampolines.iter().any(|t| t.contains(&ret))
     }
 
     /// Whether an exit hit is one more return the kernel reports for a
@@ -725,7 +729,7 @@ impl Aggregator {
             } else if top.sp == hit.sp && top.orphaned {
                 // No return probe will report it: it returned or tail-called.
                 Ending::Unwound
-            } else if top.sp == hit.sp && !catch && hit.ret != 0 && !self.trampolines.iter().any(|t| t.contains(&hit.ret)) {
+            } else if top.sp == hit.sp && !catch && hit.ret != 0 && !self.is_trampoline(hit.ret) {
                 // A call in the same slot that does not find the return
                 // trampoline there: not a tail call; the frame is gone
                 // (a longjmp or an exception left it).

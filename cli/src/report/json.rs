@@ -33,10 +33,10 @@ impl Order {
 pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
     // The whole process's: a throttled function's CPU time after its probes
     // were removed, from its samples, which are not kept by thread.
-    let untimed = profile.own_times_untimed();
+    let (after_throttle, untimed) = (profile.own_times_after_throttle(), profile.own_times_untimed());
     let with_estimate = |f: &FunctionStats| {
         let mut value = function(profile, f);
-        value["own_cpu_ns_after_throttle"] = json!(profile.own_time_after_throttle(f.function));
+        value["own_cpu_ns_after_throttle"] = json!(after_throttle.get(&f.function).copied().unwrap_or(0));
         if let Some(&ns) = untimed.get(&f.function) {
             value["own_cpu_ns_untimed"] = json!(ns);
         }

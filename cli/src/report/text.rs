@@ -179,7 +179,8 @@ fn hottest(profile: &Profile, out: &mut String) {
     let metric = profile.metric_index("cpu_ns").unwrap_or(0);
     let key = profile.metrics.get(metric).map_or("", String::as_str);
     let timed = Unit::of(key) == Unit::Nanoseconds;
-    let after_throttle = |function: u32| if timed { profile.own_time_after_throttle(function) } else { 0 };
+    let after_throttle_by_function = if timed { profile.own_times_after_throttle() } else { Default::default() };
+    let after_throttle = |function: u32| after_throttle_by_function.get(&function).copied().unwrap_or(0);
     let untimed_by_function = if timed { profile.own_times_untimed() } else { Default::default() };
     let untimed = |function: u32| untimed_by_function.get(&function).copied().unwrap_or(0);
     let merged = profile.merged_functions();

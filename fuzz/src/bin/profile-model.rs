@@ -14,7 +14,7 @@ fn run(data: &[u8]) {
     if let Some(samples) = &profile.samples {
         let _ = samples.functions();
     }
-    let _ = profile.own_times_untimed();
+    let _ = (profile.own_times_after_throttle(), profile.own_times_untimed());
     for metric in &profile.metrics {
         let _ = proftap_profile::diff(&profile, &profile, metric, &proftap_profile::DiffOptions::default());
     }
