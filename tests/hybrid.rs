@@ -693,3 +693,27 @@ fn an_attach_estimates_a_call_begun_before_it_from_its_samples() {
     let hottest = text.lines().find(|l| l.trim_start().starts_with("hottest")).unwrap_or_default();
     assert!(hottest.contains("spin: about") && hottest.contains("no probe timed"), "{text}");
 }
+
+#[test]
+fn samples_taken_while_an_exception_unwinds_leave_the_calls_it_passes_timed() {
+    let _serial = one_recording_at_a_time();
+    require_probes();
+    // Every tenth round throws from validate() to main(): most of the run
+    // is the unwinder's, which puts main's return address back meanwhile.
+    let binary = Build::cxx("shapes.cpp", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let recorded = run(proftap().args(["run", "--engine", "inject", "-o"]).arg(&file).arg("--").arg(&binary).arg("300000"));
+    assert!(recorded.status.success(), "{}", String::from_utf8_lossy(&recorded.stderr));
+
+    let report = report_json(&file);
+    let samples = &report["samples"];
+    let sampled = |name: &str| samples["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total"].clone());
+    let unwinding = sampled("_Unwind_RaiseException").and_then(|t| t.as_u64()).unwrap_or(0);
+    assert!(unwinding > 0, "no sample in the unwinder: {samples}");
+    // main's one call is timed from its start to its end: none of its time is an estimate.
+    let untimed = samples["untimed_calls"].as_array().unwrap();
+    assert!(untimed.iter().all(|t| t["name"] != "main"), "main taken as untimed in {unwinding} samples of the unwinder: {untimed:?}");
+    let held = samples["held_by_callers"].as_array().unwrap();
+    assert!(held.iter().any(|h| h["name"] == "main" && h["callee"].as_str().is_some_and(|c| c.starts_with("_Unwind"))), "{held:?}");
+}

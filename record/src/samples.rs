@@ -1,6 +1,7 @@
 //! Resolved stack samples in, a [`SampleProfile`] out: frames, stacks and
 //! source lines counted, each kept once.
 
+use proftap_probes::inject::hooks::puts_returns_back;
 use proftap_probes::sampling::{FORK_FRAME, PROBE_OVERHEAD_FRAME, ResolvedStack};
 use proftap_probes::symbols::KERNEL_IMAGE;
 use proftap_profile::{HeldSamples, SampleProfile, SampledFrame, SampledLine, SampledStack, Throttled, ThrottledSamples};
@@ -226,10 +227,19 @@ impl SampleAggregator {
         }
         let physical: Vec<(&SampledFrame, bool)> = stack.frames.iter().zip(timed_call).rev().filter(|(f, _)| !f.inlined).collect();
         let Some(&(leaf, _)) = physical.first() else { return };
-        let measured: Vec<(&SampledFrame, bool)> =
-            physical.iter().filter(|(f, _)| f.module != KERNEL_IMAGE && self.measured_names.contains(&f.name)).copied().collect();
         let patched_here = self.patched.contains(&pid);
         let throttled = |frame: &SampledFrame| self.throttled.contains(&frame.name);
+        // While an unwinder runs, the frames that called it have their own
+        // return addresses back: their calls are timed all the same, but
+        // those of throttled functions, which only a trampoline tells.
+        let unwinding_from = physical.iter().position(|(f, _)| puts_returns_back(&f.name));
+        let unwound = |i: usize, frame: &SampledFrame| unwinding_from.is_some_and(|u| i > u) && !throttled(frame);
+        let measured: Vec<(&SampledFrame, bool)> = physical
+            .iter()
+            .enumerate()
+            .filter(|(_, (f, _))| f.module != KERNEL_IMAGE && self.measured_names.contains(&f.name))
+            .map(|(i, &(f, through_probe))| (f, through_probe || unwound(i, f)))
+            .collect();
         // Calls the engine times only through a trampoline: those of throttled
         // functions, and in a process it patched, of those it patched.
         let timed_by_trampoline_only =

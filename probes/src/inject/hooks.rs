@@ -75,6 +75,14 @@ fn hook_of(name: &str) -> Option<(&'static str, Hook)> {
     HOOKS.iter().find(|(n, _)| *n == name).copied()
 }
 
+/// Whether, while a call of the function named `name` runs, the return
+/// addresses of the frames that called it are their own again rather
+/// than trampolines (an unwinder's entry, `backtrace`): those calls go on
+/// being timed though no trampoline holds their returns.
+pub fn puts_returns_back(name: &str) -> bool {
+    hook_of(name).is_some_and(|(_, hook)| matches!(hook, Hook::Unhook | Hook::Walk))
+}
+
 /// An entry to hook.
 #[derive(Clone, Debug)]
 pub struct HookSite {
