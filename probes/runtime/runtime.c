@@ -1719,7 +1719,10 @@ void proftap_unhook(u64 *slot)
 }
 
 /* Where a handler catches (its call's return-address slot): frames below it
- * are gone; those above return through the trampoline again. */
+ * are gone, and so is one at it, unless the slot holds its trampoline (a
+ * tail call into the hook): the catch's call took the slot of a call the
+ * throw left, made by the frame that catches. Those above return through
+ * the trampoline again. */
 void proftap_rehook(u64 *slot)
 {
     const struct config *c = config();
@@ -1730,7 +1733,7 @@ void proftap_rehook(u64 *slot)
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     p->unhooked = 0;
-    drop_below(c, p, b, (u64)slot, 0);
+    drop_below(c, p, b, (u64)slot, !is_trampoline(c, *slot));
     rewrite(c, p, (u64)slot, 1);
 }
 

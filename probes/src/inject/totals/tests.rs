@@ -518,6 +518,32 @@ fn calls_the_unwinder_makes_as_it_walks_leave_its_frames_alone() {
     assert_eq!(unwound, 1);
 }
 
+/// A throw caught in the frame that made the call it left: the catch's
+/// own call (to `__cxa_begin_catch`) is at the slot of the call that
+/// threw, which is over then, not at the next timed call from that slot
+/// (none may come: its callees' probes removed, main's loop took the rest
+/// of the run as that call's).
+#[test]
+fn a_catch_at_the_slot_of_the_call_that_threw_ends_that_call() {
+    let rt = Local::new(3, 1);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 1);
+    rt.entry(&mut stack.0[40], 2);
+    rt.hook(rt.runtime.unhook, &mut stack.0[30]);
+    // The landing pad in f0 calls the catch from slot 50, as f0 called f1.
+    stack.0[50] = 0x2000 + 50;
+    rt.hook(rt.runtime.rehook, &mut stack.0[50]);
+    assert_eq!(stack.0[50], 0x2000 + 50, "the catch returns where it was called from");
+    assert_ne!(stack.0[60], 0x1000 + 60, "f0's return goes through its trampoline again");
+    let block = rt.block(0);
+    assert_eq!(block.depth, 1, "only f0's call is left");
+    let unwound: u64 = rt.nodes(0).iter().map(|n| n.unwound).sum();
+    assert_eq!(unwound, 2);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!((stack.0[60], rt.block(0).depth), (0x1000 + 60, 0));
+}
+
 #[test]
 fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
     let rt = Local::new(3, 4);
