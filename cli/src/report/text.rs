@@ -256,6 +256,26 @@ fn probed(profile: &Profile) -> bool {
     profile.functions.iter().any(|f| f.mode != Mode::Sampled)
 }
 
+/// What saw the calls: the in-process engine asked for may have patched
+/// none of the functions (each too short, say), all of them falling back
+/// to uprobes, or some.
+fn engines_used(profile: &Profile) -> String {
+    let uprobes = match profile.recording.exits {
+        ExitMode::ReturnSites => "uprobes (returns seen by probes on return instructions)",
+        ExitMode::Uretprobe => "uprobes (returns seen by return probes)",
+    };
+    let patched = "entries patched in the process (returns through proftap's return trampoline)";
+    if profile.recording.engine == Engine::Uprobe {
+        return uprobes.to_string();
+    }
+    let by = |engine| profile.functions.iter().filter(|f| f.engine == Some(engine)).count();
+    match (by(Engine::Inject), by(Engine::Uprobe)) {
+        (0, probed) if probed > 0 => format!("{uprobes}: no function could be patched in the process"),
+        (_, 0) => patched.to_string(),
+        (_, probed) => format!("{patched}, and {probed} function{} by {uprobes}", if probed == 1 { "" } else { "s" }),
+    }
+}
+
 fn header(profile: &Profile, out: &mut String) {
     let t = &profile.target;
     let how = if t.attached { "attached to" } else { "ran" };
@@ -286,11 +306,7 @@ fn header(profile: &Profile, out: &mut String) {
         out,
         "  recorded    {} with {}, {} thread{}, {} process{}",
         format_ns(r.duration_ns),
-        match (r.engine, r.exits) {
-            (Engine::Inject, _) => "entries patched in the process (returns through proftap's return trampoline)",
-            (Engine::Uprobe, ExitMode::ReturnSites) => "uprobes (returns seen by probes on return instructions)",
-            (Engine::Uprobe, ExitMode::Uretprobe) => "uprobes (returns seen by return probes)",
-        },
+        engines_used(profile),
         profile.threads.len(),
         if profile.threads.len() == 1 { "" } else { "s" },
         profile.processes.len().max(1),
@@ -876,6 +892,27 @@ mod tests {
         out.clear();
         hottest(&profile, &mut out);
         assert_eq!(out, "  hottest     work: 1.000 s CPU time in itself, 100.0% of the run, 1 call\n");
+    }
+
+    /// The in-process engine asked for names what saw the calls: itself,
+    /// uprobes alone where it patched nothing, or both.
+    #[test]
+    fn the_header_says_which_engines_saw_the_calls() {
+        let function = |engine| FunctionInfo { name: "f".into(), engine, ..FunctionInfo::default() };
+        let recorded = |engines: &[Engine]| {
+            let mut profile = Profile::default();
+            profile.recording.engine = Engine::Inject;
+            profile.functions = engines.iter().map(|&e| function(Some(e))).collect();
+            profile.functions.push(function(None));
+            engines_used(&profile)
+        };
+        assert!(recorded(&[Engine::Inject]).starts_with("entries patched in the process"));
+        assert_eq!(recorded(&[Engine::Uprobe]), "uprobes (returns seen by return probes): no function could be patched in the process");
+        let both = recorded(&[Engine::Inject, Engine::Uprobe, Engine::Uprobe]);
+        assert!(
+            both.starts_with("entries patched") && both.ends_with("and 2 functions by uprobes (returns seen by return probes)"),
+            "{both}"
+        );
     }
 
     /// Counts from a profile file are anyone's to write: a count after a
