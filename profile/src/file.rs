@@ -190,12 +190,20 @@ struct ChunkSender {
 }
 
 impl Write for ChunkSender {
+    #[inline]
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.write_all(bytes).map(|()| bytes.len())
+    }
+
+    // serde_json writes a token at a time: each is one copy, not the
+    // default's loop of partial writes.
+    #[inline]
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.chunk.extend_from_slice(bytes);
         if self.chunk.len() >= CHUNK_BYTES {
             self.flush()?;
         }
-        Ok(bytes.len())
+        Ok(())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
