@@ -1,5 +1,6 @@
-// Calls backtrace() from three instrumented frames deep: the stack it
-// reports must be the program's own, whatever instruments the calls.
+// Calls backtrace() from three instrumented frames deep, through a fourth
+// that tail-calls it (at -O2, a jump): the stack it reports must be the
+// program's own, whatever instruments the calls.
 //
 // Usage: backtrace [N]   default 10. Prints how deep the stack was and
 // whether outer, middle, inner and main were in it (names need -rdynamic).
@@ -10,10 +11,15 @@
 
 static int depth_seen, names_seen;
 
+__attribute__((noinline)) int walk(void **frames, int most)
+{
+    return backtrace(frames, most);
+}
+
 __attribute__((noinline)) int inner(int n)
 {
     void *frames[64];
-    int depth = backtrace(frames, 64);
+    int depth = walk(frames, 64);
     char **names = backtrace_symbols(frames, depth);
     const char *wanted[] = {"(inner+", "(middle+", "(outer+", "(main+"};
     int seen = 0;

@@ -1289,13 +1289,13 @@ static inline u64 trampoline_for(const struct config *c, u64 ret)
     return c->return_trampoline;
 }
 
-/* Over every live frame's return address above `slot`: hijacks it again
- * (`hijack`), or puts the original back where a trampoline is. */
-static void rewrite(const struct config *c, struct private_block *p, u64 slot, int hijack)
+/* Over every live frame's return address at `from` or above: hijacks it
+ * again (`hijack`), or puts the original back where a trampoline is. */
+static void rewrite(const struct config *c, struct private_block *p, u64 from, int hijack)
 {
     for (u64 d = 0; d < p->depth; d++) {
         u64 *where = (u64 *)p->ret[d].slot;
-        if ((u64)where <= slot)
+        if ((u64)where < from)
             continue;
         u64 ret = p->ret[d].ret;
         /* A tail call's frame shares its caller's slot, whose trampoline
@@ -1408,7 +1408,7 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
          * frames it left are gone, the others are hijacked again. */
         p->unhooked = 0;
         drop_below(c, p, b, (u64)slot, 0);
-        rewrite(c, p, (u64)slot, 1);
+        rewrite(c, p, (u64)slot + 1, 1);
     }
     /* Frames a longjmp or an exception left: those deeper than this call,
      * and one in this very slot unless the slot still holds the return
@@ -1703,7 +1703,9 @@ void proftap_exit(u64 *slot)
 
 /* Where an unwinder starts (rdi: the return-address slot of its call):
  * frames below are gone; the others get their return addresses back for
- * it to read. */
+ * it to read. A frame at the slot whose trampoline is there tail-called
+ * the unwinder (`return backtrace(b, n);`): it lives on, its return
+ * address back too, or the walk would stop at the trampoline. */
 void proftap_unhook(u64 *slot)
 {
     const struct config *c = config();
@@ -1713,16 +1715,18 @@ void proftap_unhook(u64 *slot)
         return;
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
-    drop_below(c, p, b, (u64)slot, 1);
-    rewrite(c, p, (u64)slot, 0);
+    int tail_call = is_trampoline(c, *slot);
+    drop_below(c, p, b, (u64)slot, !tail_call);
+    rewrite(c, p, (u64)slot + !tail_call, 0);
     p->unhooked = (u64)slot;
 }
 
-/* Where a handler catches (its call's return-address slot): frames below it
- * are gone, and so is one at it, unless the slot holds its trampoline (a
- * tail call into the hook): the catch's call took the slot of a call the
- * throw left, made by the frame that catches. Those above return through
- * the trampoline again. */
+/* Where a handler catches, or a stack walk returns (its call's
+ * return-address slot): frames below it are gone, and so is one at it
+ * (the catch's call took the slot of a call the throw left, made by the
+ * frame that catches), unless it lives on: the slot holds its trampoline,
+ * or the unwinder was entered at this very slot by its tail call, whose
+ * return goes through its trampoline again. Those above do too. */
 void proftap_rehook(u64 *slot)
 {
     const struct config *c = config();
@@ -1732,9 +1736,10 @@ void proftap_rehook(u64 *slot)
         return;
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
+    int entered_here = p->unhooked == (u64)slot;
     p->unhooked = 0;
-    drop_below(c, p, b, (u64)slot, !is_trampoline(c, *slot));
-    rewrite(c, p, (u64)slot, 1);
+    drop_below(c, p, b, (u64)slot, !entered_here && !is_trampoline(c, *slot));
+    rewrite(c, p, (u64)slot + !entered_here, 1);
 }
 
 /* Where a stack walker returns: the frames it had put back are hijacked again. */

@@ -544,6 +544,30 @@ fn a_catch_at_the_slot_of_the_call_that_threw_ends_that_call() {
     assert_eq!((stack.0[60], rt.block(0).depth), (0x1000 + 60, 0));
 }
 
+/// A function that tail-calls a stack walk (`return backtrace(b, n);`)
+/// keeps its frame: the walk reads its return address, not its
+/// trampoline, which goes back when the walk returns, so that its call
+/// ends as a return.
+#[test]
+fn a_tail_call_into_a_stack_walk_keeps_its_frame_and_the_walk_reads_its_return_address() {
+    let rt = Local::new(3, 1);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 1);
+    let hijacked = (stack.0[60], stack.0[50]);
+    // f1 jumps to backtrace(), whose entry finds f1's trampoline in its slot.
+    rt.hook(rt.runtime.unhook, &mut stack.0[50]);
+    assert_eq!((stack.0[60], stack.0[50]), (0x1000 + 60, 0x1000 + 50), "the walk reads the return addresses");
+    rt.hook(rt.runtime.resume, &mut stack.0[50]);
+    assert_eq!((stack.0[60], stack.0[50]), hijacked, "hijacked again as the walk returns");
+    rt.exit(&mut stack.0[50]);
+    assert_eq!((stack.0[50], rt.block(0).depth), (0x1000 + 50, 1), "f1's call returns through its trampoline");
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(rt.block(0).depth, 0);
+    let unwound: u64 = rt.nodes(0).iter().map(|n| n.unwound).sum();
+    assert_eq!(unwound, 0, "no call was cut short");
+}
+
 #[test]
 fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
     let rt = Local::new(3, 4);
