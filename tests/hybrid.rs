@@ -714,6 +714,8 @@ fn samples_taken_while_an_exception_unwinds_leave_the_calls_it_passes_timed() {
     // main's one call is timed from its start to its end: none of its time is an estimate.
     let untimed = samples["untimed_calls"].as_array().unwrap();
     assert!(untimed.iter().all(|t| t["name"] != "main"), "main taken as untimed in {unwinding} samples of the unwinder: {untimed:?}");
+    // The unwinder's samples are in the exclusive time of the innermost
+    // call timed (main's, or check's while the governor left it probed).
     let held = samples["held_by_callers"].as_array().unwrap();
-    assert!(held.iter().any(|h| h["name"] == "main" && h["callee"].as_str().is_some_and(|c| c.starts_with("_Unwind"))), "{held:?}");
+    assert!(held.iter().any(|h| h["callee"].as_str().is_some_and(|c| c.starts_with("_Unwind"))), "{held:?}");
 }

@@ -136,6 +136,7 @@ pub fn record(
         let instrumented = |i: usize| enabled.get(i).copied().unwrap_or(false) || injected(i);
         let samples = sample_aggregator(&all[..measured], instrumented, event, *hz, options.trace_bytes.is_some())
             .patching(all[..measured].iter().enumerate().filter(|&(i, _)| injected(i)).map(|(_, f)| f.info.name.clone()));
+        let samples = if matches!(spec, TargetSpec::Attach { .. }) { samples.attached() } else { samples };
         let overhead = sampled.as_ref().map(|(overhead, _)| overhead.clone()).unwrap_or_default();
         // The named stacks are kept only to be saved.
         SamplerThread::spawn(resolver, samples, overhead, saver.is_some())

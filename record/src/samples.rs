@@ -44,6 +44,9 @@ pub struct SampleAggregator {
     in_counting_stubs: u64,
     /// Processes running an image the in-process engine patched.
     patched: HashSet<i32>,
+    /// The recording attached to running processes: calls under way then
+    /// were never timed, whatever their stacks look like.
+    attached: bool,
     /// Processes whose patched image an exec replaced, and their forked
     /// children: their samples are of code nothing measures, whatever its
     /// functions' names.
@@ -97,6 +100,7 @@ impl SampleAggregator {
             timed: None,
             in_counting_stubs: 0,
             patched: HashSet::new(),
+            attached: false,
             replaced: HashSet::new(),
         }
     }
@@ -119,6 +123,14 @@ impl SampleAggregator {
     /// only where a trampoline holds their return.
     pub fn patching(mut self, names: impl IntoIterator<Item = String>) -> Self {
         self.patched_functions = names.into_iter().filter(|n| !n.is_empty()).collect();
+        self
+    }
+
+    /// The recording attached to running processes: a frame's return
+    /// address put back by an unwinder may be that of a call begun before
+    /// the probes were placed.
+    pub fn attached(mut self) -> Self {
+        self.attached = true;
         self
     }
 
@@ -231,8 +243,9 @@ impl SampleAggregator {
         let throttled = |frame: &SampledFrame| self.throttled.contains(&frame.name);
         // While an unwinder runs, the frames that called it have their own
         // return addresses back: their calls are timed all the same, but
-        // those of throttled functions, which only a trampoline tells.
-        let unwinding_from = physical.iter().position(|(f, _)| puts_returns_back(&f.name));
+        // those of throttled functions, which only a trampoline tells, and
+        // in a process attached to, those that may have begun before.
+        let unwinding_from = physical.iter().position(|(f, _)| puts_returns_back(&f.name)).filter(|_| !self.attached);
         let unwound = |i: usize, frame: &SampledFrame| unwinding_from.is_some_and(|u| i > u) && !throttled(frame);
         let measured: Vec<(&SampledFrame, bool)> = physical
             .iter()
@@ -468,6 +481,37 @@ mod tests {
         assert!(throttled.functions.is_empty(), "nothing throttled");
         // memset's time is serve's own call's, which nothing timed holds.
         assert!(throttled.held.is_empty(), "{:?}", throttled.held);
+    }
+
+    #[test]
+    fn frames_that_called_an_unwinder_are_timed_calls_unless_the_recording_attached() {
+        // main called walk, which called glibc's backtrace (named by its
+        // global symbol): the runtime put both return addresses back for it.
+        let names = ["main", "walk", "cleanup"].map(String::from).to_vec();
+        let patched = names.clone();
+        let frames = |names: &[&str]| names.iter().map(|n| frame(n)).collect::<Vec<_>>();
+        let in_walk = ResolvedStack { frames: frames(&["main", "walk", "__backtrace"]), line: None, timed_calls: vec![] };
+        // A throw's unwinder calls back into the program (a cleanup run as
+        // it walks): that call is timed, its callers' frames as before.
+        let in_cleanup =
+            ResolvedStack { frames: frames(&["main", "walk", "_Unwind_RaiseException", "cleanup"]), line: None, timed_calls: vec![3] };
+        let untimed = |samples: SampleAggregator| -> Vec<(String, u64, u64)> {
+            let throttled = samples.profile().throttled;
+            throttled.untimed.iter().map(|t| (t.name.clone(), t.self_samples, t.total_samples)).collect()
+        };
+        let mut launched = SampleAggregator::new("cpu-clock", 1000).measuring(names.clone()).patching(patched.clone());
+        launched.patched(10);
+        let mut attached = SampleAggregator::new("cpu-clock", 1000).measuring(names).patching(patched).attached();
+        attached.patched(10);
+        for samples in [&mut launched, &mut attached] {
+            samples.add_at(10, 10, 0, &in_walk);
+            samples.add_at(10, 10, 0, &in_cleanup);
+        }
+        assert_eq!(untimed(launched), Vec::new());
+        // Attached, main or walk may have begun before the probes: untimed as their frames say.
+        let mut seen = untimed(attached);
+        seen.sort();
+        assert_eq!(seen, [("main".to_string(), 0, 2), ("walk".to_string(), 0, 2)]);
     }
 
     #[test]

@@ -80,7 +80,9 @@ fn hook_of(name: &str) -> Option<(&'static str, Hook)> {
 /// than trampolines (an unwinder's entry, `backtrace`): those calls go on
 /// being timed though no trampoline holds their returns.
 pub fn puts_returns_back(name: &str) -> bool {
-    hook_of(name).is_some_and(|(_, hook)| matches!(hook, Hook::Unhook | Hook::Walk))
+    // glibc's `backtrace` is a weak alias of `__backtrace`, the name frames get.
+    let hook = hook_of(name).or_else(|| hook_of(name.strip_prefix("__")?));
+    hook.is_some_and(|(_, hook)| matches!(hook, Hook::Unhook | Hook::Walk))
 }
 
 /// An entry to hook.
