@@ -272,7 +272,7 @@ fn engines_used(profile: &Profile) -> String {
     match (by(Engine::Inject), by(Engine::Uprobe)) {
         (0, probed) if probed > 0 => format!("{uprobes}: no function could be patched in the process"),
         (_, 0) => patched.to_string(),
-        (_, probed) => format!("{patched}, and {probed} function{} by {uprobes}", if probed == 1 { "" } else { "s" }),
+        (_, probed) => format!("{patched}, and {probed} function{} seen by {uprobes}", if probed == 1 { "" } else { "s" }),
     }
 }
 
@@ -910,7 +910,7 @@ mod tests {
         assert_eq!(recorded(&[Engine::Uprobe]), "uprobes (returns seen by return probes): no function could be patched in the process");
         let both = recorded(&[Engine::Inject, Engine::Uprobe, Engine::Uprobe]);
         assert!(
-            both.starts_with("entries patched") && both.ends_with("and 2 functions by uprobes (returns seen by return probes)"),
+            both.starts_with("entries patched") && both.ends_with("and 2 functions seen by uprobes (returns seen by return probes)"),
             "{both}"
         );
     }
