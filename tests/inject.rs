@@ -615,6 +615,20 @@ fn backtrace_sees_the_programs_own_stack() {
 }
 
 #[test]
+fn a_stack_walk_in_a_handler_on_an_alternate_stack_above_sees_the_interrupted_calls() {
+    require_probes();
+    let binary = Build::c("altstack.c", "-O2").build();
+    // The output says how deep the walks were: as deep as bare, through
+    // the trampolines of the calls the signal interrupted.
+    let report = profile_like_bare(&binary, &["-f", "outer", "-f", "inner", "-f", "walk", "-f", "main"], &["50"]);
+    let calls = calls_by_name(&report);
+    assert!(calls["inner"] > 50 && calls["walk"] == 50, "{calls:?}");
+    for f in report["functions"].as_array().unwrap() {
+        assert_eq!(f["unwound"], 0, "{f}");
+    }
+}
+
+#[test]
 fn other_metrics_are_refused_with_a_reason() {
     require_probes();
     let out = run(proftap()

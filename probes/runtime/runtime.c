@@ -1163,21 +1163,6 @@ static void end_unwound(const struct config *c, struct private_block *p, struct 
         __atomic_store_n(&b->depth, kept, __ATOMIC_RELEASE);
 }
 
-/* Pops the frames whose return-address slot is below `slot` (or at it,
- * with at_too) on the same stack: a longjmp or an exception left them.
- * They end now. A frame on another stack stops the popping. */
-static void drop_below(const struct config *c, struct private_block *p, struct block *b, u64 slot, int at_too)
-{
-    u64 kept = p->depth;
-    while (kept) {
-        u64 top = p->ret[kept - 1].slot;
-        if (!(top < slot || (at_too && top == slot)) || !near(top, slot))
-            break;
-        kept--;
-    }
-    end_unwound(c, p, b, kept);
-}
-
 /* Whether two return-address slots are on one stack: near, and both on
  * the alternate signal stack [alt_lo, alt_hi) or both off it (it may lie
  * near the thread's stack: in main's frame, or mapped beside it). */
@@ -1223,6 +1208,15 @@ static inline u64 frames_in_progress(const struct private_block *p, u64 slot, in
             kept = frames_still_in(p, slot, at_too, lo, hi);
     }
     return kept;
+}
+
+/* Pops the frames whose return-address slot is below `slot` (or at it,
+ * with at_too) on the same stack: a longjmp or an exception left them.
+ * They end now. The frames a signal handler on an alternate stack
+ * interrupted are not its stack's, however near the two lie. */
+static void drop_below(const struct config *c, struct private_block *p, struct block *b, u64 slot, int at_too)
+{
+    end_unwound(c, p, b, frames_in_progress(p, slot, at_too));
 }
 
 /* Takes frame i out of the middle of the stack (threads sharing a thread
@@ -1289,13 +1283,16 @@ static inline u64 trampoline_for(const struct config *c, u64 ret)
     return c->return_trampoline;
 }
 
-/* Over every live frame's return address at `from` or above: hijacks it
- * again (`hijack`), or puts the original back where a trampoline is. */
-static void rewrite(const struct config *c, struct private_block *p, u64 from, int hijack)
+/* Over every live frame's return address but the one at `except` (0:
+ * none): hijacks it again (`hijack`), or puts the original back where a
+ * trampoline is. The frames deeper than the caller's were dropped before:
+ * those left are its callers', on its stack or, for a signal handler on
+ * an alternate stack, on the one it interrupted. */
+static void rewrite(const struct config *c, struct private_block *p, u64 except, int hijack)
 {
     for (u64 d = 0; d < p->depth; d++) {
         u64 *where = (u64 *)p->ret[d].slot;
-        if ((u64)where < from)
+        if ((u64)where == except)
             continue;
         u64 ret = p->ret[d].ret;
         /* A tail call's frame shares its caller's slot, whose trampoline
@@ -1408,7 +1405,7 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
          * frames it left are gone, the others are hijacked again. */
         p->unhooked = 0;
         drop_below(c, p, b, (u64)slot, 0);
-        rewrite(c, p, (u64)slot + 1, 1);
+        rewrite(c, p, (u64)slot, 1);
     }
     /* Frames a longjmp or an exception left: those deeper than this call,
      * and one in this very slot unless the slot still holds the return
@@ -1715,9 +1712,8 @@ void proftap_unhook(u64 *slot)
         return;
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
-    int tail_call = is_trampoline(c, *slot);
-    drop_below(c, p, b, (u64)slot, !tail_call);
-    rewrite(c, p, (u64)slot + !tail_call, 0);
+    drop_below(c, p, b, (u64)slot, !is_trampoline(c, *slot));
+    rewrite(c, p, 0, 0);
     p->unhooked = (u64)slot;
 }
 
@@ -1739,7 +1735,7 @@ void proftap_rehook(u64 *slot)
     int entered_here = p->unhooked == (u64)slot;
     p->unhooked = 0;
     drop_below(c, p, b, (u64)slot, !entered_here && !is_trampoline(c, *slot));
-    rewrite(c, p, (u64)slot + !entered_here, 1);
+    rewrite(c, p, 0, 1);
 }
 
 /* Where a stack walker returns: the frames it had put back are hijacked again. */

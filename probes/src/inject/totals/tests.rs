@@ -786,17 +786,21 @@ fn per_call_cost() {
 /// Two made-up stacks 16 MiB apart: slots near each other and far from the other's.
 struct TwoStacks {
     base: *mut u64,
+    len: usize,
 }
 
 impl TwoStacks {
-    const LEN: usize = 32 << 20;
     fn new() -> TwoStacks {
-        TwoStacks { base: map(Self::LEN).cast() }
+        TwoStacks::apart(16 << 20)
+    }
+    /// Two stacks of `apart` bytes, one right above the other.
+    fn apart(apart: usize) -> TwoStacks {
+        TwoStacks { base: map(2 * apart).cast(), len: 2 * apart }
     }
     /// Slot `i` (counted down from the top, as a stack grows) of stack
     /// `which`, holding a made-up return address.
     fn slot(&self, which: usize, i: usize) -> *mut u64 {
-        let words = Self::LEN / 8;
+        let words = self.len / 8;
         let at = if which == 0 { words / 2 - 1 - i } else { words - 1 - i };
         // SAFETY: within the mapping.
         unsafe {
@@ -851,6 +855,43 @@ fn a_handler_that_longjmps_out_of_its_stack_ends_with_the_frames_it_left() {
     assert_eq!(nodes.iter().map(|n| n.unwound).sum::<u64>(), 2, "{nodes:?}");
     assert_eq!(nodes.iter().map(|n| n.calls).sum::<u64>(), 4);
     assert_eq!(rt.block(0).mixed, 0, "times are still kept");
+}
+
+/// A handler walks the stack (`backtrace()`) on an alternate stack mapped
+/// right above the thread's, near enough to pass for one stack: the frames
+/// it interrupted lie below its slot, yet are no calls the walk left.
+#[test]
+fn a_stack_walk_on_an_alternate_stack_near_the_threads_leaves_the_interrupted_frames_alone() {
+    let rt = Local::new(3, 1);
+    let stacks = TwoStacks::apart(1 << 20);
+    // SAFETY: distinct slots of the mapping.
+    let (f, g, h, walk) = unsafe { (&mut *stacks.slot(0, 1), &mut *stacks.slot(0, 2), &mut *stacks.slot(1, 1), &mut *stacks.slot(1, 2)) };
+    rt.entry(f, 0);
+    rt.entry(g, 1);
+    let hijacked = (*f, *g);
+    // SAFETY: the upper stack is this thread's alternate signal stack while
+    // the hooks run (never run on: only asked where it is); the one before is
+    // put back.
+    let before = unsafe {
+        let upper = libc::stack_t { ss_sp: stacks.slot(1, 0).add(1).cast::<u8>().sub(1 << 20).cast(), ss_flags: 0, ss_size: 1 << 20 };
+        let mut before: libc::stack_t = std::mem::zeroed();
+        assert_eq!(libc::sigaltstack(&upper, &mut before), 0, "{}", std::io::Error::last_os_error());
+        before
+    };
+    rt.entry(h, 2);
+    rt.hook(rt.runtime.unhook, walk);
+    let read = (*f, *g);
+    rt.hook(rt.runtime.resume, walk);
+    let depth = rt.block(0).depth;
+    // SAFETY: putting back the alternate stack the thread had.
+    unsafe { libc::sigaltstack(&before, std::ptr::null_mut()) };
+    assert_eq!(read, (0x5001, 0x5002), "the walk reads the interrupted frames' return addresses");
+    assert_eq!(((*f, *g), depth), (hijacked, 3), "and they are hijacked again after, still in progress");
+    rt.exit(h);
+    rt.exit(g);
+    rt.exit(f);
+    assert_eq!((*f, *g, *h), (0x5001, 0x5002, 0x5000 + 101));
+    assert_eq!(rt.nodes(0).iter().map(|n| n.unwound).sum::<u64>(), 0);
 }
 
 #[test]
