@@ -1283,16 +1283,24 @@ static inline u64 trampoline_for(const struct config *c, u64 ret)
     return c->return_trampoline;
 }
 
-/* Over every live frame's return address but the one at `except` (0:
- * none): hijacks it again (`hijack`), or puts the original back where a
- * trampoline is. The frames deeper than the caller's were dropped before:
- * those left are its callers', on its stack or, for a signal handler on
- * an alternate stack, on the one it interrupted. */
-static void rewrite(const struct config *c, struct private_block *p, u64 except, int hijack)
+/* Over the return addresses of the live frames that called the one at
+ * `slot` (and its own, with at_too): hijacks them again (`hijack`), or
+ * puts the originals back where a trampoline is. They are those above it
+ * on its stack and, where a signal handler runs on the alternate stack,
+ * those off that stack, which it interrupted; other stacks' (a coroutine
+ * that moved to another thread) are left alone, and so is the frame of a
+ * call the handler interrupted in the runtime (p->busy), whose entry or
+ * return goes on after it. */
+static void rewrite(const struct config *c, struct private_block *p, u64 slot, int at_too, int hijack)
 {
+    u64 lo, hi, busy = __atomic_load_n(&p->busy, __ATOMIC_RELAXED);
+    alternate_stack(&lo, &hi);
+    int handler = slot - lo < hi - lo;
     for (u64 d = 0; d < p->depth; d++) {
         u64 *where = (u64 *)p->ret[d].slot;
-        if ((u64)where == except)
+        int above = (u64)where > slot || (at_too && (u64)where == slot);
+        int interrupted = handler && (u64)where - lo >= hi - lo;
+        if ((!above && !interrupted) || (u64)where == busy)
             continue;
         u64 ret = p->ret[d].ret;
         /* A tail call's frame shares its caller's slot, whose trampoline
@@ -1405,7 +1413,7 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
          * frames it left are gone, the others are hijacked again. */
         p->unhooked = 0;
         drop_below(c, p, b, (u64)slot, 0);
-        rewrite(c, p, (u64)slot, 1);
+        rewrite(c, p, (u64)slot, 0, 1);
     }
     /* Frames a longjmp or an exception left: those deeper than this call,
      * and one in this very slot unless the slot still holds the return
@@ -1712,8 +1720,9 @@ void proftap_unhook(u64 *slot)
         return;
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
-    drop_below(c, p, b, (u64)slot, !is_trampoline(c, *slot));
-    rewrite(c, p, 0, 0);
+    int tail_call = is_trampoline(c, *slot);
+    drop_below(c, p, b, (u64)slot, !tail_call);
+    rewrite(c, p, (u64)slot, tail_call, 0);
     p->unhooked = (u64)slot;
 }
 
@@ -1735,7 +1744,7 @@ void proftap_rehook(u64 *slot)
     int entered_here = p->unhooked == (u64)slot;
     p->unhooked = 0;
     drop_below(c, p, b, (u64)slot, !entered_here && !is_trampoline(c, *slot));
-    rewrite(c, p, 0, 1);
+    rewrite(c, p, (u64)slot, entered_here, 1);
 }
 
 /* Where a stack walker returns: the frames it had put back are hijacked again. */

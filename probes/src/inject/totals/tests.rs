@@ -894,6 +894,29 @@ fn a_stack_walk_on_an_alternate_stack_near_the_threads_leaves_the_interrupted_fr
     assert_eq!(rt.nodes(0).iter().map(|n| n.unwound).sum::<u64>(), 0);
 }
 
+/// A frame on another stack below (a coroutine's, switched away from
+/// without returning, which another thread may run by now) is no caller
+/// of an unwinder entered on this one: its slot is left as it is.
+#[test]
+fn an_unwinder_leaves_the_slots_of_another_stack_alone() {
+    let rt = Local::new(3, 1);
+    let stacks = TwoStacks::new();
+    // SAFETY: distinct slots of the mapping.
+    let (f, k, g, walk) = unsafe { (&mut *stacks.slot(1, 1), &mut *stacks.slot(0, 1), &mut *stacks.slot(1, 2), &mut *stacks.slot(1, 3)) };
+    rt.entry(f, 0);
+    rt.entry(k, 1);
+    // The coroutine switched back to f's stack; another thread runs it now,
+    // whose call at the same slot returns through a trampoline.
+    let others = rt.runtime.trampolines.shared;
+    *k = others;
+    rt.entry(g, 2);
+    rt.hook(rt.runtime.unhook, walk);
+    assert_eq!((*f, *g, *k), (0x5000 + 101, 0x5000 + 102, others));
+    rt.hook(rt.runtime.resume, walk);
+    assert_eq!(*k, others, "nor hijacked after");
+    assert_ne!((*f, *g), (0x5000 + 101, 0x5000 + 102), "the walked frames are");
+}
+
 #[test]
 fn calls_taking_turns_on_one_thread_pointer_return_right_and_go_untimed() {
     let rt = Local::new(2, 4);
