@@ -386,6 +386,20 @@ static inline u64 own_now_and_off(const struct config *c, struct block *b, u64 *
 #define SYS_process_vm_readv 310
 #define SYS_memfd_create 319
 
+/* Blocks every signal that can be (for work a handler must not
+ * interrupt: it would find it half done); returns the mask to put back. */
+static inline __attribute__((always_inline)) u64 block_signals(void)
+{
+    u64 every_signal = ~0UL, before = 0;
+    syscall6(SYS_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&every_signal, (long)&before, sizeof before, 0, 0);
+    return before;
+}
+
+static inline __attribute__((always_inline)) void restore_signals(u64 before)
+{
+    syscall6(SYS_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&before, 0, sizeof before, 0, 0);
+}
+
 /* Stops the compiler from turning a copying loop into a call to memcpy,
  * which a freestanding image does not have. */
 #define NOT_A_MEMCPY() __asm__ volatile("" ::: "memory")
@@ -762,8 +776,7 @@ FORK_CODE static __attribute__((noinline)) void adopt(const struct config *c)
         return;
     /* No handler runs while the child's memory is made: one that left by
      * a jump would leave its blocks half moved. */
-    u64 every_signal = ~0UL, before = 0;
-    syscall6(SYS_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&every_signal, (long)&before, sizeof before, 0, 0);
+    u64 before = block_signals();
     __atomic_store_n(word, LIVE_ADOPTING, __ATOMIC_RELEASE);
     struct seat *own = keep_forking_seat(c);
     int held = own && held_above_here(private_block(c, own->block - 1));
@@ -774,7 +787,7 @@ FORK_CODE static __attribute__((noinline)) void adopt(const struct config *c)
     /* Children not followed run unrecorded. */
     u64 outcome = c->fork_socket[0] ? make_own_memory(c, own, held) : LIVE_STOPPED;
     __atomic_store_n(word, outcome, __ATOMIC_RELEASE);
-    syscall6(SYS_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&before, 0, sizeof before, 0, 0);
+    restore_signals(before);
 }
 
 /* A forked child's first call into the runtime adopts it; its other
@@ -891,6 +904,9 @@ static u64 seat_of(const struct config *c, int claim)
     u32 tid = library_tid(c);
     struct seat *seats = (struct seat *)c->private_base;
     u64 i = home_of(key);
+    /* A thread takes its seat and block with no handler running: one that
+     * interrupted the claim could only count its calls as no thread's. */
+    u64 blocked = 0, before = 0, seated = 0;
     for (u64 n = 0; n < SEATS; n++, i = (i + 1) & (SEATS - 1)) {
         struct seat *s = &seats[i];
         u64 k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
@@ -898,7 +914,15 @@ static u64 seat_of(const struct config *c, int claim)
         u64 kernel_tid = 0;
         if (k == 0) {
             if (!claim || !live(c))
-                return 0;
+                break;
+            if (!blocked) {
+                before = block_signals();
+                blocked = 1;
+                /* A handler may have taken it before the signals were blocked. */
+                k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
+            }
+        }
+        if (k == 0) {
             /* Known before the key is taken, and written right after: a
              * handler interrupting the claim finds it at once. */
             kernel_tid = gettid();
@@ -916,21 +940,27 @@ static u64 seat_of(const struct config *c, int claim)
         if (k != key)
             continue;
         if (!taken) {
-            u64 seated = seated_block(c, s);
-            if (seated - 1 >= c->blocks) /* none (0, SEAT_NONE) */
-                return 0;
-            if (seated_here(c, s, seated, tid))
-                return seated;
+            u64 found = seated_block(c, s);
+            if (found - 1 >= c->blocks) /* none (0, SEAT_NONE) */
+                break;
+            if (seated_here(c, s, found, tid)) {
+                seated = found;
+                break;
+            }
             if (!claim || !live(c))
-                return 0;
+                break;
             /* Same thread control block, another thread: a new block. */
+            if (!blocked) {
+                before = block_signals();
+                blocked = 1;
+            }
         }
         u64 index = take_block(c);
         if (index >= c->blocks)
             index = wait_for_block(c);
         if (index >= c->blocks) {
             __atomic_store_n(&s->block, SEAT_NONE, __ATOMIC_RELEASE);
-            return 0;
+            break;
         }
         if (!kernel_tid)
             kernel_tid = gettid();
@@ -945,9 +975,12 @@ static u64 seat_of(const struct config *c, int claim)
         __atomic_store_n(&b->state, BLOCK_USED, __ATOMIC_RELEASE);
         s->tid = tid ? tid : (u32)kernel_tid;
         __atomic_store_n(&s->block, index + 1, __ATOMIC_RELEASE);
-        return index + 1;
+        seated = index + 1;
+        break;
     }
-    return 0;
+    if (blocked)
+        restore_signals(before);
+    return seated;
 }
 
 /* seat_of, inline for a thread at its home place in the table: most. */
@@ -998,8 +1031,7 @@ static u64 node_slot(const struct block *b, u32 parent, u32 function)
  * the table half placed for the calls after. */
 static __attribute__((noinline, cold)) void grow_hash(struct block *b)
 {
-    u64 every_signal = ~0UL, before = 0;
-    syscall6(SYS_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&every_signal, (long)&before, sizeof before, 0, 0);
+    u64 before = block_signals();
     u64 slots = 1UL << hash_bits(b);
     for (u64 h = 0; h < slots; h++)
         b->hash[h] = 0;
@@ -1009,7 +1041,7 @@ static __attribute__((noinline, cold)) void grow_hash(struct block *b)
         if (h < HASH_SLOTS)
             b->hash[h] = (u32)made;
     }
-    syscall6(SYS_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&before, 0, sizeof before, 0, 0);
+    restore_signals(before);
 }
 
 /* The child node of `parent` for `function`, made if new; NO_NODE when
