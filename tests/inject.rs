@@ -628,6 +628,33 @@ fn a_stack_walk_in_a_handler_on_an_alternate_stack_above_sees_the_interrupted_ca
     }
 }
 
+/// A timer's handler (10 kHz) that calls a patched function and walks the
+/// stack, as a sampling profiler's does, often lands while an exception
+/// unwinds: the unwinder goes on once it returns, and must still find the
+/// return addresses it was given back. On the thread's stack, and on an
+/// alternate signal stack apart or above the frames it interrupted.
+#[test]
+fn a_signal_handler_that_walks_the_stack_while_an_exception_unwinds_leaves_the_unwinder_whole() {
+    require_probes();
+    let binary = Build::cxx("walkthrow.cpp", "-O2").build();
+    const ROUNDS: u64 = 300_000;
+    // check() is called on i, i + 1, ... until it throws at a multiple of 3.
+    let checks: u64 = (0..ROUNDS).map(|i| 3 - (i + 2) % 3).sum();
+    for (stack, walk) in [("same", "walk"), ("heap", "walk"), ("frame", "walk"), ("heap", "call"), ("frame", "call")] {
+        let rounds = ROUNDS.to_string();
+        let extra = ["-f", "check", "-f", "validate", "-f", "tick", "-f", "main"];
+        let report = profile_like_bare(&binary, &extra, &[&rounds, stack, walk]);
+        let counts = |name: &str| {
+            let f = function(&report["functions"], name);
+            (f["calls"].as_u64().unwrap(), f["unwound"].as_u64().unwrap())
+        };
+        assert_eq!(counts("check(int)"), (checks, ROUNDS), "{stack} {walk}");
+        assert_eq!(counts("validate(int)"), (ROUNDS, ROUNDS), "{stack} {walk}");
+        assert_eq!(counts("main"), (1, 0), "{stack} {walk}");
+        assert!(counts("tick(long)").0 > 0, "{stack} {walk}: the timer never fired");
+    }
+}
+
 #[test]
 fn other_metrics_are_refused_with_a_reason() {
     require_probes();

@@ -1405,6 +1405,23 @@ static inline int jumped_back_to_entry(const struct config *c, const struct priv
 
 /* proftap_entry for every call: whatever the thread, its stack and the
  * state of the recording. */
+/* Whether a call or a hook at `slot` is made while the unwinder entered
+ * at p->unhooked still runs: by the unwinder itself (its personality
+ * routines, a backtrace's callback), below it on its stack, or by a signal
+ * handler that interrupted it, there or on an alternate signal stack the
+ * unwinder is not on (a profiler's handler walking the stack while an
+ * exception unwinds). The unwinder goes on walking the frames it was given
+ * back once the handler returns: they stay given back until it is done. */
+static int within_unwind(const struct private_block *p, u64 slot)
+{
+    u64 lo, hi, at = p->unhooked;
+    if (!at || slot == at)
+        return 0;
+    if (alternate_stack(&lo, &hi) && slot - lo < hi - lo && at - lo >= hi - lo)
+        return 1;
+    return slot < at && near(slot, at);
+}
+
 static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
 {
     const struct config *c = config();
@@ -1432,11 +1449,10 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
     if (b && function < c->functions)
         entries_of(c, b)[function]++;
     if (p->unhooked) {
-        /* Called by the unwinder as it walks the stack (its personality
-         * routines, its own functions, a backtrace's callback), below
-         * where it was entered: it would meet the trampolines again, so
-         * nothing is hijacked until it is done; the call goes untimed. */
-        if ((u64)slot < p->unhooked && near((u64)slot, p->unhooked)) {
+        /* Made while the unwinder runs: it would meet the trampolines
+         * again, so nothing is hijacked until it is done; the call goes
+         * untimed. */
+        if (within_unwind(p, (u64)slot)) {
             if (b)
                 b->untimed++;
             goto out;
@@ -1753,9 +1769,19 @@ void proftap_unhook(u64 *slot)
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     int tail_call = is_trampoline(c, *slot);
+    /* A walk while another unwinder runs (a handler's that interrupted
+     * it): the return addresses above are given back for it too, and the
+     * other's entry stays the one whose end hijacks them again. */
+    if (within_unwind(p, (u64)slot)) {
+        rewrite(c, p, (u64)slot, tail_call, 0);
+        return;
+    }
+    /* Marked first: a handler that interrupts what follows and walks the
+     * stack finds its walk within this one. */
+    p->unhooked = (u64)slot;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
     drop_below(c, p, b, (u64)slot, !tail_call);
     rewrite(c, p, (u64)slot, tail_call, 0);
-    p->unhooked = (u64)slot;
 }
 
 /* Where a handler catches, or a stack walk returns (its call's
@@ -1773,6 +1799,10 @@ void proftap_rehook(u64 *slot)
         return;
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
+    /* A catch or a walk's end in a handler that interrupted an unwinder:
+     * not that unwinder's end. */
+    if (within_unwind(p, (u64)slot))
+        return;
     int entered_here = p->unhooked == (u64)slot;
     p->unhooked = 0;
     drop_below(c, p, b, (u64)slot, !entered_here && !is_trampoline(c, *slot));

@@ -568,6 +568,37 @@ fn a_tail_call_into_a_stack_walk_keeps_its_frame_and_the_walk_reads_its_return_a
     assert_eq!(unwound, 0, "no call was cut short");
 }
 
+/// A signal handler that walks the stack while an exception unwinds (its
+/// walk's hooks nested in the unwinder's): the frames stay given back when
+/// the walk returns, for the unwinder that goes on after the handler; the
+/// catch hijacks them again.
+#[test]
+fn a_walk_in_a_handler_that_interrupted_an_unwinder_leaves_its_frames_given_back() {
+    let rt = Local::new(3, 3);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 1);
+    let hijacked = stack.0[60];
+    // f1 throws: the unwinder is entered from slot 40.
+    rt.hook(rt.runtime.unhook, &mut stack.0[40]);
+    let given_back = (0x1000 + 60, 0x1000 + 50);
+    assert_eq!((stack.0[60], stack.0[50]), given_back);
+    // A handler interrupts it, calls f2 and walks the stack.
+    assert_eq!(rt.entry(&mut stack.0[30], 2), 0, "a call while the unwinder runs is not hijacked");
+    rt.hook(rt.runtime.unhook, &mut stack.0[20]);
+    rt.hook(rt.runtime.resume, &mut stack.0[20]);
+    assert_eq!((stack.0[60], stack.0[50]), given_back, "the unwinder goes on with the return addresses");
+    // f0 catches at the slot it called f1 from.
+    rt.hook(rt.runtime.rehook, &mut stack.0[50]);
+    assert_eq!(stack.0[60], hijacked, "hijacked again at the catch");
+    rt.exit(&mut stack.0[60]);
+    let block = rt.block(0);
+    assert_eq!(block.depth, 0);
+    let nodes = rt.nodes(0);
+    let unwound: u64 = nodes.iter().map(|n| n.unwound).sum();
+    assert_eq!(unwound, 1, "f1's call ended at the catch: {nodes:?}");
+}
+
 #[test]
 fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
     let rt = Local::new(3, 4);
