@@ -747,12 +747,6 @@ pub struct Overhead {
     pub estimated_ns: u64,
     /// Whether the times in this profile have the probes' cost subtracted.
     pub compensated: bool,
-    /// How many times its calibrated cost a patched call's was taken as,
-    /// where the stack samples in the probes measured more than the
-    /// calibration (a real program's calls miss the caches a calibrating
-    /// loop hits).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compensation_scale: Option<f64>,
     /// Calibrated wall cost of one instrumented call (entry and return), by
     /// the kind of first instruction: the kernel emulates some and
     /// single-steps the rest.

@@ -10,8 +10,8 @@ use crate::request::RegionSpec;
 use crate::trace::TraceKeeper;
 use proftap_probes::entry::EntryKind;
 use proftap_profile::{
-    BranchRecord, CallTree, Engine, ExitMode, Finding, FunctionInfo, HeldSamples, LineRecord, Mode, Note, Overhead, Profile, Recording,
-    RegionRecord, SampleProfile, SampledFrame, Stat, Target, ThreadProfile, Throttled, TreeNode,
+    BranchRecord, CallTree, Engine, ExitMode, Finding, FunctionInfo, HeldSamples, LineRecord, Mode, Note, Profile, Recording, RegionRecord,
+    SampleProfile, SampledFrame, Stat, Target, ThreadProfile, Throttled, TreeNode,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -136,9 +136,6 @@ pub struct Ending {
     /// saw.
     #[serde(default)]
     pub engine_regions: Vec<(u64, Vec<Stat>)>,
-    /// How many times their calibrated cost the in-process engine took out
-    /// of the times, where the samples in its probes measured more.
-    pub compensation_scale: Option<f64>,
 }
 
 /// The profile of a recording.
@@ -166,10 +163,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
     let patched = fitted(&ending.patched, setup.functions.len());
     let line_probes = setup.lines.as_ref().map(|t| t.probe_kinds.as_slice()).unwrap_or_default();
     let line_hits: Vec<(EntryKind, u64)> = line_probes.iter().copied().zip(aggregate.line_probe_hits.iter().copied()).collect();
-    let overhead = Overhead {
-        compensation_scale: ending.compensation_scale,
-        ..overhead(&setup.entries, &patched, &calls, &line_hits, aggregate.hits, setup.cost, setup.compensate)
-    };
+    let overhead = overhead(&setup.entries, &patched, &calls, &line_hits, aggregate.hits, setup.cost, setup.compensate);
     Profile {
         target: Target { exit_code: ending.exit_code, signal: ending.signal, ended: ending.ended, ..setup.target.clone() },
         recording: Recording {

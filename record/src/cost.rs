@@ -131,7 +131,6 @@ pub fn overhead(
         hits,
         estimated_ns: estimated,
         compensated,
-        compensation_scale: None,
         call_ns_emulated: cost.emulated.call_ns,
         call_ns_stepped: cost.stepped.call_ns,
         call_ns_injected: cost.injected.call_ns,

@@ -15,7 +15,7 @@ use crate::options::RecordOptions;
 use crate::queue::{EventQueue, ORDERING_MARGIN_NS};
 use crate::saved::Saver;
 use crate::sources::Closing;
-use crate::sources::inject::{Compensating, InjectEnd, InjectSource, check_unwinders};
+use crate::sources::inject::{InjectEnd, InjectSource, check_unwinders};
 use crate::sources::monotonic_ns;
 use crate::sources::sampler::SamplerThread;
 use crate::sources::uprobes::UprobeSource;
@@ -808,14 +808,9 @@ impl<'a> Driver<'a> {
         let now = monotonic_ns();
         let ended_monotonic_ns = if self.run.attached { now } else { self.consumer.last_event.clamp(self.run.started_ns, now) };
         let options = self.run.options;
-        // The probes' samples so far measure what their calls cost.
-        if let Some(sampler) = &self.consumer.sampler {
-            sampler.catch_up();
-        }
         let compensation = options.compensate.then(|| {
             let c = options.cost.unwrap_or_default().injected;
-            let calibrated = [Cost { own: c.self_ns, call: c.call_ns }, Cost { own: c.self_cpu_ns, call: c.call_cpu_ns }];
-            Compensating { calibrated, sampled: self.run.sampled.clone() }
+            [Cost { own: c.self_ns, call: c.call_ns }, Cost { own: c.self_cpu_ns, call: c.call_cpu_ns }]
         });
         let aggregator = &self.consumer.aggregator;
         let names = |tid| aggregator.thread_name(tid);
@@ -863,7 +858,6 @@ impl<'a> Driver<'a> {
             line_counts: engine.line_counts,
             line_branches: engine.line_branches,
             engine_regions: engine.regions.into_iter().map(|r| (r.entries, r.inclusive)).collect(),
-            compensation_scale: engine.compensation_scale,
         };
         Ok(Finished { consumer: self.consumer, ending, ended: self.ended, closing })
     }

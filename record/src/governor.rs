@@ -109,22 +109,6 @@ impl SampledOverhead {
     pub fn in_counting(&self) -> u64 {
         self.in_counting.load(Ordering::Relaxed)
     }
-
-    /// How many times `estimated_ns` the probes (`counting`: the counting
-    /// stubs) cost by their samples so far, each standing for
-    /// `ns_per_sample` of CPU time: at least 1, at most what a few samples
-    /// more or less may make of it; `None` until enough were taken to
-    /// believe them.
-    pub fn scale(&self, estimated_ns: f64, ns_per_sample: u64, counting: bool) -> Option<f64> {
-        let (samples, trusted, most) = match counting {
-            true => (self.in_counting(), TRUSTED_COUNTING_SAMPLES, MOST_COUNTING_SCALE),
-            false => (self.in_probes(), TRUSTED_PROBE_SAMPLES, MOST_SCALE),
-        };
-        if samples < trusted || estimated_ns <= 0.0 {
-            return None;
-        }
-        Some((samples as f64 * ns_per_sample as f64 / estimated_ns).clamp(1.0, most))
-    }
 }
 
 /// Decides which functions to stop instrumenting: the probes of all
@@ -186,8 +170,14 @@ impl Governor {
     /// were taken in their code; 1 without samples).
     fn scale(&self, estimated_ns: f64, counting: bool) -> f64 {
         let Some((sampled, ns_per_sample)) = &self.sampled else { return 1.0 };
-        let prior = if counting { UNTRUSTED_COUNTING_SCALE } else { UNTRUSTED_PROBE_SCALE };
-        sampled.scale(estimated_ns, *ns_per_sample, counting).unwrap_or(prior)
+        let (samples, trusted, prior, most) = match counting {
+            true => (sampled.in_counting(), TRUSTED_COUNTING_SAMPLES, UNTRUSTED_COUNTING_SCALE, MOST_COUNTING_SCALE),
+            false => (sampled.in_probes(), TRUSTED_PROBE_SAMPLES, UNTRUSTED_PROBE_SCALE, MOST_SCALE),
+        };
+        if samples < trusted || estimated_ns <= 0.0 {
+            return prior;
+        }
+        (samples as f64 * *ns_per_sample as f64 / estimated_ns).clamp(1.0, most)
     }
 
     /// Functions to throttle now, given the `calls` so far by function after

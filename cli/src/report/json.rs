@@ -98,7 +98,6 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
             "estimated_ns": profile.overhead.estimated_ns,
             "hits": profile.overhead.hits,
             "compensated": profile.overhead.compensated,
-            "compensation_scale": profile.overhead.compensation_scale,
             "call_ns_emulated": profile.overhead.call_ns_emulated,
             "call_ns_stepped": profile.overhead.call_ns_stepped,
             "call_ns_injected": profile.overhead.call_ns_injected,

@@ -336,16 +336,12 @@ fn header(profile: &Profile, out: &mut String) {
         // Forked children making their memory: once per child, apart.
         let forks = profile.samples.as_ref().and_then(|s| s.leaf_share(FORK_FRAME)).filter(|&s| s > 0.0);
         let sampled = sampled + &forks.map(|s| format!(", {:.1}% making forked children's memory", 100.0 * s)).unwrap_or_default();
-        let compensated = match o.compensation_scale {
-            _ if !o.compensated => "not compensated (--compensate subtracts it)".to_string(),
-            Some(scale) => format!("compensated at {scale:.1} times the calibrated cost of a patched call, as its samples measured"),
-            None => "compensated".to_string(),
-        };
         let _ = writeln!(
             out,
-            "  overhead    {} per probe hit, about {} of the run ({share:.1}%{sampled}); times {compensated}",
+            "  overhead    {} per probe hit, about {} of the run ({share:.1}%{sampled}); times {}",
             format_ns(o.per_hit_ns),
             format_ns(o.estimated_ns),
+            if o.compensated { "compensated" } else { "not compensated (--compensate subtracts it)" }
         );
     } else {
         let _ = writeln!(out, "  overhead    not measured");
@@ -917,30 +913,6 @@ mod tests {
             both.starts_with("entries patched") && both.ends_with("and 2 functions seen by uprobes (returns seen by return probes)"),
             "{both}"
         );
-    }
-
-    #[test]
-    fn the_header_says_how_much_the_samples_scaled_the_compensation() {
-        let overhead_line = |scale, compensated| {
-            let mut profile = Profile::default();
-            profile.recording.duration_ns = 1_000_000_000;
-            profile.functions.push(FunctionInfo { name: "f".into(), mode: Mode::Instrumented, ..FunctionInfo::default() });
-            profile.overhead = proftap_profile::Overhead {
-                per_hit_ns: 14,
-                hits: 2_000,
-                estimated_ns: 28_000,
-                compensated,
-                compensation_scale: scale,
-                ..proftap_profile::Overhead::default()
-            };
-            let mut out = String::new();
-            header(&profile, &mut out);
-            out.lines().find(|l| l.trim_start().starts_with("overhead")).unwrap_or_default().to_string()
-        };
-        assert!(overhead_line(None, true).ends_with("times compensated"), "{}", overhead_line(None, true));
-        let scaled = overhead_line(Some(2.46), true);
-        assert!(scaled.ends_with("compensated at 2.5 times the calibrated cost of a patched call, as its samples measured"), "{scaled}");
-        assert!(overhead_line(Some(2.46), false).ends_with("not compensated (--compensate subtracts it)"));
     }
 
     /// Counts from a profile file are anyone's to write: a count after a

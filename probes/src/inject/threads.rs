@@ -32,13 +32,6 @@ pub struct Cost {
     pub call: u64,
 }
 
-impl Cost {
-    /// The same, `by` times.
-    pub fn scaled(self, by: f64) -> Cost {
-        Cost { own: (self.own as f64 * by).round() as u64, call: (self.call as f64 * by).round() as u64 }
-    }
-}
-
 /// A thread's profile from its totals; `off_cpu_now` is its time off CPU
 /// at the end (nanoseconds), when known, for the calls still in progress.
 pub fn thread_profile(pid: i32, name: String, thread: &ThreadTotals, off_cpu_now: Option<u64>, how: &Conversion<'_>) -> ThreadProfile {

@@ -4,7 +4,6 @@
 //! program runs, and at the end the totals become per-thread profiles.
 
 use crate::error::RecordError;
-use crate::governor::SampledOverhead;
 use crate::trace::TraceKeeper;
 use proftap_probes::arcs;
 use proftap_probes::inject::clock::TscClock;
@@ -56,29 +55,6 @@ pub struct InjectEnding {
     pub line_branches: Vec<Vec<BranchRecord>>,
     /// Per region, what its hooks added up.
     pub regions: Vec<RegionSum>,
-    /// How many times their calibrated cost the calls' times had taken
-    /// out, when the samples in the probes said they cost more.
-    pub compensation_scale: Option<f64>,
-}
-
-/// What a patched call costs, to take out of the times.
-pub struct Compensating {
-    /// Calibrated on a loop, per metric (wall time, then CPU time).
-    pub calibrated: [Cost; 2],
-    /// The stack samples' measure of the probes' cost, and the CPU time
-    /// each sample stands for: a real program's calls miss the caches the
-    /// calibrating loop hits, and cost more.
-    pub sampled: Option<(Arc<SampledOverhead>, u64)>,
-}
-
-impl Compensating {
-    /// The costs to take out of the times of `timed` calls, and how many
-    /// times the calibration they are, when the samples say more.
-    fn costs(&self, timed: u64) -> ([Cost; 2], Option<f64>) {
-        let estimated_ns = timed as f64 * self.calibrated[1].call as f64;
-        let scale = self.sampled.as_ref().and_then(|(sampled, ns)| sampled.scale(estimated_ns, *ns, false)).filter(|&s| s > 1.0);
-        (self.calibrated.map(|c| c.scaled(scale.unwrap_or(1.0))), scale)
-    }
 }
 
 impl InjectSource {
@@ -128,12 +104,12 @@ impl InjectSource {
     /// ending at `end` (at the exec that replaced the image, if one did).
     /// `names` names threads; the profile measures `metrics` metrics (wall
     /// time, then CPU time); `compensation` is what a patched call costs,
-    /// to take out.
+    /// to subtract.
     pub fn finish(
         self,
         end: InjectEnd,
         metrics: usize,
-        compensation: Option<Compensating>,
+        compensation: Option<[Cost; 2]>,
         lines: Option<(&LinePlan, &[ProbedFunction])>,
         uprobes_held_back: Option<f64>,
         names: &Names<'_>,
@@ -179,38 +155,27 @@ impl InjectSource {
         };
         let end_ns = end.ns;
         let end_tsc = self.clock.tsc_at(end_ns);
-        let main = view.totals().map_err(RecordError::Corrupted)?;
-        if let Some(error) = retired.error {
-            return Err(RecordError::Corrupted(error));
-        }
-        // A child's memory is its own to spoil: what it wrote is its loss alone.
-        let (children, refused) = patched.children();
-        let children = parallel::on_all_cpus(children, CHILDREN_WORTH_THREADS, |child| (child.pid, child.ended_ns, child.totals()));
-        // The probes' cost per call, as the samples measured it over all the calls timed.
-        let timed = std::iter::once(&main.threads)
-            .chain(children.iter().filter_map(|(_, _, totals)| totals.as_ref().ok().map(|t| &t.threads)))
-            .flatten()
-            .chain(&retired.threads)
-            .map(timed_calls)
-            .fold(0u64, u64::saturating_add);
-        let (compensation, compensation_scale) = compensation.map(|c| c.costs(timed)).unzip();
-        let compensation_scale = compensation_scale.flatten();
         let how = Conversion { clock: &self.clock, metrics, end_tsc, compensation };
         let mut read = Read::default();
         let off_cpu = off_cpu.as_ref();
         // Calls in progress at an exec never return: they end with the image.
         let image_end = ProcessEnd { ns: replaced.map_or(end_ns, |ns| ns.min(end_ns)), ended: false };
-        read.add(self.pid, main, &how, image_end, off_cpu, names);
+        read.add(self.pid, view.totals().map_err(RecordError::Corrupted)?, &how, image_end, off_cpu, names);
+        if let Some(error) = retired.error {
+            return Err(RecordError::Corrupted(error));
+        }
         read.add_retired(self.pid, &retired.threads, &how, names);
+        // A child's memory is its own to spoil: what it wrote is its loss alone.
+        let (children, refused) = patched.children();
         // A shell forks hundreds: their threads' profiles are made on every CPU.
-        let children = parallel::on_all_cpus(children, CHILDREN_WORTH_THREADS, |(pid, ended_ns, totals)| {
+        let children = parallel::on_all_cpus(children, CHILDREN_WORTH_THREADS, |child| {
             // Its calls in progress when it ended end then: they never return.
-            let end = ended_ns.map_or(ProcessEnd { ns: end_ns, ended: false }, |ns| ProcessEnd { ns: ns.min(end_ns), ended: true });
-            let read = totals.map(|totals| {
-                let profiles = thread_profiles(pid, &totals, &how, end, off_cpu, names);
+            let end = child.ended_ns.map_or(ProcessEnd { ns: end_ns, ended: false }, |ns| ProcessEnd { ns: ns.min(end_ns), ended: true });
+            let read = child.totals().map(|totals| {
+                let profiles = thread_profiles(child.pid, &totals, &how, end, off_cpu, names);
                 (totals, profiles)
             });
-            (pid, read)
+            (child.pid, read)
         });
         for (pid, child) in children {
             match child {
@@ -244,18 +209,7 @@ impl InjectSource {
         let Read { threads, calls, regions, .. } = read;
         let calls_only_counted = patched.calls_only_counted(self.calls.len());
         let counting_stopped = patched.counting_stopped(self.calls.len());
-        Ok(InjectEnding {
-            threads,
-            calls,
-            calls_only_counted,
-            counting_stopped,
-            notes,
-            trace,
-            line_counts,
-            line_branches,
-            regions,
-            compensation_scale,
-        })
+        Ok(InjectEnding { threads, calls, calls_only_counted, counting_stopped, notes, trace, line_counts, line_branches, regions })
     }
 }
 
@@ -414,11 +368,6 @@ impl Read {
     }
 }
 
-/// The calls `thread` timed.
-fn timed_calls(thread: &ThreadTotals) -> u64 {
-    thread.nodes.iter().skip(1).fold(0, |sum, node| sum.saturating_add(node.calls))
-}
-
 /// Thread names by thread id.
 type Names<'a> = dyn Fn(u32) -> String + Sync + 'a;
 
@@ -471,38 +420,4 @@ pub fn check_unwinders(engine: &Patched, may_unwind: bool) -> Result<(), RecordE
         return Ok(());
     }
     Err(RecordError::Unhooked { entries: engine.unhooked().join(", ") })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn compensating(samples_in_probes: u64) -> Compensating {
-        let sampled = Arc::new(SampledOverhead::default());
-        (0..samples_in_probes).for_each(|_| sampled.count());
-        let calibrated = [Cost { own: 10, call: 30 }, Cost { own: 8, call: 20 }];
-        Compensating { calibrated, sampled: Some((sampled, 1_000_000)) }
-    }
-
-    #[test]
-    fn the_samples_in_the_probes_scale_the_compensation_up_when_they_measured_more() {
-        // 100,000 timed calls at 20 ns of CPU: 2 ms by the calibration.
-        let (costs, scale) = compensating(5).costs(100_000);
-        assert_eq!(scale, Some(2.5), "5 samples of 1 ms: 2.5 times the calibration");
-        assert_eq!((costs[0].own, costs[0].call, costs[1].own, costs[1].call), (25, 75, 20, 50));
-        let (costs, scale) = compensating(50).costs(100_000);
-        assert_eq!(scale, Some(3.0), "a few samples more or less multiply it by no more than 3");
-        assert_eq!(costs[1].call, 60);
-    }
-
-    #[test]
-    fn the_calibration_stands_where_the_samples_are_few_or_measured_less() {
-        for (samples, timed) in [(4, 100_000), (5, 1_000_000), (0, 0)] {
-            let (costs, scale) = compensating(samples).costs(timed);
-            assert_eq!(scale, None, "{samples} samples over {timed} calls");
-            assert_eq!((costs[0].call, costs[1].call), (30, 20));
-        }
-        let unsampled = Compensating { sampled: None, ..compensating(0) };
-        assert_eq!(unsampled.costs(100_000).1, None);
-    }
 }

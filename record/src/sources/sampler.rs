@@ -25,7 +25,6 @@ enum Input {
     CountingGoesOn(u32, Vec<u32>),
     Sample(Box<StackSample>, Vec<(u64, u64)>),
     Hottest(Sender<Vec<(String, String, u64)>>),
-    CaughtUp(Sender<()>),
 }
 
 /// What the sampler counted, and the stacks in the order it counted them
@@ -98,9 +97,6 @@ impl SamplerThread {
                     }
                     Input::Hottest(reply) => {
                         let _ = reply.send(samples.hottest());
-                    }
-                    Input::CaughtUp(reply) => {
-                        let _ = reply.send(());
                     }
                 }
             }
@@ -180,14 +176,6 @@ impl SamplerThread {
         let (reply, answer) = channel();
         let _ = self.input.send(Input::Hottest(reply));
         answer.recv().unwrap_or_default()
-    }
-
-    /// Waits until the samples given so far are counted (the probes' in
-    /// [`SampledOverhead`] too).
-    pub fn catch_up(&self) {
-        let (reply, answer) = channel();
-        let _ = self.input.send(Input::CaughtUp(reply));
-        let _ = answer.recv();
     }
 
     /// Every sample given, counted.
