@@ -244,6 +244,14 @@ static inline struct private_block *private_block(const struct config *c, u64 in
     return (struct private_block *)((char *)(seats_taken(c) + SEAT_WORDS) + index * sizeof(struct private_block));
 }
 
+/* The unwinder's entry is done with: the frames it left are hijacked
+ * again from the next call (see enter), and no walk runs within it. */
+static inline void unwind_done(struct private_block *p)
+{
+    p->unhooked = 0;
+    p->walk_within = 0;
+}
+
 static inline u64 ns_to_tsc(const struct config *c, u64 ns)
 {
     struct header *h = header(c);
@@ -545,6 +553,7 @@ FORK_CODE static void move_private_block(const struct config *c, u64 from, u64 t
     b->busy = 0;
     b->unhooked = a->unhooked;
     b->mixed = a->mixed;
+    b->walk_within = a->walk_within;
 }
 
 /* Whether the child waits for proftap to say it has its memory: where
@@ -967,7 +976,7 @@ static u64 seat_of(const struct config *c, int claim)
         struct private_block *p = private_block(c, index);
         p->depth = 0;
         p->busy = 0;
-        p->unhooked = 0;
+        unwind_done(p);
         p->mixed = 0;
         struct block *b = shared_block(c, index);
         b->tid = (u32)kernel_tid;
@@ -1405,21 +1414,23 @@ static inline int jumped_back_to_entry(const struct config *c, const struct priv
 
 /* proftap_entry for every call: whatever the thread, its stack and the
  * state of the recording. */
-/* Whether a call or a hook at `slot` is made while the unwinder entered
- * at p->unhooked still runs: by the unwinder itself (its personality
- * routines, a backtrace's callback), below it on its stack, or by a signal
- * handler that interrupted it, there or on an alternate signal stack the
- * unwinder is not on (a profiler's handler walking the stack while an
- * exception unwinds). The unwinder goes on walking the frames it was given
- * back once the handler returns: they stay given back until it is done. */
+/* Whether a call or a stack walk at `slot` is made while the unwinder
+ * entered at p->unhooked still runs: by the unwinder itself (its
+ * personality routines, a backtrace's callback), below it on its stack, or
+ * by a signal handler that interrupted it, there or on an alternate signal
+ * stack the unwinder is not on (a profiler's handler walking the stack
+ * while an exception unwinds). The unwinder goes on walking the frames it
+ * was given back once the handler returns: they stay given back until it
+ * is done. The alternate stack is asked of the kernel only when the slot
+ * is not below. */
 static int within_unwind(const struct private_block *p, u64 slot)
 {
     u64 lo, hi, at = p->unhooked;
     if (!at || slot == at)
         return 0;
-    if (alternate_stack(&lo, &hi) && slot - lo < hi - lo && at - lo >= hi - lo)
+    if (slot < at && near(slot, at))
         return 1;
-    return slot < at && near(slot, at);
+    return alternate_stack(&lo, &hi) && slot - lo < hi - lo && at - lo >= hi - lo;
 }
 
 static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
@@ -1459,7 +1470,7 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
         }
         /* Past it (a cleanup or a catch runs, or the walk returned): the
          * frames it left are gone, the others are hijacked again. */
-        p->unhooked = 0;
+        unwind_done(p);
         drop_below(c, p, b, (u64)slot, 0);
         rewrite(c, p, (u64)slot, 0, 1);
     }
@@ -1770,14 +1781,18 @@ void proftap_unhook(u64 *slot)
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     int tail_call = is_trampoline(c, *slot);
     /* A walk while another unwinder runs (a handler's that interrupted
-     * it): the return addresses above are given back for it too, and the
-     * other's entry stays the one whose end hijacks them again. */
+     * it, or backtrace()'s _Unwind_Backtrace): the return addresses above
+     * are given back for it too, and the other's entry stays the one whose
+     * end hijacks them again; the outermost such walk's end is told apart. */
     if (within_unwind(p, (u64)slot)) {
+        if (!p->walk_within)
+            p->walk_within = (u64)slot;
         rewrite(c, p, (u64)slot, tail_call, 0);
         return;
     }
     /* Marked first: a handler that interrupts what follows and walks the
      * stack finds its walk within this one. */
+    p->walk_within = 0;
     p->unhooked = (u64)slot;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     drop_below(c, p, b, (u64)slot, !tail_call);
@@ -1799,12 +1814,8 @@ void proftap_rehook(u64 *slot)
         return;
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
-    /* A catch or a walk's end in a handler that interrupted an unwinder:
-     * not that unwinder's end. */
-    if (within_unwind(p, (u64)slot))
-        return;
     int entered_here = p->unhooked == (u64)slot;
-    p->unhooked = 0;
+    unwind_done(p);
     drop_below(c, p, b, (u64)slot, !entered_here && !is_trampoline(c, *slot));
     rewrite(c, p, (u64)slot, entered_here, 1);
 }
@@ -1819,6 +1830,14 @@ void proftap_resume(u64 *slot)
     struct private_block *p = private_block(c, seated - 1);
     if (!p->unhooked)
         return;
+    /* The end of a walk within another unwinder's (see proftap_unhook), or
+     * of one within that walk: the other unwinder is not done. */
+    u64 within = p->walk_within;
+    if (within && (u64)slot <= within && near((u64)slot, within)) {
+        if ((u64)slot == within)
+            p->walk_within = 0;
+        return;
+    }
     proftap_rehook(slot);
 }
 

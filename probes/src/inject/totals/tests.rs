@@ -599,6 +599,25 @@ fn a_walk_in_a_handler_that_interrupted_an_unwinder_leaves_its_frames_given_back
     assert_eq!(unwound, 1, "f1's call ended at the catch: {nodes:?}");
 }
 
+/// Rust's catch ends a panic in a function the catching frame calls
+/// (`__rust_panic_cleanup`), which may lie below the frame whose cleanup
+/// last resumed the unwinding: still the unwinder's end, the frames above
+/// are hijacked again.
+#[test]
+fn a_catch_below_where_the_unwinding_last_resumed_ends_it() {
+    let rt = Local::new(2, 2);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    let hijacked = stack.0[60];
+    rt.hook(rt.runtime.unhook, &mut stack.0[40]);
+    // A cleanup resumes the unwinding from slot 45, then the catch's cleanup call comes from 43.
+    rt.hook(rt.runtime.unhook, &mut stack.0[45]);
+    assert_eq!(stack.0[60], 0x1000 + 60);
+    rt.hook(rt.runtime.rehook, &mut stack.0[43]);
+    assert_eq!(stack.0[60], hijacked, "hijacked again at the catch");
+    assert_ne!(rt.entry(&mut stack.0[43], 1), 0, "the calls after it are timed");
+}
+
 #[test]
 fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
     let rt = Local::new(3, 4);
