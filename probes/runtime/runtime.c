@@ -244,14 +244,6 @@ static inline struct private_block *private_block(const struct config *c, u64 in
     return (struct private_block *)((char *)(seats_taken(c) + SEAT_WORDS) + index * sizeof(struct private_block));
 }
 
-/* The unwinder's entry is done with: the frames it left are hijacked
- * again from the next call (see enter), and no walk runs within it. */
-static inline void unwind_done(struct private_block *p)
-{
-    p->unhooked = 0;
-    p->walk_within = 0;
-}
-
 static inline u64 ns_to_tsc(const struct config *c, u64 ns)
 {
     struct header *h = header(c);
@@ -553,7 +545,6 @@ FORK_CODE static void move_private_block(const struct config *c, u64 from, u64 t
     b->busy = 0;
     b->unhooked = a->unhooked;
     b->mixed = a->mixed;
-    b->walk_within = a->walk_within;
 }
 
 /* Whether the child waits for proftap to say it has its memory: where
@@ -976,7 +967,7 @@ static u64 seat_of(const struct config *c, int claim)
         struct private_block *p = private_block(c, index);
         p->depth = 0;
         p->busy = 0;
-        unwind_done(p);
+        p->unhooked = 0;
         p->mixed = 0;
         struct block *b = shared_block(c, index);
         b->tid = (u32)kernel_tid;
@@ -1412,8 +1403,6 @@ static inline int jumped_back_to_entry(const struct config *c, const struct priv
     return d && p->ret[d - 1].slot == (u64)slot && p->function[d - 1] == function && is_trampoline(c, *slot);
 }
 
-/* proftap_entry for every call: whatever the thread, its stack and the
- * state of the recording. */
 /* Whether a call or a stack walk at `slot` is made while the unwinder
  * entered at p->unhooked still runs: by the unwinder itself (its
  * personality routines, a backtrace's callback), below it on its stack, or
@@ -1433,6 +1422,8 @@ static int within_unwind(const struct private_block *p, u64 slot)
     return alternate_stack(&lo, &hi) && slot - lo < hi - lo && at - lo >= hi - lo;
 }
 
+/* proftap_entry for every call: whatever the thread, its stack and the
+ * state of the recording. */
 static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
 {
     const struct config *c = config();
@@ -1470,7 +1461,7 @@ static __attribute__((noinline)) u64 enter(u64 *slot, u32 function)
         }
         /* Past it (a cleanup or a catch runs, or the walk returned): the
          * frames it left are gone, the others are hijacked again. */
-        unwind_done(p);
+        p->unhooked = 0;
         drop_below(c, p, b, (u64)slot, 0);
         rewrite(c, p, (u64)slot, 0, 1);
     }
@@ -1783,16 +1774,13 @@ void proftap_unhook(u64 *slot)
     /* A walk while another unwinder runs (a handler's that interrupted
      * it, or backtrace()'s _Unwind_Backtrace): the return addresses above
      * are given back for it too, and the other's entry stays the one whose
-     * end hijacks them again; the outermost such walk's end is told apart. */
+     * end hijacks them again. */
     if (within_unwind(p, (u64)slot)) {
-        if (!p->walk_within)
-            p->walk_within = (u64)slot;
         rewrite(c, p, (u64)slot, tail_call, 0);
         return;
     }
     /* Marked first: a handler that interrupts what follows and walks the
      * stack finds its walk within this one. */
-    p->walk_within = 0;
     p->unhooked = (u64)slot;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     drop_below(c, p, b, (u64)slot, !tail_call);
@@ -1815,7 +1803,7 @@ void proftap_rehook(u64 *slot)
     struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     int entered_here = p->unhooked == (u64)slot;
-    unwind_done(p);
+    p->unhooked = 0;
     drop_below(c, p, b, (u64)slot, !entered_here && !is_trampoline(c, *slot));
     rewrite(c, p, (u64)slot, entered_here, 1);
 }
@@ -1830,14 +1818,10 @@ void proftap_resume(u64 *slot)
     struct private_block *p = private_block(c, seated - 1);
     if (!p->unhooked)
         return;
-    /* The end of a walk within another unwinder's (see proftap_unhook), or
-     * of one within that walk: the other unwinder is not done. */
-    u64 within = p->walk_within;
-    if (within && (u64)slot <= within && near((u64)slot, within)) {
-        if ((u64)slot == within)
-            p->walk_within = 0;
+    /* The end of a walk within another unwinder's (see proftap_unhook):
+     * the other unwinder is not done. */
+    if (within_unwind(p, (u64)slot))
         return;
-    }
     proftap_rehook(slot);
 }
 

@@ -214,7 +214,6 @@ struct private_block {
     u64 busy;     /* the slot of the call in the runtime on the block, 0: none (see take_block_busy) */
     u64 unhooked; /* where an unwinder that put the return addresses back was entered (its slot), 0: none */
     u64 mixed; /* threads sharing a thread pointer took turns: times no longer kept */
-    u64 walk_within; /* where the outermost stack walk made while the unwinder at `unhooked` runs was entered, 0: none */
     struct ret ret[STACK_DEPTH];
     /* Each frame's function: a forked child's copy holds them as the fork
      * left them, where the shared block holds the parent's frames of later. */

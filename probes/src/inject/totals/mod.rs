@@ -334,7 +334,6 @@ struct PrivateHeader {
     busy: u64,
     unhooked: u64,
     mixed: u64,
-    walk_within: u64,
 }
 
 /// The first word of the shared memory once set up.
