@@ -245,7 +245,7 @@ impl SampleAggregator {
         // return addresses back: their calls are timed all the same, but
         // those of throttled functions, which only a trampoline tells, and
         // in a process attached to, those that may have begun before.
-        let unwinding_from = physical.iter().position(|(f, _)| puts_returns_back(&f.name)).filter(|_| !self.attached);
+        let unwinding_from = if self.attached { None } else { physical.iter().position(|(f, _)| puts_returns_back(&f.name)) };
         let unwound = |i: usize, frame: &SampledFrame| unwinding_from.is_some_and(|u| i > u) && !throttled(frame);
         let measured: Vec<(&SampledFrame, bool)> = physical
             .iter()
