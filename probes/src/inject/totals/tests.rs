@@ -599,6 +599,71 @@ fn a_walk_in_a_handler_that_interrupted_an_unwinder_leaves_its_frames_given_back
     assert_eq!(unwound, 1, "f1's call ended at the catch: {nodes:?}");
 }
 
+/// Runs `f` in a signal handler on an alternate signal stack of the
+/// calling thread, as a profiler's handler runs, then puts the thread's
+/// alternate stack and the signal's action back.
+fn on_alternate_stack(f: &mut dyn FnMut()) {
+    thread_local! {
+        static HANDLED: std::cell::Cell<Option<*mut (dyn FnMut() + 'static)>> = const { std::cell::Cell::new(None) };
+    }
+    extern "C" fn handler(_: libc::c_int) {
+        if let Some(f) = HANDLED.with(|h| h.take()) {
+            // SAFETY: set below to a closure that outlives the raise, on this thread.
+            unsafe { (*f)() };
+        }
+    }
+    let signal = libc::SIGRTMIN() + 7;
+    // Small enough for the heap, far from the thread stacks' mappings.
+    let mut memory = vec![0u8; 64 * 1024];
+    let here = &memory as *const _ as u64;
+    assert!((memory.as_ptr() as u64).abs_diff(here) > 8 << 20, "the alternate stack lies far from the thread's");
+    // SAFETY: plain C calls on zeroed structs and a stack that outlives them.
+    unsafe {
+        let stack = libc::stack_t { ss_sp: memory.as_mut_ptr().cast(), ss_flags: 0, ss_size: memory.len() };
+        let mut old_stack: libc::stack_t = std::mem::zeroed();
+        assert_eq!(libc::sigaltstack(&stack, &mut old_stack), 0);
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler as *const () as usize;
+        action.sa_flags = libc::SA_ONSTACK;
+        let mut old_action: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(signal, &action, &mut old_action), 0);
+        let f: *mut (dyn FnMut() + '_) = f;
+        HANDLED.with(|h| h.set(Some(std::mem::transmute::<*mut (dyn FnMut() + '_), *mut (dyn FnMut() + 'static)>(f))));
+        assert_eq!(libc::raise(signal), 0);
+        HANDLED.with(|h| h.set(None));
+        libc::sigaction(signal, &old_action, std::ptr::null_mut());
+        libc::sigaltstack(&old_stack, std::ptr::null_mut());
+    }
+}
+
+/// The same as a handler on the thread's stack, on an alternate signal
+/// stack far from it: the handler's call is not hijacked, its walk's end
+/// leaves the frames given back for the unwinder it interrupted.
+#[test]
+fn a_walk_in_a_handler_on_an_alternate_stack_that_interrupted_an_unwinder_leaves_its_frames_given_back() {
+    let rt = Local::new(3, 3);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 1);
+    let hijacked = stack.0[60];
+    rt.hook(rt.runtime.unhook, &mut stack.0[40]);
+    let given_back = (0x1000 + 60, 0x1000 + 50);
+    let mut handled = false;
+    on_alternate_stack(&mut || {
+        let mut slots = [0x2000u64; 4];
+        assert_eq!(rt.entry(&mut slots[3], 2), 0, "a call while the unwinder runs is not hijacked");
+        rt.hook(rt.runtime.unhook, &mut slots[2]);
+        rt.hook(rt.runtime.resume, &mut slots[2]);
+        handled = true;
+    });
+    assert!(handled, "the handler ran");
+    assert_eq!((stack.0[60], stack.0[50]), given_back, "the unwinder goes on with the return addresses");
+    rt.hook(rt.runtime.rehook, &mut stack.0[50]);
+    assert_eq!(stack.0[60], hijacked, "hijacked again at the catch");
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(rt.block(0).depth, 0);
+}
+
 /// Rust's catch ends a panic in a function the catching frame calls
 /// (`__rust_panic_cleanup`), which may lie below the frame whose cleanup
 /// last resumed the unwinding: still the unwinder's end, the frames above
