@@ -569,11 +569,11 @@ fn a_tail_call_into_a_stack_walk_keeps_its_frame_and_the_walk_reads_its_return_a
 }
 
 /// A signal handler that walks the stack while an exception unwinds (its
-/// walk's hooks nested in the unwinder's): the frames stay given back when
-/// the walk returns, for the unwinder that goes on after the handler; the
-/// catch hijacks them again.
-#[test]
-fn a_walk_in_a_handler_that_interrupted_an_unwinder_leaves_its_frames_given_back() {
+/// walk's hooks nested in the unwinder's), run by `run_handler`: its call
+/// is not hijacked, the frames stay given back when its walk returns, for
+/// the unwinder that goes on after the handler; the catch hijacks them
+/// again.
+fn a_handler_interrupts_an_unwinder(run_handler: impl FnOnce(&mut dyn FnMut())) {
     let rt = Local::new(3, 3);
     let mut stack = Stack::new();
     rt.entry(&mut stack.0[60], 0);
@@ -583,10 +583,18 @@ fn a_walk_in_a_handler_that_interrupted_an_unwinder_leaves_its_frames_given_back
     rt.hook(rt.runtime.unhook, &mut stack.0[40]);
     let given_back = (0x1000 + 60, 0x1000 + 50);
     assert_eq!((stack.0[60], stack.0[50]), given_back);
-    // A handler interrupts it, calls f2 and walks the stack.
-    assert_eq!(rt.entry(&mut stack.0[30], 2), 0, "a call while the unwinder runs is not hijacked");
-    rt.hook(rt.runtime.unhook, &mut stack.0[20]);
-    rt.hook(rt.runtime.resume, &mut stack.0[20]);
+    // A handler interrupts it, calls f2 and walks the stack, from slots of
+    // the stack it runs on.
+    // Nothing panics in the handler (a panic cannot leave a C handler): what
+    // its call returned is looked at after.
+    let mut called_through = None;
+    run_handler(&mut || {
+        let mut slots = [0x2000u64; 4];
+        called_through = Some(rt.entry(&mut slots[3], 2));
+        rt.hook(rt.runtime.unhook, &mut slots[2]);
+        rt.hook(rt.runtime.resume, &mut slots[2]);
+    });
+    assert_eq!(called_through, Some(0), "the handler ran, and its call while the unwinder runs is not hijacked");
     assert_eq!((stack.0[60], stack.0[50]), given_back, "the unwinder goes on with the return addresses");
     // f0 catches at the slot it called f1 from.
     rt.hook(rt.runtime.rehook, &mut stack.0[50]);
@@ -597,6 +605,12 @@ fn a_walk_in_a_handler_that_interrupted_an_unwinder_leaves_its_frames_given_back
     let nodes = rt.nodes(0);
     let unwound: u64 = nodes.iter().map(|n| n.unwound).sum();
     assert_eq!(unwound, 1, "f1's call ended at the catch: {nodes:?}");
+}
+
+/// The handler on the thread's stack, below the unwinder's frames.
+#[test]
+fn a_walk_in_a_handler_that_interrupted_an_unwinder_leaves_its_frames_given_back() {
+    a_handler_interrupts_an_unwinder(|handler| handler());
 }
 
 /// Runs `f` in a signal handler on an alternate signal stack of the
@@ -636,32 +650,10 @@ fn on_alternate_stack(f: &mut dyn FnMut()) {
     }
 }
 
-/// The same as a handler on the thread's stack, on an alternate signal
-/// stack far from it: the handler's call is not hijacked, its walk's end
-/// leaves the frames given back for the unwinder it interrupted.
+/// The handler on an alternate signal stack far from the thread's.
 #[test]
 fn a_walk_in_a_handler_on_an_alternate_stack_that_interrupted_an_unwinder_leaves_its_frames_given_back() {
-    let rt = Local::new(3, 3);
-    let mut stack = Stack::new();
-    rt.entry(&mut stack.0[60], 0);
-    rt.entry(&mut stack.0[50], 1);
-    let hijacked = stack.0[60];
-    rt.hook(rt.runtime.unhook, &mut stack.0[40]);
-    let given_back = (0x1000 + 60, 0x1000 + 50);
-    let mut handled = false;
-    on_alternate_stack(&mut || {
-        let mut slots = [0x2000u64; 4];
-        assert_eq!(rt.entry(&mut slots[3], 2), 0, "a call while the unwinder runs is not hijacked");
-        rt.hook(rt.runtime.unhook, &mut slots[2]);
-        rt.hook(rt.runtime.resume, &mut slots[2]);
-        handled = true;
-    });
-    assert!(handled, "the handler ran");
-    assert_eq!((stack.0[60], stack.0[50]), given_back, "the unwinder goes on with the return addresses");
-    rt.hook(rt.runtime.rehook, &mut stack.0[50]);
-    assert_eq!(stack.0[60], hijacked, "hijacked again at the catch");
-    rt.exit(&mut stack.0[60]);
-    assert_eq!(rt.block(0).depth, 0);
+    a_handler_interrupts_an_unwinder(on_alternate_stack);
 }
 
 /// Rust's catch ends a panic in a function the catching frame calls
