@@ -188,6 +188,19 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
 }
 
 #[test]
+fn a_program_whose_recording_cannot_be_prepared_never_runs() {
+    // The program's process is made before its symbols are read; a
+    // preparation that fails after that ends it unrun.
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let program = ["--", "sh", "-c", "touch \"$0\""];
+    let out =
+        run(proftap().args(["run", "--no-sample", "-f", "nothing_here_*", "-o"]).arg(dir.path().join("p.profile")).args(program).arg(&ran));
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!ran.exists(), "the program ran though its recording failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
 fn an_output_that_cannot_be_written_is_refused_before_the_program_runs() {
     let dir = tempfile::tempdir().unwrap();
     let ran = dir.path().join("ran");

@@ -70,13 +70,16 @@ pub struct Launch {
 pub struct HeldChild {
     pid: Pid,
     go: Option<OwnedFd>,
+    /// Readable once the child may be traced (taken when waited for).
+    ready: Option<OwnedFd>,
     exec_error: OwnedFd,
     path: PathBuf,
 }
 
 /// Forks a child that will execute `path` with `argv` once released. Nothing
 /// of the program runs before then, so probes opened on the child's pid
-/// with `enable_on_exec` see its first instruction.
+/// with `enable_on_exec` see its first instruction. It is not traceable
+/// before [`HeldChild::ready`].
 pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<HeldChild, TargetError> {
     let program = CString::new(path.as_os_str().as_bytes()).map_err(|_| TargetError::NotFound(path.display().to_string()))?;
     let nul = |what: &str| TargetError::System { what: format!("{what} contains a NUL byte"), source: io::ErrorKind::InvalidInput.into() };
@@ -166,23 +169,28 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
             drop(go_read);
             drop(err_write);
             drop(ready_write);
-            let held = HeldChild { pid: child, go: Some(go_write), exec_error: err_read, path: path.into() };
-            // Not before the child can be traced (see above); a child that
-            // could not get there says why on the error pipe.
-            let mut byte = [0u8; 1];
-            if nix::unistd::read(&ready_read, &mut byte).unwrap_or(0) != 1 {
-                let mut errno = [0u8; 4];
-                let n = nix::unistd::read(&held.exec_error, &mut errno).unwrap_or(0);
-                let _ = waitpid(child, None);
-                let source = if n == 4 { io::Error::from_raw_os_error(i32::from_ne_bytes(errno)) } else { io::ErrorKind::Other.into() };
-                return Err(TargetError::Exec { path: path.into(), source });
-            }
-            Ok(held)
+            Ok(HeldChild { pid: child, go: Some(go_write), ready: Some(ready_read), exec_error: err_read, path: path.into() })
         }
     }
 }
 
 impl HeldChild {
+    /// Waits until the child can be traced and its events opened (see
+    /// [`spawn_held`]); a child that could not get there says why.
+    pub fn ready(&mut self) -> Result<(), TargetError> {
+        let Some(ready) = self.ready.take() else { return Ok(()) };
+        let mut byte = [0u8; 1];
+        if nix::unistd::read(&ready, &mut byte).unwrap_or(0) == 1 {
+            return Ok(());
+        }
+        let mut errno = [0u8; 4];
+        let n = nix::unistd::read(&self.exec_error, &mut errno).unwrap_or(0);
+        self.go = None;
+        let _ = waitpid(self.pid, None);
+        let source = if n == 4 { io::Error::from_raw_os_error(i32::from_ne_bytes(errno)) } else { io::ErrorKind::Other.into() };
+        Err(TargetError::Exec { path: self.path.clone(), source })
+    }
+
     /// The child's pid.
     pub fn pid(&self) -> i32 {
         self.pid.as_raw()
@@ -190,9 +198,14 @@ impl HeldChild {
 
     /// Lets the child execute the program; reports an exec failure.
     pub fn release(&mut self) -> Result<(), TargetError> {
-        if let Some(go) = self.go.take() {
-            nix::unistd::write(&go, &[1]).map_err(system("cannot start the command"))?;
-        }
+        self.ready()?;
+        // Released once: a child that failed to get ready is gone.
+        let go = self
+            .go
+            .take()
+            .ok_or(TargetError::System { what: "cannot start the command".into(), source: io::ErrorKind::NotFound.into() })?;
+        nix::unistd::write(&go, &[1]).map_err(system("cannot start the command"))?;
+        drop(go);
         let mut errno = [0u8; 4];
         // EOF: exec succeeded and closed the pipe.
         let n = nix::unistd::read(&self.exec_error, &mut errno).unwrap_or(0);
@@ -203,11 +216,17 @@ impl HeldChild {
         Ok(())
     }
 
-    /// Ends a child that was never released.
-    pub fn abandon(mut self) {
-        // Closing the pipe makes the child exit without running the program.
-        self.go = None;
-        let _ = waitpid(self.pid, None);
+    /// Ends a child that was never released (as dropping it does).
+    pub fn abandon(self) {}
+}
+
+/// A child never released exits without running the program, once the
+/// pipe it waits on is closed; it is reaped here.
+impl Drop for HeldChild {
+    fn drop(&mut self) {
+        if self.go.take().is_some() {
+            let _ = waitpid(self.pid, None);
+        }
     }
 }
 
@@ -780,6 +799,60 @@ pub fn raise_open_files_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sh -c 'touch FILE'`, held.
+    fn held_touch(file: &Path, launch: &Launch) -> HeldChild {
+        let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), "touch \"$0\"".into(), file.into()];
+        spawn_held(Path::new("/bin/sh"), &argv, launch).expect("forked")
+    }
+
+    /// Whether `pid` is still a child of this process to be waited for.
+    fn unreaped(pid: i32) -> bool {
+        waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG)) != Err(Errno::ECHILD)
+    }
+
+    #[test]
+    fn a_held_child_never_released_runs_nothing_and_is_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let mut held = held_touch(&ran, &Launch::default());
+        held.ready().expect("ready");
+        let pid = held.pid();
+        drop(held);
+        assert!(!unreaped(pid), "the child was left to be reaped");
+        assert!(!ran.exists(), "the program ran");
+        // Dropped before it was ready, as a failed preparation drops it.
+        let held = held_touch(&ran, &Launch::default());
+        let pid = held.pid();
+        drop(held);
+        assert!(!unreaped(pid));
+        assert!(!ran.exists());
+    }
+
+    #[test]
+    fn a_held_child_that_cannot_get_ready_says_why_and_is_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let launch = Launch { cwd: Some(dir.path().join("missing")), ..Launch::default() };
+        let mut held = held_touch(&ran, &launch);
+        let pid = held.pid();
+        let error = held.ready().expect_err("no such directory").to_string();
+        assert!(error.contains("No such file or directory"), "{error}");
+        assert!(!unreaped(pid));
+        assert!(held.release().is_err(), "a child gone is not released");
+        assert!(!ran.exists());
+    }
+
+    #[test]
+    fn a_held_child_released_runs_the_program() {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let mut held = held_touch(&ran, &Launch::default());
+        held.release().expect("released");
+        let status = waitpid(Pid::from_raw(held.pid()), None).expect("waited");
+        assert_eq!(status, nix::sys::wait::WaitStatus::Exited(Pid::from_raw(held.pid()), 0));
+        assert!(ran.exists());
+    }
 
     #[test]
     fn a_thread_that_would_hold_a_process_another_holds_waits_for_its_turn() {

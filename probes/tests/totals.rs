@@ -240,6 +240,7 @@ fn cpu_time_per_call_leaves_out_time_off_cpu() {
     let mut held =
         proftap_probes::target::spawn_held(&binary, &[binary.clone().into(), "20".into(), "3".into()], &Default::default()).unwrap();
     let pid = held.pid();
+    held.ready().unwrap();
     nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
     held.release().unwrap();
     let mut patched =
@@ -278,6 +279,7 @@ fn run_patched(binary: &Path, args: &[&str]) -> Run {
     let launch = proftap_probes::target::Launch { cwd: None, env: None, stdout: Some(out.clone()) };
     let mut held = proftap_probes::target::spawn_held(binary, &argv, &launch).unwrap();
     let pid = held.pid();
+    held.ready().unwrap();
     nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
     held.release().unwrap();
     let mut patched = Patched::attach_at_start(pid, &functions, &[], Recording::default()).unwrap();

@@ -161,7 +161,7 @@ impl Helper {
         let argv = vec![exe.as_os_str().to_owned(), helper_arg.into(), out.as_os_str().to_owned()];
         let options = RecordOptions { metrics: vec![Metric::Wall, Metric::Cpu], engine, ..RecordOptions::default() };
         let recorded =
-            record(&functions, &TargetSpec::Launch { path: exe.to_path_buf(), argv, launch: Default::default() }, &options, None)
+            record(&functions, &TargetSpec::Launch { path: exe.to_path_buf(), argv, launch: Default::default() }, None, &options, None)
                 .map_err(|e| err(&e));
         let timings = std::fs::read_to_string(&out);
         drop(dir);

@@ -17,7 +17,7 @@ use proftap_probes::metrics::{Metric, MetricError, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
 use proftap_probes::select::{Selected, Selection};
 use proftap_probes::symbols::{DebugDirs, ElfImage, SymbolCache, SymbolIndex};
-use proftap_probes::target::{self, Launch, TargetError};
+use proftap_probes::target::{self, HeldChild, Launch, TargetError};
 use proftap_probes::{libs, procfs};
 use proftap_profile::{Engine, Finding, Note, UprobeReason};
 use std::ffi::OsString;
@@ -91,6 +91,8 @@ pub trait ProbeCostSource {
 pub struct Prepared {
     functions: Vec<ProbedFunction>,
     spec: TargetSpec,
+    /// The launched program's process, waiting to execute it.
+    held: Option<HeldChild>,
     options: RecordOptions,
     exit_mode: ExitMode,
     saver: Option<Saver>,
@@ -119,7 +121,7 @@ impl Prepared {
         self.options.control = control;
         self.options.observer = observer;
         let symbols = self.options.symbols.clone();
-        let recorded = record(&self.functions, &self.spec, &self.options, self.saver);
+        let recorded = record(&self.functions, &self.spec, self.held, &self.options, self.saver);
         drop(self.options);
         drop_aside(symbols);
         recorded
@@ -140,6 +142,13 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     let (modules, spec) = match &request.target {
         RecordTarget::Launch { command, cwd, env } => launched_modules(command, cwd.clone(), env.clone())?,
         RecordTarget::Attach { pid, .. } => (attached_modules(*pid)?, TargetSpec::Attach { pid: *pid }),
+    };
+    // Forked now, while proftap is small (a fork copies its page tables),
+    // to get ready while the symbols are read; it runs nothing of the
+    // program before the recording releases it, and ends if it never does.
+    let held = match &spec {
+        TargetSpec::Launch { path, argv, launch } => Some(target::spawn_held(path, argv, launch)?),
+        TargetSpec::Attach { .. } => None,
     };
     if let (TargetSpec::Launch { path, .. }, Some((symbols_of, _))) = (&spec, modules.first())
         && path != symbols_of
@@ -173,7 +182,7 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     };
     observer.event(RecordEvent::StepEnded);
     options.build_id = chosen.build_id;
-    Ok(Prepared { functions: chosen.functions, spec, options, exit_mode: chosen.exit_mode, saver: None })
+    Ok(Prepared { functions: chosen.functions, spec, held, options, exit_mode: chosen.exit_mode, saver: None })
 }
 
 /// The interpreter a `#!` script names, if `path` is one.

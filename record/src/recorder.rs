@@ -75,6 +75,7 @@ struct Started {
 pub fn record(
     functions: &[ProbedFunction],
     spec: &TargetSpec,
+    held: Option<HeldChild>,
     options: &RecordOptions,
     saver: Option<Saver>,
 ) -> Result<Recorded, RecordError> {
@@ -152,7 +153,7 @@ pub fn record(
     let mut checked = injected.clone();
     planned_whole.iter().for_each(|&i| checked[i] = false);
     let patch = Patch { functions: &all[..measured], injected: &injected, checked: &checked, how, may_unwind: options.may_unwind };
-    let started = start(spec, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
+    let started = start(spec, held, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
     left_out(&mut injected, &started.refused);
     let refused: Refused = refused.into_iter().chain(started.refused).collect();
@@ -449,6 +450,7 @@ struct Patch<'a> {
 /// opens the events on it, and lets it go.
 fn start(
     spec: &TargetSpec,
+    held: Option<HeldChild>,
     uprobes: &mut UprobeSource,
     tracing: Option<Patched>,
     sampler: Option<&SamplerThread>,
@@ -459,7 +461,11 @@ fn start(
     let inject = options.engine == Engine::Inject && !options.sample_only;
     match spec {
         TargetSpec::Launch { path, argv, launch } => {
-            let mut child = target::spawn_held(path, argv, launch)?;
+            let mut child = match held {
+                Some(child) => child,
+                None => target::spawn_held(path, argv, launch)?,
+            };
+            child.ready()?;
             if let Err(e) = uprobes.open_launched(child.pid()) {
                 child.abandon();
                 return Err(e);
