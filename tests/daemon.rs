@@ -58,6 +58,20 @@ fn a_session_launches_a_command_and_keeps_its_profile() {
 }
 
 #[test]
+fn a_sessions_program_holds_no_channel_to_proftapd() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path());
+    let listing = dir.path().join("descriptors");
+    let script = "for f in /proc/$$/fd/*; do echo \"${f##*/} $(readlink $f)\"; done > \"$0\"";
+    let id = started(&daemon.session(&["start", "--", "sh", "-c", script, listing.to_str().unwrap()]));
+    ok(&daemon.session(&["wait", &id]));
+    let open = std::fs::read_to_string(&listing).unwrap();
+    assert!(open.lines().any(|l| l.starts_with("1 ")), "{open}");
+    assert!(!open.contains("socket:"), "the program holds a socket: {open}");
+}
+
+#[test]
 fn a_user_profiles_their_own_process_and_not_roots() {
     require_probes();
     let (uid, gid) = test_user();

@@ -174,7 +174,14 @@ pub fn main(args: &[String]) -> ExitCode {
     // The parent's death is the end of the session: detach cleanly.
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
     // SAFETY: proftapd put the channel on this descriptor and nothing else owns it.
-    let channel = Channel::new(UnixStream::from(unsafe { OwnedFd::from_raw_fd(CHANNEL_FD) }));
+    let channel = UnixStream::from(unsafe { OwnedFd::from_raw_fd(CHANNEL_FD) });
+    // Put there by dup2, which clears close-on-exec: the program a session
+    // launches would hold a channel to proftapd as if it were this worker.
+    if let Err(e) = nix::fcntl::fcntl(&channel, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC)) {
+        eprintln!("proftapd worker: cannot keep the channel from the programs it runs: {e}");
+        return ExitCode::from(2);
+    }
+    let channel = Channel::new(channel);
     let (assignment, stdio) = match channel.receive::<Assignment>() {
         Ok(Some(received)) => received,
         _ => return ExitCode::from(2),
