@@ -201,6 +201,28 @@ fn a_program_whose_recording_cannot_be_prepared_never_runs() {
 }
 
 #[test]
+fn a_launched_program_starts_with_the_signals_it_has_bare() {
+    // proftap's runtime ignores SIGPIPE; a program that inherited that
+    // would fail writes to a closed pipe rather than end on them.
+    let dir = tempfile::tempdir().unwrap();
+    let script = "grep -E '^Sig(Ign|Blk)' /proc/$$/status > \"$0\"";
+    let (bare, recorded) = (dir.path().join("bare"), dir.path().join("recorded"));
+    run_ok(Command::new("sh").args(["-c", script]).arg(&bare));
+    let out = run(proftap().args(["run", "-o"]).arg(dir.path().join("p.profile")).args(["--", "sh", "-c", script]).arg(&recorded));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The blocked and ignored signals, of the standard ones (the C
+    // library's own, from 32 on, are its to set).
+    let masks = |file: &std::path::Path| -> Vec<(String, u64)> {
+        let text = std::fs::read_to_string(file).unwrap();
+        let mask = |line: &str| u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap() & 0x7fff_ffff;
+        text.lines().map(|l| (l.split(':').next().unwrap().to_string(), mask(l))).collect()
+    };
+    let (bare, recorded) = (masks(&bare), masks(&recorded));
+    assert_eq!(bare.len(), 2, "{bare:?}");
+    assert_eq!(recorded, bare, "(SIGPIPE is 1 << 12)");
+}
+
+#[test]
 fn an_output_that_cannot_be_written_is_refused_before_the_program_runs() {
     let dir = tempfile::tempdir().unwrap();
     let ran = dir.path().join("ran");

@@ -106,7 +106,8 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
         env.as_ref().map(|env| env.iter().map(|e| e.as_ptr()).chain(std::iter::once(std::ptr::null())).collect());
 
     // SAFETY: the child only calls async-signal-safe functions (prctl,
-    // chdir, read, execv(e), write, _exit) on data prepared before the fork.
+    // signal, sigprocmask, chdir, read, execv(e), write, _exit) on data
+    // prepared before the fork.
     match unsafe { nix::unistd::fork() }.map_err(system("cannot fork"))? {
         ForkResult::Child => {
             drop(go_write);
@@ -138,6 +139,16 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
                 if unsafe { libc::chdir(dir.as_ptr()) } != 0 {
                     fail(Errno::last_raw());
                 }
+            }
+            // The program starts as it would from a shell: the Rust
+            // runtime ignores SIGPIPE (an ignored signal stays ignored across
+            // exec), and no signal blocked (as std::process::Command does).
+            // SAFETY: plain system calls on a local, initialised set.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             }
             let mut byte = [0u8; 1];
             // Ready to be traced; then wait to be released.
@@ -178,7 +189,10 @@ impl HeldChild {
     /// Waits until the child can be traced and its events opened (see
     /// [`spawn_held`]); a child that could not get there says why.
     pub fn ready(&mut self) -> Result<(), TargetError> {
-        let Some(ready) = self.ready.take() else { return Ok(()) };
+        let Some(ready) = self.ready.take() else {
+            // Ready once, or gone: one that failed, or was released, is not again.
+            return self.go.as_ref().map(|_| ()).ok_or_else(no_longer_waiting);
+        };
         let mut byte = [0u8; 1];
         if nix::unistd::read(&ready, &mut byte).unwrap_or(0) == 1 {
             return Ok(());
@@ -199,12 +213,13 @@ impl HeldChild {
     /// Lets the child execute the program; reports an exec failure.
     pub fn release(&mut self) -> Result<(), TargetError> {
         self.ready()?;
-        // Released once: a child that failed to get ready is gone.
-        let go = self
-            .go
-            .take()
-            .ok_or(TargetError::System { what: "cannot start the command".into(), source: io::ErrorKind::NotFound.into() })?;
-        nix::unistd::write(&go, &[1]).map_err(system("cannot start the command"))?;
+        let go = self.go.take().ok_or_else(no_longer_waiting)?;
+        if let Err(e) = nix::unistd::write(&go, &[1]) {
+            // Gone (killed) before it could start: reaped here, never to run.
+            self.go = Some(go);
+            self.end_unreleased();
+            return Err(system("cannot start the command")(e));
+        }
         drop(go);
         let mut errno = [0u8; 4];
         // EOF: exec succeeded and closed the pipe.
@@ -218,15 +233,34 @@ impl HeldChild {
 
     /// Ends a child that was never released (as dropping it does).
     pub fn abandon(self) {}
-}
 
-/// A child never released exits without running the program, once the
-/// pipe it waits on is closed; it is reaped here.
-impl Drop for HeldChild {
-    fn drop(&mut self) {
+    /// Ends the child, released or not, and reaps it.
+    pub fn kill(mut self) {
+        self.go = None;
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = waitpid(self.pid, None);
+    }
+
+    /// Ends and reaps the child, if it was never released: it has run
+    /// nothing of the program, and a stop signal sent to it must not keep
+    /// the wait waiting.
+    fn end_unreleased(&mut self) {
         if self.go.take().is_some() {
+            let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
             let _ = waitpid(self.pid, None);
         }
+    }
+}
+
+/// Why a held child released, or gone, cannot be started.
+fn no_longer_waiting() -> TargetError {
+    TargetError::System { what: "cannot start the command".into(), source: io::Error::other("it ended, or was started already") }
+}
+
+/// A child never released is ended without running the program.
+impl Drop for HeldChild {
+    fn drop(&mut self) {
+        self.end_unreleased();
     }
 }
 
@@ -826,6 +860,13 @@ mod tests {
         let pid = held.pid();
         drop(held);
         assert!(!unreaped(pid));
+        // Stopped by a signal meanwhile: ended all the same, not waited for forever.
+        let mut held = held_touch(&ran, &Launch::default());
+        held.ready().expect("ready");
+        let pid = held.pid();
+        nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGSTOP).unwrap();
+        drop(held);
+        assert!(!unreaped(pid));
         assert!(!ran.exists());
     }
 
@@ -839,6 +880,7 @@ mod tests {
         let error = held.ready().expect_err("no such directory").to_string();
         assert!(error.contains("No such file or directory"), "{error}");
         assert!(!unreaped(pid));
+        assert!(held.ready().is_err(), "a child gone is not ready");
         assert!(held.release().is_err(), "a child gone is not released");
         assert!(!ran.exists());
     }

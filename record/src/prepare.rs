@@ -146,7 +146,7 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     // Forked now, while proftap is small (a fork copies its page tables),
     // to get ready while the symbols are read; it runs nothing of the
     // program before the recording releases it, and ends if it never does.
-    let held = match &spec {
+    let mut held = match &spec {
         TargetSpec::Launch { path, argv, launch } => Some(target::spawn_held(path, argv, launch)?),
         TargetSpec::Attach { .. } => None,
     };
@@ -182,6 +182,10 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     };
     observer.event(RecordEvent::StepEnded);
     options.build_id = chosen.build_id;
+    // Said now rather than once the probes are opened (a working directory gone).
+    if let Some(child) = held.as_mut() {
+        child.ready()?;
+    }
     Ok(Prepared { functions: chosen.functions, spec, held, options, exit_mode: chosen.exit_mode, saver: None })
 }
 

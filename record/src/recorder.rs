@@ -481,7 +481,15 @@ fn start(
             // Before the program goes: it may run a while before proftap does.
             let started_ns = monotonic_ns();
             child.release()?;
-            let (tracing, notes, refused) = if inject { patch_at_start(pid, patch)? } else { (None, Vec::new(), Vec::new()) };
+            let (tracing, notes, refused) = match inject.then(|| patch_at_start(pid, patch)) {
+                Some(Ok(patched)) => patched,
+                Some(Err(e)) => {
+                    // Not left to run unrecorded after proftap said it failed.
+                    child.kill();
+                    return Err(e);
+                }
+                None => (None, Vec::new(), Vec::new()),
+            };
             let command = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
             Ok(Started { pid, child: Some(child), command, attached: false, started_ns, threads: Vec::new(), tracing, notes, refused })
         }
