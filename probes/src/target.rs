@@ -106,8 +106,8 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
         env.as_ref().map(|env| env.iter().map(|e| e.as_ptr()).chain(std::iter::once(std::ptr::null())).collect());
 
     // SAFETY: the child only calls async-signal-safe functions (prctl,
-    // signal, sigprocmask, chdir, read, execv(e), write, _exit) on data
-    // prepared before the fork.
+    // open, dup2, close, signal, chdir, read, execv(e), write, _exit) on
+    // data prepared before the fork.
     match unsafe { nix::unistd::fork() }.map_err(system("cannot fork"))? {
         ForkResult::Child => {
             drop(go_write);
@@ -133,6 +133,10 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
                 if fd < 0 || unsafe { libc::dup2(fd, 1) } < 0 {
                     fail(Errno::last_raw());
                 }
+                if fd != 1 {
+                    // SAFETY: closing the descriptor just opened, now on 1 too.
+                    unsafe { libc::close(fd) };
+                }
             }
             if let Some(dir) = &cwd {
                 // SAFETY: a NUL-terminated path.
@@ -140,16 +144,12 @@ pub fn spawn_held(path: &Path, argv: &[OsString], launch: &Launch) -> Result<Hel
                     fail(Errno::last_raw());
                 }
             }
-            // The program starts as it would from a shell: the Rust
-            // runtime ignores SIGPIPE (an ignored signal stays ignored across
-            // exec), and no signal blocked (as std::process::Command does).
-            // SAFETY: plain system calls on a local, initialised set.
-            unsafe {
-                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                let mut none: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut none);
-                libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-            }
+            // The Rust runtime ignores SIGPIPE, and an ignored signal
+            // stays ignored across exec: the program would fail its writes
+            // to a closed pipe instead of ending. (The signal mask is the
+            // user's, passed on as a shell passes it: proftap blocks none.)
+            // SAFETY: a plain system call.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
             let mut byte = [0u8; 1];
             // Ready to be traced; then wait to be released.
             // SAFETY: writing a local buffer to an open fd, then closing it.
@@ -234,11 +234,14 @@ impl HeldChild {
     /// Ends a child that was never released (as dropping it does).
     pub fn abandon(self) {}
 
-    /// Ends the child, released or not, and reaps it.
+    /// Ends the child, released or not, and reaps it; nothing if a wait
+    /// for a ptrace stop reaped it already (its pid may be another's now).
     pub fn kill(mut self) {
         self.go = None;
-        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = waitpid(self.pid, None);
+        if matches!(try_reap(self.pid.as_raw()), Ok(None)) {
+            let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
+            while matches!(wait_raw(self.pid, 0), Ok((_, status)) if !libc::WIFEXITED(status) && !libc::WIFSIGNALED(status)) {}
+        }
     }
 
     /// Ends and reaps the child, if it was never released: it has run
@@ -883,6 +886,23 @@ mod tests {
         assert!(held.ready().is_err(), "a child gone is not ready");
         assert!(held.release().is_err(), "a child gone is not released");
         assert!(!ran.exists());
+    }
+
+    #[test]
+    fn a_released_child_killed_is_ended_and_reaped_and_one_reaped_already_is_left_alone() {
+        let argv: Vec<OsString> = vec!["sleep".into(), "60".into()];
+        let mut held = spawn_held(Path::new("/bin/sleep"), &argv, &Launch::default()).expect("forked");
+        held.release().expect("released");
+        let pid = held.pid();
+        let started = std::time::Instant::now();
+        held.kill();
+        assert!(!unreaped(pid));
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "waited for the program to end by itself");
+        let dir = tempfile::tempdir().unwrap();
+        let mut held = held_touch(&dir.path().join("ran"), &Launch::default());
+        held.release().expect("released");
+        waitpid(Pid::from_raw(held.pid()), None).expect("reaped here");
+        held.kill();
     }
 
     #[test]
