@@ -236,14 +236,19 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
         ids.entry(f.name.clone()).or_insert(i as u32);
     }
     let mut givers = HashSet::new();
+    // Made for a thread when one of its functions first gives time back: a
+    // large program's tree has a hundred thousand contexts and more.
+    let mut indexes: HashMap<usize, TreeIndex> = HashMap::new();
     for held in &samples.throttled.held {
         let Some(&function) = ids.get(&held.name) else { continue };
-        let Some(thread) = threads.iter_mut().find(|t| t.tid == held.tid) else { continue };
+        let Some(at) = threads.iter().position(|t| t.tid == held.tid) else { continue };
+        let thread = &mut threads[at];
         let ns = samples.estimated_ns(held.samples);
         let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function) else { continue };
         let calls = stats.calls;
+        let index = indexes.entry(at).or_insert_with(|| TreeIndex::of(&thread.tree));
+        let holders: &[usize] = index.holders.get(&function).map_or(&[], Vec::as_slice);
         let nodes = &mut thread.tree.nodes;
-        let holders: Vec<usize> = (1..nodes.len()).filter(|&i| nodes[i].function == function && !nodes[i].estimated).collect();
         // What each holding context gives back, per metric.
         let mut given = vec![vec![0u64; metrics.len()]; holders.len()];
         for &m in &times {
@@ -259,13 +264,50 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
             }
         }
         if let Some(callee) = callee_id(held, &mut ids, functions, samples) {
+            let holders = holders.to_vec();
             for (&i, time) in holders.iter().zip(&given).filter(|(_, t)| t.iter().any(|&v| v > 0)) {
-                add_estimated(&mut thread.tree, i as u32, callee, time);
+                index.add_estimated(&mut thread.tree, i as u32, callee, time);
             }
         }
         givers.insert(function);
     }
     givers.len() as u64
+}
+
+/// Where a thread's call tree holds each function's measured contexts,
+/// and the estimated node of each callee under a context.
+struct TreeIndex {
+    holders: HashMap<u32, Vec<usize>>,
+    estimated: HashMap<(u32, u32), usize>,
+}
+
+impl TreeIndex {
+    fn of(tree: &CallTree) -> TreeIndex {
+        let (mut holders, mut estimated) = (HashMap::<u32, Vec<usize>>::new(), HashMap::new());
+        for (i, node) in tree.nodes.iter().enumerate().skip(1) {
+            match node.estimated {
+                false => holders.entry(node.function).or_default().push(i),
+                true => {
+                    estimated.entry((node.parent, node.function)).or_insert(i);
+                }
+            }
+        }
+        TreeIndex { holders, estimated }
+    }
+
+    /// Adds `time` to the estimated node of `callee` under node `parent`,
+    /// made when there is none.
+    fn add_estimated(&mut self, tree: &mut CallTree, parent: u32, callee: u32, time: &[u64]) {
+        let at = *self.estimated.entry((parent, callee)).or_insert_with(|| {
+            let zero = vec![0; time.len()];
+            tree.nodes.push(TreeNode { function: callee, parent, calls: 0, inclusive: zero.clone(), exclusive: zero, estimated: true });
+            tree.nodes.len() - 1
+        });
+        let node = &mut tree.nodes[at];
+        for (values, &t) in [&mut node.inclusive, &mut node.exclusive].into_iter().flat_map(|v| v.iter_mut().zip(time)) {
+            *values = values.saturating_add(t);
+        }
+    }
 }
 
 /// Takes up to `ns` out of the exclusive cost `stat` of `calls` calls;
@@ -303,21 +345,6 @@ fn callee_id(
     functions.push(FunctionInfo { name: name.clone(), module: frame.module.clone(), mode: Mode::Sampled, ..FunctionInfo::default() });
     ids.insert(name.clone(), id);
     Some(id)
-}
-
-/// Adds `time` to the estimated node of `callee` under node `parent`,
-/// made when there is none.
-fn add_estimated(tree: &mut CallTree, parent: u32, callee: u32, time: &[u64]) {
-    let found = tree.nodes.iter().position(|n| n.estimated && n.parent == parent && n.function == callee);
-    let at = found.unwrap_or_else(|| {
-        let zero = vec![0; time.len()];
-        tree.nodes.push(TreeNode { function: callee, parent, calls: 0, inclusive: zero.clone(), exclusive: zero, estimated: true });
-        tree.nodes.len() - 1
-    });
-    let node = &mut tree.nodes[at];
-    for (values, &t) in [&mut node.inclusive, &mut node.exclusive].into_iter().flat_map(|v| v.iter_mut().zip(time)) {
-        *values = values.saturating_add(t);
-    }
 }
 
 /// `flags` as long as `n`, what it lacks false.
@@ -515,6 +542,40 @@ fn region_records(regions: &[RegionSpec], aggregate: &Aggregate, engine: &[(u64,
 mod tests {
     use super::*;
     use crate::aggregate::Aggregator;
+
+    /// Estimated time goes to one node per context and callee, made once;
+    /// an estimated node holds no measured context.
+    #[test]
+    fn estimated_time_goes_to_one_node_per_context_and_callee() {
+        let node = |function: u32, parent: u32, estimated: bool| TreeNode {
+            function,
+            parent,
+            calls: u64::from(!estimated),
+            inclusive: vec![100],
+            exclusive: vec![100],
+            estimated,
+        };
+        // Root; f (1) under it; g (2) under f; f again under g (3); an
+        // estimated h under that f (4).
+        let mut tree = CallTree {
+            nodes: vec![
+                node(proftap_profile::ROOT, proftap_profile::ROOT, false),
+                node(1, 0, false),
+                node(2, 1, false),
+                node(1, 2, false),
+                node(3, 3, true),
+            ],
+        };
+        let mut index = TreeIndex::of(&tree);
+        assert_eq!(index.holders[&1], vec![1, 3]);
+        assert!(!index.holders.contains_key(&3), "an estimated node measures no call");
+        index.add_estimated(&mut tree, 3, 3, &[5]);
+        index.add_estimated(&mut tree, 1, 3, &[7]);
+        index.add_estimated(&mut tree, 1, 3, &[1]);
+        assert_eq!(tree.nodes.len(), 6, "one node added, for h under the first f");
+        assert_eq!((tree.nodes[4].inclusive[0], tree.nodes[4].exclusive[0]), (105, 105));
+        assert_eq!(tree.nodes[5], TreeNode { inclusive: vec![8], exclusive: vec![8], ..node(3, 1, true) });
+    }
 
     /// Time taken out of a function's exclusive cost leaves its least and
     /// largest call within what is left.
