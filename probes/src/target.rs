@@ -197,12 +197,18 @@ impl HeldChild {
         if nix::unistd::read(&ready, &mut byte).unwrap_or(0) == 1 {
             return Ok(());
         }
-        let mut errno = [0u8; 4];
-        let n = nix::unistd::read(&self.exec_error, &mut errno).unwrap_or(0);
+        let source = self.reported_error().unwrap_or_else(|| io::ErrorKind::Other.into());
         self.go = None;
         let _ = waitpid(self.pid, None);
-        let source = if n == 4 { io::Error::from_raw_os_error(i32::from_ne_bytes(errno)) } else { io::ErrorKind::Other.into() };
         Err(TargetError::Exec { path: self.path.clone(), source })
+    }
+
+    /// The error the child wrote before it exited (one that could not get
+    /// ready, or execute the program); none when its pipe closed on exec.
+    fn reported_error(&self) -> Option<io::Error> {
+        let mut errno = [0u8; 4];
+        let n = nix::unistd::read(&self.exec_error, &mut errno).unwrap_or(0);
+        (n == 4).then(|| io::Error::from_raw_os_error(i32::from_ne_bytes(errno)))
     }
 
     /// The child's pid.
@@ -221,18 +227,12 @@ impl HeldChild {
             return Err(system("cannot start the command")(e));
         }
         drop(go);
-        let mut errno = [0u8; 4];
-        // EOF: exec succeeded and closed the pipe.
-        let n = nix::unistd::read(&self.exec_error, &mut errno).unwrap_or(0);
-        if n == 4 {
+        if let Some(source) = self.reported_error() {
             let _ = waitpid(self.pid, None);
-            return Err(TargetError::Exec { path: self.path.clone(), source: io::Error::from_raw_os_error(i32::from_ne_bytes(errno)) });
+            return Err(TargetError::Exec { path: self.path.clone(), source });
         }
         Ok(())
     }
-
-    /// Ends a child that was never released (as dropping it does).
-    pub fn abandon(self) {}
 
     /// Ends the child, released or not, and reaps it; nothing if a wait
     /// for a ptrace stop reaped it already (its pid may be another's now).

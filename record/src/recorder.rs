@@ -466,16 +466,13 @@ fn start(
                 None => target::spawn_held(path, argv, launch)?,
             };
             child.ready()?;
-            if let Err(e) = uprobes.open_launched(child.pid()) {
-                child.abandon();
-                return Err(e);
-            }
+            // A failure drops the child, ended unrun.
+            uprobes.open_launched(child.pid())?;
             let pid = child.pid();
             options.observer.event(RecordEvent::Started { pid, functions: functions.len() as u64, attached: false });
             if inject
                 && let Err(e) = nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC)
             {
-                child.abandon();
                 return Err(RecordError::Unsupported(format!("cannot trace the launched program to patch it: {e}")));
             }
             // Before the program goes: it may run a while before proftap does.
