@@ -276,7 +276,7 @@ fn finding_sentence(finding: &Finding) -> String {
             if pids.len() == 1 { "it" } else { "they" },
         ),
         Finding::ThrottledTimeReleased { functions } => format!(
-            "the exclusive times of {} exclude what their callees not instrumented took (throttled ones after their probes were removed, and libraries'): estimated from samples, shown under \"Throttled functions\" and \"Sampled only\"",
+            "the exclusive times of {} exclude what their callees not instrumented took (throttled ones after their probes were removed, and libraries'): estimated from samples (from a caller's own samples where it has fewer than its callees), shown under \"Throttled functions\" and \"Sampled only\"",
             counted(*functions, "function", "functions")
         ),
         Finding::ChildNotRead { pid, error } => {

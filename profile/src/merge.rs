@@ -290,10 +290,25 @@ impl Throttled {
         for theirs in &other.held {
             let key = key(theirs);
             match held.get(&key) {
-                Some(&i) => self.held[i].samples = self.held[i].samples.saturating_add(theirs.samples),
+                Some(&i) => {
+                    let ours = &mut self.held[i];
+                    ours.samples = ours.samples.saturating_add(theirs.samples);
+                    // Known in both, or estimated from the samples in both.
+                    ours.taken_ns = ours.taken_ns.zip(theirs.taken_ns).map(|(a, b)| a.saturating_add(b));
+                }
                 None => {
                     held.insert(key, self.held.len());
                     self.held.push(theirs.clone());
+                }
+            }
+        }
+        let mut kept: HashMap<(i32, String), usize> = self.kept.iter().enumerate().map(|(i, k)| ((k.tid, k.name.clone()), i)).collect();
+        for theirs in &other.kept {
+            match kept.get(&(theirs.tid, theirs.name.clone())) {
+                Some(&i) => self.kept[i].samples = self.kept[i].samples.saturating_add(theirs.samples),
+                None => {
+                    kept.insert((theirs.tid, theirs.name.clone()), self.kept.len());
+                    self.kept.push(theirs.clone());
                 }
             }
         }
@@ -322,7 +337,7 @@ fn merge_by_function(ours: &mut Vec<ThrottledSamples>, theirs: &[ThrottledSample
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{CallTree, FunctionInfo, FunctionStats, LineRecord, Target, ThreadProfile};
+    use crate::model::{CallTree, FunctionInfo, FunctionStats, KeptSamples, LineRecord, Target, ThreadProfile};
     use crate::stats::Stat;
 
     fn profile(build: &str, function: &str, calls: u64, line_count: u64) -> Profile {
@@ -488,5 +503,30 @@ mod tests {
         assert_eq!(count(&["main", "g"]), Some(5));
         // Throttled in one run: its calls are a lower bound in the sum too.
         assert_eq!(a.functions[0].mode, Mode::Throttled);
+    }
+
+    /// What callers held and kept adds up by thread and caller (and
+    /// callee); the time given back is known in the sum only if it was in
+    /// both runs.
+    #[test]
+    fn held_and_kept_samples_add_up() {
+        let held = |callee: &str, samples, taken_ns| HeldSamples {
+            tid: 7,
+            name: "main".into(),
+            callee: callee.into(),
+            callee_module: "/bin/prog".into(),
+            samples,
+            taken_ns,
+        };
+        let kept = |tid, samples| KeptSamples { tid, name: "main".into(), samples };
+        let mut a = Throttled { held: vec![held("f", 2, Some(5)), held("g", 1, None)], kept: vec![kept(7, 3)], ..Throttled::default() };
+        let b = Throttled {
+            held: vec![held("g", 4, Some(1)), held("f", 1, Some(2))],
+            kept: vec![kept(8, 1), kept(7, 2)],
+            ..Throttled::default()
+        };
+        a.merge(&b);
+        assert_eq!(a.held, vec![held("f", 3, Some(7)), held("g", 5, None)]);
+        assert_eq!(a.kept, vec![kept(7, 5), kept(8, 1)]);
     }
 }

@@ -159,6 +159,10 @@ pub struct Throttled {
     /// instrumented was timed: by thread and caller, what that caller's
     /// measured exclusive time holds of its callees' time.
     pub held: Vec<HeldSamples>,
+    /// By thread and caller in `held`: the samples its exclusive time
+    /// keeps (its own code's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<KeptSamples>,
 }
 
 impl Throttled {
@@ -199,6 +203,24 @@ pub struct HeldSamples {
     /// name (`memcpy`) are two ("" in files written before it was kept).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub callee_module: String,
+    /// How many.
+    pub samples: u64,
+    /// The time taken out of the caller's exclusive CPU time for them:
+    /// their estimate, or, where the caller's own samples are fewer than
+    /// all it holds, its share of what the caller measured beyond its own
+    /// samples' estimate (none in files written before it was kept: the
+    /// samples' estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_ns: Option<u64>,
+}
+
+/// Samples in a caller's own code, which its exclusive time keeps.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptSamples {
+    /// The thread.
+    pub tid: i32,
+    /// The caller.
+    pub name: String,
     /// How many.
     pub samples: u64,
 }

@@ -196,7 +196,8 @@ fn check_samples(samples: &SampleProfile, names: &mut NameBudget) -> Check {
     }
     let throttled = &samples.throttled;
     let by_function = throttled.functions.iter().chain(&throttled.untimed).map(|t| &t.name);
-    for name in by_function.chain(throttled.held.iter().map(|h| &h.name)) {
+    let held = throttled.held.iter().flat_map(|h| [&h.name, &h.callee, &h.callee_module]);
+    for name in by_function.chain(held).chain(throttled.kept.iter().map(|k| &k.name)) {
         names.add(name.len() as u64)?;
     }
     Ok(())

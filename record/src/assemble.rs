@@ -139,7 +139,7 @@ pub struct Ending {
 }
 
 /// The profile of a recording.
-pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleProfile>, ending: &Ending) -> Profile {
+pub fn assemble(setup: &Setup, mut aggregate: Aggregate, mut samples: Option<SampleProfile>, ending: &Ending) -> Profile {
     let metrics = setup.metrics.len();
     // The kernel reports a loss as a record only when it next writes to the
     // buffer; the events' own counts also include losses it never reported.
@@ -147,7 +147,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, samples: Option<SampleP
     aggregate.lost.events = aggregate.lost.events.max(known);
     merge_threads(&mut aggregate.threads, &ending.engine_threads);
     let mut functions = functions(setup, &aggregate.throttled, ending);
-    let released = samples.as_ref().map_or(0, |samples| release_held_time(&setup.metrics, &mut functions, &mut aggregate.threads, samples));
+    let released = samples.as_mut().map_or(0, |samples| release_held_time(&setup.metrics, &mut functions, &mut aggregate.threads, samples));
     // An entry and a return each, as a probe would have reported them.
     aggregate.hits = aggregate.hits.saturating_add(ending.engine_calls.saturating_mul(2));
     let mut notes = notes(setup, &aggregate, ending);
@@ -227,9 +227,15 @@ fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: &[ThreadProfile]) {
 /// estimated node of the callee under each calling context that gave it
 /// (a function never instrumented is added to `functions`, sampled), so
 /// that the tree adds up too. Returns how many functions gave time back.
-fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, threads: &mut [ThreadProfile], samples: &SampleProfile) -> u64 {
+fn release_held_time(
+    metrics: &[String],
+    functions: &mut Vec<FunctionInfo>,
+    threads: &mut [ThreadProfile],
+    samples: &mut SampleProfile,
+) -> u64 {
     let times: Vec<usize> =
         metrics.iter().enumerate().filter(|(_, m)| m.as_str() == "wall_ns" || m.as_str() == "cpu_ns").map(|(i, _)| i).collect();
+    let cpu = metrics.iter().position(|m| m == "cpu_ns");
     // By name: a kernel function's ends in `_[k]`, no program's does.
     let mut ids: HashMap<String, u32> = HashMap::new();
     for (i, f) in functions.iter().enumerate() {
@@ -241,11 +247,13 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
     // running a benchmark, 28,000): searched whole for each context given
     // time, they took tens of milliseconds.
     let mut indexes: HashMap<usize, TreeIndex> = HashMap::new();
-    for held in &samples.throttled.held {
+    let shares = held_shares(cpu, &ids, threads, samples);
+    let mut held_samples = std::mem::take(&mut samples.throttled.held);
+    for (held, share) in held_samples.iter_mut().zip(shares) {
         let Some(&function) = ids.get(&held.name) else { continue };
         let Some(at) = threads.iter().position(|t| t.tid == held.tid) else { continue };
         let thread = &mut threads[at];
-        let ns = samples.estimated_ns(held.samples);
+        let ns = share.unwrap_or_else(|| samples.estimated_ns(held.samples));
         let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function) else { continue };
         let calls = stats.calls;
         let index = indexes.entry(at).or_insert_with(|| TreeIndex::of(&thread.tree));
@@ -256,6 +264,9 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
         for &m in &times {
             let Some(exclusive) = stats.exclusive.get_mut(m) else { continue };
             let taken = take_out(exclusive, calls, ns);
+            if cpu.is_none_or(|cpu| cpu == m) {
+                held.taken_ns = Some(taken);
+            }
             let all: u64 = holders.iter().map(|&i| nodes[i].exclusive.get(m).copied().unwrap_or(0)).sum();
             for (k, &i) in holders.iter().enumerate() {
                 if let Some(v) = nodes[i].exclusive.get_mut(m) {
@@ -273,7 +284,44 @@ fn release_held_time(metrics: &[String], functions: &mut Vec<FunctionInfo>, thre
         }
         givers.insert(function);
     }
+    samples.throttled.held = held_samples;
     givers.len() as u64
+}
+
+/// Per held sample count, the time to take out of its holder's exclusive
+/// time, where the holder's own samples tell it better than the held
+/// samples' estimate (none elsewhere). The time a holder keeps is what it
+/// measured less what it gives: its callees' time estimated from their
+/// samples leaves it a difference of two large numbers, which swings by
+/// the noise of the larger count. Where its own samples are fewer, its
+/// time is estimated from them instead and the rest of what it measured
+/// is shared among its callees by their samples: the smaller count's
+/// noise, as perf's self samples have it.
+fn held_shares(cpu: Option<usize>, ids: &HashMap<String, u32>, threads: &[ThreadProfile], samples: &SampleProfile) -> Vec<Option<u64>> {
+    let held = &samples.throttled.held;
+    let Some(cpu) = cpu else { return vec![None; held.len()] };
+    let mut holding: HashMap<(i32, &str), u64> = HashMap::new();
+    for h in held {
+        *holding.entry((h.tid, h.name.as_str())).or_default() += h.samples;
+    }
+    let kept: HashMap<(i32, &str), u64> = samples.throttled.kept.iter().map(|k| ((k.tid, k.name.as_str()), k.samples)).collect();
+    let measured = |tid: i32, name: &str| {
+        let function = *ids.get(name)?;
+        let thread = threads.iter().find(|t| t.tid == tid)?;
+        let stats = thread.functions.iter().find(|s| s.function == function)?;
+        Some(stats.exclusive.get(cpu)?.total)
+    };
+    held.iter()
+        .map(|h| {
+            let all = holding[&(h.tid, h.name.as_str())];
+            let own = kept.get(&(h.tid, h.name.as_str())).copied().unwrap_or(0);
+            if own >= all {
+                return None;
+            }
+            let beyond_own = measured(h.tid, &h.name)?.saturating_sub(samples.estimated_ns(own));
+            Some((u128::from(beyond_own) * u128::from(h.samples) / u128::from(all)) as u64)
+        })
+        .collect()
 }
 
 /// Where a thread's call tree holds each function's measured contexts,
@@ -544,6 +592,7 @@ fn region_records(regions: &[RegionSpec], aggregate: &Aggregate, engine: &[(u64,
 mod tests {
     use super::*;
     use crate::aggregate::Aggregator;
+    use proftap_profile::{FunctionStats, KeptSamples, SampledFrame, Stat, Throttled};
 
     /// Estimated time goes to one node per context and callee, made once;
     /// an estimated node holds no measured context.
@@ -577,6 +626,81 @@ mod tests {
         assert_eq!(tree.nodes.len(), 6, "one node added, for h under the first f");
         assert_eq!((tree.nodes[4].inclusive[0], tree.nodes[4].exclusive[0]), (105, 105));
         assert_eq!(tree.nodes[5], TreeNode { inclusive: vec![8], exclusive: vec![8], ..node(3, 1, true) });
+    }
+
+    /// A caller holding 300 ms of callees it no longer times: with 250
+    /// samples in them and 5 in its own code, its own time is what its 5
+    /// samples say, not 300 ms less the estimate of 250 (which swings by
+    /// tens of ms); the rest is its callees', shared by their samples,
+    /// and what each gave is said. With more samples of its own than
+    /// held, the held samples' estimate is taken out as before.
+    #[test]
+    fn a_caller_keeps_what_the_smaller_count_of_samples_says() {
+        let ms = 1_000_000;
+        let stat = |total: u64| Stat { total, min: total, max: total };
+        let thread = |exclusive: u64| {
+            let node = |function: u32, parent: u32, total: u64| TreeNode {
+                function,
+                parent,
+                calls: 1,
+                inclusive: vec![total; 2],
+                exclusive: vec![total; 2],
+                estimated: false,
+            };
+            ThreadProfile {
+                pid: 7,
+                tid: 7,
+                name: "prog".into(),
+                functions: vec![FunctionStats {
+                    function: 0,
+                    calls: 1,
+                    inclusive: vec![stat(exclusive); 2],
+                    exclusive: vec![stat(exclusive); 2],
+                    ..FunctionStats::default()
+                }],
+                tree: CallTree { nodes: vec![node(proftap_profile::ROOT, proftap_profile::ROOT, 0), node(0, 0, exclusive)] },
+            }
+        };
+        let held = |callee: &str, samples: u64| HeldSamples {
+            tid: 7,
+            name: "main".into(),
+            callee: callee.into(),
+            callee_module: "/bin/prog".into(),
+            samples,
+            taken_ns: None,
+        };
+        let sampled = |own: u64, a: u64, b: u64| SampleProfile {
+            frequency_hz: 1000,
+            frames: ["f", "g"].map(|name| SampledFrame { name: name.into(), module: "/bin/prog".into(), inlined: false }).to_vec(),
+            throttled: Throttled {
+                held: vec![held("f", a), held("g", b)],
+                kept: vec![KeptSamples { tid: 7, name: "main".into(), samples: own }],
+                ..Throttled::default()
+            },
+            ..SampleProfile::default()
+        };
+        let function = |name: &str| FunctionInfo { name: name.into(), module: "/bin/prog".into(), ..FunctionInfo::default() };
+        let metrics = ["wall_ns".to_string(), "cpu_ns".to_string()];
+        let release = |samples: &mut SampleProfile, exclusive: u64| {
+            let (mut functions, mut threads) = (vec![function("main"), function("f")], vec![thread(exclusive)]);
+            assert_eq!(release_held_time(&metrics, &mut functions, &mut threads, samples), 1);
+            let thread = threads.remove(0);
+            let under_main: Vec<(String, u64)> =
+                (thread.tree.nodes.iter().skip(2)).map(|n| (functions[n.function as usize].name.clone(), n.exclusive[1])).collect();
+            (thread.functions[0].exclusive[1].total, thread.tree.nodes[1].exclusive[1], under_main)
+        };
+
+        let mut few_own = sampled(5, 200, 50);
+        let (kept, node_kept, under_main) = release(&mut few_own, 300 * ms);
+        assert_eq!((kept, node_kept), (5 * ms, 5 * ms));
+        assert_eq!(under_main, vec![("f".to_string(), 236 * ms), ("g".to_string(), 59 * ms)]);
+        let taken: Vec<Option<u64>> = few_own.throttled.held.iter().map(|h| h.taken_ns).collect();
+        assert_eq!(taken, vec![Some(236 * ms), Some(59 * ms)]);
+
+        let mut most_own = sampled(60, 20, 30);
+        let (kept, _, under_main) = release(&mut most_own, 110 * ms);
+        assert_eq!(kept, 60 * ms, "110 ms less the 50 held");
+        assert_eq!(under_main, vec![("f".to_string(), 20 * ms), ("g".to_string(), 30 * ms)]);
     }
 
     /// Time taken out of a function's exclusive cost leaves its least and

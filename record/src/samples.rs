@@ -4,7 +4,7 @@
 use proftap_probes::inject::hooks::puts_returns_back;
 use proftap_probes::sampling::{FORK_FRAME, PROBE_OVERHEAD_FRAME, ResolvedStack};
 use proftap_probes::symbols::KERNEL_IMAGE;
-use proftap_profile::{HeldSamples, SampleProfile, SampledFrame, SampledLine, SampledStack, Throttled, ThrottledSamples};
+use proftap_profile::{HeldSamples, KeptSamples, SampleProfile, SampledFrame, SampledLine, SampledStack, Throttled, ThrottledSamples};
 use rustc_hash::FxHashMap;
 use std::collections::{HashMap, HashSet};
 
@@ -38,6 +38,9 @@ pub struct SampleAggregator {
     /// By (thread, caller still instrumented, callee and its module):
     /// samples the caller's exclusive time holds.
     held: HashMap<(i32, String, (String, String)), u64>,
+    /// By (thread, function timed): samples in its own code, which its
+    /// exclusive time keeps.
+    kept: HashMap<(i32, String), u64>,
     /// Each sample's process, thread, time and frames, for a timeline.
     timed: Option<Vec<(SampleTime, Vec<u32>)>>,
     /// Samples in the in-process engine's counting stubs.
@@ -97,6 +100,7 @@ impl SampleAggregator {
             patched_functions: HashSet::new(),
             untimed: HashMap::new(),
             held: HashMap::new(),
+            kept: HashMap::new(),
             timed: None,
             in_counting_stubs: 0,
             patched: HashSet::new(),
@@ -289,7 +293,11 @@ impl SampleAggregator {
                 untimed.entry(innermost.name.clone()).or_default().own += 1;
                 innermost
             }
-            _ => return,
+            Some(&(innermost, _)) => {
+                *self.kept.entry((tid, innermost.name.clone())).or_default() += 1;
+                return;
+            }
+            None => return,
         };
         if let Some(holder) = holder {
             *self.held.entry((tid, holder.clone(), (owner.name.clone(), owner.module.clone()))).or_default() += 1;
@@ -336,9 +344,20 @@ impl SampleAggregator {
                 callee: callee.clone(),
                 callee_module: callee_module.clone(),
                 samples,
+                taken_ns: None,
             })
             .collect();
         held.sort_by(|a, b| (a.tid, &a.name, &a.callee, &a.callee_module).cmp(&(b.tid, &b.name, &b.callee, &b.callee_module)));
+        // Only a holder's: what its exclusive time keeps tells how much of
+        // the rest is its callees'.
+        let holders: HashSet<(i32, &str)> = held.iter().map(|h| (h.tid, h.name.as_str())).collect();
+        let mut kept: Vec<KeptSamples> = self
+            .kept
+            .iter()
+            .filter(|((tid, name), _)| holders.contains(&(*tid, name.as_str())))
+            .map(|((tid, name), &samples)| KeptSamples { tid: *tid, name: name.clone(), samples })
+            .collect();
+        kept.sort_by(|a, b| (a.tid, &a.name).cmp(&(b.tid, &b.name)));
         SampleProfile {
             event: self.event.clone(),
             frequency_hz: self.frequency_hz,
@@ -346,7 +365,7 @@ impl SampleAggregator {
             frames: self.frames.clone(),
             stacks,
             lines,
-            throttled: Throttled { functions, untimed, held },
+            throttled: Throttled { functions, untimed, held, kept },
             in_counting_stubs: self.in_counting_stubs,
         }
     }
@@ -409,8 +428,14 @@ mod tests {
         let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.self_samples, t.total_samples));
         assert_eq!(of("tiny"), Some((1, 1)));
         assert_eq!(of("outer"), Some((1, 2)));
-        let held =
-            |callee: &str| HeldSamples { tid: 7, name: "main".into(), callee: callee.into(), callee_module: "/bin/p".into(), samples: 1 };
+        let held = |callee: &str| HeldSamples {
+            tid: 7,
+            name: "main".into(),
+            callee: callee.into(),
+            callee_module: "/bin/p".into(),
+            samples: 1,
+            taken_ns: None,
+        };
         assert_eq!(throttled.held, vec![held("outer"), held("tiny")]);
         // outer's calls no longer counted either: the samples since are told apart.
         samples.uncounted(&[1]);
@@ -532,8 +557,14 @@ mod tests {
         samples.add(7, &in_inner_emit);
         samples.add(7, &in_outer_emit);
         let throttled = samples.profile().throttled;
-        let held =
-            |callee: &str| HeldSamples { tid: 7, name: "emit".into(), callee: callee.into(), callee_module: "/bin/p".into(), samples: 1 };
+        let held = |callee: &str| HeldSamples {
+            tid: 7,
+            name: "emit".into(),
+            callee: callee.into(),
+            callee_module: "/bin/p".into(),
+            samples: 1,
+            taken_ns: None,
+        };
         assert_eq!(throttled.held, vec![held("emit"), held("match")]);
         let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.self_samples, t.total_samples));
         assert_eq!(of("match"), Some((1, 1)));
@@ -589,6 +620,7 @@ mod tests {
             callee: callee.into(),
             callee_module: module.into(),
             samples,
+            taken_ns: None,
         };
         assert_eq!(
             samples.profile().throttled.held,
@@ -614,18 +646,24 @@ mod tests {
             callee: callee.into(),
             callee_module: "/bin/p".into(),
             samples,
+            taken_ns: None,
         };
         let throttled = samples.profile().throttled;
         assert_eq!(throttled.held, vec![held("clear", "memset", 1)], "only memset's own sample is clear's to give back");
+        let kept = |name: &str, samples: u64| KeptSamples { tid: 7, name: name.into(), samples };
+        assert_eq!(throttled.kept, vec![kept("clear", 2)], "its own code's and the unnamed frame's; not the probes'");
         assert!(throttled.functions.is_empty());
         // clear throttled: main holds memset's time, clear has it in its total only.
         samples.throttle(&[1]);
         samples.add(7, &in_memset);
         // The probes' own time under clear is nobody's to give back.
         samples.add(7, &stack(&["main", "clear", "[probe overhead]"]));
+        samples.add(7, &stack(&["main", "clear"]));
+        samples.add(7, &stack(&["main"]));
         let throttled = samples.profile().throttled;
-        assert_eq!(throttled.held, vec![held("clear", "memset", 1), held("main", "memset", 1)]);
+        assert_eq!(throttled.held, vec![held("clear", "memset", 1), held("main", "clear", 1), held("main", "memset", 1)]);
+        assert_eq!(throttled.kept, vec![kept("clear", 2), kept("main", 1)], "clear's own code is main's to give back now");
         let clear = &throttled.functions[0];
-        assert_eq!((clear.name.as_str(), clear.self_samples, clear.total_samples), ("clear", 0, 2));
+        assert_eq!((clear.name.as_str(), clear.self_samples, clear.total_samples), ("clear", 1, 3));
     }
 }

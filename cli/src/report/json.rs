@@ -186,7 +186,8 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
             "callee": h.callee,
             "callee_module": h.callee_module,
             "samples": h.samples,
-            "ns": samples.estimated_ns(h.samples),
+            // What the caller gave back for them.
+            "ns": h.taken_ns.unwrap_or_else(|| samples.estimated_ns(h.samples)),
         })
     });
     object["throttled"] = Value::Array(samples.throttled.functions.iter().map(by_function).collect());
