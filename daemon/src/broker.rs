@@ -12,7 +12,7 @@ use proftap_record::host::{DefinedGroup, ExitMode, FileOffset, OffCpu, ProbeEven
 use proftap_record::observer::RecordEvent;
 use std::collections::HashMap;
 use std::io::{Read, Seek};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -35,6 +35,18 @@ pub struct User {
     pub gid: u32,
 }
 
+/// Puts descriptor `fd` on `target`, to stay open across an exec. A
+/// `dup2` onto itself does nothing, close-on-exec included: a socket made
+/// on `target` would close at the exec. Async-signal-safe.
+fn kept_across_exec_as(fd: RawFd, target: RawFd) -> std::io::Result<()> {
+    // SAFETY: plain system calls on descriptors.
+    let moved = unsafe { if fd == target { libc::fcntl(fd, libc::F_SETFD, 0) } else { libc::dup2(fd, target) } };
+    if moved < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Starts a worker for `user` and gives it `assignment` (with the user's
 /// standard streams, if any).
 pub fn spawn(user: User, assignment: &Assignment, stdio: &[OwnedFd]) -> std::io::Result<Worker> {
@@ -50,14 +62,10 @@ pub fn spawn(user: User, assignment: &Assignment, stdio: &[OwnedFd]) -> std::io:
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: between fork and exec only dup2, which is async-signal-safe.
+    // SAFETY: between fork and exec only dup2 and fcntl, which are
+    // async-signal-safe.
     unsafe {
-        command.pre_exec(move || {
-            if libc::dup2(theirs_fd, worker::CHANNEL_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        command.pre_exec(move || kept_across_exec_as(theirs_fd, worker::CHANNEL_FD));
     }
     let child = command.spawn()?;
     drop(theirs);
@@ -298,5 +306,26 @@ mod tests {
         assert!(check_definition(&[probe(0)], 1, usize::MAX, Some(10)).is_err());
         assert!(check_definition(&[probe(0); 3], 1, usize::MAX, None).is_ok(), "root has no limit");
         assert!(check_definition(&[probe(1)], 1, 0, None).expect_err("no such file").contains("not sent"));
+    }
+
+    fn closes_on_exec(fd: RawFd) -> bool {
+        // SAFETY: a plain system call on a descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert!(flags >= 0, "descriptor {fd} is open");
+        flags & libc::FD_CLOEXEC != 0
+    }
+
+    /// The worker's channel stays open across its exec wherever the
+    /// socket pair was made, on the channel's own number too.
+    #[test]
+    fn a_descriptor_is_kept_across_exec_on_its_own_number_or_another() {
+        let (a, b) = UnixStream::pair().unwrap();
+        assert!(closes_on_exec(a.as_raw_fd()) && closes_on_exec(b.as_raw_fd()));
+        kept_across_exec_as(a.as_raw_fd(), a.as_raw_fd()).unwrap();
+        assert!(!closes_on_exec(a.as_raw_fd()));
+        // Onto b's number: b is replaced by a copy of a, kept open.
+        kept_across_exec_as(a.as_raw_fd(), b.as_raw_fd()).unwrap();
+        assert!(!closes_on_exec(b.as_raw_fd()));
+        assert!(kept_across_exec_as(-1, b.as_raw_fd()).is_err());
     }
 }
