@@ -7,6 +7,10 @@ compare.py top REPORT.json
 compare.py calls CALLGRIND.OUT F1,F2,... REPORT.json
     each function's calls by proftap and by callgrind (CALLGRIND.OUT a
     directory: the sum of the out files in it, one per process).
+compare.py holder REPORT.json FUNCTION
+    a caller's exclusive CPU time as recorded, the samples in its own code,
+    and what taking only its callees' sample estimate out of what it
+    measured would have left it.
 """
 import json
 import os
@@ -82,5 +86,20 @@ def calls(callgrind, functions, report):
     print(f"    {equal} of {len(names)} equal, {p['lost']['events']} events lost")
 
 
+def holder(report, name):
+    p = json.load(open(report))
+    samples = p.get("samples") or {}
+    period = 1e9 / max(1, samples.get("frequency_hz", 1))
+    f = next(f for f in p["functions"] if f["name"] == name)
+    recorded = f["exclusive"]["cpu_ns"]["total"]
+    held = [h for h in samples.get("held_by_callers", []) if h["name"] == name]
+    taken = sum(h["ns"] for h in held)
+    estimate = sum(h["samples"] for h in held) * period
+    own = sum(k["samples"] for k in samples.get("kept_by_callers", []) if k["name"] == name)
+    print(f"{name}: exclusive CPU {recorded / 1e6:.1f} ms, {own} samples of its own, "
+          f"{sum(h['samples'] for h in held)} held; the held samples' estimate alone "
+          f"would have left {max(0, recorded + taken - estimate) / 1e6:.1f} ms")
+
+
 if __name__ == "__main__":
-    {"top": top, "calls": calls}[sys.argv[1]](*sys.argv[2:])
+    {"top": top, "calls": calls, "holder": holder}[sys.argv[1]](*sys.argv[2:])

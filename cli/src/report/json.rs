@@ -195,6 +195,9 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
     // probes were placed (an attach), or left untimed by the engine.
     object["untimed_calls"] = Value::Array(samples.throttled.untimed.iter().map(by_function).collect());
     object["held_by_callers"] = Value::Array(held.collect());
+    // The samples in those callers' own code, which their exclusive time keeps.
+    let kept = samples.throttled.kept.iter().map(|k| json!({"tid": k.tid, "name": k.name, "samples": k.samples}));
+    object["kept_by_callers"] = Value::Array(kept.collect());
     object
 }
 
