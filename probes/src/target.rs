@@ -227,11 +227,29 @@ impl HeldChild {
             return Err(system("cannot start the command")(e));
         }
         drop(go);
+        self.wait_for_exec();
         if let Some(source) = self.reported_error() {
             let _ = waitpid(self.pid, None);
             return Err(TargetError::Exec { path: self.path.clone(), source });
         }
         Ok(())
+    }
+
+    /// Waits until the released child executed the program, or failed to.
+    /// A child traced already stops for a signal that reaches it before
+    /// its exec, and would wait there for proftap, which would wait on the
+    /// exec pipe: such a signal is passed on as it came.
+    fn wait_for_exec(&self) {
+        let mut pipe = [libc::pollfd { fd: self.exec_error.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        loop {
+            // SAFETY: poll reads and writes the array it is given.
+            match unsafe { libc::poll(pipe.as_mut_ptr(), 1, 20) } {
+                0 => pass_on_signal_stop(self.pid),
+                n if n < 0 && Errno::last() == Errno::EINTR => {}
+                // Written to or closed; or a poll that failed, whose read says.
+                _ => return,
+            }
+        }
     }
 
     /// Ends the child, released or not, and reaps it; nothing if a wait
@@ -252,6 +270,26 @@ impl HeldChild {
             let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
             let _ = waitpid(self.pid, None);
         }
+    }
+}
+
+/// Resumes traced child `pid` with the signal it stopped for, if it is in
+/// such a stop; leaves any other stop (its exec's) to be waited for.
+fn pass_on_signal_stop(pid: Pid) {
+    // SAFETY: an all-zero siginfo_t is valid; waitid writes only it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let peek = libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
+    // SAFETY: as above.
+    if unsafe { libc::waitid(libc::P_PID, pid.as_raw() as libc::id_t, &mut info, peek) } != 0 {
+        return;
+    }
+    // SAFETY: waitid filled a child's state change, or nothing (pid 0).
+    let (from, code, status) = unsafe { (info.si_pid(), info.si_code, info.si_status()) };
+    // A ptrace event's stop has the event above the signal's number.
+    let signal_stop = from == pid.as_raw() && code == libc::CLD_TRAPPED && (1..=64).contains(&status) && status != libc::SIGTRAP;
+    if signal_stop && wait_raw(pid, libc::__WALL).is_ok() {
+        // SAFETY: PTRACE_CONT of our tracee, with the signal it stopped for.
+        unsafe { libc::ptrace(libc::PTRACE_CONT, pid.as_raw(), std::ptr::null_mut::<libc::c_void>(), status as libc::c_long) };
     }
 }
 
@@ -903,6 +941,26 @@ mod tests {
         held.release().expect("released");
         waitpid(Pid::from_raw(held.pid()), None).expect("reaped here");
         held.kill();
+    }
+
+    /// A signal that reaches a traced child before its exec stops it for
+    /// proftap: it is passed on, and the child goes on to its exec.
+    #[test]
+    fn a_traced_child_signalled_before_its_exec_is_not_left_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let mut held = held_touch(&ran, &Launch::default());
+        held.ready().expect("ready");
+        let pid = Pid::from_raw(held.pid());
+        nix::sys::ptrace::seize(pid, nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).expect("traced");
+        // Ignored by default, and reported to a tracer all the same.
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGWINCH).unwrap();
+        held.release().expect("released");
+        let exec = nix::sys::wait::WaitStatus::PtraceEvent(pid, nix::sys::signal::Signal::SIGTRAP, libc::PTRACE_EVENT_EXEC);
+        assert_eq!(waitpid(pid, None).expect("waited"), exec);
+        nix::sys::ptrace::detach(pid, None).expect("let go");
+        assert_eq!(waitpid(pid, None).expect("waited"), nix::sys::wait::WaitStatus::Exited(pid, 0));
+        assert!(ran.exists());
     }
 
     #[test]
