@@ -244,7 +244,9 @@ impl HeldChild {
         loop {
             // SAFETY: poll reads and writes the array it is given.
             match unsafe { libc::poll(pipe.as_mut_ptr(), 1, 20) } {
-                0 => pass_on_signal_stop(self.pid),
+                0 => {
+                    pass_on_signal_stop(self.pid);
+                }
                 n if n < 0 && Errno::last() == Errno::EINTR => {}
                 // Written to or closed; or a poll that failed, whose read says.
                 _ => return,
@@ -273,24 +275,54 @@ impl HeldChild {
     }
 }
 
+/// What [`pass_on_signal_stop`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum PassedOn {
+    /// The child was in no stop for a signal.
+    Nothing,
+    /// It had stopped for this signal, and was resumed with it.
+    Signal(i32),
+    /// It had stopped as a stop signal stops a process: it stays stopped
+    /// until a SIGCONT, as it would untraced.
+    GroupStop,
+    /// A SIGCONT ended such a stop: resumed.
+    Continued,
+}
+
 /// Resumes traced child `pid` with the signal it stopped for, if it is in
-/// such a stop; leaves any other stop (its exec's) to be waited for.
-fn pass_on_signal_stop(pid: Pid) {
+/// such a stop, and lets a stop signal stop it as it would stop it
+/// untraced (a tracee stopped so waits for its tracer, not for SIGCONT);
+/// leaves any other stop (its exec's) to be waited for.
+fn pass_on_signal_stop(pid: Pid) -> PassedOn {
     // SAFETY: an all-zero siginfo_t is valid; waitid writes only it.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     let peek = libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
     // SAFETY: as above.
     if unsafe { libc::waitid(libc::P_PID, pid.as_raw() as libc::id_t, &mut info, peek) } != 0 {
-        return;
+        return PassedOn::Nothing;
     }
     // SAFETY: waitid filled a child's state change, or nothing (pid 0).
     let (from, code, status) = unsafe { (info.si_pid(), info.si_code, info.si_status()) };
-    // A ptrace event's stop has the event above the signal's number.
-    let signal_stop = from == pid.as_raw() && code == libc::CLD_TRAPPED && (1..=64).contains(&status) && status != libc::SIGTRAP;
-    if signal_stop && wait_raw(pid, libc::__WALL).is_ok() {
-        // SAFETY: PTRACE_CONT of our tracee, with the signal it stopped for.
-        unsafe { libc::ptrace(libc::PTRACE_CONT, pid.as_raw(), std::ptr::null_mut::<libc::c_void>(), status as libc::c_long) };
+    if from != pid.as_raw() || code != libc::CLD_TRAPPED {
+        return PassedOn::Nothing;
     }
+    // A ptrace event's stop has the event above the signal's number (the
+    // exec's is SIGTRAP | PTRACE_EVENT_EXEC << 8).
+    let (request, passed, signal) = match (status >> 8, status & 0x7f) {
+        (0, signal) if signal > 0 => (libc::PTRACE_CONT, PassedOn::Signal(signal), signal),
+        (libc::PTRACE_EVENT_STOP, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU) => {
+            (libc::PTRACE_LISTEN, PassedOn::GroupStop, 0)
+        }
+        // A SIGCONT ended that stop: it stops once more, for its tracer alone.
+        (libc::PTRACE_EVENT_STOP, _) => (libc::PTRACE_CONT, PassedOn::Continued, 0),
+        _ => return PassedOn::Nothing,
+    };
+    if wait_raw(pid, libc::__WALL).is_err() {
+        return PassedOn::Nothing;
+    }
+    // SAFETY: a restart of our tracee, in the stop just taken.
+    unsafe { libc::ptrace(request, pid.as_raw(), std::ptr::null_mut::<libc::c_void>(), signal as libc::c_long) };
+    passed
 }
 
 /// Why a held child released, or gone, cannot be started.
@@ -943,23 +975,61 @@ mod tests {
         held.kill();
     }
 
-    /// A signal that reaches a traced child before its exec stops it for
-    /// proftap: it is passed on, and the child goes on to its exec.
-    #[test]
-    fn a_traced_child_signalled_before_its_exec_is_not_left_stopped() {
-        let dir = tempfile::tempdir().unwrap();
-        let ran = dir.path().join("ran");
-        let mut held = held_touch(&ran, &Launch::default());
+    /// A held child of `ran`, traced as a launch traces it.
+    fn held_traced(ran: &Path) -> (HeldChild, Pid) {
+        let mut held = held_touch(ran, &Launch::default());
         held.ready().expect("ready");
         let pid = Pid::from_raw(held.pid());
         nix::sys::ptrace::seize(pid, nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).expect("traced");
-        // Ignored by default, and reported to a tracer all the same.
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGWINCH).unwrap();
-        held.release().expect("released");
+        (held, pid)
+    }
+
+    fn executed_and_let_go(pid: Pid) {
         let exec = nix::sys::wait::WaitStatus::PtraceEvent(pid, nix::sys::signal::Signal::SIGTRAP, libc::PTRACE_EVENT_EXEC);
         assert_eq!(waitpid(pid, None).expect("waited"), exec);
         nix::sys::ptrace::detach(pid, None).expect("let go");
         assert_eq!(waitpid(pid, None).expect("waited"), nix::sys::wait::WaitStatus::Exited(pid, 0));
+    }
+
+    /// A signal that reaches a traced child before its exec stops it for
+    /// proftap: it is passed on as it came, and the child goes on to its
+    /// exec, or ends if the signal ends it.
+    #[test]
+    fn a_traced_child_signalled_before_its_exec_is_not_left_stopped() {
+        use nix::sys::signal::{Signal, kill};
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        // Ignored by default, and reported to a tracer all the same.
+        let (mut held, pid) = held_traced(&ran);
+        kill(pid, Signal::SIGWINCH).unwrap();
+        held.release().expect("released");
+        executed_and_let_go(pid);
+        assert!(ran.exists());
+
+        std::fs::remove_file(&ran).unwrap();
+        let (mut held, pid) = held_traced(&ran);
+        kill(pid, Signal::SIGUSR1).unwrap();
+        held.release().expect("released");
+        assert_eq!(waitpid(pid, None).expect("waited"), nix::sys::wait::WaitStatus::Signaled(pid, Signal::SIGUSR1, false));
+        assert!(!ran.exists(), "ended by the signal before its exec");
+
+        // Stopped as a stop signal stops it, until a SIGCONT.
+        let (mut held, pid) = held_traced(&ran);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        let mut passed = Vec::new();
+        while passed.last() != Some(&PassedOn::GroupStop) {
+            match pass_on_signal_stop(pid) {
+                PassedOn::Nothing => std::thread::yield_now(),
+                done => passed.push(done),
+            }
+        }
+        assert_eq!(passed, [PassedOn::Signal(libc::SIGSTOP), PassedOn::GroupStop]);
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        assert!(matches!(state, Some(Some('t' | 'T'))), "still stopped: {stat}");
+        kill(pid, Signal::SIGCONT).unwrap();
+        held.release().expect("released");
+        executed_and_let_go(pid);
         assert!(ran.exists());
     }
 
