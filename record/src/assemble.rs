@@ -296,7 +296,11 @@ fn release_held_time(
 /// the noise of the larger count. Where its own samples are fewer, its
 /// time is estimated from them instead and the rest of what it measured
 /// is shared among its callees by their samples: the smaller count's
-/// noise, as perf's self samples have it.
+/// noise, as perf's self samples have it. The rest may also hold time of
+/// the holder's that no sample sees (its kernel time where the kernel is
+/// not sampled, its callees' probes where their cost is not taken out):
+/// the callees get no more than their samples' estimate and twice its
+/// spread.
 fn held_shares(cpu: Option<usize>, ids: &HashMap<String, u32>, threads: &[ThreadProfile], samples: &SampleProfile) -> Vec<Option<u64>> {
     let held = &samples.throttled.held;
     let Some(cpu) = cpu else { return vec![None; held.len()] };
@@ -318,7 +322,9 @@ fn held_shares(cpu: Option<usize>, ids: &HashMap<String, u32>, threads: &[Thread
             if own >= all {
                 return None;
             }
-            let beyond_own = measured(h.tid, &h.name)?.saturating_sub(samples.estimated_ns(own));
+            let spread = 2.0 * (all as f64).sqrt() * samples.estimated_ns(1) as f64;
+            let most = samples.estimated_ns(all).saturating_add(spread as u64);
+            let beyond_own = measured(h.tid, &h.name)?.saturating_sub(samples.estimated_ns(own)).min(most);
             Some((u128::from(beyond_own) * u128::from(h.samples) / u128::from(all)) as u64)
         })
         .collect()
@@ -628,10 +634,10 @@ mod tests {
         assert_eq!(tree.nodes[5], TreeNode { inclusive: vec![8], exclusive: vec![8], ..node(3, 1, true) });
     }
 
-    /// A caller holding 300 ms of callees it no longer times: with 250
+    /// A caller holding 270 ms of callees it no longer times: with 250
     /// samples in them and 5 in its own code, its own time is what its 5
-    /// samples say, not 300 ms less the estimate of 250 (which swings by
-    /// tens of ms); the rest is its callees', shared by their samples,
+    /// samples say, not 270 ms less the estimate of 250 (which swings by
+    /// the noise of 250); the rest is its callees', shared by their samples,
     /// and what each gave is said. With more samples of its own than
     /// held, the held samples' estimate is taken out as before.
     #[test]
@@ -691,11 +697,18 @@ mod tests {
         };
 
         let mut few_own = sampled(5, 200, 50);
-        let (kept, node_kept, under_main) = release(&mut few_own, 300 * ms);
+        let (kept, node_kept, under_main) = release(&mut few_own, 270 * ms);
         assert_eq!((kept, node_kept), (5 * ms, 5 * ms));
-        assert_eq!(under_main, vec![("f".to_string(), 236 * ms), ("g".to_string(), 59 * ms)]);
+        assert_eq!(under_main, vec![("f".to_string(), 212 * ms), ("g".to_string(), 53 * ms)]);
         let taken: Vec<Option<u64>> = few_own.throttled.held.iter().map(|h| h.taken_ns).collect();
-        assert_eq!(taken, vec![Some(236 * ms), Some(59 * ms)]);
+        assert_eq!(taken, vec![Some(212 * ms), Some(53 * ms)]);
+
+        // Time no sample saw (its kernel time, unsampled) stays its own
+        // beyond the held samples' estimate (4 ms) and twice its spread (4 ms).
+        let mut unseen = sampled(0, 2, 2);
+        let (kept, _, under_main) = release(&mut unseen, 300 * ms);
+        assert_eq!(kept, 292 * ms);
+        assert_eq!(under_main, vec![("f".to_string(), 4 * ms), ("g".to_string(), 4 * ms)]);
 
         let mut most_own = sampled(60, 20, 30);
         let (kept, _, under_main) = release(&mut most_own, 110 * ms);
