@@ -212,7 +212,7 @@ pub fn plan_lines(
     files: &LineFiles,
 ) -> LinePlan {
     let by_address = statement_starts(index);
-    let located_at = crate::symbols::lines_by_address(&index.line_rows);
+    let located_at = crate::symbols::LinesByAddress::of(&index.line_rows);
     let collected = collect_lines(index, functions, files, &by_address, &located_at);
     line_plan(index, image, open_path, functions, files, &located_at, collected)
 }
@@ -256,7 +256,7 @@ fn collect_lines(
     functions: &[ProbedFunction],
     files: &LineFiles,
     by_address: &BTreeMap<u64, Vec<(u32, u32)>>,
-    located_at: &BTreeMap<u64, (u32, u32)>,
+    located_at: &crate::symbols::LinesByAddress,
 ) -> Collected {
     // Each file read once, and shared by its functions rather than copied for each.
     let mut sources: HashMap<u32, Option<Rc<[String]>>> = HashMap::new();
@@ -335,7 +335,7 @@ fn line_plan(
     open_path: &std::path::Path,
     functions: &[ProbedFunction],
     files: &LineFiles,
-    located_at: &BTreeMap<u64, (u32, u32)>,
+    located_at: &crate::symbols::LinesByAddress,
     collected: Collected,
 ) -> LinePlan {
     let Collected { probes, elsewhere, entry_rows, decls, located } = collected;

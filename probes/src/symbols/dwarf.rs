@@ -444,17 +444,48 @@ pub(super) fn read_rows_of<R: gimli::Reader>(
 
 /// The file and line of each address where a row starts, as addr2line
 /// reads a line table: of rows at one address the last; past a sequence's
-/// end line 0 (no line), unless another sequence starts there.
-pub(crate) fn lines_by_address(rows: &[LineRow]) -> std::collections::BTreeMap<u64, (u32, u32)> {
-    let mut located_at = std::collections::BTreeMap::new();
-    for row in rows {
-        if row.end_sequence {
-            located_at.entry(row.address.0).or_insert((row.file, 0));
-        } else {
-            located_at.insert(row.address.0, (row.file, row.line));
-        }
+/// end line 0 (no line), unless another sequence starts there. Sorted
+/// once, searched by halves: a unit's table has tens of thousands of rows,
+/// a large program's hundreds of thousands, and a tree of them took as long
+/// to make as the rows took to read.
+#[derive(Debug, Default)]
+pub(crate) struct LinesByAddress(Vec<(u64, (u32, u32))>);
+
+impl LinesByAddress {
+    pub(crate) fn of(rows: &[LineRow]) -> LinesByAddress {
+        let mut sorted: Vec<&LineRow> = rows.iter().collect();
+        // Stable: rows at one address stay in the table's order.
+        sorted.sort_by_key(|row| row.address.0);
+        let located = sorted.chunk_by(|a, b| a.address == b.address).map(|at| {
+            let value = match at.iter().rev().find(|row| !row.end_sequence) {
+                Some(row) => (row.file, row.line),
+                None => (at[0].file, 0),
+            };
+            (at[0].address.0, value)
+        });
+        LinesByAddress(located.collect())
     }
-    located_at
+
+    /// The rows starting in `range`, by address.
+    pub(crate) fn range(&self, range: impl std::ops::RangeBounds<u64>) -> impl DoubleEndedIterator<Item = (&u64, &(u32, u32))> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let before = |bound: std::ops::Bound<&u64>, past_equal: bool| match bound {
+            Included(&at) if past_equal => self.0.partition_point(|(a, _)| *a <= at),
+            Included(&at) => self.0.partition_point(|(a, _)| *a < at),
+            Excluded(&at) if past_equal => self.0.partition_point(|(a, _)| *a < at),
+            Excluded(&at) => self.0.partition_point(|(a, _)| *a <= at),
+            Unbounded if past_equal => self.0.len(),
+            Unbounded => 0,
+        };
+        let start = before(range.start_bound(), false);
+        let end = before(range.end_bound(), true).max(start);
+        self.0[start..end].iter().map(|(at, row)| (at, row))
+    }
+
+    /// How many addresses start a row.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 /// The code of a DIE: `DW_AT_ranges`, or `DW_AT_low_pc` with `DW_AT_high_pc`
@@ -613,6 +644,54 @@ pub fn normalize_path(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each address where rows start, as the table is read row by row:
+    /// the last row there, unless all that are there end sequences.
+    fn read_row_by_row(rows: &[LineRow]) -> std::collections::BTreeMap<u64, (u32, u32)> {
+        let mut located_at = std::collections::BTreeMap::new();
+        for row in rows {
+            if row.end_sequence {
+                located_at.entry(row.address.0).or_insert((row.file, 0));
+            } else {
+                located_at.insert(row.address.0, (row.file, row.line));
+            }
+        }
+        located_at
+    }
+
+    #[test]
+    fn rows_by_address_are_the_tables_rows_read_in_order() {
+        let row = |address, file, line, end_sequence| LineRow { address: VirtAddr(address), file, line, is_stmt: true, end_sequence };
+        // Two sequences, the second starting where the first ends and
+        // written before it; several rows at one address; a sequence
+        // ending where nothing else starts.
+        let rows = [
+            row(0x40, 2, 7, false),
+            row(0x48, 2, 8, false),
+            row(0x48, 2, 9, false),
+            row(0x50, 2, 0, true),
+            row(0x10, 1, 1, false),
+            row(0x18, 1, 2, false),
+            row(0x18, 1, 3, false),
+            row(0x30, 1, 0, true),
+            row(0x30, 3, 4, false),
+            row(0x40, 3, 5, false),
+            row(0x44, 3, 0, true),
+        ];
+        let (sorted, reference) = (LinesByAddress::of(&rows), read_row_by_row(&rows));
+        assert_eq!(sorted.len(), reference.len());
+        let same = |a: Vec<(&u64, &(u32, u32))>, b: Vec<(&u64, &(u32, u32))>| assert_eq!(a, b);
+        same(sorted.range(..).collect(), reference.range(..).collect());
+        for at in [0, 0x10, 0x17, 0x18, 0x30, 0x44, 0x48, 0x50, 0x51] {
+            same(sorted.range(..=at).collect(), reference.range(..=at).collect());
+            same(sorted.range(at..).collect(), reference.range(at..).collect());
+            same(sorted.range(..at).rev().collect(), reference.range(..at).rev().collect());
+            same(sorted.range(at..at + 0x20).collect(), reference.range(at..at + 0x20).collect());
+            let after = (std::ops::Bound::Excluded(at), std::ops::Bound::Included(at + 8));
+            same(sorted.range(after).collect(), reference.range(after).collect());
+        }
+        assert_eq!(sorted.range(0x31..0x31).count(), 0);
+    }
 
     #[test]
     fn paths_are_normalized() {

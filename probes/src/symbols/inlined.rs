@@ -10,7 +10,7 @@
 //! entry is in `.debug_info`; this reads that entry's children, and the
 //! line table of its unit once.
 
-use super::dwarf::{FileTable, HeaderBudget, code_ranges, code_ranges_within, lines_by_address, read_rows_of, unit_files};
+use super::dwarf::{FileTable, HeaderBudget, LinesByAddress, code_ranges, code_ranges_within, read_rows_of, unit_files};
 use super::elf::{ElfImage, SectionBytes};
 use gimli::{AttributeValue, Reader as _, RunTimeEndian, UnitOffset};
 use std::cell::{OnceCell, RefCell};
@@ -106,7 +106,7 @@ struct InlinedCall {
 /// A unit's line table: the file (an id in `files`) and line of each
 /// address where a row starts (line 0: none).
 struct LineTable {
-    lines: std::collections::BTreeMap<u64, (u32, u32)>,
+    lines: LinesByAddress,
     files: FileTable,
 }
 
@@ -408,7 +408,7 @@ impl LineTable {
         let ids = unit_files(dwarf, unit, comp_dir.as_deref(), &mut files);
         let mut rows = Vec::new();
         let _ = read_rows_of(program, &ids, &mut rows);
-        Some(LineTable { lines: lines_by_address(&rows), files })
+        Some(LineTable { lines: LinesByAddress::of(&rows), files })
     }
 }
 

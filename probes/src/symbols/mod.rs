@@ -15,7 +15,7 @@ mod perf_map;
 pub use cache::SymbolCache;
 pub use debuginfo::{DebugDirs, DebugSource};
 pub use debuginfod::{Debuginfod, FetchProgress, MAX_DOWNLOAD, Unheard};
-pub(crate) use dwarf::lines_by_address;
+pub(crate) use dwarf::LinesByAddress;
 pub use dwarf::{CompileUnit, FileTable, LineRow, normalize_path};
 pub use elf::{ElfImage, ElfKind, FileVersion, SectionBytes, Segment, file_offset, hex};
 pub use inlined::{FrameReader, FramesAt};
