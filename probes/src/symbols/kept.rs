@@ -169,12 +169,37 @@ fn read_settled(
     Ok(info)
 }
 
-/// The functions `image`'s own symbol table names: from what was kept in
-/// `dir` of the same version of it when there is, else `read()` (which
-/// gives none for a file without a symbol table), kept there for the next
-/// read. As [`read`], nothing is kept without `dir`.
-pub(crate) fn symbol_table(dir: Option<&Path>, image: &ElfImage, read: impl FnOnce() -> Vec<KeptFunction>) -> Vec<KeptFunction> {
-    symbol_table_settled(dir, image, read, boot_cache::SETTLED_NS)
+/// Which of an image's symbol tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SymbolTable {
+    /// Its own (`.symtab`).
+    Own,
+    /// The one its dynamic linking reads (`.dynsym`): all a stripped
+    /// library (the C library as distributions ship it) has.
+    Dynamic,
+}
+
+impl SymbolTable {
+    /// What the name of a file keeping this table ends with.
+    fn suffix(self) -> &'static str {
+        match self {
+            SymbolTable::Own => SYMBOLS_SUFFIX,
+            SymbolTable::Dynamic => DYNAMIC_SYMBOLS_SUFFIX,
+        }
+    }
+}
+
+/// The functions `table` of `image` names: from what was kept in `dir`
+/// of the same version of it when there is, else `read()` (which gives
+/// none for a file without that table), kept there for the next read. As
+/// [`read`], nothing is kept without `dir`.
+pub(crate) fn symbol_table(
+    dir: Option<&Path>,
+    image: &ElfImage,
+    table: SymbolTable,
+    read: impl FnOnce() -> Vec<KeptFunction>,
+) -> Vec<KeptFunction> {
+    symbol_table_settled(dir, image, table, read, boot_cache::SETTLED_NS)
 }
 
 /// [`symbol_table`], keeping only what was read of a file changed more
@@ -182,11 +207,12 @@ pub(crate) fn symbol_table(dir: Option<&Path>, image: &ElfImage, read: impl FnOn
 fn symbol_table_settled(
     dir: Option<&Path>,
     image: &ElfImage,
+    table: SymbolTable,
     read: impl FnOnce() -> Vec<KeptFunction>,
     settled_ns: i128,
 ) -> Vec<KeptFunction> {
     let Some(dir) = dir.filter(|dir| boot_cache::private_dir(dir)) else { return read() };
-    let path = dir.join(format!("{}{SYMBOLS_SUFFIX}", boot_cache::file_name(&image.version())));
+    let path = dir.join(format!("{}{}", boot_cache::file_name(&image.version()), table.suffix()));
     let key = Key::read_by(SYMBOLS_READER, image, false);
     if let Some(kept) = load::<KeptSymbols>(&path).filter(|kept| kept.key == key) {
         return kept.functions;
@@ -200,8 +226,10 @@ fn symbol_table_settled(
     kept.functions
 }
 
-/// What the name of a file of kept symbol tables ends with.
+/// What the name of a file of a kept symbol table ends with.
 const SYMBOLS_SUFFIX: &str = "-symbols";
+/// What the name of a file of a kept dynamic symbol table ends with.
+const DYNAMIC_SYMBOLS_SUFFIX: &str = "-dynsym";
 
 /// Where `image`'s DWARF is kept, if it may be: not when it names a
 /// supplementary file (`dwz`), whose version the key would not cover.
@@ -217,7 +245,8 @@ fn kept_path(dir: &Path, image: &ElfImage, lines: bool) -> Option<PathBuf> {
 
 /// Whether `name` is one [`kept_path`] or [`symbol_table`] gives.
 fn is_kept_name(name: &str) -> bool {
-    let file = name.strip_suffix("-lines").or_else(|| name.strip_suffix(SYMBOLS_SUFFIX)).unwrap_or(name);
+    let suffixes = ["-lines", SYMBOLS_SUFFIX, DYNAMIC_SYMBOLS_SUFFIX];
+    let file = suffixes.iter().find_map(|suffix| name.strip_suffix(suffix)).unwrap_or(name);
     boot_cache::is_file_name(file)
 }
 

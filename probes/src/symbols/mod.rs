@@ -229,18 +229,21 @@ impl SymbolIndex {
         let by_address = |functions: Vec<KeptFunction>, origin| -> BTreeMap<u64, Function> {
             functions.into_iter().map(|f| (f.address, Function::named_in_symbols(f, origin, &segments))).collect()
         };
-        let mut functions = by_address(kept::symbol_table(kept_reads, image, || functions_named_in(elf.symbols())), origin);
+        let mut functions =
+            by_address(kept::symbol_table(kept_reads, image, kept::SymbolTable::Own, || functions_named_in(elf.symbols())), origin);
         if functions.is_empty()
             && let Some(debug_image) = debug_image.filter(|d| !std::ptr::eq(*d, image))
         {
             // `objcopy --only-keep-debug` leaves the full symbol table in the debug file.
             let debug_elf = debug_image.parse()?;
-            functions = by_address(functions_named_in(debug_elf.symbols()), origin);
+            let own = || functions_named_in(debug_elf.symbols());
+            functions = by_address(kept::symbol_table(kept_reads, debug_image, kept::SymbolTable::Own, own), origin);
             collect_labels(debug_elf.symbols(), &segments, &mut labels);
         }
         if functions.is_empty() {
             origin = SymbolOrigin::Dynsym;
-            functions = by_address(functions_named_in(elf.dynamic_symbols()), origin);
+            let dynamic = || functions_named_in(elf.dynamic_symbols());
+            functions = by_address(kept::symbol_table(kept_reads, image, kept::SymbolTable::Dynamic, dynamic), origin);
         }
 
         let mut files = FileTable::default();

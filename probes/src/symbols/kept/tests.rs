@@ -165,7 +165,7 @@ fn the_oldest_kept_files_go_past_the_bound() {
 /// recently the program was written; `read` stands for reading the table.
 fn symbols_in(kept: Option<&Path>, program: &Path, read: impl FnOnce() -> Vec<KeptFunction>) -> Vec<KeptFunction> {
     let image = ElfImage::open(program).expect("the program opens");
-    symbol_table_settled(kept, &image, read, -boot_cache::SETTLED_NS)
+    symbol_table_settled(kept, &image, SymbolTable::Own, read, -boot_cache::SETTLED_NS)
 }
 
 /// One function named `name`.
@@ -192,6 +192,24 @@ fn a_symbol_table_read_is_kept_and_read_back_for_the_same_program() {
     assert_eq!(symbols_in(Some(&kept), &program, || named("second")), named("second"));
 }
 
+/// A stripped library's dynamic symbol table is kept too, in a file of
+/// its own: neither table is taken for the other.
+#[test]
+fn a_dynamic_symbol_table_is_kept_apart_from_the_own_one() {
+    let (_dir, program, kept) = program();
+    let image = ElfImage::open(&program).expect("the program opens");
+    let dynamic =
+        |read: fn() -> Vec<KeptFunction>| symbol_table_settled(Some(&kept), &image, SymbolTable::Dynamic, read, -boot_cache::SETTLED_NS);
+    assert_eq!(dynamic(|| named("exported")), named("exported"));
+    let file = only_file(&kept);
+    assert!(file.to_string_lossy().ends_with("-dynsym"), "{}", file.display());
+    assert!(is_kept_name(&file.file_name().unwrap().to_string_lossy()), "trimmed as the other kept files are");
+    assert_eq!(dynamic(|| named("again")), named("exported"), "read back");
+    assert_eq!(symbols_in(Some(&kept), &program, || named("own")), named("own"));
+    assert_eq!(dynamic(|| named("again")), named("exported"));
+    assert_eq!(symbols_in(Some(&kept), &program, || named("again")), named("own"));
+}
+
 #[test]
 fn a_changed_programs_symbol_table_is_read_afresh_and_none_is_not_kept() {
     let (_dir, program, kept) = program();
@@ -204,7 +222,7 @@ fn a_changed_programs_symbol_table_is_read_afresh_and_none_is_not_kept() {
     // Changed a moment ago (as the touch made it): not kept.
     let image = ElfImage::open(&program).expect("the program opens");
     let _ = std::fs::remove_file(only_file(&kept));
-    symbol_table(Some(&kept), &image, || named("third"));
+    symbol_table(Some(&kept), &image, SymbolTable::Own, || named("third"));
     assert_eq!(std::fs::read_dir(&kept).expect("kept").count(), 0);
 }
 
@@ -240,4 +258,36 @@ fn a_real_programs_demangled_symbol_table_reads_back_as_it_was_read() {
     assert!(fresh.len() > 1000 && fresh.iter().any(|f| f.name != f.raw_name), "{} functions, some demangled", fresh.len());
     let again = symbols_in(Some(&kept), &program, || panic!("read again, not from what was kept"));
     assert!(again == fresh, "what was kept reads back as it was read");
+}
+
+/// A stripped program's dynamic symbol table is read through what was
+/// kept of it: the table kept for its version names its functions.
+#[test]
+fn a_stripped_programs_functions_come_from_its_kept_dynamic_symbol_table() {
+    let (_dir, program, kept) = program();
+    let stripped = std::process::Command::new("strip").arg("--strip-all").arg(&program).status();
+    assert!(stripped.is_ok_and(|s| s.success()), "strip (binutils) is needed");
+    let image = ElfImage::open(&program).expect("the program opens");
+    // Kept as a read of it would keep it, however recently it was written.
+    let planted = || {
+        vec![KeptFunction {
+            address: 0x1130,
+            size: 16,
+            raw_name: "planted".into(),
+            name: "planted".into(),
+            base_name: None,
+            aliases: Vec::new(),
+        }]
+    };
+    symbol_table_settled(Some(&kept), &image, SymbolTable::Dynamic, planted, -boot_cache::SETTLED_NS);
+    let options = crate::symbols::LoadOptions {
+        lines: false,
+        debug_dirs: crate::symbols::DebugDirs(Vec::new()),
+        debuginfod: None,
+        symbol_tables_enough: true,
+        kept_reads: Some(kept.clone()),
+    };
+    let index = crate::symbols::SymbolIndex::of_image(&image, &options).expect("its symbols");
+    let names: Vec<&str> = index.functions.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["planted"]);
 }
