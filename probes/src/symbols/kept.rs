@@ -6,8 +6,9 @@
 //! before the program starts, and the same build is usually recorded again
 //! and again.
 //!
-//! What is kept is only what [`dwarf::read`] returns, or the functions the
-//! file's own symbol table names (demangled), under the version of
+//! What is kept is only what [`dwarf::read`] returns, or the functions one
+//! of the file's symbol tables names (demangled: its own, or where it has
+//! none its dynamic one; a debug file's own is kept as that file's), under the version of
 //! the file it was read from (device, inode, size, modification and change
 //! times, and its build-id: a rebuilt, touched or replaced file is read
 //! afresh). It is kept where only this user can write, and read back only

@@ -288,6 +288,43 @@ fn a_stripped_programs_functions_come_from_its_kept_dynamic_symbol_table() {
         kept_reads: Some(kept.clone()),
     };
     let index = crate::symbols::SymbolIndex::of_image(&image, &options).expect("its symbols");
-    let names: Vec<&str> = index.functions.iter().map(|f| f.name.as_str()).collect();
-    assert_eq!(names, ["planted"]);
+    let found: Vec<(&str, crate::symbols::SymbolOrigin)> = index.functions.iter().map(|f| (f.name.as_str(), f.origin)).collect();
+    assert_eq!(found, [("planted", crate::symbols::SymbolOrigin::Dynsym)]);
+}
+
+/// A stripped program's debug file's symbol table is read through what was
+/// kept of that file.
+#[test]
+fn a_debug_files_functions_come_from_its_kept_symbol_table() {
+    let (dir, program, kept) = program();
+    let debug = dir.path().join("calls.debug");
+    let tool = |args: &[&std::ffi::OsStr]| {
+        let status = std::process::Command::new(args[0]).args(&args[1..]).current_dir(dir.path()).status();
+        assert!(status.is_ok_and(|s| s.success()), "{args:?} (binutils) is needed");
+    };
+    tool(&["objcopy".as_ref(), "--only-keep-debug".as_ref(), program.as_os_str(), debug.as_os_str()]);
+    tool(&["strip".as_ref(), "--strip-all".as_ref(), program.as_os_str()]);
+    tool(&["objcopy".as_ref(), "--add-gnu-debuglink=calls.debug".as_ref(), program.as_os_str()]);
+    let planted = || {
+        vec![KeptFunction {
+            address: 0x1130,
+            size: 16,
+            raw_name: "planted".into(),
+            name: "planted".into(),
+            base_name: None,
+            aliases: Vec::new(),
+        }]
+    };
+    let debug_image = ElfImage::open(&debug).expect("the debug file opens");
+    symbol_table_settled(Some(&kept), &debug_image, SymbolTable::Own, planted, -boot_cache::SETTLED_NS);
+    let options = crate::symbols::LoadOptions {
+        lines: false,
+        debug_dirs: crate::symbols::DebugDirs(Vec::new()),
+        debuginfod: None,
+        symbol_tables_enough: true,
+        kept_reads: Some(kept.clone()),
+    };
+    let index = crate::symbols::SymbolIndex::load(&program, &options).expect("its symbols");
+    let found: Vec<(&str, crate::symbols::SymbolOrigin)> = index.functions.iter().map(|f| (f.name.as_str(), f.origin)).collect();
+    assert_eq!(found, [("planted", crate::symbols::SymbolOrigin::Symtab)]);
 }
