@@ -260,36 +260,36 @@ fn a_real_programs_demangled_symbol_table_reads_back_as_it_was_read() {
     assert!(again == fresh, "what was kept reads back as it was read");
 }
 
-/// A stripped program's dynamic symbol table is read through what was
-/// kept of it: the table kept for its version names its functions.
-#[test]
-fn a_stripped_programs_functions_come_from_its_kept_dynamic_symbol_table() {
-    let (_dir, program, kept) = program();
-    let stripped = std::process::Command::new("strip").arg("--strip-all").arg(&program).status();
-    assert!(stripped.is_ok_and(|s| s.success()), "strip (binutils) is needed");
-    let image = ElfImage::open(&program).expect("the program opens");
-    // Kept as a read of it would keep it, however recently it was written.
-    let planted = || {
-        vec![KeptFunction {
-            address: 0x1130,
-            size: 16,
-            raw_name: "planted".into(),
-            name: "planted".into(),
-            base_name: None,
-            aliases: Vec::new(),
-        }]
-    };
-    symbol_table_settled(Some(&kept), &image, SymbolTable::Dynamic, planted, -boot_cache::SETTLED_NS);
+/// Runs a binutils tool in `dir`.
+fn binutils(dir: &Path, args: &[&std::ffi::OsStr]) {
+    let status = std::process::Command::new(args[0]).args(&args[1..]).current_dir(dir).status();
+    assert!(status.is_ok_and(|s| s.success()), "{args:?} (binutils) is needed");
+}
+
+/// The functions the symbol index of `program` names, and where from,
+/// read with what is kept in `kept`.
+fn functions_through(kept: &Path, program: &Path) -> Vec<(String, crate::symbols::SymbolOrigin)> {
     let options = crate::symbols::LoadOptions {
         lines: false,
         debug_dirs: crate::symbols::DebugDirs(Vec::new()),
         debuginfod: None,
         symbol_tables_enough: true,
-        kept_reads: Some(kept.clone()),
+        kept_reads: Some(kept.to_path_buf()),
     };
-    let index = crate::symbols::SymbolIndex::of_image(&image, &options).expect("its symbols");
-    let found: Vec<(&str, crate::symbols::SymbolOrigin)> = index.functions.iter().map(|f| (f.name.as_str(), f.origin)).collect();
-    assert_eq!(found, [("planted", crate::symbols::SymbolOrigin::Dynsym)]);
+    let index = crate::symbols::SymbolIndex::load(program, &options).expect("its symbols");
+    index.functions.iter().map(|f| (f.name.clone(), f.origin)).collect()
+}
+
+/// A stripped program's dynamic symbol table is read through what was
+/// kept of it: the table kept for its version names its functions.
+#[test]
+fn a_stripped_programs_functions_come_from_its_kept_dynamic_symbol_table() {
+    let (dir, program, kept) = program();
+    binutils(dir.path(), &["strip".as_ref(), "--strip-all".as_ref(), program.as_os_str()]);
+    let image = ElfImage::open(&program).expect("the program opens");
+    // Kept as a read of it would keep it, however recently it was written.
+    symbol_table_settled(Some(&kept), &image, SymbolTable::Dynamic, || named("planted"), -boot_cache::SETTLED_NS);
+    assert_eq!(functions_through(&kept, &program), [("planted".to_string(), crate::symbols::SymbolOrigin::Dynsym)]);
 }
 
 /// A stripped program's debug file's symbol table is read through what was
@@ -298,33 +298,10 @@ fn a_stripped_programs_functions_come_from_its_kept_dynamic_symbol_table() {
 fn a_debug_files_functions_come_from_its_kept_symbol_table() {
     let (dir, program, kept) = program();
     let debug = dir.path().join("calls.debug");
-    let tool = |args: &[&std::ffi::OsStr]| {
-        let status = std::process::Command::new(args[0]).args(&args[1..]).current_dir(dir.path()).status();
-        assert!(status.is_ok_and(|s| s.success()), "{args:?} (binutils) is needed");
-    };
-    tool(&["objcopy".as_ref(), "--only-keep-debug".as_ref(), program.as_os_str(), debug.as_os_str()]);
-    tool(&["strip".as_ref(), "--strip-all".as_ref(), program.as_os_str()]);
-    tool(&["objcopy".as_ref(), "--add-gnu-debuglink=calls.debug".as_ref(), program.as_os_str()]);
-    let planted = || {
-        vec![KeptFunction {
-            address: 0x1130,
-            size: 16,
-            raw_name: "planted".into(),
-            name: "planted".into(),
-            base_name: None,
-            aliases: Vec::new(),
-        }]
-    };
+    binutils(dir.path(), &["objcopy".as_ref(), "--only-keep-debug".as_ref(), program.as_os_str(), debug.as_os_str()]);
+    binutils(dir.path(), &["strip".as_ref(), "--strip-all".as_ref(), program.as_os_str()]);
+    binutils(dir.path(), &["objcopy".as_ref(), "--add-gnu-debuglink=calls.debug".as_ref(), program.as_os_str()]);
     let debug_image = ElfImage::open(&debug).expect("the debug file opens");
-    symbol_table_settled(Some(&kept), &debug_image, SymbolTable::Own, planted, -boot_cache::SETTLED_NS);
-    let options = crate::symbols::LoadOptions {
-        lines: false,
-        debug_dirs: crate::symbols::DebugDirs(Vec::new()),
-        debuginfod: None,
-        symbol_tables_enough: true,
-        kept_reads: Some(kept.clone()),
-    };
-    let index = crate::symbols::SymbolIndex::load(&program, &options).expect("its symbols");
-    let found: Vec<(&str, crate::symbols::SymbolOrigin)> = index.functions.iter().map(|f| (f.name.as_str(), f.origin)).collect();
-    assert_eq!(found, [("planted", crate::symbols::SymbolOrigin::Symtab)]);
+    symbol_table_settled(Some(&kept), &debug_image, SymbolTable::Own, || named("planted"), -boot_cache::SETTLED_NS);
+    assert_eq!(functions_through(&kept, &program), [("planted".to_string(), crate::symbols::SymbolOrigin::Symtab)]);
 }
