@@ -317,12 +317,31 @@ fn pass_on_signal_stop(pid: Pid) -> PassedOn {
         (libc::PTRACE_EVENT_STOP, _) => (libc::PTRACE_CONT, PassedOn::Continued, 0),
         _ => return PassedOn::Nothing,
     };
-    if wait_raw(pid, libc::__WALL).is_err() {
+    if !took_trapped_stop(pid) {
         return PassedOn::Nothing;
     }
     // SAFETY: a restart of our tracee, in the stop just taken.
     unsafe { libc::ptrace(request, pid.as_raw(), std::ptr::null_mut::<libc::c_void>(), signal as libc::c_long) };
     passed
+}
+
+/// Takes the stop traced child `pid` is in, if it is in one: never its
+/// end, which a child killed since it was seen stopped is left to be
+/// reaped with (a wait for any change would take it, and the exit status
+/// with it).
+fn took_trapped_stop(pid: Pid) -> bool {
+    // SAFETY: an all-zero siginfo_t is valid; waitid writes only it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let stops_only = libc::WSTOPPED | libc::WNOHANG | libc::__WALL;
+    loop {
+        // SAFETY: as above.
+        match Errno::result(unsafe { libc::waitid(libc::P_PID, pid.as_raw() as libc::id_t, &mut info, stops_only) }) {
+            Err(Errno::EINTR) => continue,
+            Err(_) => return false,
+            // SAFETY: waitid filled a child's state change, or nothing (pid 0).
+            Ok(_) => return unsafe { info.si_pid() } == pid.as_raw() && info.si_code == libc::CLD_TRAPPED,
+        }
+    }
 }
 
 /// Why a held child released, or gone, cannot be started.
@@ -1031,6 +1050,40 @@ mod tests {
         held.release().expect("released");
         executed_and_let_go(pid);
         assert!(ran.exists());
+    }
+
+    /// A child killed after it was seen stopped is not reaped by taking
+    /// its stop: its end is left for the wait that records it.
+    #[test]
+    fn taking_a_stop_leaves_a_killed_childs_end_to_be_reaped() {
+        use nix::sys::signal::{Signal, kill};
+        let dir = tempfile::tempdir().unwrap();
+        let (mut held, pid) = held_traced(&dir.path().join("ran"));
+        kill(pid, Signal::SIGUSR1).unwrap();
+        // Stopped for the signal, as its tracer sees it.
+        while !matches!(waitid_peek(pid), Some(libc::CLD_TRAPPED)) {
+            std::thread::yield_now();
+        }
+        assert!(took_trapped_stop(pid), "the stop is taken");
+        assert!(!took_trapped_stop(pid), "and only once");
+        kill(pid, Signal::SIGKILL).unwrap();
+        while !matches!(waitid_peek(pid), Some(libc::CLD_KILLED)) {
+            std::thread::yield_now();
+        }
+        assert!(!took_trapped_stop(pid), "no stop to take");
+        assert_eq!(waitpid(pid, None).expect("its end is there"), nix::sys::wait::WaitStatus::Signaled(pid, Signal::SIGKILL, false));
+        held.go = None;
+    }
+
+    /// The state change child `pid` has to report, left to be waited for.
+    fn waitid_peek(pid: Pid) -> Option<i32> {
+        // SAFETY: an all-zero siginfo_t is valid; waitid writes only it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let peek = libc::WSTOPPED | libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
+        // SAFETY: as above.
+        let found = unsafe { libc::waitid(libc::P_PID, pid.as_raw() as libc::id_t, &mut info, peek) } == 0
+            && unsafe { info.si_pid() } == pid.as_raw();
+        found.then_some(info.si_code)
     }
 
     #[test]
