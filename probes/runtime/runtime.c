@@ -673,29 +673,47 @@ FORK_CODE static int written(long memfd, const void *from, u64 bytes, u64 offset
 _Static_assert(__builtin_offsetof(struct header, ns_to_tsc_shift) == __builtin_offsetof(struct header, magic) + 16,
                "the clock's words follow the magic number");
 
-_Static_assert(__builtin_offsetof(struct header, sites) == SITES_AT && sizeof(struct header) % 4096 == 0,
-               "the site table has pages of its own");
+/* Sites a page of the table holds. */
+#define SITES_PER_PAGE (4096 / sizeof(u64))
+
+/* Whether any site of page `page` of the table is taken. */
+FORK_CODE static int page_taken(const struct header *h, u64 page)
+{
+    for (u64 w = page * SITES_PER_PAGE / 64; w < (page + 1) * SITES_PER_PAGE / 64; w++)
+        if (__atomic_load_n(&h->sites_taken[w], __ATOMIC_RELAXED))
+            return 1;
+    return 0;
+}
 
 /* Writes the header of the child's memory into memfd, `blocks_taken`
  * blocks taken, from the parent's; the rest stays zero. Written, not
- * mapped and stored to: a store to a new page of shared memory is a page
- * fault. The site table is not copied: the child keeps the parent's
- * (see make_own_memory). Returns whether it could. */
+ * mapped and stored to: a store to each new page of shared memory is a
+ * page fault, and the table of return sites is 32 pages. Frames hijacked
+ * before the fork stand for their return sites by the parent's table:
+ * the child's starts as a copy of the pages where sites were taken, each
+ * run of them in one write. Returns whether it could. */
 FORK_CODE static int fill_own_header(const struct config *c, long memfd, u64 blocks_taken)
 {
     const struct header *from = header(c);
     u64 clock[3] = {from->magic, from->ns_to_tsc_mult, from->ns_to_tsc_shift};
-    return written(memfd, clock, sizeof clock, __builtin_offsetof(struct header, magic))
-           && written(memfd, &blocks_taken, sizeof blocks_taken, __builtin_offsetof(struct header, blocks_taken))
-           && written(memfd, &from->shared_seats, sizeof from->shared_seats, __builtin_offsetof(struct header, shared_seats));
-}
-
-/* Maps `bytes` of memfd from `offset` at the same offset of the shared
- * memory, over what was there; whether it could. */
-FORK_CODE static int mapped_over(const struct config *c, long memfd, u64 offset, u64 bytes)
-{
-    return syscall6(SYS_mmap, c->shared + offset, bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, offset) ==
-           (long)(c->shared + offset);
+    int ok = written(memfd, clock, sizeof clock, __builtin_offsetof(struct header, magic))
+             && written(memfd, &blocks_taken, sizeof blocks_taken, __builtin_offsetof(struct header, blocks_taken))
+             && written(memfd, &from->shared_seats, sizeof from->shared_seats, __builtin_offsetof(struct header, shared_seats));
+    const u64 pages = SITES / SITES_PER_PAGE;
+    for (u64 first = 0; ok && first < pages; first++) {
+        if (!page_taken(from, first))
+            continue;
+        u64 end = first + 1;
+        while (end < pages && page_taken(from, end))
+            end++;
+        u64 start = first * SITES_PER_PAGE, bytes = (end - first) * 4096;
+        ok = written(memfd, &from->sites[start], bytes, __builtin_offsetof(struct header, sites) + start * sizeof(u64));
+        first = end;
+    }
+    /* The marks last: a site is marked before it is set, so every site
+     * copied above is marked in what is read now, and a grandchild copies
+     * it in turn (a mark whose page was not copied marks a free site). */
+    return ok && written(memfd, from->sites_taken, sizeof from->sites_taken, __builtin_offsetof(struct header, sites_taken));
 }
 
 /* Makes the child's own shared memory and hands it to proftap; returns
@@ -721,16 +739,13 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     long sock = made ? reach_proftap(c, wait) : -1;
     if (sock < 0 && !(c->fork_path[0] && sock == -ECONNREFUSED))
         __atomic_fetch_add(&header(c)->children_unreached, 1, __ATOMIC_RELAXED);
-    /* Mapped over the parent's, all but the site table, which stays the
-     * parent's: nothing else the child does from here on reaches the
-     * parent's memory. (Moving it there with mremap costs the kernel five
-     * times more, walking the 132 GiB, and is no safer: where the kernel
-     * runs out of memory making either, one before 6.12 leaves nothing
-     * mapped there, and the child's next call faults.) A child that
-     * could not map it runs unrecorded. Then it is handed over: proftap
-     * knows no child that does not map its memory. */
-    const u64 sites_end = sizeof(struct header);
-    if (sock >= 0 && mapped_over(c, memfd, sites_end, c->shared_bytes - sites_end) && mapped_over(c, memfd, 0, SITES_AT)) {
+    /* Mapped over the parent's, in one step: nothing the child does from
+     * here on reaches the parent's. (Moving it there with mremap costs the
+     * kernel five times more, walking the 132 GiB, and is no safer: where
+     * the kernel runs out of memory making either, one before 6.12 leaves
+     * nothing mapped there, and the child's next call faults.) Then it is
+     * handed over: proftap knows no child that does not map its memory. */
+    if (sock >= 0 && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
         /* The forking thread's block is carried over in place: no other
          * thread of the child calls in meanwhile (they wait for it). */
         if (own)
@@ -1286,8 +1301,14 @@ static inline u64 trampoline_for(const struct config *c, u64 ret)
     u64 i = site_hash(ret);
     for (u64 n = 0; n < SITE_PROBES; n++, i = (i + 1) & (SITES - 1)) {
         u64 seen = __atomic_load_n(&sites[i], __ATOMIC_RELAXED);
-        if (!seen && !__atomic_compare_exchange_n(&sites[i], &seen, ret, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED) && seen != ret)
-            continue;
+        if (!seen) {
+            /* Marked before the address is written, for a child forked in
+             * between to copy it (a mark for a site another return took is
+             * one it copies anyway). */
+            __atomic_fetch_or(&header(c)->sites_taken[i / 64], 1UL << (i % 64), __ATOMIC_RELAXED);
+            if (!__atomic_compare_exchange_n(&sites[i], &seen, ret, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED) && seen != ret)
+                continue;
+        }
         if (!seen || seen == ret)
             return c->site_trampolines + i * SITE_BYTES;
     }

@@ -103,11 +103,6 @@ struct config {
     char fork_path[FORK_SOCKET_PATH];
 };
 
-/* Words of the header before the site table, which starts a page. */
-#define HEADER_WORDS_USED 11
-#define HEADER_WORDS_UNUSED (SITES_AT / 8 - HEADER_WORDS_USED)
-#define SITES_AT 4096
-
 struct header {
     u64 magic;
     u64 ns_to_tsc_mult;  /* TSC cycles = ns * mult >> shift (proftap's measurement) */
@@ -128,15 +123,13 @@ struct header {
      * its socket's abstract name nor its path): counted here, in their
      * parent's memory, before they run on unrecorded. */
     u64 children_unreached;
-    u64 unused[HEADER_WORDS_UNUSED];
     /* The return address each site trampoline stands for, 0 while free:
      * set once, never changed, so that an unwinder reading a sampled stack
-     * names a frame from its trampoline alone, after the call has ended.
-     * Pages of their own, which a forked child keeps mapped as its
-     * parent's when it maps its own memory over the rest: one table for
-     * the process and every child it forks (a return address is the same
-     * in each), so that a child copies none of it. */
+     * names a frame from its trampoline alone, after the call has ended. */
     u64 sites[SITES];
+    /* Which sites were ever taken, a bit each: a forked child copies only
+     * those into its memory. */
+    u64 sites_taken[SITES / 64];
 };
 
 struct stat {

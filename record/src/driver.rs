@@ -170,14 +170,9 @@ impl EngineMemory {
             *measured = Instant::now();
         }
         let (trampolines, clock) = (self.trampolines, self.clock.map(|(clock, _)| clock));
-        let Some(trampolines) = trampolines else { return Vec::new() };
-        // The site table is the patched process's, which its forked
-        // children keep mapped as theirs.
-        let Some(mut returns) = self.parent.as_ref().map(|(_, parent)| parent.site_returns(&trampolines, sample.regs[1], &sample.stack))
-        else {
-            return Vec::new();
-        };
         let Some(view) = self.view(sample.pid as i32) else { return Vec::new() };
+        let Some(trampolines) = trampolines else { return Vec::new() };
+        let mut returns = view.site_returns(&trampolines, sample.regs[1], &sample.stack);
         // Return addresses are in 8-byte-aligned slots; each hijacked one
         // is a frame of the thread's, live at the sample.
         let skip = (sample.regs[1].wrapping_neg() & 7) as usize;

@@ -381,8 +381,6 @@ impl TotalsView {
     /// its trampoline is ever written to a stack and never changes after,
     /// so that these hold however long ago the sample was taken; a slot
     /// whose entry is 0 (what a lying process could leave) is left out.
-    /// The table is the patched process's, which its forked children keep
-    /// mapped as theirs: a child's own view holds none of it.
     pub fn site_returns(&self, trampolines: &totals::Trampolines, sp: u64, stack: &[u8]) -> Vec<(u64, u64)> {
         // Return addresses are in 8-byte-aligned slots.
         let skip = (sp.wrapping_neg() & 7) as usize;

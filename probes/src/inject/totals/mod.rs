@@ -118,7 +118,7 @@ pub const LIVE_RECORDING: u64 = 1;
 pub const LIVE_STOPPED: u64 = 2;
 
 /// `struct header` of runtime.h, up to its table of return sites
-/// ([`Geometry::SITES`]: `u64 sites[SITES]`, a page after it starts).
+/// ([`Geometry::SITES`]: `u64 sites[SITES]`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Header {
@@ -371,14 +371,10 @@ impl Geometry {
     const PRIVATE_BLOCK: u64 = size_of::<PrivateHeader>() as u64 + STACK_DEPTH * (size_of::<Ret>() as u64 + 4);
 
     /// Where the return sites' table is in the shared memory: the return
-    /// address each site trampoline stands for, 0 while free. It starts a
-    /// page after [`Header`]'s words (`SITES_AT` in runtime.h): a forked
-    /// child maps its own memory over the rest and keeps its parent's
-    /// table there, one table for a process and all it forks, found in
-    /// the first one's memory.
-    pub const SITES: u64 = 4096;
-    /// Bytes of `struct header`: its words, then the sites.
-    pub const HEADER: u64 = Self::SITES + SITES * 8;
+    /// address each site trampoline stands for, 0 while free.
+    pub const SITES: u64 = size_of::<Header>() as u64;
+    /// Bytes of `struct header`: the sites, then a bit for each ever taken.
+    pub const HEADER: u64 = Self::SITES + SITES * 8 + SITES / 8;
 
     /// Where the first block is in the shared memory.
     pub const fn blocks_offset(&self) -> u64 {
@@ -437,8 +433,6 @@ impl Geometry {
         self.blocks_offset() + index * self.block_bytes()
     }
 }
-
-const _: () = assert!(size_of::<Header>() as u64 <= Geometry::SITES, "the header's words fit before the site table");
 
 /// The runtime's code, made for an address.
 #[derive(Clone, Debug)]

@@ -73,15 +73,6 @@ fn the_fork_code_is_apart_from_the_routines_of_calls() {
     }
 }
 
-/// A shared mapping of `len` bytes of `file`.
-fn map_file(file: &std::os::fd::OwnedFd, len: usize) -> *mut u8 {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a fresh shared mapping of a file this process made; checked below.
-    let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-    assert_ne!(at, libc::MAP_FAILED);
-    at.cast()
-}
-
 fn map(len: usize) -> *mut u8 {
     // SAFETY: a fresh anonymous mapping; checked below.
     let at = unsafe {
@@ -814,45 +805,26 @@ fn a_forked_child_that_cannot_reach_proftap_is_counted_in_its_parents_memory() {
 
 #[test]
 fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
-    let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
-    // The parent's memory, and proftap's view of it.
-    let bytes = geometry.shared_bytes() as usize;
-    // SAFETY: a name that is a C string; the descriptor is checked and owned.
-    let parents = unsafe { libc::memfd_create(c"parent".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(parents >= 0, "a memfd");
-    // SAFETY: just made, owned by nothing else.
-    let parents = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(parents) };
-    nix::unistd::ftruncate(&parents, bytes as i64).expect("its size");
-    let (shared, parents) = (map_file(&parents, bytes), map_file(&parents, bytes));
-    // SAFETY: getuid has no preconditions.
-    let mut children = Children::listen(unsafe { libc::getuid() }, geometry, shared as u64).expect("a socket");
-    let mut rt = Local::with_shared(geometry, (children.name(), children.path()), shared);
-    let mut stack = Stack::new();
+    let (geometry, mut children, mut rt, mut stack) = ready_to_fork();
     rt.entry(&mut stack.0[60], 0);
     rt.entry(&mut stack.0[50], 0);
     rt.exit(&mut stack.0[50]);
-    // SAFETY: the parent's block, in proftap's view of its memory.
-    let parents_calls = || unsafe { *parents.add((geometry.block(0) + geometry.entries_offset()) as usize).cast::<u64>() };
-    assert_eq!(parents_calls(), 2);
-    let sites = |memory: *mut u8| {
-        // SAFETY: the site table of a memory laid out as `geometry` says.
-        let table = unsafe { std::slice::from_raw_parts(memory.add(Geometry::SITES as usize).cast::<u64>(), SITES as usize) };
-        table.iter().enumerate().filter(|&(_, &ret)| ret != 0).map(|(i, &ret)| (i, ret)).collect::<Vec<_>>()
-    };
-    let parents_sites = sites(parents);
+    let parent = rt.shared;
+    // SAFETY: the parent's block, as it was before the fork.
+    let parents_calls = unsafe { *parent.add((geometry.block(0) + geometry.entries_offset()) as usize).cast::<u64>() };
+    assert_eq!(parents_calls, 2);
+    let sites = |rt: &Local| (0..SITES).map(|i| (i, rt.site(i))).filter(|&(_, ret)| ret != 0).collect::<Vec<_>>();
+    let parents_sites = sites(&rt);
     assert_eq!(parents_sites.len(), 2, "{parents_sites:x?}");
 
     // As the child sees it after a fork: its live word zeroed.
     *rt.live = [0, 0];
     rt.entry(&mut stack.0[40], 0);
     assert_eq!(rt.live[0], LIVE_RECORDING, "the child reached proftap");
-    assert_eq!(parents_calls(), 2, "the child's call counts in its own memory");
-    // Its return site is in the one table it shares with its parent, which
-    // it did not copy.
-    let shared_sites = sites(parents);
-    assert!(parents_sites.iter().all(|s| shared_sites.contains(s)), "{parents_sites:x?} in {shared_sites:x?}");
-    assert_eq!(shared_sites.len(), 3, "{shared_sites:x?}");
-    assert_eq!(sites(rt.shared), shared_sites, "the child reads the same table");
+    // Its memory holds the sites its parent's frames stand for, and its own.
+    let childs_sites = sites(&rt);
+    assert!(parents_sites.iter().all(|s| childs_sites.contains(s)), "{parents_sites:x?} in {childs_sites:x?}");
+    assert_eq!(childs_sites.len(), 3, "{childs_sites:x?}");
     rt.exit(&mut stack.0[40]);
     rt.exit(&mut stack.0[60]);
     assert_eq!(stack.0[60], 0x1000 + 60, "the frame from before the fork returns where it came from");
