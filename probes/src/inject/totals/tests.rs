@@ -73,6 +73,15 @@ fn the_fork_code_is_apart_from_the_routines_of_calls() {
     }
 }
 
+/// A shared mapping of `len` bytes of `file`.
+fn map_file(file: &std::os::fd::OwnedFd, len: usize) -> *mut u8 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of a file this process made; checked below.
+    let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+    assert_ne!(at, libc::MAP_FAILED);
+    at.cast()
+}
+
 fn map(len: usize) -> *mut u8 {
     // SAFETY: a fresh anonymous mapping; checked below.
     let at = unsafe {
@@ -842,6 +851,48 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
     assert_eq!(totals.threads.len(), 1);
     assert_eq!(totals.threads[0].calls, [1]);
     assert_eq!(totals.threads[0].nodes[1..], nodes[1..]);
+}
+
+/// Once a forked child has memory of its own, nothing of its parent's is
+/// mapped in it: its calls and the return sites it takes go to its own,
+/// and the parent's (seen here through a second mapping, as proftap sees
+/// it) stays as the fork left it. A child that dropped its rights can
+/// then neither change the parent's counts nor where its returns go.
+#[test]
+fn a_forked_child_with_memory_of_its_own_cannot_write_its_parents() {
+    let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
+    let bytes = geometry.shared_bytes() as usize;
+    // SAFETY: a name that is a C string; the descriptor is checked and owned.
+    let file = unsafe { libc::memfd_create(c"parent".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(file >= 0, "a memfd");
+    // SAFETY: just made, owned by nothing else.
+    let file = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(file) };
+    nix::unistd::ftruncate(&file, bytes as i64).expect("its size");
+    let (shared, parents) = (map_file(&file, bytes), map_file(&file, bytes));
+    // SAFETY: getuid has no preconditions.
+    let mut children = Children::listen(unsafe { libc::getuid() }, geometry, shared as u64).expect("a socket");
+    let mut rt = Local::with_shared(geometry, (children.name(), children.path()), shared);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    // SAFETY: the parent's whole memory, in proftap's view of it.
+    let parents = unsafe { std::slice::from_raw_parts(parents, bytes) };
+    let before = parents.to_vec();
+
+    // As the child sees it after a fork: its live word zeroed.
+    *rt.live = [0, 0];
+    rt.entry(&mut stack.0[40], 0);
+    assert_eq!(rt.live[0], LIVE_RECORDING, "the child reached proftap");
+    rt.exit(&mut stack.0[40]);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(rt.entries(0), [1], "the child's call counted in its own memory");
+    let site = |memory: &[u8], i: u64| u64::from_ne_bytes(memory[(Geometry::SITES + 8 * i) as usize..][..8].try_into().unwrap());
+    let taken = |memory: &[u8]| (0..SITES).filter(|&i| site(memory, i) != 0).count();
+    // SAFETY: the child's memory, mapped where the parent's was.
+    let childs = unsafe { std::slice::from_raw_parts(rt.shared, bytes) };
+    assert_eq!((taken(&before), taken(childs)), (1, 2), "the child's table: the parent's site and its own");
+    let changed = parents.iter().zip(&before).position(|(now, then)| now != then);
+    assert_eq!(changed, None, "the parent's memory is as the fork left it");
+    children.stop();
 }
 
 /// A forked child whose parent's thread returned from its calls and ended
