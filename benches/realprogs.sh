@@ -8,7 +8,8 @@
 # a shell that forks (dash 0.5.12 running benches/realprogs/fork.sh, its
 # children counted in every process) and a multi-threaded Rust program
 # (ripgrep searching a source tree, then a larger part of the machine),
-# and a second interpreter (CPython 3.13.5 running benches/realprogs/bench.py).
+# a second interpreter (CPython 3.13.5 running benches/realprogs/bench.py)
+# and a multi-threaded C compressor (xz 5.8.1 compressing with two threads).
 #
 # Usage: benches/realprogs.sh [RUNS]     (root; perf, valgrind and cmake installed)
 # Sources and builds go to $PROFTAP_REALPROGS (default ~/.cache/proftap-realprogs).
@@ -80,6 +81,12 @@ if [ ! -x "$python" ]; then
     curl -fsSL "$pool/p/python3.13/python3.13_3.13.5.orig.tar.xz" | tar xJ -C "$dir"
     mv "$dir/Python-3.13.5" "$dir/python"
     (cd "$dir/python" && ./configure --quiet CFLAGS="-O2 -g" >/dev/null && make -s -j"$(nproc)" python >/dev/null 2>&1)
+fi
+xz=$dir/xz-5.8.1/src/xz/xz
+if [ ! -x "$xz" ]; then
+    rm -rf "$dir/xz-5.8.1"
+    curl -fsSL "$pool/x/xz-utils/xz-utils_5.8.1.orig.tar.xz" | tar xJ -C "$dir"
+    (cd "$dir/xz-5.8.1" && ./configure --quiet CFLAGS="-O2 -g" --disable-shared >/dev/null && make -s -j"$(nproc)" >/dev/null 2>&1)
 fi
 sql=$dir/bench.sql
 [ -s "$sql" ] || bash "$root/benches/realprogs/bench-sql.sh" >"$sql"
@@ -195,6 +202,12 @@ compare gzip "$gzip" -6 -c "$text"
 head -c 3000000 "$text" >"$text.small"
 exact gzip longest_match,send_bits,bi_reverse,updcrc,flush_block,fill_window,ct_tally,pqdownheap \
     "$gzip" -6 -c "$text.small"
+# Two threads each compressing blocks of the same text (6 MB of it).
+head -c 6000000 "$text" >"$text.xz"
+head -c 300000 "$text" >"$text.xz.small"
+compare xz "$xz" -T2 -6 --block-size=1MiB -c "$text.xz"
+exact xz bt_find_func,lzma_lzma_optimum_normal,lzma_mf_bt4_find,get_literal_price,rc_encode,bt_skip_func,move_pos,length \
+    "$xz" -T2 -6 --block-size=100KiB -c "$text.xz.small"
 yaml_input=$dir/yaml-input
 [ -s "$yaml_input" ] || python3 "$root/benches/realprogs/yaml-input.py" 6000 >"$yaml_input"
 [ -s "$yaml_input.small" ] || python3 "$root/benches/realprogs/yaml-input.py" 600 >"$yaml_input.small"
