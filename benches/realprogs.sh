@@ -203,11 +203,12 @@ head -c 3000000 "$text" >"$text.small"
 exact gzip longest_match,send_bits,bi_reverse,updcrc,flush_block,fill_window,ct_tally,pqdownheap \
     "$gzip" -6 -c "$text.small"
 # Two threads each compressing blocks of the same text (6 MB of it).
-head -c 6000000 "$text" >"$text.xz"
-head -c 300000 "$text" >"$text.xz.small"
-compare xz "$xz" -T2 -6 --block-size=1MiB -c "$text.xz"
+xz_input=$dir/xz-input
+head -c 6000000 "$text" >"$xz_input"
+head -c 300000 "$text" >"$xz_input.small"
+compare xz "$xz" -T2 -6 --block-size=1MiB -c "$xz_input"
 exact xz bt_find_func,lzma_lzma_optimum_normal,lzma_mf_bt4_find,get_literal_price,rc_encode,bt_skip_func,move_pos,length \
-    "$xz" -T2 -6 --block-size=100KiB -c "$text.xz.small"
+    "$xz" -T2 -6 --block-size=100KiB -c "$xz_input.small"
 yaml_input=$dir/yaml-input
 [ -s "$yaml_input" ] || python3 "$root/benches/realprogs/yaml-input.py" 6000 >"$yaml_input"
 [ -s "$yaml_input.small" ] || python3 "$root/benches/realprogs/yaml-input.py" 600 >"$yaml_input.small"

@@ -1071,8 +1071,9 @@ mod tests {
             std::thread::yield_now();
         }
         assert!(!took_trapped_stop(pid), "no stop to take");
-        assert_eq!(waitpid(pid, None).expect("its end is there"), nix::sys::wait::WaitStatus::Signaled(pid, Signal::SIGKILL, false));
+        // Reaped below: never killed again, under a pid that may be another's.
         held.go = None;
+        assert_eq!(waitpid(pid, None).expect("its end is there"), nix::sys::wait::WaitStatus::Signaled(pid, Signal::SIGKILL, false));
     }
 
     /// The state change child `pid` has to report, left to be waited for.
