@@ -740,12 +740,15 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     if (sock < 0 && !(c->fork_path[0] && sock == -ECONNREFUSED))
         __atomic_fetch_add(&header(c)->children_unreached, 1, __ATOMIC_RELAXED);
     /* Mapped over the parent's, in one step: nothing the child does from
-     * here on reaches the parent's. (Moving it there with mremap costs the
-     * kernel five times more, walking the 132 GiB, and is no safer: where
-     * the kernel runs out of memory making either, one before 6.12 leaves
-     * nothing mapped there, and the child's next call faults.) Then it is
-     * handed over: proftap knows no child that does not map its memory. */
-    if (sock >= 0 && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
+     * here on reaches the parent's, recorded or not (a child that drops
+     * its rights cannot write where its parent returns). (Moving it there
+     * with mremap costs the kernel five times more, walking the 132 GiB,
+     * and is no safer: where the kernel runs out of memory making either,
+     * one before 6.12 leaves nothing mapped there, and the child's next
+     * call faults.) Then it is handed over: proftap knows no child that
+     * does not map its memory. */
+    if (made && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared &&
+        sock >= 0) {
         /* The forking thread's block is carried over in place: no other
          * thread of the child calls in meanwhile (they wait for it). */
         if (own)

@@ -73,13 +73,26 @@ fn the_fork_code_is_apart_from_the_routines_of_calls() {
     }
 }
 
-/// A shared mapping of `len` bytes of `file`.
-fn map_file(file: &std::os::fd::OwnedFd, len: usize) -> *mut u8 {
+/// A parent's shared memory laid out as `geometry` says, mapped twice:
+/// where the runtime is to use it, which a forked child maps its own
+/// over, and as proftap sees it, which stays the parent's.
+fn parent_memory(geometry: Geometry) -> (*mut u8, *mut u8) {
     use std::os::fd::AsRawFd;
-    // SAFETY: a fresh shared mapping of a file this process made; checked below.
-    let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-    assert_ne!(at, libc::MAP_FAILED);
-    at.cast()
+    let bytes = geometry.shared_bytes() as usize;
+    // SAFETY: a name that is a C string; the descriptor is checked and owned.
+    let file = unsafe { libc::memfd_create(c"parent".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(file >= 0, "a memfd");
+    // SAFETY: just made, owned by nothing else.
+    let file = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(file) };
+    nix::unistd::ftruncate(&file, bytes as i64).expect("its size");
+    let map = || {
+        // SAFETY: a fresh shared mapping of the file just made; checked below.
+        let at =
+            unsafe { libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        assert_ne!(at, libc::MAP_FAILED);
+        at.cast::<u8>()
+    };
+    (map(), map())
 }
 
 fn map(len: usize) -> *mut u8 {
@@ -788,21 +801,33 @@ fn ready_to_fork() -> (Geometry, Children, Local, Stack) {
 
 /// A forked child that cannot reach proftap's socket (in network and mount
 /// namespaces of its own: here, a name and a path no one listens at) is
-/// counted in its parent's memory, which it still maps; one that reaches
-/// the socket's path as proftap stops taking children is not followed,
-/// and not counted.
+/// counted in its parent's memory, then runs unrecorded on memory of its
+/// own (nothing of its parent's mapped in it), its frames from before the
+/// fork returning where they came from; one that reaches the socket's path
+/// as proftap stops taking children is not followed, and not counted.
 #[test]
 fn a_forked_child_that_cannot_reach_proftap_is_counted_in_its_parents_memory() {
     let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
     let mut nowhere = SocketPath::default();
     let path = b"/proc/self/no-such-socket";
     nowhere.0[..path.len()].copy_from_slice(path);
-    let mut rt = Local::with_shared(geometry, (*b"proftap-no-one-listens-at-this-0", nowhere), map(geometry.shared_bytes() as usize));
+    let (shared, parents) = parent_memory(geometry);
+    let mut rt = Local::with_shared(geometry, (*b"proftap-no-one-listens-at-this-0", nowhere), shared);
     let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
     *rt.live = [0, 0];
     rt.entry(&mut stack.0[50], 0);
     assert_eq!(rt.live[0], LIVE_STOPPED);
-    assert_eq!(rt.header().children_unreached, 1);
+    assert_eq!(stack.0[50], 0x1000 + 50, "its new calls are not hijacked");
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], 0x1000 + 60, "its frame from before the fork returns where it came from");
+    let unreached = std::mem::offset_of!(Header, children_unreached);
+    let read = |memory: *const u8| {
+        // SAFETY: the header's word, in a memory laid out as `geometry` says.
+        unsafe { *memory.add(unreached).cast::<u64>() }
+    };
+    assert_eq!(read(parents), 1, "counted in its parent's memory");
+    assert_eq!(read(rt.shared), 0, "and runs on its own");
 
     let (_, mut children, mut rt, mut stack) = ready_to_fork();
     children.stop();
@@ -862,13 +887,7 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
 fn a_forked_child_with_memory_of_its_own_cannot_write_its_parents() {
     let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
     let bytes = geometry.shared_bytes() as usize;
-    // SAFETY: a name that is a C string; the descriptor is checked and owned.
-    let file = unsafe { libc::memfd_create(c"parent".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(file >= 0, "a memfd");
-    // SAFETY: just made, owned by nothing else.
-    let file = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(file) };
-    nix::unistd::ftruncate(&file, bytes as i64).expect("its size");
-    let (shared, parents) = (map_file(&file, bytes), map_file(&file, bytes));
+    let (shared, parents) = parent_memory(geometry);
     // SAFETY: getuid has no preconditions.
     let mut children = Children::listen(unsafe { libc::getuid() }, geometry, shared as u64).expect("a socket");
     let mut rt = Local::with_shared(geometry, (children.name(), children.path()), shared);
