@@ -747,17 +747,17 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
      * one before 6.12 leaves nothing mapped there, and the child's next
      * call faults.) Then it is handed over: proftap knows no child that
      * does not map its memory. */
-    if (made && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared &&
-        sock >= 0) {
+    if (made && syscall6(SYS_mmap, c->shared, c->shared_bytes, 3, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, memfd, 0) == (long)c->shared) {
         /* The forking thread's block is carried over in place: no other
-         * thread of the child calls in meanwhile (they wait for it). */
+         * thread of the child calls in meanwhile (they wait for it). Its
+         * frames return through it, recorded or not: an unwinder's too. */
         if (own)
             carry_block(shared_block(c, first), private_block(c, index), own->tid);
         if (own && first != index) {
             move_private_block(c, index, first);
             own->block = first + 1;
         }
-        if (hand_over(sock, memfd, pid, wait)) {
+        if (sock >= 0 && hand_over(sock, memfd, pid, wait)) {
             outcome = LIVE_RECORDING;
             if (own)
                 start_carried_frames(c, shared_block(c, first));

@@ -73,6 +73,12 @@ fn the_fork_code_is_apart_from_the_routines_of_calls() {
     }
 }
 
+/// Unmaps proftap's view of a parent's memory (see [`parent_memory`]).
+fn unmap(memory: *mut u8, geometry: Geometry) {
+    // SAFETY: a whole mapping made by parent_memory, not used after.
+    assert_eq!(unsafe { libc::munmap(memory.cast(), geometry.shared_bytes() as usize) }, 0);
+}
+
 /// A parent's shared memory laid out as `geometry` says, mapped twice:
 /// where the runtime is to use it, which a forked child maps its own
 /// over, and as proftap sees it, which stays the parent's.
@@ -803,38 +809,49 @@ fn ready_to_fork() -> (Geometry, Children, Local, Stack) {
 /// namespaces of its own: here, a name and a path no one listens at) is
 /// counted in its parent's memory, then runs unrecorded on memory of its
 /// own (nothing of its parent's mapped in it), its frames from before the
-/// fork returning where they came from; one that reaches the socket's path
-/// as proftap stops taking children is not followed, and not counted.
+/// fork returning where they came from, through their site's trampoline
+/// or the shared one; one that reaches the socket's path as proftap stops
+/// taking children is not followed, and not counted.
 #[test]
 fn a_forked_child_that_cannot_reach_proftap_is_counted_in_its_parents_memory() {
     let geometry = Geometry { functions: 1, blocks: 4, regions: 2, ..Geometry::default() };
     let mut nowhere = SocketPath::default();
     let path = b"/proc/self/no-such-socket";
     nowhere.0[..path.len()].copy_from_slice(path);
-    let (shared, parents) = parent_memory(geometry);
-    let mut rt = Local::with_shared(geometry, (*b"proftap-no-one-listens-at-this-0", nowhere), shared);
-    let mut stack = Stack::new();
-    rt.entry(&mut stack.0[60], 0);
-    *rt.live = [0, 0];
-    rt.entry(&mut stack.0[50], 0);
-    assert_eq!(rt.live[0], LIVE_STOPPED);
-    assert_eq!(stack.0[50], 0x1000 + 50, "its new calls are not hijacked");
-    rt.exit(&mut stack.0[60]);
-    assert_eq!(stack.0[60], 0x1000 + 60, "its frame from before the fork returns where it came from");
     let unreached = std::mem::offset_of!(Header, children_unreached);
     let read = |memory: *const u8| {
         // SAFETY: the header's word, in a memory laid out as `geometry` says.
         unsafe { *memory.add(unreached).cast::<u64>() }
     };
-    assert_eq!(read(parents), 1, "counted in its parent's memory");
-    assert_eq!(read(rt.shared), 0, "and runs on its own");
-
-    let (_, mut children, mut rt, mut stack) = ready_to_fork();
-    children.stop();
-    *rt.live = [0, 0];
-    rt.entry(&mut stack.0[50], 0);
-    assert_eq!(rt.live[0], LIVE_STOPPED);
-    assert_eq!(rt.header().children_unreached, 0, "refused as proftap stopped taking children");
+    for refused in [false, true] {
+        let (shared, parents) = parent_memory(geometry);
+        // SAFETY: getuid has no preconditions.
+        let mut children = Children::listen(unsafe { libc::getuid() }, geometry, shared as u64).expect("a socket");
+        let socket = if refused {
+            children.stop();
+            (children.name(), children.path())
+        } else {
+            (*b"proftap-no-one-listens-at-this-0", nowhere)
+        };
+        let mut rt = Local::with_shared(geometry, socket, shared);
+        let mut stack = Stack::new();
+        // A stack's outermost frame (its return address 0) returns through
+        // the shared trampoline, the next through its site's.
+        stack.0[62] = 0;
+        rt.entry(&mut stack.0[62], 0);
+        rt.entry(&mut stack.0[60], 0);
+        assert!(stack.0[62] != 0 && stack.0[60] != 0x1000 + 60, "both hijacked");
+        *rt.live = [0, 0];
+        rt.entry(&mut stack.0[50], 0);
+        assert_eq!(rt.live[0], LIVE_STOPPED);
+        assert_eq!(stack.0[50], 0x1000 + 50, "its new calls are not hijacked");
+        rt.exit(&mut stack.0[60]);
+        rt.exit(&mut stack.0[62]);
+        assert_eq!((stack.0[60], stack.0[62]), (0x1000 + 60, 0), "its frames from before the fork return where they came from");
+        assert_eq!(read(parents), u64::from(!refused), "counted in its parent's memory unless refused (refused: {refused})");
+        assert_eq!(read(rt.shared), 0, "and runs on its own");
+        unmap(parents, geometry);
+    }
 }
 
 #[test]
@@ -912,6 +929,7 @@ fn a_forked_child_with_memory_of_its_own_cannot_write_its_parents() {
     let changed = parents.iter().zip(&before).position(|(now, then)| now != then);
     assert_eq!(changed, None, "the parent's memory is as the fork left it");
     children.stop();
+    unmap(parents.as_ptr().cast_mut(), geometry);
 }
 
 /// A forked child whose parent's thread returned from its calls and ended
