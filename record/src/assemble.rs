@@ -139,13 +139,14 @@ pub struct Ending {
 }
 
 /// The profile of a recording.
-pub fn assemble(setup: &Setup, mut aggregate: Aggregate, mut samples: Option<SampleProfile>, ending: &Ending) -> Profile {
+pub fn assemble(setup: &Setup, mut aggregate: Aggregate, mut samples: Option<SampleProfile>, mut ending: Ending) -> Profile {
     let metrics = setup.metrics.len();
     // The kernel reports a loss as a record only when it next writes to the
     // buffer; the events' own counts also include losses it never reported.
     let known = ending.lost_samples.saturating_add(ending.engine_lost);
     aggregate.lost.events = aggregate.lost.events.max(known);
-    merge_threads(&mut aggregate.threads, &ending.engine_threads);
+    merge_threads(&mut aggregate.threads, std::mem::take(&mut ending.engine_threads));
+    let ending = &ending;
     let mut functions = functions(setup, &aggregate.throttled, ending);
     let released = samples.as_mut().map_or(0, |samples| release_held_time(&setup.metrics, &mut functions, &mut aggregate.threads, samples));
     // An entry and a return each, as a probe would have reported them.
@@ -196,21 +197,23 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, mut samples: Option<Sam
 /// made. The functions of one thread are disjoint between them (a function
 /// is patched or probed); where one thread has both, the engine's calling
 /// contexts join the tree under its root.
-fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: &[ThreadProfile]) {
+fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: Vec<ThreadProfile>) {
+    // Moved, not copied: a shell's profile holds hundreds of processes.
     for theirs in engine {
         match threads.iter_mut().find(|t| t.pid == theirs.pid && t.tid == theirs.tid) {
-            None => threads.push(theirs.clone()),
+            None => threads.push(theirs),
             Some(ours) => {
-                ours.functions.extend(theirs.functions.iter().cloned());
+                ours.functions.extend(theirs.functions);
                 ours.functions.sort_by_key(|f| f.function);
                 let offset = ours.tree.nodes.len() as u32;
-                let root = &mut ours.tree.nodes[0];
-                for (sum, v) in root.inclusive.iter_mut().zip(&theirs.tree.nodes[0].inclusive) {
+                let mut nodes = theirs.tree.nodes.into_iter();
+                let Some(their_root) = nodes.next() else { continue };
+                for (sum, v) in ours.tree.nodes[0].inclusive.iter_mut().zip(&their_root.inclusive) {
                     *sum = sum.saturating_add(*v);
                 }
-                for node in theirs.tree.nodes.iter().skip(1) {
+                for node in nodes {
                     let parent = if node.parent == 0 { 0 } else { node.parent - 1 + offset };
-                    ours.tree.nodes.push(TreeNode { parent, ..node.clone() });
+                    ours.tree.nodes.push(TreeNode { parent, ..node });
                 }
             }
         }
@@ -634,6 +637,40 @@ mod tests {
         assert_eq!(tree.nodes[5], TreeNode { inclusive: vec![8], exclusive: vec![8], ..node(3, 1, true) });
     }
 
+    /// A thread both engines measured keeps one tree: the engine's
+    /// contexts join under its root, their parents moved past the probes'
+    /// nodes, and its functions are merged in order; a thread only the
+    /// engine measured is taken whole.
+    #[test]
+    fn the_engines_threads_join_the_probes_threads() {
+        let node = |function: u32, parent: u32, time: u64| TreeNode {
+            function,
+            parent,
+            calls: 1,
+            inclusive: vec![time],
+            exclusive: vec![time],
+            estimated: false,
+        };
+        let root = |time: u64| TreeNode { calls: 0, ..node(proftap_profile::ROOT, proftap_profile::ROOT, time) };
+        let thread = |tid: i32, functions: &[u32], nodes: Vec<TreeNode>| ThreadProfile {
+            pid: 1,
+            tid,
+            name: String::new(),
+            functions: functions.iter().map(|&f| FunctionStats::new(f, 1)).collect(),
+            tree: CallTree { nodes },
+        };
+        // Probes: f (0) in thread 1. Engine: g (1) calling h (2) in thread 1; k (3) in thread 2.
+        let mut threads = vec![thread(1, &[0], vec![root(10), node(0, 0, 10)])];
+        let engine = vec![thread(2, &[3], vec![root(7), node(3, 0, 7)]), thread(1, &[2, 1], vec![root(5), node(1, 0, 5), node(2, 1, 2)])];
+        merge_threads(&mut threads, engine);
+        assert_eq!(threads.iter().map(|t| t.tid).collect::<Vec<_>>(), vec![1, 2]);
+        let joined = &threads[0];
+        assert_eq!(joined.functions.iter().map(|f| f.function).collect::<Vec<_>>(), vec![0, 1, 2]);
+        // The root's inclusive time adds up; its own stays the probes' thread's.
+        assert_eq!(joined.tree.nodes, vec![TreeNode { inclusive: vec![15], ..root(10) }, node(0, 0, 10), node(1, 0, 5), node(2, 2, 2)]);
+        assert_eq!(threads[1].tree.nodes, vec![root(7), node(3, 0, 7)]);
+    }
+
     /// A caller holding 270 ms of callees it no longer times: with 250
     /// samples in them and 5 in its own code, its own time is what its 5
     /// samples say, not 270 ms less the estimate of 250 (which swings by
@@ -796,7 +833,7 @@ mod tests {
             engine: Engine::Inject,
             ..Ending::default()
         };
-        let profile = assemble(&setup, aggregate, None, &ending);
+        let profile = assemble(&setup, aggregate, None, ending);
         assert_eq!(profile.recording.duration_ns, 250);
         assert_eq!((profile.functions[0].engine, profile.functions[1].engine), (Some(Engine::Uprobe), Some(Engine::Inject)));
         assert_eq!(profile.lost.events, 4);

@@ -278,12 +278,12 @@ fn recorded(mut finished: Finished, setup: &Setup, options: &RecordOptions) -> R
             trace.sample(at.pid, at.tid, at.time, at.stack);
         }
     }
-    let profile = assemble(setup, aggregate, samples, &finished.ending);
     if let Some(saver) = consumer.saver
         && let Err(e) = saver.finish(stacks.as_deref().unwrap_or_default(), &finished.ending)
     {
         options.observer.event(RecordEvent::Warning(Warning::EventsNotSaved { reason: e.to_string() }));
     }
+    let profile = assemble(setup, aggregate, samples, finished.ending);
     Recorded { profile, ended: finished.ended, closing: finished.closing }
 }
 

@@ -141,6 +141,6 @@ impl SavedRecording {
             profile.in_counting_stubs = self.ending.in_counting_stubs;
             profile
         });
-        assemble(&self.setup, aggregator.finish(), samples, &self.ending)
+        assemble(&self.setup, aggregator.finish(), samples, self.ending.clone())
     }
 }

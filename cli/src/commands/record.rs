@@ -410,6 +410,9 @@ pub fn finish(profile: proftap_profile::Profile, output: &Path) -> Result<()> {
     if let Some(samples) = &profile.samples {
         parts.push(format!("{} stack samples", group_digits(samples.total)));
     }
+    // Freed beside the exit or the next run: a profile of hundreds of
+    // processes takes milliseconds to free, which nothing needs to wait for.
+    let _ = std::thread::Builder::new().name("proftap-free".into()).spawn(move || drop(profile));
     eprintln!("proftap: {}; profile written to {} (see: proftap report {})", parts.join(", "), output.display(), output.display());
     Ok(())
 }

@@ -115,16 +115,16 @@ fn compensate(tree: &mut [TreeNode], costs: &[Cost; 2]) {
     // so that its own time is 0 there, never less, and a parent holds its
     // children. Children come after their parents: last to first, each
     // node's children are done before it.
-    let mut kept_below: Vec<Vec<u64>> = vec![vec![0; costs.len()]; tree.len()];
+    let width = costs.len();
+    let mut kept_below = vec![0u64; tree.len() * width];
     for i in (1..tree.len()).rev() {
-        for (value, kept) in tree[i].inclusive.iter_mut().zip(&kept_below[i]) {
+        for (value, kept) in tree[i].inclusive.iter_mut().zip(&kept_below[i * width..][..width]) {
             *value = (*value).max(*kept);
         }
         let parent = tree[i].parent as usize;
         if parent != 0 && parent < i {
-            let node = tree[i].inclusive.clone();
-            for (sum, value) in kept_below[parent].iter_mut().zip(node) {
-                *sum = sum.saturating_add(value);
+            for (sum, value) in kept_below[parent * width..][..width].iter_mut().zip(&tree[i].inclusive) {
+                *sum = sum.saturating_add(*value);
             }
         }
     }
@@ -134,14 +134,16 @@ fn compensate(tree: &mut [TreeNode], costs: &[Cost; 2]) {
 /// the profile's units (converted one by one, sums would drift apart by
 /// rounding); the thread's own node: everything its outermost calls took.
 fn exclusive_from_children(tree: &mut [TreeNode], metrics: usize) {
-    let mut children = vec![vec![0u64; metrics]; tree.len()];
+    // One array, a node's `metrics` sums after another's: a process's
+    // profile is made of thousands of nodes, hundreds of processes a run.
+    let mut children = vec![0u64; tree.len() * metrics];
     for node in tree.iter().skip(1) {
-        for (sum, v) in children[node.parent as usize].iter_mut().zip(&node.inclusive) {
+        for (sum, v) in children[node.parent as usize * metrics..][..metrics].iter_mut().zip(&node.inclusive) {
             *sum = sum.saturating_add(*v);
         }
     }
-    tree[0].inclusive = children[0].clone();
-    for (node, below) in tree.iter_mut().zip(&children).skip(1) {
+    tree[0].inclusive = children[..metrics].to_vec();
+    for (node, below) in tree.iter_mut().zip(children.chunks_exact(metrics)).skip(1) {
         node.exclusive = node.inclusive.iter().zip(below).map(|(incl, below)| incl.saturating_sub(*below)).collect();
     }
 }
@@ -254,13 +256,21 @@ fn function_stats(
 /// Parents come before children, so one pass in order finds, for each node,
 /// whether its function appears among its ancestors.
 fn outermost_nodes(nodes: &[Node]) -> Vec<bool> {
-    let children = {
-        let mut c: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
-        for (i, n) in nodes.iter().enumerate().skip(1) {
-            c[n.parent as usize].push(i as u32);
-        }
-        c
-    };
+    // Each node's children, in one array: those of node n are
+    // `children[first[n]..first[n + 1]]`.
+    let mut first = vec![0usize; nodes.len() + 1];
+    for n in nodes.iter().skip(1) {
+        first[n.parent as usize + 1] += 1;
+    }
+    for i in 1..first.len() {
+        first[i] += first[i - 1];
+    }
+    let mut children = vec![0u32; nodes.len().saturating_sub(1)];
+    let mut next = first.clone();
+    for (i, n) in nodes.iter().enumerate().skip(1) {
+        children[next[n.parent as usize]] = i as u32;
+        next[n.parent as usize] += 1;
+    }
     let mut outermost = vec![false; nodes.len()];
     // Depth-first with the count of each function's frames on the path.
     let mut active: rustc_hash::FxHashMap<u32, u32> = rustc_hash::FxHashMap::default();
@@ -279,7 +289,8 @@ fn outermost_nodes(nodes: &[Node]) -> Vec<bool> {
             *count += 1;
             stack.push((node, true));
         }
-        stack.extend(children[node as usize].iter().map(|&c| (c, false)));
+        let node = node as usize;
+        stack.extend(children[first[node]..first[node + 1]].iter().map(|&c| (c, false)));
     }
     outermost
 }
