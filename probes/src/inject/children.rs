@@ -83,7 +83,7 @@ enum Memory {
     Held(OwnedFd),
     /// What its memory held once it had ended, read so that the memory
     /// could be let go (or why it could not be read).
-    LetGo(Arc<Result<Totals, String>>),
+    LetGo(Result<Arc<Totals>, String>),
 }
 
 impl Memory {
@@ -117,11 +117,12 @@ impl ChildView {
         received.children.get(self.index).is_some_and(|child| child.ended_ns.is_some())
     }
 
-    /// Its totals, or why they cannot be read.
-    pub fn totals(&self) -> Result<Totals, String> {
+    /// Its totals, or why they cannot be read: those kept as it ended
+    /// are shared, not copied (a shell forks hundreds of children).
+    pub fn totals(&self) -> Result<Arc<Totals>, String> {
         match self.memory().map_err(|e| format!("cannot map its memory: {e}"))? {
-            Memory::Held(memory) => self.memories.map(memory).map_err(|e| format!("cannot map its memory: {e}"))?.totals(),
-            Memory::LetGo(totals) => totals.as_ref().clone(),
+            Memory::Held(memory) => self.memories.map(memory).map_err(|e| format!("cannot map its memory: {e}"))?.totals().map(Arc::new),
+            Memory::LetGo(totals) => totals,
         }
     }
 
@@ -131,7 +132,7 @@ impl ChildView {
         match self.memory() {
             Ok(Memory::Held(memory)) => self.memories.map(memory).map(|view| view.calls(into)).is_ok(),
             Ok(Memory::LetGo(totals)) => {
-                if let Ok(totals) = totals.as_ref() {
+                if let Ok(totals) = &totals {
                     add_calls(totals, into);
                 }
                 true
@@ -200,7 +201,7 @@ impl Received {
                 // What a child claims to hold counts against what is kept: past it, its calls are counted, not timed.
                 .and_then(|view| view.totals_within(MOST_LET_GO_BYTES - self.let_go_bytes));
             self.let_go_bytes = self.let_go_bytes.saturating_add(totals.as_ref().map_or(0, Totals::bytes)).min(MOST_LET_GO_BYTES);
-            child.memory = Memory::LetGo(Arc::new(totals));
+            child.memory = Memory::LetGo(totals.map(Arc::new));
             child.process = None;
             self.held -= 1;
             let_go += 1;
@@ -227,7 +228,7 @@ impl Received {
     fn keep_totals(&mut self, at: usize, totals: Totals) {
         let Some(child) = self.children.get_mut(at).filter(|child| child.memory.held().is_some()) else { return };
         self.let_go_bytes = self.let_go_bytes.saturating_add(totals.bytes()).min(MOST_LET_GO_BYTES);
-        child.memory = Memory::LetGo(Arc::new(Ok(totals)));
+        child.memory = Memory::LetGo(Ok(Arc::new(totals)));
         child.process = None;
         self.held -= 1;
     }

@@ -179,7 +179,7 @@ impl InjectSource {
         });
         for (pid, child) in children {
             match child {
-                Ok((totals, profiles)) => read.add_profiled(totals, profiles, &how),
+                Ok((totals, profiles)) => read.add_profiled(&totals, profiles, &how),
                 Err(error) => notes.push(Finding::ChildNotRead { pid, error }.into()),
             }
         }
@@ -350,11 +350,11 @@ impl Read {
         names: &Names<'_>,
     ) {
         let profiles = thread_profiles(pid, &totals, how, end, off_cpu, names);
-        self.add_profiled(totals, profiles, how);
+        self.add_profiled(&totals, profiles, how);
     }
 
     /// Adds a process's `totals`, whose threads' profiles are `profiles`.
-    fn add_profiled(&mut self, totals: Totals, profiles: Vec<ThreadProfile>, how: &Conversion<'_>) {
+    fn add_profiled(&mut self, totals: &Totals, profiles: Vec<ThreadProfile>, how: &Conversion<'_>) {
         self.threads.extend(profiles);
         self.calls =
             totals.threads.iter().flat_map(|t| &t.calls).fold(self.calls.saturating_add(totals.unseated), |sum, c| sum.saturating_add(*c));
