@@ -207,8 +207,9 @@ fn merge_threads(threads: &mut Vec<ThreadProfile>, engine: Vec<ThreadProfile>) {
                 ours.functions.sort_by_key(|f| f.function);
                 let offset = ours.tree.nodes.len() as u32;
                 let mut nodes = theirs.tree.nodes.into_iter();
-                let Some(their_root) = nodes.next() else { continue };
-                for (sum, v) in ours.tree.nodes[0].inclusive.iter_mut().zip(&their_root.inclusive) {
+                // Node 0 of each tree is the thread (every tree made has one).
+                let (Some(root), Some(their_root)) = (ours.tree.nodes.first_mut(), nodes.next()) else { continue };
+                for (sum, v) in root.inclusive.iter_mut().zip(&their_root.inclusive) {
                     *sum = sum.saturating_add(*v);
                 }
                 for node in nodes {

@@ -336,8 +336,16 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     // spinner while probes are placed.
     let recorded = record(&request, args.record.save_events.as_deref(), false, control()?)?;
     let status = recorded.ended.map_or(0, |e| e.shell_status());
-    finish(recorded.profile, &args.record.output())?;
+    finish(&recorded.profile, &args.record.output())?;
+    free_beside(recorded.profile);
     Ok(ExitCode::from(status.clamp(0, 255) as u8))
+}
+
+/// Lets `profile` go on a thread of its own: a profile of hundreds of
+/// processes takes milliseconds to free, which a command about to exit
+/// need not wait for.
+fn free_beside(profile: proftap_profile::Profile) {
+    let _ = std::thread::Builder::new().name("proftap-free".into()).spawn(move || drop(profile));
 }
 
 /// Records `request` `runs` times into `dir` (run-01.profile, ...), until a
@@ -356,7 +364,7 @@ fn repeat(request: &RecordRequest, runs: u32, dir: &Path) -> Result<ExitCode> {
     for run in 1..=runs {
         let recorded = record(request, None, false, control.clone())?;
         let status = recorded.ended.map_or(0, |e| e.shell_status());
-        finish(recorded.profile, &dir.join(format!("run-{run:0width$}.profile")))?;
+        finish(&recorded.profile, &dir.join(format!("run-{run:0width$}.profile")))?;
         let stopped = control.interrupt.load(Ordering::Relaxed) || control.terminate.load(Ordering::Relaxed);
         if status != 0 || (stopped && run < runs) {
             let why = if status != 0 { format!("run {run} exited with status {status}") } else { format!("interrupted after run {run}") };
@@ -373,7 +381,8 @@ pub fn attach(args: AttachArgs) -> Result<ExitCode> {
     let request = args.record.request(args.attach.target(args.pid()))?;
     proftap_profile::check_writable(&args.record.output())?;
     let recorded = record(&request, args.record.save_events.as_deref(), true, control()?)?;
-    finish(recorded.profile, &args.record.output())?;
+    finish(&recorded.profile, &args.record.output())?;
+    free_beside(recorded.profile);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -392,8 +401,8 @@ fn record(request: &RecordRequest, save_events: Option<&Path>, live: bool, contr
 }
 
 /// Writes the profile and says what is in it.
-pub fn finish(profile: proftap_profile::Profile, output: &Path) -> Result<()> {
-    proftap_profile::write_profile(output, &profile)?;
+pub fn finish(profile: &proftap_profile::Profile, output: &Path) -> Result<()> {
+    proftap_profile::write_profile(output, profile)?;
     let threads = profile.threads.len();
     let calls = profile.total_calls();
     let lost = profile.lost.events;
@@ -410,9 +419,6 @@ pub fn finish(profile: proftap_profile::Profile, output: &Path) -> Result<()> {
     if let Some(samples) = &profile.samples {
         parts.push(format!("{} stack samples", group_digits(samples.total)));
     }
-    // Freed beside the exit or the next run: a profile of hundreds of
-    // processes takes milliseconds to free, which nothing needs to wait for.
-    let _ = std::thread::Builder::new().name("proftap-free".into()).spawn(move || drop(profile));
     eprintln!("proftap: {}; profile written to {} (see: proftap report {})", parts.join(", "), output.display(), output.display());
     Ok(())
 }

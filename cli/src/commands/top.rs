@@ -57,7 +57,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let prepared = proftap_record::prepare::prepare(&request, terminal.as_ref(), &OwnHelper)?;
     let recorded = prepared.record(super::record::control()?, screen.clone())?;
     if let Some(output) = &args.output {
-        super::record::finish(recorded.profile, output)?;
+        super::record::finish(&recorded.profile, output)?;
     }
     Ok(ExitCode::SUCCESS)
 }
