@@ -688,7 +688,7 @@ FORK_CODE static int page_taken(const struct header *h, u64 page)
 /* Writes the header of the child's memory into memfd, `blocks_taken`
  * blocks taken, from the parent's; the rest stays zero. Written, not
  * mapped and stored to: a store to each new page of shared memory is a
- * page fault, and the table of return sites is 32 pages. Frames hijacked
+ * page fault, and the table of return sites is up to 32 pages. Frames hijacked
  * before the fork stand for their return sites by the parent's table:
  * the child's starts as a copy of the pages where sites were taken, each
  * run of them in one write. Returns whether it could. */
@@ -1278,13 +1278,13 @@ static void remove_frame(struct private_block *p, struct block *b, u64 i)
 /* Whether `value` is one of the return trampolines: a return hijacked. */
 static inline int is_trampoline(const struct config *c, u64 value)
 {
-    return value == c->return_trampoline || (c->site_trampolines && value - c->site_trampolines < SITES * SITE_BYTES);
+    return value == c->return_trampoline || (c->site_trampolines && value - c->site_trampolines < (SITE_BYTES << c->site_bits));
 }
 
 /* Where the table of return sites looks first for `ret`. */
-static inline u64 site_hash(u64 ret)
+static inline u64 site_hash(const struct config *c, u64 ret)
 {
-    return (ret * 0x9e3779b97f4a7c15UL) >> (64 - SITES_BITS);
+    return (ret * 0x9e3779b97f4a7c15UL) >> (64 - c->site_bits);
 }
 
 /* The trampoline a return to `ret` goes through: the one of its return
@@ -1301,8 +1301,8 @@ static inline u64 trampoline_for(const struct config *c, u64 ret)
     if (!c->site_trampolines || !ret || is_trampoline(c, ret))
         return c->return_trampoline;
     u64 *sites = header(c)->sites;
-    u64 i = site_hash(ret);
-    for (u64 n = 0; n < SITE_PROBES; n++, i = (i + 1) & (SITES - 1)) {
+    u64 i = site_hash(c, ret), last = (1UL << c->site_bits) - 1;
+    for (u64 n = 0; n < SITE_PROBES; n++, i = (i + 1) & last) {
         u64 seen = __atomic_load_n(&sites[i], __ATOMIC_RELAXED);
         if (!seen) {
             /* Marked before the address is written, for a child forked in
@@ -1517,7 +1517,7 @@ out:
 static int back_to_site(const struct config *c, u64 *slot)
 {
     u64 offset = *slot - c->site_trampolines;
-    if (!c->site_trampolines || offset >= SITES * SITE_BYTES || offset % SITE_BYTES)
+    if (!c->site_trampolines || offset >= (SITE_BYTES << c->site_bits) || offset % SITE_BYTES)
         return 0;
     u64 ret = __atomic_load_n(&header(c)->sites[offset / SITE_BYTES], __ATOMIC_RELAXED);
     if (!ret)
@@ -1628,7 +1628,7 @@ static inline int seated_quickly(const struct config *c, int recorded, struct ho
  * first place the table looks, else 0 (see trampoline_for). */
 static inline u64 site_trampoline_at_home(const struct config *c, u64 ret)
 {
-    u64 i = site_hash(ret);
+    u64 i = site_hash(c, ret);
     if (!c->site_trampolines || !ret || __atomic_load_n(&header(c)->sites[i], __ATOMIC_RELAXED) != ret)
         return 0;
     return c->site_trampolines + i * SITE_BYTES;

@@ -40,13 +40,14 @@ typedef u64 __attribute__((may_alias, aligned(4))) u64_alias4;
 #define HASH_FIRST_BITS 10
 /* Frames farther apart than this are on different stacks. */
 #define NEAR_STACK (8UL << 20)
-/* Return sites with a trampoline of their own (a power of two), and the
- * bytes of each site trampoline's code; a return site past them (or past
- * SITE_PROBES slots of the table from where its hash points) returns
- * through the shared one. */
+/* Return sites with a trampoline of their own, at most (a power of two:
+ * a process has 1 << config.site_bits of them), and the bytes of each
+ * site trampoline's code; a return site past them (or past SITE_PROBES
+ * slots of the table from where its hash points) returns through the
+ * shared one. */
 #define SITES_BITS 14
 #define SITES (1UL << SITES_BITS)
-#define SITE_BYTES 16
+#define SITE_BYTES 16UL
 /* Bytes of the `call` before each return trampoline, through which a
  * timed call is made, so that the return trampoline is the address the
  * call pushed and the processor predicted. */
@@ -81,7 +82,7 @@ struct config {
     u64 private_base;      /* address of the private memory */
     u64 live;              /* the live word: LIVE_RECORDING, ... */
     u64 return_trampoline; /* where hijacked returns go when their site has no trampoline of its own */
-    u64 site_trampolines;  /* SITES trampolines, SITE_BYTES apart, each for the return site header.sites names, or 0 */
+    u64 site_trampolines;  /* 1 << site_bits trampolines, SITE_BYTES apart, each for the return site header.sites names, or 0 */
     u64 tcb_tid;           /* offset of the C library's thread id from fs:0, or 0 */
     u64 off_cpu;           /* time off CPU by thread id (ns, every other word), or 0 */
     u64 off_cpu_entries;   /* thread ids it covers */
@@ -101,6 +102,10 @@ struct config {
     /* The same socket's path, for a child in a network namespace of its
      * own, where abstract names are not proftap's (first byte 0: none). */
     char fork_path[FORK_SOCKET_PATH];
+    /* The process's site trampolines are 1 << site_bits (at most
+     * SITES_BITS): sized to its functions, so that the table's slots in
+     * use, which a forked child copies, are few where they are few. */
+    u64 site_bits;
 };
 
 struct header {

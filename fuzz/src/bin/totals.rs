@@ -35,7 +35,7 @@ use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::reading::{MOST_CONTEXT_BYTES, TotalsView, TraceCursor};
 use proftap_probes::inject::remote::Shared;
 use proftap_probes::inject::threads::{Conversion, Cost, thread_profile};
-use proftap_probes::inject::totals::{BlockHeader, Frame, Geometry, Header, Node, Ret, STACK_DEPTH, Traced, Trampolines};
+use proftap_probes::inject::totals::{BlockHeader, Frame, Geometry, Header, Node, Ret, SITES, STACK_DEPTH, Traced, Trampolines};
 use proftap_profile::{FunctionInfo, Profile};
 
 proftap_fuzz::target!(run);
@@ -55,7 +55,7 @@ const SITES_GIVEN: usize = 8;
 /// Words of a sampled stack.
 const STACK_WORDS: usize = 16;
 /// Where the made-up site trampolines are, and the shared one.
-const SITE_TRAMPOLINES: Trampolines = Trampolines { shared: 0x7000_0000, sites: 0x7000_0040 };
+const SITE_TRAMPOLINES: Trampolines = Trampolines { shared: 0x7000_0000, sites: 0x7000_0040, count: SITES };
 
 fn words<T>() -> usize {
     size_of::<T>() / 8

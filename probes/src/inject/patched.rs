@@ -241,7 +241,7 @@ impl Patched {
             let patches = patcher::apply(
                 remote,
                 group.plans,
-                totals::CODE_ROOM,
+                totals::code_room(config, shared_trampolines),
                 |address| {
                     let rt = totals::assemble(address, config, shared_trampolines)?;
                     let code = rt.code.clone();

@@ -19,12 +19,33 @@ mod symbols {
 /// The runtime, compiled: code, constants, then its configuration.
 const IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/runtime.bin"));
 
-/// Bytes set aside for the runtime's code: its image, the return trampoline,
-/// the return sites' trampolines and the region trampoline.
-pub const CODE_ROOM: usize = (IMAGE.len() + 64).next_multiple_of(64) + 128 + (SITES * SITE_BYTES) as usize + 128;
+/// Bytes set aside for the runtime's code that [`assemble`] makes of
+/// `config` and `shared`: its image, the return trampoline, the return
+/// sites' trampolines (the first copy's alone) and the region trampoline.
+/// What the room holds besides is written too, and is the process's own
+/// memory, which each fork copies: no more than the copy takes.
+pub fn code_room(config: &Config, shared: Option<Trampolines>) -> usize {
+    let sites = if shared.is_some() { 0 } else { sites_for(config.functions) };
+    (IMAGE.len() + 64).next_multiple_of(64) + 128 + (sites * SITE_BYTES) as usize + 128
+}
 
-/// Return sites with a trampoline of their own (`SITES` in runtime.h).
+/// Return sites with a trampoline of their own, at most (`SITES` in
+/// runtime.h); a process has [`sites_for`] its functions.
 pub const SITES: u64 = 1 << 14;
+
+/// Return sites with a trampoline of their own, at least: a few functions
+/// named may be called from thousands of sites (`-f malloc`).
+const FEWEST_SITES: u64 = 1 << 12;
+
+/// The site trampolines of a process whose patched functions are
+/// `functions`: eight a function, rounded up to a power of two (a program
+/// returns to about as many sites as it has functions: dash to 228 of its
+/// 246), so that the table stays sparse, and no more: a forked child
+/// copies the pages of the table in use, and the trampolines' pages are
+/// the process's own, which each fork copies.
+pub fn sites_for(functions: u64) -> u64 {
+    functions.saturating_mul(8).next_power_of_two().clamp(FEWEST_SITES, SITES)
+}
 /// Bytes of each return site's trampoline (`SITE_BYTES`).
 pub const SITE_BYTES: u64 = 16;
 /// Bytes of the `call` before each return trampoline
@@ -93,6 +114,9 @@ pub struct Config {
     /// A path of the same socket, for a child in a network namespace of
     /// its own (all zero: none).
     pub fork_path: SocketPath,
+    /// The process's site trampolines are `1 << site_bits` (set as the
+    /// runtime is assembled, from its [`Trampolines`]).
+    pub site_bits: u64,
 }
 
 /// A Unix socket's path as `sockaddr_un` holds it, 0-terminated.
@@ -480,8 +504,10 @@ fn asm_error(e: IcedError) -> String {
 pub struct Trampolines {
     /// The one a return goes through when its site found no trampoline.
     pub shared: u64,
-    /// The first of [`SITES`] site trampolines, [`SITE_BYTES`] apart.
+    /// The first of `count` site trampolines, [`SITE_BYTES`] apart.
     pub sites: u64,
+    /// How many: a power of two, at most [`SITES`].
+    pub count: u64,
 }
 
 impl Trampolines {
@@ -493,7 +519,7 @@ impl Trampolines {
     /// The index in the table of the site trampoline at `address`.
     pub fn site(&self, address: u64) -> Option<u64> {
         let offset = address.checked_sub(self.sites)?;
-        (offset < SITES * SITE_BYTES && offset % SITE_BYTES == 0).then_some(offset / SITE_BYTES)
+        (offset < self.count.min(SITES) * SITE_BYTES && offset % SITE_BYTES == 0).then_some(offset / SITE_BYTES)
     }
 }
 
@@ -508,7 +534,9 @@ pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> R
     let trampoline = return_trampoline_code(own_trampoline, address + symbols::PROFTAP_EXIT).map_err(asm_error)?;
     code.extend_from_slice(&trampoline);
     code.resize(code.len().next_multiple_of(64), 0xcc);
-    let own = Trampolines { shared: own_trampoline, sites: address + code.len() as u64 + CALL_BEFORE_TRAMPOLINE };
+    // Every copy in the process shares the first one's table and its size.
+    let count = shared.map_or_else(|| sites_for(config.functions), |t| t.count);
+    let own = Trampolines { shared: own_trampoline, sites: address + code.len() as u64 + CALL_BEFORE_TRAMPOLINE, count };
     // Only the first copy's site trampolines are used: the others have none.
     if shared.is_none() {
         code.extend_from_slice(&site_trampolines(own));
@@ -517,7 +545,8 @@ pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> R
     let region_trampoline = address + code.len() as u64;
     code.extend_from_slice(&region_trampoline_code(region_trampoline, address + symbols::PROFTAP_REGION).map_err(asm_error)?);
     let trampolines = shared.unwrap_or(own);
-    let config = Config { return_trampoline: trampolines.shared, site_trampolines: trampolines.sites, ..*config };
+    let site_bits = u64::from(trampolines.count.trailing_zeros());
+    let config = Config { return_trampoline: trampolines.shared, site_trampolines: trampolines.sites, site_bits, ..*config };
     let at = symbols::PROFTAP_CONFIG as usize;
     // SAFETY: Config is plain old data of u64s.
     let bytes = unsafe { std::slice::from_raw_parts((&raw const config).cast::<u8>(), size_of::<Config>()) };
@@ -546,8 +575,8 @@ const CALL_THROUGH_STACK: [u8; CALL_BEFORE_TRAMPOLINE as usize] = [0xff, 0x54, 0
 /// The site trampolines, the first at `at.sites`: each after its
 /// [`CALL_THROUGH_STACK`], a `jmp` to `at.shared`, padded.
 fn site_trampolines(at: Trampolines) -> Vec<u8> {
-    let mut code = Vec::with_capacity((SITES * SITE_BYTES) as usize);
-    for i in 0..SITES {
+    let mut code = Vec::with_capacity((at.count * SITE_BYTES) as usize);
+    for i in 0..at.count {
         code.extend_from_slice(&CALL_THROUGH_STACK);
         let next = at.sites + i * SITE_BYTES + 5;
         let rel = at.shared.wrapping_sub(next) as i64 as i32;

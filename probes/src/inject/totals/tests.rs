@@ -47,7 +47,8 @@ fn the_c_and_rust_views_of_the_memory_agree() {
     for (i, &value) in expected.iter().enumerate() {
         assert_eq!(layout_word(i), value, "layout word {i}");
     }
-    assert!(CODE_ROOM >= IMAGE.len() + 64);
+    let config = Config { functions: 1, ..Config::default() };
+    assert!(code_room(&config, None) >= IMAGE.len() + 64);
 }
 
 /// The runtime in this process's memory, with `blocks` blocks.
@@ -137,7 +138,7 @@ impl Local {
         let (functions, blocks) = (geometry.functions, geometry.blocks);
         let private = map(geometry.private_bytes() as usize);
         let live = Box::new([1u64, 0]);
-        let code_len = CODE_ROOM.next_multiple_of(4096);
+        let code_len = code_room(&Config { functions, ..Config::default() }, None).next_multiple_of(4096);
         let code = map(code_len);
         let config = Config {
             shared: shared as u64,
@@ -471,7 +472,9 @@ fn return_sites_keep_their_trampolines_and_the_table_names_them() {
     assert_eq!(rt.site(trampolines.site(first).unwrap()), 0x40_1000);
     assert_eq!(rt.site(trampolines.site(other).unwrap()), 0x40_2000);
     let (mut own, mut shared) = (0, 0);
-    for i in 0..SITES + 1000 {
+    let sites = trampolines.count;
+    assert_eq!(sites, sites_for(1), "a process of one function has the fewest");
+    for i in 0..sites + 1000 {
         let ret = 0x50_0000 + 16 * i;
         let trampoline = hijacked(ret);
         match trampolines.site(trampoline) {
@@ -485,7 +488,37 @@ fn return_sites_keep_their_trampolines_and_the_table_names_them() {
             }
         }
     }
-    assert!(own > SITES * 3 / 4 && shared >= 1000, "{own} sites with their own trampoline, {shared} through the shared one");
+    assert!(
+        own > sites * 3 / 4 && own <= sites && shared >= 1000,
+        "{own} sites with their own trampoline, {shared} through the shared one"
+    );
+}
+
+/// A process's table of return sites is sized to its functions, within
+/// bounds: a forked child copies the pages of it in use. Every copy of the
+/// runtime in a process uses the first one's table, and says its size to
+/// the runtime.
+#[test]
+fn the_site_table_is_sized_to_the_functions_and_every_copy_uses_the_first() {
+    assert_eq!((sites_for(0), sites_for(246), sites_for(1000), sites_for(100_000)), (1 << 12, 1 << 12, 1 << 13, SITES));
+    let site_bits = |rt: &Runtime| {
+        let at = symbols::PROFTAP_CONFIG as usize + std::mem::offset_of!(Config, site_bits);
+        u64::from_ne_bytes(rt.code[at..at + 8].try_into().unwrap())
+    };
+    let first = assemble(0x40_0000, &Config { functions: 1000, ..Config::default() }, None).unwrap();
+    assert_eq!((first.trampolines.count, site_bits(&first)), (8192, 13));
+    // The code holds as many site trampolines, the region's right after.
+    assert_eq!(
+        first.region_trampoline.next_multiple_of(16),
+        (first.trampolines.sites - CALL_BEFORE_TRAMPOLINE + 8192 * SITE_BYTES).next_multiple_of(16)
+    );
+    let config = Config { functions: 5000, ..Config::default() };
+    let second = assemble(0x80_0000, &config, Some(first.trampolines)).unwrap();
+    assert_eq!((second.trampolines, site_bits(&second)), (first.trampolines, 13));
+    // Each copy fits the room set aside for it, a later one's without site trampolines.
+    assert!(first.code.len() <= code_room(&Config { functions: 1000, ..Config::default() }, None));
+    assert!(second.code.len() <= code_room(&config, Some(first.trampolines)));
+    assert!(code_room(&config, Some(first.trampolines)) < (SITE_BYTES * 1024) as usize + IMAGE.len());
 }
 
 /// A tail call's frame shares its caller's slot: an unwinder's unhook and
@@ -1287,7 +1320,7 @@ fn return_trampolines_come_after_a_call_through_the_stack_and_return_with_a_ret(
         rt.code[at..at + CALL_BEFORE_TRAMPOLINE as usize].to_vec()
     };
     assert_eq!(before(rt.trampolines.shared), CALL_THROUGH_STACK);
-    for site in [0, 1, SITES - 1] {
+    for site in [0, 1, rt.trampolines.count - 1] {
         assert_eq!(before(rt.trampolines.sites + site * SITE_BYTES), CALL_THROUGH_STACK, "site {site}");
     }
 }
