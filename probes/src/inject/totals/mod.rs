@@ -37,8 +37,8 @@ pub const SITES: u64 = 1 << 14;
 /// named may be called from thousands of sites (`-f malloc`).
 const FEWEST_SITES: u64 = 1 << 12;
 
-/// The site trampolines of a process whose patched functions are
-/// `functions`: eight a function, rounded up to a power of two (a program
+/// The site trampolines of a process whose functions probed (those asked
+/// for, refused ones too) are `functions`: eight a function, rounded up to a power of two (a program
 /// returns to about as many sites as it has functions: dash to 228 of its
 /// 246), so that the table stays sparse, and no more: a forked child
 /// copies the pages of the table in use, and the trampolines' pages are
