@@ -16,8 +16,9 @@ proftap=$PWD/target/release/proftap
 gcc -O2 -g -fomit-frame-pointer -o "$dir/split" examples/split.c
 commands=("$dir/split $work")
 for hz in 1000 10000; do
-  commands+=("perf record -q -F $hz -g -o $dir/fp.data -- $dir/split $work")
-  commands+=("perf record -q -F $hz --call-graph dwarf,16384 -o $dir/dwarf.data -- $dir/split $work")
+  # --no-bpf-event: see benches/realprogs.sh.
+  commands+=("perf record -q --no-bpf-event -F $hz -g -o $dir/fp.data -- $dir/split $work")
+  commands+=("perf record -q --no-bpf-event -F $hz --call-graph dwarf,16384 -o $dir/dwarf.data -- $dir/split $work")
   commands+=("$proftap run --no-instrument --sample $hz -o $dir/p.profile -- $dir/split $work")
 done
 hyperfine -N --warmup 1 --runs "$runs" --export-markdown "$dir/table.md" --output null "${commands[@]}" >/dev/null
