@@ -699,7 +699,8 @@ FORK_CODE static int fill_own_header(const struct config *c, long memfd, u64 blo
     int ok = written(memfd, clock, sizeof clock, __builtin_offsetof(struct header, magic))
              && written(memfd, &blocks_taken, sizeof blocks_taken, __builtin_offsetof(struct header, blocks_taken))
              && written(memfd, &from->shared_seats, sizeof from->shared_seats, __builtin_offsetof(struct header, shared_seats));
-    const u64 pages = SITES / SITES_PER_PAGE;
+    /* The process's part of the table: whole pages (it has 4,096 sites at least). */
+    const u64 sites = 1UL << c->site_bits, pages = sites / SITES_PER_PAGE;
     for (u64 first = 0; ok && first < pages; first++) {
         if (!page_taken(from, first))
             continue;
@@ -713,7 +714,7 @@ FORK_CODE static int fill_own_header(const struct config *c, long memfd, u64 blo
     /* The marks last: a site is marked before it is set, so every site
      * copied above is marked in what is read now, and a grandchild copies
      * it in turn (a mark whose page was not copied marks a free site). */
-    return ok && written(memfd, from->sites_taken, sizeof from->sites_taken, __builtin_offsetof(struct header, sites_taken));
+    return ok && written(memfd, from->sites_taken, sites / 8, __builtin_offsetof(struct header, sites_taken));
 }
 
 /* Makes the child's own shared memory and hands it to proftap; returns

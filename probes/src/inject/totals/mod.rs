@@ -36,16 +36,18 @@ pub const SITES: u64 = 1 << 14;
 /// Return sites with a trampoline of their own, at least: a few functions
 /// named may be called from thousands of sites (`-f malloc`).
 const FEWEST_SITES: u64 = 1 << 12;
+const _: () = assert!(FEWEST_SITES >= 512, "the runtime copies the table by whole pages of 512 sites");
 
 /// The site trampolines of a process whose functions probed (those asked
-/// for, refused ones too) are `functions`: eight a function, rounded up to a power of two (a program
-/// returns to about as many sites as it has functions: dash to 228 of its
-/// 246), so that the table stays sparse, and no more: a forked child
-/// copies the pages of the table in use, and the trampolines' pages are
-/// the process's own, which each fork copies.
+/// for, refused ones too) are `functions`: eight a function, rounded up to
+/// a power of two (a program returns to about as many sites as it has
+/// functions: dash to 228 of its 246), so that the table stays sparse, and
+/// no more: a forked child copies the pages of the table in use, and the
+/// trampolines' pages are the process's own, which each fork copies.
 pub fn sites_for(functions: u64) -> u64 {
     functions.saturating_mul(8).next_power_of_two().clamp(FEWEST_SITES, SITES)
 }
+
 /// Bytes of each return site's trampoline (`SITE_BYTES`).
 pub const SITE_BYTES: u64 = 16;
 /// Bytes of the `call` before each return trampoline

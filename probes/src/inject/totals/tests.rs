@@ -207,6 +207,14 @@ impl Local {
         unsafe { *self.shared.cast::<Header>() }
     }
 
+    /// Whether site `index` is marked taken (which a forked child copies).
+    fn site_taken(&self, index: u64) -> bool {
+        assert!(index < SITES);
+        // SAFETY: in bounds of the shared mapping's marks, after the table.
+        let word = unsafe { *self.shared.add((Geometry::SITES + 8 * SITES + 8 * (index / 64)) as usize).cast::<u64>() };
+        word & (1 << (index % 64)) != 0
+    }
+
     /// The return address site trampoline `index` stands for.
     fn site(&self, index: u64) -> u64 {
         assert!(index < SITES);
@@ -909,6 +917,8 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
     let childs_sites = sites(&rt);
     assert!(parents_sites.iter().all(|s| childs_sites.contains(s)), "{parents_sites:x?} in {childs_sites:x?}");
     assert_eq!(childs_sites.len(), 3, "{childs_sites:x?}");
+    // Each marked taken too, for a child it forks to copy in turn.
+    assert!(childs_sites.iter().all(|&(i, _)| rt.site_taken(i)), "{childs_sites:x?}");
     rt.exit(&mut stack.0[40]);
     rt.exit(&mut stack.0[60]);
     assert_eq!(stack.0[60], 0x1000 + 60, "the frame from before the fork returns where it came from");
