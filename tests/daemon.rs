@@ -78,7 +78,15 @@ fn a_sessions_program_holds_no_channel_to_proftapd() {
     ok(&daemon.session(&["wait", &id]));
     let numbers = |fds: &[String]| fds.iter().map(|l| l.split(' ').next().unwrap().to_string()).collect::<Vec<_>>();
     let (bare, session) = (beyond_streams(&bare), beyond_streams(&session));
+    // Besides, the array of times off CPU its calls' CPU times are read
+    // from (a page at a time, as its threads need them), numbered out of
+    // the way; the kernel's, not proftapd's, and frozen: it can read it
+    // (what /proc says of every thread) and not write it.
+    let (off_cpu, session): (Vec<String>, Vec<String>) = session.into_iter().partition(|l| l.contains("anon_inode:bpf-map"));
     assert_eq!(numbers(&session), numbers(&bare), "in a session: {session:?}; bare: {bare:?}");
+    let [array] = &off_cpu[..] else { panic!("the off-CPU array once: {off_cpu:?}") };
+    assert!(array.ends_with(" read-only"), "{array}");
+    assert!(array.split(' ').next().unwrap().parse::<u32>().unwrap() >= 256, "{array}");
 }
 
 #[test]

@@ -237,7 +237,8 @@ fn attaching_to_busy_threads_again_and_again_leaves_nothing_behind() {
         std::thread::yield_now();
     }
     let mappings = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
-    let before = mappings();
+    let descriptors = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let (before, descriptors_before) = (mappings(), descriptors());
     let dir = tempfile::tempdir().unwrap();
     for round in 1..=10 {
         let file = dir.path().join(format!("{round}.profile"));
@@ -245,11 +246,12 @@ fn attaching_to_busy_threads_again_and_again_leaves_nothing_behind() {
         assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(calls_by_name(&report_json(&file))["work"] > 0, "round {round}");
     }
-    let after = mappings();
+    let (after, descriptors_after) = (mappings(), descriptors());
     assert!(program.try_wait().unwrap().is_none(), "the program runs on");
     program.kill().unwrap();
     program.wait().unwrap();
     assert!(after <= before + 1, "{before} mappings before, {after} after");
+    assert_eq!(descriptors_after, descriptors_before, "the off-CPU array's descriptor is closed at each detach");
 }
 
 /// Detaching while a signal handler runs that interrupted proftap's code
@@ -988,6 +990,55 @@ impl Drop for KilledAtTheEnd {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A patched process maps the pages of the off-CPU array its threads read,
+/// not the whole array (64 MiB where thread ids go up to 4 M, copied at
+/// each fork and torn down at each exit); a forked child maps its own
+/// thread's page, past its parent's (examples/offcpu.c), and the CPU time
+/// of every call, the child's too, leaves out its sleep.
+#[test]
+fn a_process_maps_only_its_threads_pages_of_the_off_cpu_array_and_a_child_its_own() {
+    require_probes();
+    let binary = Build::c("offcpu.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let out = run_ok(proftap().args(["run", "-f", "nap", "--no-sample", "-o"]).arg(&file).arg("--").arg(&binary).arg("4"));
+    let resident: Vec<(&str, u64, u64)> = out
+        .lines()
+        .map(|l| {
+            let words: Vec<&str> = l.split(' ').collect();
+            (words[0], words[1].parse().unwrap(), words[2].parse().unwrap())
+        })
+        .collect();
+    let [("parent", parent_kb, parent_pages), ("child", child_kb, child_pages)] = resident[..] else { panic!("{out}") };
+    assert_eq!(parent_kb, 4 * parent_pages, "{out}");
+    assert_eq!(child_kb, 4 * child_pages, "{out}");
+    assert!(child_pages > parent_pages, "the child's thread id is past its parent's page: {out}");
+    let report = report_json(&file);
+    let nap = function(&report["functions"], "nap");
+    // Four threads' and the parent's 20 ms, the child's 100 ms.
+    assert_eq!(nap["calls"], 6);
+    let (wall, cpu) = (nap["inclusive"]["wall_ns"]["total"].as_u64().unwrap(), nap["inclusive"]["cpu_ns"]["total"].as_u64().unwrap());
+    assert!(wall >= 200_000_000, "{nap}");
+    assert!(cpu < 10_000_000, "{nap}");
+}
+
+/// A program that closes the descriptors it did not open closes the one
+/// the off-CPU array is mapped from: its threads made after cannot map
+/// their pages, and the profile says so; their calls are counted all the
+/// same, and the program is unharmed.
+#[test]
+fn threads_whose_off_cpu_page_cannot_be_mapped_are_counted_and_said() {
+    require_probes();
+    let binary = Build::c("offcpu.c", "-O2").build();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    run_ok(proftap().args(["run", "-f", "nap", "--no-sample", "-o"]).arg(&file).arg("--").arg(&binary).args(["4", "close"]));
+    let report = report_json(&file);
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("the time off CPU of some threads could not be read"), "{notes}");
+    assert_eq!(function(&report["functions"], "nap")["calls"], 6);
 }
 
 /// The few pages of the C library that the engine writes (its hooks) are

@@ -66,6 +66,8 @@ __attribute__((used)) const u64 proftap_layout[] = {
     FORK_SOCKET_PATH,
     __builtin_offsetof(struct config, fork_path),
     __builtin_offsetof(struct header, children_unreached),
+    OFF_CPU_PAGE_WORDS,
+    __builtin_offsetof(struct header, off_cpu_unmapped),
 };
 
 static inline u64 rdtsc(void)
@@ -94,6 +96,24 @@ static inline long syscall6(long number, long a, long b, long c, long d, long e,
                      : "rcx", "r11", "memory");
     return result;
 }
+
+#define SYS_close 3
+#define SYS_fstat 5
+#define SYS_mmap 9
+#define SYS_mprotect 10
+#define SYS_munmap 11
+#define SYS_rt_sigprocmask 14
+#define SYS_pwrite64 18
+#define SYS_sched_yield 24
+#define SYS_getpid 39
+#define SYS_socket 41
+#define SYS_connect 42
+#define SYS_recvfrom 45
+#define SYS_sendmsg 46
+#define SYS_setsockopt 54
+#define SYS_ftruncate 77
+#define SYS_process_vm_readv 310
+#define SYS_memfd_create 319
 
 /* futex(2), on memory shared with proftap (not private to the process). */
 #define SYS_FUTEX 202
@@ -255,7 +275,10 @@ static inline u64 ns_to_tsc(const struct config *c, u64 ns)
 
 /* Thread tid's entry in the array of times off CPU (offcpu.rs: its time
  * off CPU up to its last switch or accounting, then when it left or came
- * onto a CPU), or 0 where there is none. */
+ * onto a CPU), or 0 where there is none. The array's room is readable
+ * and all zero (a thread never seen) but for the pages mapped from the
+ * array, those of the threads that took a block (map_off_cpu_entry):
+ * a thread reads its entry with no test of its own. */
 static inline volatile const u64 *off_cpu_entry(const struct config *c, u32 tid)
 {
     if (!c->off_cpu || !tid || tid >= c->off_cpu_entries)
@@ -294,6 +317,45 @@ static inline u64 now_and_off_of(volatile const u64 *entry, u64 *off)
         return rdtsc();
     }
     return read_pair(entry, off);
+}
+
+/* Which pages of the array of times off CPU this process mapped, a bit
+ * each, then which it could not. */
+static inline u64 *off_cpu_pages(const struct config *c)
+{
+    return (u64 *)c->off_cpu_pages;
+}
+
+/* Maps the page of the array of times off CPU that holds thread tid's
+ * entry where it belongs in its room, from the array's descriptor
+ * proftap left in the process, as tid takes a block: a process maps only
+ * its threads' pages, and a fork copies a few entries of them rather
+ * than the whole array's (64 MiB where thread ids go up to 4 M). A forked
+ * child inherits the pages and their bits, and maps its own threads'.
+ * A page mapped twice (a signal handler, another thread, between the
+ * mapping and its bit) is the same page again. Where the descriptor is
+ * no longer the array's (the program closed or replaced it), the page
+ * stays all zero, once, and is counted: its threads' time off CPU is
+ * not seen. */
+static __attribute__((noinline)) void map_off_cpu_entry(const struct config *c, u32 tid)
+{
+    u64 page = tid / OFF_CPU_PER_PAGE, bit = 1UL << (page % 64), *mapped = off_cpu_pages(c) + page / 64,
+        *refused = mapped + OFF_CPU_PAGE_WORDS;
+    if (!c->off_cpu || !tid || tid >= c->off_cpu_entries || (__atomic_load_n(mapped, __ATOMIC_RELAXED) & bit) ||
+        (__atomic_load_n(refused, __ATOMIC_RELAXED) & bit))
+        return;
+    u64 status[18]; /* the kernel's struct stat: st_dev, then st_ino */
+    long at = (long)(c->off_cpu + page * 4096);
+    if (syscall6(SYS_fstat, (long)c->off_cpu_fd, (long)status, 0, 0, 0, 0) == 0 && status[0] == c->off_cpu_device &&
+        status[1] == c->off_cpu_inode &&
+        syscall6(SYS_mmap, at, 4096, 1 /* PROT_READ */, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, (long)c->off_cpu_fd, (long)(page * 4096)) == at) {
+        __atomic_fetch_or(mapped, bit, __ATOMIC_RELAXED);
+        return;
+    }
+    /* Called where the shared memory is the process's own (a block is
+     * taken, or a child's is made). */
+    __atomic_fetch_or(refused, bit, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&header(c)->off_cpu_unmapped, 1, __ATOMIC_RELAXED);
 }
 
 /* The same of thread tid. */
@@ -368,23 +430,6 @@ static inline u64 own_now_and_off(const struct config *c, struct block *b, u64 *
  * now), reaches proftap's socket, maps the memory where the parent's was
  * and hands it to proftap. If any of that fails, the child runs
  * unrecorded, its returns still right. */
-
-#define SYS_close 3
-#define SYS_pwrite64 18
-#define SYS_mmap 9
-#define SYS_mprotect 10
-#define SYS_munmap 11
-#define SYS_rt_sigprocmask 14
-#define SYS_sched_yield 24
-#define SYS_getpid 39
-#define SYS_socket 41
-#define SYS_connect 42
-#define SYS_recvfrom 45
-#define SYS_sendmsg 46
-#define SYS_setsockopt 54
-#define SYS_ftruncate 77
-#define SYS_process_vm_readv 310
-#define SYS_memfd_create 319
 
 /* Blocks every signal that can be (for work a handler must not
  * interrupt: it would find it half done); returns the mask to put back. */
@@ -507,6 +552,7 @@ FORK_CODE static void carry_block(struct block *to, const struct private_block *
         to->returns[d] = p->ret[d];
     }
     to->tid = tid;
+    map_off_cpu_entry(config(), (u32)tid);
     to->depth = depth;
     to->mixed = p->mixed;
     to->state = BLOCK_USED;
@@ -975,6 +1021,7 @@ static u64 seat_of(const struct config *c, int claim)
         p->mixed = 0;
         struct block *b = shared_block(c, index);
         b->tid = (u32)kernel_tid;
+        map_off_cpu_entry(c, (u32)kernel_tid);
         b->nodes = 1; /* node 0: the thread itself */
         __atomic_store_n(&b->state, BLOCK_USED, __ATOMIC_RELEASE);
         s->tid = tid ? tid : (u32)kernel_tid;

@@ -7,6 +7,8 @@
  *   u64[SEAT_WORDS]                which seats were ever taken, a bit each
  *   private_block[blocks]          depth, flags, and each frame's return
  *                                  address, where it was and its function
+ *   u64[2 * OFF_CPU_PAGE_WORDS]    pages of the times off CPU mapped, and
+ *                                  refused, a bit each
  * Shared memory (proftap reads it while the process runs and after):
  *   header
  *   block[blocks], block_bytes apart: the thread's counters, its frames'
@@ -106,7 +108,23 @@ struct config {
      * SITES_BITS): sized to its functions, so that the table's slots in
      * use, which a forked child copies, are few where they are few. */
     u64 site_bits;
+    /* The array of times off CPU, which config.off_cpu reserves room
+     * for: its descriptor in the process, which the runtime maps a page
+     * of at a time (runtime.c: map_off_cpu_entry), and what fstat says of
+     * it (st_dev, st_ino), to tell it is still the array's. */
+    u64 off_cpu_fd;
+    u64 off_cpu_device;
+    u64 off_cpu_inode;
+    /* OFF_CPU_PAGE_WORDS words of bits (the pages mapped), then as many
+     * (those that could not be), in the private memory. */
+    u64 off_cpu_pages;
 };
+
+/* Thread ids whose time off CPU one page of the array holds, and the most
+ * it covers (offcpu.rs), in words of bits a page each. */
+#define OFF_CPU_PER_PAGE (4096 / 16)
+#define OFF_CPU_MOST_ENTRIES (1UL << 22)
+#define OFF_CPU_PAGE_WORDS (OFF_CPU_MOST_ENTRIES / OFF_CPU_PER_PAGE / 64)
 
 struct header {
     u64 magic;
@@ -128,6 +146,10 @@ struct header {
      * its socket's abstract name nor its path): counted here, in their
      * parent's memory, before they run on unrecorded. */
     u64 children_unreached;
+    /* Pages of the array of times off CPU the process could not map: the
+     * program closed or replaced the descriptor proftap left it. Its
+     * threads there had their time off CPU counted as CPU time. */
+    u64 off_cpu_unmapped;
     /* The return address each site trampoline stands for, 0 while free:
      * set once, never changed, so that an unwinder reading a sampled stack
      * names a frame from its trampoline alone, after the call has ended. */

@@ -74,6 +74,7 @@ impl Drop for Loaded {
 const BPF_MAP_CREATE: i32 = 0;
 const BPF_PROG_LOAD: i32 = 5;
 const BPF_RAW_TRACEPOINT_OPEN: i32 = 17;
+const BPF_MAP_FREEZE: i32 = 22;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_PROG_TYPE_TRACEPOINT: u32 = 5;
 const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
@@ -387,8 +388,19 @@ impl OffCpu {
     /// events on every CPU (each closes only after an RCU grace period).
     /// Where the kernel has no `sched_stat_runtime` the array is kept
     /// without it: time the hypervisor takes counts as CPU time.
+    /// The array is frozen: only the programs write it. A patched process
+    /// holds its descriptor (see [`OffCpu::map`]); frozen, it cannot map
+    /// it writable, nor update it, and so cannot change the times off CPU
+    /// of any thread of any recording that shares the array.
     pub fn load() -> io::Result<OffCpu> {
-        OffCpu::load_by(task_fields())
+        let off = OffCpu::load_by(task_fields())?;
+        let mut attr = [0u64; 16];
+        attr[0] = off.map.as_raw_fd() as u64;
+        // SAFETY: bpf(2) freezing a map, with a zero-padded attribute union of 128 bytes; it returns 0, no descriptor.
+        if unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_FREEZE, attr.as_mut_ptr(), size_of::<[u64; 16]>()) } != 0 {
+            return Err(context("cannot freeze the off-CPU time array", io::Error::last_os_error()));
+        }
+        Ok(off)
     }
 
     /// As raw tracepoints when where a task keeps its fields is known.
@@ -415,9 +427,23 @@ impl OffCpu {
         OffCpu { map, entries: entries.min(1 << 22), view: std::sync::OnceLock::new(), loaded: None }
     }
 
-    /// The array, to map read-only (`MAP_SHARED`, [`OffCpu::bytes`] long).
+    /// The array, to map read-only (`MAP_SHARED`, [`OffCpu::bytes`] long,
+    /// or a page at a time).
     pub fn map(&self) -> BorrowedFd<'_> {
         self.map.as_fd()
+    }
+
+    /// What `fstat` says of the array's descriptor: its device and inode
+    /// (those of every BPF map's, and of other anonymous files, but not a
+    /// file's, a pipe's or a socket's).
+    pub fn identity(&self) -> io::Result<(u64, u64)> {
+        let status = nix::sys::stat::fstat(self.map.as_fd()).map_err(io::Error::from)?;
+        Ok((status.st_dev, status.st_ino))
+    }
+
+    /// The array's id among the kernel's BPF maps, if `/proc` says.
+    pub fn map_id(&self) -> Option<u64> {
+        map_id_of("self", self.map.as_raw_fd() as u64)
     }
 
     /// Thread ids it covers.
@@ -542,6 +568,13 @@ impl Drop for View {
         // SAFETY: unmapping what map() mapped.
         unsafe { libc::munmap(self.base, self.len) };
     }
+}
+
+/// The id of the BPF map descriptor `fd` of process `pid` (a number, or
+/// "self") holds, if it holds one and `/proc` says.
+pub fn map_id_of(pid: impl std::fmt::Display, fd: u64) -> Option<u64> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+    info.lines().find_map(|line| line.strip_prefix("map_id:")?.trim().parse().ok())
 }
 
 /// Where a process without the right to load the program gets the array.

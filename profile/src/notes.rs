@@ -294,6 +294,14 @@ pub enum Finding {
         /// How many.
         children: u64,
     },
+    /// Pages of the off-CPU array (256 thread ids each) a patched process
+    /// could not map, as the program had closed or replaced the descriptor
+    /// proftap left it: the CPU times of its threads there count their
+    /// time off CPU.
+    OffCpuUnmapped {
+        /// How many, over the processes recorded.
+        pages: u64,
+    },
 }
 
 /// Why the recorder chose uprobes over the in-process engine.

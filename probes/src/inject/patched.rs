@@ -30,10 +30,14 @@ struct Memory {
     private: u64,
     /// The live word (see [`totals::LIVE_RECORDING`]).
     live: u64,
-    /// The off-CPU times, mapped read-only from the BPF map, and their
-    /// bytes (0: none).
+    /// The room for the off-CPU times, which the runtime maps a page at a
+    /// time from the BPF map, and its bytes (0: none).
     off_cpu: u64,
     off_cpu_bytes: u64,
+    /// The map's descriptor in the process, and the map's id (to tell it
+    /// is still that map's before it is closed).
+    off_cpu_fd: u64,
+    off_cpu_map: Option<u64>,
     /// The file of the shared memory (see [`runs_image_of`]), if known.
     shared_file: Option<FileId>,
 }
@@ -838,6 +842,10 @@ impl Patched {
         unmap(memory.live, 4096)?;
         if memory.off_cpu != 0 {
             unmap(memory.off_cpu, memory.off_cpu_bytes)?;
+            // Unless the program closed it and the number is another file's now.
+            if memory.off_cpu_map.is_some() && crate::offcpu::map_id_of(remote.pid(), memory.off_cpu_fd) == memory.off_cpu_map {
+                remote.syscall("close", libc::SYS_close, [memory.off_cpu_fd, 0, 0, 0, 0, 0])?;
+            }
         }
         for (address, len) in self.entry_counters.iter().map(EntryCounters::mapping) {
             unmap(address, len)?;
@@ -1135,6 +1143,10 @@ fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Sit
     }
 }
 
+/// The number at or above which a patched process gets the off-CPU
+/// array's descriptor (see [`Remote::lend_descriptor`]).
+const OFF_CPU_DESCRIPTOR: u64 = 256;
+
 /// Maps the runtime's memory in the held process: private (seats and
 /// return addresses; a forked child gets a copy), a live word wiped in a
 /// forked child, and the shared memory with its header written.
@@ -1153,9 +1165,19 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
     let live = remote.syscall("mmap", libc::SYS_mmap, [0, 4096, read_write, anonymous, u64::MAX, 0])?;
     remote.syscall("madvise", libc::SYS_madvise, [live, 4096, MADV_WIPEONFORK, 0, 0, 0])?;
     let shared = remote.share(geometry.shared_bytes() as usize, None)?;
-    let off_cpu_address = match off_cpu {
-        Some(off) => remote.map_descriptor(off.map(), off.bytes() as usize)?,
-        None => 0,
+    // Room for the whole array, readable and all zero: the runtime maps
+    // into it the pages of the threads that take a block (see
+    // map_off_cpu_entry in runtime.c).
+    let (off_cpu_address, off_cpu_fd, (off_cpu_device, off_cpu_inode)) = match off_cpu {
+        Some(off) => {
+            let identity = off
+                .identity()
+                .map_err(|source| RemoteError::Io { what: "cannot read what the off-CPU array's descriptor is".into(), source })?;
+            let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64;
+            let room = remote.syscall("mmap", libc::SYS_mmap, [0, off.bytes(), libc::PROT_READ as u64, anonymous, u64::MAX, 0])?;
+            (room, remote.lend_descriptor(off.map(), OFF_CPU_DESCRIPTOR)?, identity)
+        }
+        None => (0, 0, (0, 0)),
     };
     let (mult, shift) = ns_to_tsc();
     shared.store(0, totals::MAGIC);
@@ -1180,11 +1202,23 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         regions_offset: geometry.regions_offset(),
         off_cpu: off_cpu_address,
         off_cpu_entries: off_cpu.map_or(0, OffCpu::entries),
+        off_cpu_fd,
+        off_cpu_device,
+        off_cpu_inode,
+        off_cpu_pages: private + geometry.off_cpu_pages(),
         ..Config::default()
     };
-    let off_cpu_bytes = off_cpu.map_or(0, OffCpu::bytes);
     let shared_file = shared.file().ok();
-    let memory = Memory { shared: shared.remote, private, live, off_cpu: off_cpu_address, off_cpu_bytes, shared_file };
+    let memory = Memory {
+        shared: shared.remote,
+        private,
+        live,
+        off_cpu: off_cpu_address,
+        off_cpu_bytes: off_cpu.map_or(0, OffCpu::bytes),
+        off_cpu_fd,
+        off_cpu_map: off_cpu.and_then(OffCpu::map_id),
+        shared_file,
+    };
     Ok((shared, memory, config))
 }
 

@@ -65,6 +65,8 @@ pub struct Totals {
     pub unseated_returns: u64,
     /// Forked children that could not hand their memory over, and ran unrecorded.
     pub children_unreached: u64,
+    /// Pages of the off-CPU array the process could not map: CPU times there are wall times.
+    pub off_cpu_unmapped: u64,
 }
 
 impl Totals {
@@ -142,7 +144,16 @@ impl TotalsView {
         let unseated_hooks = checked_count("region hooks without a block", header.unseated_hooks)?;
         let unseated_returns = checked_count("returns without a block", header.unseated_returns)?;
         let children_unreached = checked_count("children that could not reach proftap", header.children_unreached)?;
-        let mut all = Totals { threads: Vec::new(), unseated, over_budget: 0, unseated_hooks, unseated_returns, children_unreached };
+        let off_cpu_unmapped = checked_count("pages of the off-CPU array not mapped", header.off_cpu_unmapped)?;
+        let mut all = Totals {
+            threads: Vec::new(),
+            unseated,
+            over_budget: 0,
+            unseated_hooks,
+            unseated_returns,
+            children_unreached,
+            off_cpu_unmapped,
+        };
         for block in 0..taken {
             if let Some((thread, read_whole)) = self.thread_totals(shared, block, &mut budget)? {
                 all.over_budget += u64::from(!read_whole);

@@ -616,10 +616,12 @@ impl Remote {
         result
     }
 
-    /// Maps `fd`, one of proftap's descriptors, into the process, read-only
-    /// and shared, `len` bytes: the descriptor goes over a socket pair made
-    /// in the process, and is closed there once mapped.
-    pub fn map_descriptor(&self, fd: std::os::fd::BorrowedFd<'_>, len: usize) -> Result<u64, RemoteError> {
+    /// Gives the process a copy of `fd`, one of proftap's descriptors,
+    /// closed at an exec: its number there, `at_least` or above where the
+    /// process's limit allows, out of the way of the numbers programs
+    /// choose themselves (a shell's 10 and up, bash's 255). The descriptor
+    /// goes over a socket pair made in the process.
+    pub fn lend_descriptor(&self, fd: std::os::fd::BorrowedFd<'_>, at_least: u64) -> Result<u64, RemoteError> {
         let close = |fd: u64| {
             let _ = self.syscall("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
         };
@@ -633,10 +635,15 @@ impl Remote {
         close(u64::from(pair[0]));
         close(u64::from(pair[1]));
         let received = received?;
-        let prot = PROT_READ;
-        let mapped = self.syscall("mmap", libc::SYS_mmap, [0, len as u64, prot, libc::MAP_SHARED as u64, received, 0]);
-        close(received);
-        mapped
+        let moved = self.syscall("fcntl", libc::SYS_fcntl, [received, libc::F_DUPFD_CLOEXEC as u64, at_least, 0, 0, 0]);
+        match moved {
+            Ok(moved) => {
+                close(received);
+                Ok(moved)
+            }
+            // The process may have fewer descriptors than that.
+            Err(_) => Ok(received),
+        }
     }
 
     /// Sends `fd` into the process's end `pair[1]` of a socket pair and

@@ -189,6 +189,9 @@ impl InjectSource {
         if read.children_unreached > 0 {
             notes.push(Finding::ChildrenUnreached { children: read.children_unreached }.into());
         }
+        if read.off_cpu_unmapped > 0 {
+            notes.push(Finding::OffCpuUnmapped { pages: read.off_cpu_unmapped }.into());
+        }
         if read.untimed > 0 {
             notes.push(Finding::CallsUntimed { calls: read.untimed, unseated: read.unseated }.into());
         }
@@ -315,6 +318,8 @@ struct Read {
     mixed_threads: u64,
     /// Forked children that could not hand their memory over, and ran unrecorded.
     children_unreached: u64,
+    /// Pages of the off-CPU array processes could not map.
+    off_cpu_unmapped: u64,
 }
 
 impl Read {
@@ -365,6 +370,7 @@ impl Read {
         self.hooks_missed = self.hooks_missed.saturating_add(totals.unseated_hooks);
         self.unpaired_returns = self.unpaired_returns.saturating_add(totals.unseated_returns);
         self.children_unreached = self.children_unreached.saturating_add(totals.children_unreached);
+        self.off_cpu_unmapped = self.off_cpu_unmapped.saturating_add(totals.off_cpu_unmapped);
     }
 }
 

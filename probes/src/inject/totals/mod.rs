@@ -119,7 +119,22 @@ pub struct Config {
     /// The process's site trampolines are `1 << site_bits` (set as the
     /// runtime is assembled, from its [`Trampolines`]).
     pub site_bits: u64,
+    /// The off-CPU array's descriptor in the process: the runtime maps
+    /// the pages of its threads into the room `off_cpu` reserves.
+    pub off_cpu_fd: u64,
+    /// What `fstat` says of that descriptor (`st_dev`, `st_ino`), for the
+    /// runtime to tell it is still the array's.
+    pub off_cpu_device: u64,
+    /// See [`Config::off_cpu_device`].
+    pub off_cpu_inode: u64,
+    /// Where the bits of the array's pages mapped, then refused, are in
+    /// the private memory (see [`Geometry::off_cpu_pages`]).
+    pub off_cpu_pages: u64,
 }
+
+/// Words of bits, a page of the off-CPU array each (`OFF_CPU_PAGE_WORDS`
+/// in runtime.h): 256 thread ids a page, up to the 4 M ids the array covers.
+pub const OFF_CPU_PAGE_WORDS: u64 = (1 << 22) / 256 / 64;
 
 /// A Unix socket's path as `sockaddr_un` holds it, 0-terminated.
 #[repr(transparent)]
@@ -180,6 +195,10 @@ pub struct Header {
     /// (one in network and mount namespaces of its own cannot reach it):
     /// counted in their parent's memory, they ran unrecorded.
     pub children_unreached: u64,
+    /// Pages of the off-CPU array the process could not map (the program
+    /// closed or replaced the descriptor proftap left it): its threads
+    /// there had their time off CPU counted as CPU time.
+    pub off_cpu_unmapped: u64,
 }
 
 /// `struct stat` of runtime.h: total, min and max, in TSC cycles.
@@ -441,7 +460,13 @@ impl Geometry {
     }
     /// Bytes of private memory.
     pub const fn private_bytes(&self) -> u64 {
-        page(Self::PRIVATE_BLOCKS + self.blocks * Self::PRIVATE_BLOCK)
+        page(self.off_cpu_pages() + 2 * OFF_CPU_PAGE_WORDS * 8)
+    }
+    /// Where the bits of the off-CPU array's pages the process mapped,
+    /// then of those it could not, are in the private memory: after the
+    /// private blocks.
+    pub const fn off_cpu_pages(&self) -> u64 {
+        Self::PRIVATE_BLOCKS + self.blocks * Self::PRIVATE_BLOCK
     }
     /// Where the private blocks start in the private memory: after the
     /// seats and the bits of those ever taken (`SEAT_WORDS` in runtime.h).
