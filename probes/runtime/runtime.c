@@ -61,7 +61,7 @@ __attribute__((used)) const u64 proftap_layout[] = {
     SITES,
     SITE_BYTES,
     CALL_BEFORE_TRAMPOLINE,
-    sizeof(struct seat) * SEATS + SEAT_WORDS * 8, /* where the private blocks start */
+    PRIVATE_HEAD, /* where the private blocks start */
     FORK_SOCKET_NAME,
     FORK_SOCKET_PATH,
     __builtin_offsetof(struct config, fork_path),
@@ -259,9 +259,40 @@ static inline u64 *seats_taken(const struct config *c)
     return (u64 *)(c->private_base + sizeof(struct seat) * SEATS);
 }
 
+/* Which pages of the array of times off CPU this process mapped, a bit
+ * each, then which it could not (see map_off_cpu_entry). */
+static inline u64 *off_cpu_pages(const struct config *c)
+{
+    return seats_taken(c) + SEAT_WORDS;
+}
+
 static inline struct private_block *private_block(const struct config *c, u64 index)
 {
-    return (struct private_block *)((char *)(seats_taken(c) + SEAT_WORDS) + index * sizeof(struct private_block));
+    return (struct private_block *)(c->private_base + PRIVATE_HEAD + index * sizeof(struct private_block));
+}
+
+/* How many private blocks, from the first, are writable (see PRIVATE_HEAD). */
+static inline u64 *private_blocks_writable(const struct config *c)
+{
+    return off_cpu_pages(c) + 2 * OFF_CPU_PAGE_WORDS;
+}
+
+/* Makes private block `index` writable, and those before it, if they are
+ * not yet: as a thread takes it. A forked child inherits both the
+ * blocks' rights and the count. Returns 0 where the kernel refuses (the
+ * memory the process may commit is spent). */
+static __attribute__((noinline)) int private_block_writable(const struct config *c, u64 index)
+{
+    u64 *writable = private_blocks_writable(c), first = __atomic_load_n(writable, __ATOMIC_ACQUIRE);
+    if (index < first)
+        return 1;
+    u64 from = (u64)private_block(c, first) & ~4095UL, to = ((u64)private_block(c, index + 1) + 4095) & ~4095UL;
+    if (syscall6(SYS_mprotect, (long)from, (long)(to - from), 3 /* PROT_READ | PROT_WRITE */, 0, 0, 0) != 0)
+        return 0;
+    /* Another thread may have made more writable meanwhile: the count only grows. */
+    while (first <= index && !__atomic_compare_exchange_n(writable, &first, index + 1, 0, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
+    }
+    return 1;
 }
 
 static inline u64 ns_to_tsc(const struct config *c, u64 ns)
@@ -317,13 +348,6 @@ static inline u64 now_and_off_of(volatile const u64 *entry, u64 *off)
         return rdtsc();
     }
     return read_pair(entry, off);
-}
-
-/* Which pages of the array of times off CPU this process mapped, a bit
- * each, then which it could not. */
-static inline u64 *off_cpu_pages(const struct config *c)
-{
-    return (u64 *)c->off_cpu_pages;
 }
 
 /* Maps the page of the array of times off CPU that holds thread tid's
@@ -1008,6 +1032,11 @@ static u64 seat_of(const struct config *c, int claim)
         u64 index = take_block(c);
         if (index >= c->blocks)
             index = wait_for_block(c);
+        if (index < c->blocks && !private_block_writable(c, index)) {
+            /* Free for a thread that may find the memory later. */
+            __atomic_store_n(&shared_block(c, index)->state, BLOCK_RETIRED, __ATOMIC_RELEASE);
+            index = c->blocks;
+        }
         if (index >= c->blocks) {
             __atomic_store_n(&s->block, SEAT_NONE, __ATOMIC_RELEASE);
             break;

@@ -5,10 +5,17 @@
  * Private memory (a forked child gets its own copy, so its returns work):
  *   seats[SEATS]                   threads by thread pointer -> block
  *   u64[SEAT_WORDS]                which seats were ever taken, a bit each
- *   private_block[blocks]          depth, flags, and each frame's return
- *                                  address, where it was and its function
  *   u64[2 * OFF_CPU_PAGE_WORDS]    pages of the times off CPU mapped, and
  *                                  refused, a bit each
+ *   u64                            private blocks writable (the first so many)
+ *   (to PRIVATE_HEAD, a page boundary; only this much is writable at first)
+ *   private_block[blocks]          depth, flags, and each frame's return
+ *                                  address, where it was and its function:
+ *                                  made writable as threads take them, so
+ *                                  that where the kernel counts every
+ *                                  writable page a process may use
+ *                                  (vm.overcommit_memory 2) a process is
+ *                                  charged for its threads' blocks only
  * Shared memory (proftap reads it while the process runs and after):
  *   header
  *   block[blocks], block_bytes apart: the thread's counters, its frames'
@@ -115,9 +122,6 @@ struct config {
     u64 off_cpu_fd;
     u64 off_cpu_device;
     u64 off_cpu_inode;
-    /* OFF_CPU_PAGE_WORDS words of bits (the pages mapped), then as many
-     * (those that could not be), in the private memory. */
-    u64 off_cpu_pages;
 };
 
 /* Thread ids whose time off CPU one page of the array holds, and the most
@@ -235,6 +239,10 @@ struct seat {
  * taken, a bit each (then the private blocks): a forked child clears the
  * seats of its parent's threads without reading the whole table. */
 #define SEAT_WORDS (SEATS / 64)
+
+/* Where the private blocks start in the private memory. */
+#define PRIVATE_HEAD \
+    ((sizeof(struct seat) * SEATS + SEAT_WORDS * 8 + 2 * OFF_CPU_PAGE_WORDS * 8 + 8 + 4095) & ~4095UL)
 
 struct private_block {
     u64 depth;

@@ -1161,7 +1161,12 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
     }
     let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64;
     let read_write = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-    let private = remote.syscall("mmap", libc::SYS_mmap, [AWAY_FROM_CODE, geometry.private_bytes(), read_write, anonymous, u64::MAX, 0])?;
+    // Writable as the runtime takes each thread's block (see PRIVATE_HEAD
+    // in runtime.h): where the kernel counts every writable page a
+    // process may use (vm.overcommit_memory 2), 20 GiB would not map.
+    let no_access = libc::PROT_NONE as u64;
+    let private = remote.syscall("mmap", libc::SYS_mmap, [AWAY_FROM_CODE, geometry.private_bytes(), no_access, anonymous, u64::MAX, 0])?;
+    remote.syscall("mprotect", libc::SYS_mprotect, [private, Geometry::PRIVATE_BLOCKS, read_write, 0, 0, 0])?;
     let live = remote.syscall("mmap", libc::SYS_mmap, [0, 4096, read_write, anonymous, u64::MAX, 0])?;
     remote.syscall("madvise", libc::SYS_madvise, [live, 4096, MADV_WIPEONFORK, 0, 0, 0])?;
     let shared = remote.share(geometry.shared_bytes() as usize, None)?;
@@ -1205,7 +1210,6 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
         off_cpu_fd,
         off_cpu_device,
         off_cpu_inode,
-        off_cpu_pages: private + geometry.off_cpu_pages(),
         ..Config::default()
     };
     let shared_file = shared.file().ok();

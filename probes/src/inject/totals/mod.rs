@@ -127,9 +127,6 @@ pub struct Config {
     pub off_cpu_device: u64,
     /// See [`Config::off_cpu_device`].
     pub off_cpu_inode: u64,
-    /// Where the bits of the array's pages mapped, then refused, are in
-    /// the private memory (see [`Geometry::off_cpu_pages`]).
-    pub off_cpu_pages: u64,
 }
 
 /// Words of bits, a page of the off-CPU array each (`OFF_CPU_PAGE_WORDS`
@@ -460,17 +457,14 @@ impl Geometry {
     }
     /// Bytes of private memory.
     pub const fn private_bytes(&self) -> u64 {
-        page(self.off_cpu_pages() + 2 * OFF_CPU_PAGE_WORDS * 8)
+        page(Self::PRIVATE_BLOCKS + self.blocks * Self::PRIVATE_BLOCK)
     }
-    /// Where the bits of the off-CPU array's pages the process mapped,
-    /// then of those it could not, are in the private memory: after the
-    /// private blocks.
-    pub const fn off_cpu_pages(&self) -> u64 {
-        Self::PRIVATE_BLOCKS + self.blocks * Self::PRIVATE_BLOCK
-    }
-    /// Where the private blocks start in the private memory: after the
-    /// seats and the bits of those ever taken (`SEAT_WORDS` in runtime.h).
-    const PRIVATE_BLOCKS: u64 = SEATS * size_of::<Seat>() as u64 + SEATS / 8;
+    /// Where the private blocks start in the private memory, at a page:
+    /// after the seats, the bits of those ever taken (`SEAT_WORDS` in
+    /// runtime.h), the bits of the off-CPU array's pages mapped and
+    /// refused, and the count of private blocks writable. Only this much
+    /// is writable at first (`PRIVATE_HEAD` in runtime.h).
+    pub const PRIVATE_BLOCKS: u64 = page(SEATS * size_of::<Seat>() as u64 + SEATS / 8 + 2 * OFF_CPU_PAGE_WORDS * 8 + 8);
     /// Where a thread's return addresses start in its private block.
     pub const PRIVATE_RETURNS: u64 = size_of::<PrivateHeader>() as u64;
 

@@ -120,6 +120,33 @@ fn map(len: usize) -> *mut u8 {
     at.cast()
 }
 
+/// Private memory as proftap maps it in a process: the seats and the
+/// words after them writable, the private blocks not until taken.
+fn private_memory(geometry: Geometry) -> *mut u8 {
+    let len = geometry.private_bytes() as usize;
+    // SAFETY: a fresh anonymous mapping, checked, then its head made writable.
+    unsafe {
+        let at =
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0);
+        assert_ne!(at, libc::MAP_FAILED);
+        assert_eq!(libc::mprotect(at, Geometry::PRIVATE_BLOCKS as usize, libc::PROT_READ | libc::PROT_WRITE), 0);
+        at.cast()
+    }
+}
+
+/// The rights of this process's mapping holding `address`, as /proc says ("rw-p").
+fn rights_at(address: u64) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("its maps");
+    maps.lines()
+        .find_map(|line| {
+            let (range, rest) = line.split_once(' ')?;
+            let (start, end) = range.split_once('-')?;
+            let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+            (start..end).contains(&address).then(|| rest[..4].to_string())
+        })
+        .unwrap_or_default()
+}
+
 impl Local {
     fn new(functions: u64, blocks: u64) -> Local {
         Local::with_fork_socket(functions, blocks, [0; 32])
@@ -138,7 +165,7 @@ impl Local {
     /// (mapped, of the geometry's size).
     fn with_shared(geometry: Geometry, fork_socket: ([u8; 32], SocketPath), shared: *mut u8) -> Local {
         let (functions, blocks) = (geometry.functions, geometry.blocks);
-        let private = map(geometry.private_bytes() as usize);
+        let private = private_memory(geometry);
         let live = Box::new([1u64, 0]);
         let code_len = code_room(&Config { functions, ..Config::default() }, None).next_multiple_of(4096);
         let code = map(code_len);
@@ -795,6 +822,40 @@ fn a_return_whose_frame_is_gone_goes_back_to_its_call_site() {
     let block = rt.block(0);
     assert_eq!((block.depth, block.unpaired), (0, 1));
     assert_eq!(rt.entries(0), [1, 1], "every call is counted");
+}
+
+/// A process's private blocks are writable as its threads take them, not
+/// before: where the kernel counts every writable page a process may use
+/// (vm.overcommit_memory 2), the 20 GiB of all of them would not map.
+#[test]
+fn private_blocks_become_writable_as_threads_take_them() {
+    let rt = std::sync::Arc::new(Local::new(1, 8));
+    let block = |index: u64| rt.private as u64 + Geometry::private_block(index);
+    assert_eq!(rights_at(block(0)), "---p");
+    // Each thread stays until both have called: a thread made after one
+    // ended may have its thread pointer, and so its block.
+    let done = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let mut threads = Vec::new();
+    for taken in 1..=2u64 {
+        let (caller, done) = (rt.clone(), done.clone());
+        let (called, call) = std::sync::mpsc::channel();
+        threads.push(std::thread::spawn(move || {
+            let mut stack = Stack::new();
+            caller.entry(&mut stack.0[60], 0);
+            caller.exit(&mut stack.0[60]);
+            called.send(()).expect("told");
+            done.wait();
+        }));
+        call.recv().expect("called");
+        assert_eq!(rt.header().blocks_taken, taken);
+        assert_eq!(rights_at(block(taken - 1)), "rw-p");
+        // The block's last page too, and not the next block's first past it.
+        assert_eq!(rights_at(block(taken) - 1), "rw-p");
+        assert_eq!(rights_at(block(taken) + 4096), "---p");
+    }
+    done.wait();
+    threads.into_iter().for_each(|t| t.join().expect("thread"));
+    assert_eq!(rt.entries(1)[0], 1);
 }
 
 #[test]
