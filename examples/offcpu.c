@@ -1,7 +1,8 @@
 /* Threads that sleep in a function, then a forked child that does too,
- * its thread id past the next page of 256 ids (forks that exit at once
- * take those). Usage: offcpu THREADS [close]; with `close`, it first
- * closes every descriptor past the standard streams. Writes, for itself and then for the
+ * its thread id past the next 9,000 ids (threads that end at once take
+ * those): past the pages of the off-CPU array proftap maps as a program
+ * starts. Usage: offcpu THREADS [close]; with `close`, it first closes
+ * every descriptor past the standard streams. Writes, for itself and then for the
  * child, the kB resident of the mappings of proftap's off-CPU array and
  * how many pages of 256 thread ids its threads' ids (and, in the child,
  * its parent's) fall in: "parent KB PAGES", "child KB PAGES". */
@@ -33,6 +34,11 @@ static void note_page(void)
 }
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *passes(void *unused)
+{
+    return unused;
+}
 
 static void *sleeper(void *unused)
 {
@@ -79,11 +85,10 @@ int main(int argc, char **argv)
     note_page();
     printf("parent %ld %d\n", resident_of_bpf_maps(), pages);
     fflush(stdout);
-    for (int i = 0; i < 300; i++) {
-        pid_t passing = fork();
-        if (passing == 0)
-            _exit(0);
-        waitpid(passing, NULL, 0);
+    for (int i = 0; i < 9000; i++) {
+        pthread_t passing;
+        if (pthread_create(&passing, NULL, passes, NULL) == 0)
+            pthread_join(passing, NULL);
     }
     pid_t child = fork();
     if (child == 0) {

@@ -992,11 +992,12 @@ impl Drop for KilledAtTheEnd {
     }
 }
 
-/// A patched process maps the pages of the off-CPU array its threads read,
-/// not the whole array (64 MiB where thread ids go up to 4 M, copied at
-/// each fork and torn down at each exit); a forked child maps its own
-/// thread's page, past its parent's (examples/offcpu.c), and the CPU time
-/// of every call, the child's too, leaves out its sleep.
+/// A patched process maps the pages of the off-CPU array its threads read
+/// (and those of the next thread ids as it starts), not the whole array
+/// (64 MiB where thread ids go up to 4 M, copied at each fork and torn
+/// down at each exit); a forked child whose thread id is past those maps
+/// its own thread's page (examples/offcpu.c), and the CPU time of every
+/// call, the child's too, leaves out its sleep.
 #[test]
 fn a_process_maps_only_its_threads_pages_of_the_off_cpu_array_and_a_child_its_own() {
     require_probes();
@@ -1012,22 +1013,25 @@ fn a_process_maps_only_its_threads_pages_of_the_off_cpu_array_and_a_child_its_ow
         })
         .collect();
     let [("parent", parent_kb, parent_pages), ("child", child_kb, child_pages)] = resident[..] else { panic!("{out}") };
-    assert_eq!(parent_kb, 4 * parent_pages, "{out}");
-    assert_eq!(child_kb, 4 * child_pages, "{out}");
+    // Its threads' pages, and the 32 ahead at most.
+    assert!(parent_kb > 0 && parent_kb <= 4 * (parent_pages + 32), "{out}");
     assert!(child_pages > parent_pages, "the child's thread id is past its parent's page: {out}");
+    assert_eq!(child_kb, parent_kb + 4, "the child maps its own page: {out}");
     let report = report_json(&file);
     let nap = function(&report["functions"], "nap");
     // Four threads' and the parent's 20 ms, the child's 100 ms.
     assert_eq!(nap["calls"], 6);
     let (wall, cpu) = (nap["inclusive"]["wall_ns"]["total"].as_u64().unwrap(), nap["inclusive"]["cpu_ns"]["total"].as_u64().unwrap());
-    assert!(wall >= 200_000_000, "{nap}");
+    assert!(wall >= 195_000_000, "{nap}");
     assert!(cpu < 10_000_000, "{nap}");
 }
 
 /// A program that closes the descriptors it did not open closes the one
-/// the off-CPU array is mapped from: its threads made after cannot map
-/// their pages, and the profile says so; their calls are counted all the
-/// same, and the program is unharmed.
+/// the off-CPU array is mapped from: its threads made soon after have
+/// their pages mapped already, but its child, whose thread id is past
+/// those, cannot map its own, and the profile says so: its call's CPU
+/// time is its wall time. Every call is counted, and the program is
+/// unharmed.
 #[test]
 fn threads_whose_off_cpu_page_cannot_be_mapped_are_counted_and_said() {
     require_probes();
@@ -1038,7 +1042,11 @@ fn threads_whose_off_cpu_page_cannot_be_mapped_are_counted_and_said() {
     let report = report_json(&file);
     let notes = report["notes"].to_string();
     assert!(notes.contains("the time off CPU of some threads could not be read"), "{notes}");
-    assert_eq!(function(&report["functions"], "nap")["calls"], 6);
+    let nap = function(&report["functions"], "nap");
+    assert_eq!(nap["calls"], 6);
+    // The child's 100 ms asleep, the others' CPU time alone.
+    let cpu = nap["inclusive"]["cpu_ns"]["total"].as_u64().unwrap();
+    assert!((95_000_000..130_000_000).contains(&cpu), "{nap}");
 }
 
 /// The few pages of the C library that the engine writes (its hooks) are

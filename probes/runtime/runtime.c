@@ -371,15 +371,31 @@ static __attribute__((noinline)) void map_off_cpu_entry(const struct config *c, 
     u64 status[18]; /* the kernel's struct stat: st_dev, then st_ino */
     long at = (long)(c->off_cpu + page * 4096);
     if (syscall6(SYS_fstat, (long)c->off_cpu_fd, (long)status, 0, 0, 0, 0) == 0 && status[0] == c->off_cpu_device &&
-        status[1] == c->off_cpu_inode &&
-        syscall6(SYS_mmap, at, 4096, 1 /* PROT_READ */, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, (long)c->off_cpu_fd, (long)(page * 4096)) == at) {
-        __atomic_fetch_or(mapped, bit, __ATOMIC_RELAXED);
-        return;
+        status[1] == c->off_cpu_inode) {
+        if (syscall6(SYS_mmap, at, 4096, 1 /* PROT_READ */, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, (long)c->off_cpu_fd, (long)(page * 4096)) == at) {
+            __atomic_fetch_or(mapped, bit, __ATOMIC_RELAXED);
+            return;
+        }
+        /* Another object's mapping that failed (the number holds one of
+         * the many that share the anonymous inode) may have taken the
+         * page away first (kernels before 6.12): zeros go back, which
+         * every thread reads unchecked. */
+        syscall6(SYS_mmap, at, 4096, 1 /* PROT_READ */, 2 | 0x20 | 0x10 /* MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED */, -1, 0);
     }
     /* Called where the shared memory is the process's own (a block is
      * taken, or a child's is made). */
     __atomic_fetch_or(refused, bit, __ATOMIC_RELAXED);
     __atomic_fetch_add(&header(c)->off_cpu_unmapped, 1, __ATOMIC_RELAXED);
+}
+
+/* Thread tid's entry where its page is mapped in this process, else 0:
+ * for a read made before the thread may have taken its block. */
+static inline volatile const u64 *mapped_off_cpu_entry(const struct config *c, u32 tid)
+{
+    u64 page = tid / OFF_CPU_PER_PAGE;
+    if (!c->off_cpu || !tid || tid >= c->off_cpu_entries || !(__atomic_load_n(&off_cpu_pages(c)[page / 64], __ATOMIC_RELAXED) >> (page % 64) & 1))
+        return 0;
+    return off_cpu_entry(c, tid);
 }
 
 /* The same of thread tid. */
@@ -2016,7 +2032,9 @@ static void leave_region(const struct config *c, struct block *b, u64 region, u6
 void proftap_region(u64 code, u64 sp)
 {
     const struct config *c = config();
-    volatile const u64 *early = off_cpu_entry(c, library_tid(c));
+    /* Read before the thread may take its block and map its page: read
+     * of an entry not mapped yet, it is read again after. */
+    volatile const u64 *early = mapped_off_cpu_entry(c, library_tid(c));
     u64 off;
     u64 now = now_and_off_of(early, &off);
     adopt_if_forked(c);

@@ -412,7 +412,8 @@ impl OffCpu {
         attr[1] = ENTRY_BYTES | (entries << 32);
         // Not BPF_F_RDONLY, which the kernel refuses to map at all: a read-only
         // mapping of it cannot be made writable (VM_MAYWRITE is dropped), and
-        // the descriptor itself stays with proftap.
+        // the array is frozen once loaded (see OffCpu::load), so that a
+        // patched process holding its descriptor cannot write it either.
         attr[2] = u64::from(BPF_F_MMAPABLE);
         let map = bpf(BPF_MAP_CREATE, &mut attr).map_err(|e| context("cannot create the off-CPU time array", e))?;
         let loaded = match task.and_then(|task| load_raw(map.as_raw_fd(), task).ok()) {

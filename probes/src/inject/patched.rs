@@ -843,8 +843,9 @@ impl Patched {
         if memory.off_cpu != 0 {
             unmap(memory.off_cpu, memory.off_cpu_bytes)?;
             // Unless the program closed it and the number is another file's now.
+            // (Not closed, it only stays open: what is left to unmap goes on.)
             if memory.off_cpu_map.is_some() && crate::offcpu::map_id_of(remote.pid(), memory.off_cpu_fd) == memory.off_cpu_map {
-                remote.syscall("close", libc::SYS_close, [memory.off_cpu_fd, 0, 0, 0, 0, 0])?;
+                let _ = remote.syscall("close", libc::SYS_close, [memory.off_cpu_fd, 0, 0, 0, 0, 0]);
             }
         }
         for (address, len) in self.entry_counters.iter().map(EntryCounters::mapping) {
@@ -1147,6 +1148,41 @@ fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Sit
 /// array's descriptor (see [`Remote::lend_descriptor`]).
 const OFF_CPU_DESCRIPTOR: u64 = 256;
 
+/// Pages of the off-CPU array (256 thread ids each) mapped in a process
+/// from the last thread id the kernel gave out on, for its threads to come.
+const OFF_CPU_PAGES_AHEAD: u64 = 32;
+
+/// Maps in the off-CPU array's `room` in the held process, from its
+/// descriptor `fd` there, the pages of the process's threads and of the
+/// next thread ids the kernel gives out, and marks them mapped in its
+/// `private` memory: the runtime maps the others as threads take blocks,
+/// which it cannot once a program has closed the descriptors it did not
+/// open (daemons do as they start). A page whose mapping fails is given
+/// its zeros back and left to the runtime.
+fn map_first_off_cpu_pages(remote: &Remote, room: u64, fd: u64, entries: u64, private: u64) -> Result<(), RemoteError> {
+    const IDS: u64 = 4096 / 16;
+    let pages = entries.div_ceil(IDS);
+    let last = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok().and_then(|t| t.trim().parse::<u64>().ok());
+    let mut wanted: Vec<u64> = remote.threads().iter().map(|&tid| tid as u64 / IDS).collect();
+    wanted.extend(last.into_iter().flat_map(|last| last / IDS..(last / IDS + OFF_CPU_PAGES_AHEAD)));
+    wanted.retain(|&page| page < pages);
+    wanted.sort_unstable();
+    wanted.dedup();
+    let mut bits = vec![0u64; totals::OFF_CPU_PAGE_WORDS as usize];
+    let (shared_fixed, zeros) =
+        ((libc::MAP_SHARED | libc::MAP_FIXED) as u64, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64);
+    for run in wanted.chunk_by(|a, b| a + 1 == *b) {
+        let (at, len, offset) = (room + run[0] * 4096, run.len() as u64 * 4096, run[0] * 4096);
+        if remote.syscall("mmap", libc::SYS_mmap, [at, len, libc::PROT_READ as u64, shared_fixed, fd, offset]).is_ok() {
+            run.iter().for_each(|&page| bits[(page / 64) as usize] |= 1 << (page % 64));
+        } else {
+            remote.syscall("mmap", libc::SYS_mmap, [at, len, libc::PROT_READ as u64, zeros, u64::MAX, 0])?;
+        }
+    }
+    let bytes: Vec<u8> = bits.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    remote.write(private + Geometry::OFF_CPU_PAGES, &bytes)
+}
+
 /// Maps the runtime's memory in the held process: private (seats and
 /// return addresses; a forked child gets a copy), a live word wiped in a
 /// forked child, and the shared memory with its header written.
@@ -1180,7 +1216,9 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
                 .map_err(|source| RemoteError::Io { what: "cannot read what the off-CPU array's descriptor is".into(), source })?;
             let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64;
             let room = remote.syscall("mmap", libc::SYS_mmap, [0, off.bytes(), libc::PROT_READ as u64, anonymous, u64::MAX, 0])?;
-            (room, remote.lend_descriptor(off.map(), OFF_CPU_DESCRIPTOR)?, identity)
+            let fd = remote.lend_descriptor(off.map(), OFF_CPU_DESCRIPTOR)?;
+            map_first_off_cpu_pages(remote, room, fd, off.entries(), private)?;
+            (room, fd, identity)
         }
         None => (0, 0, (0, 0)),
     };

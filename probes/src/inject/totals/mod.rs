@@ -464,7 +464,10 @@ impl Geometry {
     /// runtime.h), the bits of the off-CPU array's pages mapped and
     /// refused, and the count of private blocks writable. Only this much
     /// is writable at first (`PRIVATE_HEAD` in runtime.h).
-    pub const PRIVATE_BLOCKS: u64 = page(SEATS * size_of::<Seat>() as u64 + SEATS / 8 + 2 * OFF_CPU_PAGE_WORDS * 8 + 8);
+    pub const PRIVATE_BLOCKS: u64 = page(Self::OFF_CPU_PAGES + 2 * OFF_CPU_PAGE_WORDS * 8 + 8);
+    /// Where the bits of the off-CPU array's pages mapped, then refused,
+    /// are in the private memory.
+    pub const OFF_CPU_PAGES: u64 = SEATS * size_of::<Seat>() as u64 + SEATS / 8;
     /// Where a thread's return addresses start in its private block.
     pub const PRIVATE_RETURNS: u64 = size_of::<PrivateHeader>() as u64;
 
