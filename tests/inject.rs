@@ -222,6 +222,45 @@ fn a_static_program_is_patched_once_its_thread_local_storage_is_set_up() {
     }
 }
 
+/// An attach whose memory cannot all be mapped (the program may address
+/// 64 GiB: the 20 GiB reserved for the threads' return addresses fit, the
+/// shared memory does not) fails with why and what to do, and takes out
+/// what it mapped: the program runs on with the mappings and descriptors
+/// it had.
+#[test]
+fn an_attach_that_cannot_map_its_memory_leaves_nothing_behind() {
+    require_probes();
+    let binary = Build::c("threads.c", "-O2").build();
+    let mut command = Command::new(&binary);
+    command.args(["2", "4000000000", "together"]).stdout(Stdio::null());
+    // SAFETY: setrlimit(2) in the child before it executes the program.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            let limit = libc::rlimit { rlim_cur: 64 << 30, rlim_max: 64 << 30 };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    let mut program = KilledAtTheEnd(command.spawn().unwrap());
+    let pid = program.0.id().to_string();
+    while std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count() < 3 {
+        std::thread::yield_now();
+    }
+    let descriptors = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let (mappings, fds) = (mappings_of(&pid), descriptors());
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(proftap()
+        .args(["attach", "--engine", "inject", "--no-sample", "-f", "work", "--duration", "100ms", "-o"])
+        .arg(dir.path().join("p.profile"))
+        .arg(&pid));
+    assert_clean_failure(&out, "Cannot allocate memory");
+    assert_clean_failure(&out, "`--engine uprobe` records it with kernel probes instead");
+    assert!(program.0.try_wait().unwrap().is_none(), "the program runs on");
+    assert_eq!((mappings_of(&pid), descriptors()), (mappings, fds));
+}
+
 /// Attaching to a busy program again and again: at each detach its threads
 /// are as often as not inside proftap's code, and are stepped out of it, so
 /// that everything mapped goes: ten attaches all succeed, and the program

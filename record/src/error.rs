@@ -47,7 +47,7 @@ pub enum RecordError {
     #[error("no function to probe")]
     NothingToProbe,
     /// The in-process engine could not be set up.
-    #[error("the in-process engine cannot patch process {pid}: {source}")]
+    #[error("the in-process engine cannot patch process {pid}: {source}; `--engine uprobe` records it with kernel probes instead")]
     Inject {
         /// The process.
         pid: i32,

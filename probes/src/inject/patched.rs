@@ -1187,6 +1187,34 @@ fn map_first_off_cpu_pages(remote: &Remote, room: u64, fd: u64, entries: u64, pr
 /// return addresses; a forked child gets a copy), a live word wiped in a
 /// forked child, and the shared memory with its header written.
 fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) -> Result<(Shared, Memory, Config), RemoteError> {
+    let mut made = Made::default();
+    let set_up = map_memory(remote, geometry, off_cpu, &mut made);
+    if set_up.is_err() {
+        // Nothing leads there yet: a process attached to runs on as it was.
+        for (address, len) in made.mappings {
+            let _ = remote.syscall("munmap", libc::SYS_munmap, [address, len, 0, 0, 0, 0]);
+        }
+        if let Some(fd) = made.descriptor {
+            let _ = remote.syscall("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
+        }
+    }
+    set_up
+}
+
+/// What [`map_memory`] made in the process so far.
+#[derive(Default)]
+struct Made {
+    mappings: Vec<(u64, u64)>,
+    descriptor: Option<u64>,
+}
+
+/// [`set_up_memory`], each mapping and descriptor made noted in `made`.
+fn map_memory(
+    remote: &Remote,
+    geometry: Geometry,
+    off_cpu: Option<&OffCpu>,
+    made: &mut Made,
+) -> Result<(Shared, Memory, Config), RemoteError> {
     for tid in remote.threads() {
         if remote.regs(tid)?.fs_base == 0 {
             return Err(RemoteError::Unsupported(format!(
@@ -1202,10 +1230,13 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
     // process may use (vm.overcommit_memory 2), 20 GiB would not map.
     let no_access = libc::PROT_NONE as u64;
     let private = remote.syscall("mmap", libc::SYS_mmap, [AWAY_FROM_CODE, geometry.private_bytes(), no_access, anonymous, u64::MAX, 0])?;
+    made.mappings.push((private, geometry.private_bytes()));
     remote.syscall("mprotect", libc::SYS_mprotect, [private, Geometry::PRIVATE_BLOCKS, read_write, 0, 0, 0])?;
     let live = remote.syscall("mmap", libc::SYS_mmap, [0, 4096, read_write, anonymous, u64::MAX, 0])?;
+    made.mappings.push((live, 4096));
     remote.syscall("madvise", libc::SYS_madvise, [live, 4096, MADV_WIPEONFORK, 0, 0, 0])?;
     let shared = remote.share(geometry.shared_bytes() as usize, None)?;
+    made.mappings.push((shared.remote, geometry.shared_bytes()));
     // Room for the whole array, readable and all zero: the runtime maps
     // into it the pages of the threads that take a block (see
     // map_off_cpu_entry in runtime.c).
@@ -1216,7 +1247,9 @@ fn set_up_memory(remote: &Remote, geometry: Geometry, off_cpu: Option<&OffCpu>) 
                 .map_err(|source| RemoteError::Io { what: "cannot read what the off-CPU array's descriptor is".into(), source })?;
             let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64;
             let room = remote.syscall("mmap", libc::SYS_mmap, [0, off.bytes(), libc::PROT_READ as u64, anonymous, u64::MAX, 0])?;
+            made.mappings.push((room, off.bytes()));
             let fd = remote.lend_descriptor(off.map(), OFF_CPU_DESCRIPTOR)?;
+            made.descriptor = Some(fd);
             map_first_off_cpu_pages(remote, room, fd, off.entries(), private)?;
             (room, fd, identity)
         }
