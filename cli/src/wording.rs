@@ -299,6 +299,9 @@ fn finding_sentence(finding: &Finding) -> String {
             "the time off CPU of some threads could not be read ({}): the program closed or replaced the descriptor proftap left it to read them from, so their CPU times are their wall times; -e wall records without CPU time",
             counted(*pages, "range of 256 thread ids", "ranges of 256 thread ids")
         ),
+        Finding::SamplingCapped { asked_hz, hz } => format!(
+            "stacks sampled {hz} times a second, not {asked_hz}: the kernel allows no more (kernel.perf_event_max_sample_rate, which it lowers by itself when sampling interrupts take long; root may raise it again)"
+        ),
     }
 }
 

@@ -237,6 +237,12 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
     builder.build()
 }
 
+/// The most samples a second the kernel lets an event take
+/// (`kernel.perf_event_max_sample_rate`), if it says.
+pub fn most_samples_per_second() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate").ok()?.trim().parse().ok()
+}
+
 /// Starts reading the kernel's function names on a thread of their own, if
 /// samples may be taken in the kernel: read ahead of the first sample
 /// taken there, which waits for them (a short program's samples are

@@ -302,6 +302,15 @@ pub enum Finding {
         /// How many, over the processes recorded.
         pages: u64,
     },
+    /// Stacks sampled less often than asked: the kernel allows no more
+    /// samples a second (`kernel.perf_event_max_sample_rate`, which it
+    /// lowers itself when sampling interrupts take long).
+    SamplingCapped {
+        /// Samples a second asked for.
+        asked_hz: u64,
+        /// Samples a second taken.
+        hz: u64,
+    },
 }
 
 /// Why the recorder chose uprobes over the in-process engine.

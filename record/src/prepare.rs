@@ -277,6 +277,14 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
             notes.push(Finding::LinesUnprobed { lines: unprobed }.into());
         }
     }
+    let sample = request.sample_settings().map(|mut settings| {
+        // The kernel refuses an event asked to sample more often.
+        if let Some(most) = proftap_probes::perf::most_samples_per_second().filter(|&most| most > 0 && most < settings.frequency_hz) {
+            notes.push(Finding::SamplingCapped { asked_hz: settings.frequency_hz, hz: most }.into());
+            settings.frequency_hz = most;
+        }
+        settings
+    });
     RecordOptions {
         metrics,
         follow_forks: request.follow_forks,
@@ -288,7 +296,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         line_probed: line_probed.clone(),
         counting: chosen.counting,
         entries_counted: if count_lines { chosen.entries_counted.clone() } else { Vec::new() },
-        sample: request.sample_settings(),
+        sample,
         overhead_budget: request.overhead_budget(chosen.lines.is_some() && !count_lines).or(governs_lines_only.then_some(DEFAULT_BUDGET)),
         kept: if governs_lines_only { chosen.kept.clone() } else { Vec::new() },
         functions_named: !request.is_hybrid(),
