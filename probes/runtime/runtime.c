@@ -271,28 +271,15 @@ static inline struct private_block *private_block(const struct config *c, u64 in
     return (struct private_block *)(c->private_base + PRIVATE_HEAD + index * sizeof(struct private_block));
 }
 
-/* How many private blocks, from the first, are writable (see PRIVATE_HEAD). */
-static inline u64 *private_blocks_writable(const struct config *c)
-{
-    return off_cpu_pages(c) + 2 * OFF_CPU_PAGE_WORDS;
-}
-
-/* Makes private block `index` writable, and those before it, if they are
- * not yet: as a thread takes it. A forked child inherits both the
- * blocks' rights and the count. Returns 0 where the kernel refuses (the
- * memory the process may commit is spent). */
+/* Makes private block `index` writable (see PRIVATE_HEAD), as a thread
+ * takes it: once more where it is already, which costs the kernel little
+ * and keeps nothing to tell which are. A forked child inherits the
+ * blocks' rights. Returns 0 where the kernel refuses (the memory the
+ * process may commit is spent). */
 static __attribute__((noinline)) int private_block_writable(const struct config *c, u64 index)
 {
-    u64 *writable = private_blocks_writable(c), first = __atomic_load_n(writable, __ATOMIC_ACQUIRE);
-    if (index < first)
-        return 1;
-    u64 from = (u64)private_block(c, first) & ~4095UL, to = ((u64)private_block(c, index + 1) + 4095) & ~4095UL;
-    if (syscall6(SYS_mprotect, (long)from, (long)(to - from), 3 /* PROT_READ | PROT_WRITE */, 0, 0, 0) != 0)
-        return 0;
-    /* Another thread may have made more writable meanwhile: the count only grows. */
-    while (first <= index && !__atomic_compare_exchange_n(writable, &first, index + 1, 0, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
-    }
-    return 1;
+    u64 from = (u64)private_block(c, index) & ~4095UL, to = ((u64)private_block(c, index + 1) + 4095) & ~4095UL;
+    return syscall6(SYS_mprotect, (long)from, (long)(to - from), 3 /* PROT_READ | PROT_WRITE */, 0, 0, 0) == 0;
 }
 
 static inline u64 ns_to_tsc(const struct config *c, u64 ns)
@@ -379,8 +366,10 @@ static __attribute__((noinline)) void map_off_cpu_entry(const struct config *c, 
         /* Another object's mapping that failed (the number holds one of
          * the many that share the anonymous inode) may have taken the
          * page away first (kernels before 6.12): zeros go back, which
-         * every thread reads unchecked. */
+         * every thread reads unchecked, over another thread's mapping of
+         * the page meanwhile too, which is no longer so. */
         syscall6(SYS_mmap, at, 4096, 1 /* PROT_READ */, 2 | 0x20 | 0x10 /* MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED */, -1, 0);
+        __atomic_fetch_and(mapped, ~bit, __ATOMIC_RELAXED);
     }
     /* Called where the shared memory is the process's own (a block is
      * taken, or a child's is made). */

@@ -7,7 +7,6 @@
  *   u64[SEAT_WORDS]                which seats were ever taken, a bit each
  *   u64[2 * OFF_CPU_PAGE_WORDS]    pages of the times off CPU mapped, and
  *                                  refused, a bit each
- *   u64                            private blocks writable (the first so many)
  *   (to PRIVATE_HEAD, a page boundary; only this much is writable at first)
  *   private_block[blocks]          depth, flags, and each frame's return
  *                                  address, where it was and its function:
@@ -242,7 +241,7 @@ struct seat {
 
 /* Where the private blocks start in the private memory. */
 #define PRIVATE_HEAD \
-    ((sizeof(struct seat) * SEATS + SEAT_WORDS * 8 + 2 * OFF_CPU_PAGE_WORDS * 8 + 8 + 4095) & ~4095UL)
+    ((sizeof(struct seat) * SEATS + SEAT_WORDS * 8 + 2 * OFF_CPU_PAGE_WORDS * 8 + 4095) & ~4095UL)
 
 struct private_block {
     u64 depth;

@@ -8,7 +8,9 @@ use crate::error::RecordError;
 use crate::observer::{ObservedDownloads, Observer, RecordEvent, Step, Warning};
 use crate::options::{Control, RecordOptions, Recorded, TargetSpec};
 use crate::recorder::{drop_aside, record};
-use crate::request::{DEFAULT_BUDGET, EngineChoice, ExitsChoice, Governor, RecordRequest, RecordTarget, RegionSpec, regions_of_lines};
+use crate::request::{
+    DEFAULT_BUDGET, EngineChoice, ExitsChoice, Governor, RecordRequest, RecordTarget, RegionSpec, SampleSettings, regions_of_lines,
+};
 use crate::saved::Saver;
 use proftap_probes::exits::{ExitMode, unwinds};
 use proftap_probes::inject::counting;
@@ -277,12 +279,9 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
             notes.push(Finding::LinesUnprobed { lines: unprobed }.into());
         }
     }
-    let sample = request.sample_settings().map(|mut settings| {
-        // The kernel refuses an event asked to sample more often.
-        if let Some(most) = proftap_probes::perf::most_samples_per_second().filter(|&most| most > 0 && most < settings.frequency_hz) {
-            notes.push(Finding::SamplingCapped { asked_hz: settings.frequency_hz, hz: most }.into());
-            settings.frequency_hz = most;
-        }
+    let sample = request.sample_settings().map(|settings| {
+        let (settings, capped) = capped_sampling(settings, proftap_probes::perf::most_samples_per_second());
+        notes.extend(capped.map(Note::from));
         settings
     });
     RecordOptions {
@@ -649,6 +648,40 @@ fn line_files(lines: Option<&[String]>, regions: &[RegionSpec]) -> Option<LineFi
             let mut all: Vec<String> = files.map(<[String]>::to_vec).unwrap_or_default();
             all.extend(regions.iter().map(|r| r.file.clone()));
             Some(LineFiles(all))
+        }
+    }
+}
+
+/// `settings` sampling at most `most` times a second, where the kernel
+/// says so (it refuses an event asked to sample more often), and the
+/// finding that says it, if the frequency was lowered.
+fn capped_sampling(mut settings: SampleSettings, most: Option<u64>) -> (SampleSettings, Option<Finding>) {
+    match most.filter(|&most| most > 0 && most < settings.frequency_hz) {
+        Some(most) => {
+            let asked_hz = std::mem::replace(&mut settings.frequency_hz, most);
+            (settings, Some(Finding::SamplingCapped { asked_hz, hz: most }))
+        }
+        None => (settings, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sampling asked more often than the kernel allows is lowered to its
+    /// most, and said; asked at or below it, or where the kernel says
+    /// nothing (or 0), it is as asked.
+    #[test]
+    fn sampling_is_capped_at_the_kernels_most_and_said() {
+        let asked = SampleSettings { frequency_hz: 1000, ..SampleSettings::default() };
+        let (settings, said) = capped_sampling(asked, Some(500));
+        assert_eq!(settings.frequency_hz, 500);
+        assert_eq!(settings.stack_bytes, asked.stack_bytes);
+        assert_eq!(said, Some(Finding::SamplingCapped { asked_hz: 1000, hz: 500 }));
+        for most in [Some(1000), Some(100_000), None, Some(0)] {
+            let (settings, said) = capped_sampling(asked, most);
+            assert_eq!((settings.frequency_hz, said), (1000, None), "{most:?}");
         }
     }
 }

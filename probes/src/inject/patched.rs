@@ -1152,6 +1152,10 @@ const OFF_CPU_DESCRIPTOR: u64 = 256;
 /// from the last thread id the kernel gave out on, for its threads to come.
 const OFF_CPU_PAGES_AHEAD: u64 = 32;
 
+/// The ids the kernel gives out again from, past `pid_max` (its
+/// `RESERVED_PIDS`).
+const RESERVED_THREAD_IDS: u64 = 300;
+
 /// Maps in the off-CPU array's `room` in the held process, from its
 /// descriptor `fd` there, the pages of the process's threads and of the
 /// next thread ids the kernel gives out, and marks them mapped in its
@@ -1162,9 +1166,14 @@ const OFF_CPU_PAGES_AHEAD: u64 = 32;
 fn map_first_off_cpu_pages(remote: &Remote, room: u64, fd: u64, entries: u64, private: u64) -> Result<(), RemoteError> {
     const IDS: u64 = 4096 / 16;
     let pages = entries.div_ceil(IDS);
+    let threads: Vec<u64> = remote.threads().iter().map(|&tid| tid as u64).collect();
+    // The last id given out (else the process's newest thread's), then
+    // on, from the first ids the kernel gives out again past the last.
     let last = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok().and_then(|t| t.trim().parse::<u64>().ok());
-    let mut wanted: Vec<u64> = remote.threads().iter().map(|&tid| tid as u64 / IDS).collect();
-    wanted.extend(last.into_iter().flat_map(|last| last / IDS..(last / IDS + OFF_CPU_PAGES_AHEAD)));
+    let last = last.or_else(|| threads.iter().copied().max()).unwrap_or(0);
+    let again = pages.min(RESERVED_THREAD_IDS / IDS);
+    let ahead = (0..OFF_CPU_PAGES_AHEAD).map(|n| last / IDS + n).map(|page| if page < pages { page } else { again + page - pages });
+    let mut wanted: Vec<u64> = threads.iter().map(|tid| tid / IDS).chain(ahead).collect();
     wanted.retain(|&page| page < pages);
     wanted.sort_unstable();
     wanted.dedup();
