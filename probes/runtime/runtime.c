@@ -275,14 +275,21 @@ static inline struct private_block *private_block(const struct config *c, u64 in
 }
 
 /* Makes private block `index` writable (see PRIVATE_HEAD), as a thread
- * takes it: once more where it is already, which costs the kernel little
- * and keeps nothing to tell which are. A forked child inherits the
- * blocks' rights. Returns 0 where the kernel refuses (the memory the
- * process may commit is spent). */
+ * takes it, unless its bit says it is: each block alone, so that blocks
+ * refused while memory was short leave the next ones no dearer. A forked
+ * child inherits the blocks' rights and their bits. Returns 0 where the
+ * kernel refuses (the memory the process may commit is spent). */
 static __attribute__((noinline)) int private_block_writable(const struct config *c, u64 index)
 {
+    u64 *writable = off_cpu_pages(c) + 2 * OFF_CPU_PAGE_WORDS + index / 64, bit = 1UL << (index % 64);
+    if (index < MOST_BLOCKS && (__atomic_load_n(writable, __ATOMIC_ACQUIRE) & bit))
+        return 1;
     u64 from = (u64)private_block(c, index) & ~4095UL, to = ((u64)private_block(c, index + 1) + 4095) & ~4095UL;
-    return syscall6(SYS_mprotect, (long)from, (long)(to - from), 3 /* PROT_READ | PROT_WRITE */, 0, 0, 0) == 0;
+    if (syscall6(SYS_mprotect, (long)from, (long)(to - from), 3 /* PROT_READ | PROT_WRITE */, 0, 0, 0) != 0)
+        return 0;
+    if (index < MOST_BLOCKS)
+        __atomic_fetch_or(writable, bit, __ATOMIC_RELEASE);
+    return 1;
 }
 
 static inline u64 ns_to_tsc(const struct config *c, u64 ns)
@@ -806,6 +813,9 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
     u64 outcome = LIVE_STOPPED;
     char name[] = "proftap";
     u64 index = own ? own->block - 1 : 0, first = keep_index ? index : 0;
+    /* The first block may be one the parent could not make writable. */
+    if (first != index && !private_block_writable(c, first))
+        first = index;
     /* Sealing allowed: proftap seals it against shrinking before it maps it. */
     long memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
     int made = memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_header(c, memfd, own ? first + 1 : 0);

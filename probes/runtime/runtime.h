@@ -7,6 +7,7 @@
  *   u64[SEAT_WORDS]                which seats were ever taken, a bit each
  *   u64[2 * OFF_CPU_PAGE_WORDS]    pages of the times off CPU mapped, and
  *                                  refused, a bit each
+ *   u64[MOST_BLOCKS / 64]          private blocks made writable, a bit each
  *   (to PRIVATE_HEAD, a page boundary; only this much is writable at first)
  *   private_block[blocks]          depth, flags, and each frame's return
  *                                  address, where it was and its function:
@@ -239,9 +240,12 @@ struct seat {
  * seats of its parent's threads without reading the whole table. */
 #define SEAT_WORDS (SEATS / 64)
 
+/* The most blocks a process has (totals/mod.rs: BLOCKS). */
+#define MOST_BLOCKS 4096
+
 /* Where the private blocks start in the private memory. */
 #define PRIVATE_HEAD \
-    ((sizeof(struct seat) * SEATS + SEAT_WORDS * 8 + 2 * OFF_CPU_PAGE_WORDS * 8 + 4095) & ~4095UL)
+    ((sizeof(struct seat) * SEATS + SEAT_WORDS * 8 + 2 * OFF_CPU_PAGE_WORDS * 8 + MOST_BLOCKS / 8 + 4095) & ~4095UL)
 
 struct private_block {
     u64 depth;

@@ -461,10 +461,11 @@ impl Geometry {
     }
     /// Where the private blocks start in the private memory, at a page:
     /// after the seats, the bits of those ever taken (`SEAT_WORDS` in
-    /// runtime.h) and the bits of the off-CPU array's pages mapped and
-    /// refused. Only this much is writable at first, the blocks as
-    /// threads take them (`PRIVATE_HEAD` in runtime.h).
-    pub const PRIVATE_BLOCKS: u64 = page(Self::OFF_CPU_PAGES + 2 * OFF_CPU_PAGE_WORDS * 8);
+    /// runtime.h), the bits of the off-CPU array's pages mapped and
+    /// refused, and those of the private blocks made writable. Only this
+    /// much is writable at first, the blocks as threads take them
+    /// (`PRIVATE_HEAD` in runtime.h).
+    pub const PRIVATE_BLOCKS: u64 = page(Self::OFF_CPU_PAGES + 2 * OFF_CPU_PAGE_WORDS * 8 + BLOCKS / 8);
     /// Where the bits of the off-CPU array's pages mapped, then refused,
     /// are in the private memory.
     pub const OFF_CPU_PAGES: u64 = SEATS * size_of::<Seat>() as u64 + SEATS / 8;

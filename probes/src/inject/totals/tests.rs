@@ -1001,6 +1001,46 @@ fn a_forked_child_records_in_memory_of_its_own_that_it_hands_over() {
     assert_eq!(totals.threads[0].nodes[1..], nodes[1..]);
 }
 
+/// A forked child carries its forking thread's block over as its first,
+/// which the parent may never have made writable (its thread's block was
+/// refused while memory was short): the child makes it writable before it
+/// moves the thread's frames there, and records in it.
+#[test]
+fn a_forked_child_makes_its_first_block_writable_before_it_moves_there() {
+    let (_geometry, mut children, mut rt, mut stack) = ready_to_fork();
+    // Another thread takes block 0; this one takes block 1.
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut stack = Stack::new();
+            rt.entry(&mut stack.0[60], 0);
+            rt.exit(&mut stack.0[60]);
+        });
+    });
+    rt.entry(&mut stack.0[60], 0);
+    assert_eq!(rt.header().blocks_taken, 2);
+    // Block 0 as the kernel would have left it refused: its own pages not
+    // writable, its bit clear.
+    let (block0, block1) = (rt.private as u64 + Geometry::private_block(0), rt.private as u64 + Geometry::private_block(1));
+    let bits = rt.private as u64 + Geometry::OFF_CPU_PAGES + 2 * OFF_CPU_PAGE_WORDS * 8;
+    // SAFETY: pages of the private memory this test mapped, none in use; a word of its head.
+    unsafe {
+        assert_eq!(libc::mprotect(block0 as *mut libc::c_void, ((block1 & !4095) - block0) as usize, libc::PROT_NONE), 0);
+        *(bits as *mut u64) &= !1;
+    }
+    assert_eq!(rights_at(block0), "---p");
+
+    // As the child sees it after a fork: its live word zeroed.
+    *rt.live = [0, 0];
+    rt.entry(&mut stack.0[40], 0);
+    assert_eq!(rt.live[0], LIVE_RECORDING, "the child reached proftap");
+    assert_eq!(rights_at(block0), "rw-p");
+    rt.exit(&mut stack.0[40]);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!(stack.0[60], 0x1000 + 60, "the frame from before the fork returns where it came from");
+    assert_eq!(rt.entries(0), [1], "the child's call counts in its first block");
+    children.stop();
+}
+
 /// Once a forked child has memory of its own, nothing of its parent's is
 /// mapped in it: its calls and the return sites it takes go to its own,
 /// and the parent's (seen here through a second mapping, as proftap sees
