@@ -113,10 +113,14 @@ static inline long syscall6(long number, long a, long b, long c, long d, long e,
 #define SYS_ftruncate 77
 #define SYS_process_vm_readv 310
 #define SYS_memfd_create 319
-/* What the C library's fstat makes (since glibc 2.33): a program whose
- * system calls are filtered allows it where it allows fstat at all. */
+/* What the C library's fstat makes (since glibc 2.33; before, and musl's
+ * and Go's, fstat): a program whose system calls are filtered allows
+ * the one its library makes. */
+#define SYS_fstat 5
 #define SYS_newfstatat 262
 #define AT_EMPTY_PATH 0x1000
+#define EPERM 1
+#define ENOSYS 38
 
 /* futex(2), on memory shared with proftap (not private to the process). */
 #define SYS_FUTEX 202
@@ -368,8 +372,10 @@ static __attribute__((noinline)) void map_off_cpu_entry(const struct config *c, 
     u64 status[18]; /* the kernel's struct stat: st_dev, then st_ino */
     char no_path[1] = {0};
     long at = (long)(c->off_cpu + page * 4096);
-    if (syscall6(SYS_newfstatat, (long)c->off_cpu_fd, (long)no_path, (long)status, AT_EMPTY_PATH, 0, 0) == 0 && status[0] == c->off_cpu_device &&
-        status[1] == c->off_cpu_inode) {
+    long stat = syscall6(SYS_newfstatat, (long)c->off_cpu_fd, (long)no_path, (long)status, AT_EMPTY_PATH, 0, 0);
+    if (stat == -EPERM || stat == -ENOSYS)
+        stat = syscall6(SYS_fstat, (long)c->off_cpu_fd, (long)status, 0, 0, 0, 0);
+    if (stat == 0 && status[0] == c->off_cpu_device && status[1] == c->off_cpu_inode) {
         if (syscall6(SYS_mmap, at, 4096, 1 /* PROT_READ */, 1 | 0x10 /* MAP_SHARED | MAP_FIXED */, (long)c->off_cpu_fd, (long)(page * 4096)) == at) {
             __atomic_fetch_or(mapped, bit, __ATOMIC_RELAXED);
             return;
