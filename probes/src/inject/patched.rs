@@ -1254,7 +1254,6 @@ fn map_memory(
             let identity = off
                 .identity()
                 .map_err(|source| RemoteError::Io { what: "cannot read what the off-CPU array's descriptor is".into(), source })?;
-            let anonymous = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64;
             let room = remote.syscall("mmap", libc::SYS_mmap, [0, off.bytes(), libc::PROT_READ as u64, anonymous, u64::MAX, 0])?;
             made.mappings.push((room, off.bytes()));
             let fd = remote.lend_descriptor(off.map(), OFF_CPU_DESCRIPTOR)?;
