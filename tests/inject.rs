@@ -232,7 +232,7 @@ fn an_attach_that_cannot_map_its_memory_leaves_nothing_behind() {
     require_probes();
     let binary = Build::c("threads.c", "-O2").build();
     let mut command = Command::new(&binary);
-    command.args(["2", "4000000000", "together"]).stdout(Stdio::null());
+    command.args(["2", "4000000000000", "together"]).stdout(Stdio::null());
     // SAFETY: setrlimit(2) in the child before it executes the program.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut command, || {
@@ -269,8 +269,10 @@ fn an_attach_that_cannot_map_its_memory_leaves_nothing_behind() {
 fn attaching_to_busy_threads_again_and_again_leaves_nothing_behind() {
     require_probes();
     let binary = Build::c("threads.c", "-O2").build();
-    let mut program = Command::new(&binary).args(["3", "4000000000", "together"]).stdout(Stdio::null()).spawn().unwrap();
-    let pid = program.id().to_string();
+    // Busy for hours (17 s at 4 G calls a thread ran out in a slow first
+    // attach), killed at the end.
+    let mut program = KilledAtTheEnd(Command::new(&binary).args(["3", "4000000000000", "together"]).stdout(Stdio::null()).spawn().unwrap());
+    let pid = program.0.id().to_string();
     // Its threads' stacks are mappings of its own: counted once all are made.
     while std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count() < 4 {
         std::thread::yield_now();
@@ -286,9 +288,7 @@ fn attaching_to_busy_threads_again_and_again_leaves_nothing_behind() {
         assert!(calls_by_name(&report_json(&file))["work"] > 0, "round {round}");
     }
     let (after, descriptors_after) = (mappings(), descriptors());
-    assert!(program.try_wait().unwrap().is_none(), "the program runs on");
-    program.kill().unwrap();
-    program.wait().unwrap();
+    assert!(program.0.try_wait().unwrap().is_none(), "the program runs on");
     assert!(after <= before + 1, "{before} mappings before, {after} after");
     assert_eq!(descriptors_after, descriptors_before, "the off-CPU array's descriptor is closed at each detach");
 }
