@@ -405,7 +405,7 @@ impl OffCpu {
 
     /// As raw tracepoints when where a task keeps its fields is known.
     fn load_by(task: Option<TaskFields>) -> io::Result<OffCpu> {
-        let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(1 << 22);
+        let pid_max = crate::procfs::sysctl_number("kernel/pid_max").unwrap_or(1 << 22);
         let entries = pid_max.clamp(1024, 1 << 22);
         let mut attr = [0u64; 16];
         attr[0] = u64::from(BPF_MAP_TYPE_ARRAY) | (4 << 32);

@@ -62,8 +62,7 @@ pub fn unprivileged_ring_bytes() -> Option<usize> {
     if kernel_observable() {
         return None;
     }
-    let kib: usize =
-        std::fs::read_to_string("/proc/sys/kernel/perf_event_mlock_kb").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(516);
+    let kib = crate::procfs::sysctl_number("kernel/perf_event_mlock_kb").map_or(516, |kib| kib as usize);
     let room = (kib.saturating_sub(16) << 10).max(8 << 10);
     Some(1 << (usize::BITS - 1 - room.leading_zeros()))
 }
@@ -235,12 +234,6 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
         .exclude_kernel(!kernel_observable());
     read_kernel_symbols_ahead();
     builder.build()
-}
-
-/// The most samples a second the kernel lets an event take
-/// (`kernel.perf_event_max_sample_rate`), if it says.
-pub fn most_samples_per_second() -> Option<u64> {
-    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate").ok()?.trim().parse().ok()
 }
 
 /// Starts reading the kernel's function names on a thread of their own, if

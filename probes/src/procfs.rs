@@ -29,6 +29,12 @@ pub struct Mapping {
     pub path: Option<String>,
 }
 
+/// The number the kernel setting `name` (under `/proc/sys`, as
+/// "kernel/pid_max") holds, if it can be read.
+pub fn sysctl_number(name: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/sys/{name}")).ok()?.trim().parse().ok()
+}
+
 /// Parses the text of `/proc/PID/maps`; lines it cannot read are skipped.
 pub fn parse_maps(text: &str) -> Vec<Mapping> {
     text.lines().filter_map(parse_map_line).collect()

@@ -280,7 +280,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         }
     }
     let sample = request.sample_settings().map(|settings| {
-        let (settings, capped) = capped_sampling(settings, proftap_probes::perf::most_samples_per_second());
+        let (settings, capped) = capped_sampling(settings, proftap_probes::procfs::sysctl_number("kernel/perf_event_max_sample_rate"));
         notes.extend(capped.map(Note::from));
         settings
     });

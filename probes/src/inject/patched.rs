@@ -1169,7 +1169,7 @@ fn map_first_off_cpu_pages(remote: &Remote, room: u64, fd: u64, entries: u64, pr
     let threads: Vec<u64> = remote.threads().iter().map(|&tid| tid as u64).collect();
     // The last id given out (else the process's newest thread's), then
     // on, from the first ids the kernel gives out again past the last.
-    let last = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok().and_then(|t| t.trim().parse::<u64>().ok());
+    let last = procfs::sysctl_number("kernel/ns_last_pid");
     let last = last.or_else(|| threads.iter().copied().max()).unwrap_or(0);
     let again = pages.min(RESERVED_THREAD_IDS / IDS);
     let ahead = (0..OFF_CPU_PAGES_AHEAD).map(|n| last / IDS + n).map(|page| if page < pages { page } else { again + page - pages });

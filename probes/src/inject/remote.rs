@@ -532,8 +532,7 @@ impl Remote {
     /// Free places for `len` bytes within ±2 GiB of all of `near`.
     fn candidates(&self, near: std::ops::Range<u64>, len: u64) -> Result<Vec<u64>, RemoteError> {
         let maps = procfs::read_maps(self.pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
-        let min_addr =
-            std::fs::read_to_string("/proc/sys/vm/mmap_min_addr").ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(65536);
+        let min_addr = crate::procfs::sysctl_number("vm/mmap_min_addr").unwrap_or(65536);
         let (lowest, highest) = within_reach(&near, min_addr);
         Ok(gaps(&maps, lowest, highest, len))
     }
