@@ -13,6 +13,7 @@ const SYMBOLS: &[&str] = &[
     "proftap_entry",
     "proftap_exit",
     "proftap_unhook",
+    "proftap_unwinder_link",
     "proftap_rehook",
     "proftap_resume",
     "proftap_region",

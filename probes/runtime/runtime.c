@@ -1892,6 +1892,20 @@ void proftap_unhook(u64 *slot)
     rewrite(c, p, (u64)slot, tail_call, 0);
 }
 
+/* Where glibc links libgcc_s's unwinder, which it loads only when first
+ * needed (a thread cancelled, pthread_exit, backtrace): too late for
+ * libgcc_s's entries to be patched, so a cancelled thread comes here
+ * just before it unwinds, and gets its return addresses back as at an
+ * unwinder's entry. Not where pthread_cancel takes the link, in the
+ * thread that cancels another: that thread goes on, its returns timed. */
+void proftap_unwinder_link(u64 *slot)
+{
+    const struct config *c = config();
+    if (*slot - c->canceller < c->canceller_bytes)
+        return;
+    proftap_unhook(slot);
+}
+
 /* Where a handler catches, or a stack walk returns (its call's
  * return-address slot): frames below it are gone, and so is one at it
  * (the catch's call took the slot of a call the throw left, made by the

@@ -122,6 +122,11 @@ struct config {
     u64 off_cpu_fd;
     u64 off_cpu_device;
     u64 off_cpu_inode;
+    /* pthread_cancel's code [canceller, canceller + canceller_bytes), or
+     * 0: it takes glibc's link to the unwinder (proftap_unwinder_link) to
+     * check that one can be had, in the thread that cancels another. */
+    u64 canceller;
+    u64 canceller_bytes;
 };
 
 /* Thread ids whose time off CPU one page of the array holds, and the most

@@ -13,7 +13,7 @@ use crate::request::{
 };
 use crate::saved::Saver;
 use proftap_probes::exits::{ExitMode, unwinds};
-use proftap_probes::inject::counting;
+use proftap_probes::inject::{counting, hooks};
 use proftap_probes::lines::{LineFiles, LinePlan, functions_with_lines, plan_lines};
 use proftap_probes::metrics::{Metric, MetricError, parse_metrics};
 use proftap_probes::plan::{ProbedFunction, Role, catch_marker, plan};
@@ -405,8 +405,10 @@ struct Chosen {
     counting: counting::Choices,
     /// Functions counted at their entry (not patched, if lines are counted).
     entries_counted: Vec<usize>,
-    /// The executable calls `pthread_cancel` and no module loaded from the
-    /// start unwinds a cancelled thread (glibc loads libgcc_s on demand).
+    /// The executable calls `pthread_cancel`, no module loaded from the
+    /// start unwinds a cancelled thread (glibc loads libgcc_s on demand),
+    /// and the C library has no link to that unwinder to hook (glibc
+    /// before 2.34).
     cancels_unhooked: bool,
     /// Functions with a line of a region that cannot be counted or hooked
     /// in process ("name: why"): the regions are then timed by uprobes on
@@ -510,7 +512,8 @@ fn choose(
     let exit_mode = exit_mode(request.exits, &indexes[0], modules);
     let main = &indexes[0];
     let cancels_unhooked = main.imports.iter().any(|i| i == "pthread_cancel")
-        && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")));
+        && !modules.iter().any(|(d, _)| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s")))
+        && !modules.iter().any(|(_, open)| hooks::has_unwinder_link(open));
     // Return instructions are found (each function's whole code decoded)
     // only for the probes that may go on them.
     let returns_found = if uprobes_may_take_chosen_functions(request, metrics, cancels_unhooked) { exit_mode } else { ExitMode::Uretprobe };

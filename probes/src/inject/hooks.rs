@@ -25,6 +25,13 @@ pub enum Hook {
     /// An unwinder that only reads the stack (`backtrace()`): unhooked at
     /// its entry, the live frames are hijacked again at its returns.
     Walk,
+    /// glibc links libgcc_s's unwinder, which it loads only when first
+    /// needed (a thread cancelled, `pthread_exit`, `backtrace`), too late
+    /// for libgcc_s's entries to be patched: a cancelled thread takes the
+    /// link just before it unwinds, so it is unhooked there, as at
+    /// [`Hook::Unhook`]; but not where `pthread_cancel` takes it in the
+    /// thread that cancels another ([`Hooks::canceller`]), which goes on.
+    UnwinderLink,
     /// A thread or a process is about to start: edge counters counting
     /// without `lock` until then are made atomic.
     ThreadStart,
@@ -46,7 +53,7 @@ impl Hook {
 /// thread pointer of its own) or `clone` (which may not), a process
 /// that shares the counters in `fork` or `_Fork`; `vfork` and
 /// `posix_spawn` suspend the parent until the child executes.
-const HOOKS: [(&str, Hook); 13] = [
+const HOOKS: [(&str, Hook); 14] = [
     ("pthread_create", Hook::ThreadStart),
     ("clone", Hook::Clone),
     ("fork", Hook::ThreadStart),
@@ -59,6 +66,7 @@ const HOOKS: [(&str, Hook); 13] = [
     // glibc loads libgcc_s only when these first need it.
     ("backtrace", Hook::Walk),
     ("pthread_exit", Hook::Unhook),
+    (UNWINDER_LINK, Hook::UnwinderLink),
     ("__cxa_begin_catch", Hook::Rehook),
     // Where a foreign exception caught by Rust's catch_unwind is freed.
     ("_Unwind_DeleteException", Hook::Rehook),
@@ -66,6 +74,13 @@ const HOOKS: [(&str, Hook); 13] = [
 
 /// Where a Rust panic caught by `catch_unwind` is freed (a mangled name).
 const RUST_PANIC_CLEANUP: &str = "__rust_panic_cleanup";
+
+/// glibc's link to libgcc_s's unwinder (since glibc 2.34).
+const UNWINDER_LINK: &str = "__libc_unwind_link_get";
+
+/// What cancels a thread, and takes [`UNWINDER_LINK`] to check that the
+/// unwinder can be had.
+const CANCELLER: &str = "pthread_cancel";
 
 /// The hook of the function named `name`, if it is one.
 fn hook_of(name: &str) -> Option<(&'static str, Hook)> {
@@ -82,7 +97,7 @@ fn hook_of(name: &str) -> Option<(&'static str, Hook)> {
 pub fn puts_returns_back(name: &str) -> bool {
     // glibc's `backtrace` is a weak alias of `__backtrace`, the name frames get.
     let hook = hook_of(name).or_else(|| hook_of(name.strip_prefix("__")?));
-    hook.is_some_and(|(_, hook)| matches!(hook, Hook::Unhook | Hook::Walk))
+    hook.is_some_and(|(_, hook)| matches!(hook, Hook::Unhook | Hook::Walk | Hook::UnwinderLink))
 }
 
 /// An entry to hook.
@@ -96,9 +111,20 @@ pub struct HookSite {
     pub target: Target,
 }
 
+/// What a process's modules have to hook.
+#[derive(Clone, Debug, Default)]
+pub struct Hooks {
+    /// The entries to hook.
+    pub sites: Vec<HookSite>,
+    /// Where `pthread_cancel`'s code is in the process (runtime addresses),
+    /// which [`Hook::UnwinderLink`] leaves alone.
+    pub canceller: Option<std::ops::Range<u64>>,
+}
+
 /// The hook sites defined in `modules`.
-pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
-    let mut sites: Vec<HookSite> = Vec::new();
+pub fn find(modules: &[LoadedModule]) -> Hooks {
+    let mut hooks = Hooks::default();
+    let sites = &mut hooks.sites;
     for module in modules {
         let Ok(image) = ElfImage::open(&module.open_path) else { continue };
         let (Ok(elf), Ok(segments)) = (image.parse(), image.segments()) else { continue };
@@ -107,6 +133,10 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
                 continue;
             }
             let Ok(name) = symbol.name() else { continue };
+            if name == CANCELLER && symbol.is_global() {
+                let start = module.bias.to_runtime(crate::addr::VirtAddr(symbol.address())).0;
+                hooks.canceller = Some(start..start.wrapping_add(symbol.size()));
+            }
             let Some((name, hook)) = hook_of(name) else { continue };
             // A program's own static `fork` or `clone` starts nothing.
             if hook.starts_thread() && symbol.is_local() {
@@ -135,7 +165,15 @@ pub fn find(modules: &[LoadedModule]) -> Vec<HookSite> {
             }
         }
     }
-    sites
+    hooks
+}
+
+/// Whether the module at `path` has glibc's link to libgcc_s's unwinder
+/// ([`Hook::UnwinderLink`]), exported.
+pub fn has_unwinder_link(path: &std::path::Path) -> bool {
+    let Ok(image) = ElfImage::open(path) else { return false };
+    let Ok(elf) = image.parse() else { return false };
+    elf.dynamic_symbols().any(|s| !s.is_undefined() && s.kind() == SymbolKind::Text && s.name() == Ok(UNWINDER_LINK))
 }
 
 #[cfg(test)]
@@ -147,9 +185,27 @@ mod tests {
     #[test]
     fn thread_and_process_starts_are_found_in_the_c_library() {
         let modules = crate::procfs::loaded_modules(std::process::id() as i32).expect("this process's modules");
-        let starts: Vec<&str> = find(&modules).iter().filter(|s| s.hook.starts_thread()).map(|s| s.name).collect();
+        let starts: Vec<&str> = find(&modules).sites.iter().filter(|s| s.hook.starts_thread()).map(|s| s.name).collect();
         for name in ["pthread_create", "clone", "fork"] {
             assert!(starts.contains(&name), "{name} not among {starts:?}");
+        }
+    }
+
+    /// A C library that links libgcc_s's unwinder on demand (glibc 2.34
+    /// and later) has the link hooked and pthread_cancel's code known,
+    /// inside the library's code.
+    #[test]
+    fn the_c_librarys_link_to_the_unwinder_is_hooked_and_the_canceller_known() {
+        let modules = crate::procfs::loaded_modules(std::process::id() as i32).expect("this process's modules");
+        let hooks = find(&modules);
+        let link = hooks.sites.iter().find(|s| s.hook == Hook::UnwinderLink);
+        let libc = modules.iter().find(|m| has_unwinder_link(&m.open_path));
+        assert_eq!(link.map(|l| &l.target.module), libc.map(|m| &m.path));
+        if let Some(libc) = libc {
+            let canceller = hooks.canceller.expect("pthread_cancel's code");
+            let inside = |a: u64| libc.contains(crate::addr::RuntimeAddr(a));
+            assert!(canceller.start < canceller.end && inside(canceller.start) && inside(canceller.end - 1), "{canceller:x?}");
+            assert_eq!(canceller.start, libc::pthread_cancel as *const () as u64);
         }
     }
 }

@@ -294,7 +294,7 @@ impl Patched {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         refuse_shadow_stacks(pid)?;
         let claim = RecordingClaim::take(pid)?;
-        let hook_sites = hook_sites(&modules, how.count_edges.contains(&true));
+        let hooks::Hooks { sites: hook_sites, canceller } = hook_sites(&modules, how.count_edges.contains(&true));
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
         let (mut groups, mut refused) = patcher::plans(&modules, &targets, checked);
@@ -344,6 +344,9 @@ impl Patched {
         // time is its wall time rather than another thread's.
         let off_cpu = how.off_cpu.filter(|_| procfs::sees_kernel_thread_ids(pid));
         let (shared, memory, mut config) = set_up_memory(&remote, geometry, off_cpu)?;
+        if let Some(code) = canceller {
+            (config.canceller, config.canceller_bytes) = (code.start, code.end - code.start);
+        }
         // From here on a failure puts back what was patched and unmaps this.
         patched.memory = Some(memory);
         if how.follow_forks {
@@ -1092,8 +1095,9 @@ fn refuse_shadow_stacks(pid: i32) -> Result<(), RemoteError> {
 /// The unwinder entries to hook, and their walkers' returns: optional,
 /// without them a thread's next call hijacks its frames again. With edges
 /// counted, where threads and processes start too.
-fn hook_sites(modules: &[procfs::LoadedModule], count_edges: bool) -> Vec<HookSite> {
-    let mut sites = hooks::find(modules);
+fn hook_sites(modules: &[procfs::LoadedModule], count_edges: bool) -> hooks::Hooks {
+    let mut hooks = hooks::find(modules);
+    let sites = &mut hooks.sites;
     sites.retain(|h| count_edges || h.hook != Hook::ThreadStart);
     let walkers: Vec<HookSite> = sites
         .iter()
@@ -1101,7 +1105,7 @@ fn hook_sites(modules: &[procfs::LoadedModule], count_edges: bool) -> Vec<HookSi
         .map(|h| HookSite { target: Target { site: Site::Return, ..h.target.clone() }, ..h.clone() })
         .collect();
     sites.extend(walkers);
-    sites
+    hooks
 }
 
 /// Whether the edge counters may count without `lock` until the runtime
@@ -1137,10 +1141,13 @@ fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Sit
         (None, Site::Return) => Err("no code for this site".to_string()),
         (Some(Hook::Unhook | Hook::Walk), Site::Entry) => call_routine(address, rt.unhook, 0),
         (Some(Hook::Walk), Site::Return) => call_routine_and_return(address, rt.resume),
+        (Some(Hook::UnwinderLink), Site::Entry) => call_routine(address, rt.unwinder_link, 0),
         (Some(Hook::Rehook), _) => call_routine(address, rt.rehook, 0),
         (Some(Hook::ThreadStart), Site::Entry) => call_routine(address, rt.lock_counters, 0),
         (Some(Hook::Clone), Site::Entry) => call_routine(address, rt.clone, 0),
-        (Some(Hook::Unhook | Hook::ThreadStart | Hook::Clone), Site::Return) => Err("no code for this site".to_string()),
+        (Some(Hook::Unhook | Hook::UnwinderLink | Hook::ThreadStart | Hook::Clone), Site::Return) => {
+            Err("no code for this site".to_string())
+        }
     }
 }
 

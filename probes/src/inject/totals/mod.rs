@@ -127,6 +127,12 @@ pub struct Config {
     pub off_cpu_device: u64,
     /// See [`Config::off_cpu_device`].
     pub off_cpu_inode: u64,
+    /// Where `pthread_cancel`'s code is in the process (0: nowhere), and
+    /// its bytes: it takes glibc's link to the unwinder, hooked
+    /// ([`super::hooks::Hook::UnwinderLink`]), in the thread that cancels.
+    pub canceller: u64,
+    /// See [`Config::canceller`].
+    pub canceller_bytes: u64,
 }
 
 /// Words of bits, a page of the off-CPU array each (`OFF_CPU_PAGE_WORDS`
@@ -495,6 +501,9 @@ pub struct Runtime {
     /// Where `unhook` is: called where an unwinder starts, it puts the
     /// thread's original return addresses back.
     pub unhook: u64,
+    /// Where `unwinder_link` is: called where glibc links libgcc_s's
+    /// unwinder, it unhooks, but in the thread that cancels another.
+    pub unwinder_link: u64,
     /// Where `rehook` is: called where a handler catches, it hijacks the
     /// live frames' return addresses again.
     pub rehook: u64,
@@ -581,6 +590,7 @@ pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> R
         entry: address + symbols::PROFTAP_ENTRY,
         trampolines,
         unhook: address + symbols::PROFTAP_UNHOOK,
+        unwinder_link: address + symbols::PROFTAP_UNWINDER_LINK,
         rehook: address + symbols::PROFTAP_REHOOK,
         resume: address + symbols::PROFTAP_RESUME,
         region_trampoline,
