@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# A server attached to while it serves: Redis 7.0.15, built from its
+# published sources at -O2 -g (its default), answering redis-benchmark's
+# SET and GET requests (50 clients) on 127.0.0.1. Per round, in the same
+# run: the requests per second bare, with `proftap attach` (the default:
+# in-process engine, governor at 5%, sampling) and with `perf record -g -p`
+# on the server; then the calls proftap counted of getCommand, which
+# each GET request makes once.
+#
+# Redis imports pthread_cancel, and glibc loads libgcc_s, which unwinds a
+# cancelled thread, only as it cancels one.
+#
+# Usage: benches/attach.sh [ROUNDS [REQUESTS]]   defaults 3, 200000 (root; perf installed)
+# PROFTAP=path measures another build of proftap (default: this tree's release build).
+# Sources and builds go to $PROFTAP_REALPROGS (default ~/.cache/proftap-realprogs).
+set -euo pipefail
+
+rounds=${1:-3}
+requests=${2:-200000}
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${PROFTAP_REALPROGS:-$HOME/.cache/proftap-realprogs}
+mkdir -p "$dir"
+if [ -z "${PROFTAP:-}" ]; then
+    cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p proftap-cli
+fi
+proftap=${PROFTAP:-$root/target/release/proftap}
+command -v perf >/dev/null || { echo "perf is missing: apt-get install linux-perf" >&2; exit 1; }
+
+redis=$dir/redis-7.0.15/src
+if [ ! -x "$redis/redis-server" ] || [ ! -x "$redis/redis-benchmark" ]; then
+    rm -rf "$dir/redis-7.0.15"
+    curl -fsSL http://deb.debian.org/debian/pool/main/r/redis/redis_7.0.15.orig.tar.gz | tar xz -C "$dir"
+    make -s -j2 -C "$dir/redis-7.0.15" BUILD_TLS=no >/dev/null
+fi
+
+out=$(mktemp -d)
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$redis/redis-server" --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$out/server.log" 2>&1 &
+server=$!
+trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; rm -rf "$out"' EXIT
+until "$redis/redis-cli" -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
+
+# "SET GET" requests per second of one redis-benchmark run.
+serve() {
+    "$redis/redis-benchmark" -p "$port" -q -n "$requests" -c 50 -t set,get 2>/dev/null | tr '\r' '\n' \
+        | awk '/^SET: .* requests per second/ {s = $2} /^GET: .* requests per second/ {g = $2} END {print s, g}'
+}
+
+# Runs `serve` while `$@` records the server in the background, once the
+# check named first says it records; stops it with Ctrl-C's signal.
+serve_under() {
+    local recording=$1
+    shift
+    rm -f "$out/recorder.err" "$out/perf.data"
+    "$@" 2>"$out/recorder.err" >/dev/null &
+    local recorder=$!
+    until "$recording"; do
+        kill -0 "$recorder" 2>/dev/null || { cat "$out/recorder.err" >&2; exit 1; }
+        sleep 0.05
+    done
+    serve
+    kill -INT "$recorder"
+    wait "$recorder" || { cat "$out/recorder.err" >&2; exit 1; }
+}
+proftap_attached() { grep -q "attached to process" "$out/recorder.err" 2>/dev/null; }
+perf_recording() { [ -s "$out/perf.data" ]; }
+
+serve >/dev/null # warm up: the keys exist, the allocator has its memory
+printf '%-6s %18s %18s %18s %12s %10s\n' round 'bare SET/GET' 'proftap SET/GET' 'perf -g SET/GET' getCommand lost
+for round in $(seq "$rounds"); do
+    read -r bare_set bare_get < <(serve)
+    read -r ours_set ours_get < <(serve_under proftap_attached "$proftap" attach -o "$out/p.profile" "$server")
+    read -r perf_set perf_get < <(serve_under perf_recording perf record -q --no-bpf-event -g -p "$server" -o "$out/perf.data")
+    counted=$("$proftap" report "$out/p.profile" --format json | python3 -c '
+import json, sys
+report = json.load(sys.stdin)
+f = next(f for f in report["functions"] if f["name"] == "getCommand")
+print(f["calls"] + (f.get("calls_after_throttle") or 0), report["lost"]["events"])')
+    printf '%-6s %18s %18s %18s %12s %10s\n' "$round" "$bare_set/$bare_get" "$ours_set/$ours_get" "$perf_set/$perf_get" $counted
+done
+echo "getCommand: the calls counted, timed and after its probes were removed, against $requests GET requests"
