@@ -128,6 +128,7 @@ pub fn find(modules: &[LoadedModule]) -> Hooks {
     for module in modules {
         let Ok(image) = ElfImage::open(&module.open_path) else { continue };
         let (Ok(elf), Ok(segments)) = (image.parse(), image.segments()) else { continue };
+        let mut canceller = None;
         for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
             if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.size() == 0 {
                 continue;
@@ -135,7 +136,7 @@ pub fn find(modules: &[LoadedModule]) -> Hooks {
             let Ok(name) = symbol.name() else { continue };
             if name == CANCELLER && symbol.is_global() {
                 let start = module.bias.to_runtime(crate::addr::VirtAddr(symbol.address())).0;
-                hooks.canceller = Some(start..start.wrapping_add(symbol.size()));
+                canceller = Some(start..start.wrapping_add(symbol.size()));
             }
             let Some((name, hook)) = hook_of(name) else { continue };
             // A program's own static `fork` or `clone` starts nothing.
@@ -163,6 +164,10 @@ pub fn find(modules: &[LoadedModule]) -> Hooks {
                 };
                 sites.push(HookSite { name, hook, target });
             }
+        }
+        // The one whose call the link's hook tells: the link's library's.
+        if sites.iter().any(|s| s.hook == Hook::UnwinderLink && s.target.module == module.path) {
+            hooks.canceller = canceller;
         }
     }
     hooks
