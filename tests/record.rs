@@ -188,6 +188,28 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
 }
 
 #[test]
+fn a_launcher_recorded_says_the_program_it_runs_is_not_instrumented() {
+    // A stripped program named as a shell is: sampled, and so is what it
+    // runs, but neither has calls counted; the warning says what to do.
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Build::c("calls.c", "-O0").build();
+    let launcher = dir.path().join("env");
+    copy_executable(&calls, &launcher);
+    run_ok(Command::new("strip").arg("--strip-all").arg(&launcher));
+    let file = dir.path().join("p.profile");
+    let out = run(proftap().args(["run", "-o"]).arg(&file).arg("--").arg(&launcher).args(["5", "2"]));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("and so are the programs it runs, which are not instrumented: start the program itself"), "{said}");
+    // Named otherwise, the same program is not taken for a launcher.
+    let program = dir.path().join("calls");
+    copy_executable(&launcher, &program);
+    let out = run(proftap().args(["run", "-o"]).arg(&file).arg("--").arg(&program).args(["5", "2"]));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.contains("it is sampled only") && !said.contains("programs it runs"), "{said}");
+}
+
+#[test]
 fn a_program_whose_recording_cannot_be_prepared_never_runs() {
     // The program's process is made before its symbols are read; a
     // preparation that fails after that ends it unrun.

@@ -471,7 +471,7 @@ fn load_symbols(
 fn is_launcher(program: &Path) -> bool {
     const LAUNCHERS: &[&str] = &[
         "sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "env", "time", "timeout", "nice", "nohup", "xargs", "stdbuf", "taskset",
-        "chrt", "ionice", "setpriv",
+        "chrt", "ionice", "setpriv", "setsid", "runuser", "sudo", "su", "doas", "numactl", "nsenter", "unshare", "chroot", "flock",
     ];
     program.file_name().and_then(|n| n.to_str()).is_some_and(|name| LAUNCHERS.contains(&name))
 }
@@ -533,7 +533,10 @@ fn choose(
             return Err(PrepareError::NothingToProbe { executable });
         }
         if request.instrument {
-            let message = format!("no function of {executable} can be probed: it is sampled only");
+            let mut message = format!("no function of {executable} can be probed: it is sampled only");
+            if is_launcher(&modules[0].0) {
+                message += ", and so are the programs it runs, which are not instrumented: start the program itself (proftap run -- PROGRAM ARGS; to run it as another user, run proftap as that user)";
+            }
             observer.event(RecordEvent::Warning(Warning::Planning { message }));
         }
     }
