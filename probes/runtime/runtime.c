@@ -1866,7 +1866,16 @@ void proftap_exit(u64 *slot)
  * it to read. A frame at the slot whose trampoline is there tail-called
  * the unwinder (`return backtrace(b, n);`): it lives on, its return
  * address back too, or the walk would stop at the trampoline. */
+static void unhook(u64 *slot, int walk_within);
+
 void proftap_unhook(u64 *slot)
+{
+    unhook(slot, 1);
+}
+
+/* proftap_unhook; `walk_within`: an unwind under way gives the return
+ * addresses above the slot back too (else they are already). */
+static void unhook(u64 *slot, int walk_within)
 {
     const struct config *c = config();
     adopt_if_forked(c);
@@ -1881,7 +1890,8 @@ void proftap_unhook(u64 *slot)
      * are given back for it too, and the other's entry stays the one whose
      * end hijacks them again. */
     if (within_unwind(p, (u64)slot)) {
-        rewrite(c, p, (u64)slot, tail_call, 0);
+        if (walk_within)
+            rewrite(c, p, (u64)slot, tail_call, 0);
         return;
     }
     /* Marked first: a handler that interrupts what follows and walks the
@@ -1897,13 +1907,16 @@ void proftap_unhook(u64 *slot)
  * libgcc_s's entries to be patched, so a cancelled thread comes here
  * just before it unwinds, and gets its return addresses back as at an
  * unwinder's entry. Not where pthread_cancel takes the link, in the
- * thread that cancels another: that thread goes on, its returns timed. */
+ * thread that cancels another: that thread goes on, its returns timed.
+ * The unwinder takes it again for each frame it passes (glibc's wrappers
+ * of _Unwind_GetCFA and of the personality routine), from deeper: those
+ * find the addresses given back already. */
 void proftap_unwinder_link(u64 *slot)
 {
     const struct config *c = config();
     if (*slot - c->canceller < c->canceller_bytes)
         return;
-    proftap_unhook(slot);
+    unhook(slot, 0);
 }
 
 /* Where a handler catches, or a stack walk returns (its call's

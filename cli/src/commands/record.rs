@@ -39,7 +39,7 @@ pub struct RecordArgs {
     /// on entries and returns: microseconds a call; any metric, line times,
     /// regions), or `auto`: inject unless the recording needs what only
     /// uprobes do (other metrics, --line-times, --region, lines of a running
-    /// process, a program that cancels threads under glibc before 2.34);
+    /// process, a program that cancels threads with glibc before 2.34);
     /// the profile says which.
     /// Both follow forked children.
     #[arg(long, value_enum, default_value = "auto")]

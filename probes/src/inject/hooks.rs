@@ -97,7 +97,7 @@ fn hook_of(name: &str) -> Option<(&'static str, Hook)> {
 pub fn puts_returns_back(name: &str) -> bool {
     // glibc's `backtrace` is a weak alias of `__backtrace`, the name frames get.
     let hook = hook_of(name).or_else(|| hook_of(name.strip_prefix("__")?));
-    hook.is_some_and(|(_, hook)| matches!(hook, Hook::Unhook | Hook::Walk | Hook::UnwinderLink))
+    hook.is_some_and(|(_, hook)| matches!(hook, Hook::Unhook | Hook::Walk))
 }
 
 /// An entry to hook.

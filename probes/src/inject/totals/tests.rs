@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::inject::children::Children;
+use std::ops::Range;
 
 fn layout_word(i: usize) -> u64 {
     let at = symbols::PROFTAP_LAYOUT as usize + 8 * i;
@@ -164,6 +165,11 @@ impl Local {
     /// of name and path `fork_socket`, and whose shared memory is `shared`
     /// (mapped, of the geometry's size).
     fn with_shared(geometry: Geometry, fork_socket: ([u8; 32], SocketPath), shared: *mut u8) -> Local {
+        Local::with_canceller(geometry, fork_socket, shared, 0..0)
+    }
+
+    /// The same, with `canceller` as pthread_cancel's code.
+    fn with_canceller(geometry: Geometry, fork_socket: ([u8; 32], SocketPath), shared: *mut u8, canceller: Range<u64>) -> Local {
         let (functions, blocks) = (geometry.functions, geometry.blocks);
         let private = private_memory(geometry);
         let live = Box::new([1u64, 0]);
@@ -185,6 +191,8 @@ impl Local {
             regions_offset: geometry.regions_offset(),
             fork_socket: fork_socket.0,
             fork_path: fork_socket.1,
+            canceller: canceller.start,
+            canceller_bytes: canceller.end - canceller.start,
             ..Config::default()
         };
         let runtime = assemble(code as u64, &config, None).expect("assembles");
@@ -590,6 +598,33 @@ fn a_tail_call_survives_unhook_and_rehook_and_the_table_holds_only_return_addres
     assert_eq!(stack.0[60], hijacked, "the tail call returns through its caller's trampoline");
     rt.exit(&mut stack.0[60]);
     assert_eq!(stack.0[60], 0x1000 + 60);
+}
+
+/// glibc's link to the unwinder: taken where pthread_cancel checks that
+/// the unwinder can be had (the link returns into the canceller's code),
+/// the thread's frames keep their trampolines; taken anywhere else (a
+/// cancelled thread about to unwind), they get their return addresses
+/// back, as at an unwinder's entry.
+#[test]
+fn the_link_to_the_unwinder_unhooks_but_where_pthread_cancel_takes_it() {
+    let geometry = Geometry { functions: 2, blocks: 1, trace_slots: 0, regions: 2 };
+    // A slot's return address is 0x1000 and its index: the one at slot 40
+    // is the canceller's last byte.
+    let shared = map(geometry.shared_bytes() as usize);
+    let rt = Local::with_canceller(geometry, ([0; 32], SocketPath::default()), shared, 0x1000 + 39..0x1000 + 41);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 1);
+    let hijacked = (stack.0[60], stack.0[50]);
+    rt.hook(rt.runtime.unwinder_link, &mut stack.0[40]);
+    assert_eq!((stack.0[60], stack.0[50]), hijacked, "the thread that cancels goes on, its returns timed");
+    rt.hook(rt.runtime.unwinder_link, &mut stack.0[41]);
+    assert_eq!((stack.0[60], stack.0[50]), (0x1000 + 60, 0x1000 + 50), "past the canceller's code: unhooked");
+    // The unwinder's own calls of the link (for each frame it passes)
+    // change nothing more; the thread's end finds its frames unfinished.
+    rt.hook(rt.runtime.unwinder_link, &mut stack.0[30]);
+    assert_eq!((stack.0[60], stack.0[50]), (0x1000 + 60, 0x1000 + 50));
+    assert_eq!(rt.block(0).depth, 2);
 }
 
 #[test]
