@@ -323,7 +323,7 @@ fn uprobe_reason(reason: UprobeReason) -> &'static str {
             "the program calls fork, and the in-process engine does not record forked processes (--no-follow-fork lets it)"
         }
         UprobeReason::CancelsThreads => {
-            "the program calls pthread_cancel, and libgcc_s, which unwinds a cancelled thread, is loaded only then, too late for the in-process engine to hook it (this C library, older than glibc 2.34, has no link to it to hook)"
+            "the program calls pthread_cancel, and libgcc_s, which unwinds a cancelled thread, is loaded only then, too late for the in-process engine to hook it (this C library has no link to it to hook; glibc 2.34 and later have one)"
         }
     }
 }

@@ -1861,20 +1861,9 @@ void proftap_exit(u64 *slot)
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
 
-/* Where an unwinder starts (rdi: the return-address slot of its call):
- * frames below are gone; the others get their return addresses back for
- * it to read. A frame at the slot whose trampoline is there tail-called
- * the unwinder (`return backtrace(b, n);`): it lives on, its return
- * address back too, or the walk would stop at the trampoline. */
-static void unhook(u64 *slot, int walk_within);
-
-void proftap_unhook(u64 *slot)
-{
-    unhook(slot, 1);
-}
-
-/* proftap_unhook; `walk_within`: an unwind under way gives the return
- * addresses above the slot back too (else they are already). */
+/* proftap_unhook, below; `walk_within`: within an unwind under way, the
+ * return addresses above the slot are given back too (a walk a handler
+ * started reads them); else they are back already. */
 static void unhook(u64 *slot, int walk_within)
 {
     const struct config *c = config();
@@ -1900,6 +1889,16 @@ static void unhook(u64 *slot, int walk_within)
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     drop_below(c, p, b, (u64)slot, !tail_call);
     rewrite(c, p, (u64)slot, tail_call, 0);
+}
+
+/* Where an unwinder starts (rdi: the return-address slot of its call):
+ * frames below are gone; the others get their return addresses back for
+ * it to read. A frame at the slot whose trampoline is there tail-called
+ * the unwinder (`return backtrace(b, n);`): it lives on, its return
+ * address back too, or the walk would stop at the trampoline. */
+void proftap_unhook(u64 *slot)
+{
+    unhook(slot, 1);
 }
 
 /* Where glibc links libgcc_s's unwinder, which it loads only when first

@@ -478,6 +478,14 @@ pub fn attach_live(args: &[&str]) -> std::process::Child {
     child
 }
 
+/// Whether the C library links libgcc_s's unwinder through a function
+/// the in-process engine hooks (glibc 2.34 and later): a program that
+/// cancels threads then keeps that engine.
+pub fn c_library_links_the_unwinder() -> bool {
+    // SAFETY: a lookup of a NUL-terminated name among the loaded libraries.
+    unsafe { !libc::dlsym(libc::RTLD_DEFAULT, c"__libc_unwind_link_get".as_ptr()).is_null() }
+}
+
 /// Fails the test unless this machine can place uprobes and patch
 /// processes (root): a test never passes by skipping what it checks.
 pub fn require_probes() {

@@ -425,11 +425,16 @@ impl Patched {
     /// Refusals of functions stay refusals; those of hook sites say which
     /// unwinder entry could not be hooked.
     fn split_refusals(&mut self, refused: Refused, functions: usize, hook_sites: &[HookSite]) {
-        for (i, why) in refused {
+        // glibc's link to the unwinder stands for libgcc_s's entries only
+        // where those could not be hooked (not loaded yet).
+        let refused_at = |h: usize| refused.iter().any(|(i, _)| *i == functions + h);
+        let forced_unwind_hooked = hook_sites.iter().enumerate().any(|(h, s)| s.name == "_Unwind_ForcedUnwind" && !refused_at(h));
+        for (i, why) in refused.iter().cloned() {
             match i.checked_sub(functions).and_then(|h| hook_sites.get(h)) {
                 // Without its hook, a thread start finds the counters atomic
                 // already, and blocks taken atomically.
                 Some(site) if site.target.site == Site::Return || site.hook.starts_thread() => {}
+                Some(site) if site.hook == Hook::UnwinderLink && forced_unwind_hooked => {}
                 Some(site) => self.unhooked.push(format!("{} in {} ({why})", site.name, site.target.module.display())),
                 None => self.refused.push((i, why)),
             }
