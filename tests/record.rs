@@ -188,25 +188,29 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
 }
 
 #[test]
-fn a_launcher_recorded_says_the_program_it_runs_is_not_instrumented() {
-    // A stripped program named as a shell is: sampled, and so is what it
-    // runs, but neither has calls counted; the warning says what to do.
+fn a_launcher_recorded_says_the_programs_it_runs_are_not_instrumented() {
+    require_probes();
+    // A program named as a launcher is, with symbols (bash exports
+    // functions) or without (env): the programs it runs are a new image,
+    // sampled only, and the warning says what to do. Named otherwise,
+    // nothing is said.
     let dir = tempfile::tempdir().unwrap();
     let calls = Build::c("calls.c", "-O0").build();
-    let launcher = dir.path().join("env");
-    copy_executable(&calls, &launcher);
-    run_ok(Command::new("strip").arg("--strip-all").arg(&launcher));
+    let stripped = dir.path().join("env");
+    copy_executable(&calls, &stripped);
+    run_ok(Command::new("strip").arg("--strip-all").arg(&stripped));
+    let with_symbols = dir.path().join("bash");
+    copy_executable(&calls, &with_symbols);
+    let plain = dir.path().join("calls");
+    copy_executable(&calls, &plain);
     let file = dir.path().join("p.profile");
-    let out = run(proftap().args(["run", "-o"]).arg(&file).arg("--").arg(&launcher).args(["5", "2"]));
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{said}");
-    assert!(said.contains("and so are the programs it runs, which are not instrumented: start the program itself"), "{said}");
-    // Named otherwise, the same program is not taken for a launcher.
-    let program = dir.path().join("calls");
-    copy_executable(&launcher, &program);
-    let out = run(proftap().args(["run", "-o"]).arg(&file).arg("--").arg(&program).args(["5", "2"]));
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && said.contains("it is sampled only") && !said.contains("programs it runs"), "{said}");
+    for (program, launcher) in [(&stripped, true), (&with_symbols, true), (&plain, false)] {
+        let out = run(proftap().args(["run", "-o"]).arg(&file).arg("--").arg(program).args(["5", "2"]));
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        let warned = said.contains("runs other programs, which are sampled only: their calls are not counted");
+        assert_eq!(warned, launcher, "{}: {said}", program.display());
+    }
 }
 
 #[test]

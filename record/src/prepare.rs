@@ -184,11 +184,25 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     };
     observer.event(RecordEvent::StepEnded);
     options.build_id = chosen.build_id;
+    // Said once the recording can go ahead: a failure says why alone.
+    warn_of_launcher(&spec, observer);
     // Said now rather than once the probes are opened (a working directory gone).
     if let Some(child) = held.as_mut() {
         child.ready()?;
     }
     Ok(Prepared { functions: chosen.functions, spec, held, options, exit_mode: chosen.exit_mode, saver: None })
+}
+
+/// Says that a command that runs other programs (a shell, `env`,
+/// `runuser`) is instrumented alone: the program it executes is a new image.
+fn warn_of_launcher(spec: &TargetSpec, observer: &dyn Observer) {
+    let TargetSpec::Launch { argv, .. } = spec else { return };
+    let Some(name) = argv.first().map(Path::new).filter(|p| is_launcher(p)).and_then(Path::file_name) else { return };
+    let name = name.to_string_lossy();
+    let message = format!(
+        "{name} runs other programs, which are sampled only: their calls are not counted (the program {name} executes is a new image); to count them, start the program itself (proftap run -- PROGRAM ARGS; as another user, run proftap as that user)"
+    );
+    observer.event(RecordEvent::Warning(Warning::Planning { message }));
 }
 
 /// The interpreter a `#!` script names, if `path` is one.
@@ -533,10 +547,7 @@ fn choose(
             return Err(PrepareError::NothingToProbe { executable });
         }
         if request.instrument {
-            let mut message = format!("no function of {executable} can be probed: it is sampled only");
-            if is_launcher(&modules[0].0) {
-                message += ", and so are the programs it runs, which are not instrumented: start the program itself (proftap run -- PROGRAM ARGS; to run it as another user, run proftap as that user)";
-            }
+            let message = format!("no function of {executable} can be probed: it is sampled only");
             observer.event(RecordEvent::Warning(Warning::Planning { message }));
         }
     }
