@@ -38,39 +38,73 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 "$redis/redis-server" --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$out/server.log" 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; rm -rf "$out"' EXIT
-until "$redis/redis-cli" -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
 
-# "SET GET" requests per second of one redis-benchmark run.
-serve() {
-    "$redis/redis-benchmark" -p "$port" -q -n "$requests" -c 50 -t set,get 2>/dev/null | tr '\r' '\n' \
-        | awk '/^SET: .* requests per second/ {s = $2} /^GET: .* requests per second/ {g = $2} END {print s, g}'
+# Fails the script unless the server still runs, saying when it ended ($1).
+server_runs() {
+    kill -0 "$server" 2>/dev/null || { echo "the server ended $1:" >&2; cat "$out/server.log" >&2; exit 1; }
 }
 
-# Runs `serve` while `$@` records the server in the background, once the
-# check named first says it records; stops it with Ctrl-C's signal.
+# Waits until the command given succeeds, 30 s at most, while the server runs.
+wait_for() {
+    local deadline=$((SECONDS + 30))
+    until "$@"; do
+        server_runs "while waiting for $*"
+        [ "$SECONDS" -lt "$deadline" ] || { echo "no $* within 30 s" >&2; exit 1; }
+        sleep 0.05
+    done
+}
+answers() { "$redis/redis-cli" -p "$port" ping >/dev/null 2>&1; }
+wait_for answers
+
+# "SET GET" requests per second of one redis-benchmark run, into file $1.
+serve() {
+    "$redis/redis-benchmark" -p "$port" -q -n "$requests" -c 50 -t set,get 2>"$out/benchmark.err" | tr '\r' '\n' \
+        | awk '/^SET: .* requests per second/ {s = $2} /^GET: .* requests per second/ {g = $2} END {print s, g}' >"$1"
+    server_runs "during redis-benchmark"
+    local sets gets
+    read -r sets gets <"$1"
+    [ -n "$sets" ] && [ -n "$gets" ] || { echo "redis-benchmark gave no rates:" >&2; cat "$out/benchmark.err" >&2; exit 1; }
+}
+
+# `serve` into file $1 while the rest of the arguments record the server
+# in the background, once the check named second says it records; stops
+# it as Ctrl-C does.
 serve_under() {
-    local recording=$1
-    shift
-    rm -f "$out/recorder.err" "$out/perf.data"
+    local rates=$1 recording=$2
+    shift 2
+    rm -f "$out/recorder.err"
     "$@" 2>"$out/recorder.err" >/dev/null &
     local recorder=$!
     until "$recording"; do
         kill -0 "$recorder" 2>/dev/null || { cat "$out/recorder.err" >&2; exit 1; }
         sleep 0.05
     done
-    serve
+    serve "$rates"
     kill -INT "$recorder"
-    wait "$recorder" || { cat "$out/recorder.err" >&2; exit 1; }
+    # perf ends with the status of a command Ctrl-C stopped.
+    local status=0
+    wait "$recorder" || status=$?
+    [ "$status" -eq 0 ] || [ "$status" -eq 130 ] || { echo "the recording failed ($status):" >&2; cat "$out/recorder.err" >&2; exit 1; }
 }
 proftap_attached() { grep -q "attached to process" "$out/recorder.err" 2>/dev/null; }
-perf_recording() { [ -s "$out/perf.data" ]; }
+# perf starts with its events off, and says when it has turned them on.
+perf_enabled() {
+    timeout 30 sh -c 'echo enable >"$1"' enable "$out/control" || { echo "perf took no command within 30 s" >&2; exit 1; }
+    local ack
+    read -r -t 30 ack <"$out/ack" && [ "$ack" = ack ]
+}
+mkfifo "$out/control" "$out/ack"
 
-serve >/dev/null # warm up: the keys exist, the allocator has its memory
+serve "$out/rates" # warm up: the keys exist, the allocator has its memory
 printf '%-6s %18s %18s %18s %12s %10s\n' round 'bare SET/GET' 'proftap SET/GET' 'perf -g SET/GET' getCommand lost
 for round in $(seq "$rounds"); do
-    read -r bare_set bare_get < <(serve)
-    read -r ours_set ours_get < <(serve_under proftap_attached "$proftap" attach -o "$out/p.profile" "$server")
-    read -r perf_set perf_get < <(serve_under perf_recording perf record -q --no-bpf-event -g -p "$server" -o "$out/perf.data")
+    serve "$out/bare"
+    serve_under "$out/ours" proftap_attached "$proftap" attach -o "$out/p.profile" "$server"
+    serve_under "$out/perf" perf_enabled perf record -q --no-bpf-event -g -D -1 --control "fifo:$out/control,$out/ack" \
+        -p "$server" -o "$out/perf.data"
+    read -r bare_set bare_get <"$out/bare"
+    read -r ours_set ours_get <"$out/ours"
+    read -r perf_set perf_get <"$out/perf"
     counted=$("$proftap" report "$out/p.profile" --format json | python3 -c '
 import json, sys
 report = json.load(sys.stdin)
