@@ -290,9 +290,14 @@ fn kept_calls(trace: CallTrace, bytes: u64, clock: &TscClock, pid: i32) -> Trace
     keeper.missed(trace.missed);
     for (tid, calls) in trace.threads {
         for c in calls {
-            // Timed as the totals are: the same duration to the nanosecond.
-            let start = clock.ns(c.entry_tsc);
-            keeper.call(pid, tid as i32, c.function, start, start + clock.duration_ns(c.exit_tsc - c.entry_tsc), c.depth);
+            // Timed as the totals are, the same duration to the nanosecond,
+            // and ended at its return's own time: a call and its caller may
+            // return within a nanosecond (a tick of a virtual machine's
+            // TSC), and each start and duration rounded down apart would
+            // end the call after its caller.
+            let end = clock.ns(c.exit_tsc);
+            let start = end.saturating_sub(clock.duration_ns(c.exit_tsc - c.entry_tsc));
+            keeper.call(pid, tid as i32, c.function, start, end, c.depth);
         }
     }
     keeper
@@ -426,4 +431,30 @@ pub fn check_unwinders(engine: &Patched, may_unwind: bool) -> Result<(), RecordE
         return Ok(());
     }
     Err(RecordError::Unhooked { entries: engine.unhooked().join(", ") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proftap_probes::inject::totals::Traced;
+
+    /// A call and its caller that return within a tick of each other end in
+    /// that order, however their starts and durations round, and each
+    /// lasts what the totals say to the nanosecond.
+    #[test]
+    fn a_traced_call_ends_no_later_than_its_caller() {
+        // Three ticks a nanosecond: the caller starts at tick 2, its call
+        // at tick 3, and both return at tick 4. Each start and duration
+        // rounded down apart ended the caller at 0 ns and the call at 1.
+        let clock = TscClock::with_rate(3, 1);
+        let mut trace = CallTrace::default();
+        let call = Traced { entry_tsc: 3, exit_tsc: 4, function: 1, depth: 1 };
+        let caller = Traced { entry_tsc: 2, exit_tsc: 4, function: 0, depth: 0 };
+        trace.threads.insert(7, vec![call, caller]);
+        let kept = kept_calls(trace, 1 << 20, &clock, 7).into_trace(0);
+        let calls = &kept.threads[0].calls;
+        assert_eq!((calls[0].depth, calls[1].depth), (0, 1), "{calls:?}");
+        assert!(calls[1].end_ns() <= calls[0].end_ns(), "{calls:?}");
+        assert_eq!((calls[0].duration_ns, calls[1].duration_ns), (clock.duration_ns(2), clock.duration_ns(1)));
+    }
 }
