@@ -61,7 +61,7 @@ const HOOKS: [(&str, Hook); 14] = [
     ("_Unwind_RaiseException", Hook::Unhook),
     ("_Unwind_Resume", Hook::Unhook),
     ("_Unwind_Resume_or_Rethrow", Hook::Unhook),
-    ("_Unwind_ForcedUnwind", Hook::Unhook),
+    (FORCED_UNWIND, Hook::Unhook),
     ("_Unwind_Backtrace", Hook::Walk),
     // glibc loads libgcc_s only when these first need it.
     ("backtrace", Hook::Walk),
@@ -74,6 +74,9 @@ const HOOKS: [(&str, Hook); 14] = [
 
 /// Where a Rust panic caught by `catch_unwind` is freed (a mangled name).
 const RUST_PANIC_CLEANUP: &str = "__rust_panic_cleanup";
+
+/// libgcc_s's entry that unwinds a cancelled or exiting thread.
+pub const FORCED_UNWIND: &str = "_Unwind_ForcedUnwind";
 
 /// glibc's link to libgcc_s's unwinder (since glibc 2.34).
 const UNWINDER_LINK: &str = "__libc_unwind_link_get";

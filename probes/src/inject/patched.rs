@@ -344,8 +344,10 @@ impl Patched {
         // time is its wall time rather than another thread's.
         let off_cpu = how.off_cpu.filter(|_| procfs::sees_kernel_thread_ids(pid));
         let (shared, memory, mut config) = set_up_memory(&remote, geometry, off_cpu)?;
+        // From the library's symbol table, which a hostile target may make
+        // wrap: the range is then empty, and the link unhooks everywhere.
         if let Some(code) = canceller {
-            (config.canceller, config.canceller_bytes) = (code.start, code.end - code.start);
+            (config.canceller, config.canceller_bytes) = (code.start, code.end.saturating_sub(code.start));
         }
         // From here on a failure puts back what was patched and unmaps this.
         patched.memory = Some(memory);
@@ -428,7 +430,7 @@ impl Patched {
         // glibc's link to the unwinder stands for libgcc_s's entries only
         // where those could not be hooked (not loaded yet).
         let refused_at = |h: usize| refused.iter().any(|(i, _)| *i == functions + h);
-        let forced_unwind_hooked = hook_sites.iter().enumerate().any(|(h, s)| s.name == "_Unwind_ForcedUnwind" && !refused_at(h));
+        let forced_unwind_hooked = hook_sites.iter().enumerate().any(|(h, s)| s.name == hooks::FORCED_UNWIND && !refused_at(h));
         for (i, why) in refused.iter().cloned() {
             match i.checked_sub(functions).and_then(|h| hook_sites.get(h)) {
                 // Without its hook, a thread start finds the counters atomic
