@@ -1,7 +1,8 @@
 /* Two threads calling one function, a couple of hundred nanoseconds of
  * work a call, millions of times: throttled, its calls go on being
- * counted in one counter both threads increment, and each increment
- * waits for the other CPU to give the counter's cache line back.
+ * counted. In one counter both threads increment, each increment would
+ * wait for the other CPU to give the counter's cache line back; each CPU
+ * counts in a counter of its own.
  * Usage: contended [MILLIONS [STEPS [traced-child]]]   calls per thread,
  * default 5; steps of work a call, default 200; with traced-child, a
  * forked child that its parent traces (so that no one else can) does the

@@ -61,16 +61,18 @@ const MOST_SCALE: f64 = 3.0;
 /// by: a `lock inc` waits for the stores before it, which a loop calibrating
 /// it has few of (in SQLite and Lua, counting cost 3 to 7 times the
 /// estimate), and threads counting on several CPUs at once contend (12 to
-/// 25 ns a call here).
+/// 25 ns a call here) where the processor cannot tell a thread its CPU
+/// for a counter of its own (no `rdpid`).
 const MOST_COUNTING_SCALE: f64 = 25.0;
 
 /// What a call costs once its function's probes were taken out and its
 /// entry only counts it: a jump, a `lock inc` and a jump back, 0.8 ns a
 /// call in a loop of 100 M calls here (BENCHMARKS.md), 2.4 ns for a `lock
-/// inc` alone in a dependent chain. Real code makes it dearer, and so do
-/// threads on several CPUs counting the same function at once (12 to 25 ns
-/// here): the samples in the counting stubs scale it up (see
-/// [`SampledOverhead`]).
+/// inc` alone in a dependent chain, about 3 ns with the running CPU's
+/// counter found first. Real code makes it dearer, and so do threads on
+/// several CPUs counting the same function at once where they share one
+/// counter (12 to 25 ns here): the samples in the counting stubs scale it
+/// up (see [`SampledOverhead`]).
 pub const COUNTED_CALL_NS: u64 = 1;
 
 /// Stack samples of the target taken in the in-process engine's code
@@ -466,7 +468,8 @@ mod tests {
 
     /// What counting costs is measured by the samples in the counting
     /// stubs (a `lock inc` waiting for the stores before it, threads
-    /// contending for one counter), not taken for the probes' cost.
+    /// contending for one counter where there is no counter per CPU), not
+    /// taken for the probes' cost.
     #[test]
     fn samples_in_the_counting_stubs_scale_the_countings_cost() {
         let ms = 1_000_000;

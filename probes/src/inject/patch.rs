@@ -557,6 +557,44 @@ pub fn count_call(address: u64, counter: u64) -> Vec<u8> {
     code
 }
 
+/// Counters kept apart per CPU: block `cpu & mask`, `1 << shift` bytes
+/// from the last, holds the calls counted on that CPU. Threads and forked
+/// children calling one function on two CPUs then never wait for each
+/// other's cache line, which one shared counter made them do at each call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuBlocks {
+    /// The blocks less one (a power of two less one).
+    pub mask: u32,
+    /// The log2 of the bytes from a block to the next.
+    pub shift: u8,
+}
+
+/// Counts a call in the counter at `counter` of the running CPU's block
+/// (see [`CpuBlocks`]), for a trampoline at `address`:
+///
+/// ```text
+/// mov [rsp-8], r11 ; mov [rsp-16], r10     kept below the stack pointer, where
+///                                          no handler writes (the red zone)
+/// lea r10, [rip + counter]
+/// rdpid r11                                the kernel's CPU number (and node above)
+/// and r11d, mask ; shl r11, shift
+/// lock inc qword [r10 + r11]               locked: a thread may move CPUs meanwhile
+/// mov r11, [rsp-8] ; mov r10, [rsp-16]
+/// ```
+///
+/// Every register is kept, as a caller that knows its callee's registers
+/// (GCC's `-fipa-ra`) may expect; the stack pointer never moves, so a
+/// sample here unwinds as at the function's entry.
+pub fn count_call_on_cpu(address: u64, counter: u64, blocks: CpuBlocks) -> Vec<u8> {
+    let mut code = vec![0x4c, 0x89, 0x5c, 0x24, 0xf8, 0x4c, 0x89, 0x54, 0x24, 0xf0, 0x4c, 0x8d, 0x15];
+    code.extend_from_slice(&rel32(address + code.len() as u64 + 4, counter).to_le_bytes());
+    code.extend_from_slice(&[0xf3, 0x41, 0x0f, 0xc7, 0xfb, 0x41, 0x81, 0xe3]);
+    code.extend_from_slice(&blocks.mask.to_le_bytes());
+    code.extend_from_slice(&[0x49, 0xc1, 0xe3, blocks.shift]);
+    code.extend_from_slice(&[0xf0, 0x4b, 0xff, 0x04, 0x1a, 0x4c, 0x8b, 0x5c, 0x24, 0xf8, 0x4c, 0x8b, 0x54, 0x24, 0xf0]);
+    code
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,6 +611,86 @@ mod tests {
         let plain = [0x0f, 0x0f, 0x89, 0xdf, 0xe9, 0xf8, 0xec, 0x0c, 0xc3];
         let plans = plan_returns(0x40_1000, &plain).expect("a return");
         assert!(trampoline(&plans[0], 0x40_8000, |_| Ok(Vec::new())).is_ok());
+    }
+
+    /// The per-CPU count is the instructions its comment names: the
+    /// counter reached from where the trampoline is, and the stack pointer
+    /// never moved.
+    #[test]
+    fn counting_on_a_cpu_decodes_as_described() {
+        let (address, counter) = (0x7f00_0040_5000u64, 0x7f00_1040_9008u64);
+        let code = count_call_on_cpu(address, counter, CpuBlocks { mask: 3, shift: 17 });
+        let decoded: Vec<Instruction> = Decoder::with_ip(64, &code, address, DecoderOptions::NONE).into_iter().collect();
+        let codes: Vec<Code> = decoded.iter().map(Instruction::code).collect();
+        use Code::*;
+        assert_eq!(
+            codes,
+            [Mov_rm64_r64, Mov_rm64_r64, Lea_r64_m, Rdpid_r64, And_rm32_imm32, Shl_rm64_imm8, Inc_rm64, Mov_r64_rm64, Mov_r64_rm64]
+        );
+        assert!(decoded.iter().all(|i| !i.is_invalid() && i.op0_register() != Register::RSP), "the stack pointer is never written");
+        let saves: Vec<(Register, i64)> = decoded.iter().map(|i| (i.op1_register(), i.memory_displacement64() as i64)).take(2).collect();
+        assert_eq!(saves, [(Register::R11, -8), (Register::R10, -16)]);
+        assert_eq!((decoded[2].op0_register(), decoded[2].ip_rel_memory_address()), (Register::R10, counter));
+        assert_eq!((decoded[3].op0_register(), decoded[4].immediate32(), decoded[5].immediate8()), (Register::R11, 3, 17));
+        let inc = &decoded[6];
+        assert!(inc.has_lock_prefix());
+        assert_eq!((inc.memory_base(), inc.memory_index(), inc.memory_displacement64()), (Register::R10, Register::R11, 0));
+        let restores: Vec<(Register, i64)> = decoded[7..].iter().map(|i| (i.op0_register(), i.memory_displacement64() as i64)).collect();
+        assert_eq!(restores, [(Register::R11, -8), (Register::R10, -16)]);
+    }
+
+    /// Run on each CPU in turn, the per-CPU count adds one to that CPU's
+    /// block only, and gives the caller back every register it had.
+    #[test]
+    fn counting_on_a_cpu_counts_in_its_block_and_keeps_the_registers() {
+        // SAFETY: CPUID is on every x86-64 processor.
+        let rdpid = std::arch::x86_64::__cpuid_count(7, 0).ecx & (1 << 22) != 0;
+        assert!(rdpid, "this processor has no rdpid: counting per CPU cannot be run");
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from).min(4);
+        let blocks = CpuBlocks { mask: 3, shift: 12 };
+        // SAFETY: a fresh anonymous page for the code, another four for the
+        // counters; the code written, made executable, then called with
+        // the registers it keeps set; both unmapped after.
+        unsafe {
+            let page = libc::mmap(
+                std::ptr::null_mut(),
+                5 * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(page, libc::MAP_FAILED);
+            let (code_at, counters) = (page.cast::<u8>(), page.cast::<u8>().add(4096));
+            let counter = counters as u64 + 8 * 5;
+            let mut code = count_call_on_cpu(code_at as u64, counter, blocks);
+            code.push(0xc3);
+            std::ptr::copy_nonoverlapping(code.as_ptr(), code_at, code.len());
+            assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+            let mut before: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut before), 0);
+            for cpu in 0..cpus {
+                let mut only: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut only);
+                if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &only) != 0 {
+                    continue;
+                }
+                let (r10, r11): (u64, u64);
+                std::arch::asm!(
+                    "call {code}",
+                    code = in(reg) code_at,
+                    inout("r10") 0x1010_1010u64 => r10,
+                    inout("r11") 0x1111_1111u64 => r11,
+                    clobber_abi("C"),
+                );
+                assert_eq!((r10, r11), (0x1010_1010, 0x1111_1111), "on CPU {cpu}");
+                let counts: Vec<u64> = (0..4).map(|b| *counters.add(b * 4096 + 8 * 5).cast::<u64>()).collect();
+                let expected: Vec<u64> = (0..4).map(|b| u64::from(b <= cpu % 4)).collect();
+                assert_eq!(counts, expected, "after a call on CPU {cpu}");
+            }
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &before);
+            libc::munmap(page, 5 * 4096);
+        }
     }
 
     /// A function shorter than the jump that ends with its `ret` takes the

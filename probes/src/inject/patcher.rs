@@ -44,23 +44,83 @@ struct ShortJump {
 /// shared with proftap: a function whose probes are taken out while the
 /// process runs jumps there instead, and its calls are still counted
 /// (`lock inc`: threads and forked children, which share the memory, lose
-/// no increment).
+/// no increment), in a block of counters per CPU where the processor
+/// tells a thread its CPU (see [`patch::CpuBlocks`]).
 pub struct EntryCounters {
     shared: Shared,
     /// The function each counter counts, in order.
     functions: Vec<usize>,
+    blocks: CounterBlocks,
 }
 
 impl EntryCounters {
-    /// Each counter's function and calls so far.
+    /// Each counter's function and calls so far, on every CPU.
     pub fn calls(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
-        self.functions.iter().copied().zip(self.shared.loads(0, self.functions.len()))
+        let mut calls = vec![0u64; self.functions.len()];
+        for block in 0..self.blocks.count {
+            for (total, counted) in calls.iter_mut().zip(self.shared.loads(block * self.blocks.stride, self.functions.len())) {
+                *total = total.wrapping_add(counted);
+            }
+        }
+        self.functions.iter().copied().zip(calls)
     }
 
     /// Where the counters are in the process, and their bytes there.
     pub fn mapping(&self) -> (u64, u64) {
         (self.shared.remote, self.shared.len() as u64)
     }
+}
+
+/// How a process's entry counters are laid out: `count` blocks,
+/// `stride` bytes apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CounterBlocks {
+    count: usize,
+    stride: usize,
+    /// How a counting trampoline finds its CPU's block, when there are blocks per CPU.
+    on_cpu: Option<patch::CpuBlocks>,
+}
+
+impl CounterBlocks {
+    /// The blocks of `counters` counters: one per possible CPU (to a power
+    /// of two, each a power of two of pages) where the processor has
+    /// `rdpid`, else one block.
+    fn for_this_machine(counters: usize) -> CounterBlocks {
+        let cpus = if has_rdpid() { possible_cpus() } else { 1 };
+        Self::for_cpus(counters, cpus)
+    }
+
+    fn for_cpus(counters: usize, cpus: usize) -> CounterBlocks {
+        let bytes = (8 * counters).max(8);
+        // Linux keeps the CPU's number in the low 12 bits of what `rdpid` reads.
+        let count = cpus.clamp(1, 4096).next_power_of_two();
+        if count == 1 {
+            return CounterBlocks { count, stride: bytes, on_cpu: None };
+        }
+        let stride = bytes.next_power_of_two().max(4096);
+        let on_cpu = patch::CpuBlocks { mask: count as u32 - 1, shift: stride.trailing_zeros() as u8 };
+        CounterBlocks { count, stride, on_cpu: Some(on_cpu) }
+    }
+
+    fn bytes(&self) -> usize {
+        self.count * self.stride
+    }
+}
+
+/// Whether the processor has `rdpid` (CPUID leaf 7, ECX bit 22), which
+/// reads the running CPU's number in a few cycles.
+fn has_rdpid() -> bool {
+    let leaves = std::arch::x86_64::__cpuid(0).eax;
+    leaves >= 7 && std::arch::x86_64::__cpuid_count(7, 0).ecx & (1 << 22) != 0
+}
+
+/// How many CPUs the kernel may ever number, hot-plugged ones included
+/// (the highest of `/sys/devices/system/cpu/possible`, plus one).
+fn possible_cpus() -> usize {
+    let listed = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    let highest = listed.trim().split([',', '-']).filter_map(|n| n.parse::<usize>().ok()).max();
+    // SAFETY: sysconf reads a value.
+    highest.map_or_else(|| usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }).unwrap_or(1), |h| h + 1)
 }
 
 /// Functions by index, with their patch plans.
@@ -371,9 +431,10 @@ pub fn apply(
     let unmap_region = || {
         let _ = remote.syscall("munmap", libc::SYS_munmap, [region, room as u64, 0, 0, 0, 0]);
     };
+    let blocks = CounterBlocks::for_this_machine(entries);
     let counters = match entries {
         0 => None,
-        _ => Some(remote.share(8 * entries, Some(region..region + room as u64)).inspect_err(|_| unmap_region())?),
+        _ => Some(remote.share(blocks.bytes(), Some(region..region + room as u64)).inspect_err(|_| unmap_region())?),
     };
     let written = (|| {
         let mut code = runtime(region).map_err(RemoteError::Unsupported)?;
@@ -384,7 +445,8 @@ pub fn apply(
             )));
         }
         code.resize(runtime_room, 0xcc);
-        let (built, counted, origins) = build_trampolines(plans, region, &mut code, counters.as_ref(), &prologue, refused);
+        let counting = counters.as_ref().map(|c| (c.remote, blocks.on_cpu));
+        let (built, counted, origins) = build_trampolines(plans, region, &mut code, counting, &prologue, refused);
         remote.write(region, &code)?;
         remote.seal_code(region, room)?;
         Ok((built, counted, origins))
@@ -429,7 +491,7 @@ pub fn apply(
         let _ = put_originals_back(remote, &applied);
         return Err(e);
     }
-    let counters = counters.map(|shared| EntryCounters { shared, functions: counted });
+    let counters = counters.map(|shared| EntryCounters { shared, functions: counted, blocks });
     Ok(Patches { applied, code: region..region + room as u64, counters, origins })
 }
 
@@ -506,7 +568,8 @@ fn keep_unchanged(remote: &Remote, plans: &mut Plans, refused: &mut Refused) {
 }
 
 /// A trampoline per plan (and, for an entry, a counting one when there
-/// are `counters`), appended to `code`, which goes at `region`; plans
+/// are `counters`: where they are, and their blocks per CPU if any),
+/// appended to `code`, which goes at `region`; plans
 /// whose trampoline cannot be built go to `refused`. Returns each built
 /// plan with its trampoline, where it is and the jump to its counting
 /// trampoline; the functions counted, in their counters' order; and where
@@ -515,7 +578,7 @@ fn build_trampolines(
     plans: Plans,
     region: u64,
     code: &mut Vec<u8>,
-    counters: Option<&Shared>,
+    counters: Option<(u64, Option<patch::CpuBlocks>)>,
     prologue: &impl Fn(usize, Site, u64) -> Result<Vec<u8>, String>,
     refused: &mut Refused,
 ) -> (Vec<Built>, Vec<usize>, Vec<(u64, u64)>) {
@@ -529,10 +592,14 @@ fn build_trampolines(
                 code.extend_from_slice(&t.code);
                 code.resize(code.len().next_multiple_of(16), 0xcc);
                 let counting = match (counters, p.site) {
-                    (Some(counters), Site::Entry) => {
-                        let counter = counters.remote + 8 * counted.len() as u64;
+                    (Some((counters, on_cpu)), Site::Entry) => {
+                        let counter = counters + 8 * counted.len() as u64;
                         let address = region + code.len() as u64;
-                        patch::trampoline(&p, address, |own_address| Ok(patch::count_call(own_address, counter)))
+                        let count = |own_address| match on_cpu {
+                            Some(blocks) => patch::count_call_on_cpu(own_address, counter, blocks),
+                            None => patch::count_call(own_address, counter),
+                        };
+                        patch::trampoline(&p, address, |own_address| Ok(count(own_address)))
                             .ok()
                             .filter(|t| t.code.len() <= TRAMPOLINE_ROOM)
                             .map(|t| {
@@ -717,6 +784,20 @@ pub fn put_back<T>(remote: &Remote, patches: Vec<T>, piece: impl Fn(&T) -> (u64,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A block per possible CPU, rounded up to a power of two (the CPU's
+    /// number is masked), each a power of two of pages apart (it is
+    /// shifted); one block, no bigger than its counters, where there is one CPU.
+    #[test]
+    fn entry_counters_take_a_block_per_cpu() {
+        assert_eq!(CounterBlocks::for_cpus(3, 1), CounterBlocks { count: 1, stride: 24, on_cpu: None });
+        let six = CounterBlocks::for_cpus(1000, 6);
+        assert_eq!((six.count, six.stride, six.on_cpu), (8, 8192, Some(patch::CpuBlocks { mask: 7, shift: 13 })));
+        assert_eq!(six.bytes(), 8 * 8192);
+        let many = CounterBlocks::for_cpus(10, 10_000);
+        assert_eq!((many.count, many.stride, many.on_cpu), (4096, 4096, Some(patch::CpuBlocks { mask: 4095, shift: 12 })));
+        assert!(possible_cpus() >= std::thread::available_parallelism().map_or(1, usize::from));
+    }
     use crate::inject::patch::IslandRoom;
 
     /// A sample in a counting trampoline stands for the function: the
