@@ -188,6 +188,26 @@ pub struct ThrottledSamples {
     pub total_samples_uncounted: u64,
 }
 
+/// The fewest samples taken while a throttled function's calls were
+/// counted that say how many calls a sample stands for (to about 10%).
+const FEWEST_COUNTING_SAMPLES: u64 = 100;
+
+impl ThrottledSamples {
+    /// Its calls after its counting stopped, at the calls a sample stood
+    /// for while they were counted (`counted` calls over the samples taken
+    /// between its throttle and then); `None` with too few samples then.
+    /// Its cost per call when timed would hold its callees' probes, which
+    /// were taken out as it was, and a short function's timing error.
+    pub fn calls_since_counting_stopped(&self, counted: u64) -> Option<u64> {
+        let while_counted = self.total_samples.checked_sub(self.total_samples_uncounted)?;
+        if while_counted < FEWEST_COUNTING_SAMPLES {
+            return None;
+        }
+        let calls = u128::from(counted) * u128::from(self.total_samples_uncounted) / u128::from(while_counted);
+        Some(u64::try_from(calls).unwrap_or(u64::MAX))
+    }
+}
+
 /// Samples spent in callees not instrumented that a caller's exclusive time holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldSamples {

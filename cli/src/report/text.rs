@@ -610,12 +610,14 @@ fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions,
         let calls = match info(&t.name) {
             Some((id, f)) => match (f.calls_after_throttle, f.calls_counted_until_stopped) {
                 (Some(counted), _) => group_digits(counted),
-                // Counted until counting stopped, then estimated from the samples since.
+                // Counted until counting stopped, then estimated from the
+                // samples since: at the calls a sample stood for while
+                // counted, else at its cost per call.
                 (None, Some(counted)) => {
-                    let since = samples.estimated_ns(t.total_samples_uncounted);
-                    per_call(id).map_or(format!("{}+?", group_digits(counted)), |ns| {
-                        format!("~{}", group_digits(counted.saturating_add(since / ns)))
-                    })
+                    let since_ns = samples.estimated_ns(t.total_samples_uncounted);
+                    let since = t.calls_since_counting_stopped(counted).or_else(|| per_call(id).map(|ns| since_ns / ns));
+                    since
+                        .map_or(format!("{}+?", group_digits(counted)), |since| format!("~{}", group_digits(counted.saturating_add(since))))
                 }
                 (None, None) => per_call(id).map_or("?".to_string(), |ns| format!("~{}", group_digits(total / ns))),
             },
@@ -1015,12 +1017,13 @@ mod tests {
             stats.inclusive[0].total = 1_000_000;
             stats
         };
-        // Counting stopped 5 of the 20 samples before the end.
+        // Counting stopped 5 of the 20 samples before the end; too few
+        // samples were taken while it counted to stand for calls.
         let sampled = |name: &str| ThrottledSamples {
             name: name.into(),
             self_samples: 10,
             total_samples: 20,
-            total_samples_uncounted: if name == "stopped" { 5 } else { 0 },
+            total_samples_uncounted: if name == "stopped" { 15 } else { 0 },
         };
         let mut samples = SampleProfile { frequency_hz: 1000, total: 40, ..SampleProfile::default() };
         samples.throttled.functions = vec![sampled("counted"), sampled("estimated"), sampled("stopped")];
@@ -1033,18 +1036,28 @@ mod tests {
         let mut out = String::new();
         throttled(&profile, &[stats(0), stats(1), stats(2)], &options(), &mut out);
         let rows: Vec<&str> = out.lines().skip(3).collect();
-        // 20 ms after the throttle at 1 us a call: about 20,000; 5 ms
-        // after counting stopped: 7,000 counted and about 5,000 more.
+        // 20 ms after the throttle at 1 us a call: about 20,000; 15 ms
+        // after counting stopped: 7,000 counted and about 15,000 more.
         let expected = [
             "     123,456     10.00 ms     20.00 ms  counted",
             "     ~20,000     10.00 ms     20.00 ms  estimated",
-            "     ~12,000     10.00 ms     20.00 ms  stopped",
+            "     ~22,000     10.00 ms     20.00 ms  stopped",
         ];
         assert_eq!(rows, expected, "{out}");
         // Without a cost per call, the counted part and an unknown rest.
         let mut out = String::new();
         throttled(&profile, &[stats(0), stats(1)], &options(), &mut out);
         assert!(out.lines().any(|l| l.trim_start().starts_with("7,000+?") && l.ends_with("stopped")), "{out}");
+        // With a hundred samples or more while it counted, at the calls
+        // each stood for then: 7,000 calls over 100 samples, then 15 samples.
+        let mut more = profile.clone();
+        let stopped = &mut more.samples.as_mut().unwrap().throttled.functions[2];
+        stopped.total_samples = 115;
+        for stats in [vec![stats(0), stats(1), stats(2)], vec![stats(0), stats(1)]] {
+            let mut out = String::new();
+            throttled(&more, &stats, &options(), &mut out);
+            assert!(out.lines().any(|l| l.trim_start().starts_with("~8,050 ") && l.ends_with("stopped")), "{out}");
+        }
         // The flat profile's row says how many more were counted, where they were.
         assert!(throttled_label(Some(123_456), false).contains("123,456 more calls counted after"));
         assert!(throttled_label(None, false).contains("calls are a lower bound"));
