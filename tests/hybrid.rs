@@ -243,6 +243,7 @@ fn threads_counting_one_function_on_two_cpus_count_every_call() {
     require_probes();
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     assert!(cpus >= 2, "two CPUs are needed for two threads to count at once, this machine has {cpus}");
+    assert!(processor_has_rdpid(), "the processor has no rdpid: its CPUs share one counter, and threads wait for each other");
     let (report, _) = recorded(&["--overhead-budget", "10"], &Build::c("contended.c", "-O2").build(), &["5", "200"]);
     let work = function(&report["functions"], "work");
     assert_eq!(work["mode"], "throttled", "{work}");

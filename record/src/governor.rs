@@ -68,11 +68,11 @@ const MOST_COUNTING_SCALE: f64 = 25.0;
 /// What a call costs once its function's probes were taken out and its
 /// entry only counts it: a jump, a `lock inc` and a jump back, 0.8 ns a
 /// call in a loop of 100 M calls here (BENCHMARKS.md), 2.4 ns for a `lock
-/// inc` alone in a dependent chain, about 3 ns with the running CPU's
-/// counter found first. Real code makes it dearer, and so do threads on
-/// several CPUs counting the same function at once where they share one
-/// counter (12 to 25 ns here): the samples in the counting stubs scale it
-/// up (see [`SampledOverhead`]).
+/// inc` alone in a dependent chain; finding the running CPU's counter
+/// first adds about 0.7 ns in the loop. Real code makes it dearer, and so
+/// do threads on several CPUs counting the same function at once where
+/// they share one counter (12 to 25 ns here): the samples in the counting
+/// stubs scale it up (see [`SampledOverhead`]).
 pub const COUNTED_CALL_NS: u64 = 1;
 
 /// Stack samples of the target taken in the in-process engine's code

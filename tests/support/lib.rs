@@ -486,6 +486,13 @@ pub fn c_library_links_the_unwinder() -> bool {
     unsafe { !libc::dlsym(libc::RTLD_DEFAULT, c"__libc_unwind_link_get".as_ptr()).is_null() }
 }
 
+/// Whether the kernel says the processor has `rdpid`, with which the
+/// in-process engine counts calls in a counter of the running CPU's.
+pub fn processor_has_rdpid() -> bool {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    cpuinfo.lines().find(|l| l.starts_with("flags")).is_some_and(|l| l.split_whitespace().any(|f| f == "rdpid"))
+}
+
 /// Fails the test unless this machine can place uprobes and patch
 /// processes (root): a test never passes by skipping what it checks.
 pub fn require_probes() {
