@@ -581,9 +581,10 @@ fn throttled_label(calls_after: Option<u64>, narrow: bool) -> String {
 
 /// Throttled functions after their probes were removed: their time from
 /// the samples; their calls counted where the engine kept counting them,
-/// else estimated from the time at the CPU time per call measured before
-/// (`~`: a rough figure, the calls before the throttle being the ones
-/// measured). The flat profile has the exact part.
+/// else estimated (`~`, a rough figure): after counting stopped, at the
+/// calls a sample stood for while they were counted, given enough such
+/// samples; else from the time at the CPU time per call measured before
+/// the throttle. The flat profile has the exact part.
 fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions, out: &mut String) {
     let Some(samples) = &profile.samples else { return };
     if samples.throttled.functions.is_empty() {
@@ -597,7 +598,7 @@ fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions,
     };
     let _ = writeln!(
         out,
-        "\nThrottled functions after their probes were removed (time estimated from {} samples at {} Hz; calls counted, or ~ estimated from the time; the flat profile has the exact part)",
+        "\nThrottled functions after their probes were removed (time estimated from {} samples at {} Hz; calls counted, or ~ estimated from the samples; the flat profile has the exact part)",
         group_digits(samples.total),
         samples.frequency_hz
     );
