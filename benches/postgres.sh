@@ -25,36 +25,41 @@ if [ -z "${PROFTAP:-}" ]; then
     cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p proftap-cli
 fi
 proftap=${PROFTAP:-$root/target/release/proftap}
+source "$root/benches/common.sh"
 command -v perf >/dev/null || { echo "perf is missing: apt-get install linux-perf" >&2; exit 1; }
 
 pg=$dir/pg
 if [ ! -x "$pg/bin/postgres" ] || [ ! -x "$pg/bin/pgbench" ]; then
     rm -rf "$dir/postgresql-15.18" "$pg"
-    curl -fsSL http://deb.debian.org/debian/pool/main/p/postgresql-15/postgresql-15_15.18.orig.tar.bz2 | tar xj -C "$dir"
+    fetch_checked http://deb.debian.org/debian/pool/main/p/postgresql-15/postgresql-15_15.18.orig.tar.bz2 \
+        11df0df97fe3ea4ba9a791faaf39cee1d2fe571e78885b5b55d8517d27c323b4 "$dir"
     (cd "$dir/postgresql-15.18" && ./configure -q --prefix="$pg" --without-readline --without-zlib --without-icu CFLAGS="-O2 -g" >/dev/null)
     make -s -j2 -C "$dir/postgresql-15.18" >/dev/null
     make -s -C "$dir/postgresql-15.18" install >/dev/null
-    make -s -j2 -C "$dir/postgresql-15.18/contrib/pgbench" install >/dev/null 2>&1 || true
 fi
 
 # PostgreSQL refuses to run as root: it runs as nobody, from a copy of
-# the build it can read, on a data directory of its own.
+# the build it can read, on a data directory of its own; its socket is
+# in a directory only nobody (and root) can enter, as it trusts whoever
+# connects.
 out=$(mktemp -d)
+server=
+# The server's processes, found by the copy they run (its pid file may
+# not be written yet).
+stop_server() {
+    [ -z "$server" ] || { pkill -f "^$out/pg/bin/postgres" || true; wait "$server" 2>/dev/null || true; }
+}
+trap 'stop_server; rm -rf "$out"' EXIT
 chmod 755 "$out"
 cp -a "$pg" "$out/pg"
 mkdir "$out/data" "$out/socket"
 chown nobody "$out/data" "$out/socket"
+chmod 700 "$out/socket"
 as_server() { runuser -u nobody -- "$@"; }
 as_server "$out/pg/bin/initdb" -D "$out/data" --no-sync -A trust -U bench >"$out/initdb.log" 2>&1 \
     || { cat "$out/initdb.log" >&2; exit 1; }
 as_server "$out/pg/bin/postgres" -D "$out/data" -k "$out/socket" -c listen_addresses='' -c fsync=off >"$out/server.log" 2>&1 &
 server=$!
-postmaster=
-stop_server() {
-    [ -z "$postmaster" ] || kill "$postmaster" 2>/dev/null || true
-    wait "$server" 2>/dev/null || true
-}
-trap 'stop_server; rm -rf "$out"' EXIT
 
 # Fails the script unless the server still runs, saying when it ended ($1).
 server_runs() {

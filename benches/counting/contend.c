@@ -12,7 +12,7 @@
 static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
 int main(int argc,char**argv){
   int n=atoi(argv[1]); int mode=atoi(argv[2]); long m=atol(argv[3]);
-  long *c = mmap(0, 1<<20, PROT_READ|PROT_WRITE, MAP_SHARED|MAP_ANONYMOUS, -1, 0);
+  long *c = mmap(0, 4096L * 4096, PROT_READ|PROT_WRITE, MAP_SHARED|MAP_ANONYMOUS, -1, 0);
   double t0=now();
   for(int k=0;k<n;k++) if(fork()==0){
     for(long i=0;i<m;i++){
@@ -22,6 +22,6 @@ int main(int argc,char**argv){
     }
     _exit(0);}
   while(wait(0)>0){}
-  double t=now()-t0; long s=0; for(int i=0;i<4;i++) s+=c[i*512];
+  double t=now()-t0; long s=0; for(int i=0;i<4096;i++) s+=c[i*512];
   printf("n=%d mode=%d %.2f ns/op per process, total %ld\n", n, mode, t * 1e9 / m, mode ? s : c[0]);
 }
