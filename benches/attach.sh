@@ -24,6 +24,7 @@ if [ -z "${PROFTAP:-}" ]; then
     cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p proftap-cli
 fi
 proftap=${PROFTAP:-$root/target/release/proftap}
+source "$root/benches/common.sh"
 command -v perf >/dev/null || { echo "perf is missing: apt-get install linux-perf" >&2; exit 1; }
 
 redis=$dir/redis-7.0.15/src
@@ -39,20 +40,6 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 server=$!
 trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; rm -rf "$out"' EXIT
 
-# Fails the script unless the server still runs, saying when it ended ($1).
-server_runs() {
-    kill -0 "$server" 2>/dev/null || { echo "the server ended $1:" >&2; cat "$out/server.log" >&2; exit 1; }
-}
-
-# Waits until the command given succeeds, 30 s at most, while the server runs.
-wait_for() {
-    local deadline=$((SECONDS + 30))
-    until "$@"; do
-        server_runs "while waiting for $*"
-        [ "$SECONDS" -lt "$deadline" ] || { echo "no $* within 30 s" >&2; exit 1; }
-        sleep 0.05
-    done
-}
 answers() { "$redis/redis-cli" -p "$port" ping >/dev/null 2>&1; }
 wait_for answers
 
@@ -66,33 +53,6 @@ serve() {
     [ -n "$sets" ] && [ -n "$gets" ] || { echo "redis-benchmark gave no rates:" >&2; cat "$out/benchmark.err" >&2; exit 1; }
 }
 
-# `serve` into file $1 while the rest of the arguments record the server
-# in the background, once the check named second says it records; stops
-# it as Ctrl-C does.
-serve_under() {
-    local rates=$1 recording=$2
-    shift 2
-    rm -f "$out/recorder.err"
-    "$@" 2>"$out/recorder.err" >/dev/null &
-    local recorder=$!
-    until "$recording"; do
-        kill -0 "$recorder" 2>/dev/null || { cat "$out/recorder.err" >&2; exit 1; }
-        sleep 0.05
-    done
-    serve "$rates"
-    kill -INT "$recorder"
-    # perf ends with the status of a command Ctrl-C stopped.
-    local status=0
-    wait "$recorder" || status=$?
-    [ "$status" -eq 0 ] || [ "$status" -eq 130 ] || { echo "the recording failed ($status):" >&2; cat "$out/recorder.err" >&2; exit 1; }
-}
-proftap_attached() { grep -q "attached to process" "$out/recorder.err" 2>/dev/null; }
-# perf starts with its events off, and says when it has turned them on.
-perf_enabled() {
-    timeout 30 sh -c 'echo enable >"$1"' enable "$out/control" || { echo "perf took no command within 30 s" >&2; exit 1; }
-    local ack
-    read -r -t 30 ack <"$out/ack" && [ "$ack" = ack ]
-}
 mkfifo "$out/control" "$out/ack"
 
 serve "$out/rates" # warm up: the keys exist, the allocator has its memory

@@ -13,3 +13,51 @@ fetch_checked() {
     tar xf "$file" -C "$3"
     rm -f "$file"
 }
+
+# A server a script measures while it serves: the script sets `out` (its
+# directory), `server` (the server's job) and `serve FILE` (one benchmark
+# run, its rates into FILE); the server logs to $out/server.log.
+
+# Fails the script unless the server still runs, saying when it ended ($1).
+server_runs() {
+    kill -0 "$server" 2>/dev/null || { echo "the server ended $1:" >&2; cat "$out/server.log" >&2; exit 1; }
+}
+
+# Waits until the command given succeeds, 30 s at most, while the server runs.
+wait_for() {
+    local deadline=$((SECONDS + 30))
+    until "$@"; do
+        server_runs "while waiting for $*"
+        [ "$SECONDS" -lt "$deadline" ] || { echo "no $* within 30 s" >&2; exit 1; }
+        sleep 0.05
+    done
+}
+
+# `serve` into file $1 while the rest of the arguments record the server
+# in the background, once the check named second says it records; stops
+# it as Ctrl-C does.
+serve_under() {
+    local rates=$1 recording=$2
+    shift 2
+    rm -f "$out/recorder.err"
+    "$@" 2>"$out/recorder.err" >/dev/null &
+    local recorder=$!
+    until "$recording"; do
+        kill -0 "$recorder" 2>/dev/null || { cat "$out/recorder.err" >&2; exit 1; }
+        sleep 0.05
+    done
+    serve "$rates"
+    kill -INT "$recorder"
+    # perf ends with the status of a command Ctrl-C stopped.
+    local status=0
+    wait "$recorder" || status=$?
+    [ "$status" -eq 0 ] || [ "$status" -eq 130 ] || { echo "the recording failed ($status):" >&2; cat "$out/recorder.err" >&2; exit 1; }
+}
+proftap_attached() { grep -q "attached to process" "$out/recorder.err" 2>/dev/null; }
+# perf starts with its events off (`-D -1 --control fifo:$out/control,$out/ack`),
+# and says when it has turned them on.
+perf_enabled() {
+    timeout 30 sh -c 'echo enable >"$1"' enable "$out/control" || { echo "perf took no command within 30 s" >&2; exit 1; }
+    local ack
+    read -r -t 30 ack <"$out/ack" && [ "$ack" = ack ]
+}

@@ -61,20 +61,6 @@ as_server "$out/pg/bin/initdb" -D "$out/data" --no-sync -A trust -U bench >"$out
 as_server "$out/pg/bin/postgres" -D "$out/data" -k "$out/socket" -c listen_addresses='' -c fsync=off >"$out/server.log" 2>&1 &
 server=$!
 
-# Fails the script unless the server still runs, saying when it ended ($1).
-server_runs() {
-    kill -0 "$server" 2>/dev/null || { echo "the server ended $1:" >&2; cat "$out/server.log" >&2; exit 1; }
-}
-
-# Waits until the command given succeeds, 30 s at most, while the server runs.
-wait_for() {
-    local deadline=$((SECONDS + 30))
-    until "$@"; do
-        server_runs "while waiting for $*"
-        [ "$SECONDS" -lt "$deadline" ] || { echo "no $* within 30 s" >&2; exit 1; }
-        sleep 0.05
-    done
-}
 pgbench() { as_server "$out/pg/bin/pgbench" -h "$out/socket" -U bench "$@" postgres; }
 answers() { as_server "$out/pg/bin/pg_isready" -q -h "$out/socket" -U bench; }
 wait_for answers
@@ -89,33 +75,6 @@ serve() {
     [ -s "$1" ] || { echo "pgbench gave no rate:" >&2; cat "$out/bench.log" >&2; exit 1; }
 }
 
-# `serve` into file $1 while the rest of the arguments record the server
-# in the background, once the check named second says it records; stops
-# it as Ctrl-C does.
-serve_under() {
-    local rate=$1 recording=$2
-    shift 2
-    rm -f "$out/recorder.err"
-    "$@" 2>"$out/recorder.err" >/dev/null &
-    local recorder=$!
-    until "$recording"; do
-        kill -0 "$recorder" 2>/dev/null || { cat "$out/recorder.err" >&2; exit 1; }
-        sleep 0.05
-    done
-    serve "$rate"
-    kill -INT "$recorder"
-    # perf ends with the status of a command Ctrl-C stopped.
-    local status=0
-    wait "$recorder" || status=$?
-    [ "$status" -eq 0 ] || [ "$status" -eq 130 ] || { echo "the recording failed ($status):" >&2; cat "$out/recorder.err" >&2; exit 1; }
-}
-proftap_attached() { grep -q "attached to process" "$out/recorder.err" 2>/dev/null; }
-# perf starts with its events off, and says when it has turned them on.
-perf_enabled() {
-    timeout 30 sh -c 'echo enable >"$1"' enable "$out/control" || { echo "perf took no command within 30 s" >&2; exit 1; }
-    local ack
-    read -r -t 30 ack <"$out/ack" && [ "$ack" = ack ]
-}
 mkfifo "$out/control" "$out/ack"
 
 serve "$out/rate" # warm up: the table in the server's buffers
