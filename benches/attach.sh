@@ -30,7 +30,8 @@ command -v perf >/dev/null || { echo "perf is missing: apt-get install linux-per
 redis=$dir/redis-7.0.15/src
 if [ ! -x "$redis/redis-server" ] || [ ! -x "$redis/redis-benchmark" ]; then
     rm -rf "$dir/redis-7.0.15"
-    curl -fsSL http://deb.debian.org/debian/pool/main/r/redis/redis_7.0.15.orig.tar.gz | tar xz -C "$dir"
+    fetch_checked http://deb.debian.org/debian/pool/main/r/redis/redis_7.0.15.orig.tar.gz \
+        4b1dc4ee6d622a09fff9c6777191209750fb5e5a725ef78ea012d6eef4c22982 "$dir"
     make -s -j2 -C "$dir/redis-7.0.15" BUILD_TLS=no >/dev/null
 fi
 
@@ -38,7 +39,7 @@ out=$(mktemp -d)
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$redis/redis-server" --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$out/server.log" 2>&1 &
 server=$!
-trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; rm -rf "$out"' EXIT
+trap 'stop_recorder; kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$out"' EXIT
 
 answers() { "$redis/redis-cli" -p "$port" ping >/dev/null 2>&1; }
 wait_for answers

@@ -10,7 +10,7 @@ fetch_checked() {
     file=$(mktemp)
     curl -fsSL "$1" -o "$file" || { rm -f "$file"; echo "cannot download $1" >&2; return 1; }
     echo "$2  $file" | sha256sum -c --quiet - || { rm -f "$file"; echo "$1 is not the file expected (SHA-256 differs)" >&2; return 1; }
-    tar xf "$file" -C "$3"
+    tar xf "$file" -C "$3" || { rm -f "$file"; echo "cannot unpack $1" >&2; return 1; }
     rm -f "$file"
 }
 
@@ -41,17 +41,25 @@ serve_under() {
     shift 2
     rm -f "$out/recorder.err"
     "$@" 2>"$out/recorder.err" >/dev/null &
-    local recorder=$!
+    recorder=$!
     until "$recording"; do
         kill -0 "$recorder" 2>/dev/null || { cat "$out/recorder.err" >&2; exit 1; }
         sleep 0.05
     done
     serve "$rates"
-    kill -INT "$recorder"
+    kill -INT "$recorder" 2>/dev/null || true
     # perf ends with the status of a command Ctrl-C stopped.
     local status=0
     wait "$recorder" || status=$?
+    recorder=
     [ "$status" -eq 0 ] || [ "$status" -eq 130 ] || { echo "the recording failed ($status):" >&2; cat "$out/recorder.err" >&2; exit 1; }
+}
+recorder=
+
+# Stops a recording `serve_under` left running (the script failed
+# meanwhile), for the script's exit trap.
+stop_recorder() {
+    [ -z "$recorder" ] || { kill -INT "$recorder" 2>/dev/null || true; wait "$recorder" 2>/dev/null || true; }
 }
 proftap_attached() { grep -q "attached to process" "$out/recorder.err" 2>/dev/null; }
 # perf starts with its events off (`-D -1 --control fifo:$out/control,$out/ack`),

@@ -49,7 +49,7 @@ server=
 stop_server() {
     [ -z "$server" ] || { pkill -f "^$out/pg/bin/postgres" || true; wait "$server" 2>/dev/null || true; }
 }
-trap 'stop_server; rm -rf "$out"' EXIT
+trap 'stop_recorder; stop_server; rm -rf "$out"' EXIT
 chmod 755 "$out"
 cp -a "$pg" "$out/pg"
 mkdir "$out/data" "$out/socket"
