@@ -98,8 +98,9 @@ impl CounterBlocks {
     fn for_cpus(counters: usize, cpus: usize) -> CounterBlocks {
         let bytes = (8 * counters).max(8);
         // At most MOST_CPU_BLOCKS: CPUs past them share blocks (the
-        // increments stay locked), and proftap's reads, which make every
-        // page of the blocks resident, stay a few MiB.
+        // increments stay locked, and contend less), and proftap's reads,
+        // which sum every block at each look and make its pages resident,
+        // stay bounded.
         let count = cpus.clamp(1, MOST_CPU_BLOCKS).next_power_of_two();
         if count == 1 {
             return CounterBlocks { count, stride: bytes, on_cpu: None };
@@ -114,21 +115,25 @@ impl CounterBlocks {
     }
 }
 
-/// The most blocks of entry counters a process gets (a power of two):
-/// Linux keeps the CPU's number in the low 12 bits of what `rdpid` reads,
-/// and the blocks are masked to fewer.
-const MOST_CPU_BLOCKS: usize = 64;
+/// The most blocks of entry counters a process gets (a power of two, at
+/// most 4096: Linux keeps the CPU's number in the low 12 bits of what
+/// `rdpid` reads, and the blocks are masked to fewer).
+const MOST_CPU_BLOCKS: usize = 16;
 
 /// Whether the processor has `rdpid` (CPUID leaf 7, ECX bit 22), which
 /// reads the running CPU's number in a few cycles, and the kernel says so
 /// too (it shows the flag where it found the instruction usable; a
-/// hypervisor may show CPUID bits it does not enable).
-fn has_rdpid() -> bool {
-    let leaves = std::arch::x86_64::__cpuid(0).eax;
-    let processor = leaves >= 7 && std::arch::x86_64::__cpuid_count(7, 0).ecx & (1 << 22) != 0;
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let kernel = cpuinfo.lines().find(|l| l.starts_with("flags")).is_some_and(|l| l.split_whitespace().any(|f| f == "rdpid"));
-    processor && kernel
+/// hypervisor may show CPUID bits it does not enable). Read once:
+/// patches are applied while the target is held.
+pub fn has_rdpid() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        let leaves = std::arch::x86_64::__cpuid(0).eax;
+        let processor = leaves >= 7 && std::arch::x86_64::__cpuid_count(7, 0).ecx & (1 << 22) != 0;
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let kernel = cpuinfo.lines().find(|l| l.starts_with("flags")).is_some_and(|l| l.split_whitespace().any(|f| f == "rdpid"));
+        processor && kernel
+    })
 }
 
 /// How many CPUs the kernel may ever number, hot-plugged ones included
@@ -822,7 +827,7 @@ mod tests {
         assert_eq!((six.count, six.stride, six.on_cpu), (8, 8192, Some(patch::CpuBlocks { mask: 7, shift: 13 })));
         assert_eq!(six.bytes(), 8 * 8192);
         let many = CounterBlocks::for_cpus(10, 10_000);
-        assert_eq!((many.count, many.stride, many.on_cpu), (64, 4096, Some(patch::CpuBlocks { mask: 63, shift: 12 })));
+        assert_eq!((many.count, many.stride, many.on_cpu), (16, 4096, Some(patch::CpuBlocks { mask: 15, shift: 12 })));
         assert_eq!(CounterBlocks::one(1000), CounterBlocks { count: 1, stride: 8000, on_cpu: None });
         assert!(possible_cpus() >= std::thread::available_parallelism().map_or(1, usize::from));
     }
