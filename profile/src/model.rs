@@ -196,8 +196,8 @@ impl ThrottledSamples {
     /// Its calls after its counting stopped, at the calls a sample stood
     /// for while they were counted (`counted` calls over the samples taken
     /// between its throttle and then); `None` with too few samples then.
-    /// Its cost per call when timed would hold its callees' probes, which
-    /// were taken out as it was, and a short function's timing error.
+    /// Its cost per call when timed held its callees' probes, taken out
+    /// since, and a short function's timing error.
     pub fn calls_since_counting_stopped(&self, counted: u64) -> Option<u64> {
         let while_counted = self.total_samples.checked_sub(self.total_samples_uncounted)?;
         if while_counted < FEWEST_COUNTING_SAMPLES {
