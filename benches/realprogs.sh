@@ -26,6 +26,7 @@ runs=${1:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${PROFTAP_REALPROGS:-$HOME/.cache/proftap-realprogs}
 proftap=$root/target/release/proftap
+source "$root/benches/common.sh"
 mkdir -p "$dir"
 cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p proftap-cli
 for tool in perf valgrind callgrind_annotate cmake; do
@@ -43,7 +44,8 @@ sqlite=$dir/sqlite/build/sqlite3
 if [ ! -x "$sqlite" ]; then
     # The release tarball unpacks into sqlite3-3.40.1/.
     rm -rf "$dir/sqlite" "$dir/sqlite3-3.40.1"
-    curl -fsSL "$pool/s/sqlite3/sqlite3_3.40.1.orig.tar.xz" | tar xJ -C "$dir"
+    fetch_checked "$pool/s/sqlite3/sqlite3_3.40.1.orig.tar.xz" \
+        aaa776260ab4dc976db34aa7891819484c8676b5b2783123ebc6301e2ca5d655 "$dir"
     mv "$dir/sqlite3-3.40.1" "$dir/sqlite"
     mkdir -p "$dir/sqlite/build"
     (cd "$dir/sqlite/build" && ../configure --disable-tcl --enable-shared=no CFLAGS="-O2 -g" >/dev/null && make -s sqlite3 >/dev/null)
@@ -51,14 +53,16 @@ fi
 gzip=$dir/gzip-1.13/gzip
 if [ ! -x "$gzip" ]; then
     rm -rf "$dir/gzip-1.13"
-    curl -fsSL "$pool/g/gzip/gzip_1.13.orig.tar.xz" | tar xJ -C "$dir"
+    fetch_checked "$pool/g/gzip/gzip_1.13.orig.tar.xz" \
+        7454eb6935db17c6655576c2e1b0fabefd38b4d0936e0f87f48cd062ce91a057 "$dir"
     (cd "$dir/gzip-1.13" && ./configure CFLAGS="-O2 -g" >/dev/null && make -s >/dev/null)
 fi
 yaml=$dir/yaml-cpp/build/util/parse
 if [ ! -x "$yaml" ]; then
     # The release tarball unpacks into yaml-cpp-yaml-cpp-0.6.3/.
     rm -rf "$dir/yaml-cpp" "$dir/yaml-cpp-yaml-cpp-0.6.3"
-    curl -fsSL "$pool/y/yaml-cpp/yaml-cpp_0.6.3.orig.tar.gz" | tar xz -C "$dir"
+    fetch_checked "$pool/y/yaml-cpp/yaml-cpp_0.6.3.orig.tar.gz" \
+        77ea1b90b3718aa0c324207cb29418f5bced2354c2e483a9523d98c3460af1ed "$dir"
     mv "$dir/yaml-cpp-yaml-cpp-0.6.3" "$dir/yaml-cpp"
     cmake -S "$dir/yaml-cpp" -B "$dir/yaml-cpp/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-O2 -g" \
         -DYAML_CPP_BUILD_TESTS=OFF -DYAML_CPP_BUILD_TOOLS=ON >/dev/null
@@ -71,21 +75,24 @@ fi
 dash=$dir/dash-0.5.12/src/dash
 if [ ! -x "$dash" ]; then
     rm -rf "$dir/dash-0.5.12"
-    curl -fsSL "$pool/d/dash/dash_0.5.12.orig.tar.gz" | tar xz -C "$dir"
+    fetch_checked "$pool/d/dash/dash_0.5.12.orig.tar.gz" \
+        6a474ac46e8b0b32916c4c60df694c82058d3297d8b385b74508030ca4a8f28a "$dir"
     (cd "$dir/dash-0.5.12" && ./configure CFLAGS="-O2 -g" >/dev/null && make -s >/dev/null)
 fi
 python=$dir/python/python
 if [ ! -x "$python" ]; then
     # The release tarball unpacks into Python-3.13.5/.
     rm -rf "$dir/python" "$dir/Python-3.13.5"
-    curl -fsSL "$pool/p/python3.13/python3.13_3.13.5.orig.tar.xz" | tar xJ -C "$dir"
+    fetch_checked "$pool/p/python3.13/python3.13_3.13.5.orig.tar.xz" \
+        93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640 "$dir"
     mv "$dir/Python-3.13.5" "$dir/python"
     (cd "$dir/python" && ./configure --quiet CFLAGS="-O2 -g" >/dev/null && make -s -j"$(nproc)" python >/dev/null 2>&1)
 fi
 xz=$dir/xz-5.8.1/src/xz/xz
 if [ ! -x "$xz" ]; then
     rm -rf "$dir/xz-5.8.1"
-    curl -fsSL "$pool/x/xz-utils/xz-utils_5.8.1.orig.tar.xz" | tar xJ -C "$dir"
+    fetch_checked "$pool/x/xz-utils/xz-utils_5.8.1.orig.tar.xz" \
+        0b54f79df85912504de0b14aec7971e3f964491af1812d83447005807513cd9e "$dir"
     (cd "$dir/xz-5.8.1" && ./configure --quiet CFLAGS="-O2 -g" --disable-shared >/dev/null && make -s -j"$(nproc)" >/dev/null 2>&1)
 fi
 sql=$dir/bench.sql
@@ -111,7 +118,7 @@ fi
 # Seconds a command takes (to the millisecond), median of $runs after one
 # run not counted (this VM's page cache is reclaimed within minutes: a
 # search's first run reads its files from disk), its output discarded.
-median() {
+seconds_median() {
     "$@" >/dev/null 2>&1 </dev/null || true
     local start end
     for _ in $(seq "$runs"); do
@@ -143,12 +150,12 @@ compare() {
     local out=$dir/$name
     echo "== $name: $*"
     local bare proftap_s perf_s
-    bare=$(median "$@")
-    proftap_s=$(median "$proftap" run -o "$out.profile" -- "$@")
+    bare=$(seconds_median "$@")
+    proftap_s=$(seconds_median "$proftap" run -o "$out.profile" -- "$@")
     # Without BPF events (proftap records none): perf 6.1's thread for
     # them waits out a second's poll at the end on newer kernels, a second
     # that is not sampling's cost.
-    perf_s=$(median perf record -q --no-bpf-event -g -o "$out.perf" -- "$@")
+    perf_s=$(seconds_median perf record -q --no-bpf-event -g -o "$out.perf" -- "$@")
     awk -v b="$bare" -v p="$proftap_s" -v f="$perf_s" \
         'BEGIN { printf "  bare %.3f s   proftap run %.3f s (%.2fx)   perf record -g %.3f s (%.2fx)\n", b, p, p / b, f, f / b }'
     echo "  proftap, exclusive CPU (measured, and estimated after a throttle):"
