@@ -649,11 +649,7 @@ impl Patched {
     /// Adds to `into` (by function) the calls only counted so far, those
     /// of functions no longer counted included (see [`Patched::calls_only_counted`]).
     pub fn add_counted_calls(&self, into: &mut [u64]) {
-        for (f, calls) in self.entry_counters.iter().flat_map(EntryCounters::calls) {
-            if let Some(total) = into.get_mut(f) {
-                *total = total.saturating_add(calls);
-            }
-        }
+        self.entry_counters.iter().for_each(|counters| counters.add_calls(into));
     }
 
     /// The calls of each function (by index) made after its probes were
@@ -661,10 +657,12 @@ impl Patched {
     /// counting trampoline counted (until it was taken out too, see
     /// [`Patched::counting_stopped`]); `None` for a function without one.
     pub fn calls_only_counted(&self, functions: usize) -> Vec<Option<u64>> {
+        let mut totals = vec![0u64; functions];
+        self.add_counted_calls(&mut totals);
         let mut calls = vec![None; functions];
-        for (f, counted) in self.entry_counters.iter().flat_map(EntryCounters::calls) {
-            if let Some(total) = calls.get_mut(f) {
-                *total = Some(total.unwrap_or(0u64).saturating_add(counted));
+        for &f in self.entry_counters.iter().flat_map(EntryCounters::functions) {
+            if let Some(call) = calls.get_mut(f) {
+                *call = totals.get(f).copied();
             }
         }
         calls

@@ -54,15 +54,20 @@ pub struct EntryCounters {
 }
 
 impl EntryCounters {
-    /// Each counter's function and calls so far, on every CPU.
-    pub fn calls(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
-        let mut calls = vec![0u64; self.functions.len()];
+    /// Adds each counter's calls so far, on every CPU, to `into` (by function).
+    pub fn add_calls(&self, into: &mut [u64]) {
         for block in 0..self.blocks.count {
-            for (total, counted) in calls.iter_mut().zip(self.shared.loads(block * self.blocks.stride, self.functions.len())) {
-                *total = total.wrapping_add(counted);
+            for (&f, counted) in self.functions.iter().zip(self.shared.loads(block * self.blocks.stride, self.functions.len())) {
+                if let Some(total) = into.get_mut(f) {
+                    *total = total.saturating_add(counted);
+                }
             }
         }
-        self.functions.iter().copied().zip(calls)
+    }
+
+    /// The functions counted.
+    pub fn functions(&self) -> &[usize] {
+        &self.functions
     }
 
     /// Where the counters are in the process, and their bytes there.
