@@ -18,7 +18,9 @@
 //! then the code, at 0x40_1000.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
-use proftap_probes::inject::patch::{IslandRoom, PatchPlan, SHORT_JUMP_LEN, count_call, plan, plan_checked, plan_returns, trampoline};
+use proftap_probes::inject::patch::{
+    CpuBlocks, IslandRoom, PatchPlan, SHORT_JUMP_LEN, count_call, count_call_on_cpu, plan, plan_checked, plan_returns, trampoline,
+};
 
 proftap_fuzz::target!(run);
 
@@ -62,8 +64,11 @@ fn check(code: &[u8], before: &[u8], patch: &PatchPlan) {
         let jump = Decoder::with_ip(64, &short, patch.at, DecoderOptions::NONE).decode();
         assert_eq!((jump.len(), jump.near_branch_target()), (SHORT_JUMP_LEN, site), "the short jump leads to the island");
     }
-    for address in PLACES {
-        let Ok(moved) = trampoline(patch, address, |own| Ok(count_call(own, own + 0x1000))) else { continue };
+    // Either count: one counter, or the running CPU's (a longer prologue).
+    let counts: [fn(u64) -> Vec<u8>; 2] =
+        [|own| count_call(own, own + 0x1000), |own| count_call_on_cpu(own, own + 0x1000, CpuBlocks { mask: 15, shift: 12 })];
+    for (address, count) in PLACES.into_iter().flat_map(|a| counts.map(|c| (a, c))) {
+        let Ok(moved) = trampoline(patch, address, |own| Ok(count(own))) else { continue };
         for &(from, to) in &moved.moved {
             let Some(original) = patch.replaced.iter().find(|i| i.ip() == from) else {
                 // A return's own address: it goes on in proftap's code.
