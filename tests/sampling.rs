@@ -455,6 +455,38 @@ fn a_forked_childs_stacks_unwind_through_patched_returns() {
     assert_eq!(pids.len(), 2, "the child was recorded: {pids:?}");
 }
 
+/// Sampled on every CPU (as root), a recording keeps the samples of its
+/// own processes only: a busy process beside it leaves none, while a child
+/// the program forks is sampled as it runs. (Without the kernel's filter,
+/// `spin`'s threads would take most of the samples, unknown to the
+/// recording; without its fork program, the child would have none.)
+#[test]
+fn only_the_recordings_processes_are_sampled_on_every_cpu() {
+    let _machine = sharing_the_machine();
+    require_probes();
+    let spin = Waiter::start_command({
+        let mut command = Command::new(Build::c("spin.c", "-O2").build());
+        command.arg("2");
+        command
+    });
+    let binary = Build::c("forks.c", "-O2").build();
+    let folded = Folded::record(&["--no-instrument", "--sample", "2000"], &binary, &["10", "50000000"]);
+    let spin_pid = spin.pid;
+    // SAFETY: kill(2) on the child started above, which is not reaped yet.
+    assert_eq!(unsafe { libc::kill(spin_pid, libc::SIGTERM) }, 0);
+    let (spun, status) = spin.finish();
+    assert!(status.success() && spun.starts_with("spun "), "{spun} {status}");
+    let in_spin = |l: &str| l.rsplit_once(' ').is_some_and(|(stack, _)| stack.split(';').any(|f| f == "spin"));
+    assert_eq!(folded.samples(in_spin), 0, "{}", folded.text);
+    // Another process's samples would be unknown to the recording.
+    let (unknown, all) = (folded.samples(|l| l.contains("[unknown")), folded.samples(|_| true));
+    assert!(unknown * 100 <= all, "{}", folded.text);
+    // The child's 50 M calls of work() take about a tenth of a second
+    // (200 samples); the parent makes 10, and waits.
+    let in_main = folded.samples(|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main") && !l.contains("_[k]"));
+    assert!(in_main > 40, "{}", folded.text);
+}
+
 /// The kernel's work on a function's behalf (its page faults) is sampled as
 /// the kernel's, as perf shows it: kernel functions above the function's
 /// frame, their time taken out of its exclusive time and shown as theirs.

@@ -17,6 +17,7 @@
 pub mod addr;
 pub mod arcs;
 pub mod boot_cache;
+mod bpf;
 pub mod btf;
 pub mod calibrate;
 pub mod entry;
@@ -31,6 +32,7 @@ pub mod parallel;
 pub mod perf;
 pub mod plan;
 pub mod procfs;
+pub mod sampled_processes;
 pub mod sampling;
 pub mod select;
 pub mod symbols;

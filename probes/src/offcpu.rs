@@ -31,8 +31,15 @@
 //! Loading it needs `CAP_BPF` and `CAP_PERFMON` (root here); proftapd loads
 //! it once and lends the array to its sessions.
 
+use crate::bpf::{
+    BPF_F_MMAPABLE, BPF_MAP_CREATE, BPF_MAP_FREEZE, BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_RAW_TRACEPOINT, BPF_PROG_TYPE_TRACEPOINT, attach_raw,
+    bpf, bpf_call, context, insn, load_program, op,
+};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// What the programs are called in an error.
+const PROGRAM: &str = "the off-CPU time program";
 
 /// Each entry: the thread's time off CPU up to its last switch or
 /// accounting (nanoseconds; with BTF, the clock less the CPU time it was
@@ -69,58 +76,6 @@ impl Drop for Loaded {
         crate::perf::close_in_parallel(self.links.drain(..).map(|e| Box::new(e) as Box<dyn Send>).collect());
         self.programs.clear();
     }
-}
-
-const BPF_MAP_CREATE: i32 = 0;
-const BPF_PROG_LOAD: i32 = 5;
-const BPF_RAW_TRACEPOINT_OPEN: i32 = 17;
-const BPF_MAP_FREEZE: i32 = 22;
-const BPF_MAP_TYPE_ARRAY: u32 = 2;
-const BPF_PROG_TYPE_TRACEPOINT: u32 = 5;
-const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
-const BPF_F_MMAPABLE: u32 = 1 << 10;
-
-fn bpf(command: i32, attr: &mut [u64; 16]) -> io::Result<OwnedFd> {
-    // SAFETY: the bpf(2) system call with a zero-padded attribute union of 128 bytes.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, command, attr.as_mut_ptr(), size_of::<[u64; 16]>()) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: bpf(2) returned a new descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// A BPF instruction: opcode, registers, offset, immediate.
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
-    u64::from(code) | u64::from(dst | (src << 4)) << 8 | u64::from(off as u16) << 16 | u64::from(imm as u32) << 32
-}
-
-/// The opcodes the programs use.
-mod op {
-    pub const LDX_W: u8 = 0x61;
-    pub const LDX_DW: u8 = 0x79;
-    pub const STX_W: u8 = 0x63;
-    pub const STX_DW: u8 = 0x7b;
-    pub const MOV_X: u8 = 0xbf;
-    pub const MOV_K: u8 = 0xb7;
-    pub const ADD_K: u8 = 0x07;
-    pub const SUB_X: u8 = 0x1f;
-    pub const OR_X: u8 = 0x4f;
-    pub const LSH_K: u8 = 0x67;
-    pub const RSH_K: u8 = 0x77;
-    pub const JEQ_K: u8 = 0x15;
-    pub const JNE_K: u8 = 0x55;
-    pub const JSLE_K: u8 = 0xd5;
-    pub const CALL: u8 = 0x85;
-    pub const EXIT: u8 = 0x95;
-    pub const LD_DW_IMM: u8 = 0x18;
-    pub const ATOMIC_DW: u8 = 0xdb;
-    pub const PSEUDO_MAP_FD: u8 = 1;
-    pub const KTIME_GET_NS: i32 = 5;
-    pub const MAP_LOOKUP_ELEM: i32 = 1;
-    pub const GET_CURRENT_PID_TGID: i32 = 14;
-    pub const PROBE_READ_KERNEL: i32 = 113;
-    pub const ATOMIC_ADD: i32 = 0;
 }
 
 /// A program being written, whose forward jumps to its end are placed
@@ -362,23 +317,13 @@ fn linux_at_least(major: u32, minor: u32) -> bool {
     (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0)) >= (major, minor)
 }
 
-/// Where a task keeps its pid and CPU time, from the kernel's BTF: mapped
-/// where the kernel allows it (privately; 6.16 on), read in place in
-/// 0.05 ms a field; else copied, 4.5 ms for its 5 MB here.
+/// Where a task keeps its pid and CPU time, from the kernel's BTF.
 fn task_fields() -> Option<TaskFields> {
-    const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
-    let file = std::fs::File::open(VMLINUX).ok()?;
-    let read = |btf: &[u8]| {
+    crate::btf::read_kernel(|btf| {
         let offset = |structure, member| crate::btf::member_offset(btf, structure, member).and_then(|o| i32::try_from(o).ok());
         let cpu_time = offset("task_struct", "se")?.checked_add(offset("sched_entity", "sum_exec_runtime")?)?;
         Some(TaskFields { pid: offset("task_struct", "pid")?, cpu_time, cpu_time_added_first: linux_at_least(6, 8) })
-    };
-    // SAFETY: a read-only private mapping of the kernel's own type
-    // information, which does not change while the kernel runs.
-    match unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) } {
-        Ok(btf) => read(&btf),
-        Err(_) => read(&std::fs::read(VMLINUX).ok()?),
-    }
+    })
 }
 
 impl OffCpu {
@@ -396,10 +341,7 @@ impl OffCpu {
         let off = OffCpu::load_by(task_fields())?;
         let mut attr = [0u64; 16];
         attr[0] = off.map.as_raw_fd() as u64;
-        // SAFETY: bpf(2) freezing a map, with a zero-padded attribute union of 128 bytes; it returns 0, no descriptor.
-        if unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_FREEZE, attr.as_mut_ptr(), size_of::<[u64; 16]>()) } != 0 {
-            return Err(context("cannot freeze the off-CPU time array", io::Error::last_os_error()));
-        }
+        bpf_call(BPF_MAP_FREEZE, &mut attr).map_err(|e| context("cannot freeze the off-CPU time array", e))?;
         Ok(off)
     }
 
@@ -602,11 +544,11 @@ pub fn obtain() -> Option<OffCpu> {
 /// Both programs as raw tracepoints.
 fn load_raw(map: i32, task: TaskFields) -> io::Result<Loaded> {
     let mut loaded = Loaded::default();
-    let switch = load_program(BPF_PROG_TYPE_RAW_TRACEPOINT, &switch_program(map, Switch::Raw(task)))?;
-    loaded.links.push(attach_raw(c"sched_switch", &switch)?);
+    let switch = load_program(BPF_PROG_TYPE_RAW_TRACEPOINT, &switch_program(map, Switch::Raw(task)), PROGRAM)?;
+    loaded.links.push(attach_raw(c"sched_switch", &switch, PROGRAM)?);
     loaded.programs.push(switch);
-    let update = load_program(BPF_PROG_TYPE_RAW_TRACEPOINT, &runtime_program(map, Update::Raw(task)))
-        .and_then(|update| Ok((attach_raw(c"sched_stat_runtime", &update)?, update)));
+    let update = load_program(BPF_PROG_TYPE_RAW_TRACEPOINT, &runtime_program(map, Update::Raw(task)), PROGRAM)
+        .and_then(|update| Ok((attach_raw(c"sched_stat_runtime", &update, PROGRAM)?, update)));
     if let Ok((link, update)) = update {
         loaded.links.push(link);
         loaded.programs.push(update);
@@ -620,14 +562,14 @@ fn load_on_records(map: i32) -> io::Result<Loaded> {
     let (id, format) = tracepoint("sched_switch")?;
     let switch =
         Switch::Record { prev_pid: field("sched_switch", &format, "prev_pid")?, next_pid: field("sched_switch", &format, "next_pid")? };
-    let program = load_program(BPF_PROG_TYPE_TRACEPOINT, &switch_program(map, switch))?;
+    let program = load_program(BPF_PROG_TYPE_TRACEPOINT, &switch_program(map, switch), PROGRAM)?;
     loaded.links.extend(attach(id, &program)?);
     loaded.programs.push(program);
     let update = || -> io::Result<(Vec<OwnedFd>, OwnedFd)> {
         let (id, format) = tracepoint("sched_stat_runtime")?;
         let update =
             Update::Record { pid: field("sched_stat_runtime", &format, "pid")?, runtime: field("sched_stat_runtime", &format, "runtime")? };
-        let program = load_program(BPF_PROG_TYPE_TRACEPOINT, &runtime_program(map, update))?;
+        let program = load_program(BPF_PROG_TYPE_TRACEPOINT, &runtime_program(map, update), PROGRAM)?;
         Ok((attach(id, &program)?, program))
     };
     if let Ok((events, program)) = update() {
@@ -635,29 +577,6 @@ fn load_on_records(map: i32) -> io::Result<Loaded> {
         loaded.programs.push(program);
     }
     Ok(loaded)
-}
-
-fn load_program(kind: u32, code: &[u64]) -> io::Result<OwnedFd> {
-    let license = c"GPL";
-    let mut attr = [0u64; 16];
-    attr[0] = u64::from(kind) | ((code.len() as u64) << 32);
-    attr[1] = code.as_ptr() as u64;
-    attr[2] = license.as_ptr() as u64;
-    bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| context("cannot load the off-CPU time program", e))
-}
-
-/// Attaches a program to the scheduler's tracepoint `name` as a raw
-/// tracepoint: it runs on every CPU while the link is open.
-fn attach_raw(name: &std::ffi::CStr, program: &OwnedFd) -> io::Result<OwnedFd> {
-    let mut attr = [0u64; 16];
-    attr[0] = name.as_ptr() as u64;
-    attr[1] = program.as_raw_fd() as u64;
-    bpf(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
-        .map_err(|e| context(&format!("cannot attach the off-CPU time program to {}", name.to_string_lossy()), e))
-}
-
-fn context(what: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// Opens the tracepoint on every online CPU with the program attached (once:

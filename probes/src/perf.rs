@@ -6,7 +6,7 @@ use crate::metrics::Metric;
 use perf_event::events::{Software, Tracepoint};
 use perf_event::{Builder, Clock, Counter, ReadFormat, SampleFlag, Sampler};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// x86-64 user register index of the stack pointer (`PERF_REG_X86_SP`).
 #[cfg(target_arch = "x86_64")]
@@ -216,9 +216,37 @@ const STACK_SAMPLE_FLAGS: SampleFlag = SampleFlag::IDENTIFIER
 /// cpu-clock), each with the user registers and a copy of the top
 /// `stack_bytes` of the user stack, for unwinding with DWARF CFI.
 pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32) -> io::Result<Counter> {
-    let hardware = crate::metrics::Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES).check_available().is_ok();
-    let mut builder = if hardware { Builder::new(perf_event::events::Hardware::CPU_CYCLES) } else { Builder::new(Software::CPU_CLOCK) };
+    let mut builder = sampling_event();
     base(&mut builder, target);
+    sample_stacks(&mut builder, frequency, stack_bytes);
+    builder.build()
+}
+
+/// Opens a sampling event as [`open_stack_sampler`] does, but on CPU `cpu`
+/// whatever runs there (idle excepted), with `filter` (see
+/// [`crate::sampled_processes`]) keeping the samples of the processes a
+/// recording samples. Enabled at once.
+pub fn open_cpu_stack_sampler(cpu: usize, frequency: u64, stack_bytes: u32, filter: BorrowedFd<'_>) -> io::Result<Counter> {
+    let mut builder = sampling_event();
+    builder.any_pid().one_cpu(cpu).exclude_idle(true).clockid(Clock::MONOTONIC).sample_id_all(true).enabled(true);
+    sample_stacks(&mut builder, frequency, stack_bytes);
+    let event = builder.build()?;
+    // SAFETY: an open sampling event and a loaded program's descriptor.
+    if unsafe { perf_event_open_sys::ioctls::SET_BPF(event.as_raw_fd(), filter.as_raw_fd() as u32) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(event)
+}
+
+/// Hardware cycles where the machine counts them, else the cpu-clock.
+fn sampling_event() -> Builder<'static> {
+    let hardware = crate::metrics::Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES).check_available().is_ok();
+    if hardware { Builder::new(perf_event::events::Hardware::CPU_CYCLES) } else { Builder::new(Software::CPU_CLOCK) }
+}
+
+/// A stack sampler's layout, rate and copies, for any target (after what
+/// [`base`] sets).
+fn sample_stacks(builder: &mut Builder<'_>, frequency: u64, stack_bytes: u32) {
     // Exactly this layout (the builder's sample() adds to what base() set).
     builder.attrs_mut().sample_type = STACK_SAMPLE_FLAGS.bits();
     builder
@@ -233,7 +261,6 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
         // be observed.
         .exclude_kernel(!kernel_observable());
     read_kernel_symbols_ahead();
-    builder.build()
 }
 
 /// Starts reading the kernel's function names on a thread of their own, if

@@ -11,6 +11,7 @@ use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
 use proftap_probes::perf::{self, CounterGroup, EventTarget, RingBuffer};
 use proftap_probes::plan::{ProbedFunction, Role};
+use proftap_probes::sampled_processes::SampledProcesses;
 use proftap_probes::tracefs::{DefinedGroup, ProbeKind, UprobeSpec};
 use rustc_hash::FxHashMap;
 use std::collections::HashSet;
@@ -156,6 +157,16 @@ pub(crate) struct PerfEvents {
     buffer_bytes: usize,
     /// Sideband events also report every context switch.
     pub switches: bool,
+    /// Stacks sampled on every CPU for the recording's processes, where
+    /// the kernel lets proftap load the filter; else on each task.
+    cpu_sampling: Option<CpuSampling>,
+}
+
+/// Stack samplers on every CPU (see [`proftap_probes::sampled_processes`]),
+/// opened with the first task's rings.
+struct CpuSampling {
+    processes: SampledProcesses,
+    opened: bool,
 }
 
 impl PerfEvents {
@@ -176,6 +187,7 @@ impl PerfEvents {
             // An unprivileged user's rings fit their share of locked memory.
             buffer_bytes: proftap_probes::perf::unprivileged_ring_bytes().map_or(buffer_bytes, |most| buffer_bytes.min(most)),
             switches: false,
+            cpu_sampling: sampling.and_then(|_| SampledProcesses::load().ok()).map(|processes| CpuSampling { processes, opened: false }),
         }
     }
 
@@ -249,11 +261,35 @@ impl PerfEvents {
                 }
             }
         }
+        self.sample_on_cpus(pid, enable_on_exec)?;
         let owners: Vec<&Counter> = self.buffers.iter().flatten().map(RingBuffer::owner).collect();
         let target = Task { pid, enable_on_exec, of_tasks: 1 };
         let probes = self.probe_events(None);
-        let opened = open_on(&self.cpus, &probes, &self.metrics, self.sampling, true, target, &owners)?;
+        let per_task_sampling = self.sampling.filter(|_| self.cpu_sampling.is_none());
+        let opened = open_on(&self.cpus, &probes, &self.metrics, per_task_sampling, true, target, &owners)?;
         self.take_opened(opened);
+        Ok(())
+    }
+
+    /// Where stacks are sampled on every CPU: samples task `pid`'s process
+    /// (from its `exec` with `enable_on_exec`), opening the samplers into
+    /// the rings at the first task.
+    fn sample_on_cpus(&mut self, pid: i32, enable_on_exec: bool) -> Result<(), RecordError> {
+        let (Some(cpu_sampling), Some((frequency, stack_bytes))) = (&mut self.cpu_sampling, self.sampling) else { return Ok(()) };
+        let process = proftap_probes::procfs::process_of_thread(pid as u32).unwrap_or(pid as u32);
+        cpu_sampling.processes.add(process, enable_on_exec).map_err(|e| perf_error(format!("process {process}"), e, 0))?;
+        if cpu_sampling.opened {
+            return Ok(());
+        }
+        cpu_sampling.opened = true;
+        for (slot, &cpu) in self.cpus.iter().enumerate() {
+            let Some(buffer) = &self.buffers[slot] else { continue };
+            let err = |e| perf_error(format!("CPU {cpu}"), e, 0);
+            let sampler = perf::open_cpu_stack_sampler(cpu, frequency, stack_bytes, cpu_sampling.processes.filter()).map_err(err)?;
+            perf::set_output(&sampler, buffer.owner()).map_err(err)?;
+            self.sources.insert(sampler.id(), Source::Stacks);
+            self.sidebands.push(sampler);
+        }
         Ok(())
     }
 
