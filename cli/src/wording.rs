@@ -295,6 +295,11 @@ fn finding_sentence(finding: &Finding) -> String {
             if *children == 1 { "its" } else { "their" },
             if *children == 1 { "its" } else { "their" },
         ),
+        Finding::ChildrenUnsampled { children } => format!(
+            "{} not sampled: the kernel's list of the processes sampled was full ({} at once)",
+            counted(*children, "forked process was", "forked processes were"),
+            proftap_probes::sampled_processes::MOST_PROCESSES
+        ),
         Finding::OffCpuUnmapped { pages } => format!(
             "the time off CPU of some threads could not be read ({}): the program closed or replaced the descriptor proftap left it to read them from, so their CPU times are their wall times; -e wall records without CPU time",
             counted(*pages, "range of 256 thread ids", "ranges of 256 thread ids")

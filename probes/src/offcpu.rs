@@ -32,8 +32,8 @@
 //! it once and lends the array to its sessions.
 
 use crate::bpf::{
-    BPF_F_MMAPABLE, BPF_MAP_CREATE, BPF_MAP_FREEZE, BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_RAW_TRACEPOINT, BPF_PROG_TYPE_TRACEPOINT, attach_raw,
-    bpf, bpf_call, context, insn, load_program, op,
+    BPF_F_MMAPABLE, BPF_MAP_CREATE, BPF_MAP_FREEZE, BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_RAW_TRACEPOINT, BPF_PROG_TYPE_TRACEPOINT, Code,
+    attach_raw, bpf, bpf_call, context, insn, load_program, op,
 };
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -78,95 +78,41 @@ impl Drop for Loaded {
     }
 }
 
-/// A program being written, whose forward jumps to its end are placed
-/// when it is finished.
-struct Program {
-    code: Vec<u64>,
-    to_end: Vec<usize>,
+/// A program of this module's: r6 = the context, r7 = now (ns).
+fn program() -> Code {
+    let mut p = Code::new();
+    p.push([insn(op::MOV_X, 6, 1, 0, 0), insn(op::CALL, 0, 0, 0, op::KTIME_GET_NS), insn(op::MOV_X, 7, 0, 0, 0)]);
+    p
 }
 
-impl Program {
-    /// r6 = the context, r7 = now (ns).
-    fn new() -> Program {
-        let code = vec![insn(op::MOV_X, 6, 1, 0, 0), insn(op::CALL, 0, 0, 0, op::KTIME_GET_NS), insn(op::MOV_X, 7, 0, 0, 0)];
-        Program { code, to_end: Vec::new() }
-    }
+/// fp-4 = the pid at `offset` of a tracepoint record.
+fn pid_from_record(p: &mut Code, offset: i16) {
+    p.push([insn(op::LDX_W, 1, 6, offset, 0), insn(op::STX_W, 10, 1, -4, 0)]);
+}
 
-    fn push(&mut self, code: impl IntoIterator<Item = u64>) {
-        self.code.extend(code);
-    }
+/// fp-4 = the pid of the task whose pointer is the raw tracepoint's
+/// argument at `argument` (bytes); r8 = the CPU time the kernel has
+/// given it. Both read with `bpf_probe_read_kernel`.
+fn task(p: &mut Code, argument: i16, fields: TaskFields) {
+    p.read_field(argument, fields.pid, 4, -4);
+    p.read_field(argument, fields.cpu_time, 8, -16);
+    p.push([insn(op::LDX_DW, 8, 10, -16, 0)]);
+}
 
-    /// Jumps to the end when `register` compares to `value` by `jump`.
-    fn end_if(&mut self, jump: u8, register: u8, value: i32) {
-        self.to_end.push(self.code.len());
-        self.code.push(insn(jump, register, 0, 0, value));
-    }
+/// Ends the program by setting the entry of the task at raw tracepoint
+/// argument `argument` from its own CPU time: on a CPU now, and off
+/// CPU for the clock now less the CPU time the kernel gave it.
+fn set_from_task(mut p: Code, map: i32, argument: i16, fields: TaskFields) -> Vec<u64> {
+    task(&mut p, argument, fields);
+    p.look_up(map, -4);
+    now_on_cpu(&mut p, 2);
+    p.push([insn(op::STX_DW, 0, 2, 8, 0), insn(op::MOV_X, 2, 7, 0, 0), insn(op::SUB_X, 2, 8, 0, 0), insn(op::STX_DW, 0, 2, 0, 0)]);
+    p.finish(&[])
+}
 
-    /// r0 = the entry of the pid at fp-4; to the end when there is none.
-    fn look_up(&mut self, map: i32) {
-        self.push([
-            insn(op::LD_DW_IMM, 1, op::PSEUDO_MAP_FD, 0, map),
-            0,
-            insn(op::MOV_X, 2, 10, 0, 0),
-            insn(op::ADD_K, 2, 0, 0, -4),
-            insn(op::CALL, 0, 0, 0, op::MAP_LOOKUP_ELEM),
-        ]);
-        self.end_if(op::JEQ_K, 0, 0);
-    }
-
-    /// fp-4 = the pid at `offset` of a tracepoint record.
-    fn pid_from_record(&mut self, offset: i16) {
-        self.push([insn(op::LDX_W, 1, 6, offset, 0), insn(op::STX_W, 10, 1, -4, 0)]);
-    }
-
-    /// fp-4 = the pid of the task whose pointer is the raw tracepoint's
-    /// argument at `argument` (bytes); r8 = the CPU time the kernel has
-    /// given it. Both read with `bpf_probe_read_kernel`.
-    fn task(&mut self, argument: i16, fields: TaskFields) {
-        self.task_field(argument, fields.pid, 4, -4);
-        self.task_field(argument, fields.cpu_time, 8, -16);
-        self.push([insn(op::LDX_DW, 8, 10, -16, 0)]);
-    }
-
-    /// `bytes` at `offset` of the task at raw tracepoint argument
-    /// `argument`, to the stack at `stack`.
-    fn task_field(&mut self, argument: i16, offset: i32, bytes: i32, stack: i16) {
-        self.push([
-            insn(op::LDX_DW, 3, 6, argument, 0),
-            insn(op::ADD_K, 3, 0, 0, offset),
-            insn(op::MOV_X, 1, 10, 0, 0),
-            insn(op::ADD_K, 1, 0, 0, i32::from(stack)),
-            insn(op::MOV_K, 2, 0, 0, bytes),
-            insn(op::CALL, 0, 0, 0, op::PROBE_READ_KERNEL),
-        ]);
-        self.end_if(op::JNE_K, 0, 0);
-    }
-
-    /// Ends the program by setting the entry of the task at raw tracepoint
-    /// argument `argument` from its own CPU time: on a CPU now, and off
-    /// CPU for the clock now less the CPU time the kernel gave it.
-    fn set_from_task(mut self, map: i32, argument: i16, task: TaskFields) -> Vec<u64> {
-        self.task(argument, task);
-        self.look_up(map);
-        self.now_on_cpu(2);
-        self.push([insn(op::STX_DW, 0, 2, 8, 0), insn(op::MOV_X, 2, 7, 0, 0), insn(op::SUB_X, 2, 8, 0, 0), insn(op::STX_DW, 0, 2, 0, 0)]);
-        self.finish()
-    }
-
-    /// `register` = now, marked as a time on a CPU.
-    fn now_on_cpu(&mut self, register: u8) {
-        self.push([insn(op::MOV_K, register, 0, 0, 1), insn(op::LSH_K, register, 0, 0, 63), insn(op::OR_X, register, 7, 0, 0)]);
-    }
-
-    fn finish(mut self) -> Vec<u64> {
-        let end = self.code.len();
-        for at in self.to_end {
-            let forward = (end - at - 1) as u16;
-            self.code[at] |= u64::from(forward) << 16;
-        }
-        self.code.extend([insn(op::MOV_K, 0, 0, 0, 0), insn(op::EXIT, 0, 0, 0, 0)]);
-        self.code
-    }
+/// `register` = now, marked as a time on a CPU.
+fn now_on_cpu(p: &mut Code, register: u8) {
+    p.push([insn(op::MOV_K, register, 0, 0, 1), insn(op::LSH_K, register, 0, 0, 63), insn(op::OR_X, register, 7, 0, 0)]);
 }
 
 /// Marks an entry's second word as the time its thread came onto a CPU (or
@@ -218,9 +164,9 @@ enum Update {
 /// `task_struct`, the clock less the CPU time the kernel gave it; from the
 /// tracepoint's record, what it had plus how long it was away.
 fn switch_program(map: i32, switch: Switch) -> Vec<u64> {
-    let mut p = Program::new();
+    let mut p = program();
     match switch {
-        Switch::Record { prev_pid, .. } => p.pid_from_record(prev_pid),
+        Switch::Record { prev_pid, .. } => pid_from_record(&mut p, prev_pid),
         Switch::Raw { .. } => p.push([insn(op::CALL, 0, 0, 0, op::GET_CURRENT_PID_TGID), insn(op::STX_W, 10, 0, -4, 0)]),
     }
     p.push([
@@ -234,18 +180,18 @@ fn switch_program(map: i32, switch: Switch) -> Vec<u64> {
     ]);
     let next_pid = match switch {
         Switch::Record { next_pid, .. } => next_pid,
-        Switch::Raw(task) => return p.set_from_task(map, 16, task),
+        Switch::Raw(task) => return set_from_task(p, map, 16, task),
     };
-    p.pid_from_record(next_pid);
-    p.look_up(map);
+    pid_from_record(&mut p, next_pid);
+    p.look_up(map, -4);
     p.push([insn(op::LDX_DW, 1, 0, 8, 0)]);
-    p.now_on_cpu(2);
+    now_on_cpu(&mut p, 2);
     p.push([insn(op::STX_DW, 0, 2, 8, 0)]);
     p.end_if(op::JEQ_K, 1, 0);
     p.push([insn(op::MOV_X, 2, 1, 0, 0), insn(op::RSH_K, 2, 0, 0, ON_CPU as i32)]);
     p.end_if(op::JNE_K, 2, 0);
     p.push([insn(op::MOV_X, 2, 7, 0, 0), insn(op::SUB_X, 2, 1, 0, 0), insn(op::ATOMIC_DW, 0, 2, 0, op::ATOMIC_ADD)]);
-    p.finish()
+    p.finish(&[])
 }
 
 /// The program on `sched_stat_runtime`, which the scheduler raises as it
@@ -261,19 +207,19 @@ fn switch_program(map: i32, switch: Switch) -> Vec<u64> {
 /// clocks disagree by microseconds now and then, which only a threshold
 /// tells from steal.
 fn runtime_program(map: i32, update: Update) -> Vec<u64> {
-    let mut p = Program::new();
+    let mut p = program();
     match update {
         Update::Record { pid, runtime } => {
-            p.pid_from_record(pid);
+            pid_from_record(&mut p, pid);
             p.push([insn(op::LDX_DW, 8, 6, runtime, 0)]);
         }
         Update::Raw(task) if !task.cpu_time_added_first => {
-            p.task_field(0, task.pid, 4, -4);
+            p.read_field(0, task.pid, 4, -4);
             p.push([insn(op::LDX_DW, 8, 6, 8, 0)]);
         }
-        Update::Raw(task) => return p.set_from_task(map, 0, task),
+        Update::Raw(task) => return set_from_task(p, map, 0, task),
     }
-    p.look_up(map);
+    p.look_up(map, -4);
     // r4: 1 when the entry has the thread on a CPU, 0 when it has it gone.
     p.push([insn(op::LDX_DW, 1, 0, 8, 0), insn(op::MOV_X, 4, 1, 0, 0), insn(op::RSH_K, 4, 0, 0, ON_CPU as i32)]);
     p.end_if(op::JEQ_K, 1, 0);
@@ -284,7 +230,7 @@ fn runtime_program(map: i32, update: Update) -> Vec<u64> {
         insn(op::SUB_X, 2, 1, 0, 0),
         insn(op::SUB_X, 2, 8, 0, 0),
     ]);
-    p.now_on_cpu(3);
+    now_on_cpu(&mut p, 3);
     p.push([insn(op::STX_DW, 0, 3, 8, 0)]);
     // On a CPU: a stretch past the clocks' disagreement is steal. Gone:
     // the thread came back `runtime` ago, unseen, and was off CPU from
@@ -293,7 +239,7 @@ fn runtime_program(map: i32, update: Update) -> Vec<u64> {
     p.end_if(op::JSLE_K, 2, STEAL_NOISE_NS);
     p.end_if(op::JSLE_K, 2, 0);
     p.push([insn(op::ATOMIC_DW, 0, 2, 0, op::ATOMIC_ADD)]);
-    p.finish()
+    p.finish(&[])
 }
 
 /// A tracepoint's id and its record's format.

@@ -225,10 +225,12 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
 /// Opens a sampling event as [`open_stack_sampler`] does, but on CPU `cpu`
 /// whatever runs there (idle excepted), with `filter` (see
 /// [`crate::sampled_processes`]) keeping the samples of the processes a
-/// recording samples. Enabled at once.
+/// recording samples. Disabled: enable it once its output is set.
 pub fn open_cpu_stack_sampler(cpu: usize, frequency: u64, stack_bytes: u32, filter: BorrowedFd<'_>) -> io::Result<Counter> {
     let mut builder = sampling_event();
-    builder.any_pid().one_cpu(cpu).exclude_idle(true).clockid(Clock::MONOTONIC).sample_id_all(true).enabled(true);
+    // Not `exclude_idle`, which some processors' counters refuse: the
+    // filter drops the idle task's samples (no process of a recording's).
+    builder.any_pid().one_cpu(cpu).clockid(Clock::MONOTONIC).sample_id_all(true).enabled(false);
     sample_stacks(&mut builder, frequency, stack_bytes);
     let event = builder.build()?;
     // SAFETY: an open sampling event and a loaded program's descriptor.
@@ -346,6 +348,13 @@ pub fn parse_mmap2(body: &[u8]) -> Option<(u32, u64, u64, u64, String)> {
 pub fn set_output(event: &Counter, buffer: &Counter) -> io::Result<()> {
     // SAFETY: both are open perf event fds; the ioctl takes an fd argument.
     let rc = unsafe { perf_event_open_sys::ioctls::SET_OUTPUT(event.as_raw_fd(), buffer.as_raw_fd()) };
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Enables an event now.
+pub fn enable(event: &Counter) -> io::Result<()> {
+    // SAFETY: an open perf event fd; ENABLE takes no argument.
+    let rc = unsafe { perf_event_open_sys::ioctls::ENABLE(event.as_raw_fd(), 0) };
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 

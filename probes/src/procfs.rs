@@ -29,12 +29,6 @@ pub struct Mapping {
     pub path: Option<String>,
 }
 
-/// The process thread `tid` belongs to (`Tgid` in its status).
-pub fn process_of_thread(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
-}
-
 /// The number the kernel setting `name` (under `/proc/sys`, as
 /// "kernel/pid_max") holds, if it can be read.
 pub fn sysctl_number(name: &str) -> Option<u64> {

@@ -15,26 +15,31 @@
 //! The processes are kept in a hash map by process id, and the kernel
 //! keeps it as they come and go: a process forked by one of them is added
 //! before it first runs (`sched_process_fork`), and each is removed as its
-//! main thread exits (`sched_process_exit`), before its id can be given to
-//! another process. A process added before it executes the program
-//! (`proftap run`) is sampled from its `exec` on (`sched_process_exec`), as
-//! a per-thread event enabled on exec would be.
+//! last thread exits (`sched_process_exit` with no thread of its process
+//! left alive), before its id can be given to another process. A process
+//! added before it executes the program (`proftap run`) is sampled from
+//! its `exec` on (`sched_process_exec`), as a per-thread event enabled on
+//! exec would be. Processes forked past the map's room are not sampled,
+//! and counted ([`SampledProcesses::not_sampled`]).
 //!
-//! Loading it needs `CAP_BPF` and `CAP_PERFMON` (root). proftapd's
-//! workers, which keep `CAP_PERFMON` only, sample each thread instead:
-//! an event on a thread is what the kernel stops at an `exec` that gains
-//! privileges, which a program deciding by process id alone would not do.
+//! Loading it needs `CAP_BPF` and `CAP_PERFMON` (root), and proftap in the
+//! machine's own pid namespace, whose ids the kernel's programs see.
+//! proftapd's workers, which keep `CAP_PERFMON` only, sample each thread
+//! instead: an event on a thread is what the kernel stops at an `exec`
+//! that gains privileges, which a program deciding by process id alone
+//! does not do (a root recording goes on sampling a setuid program its
+//! target executes, as root may).
 
 use crate::bpf::{
-    BPF_MAP_CREATE, BPF_MAP_TYPE_HASH, BPF_MAP_UPDATE_ELEM, BPF_PROG_TYPE_PERF_EVENT, BPF_PROG_TYPE_RAW_TRACEPOINT, attach_raw, bpf,
-    bpf_call, context, insn, load_program, op,
+    BPF_MAP_CREATE, BPF_MAP_DELETE_ELEM, BPF_MAP_LOOKUP_ELEM, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH, BPF_MAP_UPDATE_ELEM,
+    BPF_PROG_TYPE_PERF_EVENT, BPF_PROG_TYPE_RAW_TRACEPOINT, Code, attach_raw, bpf, bpf_call, context, insn, load_program, map_and_key, op,
 };
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 
-/// Processes of one recording alive at once that the map holds; a process
-/// forked past them is not sampled.
-const MOST_PROCESSES: u64 = 1 << 15;
+/// Processes of one recording alive at once that the map holds.
+pub const MOST_PROCESSES: u64 = 1 << 15;
 
 /// A process's state in the map: sampled, or waiting for its `exec`.
 const SAMPLED: u32 = 1;
@@ -42,9 +47,24 @@ const BEFORE_EXEC: u32 = 0;
 
 const PROGRAM: &str = "the sampled processes' program";
 
+/// The inode of the machine's own pid namespace (`PROC_PID_INIT_INO`).
+const INIT_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+/// Where the kernel keeps what the programs read (from its BTF).
+struct Fields {
+    /// `task_struct.tgid`: a task's process id.
+    tgid: i32,
+    /// `task_struct.signal`, then `signal_struct.live`: the threads of
+    /// its process not yet exiting.
+    signal: i32,
+    live: i32,
+}
+
 /// The processes a recording samples, and the programs that keep them.
 pub struct SampledProcesses {
     map: OwnedFd,
+    /// One counter: processes forked past the map's room.
+    not_sampled: OwnedFd,
     filter: OwnedFd,
     /// The fork, exec and exit programs' links: they run while these are open.
     links: Vec<OwnedFd>,
@@ -58,40 +78,53 @@ impl Drop for SampledProcesses {
 
 impl SampledProcesses {
     /// Creates the map, empty, and loads the programs; an error where BPF
-    /// is not allowed or the kernel's BTF does not say where a task keeps
-    /// its process id.
+    /// is not allowed, proftap is in a pid namespace of its own, or the
+    /// kernel's BTF does not say where a task keeps what they read.
     pub fn load() -> io::Result<SampledProcesses> {
-        let tgid = crate::btf::read_kernel(|btf| crate::btf::member_offset(btf, "task_struct", "tgid"))
-            .and_then(|o| i32::try_from(o).ok())
-            .ok_or_else(|| io::Error::other("the kernel's BTF does not say where a task keeps its process id"))?;
-        let mut attr = [0u64; 16];
-        attr[0] = u64::from(BPF_MAP_TYPE_HASH) | (4 << 32);
-        attr[1] = 4 | (MOST_PROCESSES << 32);
-        let map = bpf(BPF_MAP_CREATE, &mut attr).map_err(|e| context("cannot create the map of sampled processes", e))?;
-        let fd = map.as_raw_fd();
+        if std::fs::metadata("/proc/self/ns/pid")?.ino() != INIT_PID_NAMESPACE {
+            return Err(io::Error::other("proftap runs in a pid namespace of its own"));
+        }
+        let fields = crate::btf::read_kernel(|btf| {
+            let offset = |structure, member| crate::btf::member_offset(btf, structure, member).and_then(|o| i32::try_from(o).ok());
+            Some(Fields {
+                tgid: offset("task_struct", "tgid")?,
+                signal: offset("task_struct", "signal")?,
+                live: offset("signal_struct", "live")?,
+            })
+        })
+        .ok_or_else(|| io::Error::other("the kernel's BTF does not say where a task keeps its process"))?;
+        let map = create_map(BPF_MAP_TYPE_HASH, MOST_PROCESSES, "the map of sampled processes")?;
+        let not_sampled = create_map(BPF_MAP_TYPE_ARRAY, 1, "the count of processes not sampled")?;
+        let (fd, count) = (map.as_raw_fd(), not_sampled.as_raw_fd());
         let filter = load_program(BPF_PROG_TYPE_PERF_EVENT, &filter_program(fd), PROGRAM)?;
         let mut links = Vec::new();
         for (tracepoint, code) in [
-            (c"sched_process_fork", fork_program(fd, tgid)),
+            (c"sched_process_fork", fork_program(fd, count, &fields)),
             (c"sched_process_exec", exec_program(fd)),
-            (c"sched_process_exit", exit_program(fd)),
+            (c"sched_process_exit", exit_program(fd, &fields)),
         ] {
             let program = load_program(BPF_PROG_TYPE_RAW_TRACEPOINT, &code, PROGRAM)?;
             // The link holds the program.
             links.push(attach_raw(tracepoint, &program, PROGRAM)?);
         }
-        Ok(SampledProcesses { map, filter, links })
+        Ok(SampledProcesses { map, not_sampled, filter, links })
     }
 
     /// Samples process `pid` (and the processes it forks from now on):
-    /// now, or from its next `exec` on when `after_exec`.
+    /// now, or from its next `exec` on when `after_exec`. A process that
+    /// ended meanwhile is taken out again, its id left to no other.
     pub fn add(&self, pid: u32, after_exec: bool) -> io::Result<()> {
-        let (key, value) = (pid, if after_exec { BEFORE_EXEC } else { SAMPLED });
+        let value = if after_exec { BEFORE_EXEC } else { SAMPLED };
         let mut attr = [0u64; 16];
         attr[0] = self.map.as_raw_fd() as u64;
-        attr[1] = &key as *const u32 as u64;
+        attr[1] = &pid as *const u32 as u64;
         attr[2] = &value as *const u32 as u64;
-        bpf_call(BPF_MAP_UPDATE_ELEM, &mut attr).map_err(|e| context(&format!("cannot sample process {pid}"), e))
+        bpf_call(BPF_MAP_UPDATE_ELEM, &mut attr).map_err(|e| context(&format!("cannot sample process {pid}"), e))?;
+        // Ended before it was added, the exit program did not take it out.
+        if !std::path::Path::new(&format!("/proc/{pid}/task/{pid}")).exists() {
+            let _ = bpf_call(BPF_MAP_DELETE_ELEM, &mut attr);
+        }
+        Ok(())
     }
 
     /// The program a sampling event runs on each sample: it keeps those of
@@ -99,63 +132,41 @@ impl SampledProcesses {
     pub fn filter(&self) -> BorrowedFd<'_> {
         self.filter.as_fd()
     }
-}
 
-/// Code with forward jumps to its end placed when it is finished.
-struct Code {
-    code: Vec<u64>,
-    to_end: Vec<usize>,
-}
-
-impl Code {
-    fn new() -> Code {
-        Code { code: Vec::new(), to_end: Vec::new() }
-    }
-
-    fn push(&mut self, code: impl IntoIterator<Item = u64>) {
-        self.code.extend(code);
-    }
-
-    /// Jumps to the end (`r0 = 0; exit`) when `register` compares to
-    /// `value` (a register for a `_X` jump) by `jump`.
-    fn end_if(&mut self, jump: u8, register: u8, value: i32) {
-        self.to_end.push(self.code.len());
-        let x = jump & 0x08 != 0;
-        self.code.push(if x { insn(jump, register, value as u8, 0, 0) } else { insn(jump, register, 0, 0, value) });
-    }
-
-    /// fp-4 = the current process's id; r0 = its state's address in the
-    /// map; to the end when it has none.
-    fn current_process(&mut self, map: i32) {
-        self.push([insn(op::CALL, 0, 0, 0, op::GET_CURRENT_PID_TGID), insn(op::RSH_K, 0, 0, 0, 32), insn(op::STX_W, 10, 0, -4, 0)]);
-        self.push(map_and_key(map, -4));
-        self.push([insn(op::CALL, 0, 0, 0, op::MAP_LOOKUP_ELEM)]);
-        self.end_if(op::JEQ_K, 0, 0);
-    }
-
-    /// The code, ending with `r0 = 0; exit`, after `ending` (which leaves r0).
-    fn finish(mut self, ending: &[u64]) -> Vec<u64> {
-        self.push(ending.iter().copied());
-        let end = self.code.len();
-        for at in self.to_end {
-            let offset = (end - at - 1) as i16;
-            self.code[at] = (self.code[at] & !(0xffff << 16)) | (u64::from(offset as u16) << 16);
-        }
-        self.code.extend([insn(op::MOV_K, 0, 0, 0, 0), insn(op::EXIT, 0, 0, 0, 0)]);
-        self.code
+    /// Processes forked by sampled ones that the map had no room for: they
+    /// were not sampled.
+    pub fn not_sampled(&self) -> u64 {
+        let (key, mut count) = (0u32, 0u64);
+        let mut attr = [0u64; 16];
+        attr[0] = self.not_sampled.as_raw_fd() as u64;
+        attr[1] = &key as *const u32 as u64;
+        attr[2] = &mut count as *mut u64 as u64;
+        bpf_call(BPF_MAP_LOOKUP_ELEM, &mut attr).map_or(0, |()| count)
     }
 }
 
-/// r1 = the map, r2 = the key on the stack at `key`.
-fn map_and_key(map: i32, key: i16) -> [u64; 4] {
-    [insn(op::LD_DW_IMM, 1, op::PSEUDO_MAP_FD, 0, map), 0, insn(op::MOV_X, 2, 10, 0, 0), insn(op::ADD_K, 2, 0, 0, i32::from(key))]
+/// A map of `entries` entries: a hash of 4-byte keys and values, or an
+/// array of 8-byte counters.
+fn create_map(kind: u32, entries: u64, what: &str) -> io::Result<OwnedFd> {
+    let value_bytes = if kind == BPF_MAP_TYPE_ARRAY { 8 } else { 4 };
+    let mut attr = [0u64; 16];
+    attr[0] = u64::from(kind) | (4 << 32);
+    attr[1] = value_bytes | (entries << 32);
+    bpf(BPF_MAP_CREATE, &mut attr).map_err(|e| context(&format!("cannot create {what}"), e))
+}
+
+/// fp-4 = the current process's id; r0 = its state's address in the map;
+/// to the end when it has none.
+fn current_process(code: &mut Code, map: i32) {
+    code.push([insn(op::CALL, 0, 0, 0, op::GET_CURRENT_PID_TGID), insn(op::RSH_K, 0, 0, 0, 32), insn(op::STX_W, 10, 0, -4, 0)]);
+    code.look_up(map, -4);
 }
 
 /// On each sample: 1 (kept) when the interrupted thread's process is
 /// sampled, else 0 (dropped before anything is copied).
 fn filter_program(map: i32) -> Vec<u64> {
     let mut code = Code::new();
-    code.current_process(map);
+    current_process(&mut code, map);
     code.push([insn(op::LDX_W, 1, 0, 0, 0)]);
     code.end_if(op::JNE_K, 1, SAMPLED as i32);
     code.finish(&[insn(op::MOV_K, 0, 0, 0, 1), insn(op::EXIT, 0, 0, 0, 0)])
@@ -163,23 +174,14 @@ fn filter_program(map: i32) -> Vec<u64> {
 
 /// `sched_process_fork(parent, child)`, in the parent: a new process (not
 /// a thread: its process id is not its parent's) of a sampled process
-/// takes its parent's state.
-fn fork_program(map: i32, tgid: i32) -> Vec<u64> {
+/// takes its parent's state; one the map has no room for is counted.
+fn fork_program(map: i32, not_sampled: i32, fields: &Fields) -> Vec<u64> {
     let mut code = Code::new();
     code.push([insn(op::MOV_X, 6, 1, 0, 0)]);
-    code.current_process(map);
-    code.push([
-        insn(op::LDX_W, 7, 0, 0, 0),
-        insn(op::STX_W, 10, 7, -12, 0),
-        // fp-8 = child->tgid
-        insn(op::LDX_DW, 3, 6, 8, 0),
-        insn(op::ADD_K, 3, 0, 0, tgid),
-        insn(op::MOV_X, 1, 10, 0, 0),
-        insn(op::ADD_K, 1, 0, 0, -8),
-        insn(op::MOV_K, 2, 0, 0, 4),
-        insn(op::CALL, 0, 0, 0, op::PROBE_READ_KERNEL),
-    ]);
-    code.end_if(op::JNE_K, 0, 0);
+    current_process(&mut code, map);
+    code.push([insn(op::LDX_W, 7, 0, 0, 0), insn(op::STX_W, 10, 7, -12, 0)]);
+    // fp-8 = child->tgid
+    code.read_field(8, fields.tgid, 4, -8);
     code.push([insn(op::LDX_W, 1, 10, -8, 0), insn(op::LDX_W, 2, 10, -4, 0)]);
     code.end_if(op::JEQ_X, 1, 2);
     code.push(map_and_key(map, -8));
@@ -189,6 +191,10 @@ fn fork_program(map: i32, tgid: i32) -> Vec<u64> {
         insn(op::MOV_K, 4, 0, 0, 0),
         insn(op::CALL, 0, 0, 0, op::MAP_UPDATE_ELEM),
     ]);
+    code.end_if(op::JEQ_K, 0, 0);
+    code.push([insn(op::MOV_K, 1, 0, 0, 0), insn(op::STX_W, 10, 1, -16, 0)]);
+    code.look_up(not_sampled, -16);
+    code.push([insn(op::MOV_K, 1, 0, 0, 1), insn(op::ATOMIC_DW, 0, 1, 0, op::ATOMIC_ADD)]);
     code.finish(&[])
 }
 
@@ -196,25 +202,134 @@ fn fork_program(map: i32, tgid: i32) -> Vec<u64> {
 /// sampled from now on.
 fn exec_program(map: i32) -> Vec<u64> {
     let mut code = Code::new();
-    code.current_process(map);
+    current_process(&mut code, map);
     code.push([insn(op::MOV_K, 1, 0, 0, SAMPLED as i32), insn(op::STX_W, 0, 1, 0, 0)]);
     code.finish(&[])
 }
 
-/// `sched_process_exit`, in the thread exiting: a process's main thread
-/// takes the process out (its id is not given again before that).
-fn exit_program(map: i32) -> Vec<u64> {
+/// `sched_process_exit(task, ...)`, in the thread exiting: the last thread
+/// of a process (none left alive: the kernel counts it out before the
+/// tracepoint) takes the process out. Not its first thread alone, which a
+/// program may end while others go on, or which an `exec` from another
+/// thread ends.
+fn exit_program(map: i32, fields: &Fields) -> Vec<u64> {
     let mut code = Code::new();
-    code.push([
-        insn(op::CALL, 0, 0, 0, op::GET_CURRENT_PID_TGID),
-        insn(op::MOV_X, 1, 0, 0, 0),
-        insn(op::RSH_K, 1, 0, 0, 32),
-        insn(op::LSH_K, 0, 0, 0, 32),
-        insn(op::RSH_K, 0, 0, 0, 32),
-    ]);
-    code.end_if(op::JNE_X, 0, 1);
-    code.push([insn(op::STX_W, 10, 1, -4, 0)]);
+    code.push([insn(op::MOV_X, 6, 1, 0, 0)]);
+    // fp-16 = task->signal, then fp-8 = signal->live
+    code.read_field(0, fields.signal, 8, -16);
+    code.push([insn(op::LDX_DW, 3, 10, -16, 0), insn(op::ADD_K, 3, 0, 0, fields.live)]);
+    code.read_at(4, -8);
+    code.push([insn(op::LDX_W, 1, 10, -8, 0)]);
+    code.end_if(op::JNE_K, 1, 0);
+    code.push([insn(op::CALL, 0, 0, 0, op::GET_CURRENT_PID_TGID), insn(op::RSH_K, 0, 0, 0, 32), insn(op::STX_W, 10, 0, -4, 0)]);
     code.push(map_and_key(map, -4));
     code.push([insn(op::CALL, 0, 0, 0, op::MAP_DELETE_ELEM)]);
     code.finish(&[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    /// The programs loaded here; `None`, said, where BPF is not allowed.
+    fn loaded() -> Option<SampledProcesses> {
+        let sampled = SampledProcesses::load();
+        if let Err(e) = &sampled {
+            assert!(std::env::var_os("PROFTAP_TESTS_STRICT").is_none() || !nix::unistd::geteuid().is_root(), "BPF works as root here: {e}");
+            eprintln!("skipped: {e}");
+        }
+        sampled.ok()
+    }
+
+    /// Process `pid`'s state in the map, if it is there.
+    fn state(sampled: &SampledProcesses, pid: u32) -> Option<u32> {
+        let mut value = 0u32;
+        let mut attr = [0u64; 16];
+        attr[0] = sampled.map.as_raw_fd() as u64;
+        attr[1] = &pid as *const u32 as u64;
+        attr[2] = &mut value as *mut u32 as u64;
+        bpf_call(BPF_MAP_LOOKUP_ELEM, &mut attr).ok().map(|()| value)
+    }
+
+    /// A process added is kept, a process it forks is added with its state
+    /// (waiting for its exec, then sampled from it), a thread it starts is
+    /// not a process, and each leaves as it ends; the map's room was not
+    /// outrun.
+    #[test]
+    fn processes_are_kept_from_fork_or_exec_to_their_end() {
+        let Some(sampled) = loaded() else { return };
+        // A shell that forks a child (the subshell) which waits on stdin.
+        let mut shell =
+            Command::new("sh").args(["-c", "read line; (read line; echo $$ >/dev/null); read line"]).stdin(Stdio::piped()).spawn().unwrap();
+        let shell_pid = shell.id();
+        // Waiting for its first line: past its exec, which a spawn may
+        // return before the end of.
+        while !std::fs::read_to_string(format!("/proc/{shell_pid}/stat")).unwrap_or_default().contains(") S ") {
+            std::thread::yield_now();
+        }
+        sampled.add(shell_pid, true).unwrap();
+        assert_eq!(state(&sampled, shell_pid), Some(BEFORE_EXEC));
+        let stdin = shell.stdin.as_mut().unwrap();
+        use std::io::Write;
+        stdin.write_all(b"1\n").unwrap();
+        stdin.flush().unwrap();
+        // The subshell, forked after the shell read its line.
+        let child = loop {
+            let children = std::fs::read_to_string(format!("/proc/{shell_pid}/task/{shell_pid}/children")).unwrap_or_default();
+            if let Some(child) = children.split_whitespace().next() {
+                break child.parse::<u32>().unwrap();
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(state(&sampled, child), Some(BEFORE_EXEC), "forked before any exec: its parent's state");
+        // A thread of a process sampled is no process of the map's.
+        let own = nix::unistd::getpid().as_raw() as u32;
+        sampled.add(own, false).unwrap();
+        let thread = std::thread::spawn(|| nix::unistd::gettid().as_raw() as u32).join().unwrap();
+        assert_eq!((state(&sampled, own), state(&sampled, thread)), (Some(SAMPLED), None));
+        stdin.write_all(b"2\n3\n").unwrap();
+        drop(shell.stdin.take());
+        assert!(shell.wait().unwrap().success());
+        assert_eq!(state(&sampled, child), None, "ended");
+        assert_eq!(state(&sampled, shell_pid), None, "ended");
+        assert_eq!(sampled.not_sampled(), 0);
+
+        // Added as it runs, a process is sampled at once; its exec keeps it so.
+        let mut sleeper = Command::new("sh").args(["-c", "read line; exec sleep 30"]).stdin(Stdio::piped()).spawn().unwrap();
+        let pid = sleeper.id();
+        sampled.add(pid, false).unwrap();
+        sleeper.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        drop(sleeper.stdin.take());
+        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim() != "sleep" {
+            std::thread::yield_now();
+        }
+        assert_eq!(state(&sampled, pid), Some(SAMPLED));
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
+        assert_eq!(state(&sampled, pid), None, "killed");
+    }
+
+    /// A process whose first thread ends while another goes on stays
+    /// sampled until its last thread ends.
+    #[test]
+    fn a_process_stays_while_any_thread_of_it_lives() {
+        let Some(sampled) = loaded() else { return };
+        // Its first thread ends through pthread_exit (ctypes lets go of
+        // the interpreter's lock around it); the other reads stdin.
+        let script = "import ctypes, os, threading\n\
+                      threading.Thread(target=lambda: os.read(0, 1)).start()\n\
+                      ctypes.CDLL(None).pthread_exit(None)\n";
+        let mut python = Command::new("python3").args(["-c", script]).stdin(Stdio::piped()).spawn().unwrap();
+        let pid = python.id();
+        sampled.add(pid, false).unwrap();
+        while !std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).unwrap_or_default().contains(") Z") {
+            std::thread::yield_now();
+        }
+        assert!(std::path::Path::new(&format!("/proc/{pid}/task")).read_dir().unwrap().count() == 2, "a thread of it still runs");
+        assert_eq!(state(&sampled, pid), Some(SAMPLED), "a thread of it still runs");
+        drop(python.stdin.take());
+        assert!(python.wait().unwrap().success());
+        assert_eq!(state(&sampled, pid), None, "ended");
+    }
 }

@@ -294,6 +294,12 @@ pub enum Finding {
         /// How many.
         children: u64,
     },
+    /// Processes forked while the kernel's map of the processes sampled
+    /// on every CPU was full: their stacks were not sampled.
+    ChildrenUnsampled {
+        /// How many.
+        children: u64,
+    },
     /// Pages of the off-CPU array (256 thread ids each) a patched process
     /// could not map, as the program had closed or replaced the descriptor
     /// proftap left it: the CPU times of its threads there count their

@@ -822,6 +822,9 @@ impl<'a> Driver<'a> {
         let inject =
             self.inject.take().map(|source| source.finish(end, options.metrics.len(), compensation, counted_lines, held_back, &names));
         let uprobes = self.uprobes.finish();
+        if uprobes.unsampled_children > 0 {
+            self.notes.push(Finding::ChildrenUnsampled { children: uprobes.unsampled_children }.into());
+        }
         // The engine has read the off-CPU times: the last user of the array.
         let off_cpu = self.off_cpu.take().map(|o| Box::new(o) as Box<dyn Send>);
         let closing = Closing::start(std::iter::once(Box::new(uprobes.withdrawn) as Box<dyn Send>).chain(off_cpu).collect());

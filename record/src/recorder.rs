@@ -562,7 +562,7 @@ fn attach(
     let frozen = if held.is_some() { None } else { Some(Frozen::freeze(pid)?) };
     let tids = held.unwrap_or_else(|| frozen.as_ref().map(Frozen::threads).unwrap_or_default());
     let threads = tids.iter().map(|&tid| (tid, target::thread_name(pid, tid))).collect();
-    uprobes.open_attached(&tids)?;
+    uprobes.open_attached(pid, &tids)?;
     let started_ns = monotonic_ns();
     drop(frozen);
     options.observer.event(RecordEvent::Started { pid, functions: functions as u64, attached: true });

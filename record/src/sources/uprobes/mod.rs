@@ -88,6 +88,8 @@ pub struct UprobesEnding {
     pub lost_samples: u64,
     /// Records that could not be read.
     pub malformed: u64,
+    /// Forked processes not sampled (see [`PerfEvents::unsampled_children`]).
+    pub unsampled_children: u64,
     /// The uprobes, out of the targets.
     pub withdrawn: Withdrawn,
 }
@@ -152,15 +154,15 @@ impl UprobeSource {
     /// Opens the events on a launched program, held before its `exec`: they
     /// start with it.
     pub fn open_launched(&mut self, pid: i32) -> Result<(), RecordError> {
-        self.events.open_task(pid, true)?;
+        self.events.open_task(pid, pid, true)?;
         self.start_reading();
         Ok(())
     }
 
-    /// Opens the events on each thread of a running process, held still.
-    pub fn open_attached(&mut self, threads: &[i32]) -> Result<(), RecordError> {
+    /// Opens the events on each thread of running process `pid`, held still.
+    pub fn open_attached(&mut self, pid: i32, threads: &[i32]) -> Result<(), RecordError> {
         for &tid in threads {
-            self.events.open_task(tid, false)?;
+            self.events.open_task(pid, tid, false)?;
         }
         self.start_reading();
         Ok(())
@@ -336,10 +338,16 @@ impl UprobeSource {
     pub fn finish(mut self) -> UprobesEnding {
         let lost_samples = self.events.lost_samples();
         let malformed = self.reader.as_ref().map_or(0, |r| r.malformed);
+        let unsampled_children = self.events.unsampled_children();
         let mut closing = self.reader.take().map(RingReader::into_open).unwrap_or_default();
         closing.extend(self.events.take_open());
         proftap_probes::perf::close_in_parallel(closing);
         self.unregistering.extend(self.events.withdraw());
-        UprobesEnding { lost_samples, malformed, withdrawn: Withdrawn { sets: std::mem::take(&mut self.unregistering) } }
+        UprobesEnding {
+            lost_samples,
+            malformed,
+            unsampled_children,
+            withdrawn: Withdrawn { sets: std::mem::take(&mut self.unregistering) },
+        }
     }
 }

@@ -242,9 +242,10 @@ impl PerfEvents {
         self.cpus.len() * (3 + (tracepoints + 1) * self.metrics.len())
     }
 
-    /// Opens every event on task `pid` (and, through inherit, what it
-    /// creates later), creating the ring buffers on the first task.
-    pub fn open_task(&mut self, pid: i32, enable_on_exec: bool) -> Result<(), RecordError> {
+    /// Opens every event on task `pid` of process `process` (and, through
+    /// inherit, what it creates later), creating the ring buffers on the
+    /// first task.
+    pub fn open_task(&mut self, process: i32, pid: i32, enable_on_exec: bool) -> Result<(), RecordError> {
         let need = self.descriptors_per_task();
         for (slot, &cpu) in self.cpus.iter().enumerate() {
             let target = EventTarget { pid, cpu, enable_on_exec };
@@ -261,7 +262,7 @@ impl PerfEvents {
                 }
             }
         }
-        self.sample_on_cpus(pid, enable_on_exec)?;
+        self.sample_on_cpus(process, enable_on_exec)?;
         let owners: Vec<&Counter> = self.buffers.iter().flatten().map(RingBuffer::owner).collect();
         let target = Task { pid, enable_on_exec, of_tasks: 1 };
         let probes = self.probe_events(None);
@@ -271,26 +272,30 @@ impl PerfEvents {
         Ok(())
     }
 
-    /// Where stacks are sampled on every CPU: samples task `pid`'s process
+    /// Where stacks are sampled on every CPU: samples process `process`
     /// (from its `exec` with `enable_on_exec`), opening the samplers into
-    /// the rings at the first task.
-    fn sample_on_cpus(&mut self, pid: i32, enable_on_exec: bool) -> Result<(), RecordError> {
+    /// the rings at the first task. Where they cannot all be opened, each
+    /// task is sampled instead.
+    fn sample_on_cpus(&mut self, process: i32, enable_on_exec: bool) -> Result<(), RecordError> {
         let (Some(cpu_sampling), Some((frequency, stack_bytes))) = (&mut self.cpu_sampling, self.sampling) else { return Ok(()) };
-        let process = proftap_probes::procfs::process_of_thread(pid as u32).unwrap_or(pid as u32);
-        cpu_sampling.processes.add(process, enable_on_exec).map_err(|e| perf_error(format!("process {process}"), e, 0))?;
-        if cpu_sampling.opened {
-            return Ok(());
+        if !cpu_sampling.opened {
+            let owners: Vec<(usize, &Counter)> =
+                self.cpus.iter().zip(&self.buffers).filter_map(|(&cpu, b)| Some((cpu, b.as_ref()?.owner()))).collect();
+            match open_cpu_samplers(&owners, frequency, stack_bytes, &cpu_sampling.processes) {
+                Ok(samplers) => {
+                    for sampler in samplers {
+                        self.sources.insert(sampler.id(), Source::Stacks);
+                        self.sidebands.push(sampler);
+                    }
+                    cpu_sampling.opened = true;
+                }
+                Err(_) => {
+                    self.cpu_sampling = None;
+                    return Ok(());
+                }
+            }
         }
-        cpu_sampling.opened = true;
-        for (slot, &cpu) in self.cpus.iter().enumerate() {
-            let Some(buffer) = &self.buffers[slot] else { continue };
-            let err = |e| perf_error(format!("CPU {cpu}"), e, 0);
-            let sampler = perf::open_cpu_stack_sampler(cpu, frequency, stack_bytes, cpu_sampling.processes.filter()).map_err(err)?;
-            perf::set_output(&sampler, buffer.owner()).map_err(err)?;
-            self.sources.insert(sampler.id(), Source::Stacks);
-            self.sidebands.push(sampler);
-        }
-        Ok(())
+        cpu_sampling.processes.add(process as u32, enable_on_exec).map_err(|e| perf_error(format!("process {process}"), e, 0))
     }
 
     /// Opens the probes of parts `numbers` on task `pid` (running, enabled
@@ -352,10 +357,36 @@ impl PerfEvents {
         }
     }
 
+    /// Processes forked while the map of the processes sampled on every
+    /// CPU was full: not sampled.
+    pub fn unsampled_children(&self) -> u64 {
+        self.cpu_sampling.as_ref().map_or(0, |c| c.processes.not_sampled())
+    }
+
     /// Samples lost on the current probe events, as the events count them.
     pub fn lost_samples(&self) -> u64 {
         self.parts.iter().flat_map(|p| &p.probes).map(|e| perf::lost_samples(&e.leader)).sum()
     }
+}
+
+/// A stack sampler on each CPU, writing into that CPU's ring (`owners`),
+/// enabled once all are open.
+fn open_cpu_samplers(
+    owners: &[(usize, &Counter)],
+    frequency: u64,
+    stack_bytes: u32,
+    processes: &SampledProcesses,
+) -> std::io::Result<Vec<Counter>> {
+    let mut samplers = Vec::new();
+    for &(cpu, owner) in owners {
+        let sampler = perf::open_cpu_stack_sampler(cpu, frequency, stack_bytes, processes.filter())?;
+        perf::set_output(&sampler, owner)?;
+        samplers.push(sampler);
+    }
+    for sampler in &samplers {
+        perf::enable(sampler)?;
+    }
+    Ok(samplers)
 }
 
 struct Opened {
