@@ -481,6 +481,11 @@ fn only_the_recordings_processes_are_sampled_on_every_cpu() {
     // Another process's samples would be unknown to the recording.
     let (unknown, all) = (folded.samples(|l| l.contains("[unknown")), folded.samples(|_| true));
     assert!(unknown * 100 <= all, "{}", folded.text);
+    // As root, and strict, this is the way stacks were sampled.
+    // SAFETY: geteuid(2) cannot fail.
+    if std::env::var_os("PROFTAP_TESTS_STRICT").is_some() && unsafe { libc::geteuid() } == 0 {
+        assert_eq!(report_json(&folded.profile)["samples"]["on_every_cpu"], true, "as root, stacks are sampled on every CPU");
+    }
     // The child's 50 M calls of work() take about a tenth of a second
     // (200 samples); the parent makes 10, and waits.
     let in_main = folded.samples(|l| l.starts_with("_start;__libc_start_main;__libc_start_call_main;main") && !l.contains("_[k]"));

@@ -296,7 +296,7 @@ fn finding_sentence(finding: &Finding) -> String {
             if *children == 1 { "its" } else { "their" },
         ),
         Finding::ChildrenUnsampled { children } => format!(
-            "{} not sampled: the kernel's list of the processes sampled was full ({} at once)",
+            "{} not sampled, nor the processes they forked: the kernel's list of the processes sampled had no room for them ({} at once)",
             counted(*children, "forked process was", "forked processes were"),
             proftap_probes::sampled_processes::MOST_PROCESSES
         ),

@@ -223,7 +223,7 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
 }
 
 /// Opens a sampling event as [`open_stack_sampler`] does, but on CPU `cpu`
-/// whatever runs there (idle excepted), with `filter` (see
+/// whatever runs there, with `filter` (see
 /// [`crate::sampled_processes`]) keeping the samples of the processes a
 /// recording samples. Disabled: enable it once its output is set.
 pub fn open_cpu_stack_sampler(cpu: usize, frequency: u64, stack_bytes: u32, filter: BorrowedFd<'_>) -> io::Result<Counter> {

@@ -120,9 +120,12 @@ impl SampledProcesses {
         attr[1] = &pid as *const u32 as u64;
         attr[2] = &value as *const u32 as u64;
         bpf_call(BPF_MAP_UPDATE_ELEM, &mut attr).map_err(|e| context(&format!("cannot sample process {pid}"), e))?;
-        // Ended before it was added, the exit program did not take it out.
-        if !std::path::Path::new(&format!("/proc/{pid}/task/{pid}")).exists() {
-            let _ = bpf_call(BPF_MAP_DELETE_ELEM, &mut attr);
+        // Ended, or ending, before it was added: the exit program may not
+        // take it out.
+        if !runs_on(pid) {
+            // The key alone: the kernel refuses a value with it.
+            attr[2] = 0;
+            bpf_call(BPF_MAP_DELETE_ELEM, &mut attr).map_err(|e| context(&format!("cannot take ended process {pid} out"), e))?;
         }
         Ok(())
     }
@@ -143,6 +146,22 @@ impl SampledProcesses {
         attr[2] = &mut count as *mut u64 as u64;
         bpf_call(BPF_MAP_LOOKUP_ELEM, &mut attr).map_or(0, |()| count)
     }
+}
+
+/// `PF_EXITING`, in a task's flags from its exit's start.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether process `pid` has a thread that has not begun to exit: one
+/// that will pass the exit program yet.
+fn runs_on(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // After the name: the state (field 3), then five more, then the flags.
+        let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+        let flags = fields.get(6).and_then(|f| f.parse::<u64>().ok()).unwrap_or(PF_EXITING);
+        !matches!(fields.first(), None | Some(&"Z") | Some(&"X") | Some(&"x")) && flags & PF_EXITING == 0
+    })
 }
 
 /// A map of `entries` entries: a hash of 4-byte keys and values, or an
@@ -252,36 +271,44 @@ mod tests {
         bpf_call(BPF_MAP_LOOKUP_ELEM, &mut attr).ok().map(|()| value)
     }
 
+    /// Waits until `done` holds, for ten seconds at most.
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "still waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Whether process `pid`'s first thread is in state `state`.
+    fn in_state(pid: u32, state: &str) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).unwrap_or_default().contains(&format!(") {state} "))
+    }
+
     /// A process added is kept, a process it forks is added with its state
     /// (waiting for its exec, then sampled from it), a thread it starts is
-    /// not a process, and each leaves as it ends; the map's room was not
-    /// outrun.
+    /// not a process, and each leaves as it ends.
     #[test]
     fn processes_are_kept_from_fork_or_exec_to_their_end() {
         let Some(sampled) = loaded() else { return };
+        use std::io::Write;
         // A shell that forks a child (the subshell) which waits on stdin.
         let mut shell =
             Command::new("sh").args(["-c", "read line; (read line; echo $$ >/dev/null); read line"]).stdin(Stdio::piped()).spawn().unwrap();
         let shell_pid = shell.id();
         // Waiting for its first line: past its exec, which a spawn may
         // return before the end of.
-        while !std::fs::read_to_string(format!("/proc/{shell_pid}/stat")).unwrap_or_default().contains(") S ") {
-            std::thread::yield_now();
-        }
+        wait_until("the shell's first read", || in_state(shell_pid, "S"));
         sampled.add(shell_pid, true).unwrap();
         assert_eq!(state(&sampled, shell_pid), Some(BEFORE_EXEC));
         let stdin = shell.stdin.as_mut().unwrap();
-        use std::io::Write;
         stdin.write_all(b"1\n").unwrap();
         stdin.flush().unwrap();
-        // The subshell, forked after the shell read its line.
-        let child = loop {
-            let children = std::fs::read_to_string(format!("/proc/{shell_pid}/task/{shell_pid}/children")).unwrap_or_default();
-            if let Some(child) = children.split_whitespace().next() {
-                break child.parse::<u32>().unwrap();
-            }
-            std::thread::yield_now();
-        };
+        let children = || std::fs::read_to_string(format!("/proc/{shell_pid}/task/{shell_pid}/children")).unwrap_or_default();
+        wait_until("the subshell", || !children().trim().is_empty());
+        let child: u32 = children().split_whitespace().next().unwrap().parse().unwrap();
+        // Listed as the parent's child a moment before the tracepoint.
+        wait_until("the subshell's entry", || state(&sampled, child).is_some());
         assert_eq!(state(&sampled, child), Some(BEFORE_EXEC), "forked before any exec: its parent's state");
         // A thread of a process sampled is no process of the map's.
         let own = nix::unistd::getpid().as_raw() as u32;
@@ -293,21 +320,41 @@ mod tests {
         assert!(shell.wait().unwrap().success());
         assert_eq!(state(&sampled, child), None, "ended");
         assert_eq!(state(&sampled, shell_pid), None, "ended");
-        assert_eq!(sampled.not_sampled(), 0);
 
-        // Added as it runs, a process is sampled at once; its exec keeps it so.
+        // Added to wait for its exec, a process is sampled from it on.
         let mut sleeper = Command::new("sh").args(["-c", "read line; exec sleep 30"]).stdin(Stdio::piped()).spawn().unwrap();
         let pid = sleeper.id();
-        sampled.add(pid, false).unwrap();
+        wait_until("the sleeper's first read", || in_state(pid, "S"));
+        sampled.add(pid, true).unwrap();
+        assert_eq!(state(&sampled, pid), Some(BEFORE_EXEC));
         sleeper.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
         drop(sleeper.stdin.take());
-        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim() != "sleep" {
-            std::thread::yield_now();
-        }
-        assert_eq!(state(&sampled, pid), Some(SAMPLED));
+        wait_until("sleep's exec", || std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim() == "sleep");
+        wait_until("the exec's tracepoint", || state(&sampled, pid) == Some(SAMPLED));
         sleeper.kill().unwrap();
         sleeper.wait().unwrap();
         assert_eq!(state(&sampled, pid), None, "killed");
+    }
+
+    /// A process forked while the map is full is counted, not sampled.
+    #[test]
+    fn processes_past_the_maps_room_are_counted() {
+        let Some(sampled) = loaded() else { return };
+        sampled.add(nix::unistd::getpid().as_raw() as u32, false).unwrap();
+        // Ids past any pid_max fill the rest.
+        for filler in 0..MOST_PROCESSES as u32 - 1 {
+            let (key, value) = (0x4000_0000 + filler, SAMPLED);
+            let mut attr = [0u64; 16];
+            attr[0] = sampled.map.as_raw_fd() as u64;
+            attr[1] = &key as *const u32 as u64;
+            attr[2] = &value as *const u32 as u64;
+            bpf_call(BPF_MAP_UPDATE_ELEM, &mut attr).unwrap();
+        }
+        assert_eq!(sampled.not_sampled(), 0);
+        let child = Command::new("true").spawn().unwrap().wait().unwrap();
+        assert!(child.success());
+        // Other tests of this process may fork meanwhile too.
+        assert!(sampled.not_sampled() >= 1);
     }
 
     /// A process whose first thread ends while another goes on stays
@@ -323,13 +370,24 @@ mod tests {
         let mut python = Command::new("python3").args(["-c", script]).stdin(Stdio::piped()).spawn().unwrap();
         let pid = python.id();
         sampled.add(pid, false).unwrap();
-        while !std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).unwrap_or_default().contains(") Z") {
-            std::thread::yield_now();
-        }
-        assert!(std::path::Path::new(&format!("/proc/{pid}/task")).read_dir().unwrap().count() == 2, "a thread of it still runs");
+        wait_until("the first thread's end", || in_state(pid, "Z"));
+        assert_eq!(std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count(), 2, "a thread of it still runs");
         assert_eq!(state(&sampled, pid), Some(SAMPLED), "a thread of it still runs");
         drop(python.stdin.take());
         assert!(python.wait().unwrap().success());
         assert_eq!(state(&sampled, pid), None, "ended");
+    }
+
+    /// Added as it ends (a thread past its exit's start, or none left), a
+    /// process is taken out at once.
+    #[test]
+    fn a_process_ended_before_it_was_added_is_taken_out() {
+        let Some(sampled) = loaded() else { return };
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        wait_until("its end", || in_state(pid, "Z"));
+        sampled.add(pid, false).unwrap();
+        assert_eq!(state(&sampled, pid), None);
+        child.wait().unwrap();
     }
 }

@@ -232,6 +232,7 @@ impl SampleProfile {
         }
         self.total = self.total.saturating_add(other.total);
         self.in_counting_stubs = self.in_counting_stubs.saturating_add(other.in_counting_stubs);
+        self.on_every_cpu &= other.on_every_cpu;
         if self.event.is_empty() {
             self.event.clone_from(&other.event);
         }
@@ -473,6 +474,7 @@ mod tests {
             lines: Vec::new(),
             throttled: Default::default(),
             in_counting_stubs: 1,
+            on_every_cpu: true,
         };
         let mut a = profile("abc", "f", 1, 1);
         a.samples = Some(samples(vec![frame("main"), frame("f")], vec![(vec![0, 1], 3), (vec![0], 1)]));
@@ -484,12 +486,15 @@ mod tests {
         // The same frames in another order, and a new one.
         b.samples = Some(samples(vec![frame("f"), frame("main"), frame("g")], vec![(vec![1, 0], 2), (vec![1, 2], 5)]));
         b.samples.as_mut().unwrap().throttled.untimed = vec![untimed("main", 1, 7)];
+        // Sampled on each thread: the merge is not all on every CPU.
+        b.samples.as_mut().unwrap().on_every_cpu = false;
         a.merge(&b, false).expect("same build");
         let merged = a.samples.as_ref().expect("samples");
         // Samples of calls no probe timed add up function by function.
         assert_eq!(merged.throttled.untimed, vec![untimed("main", 1, 10), untimed("f", 2, 2)]);
         assert_eq!(merged.total, 11);
         assert_eq!(merged.in_counting_stubs, 2);
+        assert!(!merged.on_every_cpu);
         assert_eq!(merged.frames.len(), 3);
         let count = |names: &[&str]| {
             merged

@@ -142,6 +142,10 @@ pub struct SampleProfile {
     /// counting cost.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub in_counting_stubs: u64,
+    /// Taken by one event on each CPU that the kernel filtered to the
+    /// recording's processes, rather than by an event on each thread.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_every_cpu: bool,
 }
 
 /// Samples of functions not instrumented, under instrumented callers.

@@ -136,6 +136,10 @@ pub struct Ending {
     /// saw.
     #[serde(default)]
     pub engine_regions: Vec<(u64, Vec<Stat>)>,
+    /// Stacks were sampled on every CPU (see
+    /// [`proftap_profile::SampleProfile::on_every_cpu`]).
+    #[serde(default)]
+    pub sampled_on_every_cpu: bool,
 }
 
 /// The profile of a recording.
@@ -146,6 +150,9 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, mut samples: Option<Sam
     let known = ending.lost_samples.saturating_add(ending.engine_lost);
     aggregate.lost.events = aggregate.lost.events.max(known);
     merge_threads(&mut aggregate.threads, std::mem::take(&mut ending.engine_threads));
+    if let Some(samples) = samples.as_mut() {
+        samples.on_every_cpu = ending.sampled_on_every_cpu;
+    }
     let ending = &ending;
     let mut functions = functions(setup, &aggregate.throttled, ending);
     let released = samples.as_mut().map_or(0, |samples| release_held_time(&setup.metrics, &mut functions, &mut aggregate.threads, samples));

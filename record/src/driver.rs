@@ -857,6 +857,7 @@ impl<'a> Driver<'a> {
             notes: self.notes,
             throttled: Default::default(),
             in_counting_stubs: 0,
+            sampled_on_every_cpu: uprobes.sampled_on_every_cpu,
             engine_trace: engine.trace,
             line_counts: engine.line_counts,
             line_branches: engine.line_branches,

@@ -367,6 +367,7 @@ impl SampleAggregator {
             lines,
             throttled: Throttled { functions, untimed, held, kept },
             in_counting_stubs: self.in_counting_stubs,
+            on_every_cpu: false,
         }
     }
 }

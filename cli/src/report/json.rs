@@ -131,6 +131,7 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
             "frequency_hz": samples.frequency_hz,
             "total": samples.total,
             "in_counting_stubs": samples.in_counting_stubs,
+            "on_every_cpu": samples.on_every_cpu,
             "functions": sampled_in_order(samples, order).iter().map(|f| json!({
                 "name": f.frame.name,
                 "module": f.frame.module,

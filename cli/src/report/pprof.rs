@@ -362,6 +362,7 @@ mod tests {
                 lines: Vec::new(),
                 throttled: Default::default(),
                 in_counting_stubs: 0,
+                on_every_cpu: false,
             }),
             ..Profile::default()
         };

@@ -90,6 +90,8 @@ pub struct UprobesEnding {
     pub malformed: u64,
     /// Forked processes not sampled (see [`PerfEvents::unsampled_children`]).
     pub unsampled_children: u64,
+    /// Stacks were sampled on every CPU.
+    pub sampled_on_every_cpu: bool,
     /// The uprobes, out of the targets.
     pub withdrawn: Withdrawn,
 }
@@ -339,6 +341,7 @@ impl UprobeSource {
         let lost_samples = self.events.lost_samples();
         let malformed = self.reader.as_ref().map_or(0, |r| r.malformed);
         let unsampled_children = self.events.unsampled_children();
+        let sampled_on_every_cpu = self.events.samples_on_every_cpu();
         let mut closing = self.reader.take().map(RingReader::into_open).unwrap_or_default();
         closing.extend(self.events.take_open());
         proftap_probes::perf::close_in_parallel(closing);
@@ -347,6 +350,7 @@ impl UprobeSource {
             lost_samples,
             malformed,
             unsampled_children,
+            sampled_on_every_cpu,
             withdrawn: Withdrawn { sets: std::mem::take(&mut self.unregistering) },
         }
     }

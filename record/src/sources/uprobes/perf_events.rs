@@ -357,6 +357,11 @@ impl PerfEvents {
         }
     }
 
+    /// Whether stacks are sampled on every CPU.
+    pub fn samples_on_every_cpu(&self) -> bool {
+        self.cpu_sampling.as_ref().is_some_and(|c| c.opened)
+    }
+
     /// Processes forked while the map of the processes sampled on every
     /// CPU was full: not sampled.
     pub fn unsampled_children(&self) -> u64 {
