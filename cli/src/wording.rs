@@ -176,7 +176,13 @@ fn finding_sentence(finding: &Finding) -> String {
             "after {after_ms} ms, removed the probes of {}: the costliest while the probes together were over the {budget_percent}% overhead budget; {} from then on{}",
             with_calls(functions),
             if *sampled { "sampled" } else { "not timed" },
-            if *counted { ", their calls still counted" } else { "" }
+            match (counted, sampled) {
+                (true, true) => ", their calls still counted",
+                // Without samples nothing would estimate the calls no longer
+                // counted, so the governor never stops counting them.
+                (true, false) => ", their calls still counted whatever counting costs (without samples, calls no longer counted could not be estimated; sampling lets the governor stop counting too)",
+                (false, _) => "",
+            }
         ),
         Finding::CountingStopped { after_ms, functions, budget_percent } => format!(
             "after {after_ms} ms, stopped counting the calls of {} after their probes were removed: counting them too cost more than the {budget_percent}% overhead budget; their calls from then on are estimated from the samples",
@@ -372,6 +378,25 @@ mod tests {
     fn uncounted(after_ms: u64, names: &[&str]) -> Note {
         let functions = names.iter().map(|n| FunctionCalls { name: n.to_string(), calls: 1 }).collect();
         Note::Found(Finding::CountingStopped { after_ms, functions, budget_percent: 5.0 })
+    }
+
+    /// Without samples, counting after a throttle is never judged: the
+    /// note says its cost is not held to the budget.
+    #[test]
+    fn a_throttle_without_samples_says_counting_goes_on_whatever_it_costs() {
+        let functions = vec![FunctionCalls { name: "f".into(), calls: 1 }];
+        let note = |sampled| {
+            super::notes(&[Note::Found(Finding::Throttled {
+                after_ms: 3,
+                functions: functions.clone(),
+                budget_percent: 5.0,
+                sampled,
+                counted: true,
+            })])
+            .remove(0)
+        };
+        assert!(note(false).contains("not timed from then on, their calls still counted whatever counting costs"), "{}", note(false));
+        assert!(note(true).ends_with("sampled from then on, their calls still counted"), "{}", note(true));
     }
 
     #[test]
