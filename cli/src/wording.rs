@@ -180,7 +180,7 @@ fn finding_sentence(finding: &Finding) -> String {
                 (true, true) => ", their calls still counted",
                 // Without samples nothing would estimate the calls no longer
                 // counted, so the governor never stops counting them.
-                (true, false) => ", their calls still counted whatever counting costs (without samples, calls no longer counted could not be estimated; sampling lets the governor stop counting too)",
+                (true, false) => ", their calls still counted whatever counting costs (without samples, calls no longer counted could not be estimated)",
                 (false, _) => "",
             }
         ),
