@@ -17,7 +17,7 @@ use crate::saved::Saver;
 use crate::sources::inject::{InjectSource, check_unwinders};
 use crate::sources::monotonic_ns;
 use crate::sources::sampler::{SamplerThread, sampling_event};
-use crate::sources::uprobes::UprobeSource;
+use crate::sources::uprobes::{TaskRecords, UprobeSource};
 use proftap_probes::arcs::FunctionLines;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::{ENTRY_COUNTED, Patched, Recording};
@@ -115,23 +115,17 @@ pub fn record(
     let inject = options.engine == Engine::Inject && !options.sample_only;
     let cpu_from_switches = inject.then(|| options.metrics.iter().position(|m| *m == Metric::Cpu)).flatten();
     let perf_metrics = if inject { vec![Metric::Wall] } else { options.metrics.clone() };
-    let mut uprobes = UprobeSource::new(
-        &all,
-        &enabled,
-        options.probed_lines.as_ref(),
-        &perf_metrics,
-        stacks,
-        options.buffer_bytes,
-        cpu_from_switches.is_some(),
-    )?;
+    // Uprobes are placed only on what `enabled` picks, or when they may be
+    // added later (automatic instrumentation), or for lines.
+    let kernel_probes = enabled.iter().any(|&e| e) || options.auto_instrument.is_some() || options.probed_lines.is_some();
+    let task_records = TaskRecords { switches: cpu_from_switches.is_some() && kernel_probes, counters: kernel_probes };
+    let mut uprobes =
+        UprobeSource::new(&all, &enabled, options.probed_lines.as_ref(), &perf_metrics, stacks, options.buffer_bytes, task_records)?;
     let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let sampling = options.sample.map(|s| (sampling_event().to_string(), s.frequency_hz));
     // Sampled at a frequency, each sample stands for a period of CPU time.
     let sampled = sampling.as_ref().map(|(_, hz)| (Arc::new(SampledOverhead::default()), 1_000_000_000 / (*hz).max(1)));
     let sampler = sampling.as_ref().map(|(event, hz)| {
-        // Uprobes are placed only on what `enabled` picks, or when they may be
-        // added later (automatic instrumentation), or for lines.
-        let kernel_probes = enabled.iter().any(|&e| e) || options.auto_instrument.is_some() || options.probed_lines.is_some();
         let resolver = sample_resolver(&all[..measured], spec, options, frames_ahead, kernel_probes);
         let injected = |i: usize| patching.injected.get(i).copied().unwrap_or(false);
         let instrumented = |i: usize| enabled.get(i).copied().unwrap_or(false) || injected(i);

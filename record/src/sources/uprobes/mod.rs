@@ -10,6 +10,7 @@ mod reader;
 use crate::error::RecordError;
 use crate::events::Event;
 use crate::sources::monotonic_ns;
+pub use perf_events::TaskRecords;
 use perf_events::{Defined, PerfEvents, ProbeSet, Unregistering};
 use proftap_probes::lines::LinePlan;
 use proftap_probes::metrics::Metric;
@@ -119,7 +120,7 @@ impl Drop for Withdrawn {
 impl UprobeSource {
     /// The events for `metrics` (and stack sampling at `sampling` (hz,
     /// stack bytes)), with the probes of the `enabled` functions of `all`
-    /// and their lines defined; `switches` reports every context switch.
+    /// and their lines defined; each task's events report `task_records`.
     pub fn new(
         all: &[ProbedFunction],
         enabled: &[bool],
@@ -127,10 +128,10 @@ impl UprobeSource {
         metrics: &[Metric],
         sampling: Option<(u64, u32)>,
         buffer_bytes: usize,
-        switches: bool,
+        task_records: TaskRecords,
     ) -> Result<Self, RecordError> {
         let mut events = PerfEvents::new(metrics, sampling, buffer_bytes);
-        events.switches = switches;
+        events.task_records = task_records;
         // A hundred-odd functions to a part at least: a replacement defines
         // again the parts of the functions it changes, which takes longer
         // the larger they are, and each part it withdraws waits grace
