@@ -658,3 +658,38 @@ fn folded_samples(folded: &str, keep: &dyn Fn(&str, &str) -> bool) -> u64 {
     let stacks = folded.lines().map(|l| l.rsplit_once(' ').unwrap());
     stacks.filter(|(stack, _)| keep(stack, stack.rsplit(';').next().unwrap())).map(|(_, n)| n.parse::<u64>().unwrap()).sum()
 }
+
+/// A launched program holds a pinned event of its own once proftap has
+/// stopped it at its loader with a debug register (the kernel keeps the
+/// breakpoint's event until the next exec). Where a task that comes onto
+/// a CPU holds a pinned event, the kernel takes the CPU's unpinned events
+/// off and puts them back at each switch, restarting the sampler's timer
+/// each time: the sampler on every CPU is pinned, and a program that
+/// switches threads often does not restart it. (Unpinned, this program's
+/// 100,000 round trips restarted timers on its CPU about 100,000 times,
+/// and took twice as long.)
+#[test]
+fn a_programs_switches_leave_the_samplers_timer_alone() {
+    let _machine = alone_on_the_machine();
+    require_probes();
+    let binary = Build::c("pingpong.c", "-O2").build();
+    let tracefs =
+        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].into_iter().find(|d| std::path::Path::new(d).join("events").is_dir());
+    let id = std::fs::read_to_string(format!("{}/events/timer/hrtimer_start/id", tracefs.expect("tracefs is mounted")));
+    let id: u64 = id.expect("the kernel traces timers").trim().parse().unwrap();
+    // Timers started on the program's CPU (the first), whoever starts them.
+    let mut starts = perf_event::Builder::new(perf_event::events::Tracepoint::with_id(id));
+    let mut starts = starts.one_cpu(0).any_pid().exclude_kernel(false).build().expect("a tracepoint counter on CPU 0");
+    starts.enable().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let rounds = 100_000;
+    let out = run_ok(proftap().args(["run", "--sample", "1000", "-o"]).arg(&file).arg("--").arg(&binary).arg(rounds.to_string()));
+    let started = starts.read().unwrap();
+    assert!(out.contains(&format!("{rounds} round trips")), "{out}");
+    if std::env::var_os("PROFTAP_TESTS_STRICT").is_some() {
+        assert_eq!(report_json(&file)["samples"]["on_every_cpu"], true, "as root, stacks are sampled on every CPU");
+    }
+    // About a thousand a second are the sampler's and the tick's.
+    assert!(started < rounds / 5, "{started} timers started on CPU 0 over {rounds} round trips");
+}

@@ -227,10 +227,19 @@ pub fn open_stack_sampler(target: EventTarget, frequency: u64, stack_bytes: u32)
 /// [`crate::sampled_processes`]) keeping the samples of the processes a
 /// recording samples. Disabled: enable it once its output is set.
 pub fn open_cpu_stack_sampler(cpu: usize, frequency: u64, stack_bytes: u32, filter: BorrowedFd<'_>) -> io::Result<Counter> {
-    let mut builder = sampling_event();
+    let (mut builder, hardware) = (sampling_event(), has_cycles());
     // Not `exclude_idle`, which some processors' counters refuse: the
     // filter drops the idle task's samples (no process of a recording's).
     builder.any_pid().one_cpu(cpu).clockid(Clock::MONOTONIC).sample_id_all(true).enabled(false);
+    // The CPU-clock pinned: where a task that comes onto the CPU holds a
+    // pinned event (a debugger's breakpoint, which stays until its exec
+    // once set), the kernel takes the CPU's unpinned events off and puts
+    // them back at each switch, and each time restarts the CPU-clock's
+    // timer. In this VM that cost a program 4 µs a switch (a pipe's round
+    // trip between two threads on one CPU took 16 µs against 8). A
+    // software clock always fits; hardware cycles stay unpinned, to share
+    // the counters with other users rather than stop.
+    builder.pinned(!hardware);
     sample_stacks(&mut builder, frequency, stack_bytes);
     let event = builder.build()?;
     // SAFETY: an open sampling event and a loaded program's descriptor.
@@ -242,8 +251,12 @@ pub fn open_cpu_stack_sampler(cpu: usize, frequency: u64, stack_bytes: u32, filt
 
 /// Hardware cycles where the machine counts them, else the cpu-clock.
 fn sampling_event() -> Builder<'static> {
-    let hardware = crate::metrics::Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES).check_available().is_ok();
-    if hardware { Builder::new(perf_event::events::Hardware::CPU_CYCLES) } else { Builder::new(Software::CPU_CLOCK) }
+    if has_cycles() { Builder::new(perf_event::events::Hardware::CPU_CYCLES) } else { Builder::new(Software::CPU_CLOCK) }
+}
+
+/// Whether the machine counts hardware cycles.
+fn has_cycles() -> bool {
+    crate::metrics::Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES).check_available().is_ok()
 }
 
 /// A stack sampler's layout, rate and copies, for any target (after what
