@@ -659,15 +659,15 @@ fn folded_samples(folded: &str, keep: &dyn Fn(&str, &str) -> bool) -> u64 {
     stacks.filter(|(stack, _)| keep(stack, stack.rsplit(';').next().unwrap())).map(|(_, n)| n.parse::<u64>().unwrap()).sum()
 }
 
-/// A launched program holds a pinned event of its own once proftap has
-/// stopped it at its loader with a debug register (the kernel keeps the
-/// breakpoint's event until the next exec). Where a task that comes onto
-/// a CPU holds a pinned event, the kernel takes the CPU's unpinned events
-/// off and puts them back at each switch, restarting the sampler's timer
-/// each time: the sampler on every CPU is pinned, and a program that
-/// switches threads often does not restart it. (Unpinned, this program's
-/// 100,000 round trips restarted timers on its CPU about 100,000 times,
-/// and took twice as long.)
+/// A program that switches threads often does not restart the timer of
+/// the sampler on its CPU at each switch. The kernel does so when a task
+/// coming onto the CPU holds a pinned event, as a program proftap stopped
+/// at its loader with a debug register would until its next exec: proftap
+/// stops it with a breakpoint written there instead (a debug register
+/// only where a uprobe holds that instruction), and pins the sampler.
+/// (With the debug register and the sampler unpinned, this program's
+/// 100,000 round trips restarted timers on its CPU 106,815 times, and took
+/// twice as long.)
 #[test]
 fn a_programs_switches_leave_the_samplers_timer_alone() {
     let _machine = alone_on_the_machine();
@@ -683,13 +683,13 @@ fn a_programs_switches_leave_the_samplers_timer_alone() {
     starts.enable().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
-    let rounds = 100_000;
+    let rounds = 200_000;
     let out = run_ok(proftap().args(["run", "--sample", "1000", "-o"]).arg(&file).arg("--").arg(&binary).arg(rounds.to_string()));
     let started = starts.read().unwrap();
     assert!(out.contains(&format!("{rounds} round trips")), "{out}");
     if std::env::var_os("PROFTAP_TESTS_STRICT").is_some() {
         assert_eq!(report_json(&file)["samples"]["on_every_cpu"], true, "as root, stacks are sampled on every CPU");
     }
-    // About a thousand a second are the sampler's and the tick's.
-    assert!(started < rounds / 5, "{started} timers started on CPU 0 over {rounds} round trips");
+    // About two thousand a second are the sampler's and the tick's.
+    assert!(started < rounds / 4, "{started} timers started on CPU 0 over {rounds} round trips");
 }

@@ -746,12 +746,21 @@ const DEBUG_REGISTERS: u64 = 848;
 
 /// Lets traced process `pid` run to `address` and returns its registers
 /// there, its instruction pointer on `address`. Its own signals on the way
-/// are delivered. A debug register stops it there, which leaves the code
-/// as it is: a kernel uprobe on that instruction (a function proftap
-/// probes that way) would take a breakpoint written there for its own.
-/// Where debug registers cannot be set, a breakpoint is written there and
-/// taken out again.
+/// are delivered. A breakpoint is written there and taken out again,
+/// unless one is there already: a kernel uprobe on that instruction (a
+/// function proftap probes that way) would take ours for its own. Then a
+/// debug register stops it, which leaves the code as it is; but the
+/// kernel keeps the debug register's event in the program until its next
+/// exec, a pinned one, and at each switch onto a CPU of a task holding a
+/// pinned event it takes the CPU's unpinned events (a sampler) off and
+/// puts them back. Where debug registers cannot be set, the breakpoint is
+/// written all the same.
 fn run_to(pid: i32, mem: &File, address: u64) -> Result<libc::user_regs_struct, RemoteError> {
+    let mut there = [0u8; 1];
+    mem.read_exact_at(&mut there, address).map_err(io_error(format!("cannot read the code of process {pid} at {address:#x}")))?;
+    if there[0] != 0xcc {
+        return run_to_breakpoint(pid, mem, address);
+    }
     let tid = Pid::from_raw(pid);
     let debug_register = |n: u64| (DEBUG_REGISTERS + 8 * n) as ptrace::AddressType;
     // DR0 = address; DR7: local enable of DR0, on execution of one byte.
