@@ -254,9 +254,10 @@ fn sampling_event() -> Builder<'static> {
     if has_cycles() { Builder::new(perf_event::events::Hardware::CPU_CYCLES) } else { Builder::new(Software::CPU_CLOCK) }
 }
 
-/// Whether the machine counts hardware cycles.
+/// Whether the machine counts hardware cycles (asked once: each ask opens an event).
 fn has_cycles() -> bool {
-    crate::metrics::Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES).check_available().is_ok()
+    static CYCLES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CYCLES.get_or_init(|| crate::metrics::Metric::Hardware(perf_event::events::Hardware::CPU_CYCLES).check_available().is_ok())
 }
 
 /// A stack sampler's layout, rate and copies, for any target (after what

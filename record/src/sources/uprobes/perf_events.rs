@@ -256,7 +256,8 @@ impl PerfEvents {
 
     fn descriptors_per_task(&self) -> usize {
         let tracepoints: usize = self.parts.iter().map(|p| p.tracepoints.len()).sum();
-        self.cpus.len() * (3 + (tracepoints + 1) * self.metrics.len())
+        let counters = usize::from(self.task_records.counters);
+        self.cpus.len() * (3 + (tracepoints + counters) * self.metrics.len())
     }
 
     /// Opens every event on task `pid` of process `process` (and, through
@@ -438,7 +439,7 @@ fn open_on(
     Task { pid, enable_on_exec, of_tasks }: Task,
     owners: &[&Counter],
 ) -> Result<Opened, RecordError> {
-    let need = cpus.len() * (3 + (tracepoints.len() + 1) * metrics.len()) * of_tasks.max(1);
+    let need = cpus.len() * (3 + (tracepoints.len() + usize::from(counters)) * metrics.len()) * of_tasks.max(1);
     let err = |e| perf_error(format!("thread {pid}"), e, need);
     let mut opened = Opened { probes: Vec::new(), counters: Vec::new(), samplers: Vec::new(), sources: FxHashMap::default() };
     for (slot, &cpu) in cpus.iter().enumerate() {
