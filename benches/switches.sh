@@ -34,7 +34,8 @@ for _ in $(seq "$runs"); do
     for i in "${!names[@]}"; do
         # Word splitting of the command is wanted: no argument has spaces.
         # shellcheck disable=SC2086
-        t=$(${commands[$i]} "$dir/pingpong" "$rounds" 2>/dev/null | awk '/round trips/ {print $4}')
+        t=$(${commands[$i]} "$dir/pingpong" "$rounds" 2>"$dir/err" | awk '/round trips/ {print $4}') \
+            || { echo "${names[i]} failed:" >&2; cat "$dir/err" >&2; exit 1; }
         times[i]="${times[i]:-} $t"
     done
 done

@@ -235,8 +235,9 @@ pub fn open_cpu_stack_sampler(cpu: usize, frequency: u64, stack_bytes: u32, filt
     // pinned event (a debugger's breakpoint, which stays until its exec
     // once set), the kernel takes the CPU's unpinned events off and puts
     // them back at each switch, and each time restarts the CPU-clock's
-    // timer. In this VM that cost a program 4 µs a switch (a pipe's round
-    // trip between two threads on one CPU took 16 µs against 8). A
+    // timer. In this VM that cost a program 8 µs each time its main thread
+    // came back (a pipe's round trip between two threads on one CPU took
+    // 16 µs against 8). A
     // software clock always fits; hardware cycles stay unpinned, to share
     // the counters with other users rather than stop.
     builder.pinned(!hardware);

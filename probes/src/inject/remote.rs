@@ -754,7 +754,9 @@ const DEBUG_REGISTERS: u64 = 848;
 /// exec, a pinned one, and at each switch onto a CPU of a task holding a
 /// pinned event it takes the CPU's unpinned events (a sampler) off and
 /// puts them back. Where debug registers cannot be set, the breakpoint is
-/// written all the same.
+/// written all the same (under a uprobe, its trap is the uprobe's). The
+/// page written is the process's own copy from then on: its mapping's
+/// page entries (ld.so's code, 40-odd pages) are copied at each fork.
 fn run_to(pid: i32, mem: &File, address: u64) -> Result<libc::user_regs_struct, RemoteError> {
     let mut there = [0u8; 1];
     mem.read_exact_at(&mut there, address).map_err(io_error(format!("cannot read the code of process {pid} at {address:#x}")))?;
@@ -803,7 +805,13 @@ fn run_to_breakpoint(pid: i32, mem: &File, address: u64) -> Result<libc::user_re
     loop {
         resume(tid, Resume::Continue, signal).map_err(errno("cannot let the program start"))?;
         match wait_traced(tid) {
-            Ok(Traced::Signal(libc::SIGTRAP)) => break,
+            Ok(Traced::Signal(libc::SIGTRAP)) => {
+                // Ours past the breakpoint; else the program's own, given back.
+                match ptrace::getregs(tid) {
+                    Ok(regs) if regs.rip == address + 1 => break,
+                    _ => signal = libc::SIGTRAP,
+                }
+            }
             Ok(Traced::Signal(other)) => signal = other,
             Ok(Traced::Exited(_)) | Ok(Traced::Killed(_)) => {
                 return Err(RemoteError::Unsupported(format!("process {pid} ended before its program started")));
