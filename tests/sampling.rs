@@ -378,7 +378,10 @@ fn a_signal_handlers_samples_unwind_through_the_signal_into_the_interrupted_code
     assert!(in_handler > 50, "{}", folded.text);
     let whole = |l: &str| l.starts_with("_start;__libc_start_main;") && l.contains(";main;") && l.contains(";[signal handler called];stay");
     assert_eq!(folded.samples(whole), in_handler, "{}", folded.text);
-    assert_eq!(folded.samples(|l| l.contains("[unknown")), 0, "{}", folded.text);
+    // The dynamic loader's start may be sampled in a function libc's
+    // symbol table leaves out (seen once: under `__pthread_tunables_init`):
+    // not what this is about.
+    assert_eq!(folded.samples(|l| l.contains("[unknown") && l.contains(";main")), 0, "{}", folded.text);
 }
 
 /// A Rust program as rustc links it (lld: the code's segment starts
