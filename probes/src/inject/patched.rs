@@ -557,18 +557,39 @@ impl Patched {
     /// (see [`Patched::calls_only_counted`]), where the entry has a
     /// counting trampoline, else run the original code.
     pub fn unpatch(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
-        if self.applied.iter().any(|a| functions.contains(&a.function)) {
+        self.step_down(functions, &[])
+    }
+
+    /// [`Patched::unpatch`] for `unpatch` and [`Patched::stop_counting`]
+    /// for `uncount` together, each process held once for both: a hold
+    /// stops every thread of the program for 50 to 500 µs.
+    pub fn step_down(&mut self, unpatch: &[usize], uncount: &[usize]) -> Result<(), RemoteError> {
+        self.calls_uncounted.extend_from_slice(uncount);
+        self.calls_uncounted.sort_unstable();
+        self.calls_uncounted.dedup();
+        if self.applied.iter().any(|a| unpatch.contains(&a.function) || uncount.contains(&a.function)) {
             match self.hold() {
                 Err(RemoteError::ImageGone { .. }) => {}
-                held => patcher::count_only(&held?, &mut self.applied, |f| functions.contains(&f))?,
+                held => {
+                    let held = held?;
+                    if !unpatch.is_empty() {
+                        patcher::count_only(&held, &mut self.applied, |f| unpatch.contains(&f))?;
+                    }
+                    if !uncount.is_empty() {
+                        patcher::restore(&held, &mut self.applied, |f| uncount.contains(&f))?;
+                    }
+                }
             }
         }
-        self.unpatched.extend_from_slice(functions);
+        self.unpatched.extend_from_slice(unpatch);
         self.unpatched.sort_unstable();
         self.unpatched.dedup();
         if let Some(children) = &self.children {
+            let both: Vec<usize> = unpatch.iter().chain(uncount).copied().collect();
             for (pid, process) in children.running() {
-                self.unpatch_child(pid, &process, functions);
+                if !self.unpatch_child(pid, &process, &both) {
+                    self.counting_went_on(pid, uncount);
+                }
             }
         }
         Ok(())
@@ -627,23 +648,7 @@ impl Patched {
     /// their calls are no longer counted (counting them cost more than
     /// the budget allows).
     pub fn stop_counting(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
-        self.calls_uncounted.extend_from_slice(functions);
-        self.calls_uncounted.sort_unstable();
-        self.calls_uncounted.dedup();
-        if self.applied.iter().any(|a| functions.contains(&a.function)) {
-            match self.hold() {
-                Err(RemoteError::ImageGone { .. }) => {}
-                held => patcher::restore(&held?, &mut self.applied, |f| functions.contains(&f))?,
-            }
-        }
-        if let Some(children) = &self.children {
-            for (pid, process) in children.running() {
-                if !self.unpatch_child(pid, &process, functions) {
-                    self.counting_went_on(pid, functions);
-                }
-            }
-        }
-        Ok(())
+        self.step_down(&[], functions)
     }
 
     /// Adds to `into` (by function) the calls only counted so far, those

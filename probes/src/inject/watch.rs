@@ -80,13 +80,7 @@ fn thread_cpu_time() -> Duration {
 fn step_down(patched: &mut Patched, pending: &[usize], functions: usize) -> Result<(), super::remote::RemoteError> {
     let (unpatch, uncount): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&f| f < functions);
     let uncount: Vec<usize> = uncount.into_iter().map(|f| f - functions).collect();
-    if !unpatch.is_empty() {
-        patched.unpatch(&unpatch)?;
-    }
-    if !uncount.is_empty() {
-        patched.stop_counting(&uncount)?;
-    }
-    Ok(())
+    patched.step_down(&unpatch, &uncount)
 }
 
 /// A patched process watched by a thread of its own.
