@@ -191,6 +191,42 @@ fn a_child_that_cannot_be_held_as_counting_stops_is_told_to_count_still() {
     assert_eq!(patched.calls_only_counted(functions.len())[tick], Some(45));
 }
 
+/// A function's probes and its counting taken out in one step (the
+/// process held once): the parent's calls after are neither timed nor
+/// counted; a forked child that cannot be held keeps its probes, and
+/// proftap says its calls are counted still.
+#[test]
+fn probes_and_counting_taken_out_in_one_step_leave_the_calls_after_uncounted() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (functions, tick, mut waiter) = ticking(dir.path());
+    let pid = waiter.child.id() as i32;
+    let mut patched = Patched::attach(pid, &functions, Recording { follow_forks: true, ..Recording::default() }).unwrap();
+    assert_eq!(waiter.tick(3), 3);
+    let child = waiter.ask("fork 40", "forked") as i32;
+    assert!(child > 0);
+    let _killed = KilledAtTheEnd(child);
+    let (let_go, wait) = std::sync::mpsc::channel::<()>();
+    let (seized, is_seized) = std::sync::mpsc::channel();
+    let tracer = std::thread::spawn(move || {
+        seized.send(nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(child), nix::sys::ptrace::Options::empty())).unwrap();
+        let _ = wait.recv();
+    });
+    is_seized.recv().unwrap().unwrap();
+    patched.step_down(&[tick], &[tick]).unwrap();
+    assert_eq!(patched.counting_goes_on(), &[(child, tick)]);
+    assert_eq!(waiter.tick(7), 10);
+    let_go.send(()).unwrap();
+    tracer.join().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGUSR1).unwrap();
+    assert_eq!(waiter.ask("reap", "reaped"), 0);
+    let mut calls = vec![0; functions.len()];
+    patched.view().unwrap().calls(&mut calls);
+    assert_eq!(calls[tick], 3, "the parent's 3 timed calls before, none of the 7 after");
+    assert_eq!(patched.calls_only_counted(functions.len())[tick], Some(0));
+    assert!(patched.counting_stopped(functions.len())[tick]);
+}
+
 #[test]
 fn a_child_forked_while_patched_records_its_own_calls_and_is_restored_at_detach() {
     require_root();

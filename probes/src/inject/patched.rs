@@ -564,26 +564,36 @@ impl Patched {
     /// for `uncount` together, each process held once for both: a hold
     /// stops every thread of the program for 50 to 500 µs.
     pub fn step_down(&mut self, unpatch: &[usize], uncount: &[usize]) -> Result<(), RemoteError> {
-        self.calls_uncounted.extend_from_slice(uncount);
-        self.calls_uncounted.sort_unstable();
-        self.calls_uncounted.dedup();
+        let (mut unpatched, mut uncounted) = (Ok(()), Ok(()));
         if self.applied.iter().any(|a| unpatch.contains(&a.function) || uncount.contains(&a.function)) {
             match self.hold() {
                 Err(RemoteError::ImageGone { .. }) => {}
-                held => {
-                    let held = held?;
+                Err(e) => return Err(e),
+                Ok(held) => {
                     if !unpatch.is_empty() {
-                        patcher::count_only(&held, &mut self.applied, |f| unpatch.contains(&f))?;
+                        unpatched = patcher::count_only(&held, &mut self.applied, |f| unpatch.contains(&f));
                     }
                     if !uncount.is_empty() {
-                        patcher::restore(&held, &mut self.applied, |f| uncount.contains(&f))?;
+                        uncounted = patcher::restore(&held, &mut self.applied, |f| uncount.contains(&f));
                     }
                 }
             }
         }
-        self.unpatched.extend_from_slice(unpatch);
-        self.unpatched.sort_unstable();
-        self.unpatched.dedup();
+        // Only what took effect in the process is noted, and done in its
+        // children: a half that failed is asked again, and until then its
+        // calls are timed or counted as before, not estimated.
+        if unpatched.is_ok() {
+            self.unpatched.extend_from_slice(unpatch);
+            self.unpatched.sort_unstable();
+            self.unpatched.dedup();
+        }
+        if uncounted.is_ok() {
+            self.calls_uncounted.extend_from_slice(uncount);
+            self.calls_uncounted.sort_unstable();
+            self.calls_uncounted.dedup();
+        }
+        let unpatch = if unpatched.is_ok() { unpatch } else { &[] };
+        let uncount = if uncounted.is_ok() { uncount } else { &[] };
         if let Some(children) = &self.children {
             let both: Vec<usize> = unpatch.iter().chain(uncount).copied().collect();
             for (pid, process) in children.running() {
@@ -592,21 +602,22 @@ impl Patched {
                 }
             }
         }
-        Ok(())
+        unpatched.and(uncounted)
     }
 
     /// Takes the probes of `functions` out of forked child `pid`, which
     /// inherited the patches of its fork's moment, as [`Patched::unpatch`]
     /// and [`Patched::stop_counting`] did in the parent. A child that
-    /// cannot be held keeps them: its calls stay exact, only dearer (and
-    /// still counted where counting stopped: false).
+    /// cannot be held keeps them: its calls stay exact, only dearer.
+    /// Whether those no longer counted stopped being counted there (or
+    /// the child is gone): false, they are counted still.
     fn unpatch_child(&self, pid: i32, process: &std::os::fd::OwnedFd, functions: &[usize]) -> bool {
         let mut applied: Vec<Applied> = self.ever_applied.iter().filter(|a| functions.contains(&a.function)).cloned().collect();
         if applied.is_empty() {
             return true;
         }
         let memory = self.children.as_ref().and_then(|c| c.memory_file(pid));
-        let changed = Remote::attach(pid).and_then(|remote| {
+        let restored = Remote::attach(pid).and_then(|remote| {
             // Held, and still the child (its pid cannot have been reused),
             // running the image it forked with.
             if crate::target::has_exited(process) {
@@ -620,9 +631,11 @@ impl Patched {
                 return Ok(());
             }
             patcher::restore(&remote, &mut applied, |f| self.calls_uncounted.contains(&f))?;
-            patcher::count_only(&remote, &mut applied, |_| true)
+            // Probes that could not come out stay: exact, only dearer.
+            let _ = patcher::count_only(&remote, &mut applied, |_| true);
+            Ok(())
         });
-        changed.is_ok() || crate::target::has_exited(process)
+        restored.is_ok() || crate::target::has_exited(process)
     }
 
     /// Notes that the calls of those of `functions` no longer counted go on
