@@ -217,19 +217,26 @@ fn the_hottest_function_counts_its_time_after_a_throttle() {
     assert_eq!(step["calls"].as_u64().unwrap() + after, 4_000_000, "parent and child: {step}");
 }
 
-/// Without samples nothing would estimate the calls of a throttled
-/// function its counting stub no longer counted: its counting never stops,
-/// and its calls before and after the throttle add up to all of them.
+/// Without samples, a throttled function's counting is judged too, at
+/// its prior cost: counting the calls of a function made 20 million times
+/// costs more than the budget, and stops; nothing estimates its calls
+/// after, and the profile says its count is a lower bound.
 #[test]
-fn without_samples_a_throttled_functions_calls_are_counted_to_the_end() {
+fn without_samples_counting_past_the_budget_stops_and_says_the_count_is_a_lower_bound() {
     let _serial = one_recording_at_a_time();
     require_probes();
-    let (report, _) = recorded(&["--engine", "inject", "--no-sample"], &Build::c("hot.c", "-O2").build(), &["20"]);
+    let (report, text) = recorded(&["--engine", "inject", "--no-sample"], &Build::c("hot.c", "-O2").build(), &["20"]);
     let tiny = function(&report["functions"], "tiny");
     assert_eq!(tiny["mode"], "throttled", "{tiny}");
-    let after = tiny["calls_after_throttle"].as_u64().unwrap_or_else(|| panic!("not counted after: {tiny}"));
-    assert_eq!(tiny["calls"].as_u64().unwrap() + after, 20_000_000, "{tiny}");
-    assert!(!report["notes"].to_string().contains("stopped counting"), "{}", report["notes"]);
+    assert!(tiny["calls_after_throttle"].is_null(), "{tiny}");
+    let until = tiny["calls_counted_until_stopped"].as_u64().unwrap_or_else(|| panic!("counting did not stop: {tiny}"));
+    let counted = tiny["calls"].as_u64().unwrap() + until;
+    assert!(counted < 20_000_000, "every call counted, so counting never stopped: {tiny}");
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("stopped counting the calls of tiny"), "{notes}");
+    assert!(notes.contains("not counted (without samples nothing estimates them): their counts are lower bounds"), "{notes}");
+    let row = text.lines().find(|l| l.ends_with("tiny  [throttled: exact until its probes were removed, calls are a lower bound]"));
+    assert!(row.is_some(), "{text}");
 }
 
 /// Two threads calling one function on two CPUs count its calls after its

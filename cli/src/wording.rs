@@ -176,17 +176,16 @@ fn finding_sentence(finding: &Finding) -> String {
             "after {after_ms} ms, removed the probes of {}: the costliest while the probes together were over the {budget_percent}% overhead budget; {} from then on{}",
             with_calls(functions),
             if *sampled { "sampled" } else { "not timed" },
-            match (counted, sampled) {
-                (true, true) => ", their calls still counted",
-                // Without samples nothing would estimate the calls no longer
-                // counted, so the governor never stops counting them.
-                (true, false) => ", their calls still counted whatever counting costs (without samples, calls no longer counted could not be estimated)",
-                (false, _) => "",
-            }
+            if *counted { ", their calls still counted" } else { "" }
         ),
-        Finding::CountingStopped { after_ms, functions, budget_percent } => format!(
-            "after {after_ms} ms, stopped counting the calls of {} after their probes were removed: counting them too cost more than the {budget_percent}% overhead budget; their calls from then on are estimated from the samples",
-            with_calls(functions)
+        Finding::CountingStopped { after_ms, functions, budget_percent, sampled } => format!(
+            "after {after_ms} ms, stopped counting the calls of {} after their probes were removed: counting them too cost more than the {budget_percent}% overhead budget; {}",
+            with_calls(functions),
+            if *sampled {
+                "their calls from then on are estimated from the samples"
+            } else {
+                "their calls from then on are not counted (without samples nothing estimates them): their counts are lower bounds"
+            }
         ),
         Finding::UnpatchFailed { functions, error } => {
             format!("could not unpatch {}, over the overhead budget: {error}", with_calls(functions))
@@ -377,26 +376,29 @@ mod tests {
 
     fn uncounted(after_ms: u64, names: &[&str]) -> Note {
         let functions = names.iter().map(|n| FunctionCalls { name: n.to_string(), calls: 1 }).collect();
-        Note::Found(Finding::CountingStopped { after_ms, functions, budget_percent: 5.0 })
+        Note::Found(Finding::CountingStopped { after_ms, functions, budget_percent: 5.0, sampled: true })
     }
 
-    /// Without samples, counting after a throttle is never judged: the
-    /// note says its cost is not held to the budget.
+    /// Without samples, calls no longer counted are not estimated either:
+    /// the note says their counts are lower bounds.
     #[test]
-    fn a_throttle_without_samples_says_counting_goes_on_whatever_it_costs() {
+    fn counting_stopped_without_samples_says_the_counts_are_lower_bounds() {
         let functions = vec![FunctionCalls { name: "f".into(), calls: 1 }];
         let note = |sampled| {
-            super::notes(&[Note::Found(Finding::Throttled {
+            super::notes(&[Note::Found(Finding::CountingStopped {
                 after_ms: 3,
                 functions: functions.clone(),
                 budget_percent: 5.0,
                 sampled,
-                counted: true,
             })])
             .remove(0)
         };
-        assert!(note(false).contains("not timed from then on, their calls still counted whatever counting costs"), "{}", note(false));
-        assert!(note(true).ends_with("sampled from then on, their calls still counted"), "{}", note(true));
+        assert!(
+            note(false).ends_with("not counted (without samples nothing estimates them): their counts are lower bounds"),
+            "{}",
+            note(false)
+        );
+        assert!(note(true).ends_with("their calls from then on are estimated from the samples"), "{}", note(true));
     }
 
     #[test]

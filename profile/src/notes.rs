@@ -117,6 +117,10 @@ pub enum Finding {
         functions: Vec<FunctionCalls>,
         /// The budget, in percent of the elapsed time.
         budget_percent: f64,
+        /// Whether the recording sampled them after (their calls since
+        /// estimated from the samples; else not counted at all).
+        #[serde(default = "sampled_by_default")]
+        sampled: bool,
     },
     /// Functions over the overhead budget could not be unpatched.
     UnpatchFailed {

@@ -105,14 +105,15 @@ impl Run<'_> {
         self.options.overhead_budget.map(|budget| {
             // A function's calls only counted after its probes went are judged as a function of their own (see [`Judge`]).
             let call_ns = self.call_ns(true);
-            // Without samples nothing would estimate the calls no longer
-            // counted: counting goes on, its calls exact.
-            let counting_judged = self.sampled.is_some();
-            let counted_ns = call_ns.iter().map(|&ns| if ns > 0 && counting_judged { COUNTED_CALL_NS } else { 0 });
+            // Counting is judged too, with samples or without: without, the
+            // calls no longer counted are not estimated, and the counts of
+            // those functions are lower bounds (the budget holds either way).
+            let counted_ns = call_ns.iter().map(|&ns| if ns > 0 { COUNTED_CALL_NS } else { 0 });
             let mut governor = Governor::new(budget, call_ns.iter().copied().chain(counted_ns).collect()).with_counted_calls(call_ns.len());
-            if let Some((sampled, ns_per_sample)) = &self.sampled {
-                governor = governor.with_samples(sampled.clone(), *ns_per_sample);
-            }
+            governor = match &self.sampled {
+                Some((sampled, ns_per_sample)) => governor.with_samples(sampled.clone(), *ns_per_sample),
+                None => governor.with_priors(),
+            };
             let decide = Box::new(move |entries: &[u64]| {
                 let elapsed_ns = monotonic_ns().saturating_sub(started);
                 governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()
@@ -604,7 +605,8 @@ impl<'a> Driver<'a> {
         }
         if !uncounted.is_empty() {
             let budget_percent = self.run.options.overhead_budget.unwrap_or_default() * 100.0;
-            self.tell(Finding::CountingStopped { after_ms: after_ns / 1_000_000, functions: uncounted, budget_percent }.into());
+            let sampled = self.run.options.sample.is_some();
+            self.tell(Finding::CountingStopped { after_ms: after_ns / 1_000_000, functions: uncounted, budget_percent, sampled }.into());
         }
     }
 

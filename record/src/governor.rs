@@ -128,6 +128,8 @@ pub struct Governor {
     call_ns: Vec<u64>,
     /// The samples, and the nanoseconds of CPU time each stands for.
     sampled: Option<(Arc<SampledOverhead>, u64)>,
+    /// Without samples, whether the priors stand (see [`Governor::with_priors`]).
+    priors: bool,
     throttled: Vec<bool>,
     /// Calls by function and the time at the last judgement.
     last: Vec<u64>,
@@ -149,7 +151,18 @@ impl Governor {
         let throttled = vec![false; call_ns.len()];
         let last = vec![0; call_ns.len()];
         let history = std::collections::VecDeque::new();
-        Governor { budget, call_ns, sampled: None, throttled, last, last_ns: 0, spent: Vec::new(), counted_from: None, history }
+        Governor {
+            budget,
+            call_ns,
+            sampled: None,
+            priors: false,
+            throttled,
+            last,
+            last_ns: 0,
+            spent: Vec::new(),
+            counted_from: None,
+            history,
+        }
     }
 
     /// The same, its functions from `from` on standing for the calls of
@@ -167,17 +180,30 @@ impl Governor {
         self
     }
 
+    /// The same, the in-process engine's, without samples: its priors
+    /// stand for the whole run (see [`UNTRUSTED_PROBE_SCALE`] and
+    /// [`UNTRUSTED_COUNTING_SCALE`]), nothing measuring what its calls
+    /// cost beyond the calibrating loop's.
+    pub fn with_priors(mut self) -> Self {
+        self.priors = true;
+        self
+    }
+
     /// How much more the probes (`counting`: the counting stubs) cost than
     /// `estimated_ns` over the run, by the samples (a prior until enough
-    /// were taken in their code; 1 without samples).
+    /// were taken in their code). Without samples, the priors where asked
+    /// (see [`Governor::with_priors`]), else the estimate stands.
     fn scale(&self, estimated_ns: f64, counting: bool) -> f64 {
-        let Some((sampled, ns_per_sample)) = &self.sampled else { return 1.0 };
-        let (samples, trusted, prior, most) = match counting {
-            true => (sampled.in_counting(), TRUSTED_COUNTING_SAMPLES, UNTRUSTED_COUNTING_SCALE, MOST_COUNTING_SCALE),
-            false => (sampled.in_probes(), TRUSTED_PROBE_SAMPLES, UNTRUSTED_PROBE_SCALE, MOST_SCALE),
+        let prior = |counting| if counting { UNTRUSTED_COUNTING_SCALE } else { UNTRUSTED_PROBE_SCALE };
+        let Some((sampled, ns_per_sample)) = &self.sampled else {
+            return if self.priors { prior(counting) } else { 1.0 };
+        };
+        let (samples, trusted, most) = match counting {
+            true => (sampled.in_counting(), TRUSTED_COUNTING_SAMPLES, MOST_COUNTING_SCALE),
+            false => (sampled.in_probes(), TRUSTED_PROBE_SAMPLES, MOST_SCALE),
         };
         if samples < trusted || estimated_ns <= 0.0 {
-            return prior;
+            return prior(counting);
         }
         (samples as f64 * *ns_per_sample as f64 / estimated_ns).clamp(1.0, most)
     }
@@ -481,6 +507,27 @@ mod tests {
         (0..20).for_each(|_| sampled.count_counting());
         assert_eq!(sampled.in_probes(), 0);
         assert_eq!(g.over_budget(&[10_000, 400_000], 30 * ms), vec![1]);
+    }
+
+    /// The in-process engine without samples judges its probes and its
+    /// counting at their priors: twice a call's calibrated cost, three
+    /// times [`COUNTED_CALL_NS`] a counted call.
+    #[test]
+    fn without_samples_the_priors_stand_where_asked() {
+        let ms = 1_000_000;
+        // 6,000 calls of 100 ns in 10 ms (6%: throttled either way), then
+        // 600,000 calls counted in 20 ms: 3% at 1 ns a call, within the
+        // budget; 9% at the prior's 3 ns, over it.
+        let judged = |g: &mut Governor| (g.over_budget(&[6_000, 0], 10 * ms), g.over_budget(&[6_000, 600_000], 30 * ms));
+        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1);
+        assert_eq!(judged(&mut g), (vec![0], vec![]));
+        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1).with_priors();
+        assert_eq!(judged(&mut g), (vec![0], vec![1]));
+        // 3,000 calls of 100 ns in 10 ms: 3% by the estimate, 6% at the prior.
+        let mut g = Governor::new(0.05, vec![100]);
+        assert!(g.over_budget(&[3_000], 10 * ms).is_empty());
+        let mut g = Governor::new(0.05, vec![100]).with_priors();
+        assert_eq!(g.over_budget(&[3_000], 10 * ms), vec![0]);
     }
 
     #[test]

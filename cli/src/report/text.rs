@@ -220,7 +220,8 @@ fn hottest(profile: &Profile, out: &mut String) {
         let (about, calls) = if untimed(f.function) > 0 && info.is_some_and(|i| i.mode != Mode::Throttled) {
             ("about ", untimed_calls(f.calls))
         } else {
-            hottest_calls(f.calls, estimated, info.and_then(|i| i.calls_after_throttle), info.and_then(|i| i.calls_counted_until_stopped))
+            let (after, until) = (info.and_then(|i| i.calls_after_throttle), info.and_then(|i| i.calls_counted_until_stopped));
+            hottest_calls(f.calls, estimated, after, until, profile.samples.is_some())
         };
         let _ = writeln!(
             out,
@@ -525,9 +526,19 @@ fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
 
 /// The hottest function's calls: `timed` by its probes, then counted to
 /// the end (`after`) or until its counting stopped too (`until`), or
-/// neither; "about" its time where some of it is `estimated` from samples.
-fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u64>) -> (&'static str, String) {
+/// neither; "about" its time where some of it is `estimated` from samples
+/// (of a recording `sampled`).
+fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u64>, sampled: bool) -> (&'static str, String) {
     match (estimated, after, until) {
+        (_, None, Some(until)) if !sampled => (
+            "",
+            format!(
+                "at least {} calls: {} timed, {} counted after its probes were removed, none counted after its counting stopped too",
+                group_digits(timed.saturating_add(until)),
+                group_digits(timed),
+                group_digits(until)
+            ),
+        ),
         (_, None, Some(until)) => (
             "about ",
             format!(
