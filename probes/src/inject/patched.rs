@@ -297,7 +297,7 @@ impl Patched {
         let hooks::Hooks { sites: hook_sites, canceller } = hook_sites(&modules, how.count_edges.contains(&true));
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
-        let (mut groups, mut refused) = patcher::plans(&modules, &targets, checked);
+        let (mut groups, mut refused) = patcher::plans_on_every_cpu(&modules, &targets, checked);
         let counting_plan = how.count_edges.contains(&true).then(|| {
             let regions = counting::Regions { of_lines: how.regions_of };
             counting::plan(&modules, &targets, how.count_edges, how.counting, how.lines, regions)

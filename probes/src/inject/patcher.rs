@@ -406,6 +406,31 @@ pub fn plans(modules: &[LoadedModule], targets: &[Target], checked: &[bool]) -> 
     (groups, refused)
 }
 
+/// [`plans`], the targets shared out over the CPUs: each target is
+/// planned alone, from its own code, and a large program's thousands of
+/// them take milliseconds of a launched program's held start.
+pub fn plans_on_every_cpu(modules: &[LoadedModule], targets: &[Target], checked: &[bool]) -> (Vec<ModulePlans>, Refused) {
+    let indices: Vec<usize> = (0..targets.len()).collect();
+    let planned = on_every_cpu(&indices, |share| {
+        let chosen: Vec<Target> = share.iter().map(|&i| targets[i].clone()).collect();
+        let checks: Vec<bool> = share.iter().map(|&i| checked.get(i).copied().unwrap_or(false)).collect();
+        let (groups, refused) = plans(modules, &chosen, &checks);
+        let planned = groups.into_iter().flat_map(|g| g.plans.into_iter().map(move |(k, p)| (share[k], Ok((g.module.clone(), p)))));
+        planned.chain(refused.into_iter().map(|(k, why)| (share[k], Err(why)))).collect::<Vec<_>>()
+    });
+    let (mut groups, mut refused): (Vec<ModulePlans>, Refused) = (Vec::new(), Vec::new());
+    for (i, planned) in planned {
+        match planned {
+            Ok((module, plan)) => match groups.iter_mut().find(|g| g.module == module) {
+                Some(group) => group.plans.push((i, plan)),
+                None => groups.push(ModulePlans { module, plans: vec![(i, plan)] }),
+            },
+            Err(why) => refused.push((i, why)),
+        }
+    }
+    (groups, refused)
+}
+
 /// Why a function whose code in memory is not its file's is refused.
 pub const CODE_DIFFERS: &str = "its code in memory differs from the file (a breakpoint or another tool's patch)";
 

@@ -132,3 +132,19 @@ fn a_file_whose_every_function_was_refused_for_one_reason_is_not_kept() {
     assert!(verdicts.iter().all(|v| *v == Verdict::Refused("its size is unknown".into())), "{verdicts:?}");
     assert_eq!(std::fs::read_dir(&kept).expect("kept").count(), 0);
 }
+
+/// Planned on every CPU, a program's functions get the plans and the
+/// refusals planning them one after another gives, in the same order.
+#[test]
+fn planning_on_every_cpu_gives_what_planning_in_turn_does() {
+    let (_dir, _program, functions, _kept) = program();
+    let modules = patcher::as_in_files(&functions);
+    let targets: Vec<Target> = functions.iter().map(Target::of).collect();
+    let shown = |(groups, refused): (Vec<patcher::ModulePlans>, patcher::Refused)| {
+        let groups: Vec<String> = groups.iter().map(|g| format!("{:?} {:?}", g.module, g.plans)).collect();
+        (groups, refused)
+    };
+    let in_turn = shown(patcher::plans(&modules, &targets, &[]));
+    assert!(!in_turn.0.is_empty() && !in_turn.1.is_empty(), "both plans and refusals: {in_turn:?}");
+    assert_eq!(shown(patcher::plans_on_every_cpu(&modules, &targets, &[])), in_turn);
+}
