@@ -235,8 +235,44 @@ fn without_samples_counting_past_the_budget_stops_and_says_the_count_is_a_lower_
     let notes = report["notes"].to_string();
     assert!(notes.contains("stopped counting the calls of tiny"), "{notes}");
     assert!(notes.contains("not counted (without samples nothing estimates them): their counts are lower bounds"), "{notes}");
-    let row = text.lines().find(|l| l.ends_with("tiny  [throttled: exact until its probes were removed, calls are a lower bound]"));
-    assert!(row.is_some(), "{text}");
+    assert_eq!(tiny["calls_after_counting_unknown"], true, "{tiny}");
+    let row = format!(
+        "tiny  [throttled: timed until its probes were removed, {} more calls counted until its counting stopped; calls are a lower bound]",
+        group(until)
+    );
+    assert!(text.lines().any(|l| l.ends_with(&row)), "{row} in\n{text}");
+    // Line counts' function counts hold the calls counted until then too.
+    let dir = tempfile::tempdir().unwrap();
+    let (profile, info) = (dir.path().join("p.profile"), dir.path().join("p.info"));
+    let binary = Build::c("hot.c", "-O2").build();
+    run_ok(
+        proftap()
+            .args(["run", "--engine", "inject", "--no-sample", "--lines", "--overhead-budget", "5", "-o"])
+            .arg(&profile)
+            .arg("--")
+            .arg(&binary)
+            .arg("20"),
+    );
+    let report = report_json(&profile);
+    let tiny = function(&report["functions"], "tiny");
+    let until = tiny["calls_counted_until_stopped"].as_u64().unwrap_or_else(|| panic!("counting did not stop: {tiny}"));
+    run_ok(proftap().arg("export").arg(&profile).args(["--format", "lcov", "-o"]).arg(&info));
+    let fnda = format!("FNDA:{},tiny", tiny["calls"].as_u64().unwrap() + until);
+    let lcov = std::fs::read_to_string(&info).unwrap();
+    assert!(lcov.lines().any(|l| l == fnda), "{fnda} in\n{lcov}");
+}
+
+/// `n` with its digits grouped by threes, as the report writes counts.
+fn group(n: u64) -> String {
+    let digits = n.to_string();
+    let mut grouped = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    grouped
 }
 
 /// Two threads calling one function on two CPUs count its calls after its

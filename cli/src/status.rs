@@ -172,9 +172,7 @@ impl Observer for Terminal {
             }
             RecordEvent::ProbesChanged(change) => match wording::probe_change(&change) {
                 // Dozens in a real program's run, in the program's terminal: told at the end.
-                Some((after_ms, functions, uncounted)) if shown.probe_changes.0 >= wording::PROBE_CHANGES_TOLD => {
-                    shown.probe_changes.1.add(after_ms, functions, uncounted);
-                }
+                Some(change) if shown.probe_changes.0 >= wording::PROBE_CHANGES_TOLD => shown.probe_changes.1.add(change),
                 told => {
                     shown.probe_changes.0 += usize::from(told.is_some());
                     shown.say(&format!("proftap: {}", wording::note(&change)));

@@ -36,13 +36,29 @@ pub fn warning(warning: &Warning) -> String {
 /// its JSON name every one).
 pub const PROBE_CHANGES_TOLD: usize = 3;
 
-/// When a change of the probes the governor made came (ms into the
-/// recording), how many functions it named, and whether it stopped their
-/// counting (else it removed their probes), if `note` is one.
-pub fn probe_change(note: &Note) -> Option<(u64, usize, bool)> {
+/// A change of the probes the governor made: when (ms into the
+/// recording), how many functions it named, and what it did to them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProbeChange {
+    /// When, in ms into the recording.
+    pub after_ms: u64,
+    /// How many functions it named.
+    pub functions: usize,
+    /// It stopped their counting (else it removed their probes).
+    pub uncounted: bool,
+    /// Without samples: their calls since are not estimated.
+    pub unestimated: bool,
+}
+
+/// The change of the probes `note` tells, if it tells one.
+pub fn probe_change(note: &Note) -> Option<ProbeChange> {
     match note {
-        Note::Found(Finding::Throttled { after_ms, functions, .. }) => Some((*after_ms, functions.len(), false)),
-        Note::Found(Finding::CountingStopped { after_ms, functions, .. }) => Some((*after_ms, functions.len(), true)),
+        Note::Found(Finding::Throttled { after_ms, functions, .. }) => {
+            Some(ProbeChange { after_ms: *after_ms, functions: functions.len(), uncounted: false, unestimated: false })
+        }
+        Note::Found(Finding::CountingStopped { after_ms, functions, sampled, .. }) => {
+            Some(ProbeChange { after_ms: *after_ms, functions: functions.len(), uncounted: true, unestimated: !sampled })
+        }
         _ => None,
     }
 }
@@ -53,19 +69,22 @@ pub struct MoreProbeChanges {
     changes: usize,
     removed: usize,
     uncounted: usize,
+    /// Of those, the functions whose calls since no sample estimates.
+    unestimated: usize,
     first_ms: u64,
     last_ms: u64,
 }
 
 impl MoreProbeChanges {
-    /// One more change, at `after_ms`, naming `functions` whose probes it
-    /// removed or (`uncounted`) whose counting it stopped.
-    pub fn add(&mut self, after_ms: u64, functions: usize, uncounted: bool) {
+    /// One more change.
+    pub fn add(&mut self, change: ProbeChange) {
+        let ProbeChange { after_ms, functions, uncounted, unestimated } = change;
         // Merged runs' notes, and the engine's changes next to uprobes', are not in time order.
         self.first_ms = if self.changes == 0 { after_ms } else { self.first_ms.min(after_ms) };
         self.last_ms = self.last_ms.max(after_ms);
         self.changes += 1;
         *if uncounted { &mut self.uncounted } else { &mut self.removed } += functions;
+        self.unestimated += if unestimated { functions } else { 0 };
     }
 
     /// The line, if there was any.
@@ -73,6 +92,8 @@ impl MoreProbeChanges {
         let what = [
             (self.removed > 0).then(|| format!("probes removed from {}", counted(self.removed as u64, "more function", "more functions"))),
             (self.uncounted > 0).then(|| format!("counting stopped for {}", counted(self.uncounted as u64, "function", "functions"))),
+            (self.unestimated > 0)
+                .then(|| format!("{} of their counts lower bounds (no samples estimate the calls since)", self.unestimated)),
         ];
         let when = match (self.first_ms, self.last_ms) {
             (first, last) if first == last => format!("{first} ms"),
@@ -95,7 +116,7 @@ pub fn notes(notes: &[Note]) -> Vec<String> {
     let mut sentences = Vec::new();
     for n in notes {
         match probe_change(n) {
-            Some((after_ms, functions, uncounted)) if told >= PROBE_CHANGES_TOLD => more.add(after_ms, functions, uncounted),
+            Some(change) if told >= PROBE_CHANGES_TOLD => more.add(change),
             Some(_) => {
                 told += 1;
                 sentences.push(note(n));
@@ -427,5 +448,14 @@ mod tests {
         assert!(super::notes(&late_first)[3].starts_with("2 more changes of the probes to keep within the overhead budget, 10 to 30 ms"));
         let one = super::notes(&late_first[..4]);
         assert!(one[3].starts_with("1 more change of the probes to keep within the overhead budget, 30 ms into"), "{}", one[3]);
+        // Counting stopped without samples, folded: the line says the counts are lower bounds.
+        let unsampled = |after_ms, name: &str| {
+            let functions = vec![FunctionCalls { name: name.into(), calls: 1 }];
+            Note::Found(Finding::CountingStopped { after_ms, functions, budget_percent: 5.0, sampled: false })
+        };
+        let folded = [throttled(1, &["a"]), throttled(2, &["b"]), throttled(3, &["c"]), unsampled(4, "a"), unsampled(5, "b")];
+        let told = super::notes(&folded);
+        assert!(told[3].ends_with("counting stopped for 2 functions, 2 of their counts lower bounds (no samples estimate the calls since); `proftap report --format json` lists each"), "{}", told[3]);
+        assert!(!super::notes(&notes).concat().contains("lower bound"));
     }
 }

@@ -115,6 +115,9 @@ impl Profile {
             let throttled = mine.mode == Mode::Throttled;
             mine.calls_after_throttle = after.filter(|_| throttled);
             mine.calls_counted_until_stopped = until.filter(|_| throttled);
+            // One run's calls after its counting stopped unknown: the sum's are too.
+            mine.calls_after_counting_unknown =
+                (mine.calls_after_counting_unknown || theirs.calls_after_counting_unknown) && until.is_some();
         }
         remap
     }
@@ -403,6 +406,16 @@ mod tests {
         assert_eq!(counts(&a), (None, Some(19)));
         a.merge(&throttled(Some(1)), false).expect("same build");
         assert_eq!(counts(&a), (None, Some(20)));
+        assert!(!a.functions[0].calls_after_counting_unknown);
+        // A run without samples that stopped counting: nothing estimates
+        // its calls since, so neither are the merged run's all estimated.
+        let mut unsampled = throttled(None);
+        unsampled.functions[0].calls_counted_until_stopped = Some(2);
+        unsampled.functions[0].calls_after_counting_unknown = true;
+        let mut c = a.clone();
+        c.merge(&unsampled, false).expect("same build");
+        assert_eq!(counts(&c), (None, Some(22)));
+        assert!(c.functions[0].calls_after_counting_unknown);
         a.merge(&profile("abc", "f", 3, 0), false).expect("same build");
         assert_eq!(counts(&a), (None, Some(20)), "a run that did not throttle it adds no calls after");
         a.merge(&throttled(None), false).expect("same build");

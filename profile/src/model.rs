@@ -508,10 +508,16 @@ pub struct FunctionInfo {
     pub calls_after_throttle: Option<u64>,
     /// Its counter was taken out too, later: the calls it counted until
     /// then. Its calls since are estimated from the samples taken since
-    /// ([`ThrottledSamples::total_samples_uncounted`]). A reader that does
+    /// ([`ThrottledSamples::total_samples_uncounted`]), unless
+    /// [`FunctionInfo::calls_after_counting_unknown`]. A reader that does
     /// not know this field estimates all its calls after the throttle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls_counted_until_stopped: Option<u64>,
+    /// In a recording (or one of the runs merged) without samples, its
+    /// counting stopped: nothing counted or estimated its calls since, and
+    /// its count is a lower bound.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub calls_after_counting_unknown: bool,
 }
 
 /// What sees calls.

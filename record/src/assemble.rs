@@ -154,7 +154,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, mut samples: Option<Sam
         samples.on_every_cpu = ending.sampled_on_every_cpu;
     }
     let ending = &ending;
-    let mut functions = functions(setup, &aggregate.throttled, ending);
+    let mut functions = functions(setup, &aggregate.throttled, ending, samples.is_some());
     let released = samples.as_mut().map_or(0, |samples| release_held_time(&setup.metrics, &mut functions, &mut aggregate.threads, samples));
     // An entry and a return each, as a probe would have reported them.
     aggregate.hits = aggregate.hits.saturating_add(ending.engine_calls.saturating_mul(2));
@@ -419,8 +419,10 @@ fn fitted(flags: &[bool], n: usize) -> Vec<bool> {
     (0..n).map(|i| flags.get(i).copied().unwrap_or(false)).collect()
 }
 
-/// Each function's mode and what saw its calls.
-fn functions(setup: &Setup, throttled: &[bool], ending: &Ending) -> Vec<FunctionInfo> {
+/// Each function's mode and what saw its calls (of a recording `sampled`
+/// or not: without samples, nothing estimates a function's calls after
+/// its counting stopped).
+fn functions(setup: &Setup, throttled: &[bool], ending: &Ending, sampled: bool) -> Vec<FunctionInfo> {
     let flag = |flags: &[bool], i: usize| flags.get(i).copied().unwrap_or(false);
     let mode = |i: usize| match (flag(throttled, i), flag(&ending.probed, i) || flag(&ending.patched, i)) {
         (true, _) => Mode::Throttled,
@@ -444,7 +446,15 @@ fn functions(setup: &Setup, throttled: &[bool], ending: &Ending) -> Vec<Function
             };
             let (calls_after_throttle, calls_counted_until_stopped) =
                 if flag(&ending.counting_stopped, i) { (None, counted) } else { (counted, None) };
-            FunctionInfo { mode, engine: engine(i, mode), calls_after_throttle, calls_counted_until_stopped, ..f.clone() }
+            let calls_after_counting_unknown = calls_counted_until_stopped.is_some() && !sampled;
+            FunctionInfo {
+                mode,
+                engine: engine(i, mode),
+                calls_after_throttle,
+                calls_counted_until_stopped,
+                calls_after_counting_unknown,
+                ..f.clone()
+            }
         })
         .collect()
 }

@@ -36,7 +36,10 @@ pub fn by_file(profile: &Profile) -> Vec<FileCoverage<'_>> {
             && cov.lines.contains_key(&f.line)
         {
             let calls = calls.get(&(id as u32)).copied().unwrap_or(0);
-            cov.functions.push((f.line, &f.name, calls.saturating_add(f.calls_after_throttle.unwrap_or(0))));
+            // Counted to the end, or until counting stopped (then a lower
+            // bound, as gcov's counts of a function are of its entries seen).
+            let counted = f.calls_after_throttle.or(f.calls_counted_until_stopped).unwrap_or(0);
+            cov.functions.push((f.line, &f.name, calls.saturating_add(counted)));
         }
     }
     for cov in files.values_mut() {

@@ -44,6 +44,7 @@ pub fn report_in_order(profile: &Profile, order: &Order) -> Value {
         value["calls_after_throttle"] = json!(info.and_then(|i| i.calls_after_throttle));
         if let Some(until) = info.and_then(|i| i.calls_counted_until_stopped) {
             value["calls_counted_until_stopped"] = json!(until);
+            value["calls_after_counting_unknown"] = json!(info.is_some_and(|i| i.calls_after_counting_unknown));
         }
         value
     };

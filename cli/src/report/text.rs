@@ -221,7 +221,7 @@ fn hottest(profile: &Profile, out: &mut String) {
             ("about ", untimed_calls(f.calls))
         } else {
             let (after, until) = (info.and_then(|i| i.calls_after_throttle), info.and_then(|i| i.calls_counted_until_stopped));
-            hottest_calls(f.calls, estimated, after, until, profile.samples.is_some())
+            hottest_calls(f.calls, estimated, after, until, !info.is_some_and(|i| i.calls_after_counting_unknown))
         };
         let _ = writeln!(
             out,
@@ -431,7 +431,7 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
         let name = function_name(profile, f.function);
         let mut label = String::new();
         if let Some(info) = profile.functions.get(f.function as usize).filter(|i| i.mode == Mode::Throttled) {
-            label.push_str(&throttled_label(info.calls_after_throttle, narrow));
+            label.push_str(&throttled_label(info.calls_after_throttle, info.calls_counted_until_stopped, narrow));
         }
         // Left to uprobes by the in-process engine: its times carry their cost.
         if profile.recording.engine == Engine::Inject
@@ -526,11 +526,11 @@ fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
 
 /// The hottest function's calls: `timed` by its probes, then counted to
 /// the end (`after`) or until its counting stopped too (`until`), or
-/// neither; "about" its time where some of it is `estimated` from samples
-/// (of a recording `sampled`).
-fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u64>, sampled: bool) -> (&'static str, String) {
+/// neither; "about" its time where some of it is `estimated` from samples;
+/// its calls after its counting stopped `estimated` from them, or unknown.
+fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u64>, calls_estimated: bool) -> (&'static str, String) {
     match (estimated, after, until) {
-        (_, None, Some(until)) if !sampled => (
+        (_, None, Some(until)) if !calls_estimated => (
             "",
             format!(
                 "at least {} calls: {} timed, {} counted after its probes were removed, none counted after its counting stopped too",
@@ -579,14 +579,18 @@ fn untimed_calls(timed: u64) -> String {
 
 /// The flat profile's label of a throttled function, whose row is its
 /// calls while it was instrumented: with how many it made after, where they
-/// were counted.
-fn throttled_label(calls_after: Option<u64>, narrow: bool) -> String {
-    match (calls_after, narrow) {
-        (_, true) => "  [throttled]".to_string(),
-        (Some(after), false) => {
+/// were counted (to the end, or `until` its counting stopped).
+fn throttled_label(calls_after: Option<u64>, until: Option<u64>, narrow: bool) -> String {
+    match (calls_after, until, narrow) {
+        (_, _, true) => "  [throttled]".to_string(),
+        (Some(after), _, false) => {
             format!("  [throttled: timed until its probes were removed, {} more calls counted after]", group_digits(after))
         }
-        (None, false) => "  [throttled: exact until its probes were removed, calls are a lower bound]".to_string(),
+        (None, Some(until), false) => format!(
+            "  [throttled: timed until its probes were removed, {} more calls counted until its counting stopped; calls are a lower bound]",
+            group_digits(until)
+        ),
+        (None, None, false) => "  [throttled: exact until its probes were removed, calls are a lower bound]".to_string(),
     }
 }
 
@@ -622,6 +626,8 @@ fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions,
         let calls = match info(&t.name) {
             Some((id, f)) => match (f.calls_after_throttle, f.calls_counted_until_stopped) {
                 (Some(counted), _) => group_digits(counted),
+                // A run without samples stopped counting them: no estimate.
+                (None, Some(counted)) if f.calls_after_counting_unknown => format!("{}+?", group_digits(counted)),
                 // Counted until counting stopped, then estimated from the
                 // samples since: at the calls a sample stood for while
                 // counted, else at its cost per call.
@@ -1071,9 +1077,11 @@ mod tests {
             assert!(out.lines().any(|l| l.trim_start().starts_with("~8,050 ") && l.ends_with("stopped")), "{out}");
         }
         // The flat profile's row says how many more were counted, where they were.
-        assert!(throttled_label(Some(123_456), false).contains("123,456 more calls counted after"));
-        assert!(throttled_label(None, false).contains("calls are a lower bound"));
-        assert_eq!(throttled_label(Some(1), true), "  [throttled]");
+        assert!(throttled_label(Some(123_456), None, false).contains("123,456 more calls counted after"));
+        assert!(throttled_label(None, None, false).contains("calls are a lower bound"));
+        let until = throttled_label(None, Some(978), false);
+        assert!(until.contains("978 more calls counted until its counting stopped; calls are a lower bound"), "{until}");
+        assert_eq!(throttled_label(Some(1), None, true), "  [throttled]");
     }
 
     #[test]
