@@ -92,8 +92,13 @@ impl MoreProbeChanges {
         let what = [
             (self.removed > 0).then(|| format!("probes removed from {}", counted(self.removed as u64, "more function", "more functions"))),
             (self.uncounted > 0).then(|| format!("counting stopped for {}", counted(self.uncounted as u64, "function", "functions"))),
-            (self.unestimated > 0)
-                .then(|| format!("{} of their counts lower bounds (no samples estimate the calls since)", self.unestimated)),
+            (self.unestimated > 0).then(|| {
+                let which = match self.unestimated {
+                    1 => "1 of them with a count that is a lower bound".to_string(),
+                    n => format!("{n} of them with counts that are lower bounds"),
+                };
+                format!("{which} (no samples estimate the calls since)")
+            }),
         ];
         let when = match (self.first_ms, self.last_ms) {
             (first, last) if first == last => format!("{first} ms"),
@@ -455,7 +460,11 @@ mod tests {
         };
         let folded = [throttled(1, &["a"]), throttled(2, &["b"]), throttled(3, &["c"]), unsampled(4, "a"), unsampled(5, "b")];
         let told = super::notes(&folded);
-        assert!(told[3].ends_with("counting stopped for 2 functions, 2 of their counts lower bounds (no samples estimate the calls since); `proftap report --format json` lists each"), "{}", told[3]);
+        assert!(
+            told[3].ends_with("counting stopped for 2 functions, 2 of them with counts that are lower bounds (no samples estimate the calls since); `proftap report --format json` lists each"),
+            "{}",
+            told[3]
+        );
         assert!(!super::notes(&notes).concat().contains("lower bound"));
     }
 }

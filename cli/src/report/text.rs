@@ -221,7 +221,10 @@ fn hottest(profile: &Profile, out: &mut String) {
             ("about ", untimed_calls(f.calls))
         } else {
             let (after, until) = (info.and_then(|i| i.calls_after_throttle), info.and_then(|i| i.calls_counted_until_stopped));
-            hottest_calls(f.calls, estimated, after, until, !info.is_some_and(|i| i.calls_after_counting_unknown))
+            let throttled = info.is_some_and(|i| i.mode == Mode::Throttled);
+            // Older files say nothing of it: without samples, nothing estimated their calls either.
+            let calls_estimated = profile.samples.is_some() && !info.is_some_and(|i| i.calls_after_counting_unknown);
+            hottest_calls(f.calls, estimated, after, until, throttled, calls_estimated)
         };
         let _ = writeln!(
             out,
@@ -524,14 +527,26 @@ fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
     }
 }
 
-/// The hottest function's calls: `timed` by its probes, then counted to
-/// the end (`after`) or until its counting stopped too (`until`), or
-/// neither; "about" its time where some of it is `estimated` from samples;
-/// its calls after its counting stopped `estimated` from them, or unknown.
-fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u64>, calls_estimated: bool) -> (&'static str, String) {
+/// The hottest function's calls: `timed` by its probes, then, where it
+/// was `throttled`, counted to the end (`after`) or until its counting
+/// stopped too (`until`), or neither; "about" its time where some of it is
+/// `estimated` from samples; its calls no longer counted `calls_estimated`
+/// from them, or unknown (a lower bound).
+fn hottest_calls(
+    timed: u64,
+    estimated: u64,
+    after: Option<u64>,
+    until: Option<u64>,
+    throttled: bool,
+    calls_estimated: bool,
+) -> (&'static str, String) {
+    let about = if estimated > 0 { "about " } else { "" };
     match (estimated, after, until) {
+        (_, None, None) if throttled && !calls_estimated => {
+            (about, format!("at least {} calls: timed until its probes were removed, none counted after", group_digits(timed)))
+        }
         (_, None, Some(until)) if !calls_estimated => (
-            "",
+            about,
             format!(
                 "at least {} calls: {} timed, {} counted after its probes were removed, none counted after its counting stopped too",
                 group_digits(timed.saturating_add(until)),
@@ -956,6 +971,21 @@ mod tests {
         let mut out = String::new();
         hottest(&profile, &mut out);
         assert!(out.contains(&format!("{} calls (10 of them", group_digits(u64::MAX))), "{out}");
+    }
+
+    /// Without samples, or a merged run's that had none, a throttled
+    /// function's calls its probes and counters did not see are unknown:
+    /// the count is at least what they saw; its time "about" only where
+    /// samples estimate some of it.
+    #[test]
+    fn the_hottest_throttled_functions_calls_nothing_estimated_are_a_lower_bound() {
+        let (about, calls) = hottest_calls(1_000, 0, None, None, true, false);
+        assert_eq!((about, calls.as_str()), ("", "at least 1,000 calls: timed until its probes were removed, none counted after"));
+        let (about, calls) = hottest_calls(1_000, 5, None, Some(978), true, false);
+        assert_eq!(about, "about ");
+        assert!(calls.starts_with("at least 1,978 calls: 1,000 timed, 978 counted"), "{calls}");
+        assert_eq!(hottest_calls(1_000, 0, None, None, false, false).1, "1,000 calls", "not throttled: every call timed");
+        assert!(hottest_calls(1_000, 5, None, None, true, true).1.contains("then estimated from samples"));
     }
 
     /// A throttled function whose calls after the throttle were not
