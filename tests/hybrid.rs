@@ -238,7 +238,7 @@ fn without_samples_counting_past_the_budget_stops_and_says_the_count_is_a_lower_
     assert_eq!(tiny["calls_after_counting_unknown"], true, "{tiny}");
     let row = format!(
         "tiny  [throttled: timed until its probes were removed, {} more calls counted until its counting stopped; calls are a lower bound]",
-        group(until)
+        grouped(until)
     );
     assert!(text.lines().any(|l| l.ends_with(&row)), "{row} in\n{text}");
     // Line counts' function counts hold the calls counted until then too.
@@ -260,19 +260,6 @@ fn without_samples_counting_past_the_budget_stops_and_says_the_count_is_a_lower_
     let fnda = format!("FNDA:{},tiny", tiny["calls"].as_u64().unwrap() + until);
     let lcov = std::fs::read_to_string(&info).unwrap();
     assert!(lcov.lines().any(|l| l == fnda), "{fnda} in\n{lcov}");
-}
-
-/// `n` with its digits grouped by threes, as the report writes counts.
-fn group(n: u64) -> String {
-    let digits = n.to_string();
-    let mut grouped = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            grouped.push(',');
-        }
-        grouped.push(c);
-    }
-    grouped
 }
 
 /// Two threads calling one function on two CPUs count its calls after its

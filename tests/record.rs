@@ -461,20 +461,7 @@ fn lost_events_are_counted_and_shown() {
         assert_eq!(entry["tid"].as_i64(), Some(waiter.pid as i64));
     }
     let text = run_ok(proftap().arg("report").arg(&file));
-    assert!(text.contains(&format!("lost        {}", lost_text(lost))), "{text}");
-}
-
-/// `1234567` -> `1,234,567`, as the text report writes counts.
-fn lost_text(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    assert!(text.contains(&format!("lost        {}", grouped(lost))), "{text}");
 }
 
 #[test]

@@ -153,6 +153,32 @@ impl Drop for KilledAtTheEnd {
     }
 }
 
+/// Another tracer of process `pid` (a thread of this process's own, as
+/// good as another program's): proftap cannot hold it until it lets go.
+struct ForeignTracer {
+    let_go: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ForeignTracer {
+    fn hold(pid: i32) -> ForeignTracer {
+        let (let_go, wait) = std::sync::mpsc::channel::<()>();
+        let (seized, is_seized) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            seized.send(nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::empty())).unwrap();
+            // A tracer lets go as it ends.
+            let _ = wait.recv();
+        });
+        is_seized.recv().unwrap().unwrap();
+        ForeignTracer { let_go, thread }
+    }
+
+    fn let_go(self) {
+        self.let_go.send(()).unwrap();
+        self.thread.join().unwrap();
+    }
+}
+
 /// A forked child held as a function's probes come out, then traced by
 /// another, so that it cannot be held as the function's counting stops:
 /// its calls go on being counted (in the counters it shares with its
@@ -170,20 +196,11 @@ fn a_child_that_cannot_be_held_as_counting_stops_is_told_to_count_still() {
     let _killed = KilledAtTheEnd(child);
     patched.unpatch(&[tick]).unwrap();
     assert_eq!(waiter.tick(5), 5);
-    // Another tracer (a thread of this process's own, as good as another
-    // program's) holds the child until told to let go: it lets go as it ends.
-    let (let_go, wait) = std::sync::mpsc::channel::<()>();
-    let (seized, is_seized) = std::sync::mpsc::channel();
-    let tracer = std::thread::spawn(move || {
-        seized.send(nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(child), nix::sys::ptrace::Options::empty())).unwrap();
-        let _ = wait.recv();
-    });
-    is_seized.recv().unwrap().unwrap();
+    let tracer = ForeignTracer::hold(child);
     patched.stop_counting(&[tick]).unwrap();
     assert_eq!(patched.counting_goes_on(), &[(child, tick)]);
     assert_eq!(waiter.tick(7), 12);
-    let_go.send(()).unwrap();
-    tracer.join().unwrap();
+    tracer.let_go();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGUSR1).unwrap();
     assert_eq!(waiter.ask("reap", "reaped"), 0);
     // The parent's 5 calls counted before counting stopped, the child's
@@ -206,18 +223,11 @@ fn probes_and_counting_taken_out_in_one_step_leave_the_calls_after_uncounted() {
     let child = waiter.ask("fork 40", "forked") as i32;
     assert!(child > 0);
     let _killed = KilledAtTheEnd(child);
-    let (let_go, wait) = std::sync::mpsc::channel::<()>();
-    let (seized, is_seized) = std::sync::mpsc::channel();
-    let tracer = std::thread::spawn(move || {
-        seized.send(nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(child), nix::sys::ptrace::Options::empty())).unwrap();
-        let _ = wait.recv();
-    });
-    is_seized.recv().unwrap().unwrap();
+    let tracer = ForeignTracer::hold(child);
     patched.step_down(&[tick], &[tick]).unwrap();
     assert_eq!(patched.counting_goes_on(), &[(child, tick)]);
     assert_eq!(waiter.tick(7), 10);
-    let_go.send(()).unwrap();
-    tracer.join().unwrap();
+    tracer.let_go();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGUSR1).unwrap();
     assert_eq!(waiter.ask("reap", "reaped"), 0);
     let mut calls = vec![0; functions.len()];

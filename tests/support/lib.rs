@@ -540,6 +540,20 @@ pub fn profile_run(proftap_args: &[&str], command: &[&str]) -> serde_json::Value
 }
 
 /// `proftap report FILE --format json`.
+/// `n` with its digits grouped by threes (`1234567` -> `1,234,567`), as
+/// the text report writes counts.
+pub fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 pub fn report_json(file: &Path) -> serde_json::Value {
     let out = run_ok(proftap().arg("report").arg(file).args(["--format", "json"]));
     serde_json::from_str(&out).unwrap()
