@@ -539,7 +539,6 @@ pub fn profile_run(proftap_args: &[&str], command: &[&str]) -> serde_json::Value
     report_json(&file)
 }
 
-/// `proftap report FILE --format json`.
 /// `n` with its digits grouped by threes (`1234567` -> `1,234,567`), as
 /// the text report writes counts.
 pub fn grouped(n: u64) -> String {
@@ -554,6 +553,7 @@ pub fn grouped(n: u64) -> String {
     out
 }
 
+/// `proftap report FILE --format json`.
 pub fn report_json(file: &Path) -> serde_json::Value {
     let out = run_ok(proftap().arg("report").arg(file).args(["--format", "json"]));
     serde_json::from_str(&out).unwrap()

@@ -120,8 +120,9 @@ pub struct Patched {
     /// From each address of the entries' counting trampolines on, the
     /// original address it stands for.
     counting_origins: Vec<(u64, u64)>,
-    /// Functions of `unpatched` whose calls are no longer counted either:
-    /// their original code is back (see [`Patched::stop_counting`]).
+    /// Functions whose calls are no longer counted: their original code is
+    /// back (see [`Patched::stop_counting`]), their probes out before or in
+    /// the same step.
     calls_uncounted: Vec<usize>,
     /// Forked children that could not be held as the counting of these
     /// functions stopped: counted there still (see [`Patched::counting_goes_on`]).
@@ -562,7 +563,7 @@ impl Patched {
 
     /// [`Patched::unpatch`] for `unpatch` and [`Patched::stop_counting`]
     /// for `uncount` together, each process held once for both: a hold
-    /// stops every thread of the program for 50 to 500 µs.
+    /// stops every thread of the program for 30 to 500 µs.
     pub fn step_down(&mut self, unpatch: &[usize], uncount: &[usize]) -> Result<(), RemoteError> {
         let (mut unpatched, mut uncounted) = (Ok(()), Ok(()));
         if self.applied.iter().any(|a| unpatch.contains(&a.function) || uncount.contains(&a.function)) {
@@ -580,8 +581,8 @@ impl Patched {
             }
         }
         // Only what took effect in the process is noted, and done in its
-        // children: a half that failed is asked again, and until then its
-        // calls are timed or counted as before, not estimated.
+        // children: a half that failed is not taken as done (the caller
+        // asks for both again), its calls timed or counted as before.
         if unpatched.is_ok() {
             self.unpatched.extend_from_slice(unpatch);
             self.unpatched.sort_unstable();
@@ -630,10 +631,10 @@ impl Patched {
             if !runs_patched {
                 return Ok(());
             }
-            patcher::restore(&remote, &mut applied, |f| self.calls_uncounted.contains(&f))?;
+            let restored = patcher::restore(&remote, &mut applied, |f| self.calls_uncounted.contains(&f));
             // Probes that could not come out stay: exact, only dearer.
             let _ = patcher::count_only(&remote, &mut applied, |_| true);
-            Ok(())
+            restored
         });
         restored.is_ok() || crate::target::has_exited(process)
     }
