@@ -558,13 +558,15 @@ impl Patched {
     /// (see [`Patched::calls_only_counted`]), where the entry has a
     /// counting trampoline, else run the original code.
     pub fn unpatch(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
-        self.step_down(functions, &[])
+        self.step_down(functions, &[])?.unpatched
     }
 
     /// [`Patched::unpatch`] for `unpatch` and [`Patched::stop_counting`]
     /// for `uncount` together, each process held once for both: a hold
     /// stops every thread of the program for 30 to 500 µs.
-    pub fn step_down(&mut self, unpatch: &[usize], uncount: &[usize]) -> Result<(), RemoteError> {
+    /// Each half's outcome comes back on its own (an error: the process
+    /// could not be held, neither was done).
+    pub fn step_down(&mut self, unpatch: &[usize], uncount: &[usize]) -> Result<SteppedDown, RemoteError> {
         let (mut unpatched, mut uncounted) = (Ok(()), Ok(()));
         if self.applied.iter().any(|a| unpatch.contains(&a.function) || uncount.contains(&a.function)) {
             match self.hold() {
@@ -582,7 +584,7 @@ impl Patched {
         }
         // Only what took effect in the process is noted, and done in its
         // children: a half that failed is not taken as done (the caller
-        // asks for both again), its calls timed or counted as before.
+        // asks for it again), its calls timed or counted as before.
         if unpatched.is_ok() {
             self.unpatched.extend_from_slice(unpatch);
             self.unpatched.sort_unstable();
@@ -603,7 +605,7 @@ impl Patched {
                 }
             }
         }
-        unpatched.and(uncounted)
+        Ok(SteppedDown { unpatched, uncounted })
     }
 
     /// Takes the probes of `functions` out of forked child `pid`, which
@@ -662,7 +664,7 @@ impl Patched {
     /// their calls are no longer counted (counting them cost more than
     /// the budget allows).
     pub fn stop_counting(&mut self, functions: &[usize]) -> Result<(), RemoteError> {
-        self.step_down(&[], functions)
+        self.step_down(&[], functions)?.uncounted
     }
 
     /// Adds to `into` (by function) the calls only counted so far, those
@@ -1334,6 +1336,15 @@ fn map_memory(
         shared_file,
     };
     Ok((shared, memory, config))
+}
+
+/// What [`Patched::step_down`] did of each half.
+#[derive(Debug)]
+pub struct SteppedDown {
+    /// Taking the probes out.
+    pub unpatched: Result<(), RemoteError>,
+    /// Stopping the counting.
+    pub uncounted: Result<(), RemoteError>,
 }
 
 /// Whether the process `remote` holds maps, at `shared`, the memory

@@ -3,7 +3,7 @@
 //! governor) which functions to unpatch, and unpatches them at once.
 //! Nothing is lost while it waits: the runtime adds everything up in place.
 
-use super::patched::Patched;
+use super::patched::{Patched, SteppedDown};
 use super::reading::{MOST_CONTEXT_BYTES, ThreadTotals, TotalsView, TraceCursor};
 use super::totals::Traced;
 use std::collections::HashMap;
@@ -76,11 +76,46 @@ fn thread_cpu_time() -> Duration {
 }
 
 /// Takes the probes of the functions among `pending` below `functions`
-/// out, and stops counting the calls of those `functions` above (see [`Judge`]).
-fn step_down(patched: &mut Patched, pending: &[usize], functions: usize) -> Result<(), super::remote::RemoteError> {
+/// out, and stops counting the calls of those `functions` above (see
+/// [`Judge`]); then takes out of `pending` what is done, and what is
+/// given up on once `give_up`: each with why, if it failed.
+fn step_down(patched: &mut Patched, pending: &mut Vec<usize>, functions: usize, give_up: bool) -> Vec<(Vec<usize>, Option<String>)> {
     let (unpatch, uncount): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&f| f < functions);
     let uncount: Vec<usize> = uncount.into_iter().map(|f| f - functions).collect();
-    patched.step_down(&unpatch, &uncount)
+    sort_out(pending, functions, patched.step_down(&unpatch, &uncount), give_up)
+}
+
+/// Of `pending` (functions below `functions` to unpatch, those above to
+/// uncount), what `outcome` did, taken out of it: a half that took effect
+/// is told now, whatever the other did; a failed one stays to be asked
+/// again, until `give_up`, then is told with its error.
+fn sort_out(
+    pending: &mut Vec<usize>,
+    functions: usize,
+    outcome: Result<SteppedDown, super::remote::RemoteError>,
+    give_up: bool,
+) -> Vec<(Vec<usize>, Option<String>)> {
+    let (done, error): (Vec<usize>, Option<String>) = match outcome {
+        Ok(SteppedDown { unpatched, uncounted }) => {
+            let half = |uncount: bool| pending.iter().copied().filter(move |&f| (f >= functions) == uncount);
+            let done = [(unpatched.is_ok(), false), (uncounted.is_ok(), true)]
+                .into_iter()
+                .filter(|(ok, _)| *ok)
+                .flat_map(|(_, u)| half(u))
+                .collect();
+            (done, unpatched.err().or(uncounted.err()).map(|e| e.to_string()))
+        }
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    let mut told = Vec::new();
+    if !done.is_empty() {
+        pending.retain(|f| !done.contains(f));
+        told.push((done, None));
+    }
+    if let Some(error) = error.filter(|_| give_up && !pending.is_empty()) {
+        told.push((std::mem::take(pending), Some(error)));
+    }
+    told
 }
 
 /// A patched process watched by a thread of its own.
@@ -238,20 +273,20 @@ impl Watch {
                     if !pending.is_empty() {
                         looking = Some(thread_cpu_time().saturating_sub(looked_cpu));
                         let unpatch_started = std::time::Instant::now();
-                        let outcome = step_down(&mut patched, &pending, functions);
-                        unpatching = unpatch_started.elapsed();
                         tries += 1;
                         // Holding the process can fail for a moment (another
                         // holder letting go): tried again at the next look.
-                        if outcome.is_ok() || tries >= TRIES {
-                            let error = outcome.err().map(|e| e.to_string());
-                            let with_calls = |f: usize| (f % functions, calls.get(f).copied().unwrap_or(0));
-                            let (unpatched, uncounted): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&f| f < functions);
+                        let told = step_down(&mut patched, &mut pending, functions, tries >= TRIES);
+                        unpatching = unpatch_started.elapsed();
+                        let with_calls = |f: usize| (f % functions, calls.get(f).copied().unwrap_or(0));
+                        for (changed, error) in told {
+                            let (unpatched, uncounted): (Vec<usize>, Vec<usize>) = changed.into_iter().partition(|&f| f < functions);
                             let time = super::clock::monotonic_ns();
                             let functions = unpatched.into_iter().map(with_calls).collect();
                             let uncounted = uncounted.into_iter().map(with_calls).collect();
                             let _ = tell.send(Unpatched { time, functions, uncounted, error, counting_goes_on: Vec::new() });
-                            pending.clear();
+                        }
+                        if pending.is_empty() {
                             tries = 0;
                         }
                     }
@@ -302,5 +337,40 @@ impl Watch {
             Ok(done) => done,
             Err(panic) => std::panic::resume_unwind(panic),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inject::remote::RemoteError;
+
+    fn held_elsewhere() -> RemoteError {
+        RemoteError::Unsupported("held elsewhere".into())
+    }
+
+    /// Of a step down that took its probes out but could not stop a
+    /// counting, the probes' half is told at once, and the counting's
+    /// asked again, then told with its error once given up on; a process
+    /// that could not be held keeps both asked.
+    #[test]
+    fn a_half_that_took_effect_is_told_and_a_failed_one_asked_again_until_given_up() {
+        // Ten functions: 3's probes to take out, 7's counting to stop (17).
+        let mut pending = vec![3, 17];
+        let half_done = || Ok(SteppedDown { unpatched: Ok(()), uncounted: Err(held_elsewhere()) });
+        assert_eq!(sort_out(&mut pending, 10, half_done(), false), vec![(vec![3], None)]);
+        assert_eq!(pending, vec![17]);
+        assert!(sort_out(&mut pending, 10, half_done(), false).is_empty());
+        let told = sort_out(&mut pending, 10, half_done(), true);
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].0, vec![17]);
+        assert!(told[0].1.as_deref().is_some_and(|e| e.contains("held elsewhere")), "{told:?}");
+        assert!(pending.is_empty());
+        let mut pending = vec![3, 17];
+        assert!(sort_out(&mut pending, 10, Err(held_elsewhere()), false).is_empty());
+        assert_eq!(pending, vec![3, 17]);
+        let both = Ok(SteppedDown { unpatched: Ok(()), uncounted: Ok(()) });
+        assert_eq!(sort_out(&mut pending, 10, both, false), vec![(vec![3, 17], None)]);
+        assert!(pending.is_empty());
     }
 }
