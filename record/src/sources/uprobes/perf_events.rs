@@ -256,8 +256,7 @@ impl PerfEvents {
 
     fn descriptors_per_task(&self) -> usize {
         let tracepoints: usize = self.parts.iter().map(|p| p.tracepoints.len()).sum();
-        let counters = usize::from(self.task_records.counters);
-        self.cpus.len() * (3 + (tracepoints + counters) * self.metrics.len())
+        descriptors(self.cpus.len(), tracepoints, self.task_records.counters, self.metrics.len())
     }
 
     /// Opens every event on task `pid` of process `process` (and, through
@@ -429,6 +428,14 @@ struct Task {
     of_tasks: usize,
 }
 
+/// The most descriptors one task's events take on `cpus` CPUs, which an
+/// error at the limit names: three a CPU besides the counters (a sampler
+/// among them), then each metric's counter under each of the
+/// `tracepoints`, and under the switches where `counters` are asked.
+fn descriptors(cpus: usize, tracepoints: usize, counters: bool, metrics: usize) -> usize {
+    cpus * (3 + (tracepoints + usize::from(counters)) * metrics)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn open_on(
     cpus: &[usize],
@@ -439,7 +446,7 @@ fn open_on(
     Task { pid, enable_on_exec, of_tasks }: Task,
     owners: &[&Counter],
 ) -> Result<Opened, RecordError> {
-    let need = cpus.len() * (3 + (tracepoints.len() + usize::from(counters)) * metrics.len()) * of_tasks.max(1);
+    let need = descriptors(cpus.len(), tracepoints.len(), counters, metrics.len()) * of_tasks.max(1);
     let err = |e| perf_error(format!("thread {pid}"), e, need);
     let mut opened = Opened { probes: Vec::new(), counters: Vec::new(), samplers: Vec::new(), sources: FxHashMap::default() };
     for (slot, &cpu) in cpus.iter().enumerate() {
