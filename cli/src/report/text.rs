@@ -221,10 +221,14 @@ fn hottest(profile: &Profile, out: &mut String) {
             ("about ", untimed_calls(f.calls))
         } else {
             let (after, until) = (info.and_then(|i| i.calls_after_throttle), info.and_then(|i| i.calls_counted_until_stopped));
-            let throttled = info.is_some_and(|i| i.mode == Mode::Throttled);
             // Older files say nothing of it: without samples, nothing estimated their calls either.
             let calls_estimated = profile.samples.is_some() && !info.is_some_and(|i| i.calls_after_counting_unknown);
-            hottest_calls(f.calls, estimated, after, until, throttled, calls_estimated)
+            let uncounted = match info.is_some_and(|i| i.mode == Mode::Throttled) {
+                false => Uncounted::None,
+                true if calls_estimated => Uncounted::Estimated,
+                true => Uncounted::Unknown,
+            };
+            hottest_calls(f.calls, estimated, after, until, uncounted)
         };
         let _ = writeln!(
             out,
@@ -527,25 +531,28 @@ fn sampled_only(profile: &Profile, options: &TextOptions, out: &mut String) {
     }
 }
 
+/// The calls of a function that neither its probes nor its counter saw.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Uncounted {
+    /// None: it was never throttled, every call was timed.
+    None,
+    /// Estimated from its samples.
+    Estimated,
+    /// Unknown (nothing sampled them): its count is a lower bound.
+    Unknown,
+}
+
 /// The hottest function's calls: `timed` by its probes, then, where it
-/// was `throttled`, counted to the end (`after`) or until its counting
-/// stopped too (`until`), or neither; "about" its time where some of it is
-/// `estimated` from samples; its calls no longer counted `calls_estimated`
-/// from them, or unknown (a lower bound).
-fn hottest_calls(
-    timed: u64,
-    estimated: u64,
-    after: Option<u64>,
-    until: Option<u64>,
-    throttled: bool,
-    calls_estimated: bool,
-) -> (&'static str, String) {
+/// was throttled, counted to the end (`after`) or until its counting
+/// stopped too (`until`), or neither, the rest `uncounted`; "about" its
+/// time where some of it is `estimated` from samples.
+fn hottest_calls(timed: u64, estimated: u64, after: Option<u64>, until: Option<u64>, uncounted: Uncounted) -> (&'static str, String) {
     let about = if estimated > 0 { "about " } else { "" };
     match (estimated, after, until) {
-        (_, None, None) if throttled && !calls_estimated => {
+        (_, None, None) if uncounted == Uncounted::Unknown => {
             (about, format!("at least {} calls: timed until its probes were removed, none counted after", group_digits(timed)))
         }
-        (_, None, Some(until)) if !calls_estimated => (
+        (_, None, Some(until)) if uncounted != Uncounted::Estimated => (
             about,
             format!(
                 "at least {} calls: {} timed, {} counted after its probes were removed, none counted after its counting stopped too",
@@ -979,13 +986,13 @@ mod tests {
     /// samples estimate some of it.
     #[test]
     fn the_hottest_throttled_functions_calls_nothing_estimated_are_a_lower_bound() {
-        let (about, calls) = hottest_calls(1_000, 0, None, None, true, false);
+        let (about, calls) = hottest_calls(1_000, 0, None, None, Uncounted::Unknown);
         assert_eq!((about, calls.as_str()), ("", "at least 1,000 calls: timed until its probes were removed, none counted after"));
-        let (about, calls) = hottest_calls(1_000, 5, None, Some(978), true, false);
+        let (about, calls) = hottest_calls(1_000, 5, None, Some(978), Uncounted::Unknown);
         assert_eq!(about, "about ");
         assert!(calls.starts_with("at least 1,978 calls: 1,000 timed, 978 counted"), "{calls}");
-        assert_eq!(hottest_calls(1_000, 0, None, None, false, false).1, "1,000 calls", "not throttled: every call timed");
-        assert!(hottest_calls(1_000, 5, None, None, true, true).1.contains("then estimated from samples"));
+        assert_eq!(hottest_calls(1_000, 0, None, None, Uncounted::None).1, "1,000 calls", "not throttled: every call timed");
+        assert!(hottest_calls(1_000, 5, None, None, Uncounted::Estimated).1.contains("then estimated from samples"));
     }
 
     /// A throttled function whose calls after the throttle were not
