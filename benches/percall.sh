@@ -28,7 +28,8 @@ printf '%-4s %-10s %10s %10s %10s %10s %10s %10s %13s %14s\n' opt first-insn bar
 for opt in O0 O2; do
   loop=$dir/loop-$opt
   offset=$("$proftap" symbols "$loop" -f f --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["functions"][0]["file_offset"])')
-  first=$(objdump -d "$loop" --no-show-raw-insn | awk '/<f>:/{getline; print $2; exit}')
+  # awk reads to the end: leaving early would end objdump with SIGPIPE, which pipefail makes fatal.
+  first=$(objdump -d "$loop" --no-show-raw-insn | awk '/<f>:/ && !seen {getline; print $2; seen = 1}')
   bare=$(measure "$loop" "$calls")
   floor=$(measure "$dir/floor" "$loop" "$offset" "$loop" "$calls")
   ours=$(measure "$proftap" run --engine uprobe -f f -o "$dir/p.profile" -- "$loop" "$calls")
