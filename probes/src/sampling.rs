@@ -318,6 +318,9 @@ struct Process {
     /// From each address of its counting stubs on, the original address it
     /// stands for (0: none), by address.
     origins: Vec<(u64, u64)>,
+    /// The entries' counting trampolines: where each starts and ends, and
+    /// the function it counts the calls of, by address.
+    counting_stubs: Vec<(u64, u64, u32)>,
     /// Where the in-process engine's routines return to in its code, by
     /// address (see [`StackResolver::probe_returns`]).
     probe_returns: Vec<u64>,
@@ -666,6 +669,14 @@ impl StackResolver {
         process.origins.sort_unstable();
     }
 
+    /// The entries' counting trampolines in process `pid`: where each
+    /// starts and ends, and the function whose calls it counts.
+    pub fn counting_stubs(&mut self, pid: u32, stubs: Vec<(u64, u64, u32)>) {
+        let process = self.processes.entry(pid).or_default();
+        process.counting_stubs.extend(stubs);
+        process.counting_stubs.sort_unstable();
+    }
+
     /// Process `child` was forked from `parent`: until it maps or executes
     /// anything else it has its parent's mappings, proftap's code among them.
     pub fn forked(&mut self, parent: u32, child: u32) {
@@ -676,6 +687,7 @@ impl StackResolver {
             engine_code: from.engine_code.clone(),
             fork_code: from.fork_code.clone(),
             origins: from.origins.clone(),
+            counting_stubs: from.counting_stubs.clone(),
             probe_returns: from.probe_returns.clone(),
             return_trampolines: from.return_trampolines.clone(),
             // Its unwinder is built at its first sample.
@@ -698,19 +710,13 @@ impl StackResolver {
         self.executed.insert(pid, at.checked_sub(std::time::Duration::from_millis(50)).unwrap_or(at));
     }
 
-    /// Whether `sample` was taken in a counting stub of the in-process
-    /// engine (see [`StackResolver::origins`]), which its stack names as
-    /// the function's own code: the time of the stub's `lock inc` shows
-    /// on the instruction after it.
-    pub fn in_counting_code(&self, sample: &StackSample) -> bool {
-        // An island (padding holding a jump to a trampoline) stands for its
-        // entry too, but is not counting code.
+    /// The function whose entry's counting trampoline `sample` was taken
+    /// in, if it was in one (see [`StackResolver::counting_stubs`]).
+    pub fn counting_stub_of(&self, sample: &StackSample) -> Option<u32> {
         let ip = sample.regs[0];
-        !sample.in_kernel
-            && self
-                .processes
-                .get(&sample.pid)
-                .is_some_and(|p| p.engine_code.iter().any(|c| c.contains(&ip)) && origin_of(&p.origins, ip).is_some())
+        let stubs = &self.processes.get(&sample.pid).filter(|_| !sample.in_kernel)?.counting_stubs;
+        let &(_, end, function) = stubs.get(stubs.partition_point(|s| s.0 <= ip).checked_sub(1)?)?;
+        (ip < end).then_some(function)
     }
 
     /// Names one sample's stack. `returns` are the thread's return
@@ -1131,6 +1137,40 @@ mod probe_tests {
     fn named(resolver: &mut StackResolver, pid: u32, ip: u64, sp: u64, stack: Vec<u8>, returns: &[(u64, u64)]) -> Vec<String> {
         let sample = StackSample { time: 0, pid, tid: pid, regs: [ip, sp, 0], stack, in_kernel: false, kernel_ip: 0, returns: Vec::new() };
         resolver.resolve(&sample, returns).frames.into_iter().map(|f| f.name).collect()
+    }
+
+    /// A sample in the count of an entry's counting trampoline is that
+    /// function's counting; one in the function's instructions moved after
+    /// it, or in the kernel, or in another process, is not; a forked child
+    /// has its parent's.
+    #[test]
+    fn a_sample_in_a_counting_stub_names_its_function() {
+        let mut resolver = StackResolver::new(Arc::new(SymbolCache::new(crate::symbols::DebugDirs(Vec::new()))));
+        let (pid, child) = (41, 42);
+        resolver.counting_stubs(pid, vec![(0x3000, 0x3020, 7), (0x1000, 0x1020, 3)]);
+        let at = |pid: u32, ip: u64, in_kernel: bool| {
+            let sample =
+                StackSample { time: 0, pid, tid: pid, regs: [ip, 0, 0], stack: Vec::new(), in_kernel, kernel_ip: 0, returns: Vec::new() };
+            resolver.counting_stub_of(&sample)
+        };
+        assert_eq!([at(pid, 0x1000, false), at(pid, 0x101f, false), at(pid, 0x3010, false)], [Some(3), Some(3), Some(7)]);
+        assert_eq!([at(pid, 0xfff, false), at(pid, 0x1020, false), at(pid, 0x3020, false)], [None; 3]);
+        assert_eq!([at(pid, 0x1010, true), at(child, 0x1010, false)], [None; 2]);
+        resolver.forked(pid, child);
+        let at = |pid: u32, ip: u64| {
+            let sample = StackSample {
+                time: 0,
+                pid,
+                tid: pid,
+                regs: [ip, 0, 0],
+                stack: Vec::new(),
+                in_kernel: false,
+                kernel_ip: 0,
+                returns: Vec::new(),
+            };
+            resolver.counting_stub_of(&sample)
+        };
+        assert_eq!(at(child, 0x3000), Some(7));
     }
 
     /// Past a function trampoline's restores, no word on the stack is a

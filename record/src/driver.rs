@@ -247,6 +247,7 @@ pub(crate) struct CodeAdded {
     probe_returns: Vec<u64>,
     return_trampolines: Vec<u64>,
     fork_code: Vec<std::ops::Range<u64>>,
+    counting_stubs: Vec<(u64, u64, u32)>,
     time: u64,
 }
 
@@ -258,6 +259,7 @@ impl CodeAdded {
             probe_returns: engine.probe_returns(),
             return_trampolines: engine.return_trampoline_returns(),
             fork_code: engine.fork_code(),
+            counting_stubs: engine.counting_stubs(),
             time: engine.code_since_ns(),
         }
     }
@@ -304,10 +306,11 @@ impl Consumer {
                     sampler.exec(*pid, std::time::SystemTime::now().checked_sub(ago).unwrap_or(std::time::UNIX_EPOCH));
                 }
                 Event::Fork { pid, ppid, tid, .. } if pid == tid && pid != ppid => sampler.forked(*ppid, *pid),
-                Event::CodeAdded { pid, ranges, origins, probe_returns, return_trampolines, fork_code, .. } => {
+                Event::CodeAdded { pid, ranges, origins, probe_returns, return_trampolines, fork_code, counting_stubs, .. } => {
                     ranges.iter().for_each(|r| sampler.engine_code(*pid, r.clone()));
                     sampler.fork_code(*pid, fork_code.clone());
                     sampler.origins(*pid, origins.clone());
+                    sampler.counting_stubs(*pid, counting_stubs.clone());
                     sampler.probe_returns(*pid, probe_returns.clone(), return_trampolines.clone());
                 }
                 Event::ProbesReplaced { removed, uncounted, .. } => {
@@ -732,10 +735,11 @@ impl<'a> Driver<'a> {
 
     /// proftap's code is now at `ranges` in process `pid`.
     pub fn code_added(&mut self, pid: i32, added: Option<CodeAdded>) {
-        if let Some(CodeAdded { ranges, origins, probe_returns, return_trampolines, fork_code, time }) =
+        if let Some(CodeAdded { ranges, origins, probe_returns, return_trampolines, fork_code, counting_stubs, time }) =
             added.filter(|a| !a.ranges.is_empty())
         {
-            self.queue.push(Event::CodeAdded { time, pid: pid as u32, ranges, origins, probe_returns, return_trampolines, fork_code });
+            let pid = pid as u32;
+            self.queue.push(Event::CodeAdded { time, pid, ranges, origins, probe_returns, return_trampolines, fork_code, counting_stubs });
         }
     }
 

@@ -84,22 +84,36 @@ pub const COUNTED_CALL_NS: u64 = 1;
 /// estimate: the scale errs towards throttling.)
 ///
 /// Samples in the counting stubs of functions whose probes were taken
-/// out are kept apart: they measure what counting those calls costs.
+/// out are kept apart: they measure what counting those calls costs; and
+/// each function's apart again, so that the stubs of functions no longer
+/// counted (the hottest, whose counting cost the most a call) stop
+/// pricing those still counted.
 #[derive(Default, Debug)]
 pub struct SampledOverhead {
     in_probes: AtomicU64,
     in_counting: AtomicU64,
+    /// Of `in_counting`, those in each function's stub (by index).
+    by_function: Box<[AtomicU64]>,
 }
 
 impl SampledOverhead {
+    /// Samples of the code of `functions` functions, the counting stubs of each told apart.
+    pub fn of_functions(functions: usize) -> Self {
+        SampledOverhead { by_function: (0..functions).map(|_| AtomicU64::new(0)).collect(), ..Self::default() }
+    }
+
     /// One sample more taken in the engine's code.
     pub fn count(&self) {
         self.in_probes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// One sample more taken in a counting stub.
-    pub fn count_counting(&self) {
+    /// One sample more taken in `function`'s counting stub (one past the
+    /// functions told apart, a hook's, counts for all of them).
+    pub fn count_counting(&self, function: u32) {
         self.in_counting.fetch_add(1, Ordering::Relaxed);
+        if let Some(samples) = self.by_function.get(function as usize) {
+            samples.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Samples taken in the engine's code so far.
@@ -110,6 +124,11 @@ impl SampledOverhead {
     /// Samples taken in the counting stubs so far.
     pub fn in_counting(&self) -> u64 {
         self.in_counting.load(Ordering::Relaxed)
+    }
+
+    /// Samples taken in `function`'s counting stub so far.
+    pub fn in_counting_of(&self, function: usize) -> u64 {
+        self.by_function.get(function).map_or(0, |samples| samples.load(Ordering::Relaxed))
     }
 }
 
@@ -190,18 +209,15 @@ impl Governor {
     }
 
     /// How much more the probes (`counting`: the counting stubs) cost than
-    /// `estimated_ns` over the run, by the samples (a prior until enough
-    /// were taken in their code). Without samples, the priors where asked
-    /// (see [`Governor::with_priors`]), else the estimate stands.
-    fn scale(&self, estimated_ns: f64, counting: bool) -> f64 {
+    /// `estimated_ns` over the run, by the `samples` taken in their code
+    /// (a prior until there are enough). Without samples, the priors where
+    /// asked (see [`Governor::with_priors`]), else the estimate stands.
+    fn scale(&self, estimated_ns: f64, samples: u64, counting: bool) -> f64 {
         let prior = |counting| if counting { UNTRUSTED_COUNTING_SCALE } else { UNTRUSTED_PROBE_SCALE };
-        let Some((sampled, ns_per_sample)) = &self.sampled else {
+        let Some((_, ns_per_sample)) = &self.sampled else {
             return if self.priors { prior(counting) } else { 1.0 };
         };
-        let (samples, trusted, most) = match counting {
-            true => (sampled.in_counting(), TRUSTED_COUNTING_SAMPLES, MOST_COUNTING_SCALE),
-            false => (sampled.in_probes(), TRUSTED_PROBE_SAMPLES, MOST_SCALE),
-        };
+        let (trusted, most) = if counting { (TRUSTED_COUNTING_SAMPLES, MOST_COUNTING_SCALE) } else { (TRUSTED_PROBE_SAMPLES, MOST_SCALE) };
         if samples < trusted || estimated_ns <= 0.0 {
             return prior(counting);
         }
@@ -235,6 +251,10 @@ impl Governor {
         // What the probes and the counting cost so far, and what each
         // function still instrumented cost lately (ns of it in the window).
         let (mut probes, mut counted) = (0.0, 0.0);
+        // What functions no longer counted had cost by the estimate, and
+        // the samples in their stubs: neither says what counting the
+        // others costs.
+        let (mut counting_stopped, mut samples_of_stopped) = (0.0, 0);
         let mut recent: Vec<(u64, usize)> = Vec::new();
         for (f, (&ns, last)) in spent.iter().zip(self.last.iter_mut()).enumerate() {
             let call_ns = self.call_ns.get(f).copied().unwrap_or(0);
@@ -243,6 +263,11 @@ impl Governor {
             }
             let counted_only = self.counted_from.is_some_and(|from| f >= from);
             *if counted_only { &mut counted } else { &mut probes } += ns as f64;
+            if counted_only && self.throttled.get(f).copied().unwrap_or(false) {
+                counting_stopped += ns as f64;
+                samples_of_stopped +=
+                    self.sampled.as_ref().map_or(0, |(sampled, _)| sampled.in_counting_of(f.wrapping_sub(self.counted_from.unwrap_or(0))));
+            }
             let lately = ns.saturating_sub(std::mem::replace(last, ns));
             let judged = ns >= FEWEST_JUDGED_CALLS.saturating_mul(call_ns) && !self.throttled.get(f).copied().unwrap_or(true);
             if judged && lately > 0 {
@@ -251,8 +276,12 @@ impl Governor {
         }
         self.last_ns = elapsed_ns;
         // The samples in the probes' code say what the probes cost, those
-        // in the counting stubs what counting costs.
-        let (scale, counting_scale) = (self.scale(probes, false), self.scale(counted, true));
+        // in the counting stubs what counting cost; those in the stubs of
+        // the functions still counted what counting them costs.
+        let (probe_samples, counting_samples) = self.sampled.as_ref().map_or((0, 0), |(s, _)| (s.in_probes(), s.in_counting()));
+        let scale = self.scale(probes, probe_samples, false);
+        let counting_cost_scale = self.scale(counted, counting_samples, true);
+        let counting_scale = self.scale(counted - counting_stopped, counting_samples.saturating_sub(samples_of_stopped), true);
         let scale_of = |f: usize| if self.is_counted_only(f) { counting_scale } else { scale };
         let mut rates: Vec<(f64, usize)> = recent.into_iter().map(|(ns, f)| (ns as f64 * scale_of(f) / window, f)).collect();
         // The budget holds over the last second: probes costing more than
@@ -260,7 +289,7 @@ impl Governor {
         // up to a point.
         let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
         let (since_ns, probes_then, counted_then) = self.horizon(elapsed_ns, probes, counted);
-        let spent_since = (probes - probes_then) * scale + (counted - counted_then) * counting_scale;
+        let spent_since = (probes - probes_then) * scale + (counted - counted_then) * counting_cost_scale;
         let overspent = spent_since > self.budget * (elapsed_ns - since_ns) as f64;
         if !overspent && rate <= MOST_RECENT_TIMES_BUDGET * self.budget {
             return Vec::new();
@@ -504,9 +533,43 @@ mod tests {
         assert_eq!(g.over_budget(&[10_000, 0], 10 * ms), vec![0]);
         // 400,000 calls counted in 20 ms: 0.4 ms by the estimate, within
         // the budget; twenty samples of 0.2 ms in the stubs say 4 ms.
-        (0..20).for_each(|_| sampled.count_counting());
+        (0..20).for_each(|_| sampled.count_counting(1));
         assert_eq!(sampled.in_probes(), 0);
         assert_eq!(g.over_budget(&[10_000, 400_000], 30 * ms), vec![1]);
+    }
+
+    /// The samples in the stubs of functions no longer counted, and what
+    /// their counting cost by the estimate, say nothing of the functions
+    /// still counted: the hottest, counted first at many times the
+    /// estimate a call, do not price the others at theirs. Those are still
+    /// stopped once their own samples say they cost too much.
+    #[test]
+    fn the_stubs_of_functions_no_longer_counted_do_not_price_the_others() {
+        let ms = 1_000_000;
+        let sampled = Arc::new(SampledOverhead::of_functions(2));
+        let mut g =
+            Governor::new(0.05, vec![100, 100, COUNTED_CALL_NS, COUNTED_CALL_NS]).with_counted_calls(2).with_samples(sampled.clone(), ms);
+        let (f0_counted, f1_counted) = (2u32, 3u32);
+        assert_eq!(g.over_budget(&[10_000, 10_000, 0, 0], 10 * ms), vec![0, 1]);
+        // f0's calls counted at 20 ns each (40 samples of 1 ms for 2 M
+        // calls), f1's 100,000 with a sample: f0's counting stops.
+        (0..40).for_each(|_| sampled.count_counting(0));
+        sampled.count_counting(1);
+        assert_eq!(g.over_budget(&[10_000, 10_000, 2_000_000, 100_000], 100 * ms), vec![f0_counted]);
+        // 500,000 more of f1's with two samples: 0.5% of the time by the
+        // estimate, 1.5% at the prior, within half the budget. Judged at
+        // f0's 20 ns a call with it, 10%.
+        (0..2).for_each(|_| sampled.count_counting(1));
+        assert!(g.over_budget(&[10_000, 10_000, 2_000_000, 600_000], 200 * ms).is_empty());
+        // 500,000 more with 20 samples of its own: 20 ns a call, stopped.
+        (0..20).for_each(|_| sampled.count_counting(1));
+        assert_eq!(g.over_budget(&[10_000, 10_000, 2_000_000, 1_100_000], 300 * ms), vec![f1_counted]);
+        // Samples in the stub of no function told apart (a hook's) count for all.
+        let unattributed = Arc::new(SampledOverhead::of_functions(1));
+        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1).with_samples(unattributed.clone(), ms);
+        assert_eq!(g.over_budget(&[10_000, 0], 10 * ms), vec![0]);
+        (0..40).for_each(|_| unattributed.count_counting(5));
+        assert_eq!(g.over_budget(&[10_000, 2_000_000], 100 * ms), vec![1]);
     }
 
     /// The in-process engine without samples judges its probes and its

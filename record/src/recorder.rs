@@ -124,7 +124,7 @@ pub fn record(
     let started_unix_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let sampling = options.sample.map(|s| (sampling_event().to_string(), s.frequency_hz));
     // Sampled at a frequency, each sample stands for a period of CPU time.
-    let sampled = sampling.as_ref().map(|(_, hz)| (Arc::new(SampledOverhead::default()), 1_000_000_000 / (*hz).max(1)));
+    let sampled = sampling.as_ref().map(|(_, hz)| (Arc::new(SampledOverhead::of_functions(measured)), 1_000_000_000 / (*hz).max(1)));
     let sampler = sampling.as_ref().map(|(event, hz)| {
         let resolver = sample_resolver(&all[..measured], spec, options, frames_ahead, kernel_probes);
         let injected = |i: usize| patching.injected.get(i).copied().unwrap_or(false);

@@ -120,6 +120,9 @@ pub struct Patched {
     /// From each address of the entries' counting trampolines on, the
     /// original address it stands for.
     counting_origins: Vec<(u64, u64)>,
+    /// Where each entry's counting trampoline is, and its function (see
+    /// [`patcher::Patches::counting_stubs`]).
+    counting_stubs: Vec<(u64, u64, u32)>,
     /// Functions whose calls are no longer counted: their original code is
     /// back (see [`Patched::stop_counting`]), their probes out before or in
     /// the same step.
@@ -218,6 +221,7 @@ impl Patched {
             calls_uncounted: Vec::new(),
             counting_goes_on: Vec::new(),
             counting_origins: Vec::new(),
+            counting_stubs: Vec::new(),
             counting: None,
             uncounted: Vec::new(),
             code_since_ns: super::clock::monotonic_ns(),
@@ -274,6 +278,7 @@ impl Patched {
             self.code.push(patches.code);
             self.entry_counters.extend(patches.counters);
             self.counting_origins.extend(patches.origins);
+            self.counting_stubs.extend(patches.counting_stubs);
         }
         self.probe_returns = routine_returns.into_inner();
         self.probe_returns.extend(self.return_trampoline_returns());
@@ -462,6 +467,12 @@ impl Patched {
         origins.extend_from_slice(&self.counting_origins);
         origins.sort_unstable();
         origins
+    }
+
+    /// Where each entry's counting trampoline starts and ends, and the
+    /// function whose calls it counts.
+    pub fn counting_stubs(&self) -> Vec<(u64, u64, u32)> {
+        self.counting_stubs.clone()
     }
 
     /// The functions whose edges could not be counted, and why.

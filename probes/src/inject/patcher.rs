@@ -456,6 +456,21 @@ pub struct Patches {
     /// From each address of the counting trampolines on, the original
     /// address it stands for (see [`crate::sampling::StackResolver::origins`]).
     pub origins: Vec<(u64, u64)>,
+    /// Where the count of each counting trampoline starts and ends (the
+    /// function's moved instructions follow), and the function whose calls
+    /// it counts (see [`crate::sampling::StackResolver::counting_stubs`]).
+    pub counting_stubs: Vec<(u64, u64, u32)>,
+}
+
+/// The entries' counting trampolines [`build_trampolines`] made.
+#[derive(Default)]
+struct CountingTrampolines {
+    /// The functions counted, in the order of their counters.
+    functions: Vec<usize>,
+    /// See [`Patches::origins`].
+    origins: Vec<(u64, u64)>,
+    /// See [`Patches::counting_stubs`].
+    stubs: Vec<(u64, u64, u32)>,
 }
 
 /// Patches the planned entries in the held process: code near them holds
@@ -474,7 +489,7 @@ pub fn apply(
     keep_unchanged(remote, &mut plans, refused);
     refuse_overlapping_islands(&mut plans, refused);
     if plans.is_empty() {
-        return Ok(Patches { applied: Vec::new(), code: 0..0, counters: None, origins: Vec::new() });
+        return Ok(Patches { applied: Vec::new(), code: 0..0, counters: None, origins: Vec::new(), counting_stubs: Vec::new() });
     }
     let runtime_room = runtime_room.next_multiple_of(64);
     let entries = plans.iter().filter(|(_, p)| p.site == Site::Entry).count();
@@ -508,13 +523,13 @@ pub fn apply(
         }
         code.resize(runtime_room, 0xcc);
         let counting = counters.as_ref().map(|c| (c.remote, blocks.on_cpu));
-        let (built, counted, origins) = build_trampolines(plans, region, &mut code, counting, &prologue, refused);
+        let (built, counting) = build_trampolines(plans, region, &mut code, counting, &prologue, refused);
         remote.write(region, &code)?;
         remote.seal_code(region, room)?;
-        Ok((built, counted, origins))
+        Ok((built, counting))
     })();
     // Nothing leads into the region yet: a failure takes it out again.
-    let (built, counted, mut origins) = written.inspect_err(|_| {
+    let (built, CountingTrampolines { functions: counted, mut origins, stubs: counting_stubs }) = written.inspect_err(|_| {
         unmap_region();
         if let Some(counters) = &counters {
             let _ = remote.syscall("munmap", libc::SYS_munmap, [counters.remote, counters.len() as u64, 0, 0, 0, 0]);
@@ -554,7 +569,7 @@ pub fn apply(
         return Err(e);
     }
     let counters = counters.map(|shared| EntryCounters { shared, functions: counted, blocks });
-    Ok(Patches { applied, code: region..region + room as u64, counters, origins })
+    Ok(Patches { applied, code: region..region + room as u64, counters, origins, counting_stubs })
 }
 
 /// Pages of a module's code written to, at most, to be made mappings of
@@ -650,7 +665,7 @@ fn build_trampolines(
     counters: Option<(u64, Option<patch::CpuBlocks>)>,
     prologue: &impl Fn(usize, Site, u64) -> Result<Vec<u8>, String>,
     refused: &mut Refused,
-) -> (Vec<Built>, Vec<usize>, Vec<(u64, u64)>) {
+) -> (Vec<Built>, CountingTrampolines) {
     let mut built = Vec::new();
     for (i, p) in plans {
         let address = region + code.len() as u64;
@@ -663,10 +678,10 @@ fn build_trampolines(
             Err(why) => refused.push((i, why)),
         }
     }
-    let (mut counted, mut origins) = (Vec::new(), Vec::new());
-    let Some((counters, on_cpu)) = counters else { return (built, counted, origins) };
-    for (i, p, _, _, counting) in built.iter_mut().filter(|(_, p, ..)| p.site == Site::Entry) {
-        let counter = counters + 8 * counted.len() as u64;
+    let mut counting = CountingTrampolines::default();
+    let Some((counters, on_cpu)) = counters else { return (built, counting) };
+    for (i, p, _, _, jump) in built.iter_mut().filter(|(_, p, ..)| p.site == Site::Entry) {
+        let counter = counters + 8 * counting.functions.len() as u64;
         let address = region + code.len() as u64;
         let count = |own_address| match on_cpu {
             Some(blocks) => patch::count_call_on_cpu(own_address, counter, blocks),
@@ -676,12 +691,15 @@ fn build_trampolines(
         else {
             continue;
         };
-        origins.extend(counting_origins(p, &t, address));
+        counting.origins.extend(counting_origins(p, &t, address));
+        // The count alone: the function's first instructions moved after
+        // it, and their time, are the function's own.
+        counting.stubs.push((address, address + count(address).len() as u64, *i as u32));
         append_aligned(code, &t.code);
-        counted.push(*i);
-        *counting = Some(p.jump_to(address));
+        counting.functions.push(*i);
+        *jump = Some(p.jump_to(address));
     }
-    (built, counted, origins)
+    (built, counting)
 }
 
 /// Appends a trampoline's `bytes` to `code`, then traps up to the next 16 bytes.
@@ -904,7 +922,8 @@ mod tests {
         // A timing trampoline's own code, as long as a real prologue's.
         let prologue = |_: usize, _: Site, _: u64| Ok(vec![0x90; 150]);
         let mut refused = Vec::new();
-        let (built, counted, origins) = build_trampolines(plans, region, &mut bytes, Some((0x50_0000, None)), &prologue, &mut refused);
+        let (built, CountingTrampolines { functions: counted, origins, stubs }) =
+            build_trampolines(plans, region, &mut bytes, Some((0x50_0000, None)), &prologue, &mut refused);
         assert!(refused.is_empty(), "{refused:?}");
         assert_eq!(counted, [0, 1, 2]);
         let last_timing_end = built.iter().map(|(_, _, t, at, _)| at + t.code.len() as u64).max().expect("built");
@@ -920,6 +939,14 @@ mod tests {
         for ((_, p, _, _, counting), &start) in built.iter().zip(&starts) {
             assert_eq!(counting.as_deref(), Some(p.jump_to(start).as_slice()));
         }
+        // Each count as a sampler tells them apart: its start, its end (where
+        // the function's first instruction, moved, begins), its function.
+        let firsts: Vec<u64> = entries
+            .iter()
+            .zip(&starts)
+            .map(|(&e, &start)| origins.iter().find(|&&(at, o)| at > start && o == e).expect("moved").0)
+            .collect();
+        assert_eq!(stubs, [(starts[0], firsts[0], 0), (starts[1], firsts[1], 1), (starts[2], firsts[2], 2)]);
     }
 
     #[test]

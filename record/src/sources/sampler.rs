@@ -19,6 +19,7 @@ enum Input {
     EngineCode(u32, std::ops::Range<u64>),
     ForkCode(u32, Vec<std::ops::Range<u64>>),
     Origins(u32, Vec<(u64, u64)>),
+    CountingStubs(u32, Vec<(u64, u64, u32)>),
     ProbeReturns(u32, Vec<u64>, Vec<u64>),
     Throttle(Vec<u32>),
     Uncounted(Vec<u32>),
@@ -76,6 +77,7 @@ impl SamplerThread {
                     }
                     Input::ForkCode(pid, ranges) => resolver.fork_code(pid, ranges),
                     Input::Origins(pid, origins) => resolver.origins(pid, origins),
+                    Input::CountingStubs(pid, stubs) => resolver.counting_stubs(pid, stubs),
                     Input::ProbeReturns(pid, returns, return_trampolines) => resolver.probe_returns(pid, returns, return_trampolines),
                     Input::Throttle(functions) => samples.throttle(&functions),
                     Input::Uncounted(functions) => samples.uncounted(&functions),
@@ -86,8 +88,8 @@ impl SamplerThread {
                             stack.frames.last().is_some_and(|leaf| leaf.name == PROBE_OVERHEAD_FRAME && leaf.module == ENGINE_MODULE);
                         if in_engine {
                             overhead.count();
-                        } else if resolver.in_counting_code(&sample) {
-                            overhead.count_counting();
+                        } else if let Some(function) = resolver.counting_stub_of(&sample) {
+                            overhead.count_counting(function);
                             samples.in_counting_stub();
                         }
                         samples.add_at(sample.pid as i32, sample.tid as i32, sample.time, &stack);
@@ -138,6 +140,13 @@ impl SamplerThread {
     pub fn origins(&self, pid: u32, origins: Vec<(u64, u64)>) {
         if !origins.is_empty() {
             let _ = self.input.send(Input::Origins(pid, origins));
+        }
+    }
+
+    /// See [`StackResolver::counting_stubs`].
+    pub fn counting_stubs(&self, pid: u32, stubs: Vec<(u64, u64, u32)>) {
+        if !stubs.is_empty() {
+            let _ = self.input.send(Input::CountingStubs(pid, stubs));
         }
     }
 
