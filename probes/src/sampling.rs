@@ -318,8 +318,9 @@ struct Process {
     /// From each address of its counting stubs on, the original address it
     /// stands for (0: none), by address.
     origins: Vec<(u64, u64)>,
-    /// The entries' counting trampolines: where each starts and ends, and
-    /// the function it counts the calls of, by address.
+    /// The entries' counting trampolines: where each one's count starts,
+    /// where the function's moved instructions follow it, and the function
+    /// it counts the calls of, by address.
     counting_stubs: Vec<(u64, u64, u32)>,
     /// Where the in-process engine's routines return to in its code, by
     /// address (see [`StackResolver::probe_returns`]).
@@ -670,7 +671,8 @@ impl StackResolver {
     }
 
     /// The entries' counting trampolines in process `pid`: where each
-    /// starts and ends, and the function whose calls it counts.
+    /// one's count starts, where the function's moved instructions follow
+    /// it, and the function whose calls it counts.
     pub fn counting_stubs(&mut self, pid: u32, stubs: Vec<(u64, u64, u32)>) {
         let process = self.processes.entry(pid).or_default();
         process.counting_stubs.extend(stubs);
@@ -710,13 +712,15 @@ impl StackResolver {
         self.executed.insert(pid, at.checked_sub(std::time::Duration::from_millis(50)).unwrap_or(at));
     }
 
-    /// The function whose entry's counting trampoline `sample` was taken
-    /// in, if it was in one (see [`StackResolver::counting_stubs`]).
+    /// The function whose entry's count `sample` was taken in, if it was
+    /// in one (see [`StackResolver::counting_stubs`]): the time of its
+    /// `lock inc` shows on the instruction after it, which is the first
+    /// moved one where the count is that instruction alone.
     pub fn counting_stub_of(&self, sample: &StackSample) -> Option<u32> {
         let ip = sample.regs[0];
         let stubs = &self.processes.get(&sample.pid).filter(|_| !sample.in_kernel)?.counting_stubs;
-        let &(_, end, function) = stubs.get(stubs.partition_point(|s| s.0 <= ip).checked_sub(1)?)?;
-        (ip < end).then_some(function)
+        let &(_, moved, function) = stubs.get(stubs.partition_point(|s| s.0 <= ip).checked_sub(1)?)?;
+        (ip <= moved).then_some(function)
     }
 
     /// Names one sample's stack. `returns` are the thread's return
@@ -1139,38 +1143,33 @@ mod probe_tests {
         resolver.resolve(&sample, returns).frames.into_iter().map(|f| f.name).collect()
     }
 
-    /// A sample in the count of an entry's counting trampoline is that
-    /// function's counting; one in the function's instructions moved after
-    /// it, or in the kernel, or in another process, is not; a forked child
-    /// has its parent's.
+    /// A sample in the count of an entry's counting trampoline, or at the
+    /// first moved instruction after it (where a `lock inc` alone shows
+    /// its time), is that function's counting; one further into the moved
+    /// instructions, in the kernel or in another process is not; a forked
+    /// child has its parent's.
     #[test]
     fn a_sample_in_a_counting_stub_names_its_function() {
         let mut resolver = StackResolver::new(Arc::new(SymbolCache::new(crate::symbols::DebugDirs(Vec::new()))));
         let (pid, child) = (41, 42);
-        resolver.counting_stubs(pid, vec![(0x3000, 0x3020, 7), (0x1000, 0x1020, 3)]);
-        let at = |pid: u32, ip: u64, in_kernel: bool| {
-            let sample =
-                StackSample { time: 0, pid, tid: pid, regs: [ip, 0, 0], stack: Vec::new(), in_kernel, kernel_ip: 0, returns: Vec::new() };
-            resolver.counting_stub_of(&sample)
+        resolver.counting_stubs(pid, vec![(0x3000, 0x3008, 7), (0x1000, 0x1020, 3)]);
+        let sample = |pid: u32, ip: u64, in_kernel: bool| StackSample {
+            time: 0,
+            pid,
+            tid: pid,
+            regs: [ip, 0, 0],
+            stack: Vec::new(),
+            in_kernel,
+            kernel_ip: 0,
+            returns: Vec::new(),
         };
-        assert_eq!([at(pid, 0x1000, false), at(pid, 0x101f, false), at(pid, 0x3010, false)], [Some(3), Some(3), Some(7)]);
-        assert_eq!([at(pid, 0xfff, false), at(pid, 0x1020, false), at(pid, 0x3020, false)], [None; 3]);
-        assert_eq!([at(pid, 0x1010, true), at(child, 0x1010, false)], [None; 2]);
+        let at = |resolver: &StackResolver, pid: u32, ip: u64| resolver.counting_stub_of(&sample(pid, ip, false));
+        assert_eq!([0x1000, 0x101f, 0x1020, 0x3008].map(|ip| at(&resolver, pid, ip)), [Some(3), Some(3), Some(3), Some(7)]);
+        assert_eq!([0xfff, 0x1021, 0x3009].map(|ip| at(&resolver, pid, ip)), [None; 3]);
+        assert_eq!(resolver.counting_stub_of(&sample(pid, 0x1010, true)), None);
+        assert_eq!(at(&resolver, child, 0x1010), None);
         resolver.forked(pid, child);
-        let at = |pid: u32, ip: u64| {
-            let sample = StackSample {
-                time: 0,
-                pid,
-                tid: pid,
-                regs: [ip, 0, 0],
-                stack: Vec::new(),
-                in_kernel: false,
-                kernel_ip: 0,
-                returns: Vec::new(),
-            };
-            resolver.counting_stub_of(&sample)
-        };
-        assert_eq!(at(child, 0x3000), Some(7));
+        assert_eq!(at(&resolver, child, 0x3000), Some(7));
     }
 
     /// Past a function trampoline's restores, no word on the stack is a

@@ -138,8 +138,10 @@ pub struct SampleProfile {
     pub throttled: Throttled,
     /// Samples taken in the counting stubs of the in-process engine (the
     /// entries of functions whose probes were removed, still counting
-    /// their calls): their stacks name the functions, the time is what
-    /// counting cost.
+    /// their calls), in the count itself or at the first of the function's
+    /// instructions moved after it: their stacks name the functions, the
+    /// time is what counting cost. (Older profiles counted the samples of
+    /// all the moved instructions too.)
     #[serde(default, skip_serializing_if = "is_zero")]
     pub in_counting_stubs: u64,
     /// Taken by one event on each CPU that the kernel filtered to the

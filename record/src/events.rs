@@ -237,8 +237,9 @@ pub enum Event {
         /// samples are not the probes' cost per call.
         #[serde(default)]
         fork_code: Vec<std::ops::Range<u64>>,
-        /// Where each entry's counting trampoline starts and ends, and the
-        /// function whose calls it counts (by index).
+        /// Where each entry's counting trampoline's count starts, where the
+        /// function's moved instructions follow it, and the function whose
+        /// calls it counts (by index).
         #[serde(default)]
         counting_stubs: Vec<(u64, u64, u32)>,
     },

@@ -107,8 +107,8 @@ impl SampledOverhead {
         self.in_probes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// One sample more taken in `function`'s counting stub (one past the
-    /// functions told apart, a hook's, counts for all of them).
+    /// One sample more taken in `function`'s counting stub (a hook's,
+    /// numbered past the functions, counts in the total alone).
     pub fn count_counting(&self, function: u32) {
         self.in_counting.fetch_add(1, Ordering::Relaxed);
         if let Some(samples) = self.by_function.get(function as usize) {
@@ -265,8 +265,8 @@ impl Governor {
             *if counted_only { &mut counted } else { &mut probes } += ns as f64;
             if counted_only && self.throttled.get(f).copied().unwrap_or(false) {
                 counting_stopped += ns as f64;
-                samples_of_stopped +=
-                    self.sampled.as_ref().map_or(0, |(sampled, _)| sampled.in_counting_of(f.wrapping_sub(self.counted_from.unwrap_or(0))));
+                let of = f - self.counted_from.unwrap_or(0);
+                samples_of_stopped += self.sampled.as_ref().map_or(0, |(sampled, _)| sampled.in_counting_of(of));
             }
             let lately = ns.saturating_sub(std::mem::replace(last, ns));
             let judged = ns >= FEWEST_JUDGED_CALLS.saturating_mul(call_ns) && !self.throttled.get(f).copied().unwrap_or(true);
@@ -561,8 +561,10 @@ mod tests {
         // f0's 20 ns a call with it, 10%.
         (0..2).for_each(|_| sampled.count_counting(1));
         assert!(g.over_budget(&[10_000, 10_000, 2_000_000, 600_000], 200 * ms).is_empty());
-        // 500,000 more with 20 samples of its own: 20 ns a call, stopped.
-        (0..20).for_each(|_| sampled.count_counting(1));
+        // 500,000 more with 12 samples of its own: 15 samples for 1.1 M
+        // calls, 14 ns a call, 7% of the time: stopped (its samples against
+        // f0's estimate too would have said 5 ns, 2.4%).
+        (0..12).for_each(|_| sampled.count_counting(1));
         assert_eq!(g.over_budget(&[10_000, 10_000, 2_000_000, 1_100_000], 300 * ms), vec![f1_counted]);
         // Samples in the stub of no function told apart (a hook's) count for all.
         let unattributed = Arc::new(SampledOverhead::of_functions(1));

@@ -120,8 +120,8 @@ pub struct Patched {
     /// From each address of the entries' counting trampolines on, the
     /// original address it stands for.
     counting_origins: Vec<(u64, u64)>,
-    /// Where each entry's counting trampoline is, and its function (see
-    /// [`patcher::Patches::counting_stubs`]).
+    /// Where each entry's counting trampoline's count is, and its function
+    /// (see [`patcher::Patches::counting_stubs`]).
     counting_stubs: Vec<(u64, u64, u32)>,
     /// Functions whose calls are no longer counted: their original code is
     /// back (see [`Patched::stop_counting`]), their probes out before or in
@@ -469,8 +469,9 @@ impl Patched {
         origins
     }
 
-    /// Where each entry's counting trampoline starts and ends, and the
-    /// function whose calls it counts.
+    /// Where each entry's counting trampoline's count starts, where the
+    /// function's moved instructions follow it, and the function whose
+    /// calls it counts.
     pub fn counting_stubs(&self) -> Vec<(u64, u64, u32)> {
         self.counting_stubs.clone()
     }

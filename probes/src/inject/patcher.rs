@@ -456,9 +456,9 @@ pub struct Patches {
     /// From each address of the counting trampolines on, the original
     /// address it stands for (see [`crate::sampling::StackResolver::origins`]).
     pub origins: Vec<(u64, u64)>,
-    /// Where the count of each counting trampoline starts and ends (the
-    /// function's moved instructions follow), and the function whose calls
-    /// it counts (see [`crate::sampling::StackResolver::counting_stubs`]).
+    /// Where the count of each counting trampoline starts, where the
+    /// function's moved instructions follow it, and the function whose
+    /// calls it counts (see [`crate::sampling::StackResolver::counting_stubs`]).
     pub counting_stubs: Vec<(u64, u64, u32)>,
 }
 
@@ -694,7 +694,8 @@ fn build_trampolines(
         counting.origins.extend(counting_origins(p, &t, address));
         // The count alone: the function's first instructions moved after
         // it, and their time, are the function's own.
-        counting.stubs.push((address, address + count(address).len() as u64, *i as u32));
+        let moved = t.moved.first().map_or(address + t.code.len() as u64, |&(_, to)| to);
+        counting.stubs.push((address, moved, *i as u32));
         append_aligned(code, &t.code);
         counting.functions.push(*i);
         *jump = Some(p.jump_to(address));
@@ -939,8 +940,8 @@ mod tests {
         for ((_, p, _, _, counting), &start) in built.iter().zip(&starts) {
             assert_eq!(counting.as_deref(), Some(p.jump_to(start).as_slice()));
         }
-        // Each count as a sampler tells them apart: its start, its end (where
-        // the function's first instruction, moved, begins), its function.
+        // Each count as a sampler tells them apart: its start, where the
+        // function's first instruction, moved, begins, its function.
         let firsts: Vec<u64> = entries
             .iter()
             .zip(&starts)
