@@ -1133,3 +1133,73 @@ fn the_pages_of_a_library_written_to_are_mappings_of_their_own() {
     assert!(mappings.iter().any(|&(_, written)| written > 0), "no hook written: {mappings:?}");
     assert!(mappings.iter().all(|&(size, written)| written == 0 || size == written), "{mappings:?}");
 }
+
+/// A uprobe of another tool's on a file's code, enabled: the kernel puts
+/// its breakpoint in every process that maps the file, and takes it out
+/// again, with its definition, when dropped (on every path out of a test).
+struct ForeignUprobe {
+    tracefs: std::path::PathBuf,
+    event: String,
+}
+
+impl ForeignUprobe {
+    fn enable(file: &std::path::Path, offset: u64) -> ForeignUprobe {
+        let tracefs = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .map(std::path::PathBuf::from)
+            .find(|root| root.join("uprobe_events").exists())
+            .expect("tracefs is mounted (uprobe_events), as uprobes need");
+        // Not proftap's own name: a recording's cleanup never takes it.
+        let event = format!("foreign/notice_{}", std::process::id());
+        let define = |line: String| {
+            use std::io::Write;
+            let mut events = std::fs::OpenOptions::new().append(true).open(tracefs.join("uprobe_events")).unwrap();
+            events.write_all(line.as_bytes())
+        };
+        define(format!("p:{event} {}:{offset:#x}\n", file.display())).unwrap();
+        let probe = ForeignUprobe { tracefs, event };
+        std::fs::write(probe.tracefs.join("events").join(&probe.event).join("enable"), "1").unwrap();
+        probe
+    }
+}
+
+impl Drop for ForeignUprobe {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.tracefs.join("events").join(&self.event).join("enable"), "0");
+        let mut events = std::fs::OpenOptions::new().append(true).open(self.tracefs.join("uprobe_events")).unwrap();
+        let _ = std::io::Write::write_all(&mut events, format!("-:{}\n", self.event).as_bytes());
+    }
+}
+
+/// A launched program is stopped where its loader has mapped its libraries
+/// (`_dl_debug_state`) before it is patched; where another tool's uprobe
+/// has its breakpoint there, that breakpoint is left as it is (a debug
+/// register stops the program instead), and the program is recorded,
+/// every call counted, the other tool's probe still in place.
+#[test]
+fn a_launch_where_another_tools_uprobe_sits_at_the_loaders_notice_is_recorded() {
+    require_probes();
+    let binary = Build::c("calls.c", "-O2").build();
+    let loader = std::fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap();
+    let symbols = run_ok(proftap().arg("symbols").arg(&loader).args(["-f", "_dl_debug_state", "--format", "json"]));
+    let symbols: serde_json::Value = serde_json::from_str(&symbols).unwrap();
+    let offset = symbols["functions"][0]["file_offset"].as_u64().expect("the loader's _dl_debug_state");
+    let probe = ForeignUprobe::enable(&loader, offset);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let out = run_within(
+        proftap().args(["run", "--engine", "inject", "-f", "leaf", "-o"]).arg(&file).arg("--").arg(&binary).args(["1000", "10"]),
+        std::time::Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = report_json(&file);
+    assert_eq!(report["recording"]["engine"], "inject");
+    assert_eq!(function(&report["functions"], "leaf")["calls"].as_u64(), Some(2000));
+    // The other tool's probe is still there, and fired (in the program,
+    // whose loader called the notice, and in proftap's own programs).
+    let profile = std::fs::read_to_string(probe.tracefs.join("uprobe_profile")).unwrap();
+    let name = probe.event.split('/').next_back().unwrap();
+    let hits =
+        profile.lines().find(|l| l.split_whitespace().nth(1) == Some(name)).and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok());
+    assert!(hits.is_some_and(|hits| hits > 0), "{profile}");
+}
