@@ -3,6 +3,7 @@
 //! stack with framehop, and symbols with inlined frames and lines. Counting
 //! the stacks is the recorder's.
 
+use crate::inject::patcher::CountingStub;
 use crate::inject::totals::{RoutineCall, words_pushed};
 use crate::symbols::{
     DebugSource, ElfImage, FrameReader, KERNEL_IMAGE, KernelSymbols, PerfMap, PerfMapPlace, SectionBytes, Segment, SymbolCache,
@@ -321,7 +322,7 @@ struct Process {
     /// The entries' counting trampolines: where each one's count starts,
     /// where the function's moved instructions follow it, and the function
     /// it counts the calls of, by address.
-    counting_stubs: Vec<(u64, u64, u32)>,
+    counting_stubs: Vec<CountingStub>,
     /// Where the in-process engine's routines return to in its code, by
     /// address (see [`StackResolver::probe_returns`]).
     probe_returns: Vec<u64>,
@@ -673,7 +674,7 @@ impl StackResolver {
     /// The entries' counting trampolines in process `pid`: where each
     /// one's count starts, where the function's moved instructions follow
     /// it, and the function whose calls it counts.
-    pub fn counting_stubs(&mut self, pid: u32, stubs: Vec<(u64, u64, u32)>) {
+    pub fn counting_stubs(&mut self, pid: u32, stubs: Vec<CountingStub>) {
         let process = self.processes.entry(pid).or_default();
         process.counting_stubs.extend(stubs);
         process.counting_stubs.sort_unstable();
@@ -719,8 +720,8 @@ impl StackResolver {
     pub fn counting_stub_of(&self, sample: &StackSample) -> Option<u32> {
         let ip = sample.regs[0];
         let stubs = &self.processes.get(&sample.pid).filter(|_| !sample.in_kernel)?.counting_stubs;
-        let &(_, moved, function) = stubs.get(stubs.partition_point(|s| s.0 <= ip).checked_sub(1)?)?;
-        (ip <= moved).then_some(function)
+        let stub = stubs.get(stubs.partition_point(|s| s.count <= ip).checked_sub(1)?)?;
+        (ip <= stub.moved).then_some(stub.function)
     }
 
     /// Names one sample's stack. `returns` are the thread's return
@@ -1152,7 +1153,7 @@ mod probe_tests {
     fn a_sample_in_a_counting_stub_names_its_function() {
         let mut resolver = StackResolver::new(Arc::new(SymbolCache::new(crate::symbols::DebugDirs(Vec::new()))));
         let (pid, child) = (41, 42);
-        resolver.counting_stubs(pid, vec![(0x3000, 0x3008, 7), (0x1000, 0x1020, 3)]);
+        resolver.counting_stubs(pid, vec![(0x3000, 0x3008, 7).into(), (0x1000, 0x1020, 3).into()]);
         let sample = |pid: u32, ip: u64, in_kernel: bool| StackSample {
             time: 0,
             pid,

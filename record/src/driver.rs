@@ -23,6 +23,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use proftap_probes::inject::children::ChildMemories;
 use proftap_probes::inject::clock::TscClock;
 use proftap_probes::inject::patched::Patched;
+use proftap_probes::inject::patcher::CountingStub;
 use proftap_probes::inject::reading::TotalsView;
 use proftap_probes::inject::threads::Cost;
 use proftap_probes::inject::totals::Trampolines;
@@ -247,7 +248,7 @@ pub(crate) struct CodeAdded {
     probe_returns: Vec<u64>,
     return_trampolines: Vec<u64>,
     fork_code: Vec<std::ops::Range<u64>>,
-    counting_stubs: Vec<(u64, u64, u32)>,
+    counting_stubs: Vec<CountingStub>,
     time: u64,
 }
 

@@ -2,6 +2,7 @@
 //! the in-process engine, the sampler's perf events) and the aggregator
 //! consumes, in time order.
 
+use proftap_probes::inject::patcher::CountingStub;
 use proftap_probes::metrics::MAX_METRICS;
 use proftap_probes::sampling::StackSample;
 use serde::{Deserialize, Serialize};
@@ -241,7 +242,7 @@ pub enum Event {
         /// function's moved instructions follow it, and the function whose
         /// calls it counts (by index).
         #[serde(default)]
-        counting_stubs: Vec<(u64, u64, u32)>,
+        counting_stubs: Vec<CountingStub>,
     },
 }
 
@@ -292,5 +293,14 @@ mod tests {
         assert_eq!(serde_json::from_str::<Event>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
         let goes_on = Event::CountingGoesOn { time: 6, pid: 7, functions: vec![4] };
         assert_eq!(serde_json::from_str::<Event>(&serde_json::to_string(&goes_on).unwrap()).unwrap(), goes_on);
+    }
+
+    #[test]
+    fn counting_stubs_are_saved_as_triples_and_read_back() {
+        let saved = r#"{"code_added":{"time":1,"pid":2,"ranges":[],"counting_stubs":[[4096,4104,7]]}}"#;
+        let Event::CodeAdded { counting_stubs, .. } = serde_json::from_str::<Event>(saved).unwrap() else { panic!("code added") };
+        assert_eq!(counting_stubs, [CountingStub { count: 4096, moved: 4104, function: 7 }]);
+        let json = serde_json::to_string(&counting_stubs).unwrap();
+        assert_eq!(json, "[[4096,4104,7]]");
     }
 }

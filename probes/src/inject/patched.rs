@@ -9,7 +9,7 @@ use super::counting::{self, Counting};
 use super::hooks::{self, Hook, HookSite};
 use super::judged::{self, Verdict};
 use super::patch::Site;
-use super::patcher::{self, Applied, CODE_DIFFERS, EntryCounters, LEFT_BEHIND, Refused, Target};
+use super::patcher::{self, Applied, CODE_DIFFERS, CountingStub, EntryCounters, LEFT_BEHIND, Refused, Target};
 use super::reading::TotalsView;
 use super::remote::{AWAY_FROM_CODE, FileId, Remote, RemoteError, Shared};
 use super::totals::{self, Config, Geometry, call_entry, call_routine, call_routine_and_return};
@@ -122,7 +122,7 @@ pub struct Patched {
     counting_origins: Vec<(u64, u64)>,
     /// Where each entry's counting trampoline's count is, and its function
     /// (see [`patcher::Patches::counting_stubs`]).
-    counting_stubs: Vec<(u64, u64, u32)>,
+    counting_stubs: Vec<CountingStub>,
     /// Functions whose calls are no longer counted: their original code is
     /// back (see [`Patched::stop_counting`]), their probes out before or in
     /// the same step.
@@ -472,7 +472,7 @@ impl Patched {
     /// Where each entry's counting trampoline's count starts, where the
     /// function's moved instructions follow it, and the function whose
     /// calls it counts.
-    pub fn counting_stubs(&self) -> Vec<(u64, u64, u32)> {
+    pub fn counting_stubs(&self) -> Vec<CountingStub> {
         self.counting_stubs.clone()
     }
 

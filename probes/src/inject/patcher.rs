@@ -456,10 +456,35 @@ pub struct Patches {
     /// From each address of the counting trampolines on, the original
     /// address it stands for (see [`crate::sampling::StackResolver::origins`]).
     pub origins: Vec<(u64, u64)>,
-    /// Where the count of each counting trampoline starts, where the
-    /// function's moved instructions follow it, and the function whose
-    /// calls it counts (see [`crate::sampling::StackResolver::counting_stubs`]).
-    pub counting_stubs: Vec<(u64, u64, u32)>,
+    /// The count of each counting trampoline (see
+    /// [`crate::sampling::StackResolver::counting_stubs`]).
+    pub counting_stubs: Vec<CountingStub>,
+}
+
+/// Where a counting trampoline's count is, and whose calls it counts: a
+/// sample there is counting's cost, not its function's. Kept as a triple
+/// `(count, moved, function)` in saved event streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(from = "(u64, u64, u32)", into = "(u64, u64, u32)")]
+pub struct CountingStub {
+    /// Where the count starts.
+    pub count: u64,
+    /// Where the function's first instructions, moved, follow it.
+    pub moved: u64,
+    /// The function whose calls it counts, by index.
+    pub function: u32,
+}
+
+impl From<(u64, u64, u32)> for CountingStub {
+    fn from((count, moved, function): (u64, u64, u32)) -> Self {
+        CountingStub { count, moved, function }
+    }
+}
+
+impl From<CountingStub> for (u64, u64, u32) {
+    fn from(stub: CountingStub) -> Self {
+        (stub.count, stub.moved, stub.function)
+    }
 }
 
 /// The entries' counting trampolines [`build_trampolines`] made.
@@ -470,7 +495,7 @@ struct CountingTrampolines {
     /// See [`Patches::origins`].
     origins: Vec<(u64, u64)>,
     /// See [`Patches::counting_stubs`].
-    stubs: Vec<(u64, u64, u32)>,
+    stubs: Vec<CountingStub>,
 }
 
 /// Patches the planned entries in the held process: code near them holds
@@ -695,7 +720,7 @@ fn build_trampolines(
         // The count alone: the function's first instructions moved after
         // it, and their time, are the function's own.
         let moved = t.moved.first().map_or(address + t.code.len() as u64, |&(_, to)| to);
-        counting.stubs.push((address, moved, *i as u32));
+        counting.stubs.push(CountingStub { count: address, moved, function: *i as u32 });
         append_aligned(code, &t.code);
         counting.functions.push(*i);
         *jump = Some(p.jump_to(address));
@@ -947,7 +972,8 @@ mod tests {
             .zip(&starts)
             .map(|(&e, &start)| origins.iter().find(|&&(at, o)| at > start && o == e).expect("moved").0)
             .collect();
-        assert_eq!(stubs, [(starts[0], firsts[0], 0), (starts[1], firsts[1], 1), (starts[2], firsts[2], 2)]);
+        let expected: Vec<CountingStub> = (0..3).map(|i| CountingStub { count: starts[i], moved: firsts[i], function: i as u32 }).collect();
+        assert_eq!(stubs, expected);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use crate::governor::SampledOverhead;
 use crate::samples::{SampleAggregator, SampleTime};
+use proftap_probes::inject::patcher::CountingStub;
 use proftap_probes::metrics::Metric;
 use proftap_probes::sampling::{ENGINE_MODULE, PROBE_OVERHEAD_FRAME, ResolvedStack, StackResolver, StackSample};
 use proftap_profile::SampleProfile;
@@ -19,7 +20,7 @@ enum Input {
     EngineCode(u32, std::ops::Range<u64>),
     ForkCode(u32, Vec<std::ops::Range<u64>>),
     Origins(u32, Vec<(u64, u64)>),
-    CountingStubs(u32, Vec<(u64, u64, u32)>),
+    CountingStubs(u32, Vec<CountingStub>),
     ProbeReturns(u32, Vec<u64>, Vec<u64>),
     Throttle(Vec<u32>),
     Uncounted(Vec<u32>),
@@ -144,7 +145,7 @@ impl SamplerThread {
     }
 
     /// See [`StackResolver::counting_stubs`].
-    pub fn counting_stubs(&self, pid: u32, stubs: Vec<(u64, u64, u32)>) {
+    pub fn counting_stubs(&self, pid: u32, stubs: Vec<CountingStub>) {
         if !stubs.is_empty() {
             let _ = self.input.send(Input::CountingStubs(pid, stubs));
         }
