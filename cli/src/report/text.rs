@@ -165,7 +165,11 @@ fn threads_cpu_ns(profile: &Profile, metric: usize, key: &str) -> Option<u64> {
     let outermost = |t: &proftap_profile::ThreadProfile| -> u64 {
         t.tree.nodes.iter().skip(1).filter(|n| n.parent == 0).map(|n| n.inclusive.get(metric).copied().unwrap_or(0)).sum()
     };
-    Some(profile.threads.iter().map(outermost).sum())
+    let measured: u64 = profile.threads.iter().map(outermost).sum();
+    // Calls begun before an attach, and code outside every timed call, ran
+    // outside what the probes measured: the CPU clock's samples saw them.
+    let sampled = profile.samples.as_ref().filter(|s| s.event == "cpu-clock").map_or(0, |s| s.estimated_ns(s.total));
+    Some(measured.max(sampled))
 }
 
 /// The function to look at first: the most exclusive time (CPU time, else
@@ -206,7 +210,7 @@ fn hottest(profile: &Profile, out: &mut String) {
     if let Some((f, total, estimated)) = instrumented.filter(|(f, total, _)| f.calls > 0 || *total > 0) {
         let share = match (timed, threads_cpu_ns(profile, metric, key)) {
             (false, _) => String::new(),
-            (true, Some(cpu)) => format!(", {:.1}% of the threads' measured CPU time", 100.0 * total as f64 / cpu.max(1) as f64),
+            (true, Some(cpu)) => format!(", {:.1}% of the threads' CPU time", 100.0 * total as f64 / cpu.max(1) as f64),
             (true, None) => format!(", {:.1}% of the run", 100.0 * total as f64 / duration),
         };
         // Without samples, time in callees after their probes were removed
@@ -929,11 +933,55 @@ mod tests {
         profile.recording.duration_ns = 1_000_000_000;
         let mut out = String::new();
         hottest(&profile, &mut out);
-        assert_eq!(out, "  hottest     work: 2.000 s CPU time in itself, 100.0% of the threads' measured CPU time, 2 calls\n");
+        assert_eq!(out, "  hottest     work: 2.000 s CPU time in itself, 100.0% of the threads' CPU time, 2 calls\n");
         profile.threads.pop();
         out.clear();
         hottest(&profile, &mut out);
         assert_eq!(out, "  hottest     work: 1.000 s CPU time in itself, 100.0% of the run, 1 call\n");
+    }
+
+    /// Threads that ran outside every timed call (calls begun before an
+    /// attach): their CPU time is what the CPU clock's samples saw, more
+    /// than the probes measured, and the hottest function's share is of it.
+    #[test]
+    fn the_threads_cpu_time_is_what_the_samples_saw_where_that_is_more() {
+        let thread = |tid: i32| {
+            let mut tree = CallTree::new(1);
+            tree.nodes.push(TreeNode {
+                function: 0,
+                parent: 0,
+                calls: 1,
+                inclusive: vec![1_000_000_000],
+                exclusive: vec![1_000_000_000],
+                estimated: false,
+            });
+            let mut stats = FunctionStats::new(0, 1);
+            stats.calls = 1;
+            stats.exclusive[0].total = 1_000_000_000;
+            ThreadProfile { pid: 1, tid, name: String::new(), functions: vec![stats], tree }
+        };
+        let samples = |event: &str| proftap_profile::SampleProfile {
+            event: event.into(),
+            frequency_hz: 1000,
+            total: 8000,
+            ..proftap_profile::SampleProfile::default()
+        };
+        let mut profile = Profile {
+            metrics: vec!["cpu_ns".into()],
+            functions: vec![FunctionInfo { name: "work".into(), ..FunctionInfo::default() }],
+            threads: vec![thread(1), thread(2)],
+            samples: Some(samples("cpu-clock")),
+            ..Profile::default()
+        };
+        profile.recording.duration_ns = 4_000_000_000;
+        let mut out = String::new();
+        hottest(&profile, &mut out);
+        assert!(out.contains("2.000 s CPU time in itself, 25.0% of the threads' CPU time"), "{out}");
+        // Samples of another event say nothing of time.
+        profile.samples = Some(samples("page-faults"));
+        out.clear();
+        hottest(&profile, &mut out);
+        assert!(out.contains("100.0% of the threads' CPU time"), "{out}");
     }
 
     /// The in-process engine asked for names what saw the calls: itself,
