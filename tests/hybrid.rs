@@ -307,14 +307,47 @@ fn counting_that_costs_more_than_the_budget_stops() {
     let told: u64 = stopped.split("work (").nth(1).and_then(|s| s.split(' ').next()).unwrap().replace(',', "").parse().unwrap();
     let (timed, counted) = (work["calls"].as_u64().unwrap(), work["calls_counted_until_stopped"].as_u64().unwrap());
     assert!(counted >= told && timed + counted < 10_000_000, "{work} {stopped}");
-    // The rest are estimated from the samples after counting stopped: all
-    // together near the 10,000,000 calls made.
+    // The rest are estimated from the samples after counting stopped, at
+    // the calls a sample stood for while counted: all together near the
+    // 10,000,000 calls made.
     let samples = report["samples"]["throttled"].as_array().unwrap();
     let sampled = samples.iter().find(|t| t["name"] == "work").unwrap();
     assert!(sampled["total_uncounted"].as_u64().unwrap() > 0, "{sampled}");
-    let row = text.lines().find(|l| l.ends_with("  work") && l.trim_start().starts_with('~')).unwrap_or_else(|| panic!("{text}"));
-    let after: u64 = row.trim_start()[1..].split(' ').next().unwrap().replace(',', "").parse().unwrap();
-    assert!((5_000_000..20_000_000).contains(&(timed + after)), "{timed} timed, ~{after} after: {text}");
+    match throttled_calls(&text, "work") {
+        // Too few samples while it counted to stand for its calls: the
+        // counted part and an unknown rest.
+        ThrottledCalls::AtLeast(shown) => {
+            assert_eq!(shown, counted, "{text}");
+            let while_counted = sampled["total"].as_u64().unwrap() - sampled["total_uncounted"].as_u64().unwrap();
+            assert!(while_counted < 10, "{while_counted} samples while counted stand for its calls: {text}");
+        }
+        ThrottledCalls::About(after) => {
+            assert!((5_000_000..20_000_000).contains(&(timed + after)), "{timed} timed, ~{after} after: {text}")
+        }
+    }
+}
+
+/// The calls the report's table of throttled functions gives `name`.
+enum ThrottledCalls {
+    /// `~N`: counted, then estimated.
+    About(u64),
+    /// `N+?`: counted until counting stopped, the rest unknown.
+    AtLeast(u64),
+}
+
+fn throttled_calls(text: &str, name: &str) -> ThrottledCalls {
+    let row = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Throttled functions"))
+        .find(|l| l.ends_with(&format!("  {name}")))
+        .unwrap_or_else(|| panic!("no row of {name}: {text}"));
+    let calls = row.split_whitespace().next().unwrap();
+    let number = |digits: &str| digits.replace(',', "").parse::<u64>().unwrap_or_else(|_| panic!("{row}"));
+    match (calls.strip_prefix('~'), calls.strip_suffix("+?")) {
+        (Some(about), _) => ThrottledCalls::About(number(about)),
+        (_, Some(at_least)) => ThrottledCalls::AtLeast(number(at_least)),
+        _ => panic!("neither estimated nor a lower bound: {row}"),
+    }
 }
 
 /// A forked child proftap cannot hold (its parent traces it) keeps the
@@ -346,10 +379,17 @@ fn the_calls_of_a_child_that_cannot_be_held_are_timed_and_the_rest_add_up() {
         return;
     }
     let counted = work["calls_counted_until_stopped"].as_u64().unwrap();
-    let row = text.lines().find(|l| l.ends_with("  work") && l.trim_start().starts_with('~')).unwrap_or_else(|| panic!("{text}"));
     // The row's calls are those counted until counting stopped and those
-    // estimated after.
-    let after: u64 = row.trim_start()[1..].split(' ').next().unwrap().replace(',', "").parse().unwrap();
+    // estimated after; or with too few samples while it counted, the
+    // counted part and an unknown rest, none counted twice.
+    let after = match throttled_calls(&text, "work") {
+        ThrottledCalls::About(after) => after,
+        ThrottledCalls::AtLeast(shown) => {
+            assert_eq!(shown, counted, "{text}");
+            assert!(timed + counted < 20_000_000, "{timed} timed and {counted} counted, of 20,000,000");
+            return;
+        }
+    };
     assert!(after >= counted, "~{after} after the throttle, fewer than the {counted} counted: {text}");
     // The estimate is the samples' (a busy machine moves it): within 30%,
     // where the child counted twice would make 30,000,000, and lost 10,000,000.

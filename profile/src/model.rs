@@ -195,8 +195,8 @@ pub struct ThrottledSamples {
 }
 
 /// The fewest samples taken while a throttled function's calls were
-/// counted that say how many calls a sample stands for (to about 20%).
-const FEWEST_COUNTING_SAMPLES: u64 = 25;
+/// counted that say how many calls a sample stands for (to about a third).
+const FEWEST_COUNTING_SAMPLES: u64 = 10;
 
 impl ThrottledSamples {
     /// Its calls after its counting stopped, at the calls a sample stood

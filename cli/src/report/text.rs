@@ -1152,21 +1152,21 @@ mod tests {
         let mut out = String::new();
         throttled(&profile, &[stats(0), stats(1)], &options(), &mut out);
         assert!(out.lines().any(|l| l.trim_start().starts_with("7,000+?") && l.ends_with("stopped")), "{out}");
-        // 24 samples while it counted are too few to stand for its calls.
+        // 9 samples while it counted are too few to stand for its calls.
         let mut few = profile.clone();
-        few.samples.as_mut().unwrap().throttled.functions[2].total_samples = 39;
+        few.samples.as_mut().unwrap().throttled.functions[2].total_samples = 24;
         let mut out = String::new();
         throttled(&few, &[stats(0), stats(1), stats(2)], &options(), &mut out);
         assert!(out.lines().any(|l| l.trim_start().starts_with("7,000+?") && l.ends_with("stopped")), "{out}");
-        // With 25 samples or more while it counted, at the calls each stood
-        // for then: 7,000 calls over 25 samples, then 15 samples.
+        // With 10 samples or more while it counted, at the calls each stood
+        // for then: 7,000 calls over 10 samples, then 15 samples.
         let mut more = profile.clone();
         let stopped = &mut more.samples.as_mut().unwrap().throttled.functions[2];
-        stopped.total_samples = 40;
+        stopped.total_samples = 25;
         for stats in [vec![stats(0), stats(1), stats(2)], vec![stats(0), stats(1)]] {
             let mut out = String::new();
             throttled(&more, &stats, &options(), &mut out);
-            assert!(out.lines().any(|l| l.trim_start().starts_with("~11,200 ") && l.ends_with("stopped")), "{out}");
+            assert!(out.lines().any(|l| l.trim_start().starts_with("~17,500 ") && l.ends_with("stopped")), "{out}");
         }
         // The flat profile's row says how many more were counted, where they were.
         assert!(throttled_label(Some(123_456), None, false).contains("123,456 more calls counted after"));
