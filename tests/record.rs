@@ -185,6 +185,11 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
     // A stripped library: a pattern on a name it lacks.
     let out = run(proftap().args(["symbols"]).arg(&stripped_lib).args(["-f", "clamp"]));
     assert_clean_failure(&out, "matches no function");
+    // A launcher without symbols, nothing named and nothing sampled: no
+    // word of functions named, which were not.
+    let out = run(proftap().args(["run", "-o"]).arg(&file).args(["--no-sample", "--"]).arg(&launcher).arg(&calls));
+    assert_clean_failure(&out, "has no symbols");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("-f"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

@@ -469,7 +469,8 @@ fn load_symbols(
                 ),
                 Err(source) => return Err(PrepareError::Symbols { module: display.display().to_string(), source }),
             },
-            Err(proftap_probes::Error::NoSymbols { .. }) if i == 0 && is_launcher(display) => {
+            // Functions named in it: they are in a program it runs.
+            Err(proftap_probes::Error::NoSymbols { .. }) if i == 0 && is_launcher(display) && !selection.is_default() => {
                 return Err(PrepareError::Launcher { module: display.display().to_string() });
             }
             other => other.map_err(|source| PrepareError::Symbols { module: display.display().to_string(), source })?,
