@@ -79,6 +79,13 @@ fn keep_slowest(calls: &mut Vec<SlowCall>, call: SlowCall, n: usize) {
 /// The list as text.
 pub fn render(s: &Slowest) -> String {
     let mut out = String::new();
+    if s.traced == 0 {
+        let _ = writeln!(out, "The trace has no call of {}.", s.function);
+        if s.cut > 0 {
+            let _ = writeln!(out, "It did not keep {} calls: some may have been of it.", group_digits(s.cut));
+        }
+        return out;
+    }
     let _ = writeln!(out, "The {} slowest calls of {} (of {} in the trace)", s.slowest.len(), s.function, group_digits(s.traced));
     let _ = writeln!(out, "{:>12} {:>14} {:>8} {:>6}  thread", "took", "started at", "tid", "depth");
     for c in &s.slowest {
@@ -116,6 +123,17 @@ mod tests {
         let listed: Vec<(u64, i32, u64)> = s.slowest.iter().map(|c| (c.duration_ns, c.tid, c.start_ns)).collect();
         assert_eq!(listed, [(70, 2, 5), (70, 1, 100), (50, 1, 10)]);
         assert!(render(&s).contains("The 3 slowest calls of f (of 4 in the trace)"));
+    }
+
+    #[test]
+    fn a_function_the_trace_has_no_call_of_is_said_to_have_none() {
+        let mut p = profile();
+        p.functions.push(FunctionInfo { name: "idle".into(), ..FunctionInfo::default() });
+        let s = slowest(&p, "idle", 3).unwrap();
+        assert_eq!(render(&s), "The trace has no call of idle.\n");
+        p.trace.as_mut().unwrap().cut = 12;
+        let s = slowest(&p, "idle", 3).unwrap();
+        assert!(render(&s).ends_with("It did not keep 12 calls: some may have been of it.\n"), "{}", render(&s));
     }
 
     #[test]
