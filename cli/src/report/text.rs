@@ -155,20 +155,23 @@ fn wrap(text: &str, width: usize) -> String {
     out
 }
 
-/// The CPU time the threads' outermost measured calls took together, when
-/// `key` is CPU time and more than one thread ran: threads run side by
-/// side, and their CPU time is not a share of the run's wall time.
-fn threads_cpu_ns(profile: &Profile, metric: usize, key: &str) -> Option<u64> {
+/// The CPU time the threads took, when `key` is CPU time and more than one
+/// thread ran (threads run side by side, and their CPU time is not a
+/// share of the run's wall time): what their outermost timed calls
+/// measured and the `untimed_ns` the samples give calls no probe timed
+/// (begun before an attach), or where more, all their samples' time (the
+/// program outside every timed call).
+fn threads_cpu_ns(profile: &Profile, metric: usize, key: &str, untimed_ns: u64) -> Option<u64> {
     if key != "cpu_ns" || profile.threads.len() < 2 {
         return None;
     }
     let outermost = |t: &proftap_profile::ThreadProfile| -> u64 {
         t.tree.nodes.iter().skip(1).filter(|n| n.parent == 0).map(|n| n.inclusive.get(metric).copied().unwrap_or(0)).sum()
     };
-    let measured: u64 = profile.threads.iter().map(outermost).sum();
-    // Calls begun before an attach, and code outside every timed call, ran
-    // outside what the probes measured: the CPU clock's samples saw them.
-    let sampled = profile.samples.as_ref().filter(|s| s.event == "cpu-clock").map_or(0, |s| s.estimated_ns(s.total));
+    let measured = profile.threads.iter().map(outermost).fold(untimed_ns, u64::saturating_add);
+    // Both sampling events stand for CPU time at their frequency.
+    let sampled =
+        profile.samples.as_ref().filter(|s| matches!(s.event.as_str(), "cpu-clock" | "cycles")).map_or(0, |s| s.estimated_ns(s.total));
     Some(measured.max(sampled))
 }
 
@@ -208,7 +211,8 @@ fn hottest(profile: &Profile, out: &mut String) {
         })
         .max_by_key(|(_, total, _)| *total);
     if let Some((f, total, estimated)) = instrumented.filter(|(f, total, _)| f.calls > 0 || *total > 0) {
-        let share = match (timed, threads_cpu_ns(profile, metric, key)) {
+        let untimed_ns = untimed_by_function.values().fold(0, |sum: u64, &ns| sum.saturating_add(ns));
+        let share = match (timed, threads_cpu_ns(profile, metric, key, untimed_ns)) {
             (false, _) => String::new(),
             (true, Some(cpu)) => format!(", {:.1}% of the threads' CPU time", 100.0 * total as f64 / cpu.max(1) as f64),
             (true, None) => format!(", {:.1}% of the run", 100.0 * total as f64 / duration),
@@ -906,29 +910,31 @@ mod tests {
         assert!(tree.iter().all(|l| l.chars().count() <= 80), "{text}");
     }
 
+    /// Thread `tid`, one call of function 0 taking a second of CPU time.
+    fn busy_second(tid: i32) -> ThreadProfile {
+        let mut tree = CallTree::new(1);
+        tree.nodes.push(TreeNode {
+            function: 0,
+            parent: 0,
+            calls: 1,
+            inclusive: vec![1_000_000_000],
+            exclusive: vec![1_000_000_000],
+            estimated: false,
+        });
+        let mut stats = FunctionStats::new(0, 1);
+        stats.calls = 1;
+        stats.exclusive[0].total = 1_000_000_000;
+        ThreadProfile { pid: 1, tid, name: String::new(), functions: vec![stats], tree }
+    }
+
     /// Two threads each spending a whole second of CPU in `work` during a
     /// one-second run: `work` is all of their CPU time, not 200% of the run.
     #[test]
     fn a_threads_cpu_time_is_a_share_of_all_threads_not_of_the_run() {
-        let thread = |tid: i32| {
-            let mut tree = CallTree::new(1);
-            tree.nodes.push(TreeNode {
-                function: 0,
-                parent: 0,
-                calls: 1,
-                inclusive: vec![1_000_000_000],
-                exclusive: vec![1_000_000_000],
-                estimated: false,
-            });
-            let mut stats = FunctionStats::new(0, 1);
-            stats.calls = 1;
-            stats.exclusive[0].total = 1_000_000_000;
-            ThreadProfile { pid: 1, tid, name: String::new(), functions: vec![stats], tree }
-        };
         let mut profile = Profile {
             metrics: vec!["cpu_ns".into()],
             functions: vec![FunctionInfo { name: "work".into(), ..FunctionInfo::default() }],
-            threads: vec![thread(1), thread(2)],
+            threads: vec![busy_second(1), busy_second(2)],
             ..Profile::default()
         };
         profile.recording.duration_ns = 1_000_000_000;
@@ -942,25 +948,10 @@ mod tests {
     }
 
     /// Threads that ran outside every timed call (calls begun before an
-    /// attach): their CPU time is what the CPU clock's samples saw, more
-    /// than the probes measured, and the hottest function's share is of it.
+    /// attach): their CPU time is what the samples saw, more than the
+    /// probes measured, and the hottest function's share is of it.
     #[test]
     fn the_threads_cpu_time_is_what_the_samples_saw_where_that_is_more() {
-        let thread = |tid: i32| {
-            let mut tree = CallTree::new(1);
-            tree.nodes.push(TreeNode {
-                function: 0,
-                parent: 0,
-                calls: 1,
-                inclusive: vec![1_000_000_000],
-                exclusive: vec![1_000_000_000],
-                estimated: false,
-            });
-            let mut stats = FunctionStats::new(0, 1);
-            stats.calls = 1;
-            stats.exclusive[0].total = 1_000_000_000;
-            ThreadProfile { pid: 1, tid, name: String::new(), functions: vec![stats], tree }
-        };
         let samples = |event: &str| proftap_profile::SampleProfile {
             event: event.into(),
             frequency_hz: 1000,
@@ -970,17 +961,34 @@ mod tests {
         let mut profile = Profile {
             metrics: vec!["cpu_ns".into()],
             functions: vec![FunctionInfo { name: "work".into(), ..FunctionInfo::default() }],
-            threads: vec![thread(1), thread(2)],
+            threads: vec![busy_second(1), busy_second(2)],
             samples: Some(samples("cpu-clock")),
             ..Profile::default()
         };
         profile.recording.duration_ns = 4_000_000_000;
-        let mut out = String::new();
-        hottest(&profile, &mut out);
-        assert!(out.contains("2.000 s CPU time in itself, 25.0% of the threads' CPU time"), "{out}");
+        for event in ["cpu-clock", "cycles"] {
+            profile.samples = Some(samples(event));
+            let mut out = String::new();
+            hottest(&profile, &mut out);
+            assert!(out.contains("2.000 s CPU time in itself, 25.0% of the threads' CPU time"), "{event}: {out}");
+        }
         // Samples of another event say nothing of time.
         profile.samples = Some(samples("page-faults"));
-        out.clear();
+        let mut out = String::new();
+        hottest(&profile, &mut out);
+        assert!(out.contains("100.0% of the threads' CPU time"), "{out}");
+        // Calls of `work` no probe timed, 2 s by the samples, of 3 s
+        // sampled: its 4 s are all the threads' CPU time, not 133% of it.
+        let mut some = samples("cpu-clock");
+        some.total = 3000;
+        some.throttled.untimed = vec![proftap_profile::ThrottledSamples {
+            name: "work".into(),
+            self_samples: 2000,
+            total_samples: 2000,
+            total_samples_uncounted: 0,
+        }];
+        profile.samples = Some(some);
+        let mut out = String::new();
         hottest(&profile, &mut out);
         assert!(out.contains("100.0% of the threads' CPU time"), "{out}");
     }
