@@ -208,7 +208,7 @@ fn finding_sentence(finding: &Finding) -> String {
             "after {after_ms} ms, stopped counting the calls of {} after their probes were removed: counting them too cost more than the {budget_percent}% overhead budget; {}",
             with_calls(functions),
             if *sampled {
-                "their calls from then on are estimated from the samples"
+                "their calls from then on are estimated from the samples, where enough were taken while they were counted (else they are left unknown)"
             } else {
                 "their calls from then on are not counted (without samples nothing estimates them): their counts are lower bounds"
             }
@@ -424,7 +424,11 @@ mod tests {
             "{}",
             note(false)
         );
-        assert!(note(true).ends_with("their calls from then on are estimated from the samples"), "{}", note(true));
+        assert!(
+            note(true).ends_with("where enough were taken while they were counted (else they are left unknown)"),
+            "{}",
+            note(true)
+        );
     }
 
     #[test]

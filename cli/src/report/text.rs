@@ -230,7 +230,14 @@ fn hottest(profile: &Profile, out: &mut String) {
         } else {
             let (after, until) = (info.and_then(|i| i.calls_after_throttle), info.and_then(|i| i.calls_counted_until_stopped));
             // Older files say nothing of it: without samples, nothing estimated their calls either.
-            let calls_estimated = profile.samples.is_some() && !info.is_some_and(|i| i.calls_after_counting_unknown);
+            // After counting stopped, the samples estimate them only where
+            // enough were taken while counted (see `throttled`).
+            let sampled = |name: &str| profile.samples.as_ref()?.throttled.functions.iter().find(|t| t.name == name);
+            let estimable = match until {
+                Some(counted) => info.and_then(|i| sampled(&i.name)).and_then(|t| t.calls_since_counting_stopped(counted)).is_some(),
+                None => true,
+            };
+            let calls_estimated = profile.samples.is_some() && estimable && !info.is_some_and(|i| i.calls_after_counting_unknown);
             let uncounted = match info.is_some_and(|i| i.mode == Mode::Throttled) {
                 false => Uncounted::None,
                 true if calls_estimated => Uncounted::Estimated,
@@ -1082,6 +1089,12 @@ mod tests {
         let said =
             ", 1,000 calls timed, 978 counted after its probes were removed, then estimated from samples after its counting stopped too\n";
         assert!(out.ends_with(said), "{out}");
+        // Five samples while it counted are too few to estimate the rest:
+        // the calls counted are a lower bound.
+        profile.samples.as_mut().unwrap().throttled.functions[0].total_samples_uncounted = 15;
+        let mut out = String::new();
+        hottest(&profile, &mut out);
+        assert!(out.contains(", at least 1,978 calls: 1,000 timed, 978 counted after its probes were removed"), "{out}");
     }
 
     /// The overhead line gives the samples in the probes and, apart, those
