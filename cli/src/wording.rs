@@ -424,11 +424,7 @@ mod tests {
             "{}",
             note(false)
         );
-        assert!(
-            note(true).ends_with("where enough were taken while they were counted (else they are left unknown)"),
-            "{}",
-            note(true)
-        );
+        assert!(note(true).ends_with("where enough were taken while they were counted (else they are left unknown)"), "{}", note(true));
     }
 
     #[test]

@@ -329,6 +329,7 @@ fn merge_by_function(ours: &mut Vec<ThrottledSamples>, theirs: &[ThrottledSample
                 o.self_samples = o.self_samples.saturating_add(t.self_samples);
                 o.total_samples = o.total_samples.saturating_add(t.total_samples);
                 o.total_samples_uncounted = o.total_samples_uncounted.saturating_add(t.total_samples_uncounted);
+                o.counting_samples = o.counting_samples.saturating_add(t.counting_samples);
             }
             None => {
                 index.insert(t.name.clone(), ours.len());

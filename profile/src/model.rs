@@ -192,6 +192,10 @@ pub struct ThrottledSamples {
     /// since are estimated from.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub total_samples_uncounted: u64,
+    /// Of those taken while its calls were counted, the ones in its
+    /// counting stub: counting's time, not its calls'.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub counting_samples: u64,
 }
 
 /// The fewest samples taken while a throttled function's calls were
@@ -201,11 +205,12 @@ const FEWEST_COUNTING_SAMPLES: u64 = 10;
 impl ThrottledSamples {
     /// Its calls after its counting stopped, at the calls a sample stood
     /// for while they were counted (`counted` calls over the samples taken
-    /// between its throttle and then); `None` with too few samples then.
-    /// Its cost per call when timed held its callees' probes, taken out
-    /// since, and a short function's timing error.
+    /// between its throttle and then, less those in its counting stub,
+    /// which counting stopped for being dear); `None` with too few samples
+    /// then. Not at its cost per call when timed: that held its callees'
+    /// probes, taken out since, and a short function's timing error.
     pub fn calls_since_counting_stopped(&self, counted: u64) -> Option<u64> {
-        let while_counted = self.total_samples.checked_sub(self.total_samples_uncounted)?;
+        let while_counted = self.total_samples.checked_sub(self.total_samples_uncounted)?.saturating_sub(self.counting_samples);
         if while_counted < FEWEST_COUNTING_SAMPLES {
             return None;
         }
@@ -903,6 +908,24 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 6,000 calls counted over the 12 samples taken then, and 3 samples
+    /// after: 1,500 calls more. With 2 of the 12 in the counting stub, a
+    /// sample stood for 600 calls, not 500; with 3, too few are left.
+    #[test]
+    fn the_calls_after_counting_stopped_are_those_a_sample_stood_for_without_the_stubs() {
+        let sampled = |total, counting| ThrottledSamples {
+            name: "f".into(),
+            total_samples: total,
+            total_samples_uncounted: 3,
+            counting_samples: counting,
+            ..ThrottledSamples::default()
+        };
+        assert_eq!(sampled(15, 0).calls_since_counting_stopped(6_000), Some(1_500));
+        assert_eq!(sampled(15, 2).calls_since_counting_stopped(6_000), Some(1_800));
+        assert_eq!(sampled(15, 3).calls_since_counting_stopped(6_000), None);
+        assert_eq!(sampled(2, 0).calls_since_counting_stopped(6_000), None);
+    }
 
     #[test]
     fn the_share_of_samples_is_counted_by_their_innermost_frame() {

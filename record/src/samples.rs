@@ -65,6 +65,8 @@ struct SinceThrottle {
     total: u64,
     /// Of those, the ones since its calls were no longer counted.
     total_uncounted: u64,
+    /// Of the others, the ones in its counting stub.
+    in_counting_stub: u64,
 }
 
 /// When a sample was taken, of which thread, and its stack.
@@ -314,10 +316,13 @@ impl SampleAggregator {
         id
     }
 
-    /// The sample added last was taken in a counting stub (see
-    /// [`SampleProfile::in_counting_stubs`]).
-    pub fn in_counting_stub(&mut self) {
+    /// The sample added last was taken in the counting stub of `function`
+    /// (by index; see [`SampleProfile::in_counting_stubs`]).
+    pub fn in_counting_stub(&mut self, function: u32) {
         self.in_counting_stubs += 1;
+        if let Some(since) = self.measured.get(function as usize).and_then(|name| self.after_throttle.get_mut(name)) {
+            since.in_counting_stub += 1;
+        }
     }
 
     /// Hot functions by samples anywhere on the stack so far: (frame name, module, samples).
@@ -381,6 +386,7 @@ fn by_function(samples: &HashMap<String, SinceThrottle>) -> Vec<ThrottledSamples
             self_samples: since.own,
             total_samples: since.total,
             total_samples_uncounted: since.total_uncounted,
+            counting_samples: since.in_counting_stub,
         })
         .collect();
     functions.sort_by(|a, b| b.total_samples.cmp(&a.total_samples).then(a.name.cmp(&b.name)));
@@ -477,6 +483,30 @@ mod tests {
         let throttled = samples.profile().throttled;
         let work = throttled.functions.iter().find(|t| t.name == "work").unwrap();
         assert_eq!((work.total_samples, work.total_samples_uncounted), (8, 3));
+    }
+
+    /// A sample in a throttled function's counting stub is counting's
+    /// time: kept apart from the samples that stand for its calls.
+    #[test]
+    fn samples_in_a_throttled_functions_counting_stub_are_kept_apart() {
+        let names = ["main", "work"].map(String::from).to_vec();
+        let mut samples = SampleAggregator::new("cpu-clock", 1000).measuring(names);
+        let in_work = ResolvedStack { frames: vec![frame("main"), frame("work")], line: None, timed_calls: Vec::new() };
+        samples.throttle(&[1]);
+        for stub in [false, true, false, true, true] {
+            samples.add_at(10, 10, 0, &in_work);
+            if stub {
+                samples.in_counting_stub(1);
+            }
+        }
+        // A stub of a function not throttled, or past the functions, counts only in all.
+        samples.add_at(10, 10, 0, &in_work);
+        samples.in_counting_stub(0);
+        samples.in_counting_stub(7);
+        let profile = samples.profile();
+        let work = profile.throttled.functions.iter().find(|t| t.name == "work").unwrap();
+        assert_eq!((work.total_samples, work.counting_samples), (6, 3));
+        assert_eq!(profile.in_counting_stubs, 5);
     }
 
     #[test]

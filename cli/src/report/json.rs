@@ -179,6 +179,7 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
             "self_ns": samples.estimated_ns(t.self_samples),
             "total_ns": samples.estimated_ns(t.total_samples),
             "total_uncounted": t.total_samples_uncounted,
+            "in_counting_stub": t.counting_samples,
         })
     };
     let held = samples.throttled.held.iter().map(|h| {

@@ -992,7 +992,7 @@ mod tests {
             name: "work".into(),
             self_samples: 2000,
             total_samples: 2000,
-            total_samples_uncounted: 0,
+            ..proftap_profile::ThrottledSamples::default()
         }];
         profile.samples = Some(some);
         let mut out = String::new();
@@ -1070,7 +1070,7 @@ mod tests {
         stats.exclusive[0].total = 5_000_000;
         let mut samples = SampleProfile { frequency_hz: 1000, total: 40, ..SampleProfile::default() };
         samples.throttled.functions =
-            vec![ThrottledSamples { name: "f".into(), self_samples: 10, total_samples: 20, total_samples_uncounted: 0 }];
+            vec![ThrottledSamples { name: "f".into(), self_samples: 10, total_samples: 20, ..ThrottledSamples::default() }];
         let mut profile = Profile {
             metrics: vec!["cpu_ns".into()],
             functions: vec![FunctionInfo { name: "f".into(), mode: Mode::Throttled, ..FunctionInfo::default() }],
@@ -1149,6 +1149,7 @@ mod tests {
             self_samples: 10,
             total_samples: 20,
             total_samples_uncounted: if name == "stopped" { 15 } else { 0 },
+            counting_samples: 0,
         };
         let mut samples = SampleProfile { frequency_hz: 1000, total: 40, ..SampleProfile::default() };
         samples.throttled.functions = vec![sampled("counted"), sampled("estimated"), sampled("stopped")];

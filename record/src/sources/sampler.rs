@@ -87,13 +87,14 @@ impl SamplerThread {
                         let stack = resolver.resolve(&sample, &returns);
                         let in_engine =
                             stack.frames.last().is_some_and(|leaf| leaf.name == PROBE_OVERHEAD_FRAME && leaf.module == ENGINE_MODULE);
+                        let counting = if in_engine { None } else { resolver.counting_stub_of(&sample) };
+                        samples.add_at(sample.pid as i32, sample.tid as i32, sample.time, &stack);
                         if in_engine {
                             overhead.count();
-                        } else if let Some(function) = resolver.counting_stub_of(&sample) {
+                        } else if let Some(function) = counting {
                             overhead.count_counting(function);
-                            samples.in_counting_stub();
+                            samples.in_counting_stub(function);
                         }
-                        samples.add_at(sample.pid as i32, sample.tid as i32, sample.time, &stack);
                         if keep {
                             stacks.push(stack);
                         }
