@@ -144,6 +144,8 @@ fn the_slowest_calls_are_listed_slowest_first_with_their_thread_and_start() {
     assert_eq!(listed[0].0, max, "the slowest call is the profile's largest");
     let text = run_ok(proftap().args(["report", "--no-pager", "--slowest", "5", "work"]).arg(dir.path().join("p.profile")));
     assert!(text.contains("slowest calls of work"), "{text}");
+    let none = run(proftap().args(["report", "--slowest", "0", "work"]).arg(dir.path().join("p.profile")));
+    assert_clean_failure(&none, "is not a count of one or more");
     let untraced = dir.path().join("untraced.profile");
     run_ok(proftap().arg("run").arg("-o").arg(&untraced).args(["-f", "work", "--", threads.to_str().unwrap(), "1", "10"]));
     let out = run(proftap().args(["report", "--slowest", "5", "work"]).arg(&untraced));

@@ -70,8 +70,11 @@ COLUMNS OF THE FLAT PROFILE:
   %smp        share of stack samples with the function anywhere on the stack
 
 THROTTLED FUNCTIONS (after their probes were removed):
-  calls       calls since the throttle, counted in process; `~N` estimated
-              from the time and the cost per call before (nothing counted)
+  calls       calls since the throttle, counted in process; `~N` estimated:
+              after counting stopped, from the calls a sample stood for while
+              counted; where nothing counted them, from the time and the cost
+              per call before (rough for short functions); `N+?` counted
+              until counting stopped, the rest unknown (too few samples)
   ~self       time in itself since the throttle, from its samples
   ~total      the same with its callees
 

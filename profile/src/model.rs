@@ -515,8 +515,9 @@ pub struct FunctionInfo {
     pub calls_after_throttle: Option<u64>,
     /// Its counter was taken out too, later: the calls it counted until
     /// then. Its calls since are estimated from the samples taken since
-    /// ([`ThrottledSamples::total_samples_uncounted`]), unless
-    /// [`FunctionInfo::calls_after_counting_unknown`]. A reader that does
+    /// ([`ThrottledSamples::total_samples_uncounted`]) where enough were
+    /// taken while counted ([`ThrottledSamples::calls_since_counting_stopped`]),
+    /// unless [`FunctionInfo::calls_after_counting_unknown`]. A reader that does
     /// not know this field estimates all its calls after the throttle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls_counted_until_stopped: Option<u64>,

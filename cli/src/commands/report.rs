@@ -117,7 +117,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
 /// `--slowest N F`, as text or JSON.
 fn slowest_calls(profile: &Profile, asked: &[String], format: Format, file: &Path) -> Result<String> {
     let [n, name] = asked else { bail!("--slowest takes a count and a function: --slowest 10 parse") };
-    let n: usize = n.parse().map_err(|_| anyhow::anyhow!("--slowest takes a count first, then a function: '{n}' is not a count"))?;
+    let n: usize = n
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| anyhow::anyhow!("--slowest takes a count first, then a function: '{n}' is not a count of one or more"))?;
     let found = slowest::slowest(profile, name, n).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     Ok(match format {
         Format::Text => slowest::render(&found),

@@ -635,8 +635,10 @@ fn throttled_label(calls_after: Option<u64>, until: Option<u64>, narrow: bool) -
 /// the samples; their calls counted where the engine kept counting them,
 /// else estimated (`~`, a rough figure): after counting stopped, at the
 /// calls a sample stood for while they were counted, given enough such
-/// samples; else from the time at the CPU time per call measured before
-/// the throttle. The flat profile has the exact part.
+/// samples, else the counted part and an unknown rest (`N+?`); where
+/// nothing counted them, from the time at the CPU time per call measured
+/// before the throttle, the only measure there is. The flat profile has
+/// the exact part.
 fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions, out: &mut String) {
     let Some(samples) = &profile.samples else { return };
     if samples.throttled.functions.is_empty() {
