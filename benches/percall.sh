@@ -6,7 +6,10 @@
 # call with --trace), bpftrace with a uprobe/uretprobe
 # pair doing the same accounting, and uftrace's run-time patching
 # (uftrace record -P f, when uftrace is installed). The loop reports its own
-# nanoseconds per call; the median of RUNS runs is shown.
+# nanoseconds per call; the median of RUNS runs is shown. Then what the
+# instructions a call cannot do without cost here take alone
+# (benches/percall/parts.c: the TSC, read twice a timed call; the CPU's id
+# and a counter's increment, a counted call's), the median of RUNS runs.
 # Usage: benches/percall.sh [CALLS [RUNS]]   defaults: 300000, 5. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,4 +48,10 @@ for opt in O0 O2; do
     uftrace=$(measure uftrace record -d "$dir/uftrace.data" -P f "$loop" "$calls")
   fi
   printf '%-4s %-10s %10s %10s %10s %10s %10s %10s %13s %14s\n' "$opt" "$first" "$bare" "$floor" "$ours" "$theirs" "$ratio" "$inject" "$traced" "$uftrace"
+done
+gcc -O2 -o "$dir/parts" benches/percall/parts.c
+for _ in $(seq "$runs"); do "$dir/parts"; done >"$dir/parts.txt"
+printf '\n%-16s %s\n' instruction ns
+for name in rdtsc rdpid stores stores+inc stores+lock-inc; do
+  printf '%-16s %s\n' "$name" "$(awk -v n="$name" '$1 == n {print $2}' "$dir/parts.txt" | median)"
 done
