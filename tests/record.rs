@@ -188,7 +188,7 @@ fn bad_input_is_one_sentence_and_writes_no_file() {
     // A launcher without symbols, nothing named and nothing sampled: no
     // word of functions named, which were not.
     let out = run(proftap().args(["run", "-o"]).arg(&file).args(["--no-sample", "--"]).arg(&launcher).arg(&calls));
-    assert_clean_failure(&out, "has no symbols");
+    assert_clean_failure(&out, "it is a launcher: with no stack sampled there is nothing to record of it");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("-f"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 

@@ -52,6 +52,15 @@ pub enum PrepareError {
         /// The launcher.
         module: String,
     },
+    /// A launcher without symbols, and nothing sampled: nothing of it can
+    /// be recorded, and what it runs is a program of its own.
+    #[error(
+        "{module} has no symbols, and it is a launcher: with no stack sampled there is nothing to record of it, and the programs it runs are new images; start the program itself (proftap run -- PROGRAM ARGS)"
+    )]
+    LauncherUnsampled {
+        /// The launcher.
+        module: String,
+    },
     /// A module's symbols could not be read.
     #[error("cannot read the symbols of {module}: {source}")]
     Symbols {
@@ -470,8 +479,12 @@ fn load_symbols(
                 Err(source) => return Err(PrepareError::Symbols { module: display.display().to_string(), source }),
             },
             // Functions named in it: they are in a program it runs.
-            Err(proftap_probes::Error::NoSymbols { .. }) if i == 0 && is_launcher(display) && !selection.is_default() => {
-                return Err(PrepareError::Launcher { module: display.display().to_string() });
+            Err(proftap_probes::Error::NoSymbols { .. }) if i == 0 && is_launcher(display) => {
+                let module = display.display().to_string();
+                return Err(match selection.is_default() {
+                    true => PrepareError::LauncherUnsampled { module },
+                    false => PrepareError::Launcher { module },
+                });
             }
             other => other.map_err(|source| PrepareError::Symbols { module: display.display().to_string(), source })?,
         };
