@@ -497,13 +497,26 @@ fn attaching_to_functions_patched_through_islands_again_and_again_leaves_them_wh
 
 /// Starts `proftap attach ARGS PID` and waits until its probes are live.
 fn attach(pid: i32, args: &[&str], file: &std::path::Path) -> std::process::Child {
+    let (child, said) = attach_saying(pid, args, file);
+    assert!(said.is_empty(), "unexpected: {said}");
+    child
+}
+
+/// The same, and what it said before its probes were live.
+fn attach_saying(pid: i32, args: &[&str], file: &std::path::Path) -> (std::process::Child, String) {
     let mut child = proftap().arg("attach").arg("-o").arg(file).args(args).arg(pid.to_string()).stderr(Stdio::piped()).spawn().unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(line.contains("attached to process"), "unexpected: {line}");
+    let mut said = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "ended before its probes were live: {said}");
+        if line.contains("attached to process") {
+            break;
+        }
+        said.push_str(&line);
+    }
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    child
+    (child, said)
 }
 
 #[test]
@@ -534,7 +547,8 @@ fn a_killed_profiler_leaves_the_program_running() {
     // Kernel probes would run the file's first instruction of tick where
     // the process has the jump left: tick is left alone, and said to be.
     let second = dir.path().join("uprobes.profile");
-    let mut profiler = attach(waiter.pid, &["--engine", "uprobe", "-f", "tick", "-f", "main"], &second);
+    let (mut profiler, said) = attach_saying(waiter.pid, &["--engine", "uprobe", "-f", "tick", "-f", "main"], &second);
+    assert!(said.contains("warning: not recorded: tick (their code in memory was not what the file holds)"), "{said}");
     assert_eq!(waiter.tick(1000), 3_002_000);
     interrupt(&mut profiler);
     let report = report_json(&second);

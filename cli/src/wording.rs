@@ -27,7 +27,13 @@ pub fn warning(warning: &Warning) -> String {
             format!("cannot measure the cost of a probe: {reason}; the report will not estimate the overhead")
         }
         Warning::EventsNotSaved { reason } => format!("the recording's events could not all be saved: {reason}"),
+        Warning::CodeDiffers { functions } => code_differs(functions),
     }
+}
+
+/// Functions not recorded, their code in memory not the file's.
+fn code_differs(functions: &[String]) -> String {
+    format!("not recorded: {} (their code in memory was not what the file holds)", functions.join(", "))
 }
 
 /// Changes of the probes the overhead governor made (throttles) are told
@@ -165,9 +171,7 @@ fn finding_sentence(finding: &Finding) -> String {
             examples(functions),
             if functions.len() == 1 { "its" } else { "their" }
         ),
-        Finding::CodeDiffers { functions } => {
-            format!("not recorded: {} (their code in memory was not what the file holds)", functions.join(", "))
-        }
+        Finding::CodeDiffers { functions } => code_differs(functions),
         Finding::LinesUncountable { functions } => format!(
             "the lines of {} are followed by uprobes, not counted by the in-process engine: their control flow cannot be read ({})",
             counted(functions.len() as u64, "function", "functions"),

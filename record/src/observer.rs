@@ -142,4 +142,10 @@ pub enum Warning {
         /// Why.
         reason: String,
     },
+    /// Functions chosen whose code in the attached process is not what
+    /// the file holds (another tool's breakpoint or patch): not recorded.
+    CodeDiffers {
+        /// Their names.
+        functions: Vec<String>,
+    },
 }

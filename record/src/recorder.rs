@@ -141,6 +141,8 @@ pub fn record(
         notes.push(Finding::UprobesRefused { functions: refused_by_kernel }.into());
     }
     if !changed.is_empty() {
+        // Said now too: the attach is about to say how many it probes.
+        options.observer.event(RecordEvent::Warning(Warning::CodeDiffers { functions: changed.clone() }));
         notes.push(Finding::CodeDiffers { functions: changed }.into());
     }
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
