@@ -283,7 +283,7 @@ impl Governor {
         let counting_cost_scale = self.scale(counted, counting_samples, true);
         let counting_scale = self.scale(counted - counting_stopped, counting_samples.saturating_sub(samples_of_stopped), true);
         let scale_of = |f: usize| if self.is_counted_only(f) { counting_scale } else { scale };
-        let mut rates: Vec<(f64, usize)> = recent.into_iter().map(|(ns, f)| (ns as f64 * scale_of(f) / window, f)).collect();
+        let rates: Vec<(f64, usize)> = recent.into_iter().map(|(ns, f)| (ns as f64 * scale_of(f) / window, f)).collect();
         // The budget holds over the last second: probes costing more than
         // it in a burst are kept while the second's total stays within it,
         // up to a point.
@@ -294,20 +294,35 @@ impl Governor {
         if !overspent && rate <= MOST_RECENT_TIMES_BUDGET * self.budget {
             return Vec::new();
         }
-        // Half the budget from now on, to win back what was spent.
+        // Half the budget from now on, to win back what was spent. Counting
+        // yields last: a function whose timing goes keeps exact calls, one
+        // whose counting goes has its calls estimated or unknown; so
+        // counting stops only where counting alone costs more than that
+        // half, the costliest first, and timing gives way for the rest.
         let target = self.budget / 2.0;
-        rates.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let (mut counting, mut timing): (Vec<_>, Vec<_>) = rates.into_iter().partition(|&(_, f)| self.is_counted_only(f));
+        let mut counting_rate: f64 = counting.iter().map(|(r, _)| r).sum();
+        counting.sort_by(|a, b| b.0.total_cmp(&a.0));
+        timing.sort_by(|a, b| b.0.total_cmp(&a.0));
         let mut over = Vec::new();
-        for (r, f) in rates {
+        for (r, f) in counting {
+            if counting_rate <= target {
+                break;
+            }
+            counting_rate -= r;
+            rate -= r;
+            over.push(f);
+        }
+        for (r, f) in timing {
             if rate <= target {
                 break;
             }
             rate -= r;
-            self.throttled[f] = true;
-            over.push(f as u32);
+            over.push(f);
         }
         over.sort_unstable();
-        over
+        over.iter().for_each(|&f| self.throttled[f] = true);
+        over.into_iter().map(|f| f as u32).collect()
     }
 
     /// Notes what the probes and the counting cost by `elapsed_ns`, and
@@ -519,6 +534,25 @@ mod tests {
         // counting stubs' own samples are believed: under the half of the
         // budget aimed at.
         assert!(g.over_budget(&[10_000, 150_000], 30 * ms).is_empty());
+    }
+
+    /// Over the budget, timing gives way before counting: a function no
+    /// longer timed keeps exact calls, one no longer counted does not.
+    /// Counting stops only where it alone costs more than half the budget.
+    #[test]
+    fn timing_gives_way_before_counting() {
+        let ms = 1_000_000;
+        let mut g = Governor::new(0.05, vec![100, 100, COUNTED_CALL_NS, COUNTED_CALL_NS]).with_counted_calls(2);
+        let (f1, f0_counted) = (1u32, 2u32);
+        // 10 ms in: f0's 10,000 calls are 10% of the time; f1's 200, 0.2%.
+        assert_eq!(g.over_budget(&[10_000, 200, 0, 0], 10 * ms), vec![0]);
+        // The next 10 ms: f0's calls counted cost 2% (200,000 of 1 ns), f1's
+        // timed 1% (1,000 of 100 ns): 3%, over the half of the budget aimed
+        // at while the run is over it. f1's timing goes, f0's counting stays.
+        assert_eq!(g.over_budget(&[10_000, 1_200, 200_000, 0], 20 * ms), vec![f1]);
+        // Counting f0 alone at 3% of the next 10 ms: stopped.
+        assert_eq!(g.over_budget(&[10_000, 1_200, 500_000, 0], 30 * ms), vec![f0_counted]);
+        assert_eq!(g.enabled(), vec![false, false, false, true]);
     }
 
     /// What counting costs is measured by the samples in the counting
