@@ -634,9 +634,9 @@ fn ptrace_refused(pid: i32) -> String {
         if std::fs::metadata(format!("/proc/self/task/{tracer}")).is_ok() {
             return format!("cannot hold process {pid} still: proftap's own thread {tracer} traces it still, which is a bug of proftap's");
         }
-        let comm = std::fs::read_to_string(format!("/proc/{tracer}/comm")).map(|c| format!(" ({})", c.trim_end())).unwrap_or_default();
         return format!(
-            "cannot hold process {pid} still: process {tracer}{comm} traces it already (a debugger or strace?), and a process has one tracer at a time"
+            "cannot hold process {pid} still: {} traces it already, and a process has one tracer at a time",
+            tracer_named(tracer)
         );
     }
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().and_then(|s| s.trim().parse::<u32>().ok());
@@ -652,6 +652,18 @@ fn ptrace_refused(pid: i32) -> String {
 }
 
 /// The process tracing `pid`, if one does.
+/// A process's tracer as a refusal names it: by its command, and what it
+/// likely is (another proftap recording the process, else a debugger or
+/// strace).
+pub(crate) fn tracer_named(tracer: i32) -> String {
+    let comm = std::fs::read_to_string(format!("/proc/{tracer}/comm")).map(|c| c.trim_end().to_string());
+    match comm {
+        Ok(comm) if comm.starts_with("proftap") => format!("process {tracer} ({comm}: another proftap, recording it)"),
+        Ok(comm) => format!("process {tracer} ({comm}: a debugger or strace?)"),
+        Err(_) => format!("process {tracer} (a debugger or strace?)"),
+    }
+}
+
 fn tracer_of(task: &str) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{task}/status")).ok()?;
     let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse::<i32>().ok()?;
@@ -925,6 +937,30 @@ pub fn raise_open_files_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refusal names the tracer: another proftap (its threads are
+    /// named `proftap-...`) as such, any other as a likely debugger.
+    #[test]
+    fn a_tracer_is_named_by_its_command() {
+        let (tid_sent, tid) = std::sync::mpsc::channel();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("proftap-forks".into())
+            .spawn(move || {
+                tid_sent.send(nix::unistd::gettid().as_raw()).expect("the test waits");
+                let _ = wait.recv();
+            })
+            .expect("a thread");
+        let tid = tid.recv().expect("its thread id");
+        assert_eq!(tracer_named(tid), format!("process {tid} (proftap-forks: another proftap, recording it)"));
+        done.send(()).expect("the thread waits");
+        thread.join().expect("the thread ends");
+        let mut sleep = std::process::Command::new("sleep").arg("10").spawn().expect("sleep runs");
+        let named = tracer_named(sleep.id() as i32);
+        sleep.kill().expect("sleep is killed");
+        sleep.wait().expect("sleep ends");
+        assert_eq!(named, format!("process {} (sleep: a debugger or strace?)", sleep.id()));
+    }
 
     /// `sh -c 'touch FILE'`, held.
     fn held_touch(file: &Path, launch: &Launch) -> HeldChild {

@@ -96,7 +96,10 @@ impl Remote {
         // One of proftap's own threads holding it: the hold below waits for its turn.
         let ours = std::path::Path::new(&format!("/proc/self/task/{tracer}")).exists();
         if tracer != 0 && !ours {
-            return Err(RemoteError::Unsupported(format!("process {pid} is traced by process {tracer} (a debugger?); detach it first")));
+            return Err(RemoteError::Unsupported(format!(
+                "process {pid} is traced by {}, and a process has one tracer at a time: stop that one first",
+                crate::target::tracer_named(tracer)
+            )));
         }
         let frozen = Frozen::freeze(pid)?;
         // The memory opened first, the mappings read after it when asked:
