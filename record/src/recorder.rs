@@ -148,7 +148,8 @@ pub fn record(
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
     let mut checked = injected.clone();
     planned_whole.iter().for_each(|&i| checked[i] = false);
-    let patch = Patch { functions: &all[..measured], injected: &injected, checked: &checked, how, may_unwind: options.may_unwind };
+    let probed = injected.iter().chain(&enabled[..measured]).filter(|&&probed| probed).count();
+    let patch = Patch { functions: &all[..measured], injected: &injected, checked: &checked, how, may_unwind: options.may_unwind, probed };
     let started = start(spec, held, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);
     left_out(&mut injected, &started.refused);
@@ -440,6 +441,10 @@ struct Patch<'a> {
     how: Recording<'a>,
     /// See [`RecordOptions::may_unwind`].
     may_unwind: bool,
+    /// Functions probed, in the process or by the kernel, as the target
+    /// starts: neither those whose code differs from the file's nor those
+    /// the kernel refused.
+    probed: usize,
 }
 
 /// Launches the program held, or holds a running process's threads still,
@@ -486,7 +491,7 @@ fn start(
             let command = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
             Ok(Started { pid, child: Some(child), command, attached: false, started_ns, threads: Vec::new(), tracing, notes, refused })
         }
-        TargetSpec::Attach { pid } => attach(*pid, uprobes, tracing, sampler, functions.len(), options),
+        TargetSpec::Attach { pid } => attach(*pid, uprobes, tracing, sampler, patch.probed, options),
     }
 }
 
@@ -540,7 +545,7 @@ fn attach(
     uprobes: &mut UprobeSource,
     tracing: Option<Patched>,
     sampler: Option<&SamplerThread>,
-    functions: usize,
+    probed: usize,
     options: &RecordOptions,
 ) -> Result<Started, RecordError> {
     if let Some(sampler) = sampler {
@@ -561,7 +566,7 @@ fn attach(
     uprobes.open_attached(pid, &tids)?;
     let started_ns = monotonic_ns();
     drop(frozen);
-    options.observer.event(RecordEvent::Started { pid, functions: functions as u64, attached: true });
+    options.observer.event(RecordEvent::Started { pid, functions: probed as u64, attached: true });
     Ok(Started {
         pid,
         child: None,
