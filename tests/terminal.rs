@@ -135,6 +135,47 @@ fn annotate_shows_counts_times_and_samples_per_line() {
     assert_clean_failure(&out, "no line of nap");
 }
 
+/// A function the compiler inlined everywhere, which only the samples
+/// name, is annotated from its module's debug info: its declaration found
+/// there, its lines' shares of the samples shown.
+#[test]
+fn annotate_shows_a_function_inlined_everywhere() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("inlined.c");
+    std::fs::write(
+        &source,
+        "static inline __attribute__((always_inline)) unsigned long mix(unsigned long x) {\n\
+         \x20   for (int i = 0; i < 64; i++)\n\
+         \x20       x = x * 6364136223846793005UL + 1442695040888963407UL;\n\
+         \x20   return x;\n\
+         }\n\
+         int main(int argc, char **argv) {\n\
+         \x20   unsigned long x = argc;\n\
+         \x20   for (unsigned long i = 0; i < 4000000; i++)\n\
+         \x20       x ^= mix(x + i);\n\
+         \x20   return (x == 42) + (argv[0] == 0);\n\
+         }\n",
+    )
+    .unwrap();
+    let program = dir.path().join("inlined");
+    run_ok(Command::new("gcc").args(["-O2", "-g", "-o"]).arg(&program).arg(&source));
+    let profile = record(&["--no-instrument", "-F", "2000"], &program, dir.path());
+    let json = report_json(Path::new(&profile));
+    assert!(!json["functions"].as_array().unwrap().iter().any(|f| f["name"] == "mix"), "mix has no symbol of its own");
+    let text = run_ok(proftap().args(["annotate", "mix", "--no-pager", &profile]));
+    assert!(text.starts_with(&format!("proftap annotate: mix ({}:1), inlined everywhere it ran", source.display())), "{text}");
+    // Its lines, from its declaration to the line before main's, hold most samples.
+    let numbers: Vec<u32> = text.lines().skip(2).filter_map(|l| l.split(':').next()?.split_whitespace().last()?.parse().ok()).collect();
+    assert_eq!(numbers, vec![1, 2, 3, 4, 5], "{text}");
+    let shares: f64 = text.lines().skip(2).filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok()).sum();
+    assert!(shares > 50.0, "mix's loop should hold most samples: {text}");
+    // Its module gone, it is said where it was looked for.
+    std::fs::remove_file(&program).unwrap();
+    let out = run(proftap().args(["annotate", "mix", "--no-pager", &profile]));
+    assert_clean_failure(&out, "is not declared in the debug info of");
+}
+
 /// A tmux server of the test's own, killed when dropped.
 struct Tmux {
     socket: String,

@@ -6,6 +6,7 @@
 use crate::report::coverage::{LOWER_BOUND_LEGEND, count_text, count_width};
 use crate::report::text::{format_value, group_digits, metric_label};
 use anyhow::{Context, Result, bail};
+use proftap_probes::symbols::Declaration;
 use proftap_profile::{Mode, Profile};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -15,7 +16,8 @@ use std::process::ExitCode;
 /// Arguments of `proftap annotate`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The function (its name as the report shows it).
+    /// The function (its name as the report shows it; one inlined everywhere
+    /// it ran, which only samples name, is found in its module's debug info).
     function: String,
     /// The profile (default proftap.profile).
     #[arg(default_value = "proftap.profile")]
@@ -34,23 +36,36 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Where a function the profile names is declared (file, line, and the
+/// line of the next function declared after it there, if known), and its
+/// index among the profile's functions; one only the samples name (inlined
+/// everywhere it ran) is looked up in its module's debug info.
+fn declared(profile: &Profile, name: &str) -> Result<(Declaration, Option<usize>)> {
+    if let Some((id, info)) = profile.functions.iter().enumerate().find(|(_, f)| f.name == name) {
+        let Some(file) = info.file.clone() else {
+            bail!("{name} has no source file in the debug info");
+        };
+        let line = info.line.max(1);
+        let next = profile.functions.iter().filter(|f| f.file.as_ref() == Some(&file) && f.line > line).map(|f| f.line).min();
+        return Ok((Declaration { file, line, next }, Some(id)));
+    }
+    let sampled = profile.samples.as_ref().and_then(|s| s.frames.iter().find(|f| f.name == name));
+    let Some(frame) = sampled else {
+        bail!("the profile has no function named '{name}' (proftap report lists them)");
+    };
+    let module = std::path::Path::new(&frame.module);
+    match proftap_probes::symbols::declaration(module, name, &proftap_probes::symbols::DebugDirs::default()) {
+        Some(declaration) => Ok((declaration, None)),
+        None => bail!("{name}, which only the samples name, is not declared in the debug info of {} (is it still there?)", frame.module),
+    }
+}
+
 /// The function's lines: from its declaration to the line before the next
 /// function declared after it in the same file (or the file's end).
 fn annotate(profile: &Profile, name: &str) -> Result<String> {
-    let Some((id, info)) = profile.functions.iter().enumerate().find(|(_, f)| f.name == name) else {
-        bail!("the profile has no function named '{name}' (proftap report lists them)");
-    };
-    let Some(file) = info.file.as_deref() else {
-        bail!("{name} has no source file in the debug info");
-    };
-    let first = info.line.max(1);
-    let last = profile
-        .functions
-        .iter()
-        .filter(|f| f.file.as_deref() == Some(file) && f.line > first)
-        .map(|f| f.line - 1)
-        .min()
-        .unwrap_or(u32::MAX);
+    let (declaration, id) = declared(profile, name)?;
+    let (file, first) = (declaration.file.as_str(), declaration.line);
+    let last = declaration.next.map_or(u32::MAX, |next| next - 1);
     let counts: HashMap<u32, &proftap_profile::LineRecord> =
         profile.lines.iter().filter(|l| l.file == file && (first..=last).contains(&l.line)).map(|l| (l.line, l)).collect();
     let samples = profile.samples.as_ref();
@@ -72,13 +87,15 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
 
     let mut out = String::new();
     let merged = profile.merged_functions();
-    let stats = merged.iter().find(|s| s.function == id as u32);
+    let stats = id.and_then(|id| merged.iter().find(|s| s.function == id as u32));
+    let info = id.and_then(|id| profile.functions.get(id));
     let key = profile.metrics.first().map_or("wall_ns", String::as_str);
     let _ = writeln!(
         out,
         "proftap annotate: {name} ({file}:{first}){}",
-        match stats {
-            Some(s) if info.mode != Mode::Sampled => format!(
+        match (stats, info) {
+            (_, None) => ", inlined everywhere it ran: sampled only".to_string(),
+            (Some(s), Some(info)) if info.mode != Mode::Sampled => format!(
                 ", {} {}, {} {} inclusive",
                 group_digits(s.calls),
                 if s.calls == 1 { "call" } else { "calls" },

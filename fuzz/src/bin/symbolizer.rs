@@ -28,6 +28,10 @@ fn run(data: &[u8]) {
     let read =
         proftap_fuzz::with_file("program", data, |path| SymbolIndex::load(path, &options).map(|index| (index, FrameReader::open(path))));
     let Ok((index, frames)) = read else { return };
+    // What annotating a function only samples name reads: every unit's entries.
+    if let (Some(frames), Some(function)) = (&frames, index.functions.first()) {
+        let _ = frames.declaration(&function.name);
+    }
     for function in &index.functions {
         // What naming a sample in the function reads: its entry, its unit's lines.
         if let Some(frames) = &frames {

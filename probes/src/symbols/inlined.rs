@@ -335,6 +335,32 @@ impl FrameReader {
         calls
     }
 
+    /// Where the function named `name` (demangled, as its frames are
+    /// named) is declared, by the first entry of it that says: a function
+    /// the compiler inlined everywhere has only the entries of its inlined
+    /// copies and its abstract one, which the symbol table knows nothing of.
+    pub fn declaration(&self, name: &str) -> Option<Declaration> {
+        (0..self.headers.len()).find_map(|index| self.declaration_in(index, name))
+    }
+
+    fn declaration_in(&self, index: usize, name: &str) -> Option<Declaration> {
+        let unit = self.read_unit(index)?;
+        let named = |entry: &gimli::DebuggingInformationEntry<Reader>| {
+            self.name(&unit, entry, MOST_NAME_LINKS).is_some_and(|raw| raw == name || super::demangle_name(&raw) == name)
+        };
+        let (file, line) = subprograms(&unit).find(|entry| named(entry)).and_then(|entry| declared(&unit, &entry, MOST_NAME_LINKS))?;
+        let next = subprograms(&unit)
+            .filter_map(|entry| declared(&unit, &entry, MOST_NAME_LINKS))
+            .filter(|&(other, after)| other == file && after > line)
+            .map(|(_, after)| after)
+            .min();
+        let comp_dir = unit.comp_dir.as_ref().and_then(|d| Some(d.to_string_lossy().ok()?.into_owned()));
+        let mut table = FileTable::default();
+        let ids = unit_files(&self.dwarf, &unit, comp_dir.as_deref(), &mut table);
+        let file = table.path(ids.get(file as usize).copied().flatten()?).to_string();
+        Some(Declaration { file, line, next })
+    }
+
     /// The file and line of `address` in the line table of `unit`.
     fn line_at(&self, unit: &gimli::Unit<Reader>, address: u64) -> Option<(String, u32)> {
         let offset = unit.line_program.as_ref()?.header().offset().0;
@@ -386,6 +412,53 @@ impl FrameReader {
             }
             _ => None,
         }
+    }
+}
+
+/// Where a function is declared (see [`FrameReader::declaration`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Declaration {
+    /// The source file.
+    pub file: String,
+    /// The line.
+    pub line: u32,
+    /// The line of the next function its unit declares after it in the same file.
+    pub next: Option<u32>,
+}
+
+/// The entries of `unit` that describe functions, as far as they can be read.
+fn subprograms(unit: &gimli::Unit<Reader>) -> impl Iterator<Item = gimli::DebuggingInformationEntry<Reader>> + '_ {
+    let mut entries = unit.entries();
+    std::iter::from_fn(move || {
+        loop {
+            match entries.next_dfs() {
+                Ok(Some(entry)) if entry.tag() == gimli::DW_TAG_subprogram => return Some(entry.clone()),
+                Ok(Some(_)) => continue,
+                _ => return None,
+            }
+        }
+    })
+}
+
+/// The file (its index in the unit's line table) and line an entry of a
+/// function says it is declared at, or its origin or specification says
+/// (within `links` of them in the same unit).
+fn declared(unit: &gimli::Unit<Reader>, entry: &gimli::DebuggingInformationEntry<Reader>, links: usize) -> Option<(u64, u32)> {
+    let (mut file, mut line, mut next) = (None, None, None);
+    for attr in entry.attrs() {
+        match (attr.name(), attr.value()) {
+            (gimli::DW_AT_decl_file, AttributeValue::FileIndex(i) | AttributeValue::Udata(i)) => file = Some(i),
+            (gimli::DW_AT_decl_file, AttributeValue::Data1(i)) => file = Some(u64::from(i)),
+            (gimli::DW_AT_decl_file, AttributeValue::Data2(i)) => file = Some(u64::from(i)),
+            (gimli::DW_AT_decl_line, value) => line = value.udata_value().and_then(|l| u32::try_from(l).ok()).filter(|&l| l > 0),
+            (gimli::DW_AT_abstract_origin | gimli::DW_AT_specification, AttributeValue::UnitRef(offset)) => next = Some(offset),
+            _ => {}
+        }
+    }
+    match (file, line, next) {
+        (Some(file), Some(line), _) => Some((file, line)),
+        (_, _, Some(offset)) if links > 0 => declared(unit, &unit.entry(offset).ok()?, links - 1),
+        _ => None,
     }
 }
 
@@ -468,6 +541,23 @@ mod tests {
         // C at -O2, DWARF 4.
         let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/symbols/testdata/calls-O2-dwarf4");
         compare_with_addr2line(&c, 1, 50);
+    }
+
+    /// A function's declaration is found by its name whether it has code
+    /// of its own (`leaf`) or was inlined everywhere (`atol`, from
+    /// `stdlib.h`: an abstract entry and inlined copies only), as
+    /// `readelf --debug-dump=info` shows the test file's entries.
+    #[test]
+    fn a_declaration_is_found_by_name_inlined_everywhere_or_not() {
+        let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/symbols/testdata/calls-O2-dwarf4");
+        let reader = FrameReader::open(&c).expect("debug info");
+        let atol = reader.declaration("atol").expect("atol's declaration");
+        assert!(atol.file.ends_with("/stdlib.h") && atol.line == 367, "{atol:?}");
+        let leaf = reader.declaration("leaf").expect("leaf's declaration");
+        assert!(leaf.file.ends_with(".c") && leaf.line == 15, "{leaf:?}");
+        // The next function declared in its file: `left`, at line 21.
+        assert_eq!(leaf.next, Some(21));
+        assert_eq!(reader.declaration("not_a_function"), None);
     }
 
     #[test]

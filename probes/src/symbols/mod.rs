@@ -18,7 +18,7 @@ pub use debuginfod::{Debuginfod, FetchProgress, MAX_DOWNLOAD, Unheard};
 pub(crate) use dwarf::LinesByAddress;
 pub use dwarf::{CompileUnit, FileTable, LineRow, normalize_path};
 pub use elf::{ElfImage, ElfKind, FileVersion, SectionBytes, Segment, file_offset, hex};
-pub use inlined::{FrameReader, FramesAt};
+pub use inlined::{Declaration, FrameReader, FramesAt};
 pub use kept::kept_file_is_used;
 pub use kernel::{KERNEL_IMAGE, KernelSymbols};
 pub use perf_map::{JitNames, PerfMap, PerfMapPlace};
@@ -26,6 +26,22 @@ pub use perf_map::{JitNames, PerfMap, PerfMapPlace};
 /// The demangled form of a symbol name (C++, Rust), or the name itself.
 pub fn demangle_name(raw: &str) -> String {
     demangle::demangle(raw).full
+}
+
+/// Where the function named `name` (demangled) is declared, by the debug
+/// info of the module at `path` (its own, or its separate debug file in
+/// `dirs`): also a function the compiler inlined everywhere, which samples
+/// name and no symbol does (see [`FrameReader::declaration`]).
+pub fn declaration(path: &Path, name: &str, dirs: &DebugDirs) -> Option<Declaration> {
+    let image = ElfImage::open(path).ok()?;
+    let debug = match debuginfo::embedded_dwarf(&image) {
+        Some(_) => path.to_path_buf(),
+        None => match debuginfo::find_separate(&image, dirs, &mut Vec::new())?.1 {
+            DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. } => path,
+            DebugSource::Embedded { .. } | DebugSource::Missing => return None,
+        },
+    };
+    FrameReader::open(&debug)?.declaration(name)
 }
 
 use crate::addr::{FileOffset, VirtAddr};
