@@ -7,7 +7,7 @@ use crate::report::coverage::{LOWER_BOUND_LEGEND, count_text, count_width};
 use crate::report::text::{format_value, group_digits, metric_label};
 use anyhow::{Context, Result, bail};
 use proftap_probes::symbols::Declaration;
-use proftap_profile::{Mode, Profile};
+use proftap_profile::{Mode, Profile, SampleProfile, SampledFrame};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -79,6 +79,14 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
             );
         }
         let range = if last == u32::MAX { format!("{first} on") } else { format!("{first} to {last}") };
+        let inlined = samples.map(|s| inlined_into(s, name)).unwrap_or_default();
+        if !inlined.is_empty() {
+            let listed: Vec<String> = inlined.iter().take(5).map(|(callee, n)| format!("{callee} ({})", group_digits(*n))).collect();
+            bail!(
+                "no line of {name} ({file}, lines {range}) has a sample: they are in the functions the compiler inlined into it, by samples {} (`proftap annotate` takes each)",
+                listed.join(", ")
+            );
+        }
         bail!("no line of {name} ({file}, lines {range}) has a line count or a sample in this profile");
     }
     let source = crate::sources::read_source(file).with_context(|| format!("cannot read its source {file}"))?;
@@ -139,4 +147,50 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
         let _ = writeln!(out, "{row}{number:>5}: {}", text.get(number as usize - 1).copied().unwrap_or(""));
     }
     Ok(out)
+}
+
+/// The functions the compiler inlined into `name` that its samples were
+/// in (the frame under its own in each stack, when inlined), with how many
+/// samples, most first.
+fn inlined_into(samples: &SampleProfile, name: &str) -> Vec<(String, u64)> {
+    let mut found: HashMap<&str, u64> = HashMap::new();
+    for stack in &samples.stacks {
+        let frames: Vec<&SampledFrame> = stack.frames.iter().filter_map(|&f| samples.frames.get(f as usize)).collect();
+        let Some(own) = frames.iter().rposition(|f| f.name == name && !f.inlined) else { continue };
+        if let Some(callee) = frames.get(own + 1).filter(|f| f.inlined) {
+            let n = found.entry(callee.name.as_str()).or_default();
+            *n = n.saturating_add(stack.count);
+        }
+    }
+    let mut found: Vec<(String, u64)> = found.into_iter().map(|(callee, n)| (callee.to_string(), n)).collect();
+    found.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proftap_profile::SampledStack;
+
+    /// Under a function's own frame, the samples of the functions inlined
+    /// into it: only the frame right under it, and only when inlined.
+    #[test]
+    fn the_samples_of_the_functions_inlined_into_one_are_told_by_callee() {
+        let frame = |name: &str, inlined| SampledFrame { name: name.into(), module: "/bin/p".into(), inlined };
+        let frames = vec![frame("main", false), frame("step", false), frame("mix", true), frame("round", true), frame("leaf", false)];
+        let stack = |frames: Vec<u32>, count| SampledStack { frames, count };
+        let samples = SampleProfile {
+            frames,
+            stacks: vec![
+                stack(vec![0, 1, 2], 5),
+                stack(vec![0, 1, 2, 3], 2),
+                stack(vec![0, 1, 3], 4),
+                stack(vec![0, 1, 4], 9),
+                stack(vec![0, 1], 1),
+            ],
+            ..SampleProfile::default()
+        };
+        assert_eq!(inlined_into(&samples, "step"), vec![("mix".to_string(), 7), ("round".to_string(), 4)]);
+        assert!(inlined_into(&samples, "main").is_empty(), "step is a call of its own");
+    }
 }
