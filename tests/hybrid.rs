@@ -78,6 +78,11 @@ fn check_hot_function_throttled(engine: &[&str]) {
         let until = tiny["calls_counted_until_stopped"].as_u64().unwrap_or_else(|| panic!("{tiny}"));
         assert!(tiny["calls"].as_u64().unwrap() + until < 200_000_000, "{tiny}");
         assert!(notes.iter().any(|n| n.contains("stopped counting the calls of tiny")), "{notes:?}");
+        // The notes count the calls as each change left them, which the
+        // profile's counts go on from (tiny is called all the while).
+        let timed = tiny["calls"].as_u64().unwrap();
+        assert!(notes.iter().any(|n| n.contains(&format!("removed the probes of tiny ({timed} calls)"))), "{timed}: {notes:?}");
+        assert!(notes.iter().any(|n| n.contains(&format!("stopped counting the calls of tiny ({until} calls)"))), "{until}: {notes:?}");
     }
     assert!(notes.iter().any(|n| n.contains("removed the probes of tiny")), "{notes:?}");
 

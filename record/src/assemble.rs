@@ -168,6 +168,7 @@ pub fn assemble(setup: &Setup, mut aggregate: Aggregate, mut samples: Option<Sam
             *n = n.saturating_add(stats.calls);
         }
     }
+    settle_change_counts(&mut notes, &functions, &calls);
     let patched = fitted(&ending.patched, setup.functions.len());
     let line_probes = setup.lines.as_ref().map(|t| t.probe_kinds.as_slice()).unwrap_or_default();
     let line_hits: Vec<(EntryKind, u64)> = line_probes.iter().copied().zip(aggregate.line_probe_hits.iter().copied()).collect();
@@ -459,6 +460,26 @@ fn functions(setup: &Setup, throttled: &[bool], ending: &Ending, sampled: bool) 
         .collect()
 }
 
+/// The calls the governor's notes give each function it changed, as the
+/// profile has them: those read when it judged, a moment before the change,
+/// fell short by the calls made in that moment (its timed calls, by
+/// function, are `calls`).
+fn settle_change_counts(notes: &mut [Note], functions: &[FunctionInfo], calls: &[u64]) {
+    let index: HashMap<&str, usize> = functions.iter().enumerate().rev().map(|(i, f)| (f.name.as_str(), i)).collect();
+    for note in notes.iter_mut() {
+        let (changed, timed) = match note {
+            Note::Found(Finding::Throttled { functions, .. }) => (functions, true),
+            Note::Found(Finding::CountingStopped { functions, .. }) => (functions, false),
+            _ => continue,
+        };
+        for change in changed.iter_mut() {
+            let Some(&i) = index.get(change.name.as_str()) else { continue };
+            let settled = if timed { calls.get(i).copied() } else { functions[i].calls_counted_until_stopped };
+            change.calls = settled.unwrap_or(change.calls);
+        }
+    }
+}
+
 /// The recording's notes, then what the aggregate shows.
 fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
     let mut notes = ending.notes.clone();
@@ -618,6 +639,40 @@ fn region_records(regions: &[RegionSpec], aggregate: &Aggregate, engine: &[(u64,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The governor's notes give each function's calls as the profile has
+    /// them: the timed ones where its probes went, those counted until its
+    /// counting stopped; a name the profile lacks keeps its count.
+    #[test]
+    fn the_governors_notes_count_calls_as_the_profile_does() {
+        let calls = |name: &str, calls| proftap_profile::FunctionCalls { name: name.into(), calls };
+        let mut notes: Vec<Note> = vec![
+            Finding::Throttled {
+                after_ms: 3,
+                functions: vec![calls("tiny", 5), calls("gone", 2)],
+                budget_percent: 5.0,
+                sampled: true,
+                counted: true,
+            }
+            .into(),
+            Finding::CountingStopped { after_ms: 4, functions: vec![calls("tiny", 7)], budget_percent: 5.0, sampled: true }.into(),
+            Finding::HitsLost { hits: 1 }.into(),
+        ];
+        let functions = vec![
+            FunctionInfo { name: "main".into(), ..FunctionInfo::default() },
+            FunctionInfo { name: "tiny".into(), calls_counted_until_stopped: Some(9), ..FunctionInfo::default() },
+        ];
+        settle_change_counts(&mut notes, &functions, &[1, 6]);
+        let counts = |note: &Note| match note {
+            Note::Found(Finding::Throttled { functions, .. } | Finding::CountingStopped { functions, .. }) => {
+                functions.iter().map(|f| (f.name.clone(), f.calls)).collect()
+            }
+            _ => Vec::new(),
+        };
+        assert_eq!(counts(&notes[0]), vec![("tiny".to_string(), 6), ("gone".to_string(), 2)]);
+        assert_eq!(counts(&notes[1]), vec![("tiny".to_string(), 9)]);
+        assert_eq!(notes[2], Finding::HitsLost { hits: 1 }.into());
+    }
     use crate::aggregate::Aggregator;
     use proftap_profile::{FunctionStats, KeptSamples, SampledFrame, Stat, Throttled};
 

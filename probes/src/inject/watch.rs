@@ -85,6 +85,18 @@ fn step_down(patched: &mut Patched, pending: &mut Vec<usize>, functions: usize, 
     sort_out(pending, functions, patched.step_down(&unpatch, &uncount), give_up)
 }
 
+/// Every process's calls so far into `calls`: at `f` those of function
+/// `f` timed (with the threads' that ended), at `functions + f` those only
+/// counted since its probes were taken out.
+fn read_calls(calls: &mut [u64], functions: usize, view: &TotalsView, retired: &Retired, patched: &mut Patched) {
+    calls.iter_mut().for_each(|c| *c = 0);
+    let (timed, counted) = calls.split_at_mut(functions);
+    view.calls(timed);
+    timed.iter_mut().zip(&retired.calls).for_each(|(total, &n)| *total = total.saturating_add(n));
+    patched.add_children_calls(timed);
+    patched.add_counted_calls(counted);
+}
+
 /// Of `pending` (functions below `functions` to unpatch, those above to
 /// uncount), what `outcome` did, taken out of it: a half that took effect
 /// is told now, whatever the other did; a failed one stays to be asked
@@ -263,12 +275,7 @@ impl Watch {
                     answered = wanted;
                 }
                 if let (Some(judge), Some(view)) = (judge.as_mut(), &view) {
-                    calls.iter_mut().for_each(|c| *c = 0);
-                    let (timed, counted) = calls.split_at_mut(functions);
-                    view.calls(timed);
-                    timed.iter_mut().zip(&retired.calls).for_each(|(total, &n)| *total = total.saturating_add(n));
-                    patched.add_children_calls(timed);
-                    patched.add_counted_calls(counted);
+                    read_calls(&mut calls, functions, view, &retired, &mut patched);
                     pending.extend((judge.decide)(&calls));
                     if !pending.is_empty() {
                         looking = Some(thread_cpu_time().saturating_sub(looked_cpu));
@@ -278,6 +285,10 @@ impl Watch {
                         // holder letting go): tried again at the next look.
                         let told = step_down(&mut patched, &mut pending, functions, tries >= TRIES);
                         unpatching = unpatch_started.elapsed();
+                        // The calls as the change left them, which the profile's counts go on from.
+                        if !told.is_empty() {
+                            read_calls(&mut calls, functions, view, &retired, &mut patched);
+                        }
                         let with_calls = |f: usize| (f % functions, calls.get(f).copied().unwrap_or(0));
                         for (changed, error) in told {
                             let (unpatched, uncounted): (Vec<usize>, Vec<usize>) = changed.into_iter().partition(|&f| f < functions);
