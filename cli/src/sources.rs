@@ -1,6 +1,7 @@
-//! Reading the source files a profile names, for `gcov` and `report
-//! --lines`. A profile is untrusted: it may name `/etc/shadow`, a FIFO that
-//! never ends, or a device. So a source is read with the file-system
+//! Reading the source files a profile names, for `gcov`, `report
+//! --lines` and `annotate` (and the debug info of a module it names). A
+//! profile is untrusted: it may name `/etc/shadow`, a FIFO that never
+//! ends, or a device. So a source is read with the file-system
 //! identity of the user who ran proftap, never more:
 //!
 //! - under sudo (root, with `SUDO_UID` and `SUDO_GID` set), as that user,
@@ -36,12 +37,16 @@ struct User {
 /// Reads the source file `path` with the rights of the user who ran
 /// proftap; the error says why it was not read.
 pub fn read_source(path: &str) -> std::io::Result<String> {
+    as_invoking_user(|| read_regular(path))
+}
+
+/// Runs `work`, which opens files a profile names, with the file-system
+/// rights of the user who ran proftap, in a thread of its own.
+pub fn as_invoking_user<T: Send>(work: impl FnOnce() -> std::io::Result<T> + Send) -> std::io::Result<T> {
     match invoking_user() {
-        None => read_regular(path),
+        None => work(),
         Some(user) => std::thread::scope(|s| {
-            s.spawn(|| become_user(user).and_then(|()| read_regular(path)))
-                .join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("reading it failed")))
+            s.spawn(|| become_user(user).and_then(|()| work())).join().unwrap_or_else(|_| Err(std::io::Error::other("reading it failed")))
         }),
     }
 }

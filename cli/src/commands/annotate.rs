@@ -36,34 +36,54 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How a function is known to the profile.
+enum Known {
+    /// As its function `id`.
+    Function(usize),
+    /// By its samples only: its frames name it, `inlined` where the
+    /// compiler inlined it (everywhere it ran).
+    Sampled { inlined: bool },
+}
+
 /// Where a function the profile names is declared (file, line, and the
-/// line of the next function declared after it there, if known), and its
-/// index among the profile's functions; one only the samples name (inlined
-/// everywhere it ran) is looked up in its module's debug info.
-fn declared(profile: &Profile, name: &str) -> Result<(Declaration, Option<usize>)> {
+/// line of the next function declared after it there, if known), and how
+/// the profile knows it; one only the samples name (inlined everywhere it
+/// ran) is looked up in its module's debug info, with the rights of the
+/// user who ran proftap (the profile names the module).
+fn declared(profile: &Profile, name: &str) -> Result<(Declaration, Known)> {
+    let next_in_profile =
+        |file: &str, line: u32| profile.functions.iter().filter(|f| f.file.as_deref() == Some(file) && f.line > line).map(|f| f.line).min();
     if let Some((id, info)) = profile.functions.iter().enumerate().find(|(_, f)| f.name == name) {
         let Some(file) = info.file.clone() else {
             bail!("{name} has no source file in the debug info");
         };
         let line = info.line.max(1);
-        let next = profile.functions.iter().filter(|f| f.file.as_ref() == Some(&file) && f.line > line).map(|f| f.line).min();
-        return Ok((Declaration { file, line, next }, Some(id)));
+        let next = next_in_profile(&file, line);
+        return Ok((Declaration { file, line, next }, Known::Function(id)));
     }
     let sampled = profile.samples.as_ref().and_then(|s| s.frames.iter().find(|f| f.name == name));
     let Some(frame) = sampled else {
         bail!("the profile has no function named '{name}' (proftap report lists them)");
     };
     let module = std::path::Path::new(&frame.module);
-    match proftap_probes::symbols::declaration(module, name, &proftap_probes::symbols::DebugDirs::default()) {
-        Some(declaration) => Ok((declaration, None)),
-        None => bail!("{name}, which only the samples name, is not declared in the debug info of {} (is it still there?)", frame.module),
-    }
+    let dirs = proftap_probes::symbols::DebugDirs::default();
+    let found = crate::sources::as_invoking_user(|| Ok(proftap_probes::symbols::declaration(module, name, &dirs)))
+        .map_err(|e| e.to_string())
+        .and_then(|found| found);
+    let mut declaration = found.map_err(|why| anyhow::anyhow!("{name} is named by the samples only, and {why}"))?;
+    // The next function the profile knows in that file may come before the next its unit declares.
+    declaration.next = declaration.next.into_iter().chain(next_in_profile(&declaration.file, declaration.line)).min();
+    Ok((declaration, Known::Sampled { inlined: frame.inlined }))
 }
 
 /// The function's lines: from its declaration to the line before the next
 /// function declared after it in the same file (or the file's end).
 fn annotate(profile: &Profile, name: &str) -> Result<String> {
-    let (declaration, id) = declared(profile, name)?;
+    let (declaration, known) = declared(profile, name)?;
+    let id = match known {
+        Known::Function(id) => Some(id),
+        Known::Sampled { .. } => None,
+    };
     let (file, first) = (declaration.file.as_str(), declaration.line);
     let last = declaration.next.map_or(u32::MAX, |next| next - 1);
     let counts: HashMap<u32, &proftap_profile::LineRecord> =
@@ -81,10 +101,12 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
         let range = if last == u32::MAX { format!("{first} on") } else { format!("{first} to {last}") };
         let inlined = samples.map(|s| inlined_into(s, name)).unwrap_or_default();
         if !inlined.is_empty() {
-            let listed: Vec<String> = inlined.iter().take(5).map(|(callee, n)| format!("{callee} ({})", group_digits(*n))).collect();
+            let listed: Vec<String> =
+                inlined.iter().take(5).map(|(callee, n)| format!("{callee} ({} samples)", group_digits(*n))).collect();
             bail!(
-                "no line of {name} ({file}, lines {range}) has a sample: they are in the functions the compiler inlined into it, by samples {} (`proftap annotate` takes each)",
-                listed.join(", ")
+                "no line of {name} ({file}, lines {range}) has a sample: its samples are in functions the compiler inlined into it, {}; `proftap annotate {}` shows the lines of the first",
+                listed.join(", "),
+                inlined[0].0
             );
         }
         bail!("no line of {name} ({file}, lines {range}) has a line count or a sample in this profile");
@@ -102,7 +124,8 @@ fn annotate(profile: &Profile, name: &str) -> Result<String> {
         out,
         "proftap annotate: {name} ({file}:{first}){}",
         match (stats, info) {
-            (_, None) => ", inlined everywhere it ran: sampled only".to_string(),
+            (_, None) if matches!(known, Known::Sampled { inlined: true }) => ", inlined everywhere it ran: sampled only".to_string(),
+            (_, None) => ", sampled only".to_string(),
             (Some(s), Some(info)) if info.mode != Mode::Sampled => format!(
                 ", {} {}, {} {} inclusive",
                 group_digits(s.calls),
@@ -156,7 +179,7 @@ fn inlined_into(samples: &SampleProfile, name: &str) -> Vec<(String, u64)> {
     let mut found: HashMap<&str, u64> = HashMap::new();
     for stack in &samples.stacks {
         let frames: Vec<&SampledFrame> = stack.frames.iter().filter_map(|&f| samples.frames.get(f as usize)).collect();
-        let Some(own) = frames.iter().rposition(|f| f.name == name && !f.inlined) else { continue };
+        let Some(own) = frames.iter().rposition(|f| f.name == name) else { continue };
         if let Some(callee) = frames.get(own + 1).filter(|f| f.inlined) {
             let n = found.entry(callee.name.as_str()).or_default();
             *n = n.saturating_add(stack.count);
@@ -172,8 +195,9 @@ mod tests {
     use super::*;
     use proftap_profile::SampledStack;
 
-    /// Under a function's own frame, the samples of the functions inlined
-    /// into it: only the frame right under it, and only when inlined.
+    /// Under a function's own frame (inlined itself or not), the samples of
+    /// the functions inlined into it: only the frame right under it, and
+    /// only when inlined.
     #[test]
     fn the_samples_of_the_functions_inlined_into_one_are_told_by_callee() {
         let frame = |name: &str, inlined| SampledFrame { name: name.into(), module: "/bin/p".into(), inlined };
@@ -191,6 +215,7 @@ mod tests {
             ..SampleProfile::default()
         };
         assert_eq!(inlined_into(&samples, "step"), vec![("mix".to_string(), 7), ("round".to_string(), 4)]);
+        assert_eq!(inlined_into(&samples, "mix"), vec![("round".to_string(), 2)], "mix is inlined too");
         assert!(inlined_into(&samples, "main").is_empty(), "step is a call of its own");
     }
 }

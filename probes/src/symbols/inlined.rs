@@ -345,10 +345,17 @@ impl FrameReader {
 
     fn declaration_in(&self, index: usize, name: &str) -> Option<Declaration> {
         let unit = self.read_unit(index)?;
+        // Only mangled names need demangling: a C++ program's millions of
+        // entries are not all demangled to find one.
         let named = |entry: &gimli::DebuggingInformationEntry<Reader>| {
-            self.name(&unit, entry, MOST_NAME_LINKS).is_some_and(|raw| raw == name || super::demangle_name(&raw) == name)
+            self.name(&unit, entry, MOST_NAME_LINKS)
+                .is_some_and(|raw| raw == name || (raw.starts_with("_Z") || raw.starts_with("_R")) && super::demangle_name(&raw) == name)
         };
-        let (file, line) = subprograms(&unit).find(|entry| named(entry)).and_then(|entry| declared(&unit, &entry, MOST_NAME_LINKS))?;
+        // A prototype (a header's, which a calling unit holds too, or a
+        // method's in its class) is no definition: skipped.
+        let (file, line) = subprograms(&unit)
+            .filter(|entry| !is_declaration(entry) && named(entry))
+            .find_map(|entry| declared(&unit, &entry, MOST_NAME_LINKS))?;
         let next = subprograms(&unit)
             .filter_map(|entry| declared(&unit, &entry, MOST_NAME_LINKS))
             .filter(|&(other, after)| other == file && after > line)
@@ -440,26 +447,32 @@ fn subprograms(unit: &gimli::Unit<Reader>) -> impl Iterator<Item = gimli::Debugg
     })
 }
 
+/// Whether an entry only declares its function (`DW_AT_declaration`).
+fn is_declaration(entry: &gimli::DebuggingInformationEntry<Reader>) -> bool {
+    matches!(entry.attr_value(gimli::DW_AT_declaration), Some(AttributeValue::Flag(true)))
+}
+
 /// The file (its index in the unit's line table) and line an entry of a
-/// function says it is declared at, or its origin or specification says
-/// (within `links` of them in the same unit).
+/// function says it is declared at, each where the entry has it, else
+/// where its origin or specification says (within `links` of them in the
+/// same unit: one in another unit numbers its files by that unit's table).
 fn declared(unit: &gimli::Unit<Reader>, entry: &gimli::DebuggingInformationEntry<Reader>, links: usize) -> Option<(u64, u32)> {
     let (mut file, mut line, mut next) = (None, None, None);
     for attr in entry.attrs() {
         match (attr.name(), attr.value()) {
-            (gimli::DW_AT_decl_file, AttributeValue::FileIndex(i) | AttributeValue::Udata(i)) => file = Some(i),
-            (gimli::DW_AT_decl_file, AttributeValue::Data1(i)) => file = Some(u64::from(i)),
-            (gimli::DW_AT_decl_file, AttributeValue::Data2(i)) => file = Some(u64::from(i)),
+            // gimli gives the file of any constant form as an index.
+            (gimli::DW_AT_decl_file, AttributeValue::FileIndex(i)) => file = Some(i),
             (gimli::DW_AT_decl_line, value) => line = value.udata_value().and_then(|l| u32::try_from(l).ok()).filter(|&l| l > 0),
             (gimli::DW_AT_abstract_origin | gimli::DW_AT_specification, AttributeValue::UnitRef(offset)) => next = Some(offset),
             _ => {}
         }
     }
-    match (file, line, next) {
-        (Some(file), Some(line), _) => Some((file, line)),
-        (_, _, Some(offset)) if links > 0 => declared(unit, &unit.entry(offset).ok()?, links - 1),
-        _ => None,
+    if let (Some(file), Some(line)) = (file, line) {
+        return Some((file, line));
     }
+    let origin = unit.entry(next.filter(|_| links > 0)?).ok()?;
+    let (origin_file, origin_line) = declared(unit, &origin, links - 1)?;
+    Some((file.unwrap_or(origin_file), line.unwrap_or(origin_line)))
 }
 
 impl LineTable {
@@ -545,8 +558,8 @@ mod tests {
 
     /// A function's declaration is found by its name whether it has code
     /// of its own (`leaf`) or was inlined everywhere (`atol`, from
-    /// `stdlib.h`: an abstract entry and inlined copies only), as
-    /// `readelf --debug-dump=info` shows the test file's entries.
+    /// `stdlib.h`: an abstract entry and inlined copies only), not by a
+    /// prototype, as `readelf --debug-dump=info` shows the test file's entries.
     #[test]
     fn a_declaration_is_found_by_name_inlined_everywhere_or_not() {
         let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/symbols/testdata/calls-O2-dwarf4");
@@ -558,6 +571,8 @@ mod tests {
         // The next function declared in its file: `left`, at line 21.
         assert_eq!(leaf.next, Some(21));
         assert_eq!(reader.declaration("not_a_function"), None);
+        // printf has only a prototype here (`DW_AT_declaration`): no definition.
+        assert_eq!(reader.declaration("printf"), None);
     }
 
     #[test]

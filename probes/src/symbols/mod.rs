@@ -31,17 +31,29 @@ pub fn demangle_name(raw: &str) -> String {
 /// Where the function named `name` (demangled) is declared, by the debug
 /// info of the module at `path` (its own, or its separate debug file in
 /// `dirs`): also a function the compiler inlined everywhere, which samples
-/// name and no symbol does (see [`FrameReader::declaration`]).
-pub fn declaration(path: &Path, name: &str, dirs: &DebugDirs) -> Option<Declaration> {
-    let image = ElfImage::open(path).ok()?;
+/// name and no symbol does (see [`FrameReader::declaration`]). The error
+/// says which of the module, its debug info or the function was not found.
+/// Only a regular file is opened: `path` may come from anyone's profile.
+pub fn declaration(path: &Path, name: &str, dirs: &DebugDirs) -> std::result::Result<Declaration, String> {
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => return Err(format!("{shown} is not a regular file")),
+        Err(e) => return Err(format!("cannot read {shown}: {e}")),
+    }
+    let image = ElfImage::open(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
     let debug = match debuginfo::embedded_dwarf(&image) {
         Some(_) => path.to_path_buf(),
-        None => match debuginfo::find_separate(&image, dirs, &mut Vec::new())?.1 {
-            DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. } => path,
-            DebugSource::Embedded { .. } | DebugSource::Missing => return None,
+        None => match debuginfo::find_separate(&image, dirs, &mut Vec::new()).map(|(_, source)| source) {
+            Some(DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. }) => path,
+            _ => {
+                let dirs: Vec<String> = dirs.0.iter().map(|d| d.display().to_string()).collect();
+                return Err(format!("{shown} has no debug info, nor a separate debug file in {}", dirs.join(" or ")));
+            }
         },
     };
-    FrameReader::open(&debug)?.declaration(name)
+    let reader = FrameReader::open(&debug).ok_or_else(|| format!("cannot read the debug info in {}", debug.display()))?;
+    reader.declaration(name).ok_or_else(|| format!("the debug info of {shown} declares no function named '{name}'"))
 }
 
 use crate::addr::{FileOffset, VirtAddr};
