@@ -232,7 +232,7 @@ fn a_session_downloads_as_its_user_into_their_cache_and_never_as_root() {
     run_ok(Command::new("chown").arg(format!("{uid}:{gid}")).arg(&users));
     let out = start(&users);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stderr.contains("1 functions probed"), "{stderr}");
+    assert!(out.status.success() && stderr.contains("1 function probed"), "{stderr}");
     let cached = users.join(&id).join("debuginfo");
     let meta = cached.metadata().unwrap_or_else(|e| panic!("{}: {e}\n{stderr}", cached.display()));
     assert_eq!((meta.uid(), meta.gid()), (uid, gid), "the cache entry is the user's");

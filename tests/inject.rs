@@ -550,7 +550,7 @@ fn a_killed_profiler_leaves_the_program_running() {
     let (mut profiler, said) = attach_saying(waiter.pid, &["--engine", "uprobe", "-f", "tick", "-f", "main"], &second);
     assert!(said.contains("warning: not recorded: tick (their code in memory was not what the file holds)"), "{said}");
     // Of the two functions asked for, main alone is probed.
-    assert!(said.contains(&format!("attached to process {}: 1 functions probed", waiter.pid)), "{said}");
+    assert!(said.contains(&format!("attached to process {}: 1 function probed", waiter.pid)), "{said}");
     assert_eq!(waiter.tick(1000), 3_002_000);
     interrupt(&mut profiler);
     let report = report_json(&second);

@@ -162,7 +162,10 @@ impl Observer for Terminal {
                 shown.live = Some((pid, 0, 0));
                 // Tells the user (and scripts waiting for it) that the probes are live.
                 if attached {
-                    shown.say(&format!("proftap: attached to process {pid}: {functions} functions probed; stop with Ctrl-C"));
+                    shown.say(&format!(
+                        "proftap: attached to process {pid}: {} probed; stop with Ctrl-C",
+                        wording::counted(functions, "function", "functions")
+                    ));
                 }
             }
             RecordEvent::Counters { hits, lost } => {

@@ -209,7 +209,7 @@ fn finding_sentence(finding: &Finding) -> String {
             if *counted { ", their calls still counted" } else { "" }
         ),
         Finding::CountingStopped { after_ms, functions, budget_percent, sampled } => format!(
-            "after {after_ms} ms, stopped counting the calls of {} after their probes were removed: counting them too cost more than the {budget_percent}% overhead budget; {}",
+            "after {after_ms} ms, stopped counting the calls of {} after their probes were removed: counting alone cost more than half the {budget_percent}% overhead budget while the probes together were over it; {}",
             with_calls(functions),
             if *sampled {
                 "their calls from then on are estimated from the samples, where enough were taken while they were counted (else they are left unknown)"
@@ -391,7 +391,7 @@ fn with_calls(functions: &[FunctionCalls]) -> String {
 }
 
 /// "1 call was", "2 calls were".
-fn counted(n: u64, one: &str, many: &str) -> String {
+pub fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 

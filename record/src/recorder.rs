@@ -148,7 +148,9 @@ pub fn record(
     let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
     let mut checked = injected.clone();
     planned_whole.iter().for_each(|&i| checked[i] = false);
-    let probed = injected.iter().chain(&enabled[..measured]).filter(|&&probed| probed).count();
+    // Patched now only where the engine is in (after a warm-up, with --auto-instrument, nothing yet).
+    let patched_now = injected.iter().filter(|&&patched| patched && tracing.is_some()).count();
+    let probed = patched_now + enabled[..measured].iter().filter(|&&probed| probed).count();
     let patch = Patch { functions: &all[..measured], injected: &injected, checked: &checked, how, may_unwind: options.may_unwind, probed };
     let started = start(spec, held, &mut uprobes, tracing, sampler.as_ref(), &patch, options)?;
     notes.extend(started.notes);

@@ -73,7 +73,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             for warning in &info.warnings {
                 eprintln!("proftap: warning: {}", wording::warning(warning));
             }
-            eprintln!("proftap: session {} records {} (pid {}, {} functions probed)", info.id, info.target, info.pid, info.functions);
+            eprintln!(
+                "proftap: session {} records {} (pid {}, {} probed)",
+                info.id,
+                info.target,
+                info.pid,
+                crate::wording::counted(info.functions as u64, "function", "functions")
+            );
             println!("{}", info.id);
         }
         Command::List => match client.request(&Request::List)? {
