@@ -651,19 +651,21 @@ fn ptrace_refused(pid: i32) -> String {
     format!("cannot trace process {pid} to hold it still: {why}")
 }
 
-/// The process tracing `pid`, if one does.
 /// A process's tracer as a refusal names it: by its command, and what it
 /// likely is (another proftap recording the process, else a debugger or
-/// strace).
+/// strace). The command is the tracer's to set: its control characters
+/// are not passed to a terminal.
 pub(crate) fn tracer_named(tracer: i32) -> String {
-    let comm = std::fs::read_to_string(format!("/proc/{tracer}/comm")).map(|c| c.trim_end().to_string());
+    let comm = std::fs::read_to_string(format!("/proc/{tracer}/comm"))
+        .map(|c| c.trim_end().chars().map(|c| if c.is_control() { '?' } else { c }).collect::<String>());
     match comm {
         Ok(comm) if comm.starts_with("proftap") => format!("process {tracer} ({comm}: another proftap, recording it)"),
-        Ok(comm) => format!("process {tracer} ({comm}: a debugger or strace?)"),
+        Ok(comm) => format!("process {tracer} (its command: {comm}; a debugger or strace?)"),
         Err(_) => format!("process {tracer} (a debugger or strace?)"),
     }
 }
 
+/// The process tracing `pid`, if one does.
 fn tracer_of(task: &str) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{task}/status")).ok()?;
     let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse::<i32>().ok()?;
@@ -942,24 +944,27 @@ mod tests {
     /// named `proftap-...`) as such, any other as a likely debugger.
     #[test]
     fn a_tracer_is_named_by_its_command() {
-        let (tid_sent, tid) = std::sync::mpsc::channel();
-        let (done, wait) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("proftap-forks".into())
-            .spawn(move || {
-                tid_sent.send(nix::unistd::gettid().as_raw()).expect("the test waits");
-                let _ = wait.recv();
-            })
-            .expect("a thread");
-        let tid = tid.recv().expect("its thread id");
-        assert_eq!(tracer_named(tid), format!("process {tid} (proftap-forks: another proftap, recording it)"));
-        done.send(()).expect("the thread waits");
-        thread.join().expect("the thread ends");
-        let mut sleep = std::process::Command::new("sleep").arg("10").spawn().expect("sleep runs");
-        let named = tracer_named(sleep.id() as i32);
-        sleep.kill().expect("sleep is killed");
-        sleep.wait().expect("sleep ends");
-        assert_eq!(named, format!("process {} (sleep: a debugger or strace?)", sleep.id()));
+        // A thread's name is its command in /proc, set before it runs.
+        let named_as = |name: &str| {
+            let (tid_sent, tid) = std::sync::mpsc::channel();
+            let (done, wait) = std::sync::mpsc::channel::<()>();
+            let thread = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    tid_sent.send(nix::unistd::gettid().as_raw()).expect("the test waits");
+                    let _ = wait.recv();
+                })
+                .expect("a thread");
+            let tid = tid.recv().expect("its thread id");
+            let named = tracer_named(tid);
+            done.send(()).expect("the thread waits");
+            thread.join().expect("the thread ends");
+            (tid, named)
+        };
+        let (tid, named) = named_as("proftap-forks");
+        assert_eq!(named, format!("process {tid} (proftap-forks: another proftap, recording it)"));
+        let (tid, named) = named_as("strace\x1b[2J");
+        assert_eq!(named, format!("process {tid} (its command: strace?[2J; a debugger or strace?)"));
     }
 
     /// `sh -c 'touch FILE'`, held.

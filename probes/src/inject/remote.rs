@@ -97,7 +97,7 @@ impl Remote {
         let ours = std::path::Path::new(&format!("/proc/self/task/{tracer}")).exists();
         if tracer != 0 && !ours {
             return Err(RemoteError::Unsupported(format!(
-                "process {pid} is traced by {}, and a process has one tracer at a time: stop that one first",
+                "process {pid} is traced by {}, and a process has one tracer at a time: detach that tracer (or stop that proftap) first",
                 crate::target::tracer_named(tracer)
             )));
         }
