@@ -465,7 +465,11 @@ fn functions(setup: &Setup, throttled: &[bool], ending: &Ending, sampled: bool) 
 /// fell short by the calls made in that moment (its timed calls, by
 /// function, are `calls`).
 fn settle_change_counts(notes: &mut [Note], functions: &[FunctionInfo], calls: &[u64]) {
-    let index: HashMap<&str, usize> = functions.iter().enumerate().rev().map(|(i, f)| (f.name.as_str(), i)).collect();
+    // A name two modules share (a program's function and a library's) tells neither apart: its count is left as read.
+    let mut index: HashMap<&str, Option<usize>> = HashMap::new();
+    for (i, f) in functions.iter().enumerate() {
+        index.entry(f.name.as_str()).and_modify(|shared| *shared = None).or_insert(Some(i));
+    }
     for note in notes.iter_mut() {
         let (changed, timed) = match note {
             Note::Found(Finding::Throttled { functions, .. }) => (functions, true),
@@ -473,7 +477,7 @@ fn settle_change_counts(notes: &mut [Note], functions: &[FunctionInfo], calls: &
             _ => continue,
         };
         for change in changed.iter_mut() {
-            let Some(&i) = index.get(change.name.as_str()) else { continue };
+            let Some(&Some(i)) = index.get(change.name.as_str()) else { continue };
             let settled = if timed { calls.get(i).copied() } else { functions[i].calls_counted_until_stopped };
             change.calls = settled.unwrap_or(change.calls);
         }
@@ -642,7 +646,7 @@ mod tests {
 
     /// The governor's notes give each function's calls as the profile has
     /// them: the timed ones where its probes went, those counted until its
-    /// counting stopped; a name the profile lacks keeps its count.
+    /// counting stopped; a name the profile lacks, or has twice, keeps its count.
     #[test]
     fn the_governors_notes_count_calls_as_the_profile_does() {
         let calls = |name: &str, calls| proftap_profile::FunctionCalls { name: name.into(), calls };
@@ -661,8 +665,10 @@ mod tests {
         let functions = vec![
             FunctionInfo { name: "main".into(), ..FunctionInfo::default() },
             FunctionInfo { name: "tiny".into(), calls_counted_until_stopped: Some(9), ..FunctionInfo::default() },
+            FunctionInfo { name: "gone".into(), module: "/lib/a.so".into(), ..FunctionInfo::default() },
+            FunctionInfo { name: "gone".into(), module: "/lib/b.so".into(), ..FunctionInfo::default() },
         ];
-        settle_change_counts(&mut notes, &functions, &[1, 6]);
+        settle_change_counts(&mut notes, &functions, &[1, 6, 3, 4]);
         let counts = |note: &Note| match note {
             Note::Found(Finding::Throttled { functions, .. } | Finding::CountingStopped { functions, .. }) => {
                 functions.iter().map(|f| (f.name.clone(), f.calls)).collect()
