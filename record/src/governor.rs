@@ -137,7 +137,7 @@ impl SampledOverhead {
 /// When they cost more over the last second of the run (or the run so
 /// far, when shorter), the functions costing the most lately lose their
 /// probes first, until the rest cost half the budget lately, to win back
-/// what was spent. A burst costlier than the budget is not judged alone:
+/// what was spent; counting yields last (see [`Governor::over_budget_spent`]). A burst costlier than the budget is not judged alone:
 /// a program computing between waits (a shell between its children)
 /// keeps its probes while the second's total fits, unless the burst costs
 /// many times the budget. Where stack samples say the probes cost more than
