@@ -134,6 +134,12 @@ compare_py=$root/benches/realprogs/compare.py
 proftap_top() {
     "$proftap" report "$1" --format json >"$1.json"
     python3 "$compare_py" top "$1.json"
+    # Of the throttled functions, how many calls the report gives exact, estimated, or counted in part (N+?).
+    "$proftap" report "$1" --no-pager 2>/dev/null | awk '
+        /^Throttled functions/ { table = 1; getline; next }
+        table && /^$/ { table = 0 }
+        table { if ($1 ~ /\+\?$/) unknown++; else if ($1 ~ /^~/) estimated++; else exact++ }
+        END { printf "  throttled: %d with calls exact, %d estimated, %d counted in part (N+?)\n", exact, estimated, unknown }'
     # The flame graph's stacks with a frame that names no function.
     "$proftap" export "$1" --format folded -o "$1.folded"
     awk '{n = $NF; all += n} /\[unknown/ {unnamed += n} END {printf "  flame graph: %.2f%% of %d samples under an unnamed frame\n", all ? 100 * unnamed / all : 0, all}' "$1.folded"
