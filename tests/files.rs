@@ -636,6 +636,46 @@ fn gcov_writes_only_in_its_directory_and_reads_sources_as_the_invoking_user() {
     assert!(listing.contains("int visible;") && !listing.contains("int secret;"), "{listing}");
 }
 
+/// `annotate` of a function only samples name opens the module the
+/// profile says holds it, to read its declaration: as the user who ran
+/// proftap, and only a regular file, whatever the profile names.
+#[test]
+fn annotate_reads_a_modules_debug_info_as_the_invoking_user() {
+    require_probes();
+    let _alone = alone();
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (source, secret, fifo) = (dir.path().join("mix.c"), dir.path().join("secret"), dir.path().join("fifo"));
+    std::fs::write(&source, "static inline __attribute__((always_inline)) int mix(int x) { return x * 7 + 1; }\nint main(int c, char **v) { return mix(c) == 0 && v; }\n").unwrap();
+    run_ok(Command::new("gcc").args(["-O2", "-g", "-o"]).arg(&secret).arg(&source));
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let annotated = |module: &Path, env: &[(&str, &str)]| {
+        let mut p = small_profile("prog.c");
+        p["samples"]["frames"] =
+            json!([{ "name": "main", "module": module, "inlined": false }, { "name": "mix", "module": module, "inlined": true }]);
+        let profile = dir.path().join("p.profile");
+        write_profile(&profile, &p);
+        let ended = run_bounded(dir.path(), &argv!["annotate", "mix", &profile, "--no-pager"], env);
+        assert_ne!(ended.code, Some(0), "{}", ended.stderr);
+        ended.stderr
+    };
+    let as_nobody = [("SUDO_UID", "65534"), ("SUDO_GID", "65534")];
+    let said = annotated(&secret, &as_nobody);
+    assert!(
+        said.contains(&format!("mix is named by the samples only, and cannot read {}", secret.display()))
+            && said.contains("Permission denied"),
+        "{said}"
+    );
+    // Root reads it, finds mix declared in mix.c, and has no sample on its lines.
+    let said = annotated(&secret, &[]);
+    assert!(said.contains(&format!("no line of mix ({}, lines 1 to 1)", source.display())), "{said}");
+    // A FIFO is not opened (nor waited on), nor a directory.
+    assert!(annotated(&fifo, &[]).contains("is not a regular file"));
+    assert!(annotated(Path::new("/etc"), &[]).contains("/etc is not a regular file"));
+}
+
 #[test]
 fn outputs_go_to_standard_output_devices_fifos_and_through_links() {
     let _alone = alone();
