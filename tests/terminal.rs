@@ -170,6 +170,19 @@ fn annotate_shows_a_function_inlined_everywhere() {
     assert_eq!(numbers, vec![1, 2, 3, 4, 5], "{text}");
     let shares: f64 = text.lines().skip(2).filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok()).sum();
     assert!(shares > 50.0, "mix's loop should hold most samples: {text}");
+    // Its debug info moved to a separate file by build-id, as distributions
+    // ship it: found where `--debug-dir` says, and said to be missing else.
+    let notes = run_ok(Command::new("readelf").arg("-n").arg(&program));
+    let id = notes.lines().find_map(|l| l.trim().strip_prefix("Build ID: ")).unwrap_or_else(|| panic!("no build-id: {notes}")).to_string();
+    let debug = dir.path().join("debug");
+    let kept = debug.join(".build-id").join(&id[..2]).join(format!("{}.debug", &id[2..]));
+    std::fs::create_dir_all(kept.parent().unwrap()).unwrap();
+    run_ok(Command::new("objcopy").arg("--only-keep-debug").arg(&program).arg(&kept));
+    run_ok(Command::new("objcopy").arg("--strip-debug").arg(&program));
+    let out = run(proftap().args(["annotate", "mix", "--no-pager", &profile]));
+    assert_clean_failure(&out, "has no debug info, nor a separate debug file in /usr/lib/debug");
+    let text = run_ok(proftap().args(["annotate", "mix", "--no-pager", &profile, "--debug-dir"]).arg(&debug));
+    assert!(text.starts_with(&format!("proftap annotate: mix ({}:1)", source.display())), "{text}");
     // Its module gone, it is said where it was looked for.
     std::fs::remove_file(&program).unwrap();
     let out = run(proftap().args(["annotate", "mix", "--no-pager", &profile]));

@@ -167,7 +167,7 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
         let message = format!("{} is a script: proftap profiles its interpreter, {}", path.display(), symbols_of.display());
         observer.event(RecordEvent::Warning(Warning::Planning { message }));
     }
-    let debug_dirs = if request.debug_dirs.is_empty() { DebugDirs::default() } else { DebugDirs(request.debug_dirs.clone()) };
+    let debug_dirs = DebugDirs::asked_or_default(&request.debug_dirs);
     // The same build is recorded again and again: its DWARF and symbols
     // are read, and its functions judged for patching, once a boot.
     let kept = proftap_probes::boot_cache::dir();

@@ -6,7 +6,7 @@
 use crate::report::coverage::{LOWER_BOUND_LEGEND, count_text, count_width};
 use crate::report::text::{format_value, group_digits, metric_label};
 use anyhow::{Context, Result, bail};
-use proftap_probes::symbols::Declaration;
+use proftap_probes::symbols::{DebugDirs, Declaration};
 use proftap_profile::{Mode, Profile, SampleProfile, SampledFrame};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -25,13 +25,17 @@ pub struct Args {
     /// Print straight to the terminal, without a pager.
     #[arg(long)]
     no_pager: bool,
+    /// Where separate debug files are looked for, for a function only
+    /// samples name (repeatable; default /usr/lib/debug).
+    #[arg(long, value_name = "DIR")]
+    debug_dir: Vec<PathBuf>,
 }
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<ExitCode> {
     let profile = proftap_profile::read_profile(&args.file)?;
-    let text =
-        annotate(&profile, &args.function).with_context(|| format!("cannot annotate {} from {}", args.function, args.file.display()))?;
+    let text = annotate(&profile, &args.function, &DebugDirs::asked_or_default(&args.debug_dir))
+        .with_context(|| format!("cannot annotate {} from {}", args.function, args.file.display()))?;
     crate::output::show(&text, args.no_pager)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -50,7 +54,7 @@ enum Known {
 /// the profile knows it; one only the samples name (inlined everywhere it
 /// ran) is looked up in its module's debug info, with the rights of the
 /// user who ran proftap (the profile names the module).
-fn declared(profile: &Profile, name: &str) -> Result<(Declaration, Known)> {
+fn declared(profile: &Profile, name: &str, dirs: &DebugDirs) -> Result<(Declaration, Known)> {
     let next_in_profile =
         |file: &str, line: u32| profile.functions.iter().filter(|f| f.file.as_deref() == Some(file) && f.line > line).map(|f| f.line).min();
     if let Some((id, info)) = profile.functions.iter().enumerate().find(|(_, f)| f.name == name) {
@@ -66,8 +70,7 @@ fn declared(profile: &Profile, name: &str) -> Result<(Declaration, Known)> {
         bail!("the profile has no function named '{name}' (proftap report lists them)");
     };
     let module = std::path::Path::new(&frame.module);
-    let dirs = proftap_probes::symbols::DebugDirs::default();
-    let found = crate::sources::as_invoking_user(|| Ok(proftap_probes::symbols::declaration(module, name, &dirs)))
+    let found = crate::sources::as_invoking_user(|| Ok(proftap_probes::symbols::declaration(module, name, dirs)))
         .map_err(|e| e.to_string())
         .and_then(|found| found);
     let mut declaration = found.map_err(|why| anyhow::anyhow!("{name} is named by the samples only, and {why}"))?;
@@ -78,8 +81,8 @@ fn declared(profile: &Profile, name: &str) -> Result<(Declaration, Known)> {
 
 /// The function's lines: from its declaration to the line before the next
 /// function declared after it in the same file (or the file's end).
-fn annotate(profile: &Profile, name: &str) -> Result<String> {
-    let (declaration, known) = declared(profile, name)?;
+fn annotate(profile: &Profile, name: &str, dirs: &DebugDirs) -> Result<String> {
+    let (declaration, known) = declared(profile, name, dirs)?;
     let id = match known {
         Known::Function(id) => Some(id),
         Known::Sampled { .. } => None,

@@ -61,7 +61,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let selection = Selection::parse(&args.functions)?;
     let options = LoadOptions {
         lines: args.lines,
-        debug_dirs: if args.debug_dir.is_empty() { DebugDirs::default() } else { DebugDirs(args.debug_dir.clone()) },
+        debug_dirs: DebugDirs::asked_or_default(&args.debug_dir),
         debuginfod: debuginfod_from_env(),
         symbol_tables_enough: false,
         kept_reads: None,

@@ -49,6 +49,13 @@ impl Default for DebugDirs {
     }
 }
 
+impl DebugDirs {
+    /// The directories `asked` for, or the default where none were.
+    pub fn asked_or_default(asked: &[PathBuf]) -> Self {
+        if asked.is_empty() { DebugDirs::default() } else { DebugDirs(asked.to_vec()) }
+    }
+}
+
 /// Whether `image` carries DWARF itself, and whether it is compressed.
 pub(crate) fn embedded_dwarf(image: &ElfImage) -> Option<bool> {
     let elf = image.parse().ok()?;
