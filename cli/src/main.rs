@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use proftap_cli::commands;
+use std::io::Write as _;
 use std::process::ExitCode;
 
 /// Exact call counts, per-call costs and line counts of unmodified Linux programs.
@@ -113,7 +114,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("proftap: {}", proftap_cli::wording::error(&error));
+            // A closed or full standard error takes the message, not the exit code.
+            let _ = writeln!(std::io::stderr(), "proftap: {}", proftap_cli::wording::error(&error));
             ExitCode::from(2)
         }
     }

@@ -40,6 +40,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The most source lines shown for one function.
+const MOST_LINES_SHOWN: u32 = 20_000;
+
+/// `text` with the control characters a terminal would act on (escape
+/// sequences in a source or a path that anyone's profile names) shown as
+/// `?`; tabs kept.
+fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(|c| c.is_control() && c != '\t') {
+        text.chars().map(|c| if c.is_control() && c != '\t' { '?' } else { c }).collect::<String>().into()
+    } else {
+        text.into()
+    }
+}
+
 /// How a function is known to the profile.
 enum Known {
     /// As its function `id`.
@@ -116,7 +130,11 @@ fn annotate(profile: &Profile, name: &str, dirs: &DebugDirs) -> Result<String> {
     }
     let source = crate::sources::read_source(file).with_context(|| format!("cannot read its source {file}"))?;
     let text: Vec<&str> = source.lines().collect();
-    let last = last.min(text.len() as u32);
+    if first as usize > text.len() {
+        bail!("{file} has {} lines, and {name} is declared at line {first}: was the source changed since the build?", text.len());
+    }
+    // A function declared last in a long file shows its lines up to a bound.
+    let last = last.min(text.len() as u32).min(first.saturating_add(MOST_LINES_SHOWN - 1));
 
     let mut out = String::new();
     let merged = profile.merged_functions();
@@ -125,7 +143,9 @@ fn annotate(profile: &Profile, name: &str, dirs: &DebugDirs) -> Result<String> {
     let key = profile.metrics.first().map_or("wall_ns", String::as_str);
     let _ = writeln!(
         out,
-        "proftap annotate: {name} ({file}:{first}){}",
+        "proftap annotate: {} ({}:{first}){}",
+        printable(name),
+        printable(file),
         match (stats, info) {
             (_, None) if matches!(known, Known::Sampled { inlined: true }) => ", inlined everywhere it ran: sampled only".to_string(),
             (_, None) => ", sampled only".to_string(),
@@ -167,10 +187,11 @@ fn annotate(profile: &Profile, name: &str, dirs: &DebugDirs) -> Result<String> {
             }
         }
         if with_samples {
-            let share = sampled.get(&number).map_or(String::new(), |&n| format!("{:.1}", 100.0 * n as f64 / sample_total as f64));
+            let share =
+                sampled.get(&number).map_or(String::new(), |&n| format!("{:.1}", 100.0 * n.min(sample_total) as f64 / sample_total as f64));
             let _ = write!(row, "{share:>6} ");
         }
-        let _ = writeln!(out, "{row}{number:>5}: {}", text.get(number as usize - 1).copied().unwrap_or(""));
+        let _ = writeln!(out, "{row}{number:>5}: {}", printable(text.get(number as usize - 1).copied().unwrap_or("")));
     }
     Ok(out)
 }
@@ -220,5 +241,11 @@ mod tests {
         assert_eq!(inlined_into(&samples, "step"), vec![("mix".to_string(), 7), ("round".to_string(), 4)]);
         assert_eq!(inlined_into(&samples, "mix"), vec![("round".to_string(), 2)], "mix is inlined too");
         assert!(inlined_into(&samples, "main").is_empty(), "step is a call of its own");
+    }
+
+    #[test]
+    fn control_characters_are_not_passed_to_the_terminal() {
+        assert_eq!(printable("\tint x; /* \u{1b}[2J */"), "\tint x; /* ?[2J */");
+        assert!(matches!(printable("plain"), std::borrow::Cow::Borrowed("plain")));
     }
 }

@@ -345,11 +345,15 @@ impl FrameReader {
 
     fn declaration_in(&self, index: usize, name: &str) -> Option<Declaration> {
         let unit = self.read_unit(index)?;
-        // Only mangled names need demangling: a C++ program's millions of
-        // entries are not all demangled to find one.
+        // Only mangled names that hold the name's last identifier are
+        // demangled: a C++ program's millions of entries are not, nor a
+        // hostile name whose demangled form doubles at each level.
+        let identifier = last_identifier(name);
         let named = |entry: &gimli::DebuggingInformationEntry<Reader>| {
-            self.name(&unit, entry, MOST_NAME_LINKS)
-                .is_some_and(|raw| raw == name || (raw.starts_with("_Z") || raw.starts_with("_R")) && super::demangle_name(&raw) == name)
+            self.name(&unit, entry, MOST_NAME_LINKS).is_some_and(|raw| {
+                raw == name
+                    || (raw.starts_with("_Z") || raw.starts_with("_R")) && raw.contains(identifier) && super::demangle_name(&raw) == name
+            })
         };
         // A prototype (a header's, which a calling unit holds too, or a
         // method's in its class) is no definition: skipped.
@@ -445,6 +449,28 @@ fn subprograms(unit: &gimli::Unit<Reader>) -> impl Iterator<Item = gimli::Debugg
             }
         }
     })
+}
+
+/// The last identifier of a demangled name (`f` of `ns::f<int>(int)`),
+/// which its mangled form spells as it is.
+fn last_identifier(name: &str) -> &str {
+    let mut head = name.split('(').next().unwrap_or(name).trim_end();
+    // Template arguments at the end (`f<int>`) follow the identifier.
+    if head.ends_with('>') {
+        let mut depth = 0usize;
+        for (at, c) in head.char_indices().rev() {
+            match c {
+                '>' => depth += 1,
+                '<' if depth == 1 => {
+                    head = &head[..at];
+                    break;
+                }
+                '<' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+    }
+    head.rsplit("::").next().unwrap_or(head).trim()
 }
 
 /// Whether an entry only declares its function (`DW_AT_declaration`).
@@ -573,6 +599,9 @@ mod tests {
         assert_eq!(reader.declaration("not_a_function"), None);
         // printf has only a prototype here (`DW_AT_declaration`): no definition.
         assert_eq!(reader.declaration("printf"), None);
+        assert_eq!(last_identifier("ns::Walker<int>::step(int)"), "step");
+        assert_eq!(last_identifier("mix"), "mix");
+        assert_eq!(last_identifier("ns::f<a::b<int>>"), "f");
     }
 
     #[test]

@@ -36,12 +36,15 @@ pub fn demangle_name(raw: &str) -> String {
 /// Only a regular file is opened: `path` may come from anyone's profile.
 pub fn declaration(path: &Path, name: &str, dirs: &DebugDirs) -> std::result::Result<Declaration, String> {
     let shown = path.display();
+    if !path.is_absolute() {
+        return Err(format!("its module is named by a relative path, {shown}, which no recording writes"));
+    }
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_file() => {}
         Ok(_) => return Err(format!("{shown} is not a regular file")),
         Err(e) => return Err(format!("cannot read {shown}: {e}")),
     }
-    let image = ElfImage::open(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let image = ElfImage::open(path).map_err(|e| e.to_string())?;
     let debug = match debuginfo::embedded_dwarf(&image) {
         Some(_) => path.to_path_buf(),
         None => match debuginfo::find_separate(&image, dirs, &mut Vec::new()).map(|(_, source)| source) {
