@@ -326,8 +326,17 @@ fn counting_that_costs_more_than_the_budget_stops() {
             let while_counted = samples_while_counted(&report, "work");
             assert!(while_counted < 10, "{while_counted} samples while counted stand for its calls: {text}");
         }
+        // The estimate is the counted calls times a ratio of two sample
+        // counts: within four of that ratio's standard deviations (the
+        // counts taken as Poisson's) of the calls made after counting stopped.
         ThrottledCalls::About(after) => {
-            assert!((5_000_000..20_000_000).contains(&(timed + after)), "{timed} timed, ~{after} after: {text}")
+            let while_counted = samples_while_counted(&report, "work") as f64;
+            let uncounted = sampled["total_uncounted"].as_u64().unwrap() as f64;
+            let made_after = 10_000_000u64.saturating_sub(timed + counted) as f64;
+            let estimated = after.saturating_sub(counted) as f64;
+            let spread = 4.0 * (1.0 / while_counted + 1.0 / uncounted).sqrt();
+            let off = (estimated / made_after).ln().abs();
+            assert!(off < spread, "{timed} timed, ~{after} after, {while_counted} samples while counted, {uncounted} after: {text}")
         }
     }
 }
