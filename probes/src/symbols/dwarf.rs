@@ -2,6 +2,7 @@
 //! code) and the line table of every compilation unit, DWARF 2 to 5.
 
 use super::elf::ElfImage;
+use super::units::{MOST_UNITS, with_tables_apart};
 use crate::addr::VirtAddr;
 use crate::error::{Error, Result};
 use gimli::{AttributeValue, EndianSlice, RunTimeEndian, UnitOffset};
@@ -120,13 +121,21 @@ fn read_in_parts(
     };
     let endian = RunTimeEndian::Little;
     let mut dwarf = sections.borrow_with_sup(sup_sections.as_ref(), |s| EndianSlice::new(s, endian));
-    // Units often share one abbreviation table: parsed once, not once per unit.
-    dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
-
     let mut headers = Vec::new();
     let mut units = dwarf.units();
     while let Some(header) = units.next().map_err(|e| bad(&e))? {
+        if headers.len() == MOST_UNITS {
+            warnings.push(format!("read only the first {MOST_UNITS} compilation units of {}", image.path().display()));
+            break;
+        }
         headers.push(header);
+    }
+    let (headers, left_out) = with_tables_apart(&mut dwarf, headers);
+    if left_out > 0 {
+        warnings.push(format!(
+            "skipped {left_out} compilation units of {}: their abbreviation tables run on into other units' tables (a damaged or hostile file)",
+            image.path().display()
+        ));
     }
     let line_section = gimli::Reader::len(gimli::Section::reader(&dwarf.debug_line));
     let read_part = |part: &[UnitHeader<'_>]| {
@@ -239,6 +248,8 @@ fn read_units(
 ) {
     let mut tables = HashMap::new();
     let mut budget = HeaderBudget::new(line_section);
+    // Told once with the first reason: a damaged file can hold thousands.
+    let (mut damaged, mut in_part) = (Damaged::default(), Damaged::default());
     for header in headers {
         if budget.spent() {
             read.warnings.push(format!(
@@ -250,7 +261,7 @@ fn read_units(
         let unit = match dwarf.unit(*header) {
             Ok(unit) => unit,
             Err(e) => {
-                read.warnings.push(format!("skipped a damaged compilation unit in {}: {e}", path.display()));
+                damaged.add(e);
                 continue;
             }
         };
@@ -258,11 +269,35 @@ fn read_units(
         let units_before = read.info.units.len();
         let mut reading = Reading { files: &mut read.files, want_lines, info: &mut read.info, tables: &mut tables };
         if let Err(e) = read_unit(dwarf, &unit, &mut reading) {
-            read.warnings.push(format!("skipped part of a compilation unit in {}: {e}", path.display()));
+            in_part.add(e);
         }
         if read.info.units.len() > units_before {
             read.tables.push(unit.line_program.as_ref().map_or(usize::MAX, |p| p.header().offset().0));
         }
+    }
+    read.warnings.extend(damaged.told("damaged compilation unit", "damaged compilation units", path));
+    read.warnings.extend(in_part.told("part of a compilation unit", "parts of compilation units", path));
+}
+
+/// Units skipped for the same kind of damage: how many, and the first one's error.
+#[derive(Default)]
+struct Damaged {
+    units: usize,
+    first: Option<gimli::Error>,
+}
+
+impl Damaged {
+    fn add(&mut self, error: gimli::Error) {
+        self.units += 1;
+        self.first.get_or_insert(error);
+    }
+
+    fn told(&self, one: &str, many: &str, path: &Path) -> Option<String> {
+        let first = self.first.as_ref()?;
+        Some(match self.units {
+            1 => format!("skipped a {one} in {}: {first}", path.display()),
+            n => format!("skipped {n} {many} in {}, the first: {first}", path.display()),
+        })
     }
 }
 

@@ -12,6 +12,7 @@
 
 use super::dwarf::{FileTable, HeaderBudget, LinesByAddress, code_ranges, code_ranges_within, read_rows_of, unit_files};
 use super::elf::{ElfImage, SectionBytes};
+use super::units::{MOST_UNITS, with_tables_apart};
 use gimli::{AttributeValue, Reader as _, RunTimeEndian, UnitOffset};
 use std::cell::{OnceCell, RefCell};
 use std::collections::HashMap;
@@ -127,13 +128,15 @@ impl FrameReader {
         })
         .ok()?;
         let mut dwarf = sections.borrow(|bytes| gimli::EndianReader::new(bytes.clone(), RunTimeEndian::Little));
-        // Units often share one abbreviation table: parsed once, not once per unit.
-        dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
         let mut headers = Vec::new();
         let mut units = dwarf.units();
         while let Ok(Some(header)) = units.next() {
+            if headers.len() == MOST_UNITS {
+                break;
+            }
             headers.push(header);
         }
+        let (headers, _) = with_tables_apart(&mut dwarf, headers);
         let budget = RefCell::new(HeaderBudget::new(gimli::Reader::len(gimli::Section::reader(&dwarf.debug_line))));
         let (units, lines, calls, aranges) = (RefCell::default(), RefCell::default(), RefCell::default(), OnceCell::new());
         let (rows_kept, calls_kept) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
@@ -602,6 +605,19 @@ mod tests {
         assert_eq!(last_identifier("ns::Walker<int>::step(int)"), "step");
         assert_eq!(last_identifier("mix"), "mix");
         assert_eq!(last_identifier("ns::f<a::b<int>>"), "f");
+    }
+
+    #[test]
+    fn units_past_a_bound_or_whose_abbreviation_tables_run_into_one_another_are_left_unread() {
+        use crate::symbols::{tests, units::MOST_UNITS};
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("program");
+        std::fs::write(&path, tests::tables_inside_one_another(2000)).expect("write the program");
+        let reader = FrameReader::open(&path).expect("its DWARF");
+        assert_eq!(reader.headers.len(), 1, "only the last unit's table is apart from the others");
+        std::fs::write(&path, tests::empty_units(MOST_UNITS + 1, 0, vec![0])).expect("write the program");
+        let reader = FrameReader::open(&path).expect("its DWARF");
+        assert_eq!(reader.headers.len(), MOST_UNITS);
     }
 
     #[test]

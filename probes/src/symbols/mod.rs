@@ -11,6 +11,7 @@ mod inlined;
 mod kept;
 mod kernel;
 mod perf_map;
+mod units;
 
 pub use cache::SymbolCache;
 pub use debuginfo::{DebugDirs, DebugSource};

@@ -40,7 +40,7 @@ fn a_compressed_section_that_claims_gigabytes_is_refused_before_allocating_them(
 
 /// `base` with the contents of some of its sections replaced: the new bytes
 /// go at the end of the file and the section headers point there.
-fn with_sections(base: &[u8], replaced: &[(&str, Vec<u8>)]) -> Vec<u8> {
+pub(super) fn with_sections(base: &[u8], replaced: &[(&str, Vec<u8>)]) -> Vec<u8> {
     use object::{Object, ObjectSection};
     let elf = object::read::elf::ElfFile64::<object::Endianness>::parse(base).expect("an ELF file");
     let shoff = u64::from_le_bytes(base[0x28..0x30].try_into().expect("8 bytes")) as usize;
@@ -105,6 +105,46 @@ fn units_that_make_the_line_table_header_parse_quadratic_are_cut_short() {
     let index = load(&shared_line_table(20_000, 20_000, 1)).expect("the symbol table is intact");
     eprintln!("{:?} {:?}", started.elapsed(), index.warnings);
     assert!(index.warnings.iter().any(|w| w.contains("parse the same line tables over and over")), "{:?}", index.warnings);
+}
+
+/// `units` empty DWARF 4 units (a null entry each): unit `i` names the
+/// abbreviation table at `i * step` of `abbrev`.
+pub(super) fn empty_units(units: usize, step: usize, abbrev: Vec<u8>) -> Vec<u8> {
+    let mut info = Vec::new();
+    for i in 0..units {
+        info.extend_from_slice(&8u32.to_le_bytes()); // unit length
+        info.extend_from_slice(&4u16.to_le_bytes()); // version
+        info.extend_from_slice(&((i * step) as u32).to_le_bytes()); // abbreviations offset
+        info.extend_from_slice(&[8, 0]); // address size, a null entry
+    }
+    with_sections(include_bytes!("testdata/calls-O2-dwarf4"), &[(".debug_info", info), (".debug_abbrev", abbrev)])
+}
+
+/// One abbreviation table of `entries` entries (`DW_TAG_subprogram`, no
+/// attributes, 7 bytes each), each unit naming it from one entry on: read
+/// as gimli reads them, the table's rest is parsed again for each unit.
+pub(super) fn tables_inside_one_another(entries: usize) -> Vec<u8> {
+    let mut abbrev: Vec<u8> =
+        (1..=entries as u32).flat_map(|code| [code as u8 | 0x80, (code >> 7) as u8 | 0x80, (code >> 14) as u8, 0x2e, 0, 0, 0]).collect();
+    abbrev.push(0);
+    empty_units(entries, 7, abbrev)
+}
+
+#[test]
+fn units_whose_abbreviation_tables_run_into_one_another_are_left_unread() {
+    let index = load(&tables_inside_one_another(2000)).expect("the symbol table is intact");
+    let skipped = "skipped 1999 compilation units of";
+    assert!(index.warnings.iter().any(|w| w.contains(skipped) && w.contains("abbreviation tables run on")), "{:?}", index.warnings);
+    // The last one, apart, is read (and found empty).
+    assert!(index.warnings.iter().any(|w| w.contains("skipped a damaged compilation unit")), "{:?}", index.warnings);
+}
+
+#[test]
+fn units_past_a_bound_are_left_unread_and_said_to_be() {
+    let index = load(&empty_units(units::MOST_UNITS + 1, 0, vec![0])).expect("the symbol table is intact");
+    let damaged = format!("skipped {} damaged compilation units", units::MOST_UNITS);
+    assert!(index.warnings.iter().any(|w| w.contains(&damaged)), "{:?}", index.warnings);
+    assert!(index.warnings.iter().any(|w| w.contains("read only the first 262144 compilation units")), "{:?}", index.warnings);
 }
 
 /// A function symbol of no size (crtstuff's, in every C and Rust program)
