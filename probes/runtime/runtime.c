@@ -1957,13 +1957,17 @@ void proftap_resume(u64 *slot)
 }
 
 /* Where a thread or a process is about to start (`pthread_create`,
- * `clone`, `fork`): the edge counters' increments that went without `lock`
- * while one thread counted get it, the `nop` before each becoming the
- * prefix. The one thread of the process runs here, the first time only: the
- * table is emptied as it is taken. The stubs stay executable while they are
- * written (a signal handler, or a thread started some way not hooked, may
- * run them; each byte written leaves whole instructions either way); where
- * that is refused the increments stay as they are. */
+ * `clone`, `fork`): the counts made without `lock` while one thread
+ * counted become atomic. Each entry of a table is the address of one byte
+ * (its low 56 bits) and the byte to write there (its top 8): the `nop`
+ * before an edge counter's increment becomes the `lock` prefix; the `jmp
+ * +0` before an entry's plain count comes to lead past it to the count on
+ * the running CPU. The one thread of the process runs here, the first
+ * time only: the table is emptied as it is taken. The code stays
+ * executable while it is written (a signal handler, or a thread started
+ * some way not hooked, may run it; each byte written leaves whole
+ * instructions either way); where that is refused the counts stay as
+ * they are. */
 void proftap_lock_counters(u64 *slot)
 {
     (void)slot;
@@ -1974,7 +1978,7 @@ void proftap_lock_counters(u64 *slot)
         u64 region = t[1], bytes = t[2], count = t[3];
         if (syscall6(SYS_mprotect, region, bytes, 7 /* PROT_READ|PROT_WRITE|PROT_EXEC */, 0, 0, 0) == 0) {
             for (u64 i = 0; i < count; i++)
-                *(volatile unsigned char *)t[4 + i] = 0xf0;
+                *(volatile unsigned char *)(t[4 + i] & ((1ULL << 56) - 1)) = (unsigned char)(t[4 + i] >> 56);
             syscall6(SYS_mprotect, region, bytes, 5 /* PROT_READ|PROT_EXEC */, 0, 0, 0);
         }
         table = t[0];

@@ -144,7 +144,7 @@ struct header {
     u64 unseated_hooks;  /* region hooks of threads that found no block */
     u32 blocks_wanted;   /* bumped (and woken) by a thread that found no block */
     u32 blocks_answered; /* bumped (and woken) by proftap after it looked for ended threads' blocks */
-    u64 lock_table;      /* increments to make atomic as a thread or process starts (counting.rs LockTable), 0: none */
+    u64 lock_table;      /* counts to make atomic as a thread or process starts (lock_table.rs), 0: none */
     u64 unseated_returns; /* returns of threads that found no block, sent back to their call site */
     /* Nonzero once two threads may share a thread pointer, and so a block
      * (a `clone` ran, or proftap found two such threads as it attached):

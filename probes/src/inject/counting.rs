@@ -5,6 +5,7 @@
 //! runs the moved instructions. Counters live in memory shared with
 //! proftap, so they are read after the process is gone.
 
+use super::lock_table;
 use super::patcher::{CodeSource, Refused, Target};
 use super::remote::{Remote, RemoteError, Shared};
 use crate::arcs::{self, Cfg, CodeRange, CounterPlacement, Counts, Frame, FunctionCode, FunctionLines, Node, Site};
@@ -289,28 +290,8 @@ pub struct Counting {
     frames: Vec<Frame>,
     unsettled: Vec<Range<u64>>,
     /// The first of the tables of increments still without `lock` (see
-    /// [`LockTable`]), 0 if none.
+    /// [`lock_table`]), 0 if none.
     lock_table: u64,
-}
-
-/// Where the runtime finds, when a thread or a process is about to start,
-/// the increments to make atomic (`proftap_lock_counters` in
-/// `probes/runtime/runtime.c`): one table per module's stubs, after them,
-/// `next, region, region_bytes, count`, then `count` addresses of a `nop`
-/// to become [`arcs::stub::LOCK_PREFIX`].
-struct LockTable;
-
-impl LockTable {
-    const HEADER: usize = 4;
-
-    fn bytes(increments: usize) -> usize {
-        8 * (Self::HEADER + increments)
-    }
-
-    fn write(next: u64, region: &Range<u64>, lockable: &[u64]) -> Vec<u8> {
-        let header = [next, region.start, region.end - region.start, lockable.len() as u64];
-        header.iter().chain(lockable).flat_map(|w| w.to_ne_bytes()).collect()
-    }
 }
 
 /// Moves every thread of the held process past the places of `plan` where
@@ -338,13 +319,15 @@ pub fn settle_threads(remote: &Remote, plan: &Plan) -> Result<Vec<u64>, RemoteEr
 ///
 /// With `atomic`, every increment is `lock`ed from the start; else those
 /// planned without `lock` stay so until the runtime is told a second
-/// thread or process may count ([`Counting::lock_table`]).
+/// thread or process may count ([`Counting::lock_table`], whose tables
+/// come before those at `lock_table`).
 pub fn apply(
     remote: &Remote,
     plan: Plan,
     threads_at: &[u64],
     region_trampoline: Option<u64>,
     atomic: bool,
+    lock_table: u64,
 ) -> Result<(Counting, Refused), RemoteError> {
     let unsettled = plan.unsettled();
     let Plan { modules, mut refused, .. } = plan;
@@ -357,7 +340,7 @@ pub fn apply(
         code: Vec::new(),
         frames: threads_at.iter().map(|&pc| Frame { pc, at_start: true }).collect(),
         unsettled,
-        lock_table: 0,
+        lock_table,
     };
     let mut moves: HashMap<u64, u64> = HashMap::new();
     let mut jumps: Vec<Applied> = Vec::new();
@@ -421,7 +404,7 @@ fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Opt
     let hooks: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.hooks.len()).sum();
     let increments: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.counters.len()).sum();
     let table_at = SLOT_ROOM + sites * STUB_ROOM + hooks * HOOK_ROOM;
-    let room = table_at + LockTable::bytes(increments);
+    let room = table_at + lock_table::bytes(increments);
     let region = remote.map_near(lowest..highest, room)?;
     // Each function's counters, one after the other in the shared memory.
     let offsets = starts(functions.iter().map(|p| 8 * p.placement.counted().len()));
@@ -446,7 +429,7 @@ fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Opt
         };
         for (site, (at, stub)) in p.sites.iter().zip(stubs) {
             to.moves.extend(stub.moved.into_iter().filter(|&(from, _)| from != site.at));
-            lockable.extend(stub.lockable);
+            lockable.extend(stub.lockable.into_iter().map(|at| (at, arcs::stub::LOCK_PREFIX)));
             to.counting.origins.extend(stub.origins);
             // Past the stub, nothing stands for original code.
             to.counting.origins.push((at + stub.code.len() as u64, 0));
@@ -467,7 +450,7 @@ fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Opt
     let code_range = region..region + room as u64;
     if !lockable.is_empty() {
         code.resize(table_at, 0xcc);
-        code.extend(LockTable::write(to.counting.lock_table, &code_range, &lockable));
+        code.extend(lock_table::write(to.counting.lock_table, &code_range, &lockable));
         to.counting.lock_table = region + table_at as u64;
     }
     remote.write(region, &code)?;

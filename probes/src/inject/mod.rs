@@ -19,6 +19,7 @@ pub mod clock;
 pub mod counting;
 pub mod hooks;
 pub mod judged;
+pub mod lock_table;
 pub mod patch;
 pub mod patched;
 pub mod patcher;

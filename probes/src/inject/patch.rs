@@ -557,6 +557,44 @@ pub fn count_call(address: u64, counter: u64) -> Vec<u8> {
     code
 }
 
+/// `jmp +0` then `inc qword [rip + counter]`: counts a call without
+/// `lock`, for a trampoline at `address` in a process of one thread, where
+/// nothing else increments the counter. When a second thread or process
+/// may count, the jump's displacement (the byte at [`SWITCH_BYTE`]) comes
+/// to lead past this count to [`count_call_then_return`]'s.
+pub fn count_call_alone(address: u64, counter: u64) -> Vec<u8> {
+    let mut code = vec![0xeb, 0x00, 0x48, 0xff, 0x05];
+    code.extend_from_slice(&rel32(address + COUNT_ALONE_LEN as u64, counter).to_le_bytes());
+    code
+}
+
+/// The bytes of [`count_call_alone`].
+pub const COUNT_ALONE_LEN: usize = 9;
+
+/// Where in [`count_call_alone`] the jump's displacement is.
+pub const SWITCH_BYTE: u64 = 1;
+
+/// The displacement that makes [`count_call_alone`]'s jump, at `alone`,
+/// lead to `to`, if a short jump reaches it.
+pub fn switch_displacement(alone: u64, to: u64) -> Option<u8> {
+    let displacement = to.wrapping_sub(alone + 2) as i64;
+    i8::try_from(displacement).ok().filter(|&d| d >= 0).map(|d| d as u8)
+}
+
+/// The count a [`count_call_alone`] is switched to, at `address`: on the
+/// running CPU's block (shared where there are no blocks per CPU), then a
+/// jump to `back`, the instructions after the count it stands in for.
+pub fn count_call_then_return(address: u64, counter: u64, blocks: Option<CpuBlocks>, back: u64) -> Vec<u8> {
+    let mut code = match blocks {
+        Some(blocks) => count_call_on_cpu(address, counter, blocks),
+        None => count_call(address, counter),
+    };
+    let next = address + code.len() as u64 + JUMP_LEN as u64;
+    code.push(0xe9);
+    code.extend_from_slice(&rel32(next, back).to_le_bytes());
+    code
+}
+
 /// Counters kept apart per CPU: block `cpu & mask`, `1 << shift` bytes
 /// from the last, holds the calls counted on that CPU. Threads and forked
 /// children calling one function on two CPUs then never wait for each
@@ -692,6 +730,77 @@ mod tests {
             libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &before);
             libc::munmap(page, 5 * 4096);
         }
+    }
+
+    /// A count made alone adds to the first block without `lock`; with
+    /// its switch's byte written, as the runtime writes it when a thread
+    /// starts, the same call counts in the running CPU's block instead,
+    /// and returns through the instructions after the count.
+    #[test]
+    fn a_count_alone_switched_counts_on_its_cpu() {
+        assert!(crate::inject::patcher::has_rdpid(), "this processor has no rdpid: counting per CPU cannot be run");
+        let blocks = CpuBlocks { mask: 3, shift: 12 };
+        // SAFETY: as in the test above: fresh pages, written, made
+        // executable (and writable again for the switch), called, unmapped.
+        unsafe {
+            let page = libc::mmap(
+                std::ptr::null_mut(),
+                5 * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(page, libc::MAP_FAILED);
+            let (code_at, counters) = (page.cast::<u8>(), page.cast::<u8>().add(4096));
+            let (alone, tail) = (code_at as u64, code_at as u64 + 32);
+            let counter = counters as u64 + 8 * 3;
+            let mut code = count_call_alone(alone, counter);
+            code.push(0xc3); // what the count stands before: a `ret`
+            code.resize(32, 0xcc);
+            code.extend(count_call_then_return(tail, counter, Some(blocks), alone + COUNT_ALONE_LEN as u64));
+            std::ptr::copy_nonoverlapping(code.as_ptr(), code_at, code.len());
+            let call = || {
+                let (r10, r11): (u64, u64);
+                std::arch::asm!(
+                    "call {code}",
+                    code = in(reg) code_at,
+                    inout("r10") 0x1010_1010u64 => r10,
+                    inout("r11") 0x1111_1111u64 => r11,
+                    clobber_abi("C"),
+                );
+                assert_eq!((r10, r11), (0x1010_1010, 0x1111_1111));
+            };
+            let counts = || (0..4).map(|b| *counters.add(b * 4096 + 8 * 3).cast::<u64>()).collect::<Vec<u64>>();
+            assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+            call();
+            call();
+            assert_eq!(counts(), [2, 0, 0, 0], "alone: the first block, twice");
+            assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC), 0);
+            *code_at.add(SWITCH_BYTE as usize) = switch_displacement(alone, tail).expect("in a short jump's reach");
+            assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+            // On one CPU, the last it may run on, whose block is not the first's.
+            let mut before: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut before), 0);
+            let cpu = (0..libc::CPU_SETSIZE as usize).rev().find(|&c| libc::CPU_ISSET(c, &before)).expect("a CPU");
+            let mut only: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut only);
+            assert_eq!(libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &only), 0);
+            call();
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &before);
+            let mut expected = [2, 0, 0, 0];
+            expected[cpu & 3] += 1;
+            assert_eq!(counts(), expected, "switched, on CPU {cpu}");
+            libc::munmap(page, 5 * 4096);
+        }
+    }
+
+    #[test]
+    fn a_switch_reaches_only_forwards_and_within_a_short_jump() {
+        assert_eq!(switch_displacement(0x1000, 0x1002), Some(0));
+        assert_eq!(switch_displacement(0x1000, 0x1002 + 127), Some(127));
+        assert_eq!(switch_displacement(0x1000, 0x1002 + 128), None);
+        assert_eq!(switch_displacement(0x1000, 0x1000), None);
     }
 
     /// A function shorter than the jump that ends with its `ret` takes the

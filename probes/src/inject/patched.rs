@@ -8,6 +8,7 @@ use super::claim::RecordingClaim;
 use super::counting::{self, Counting};
 use super::hooks::{self, Hook, HookSite};
 use super::judged::{self, Verdict};
+use super::lock_table;
 use super::patch::Site;
 use super::patcher::{self, Applied, CODE_DIFFERS, CountingStub, EntryCounters, LEFT_BEHIND, Refused, Target};
 use super::reading::TotalsView;
@@ -233,6 +234,7 @@ impl Patched {
     /// them are the hooks of `hook_sites`), with the runtime configured by
     /// `config` put in the first group's code room; refusals go to
     /// `refused`. Returns where the region trampoline is, when placed.
+    #[allow(clippy::too_many_arguments)]
     fn apply_groups(
         &mut self,
         remote: &Remote,
@@ -241,8 +243,10 @@ impl Patched {
         hook_sites: &[HookSite],
         functions: usize,
         refused: &mut Refused,
-    ) -> Result<Option<u64>, RemoteError> {
+        alone: bool,
+    ) -> Result<(Option<u64>, CountsAlone), RemoteError> {
         let mut region_trampoline = None;
+        let mut alone_counts = CountsAlone::default();
         let routine_returns = std::cell::RefCell::new(Vec::new());
         for group in groups {
             let runtime = std::cell::Cell::new(None::<totals::Runtime>);
@@ -267,7 +271,11 @@ impl Patched {
                     own
                 },
                 refused,
+                alone,
+                alone_counts.lock_table,
             )?;
+            alone_counts.lock_table = patches.lock_table;
+            alone_counts.switches.extend(patches.switches);
             if let Some(rt) = runtime.take() {
                 self.fork_code.push(rt.fork_code.clone());
                 self.trampolines.get_or_insert(rt.trampolines);
@@ -283,7 +291,7 @@ impl Patched {
         self.probe_returns = routine_returns.into_inner();
         self.probe_returns.extend(self.return_trampoline_returns());
         self.probe_returns.sort_unstable();
-        Ok(region_trampoline)
+        Ok((region_trampoline, alone_counts))
     }
 
     /// Patches with `remote` holding a launched process at its start, or
@@ -300,7 +308,10 @@ impl Patched {
         let modules = procfs::loaded_modules(pid).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
         refuse_shadow_stacks(pid)?;
         let claim = RecordingClaim::take(pid)?;
-        let hooks::Hooks { sites: hook_sites, canceller } = hook_sites(&modules, how.count_edges.contains(&true));
+        // Counts may go without `lock` in a launched process (its entries'
+        // after a throttle) and where edges are counted.
+        let counts_alone = at_start.is_some() || how.count_edges.contains(&true);
+        let hooks::Hooks { sites: hook_sites, canceller } = hook_sites(&modules, counts_alone);
         let mut targets: Vec<Target> = functions.iter().map(Target::of).collect();
         targets.extend(hook_sites.iter().map(|h| h.target.clone()));
         let (mut groups, mut refused) = patcher::plans_on_every_cpu(&modules, &targets, checked);
@@ -364,19 +375,30 @@ impl Patched {
             config.fork_path = children.path();
             patched.children = Some(children);
         }
-        let region_trampoline = patched.apply_groups(&remote, groups, &config, &hook_sites, functions.len(), &mut refused)?;
+        // Counts go without `lock` while the process has one thread: the
+        // runtime makes them atomic as a thread or process starts.
+        let alone = launched && remote.threads().len() == 1;
+        let (region_trampoline, alone_counts) =
+            patched.apply_groups(&remote, groups, &config, &hook_sites, functions.len(), &mut refused, alone)?;
         let hooked = |h: usize| !refused.iter().any(|(i, _)| *i == functions.len() + h);
         if clones_hooked(&hook_sites, hooked) && !threads_share_a_thread_pointer(&remote)? {
             shared.store(std::mem::offset_of!(totals::Header, shared_seats), 0);
         }
+        // Where a start would go unseen, atomic from the start.
+        let alone = alone && thread_starts_hooked(&hook_sites, hooked);
+        let mut lock_table = alone_counts.lock_table;
+        if !alone {
+            lock_table::apply_now(&remote, &alone_counts.switches)?;
+            lock_table = 0;
+        }
         if let Some(plan) = counting_plan {
-            let atomic = !launched || remote.threads().len() > 1 || !thread_starts_hooked(&hook_sites, hooked);
-            let (counting, uncounted) = counting::apply(&remote, plan, &threads_at, region_trampoline, atomic)?;
-            shared.store(std::mem::offset_of!(totals::Header, lock_table), counting.lock_table());
+            let (counting, uncounted) = counting::apply(&remote, plan, &threads_at, region_trampoline, !alone, lock_table)?;
+            lock_table = counting.lock_table();
             patched.code.extend(counting.code().iter().cloned());
             patched.counting = Some(counting);
             patched.uncounted = uncounted;
         }
+        shared.store(std::mem::offset_of!(totals::Header, lock_table), lock_table);
         // Recording starts with the threads still held.
         remote.write(memory.live, &totals::LIVE_RECORDING.to_ne_bytes())?;
         patched.view = Some(TotalsView::new(shared, geometry));
@@ -1131,12 +1153,13 @@ fn refuse_shadow_stacks(pid: i32) -> Result<(), RemoteError> {
 }
 
 /// The unwinder entries to hook, and their walkers' returns: optional,
-/// without them a thread's next call hijacks its frames again. With edges
-/// counted, where threads and processes start too.
-fn hook_sites(modules: &[procfs::LoadedModule], count_edges: bool) -> hooks::Hooks {
+/// without them a thread's next call hijacks its frames again. Where
+/// counts may go without `lock` (`counts_alone`), where threads and
+/// processes start too.
+fn hook_sites(modules: &[procfs::LoadedModule], counts_alone: bool) -> hooks::Hooks {
     let mut hooks = hooks::find(modules);
     let sites = &mut hooks.sites;
-    sites.retain(|h| count_edges || h.hook != Hook::ThreadStart);
+    sites.retain(|h| counts_alone || h.hook != Hook::ThreadStart);
     let walkers: Vec<HookSite> = sites
         .iter()
         .filter(|h| h.hook == Hook::Walk)
@@ -1154,6 +1177,13 @@ fn hook_sites(modules: &[procfs::LoadedModule], count_edges: bool) -> hooks::Hoo
 fn thread_starts_hooked(sites: &[HookSite], hooked: impl Fn(usize) -> bool) -> bool {
     let starts: Vec<usize> = (0..sites.len()).filter(|&h| sites[h].hook.starts_thread()).collect();
     !starts.is_empty() && starts.into_iter().all(hooked)
+}
+
+/// The entries' counts made without `lock` (see [`patcher::Patches::switches`]).
+#[derive(Default)]
+struct CountsAlone {
+    lock_table: u64,
+    switches: Vec<(u64, u8)>,
 }
 
 /// Whether every `clone` of the process's modules is hooked (`hooked(h)`:

@@ -1,6 +1,7 @@
 //! Putting trampolines in a held process and jumps to them over function
 //! entries, and taking the jumps out again.
 
+use super::lock_table;
 use super::patch::{self, PatchPlan, Site};
 use super::remote::{Remote, RemoteError, Shared};
 use crate::addr::VirtAddr;
@@ -459,6 +460,12 @@ pub struct Patches {
     /// The count of each counting trampoline (see
     /// [`crate::sampling::StackResolver::counting_stubs`]).
     pub counting_stubs: Vec<CountingStub>,
+    /// Where the counting trampolines count without `lock`, the bytes to
+    /// write that make their counts atomic (see [`lock_table`]).
+    pub switches: Vec<(u64, u8)>,
+    /// The table that lists them for the runtime, before the one at
+    /// `next_table`; `next_table` itself where none was written.
+    pub lock_table: u64,
 }
 
 /// Where a counting trampoline's count is, and whose calls it counts: a
@@ -496,6 +503,20 @@ struct CountingTrampolines {
     origins: Vec<(u64, u64)>,
     /// See [`Patches::counting_stubs`].
     stubs: Vec<CountingStub>,
+    /// See [`Patches::switches`].
+    switches: Vec<(u64, u8)>,
+}
+
+/// How the entries' counting trampolines count.
+#[derive(Clone, Copy)]
+struct CountingCode {
+    /// The first counter.
+    counters: u64,
+    /// The blocks per CPU, if any.
+    on_cpu: Option<patch::CpuBlocks>,
+    /// Without `lock` until a second thread or process may count (see
+    /// [`patch::count_call_alone`]): the process has one thread.
+    alone: bool,
 }
 
 /// Patches the planned entries in the held process: code near them holds
@@ -503,6 +524,11 @@ struct CountingTrampolines {
 /// trampoline per plan with proftap's code `prologue(target, site, address)`;
 /// then threads inside bytes about to be replaced move to their copies and
 /// the jumps are written. Functions that fail join `refused`.
+///
+/// With `alone` (the process has one thread), the counting trampolines
+/// count without `lock`, listed in a table the runtime finds before
+/// `next_table` (see [`Patches::switches`]).
+#[allow(clippy::too_many_arguments)]
 pub fn apply(
     remote: &Remote,
     mut plans: Plans,
@@ -510,15 +536,26 @@ pub fn apply(
     runtime: impl FnOnce(u64) -> Result<Vec<u8>, String>,
     prologue: impl Fn(usize, Site, u64) -> Result<Vec<u8>, String>,
     refused: &mut Refused,
+    alone: bool,
+    next_table: u64,
 ) -> Result<Patches, RemoteError> {
     keep_unchanged(remote, &mut plans, refused);
     refuse_overlapping_islands(&mut plans, refused);
     if plans.is_empty() {
-        return Ok(Patches { applied: Vec::new(), code: 0..0, counters: None, origins: Vec::new(), counting_stubs: Vec::new() });
+        return Ok(Patches {
+            applied: Vec::new(),
+            code: 0..0,
+            counters: None,
+            origins: Vec::new(),
+            counting_stubs: Vec::new(),
+            switches: Vec::new(),
+            lock_table: next_table,
+        });
     }
     let runtime_room = runtime_room.next_multiple_of(64);
     let entries = plans.iter().filter(|(_, p)| p.site == Site::Entry).count();
-    let room = runtime_room + (plans.len() + entries) * TRAMPOLINE_ROOM;
+    let table_room = if alone { lock_table::bytes(entries) } else { 0 };
+    let room = runtime_room + (plans.len() + entries) * TRAMPOLINE_ROOM + table_room;
     let region = remote.map_near(span(&plans), room)?;
     let unmap_region = || {
         let _ = remote.syscall("munmap", libc::SYS_munmap, [region, room as u64, 0, 0, 0, 0]);
@@ -547,19 +584,26 @@ pub fn apply(
             )));
         }
         code.resize(runtime_room, 0xcc);
-        let counting = counters.as_ref().map(|c| (c.remote, blocks.on_cpu));
+        let counting = counters.as_ref().map(|c| CountingCode { counters: c.remote, on_cpu: blocks.on_cpu, alone });
         let (built, counting) = build_trampolines(plans, region, &mut code, counting, &prologue, refused);
+        let mut table = next_table;
+        if !counting.switches.is_empty() {
+            code.resize(code.len().next_multiple_of(8), 0xcc);
+            table = region + code.len() as u64;
+            code.extend(lock_table::write(next_table, &(region..region + room as u64), &counting.switches));
+        }
         remote.write(region, &code)?;
         remote.seal_code(region, room)?;
-        Ok((built, counting))
+        Ok((built, counting, table))
     })();
     // Nothing leads into the region yet: a failure takes it out again.
-    let (built, CountingTrampolines { functions: counted, mut origins, stubs: counting_stubs }) = written.inspect_err(|_| {
-        unmap_region();
-        if let Some(counters) = &counters {
-            let _ = remote.syscall("munmap", libc::SYS_munmap, [counters.remote, counters.len() as u64, 0, 0, 0, 0]);
-        }
-    })?;
+    let (built, CountingTrampolines { functions: counted, mut origins, stubs: counting_stubs, switches }, lock_table) = written
+        .inspect_err(|_| {
+            unmap_region();
+            if let Some(counters) = &counters {
+                let _ = remote.syscall("munmap", libc::SYS_munmap, [counters.remote, counters.len() as u64, 0, 0, 0, 0]);
+            }
+        })?;
 
     move_threads_out(remote, &built)?;
     for (_, p, _, _, _) in &built {
@@ -594,7 +638,7 @@ pub fn apply(
         return Err(e);
     }
     let counters = counters.map(|shared| EntryCounters { shared, functions: counted, blocks });
-    Ok(Patches { applied, code: region..region + room as u64, counters, origins, counting_stubs })
+    Ok(Patches { applied, code: region..region + room as u64, counters, origins, counting_stubs, switches, lock_table })
 }
 
 /// Pages of a module's code written to, at most, to be made mappings of
@@ -687,7 +731,7 @@ fn build_trampolines(
     plans: Plans,
     region: u64,
     code: &mut Vec<u8>,
-    counters: Option<(u64, Option<patch::CpuBlocks>)>,
+    counting_code: Option<CountingCode>,
     prologue: &impl Fn(usize, Site, u64) -> Result<Vec<u8>, String>,
     refused: &mut Refused,
 ) -> (Vec<Built>, CountingTrampolines) {
@@ -704,28 +748,59 @@ fn build_trampolines(
         }
     }
     let mut counting = CountingTrampolines::default();
-    let Some((counters, on_cpu)) = counters else { return (built, counting) };
+    let Some(how) = counting_code else { return (built, counting) };
     for (i, p, _, _, jump) in built.iter_mut().filter(|(_, p, ..)| p.site == Site::Entry) {
-        let counter = counters + 8 * counting.functions.len() as u64;
+        let counter = how.counters + 8 * counting.functions.len() as u64;
         let address = region + code.len() as u64;
-        let count = |own_address| match on_cpu {
-            Some(blocks) => patch::count_call_on_cpu(own_address, counter, blocks),
-            None => patch::count_call(own_address, counter),
-        };
-        let Some(t) = patch::trampoline(p, address, |own_address| Ok(count(own_address))).ok().filter(|t| t.code.len() <= TRAMPOLINE_ROOM)
-        else {
-            continue;
-        };
+        let Some((t, switched)) = counting_trampoline(p, address, counter, how) else { continue };
         counting.origins.extend(counting_origins(p, &t, address));
         // The count alone: the function's first instructions moved after
         // it, and their time, are the function's own.
         let moved = t.moved.first().map_or(address + t.code.len() as u64, |&(_, to)| to);
         counting.stubs.push(CountingStub { count: address, moved, function: *i as u32 });
-        append_aligned(code, &t.code);
+        let mut stub = t.code;
+        if let Some(Switched { displacement, code: tail }) = switched {
+            // The count switched to stands for the entry too; its jump back counts.
+            let at = address + stub.len() as u64;
+            let end = at + tail.len() as u64;
+            counting.origins.pop();
+            counting.origins.extend([(at, p.at), (end, 0)]);
+            counting.stubs.push(CountingStub { count: at, moved: end - patch::JUMP_LEN as u64, function: *i as u32 });
+            counting.switches.push((address + patch::SWITCH_BYTE, displacement));
+            stub.extend(tail);
+        }
+        append_aligned(code, &stub);
         counting.functions.push(*i);
         *jump = Some(p.jump_to(address));
     }
     (built, counting)
+}
+
+/// Where a counting trampoline counts without `lock`, the count it is
+/// switched to (placed right after it), and the displacement that does so.
+struct Switched {
+    displacement: u8,
+    code: Vec<u8>,
+}
+
+/// The counting trampoline of `p` at `address`, counting in `counter` as
+/// `how` says; and what it is switched to where it counts without `lock`.
+fn counting_trampoline(p: &PatchPlan, address: u64, counter: u64, how: CountingCode) -> Option<(patch::Trampoline, Option<Switched>)> {
+    if how.alone
+        && let Ok(t) = patch::trampoline(p, address, |own| Ok(patch::count_call_alone(own, counter)))
+    {
+        let at = address + t.code.len() as u64;
+        let tail = patch::count_call_then_return(at, counter, how.on_cpu, address + patch::COUNT_ALONE_LEN as u64);
+        if let Some(displacement) = patch::switch_displacement(address, at).filter(|_| t.code.len() + tail.len() <= TRAMPOLINE_ROOM) {
+            return Some((t, Some(Switched { displacement, code: tail })));
+        }
+    }
+    let count = |own| match how.on_cpu {
+        Some(blocks) => patch::count_call_on_cpu(own, counter, blocks),
+        None => patch::count_call(own, counter),
+    };
+    let t = patch::trampoline(p, address, |own| Ok(count(own))).ok().filter(|t| t.code.len() <= TRAMPOLINE_ROOM)?;
+    Some((t, None))
 }
 
 /// Appends a trampoline's `bytes` to `code`, then traps up to the next 16 bytes.
@@ -948,8 +1023,10 @@ mod tests {
         // A timing trampoline's own code, as long as a real prologue's.
         let prologue = |_: usize, _: Site, _: u64| Ok(vec![0x90; 150]);
         let mut refused = Vec::new();
-        let (built, CountingTrampolines { functions: counted, origins, stubs }) =
-            build_trampolines(plans, region, &mut bytes, Some((0x50_0000, None)), &prologue, &mut refused);
+        let counting = CountingCode { counters: 0x50_0000, on_cpu: None, alone: false };
+        let (built, CountingTrampolines { functions: counted, origins, stubs, switches }) =
+            build_trampolines(plans, region, &mut bytes, Some(counting), &prologue, &mut refused);
+        assert!(switches.is_empty(), "atomic from the start: {switches:x?}");
         assert!(refused.is_empty(), "{refused:?}");
         assert_eq!(counted, [0, 1, 2]);
         let last_timing_end = built.iter().map(|(_, _, t, at, _)| at + t.code.len() as u64).max().expect("built");
@@ -974,6 +1051,39 @@ mod tests {
             .collect();
         let expected: Vec<CountingStub> = (0..3).map(|i| CountingStub { count: starts[i], moved: firsts[i], function: i as u32 }).collect();
         assert_eq!(stubs, expected);
+    }
+
+    /// In a process of one thread, a counting trampoline counts without
+    /// `lock` and carries the count it is switched to after it: the
+    /// switch's byte makes its first jump lead there, that count jumps back
+    /// to the moved instructions, and a sample in either is counting's.
+    #[test]
+    fn counting_trampolines_of_a_process_alone_carry_the_count_they_switch_to() {
+        // push rbp; mov rbp, rsp; sub rsp, 16; nop; ret
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0x90, 0xc3];
+        let plans: Plans = vec![(0, patch::plan(0x1000, &code, 0, IslandRoom::default()).expect("patchable"))];
+        let (region, counters) = (0x40_0000u64, 0x50_0000u64);
+        let mut bytes = Vec::new();
+        let prologue = |_: usize, _: Site, _: u64| Ok(vec![0x90; 16]);
+        let on_cpu = Some(patch::CpuBlocks { mask: 1, shift: 12 });
+        let counting = CountingCode { counters, on_cpu, alone: true };
+        let (_, CountingTrampolines { stubs, switches, origins, .. }) =
+            build_trampolines(plans, region, &mut bytes, Some(counting), &prologue, &mut Vec::new());
+        let [plain, switched] = stubs[..] else { panic!("a count and the one it switches to: {stubs:x?}") };
+        let at = |address: u64| (address - region) as usize;
+        assert_eq!(bytes[at(plain.count)..at(plain.count) + 5], [0xeb, 0x00, 0x48, 0xff, 0x05], "jmp +0, inc without lock");
+        assert_eq!(plain.moved, plain.count + patch::COUNT_ALONE_LEN as u64, "the moved instructions follow the count");
+        assert_eq!(switches, [(plain.count + 1, (switched.count - plain.count - 2) as u8)]);
+        // The switched count: rdpid and a locked increment, then a jump to
+        // the moved instructions.
+        let tail = &bytes[at(switched.count)..at(switched.moved) + 5];
+        assert!(tail.windows(4).any(|w| w == [0xf3, 0x41, 0x0f, 0xc7]) && tail.contains(&0xf0), "{tail:x?}");
+        let back = i32::from_le_bytes(tail[tail.len() - 4..].try_into().unwrap());
+        assert_eq!(switched.moved + 5 + back as i64 as u64, plain.moved);
+        // Both stand for the function's entry; past the second, nothing.
+        let origin = |address: u64| origins.iter().rev().find(|&&(from, _)| from <= address).map(|&(_, o)| o);
+        assert_eq!((origin(plain.count), origin(switched.count), origin(switched.moved)), (Some(0x1000), Some(0x1000), Some(0x1000)));
+        assert_eq!(origin(switched.moved + 5), Some(0));
     }
 
     #[test]

@@ -185,7 +185,7 @@ pub struct Header {
     pub blocks_answered: u32,
     /// The first table of increments to make atomic when a thread or a
     /// process starts; the runtime empties it as it does so (see
-    /// `counting::LockTable`).
+    /// `lock_table`).
     pub lock_table: u64,
     /// Returns of threads that found no block, sent back to their call
     /// site by the site trampoline they came through.
