@@ -115,8 +115,9 @@ impl Run<'_> {
                 Some((sampled, ns_per_sample)) => governor.with_samples(sampled.clone(), *ns_per_sample),
                 None => governor.with_priors(),
             };
-            let decide = Box::new(move |entries: &[u64]| {
+            let decide = Box::new(move |entries: &[u64], counting_alone: bool| {
                 let elapsed_ns = monotonic_ns().saturating_sub(started);
+                governor.set_counting_alone(counting_alone);
                 governor.over_budget(entries, elapsed_ns).into_iter().map(|f| f as usize).collect()
             });
             // The watch's looks may take half the budget of one CPU.

@@ -52,6 +52,17 @@ const UNTRUSTED_PROBE_SCALE: f64 = 2.0;
 /// in SQLite and Lua (see [`MOST_COUNTING_SCALE`]).
 const UNTRUSTED_COUNTING_SCALE: f64 = 3.0;
 
+/// The same while the counts go without `lock` (a launched process with
+/// one thread): 0.3 to 0.6 ns a counted call by the stubs' samples in
+/// SQLite, where the `lock inc` of a counter per CPU cost 2.2 to 2.7
+/// (BENCHMARKS.md); the estimate is twice that.
+const UNTRUSTED_ALONE_COUNTING_SCALE: f64 = 1.0;
+
+/// The least the samples may multiply the estimated cost of counting a
+/// call by: counting without `lock` costs less than the estimate, and
+/// enough samples (see [`TRUSTED_COUNTING_SAMPLES`]) say so.
+const LEAST_COUNTING_SCALE: f64 = 0.25;
+
 /// The most the samples may multiply the estimated cost of a call by: a
 /// few samples more or less (as many as the probes' whole estimate, early
 /// in a run) throttle no more than that.
@@ -66,13 +77,14 @@ const MOST_SCALE: f64 = 3.0;
 const MOST_COUNTING_SCALE: f64 = 25.0;
 
 /// What a call costs once its function's probes were taken out and its
-/// entry only counts it: a jump, a `lock inc` and a jump back, 0.8 ns a
-/// call in a loop of 100 M calls here (BENCHMARKS.md), 2.4 ns for a `lock
-/// inc` alone in a dependent chain; finding the running CPU's counter
-/// first adds about 0.7 ns in the loop. Real code makes it dearer, and so
-/// do threads on several CPUs counting the same function at once where
-/// they share one counter (12 to 25 ns here): the samples in the counting
-/// stubs scale it up (see [`SampledOverhead`]).
+/// entry only counts it: a jump, an increment and a jump back; in a loop
+/// of 100 M calls here (BENCHMARKS.md) 0.8 ns with a plain `inc` (while a
+/// launched process has one thread), 1.4 ns with `rdpid` and a `lock inc`
+/// of the running CPU's counter. Real code makes the locked one dearer
+/// (2.2 to 2.7 ns in SQLite, 0.3 to 0.6 the plain one), and so do threads
+/// on several CPUs counting the same function at once where they share
+/// one counter (12 to 25 ns here): the samples in the counting stubs scale
+/// it, up or down (see [`SampledOverhead`]).
 pub const COUNTED_CALL_NS: u64 = 1;
 
 /// Stack samples of the target taken in the in-process engine's code
@@ -149,6 +161,8 @@ pub struct Governor {
     sampled: Option<(Arc<SampledOverhead>, u64)>,
     /// Without samples, whether the priors stand (see [`Governor::with_priors`]).
     priors: bool,
+    /// Whether counted calls go without `lock` (see [`Governor::set_counting_alone`]).
+    counting_alone: bool,
     throttled: Vec<bool>,
     /// Calls by function and the time at the last judgement.
     last: Vec<u64>,
@@ -175,6 +189,7 @@ impl Governor {
             call_ns,
             sampled: None,
             priors: false,
+            counting_alone: false,
             throttled,
             last,
             last_ns: 0,
@@ -208,20 +223,33 @@ impl Governor {
         self
     }
 
+    /// Whether the counted calls go without `lock` now (the engine tells
+    /// at each look: they go with it from a process's second thread on).
+    pub fn set_counting_alone(&mut self, alone: bool) {
+        self.counting_alone = alone;
+    }
+
     /// How much more the probes (`counting`: the counting stubs) cost than
     /// `estimated_ns` over the run, by the `samples` taken in their code
     /// (a prior until there are enough). Without samples, the priors where
     /// asked (see [`Governor::with_priors`]), else the estimate stands.
     fn scale(&self, estimated_ns: f64, samples: u64, counting: bool) -> f64 {
-        let prior = |counting| if counting { UNTRUSTED_COUNTING_SCALE } else { UNTRUSTED_PROBE_SCALE };
-        let Some((_, ns_per_sample)) = &self.sampled else {
-            return if self.priors { prior(counting) } else { 1.0 };
+        let prior = match (counting, self.counting_alone) {
+            (false, _) => UNTRUSTED_PROBE_SCALE,
+            (true, false) => UNTRUSTED_COUNTING_SCALE,
+            (true, true) => UNTRUSTED_ALONE_COUNTING_SCALE,
         };
-        let (trusted, most) = if counting { (TRUSTED_COUNTING_SAMPLES, MOST_COUNTING_SCALE) } else { (TRUSTED_PROBE_SAMPLES, MOST_SCALE) };
+        let Some((_, ns_per_sample)) = &self.sampled else {
+            return if self.priors { prior } else { 1.0 };
+        };
+        let (trusted, least, most) = match counting {
+            true => (TRUSTED_COUNTING_SAMPLES, LEAST_COUNTING_SCALE, MOST_COUNTING_SCALE),
+            false => (TRUSTED_PROBE_SAMPLES, 1.0, MOST_SCALE),
+        };
         if samples < trusted || estimated_ns <= 0.0 {
-            return prior(counting);
+            return prior;
         }
-        (samples as f64 * *ns_per_sample as f64 / estimated_ns).clamp(1.0, most)
+        (samples as f64 * *ns_per_sample as f64 / estimated_ns).clamp(least, most)
     }
 
     /// Functions to throttle now, given the `calls` so far by function after
@@ -559,6 +587,34 @@ mod tests {
     /// stubs (a `lock inc` waiting for the stores before it, threads
     /// contending for one counter where there is no counter per CPU), not
     /// taken for the probes' cost.
+    #[test]
+    fn counting_without_lock_is_judged_at_its_own_prior_and_samples() {
+        let ms = 1_000_000;
+        // 6,000 timed calls of 100 ns in 10 ms (6%: throttled), then
+        // 500,000 calls counted in 20 ms: 2.5% at 1 ns a call, within the
+        // half of the budget aimed at; 7.5% at 3 ns, the prior of locked counts.
+        let judged = |alone: bool| {
+            let sampled = Arc::new(SampledOverhead::default());
+            let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1).with_samples(sampled, ms);
+            g.set_counting_alone(alone);
+            (g.over_budget(&[6_000, 0], 10 * ms), g.over_budget(&[6_000, 500_000], 30 * ms))
+        };
+        assert_eq!(judged(false), (vec![0], vec![1]));
+        assert_eq!(judged(true), (vec![0], vec![]));
+        // Enough samples in the stubs say what counting costs, below the
+        // estimate too: 900,000 calls counted in 20 ms (0.9 ms at 1 ns,
+        // over half the budget) that ten samples of 30 us say cost 0.3 ms.
+        let sampled = Arc::new(SampledOverhead::default());
+        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1).with_samples(sampled.clone(), 30_000);
+        g.set_counting_alone(true);
+        assert_eq!(g.over_budget(&[6_000, 0], 10 * ms), vec![0]);
+        (0..10).for_each(|_| sampled.count_counting(1));
+        assert!(g.over_budget(&[6_000, 900_000], 30 * ms).is_empty());
+        // Never below a quarter of the estimate: 6 M more in 10 ms, 1.5 ms
+        // at a quarter of a nanosecond (the samples alone would say 0.26).
+        assert_eq!(g.over_budget(&[6_000, 6_900_000], 40 * ms), vec![1]);
+    }
+
     #[test]
     fn samples_in_the_counting_stubs_scale_the_countings_cost() {
         let ms = 1_000_000;

@@ -311,6 +311,13 @@ impl TotalsView {
         self.shared.load(HEADER_SHARED_SEATS) != 0
     }
 
+    /// Whether the counts of throttled functions still go without `lock`:
+    /// the process was launched with one thread and none has started since
+    /// (the runtime empties the table of counts to lock as one does).
+    pub fn counts_alone(&self) -> bool {
+        self.shared.load(HEADER_LOCK_TABLE) != 0
+    }
+
     /// Whether three quarters of the blocks have been handed out.
     pub fn blocks_mostly_taken(&self) -> bool {
         self.shared.load(HEADER_BLOCKS_TAKEN) >= self.geometry.blocks / 4 * 3
@@ -417,6 +424,7 @@ const HEADER_BLOCKS_TAKEN: usize = std::mem::offset_of!(totals::Header, blocks_t
 const HEADER_BLOCKS_WANTED: usize = std::mem::offset_of!(totals::Header, blocks_wanted);
 const HEADER_BLOCKS_ANSWERED: usize = std::mem::offset_of!(totals::Header, blocks_answered);
 const HEADER_SHARED_SEATS: usize = std::mem::offset_of!(totals::Header, shared_seats);
+const HEADER_LOCK_TABLE: usize = std::mem::offset_of!(totals::Header, lock_table);
 /// Offset of `traced` in a block.
 const BLOCK_TRACED: usize = std::mem::offset_of!(BlockHeader, traced);
 

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 /// For `n` functions it is given `2n` counts: function `f`'s timed calls
 /// at `f`, and at `n + f` its calls only counted since its probes were
-/// taken out. It answers `f` to take its probes out (its calls only
-/// counted from then on), `n + f` to stop counting them too.
-pub type Decide = Box<dyn FnMut(&[u64]) -> Vec<usize> + Send>;
+/// taken out; and whether those counts go without `lock` (the process has
+/// had one thread so far, see [`TotalsView::counts_alone`]). It answers
+/// `f` to take its probes out (its calls only counted from then on), `n +
+/// f` to stop counting them too.
+pub type Decide = Box<dyn FnMut(&[u64], bool) -> Vec<usize> + Send>;
 
 /// Decides, from the calls so far by function, which functions to take a
 /// step down now.
@@ -276,7 +278,7 @@ impl Watch {
                 }
                 if let (Some(judge), Some(view)) = (judge.as_mut(), &view) {
                     read_calls(&mut calls, functions, view, &retired, &mut patched);
-                    pending.extend((judge.decide)(&calls));
+                    pending.extend((judge.decide)(&calls, view.counts_alone()));
                     if !pending.is_empty() {
                         looking = Some(thread_cpu_time().saturating_sub(looked_cpu));
                         let unpatch_started = std::time::Instant::now();
