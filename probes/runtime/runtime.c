@@ -1961,8 +1961,9 @@ void proftap_resume(u64 *slot)
  * counted become atomic. Each entry of a table is the address of one byte
  * (its low 56 bits) and the byte to write there (its top 8): the `nop`
  * before an edge counter's increment becomes the `lock` prefix; the `jmp
- * +0` before an entry's plain count comes to lead past it to the count on
- * the running CPU. The one thread of the process runs here, the first
+ * +0` before an entry's plain count comes to lead past it to a locked
+ * count (of the running CPU's counter where the processor tells it). The
+ * one thread of the process runs here, the first
  * time only: the table is emptied as it is taken. The code stays
  * executable while it is written (a signal handler, or a thread started
  * some way not hooked, may run it; each byte written leaves whole
@@ -1988,8 +1989,8 @@ void proftap_lock_counters(u64 *slot)
 /* Where a thread that may share its creator's thread pointer is made
  * (`clone`; `pthread_create` gives each thread its own and reaches it
  * only where the kernel has no clone3): blocks are taken with
- * an atomic exchange from here on, before the thread exists; and edge
- * counters are made atomic, as at any thread start. */
+ * an atomic exchange from here on, before the thread exists; and counts
+ * made without `lock` become atomic, as at any thread start. */
 void proftap_clone(u64 *slot)
 {
     const struct config *c = config();

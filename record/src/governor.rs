@@ -60,7 +60,8 @@ const UNTRUSTED_COUNTING_SCALE: f64 = 3.0;
 const UNTRUSTED_ALONE_COUNTING_SCALE: f64 = 0.5;
 
 /// The least the samples may multiply the estimated cost of counting a
-/// call by: counting without `lock` costs less than the estimate, and
+/// call by: a count may cost less than the estimate (without `lock`, or a
+/// locked one where the code before it has few stores pending), and
 /// enough samples (see [`TRUSTED_COUNTING_SAMPLES`]) say so.
 const LEAST_COUNTING_SCALE: f64 = 0.25;
 
@@ -584,10 +585,9 @@ mod tests {
         assert_eq!(g.enabled(), vec![false, false, false, true]);
     }
 
-    /// What counting costs is measured by the samples in the counting
-    /// stubs (a `lock inc` waiting for the stores before it, threads
-    /// contending for one counter where there is no counter per CPU), not
-    /// taken for the probes' cost.
+    /// Counts made without `lock` are priced at their own prior, and the
+    /// samples in their stubs may say they cost less than the estimate,
+    /// down to a quarter of it.
     #[test]
     fn counting_without_lock_is_judged_at_its_own_prior_and_samples() {
         let ms = 1_000_000;
@@ -617,6 +617,10 @@ mod tests {
         assert_eq!(g.over_budget(&[6_000, 6_900_000], 40 * ms), vec![1]);
     }
 
+    /// What counting costs is measured by the samples in the counting
+    /// stubs (a `lock inc` waiting for the stores before it, threads
+    /// contending for one counter where there is no counter per CPU), not
+    /// taken for the probes' cost.
     #[test]
     fn samples_in_the_counting_stubs_scale_the_countings_cost() {
         let ms = 1_000_000;

@@ -289,8 +289,9 @@ pub struct Counting {
     /// Where threads were in the code when counting started and ended.
     frames: Vec<Frame>,
     unsettled: Vec<Range<u64>>,
-    /// The first of the tables of increments still without `lock` (see
-    /// [`lock_table`]), 0 if none.
+    /// The first of the tables of counts still without `lock` (see
+    /// [`lock_table`]): the edge counters', then the entries' tables it
+    /// was given; 0 if none.
     lock_table: u64,
 }
 

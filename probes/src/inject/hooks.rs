@@ -32,8 +32,9 @@ pub enum Hook {
     /// [`Hook::Unhook`]; but not where `pthread_cancel` takes it in the
     /// thread that cancels another ([`Hooks::canceller`]), which goes on.
     UnwinderLink,
-    /// A thread or a process is about to start: edge counters counting
-    /// without `lock` until then are made atomic.
+    /// A thread or a process is about to start: counts made without
+    /// `lock` until then (edge counters', entries' after a throttle) are
+    /// made atomic.
     ThreadStart,
     /// A thread that may share its creator's thread pointer is about to
     /// start (`clone`): the runtime takes a thread's block atomically from

@@ -1169,8 +1169,9 @@ fn hook_sites(modules: &[procfs::LoadedModule], counts_alone: bool) -> hooks::Ho
     hooks
 }
 
-/// Whether the edge counters may count without `lock` until the runtime
-/// is told a thread or process starts: every place one starts from was
+/// Whether counts (the edge counters', the entries' after a throttle) may
+/// go without `lock` until the runtime is told a thread or process
+/// starts: every place one starts from was
 /// found and hooked (`hooked(h)`: site `h` of `sites` is in place). A
 /// process launched has run none of its code yet; one attached may be
 /// inside `pthread_create`, past its entry, and counts with `lock`.

@@ -24,11 +24,17 @@ pub(super) fn with_tables_apart<R: Reader>(dwarf: &mut gimli::Dwarf<R>, headers:
     for header in &headers {
         *units_of.entry(header.debug_abbrev_offset().0.into_u64()).or_default() += 1;
     }
-    let apart = tables_apart(&dwarf.debug_abbrev, &units_of.keys().copied().collect::<Vec<_>>());
-    for (&offset, _) in units_of.iter().filter(|&(offset, &units)| units > 1 && apart.contains(offset)) {
-        let Ok(offset) = R::Offset::from_u64(offset) else { continue };
-        if let Ok(table) = dwarf.debug_abbrev.abbreviations(DebugAbbrevOffset(offset)) {
-            dwarf.abbreviations_cache.set::<R>(DebugAbbrevOffset(offset), Arc::new(table));
+    let mut apart = tables_apart(&dwarf.debug_abbrev, &units_of.keys().copied().collect::<Vec<_>>());
+    // A shared table gimli refuses would be parsed again for each of its
+    // units, to fail each time: they are left out with it.
+    let shared: Vec<u64> = units_of.iter().filter(|&(offset, &units)| units > 1 && apart.contains(offset)).map(|(&o, _)| o).collect();
+    for offset in shared {
+        let table = R::Offset::from_u64(offset).and_then(|at| Ok((at, dwarf.debug_abbrev.abbreviations(DebugAbbrevOffset(at))?)));
+        match table {
+            Ok((at, table)) => dwarf.abbreviations_cache.set::<R>(DebugAbbrevOffset(at), Arc::new(table)),
+            Err(_) => {
+                apart.remove(&offset);
+            }
         }
     }
     let before = headers.len();
@@ -57,15 +63,14 @@ fn tables_apart<R: Reader>(debug_abbrev: &gimli::DebugAbbrev<R>, starts: &[u64])
 /// null entry) within them.
 fn ends_within(bytes: &[u8]) -> bool {
     let mut at = 0;
-    // A LEB128 number (signed ones end the same way), None past the end.
+    // A LEB128 number (signed ones end the same way) of 64 bits at most,
+    // as gimli reads them; None past the end or past ten bytes.
     let mut number = || -> Option<u64> {
         let mut value = 0u64;
-        for shift in (0..).step_by(7) {
+        for shift in (0..70).step_by(7) {
             let byte = *bytes.get(at)?;
             at += 1;
-            if shift < 64 {
-                value |= u64::from(byte & 0x7f) << shift;
-            }
+            value |= u64::from(byte & 0x7f).checked_shl(shift).unwrap_or(0);
             if byte & 0x80 == 0 {
                 return Some(value);
             }
@@ -116,8 +121,11 @@ mod tests {
         let implicit = [1, 0x2e, 0, 0x03, 0x21, 0x00, 0, 0, 0];
         assert!(ends_within(&implicit));
         assert!(!ends_within(&implicit[..6]));
-        // A number whose bytes all say "more" runs to the end.
+        // A number whose bytes all say "more" is cut at ten bytes.
         assert!(!ends_within(&[0x80; 100]));
+        let mut long = vec![0x81; 10];
+        long.extend([0, 0x2e, 0, 0, 0, 0]);
+        assert!(!ends_within(&long), "a code of eleven bytes is no number");
     }
 
     #[test]
@@ -136,6 +144,17 @@ mod tests {
         let second = apart.len() as u64;
         apart.extend(table(1, 2));
         assert_eq!(kept_of(&apart, &[0, second, second]), vec![0, second, second]);
+    }
+
+    #[test]
+    fn units_sharing_a_table_that_does_not_parse_are_left_out() {
+        // Two entries of one code: whole to the scan, refused by gimli,
+        // which would parse it again for each unit.
+        let twice: Vec<u8> = [&table(1, 1)[..5], &table(1, 1)].concat();
+        assert!(ends_within(&twice));
+        assert_eq!(kept_of(&twice, &[0, 0, 0]), Vec::<u64>::new());
+        // One unit alone keeps it: gimli refuses it once, as it reads the unit.
+        assert_eq!(kept_of(&twice, &[0]), vec![0]);
     }
 
     /// The abbreviation offsets of the units [`with_tables_apart`] keeps of
