@@ -165,6 +165,9 @@ pub struct Governor {
     priors: bool,
     /// Whether counted calls go without `lock` (see [`Governor::set_counting_alone`]).
     counting_alone: bool,
+    /// What the counted calls had cost by the estimate at the last
+    /// judgement while they went without `lock`: priced as such after.
+    counted_alone: f64,
     throttled: Vec<bool>,
     /// Calls by function and the time at the last judgement.
     last: Vec<u64>,
@@ -192,6 +195,7 @@ impl Governor {
             sampled: None,
             priors: false,
             counting_alone: false,
+            counted_alone: 0.0,
             throttled,
             last,
             last_ns: 0,
@@ -236,7 +240,12 @@ impl Governor {
     /// (a prior until there are enough). Without samples, the priors where
     /// asked (see [`Governor::with_priors`]), else the estimate stands.
     fn scale(&self, estimated_ns: f64, samples: u64, counting: bool) -> f64 {
-        let prior = match (counting, self.counting_alone) {
+        self.scale_of(estimated_ns, samples, counting, self.counting_alone)
+    }
+
+    /// [`Governor::scale`], of counts made without `lock` or not (`alone`).
+    fn scale_of(&self, estimated_ns: f64, samples: u64, counting: bool, alone: bool) -> f64 {
+        let prior = match (counting, alone) {
             (false, _) => UNTRUSTED_PROBE_SCALE,
             (true, false) => UNTRUSTED_COUNTING_SCALE,
             (true, true) => UNTRUSTED_ALONE_COUNTING_SCALE,
@@ -319,7 +328,15 @@ impl Governor {
         // up to a point.
         let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
         let (since_ns, probes_then, counted_then) = self.horizon(elapsed_ns, probes, counted);
-        let spent_since = (probes - probes_then) * scale + (counted - counted_then) * counting_cost_scale;
+        // Counts made without `lock` keep their price once a thread starts.
+        if self.counting_alone {
+            self.counted_alone = counted;
+        }
+        let counted_alone = (self.counted_alone - counted_then).clamp(0.0, counted - counted_then);
+        let alone_cost_scale = self.scale_of(counted, counting_samples, true, true);
+        let spent_since = (probes - probes_then) * scale
+            + (counted - counted_then - counted_alone) * counting_cost_scale
+            + counted_alone * alone_cost_scale;
         let overspent = spent_since > self.budget * (elapsed_ns - since_ns) as f64;
         if !overspent && rate <= MOST_RECENT_TIMES_BUDGET * self.budget {
             return Vec::new();
@@ -621,6 +638,26 @@ mod tests {
     /// stubs (a `lock inc` waiting for the stores before it, threads
     /// contending for one counter where there is no counter per CPU), not
     /// taken for the probes' cost.
+    /// When the first thread starts, counts made without `lock` before it
+    /// keep their price: the run is not found over its budget for them.
+    #[test]
+    fn counts_made_alone_keep_their_price_once_a_thread_starts() {
+        let ms = 1_000_000;
+        let sampled = Arc::new(SampledOverhead::default());
+        let mut g = Governor::new(0.05, vec![100, COUNTED_CALL_NS]).with_counted_calls(1).with_samples(sampled, ms);
+        g.set_counting_alone(true);
+        // 5,500 timed calls of 100 ns in 10 ms (1.1 ms at the prior:
+        // throttled), then 600,000 counted in 20 ms: 0.3 ms alone.
+        assert_eq!(g.over_budget(&[5_500, 0], 10 * ms), vec![0]);
+        assert!(g.over_budget(&[5_500, 600_000], 30 * ms).is_empty());
+        // A thread starts: 40,000 more counted in 1 ms, 12% at the locked
+        // count's price, within ten times the budget; the run so far 1.1 +
+        // 0.3 + 0.12 ms of 31 (4.9%) at the prices each was made at, 9.7%
+        // were the earlier counts priced as locked.
+        g.set_counting_alone(false);
+        assert!(g.over_budget(&[5_500, 640_000], 31 * ms).is_empty());
+    }
+
     #[test]
     fn samples_in_the_counting_stubs_scale_the_countings_cost() {
         let ms = 1_000_000;
