@@ -677,15 +677,12 @@ mod tests {
         assert_eq!(restores, [(Register::R11, -8), (Register::R10, -16)]);
     }
 
-    /// Run on each CPU in turn, the per-CPU count adds one to that CPU's
-    /// block only, and gives the caller back every register it had.
-    #[test]
-    fn counting_on_a_cpu_counts_in_its_block_and_keeps_the_registers() {
-        assert!(crate::inject::patcher::has_rdpid(), "this processor has no rdpid: counting per CPU cannot be run");
-        let blocks = CpuBlocks { mask: 3, shift: 12 };
-        // SAFETY: a fresh anonymous page for the code, another four for the
-        // counters; the code written, made executable, then called with
-        // the registers it keeps set; both unmapped after.
+    /// A page of `code`, made executable, and four pages of counters
+    /// after it, given to `test` (the code's address, the counters'),
+    /// then unmapped.
+    fn with_code_and_counters(code: impl FnOnce(u64, u64) -> Vec<u8>, test: impl FnOnce(*mut u8, *mut u8)) {
+        // SAFETY: fresh anonymous pages, the code written within the first
+        // (checked) and made executable; unmapped after the test.
         unsafe {
             let page = libc::mmap(
                 std::ptr::null_mut(),
@@ -697,39 +694,91 @@ mod tests {
             );
             assert_ne!(page, libc::MAP_FAILED);
             let (code_at, counters) = (page.cast::<u8>(), page.cast::<u8>().add(4096));
-            let counter = counters as u64 + 8 * 5;
-            let mut code = count_call_on_cpu(code_at as u64, counter, blocks);
-            code.push(0xc3);
+            let code = code(code_at as u64, counters as u64);
+            assert!(code.len() <= 4096);
             std::ptr::copy_nonoverlapping(code.as_ptr(), code_at, code.len());
             assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+            test(code_at, counters);
+            libc::munmap(page, 5 * 4096);
+        }
+    }
+
+    /// Calls the code at `code_at` with r10 and r11 set: it must give them back.
+    ///
+    /// # Safety
+    /// `code_at` holds code that returns, keeping every register the C ABI keeps.
+    unsafe fn call_keeping_r10_r11(code_at: *mut u8) {
+        let (r10, r11): (u64, u64);
+        // SAFETY: as the caller says.
+        unsafe {
+            std::arch::asm!(
+                "call {code}",
+                code = in(reg) code_at,
+                inout("r10") 0x1010_1010u64 => r10,
+                inout("r11") 0x1111_1111u64 => r11,
+                clobber_abi("C"),
+            );
+        }
+        assert_eq!((r10, r11), (0x1010_1010, 0x1111_1111));
+    }
+
+    /// The counts of counter `index` in each of the four blocks at `counters`.
+    fn counts_of(counters: *mut u8, index: usize) -> Vec<u64> {
+        // SAFETY: within the four pages of counters `with_code_and_counters` maps.
+        (0..4).map(|b| unsafe { *counters.add(b * 4096 + 8 * index).cast::<u64>() }).collect()
+    }
+
+    /// Pins this thread to `cpu` while `f` runs; false (nothing run) where it may not.
+    fn on_cpu(cpu: usize, f: impl FnOnce()) -> bool {
+        // SAFETY: plain affinity calls on this thread, with sets it owns.
+        unsafe {
             let mut before: libc::cpu_set_t = std::mem::zeroed();
             assert_eq!(libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut before), 0);
+            let mut only: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut only);
+            if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &only) != 0 {
+                return false;
+            }
+            f();
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &before);
+            true
+        }
+    }
+
+    /// The CPUs this thread may run on.
+    fn allowed_cpus() -> Vec<usize> {
+        // SAFETY: a plain affinity query into a set this function owns.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set), 0);
+            (0..libc::CPU_SETSIZE as usize).filter(|&cpu| libc::CPU_ISSET(cpu, &set)).collect()
+        }
+    }
+
+    /// Run on each CPU in turn, the per-CPU count adds one to that CPU's
+    /// block only, and gives the caller back every register it had.
+    #[test]
+    fn counting_on_a_cpu_counts_in_its_block_and_keeps_the_registers() {
+        assert!(crate::inject::patcher::has_rdpid(), "this processor has no rdpid: counting per CPU cannot be run");
+        let blocks = CpuBlocks { mask: 3, shift: 12 };
+        let code = |at: u64, counters: u64| {
+            let mut code = count_call_on_cpu(at, counters + 8 * 5, blocks);
+            code.push(0xc3);
+            code
+        };
+        with_code_and_counters(code, |code_at, counters| {
             let mut ran = Vec::new();
-            let allowed = (0..libc::CPU_SETSIZE as usize).filter(|&cpu| libc::CPU_ISSET(cpu, &before));
-            for cpu in allowed.take(8) {
-                let mut only: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut only);
-                if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &only) != 0 {
+            for cpu in allowed_cpus().into_iter().take(8) {
+                // SAFETY: the count then `ret`, keeping every register.
+                if !on_cpu(cpu, || unsafe { call_keeping_r10_r11(code_at) }) {
                     continue;
                 }
                 ran.push(cpu);
-                let (r10, r11): (u64, u64);
-                std::arch::asm!(
-                    "call {code}",
-                    code = in(reg) code_at,
-                    inout("r10") 0x1010_1010u64 => r10,
-                    inout("r11") 0x1111_1111u64 => r11,
-                    clobber_abi("C"),
-                );
-                assert_eq!((r10, r11), (0x1010_1010, 0x1111_1111), "on CPU {cpu}");
-                let counts: Vec<u64> = (0..4).map(|b| *counters.add(b * 4096 + 8 * 5).cast::<u64>()).collect();
                 let expected: Vec<u64> = (0..4).map(|b| ran.iter().filter(|&&c| c % 4 == b).count() as u64).collect();
-                assert_eq!(counts, expected, "after a call on CPU {cpu}");
+                assert_eq!(counts_of(counters, 5), expected, "after a call on CPU {cpu}");
             }
             assert!(!ran.is_empty(), "this thread may run on no CPU it is allowed");
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &before);
-            libc::munmap(page, 5 * 4096);
-        }
+        });
     }
 
     /// A count made alone adds to the first block without `lock`; with
@@ -740,60 +789,35 @@ mod tests {
     fn a_count_alone_switched_counts_on_its_cpu() {
         assert!(crate::inject::patcher::has_rdpid(), "this processor has no rdpid: counting per CPU cannot be run");
         let blocks = CpuBlocks { mask: 3, shift: 12 };
-        // SAFETY: as in the test above: fresh pages, written, made
-        // executable (and writable again for the switch), called, unmapped.
-        unsafe {
-            let page = libc::mmap(
-                std::ptr::null_mut(),
-                5 * 4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(page, libc::MAP_FAILED);
-            let (code_at, counters) = (page.cast::<u8>(), page.cast::<u8>().add(4096));
-            let (alone, tail) = (code_at as u64, code_at as u64 + 32);
-            let counter = counters as u64 + 8 * 3;
-            let mut code = count_call_alone(alone, counter);
+        let code = |alone: u64, counters: u64| {
+            let mut code = count_call_alone(alone, counters + 8 * 3);
             code.push(0xc3); // what the count stands before: a `ret`
             code.resize(32, 0xcc);
-            code.extend(count_call_then_return(tail, counter, Some(blocks), alone + COUNT_ALONE_LEN as u64));
-            std::ptr::copy_nonoverlapping(code.as_ptr(), code_at, code.len());
-            let call = || {
-                let (r10, r11): (u64, u64);
-                std::arch::asm!(
-                    "call {code}",
-                    code = in(reg) code_at,
-                    inout("r10") 0x1010_1010u64 => r10,
-                    inout("r11") 0x1111_1111u64 => r11,
-                    clobber_abi("C"),
-                );
-                assert_eq!((r10, r11), (0x1010_1010, 0x1111_1111));
-            };
-            let counts = || (0..4).map(|b| *counters.add(b * 4096 + 8 * 3).cast::<u64>()).collect::<Vec<u64>>();
-            assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+            code.extend(count_call_then_return(alone + 32, counters + 8 * 3, Some(blocks), alone + COUNT_ALONE_LEN as u64));
+            code
+        };
+        with_code_and_counters(code, |code_at, counters| {
+            // SAFETY: the count then `ret`, keeping every register.
+            let call = || unsafe { call_keeping_r10_r11(code_at) };
             call();
             call();
-            assert_eq!(counts(), [2, 0, 0, 0], "alone: the first block, twice");
-            assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC), 0);
-            *code_at.add(SWITCH_BYTE as usize) = switch_displacement(alone, tail).expect("in a short jump's reach");
-            assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+            assert_eq!(counts_of(counters, 3), [2, 0, 0, 0], "alone: the first block, twice");
+            let (alone, tail) = (code_at as u64, code_at as u64 + 32);
+            let page = code_at.cast::<libc::c_void>();
+            // SAFETY: the code's own page, writable while the switch's byte is written.
+            unsafe {
+                assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC), 0);
+                *code_at.add(SWITCH_BYTE as usize) = switch_displacement(alone, tail).expect("in a short jump's reach");
+                assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+            }
             // On one CPU, whose block is not the first's where it may run on such a one.
-            let mut before: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut before), 0);
-            let allowed = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &before));
-            let cpu = allowed.clone().find(|c| c & 3 != 0).or_else(|| allowed.clone().next()).expect("a CPU");
-            let mut only: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut only);
-            assert_eq!(libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &only), 0);
-            call();
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &before);
-            let mut expected = [2, 0, 0, 0];
+            let allowed = allowed_cpus();
+            let cpu = allowed.iter().copied().find(|c| c & 3 != 0).or(allowed.first().copied()).expect("a CPU");
+            assert!(on_cpu(cpu, call), "cannot run on CPU {cpu}");
+            let mut expected = vec![2, 0, 0, 0];
             expected[cpu & 3] += 1;
-            assert_eq!(counts(), expected, "switched, on CPU {cpu}");
-            libc::munmap(page, 5 * 4096);
-        }
+            assert_eq!(counts_of(counters, 3), expected, "switched, on CPU {cpu}");
+        });
     }
 
     #[test]
