@@ -328,15 +328,16 @@ impl Governor {
         // up to a point.
         let mut rate: f64 = rates.iter().map(|(r, _)| r).sum();
         let (since_ns, probes_then, counted_then) = self.horizon(elapsed_ns, probes, counted);
-        // Counts made without `lock` keep their price once a thread starts.
+        // Counts made without `lock` keep their price once a thread starts
+        // (never alone again after: the runtime locks them for good).
         if self.counting_alone {
             self.counted_alone = counted;
         }
-        let counted_alone = (self.counted_alone - counted_then).clamp(0.0, counted - counted_then);
+        let counted_since = (counted - counted_then).max(0.0);
+        let counted_alone = (self.counted_alone - counted_then).max(0.0).min(counted_since);
         let alone_cost_scale = self.scale_of(counted, counting_samples, true, true);
-        let spent_since = (probes - probes_then) * scale
-            + (counted - counted_then - counted_alone) * counting_cost_scale
-            + counted_alone * alone_cost_scale;
+        let spent_since =
+            (probes - probes_then) * scale + (counted_since - counted_alone) * counting_cost_scale + counted_alone * alone_cost_scale;
         let overspent = spent_since > self.budget * (elapsed_ns - since_ns) as f64;
         if !overspent && rate <= MOST_RECENT_TIMES_BUDGET * self.budget {
             return Vec::new();
@@ -634,10 +635,6 @@ mod tests {
         assert_eq!(g.over_budget(&[6_000, 6_900_000], 40 * ms), vec![1]);
     }
 
-    /// What counting costs is measured by the samples in the counting
-    /// stubs (a `lock inc` waiting for the stores before it, threads
-    /// contending for one counter where there is no counter per CPU), not
-    /// taken for the probes' cost.
     /// When the first thread starts, counts made without `lock` before it
     /// keep their price: the run is not found over its budget for them.
     #[test]
@@ -658,6 +655,10 @@ mod tests {
         assert!(g.over_budget(&[5_500, 640_000], 31 * ms).is_empty());
     }
 
+    /// What counting costs is measured by the samples in the counting
+    /// stubs (a `lock inc` waiting for the stores before it, threads
+    /// contending for one counter where there is no counter per CPU), not
+    /// taken for the probes' cost.
     #[test]
     fn samples_in_the_counting_stubs_scale_the_countings_cost() {
         let ms = 1_000_000;

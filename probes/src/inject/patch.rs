@@ -723,8 +723,12 @@ mod tests {
     }
 
     /// The counts of counter `index` in each of the four blocks at `counters`.
-    fn counts_of(counters: *mut u8, index: usize) -> Vec<u64> {
-        // SAFETY: within the four pages of counters `with_code_and_counters` maps.
+    ///
+    /// # Safety
+    /// `counters` is the start of the four pages `with_code_and_counters`
+    /// maps, and `index` within a page.
+    unsafe fn counts_of(counters: *mut u8, index: usize) -> Vec<u64> {
+        // SAFETY: as the caller says.
         (0..4).map(|b| unsafe { *counters.add(b * 4096 + 8 * index).cast::<u64>() }).collect()
     }
 
@@ -775,7 +779,8 @@ mod tests {
                 }
                 ran.push(cpu);
                 let expected: Vec<u64> = (0..4).map(|b| ran.iter().filter(|&&c| c % 4 == b).count() as u64).collect();
-                assert_eq!(counts_of(counters, 5), expected, "after a call on CPU {cpu}");
+                // SAFETY: the counters mapped, counter 5.
+                assert_eq!(unsafe { counts_of(counters, 5) }, expected, "after a call on CPU {cpu}");
             }
             assert!(!ran.is_empty(), "this thread may run on no CPU it is allowed");
         });
@@ -801,7 +806,8 @@ mod tests {
             let call = || unsafe { call_keeping_r10_r11(code_at) };
             call();
             call();
-            assert_eq!(counts_of(counters, 3), [2, 0, 0, 0], "alone: the first block, twice");
+            // SAFETY: the counters mapped, counter 3.
+            assert_eq!(unsafe { counts_of(counters, 3) }, [2, 0, 0, 0], "alone: the first block, twice");
             let (alone, tail) = (code_at as u64, code_at as u64 + 32);
             let page = code_at.cast::<libc::c_void>();
             // SAFETY: the code's own page, writable while the switch's byte is written.
@@ -816,7 +822,8 @@ mod tests {
             assert!(on_cpu(cpu, call), "cannot run on CPU {cpu}");
             let mut expected = vec![2, 0, 0, 0];
             expected[cpu & 3] += 1;
-            assert_eq!(counts_of(counters, 3), expected, "switched, on CPU {cpu}");
+            // SAFETY: the counters mapped, counter 3.
+            assert_eq!(unsafe { counts_of(counters, 3) }, expected, "switched, on CPU {cpu}");
         });
     }
 

@@ -133,7 +133,7 @@ fn read_in_parts(
     let (headers, left_out) = with_tables_apart(&mut dwarf, headers);
     if left_out > 0 {
         warnings.push(format!(
-            "skipped {left_out} compilation units of {}: their abbreviation tables run on into other units' tables (a damaged or hostile file)",
+            "skipped {left_out} compilation units of {}: their abbreviation tables run on into other units' tables, or are shared and do not parse (a damaged or hostile file)",
             image.path().display()
         ));
     }

@@ -13,8 +13,9 @@ use std::sync::Arc;
 pub(super) const MOST_UNITS: usize = 1 << 18;
 
 /// Of `headers`, those whose abbreviation table ends before the next
-/// table of any unit starts, with how many were left out; and into
-/// `dwarf`'s cache, once, each table that more than one of them shares.
+/// table of any unit starts and, if several share it, parses; with how
+/// many were left out; and into `dwarf`'s cache, once, each table that
+/// more than one of them shares.
 ///
 /// No compiler or linker starts a table inside another: where one does,
 /// each unit's table would be parsed from its start on, through the
@@ -63,8 +64,9 @@ fn tables_apart<R: Reader>(debug_abbrev: &gimli::DebugAbbrev<R>, starts: &[u64])
 /// null entry) within them.
 fn ends_within(bytes: &[u8]) -> bool {
     let mut at = 0;
-    // A LEB128 number (signed ones end the same way) of 64 bits at most,
-    // as gimli reads them; None past the end or past ten bytes.
+    // A LEB128 number (signed ones end the same way) of ten bytes at most,
+    // as gimli reads them (its check of the tenth byte's value left to
+    // gimli, which refuses the table then); None past the end or past ten bytes.
     let mut number = || -> Option<u64> {
         let mut value = 0u64;
         for shift in (0..70).step_by(7) {

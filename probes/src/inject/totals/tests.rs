@@ -760,13 +760,28 @@ fn on_alternate_stack(f: &mut dyn FnMut()) {
         }
     }
     let signal = libc::SIGRTMIN() + 7;
-    // Small enough for the heap, far from the thread stacks' mappings.
-    let mut memory = vec![0u8; 64 * 1024];
-    let here = &memory as *const _ as u64;
-    assert!((memory.as_ptr() as u64).abs_diff(here) > 8 << 20, "the alternate stack lies far from the thread's");
+    // 64 KiB at the end of a 32 MiB reservation farther from this thread's
+    // stack: 16 MiB or more from it wherever the reservation lands.
+    let (reserved, size) = (32usize << 20, 64usize << 10);
+    let here = &reserved as *const _ as u64;
+    // SAFETY: a fresh anonymous mapping, unmapped below.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            reserved,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    let (low, high) = (base as u64, base as u64 + (reserved - size) as u64);
+    let stack_at = if here.abs_diff(low) > here.abs_diff(high) { low } else { high };
+    assert!(stack_at.abs_diff(here) > 8 << 20, "the alternate stack lies far from the thread's");
     // SAFETY: plain C calls on zeroed structs and a stack that outlives them.
     unsafe {
-        let stack = libc::stack_t { ss_sp: memory.as_mut_ptr().cast(), ss_flags: 0, ss_size: memory.len() };
+        let stack = libc::stack_t { ss_sp: stack_at as *mut libc::c_void, ss_flags: 0, ss_size: size };
         let mut old_stack: libc::stack_t = std::mem::zeroed();
         assert_eq!(libc::sigaltstack(&stack, &mut old_stack), 0);
         let mut action: libc::sigaction = std::mem::zeroed();
@@ -780,6 +795,7 @@ fn on_alternate_stack(f: &mut dyn FnMut()) {
         HANDLED.with(|h| h.set(None));
         libc::sigaction(signal, &old_action, std::ptr::null_mut());
         libc::sigaltstack(&old_stack, std::ptr::null_mut());
+        libc::munmap(base, reserved);
     }
 }
 
