@@ -1079,7 +1079,7 @@ mod tests {
         let tail = &bytes[at(switched.count)..at(switched.moved) + 5];
         assert!(tail.windows(4).any(|w| w == [0xf3, 0x41, 0x0f, 0xc7]) && tail.contains(&0xf0), "{tail:x?}");
         let back = i32::from_le_bytes(tail[tail.len() - 4..].try_into().unwrap());
-        assert_eq!(switched.moved + 5 + back as i64 as u64, plain.moved);
+        assert_eq!((switched.moved + 5).wrapping_add_signed(i64::from(back)), plain.moved);
         // Both stand for the function's entry; past the second, nothing.
         let origin = |address: u64| origins.iter().rev().find(|&&(from, _)| from <= address).map(|&(_, o)| o);
         assert_eq!((origin(plain.count), origin(switched.count), origin(switched.moved)), (Some(0x1000), Some(0x1000), Some(0x1000)));
