@@ -764,18 +764,7 @@ fn on_alternate_stack(f: &mut dyn FnMut()) {
     // stack: 16 MiB or more from it wherever the reservation lands.
     let (reserved, size) = (32usize << 20, 64usize << 10);
     let here = &reserved as *const _ as u64;
-    // SAFETY: a fresh anonymous mapping, unmapped below.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            reserved,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(base, libc::MAP_FAILED);
+    let base = map(reserved);
     let (low, high) = (base as u64, base as u64 + (reserved - size) as u64);
     let stack_at = if here.abs_diff(low) > here.abs_diff(high) { low } else { high };
     assert!(stack_at.abs_diff(here) > 8 << 20, "the alternate stack lies far from the thread's");
@@ -795,7 +784,7 @@ fn on_alternate_stack(f: &mut dyn FnMut()) {
         HANDLED.with(|h| h.set(None));
         libc::sigaction(signal, &old_action, std::ptr::null_mut());
         libc::sigaltstack(&old_stack, std::ptr::null_mut());
-        libc::munmap(base, reserved);
+        libc::munmap(base.cast(), reserved);
     }
 }
 
