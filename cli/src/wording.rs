@@ -284,6 +284,9 @@ fn finding_sentence(finding: &Finding) -> String {
         Finding::CpuIsWall => {
             "the in-process engine measures CPU time per call with a BPF program, which needs CAP_BPF and CAP_PERFMON (root); here CPU time is wall time".into()
         }
+        Finding::CountsUnlocked => {
+            "the program refused proftap's code the right to write itself as its first thread or process started (a seccomp filter or PR_SET_MDWE), and proftap could not make its counts atomic in time: calls counted after a throttle, and line counts, may be short from then on; --overhead-budget 0 keeps calls timed".into()
+        }
         Finding::HitsLost { hits } => format!(
             "{} lost because a ring buffer was full; calls and times of the functions and threads involved are low (raise --buffer-size)",
             counted(*hits, "probe hit was", "probe hits were")

@@ -68,6 +68,7 @@ __attribute__((used)) const u64 proftap_layout[] = {
     __builtin_offsetof(struct header, children_unreached),
     OFF_CPU_PAGE_WORDS,
     __builtin_offsetof(struct header, off_cpu_unmapped),
+    __builtin_offsetof(struct header, lock_refused),
 };
 
 static inline u64 rdtsc(void)
@@ -1956,6 +1957,31 @@ void proftap_resume(u64 *slot)
     proftap_rehook(slot);
 }
 
+/* The process refused the runtime the rights to write its code: its one
+ * thread asks proftap to write the bytes (it can, holding the process)
+ * and waits for the answer, a little, through the words a thread that
+ * finds no block waits on. The thread or process about to start does not
+ * exist yet: no count goes without `lock` while two may count. Unanswered
+ * in time (proftap gone, or its hold refused), it goes on, and proftap
+ * says the counts may be short. */
+#define LOCK_WAITS 20
+#define LOCK_WAIT_NS 10000000
+static __attribute__((noinline, cold)) void ask_proftap_to_lock(struct header *h)
+{
+    __atomic_store_n(&h->lock_refused, LOCK_ASKED, __ATOMIC_SEQ_CST);
+    for (int tries = 0; tries < LOCK_WAITS; tries++) {
+        u32 answered = __atomic_load_n(&h->blocks_answered, __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&h->lock_refused, __ATOMIC_ACQUIRE) != LOCK_ASKED)
+            return;
+        __atomic_fetch_add(&h->blocks_wanted, 1, __ATOMIC_RELEASE);
+        syscall6(SYS_FUTEX, (long)&h->blocks_wanted, FUTEX_WAKE, 1, 0, 0, 0);
+        struct {
+            long seconds, nanoseconds;
+        } timeout = {0, LOCK_WAIT_NS};
+        syscall6(SYS_FUTEX, (long)&h->blocks_answered, FUTEX_WAIT, answered, (long)&timeout, 0, 0);
+    }
+}
+
 /* Where a thread or a process is about to start (`pthread_create`,
  * `clone`, `fork`): the counts made without `lock` while one thread
  * counted become atomic. Each entry of a table is the address of one byte
@@ -1967,13 +1993,14 @@ void proftap_resume(u64 *slot)
  * time only: the table is emptied as it is taken. The code stays
  * executable while it is written (a signal handler, or a thread started
  * some way not hooked, may run it; each byte written leaves whole
- * instructions either way); where that is refused the counts stay as
- * they are. */
+ * instructions either way); where the process refuses that (a seccomp
+ * filter, PR_SET_MDWE), proftap is asked to write them. */
 void proftap_lock_counters(u64 *slot)
 {
     (void)slot;
     struct header *h = header(config());
     u64 table = __atomic_exchange_n(&h->lock_table, 0, __ATOMIC_ACQ_REL);
+    int refused = 0;
     while (table) {
         const u64 *t = (const u64 *)table;
         u64 region = t[1], bytes = t[2], count = t[3];
@@ -1981,9 +2008,13 @@ void proftap_lock_counters(u64 *slot)
             for (u64 i = 0; i < count; i++)
                 *(volatile unsigned char *)(t[4 + i] & ((1ULL << 56) - 1)) = (unsigned char)(t[4 + i] >> 56);
             syscall6(SYS_mprotect, region, bytes, 5 /* PROT_READ|PROT_EXEC */, 0, 0, 0);
+        } else {
+            refused = 1;
         }
         table = t[0];
     }
+    if (refused)
+        ask_proftap_to_lock(h);
 }
 
 /* Where a thread that may share its creator's thread pointer is made

@@ -135,6 +135,10 @@ struct config {
 #define OFF_CPU_MOST_ENTRIES (1UL << 22)
 #define OFF_CPU_PAGE_WORDS (OFF_CPU_MOST_ENTRIES / OFF_CPU_PER_PAGE / 64)
 
+/* Values of header.lock_refused. */
+#define LOCK_ASKED 1
+#define LOCK_GIVEN_UP 2
+
 struct header {
     u64 magic;
     u64 ns_to_tsc_mult;  /* TSC cycles = ns * mult >> shift (proftap's measurement) */
@@ -159,6 +163,12 @@ struct header {
      * program closed or replaced the descriptor proftap left it. Its
      * threads there had their time off CPU counted as CPU time. */
     u64 off_cpu_unmapped;
+    /* LOCK_ASKED while the one thread of a process waits at a thread's or
+     * process's start for proftap to make the counts atomic, where the
+     * process refused the runtime the rights to write its code (a seccomp
+     * filter, PR_SET_MDWE); 0 once proftap did, LOCK_GIVEN_UP where it
+     * could not. Left at LOCK_ASKED where proftap did not answer in time. */
+    u64 lock_refused;
     /* The return address each site trampoline stands for, 0 while free:
      * set once, never changed, so that an unwinder reading a sampled stack
      * names a frame from its trampoline alone, after the call has ended. */

@@ -425,3 +425,110 @@ fn attaching_again_and_again_works_and_leaves_nothing_mapped() {
     // main's own return, hijacked at the first attach, goes home.
     assert!(waiter.finish().success());
 }
+
+/// examples/mdwe.c at -O2 launched, patched, and waiting at the FIFO it is
+/// given, its `work` only counted (without `lock`: it has one thread).
+struct CountingAlone {
+    dir: tempfile::TempDir,
+    pid: i32,
+    work: usize,
+    functions: usize,
+    /// Readable once the process exited (a pidfd): told apart from the
+    /// stops of the watch's holds, which a wait would see too.
+    exited: std::os::fd::OwnedFd,
+}
+
+impl CountingAlone {
+    fn start() -> (CountingAlone, Patched) {
+        use std::os::fd::FromRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let binary = build("mdwe.c", "-O2", dir.path());
+        let functions = functions(&binary);
+        let work = functions.iter().position(|f| f.info.name == "work").unwrap();
+        let fifo = dir.path().join("go");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
+        let argv: Vec<std::ffi::OsString> = vec![binary.clone().into(), fifo.into(), "2".into()];
+        let launch = proftap_probes::target::Launch { cwd: None, env: None, stdout: Some(dir.path().join("out")) };
+        let mut held = proftap_probes::target::spawn_held(&binary, &argv, &launch).unwrap();
+        let pid = held.pid();
+        held.ready().unwrap();
+        nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
+        held.release().unwrap();
+        let mut patched = Patched::attach_at_start(pid, &functions, &[], Recording::default()).unwrap();
+        drop(patched.take_hold());
+        // It runs alone up to the FIFO: work's probes go, its calls counted without `lock`.
+        patched.step_down(&[work], &[]).unwrap().unpatched.unwrap();
+        assert!(patched.view().unwrap().counts_alone(), "the process has one thread: its counts go without lock");
+        // SAFETY: pidfd_open of a child of this process, not yet reaped.
+        let exited = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+        assert!(exited >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
+        // SAFETY: a descriptor just opened, owned here alone.
+        let exited = unsafe { std::os::fd::OwnedFd::from_raw_fd(exited) };
+        (CountingAlone { dir, pid, work, functions: functions.len(), exited }, patched)
+    }
+
+    /// Lets it go on past the FIFO, into its threads.
+    fn go(&self) {
+        std::fs::write(self.dir.path().join("go"), b"g").unwrap();
+    }
+
+    /// Waits for it to exit; what it printed.
+    fn exited(&self) -> String {
+        use std::os::fd::AsRawFd;
+        let mut poll = libc::pollfd { fd: self.exited.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd, waited on without a timeout.
+        assert_eq!(unsafe { libc::poll(&mut poll, 1, -1) }, 1);
+        std::fs::read_to_string(self.dir.path().join("out")).unwrap()
+    }
+
+    /// Reaps it; it exited 0.
+    fn reap(&self) {
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None).unwrap();
+        assert!(
+            matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+            "{status:?} (exit 4: the kernel refused PR_SET_MDWE, which needs Linux 6.3)"
+        );
+    }
+}
+
+/// A launched program counts a throttled function's calls without `lock`
+/// while it has one thread; as its first thread starts, the runtime makes
+/// the counts atomic by writing its code, which the program has just
+/// refused itself (`PR_SET_MDWE`): proftap, asked, writes the bytes while
+/// the thread waits, and the two threads' calls are all counted.
+#[test]
+fn counts_the_program_refuses_to_lock_are_locked_by_proftap_and_every_call_counts() {
+    require_root();
+    let (run, patched) = CountingAlone::start();
+    let view = patched.view().unwrap();
+    let watch = proftap_probes::inject::watch::Watch::spawn(patched, None, None);
+    run.go();
+    let output = run.exited();
+    let watched = watch.finish();
+    run.reap();
+    assert!(output.starts_with("refused "), "the program could still make its memory writable and executable: {output}");
+    assert!(watched.patched.counts_locked_by_proftap(), "proftap was not asked to lock the counts");
+    assert!(!view.counts_left_unlocked());
+    // Its probes went before main called it: every call counted, 1,000
+    // alone and 2,000,000 in each thread.
+    assert_eq!(watched.patched.calls_only_counted(run.functions)[run.work], Some(4_001_000));
+}
+
+/// The same where proftap cannot hold the process (another tracer has
+/// it) to write the bytes: the counts may be short, and proftap knows.
+#[test]
+fn counts_proftap_cannot_lock_for_the_program_are_said_to_be_unlocked() {
+    require_root();
+    let (run, patched) = CountingAlone::start();
+    let view = patched.view().unwrap();
+    let tracer = ForeignTracer::hold(run.pid);
+    let watch = proftap_probes::inject::watch::Watch::spawn(patched, None, None);
+    run.go();
+    let output = run.exited();
+    let watched = watch.finish();
+    tracer.let_go();
+    run.reap();
+    assert!(output.starts_with("refused "), "{output}");
+    assert!(!watched.patched.counts_locked_by_proftap());
+    assert!(view.counts_left_unlocked(), "the counts went without lock in two threads, unsaid");
+}

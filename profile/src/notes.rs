@@ -229,6 +229,13 @@ pub enum Finding {
     /// CPU time per call could not be measured by the in-process engine
     /// (it needs a BPF program, which needs CAP_BPF): it is wall time.
     CpuIsWall,
+    /// The program refused proftap's code the rights to write itself (a
+    /// seccomp filter, `PR_SET_MDWE`) as its first thread or process
+    /// started, and proftap could not make the counts atomic for it in
+    /// time: counts made without `lock` while one thread counted (of calls
+    /// after a throttle, of lines) went on so while several did, and may
+    /// be short.
+    CountsUnlocked,
     /// Probe hits lost because a kernel ring buffer was full.
     HitsLost {
         /// How many.

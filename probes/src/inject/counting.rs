@@ -293,6 +293,8 @@ pub struct Counting {
     /// [`lock_table`]): the edge counters', then the entries' tables it
     /// was given; 0 if none.
     lock_table: u64,
+    /// The bytes its own tables hold (see [`lock_table`]): where, what to write.
+    lockable: Vec<(u64, u8)>,
 }
 
 /// Moves every thread of the held process past the places of `plan` where
@@ -342,6 +344,7 @@ pub fn apply(
         frames: threads_at.iter().map(|&pc| Frame { pc, at_start: true }).collect(),
         unsettled,
         lock_table,
+        lockable: Vec::new(),
     };
     let mut moves: HashMap<u64, u64> = HashMap::new();
     let mut jumps: Vec<Applied> = Vec::new();
@@ -453,6 +456,7 @@ fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Opt
         code.resize(table_at, 0xcc);
         code.extend(lock_table::write(to.counting.lock_table, &code_range, &lockable));
         to.counting.lock_table = region + table_at as u64;
+        to.counting.lockable.extend(lockable);
     }
     remote.write(region, &code)?;
     remote.seal_code(region, room)?;
@@ -560,6 +564,11 @@ impl Counting {
     /// when a thread or a process starts, 0 if every increment is atomic.
     pub fn lock_table(&self) -> u64 {
         self.lock_table
+    }
+
+    /// The bytes of its tables of counts to lock (see [`lock_table`]).
+    pub fn lockable(&self) -> &[(u64, u8)] {
+        &self.lockable
     }
 
     /// proftap's code in the process: the stubs.

@@ -141,6 +141,11 @@ pub struct Patched {
     /// The process executed another program since: nothing of proftap's
     /// is left in it, and nothing is to be written there.
     image_gone: bool,
+    /// The bytes that make the counts atomic that go without `lock` while
+    /// the launched process has one thread (see [`lock_table`]), and
+    /// whether proftap wrote them itself (see [`Patched::lock_counts`]).
+    lock_switches: Vec<(u64, u8)>,
+    counts_locked_by_proftap: bool,
 }
 
 impl Patched {
@@ -227,6 +232,8 @@ impl Patched {
             uncounted: Vec::new(),
             code_since_ns: super::clock::monotonic_ns(),
             image_gone: false,
+            lock_switches: Vec::new(),
+            counts_locked_by_proftap: false,
         }
     }
 
@@ -397,6 +404,10 @@ impl Patched {
             patched.code.extend(counting.code().iter().cloned());
             patched.counting = Some(counting);
             patched.uncounted = uncounted;
+        }
+        if lock_table != 0 {
+            patched.lock_switches = alone_counts.switches;
+            patched.lock_switches.extend(patched.counting.iter().flat_map(|c| c.lockable()));
         }
         shared.store(std::mem::offset_of!(totals::Header, lock_table), lock_table);
         // Recording starts with the threads still held.
@@ -640,6 +651,25 @@ impl Patched {
             }
         }
         Ok(SteppedDown { unpatched, uncounted })
+    }
+
+    /// Makes the counts atomic that went without `lock` while the process
+    /// had one thread, where the process refused the runtime the rights
+    /// to write its code and its one thread waits at a thread's or
+    /// process's start for proftap to (see [`TotalsView::asks_for_locks`]).
+    /// Written once: whatever the process asks after, they stay written.
+    pub fn lock_counts(&mut self) -> Result<(), RemoteError> {
+        if !self.counts_locked_by_proftap {
+            let held = self.hold()?;
+            lock_table::apply_now(&held, &self.lock_switches)?;
+            self.counts_locked_by_proftap = true;
+        }
+        Ok(())
+    }
+
+    /// Whether proftap made the counts atomic itself (see [`Patched::lock_counts`]).
+    pub fn counts_locked_by_proftap(&self) -> bool {
+        self.counts_locked_by_proftap
     }
 
     /// Takes the probes of `functions` out of forked child `pid`, which

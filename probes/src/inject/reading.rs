@@ -318,6 +318,28 @@ impl TotalsView {
         self.shared.load(HEADER_LOCK_TABLE) != 0
     }
 
+    /// Whether the one thread of the process waits for proftap to make
+    /// the counts atomic as a thread or process starts, the process having
+    /// refused the runtime the rights to write its code (see
+    /// `ask_proftap_to_lock` in runtime.c).
+    pub fn asks_for_locks(&self) -> bool {
+        self.shared.load(HEADER_LOCK_REFUSED) == totals::LOCK_ASKED
+    }
+
+    /// Answers [`Self::asks_for_locks`]: the counts were made atomic, or
+    /// could not be.
+    pub fn answer_lock_request(&self, locked: bool) {
+        self.shared.store(HEADER_LOCK_REFUSED, if locked { 0 } else { totals::LOCK_GIVEN_UP });
+        self.answer_block_requests();
+    }
+
+    /// Whether counts may have gone without `lock` while several threads
+    /// or processes counted: proftap was asked to make them atomic and did
+    /// not answer in time, or could not.
+    pub fn counts_left_unlocked(&self) -> bool {
+        self.shared.load(HEADER_LOCK_REFUSED) != 0
+    }
+
     /// Whether three quarters of the blocks have been handed out.
     pub fn blocks_mostly_taken(&self) -> bool {
         self.shared.load(HEADER_BLOCKS_TAKEN) >= self.geometry.blocks / 4 * 3
@@ -425,6 +447,7 @@ const HEADER_BLOCKS_WANTED: usize = std::mem::offset_of!(totals::Header, blocks_
 const HEADER_BLOCKS_ANSWERED: usize = std::mem::offset_of!(totals::Header, blocks_answered);
 const HEADER_SHARED_SEATS: usize = std::mem::offset_of!(totals::Header, shared_seats);
 const HEADER_LOCK_TABLE: usize = std::mem::offset_of!(totals::Header, lock_table);
+const HEADER_LOCK_REFUSED: usize = std::mem::offset_of!(totals::Header, lock_refused);
 /// Offset of `traced` in a block.
 const BLOCK_TRACED: usize = std::mem::offset_of!(BlockHeader, traced);
 

@@ -272,6 +272,12 @@ impl Watch {
                     trace.read(view);
                 }
                 retired.look(&patched, trace.as_mut().map_or(&mut cursor, |t| &mut t.cursor));
+                // The process's one thread waits, as its first thread or
+                // process starts, for the counts the runtime could not make
+                // atomic: first, since it wakes this through the same word.
+                if let Some(view) = view.as_ref().filter(|v| v.asks_for_locks()) {
+                    view.answer_lock_request(patched.lock_counts().is_ok());
+                }
                 if let Some(view) = view.as_ref().filter(|_| wanted != answered) {
                     view.answer_block_requests();
                     answered = wanted;

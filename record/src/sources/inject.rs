@@ -201,6 +201,9 @@ impl InjectSource {
         if read.over_budget > 0 {
             notes.push(Finding::ContextsOverBudget { threads: read.over_budget, budget_bytes: MOST_CONTEXT_BYTES }.into());
         }
+        if view.counts_left_unlocked() {
+            notes.push(Finding::CountsUnlocked.into());
+        }
         if self.off_cpu.is_none() && metrics > 1 {
             notes.push(Finding::CpuIsWall.into());
         }

@@ -202,7 +202,17 @@ pub struct Header {
     /// closed or replaced the descriptor proftap left it): its threads
     /// there had their time off CPU counted as CPU time.
     pub off_cpu_unmapped: u64,
+    /// [`LOCK_ASKED`] while the one thread of the process waits at a
+    /// thread's or process's start for proftap to make the counts atomic,
+    /// where the process refused the runtime the rights to write its code;
+    /// 0 once proftap did, [`LOCK_GIVEN_UP`] where it could not.
+    pub lock_refused: u64,
 }
+
+/// See [`Header::lock_refused`].
+pub const LOCK_ASKED: u64 = 1;
+/// See [`Header::lock_refused`].
+pub const LOCK_GIVEN_UP: u64 = 2;
 
 /// `struct stat` of runtime.h: total, min and max, in TSC cycles.
 #[repr(C)]

@@ -46,6 +46,7 @@ fn the_c_and_rust_views_of_the_memory_agree() {
         std::mem::offset_of!(Header, children_unreached) as u64,
         OFF_CPU_PAGE_WORDS,
         std::mem::offset_of!(Header, off_cpu_unmapped) as u64,
+        std::mem::offset_of!(Header, lock_refused) as u64,
     ];
     for (i, &value) in expected.iter().enumerate() {
         assert_eq!(layout_word(i), value, "layout word {i}");
