@@ -918,13 +918,26 @@ static u64 take_block(const struct config *c)
     return c->blocks;
 }
 
+#define PROFTAP_WAIT_NS 10000000
+
+/* Asks proftap to look now and waits for its answer, PROFTAP_WAIT_NS at
+ * most, unless it answered since `answered` was read. */
+static void ask_proftap(struct header *h, u32 answered)
+{
+    __atomic_fetch_add(&h->blocks_wanted, 1, __ATOMIC_RELEASE);
+    syscall6(SYS_FUTEX, (long)&h->blocks_wanted, FUTEX_WAKE, 1, 0, 0, 0);
+    struct {
+        long seconds, nanoseconds;
+    } timeout = {0, PROFTAP_WAIT_NS};
+    syscall6(SYS_FUTEX, (long)&h->blocks_answered, FUTEX_WAIT, answered, (long)&timeout, 0, 0);
+}
+
 /* Every block taken: proftap hands back those of threads that ended as it
  * reads them, every few milliseconds. A thread that finds none asks it to
  * look now and waits for its answer, a little: a program that makes threads
  * faster than proftap looks loses no thread's calls, one with more threads
  * than blocks at once waits at most BLOCK_WAITS times. */
 #define BLOCK_WAITS 2
-#define BLOCK_WAIT_NS 10000000
 static u64 wait_for_block(const struct config *c)
 {
     struct header *h = header(c);
@@ -933,12 +946,7 @@ static u64 wait_for_block(const struct config *c)
         u64 index = take_block(c);
         if (index < c->blocks)
             return index;
-        __atomic_fetch_add(&h->blocks_wanted, 1, __ATOMIC_RELEASE);
-        syscall6(SYS_FUTEX, (long)&h->blocks_wanted, FUTEX_WAKE, 1, 0, 0, 0);
-        struct {
-            long seconds, nanoseconds;
-        } timeout = {0, BLOCK_WAIT_NS};
-        syscall6(SYS_FUTEX, (long)&h->blocks_answered, FUTEX_WAIT, answered, (long)&timeout, 0, 0);
+        ask_proftap(h, answered);
     }
     return take_block(c);
 }
@@ -1965,7 +1973,6 @@ void proftap_resume(u64 *slot)
  * in time (proftap gone, or its hold refused), it goes on, and proftap
  * says the counts may be short. */
 #define LOCK_WAITS 20
-#define LOCK_WAIT_NS 10000000
 static __attribute__((noinline, cold)) void ask_proftap_to_lock(struct header *h)
 {
     __atomic_store_n(&h->lock_refused, LOCK_ASKED, __ATOMIC_SEQ_CST);
@@ -1973,12 +1980,7 @@ static __attribute__((noinline, cold)) void ask_proftap_to_lock(struct header *h
         u32 answered = __atomic_load_n(&h->blocks_answered, __ATOMIC_ACQUIRE);
         if (__atomic_load_n(&h->lock_refused, __ATOMIC_ACQUIRE) != LOCK_ASKED)
             return;
-        __atomic_fetch_add(&h->blocks_wanted, 1, __ATOMIC_RELEASE);
-        syscall6(SYS_FUTEX, (long)&h->blocks_wanted, FUTEX_WAKE, 1, 0, 0, 0);
-        struct {
-            long seconds, nanoseconds;
-        } timeout = {0, LOCK_WAIT_NS};
-        syscall6(SYS_FUTEX, (long)&h->blocks_answered, FUTEX_WAIT, answered, (long)&timeout, 0, 0);
+        ask_proftap(h, answered);
     }
 }
 

@@ -146,8 +146,8 @@ struct header {
     u64 blocks_taken;    /* blocks handed out so far */
     u64 unseated;        /* calls of threads that found no block */
     u64 unseated_hooks;  /* region hooks of threads that found no block */
-    u32 blocks_wanted;   /* bumped (and woken) by a thread that found no block */
-    u32 blocks_answered; /* bumped (and woken) by proftap after it looked for ended threads' blocks */
+    u32 blocks_wanted;   /* bumped (and woken) by a thread that asks proftap to look now (it found no block, or lock_refused) */
+    u32 blocks_answered; /* bumped (and woken) by proftap after it looked for ended threads' blocks, or answered lock_refused */
     u64 lock_table;      /* counts to make atomic as a thread or process starts (lock_table.rs), 0: none */
     u64 unseated_returns; /* returns of threads that found no block, sent back to their call site */
     /* Nonzero once two threads may share a thread pointer, and so a block

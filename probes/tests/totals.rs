@@ -318,22 +318,29 @@ type Run = (String, proftap_probes::inject::reading::Totals, Vec<ProbedFunction>
 /// Runs `binary ARGS` patched from its start.
 fn run_patched(binary: &Path, args: &[&str]) -> Run {
     let functions = functions(binary);
-    let mut argv: Vec<std::ffi::OsString> = vec![binary.into()];
-    argv.extend(args.iter().map(Into::into));
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let launch = proftap_probes::target::Launch { cwd: None, env: None, stdout: Some(out.clone()) };
+    let (patched, pid) = launched_patched(binary, args, &functions, &out);
+    let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
+    assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{} {args:?}: {status:?}", binary.display());
+    let view = patched.view().unwrap();
+    (std::fs::read_to_string(out).unwrap(), view.totals().unwrap(), functions, view.blocks_taken_atomically())
+}
+
+/// `binary ARGS` launched, its standard output to `out`, and patched
+/// from its start: running, not held.
+fn launched_patched(binary: &Path, args: &[&str], functions: &[ProbedFunction], out: &Path) -> (Patched, i32) {
+    let mut argv: Vec<std::ffi::OsString> = vec![binary.into()];
+    argv.extend(args.iter().map(Into::into));
+    let launch = proftap_probes::target::Launch { cwd: None, env: None, stdout: Some(out.to_path_buf()) };
     let mut held = proftap_probes::target::spawn_held(binary, &argv, &launch).unwrap();
     let pid = held.pid();
     held.ready().unwrap();
     nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
     held.release().unwrap();
-    let mut patched = Patched::attach_at_start(pid, &functions, &[], Recording::default()).unwrap();
+    let mut patched = Patched::attach_at_start(pid, functions, &[], Recording::default()).unwrap();
     drop(patched.take_hold());
-    let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
-    assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{} {args:?}: {status:?}", binary.display());
-    let view = patched.view().unwrap();
-    (std::fs::read_to_string(out).unwrap(), view.totals().unwrap(), functions, view.blocks_taken_atomically())
+    (patched, pid)
 }
 
 fn calls_of(totals: &proftap_probes::inject::reading::Totals, functions: &[ProbedFunction], name: &str) -> u64 {
@@ -447,15 +454,7 @@ impl CountingAlone {
         let work = functions.iter().position(|f| f.info.name == "work").unwrap();
         let fifo = dir.path().join("go");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
-        let argv: Vec<std::ffi::OsString> = vec![binary.clone().into(), fifo.into(), "2".into()];
-        let launch = proftap_probes::target::Launch { cwd: None, env: None, stdout: Some(dir.path().join("out")) };
-        let mut held = proftap_probes::target::spawn_held(&binary, &argv, &launch).unwrap();
-        let pid = held.pid();
-        held.ready().unwrap();
-        nix::sys::ptrace::seize(nix::unistd::Pid::from_raw(pid), nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC).unwrap();
-        held.release().unwrap();
-        let mut patched = Patched::attach_at_start(pid, &functions, &[], Recording::default()).unwrap();
-        drop(patched.take_hold());
+        let (mut patched, pid) = launched_patched(&binary, &[fifo.to_str().unwrap(), "2"], &functions, &dir.path().join("out"));
         // It runs alone up to the FIFO: work's probes go, its calls counted without `lock`.
         patched.step_down(&[work], &[]).unwrap().unpatched.unwrap();
         assert!(patched.view().unwrap().counts_alone(), "the process has one thread: its counts go without lock");

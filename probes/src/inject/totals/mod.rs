@@ -178,10 +178,11 @@ pub struct Header {
     pub unseated: u64,
     /// Region hooks of threads that found no block.
     pub unseated_hooks: u64,
-    /// Bumped (and woken) by a thread that found no block.
+    /// Bumped (and woken) by a thread that asks proftap to look now: it
+    /// found no block, or set [`Header::lock_refused`].
     pub blocks_wanted: u32,
     /// Bumped (and woken) by proftap after it looked for ended threads'
-    /// blocks to hand back.
+    /// blocks to hand back, or answered [`Header::lock_refused`].
     pub blocks_answered: u32,
     /// The first table of increments to make atomic when a thread or a
     /// process starts; the runtime empties it as it does so (see
