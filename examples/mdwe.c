@@ -1,9 +1,9 @@
 /* A program that refuses itself the right to make memory writable and
- * executable at once (PR_SET_MDWE) before it starts threads: work() is
- * called alone, then, once the FIFO named first gives a byte, by two
- * threads at once. Prints whether a page of its own could still be made
- * writable and executable after the prctl ("refused" or "allowed"), then
- * what the calls computed.
+ * executable at once (PR_SET_MDWE) before it starts threads: once the
+ * FIFO named first gives a byte, work() is called 1,000 times alone, then
+ * by two threads at once. Prints whether a page of its own could still be
+ * made writable and executable after the prctl ("refused" or "allowed"),
+ * then what the calls computed.
  * Usage: mdwe FIFO [MILLIONS]   calls per thread, default 2. */
 #include <fcntl.h>
 #include <pthread.h>
@@ -39,13 +39,13 @@ int main(int argc, char **argv)
     if (argc < 2)
         return 2;
     unsigned long millions = argc > 2 ? strtoul(argv[2], 0, 10) : 2, x = 1;
-    for (int i = 0; i < 1000; i++)
-        x = work(x);
-    sink = x;
     char go;
     int fifo = open(argv[1], O_RDONLY);
     if (fifo < 0 || read(fifo, &go, 1) != 1)
         return 3;
+    for (int i = 0; i < 1000; i++)
+        x = work(x);
+    sink = x;
     if (prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0) {
         perror("prctl(PR_SET_MDWE)");
         return 4;

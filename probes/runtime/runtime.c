@@ -1967,21 +1967,26 @@ void proftap_resume(u64 *slot)
 
 /* The process refused the runtime the rights to write its code: its one
  * thread asks proftap to write the bytes (it can, holding the process)
- * and waits for the answer, a little, through the words a thread that
- * finds no block waits on. The thread or process about to start does not
- * exist yet: no count goes without `lock` while two may count. Unanswered
- * in time (proftap gone, or its hold refused), it goes on, and proftap
+ * and waits for the answer, LOCK_WAIT_NS at most, through the words a
+ * thread that finds no block waits on. The thread or process about to
+ * start does not exist yet: no count goes without `lock` while two may
+ * count. Unanswered in time (proftap gone or busy, its hold refused), it
+ * goes on, marked late, so that an answer after cannot hide it: proftap
  * says the counts may be short. */
-#define LOCK_WAITS 20
-static __attribute__((noinline, cold)) void ask_proftap_to_lock(struct header *h)
+#define LOCK_WAIT_NS 200000000UL
+static __attribute__((noinline, cold)) void ask_proftap_to_lock(const struct config *c)
 {
+    struct header *h = header(c);
     __atomic_store_n(&h->lock_refused, LOCK_ASKED, __ATOMIC_SEQ_CST);
-    for (int tries = 0; tries < LOCK_WAITS; tries++) {
+    u64 deadline = rdtsc() + ns_to_tsc(c, LOCK_WAIT_NS);
+    while (rdtsc() < deadline) {
         u32 answered = __atomic_load_n(&h->blocks_answered, __ATOMIC_ACQUIRE);
         if (__atomic_load_n(&h->lock_refused, __ATOMIC_ACQUIRE) != LOCK_ASKED)
             return;
         ask_proftap(h, answered);
     }
+    u64 asked = LOCK_ASKED;
+    __atomic_compare_exchange_n(&h->lock_refused, &asked, LOCK_LATE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
 /* Where a thread or a process is about to start (`pthread_create`,
@@ -2000,7 +2005,8 @@ static __attribute__((noinline, cold)) void ask_proftap_to_lock(struct header *h
 void proftap_lock_counters(u64 *slot)
 {
     (void)slot;
-    struct header *h = header(config());
+    const struct config *c = config();
+    struct header *h = header(c);
     u64 table = __atomic_exchange_n(&h->lock_table, 0, __ATOMIC_ACQ_REL);
     int refused = 0;
     while (table) {
@@ -2016,7 +2022,7 @@ void proftap_lock_counters(u64 *slot)
         table = t[0];
     }
     if (refused)
-        ask_proftap_to_lock(h);
+        ask_proftap_to_lock(c);
 }
 
 /* Where a thread that may share its creator's thread pointer is made

@@ -138,6 +138,7 @@ struct config {
 /* Values of header.lock_refused. */
 #define LOCK_ASKED 1
 #define LOCK_GIVEN_UP 2
+#define LOCK_LATE 3
 
 struct header {
     u64 magic;
@@ -167,7 +168,7 @@ struct header {
      * process's start for proftap to make the counts atomic, where the
      * process refused the runtime the rights to write its code (a seccomp
      * filter, PR_SET_MDWE); 0 once proftap did, LOCK_GIVEN_UP where it
-     * could not. Left at LOCK_ASKED where proftap did not answer in time. */
+     * could not, LOCK_LATE where it did not answer in time. */
     u64 lock_refused;
     /* The return address each site trampoline stands for, 0 while free:
      * set once, never changed, so that an unwinder reading a sampled stack

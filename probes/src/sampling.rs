@@ -6,8 +6,8 @@
 use crate::inject::patcher::CountingStub;
 use crate::inject::totals::{RoutineCall, words_pushed};
 use crate::symbols::{
-    DebugSource, ElfImage, FrameReader, KERNEL_IMAGE, KernelSymbols, PerfMap, PerfMapPlace, SectionBytes, Segment, SymbolCache,
-    SymbolIndex, demangle_name,
+    ElfImage, FrameReader, KERNEL_IMAGE, KernelSymbols, PerfMap, PerfMapPlace, SectionBytes, Segment, SymbolCache, SymbolIndex,
+    demangle_name,
 };
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
@@ -142,15 +142,6 @@ struct UnwindSections {
     segments: Vec<crate::symbols::Segment>,
 }
 
-/// The file that holds the debug info of module `index`, opened at `open`.
-fn debug_file(index: &SymbolIndex, open: &Path) -> Option<PathBuf> {
-    match &index.debug {
-        DebugSource::Embedded { .. } => Some(open.to_path_buf()),
-        DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. } => Some(path.clone()),
-        DebugSource::Missing => None,
-    }
-}
-
 /// Where each function of a launched program is described in its DWARF
 /// (read into the symbol cache), and its debug info opened for its frames,
 /// on a thread of its own: its samples need them from the first, and
@@ -169,7 +160,7 @@ impl FramesAhead {
         let (symbols, path) = (symbols.clone(), path.to_path_buf());
         let read = move || {
             let index = symbols.index(&path, &path, false).ok()?;
-            let reader = FrameReader::open(&debug_file(&index, &path)?)?;
+            let reader = FrameReader::open(&index.debug.file(&path)?)?;
             reader.read_ahead();
             Some((reader, index))
         };
@@ -208,7 +199,7 @@ impl ModuleInfo {
                     return ahead;
                 }
                 let index = cache.index(Path::new(&self.path), &self.open, false).ok()?;
-                let reader = FrameReader::open(&debug_file(&index, &self.open)?)?;
+                let reader = FrameReader::open(&index.debug.file(&self.open)?)?;
                 Some((reader, index))
             })
             .as_ref()

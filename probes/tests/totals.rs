@@ -455,7 +455,7 @@ impl CountingAlone {
         let fifo = dir.path().join("go");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
         let (mut patched, pid) = launched_patched(&binary, &[fifo.to_str().unwrap(), "2"], &functions, &dir.path().join("out"));
-        // It runs alone up to the FIFO: work's probes go, its calls counted without `lock`.
+        // It waits at the FIFO, alone: work's probes go, its calls counted without `lock`.
         patched.step_down(&[work], &[]).unwrap().unpatched.unwrap();
         assert!(patched.view().unwrap().counts_alone(), "the process has one thread: its counts go without lock");
         // SAFETY: pidfd_open of a child of this process, not yet reaped.
@@ -475,8 +475,8 @@ impl CountingAlone {
     fn exited(&self) -> String {
         use std::os::fd::AsRawFd;
         let mut poll = libc::pollfd { fd: self.exited.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd, waited on without a timeout.
-        assert_eq!(unsafe { libc::poll(&mut poll, 1, -1) }, 1);
+        // SAFETY: one pollfd, waited on for a minute at most.
+        assert_eq!(unsafe { libc::poll(&mut poll, 1, 60_000) }, 1, "the program has not exited in a minute");
         std::fs::read_to_string(self.dir.path().join("out")).unwrap()
     }
 
@@ -508,8 +508,7 @@ fn counts_the_program_refuses_to_lock_are_locked_by_proftap_and_every_call_count
     assert!(output.starts_with("refused "), "the program could still make its memory writable and executable: {output}");
     assert!(watched.patched.counts_locked_by_proftap(), "proftap was not asked to lock the counts");
     assert!(!view.counts_left_unlocked());
-    // Its probes went before main called it: every call counted, 1,000
-    // alone and 2,000,000 in each thread.
+    // Every call counted: 1,000 alone, 2,000,000 in each thread.
     assert_eq!(watched.patched.calls_only_counted(run.functions)[run.work], Some(4_001_000));
 }
 
@@ -529,5 +528,6 @@ fn counts_proftap_cannot_lock_for_the_program_are_said_to_be_unlocked() {
     run.reap();
     assert!(output.starts_with("refused "), "{output}");
     assert!(!watched.patched.counts_locked_by_proftap());
+    assert_eq!(view.lock_request(), proftap_probes::inject::totals::LOCK_GIVEN_UP, "the runtime's request was not answered");
     assert!(view.counts_left_unlocked(), "the counts went without lock in two threads, unsaid");
 }

@@ -142,11 +142,18 @@ pub struct Patched {
     /// is left in it, and nothing is to be written there.
     image_gone: bool,
     /// The bytes that make the counts atomic that go without `lock` while
-    /// the launched process has one thread (see [`lock_table`]), and
-    /// whether proftap wrote them itself (see [`Patched::lock_counts`]).
+    /// the launched process has one thread (see [`lock_table`]); whether
+    /// proftap wrote them itself, once it tried for the last time, and how
+    /// often it tried (see [`Patched::lock_counts`]).
     lock_switches: Vec<(u64, u8)>,
-    counts_locked_by_proftap: bool,
+    counts_locked_by_proftap: Option<bool>,
+    lock_tries: u32,
 }
+
+/// Holds in which proftap tries to make counts atomic for a process that
+/// asks it to (see [`Patched::lock_counts`]): the process waits meanwhile,
+/// and holding it can fail for a moment (another holder letting go).
+const LOCK_TRIES: u32 = 5;
 
 impl Patched {
     /// The functions that cannot be patched, and why, judged from their
@@ -233,7 +240,8 @@ impl Patched {
             code_since_ns: super::clock::monotonic_ns(),
             image_gone: false,
             lock_switches: Vec::new(),
-            counts_locked_by_proftap: false,
+            counts_locked_by_proftap: None,
+            lock_tries: 0,
         }
     }
 
@@ -657,19 +665,25 @@ impl Patched {
     /// had one thread, where the process refused the runtime the rights
     /// to write its code and its one thread waits at a thread's or
     /// process's start for proftap to (see [`TotalsView::asks_for_locks`]).
-    /// Written once: whatever the process asks after, they stay written.
-    pub fn lock_counts(&mut self) -> Result<(), RemoteError> {
-        if !self.counts_locked_by_proftap {
-            let held = self.hold()?;
-            lock_table::apply_now(&held, &self.lock_switches)?;
-            self.counts_locked_by_proftap = true;
+    /// Whether it did (`None`: not yet, to be tried again while the process
+    /// waits). Tried [`LOCK_TRIES`] times at most in a recording, whatever
+    /// the process asks: the bytes once written stay written.
+    pub fn lock_counts(&mut self) -> Option<bool> {
+        if self.counts_locked_by_proftap.is_none() {
+            self.lock_tries += 1;
+            // Nothing to write: the process was attached to, or counted atomically from the start.
+            let locked =
+                !self.lock_switches.is_empty() && self.hold().and_then(|held| lock_table::apply_now(&held, &self.lock_switches)).is_ok();
+            if locked || self.lock_switches.is_empty() || self.lock_tries >= LOCK_TRIES {
+                self.counts_locked_by_proftap = Some(locked);
+            }
         }
-        Ok(())
+        self.counts_locked_by_proftap
     }
 
     /// Whether proftap made the counts atomic itself (see [`Patched::lock_counts`]).
     pub fn counts_locked_by_proftap(&self) -> bool {
-        self.counts_locked_by_proftap
+        self.counts_locked_by_proftap == Some(true)
     }
 
     /// Takes the probes of `functions` out of forked child `pid`, which

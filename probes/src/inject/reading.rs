@@ -313,23 +313,30 @@ impl TotalsView {
 
     /// Whether the counts of throttled functions still go without `lock`:
     /// the process was launched with one thread and none has started since
-    /// (the runtime empties the table of counts to lock as one does).
+    /// (the runtime empties the table of counts to lock as one does; where
+    /// they could not be locked, [`Self::counts_left_unlocked`], they are
+    /// priced as locked from then on, the dearer).
     pub fn counts_alone(&self) -> bool {
         self.shared.load(HEADER_LOCK_TABLE) != 0
     }
 
-    /// Whether the one thread of the process waits for proftap to make
-    /// the counts atomic as a thread or process starts, the process having
-    /// refused the runtime the rights to write its code (see
-    /// `ask_proftap_to_lock` in runtime.c).
-    pub fn asks_for_locks(&self) -> bool {
-        self.shared.load(HEADER_LOCK_REFUSED) == totals::LOCK_ASKED
+    /// Whether proftap was asked to make the counts atomic as a thread or
+    /// process started, the process having refused the runtime the rights
+    /// to write its code (see `ask_proftap_to_lock` in runtime.c), and how
+    /// it stands: [`totals::LOCK_ASKED`] while its one thread waits for the
+    /// answer, [`totals::LOCK_LATE`] once it gave up waiting,
+    /// [`totals::LOCK_GIVEN_UP`] answered that proftap could not; 0 never
+    /// asked, or made atomic.
+    pub fn lock_request(&self) -> u64 {
+        self.shared.load(HEADER_LOCK_REFUSED)
     }
 
-    /// Answers [`Self::asks_for_locks`]: the counts were made atomic, or
-    /// could not be.
+    /// Answers a [`totals::LOCK_ASKED`] request, unless the thread gave up
+    /// waiting (then it stays late, to be told): the counts were made
+    /// atomic, or could not be.
     pub fn answer_lock_request(&self, locked: bool) {
-        self.shared.store(HEADER_LOCK_REFUSED, if locked { 0 } else { totals::LOCK_GIVEN_UP });
+        let answer = if locked { 0 } else { totals::LOCK_GIVEN_UP };
+        self.shared.compare_exchange(HEADER_LOCK_REFUSED, totals::LOCK_ASKED, answer);
         self.answer_block_requests();
     }
 
@@ -337,7 +344,7 @@ impl TotalsView {
     /// or processes counted: proftap was asked to make them atomic and did
     /// not answer in time, or could not.
     pub fn counts_left_unlocked(&self) -> bool {
-        self.shared.load(HEADER_LOCK_REFUSED) != 0
+        self.lock_request() != 0
     }
 
     /// Whether three quarters of the blocks have been handed out.

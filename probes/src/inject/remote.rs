@@ -1014,6 +1014,15 @@ impl Shared {
         unsafe { self.local.add(offset).cast::<std::sync::atomic::AtomicU32>() }
     }
 
+    /// Stores `new` at byte `offset` if it holds `current`, atomically;
+    /// whether it did.
+    pub fn compare_exchange(&self, offset: usize, current: u64, new: u64) -> bool {
+        assert!(offset % 8 == 0 && offset + 8 <= self.len, "offset {offset} outside the shared memory");
+        // SAFETY: in bounds and aligned, checked above; an atomic view of shared memory.
+        let word = unsafe { &*self.local.add(offset).cast::<std::sync::atomic::AtomicU64>() };
+        word.compare_exchange(current, new, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire).is_ok()
+    }
+
     /// Stores `value` at byte `offset`, atomically.
     pub fn store(&self, offset: usize, value: u64) {
         assert!(offset % 8 == 0 && offset + 8 <= self.len, "offset {offset} outside the shared memory");

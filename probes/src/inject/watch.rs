@@ -275,8 +275,17 @@ impl Watch {
                 // The process's one thread waits, as its first thread or
                 // process starts, for the counts the runtime could not make
                 // atomic: first, since it wakes this through the same word.
-                if let Some(view) = view.as_ref().filter(|v| v.asks_for_locks()) {
-                    view.answer_lock_request(patched.lock_counts().is_ok());
+                // Where it gave up waiting, they are locked still, late.
+                match view.as_ref().map_or(0, TotalsView::lock_request) {
+                    super::totals::LOCK_ASKED => {
+                        if let (Some(locked), Some(view)) = (patched.lock_counts(), &view) {
+                            view.answer_lock_request(locked);
+                        }
+                    }
+                    super::totals::LOCK_LATE => {
+                        let _ = patched.lock_counts();
+                    }
+                    _ => {}
                 }
                 if let Some(view) = view.as_ref().filter(|_| wanted != answered) {
                     view.answer_block_requests();

@@ -39,6 +39,17 @@ pub enum DebugSource {
     Missing,
 }
 
+impl DebugSource {
+    /// The file that holds the debug info, for a binary opened at `binary`.
+    pub fn file(&self, binary: &Path) -> Option<PathBuf> {
+        match self {
+            DebugSource::Embedded { .. } => Some(binary.to_path_buf()),
+            DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. } => Some(path.clone()),
+            DebugSource::Missing => None,
+        }
+    }
+}
+
 /// Directories searched for separate debug info, as gdb's `debug-file-directory`.
 #[derive(Clone, Debug)]
 pub struct DebugDirs(pub Vec<PathBuf>);

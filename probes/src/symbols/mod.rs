@@ -47,14 +47,12 @@ pub fn declaration(path: &Path, name: &str, dirs: &DebugDirs) -> std::result::Re
     }
     let image = ElfImage::open(path).map_err(|e| e.to_string())?;
     let debug = match debuginfo::embedded_dwarf(&image) {
-        Some(_) => path.to_path_buf(),
-        None => match debuginfo::find_separate(&image, dirs, &mut Vec::new()).map(|(_, source)| source) {
-            Some(DebugSource::BuildId { path } | DebugSource::DebugLink { path } | DebugSource::Debuginfod { path, .. }) => path,
-            _ => {
-                let dirs: Vec<String> = dirs.0.iter().map(|d| d.display().to_string()).collect();
-                return Err(format!("{shown} has no debug info, nor a separate debug file in {}", dirs.join(" or ")));
-            }
-        },
+        Some(_) => Some(path.to_path_buf()),
+        None => debuginfo::find_separate(&image, dirs, &mut Vec::new()).and_then(|(_, source)| source.file(path)),
+    };
+    let Some(debug) = debug else {
+        let dirs: Vec<String> = dirs.0.iter().map(|d| d.display().to_string()).collect();
+        return Err(format!("{shown} has no debug info, nor a separate debug file in {}", dirs.join(" or ")));
     };
     let reader = FrameReader::open(&debug).ok_or_else(|| format!("cannot read the debug info in {}", debug.display()))?;
     reader.declaration(name).ok_or_else(|| format!("the debug info of {shown} declares no function named '{name}'"))

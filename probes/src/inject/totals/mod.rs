@@ -206,7 +206,8 @@ pub struct Header {
     /// [`LOCK_ASKED`] while the one thread of the process waits at a
     /// thread's or process's start for proftap to make the counts atomic,
     /// where the process refused the runtime the rights to write its code;
-    /// 0 once proftap did, [`LOCK_GIVEN_UP`] where it could not.
+    /// 0 once proftap did, [`LOCK_GIVEN_UP`] where it could not,
+    /// [`LOCK_LATE`] where it did not answer in time.
     pub lock_refused: u64,
 }
 
@@ -214,6 +215,8 @@ pub struct Header {
 pub const LOCK_ASKED: u64 = 1;
 /// See [`Header::lock_refused`].
 pub const LOCK_GIVEN_UP: u64 = 2;
+/// See [`Header::lock_refused`].
+pub const LOCK_LATE: u64 = 3;
 
 /// `struct stat` of runtime.h: total, min and max, in TSC cycles.
 #[repr(C)]
