@@ -6,12 +6,22 @@
  * "fork N": forks a child that calls tick() N times, prints "forked PID"
  * once it has, then waits for SIGUSR1, calls tick() N times again and
  * exits 0. "reap": waits for that child and prints "reaped STATUS".
+ * "mdwe": refuses itself memory that is or becomes executable after being
+ * writable (PR_SET_MDWE), and prints "mdwe 1" where a page of its own can
+ * no longer be made executable, "mdwe 0" where it still can.
  */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#ifndef PR_SET_MDWE
+#define PR_SET_MDWE 65
+#define PR_MDWE_REFUSE_EXEC_GAIN 1
+#endif
 
 volatile long sink;
 
@@ -63,6 +73,14 @@ int main(void)
         if (sscanf(line, "fork %ld", &n) == 1) {
             child = fork_ticking(n);
             printf("forked %d\n", (int)child);
+            fflush(stdout);
+            continue;
+        }
+        if (strncmp(line, "mdwe", 4) == 0) {
+            void *page = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            int refused = prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) == 0 && page != MAP_FAILED &&
+                          mprotect(page, 4096, PROT_READ | PROT_EXEC) != 0;
+            printf("mdwe %d\n", refused);
             fflush(stdout);
             continue;
         }

@@ -31,13 +31,12 @@ fn a_held_process_calls_the_kernel_maps_memory_and_runs_on() {
     // A system call made by the process itself.
     assert_eq!(remote.syscall("getpid", libc::SYS_getpid, [0; 6]).unwrap(), pid as u64);
 
-    // Memory within 2 GiB of its code.
+    // Code within 2 GiB of its code, never writable in the process, written all the same.
     let text =
         read_maps(pid).unwrap().into_iter().find(|m| m.executable && m.path.as_deref().is_some_and(|p| p.ends_with("/cat"))).unwrap();
-    let near = remote.map_near(text.start.0..text.end.0, 8192).unwrap();
+    let near = remote.map_code_near(text.start.0..text.end.0, 8192).unwrap();
     assert!(near.abs_diff(text.start.0) < 0x8000_0000, "{near:#x} is out of reach of {:#x}", text.start.0);
     remote.write(near, b"\x90\xc3").unwrap();
-    remote.seal_code(near, 8192).unwrap();
     let maps = read_maps(pid).unwrap();
     let mapped = maps.iter().find(|m| m.start.0 == near).unwrap();
     assert!(mapped.executable && !mapped.writable, "{mapped:?}");

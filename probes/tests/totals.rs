@@ -409,6 +409,26 @@ fn attaching_to_threads_that_share_a_thread_pointer_harms_neither() {
     assert!(line.trim().parse::<u64>().unwrap() >= counted, "{line} made, {counted} counted");
 }
 
+/// A process that refused itself memory that becomes executable
+/// (`PR_SET_MDWE`, as systemd's `MemoryDenyWriteExecute=` may) before
+/// proftap attached: proftap's code is mapped executable from the first
+/// and written from outside, and its calls are counted.
+#[test]
+fn a_process_refusing_itself_executable_memory_is_attached_to_and_counted() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (functions, tick, mut waiter) = ticking(dir.path());
+    assert_eq!(waiter.ask("mdwe", "mdwe"), 1, "the kernel refused PR_SET_MDWE, which needs Linux 6.3");
+    let mut patched = Patched::attach(waiter.child.id() as i32, &functions, Recording::default()).unwrap();
+    assert_eq!(waiter.tick(25), 25);
+    let mut calls = vec![0; functions.len()];
+    patched.view().unwrap().calls(&mut calls);
+    assert_eq!(calls[tick], 25);
+    patched.detach().unwrap();
+    assert_eq!(waiter.tick(5), 30);
+    assert!(waiter.finish().success());
+}
+
 #[test]
 fn attaching_again_and_again_works_and_leaves_nothing_mapped() {
     require_root();

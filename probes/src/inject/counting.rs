@@ -409,7 +409,7 @@ fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Opt
     let increments: usize = functions.iter().flat_map(|p| &p.sites).map(|s| s.counters.len()).sum();
     let table_at = SLOT_ROOM + sites * STUB_ROOM + hooks * HOOK_ROOM;
     let room = table_at + lock_table::bytes(increments);
-    let region = remote.map_near(lowest..highest, room)?;
+    let region = remote.map_code_near(lowest..highest, room)?;
     // Each function's counters, one after the other in the shared memory.
     let offsets = starts(functions.iter().map(|p| 8 * p.placement.counted().len()));
     let counters: usize = functions.iter().map(|p| p.placement.counted().len()).sum();
@@ -459,7 +459,6 @@ fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Opt
         to.counting.lockable.extend(lockable);
     }
     remote.write(region, &code)?;
-    remote.seal_code(region, room)?;
     to.counting.code.push(code_range);
     to.counting.memory.push(shared);
     Ok(())

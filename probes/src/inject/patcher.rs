@@ -556,7 +556,7 @@ pub fn apply(
     let entries = plans.iter().filter(|(_, p)| p.site == Site::Entry).count();
     let table_room = if alone { lock_table::bytes(entries) } else { 0 };
     let room = runtime_room + (plans.len() + entries) * TRAMPOLINE_ROOM + table_room;
-    let region = remote.map_near(span(&plans), room)?;
+    let region = remote.map_code_near(span(&plans), room)?;
     let unmap_region = || {
         let _ = remote.syscall("munmap", libc::SYS_munmap, [region, room as u64, 0, 0, 0, 0]);
     };
@@ -593,7 +593,6 @@ pub fn apply(
             code.extend(lock_table::write(next_table, &(region..region + room as u64), &counting.switches));
         }
         remote.write(region, &code)?;
-        remote.seal_code(region, room)?;
         Ok((built, counting, table))
     })();
     // Nothing leads into the region yet: a failure takes it out again.

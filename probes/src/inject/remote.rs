@@ -515,13 +515,17 @@ impl Remote {
         }
     }
 
-    /// Maps `len` bytes of fresh memory, readable and writable, within
-    /// ±2 GiB of all of `near` (so a 5-byte jump reaches it from there).
-    pub fn map_near(&self, near: std::ops::Range<u64>, len: usize) -> Result<u64, RemoteError> {
+    /// Maps `len` bytes of fresh memory for code within ±2 GiB of all of
+    /// `near` (so a 5-byte jump reaches it from there): readable and
+    /// executable, never writable in the process, which may refuse itself
+    /// memory that becomes executable (`PR_SET_MDWE`, a seccomp filter);
+    /// proftap writes it through the process's memory file, as it writes
+    /// the program's own code.
+    pub fn map_code_near(&self, near: std::ops::Range<u64>, len: usize) -> Result<u64, RemoteError> {
         let len = len.next_multiple_of(4096) as u64;
         for hint in self.candidates(near.clone(), len)? {
             let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
-            match self.syscall("mmap", libc::SYS_mmap, [hint, len, PROT_READ | PROT_WRITE, flags, u64::MAX, 0]) {
+            match self.syscall("mmap", libc::SYS_mmap, [hint, len, PROT_READ | PROT_EXEC, flags, u64::MAX, 0]) {
                 Ok(address) if address == hint => return Ok(address),
                 Ok(address) => {
                     let _ = self.syscall("munmap", libc::SYS_munmap, [address, len, 0, 0, 0, 0]);
@@ -538,11 +542,6 @@ impl Remote {
         let min_addr = crate::procfs::sysctl_number("vm/mmap_min_addr").unwrap_or(65536);
         let (lowest, highest) = within_reach(&near, min_addr);
         Ok(gaps(&maps, lowest, highest, len))
-    }
-
-    /// Makes `len` bytes at `address` readable and executable, no longer writable.
-    pub fn seal_code(&self, address: u64, len: usize) -> Result<(), RemoteError> {
-        self.syscall("mprotect", libc::SYS_mprotect, [address, len as u64, PROT_READ | PROT_EXEC, 0, 0, 0]).map(drop)
     }
 
     /// Memory shared by the target and proftap: `len` bytes of a memfd the
