@@ -9,12 +9,18 @@
  * "mdwe": refuses itself memory that is or becomes executable after being
  * writable (PR_SET_MDWE), and prints "mdwe 1" where a page of its own can
  * no longer be made executable, "mdwe 0" where it still can.
+ * "noexec": refuses itself any mmap of executable memory with a seccomp
+ * filter (EPERM), and prints "noexec 1" once it has, "noexec 0" if not.
  */
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +34,22 @@ volatile long sink;
 __attribute__((noinline)) void tick(long i)
 {
     sink += i;
+}
+
+/* A seccomp filter refusing mmap of executable memory (EPERM), as
+ * SELinux without execmem or a sandbox may; whether it is in place. */
+static int refuse_executable_mmap(void)
+{
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mmap, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, PROT_EXEC, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 1 /* EPERM */),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog program = {sizeof filter / sizeof filter[0], filter};
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0) == 0;
 }
 
 static pid_t fork_ticking(long n)
@@ -81,6 +103,11 @@ int main(void)
             int refused = prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) == 0 && page != MAP_FAILED &&
                           mprotect(page, 4096, PROT_READ | PROT_EXEC) != 0;
             printf("mdwe %d\n", refused);
+            fflush(stdout);
+            continue;
+        }
+        if (strncmp(line, "noexec", 6) == 0) {
+            printf("noexec %d\n", refuse_executable_mmap());
             fflush(stdout);
             continue;
         }

@@ -429,6 +429,24 @@ fn a_process_refusing_itself_executable_memory_is_attached_to_and_counted() {
     assert!(waiter.finish().success());
 }
 
+/// A process that refuses itself any executable memory (a seccomp filter
+/// on `mmap`): proftap says so, not that the process has no room for its
+/// code, and leaves the process running as before.
+#[test]
+fn a_process_refusing_itself_any_executable_memory_is_told_to_refuse_it() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (functions, _, mut waiter) = ticking(dir.path());
+    assert_eq!(waiter.ask("noexec", "noexec"), 1);
+    let Err(refused) = Patched::attach(waiter.child.id() as i32, &functions, Recording::default()) else {
+        panic!("patched a process that refuses executable memory")
+    };
+    let said = refused.to_string();
+    assert!(said.contains("mmap") && said.contains("Operation not permitted"), "{said}");
+    assert_eq!(waiter.tick(5), 5);
+    assert!(waiter.finish().success());
+}
+
 #[test]
 fn attaching_again_and_again_works_and_leaves_nothing_mapped() {
     require_root();

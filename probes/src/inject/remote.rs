@@ -530,7 +530,11 @@ impl Remote {
                 Ok(address) => {
                     let _ = self.syscall("munmap", libc::SYS_munmap, [address, len, 0, 0, 0, 0]);
                 }
-                Err(_) => continue,
+                // Taken meanwhile, or too little room there: the next place.
+                Err(RemoteError::Call { source, .. }) if matches!(source.raw_os_error(), Some(libc::EEXIST | libc::ENOMEM)) => continue,
+                // Refused wherever it goes (executable memory refused, by
+                // SELinux without `execmem` or a seccomp filter): said as such.
+                Err(e) => return Err(e),
             }
         }
         Err(RemoteError::Unsupported(format!("process {} has no free {len} bytes within 2 GiB of {:#x}", self.pid, near.start)))
