@@ -6,11 +6,11 @@
  * "fork N": forks a child that calls tick() N times, prints "forked PID"
  * once it has, then waits for SIGUSR1, calls tick() N times again and
  * exits 0. "reap": waits for that child and prints "reaped STATUS".
- * "mdwe": refuses itself memory that is or becomes executable after being
- * writable (PR_SET_MDWE), and prints "mdwe 1" where a page of its own can
- * no longer be made executable, "mdwe 0" where it still can.
- * "noexec": refuses itself any mmap of executable memory with a seccomp
- * filter (EPERM), and prints "noexec 1" once it has, "noexec 0" if not.
+ *
+ * Usage: wait [mdwe|noexec]   first refusing itself memory that is or
+ * becomes executable after being writable (PR_SET_MDWE), or any mmap of
+ * executable memory (a seccomp filter: EPERM); "ready" is then followed by
+ * " refused" where that is in place.
  */
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -52,6 +52,23 @@ static int refuse_executable_mmap(void)
     return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0) == 0;
 }
 
+/* PR_SET_MDWE: whether a page of its own can no longer be made executable. */
+static int refuse_executable_gain(void)
+{
+    void *page = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    int set = prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) == 0;
+    return set && page != MAP_FAILED && mprotect(page, 4096, PROT_READ | PROT_EXEC) != 0;
+}
+
+/* The refusal asked for on the command line, if any: whether it is in place. */
+static const char *refusal(int argc, char **argv)
+{
+    if (argc < 2)
+        return "";
+    int refused = strcmp(argv[1], "mdwe") == 0 ? refuse_executable_gain() : strcmp(argv[1], "noexec") == 0 && refuse_executable_mmap();
+    return refused ? " refused" : " not refused";
+}
+
 static pid_t fork_ticking(long n)
 {
     int ready[2];
@@ -83,9 +100,9 @@ static pid_t fork_ticking(long n)
     return child;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    printf("ready %d %p\n", (int)getpid(), (void *)&tick);
+    printf("ready %d %p%s\n", (int)getpid(), (void *)&tick, refusal(argc, argv));
     fflush(stdout);
     long ticks = 0;
     char line[256];
@@ -95,19 +112,6 @@ int main(void)
         if (sscanf(line, "fork %ld", &n) == 1) {
             child = fork_ticking(n);
             printf("forked %d\n", (int)child);
-            fflush(stdout);
-            continue;
-        }
-        if (strncmp(line, "mdwe", 4) == 0) {
-            void *page = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            int refused = prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) == 0 && page != MAP_FAILED &&
-                          mprotect(page, 4096, PROT_READ | PROT_EXEC) != 0;
-            printf("mdwe %d\n", refused);
-            fflush(stdout);
-            continue;
-        }
-        if (strncmp(line, "noexec", 6) == 0) {
-            printf("noexec %d\n", refuse_executable_mmap());
             fflush(stdout);
             continue;
         }

@@ -22,12 +22,18 @@ struct Waiter {
 
 impl Waiter {
     fn start(binary: &Path) -> Waiter {
-        let mut child = Command::new(binary).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        Waiter::start_with(binary, &[])
+    }
+
+    /// Started with `args` (a refusal to ask of itself, see wait.c).
+    fn start_with(binary: &Path, args: &[&str]) -> Waiter {
+        let mut child = Command::new(binary).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
         let input = child.stdin.take().unwrap();
         let mut output = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         output.read_line(&mut line).unwrap();
         assert!(line.starts_with("ready "), "{line}");
+        assert!(args.is_empty() || line.trim_end().ends_with(" refused"), "{args:?} not in place (PR_SET_MDWE needs Linux 6.3): {line}");
         let address = line.split_whitespace().nth(2).and_then(|a| a.strip_prefix("0x")).unwrap();
         let tick_address = u64::from_str_radix(address, 16).unwrap();
         Waiter { child, tick_address, input: Some(input), output }
@@ -417,8 +423,10 @@ fn attaching_to_threads_that_share_a_thread_pointer_harms_neither() {
 fn a_process_refusing_itself_executable_memory_is_attached_to_and_counted() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
-    let (functions, tick, mut waiter) = ticking(dir.path());
-    assert_eq!(waiter.ask("mdwe", "mdwe"), 1, "the kernel refused PR_SET_MDWE, which needs Linux 6.3");
+    let binary = build("wait.c", "-O2", dir.path());
+    let functions = functions(&binary);
+    let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
+    let mut waiter = Waiter::start_with(&binary, &["mdwe"]);
     let mut patched = Patched::attach(waiter.child.id() as i32, &functions, Recording::default()).unwrap();
     assert_eq!(waiter.tick(25), 25);
     let mut calls = vec![0; functions.len()];
@@ -436,8 +444,9 @@ fn a_process_refusing_itself_executable_memory_is_attached_to_and_counted() {
 fn a_process_refusing_itself_any_executable_memory_is_told_to_refuse_it() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
-    let (functions, _, mut waiter) = ticking(dir.path());
-    assert_eq!(waiter.ask("noexec", "noexec"), 1);
+    let binary = build("wait.c", "-O2", dir.path());
+    let functions = functions(&binary);
+    let mut waiter = Waiter::start_with(&binary, &["noexec"]);
     let Err(refused) = Patched::attach(waiter.child.id() as i32, &functions, Recording::default()) else {
         panic!("patched a process that refuses executable memory")
     };

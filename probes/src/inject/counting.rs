@@ -355,7 +355,11 @@ pub fn apply(
             continue;
         }
         let applying = Applying { counting: &mut counting, moves: &mut moves, jumps: &mut jumps, refused };
-        apply_module(remote, functions, region_trampoline, applying)?;
+        if let Err(e) = apply_module(remote, functions, region_trampoline, applying) {
+            // Nothing leads into the stubs yet: what was mapped goes again.
+            counting.unmap(remote);
+            return Err(e);
+        }
     }
     for tid in remote.threads() {
         let mut regs = remote.regs(tid)?;
@@ -410,14 +414,19 @@ fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Opt
     let table_at = SLOT_ROOM + sites * STUB_ROOM + hooks * HOOK_ROOM;
     let room = table_at + lock_table::bytes(increments);
     let region = remote.map_code_near(lowest..highest, room)?;
+    let code_range = region..region + room as u64;
+    // Kept from the first, for the caller to take out again if anything after fails.
+    to.counting.code.push(code_range.clone());
     // Each function's counters, one after the other in the shared memory.
     let offsets = starts(functions.iter().map(|p| 8 * p.placement.counted().len()));
     let counters: usize = functions.iter().map(|p| p.placement.counted().len()).sum();
-    let shared = remote.share((counters * 8).max(8), Some(region..region + room as u64))?;
+    let shared = remote.share((counters * 8).max(8), Some(code_range.clone()))?;
+    let (memory, shared_remote) = (to.counting.memory.len(), shared.remote);
+    to.counting.memory.push(shared);
     let slot = region_trampoline.map(|_| region);
     let (mut code, built) = lay_out_halves(&functions, |from, to, start| {
         let counters =
-            |i: usize| (0..functions[i].placement.counted().len()).map(|k| shared.remote + (offsets[i] + 8 * k) as u64).collect();
+            |i: usize| (0..functions[i].placement.counted().len()).map(|k| shared_remote + (offsets[i] + 8 * k) as u64).collect();
         lay_out(&functions[from..to], (from..to).map(counters), region, start, slot)
     });
     // The region trampoline's address, which hooks call through.
@@ -440,7 +449,6 @@ fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Opt
             let jump = site.jump_to(at).map_err(|e| RemoteError::Unsupported(e.to_string()))?;
             to.jumps.push(Applied { at: site.at, original: site.original.clone(), jump });
         }
-        let memory = to.counting.memory.len();
         to.counting.functions.push(Counted {
             function: p.function,
             bias: p.bias,
@@ -451,17 +459,13 @@ fn apply_module(remote: &Remote, functions: Vec<Planned>, region_trampoline: Opt
             sites: p.sites,
         });
     }
-    let code_range = region..region + room as u64;
     if !lockable.is_empty() {
         code.resize(table_at, 0xcc);
         code.extend(lock_table::write(to.counting.lock_table, &code_range, &lockable));
         to.counting.lock_table = region + table_at as u64;
         to.counting.lockable.extend(lockable);
     }
-    remote.write(region, &code)?;
-    to.counting.code.push(code_range);
-    to.counting.memory.push(shared);
-    Ok(())
+    remote.write(region, &code)
 }
 
 /// Where each of things of `sizes`, one after the other, starts.
@@ -554,6 +558,15 @@ fn lay_out_halves(functions: &[Planned], lay_out: impl Fn(usize, usize, usize) -
 }
 
 impl Counting {
+    /// Takes its stubs and counters out of the process, where nothing
+    /// leads into them.
+    fn unmap(&self, remote: &Remote) {
+        let mapped = self.code.iter().map(|code| (code.start, code.end - code.start));
+        for (at, len) in mapped.chain(self.memory.iter().map(|shared| (shared.remote, shared.len() as u64))) {
+            let _ = remote.syscall("munmap", libc::SYS_munmap, [at, len, 0, 0, 0, 0]);
+        }
+    }
+
     /// The counted functions.
     pub fn functions(&self) -> &[Counted] {
         &self.functions
