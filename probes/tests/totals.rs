@@ -80,10 +80,15 @@ fn functions(binary: &Path) -> Vec<ProbedFunction> {
 
 /// wait.c at -O2 built in `dir` and started: its functions and tick's index.
 fn ticking(dir: &Path) -> (Vec<ProbedFunction>, usize, Waiter) {
+    ticking_with(dir, &[])
+}
+
+/// The same, started with `args` (a refusal to ask of itself, see wait.c).
+fn ticking_with(dir: &Path, args: &[&str]) -> (Vec<ProbedFunction>, usize, Waiter) {
     let binary = build("wait.c", "-O2", dir);
     let functions = functions(&binary);
     let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
-    (functions, tick, Waiter::start(&binary))
+    (functions, tick, Waiter::start_with(&binary, args))
 }
 
 /// Patching another process needs root: without it the test fails and
@@ -423,10 +428,7 @@ fn attaching_to_threads_that_share_a_thread_pointer_harms_neither() {
 fn a_process_refusing_itself_executable_memory_is_attached_to_and_counted() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
-    let binary = build("wait.c", "-O2", dir.path());
-    let functions = functions(&binary);
-    let tick = functions.iter().position(|f| f.info.name == "tick").unwrap();
-    let mut waiter = Waiter::start_with(&binary, &["mdwe"]);
+    let (functions, tick, mut waiter) = ticking_with(dir.path(), &["mdwe"]);
     let mut patched = Patched::attach(waiter.child.id() as i32, &functions, Recording::default()).unwrap();
     assert_eq!(waiter.tick(25), 25);
     let mut calls = vec![0; functions.len()];
@@ -444,9 +446,7 @@ fn a_process_refusing_itself_executable_memory_is_attached_to_and_counted() {
 fn a_process_refusing_itself_any_executable_memory_is_told_to_refuse_it() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
-    let binary = build("wait.c", "-O2", dir.path());
-    let functions = functions(&binary);
-    let mut waiter = Waiter::start_with(&binary, &["noexec"]);
+    let (functions, _, mut waiter) = ticking_with(dir.path(), &["noexec"]);
     let Err(refused) = Patched::attach(waiter.child.id() as i32, &functions, Recording::default()) else {
         panic!("patched a process that refuses executable memory")
     };
