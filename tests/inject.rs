@@ -519,6 +519,36 @@ fn attach_saying(pid: i32, args: &[&str], file: &std::path::Path) -> (std::proce
     (child, said)
 }
 
+/// A process that refuses itself executable memory (a seccomp filter on
+/// `mmap`, as SELinux without `execmem` refuses it too): with the engine
+/// left to proftap, its functions are those the in-process engine could
+/// not patch, and said to be; the one named gets a kernel probe and every
+/// call counted. Asked for by name, the engine's refusal is the answer.
+#[test]
+fn a_process_refusing_executable_memory_is_attached_to_with_kernel_probes() {
+    require_probes();
+    let binary = Build::c("wait.c", "-O2").build();
+    let mut command = Command::new(&binary);
+    command.arg("noexec");
+    let mut waiter = Waiter::start_command(command);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.profile");
+    let mut profiler = attach(waiter.pid, &["-f", "tick"], &file);
+    assert_eq!(waiter.tick(1234), 1234);
+    interrupt(&mut profiler);
+    let report = report_json(&file);
+    let tick = function(&report["functions"], "tick");
+    assert_eq!((tick["calls"].as_u64(), tick["engine"].as_str()), (Some(1234), Some("uprobe")), "{tick}");
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("the process refuses proftap's code (mmap in process") && notes.contains("Operation not permitted"), "{notes}");
+    let out = run(proftap()
+        .args(["attach", "--engine", "inject", "-f", "tick", "--duration", "100ms", "-o"])
+        .arg(&file)
+        .arg(waiter.pid.to_string()));
+    assert_clean_failure(&out, "`--engine uprobe` records it with kernel probes instead");
+    assert_eq!(waiter.tick(1), 1235);
+}
+
 #[test]
 fn a_killed_profiler_leaves_the_program_running() {
     require_probes();

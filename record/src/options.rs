@@ -111,6 +111,10 @@ pub struct RecordOptions {
     pub observer: Arc<dyn Observer>,
     /// How calls are seen.
     pub engine: Engine,
+    /// Whether the engine was the recorder's to choose (`--engine auto`):
+    /// a process the in-process engine cannot patch at all is then
+    /// recorded as one whose every function it refused.
+    pub engine_chosen: bool,
     /// Notes known before the recording starts (how the engine was chosen).
     pub notes: Vec<Note>,
     /// The executable's build-id.
@@ -152,6 +156,7 @@ impl Default for RecordOptions {
             regions: Vec::new(),
             observer: Arc::new(Unobserved),
             engine: Engine::Uprobe,
+            engine_chosen: false,
             notes: Vec::new(),
             build_id: None,
             symbols: Arc::default(),

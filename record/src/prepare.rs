@@ -330,6 +330,7 @@ fn options(request: &RecordRequest, metrics: Vec<Metric>, chosen: &Chosen) -> Re
         live_calls: request.live_calls,
         trace_bytes: request.trace_bytes,
         engine,
+        engine_chosen: request.engine == EngineChoice::Auto,
         notes,
         ..RecordOptions::default()
     }

@@ -349,11 +349,22 @@ fn patching(
         TargetSpec::Attach { pid } if options.auto_instrument.is_none() => {
             let off_cpu = finished(off_cpu, "the off-CPU time")?;
             let how = counted.recording(options.engine_recording(off_cpu.as_deref()));
-            let engine = Patched::attach_held(*pid, functions, None, how).map_err(|source| RecordError::Inject { pid: *pid, source })?;
-            check_unwinders(&engine, options.may_unwind)?;
-            let refused = engine.refused().to_vec();
-            tracing = Some(engine);
-            (refused, off_cpu)
+            match Patched::attach_held(*pid, functions, None, how) {
+                Ok(engine) => {
+                    check_unwinders(&engine, options.may_unwind)?;
+                    let refused = engine.refused().to_vec();
+                    tracing = Some(engine);
+                    (refused, off_cpu)
+                }
+                // The process refuses what the engine needs (executable
+                // memory, say): where the engine was left to proftap, every
+                // function is one it could not patch, and said to be.
+                Err(source) if options.engine_chosen => {
+                    let why = format!("the process refuses proftap's code ({source})");
+                    ((0..functions.len()).map(|i| (i, why.clone())).collect(), off_cpu)
+                }
+                Err(source) => return Err(RecordError::Inject { pid: *pid, source }),
+            }
         }
         _ => {
             let (mut refused, whole) = Patched::refusals(functions, options.kept_judgements.as_deref());
