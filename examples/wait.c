@@ -10,7 +10,7 @@
  * Usage: wait [mdwe|noexec]   first refusing itself memory that is or
  * becomes executable after being writable (PR_SET_MDWE), or any mmap of
  * executable memory (a seccomp filter: EPERM); "ready" is then followed by
- * " refused" where that is in place.
+ * " refused" where that is in place, " allowed" where not.
  */
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -66,7 +66,7 @@ static const char *refusal(int argc, char **argv)
     if (argc < 2)
         return "";
     int refused = strcmp(argv[1], "mdwe") == 0 ? refuse_executable_gain() : strcmp(argv[1], "noexec") == 0 && refuse_executable_mmap();
-    return refused ? " refused" : " not refused";
+    return refused ? " refused" : " allowed";
 }
 
 static pid_t fork_ticking(long n)

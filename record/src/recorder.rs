@@ -356,10 +356,12 @@ fn patching(
                     tracing = Some(engine);
                     (refused, off_cpu)
                 }
-                // The process refuses what the engine needs (executable
-                // memory, say): where the engine was left to proftap, every
-                // function is one it could not patch, and said to be.
-                Err(source) if options.engine_chosen => {
+                // The process refuses executable memory: where the engine
+                // was left to proftap, every function is one it could not
+                // patch, and said to be (not where lines or regions would
+                // be counted in the process, nor where nothing could probe
+                // the functions named instead).
+                Err(source) if options.engine_chosen && refuses_code(&source) && may_leave_to_uprobes(options) => {
                     let why = format!("the process refuses proftap's code ({source})");
                     ((0..functions.len()).map(|i| (i, why.clone())).collect(), off_cpu)
                 }
@@ -429,6 +431,20 @@ fn probed_by_uprobes(all: &[ProbedFunction], injected: &[bool], options: &Record
 /// (none named), since a kernel probe would cost a hundred times what the
 /// governor allows a patched call, and removing the probes it throttled
 /// would keep the end of the recording waiting a grace period per probe.
+/// Whether the in-process engine failed because the process refuses it
+/// executable memory (a seccomp filter, SELinux without `execmem`).
+fn refuses_code(error: &proftap_probes::inject::remote::RemoteError) -> bool {
+    use proftap_probes::inject::remote::RemoteError;
+    matches!(error, RemoteError::Call { call: "mmap", source, .. } if matches!(source.raw_os_error(), Some(libc::EPERM | libc::EACCES)))
+}
+
+/// Whether the recording goes on as one whose every function the
+/// in-process engine refused: no line or region counted in the process,
+/// and the functions left to uprobes (named) may have them.
+fn may_leave_to_uprobes(options: &RecordOptions) -> bool {
+    !options.count_lines && options.regions.is_empty() && (leaves_unpatched_unprobed(options) || proftap_probes::perf::may_define_uprobes())
+}
+
 fn leaves_unpatched_unprobed(options: &RecordOptions) -> bool {
     options.engine == Engine::Inject
         && !options.sample_only
