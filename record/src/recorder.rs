@@ -426,11 +426,6 @@ fn probed_by_uprobes(all: &[ProbedFunction], injected: &[bool], options: &Record
         .collect()
 }
 
-/// Whether what the in-process engine cannot patch gets no uprobe
-/// (sampling sees it, if on): under a governor, of functions proftap chose
-/// (none named), since a kernel probe would cost a hundred times what the
-/// governor allows a patched call, and removing the probes it throttled
-/// would keep the end of the recording waiting a grace period per probe.
 /// Whether the in-process engine failed because the process refuses it
 /// executable memory (a seccomp filter, SELinux without `execmem`).
 fn refuses_code(error: &proftap_probes::inject::remote::RemoteError) -> bool {
@@ -445,6 +440,11 @@ fn may_leave_to_uprobes(options: &RecordOptions) -> bool {
     !options.count_lines && options.regions.is_empty() && (leaves_unpatched_unprobed(options) || proftap_probes::perf::may_define_uprobes())
 }
 
+/// Whether what the in-process engine cannot patch gets no uprobe
+/// (sampling sees it, if on): under a governor, of functions proftap chose
+/// (none named), since a kernel probe would cost a hundred times what the
+/// governor allows a patched call, and removing the probes it throttled
+/// would keep the end of the recording waiting a grace period per probe.
 fn leaves_unpatched_unprobed(options: &RecordOptions) -> bool {
     options.engine == Engine::Inject
         && !options.sample_only

@@ -276,16 +276,18 @@ impl Watch {
                 // process starts, for the counts the runtime could not make
                 // atomic: first, since it wakes this through the same word.
                 // Where it gave up waiting, they are locked still, late.
-                match view.as_ref().map_or(0, TotalsView::lock_request) {
-                    super::totals::LOCK_ASKED => {
-                        if let (Some(locked), Some(view)) = (patched.lock_counts(), &view) {
-                            view.answer_lock_request(locked);
+                if let Some(view) = &view {
+                    match view.lock_request() {
+                        super::totals::LOCK_ASKED => {
+                            if let Some(locked) = patched.lock_counts() {
+                                view.answer_lock_request(locked);
+                            }
                         }
+                        super::totals::LOCK_LATE => {
+                            let _ = patched.lock_counts();
+                        }
+                        _ => {}
                     }
-                    super::totals::LOCK_LATE => {
-                        let _ = patched.lock_counts();
-                    }
-                    _ => {}
                 }
                 if let Some(view) = view.as_ref().filter(|_| wanted != answered) {
                     view.answer_block_requests();
