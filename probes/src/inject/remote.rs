@@ -559,7 +559,14 @@ impl Remote {
         let scratch = (regs.rsp - 256 - 64) & !15;
         let saved = self.read(scratch, name.len())?;
         self.write(scratch, name)?;
-        let fd = self.syscall("memfd_create", libc::SYS_memfd_create, [scratch, libc::MFD_CLOEXEC as u64, 0, 0, 0, 0]);
+        // Never executable, said so: Linux 6.3 to 6.5 under
+        // vm.memfd_noexec=2 refuse a memfd that does not say (before 6.3
+        // the flag is unknown).
+        let memfd_create = |flags: u32| self.syscall("memfd_create", libc::SYS_memfd_create, [scratch, flags as u64, 0, 0, 0, 0]);
+        let fd = match memfd_create(libc::MFD_CLOEXEC | libc::MFD_NOEXEC_SEAL) {
+            Err(RemoteError::Call { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => memfd_create(libc::MFD_CLOEXEC),
+            fd => fd,
+        };
         self.write(scratch, &saved)?;
         let fd = fd?;
         let close = || {
@@ -604,8 +611,13 @@ impl Remote {
             Ok(unsafe { OwnedFd::from_raw_fd(got as i32) })
         });
         close();
-        let local = local.map_err(io_error(format!("cannot share memory with process {}", self.pid)))?;
-        Shared::map(local, len, remote_address).map_err(io_error("cannot map the memory shared with the target"))
+        let shared = local
+            .map_err(io_error(format!("cannot share memory with process {}", self.pid)))
+            .and_then(|local| Shared::map(local, len, remote_address).map_err(io_error("cannot map the memory shared with the target")));
+        if shared.is_err() {
+            let _ = self.syscall("munmap", libc::SYS_munmap, [remote_address, len as u64, 0, 0, 0, 0]);
+        }
+        shared
     }
 }
 
