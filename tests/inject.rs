@@ -669,6 +669,21 @@ fn profile_like_bare(binary: &std::path::Path, extra: &[&str], args: &[&str]) ->
     report
 }
 
+/// A thread that ends by `pthread_exit` from within patched calls: they
+/// never return, and end as the thread does, not with the recording.
+#[test]
+fn calls_a_thread_exits_from_end_as_the_thread_does() {
+    require_probes();
+    let binary = Build::c("exits.c", "-O2").build();
+    let report = profile_like_bare(&binary, &["-f", "leave_from", "-f", "exiting", "-f", "work"], &["300000000"]);
+    let functions = &report["functions"];
+    let leave_from = function(functions, "leave_from");
+    assert_eq!((leave_from["calls"].as_u64(), leave_from["unfinished"].as_u64()), (Some(4), Some(4)), "{leave_from}");
+    // The main thread's work after the thread had ended is far longer.
+    let wall = |name: &str| function(functions, name)["inclusive"]["wall_ns"]["total"].as_u64().unwrap();
+    assert!(wall("exiting") * 10 < wall("work"), "exiting {} ns, work {} ns", wall("exiting"), wall("work"));
+}
+
 #[test]
 fn a_rust_panic_caught_by_catch_unwind() {
     require_probes();

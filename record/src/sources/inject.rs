@@ -397,8 +397,11 @@ fn thread_profiles(
 ) -> Vec<ThreadProfile> {
     let profile = |t: &ThreadTotals| {
         let entry = off_cpu.and_then(|o| o.entry(t.tid));
-        // A thread of a process that ended left its CPU for the last time as it ended.
-        let left = entry.and_then(|e| e.left_at_ns()).filter(|&left| end.ended && left <= end.ns);
+        // A thread that ended (with its process, or by `pthread_exit` from
+        // within calls that never return) left its CPU for the last time as
+        // it ended: its calls in progress end then, not with the recording.
+        let ended = end.ended || off_cpu.is_some_and(|o| o.ended(t.tid));
+        let left = entry.and_then(|e| e.left_at_ns()).filter(|&left| ended && left <= end.ns);
         let end_ns = left.unwrap_or(end.ns);
         let off_now = entry.map(|e| e.off_cpu_ns_at(end_ns));
         thread_profile(pid, names(t.tid), t, off_now, &Conversion { end_tsc: how.clock.tsc_at(end_ns), ..*how })
