@@ -788,6 +788,21 @@ fn shared_library_functions_are_patched_too() {
     assert_eq!(function(&report["functions"], "main")["unwound"], 0);
 }
 
+/// An executable stripped of every symbol (most a distribution ships):
+/// a library's functions named are recorded all the same, and the profile
+/// names the program, not the library.
+#[test]
+fn a_librarys_functions_are_recorded_in_a_program_without_symbols() {
+    require_probes();
+    let dir = tempfile::tempdir().unwrap();
+    build_libcounter(dir.path());
+    let uselib = build_uselib(dir.path());
+    run_ok(Command::new("strip").arg("--strip-all").arg(&uselib));
+    let report = profile_like_bare(&uselib, &["-f", "libcounter.so:counter_add"], &["1000"]);
+    assert_eq!(function(&report["functions"], "counter_add")["calls"], 1000);
+    assert_eq!(report["target"]["exe"].as_str(), uselib.to_str(), "{}", report["target"]);
+}
+
 #[test]
 fn attach_to_a_program_whose_exceptions_cross_patched_frames() {
     require_probes();

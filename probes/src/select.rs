@@ -68,6 +68,14 @@ impl Selection {
         self.patterns.iter().any(|p| matches!(&p.scope, Scope::Module(name) if module_matches(name, path)))
     }
 
+    /// Whether the patterns name functions of modules other than the
+    /// executable at `main` only (`-f 'libc.so.6:malloc'`): its own symbols
+    /// are then not needed.
+    pub fn names_other_modules_only(&self, main: &Path) -> bool {
+        let included = || self.patterns.iter().filter(|p| !p.exclude);
+        included().next().is_some() && included().all(|p| matches!(&p.scope, Scope::Module(name) if !module_matches(name, main)))
+    }
+
     /// Selects functions among `modules`; the first is the main executable.
     /// A positive pattern that selects nothing is an error naming it.
     pub fn select(&self, modules: &[&SymbolIndex]) -> Result<Vec<Selected>> {

@@ -117,6 +117,8 @@ pub struct RecordOptions {
     pub engine_chosen: bool,
     /// Notes known before the recording starts (how the engine was chosen).
     pub notes: Vec<Note>,
+    /// The executable's path, as shown.
+    pub executable: Option<String>,
     /// The executable's build-id.
     pub build_id: Option<String>,
     /// The binaries' symbols and images, read once for the whole recording.
@@ -158,6 +160,7 @@ impl Default for RecordOptions {
             engine: Engine::Uprobe,
             engine_chosen: false,
             notes: Vec::new(),
+            executable: None,
             build_id: None,
             symbols: Arc::default(),
             kept_judgements: None,

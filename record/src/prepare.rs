@@ -193,6 +193,7 @@ pub fn prepare(request: &RecordRequest, observer: &dyn Observer, costs: &dyn Pro
     };
     observer.event(RecordEvent::StepEnded);
     options.build_id = chosen.build_id;
+    options.executable = Some(chosen.executable);
     // Said once the recording can go ahead: a failure says why alone.
     warn_of_launcher(&spec, observer);
     // Said now rather than once the probes are opened (a working directory gone).
@@ -419,6 +420,8 @@ struct Chosen {
     /// Measured functions named beside others recorded for their lines
     /// only (by index among the measured; empty otherwise).
     kept: Vec<usize>,
+    /// The executable's path, as shown.
+    executable: String,
     build_id: Option<String>,
     exit_mode: ExitMode,
     lines: Option<LinePlan>,
@@ -514,7 +517,10 @@ fn choose(
     observer: &dyn Observer,
 ) -> Result<Chosen, PrepareError> {
     let line_files = line_files(request.lines.as_deref(), &request.regions);
-    let unnamed_ok = request.sample_settings().is_some() && (!request.instrument || request.functions.is_empty());
+    // An executable without symbols is sampled, as perf does, or left
+    // alone where only a library's functions are named.
+    let names_libraries_only = modules.first().is_some_and(|(main, _)| selection.names_other_modules_only(main));
+    let unnamed_ok = (request.sample_settings().is_some() && (!request.instrument || request.functions.is_empty())) || names_libraries_only;
     // Sampling alone names frames from the symbol tables, as for libraries
     // (inlined frames and lines are read where samples fell): a large
     // program's DWARF is not walked before it starts.
@@ -609,6 +615,7 @@ fn choose(
     let regions_unhooked = uncountable.iter().filter(|(i, _)| holds_region(*i)).map(|(_, why)| why.clone()).collect();
     Ok(Chosen {
         functions,
+        executable: main.path.display().to_string(),
         build_id: main.build_id.clone(),
         exit_mode,
         lines,

@@ -645,8 +645,8 @@ fn setup(
         target: Target {
             command: command.to_vec(),
             pid: run.pid,
-            // Sampling only, nothing names the program: the process does.
-            exe: functions.first().map(|f| f.info.module.clone()).unwrap_or_else(|| {
+            // Where nothing names the program, the process does.
+            exe: options.executable.clone().unwrap_or_else(|| {
                 std::fs::read_link(format!("/proc/{}/exe", run.pid)).map(|p| p.display().to_string()).unwrap_or_default()
             }),
             build_id: options.build_id.clone(),
