@@ -311,14 +311,33 @@ while [ $i -lt 100000 ]; do i=$((i+1)); done
     assert!(!report["notes"].to_string().contains("executed"), "{}", report["notes"]);
     assert!(samples.to_string().contains("no symbols in /usr/bin/dash"), "{samples}");
     // Processes that execute other programs, as a build does by the
-    // hundred: one note, every program named once (the last, ls, is the
-    // shell itself executing it).
+    // hundred: where a library's function is probed, one note, every
+    // program named once (the last, ls, is the shell itself executing it);
+    // sampled only, no probe is lost, and nothing is said.
     let file = dir.path().join("execs.profile");
-    let out = run(proftap().arg("run").arg("-o").arg(&file).args(["--", "/bin/dash", "-c", "/bin/true; /bin/true; ls / >/dev/null"]));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let notes = report_json(&file)["notes"].clone();
-    let executed: Vec<&str> = notes.as_array().unwrap().iter().filter_map(|n| n.as_str()).filter(|n| n.contains("executed")).collect();
-    assert_eq!(executed, ["3 processes executed other programs (ls; true): probes on the previous programs no longer apply to them"]);
+    let executed = |probes: &[&str]| {
+        let out = run(proftap().arg("run").arg("-o").arg(&file).args(probes).args([
+            "--",
+            "/bin/dash",
+            "-c",
+            "/bin/true; /bin/true; ls / >/dev/null",
+        ]));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let notes = report_json(&file)["notes"].clone();
+        notes
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n.as_str())
+            .filter(|n| n.contains("executed"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        executed(&["-f", "libc.so.6:getenv"]),
+        ["3 processes executed other programs (ls; true): probes on the previous programs no longer apply to them"]
+    );
+    assert_eq!(executed(&[]), Vec::<String>::new());
     assert_clean_failure(&run(proftap().args(["run", "-f", "main", "--", "/bin/dash", "-c", "true"])), "has no symbols");
     // Named functions that cannot be probed are still an error.
     assert_clean_failure(&run(proftap().args(["run", "-f", "nothing_like_this", "--", "ls"])), "matches no function");

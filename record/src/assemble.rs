@@ -509,7 +509,9 @@ fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
     let starts = [program_name(setup), comm_of(setup.target.command.first().map_or("", String::as_str))];
     let patches_go = ending.engine == Engine::Inject;
     let mut executed: Vec<(i32, &String)> = Vec::new();
-    for process in &aggregate.processes {
+    // Sampling alone, no probe is lost to an exec: nothing to say.
+    let probed = !setup.functions.is_empty();
+    for process in aggregate.processes.iter().filter(|_| probed) {
         for (i, exec) in process.execs.iter().enumerate() {
             let start = process.pid == pid && !attached && i == 0 && starts.contains(exec);
             let again = process.pid == pid && !attached && *exec == starts[0];
