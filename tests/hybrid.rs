@@ -692,35 +692,18 @@ fn a_zero_budget_keeps_every_probe() {
 #[test]
 fn attach_auto_instrument_samples_then_counts_the_hottest_functions_exactly() {
     let _serial = one_recording_at_a_time();
-    let report = check_auto_instrument("uprobe", &[]);
-    assert_eq!(function(&report["functions"], "tick")["engine"], "uprobe");
+    check_auto_instrument("uprobe");
 }
 
 #[test]
 fn attach_auto_instrument_patches_the_hottest_functions_after_the_warm_up() {
     let _serial = one_recording_at_a_time();
-    let report = check_auto_instrument("inject", &[]);
-    assert_eq!(function(&report["functions"], "tick")["engine"], "inject");
+    check_auto_instrument("inject");
 }
 
-/// As a plain attach does, where the process refuses proftap executable
-/// memory the hottest functions are probed by uprobes, and why is said.
-#[test]
-fn attach_auto_instrument_probes_a_process_refusing_executable_memory_with_uprobes() {
-    let _serial = one_recording_at_a_time();
-    let report = check_auto_instrument("auto", &["noexec"]);
-    assert_eq!(function(&report["functions"], "tick")["engine"], "uprobe");
-    let notes = report["notes"].to_string();
-    assert!(notes.contains("the process refuses proftap's code (mmap in process") && notes.contains("Operation not permitted"), "{notes}");
-}
-
-/// Attaches with `--auto-instrument 2` to `examples/wait.c` run with
-/// `args`, and checks its `tick` is counted exactly once instrumented.
-fn check_auto_instrument(engine: &str, args: &[&str]) -> serde_json::Value {
+fn check_auto_instrument(engine: &str) {
     require_probes();
-    let mut command = Command::new(Build::c("wait.c", "-O2").build());
-    command.args(args);
-    let mut waiter = Waiter::start_command(command);
+    let mut waiter = Waiter::start(&Build::c("wait.c", "-O2").build());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.profile");
     let mut profiler = proftap()
@@ -750,6 +733,7 @@ fn check_auto_instrument(engine: &str, args: &[&str]) -> serde_json::Value {
     assert_eq!(waiter.tick(1), total + 1);
 
     let report = report_json(&file);
+    assert_eq!(report["recording"]["engine"], engine);
     // The others were only sampled.
     let instrumented = report["functions"].as_array().unwrap().iter().filter(|f| f["mode"] == "instrumented").count();
     assert!(instrumented <= 2, "{}", report["functions"]);
@@ -757,7 +741,6 @@ fn check_auto_instrument(engine: &str, args: &[&str]) -> serde_json::Value {
     assert_eq!((tick["mode"].as_str(), tick["calls"].as_u64()), (Some("instrumented"), Some(1234)));
     let sampled = report["samples"]["functions"].as_array().unwrap().iter().find(|f| f["name"] == "tick").unwrap();
     assert!(sampled["self"].as_u64().unwrap() > 0, "{sampled}");
-    report
 }
 
 /// A real program's run makes dozens of changes of the probes (SQLite's,

@@ -13,7 +13,6 @@ use crate::governor::{COUNTED_CALL_NS, Governor, SampledOverhead, hottest_functi
 use crate::observer::{Observer, RecordEvent};
 use crate::options::RecordOptions;
 use crate::queue::{EventQueue, ORDERING_MARGIN_NS};
-use crate::recorder::{UnpatchedLeftTo, refusals_note, refuses_code};
 use crate::saved::Saver;
 use crate::sources::Closing;
 use crate::sources::inject::{InjectEnd, InjectSource, check_unwinders};
@@ -708,22 +707,13 @@ impl<'a> Driver<'a> {
         let chosen = hottest_functions(&hot, self.run.functions(), count);
         // A function whose entry the kernel will not probe would fail the new set.
         let chosen: Vec<usize> = chosen.into_iter().filter(|&f| self.run.injected[f] || !self.run.functions()[f].uprobe_refused).collect();
-        let (to_patch, mut to_probe): (Vec<usize>, Vec<usize>) = chosen.iter().partition(|&&f| self.run.injected[f]);
+        let (to_patch, to_probe): (Vec<usize>, Vec<usize>) = chosen.iter().partition(|&&f| self.run.injected[f]);
         let was_enabled = self.enabled.clone();
-        let mut refusal = None;
+        for &f in &to_probe {
+            self.enabled[f] = true;
+        }
         let changed = (!chosen.is_empty()).then(|| {
-            if let Err(error) = self.patch(&to_patch) {
-                // As a plain attach does: where the process refuses
-                // proftap's code, the functions go to uprobes.
-                let why = self.left_to_uprobes(error)?;
-                let functions = self.run.functions();
-                to_probe.extend(to_patch.iter().filter(|&&f| !functions[f].uprobe_refused));
-                let refused: Vec<(usize, String)> = to_patch.iter().map(|&f| (f, why.clone())).collect();
-                refusal = Some(refusals_note(functions, &refused, UnpatchedLeftTo::Uprobes));
-            }
-            for &f in &to_probe {
-                self.enabled[f] = true;
-            }
+            self.patch(&to_patch)?;
             if to_probe.is_empty() {
                 return Ok(());
             }
@@ -734,8 +724,7 @@ impl<'a> Driver<'a> {
         let note = match changed {
             None => Finding::AutoInstrumented { warmup_ms, functions: Vec::new() },
             Some(Ok(())) => {
-                let recorded = |&&f: &&usize| self.patched[f] || self.enabled[f];
-                let functions = chosen.iter().filter(recorded).map(|&f| self.run.functions()[f].info.name.clone()).collect();
+                let functions = chosen.iter().map(|&f| self.run.functions()[f].info.name.clone()).collect();
                 Finding::AutoInstrumented { warmup_ms, functions }
             }
             Some(Err(e)) => {
@@ -744,24 +733,6 @@ impl<'a> Driver<'a> {
             }
         };
         self.tell(note.into());
-        if let Some(refusal) = refusal {
-            self.tell(refusal.into());
-        }
-    }
-
-    /// Why the functions the engine was to patch go to uprobes instead:
-    /// the process refuses proftap executable memory, the engine was left
-    /// to proftap, and the kernel lets it define uprobes. Any other failure
-    /// is given back.
-    fn left_to_uprobes(&self, error: RecordError) -> Result<String, RecordError> {
-        match error {
-            RecordError::Inject { source, .. }
-                if self.run.options.engine_chosen && refuses_code(&source) && proftap_probes::perf::may_define_uprobes() =>
-            {
-                Ok(format!("the process refuses proftap's code ({source})"))
-            }
-            error => Err(error),
-        }
     }
 
     /// proftap's code is now at `ranges` in process `pid`.

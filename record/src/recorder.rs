@@ -428,7 +428,7 @@ fn probed_by_uprobes(all: &[ProbedFunction], injected: &[bool], options: &Record
 
 /// Whether the in-process engine failed because the process refuses it
 /// executable memory (a seccomp filter, SELinux without `execmem`).
-pub(crate) fn refuses_code(error: &proftap_probes::inject::remote::RemoteError) -> bool {
+fn refuses_code(error: &proftap_probes::inject::remote::RemoteError) -> bool {
     use proftap_probes::inject::remote::RemoteError;
     matches!(error, RemoteError::Call { call: "mmap", source, .. } if matches!(source.raw_os_error(), Some(libc::EPERM | libc::EACCES)))
 }
@@ -454,7 +454,7 @@ fn leaves_unpatched_unprobed(options: &RecordOptions) -> bool {
 
 /// What covers the functions the in-process engine could not patch.
 #[derive(Clone, Copy, PartialEq)]
-pub(crate) enum UnpatchedLeftTo {
+enum UnpatchedLeftTo {
     Uprobes,
     Samples,
     Nothing,
@@ -691,7 +691,7 @@ fn line_setup(plan: &LinePlan, regions: &[RegionSpec]) -> LineSetup {
 
 /// Which functions the in-process engine left to uprobes, by reason, with
 /// a few names each (a large program has hundreds).
-pub(crate) fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)], left_to: UnpatchedLeftTo) -> Finding {
+fn refusals_note(functions: &[ProbedFunction], refused: &[(usize, String)], left_to: UnpatchedLeftTo) -> Finding {
     const NAMED: usize = 3;
     let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
     for (i, why) in refused {
