@@ -431,12 +431,6 @@ impl OffCpuSnapshot<'_> {
     pub fn entry(&self, tid: u32) -> Option<Entry> {
         self.taken.get(&tid).copied().or_else(|| self.live.entry(tid))
     }
-
-    /// Whether thread `tid` was not among those kept: it had ended when
-    /// the snapshot was taken (or its entry could not be read then).
-    pub fn ended(&self, tid: u32) -> bool {
-        !self.taken.contains_key(&tid)
-    }
 }
 
 /// A read-only mapping of the array in this process.

@@ -826,7 +826,8 @@ impl<'a> Driver<'a> {
         // Uprobes did not follow the lines the engine cannot count: the budget held them back.
         let held_back =
             options.overhead_budget.filter(|_| options.count_lines && proftap_probes::perf::may_define_uprobes()).map(|b| b * 100.0);
-        let end = InjectEnd { ns: ended_monotonic_ns, execs_ns: aggregator.exec_times(self.run.pid) };
+        let exited = self.ended.is_some();
+        let end = InjectEnd { ns: ended_monotonic_ns, execs_ns: aggregator.exec_times(self.run.pid), exited };
         let inject =
             self.inject.take().map(|source| source.finish(end, options.metrics.len(), compensation, counted_lines, held_back, &names));
         let uprobes = self.uprobes.finish();

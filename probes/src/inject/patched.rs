@@ -585,6 +585,13 @@ impl Patched {
         self.code_since_ns
     }
 
+    /// Whether the runtime keeps its threads' times off CPU: not in a
+    /// process in a pid namespace of its own, whose thread ids are not
+    /// the kernel's.
+    pub fn times_off_cpu(&self) -> bool {
+        self.memory.as_ref().is_some_and(|m| m.off_cpu != 0)
+    }
+
     /// The forked children's memory, by process id, as they hand it over.
     pub fn child_memories(&self) -> Option<ChildMemories> {
         let (Some(children), Some(view)) = (&self.children, &self.view) else { return None };

@@ -17,6 +17,7 @@ use proftap_probes::parallel;
 use proftap_probes::plan::ProbedFunction;
 use proftap_probes::target;
 use proftap_profile::{BranchRecord, Finding, Note, TRACED_CALL_BYTES, ThreadProfile};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// A patched process, watched while it runs.
@@ -124,9 +125,16 @@ impl InjectSource {
         }
         // Each live thread's time off CPU as the recording ends: the detach
         // stops them all, which wakes a sleeper and counts its sleep so far.
-        let processes = std::iter::once(self.pid).chain(patched.running_children());
-        let tids: Vec<u32> = processes.flat_map(|pid| target::threads(pid).unwrap_or_default()).map(|tid| tid as u32).collect();
-        let off_cpu = self.off_cpu.as_deref().map(|o| o.snapshot(tids));
+        // The threads of a process still running, where they could be
+        // listed: one not among them has ended.
+        let processes: Vec<i32> = std::iter::once(self.pid).chain(patched.running_children()).collect();
+        let live: HashMap<i32, HashSet<u32>> = processes
+            .iter()
+            .filter_map(|&pid| Some((pid, target::threads(pid).ok()?.into_iter().map(|tid| tid as u32).collect())))
+            .collect();
+        // The runtime keeps times off CPU by the kernel's thread ids, which
+        // a process in a pid namespace of its own does not see: none then.
+        let off_cpu = self.off_cpu.as_deref().filter(|_| patched.times_off_cpu()).map(|o| o.snapshot(live.values().flatten().copied()));
         if let Err(e) = patched.detach() {
             notes.push(Finding::RestoreFailed { pid: self.pid, error: e.to_string() }.into());
         }
@@ -159,7 +167,11 @@ impl InjectSource {
         let mut read = Read::default();
         let off_cpu = off_cpu.as_ref();
         // Calls in progress at an exec never return: they end with the image.
-        let image_end = ProcessEnd { ns: replaced.map_or(end_ns, |ns| ns.min(end_ns)), ended: false };
+        let image_end = ProcessEnd {
+            ns: replaced.map_or(end_ns, |ns| ns.min(end_ns)),
+            ended: end.exited && replaced.is_none(),
+            live: live.get(&self.pid),
+        };
         read.add(self.pid, view.totals().map_err(RecordError::Corrupted)?, &how, image_end, off_cpu, names);
         if let Some(error) = retired.error {
             return Err(RecordError::Corrupted(error));
@@ -170,7 +182,10 @@ impl InjectSource {
         // A shell forks hundreds: their threads' profiles are made on every CPU.
         let children = parallel::on_all_cpus(children, CHILDREN_WORTH_THREADS, |child| {
             // Its calls in progress when it ended end then: they never return.
-            let end = child.ended_ns.map_or(ProcessEnd { ns: end_ns, ended: false }, |ns| ProcessEnd { ns: ns.min(end_ns), ended: true });
+            let end = match child.ended_ns {
+                Some(ns) => ProcessEnd { ns: ns.min(end_ns), ended: true, live: None },
+                None => ProcessEnd { ns: end_ns, ended: false, live: live.get(&child.pid) },
+            };
             let read = child.totals().map(|totals| {
                 let profiles = thread_profiles(child.pid, &totals, &how, end, off_cpu, names);
                 (totals, profiles)
@@ -400,7 +415,7 @@ fn thread_profiles(
         // A thread that ended (with its process, or by `pthread_exit` from
         // within calls that never return) left its CPU for the last time as
         // it ended: its calls in progress end then, not with the recording.
-        let ended = end.ended || off_cpu.is_some_and(|o| o.ended(t.tid));
+        let ended = end.ended || end.live.is_some_and(|live| !live.contains(&t.tid));
         let left = entry.and_then(|e| e.left_at_ns()).filter(|&left| ended && left <= end.ns);
         let end_ns = left.unwrap_or(end.ns);
         let off_now = entry.map(|e| e.off_cpu_ns_at(end_ns));
@@ -413,6 +428,8 @@ fn thread_profiles(
 pub struct InjectEnd {
     /// The end of the recording.
     pub ns: u64,
+    /// Whether the process had exited by then.
+    pub exited: bool,
     /// When the process executed programs: one after the engine's code
     /// went in ended the image it patched.
     pub execs_ns: Vec<u64>,
@@ -420,13 +437,16 @@ pub struct InjectEnd {
 
 /// When a process's calls still in progress end.
 #[derive(Clone, Copy)]
-struct ProcessEnd {
+struct ProcessEnd<'a> {
     /// The end of the recording, or when the process was seen to end
     /// (CLOCK_MONOTONIC).
     ns: u64,
     /// Whether it had ended by then: each of its threads' calls then end
     /// when the thread last left a CPU.
     ended: bool,
+    /// Its threads alive as the recording ended, where they were listed:
+    /// the calls of one that had ended end as it did.
+    live: Option<&'a HashSet<u32>>,
 }
 
 /// Refuses a program that may unwind (an exception, a panic, `backtrace()`)
