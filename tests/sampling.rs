@@ -312,16 +312,16 @@ while [ $i -lt 100000 ]; do i=$((i+1)); done
     assert!(samples.to_string().contains("no symbols in /usr/bin/dash"), "{samples}");
     // Processes that execute other programs, as a build does by the
     // hundred: where a library's function is probed, one note, every
-    // program named once (the last, ls, is the shell itself executing it);
-    // sampled only, no probe is lost, and nothing is said.
+    // program named once (the last, ls, is the program itself executing
+    // it); sampled only, no probe is lost, and nothing is said. (The shell
+    // under another name: a launcher's library calls are wanted in the
+    // program it runs, and refused.)
     let file = dir.path().join("execs.profile");
+    let runner = dir.path().join("runner");
+    copy_executable(std::path::Path::new("/bin/dash"), &runner);
     let executed = |probes: &[&str]| {
-        let out = run(proftap().arg("run").arg("-o").arg(&file).args(probes).args([
-            "--",
-            "/bin/dash",
-            "-c",
-            "/bin/true; /bin/true; ls / >/dev/null",
-        ]));
+        let script = "/bin/true; /bin/true; ls / >/dev/null";
+        let out = run(proftap().arg("run").arg("-o").arg(&file).args(probes).arg("--").arg(&runner).args(["-c", script]));
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let notes = report_json(&file)["notes"].clone();
         notes
@@ -338,6 +338,8 @@ while [ $i -lt 100000 ]; do i=$((i+1)); done
         ["3 processes executed other programs (ls; true): probes on the previous programs no longer apply to them"]
     );
     assert_eq!(executed(&[]), Vec::<String>::new());
+    let launcher = run(proftap().args(["run", "-f", "libc.so.6:getenv", "--", "/bin/dash", "-c", "true"]));
+    assert_clean_failure(&launcher, "has no symbols, and it is a launcher");
     assert_clean_failure(&run(proftap().args(["run", "-f", "main", "--", "/bin/dash", "-c", "true"])), "has no symbols");
     // Named functions that cannot be probed are still an error.
     assert_clean_failure(&run(proftap().args(["run", "-f", "nothing_like_this", "--", "ls"])), "matches no function");

@@ -510,7 +510,7 @@ fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
     let patches_go = ending.engine == Engine::Inject;
     let mut executed: Vec<(i32, &String)> = Vec::new();
     // Sampling alone, no probe is lost to an exec: nothing to say.
-    let probed = !setup.functions.is_empty();
+    let probed = ending.probed.iter().chain(&ending.patched).any(|&p| p);
     for process in aggregate.processes.iter().filter(|_| probed) {
         for (i, exec) in process.execs.iter().enumerate() {
             let start = process.pid == pid && !attached && i == 0 && starts.contains(exec);
@@ -549,7 +549,7 @@ fn notes(setup: &Setup, aggregate: &Aggregate, ending: &Ending) -> Vec<Note> {
 
 /// The executable's name as the kernel names a process (at most 15 bytes).
 fn program_name(setup: &Setup) -> String {
-    comm_of(setup.functions.first().map_or(setup.target.exe.as_str(), |f| f.module.as_str()))
+    comm_of(&setup.target.exe)
 }
 
 /// The name the kernel gives a process executing `path` (its file name, 15 bytes at most).

@@ -518,8 +518,9 @@ fn choose(
 ) -> Result<Chosen, PrepareError> {
     let line_files = line_files(request.lines.as_deref(), &request.regions);
     // An executable without symbols is sampled, as perf does, or left
-    // alone where only a library's functions are named.
-    let names_libraries_only = modules.first().is_some_and(|(main, _)| selection.names_other_modules_only(main));
+    // alone where only a library's functions are named (not a launcher's:
+    // those are wanted in the program it runs).
+    let names_libraries_only = modules.first().is_some_and(|(main, _)| selection.names_other_modules_only(main) && !is_launcher(main));
     let unnamed_ok = (request.sample_settings().is_some() && (!request.instrument || request.functions.is_empty())) || names_libraries_only;
     // Sampling alone names frames from the symbol tables, as for libraries
     // (inlined frames and lines are read where samples fell): a large
