@@ -396,7 +396,7 @@ fn counts_lines(request: &RecordRequest, chosen: &Chosen) -> bool {
 }
 
 /// The index of an executable without a symbol: no function, its
-/// segments (for naming its samples by address) and why.
+/// segments (for naming its samples by address), its imports, and why.
 fn unnamed(display: &Path, image: &ElfImage) -> Result<SymbolIndex, proftap_probes::Error> {
     Ok(SymbolIndex {
         path: display.to_path_buf(),
@@ -408,7 +408,9 @@ fn unnamed(display: &Path, image: &ElfImage) -> Result<SymbolIndex, proftap_prob
         units: Vec::new(),
         line_rows: Vec::new(),
         segments: image.segments()?,
-        imports: Vec::new(),
+        // What it calls of its libraries (pthread_cancel, an unwinder)
+        // decides how they may be patched.
+        imports: image.imports()?,
         labels: Vec::new(),
         warnings: vec![format!("{} has no symbols at all: its samples are named by module", display.display())],
     })
