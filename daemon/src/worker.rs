@@ -214,8 +214,7 @@ fn use_streams(stdio: Vec<OwnedFd>) {
 }
 
 fn finished(daemon: &Daemon, profile: &proftap_profile::Profile) -> std::io::Result<()> {
-    let memfd = nix::sys::memfd::memfd_create("proftap-profile", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
-    let mut file = std::fs::File::from(memfd);
+    let mut file = std::fs::File::from(proftap_probes::memfd::never_executable(c"proftap-profile")?);
     proftap_profile::write_profile_to(&mut file, profile)?;
     daemon.report(&Report::Finished, &[file.as_fd()])
 }

@@ -121,7 +121,6 @@ static inline long syscall6(long number, long a, long b, long c, long d, long e,
 #define SYS_newfstatat 262
 #define AT_EMPTY_PATH 0x1000
 #define EPERM 1
-#define EINVAL 22
 #define ENOSYS 38
 
 /* futex(2), on memory shared with proftap (not private to the process). */
@@ -826,9 +825,10 @@ FORK_CODE static u64 make_own_memory(const struct config *c, struct seat *own, i
         first = index;
     /* Sealing allowed: proftap seals it against shrinking before it maps it.
      * Never executable, said so: Linux 6.3 to 6.5 under vm.memfd_noexec=2
-     * refuse a memfd that does not say (before 6.3 the flag is unknown). */
+     * refuse a memfd that does not say (before 6.3 the flag is unknown; a
+     * filter may refuse it). */
     long memfd = syscall6(SYS_memfd_create, (long)name, 11 /* MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL */, 0, 0, 0, 0);
-    if (memfd == -EINVAL)
+    if (memfd < 0)
         memfd = syscall6(SYS_memfd_create, (long)name, 3 /* MFD_CLOEXEC | MFD_ALLOW_SEALING */, 0, 0, 0, 0);
     int made = memfd >= 0 && syscall6(SYS_ftruncate, memfd, c->shared_bytes, 0, 0, 0, 0) == 0 && fill_own_header(c, memfd, own ? first + 1 : 0);
     /* proftap is reached while the parent's memory is still mapped: a

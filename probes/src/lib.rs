@@ -26,6 +26,7 @@ pub mod exits;
 pub mod inject;
 pub mod libs;
 pub mod lines;
+pub mod memfd;
 pub mod metrics;
 pub mod offcpu;
 pub mod parallel;

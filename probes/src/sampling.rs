@@ -500,14 +500,8 @@ impl OwnVdso {
         let mut memory = std::fs::File::open("/proc/self/mem").ok()?;
         memory.seek(std::io::SeekFrom::Start(start)).ok()?;
         memory.read_exact(&mut image).ok()?;
-        let name = c"proftap-vdso";
-        // SAFETY: memfd_create with a valid C string and flags; the result is checked.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: fd was just returned by memfd_create and is owned here alone.
-        let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let mut file = std::fs::File::from(crate::memfd::never_executable(c"proftap-vdso").ok()?);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
         file.write_all(&image).ok()?;
         Some(OwnVdso { path: PathBuf::from(format!("/proc/self/fd/{fd}")), _file: file, len })
     }

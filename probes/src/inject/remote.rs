@@ -561,12 +561,9 @@ impl Remote {
         self.write(scratch, name)?;
         // Never executable, said so: Linux 6.3 to 6.5 under
         // vm.memfd_noexec=2 refuse a memfd that does not say (before 6.3
-        // the flag is unknown).
+        // the flag is unknown; a filter may refuse it).
         let memfd_create = |flags: u32| self.syscall("memfd_create", libc::SYS_memfd_create, [scratch, flags as u64, 0, 0, 0, 0]);
-        let fd = match memfd_create(libc::MFD_CLOEXEC | libc::MFD_NOEXEC_SEAL) {
-            Err(RemoteError::Call { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => memfd_create(libc::MFD_CLOEXEC),
-            fd => fd,
-        };
+        let fd = memfd_create(libc::MFD_CLOEXEC | libc::MFD_NOEXEC_SEAL).or_else(|_| memfd_create(libc::MFD_CLOEXEC));
         self.write(scratch, &saved)?;
         let fd = fd?;
         let close = || {
