@@ -105,7 +105,7 @@ fn measure(profile: &Profile, budget: &Budget) -> Result<f64, Missing> {
     let m = metric.ok_or_else(|| Missing::NoMetric(budget.metric.clone()))?;
     Ok(match budget.measure {
         Measure::Calls => calls as f64,
-        Measure::Average => cost.total as f64 / timed.max(1) as f64,
+        Measure::Average => cost.every_call() as f64 / timed.max(1) as f64,
         Measure::Max => cost.max as f64,
         Measure::Total => cost.total as f64,
         Measure::Share => cost.total as f64 / whole_run(profile, m).max(1) as f64,
@@ -152,10 +152,10 @@ mod tests {
     fn profile() -> Profile {
         let mut main = FunctionStats::new(0, 1);
         main.calls = 1;
-        main.inclusive[0] = Stat { total: 1_000_000, min: 1_000_000, max: 1_000_000 };
+        main.inclusive[0] = Stat::new(1_000_000, 1_000_000, 1_000_000);
         let mut parse = FunctionStats::new(1, 1);
         parse.calls = 4;
-        parse.inclusive[0] = Stat { total: 600_000, min: 100_000, max: 300_000 };
+        parse.inclusive[0] = Stat::new(600_000, 100_000, 300_000);
         let mut p = Profile {
             target: Target { exe: "/bin/prog".into(), ..Target::default() },
             metrics: vec!["wall_ns".into()],

@@ -560,8 +560,8 @@ mod tests {
                 s.calls = calls;
                 // Every call alike: the fastest is the average.
                 let per_call = total / calls.max(1);
-                s.inclusive[0] = Stat { total, min: per_call, max: per_call };
-                s.exclusive[0] = Stat { total, min: per_call, max: per_call };
+                s.inclusive[0] = Stat::new(total, per_call, per_call);
+                s.exclusive[0] = Stat::new(total, per_call, per_call);
                 s
             })
             .collect();
@@ -720,7 +720,7 @@ mod tests {
                 start: 3,
                 end: 9,
                 entries: 5,
-                inclusive: vec![Stat { total: 5 * per_entry, min: per_entry, max: per_entry }],
+                inclusive: vec![Stat::new(5 * per_entry, per_entry, per_entry)],
             });
             p
         };

@@ -348,7 +348,7 @@ mod tests {
     fn profile(build: &str, function: &str, calls: u64, line_count: u64) -> Profile {
         let mut stats = FunctionStats::new(0, 1);
         stats.calls = calls;
-        stats.inclusive[0] = Stat { total: calls.saturating_mul(10), min: 10, max: 10 };
+        stats.inclusive[0] = Stat::new(calls.saturating_mul(10), 10, 10);
         Profile {
             target: Target { exe: "/bin/prog".into(), build_id: Some(build.into()), ..Target::default() },
             metrics: vec!["wall_ns".into()],
@@ -376,7 +376,7 @@ mod tests {
         assert_eq!(a.functions.len(), 2);
         let merged = a.merged_functions();
         assert_eq!(merged[0].calls, 5);
-        assert_eq!(merged[0].inclusive[0], Stat { total: 50, min: 10, max: 10 });
+        assert_eq!(merged[0].inclusive[0], Stat::new(50, 10, 10));
         assert_eq!(merged[1].calls, 1);
         assert_eq!(
             a.lines,

@@ -985,16 +985,16 @@ mod tests {
         p.functions = vec![FunctionInfo::default(), FunctionInfo::default()];
         let mut s1 = FunctionStats::new(1, 1);
         s1.calls = 3;
-        s1.inclusive[0] = Stat { total: 30, min: 5, max: 15 };
+        s1.inclusive[0] = Stat::new(30, 5, 15);
         let mut s2 = s1.clone();
         s2.calls = 1;
-        s2.inclusive[0] = Stat { total: 4, min: 4, max: 4 };
+        s2.inclusive[0] = Stat::new(4, 4, 4);
         for (tid, stats) in [(1, s1), (2, s2)] {
             p.threads.push(ThreadProfile { pid: 1, tid, name: String::new(), functions: vec![stats], tree: CallTree::new(1) });
         }
         let merged = p.merged_functions();
         assert_eq!(merged.len(), 1);
         assert_eq!(merged[0].calls, 4);
-        assert_eq!(merged[0].inclusive[0], Stat { total: 34, min: 4, max: 15 });
+        assert_eq!(merged[0].inclusive[0], Stat::new(34, 4, 15));
     }
 }

@@ -807,7 +807,7 @@ impl Aggregator {
             if outermost {
                 acc.inclusive[m].add(inclusive[m]);
             } else {
-                acc.inclusive[m].observe(inclusive[m]);
+                acc.inclusive[m].add_nested(inclusive[m]);
             }
             acc.exclusive[m].add(exclusive[m]);
         }
@@ -1066,7 +1066,9 @@ mod tests {
         }
         let f = stats(agg.finish(), 1, 0);
         assert_eq!(f.calls, 2);
-        assert_eq!(f.inclusive[0], Stat { total: 100, min: 10, max: 100 });
+        // The inner call is in the outer one's total, and in the average.
+        assert_eq!(f.inclusive[0], Stat { total: 100, min: 10, max: 100, nested: 10 });
+        assert_eq!(f.inclusive[0].avg(f.calls), 55);
         // Exclusive: the outer call excludes the inner one.
         assert_eq!(f.exclusive[0].total, 90 + 10);
     }

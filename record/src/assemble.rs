@@ -761,7 +761,7 @@ mod tests {
     #[test]
     fn a_caller_keeps_what_the_smaller_count_of_samples_says() {
         let ms = 1_000_000;
-        let stat = |total: u64| Stat { total, min: total, max: total };
+        let stat = |total: u64| Stat::new(total, total, total);
         let thread = |exclusive: u64| {
             let node = |function: u32, parent: u32, total: u64| TreeNode {
                 function,
@@ -839,25 +839,25 @@ mod tests {
     #[test]
     fn time_taken_out_keeps_min_and_max_within_the_total() {
         // One call of 211 ms, 204 ms of it estimated in a throttled callee.
-        let mut one = Stat { total: 211, min: 211, max: 211 };
+        let mut one = Stat::new(211, 211, 211);
         assert_eq!(take_out(&mut one, 1, 204), 204);
-        assert_eq!(one, Stat { total: 7, min: 7, max: 7 });
+        assert_eq!(one, Stat::new(7, 7, 7));
         // Four calls, 10 to 40: 60 taken leaves 40, four calls of 10.
-        let mut four = Stat { total: 100, min: 10, max: 40 };
+        let mut four = Stat::new(100, 10, 40);
         take_out(&mut four, 4, 60);
-        assert_eq!(four, Stat { total: 40, min: 10, max: 10 });
+        assert_eq!(four, Stat::new(40, 10, 10));
         // 40 taken leaves 60: the least stays 10, the largest at most 60 - 3 x 10.
-        let mut more = Stat { total: 100, min: 10, max: 40 };
+        let mut more = Stat::new(100, 10, 40);
         take_out(&mut more, 4, 40);
-        assert_eq!(more, Stat { total: 60, min: 10, max: 30 });
+        assert_eq!(more, Stat::new(60, 10, 30));
         // More than there is: all of it, and the rest stays.
-        let mut small = Stat { total: 5, min: 2, max: 3 };
+        let mut small = Stat::new(5, 2, 3);
         assert_eq!(take_out(&mut small, 2, 9), 5);
-        assert_eq!(small, Stat { total: 0, min: 0, max: 0 });
+        assert_eq!(small, Stat::new(0, 0, 0));
         // Nothing taken: nothing changes.
-        let mut kept = Stat { total: 5, min: 2, max: 3 };
+        let mut kept = Stat::new(5, 2, 3);
         assert_eq!(take_out(&mut kept, 2, 0), 0);
-        assert_eq!(kept, Stat { total: 5, min: 2, max: 3 });
+        assert_eq!(kept, Stat::new(5, 2, 3));
     }
 
     fn setup() -> Setup {

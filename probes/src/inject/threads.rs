@@ -81,7 +81,7 @@ pub fn add_regions(into: &mut Vec<RegionSum>, thread: &ThreadTotals, how: &Conve
     }
     let stat = |raw: &RawStat, timed: u64| match timed {
         0 => Stat::default(),
-        _ => Stat { total: how.clock.duration_ns(raw.total), min: how.clock.duration_ns(raw.min), max: how.clock.duration_ns(raw.max) },
+        _ => Stat::new(how.clock.duration_ns(raw.total), how.clock.duration_ns(raw.min), how.clock.duration_ns(raw.max)),
     };
     for (sum, r) in into.iter_mut().zip(&thread.regions) {
         sum.entries = sum.entries.saturating_add(r.entries);
@@ -199,10 +199,9 @@ fn function_stats(
     let own = |m: usize| how.compensation.map_or(0, |c| c[m].own);
     // Totals from the tree (in the profile's units, compensated); the
     // extremes of single calls from the runtime's.
-    let extremes = |raw: &RawStat, m: usize| Stat {
-        total: 0,
-        min: if raw.min == u64::MAX { u64::MAX } else { ns(raw.min).saturating_sub(own(m)) },
-        max: ns(raw.max).saturating_sub(own(m)),
+    let extremes = |raw: &RawStat, m: usize| {
+        let min = if raw.min == u64::MAX { u64::MAX } else { ns(raw.min).saturating_sub(own(m)) };
+        Stat::new(0, min, ns(raw.max).saturating_sub(own(m)))
     };
     let mut timed = vec![0u64; thread.calls.len()];
     for (i, (node, counted)) in nodes.iter().zip(tree).enumerate().skip(1) {
@@ -229,7 +228,10 @@ fn function_stats(
             // each kept within a total compensated its own way.
             let mut excl = within(excl_raw, m, counted.exclusive[m]);
             (excl.min, excl.max) = (excl.min.min(incl.min), excl.max.min(incl.max));
-            f.inclusive[m].merge(&Stat { total: if outermost[i] { incl.total } else { 0 }, ..incl });
+            // A call within one of the same function is counted in that
+            // one's total: its own is nested (see Stat::nested).
+            let (total, nested) = if outermost[i] { (incl.total, 0) } else { (0, incl.total) };
+            f.inclusive[m].merge(&Stat { total, nested, ..incl });
             f.exclusive[m].merge(&excl);
         }
     }
