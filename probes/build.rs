@@ -16,6 +16,7 @@ const SYMBOLS: &[&str] = &[
     "proftap_unwinder_link",
     "proftap_rehook",
     "proftap_resume",
+    "proftap_jump",
     "proftap_region",
     "proftap_config",
     "proftap_layout",

@@ -42,6 +42,24 @@ fn the_program_keeps_its_output_and_status() {
     assert_eq!((dive["calls"].as_u64(), dive["unwound"].as_u64()), (Some(250), Some(250)));
 }
 
+/// The calls a `longjmp` leaves end as it starts, not when the thread
+/// next calls or returns: here after a sleep of 200 ms in the C library,
+/// which they would otherwise take as theirs. glibc's `longjmp`, and its
+/// checked `__longjmp_chk` where the program is built fortified.
+#[test]
+fn the_calls_a_longjmp_leaves_end_at_the_jump() {
+    require_probes();
+    for build in [Build::c("jumps.c", "-O2"), Build::c("jumps.c", "-O2").flag("-D_FORTIFY_SOURCE=2")] {
+        let binary = build.build();
+        let args = ["--engine", "inject", "--overhead-budget", "0", "-f", "dive", "-f", "surface"];
+        let report = run_unharmed(&args, &binary, &["3", "4", "200"]);
+        let dive = function(&report["functions"], "dive");
+        assert_eq!((dive["calls"].as_u64(), dive["unwound"].as_u64()), (Some(15), Some(15)), "{}", build.label());
+        let longest = stat(dive, "inclusive", "wall_ns", "max");
+        assert!(longest < 50_000_000, "{}: a call dive left by the jump took {longest} ns", build.label());
+    }
+}
+
 /// A function entered without a return address (the program's entry
 /// point, whose word on the stack is the argument count) is given neither
 /// a return trampoline nor a return probe: `calls` would see another

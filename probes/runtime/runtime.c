@@ -69,6 +69,7 @@ __attribute__((used)) const u64 proftap_layout[] = {
     OFF_CPU_PAGE_WORDS,
     __builtin_offsetof(struct header, off_cpu_unmapped),
     __builtin_offsetof(struct header, lock_refused),
+    HOOK_FIRST_ARGUMENT,
 };
 
 static inline u64 rdtsc(void)
@@ -1951,6 +1952,43 @@ void proftap_rehook(u64 *slot)
     p->unhooked = 0;
     drop_below(c, p, b, (u64)slot, !entered_here && !is_trampoline(c, *slot));
     rewrite(c, p, (u64)slot, entered_here, 1);
+}
+
+/* glibc's jmp_buf keeps the stack pointer to go back to in its seventh
+ * word, mangled with the thread's pointer guard (its PTR_MANGLE: xor with
+ * the guard at %fs:0x30, then rotated left 17 bits). */
+#define JMPBUF_SP 6
+
+static inline u64 pointer_demangled(u64 value)
+{
+    u64 guard;
+    __asm__("mov %%fs:0x30, %0" : "=r"(guard));
+    return ((value >> 17) | (value << 47)) ^ guard;
+}
+
+/* Where a longjmp starts (glibc's longjmp, siglongjmp and __longjmp_chk;
+ * the jmp_buf its first argument): the frames it leaves end now, as left
+ * without a return, rather than when the thread is next seen shallower,
+ * after whatever the program did uninstrumented meanwhile. They are those
+ * below the stack pointer the jump goes back to, on its stack. A jump to
+ * another stack (a signal handler's way back from its alternate stack, a
+ * coroutine's), a buffer that is not glibc's, or one whose thread holds
+ * its block (a handler that interrupted the runtime) ends nothing here:
+ * the thread's next call or return ends what the jump left. */
+void proftap_jump(u64 *slot)
+{
+    const struct config *c = config();
+    adopt_if_forked(c);
+    u64 seated = seat_of(c, 0);
+    if (!seated)
+        return;
+    struct private_block *p = private_block(c, seated - 1);
+    const u64 *jmp_buf = (const u64 *)slot[-HOOK_FIRST_ARGUMENT];
+    u64 sp = pointer_demangled(jmp_buf[JMPBUF_SP]);
+    if (sp <= (u64)slot || !near(sp, (u64)slot) || p->unhooked || take_block_busy(c, p, (u64)slot))
+        return;
+    drop_below(c, p, live(c) ? shared_block(c, seated - 1) : 0, sp, 0);
+    __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
 
 /* Where a stack walker returns: the frames it had put back are hijacked again. */

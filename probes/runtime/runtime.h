@@ -61,6 +61,11 @@ typedef u64 __attribute__((may_alias, aligned(4))) u64_alias4;
  * timed call is made, so that the return trampoline is the address the
  * call pushed and the processor predicted. */
 #define CALL_BEFORE_TRAMPOLINE 4
+
+/* Where a hook's trampoline keeps the hooked function's first argument:
+ * words below the return-address slot it passes to the runtime (two words
+ * set aside, then rax, rcx, rdx, rsi and rdi pushed). */
+#define HOOK_FIRST_ARGUMENT 7
 #define SITE_PROBES 8
 /* A frame with no node: its context did not fit. */
 #define NO_NODE 0xffffffffU

@@ -40,6 +40,9 @@ pub enum Hook {
     /// start (`clone`): the runtime takes a thread's block atomically from
     /// then on, and it is a thread start too.
     Clone,
+    /// A `longjmp` starts: the frames it leaves end there, not when the
+    /// thread is next seen.
+    Jump,
 }
 
 impl Hook {
@@ -54,7 +57,7 @@ impl Hook {
 /// thread pointer of its own) or `clone` (which may not), a process
 /// that shares the counters in `fork` or `_Fork`; `vfork` and
 /// `posix_spawn` suspend the parent until the child executes.
-const HOOKS: [(&str, Hook); 14] = [
+const HOOKS: [(&str, Hook); 18] = [
     ("pthread_create", Hook::ThreadStart),
     ("clone", Hook::Clone),
     ("fork", Hook::ThreadStart),
@@ -71,6 +74,11 @@ const HOOKS: [(&str, Hook); 14] = [
     ("__cxa_begin_catch", Hook::Rehook),
     // Where a foreign exception caught by Rust's catch_unwind is freed.
     ("_Unwind_DeleteException", Hook::Rehook),
+    // glibc's jumps (`longjmp`, `_longjmp` and `siglongjmp` one code).
+    ("longjmp", Hook::Jump),
+    ("_longjmp", Hook::Jump),
+    ("siglongjmp", Hook::Jump),
+    ("__longjmp_chk", Hook::Jump),
 ];
 
 /// Where a Rust panic caught by `catch_unwind` is freed (a mangled name).

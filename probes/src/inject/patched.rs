@@ -1265,7 +1265,8 @@ fn prologue(rt: &totals::Runtime, hook: Option<Hook>, function: usize, site: Sit
         (Some(Hook::Rehook), _) => call_routine(address, rt.rehook, 0),
         (Some(Hook::ThreadStart), Site::Entry) => call_routine(address, rt.lock_counters, 0),
         (Some(Hook::Clone), Site::Entry) => call_routine(address, rt.clone, 0),
-        (Some(Hook::Unhook | Hook::UnwinderLink | Hook::ThreadStart | Hook::Clone), Site::Return) => {
+        (Some(Hook::Jump), Site::Entry) => call_routine(address, rt.jump, 0),
+        (Some(Hook::Unhook | Hook::UnwinderLink | Hook::ThreadStart | Hook::Clone | Hook::Jump), Site::Return) => {
             Err("no code for this site".to_string())
         }
     }

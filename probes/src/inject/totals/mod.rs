@@ -524,6 +524,9 @@ pub struct Runtime {
     /// Where `resume` is: called where a stack walker returns, it hijacks
     /// the return addresses it had put back.
     pub resume: u64,
+    /// Where `jump` is: called where a `longjmp` starts, it ends the
+    /// frames the jump leaves.
+    pub jump: u64,
     /// Where the region trampoline is (see [`region_hook`]).
     pub region_trampoline: u64,
     /// Where `lock_counters` is: called where a thread or a process
@@ -607,6 +610,7 @@ pub fn assemble(address: u64, config: &Config, shared: Option<Trampolines>) -> R
         unwinder_link: address + symbols::PROFTAP_UNWINDER_LINK,
         rehook: address + symbols::PROFTAP_REHOOK,
         resume: address + symbols::PROFTAP_RESUME,
+        jump: address + symbols::PROFTAP_JUMP,
         region_trampoline,
         lock_counters: address + symbols::PROFTAP_LOCK_COUNTERS,
         clone: address + symbols::PROFTAP_CLONE,
@@ -701,6 +705,11 @@ pub fn region_hook(region: u32, leave: bool, slot: u64) -> Result<Vec<iced_x86::
     let call = Instruction::with1(Code::Call_rm64, MemoryOperand::with_base_displ(Register::RIP, slot as i64))?;
     Ok(vec![step(-i64::from(RED_ZONE))?, Instruction::with1(Code::Pushq_imm32, code)?, call, step(i64::from(RED_ZONE) + 8)?])
 }
+
+/// Where a hook's trampoline keeps the hooked function's first argument,
+/// in words below the return-address slot it passes to the runtime: two
+/// words set aside, then [`SAVED`] pushed up to rdi (runtime.h's).
+pub const HOOK_FIRST_ARGUMENT: usize = 7;
 
 /// The registers a trampoline saves: those a call may pass arguments or
 /// return values in, and the others the C code may change (the ABI's

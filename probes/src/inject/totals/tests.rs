@@ -47,7 +47,10 @@ fn the_c_and_rust_views_of_the_memory_agree() {
         OFF_CPU_PAGE_WORDS,
         std::mem::offset_of!(Header, off_cpu_unmapped) as u64,
         std::mem::offset_of!(Header, lock_refused) as u64,
+        HOOK_FIRST_ARGUMENT as u64,
     ];
+    // Two words set aside, then the registers pushed up to rdi.
+    assert_eq!(HOOK_FIRST_ARGUMENT, 2 + SAVED.iter().position(|&r| r == rdi).expect("rdi is saved") + 1);
     for (i, &value) in expected.iter().enumerate() {
         assert_eq!(layout_word(i), value, "layout word {i}");
     }
@@ -843,6 +846,50 @@ fn frames_a_longjmp_skipped_end_as_unwound_and_a_tail_call_lives_on() {
     assert_eq!(calls, 5);
     // The tail call is f0's child.
     assert!(nodes.iter().any(|n| n.function == 2 && n.parent == 1 && n.calls == 1), "{nodes:?}");
+}
+
+/// `value` as glibc keeps a pointer in a jmp_buf (PTR_MANGLE): xored
+/// with this thread's pointer guard, then rotated left 17 bits.
+fn pointer_mangled(value: u64) -> u64 {
+    let guard: u64;
+    // SAFETY: glibc's thread control block, which fs points at, keeps the
+    // pointer guard at 0x30; reading it changes nothing.
+    unsafe { std::arch::asm!("mov {}, fs:[0x30]", out(reg) guard, options(nostack, readonly, preserves_flags)) };
+    (value ^ guard).rotate_left(17)
+}
+
+#[test]
+fn a_longjmp_ends_the_frames_it_leaves_as_it_starts() {
+    let rt = Local::new(3, 4);
+    let mut stack = Stack::new();
+    rt.entry(&mut stack.0[60], 0);
+    rt.entry(&mut stack.0[50], 1);
+    rt.entry(&mut stack.0[40], 2);
+    // f2 calls longjmp (its slot 30, the jmp_buf its first argument, kept
+    // below the slot) back to f0's frame, whose stack pointer is slot 55.
+    // Read by the runtime through the address it is given.
+    let jmp_buf: [std::cell::Cell<u64>; 8] = Default::default();
+    jmp_buf[6].set(pointer_mangled(&stack.0[55] as *const u64 as u64));
+    stack.0[30 - HOOK_FIRST_ARGUMENT] = jmp_buf.as_ptr() as u64;
+    rt.hook(rt.runtime.jump, &mut stack.0[30]);
+    assert_eq!(rt.block(0).depth, 1, "the frames at 50 and 40 end at the jump");
+    let nodes = rt.nodes(0);
+    assert_eq!(nodes.iter().map(|n| (n.function, n.calls, n.unwound)).filter(|n| n.1 > 0).collect::<Vec<_>>(), [(1, 1, 1), (2, 1, 1)]);
+    // A jump to another stack, or a buffer not glibc's, ends nothing. (f0
+    // calls f1 again: the call puts its return address in the slot.)
+    stack.0[50] = 0x1000 + 50;
+    rt.entry(&mut stack.0[50], 1);
+    for to in [&stack.0[55] as *const u64 as u64 + (64 << 20), &stack.0[20] as *const u64 as u64] {
+        jmp_buf[6].set(pointer_mangled(to));
+        rt.hook(rt.runtime.jump, &mut stack.0[30]);
+        assert_eq!(rt.block(0).depth, 2, "{to:#x}");
+    }
+    jmp_buf[6].set(&stack.0[55] as *const u64 as u64);
+    rt.hook(rt.runtime.jump, &mut stack.0[30]);
+    assert_eq!(rt.block(0).depth, 2, "a stack pointer not mangled");
+    rt.exit(&mut stack.0[50]);
+    rt.exit(&mut stack.0[60]);
+    assert_eq!((stack.0[50], stack.0[60]), (0x1000 + 50, 0x1000 + 60));
 }
 
 #[test]
