@@ -602,6 +602,11 @@ pub struct FunctionStats {
     /// cost is their caller's; the statistics are of the other calls.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub untimed: u64,
+    /// Calls in progress when this process was forked from its parent, timed
+    /// here as they went on in it (the parent counted them as calls): each
+    /// is one of the times the statistics are of.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub carried: u64,
     /// Inclusive cost per metric.
     pub inclusive: Vec<Stat>,
     /// Exclusive cost per metric.
@@ -621,14 +626,16 @@ impl FunctionStats {
             unwound: 0,
             unfinished: 0,
             untimed: 0,
+            carried: 0,
             inclusive: vec![Stat::default(); metrics],
             exclusive: vec![Stat::default(); metrics],
         }
     }
 
-    /// The calls its statistics are of: those timed.
+    /// The calls its statistics are of: those timed, and the calls a
+    /// forked child carried on.
     pub fn timed_calls(&self) -> u64 {
-        self.calls.saturating_sub(self.untimed)
+        self.calls.saturating_sub(self.untimed).saturating_add(self.carried)
     }
 
     /// Adds another's numbers for the same function.
@@ -637,6 +644,7 @@ impl FunctionStats {
         self.unwound = self.unwound.saturating_add(other.unwound);
         self.unfinished = self.unfinished.saturating_add(other.unfinished);
         self.untimed = self.untimed.saturating_add(other.untimed);
+        self.carried = self.carried.saturating_add(other.carried);
         for (a, b) in self.inclusive.iter_mut().zip(&other.inclusive) {
             a.merge(b);
         }

@@ -883,6 +883,9 @@ impl Aggregator {
                         unwound: a.unwound,
                         unfinished: a.unfinished,
                         untimed: a.untimed,
+                        // Probes see a forked child's returns only of the
+                        // calls it makes itself.
+                        carried: 0,
                         inclusive: a.inclusive[..metrics].to_vec(),
                         exclusive: a.exclusive[..metrics].to_vec(),
                     })

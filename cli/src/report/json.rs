@@ -224,6 +224,7 @@ fn function(profile: &Profile, f: &FunctionStats) -> Value {
         "unwound": f.unwound,
         "unfinished": f.unfinished,
         "untimed": f.untimed,
+        "carried": f.carried,
         "mode": info.mode,
         "engine": info.engine,
         "inclusive": stats(profile, &f.inclusive, f.timed_calls()),

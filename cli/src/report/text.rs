@@ -467,6 +467,9 @@ fn flat(profile: &Profile, functions: &mut [FunctionStats], m: usize, options: &
         if f.unfinished > 0 {
             label.push_str(&format!("  [{} unfinished]", f.unfinished));
         }
+        if f.carried > 0 {
+            label.push_str(&format!("  [{} carried on by forked children]", f.carried));
+        }
         let timed = f.timed_calls();
         if f.untimed > 0 {
             // Their cost is their callers': no time of theirs to show.

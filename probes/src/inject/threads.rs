@@ -247,8 +247,10 @@ fn function_stats(
             f.calls = thread.calls[function];
             f.unfinished = unfinished[function];
             // Counted by the runtime, in no context: out of room, too deep,
-            // or made while the runtime was busy.
+            // or made while the runtime was busy. Timed and not counted:
+            // calls a forked child carried on (the parent counted them).
             f.untimed = f.calls.saturating_sub(timed[function]);
+            f.carried = timed[function].saturating_sub(f.calls);
             f
         })
         .collect()
