@@ -368,6 +368,9 @@ fn counts_at_u64_max_saturate_through_merge_reports_and_exports() {
     p["threads"][0]["functions"][1]["inclusive"][0]["total"] = json!(max);
     // More calls untimed than made: a lie no renderer may divide by.
     p["threads"][0]["functions"][1]["untimed"] = json!(max);
+    // As many calls carried on by children and nested in others as can be.
+    p["threads"][0]["functions"][0]["carried"] = json!(max);
+    p["threads"][0]["functions"][0]["inclusive"][0]["nested"] = json!(max);
     p["threads"][0]["tree"]["nodes"][2]["calls"] = json!(max);
     p["threads"][0]["tree"]["nodes"][2]["exclusive"] = json!([max]);
     p["lines"][1]["count"] = json!(max);
@@ -383,6 +386,8 @@ fn counts_at_u64_max_saturate_through_merge_reports_and_exports() {
     assert_eq!(calls_by_name(&report)["f"], max);
     let f = function(&report["functions"], "f");
     assert_eq!((f["untimed"].as_u64(), f["inclusive"]["wall_ns"]["avg"].as_u64()), (Some(max), Some(0)), "{f}");
+    let main = function(&report["functions"], "main");
+    assert_eq!((main["carried"].as_u64(), main["inclusive"]["wall_ns"]["avg"].as_u64()), (Some(max), Some(1)), "{main}");
     assert_eq!((report["lines"][1]["count"].as_u64(), report["lost"]["events"].as_u64()), (Some(max), Some(max)));
     assert_eq!(report["runs"], u32::MAX);
     assert_eq!(report["tree"]["children"][0]["children"][0]["calls"], max);
