@@ -1876,17 +1876,26 @@ void proftap_exit(u64 *slot)
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
 
+/* The private block of the thread a hook runs on, its seat's block
+ * (index + 1) in *seated; none when it has no seat: no call of its was
+ * recorded. */
+static struct private_block *hooked_thread(const struct config *c, u64 *seated)
+{
+    adopt_if_forked(c);
+    *seated = seat_of(c, 0);
+    return *seated ? private_block(c, *seated - 1) : 0;
+}
+
 /* proftap_unhook, below; `walk_within`: within an unwind under way, the
  * return addresses above the slot are given back too (a walk a handler
  * started reads them); else they are back already. */
 static void unhook(u64 *slot, int walk_within)
 {
     const struct config *c = config();
-    adopt_if_forked(c);
-    u64 seated = seat_of(c, 0);
-    if (!seated)
+    u64 seated;
+    struct private_block *p = hooked_thread(c, &seated);
+    if (!p)
         return;
-    struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     int tail_call = is_trampoline(c, *slot);
     /* A walk while another unwinder runs (a handler's that interrupted
@@ -1942,11 +1951,10 @@ void proftap_unwinder_link(u64 *slot)
 void proftap_rehook(u64 *slot)
 {
     const struct config *c = config();
-    adopt_if_forked(c);
-    u64 seated = seat_of(c, 0);
-    if (!seated)
+    u64 seated;
+    struct private_block *p = hooked_thread(c, &seated);
+    if (!p)
         return;
-    struct private_block *p = private_block(c, seated - 1);
     struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     int entered_here = p->unhooked == (u64)slot;
     p->unhooked = 0;
@@ -1978,11 +1986,10 @@ static inline u64 pointer_demangled(u64 value)
 void proftap_jump(u64 *slot)
 {
     const struct config *c = config();
-    adopt_if_forked(c);
-    u64 seated = seat_of(c, 0);
-    if (!seated)
+    u64 seated;
+    struct private_block *p = hooked_thread(c, &seated);
+    if (!p)
         return;
-    struct private_block *p = private_block(c, seated - 1);
     const u64 *jmp_buf = (const u64 *)slot[-HOOK_FIRST_ARGUMENT];
     u64 sp = pointer_demangled(jmp_buf[JMPBUF_SP]);
     if (sp <= (u64)slot || !near(sp, (u64)slot) || p->unhooked || take_block_busy(c, p, (u64)slot))
