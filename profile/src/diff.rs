@@ -234,6 +234,7 @@ fn file_name(path: &str) -> String {
 #[derive(Clone, Copy, Default)]
 struct Cost {
     calls: u64,
+    /// Over every call, nested ones too (see [`crate::stats::Stat::nested`]).
     inclusive: u64,
     fastest: u64,
     slowest: u64,
@@ -246,7 +247,8 @@ impl Cost {
     /// `calls` calls of inclusive cost `inclusive`.
     fn new(calls: u64, inclusive: Option<&crate::stats::Stat>, exclusive: u64, probe: u64) -> Cost {
         let inclusive = inclusive.copied().unwrap_or_default();
-        Cost { calls, inclusive: inclusive.total, fastest: inclusive.min_or_zero(), slowest: inclusive.max, exclusive, probe }
+        // Every call's, nested ones too, as the report averages them.
+        Cost { calls, inclusive: inclusive.every_call(), fastest: inclusive.min_or_zero(), slowest: inclusive.max, exclusive, probe }
     }
 
     fn average(&self) -> u64 {

@@ -207,7 +207,7 @@ fn with_throttled(samples: &SampleProfile, mut object: Value) -> Value {
 fn stats(profile: &Profile, stats: &[Stat], calls: u64) -> Value {
     let mut map = Map::new();
     for (key, s) in profile.metrics.iter().zip(stats) {
-        map.insert(key.clone(), json!({ "total": s.total, "min": s.min_or_zero(), "max": s.max, "avg": s.avg(calls) }));
+        map.insert(key.clone(), json!({ "total": s.total, "nested": s.nested, "min": s.min_or_zero(), "max": s.max, "avg": s.avg(calls) }));
     }
     Value::Object(map)
 }

@@ -649,9 +649,11 @@ fn throttled(profile: &Profile, merged: &[FunctionStats], options: &TextOptions,
     }
     let cpu = profile.metric_index("cpu_ns").or_else(|| profile.metric_index("wall_ns"));
     let info = |name: &str| profile.functions.iter().position(|f| f.name == name).map(|id| (id, &profile.functions[id]));
+    // Outermost time per call, as the samples count a function's time once
+    // however deep it recurses.
     let per_call = |id: usize| -> Option<u64> {
         let stats = merged.iter().find(|s| s.function == id as u32)?;
-        Some(stats.inclusive.get(cpu?)?.avg(stats.timed_calls())).filter(|&ns| ns > 0)
+        stats.inclusive.get(cpu?)?.total.checked_div(stats.timed_calls()).filter(|&ns| ns > 0)
     };
     let _ = writeln!(
         out,
