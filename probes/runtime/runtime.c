@@ -601,6 +601,7 @@ FORK_CODE static void carry_block(struct block *to, const struct private_block *
     }
     to->tid = tid;
     map_off_cpu_entry(config(), (u32)tid);
+    to->carried = depth;
     to->depth = depth;
     to->mixed = p->mixed;
     to->state = BLOCK_USED;

@@ -294,7 +294,10 @@ struct block {
     /* The mark of the thread's off-CPU entry (+1) it last had the kernel
      * account it for (runtime.c: back_unseen), 0: none */
     u64 accounted;
-    u64 reserved[4];
+    /* Frames a forked child carried over from its parent (carry_block):
+     * their contexts are nodes 1 to `carried` */
+    u64 carried;
+    u64 reserved[3];
     struct frame frame[STACK_DEPTH];
     /* A copy of the frames' return addresses, for unwinding samples
      * through the shared trampoline; a frame that returns through its

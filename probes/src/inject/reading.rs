@@ -46,6 +46,9 @@ pub struct ThreadTotals {
     /// thread pointer, or stacks switched): its later calls are counted,
     /// not timed.
     pub mixed: bool,
+    /// Frames a forked child carried over from its parent (in progress at
+    /// the fork): their contexts are nodes 1 to `carried`.
+    pub carried: u64,
 }
 
 /// Every thread's totals.
@@ -174,6 +177,9 @@ impl TotalsView {
         if h.nodes == 0 || h.nodes > totals::NODES || h.depth > totals::STACK_DEPTH || h.tid == 0 || h.tid > i32::MAX as u64 {
             return Err(corrupted(format!("block {block} says it has {} nodes, {} frames, thread {}", h.nodes, h.depth, h.tid)));
         }
+        if h.carried >= h.nodes {
+            return Err(corrupted(format!("block {block} says it carried {} frames over in {} nodes", h.carried, h.nodes)));
+        }
         let functions = self.geometry.functions as usize;
         let timed: Vec<u64> = read_array(shared, at + self.geometry.entries_offset() as usize, functions);
         let busy: Vec<u64> = read_array(shared, at + self.geometry.busy_entries_offset() as usize, functions);
@@ -186,6 +192,7 @@ impl TotalsView {
             tid: h.tid as u32,
             unpaired: checked_count("returns without a frame", h.unpaired)?,
             mixed: h.mixed != 0,
+            carried: h.carried,
             ..ThreadTotals::default()
         };
         let wanted = h.nodes * size_of::<Node>() as u64 + h.depth * size_of::<Frame>() as u64;

@@ -204,6 +204,9 @@ fn function_stats(
         Stat::new(0, min, ns(raw.max).saturating_sub(own(m)))
     };
     let mut timed = vec![0u64; thread.calls.len()];
+    // A forked child's frames carried over from its parent are timed here,
+    // the parent counted their calls: the first nodes, one interval each.
+    let mut carried = vec![0u64; thread.calls.len()];
     for (i, (node, counted)) in nodes.iter().zip(tree).enumerate().skip(1) {
         if node.function as usize >= thread.calls.len() {
             continue;
@@ -211,6 +214,9 @@ fn function_stats(
         let f = by_function.entry(node.function).or_insert_with(|| FunctionStats::new(node.function, how.metrics));
         f.unwound += node.unwound;
         timed[node.function as usize] = timed[node.function as usize].saturating_add(node.calls);
+        if i as u64 <= thread.carried && node.calls > 0 {
+            carried[node.function as usize] += 1;
+        }
         if node.calls == 0 {
             continue;
         }
@@ -247,10 +253,9 @@ fn function_stats(
             f.calls = thread.calls[function];
             f.unfinished = unfinished[function];
             // Counted by the runtime, in no context: out of room, too deep,
-            // or made while the runtime was busy. Timed and not counted:
-            // calls a forked child carried on (the parent counted them).
-            f.untimed = f.calls.saturating_sub(timed[function]);
-            f.carried = timed[function].saturating_sub(f.calls);
+            // or made while the runtime was busy.
+            f.carried = carried[function];
+            f.untimed = f.calls.saturating_sub(timed[function].saturating_sub(f.carried));
             f
         })
         .collect()
@@ -314,7 +319,7 @@ mod tests {
 
     /// Thread 7 with these contexts, calls by function and frames in progress.
     fn thread_of(nodes: Vec<Node>, calls: Vec<u64>, open: Vec<Frame>) -> ThreadTotals {
-        ThreadTotals { tid: 7, nodes, calls, open, untimed: 0, regions: Vec::new(), hooks_missed: 0, unpaired: 0, mixed: false }
+        ThreadTotals { tid: 7, nodes, calls, open, untimed: 0, regions: Vec::new(), hooks_missed: 0, unpaired: 0, mixed: false, carried: 0 }
     }
 
     #[test]
@@ -339,6 +344,25 @@ mod tests {
         assert!(near(main.inclusive[0].total, 5000) && near(main.exclusive[0].total, 4000), "{main:?}");
         assert!(near(profile.tree.nodes[0].inclusive[0], 5000));
         assert_eq!(profile.tree.nodes[0].function, ROOT);
+    }
+
+    /// A forked child's first thread: main and run carried over from its
+    /// parent (nodes 1 and 2), run then calling f twice and returning; the
+    /// child calls run again itself. A thread that carried nothing has no
+    /// carried calls, whatever its counts.
+    #[test]
+    fn the_frames_a_forked_child_carried_over_are_timed_not_counted() {
+        let clock = TscClock::with_rate(1, 1);
+        let nodes = vec![Node::default(), node(0, 0, 1, 1000, 900), node(1, 1, 2, 900, 200), node(2, 2, 2, 200, 0)];
+        let mut thread = thread_of(nodes, vec![0, 1, 2], Vec::new());
+        thread.carried = 2;
+        let how = Conversion { clock: &clock, metrics: 1, end_tsc: 1000, compensation: None };
+        let profile = thread_profile(1, "t".into(), &thread, None, &how);
+        let counts = |f: u32| profile.functions.iter().find(|s| s.function == f).map(|s| (s.calls, s.carried, s.untimed, s.timed_calls()));
+        assert_eq!([counts(0), counts(1), counts(2)], [Some((0, 1, 0, 1)), Some((1, 1, 0, 2)), Some((2, 0, 0, 2))]);
+        thread.carried = 0;
+        let profile = thread_profile(1, "t".into(), &thread, None, &how);
+        assert!(profile.functions.iter().all(|s| s.carried == 0), "{:?}", profile.functions);
     }
 
     /// A call of `f` that made a thousand patched calls: compensation takes

@@ -330,7 +330,10 @@ pub struct BlockHeader {
     hash_bits: u64,
     /// The runtime's own (see runtime.h).
     accounted: u64,
-    reserved: [u64; 4],
+    /// Frames a forked child carried over from its parent: their contexts
+    /// are nodes 1 to `carried`.
+    pub carried: u64,
+    reserved: [u64; 3],
 }
 
 /// Regions a thread has open at once (`OPEN_REGIONS`); more are counted, not timed.
