@@ -78,8 +78,11 @@ const HOOKS: [(&str, Hook); 18] = [
     ("longjmp", Hook::Jump),
     ("_longjmp", Hook::Jump),
     ("siglongjmp", Hook::Jump),
-    ("__longjmp_chk", Hook::Jump),
+    (GLIBC_CHECKED_JUMP, Hook::Jump),
 ];
+
+/// glibc's `longjmp` checked by `_FORTIFY_SOURCE`, which no other C library has.
+const GLIBC_CHECKED_JUMP: &str = "__longjmp_chk";
 
 /// Where a Rust panic caught by `catch_unwind` is freed (a mangled name).
 const RUST_PANIC_CLEANUP: &str = "__rust_panic_cleanup";
@@ -151,8 +154,8 @@ pub fn find(modules: &[LoadedModule]) -> Hooks {
                 canceller = Some(start..start.wrapping_add(symbol.size()));
             }
             let Some((name, hook)) = hook_of(name) else { continue };
-            // A program's own static `fork` or `clone` starts nothing.
-            if hook.starts_thread() && symbol.is_local() {
+            // A program's own static `fork`, `clone` or `longjmp` is none of the C library's.
+            if (hook.starts_thread() || hook == Hook::Jump) && symbol.is_local() {
                 continue;
             }
             let Some(offset) = crate::symbols::file_offset(&segments, crate::addr::VirtAddr(symbol.address())) else {
@@ -181,6 +184,11 @@ pub fn find(modules: &[LoadedModule]) -> Hooks {
         if sites.iter().any(|s| s.hook == Hook::UnwinderLink && s.target.module == module.path) {
             hooks.canceller = canceller;
         }
+        // The runtime reads glibc's jmp_buf: jumps of another library (musl's,
+        // a program's own `longjmp`) go unhooked. glibc has had its checked
+        // jump since 2.11.
+        let glibc = sites.iter().any(|s| s.name == GLIBC_CHECKED_JUMP && s.target.module == module.path);
+        sites.retain(|s| s.hook != Hook::Jump || s.target.module != module.path || glibc);
     }
     hooks
 }
@@ -206,6 +214,23 @@ mod tests {
         for name in ["pthread_create", "clone", "fork"] {
             assert!(starts.contains(&name), "{name} not among {starts:?}");
         }
+    }
+
+    /// glibc's jumps are hooked, `longjmp` and its checked one, in the C
+    /// library alone.
+    #[test]
+    fn the_c_librarys_jumps_are_hooked() {
+        let modules = crate::procfs::loaded_modules(std::process::id() as i32).expect("this process's modules");
+        let hooks = find(&modules);
+        let jumps: Vec<&HookSite> = hooks.sites.iter().filter(|s| s.hook == Hook::Jump).collect();
+        let libc =
+            modules.iter().find(|m| m.contains(crate::addr::RuntimeAddr(libc::pthread_cancel as *const () as u64))).expect("the C library");
+        assert!(jumps.iter().all(|s| s.target.module == libc.path), "{jumps:?}");
+        let names: Vec<&str> = jumps.iter().map(|s| s.name).collect();
+        assert!(
+            names.contains(&GLIBC_CHECKED_JUMP) && names.iter().any(|n| n.ends_with("longjmp") && *n != GLIBC_CHECKED_JUMP),
+            "{names:?}"
+        );
     }
 
     /// A C library that links libgcc_s's unwinder on demand (glibc 2.34

@@ -481,8 +481,9 @@ impl Patched {
         for (i, why) in refused.iter().cloned() {
             match i.checked_sub(functions).and_then(|h| hook_sites.get(h)) {
                 // Without its hook, a thread start finds the counters atomic
-                // already, and blocks taken atomically.
-                Some(site) if site.target.site == Site::Return || site.hook.starts_thread() => {}
+                // already, and blocks taken atomically; the calls a longjmp
+                // leaves end at the thread's next call or return.
+                Some(site) if site.target.site == Site::Return || site.hook.starts_thread() || site.hook == Hook::Jump => {}
                 Some(site) if site.hook == Hook::UnwinderLink && forced_unwind_hooked => {}
                 Some(site) => self.unhooked.push(format!("{} in {} ({why})", site.name, site.target.module.display())),
                 None => self.refused.push((i, why)),
