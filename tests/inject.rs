@@ -1214,7 +1214,7 @@ fn threads_whose_off_cpu_page_cannot_be_mapped_are_counted_and_said() {
 /// The few pages of the C library that the engine writes (its hooks) are
 /// mappings of their own: the kernel copies, at each fork, the entries of
 /// every resident page of a mapping of code one page of which was written,
-/// the whole library's for three hooks.
+/// the whole library's for a few hooks.
 #[test]
 fn the_pages_of_a_library_written_to_are_mappings_of_their_own() {
     require_probes();

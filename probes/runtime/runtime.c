@@ -1979,8 +1979,10 @@ static inline u64 pointer_demangled(u64 value)
  * the jmp_buf its first argument): the frames it leaves end now, as left
  * without a return, rather than when the thread is next seen shallower,
  * after whatever the program did uninstrumented meanwhile. They are those
- * below the stack pointer the jump goes back to, on its stack. A jump to
- * another stack (a signal handler's way back from its alternate stack, a
+ * below the stack pointer the jump goes back to, on its stack, as the
+ * next call would find them (frames_in_progress: coroutine stacks within
+ * NEAR_STACK of each other pass for one there too). A jump to a stack far
+ * from this one (a signal handler's way back from its alternate stack, a
  * coroutine's), a buffer that is not glibc's, or one whose thread holds
  * its block (a handler that interrupted the runtime) ends nothing here:
  * the thread's next call or return ends what the jump left. */
