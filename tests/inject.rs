@@ -1267,6 +1267,23 @@ impl Drop for ForeignUprobe {
     }
 }
 
+/// The hook of glibc's `longjmp` cannot go where another tool's uprobe
+/// sits: a program that may unwind (C++) is recorded all the same, its
+/// throws caught, its calls counted; a jump's calls end at the next call.
+#[test]
+fn a_program_whose_longjmp_cannot_be_hooked_is_recorded() {
+    require_probes();
+    let libc = std::fs::canonicalize("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+    let symbols = run_ok(proftap().arg("symbols").arg(&libc).args(["-f", "longjmp", "--format", "json"]));
+    let symbols: serde_json::Value = serde_json::from_str(&symbols).unwrap();
+    let offset = symbols["functions"][0]["file_offset"].as_u64().expect("the C library's longjmp");
+    let _probe = ForeignUprobe::enable(&libc, offset);
+    let binary = Build::cxx("shapes.cpp", "-O2").build();
+    let report = run_unharmed(&["--engine", "inject", "--no-sample", "-f", "checks::*", "-f", "main"], &binary, &["300"]);
+    assert_eq!(report["recording"]["engine"], "inject");
+    assert!(function(&report["functions"], "main")["calls"].as_u64() == Some(1), "{}", report["functions"]);
+}
+
 /// A launched program is stopped where its loader has mapped its libraries
 /// (`_dl_debug_state`) before it is patched; where another tool's uprobe
 /// has its breakpoint there, that breakpoint is left as it is (a debug
