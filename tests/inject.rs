@@ -44,12 +44,15 @@ fn the_program_keeps_its_output_and_status() {
 
 /// The calls a `longjmp` leaves end as it starts, not when the thread
 /// next calls or returns: here after a sleep of 200 ms in the C library,
-/// which they would otherwise take as theirs. glibc's `longjmp`, and its
-/// checked `__longjmp_chk` where the program is built fortified.
+/// which they would otherwise take as theirs. glibc's `longjmp`, its
+/// checked `__longjmp_chk` where the program is built fortified, and the
+/// `longjmp` linked into a static program.
 #[test]
 fn the_calls_a_longjmp_leaves_end_at_the_jump() {
     require_probes();
-    for build in [Build::c("jumps.c", "-O2"), Build::c("jumps.c", "-O2").flag("-D_FORTIFY_SOURCE=2")] {
+    let builds =
+        [Build::c("jumps.c", "-O2"), Build::c("jumps.c", "-O2").flag("-D_FORTIFY_SOURCE=2"), Build::c("jumps.c", "-O2").flag("-static")];
+    for build in builds {
         let binary = build.build();
         let args = ["--engine", "inject", "--overhead-budget", "0", "-f", "dive", "-f", "surface"];
         let report = run_unharmed(&args, &binary, &["3", "4", "200"]);

@@ -601,7 +601,9 @@ FORK_CODE static void carry_block(struct block *to, const struct private_block *
     }
     to->tid = tid;
     map_off_cpu_entry(config(), (u32)tid);
-    to->carried = depth;
+    /* The frames that have a context: past the node table's room (a stack
+     * deeper than NODES), the others have none. */
+    to->carried = to->nodes - 1;
     to->depth = depth;
     to->mixed = p->mixed;
     to->state = BLOCK_USED;

@@ -883,8 +883,8 @@ impl Aggregator {
                         unwound: a.unwound,
                         unfinished: a.unfinished,
                         untimed: a.untimed,
-                        // Probes see a forked child's returns only of the
-                        // calls it makes itself.
+                        // A forked child's returns of the calls its parent
+                        // made go unpaired here: none is timed in the child.
                         carried: 0,
                         inclusive: a.inclusive[..metrics].to_vec(),
                         exclusive: a.exclusive[..metrics].to_vec(),

@@ -267,7 +267,8 @@ fn release_held_time(
         let thread = &mut threads[at];
         let ns = share.unwrap_or_else(|| samples.estimated_ns(held.samples));
         let Some(stats) = thread.functions.iter_mut().find(|s| s.function == function) else { continue };
-        let calls = stats.calls;
+        // The calls its statistics are of.
+        let calls = stats.timed_calls();
         let index = indexes.entry(at).or_insert_with(|| TreeIndex::of(&thread.tree));
         let holders: &[usize] = index.holders.get(&function).map_or(&[], Vec::as_slice);
         let nodes = &mut thread.tree.nodes;

@@ -84,6 +84,11 @@ const HOOKS: [(&str, Hook); 18] = [
 /// glibc's `longjmp` checked by `_FORTIFY_SOURCE`, which no other C library has.
 const GLIBC_CHECKED_JUMP: &str = "__longjmp_chk";
 
+/// Names of glibc's jumps no other C library has: a module that defines
+/// one is glibc, or a program linked with it statically (which has the
+/// checked one only where it calls it).
+const GLIBC_JUMPS: [&str; 3] = [GLIBC_CHECKED_JUMP, "__libc_siglongjmp", "__libc_longjmp"];
+
 /// Where a Rust panic caught by `catch_unwind` is freed (a mangled name).
 const RUST_PANIC_CLEANUP: &str = "__rust_panic_cleanup";
 
@@ -144,11 +149,16 @@ pub fn find(modules: &[LoadedModule]) -> Hooks {
         let Ok(image) = ElfImage::open(&module.open_path) else { continue };
         let (Ok(elf), Ok(segments)) = (image.parse(), image.segments()) else { continue };
         let mut canceller = None;
+        let mut glibc = false;
         for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
-            if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.size() == 0 {
+            // An IFUNC's symbol is its resolver's, never the code called.
+            let ifunc =
+                matches!(symbol.flags(), object::SymbolFlags::Elf { st_info, .. } if st_info.st_type() == object::elf::STT_GNU_IFUNC);
+            if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.size() == 0 || ifunc {
                 continue;
             }
             let Ok(name) = symbol.name() else { continue };
+            glibc |= GLIBC_JUMPS.contains(&name);
             if name == CANCELLER && symbol.is_global() {
                 let start = module.bias.to_runtime(crate::addr::VirtAddr(symbol.address())).0;
                 canceller = Some(start..start.wrapping_add(symbol.size()));
@@ -185,9 +195,7 @@ pub fn find(modules: &[LoadedModule]) -> Hooks {
             hooks.canceller = canceller;
         }
         // The runtime reads glibc's jmp_buf: jumps of another library (musl's,
-        // a program's own `longjmp`) go unhooked. glibc has had its checked
-        // jump since 2.11.
-        let glibc = sites.iter().any(|s| s.name == GLIBC_CHECKED_JUMP && s.target.module == module.path);
+        // a program's own `longjmp`) go unhooked.
         sites.retain(|s| s.hook != Hook::Jump || s.target.module != module.path || glibc);
     }
     hooks
