@@ -247,11 +247,11 @@ fn finding_sentence(finding: &Finding) -> String {
             counted(too_deep + without_slot, "call was", "calls were"),
         ),
         Finding::CallsUntimed { calls, unseated: 0 } => format!(
-            "{} counted but not timed by the in-process engine (deeper than it keeps, beyond the calling contexts it keeps per thread, made by a signal handler while it was busy, or by an unwinder as it walked the stack); the times of the functions involved are low",
+            "{} counted but not timed by the in-process engine (deeper than it keeps, beyond the calling contexts it keeps per thread, made by a signal handler while it was busy, or by an unwinder as it walked the stack); their time is in their callers' own time, and the averages of the functions involved are of their timed calls",
             counted(*calls, "call was", "calls were")
         ),
         Finding::CallsUntimed { calls, unseated } => format!(
-            "{} counted but not timed by the in-process engine, {unseated} of them in threads beyond those it times at once (their functions unknown); the times of the functions involved are low",
+            "{} counted but not timed by the in-process engine, {unseated} of them in threads beyond those it times at once (their functions unknown); their time is in their callers' own time, and the averages of the functions involved are of their timed calls",
             counted(*calls, "call was", "calls were")
         ),
         Finding::RegionsIncomplete { untimed, unpaired, missed } => format!(
