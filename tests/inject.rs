@@ -849,6 +849,23 @@ fn attach_to_a_program_whose_exceptions_cross_patched_frames() {
     }
 }
 
+/// A child forked 140,001 calls deep carries over the frames that have a
+/// context (the node table holds 131,071 besides the thread's), returns
+/// from all of them, and is read.
+#[test]
+fn a_child_forked_deeper_than_the_contexts_a_thread_keeps_is_read() {
+    require_probes();
+    let binary = Build::c("deep.c", "-O2").build();
+    let report = profile_run(&["--engine", "inject", "--no-sample", "-f", "down"], &[binary.to_str().unwrap(), "140000", "1", "1"]);
+    let notes = report["notes"].to_string();
+    assert!(!notes.contains("child_not_read") && !notes.contains("could not be read"), "{notes}");
+    let parent = report["target"]["pid"].as_i64().unwrap();
+    let threads = report["threads"].as_array().unwrap();
+    let child = threads.iter().find(|t| t["pid"].as_i64() != Some(parent)).unwrap_or_else(|| panic!("no child in {threads:?}"));
+    let down = child["functions"].as_array().unwrap().iter().find(|f| f["name"] == "down").expect("the child's down");
+    assert_eq!((down["calls"].as_u64(), down["carried"].as_u64()), (Some(0), Some(131_071)), "{down}");
+}
+
 #[test]
 fn a_recursion_100_000_deep_is_counted_and_timed_call_by_call() {
     require_probes();
