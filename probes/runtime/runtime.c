@@ -1879,14 +1879,15 @@ void proftap_exit(u64 *slot)
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
 
-/* The private block of the thread a hook runs on, its seat's block
- * (index + 1) in *seated; none when it has no seat: no call of its was
- * recorded. */
-static struct private_block *hooked_thread(const struct config *c, u64 *seated)
+/* The private block of the thread a hook runs on, and in *b its shared
+ * block while calls are recorded (else 0); none when it has no seat: no
+ * call of its was recorded. */
+static struct private_block *hooked_thread(const struct config *c, struct block **b)
 {
     adopt_if_forked(c);
-    *seated = seat_of(c, 0);
-    return *seated ? private_block(c, *seated - 1) : 0;
+    u64 seated = seat_of(c, 0);
+    *b = seated && live(c) ? shared_block(c, seated - 1) : 0;
+    return seated ? private_block(c, seated - 1) : 0;
 }
 
 /* proftap_unhook, below; `walk_within`: within an unwind under way, the
@@ -1895,11 +1896,10 @@ static struct private_block *hooked_thread(const struct config *c, u64 *seated)
 static void unhook(u64 *slot, int walk_within)
 {
     const struct config *c = config();
-    u64 seated;
-    struct private_block *p = hooked_thread(c, &seated);
+    struct block *b;
+    struct private_block *p = hooked_thread(c, &b);
     if (!p)
         return;
-    struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     int tail_call = is_trampoline(c, *slot);
     /* A walk while another unwinder runs (a handler's that interrupted
      * it, or backtrace()'s _Unwind_Backtrace): the return addresses above
@@ -1954,11 +1954,10 @@ void proftap_unwinder_link(u64 *slot)
 void proftap_rehook(u64 *slot)
 {
     const struct config *c = config();
-    u64 seated;
-    struct private_block *p = hooked_thread(c, &seated);
+    struct block *b;
+    struct private_block *p = hooked_thread(c, &b);
     if (!p)
         return;
-    struct block *b = live(c) ? shared_block(c, seated - 1) : 0;
     int entered_here = p->unhooked == (u64)slot;
     p->unhooked = 0;
     drop_below(c, p, b, (u64)slot, !entered_here && !is_trampoline(c, *slot));
@@ -1991,15 +1990,15 @@ static inline u64 pointer_demangled(u64 value)
 void proftap_jump(u64 *slot)
 {
     const struct config *c = config();
-    u64 seated;
-    struct private_block *p = hooked_thread(c, &seated);
+    struct block *b;
+    struct private_block *p = hooked_thread(c, &b);
     if (!p)
         return;
     const u64 *jmp_buf = (const u64 *)slot[-HOOK_FIRST_ARGUMENT];
     u64 sp = pointer_demangled(jmp_buf[JMPBUF_SP]);
     if (sp <= (u64)slot || !near(sp, (u64)slot) || p->unhooked || take_block_busy(c, p, (u64)slot))
         return;
-    drop_below(c, p, live(c) ? shared_block(c, seated - 1) : 0, sp, 0);
+    drop_below(c, p, b, sp, 0);
     __atomic_store_n(&p->busy, 0, __ATOMIC_RELEASE);
 }
 
